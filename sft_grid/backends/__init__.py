@@ -1,0 +1,20 @@
+"""Training backends: each turns a cell into the backend's own files and command line.
+
+A closed registry: conf/backend/<name>.yaml must have a module here (tests/test_shipped_configs.py
+checks both directions).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from sft_grid.backends import llamafactory
+
+BACKENDS: dict[str, ModuleType] = {llamafactory.NAME: llamafactory}
+
+
+def get(name: str) -> ModuleType:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise KeyError(f"unknown backend {name!r}: expected one of {', '.join(sorted(BACKENDS))}") from None

@@ -1,0 +1,258 @@
+"""The grid flow: compose -> plan -> validate -> preflight -> render -> submit, for every cell at once.
+
+Called by the sft_grid Hydra launcher with all cells of a multirun, or by `python -m sft_grid` with one
+composed cell. Nothing is written or submitted unless every cell passes every check; a cell that is
+completed or in flight is never submitted again; failed cells are listed and rerun on request.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from sft_grid import ledger, render, report
+from sft_grid.compose import Composed, CompositionError, GridComposer
+from sft_grid.ledger import CellState, State
+from sft_grid.plan import Cell, plan_cell
+from sft_grid.preflight import preflight
+from sft_grid.validate import GridError, Problem, composition_problem, validate
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".sft_grid.lock"
+
+
+@dataclass
+class Outcome:
+    """The state of each requested cell, in request order, and what this invocation did."""
+
+    states: list[str]
+    submitted: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def out(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def plan_cells(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> tuple[list[Cell], list[Problem]]:
+    problems = [composition_problem(e.overrides, e.message) for e in errors]
+    cells = [plan_cell(c.overrides, c.config) for c in composed]
+    problems += _duplicate_identities(cells)
+    problems += validate(cells)
+    return cells, problems
+
+
+def _duplicate_identities(cells: Sequence[Cell]) -> list[Problem]:
+    seen: dict[tuple[str, str], Cell] = {}
+    problems = []
+    for cell in cells:
+        first = seen.setdefault((cell.spec.sweep_name, cell.key), cell)
+        if first is not cell:
+            problems.append(Problem(
+                cell.name, "", None, "identity-unique",
+                f"trains the same model as cell {first.name} ({' '.join(first.overrides)}): they differ only in"
+                " where or how they run (nodes, micro batch, time, cluster), which is not part of a cell's identity",
+                "sweep over a training value instead, or drop the duplicate axis",
+            ))
+    return problems
+
+
+def cell_dirs(cells: Sequence[Cell]) -> list[Path]:
+    """Each cell's directory: an existing one with the same identity, else <runs_root>/<sweep>/<name>."""
+    existing: dict[Path, dict[str, Path]] = {}
+    dirs = []
+    for cell in cells:
+        sweep_dir = cell.sweep_dir
+        if sweep_dir not in existing:
+            existing[sweep_dir] = {p.name.rsplit("-", 1)[-1]: p for p in ledger.iter_cell_dirs(sweep_dir)}
+        dirs.append(existing[sweep_dir].get(cell.key, sweep_dir / cell.name))
+    return dirs
+
+
+def decide(cell: Cell, state: CellState) -> str | None:
+    """None: run it. Otherwise why it is skipped."""
+    if state.state is State.COMPLETED:
+        return None if cell.spec.force else "completed (force=true reruns it)"
+    if state.state.in_flight:
+        return f"{state.state.value}" + (f" (job {state.job_id})" if state.job_id else "")
+    if state.state in (State.FAILED, State.CANCELLED):
+        return None if cell.spec.rerun_failed else f"{state.state.value}: {state.reason or 'no reason recorded'} (rerun_failed=true reruns it)"
+    return None
+
+
+class _SweepLock:
+    """One grid invocation at a time decides and submits for a sweep directory."""
+
+    def __init__(self, sweep_dirs: set[Path]) -> None:
+        self.paths = sorted(sweep_dirs)
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> "_SweepLock":
+        for path in self.paths:
+            path.mkdir(parents=True, exist_ok=True)
+            handle = open(path / LOCK_FILE, "w")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            self.handles.append(handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.close()
+
+
+def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Outcome:
+    started = time.perf_counter()
+    cells, problems = plan_cells(composed, errors)
+    checked = preflight(cells) if not problems else None
+    if checked is not None:
+        problems += checked.problems
+    if problems:
+        raise GridError(problems)
+    assert checked is not None
+    dirs = cell_dirs(cells)
+    dry_run = any(c.spec.dry_run for c in cells)
+    outcome = Outcome(states=[""] * len(cells))
+    to_run: list[render.RenderedCell] = []
+    with _SweepLock({c.sweep_dir for c in cells}):
+        for i, (cell, cell_dir) in enumerate(zip(cells, dirs)):
+            state = ledger.state_of(cell_dir)
+            why_not = decide(cell, state)
+            outcome.states[i] = state.state.value
+            if why_not is not None:
+                outcome.skipped[cell.name] = why_not
+            if state.state.in_flight:
+                continue  # its files are in use by its job
+            rendered = render.render(cell, cell_dir, checked.deferred.get(cell.name, []))
+            if why_not is None or dry_run:
+                new = not (cell_dir / render.CELL_FILE).exists()
+                render.write(rendered)
+                if new:
+                    ledger.append(cell_dir, "planned", overrides=list(cell.overrides))
+            if why_not is None:
+                to_run.append(rendered)
+        log.info("planned %d cells in %.2f s", len(cells), time.perf_counter() - started)
+        if dry_run:
+            _print_dry_run(cells, dirs, checked.deferred, outcome)
+            return outcome
+        for rendered in to_run:
+            if ledger.state_of(rendered.dir).state is State.COMPLETED:  # force=true
+                from sft_grid.runner import archive_output
+
+                archive_output(rendered.dir, "force=true rerun of a completed cell")
+        _print_launch(cells, to_run, outcome, checked.deferred)
+        if not to_run:
+            return outcome
+        executors = Counter(r.request.executor for r in to_run)
+        if set(executors) - {"local"}:
+            raise SystemExit(f"executor(s) {sorted(set(executors) - {'local'})} are not available yet: only cluster=local runs")
+        finished = _submit_local(to_run)
+    index = {c.name: i for i, c in enumerate(cells)}
+    for f in finished:
+        outcome.states[index[f.request.cell_name]] = f.state.state.value
+    outcome.submitted = [r.cell.name for r in to_run]
+    if finished:
+        _print_final(cells, dirs)
+    return outcome
+
+
+def _submit_local(to_run: list[render.RenderedCell]) -> list[Any]:
+    from sft_grid.submit import submit_local
+
+    cluster = to_run[0].cell.spec.cluster
+
+    def done(f: Any) -> None:
+        out(f"  {f.state.state.value:<9} {f.request.cell_name}  {report.progress_text(f.state)}"
+            + (f"  {f.state.reason}" if f.state.reason else ""))
+
+    return submit_local([r.request for r in to_run], cluster.max_parallel, cluster.wait, done)
+
+
+def _print_dry_run(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, list[Any]], outcome: Outcome) -> None:
+    out(report.table(report.CHECK_HEADERS, report.check_rows(cells, dirs)))
+    out()
+    out(f"dry run: {len(cells)} cell(s) rendered, nothing submitted. Each cell's files: <cell dir>/"
+        f"{{{render.CELL_FILE},train_config.yaml,dataset_info.json,{render.LAUNCH_FILE}}}")
+    _print_deferred(deferred)
+    for name, why in outcome.skipped.items():
+        out(f"  would skip {name}: {why}")
+
+
+def _print_deferred(deferred: dict[str, list[Any]]) -> None:
+    by_check: dict[str, list[str]] = defaultdict(list)
+    for name, checks in deferred.items():
+        for check in checks:
+            by_check[check.describe()].append(name)
+    for what, names in by_check.items():
+        out(f"  deferred to the job's first step (input not readable here): {what}: {len(names)} cell(s)")
+
+
+def _print_launch(cells: Sequence[Cell], to_run: Sequence[render.RenderedCell], outcome: Outcome,
+                  deferred: dict[str, list[Any]]) -> None:
+    skipped = Counter(why.split(" ", 1)[0].rstrip(":") for why in outcome.skipped.values())
+    parts = [f"{len(to_run)} to run"] + [f"{n} {what}" for what, n in sorted(skipped.items())]
+    out(f"{len(cells)} cell(s): " + ", ".join(parts) + ("" if to_run else " - nothing to run."))
+    for name, why in outcome.skipped.items():
+        if not why.startswith("completed"):
+            out(f"  skipped {name}: {why}")
+    _print_deferred({r.cell.name: deferred[r.cell.name] for r in to_run if r.cell.name in deferred})
+
+
+def _print_final(cells: Sequence[Cell], dirs: Sequence[Path]) -> None:
+    rows = []
+    for cell, cell_dir in zip(cells, dirs):
+        state = ledger.state_of(cell_dir)
+        rows.append((cell.name, state.state.value, report.progress_text(state), report._rel(cell_dir / render.OUTPUT_DIR)))
+    out()
+    out(report.table(("cell", "state", "progress", "output"), rows))
+
+
+# -- entry points ---------------------------------------------------------------------------------------
+
+
+def _fail(exc: GridError) -> None:
+    print(str(exc), file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Outcome:
+    """All cells of a Hydra multirun (called by the sft_grid launcher)."""
+    from omegaconf import OmegaConf
+
+    hydra_overrides = OmegaConf.to_container(master.hydra.overrides.hydra)
+    composer = GridComposer(loader, master.hydra.job.config_name, hydra_overrides)
+    composed, errors = composer.compose_all(overrides)
+    try:
+        return execute(composed, errors)
+    except GridError as exc:
+        _fail(exc)
+        raise
+
+
+def run_single(cfg: Any) -> Outcome:
+    """One cell, composed by Hydra (`python -m sft_grid <overrides>` without -m)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    overrides = list(HydraConfig.get().overrides.task)
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+        outcome = execute([Composed(tuple(overrides), config)], [])
+    except GridError as exc:
+        _fail(exc)
+        raise
+    except Exception as exc:  # an interpolation that cannot resolve, reported like any other problem
+        if type(exc).__module__.startswith("omegaconf"):
+            _fail(GridError([composition_problem(overrides, str(exc))], "composition"))
+        raise
+    if outcome.states and outcome.states[0] == State.FAILED.value and outcome.submitted:
+        raise SystemExit(1)
+    return outcome

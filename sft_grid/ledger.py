@@ -1,0 +1,173 @@
+"""Each cell's append-only event ledger, and its state: ledger + the cell's own output + liveness.
+
+events.jsonl holds one JSON object a line (time, event, and what the event knows: job id, pid, host,
+reason, step). Lines are appended with O_APPEND in one write, so concurrent writers never interleave.
+State is derived, never stored: a cell is completed only when its output holds final weights and the
+trainer state, whatever the ledger or the scheduler says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterator
+
+LEDGER_FILE = "events.jsonl"
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
+
+
+class State(str, Enum):
+    PLANNED = "planned"
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def in_flight(self) -> bool:
+        return self in (State.SUBMITTED, State.RUNNING)
+
+
+_STATE_EVENTS = frozenset(s.value for s in State)
+
+
+@dataclass(frozen=True)
+class CellState:
+    state: State
+    reason: str = ""
+    job_id: str = ""
+    # steps done / total, last logged loss: from the trainer's own files
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+
+
+def append(cell_dir: Path, event: str, **fields: Any) -> None:
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": event, **fields}
+    line = (json.dumps(record, sort_keys=False) + "\n").encode()
+    fd = os.open(cell_dir / LEDGER_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def events(cell_dir: Path) -> list[dict[str, Any]]:
+    path = cell_dir / LEDGER_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line from a killed writer is not an event
+    return out
+
+
+def output_complete(output_dir: Path) -> bool:
+    return (output_dir / "trainer_state.json").is_file() and any((output_dir / w).is_file() for w in WEIGHT_FILES)
+
+
+def checkpoints(output_dir: Path) -> list[Path]:
+    """checkpoint-N directories, oldest first."""
+    found = []
+    for p in output_dir.glob("checkpoint-*") if output_dir.is_dir() else ():
+        suffix = p.name.rsplit("-", 1)[-1]
+        if suffix.isdigit() and p.is_dir():
+            found.append((int(suffix), p))
+    return [p for _, p in sorted(found)]
+
+
+def progress(output_dir: Path) -> tuple[int | None, int | None, float | None]:
+    """(step, total steps, last loss) from the trainer's own log, read from its last lines."""
+    log = output_dir / "trainer_log.jsonl"
+    if log.is_file():
+        step = total = loss = None
+        for line in reversed(_tail_lines(log)):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the first line of the tail may be cut, the last one still being written
+            if step is None and "current_steps" in rec:
+                step, total = rec["current_steps"], rec.get("total_steps")
+            if loss is None and "loss" in rec:
+                loss = rec["loss"]
+            if step is not None and loss is not None:
+                break
+        if step is not None:
+            return step, total, loss
+    state = output_dir / "trainer_state.json"
+    if state.is_file():
+        data = json.loads(state.read_text())
+        losses = [h["loss"] for h in data.get("log_history", []) if "loss" in h]
+        return data.get("global_step"), data.get("max_steps"), losses[-1] if losses else None
+    return None, None, None
+
+
+def _tail_lines(path: Path, size: int = 8192) -> list[str]:
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - size))
+        return fh.read().decode(errors="replace").splitlines()
+
+
+def _alive(record: dict[str, Any]) -> bool | None:
+    """Whether the process of a local event still runs; None when it is not on this machine."""
+    pid, host = record.get("pid"), record.get("host")
+    if not pid or host != socket.gethostname():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def state_of(cell_dir: Path, output_dir: Path | None = None) -> CellState:
+    output_dir = output_dir or cell_dir / "output"
+    history = events(cell_dir)
+    # other events (archived, resumed, job) annotate; only these decide the state
+    states = [e for e in history if e.get("event") in _STATE_EVENTS]
+    last = states[-1] if states else {}
+    job_id = str(next((e["job_id"] for e in reversed(history) if e.get("job_id")), ""))
+    if output_complete(output_dir) and last.get("event") != State.RUNNING.value:
+        step, total, loss = progress(output_dir)
+        return CellState(State.COMPLETED, job_id=job_id, step=step, total_steps=total, loss=loss)
+    event = last.get("event", State.PLANNED.value)
+    if event in (State.SUBMITTED.value, State.RUNNING.value):
+        if _alive(last) is False:
+            step, total, loss = progress(output_dir)
+            return CellState(State.FAILED, f"its process {last.get('pid')} on {last.get('host')} ended without"
+                             " recording an outcome (killed, or out of memory?)", job_id, step, total, loss)
+        step, total, loss = progress(output_dir)
+        return CellState(State(event), job_id=job_id, step=step, total_steps=total, loss=loss)
+    if event == State.COMPLETED.value:
+        return CellState(State.FAILED, "the ledger says completed but the output has no final weights and"
+                         " trainer_state.json (deleted or moved?)", job_id)
+    if event in (State.FAILED.value, State.CANCELLED.value):
+        step, total, loss = progress(output_dir)
+        return CellState(State(event), last.get("reason", ""), job_id, step, total, loss)
+    return CellState(State.PLANNED)
+
+
+def iter_cell_dirs(sweep_dir: Path) -> Iterator[Path]:
+    if sweep_dir.is_dir():
+        for p in sorted(sweep_dir.iterdir()):
+            if (p / "cell.yaml").is_file():
+                yield p

@@ -1,0 +1,169 @@
+"""Cells: a composed config made typed, with its identity, its name and the values derived from it.
+
+Identity is a hash of what determines the trained model (backend, model, data and mix, training
+hyperparameters including the global batch and seed), never of where or how it runs (cluster, nodes,
+micro batch, time, paths, run switches). So the same cell reached from another cluster, another grid
+invocation or a single-cell rerun lands in the same directory and is recognised as done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import re
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from sft_grid.schema import CellConf
+
+# Top-level keys that describe where and how a cell runs, not what it trains.
+NOT_IDENTITY = frozenset(
+    {
+        "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
+        "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
+        "hub_model_id",
+    }
+)
+# Keys of sub-configs that are about the machine, not the model.
+_MODEL_NOT_IDENTITY = frozenset({"path", "needs", "params_b"})
+_BACKEND_IDENTITY = ("name",)
+LOCAL_PREFIXES = ("/", "./", "../", "~")
+_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
+HASH_LEN = 8
+
+
+def is_local(source: str) -> bool:
+    """A local path, as opposed to a hub id like ``org/name``."""
+    return source.startswith(LOCAL_PREFIXES)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid cell: its typed config, as composed, plus what is derived from it."""
+
+    spec: CellConf
+    # the Hydra overrides that reproduce this cell (`python -m sft_grid <overrides>`)
+    overrides: tuple[str, ...]
+    # the resolved config as plain data: what cell.yaml holds
+    config: Mapping[str, Any]
+    key: str
+    slug: str
+    runs_root: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.slug}-{self.key}"
+
+    @property
+    def sweep_dir(self) -> Path:
+        return self.runs_root / self.spec.sweep_name
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.spec.cluster.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.nodes * self.ranks_per_node
+
+    @property
+    def grad_accum(self) -> int:
+        """Derived, never set by hand: global batch / (micro batch x data-parallel ranks)."""
+        return self.spec.global_batch_size // max(1, self.spec.micro_batch_size * self.world_size)
+
+    @property
+    def datasets(self) -> list[str]:
+        return list(self.spec.dataset)
+
+
+def identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a cell config that determines the trained model."""
+    ident = {k: v for k, v in config.items() if k not in NOT_IDENTITY and k not in ("model", "dataset", "backend")}
+    model = config["model"]
+    ident["model"] = {k: v for k, v in model.items() if k not in _MODEL_NOT_IDENTITY}
+    if not model.get("hub_id") and model.get("path"):
+        # a local checkpoint has no hub id: its directory name stands for it, not the machine's path
+        ident["model"]["path"] = Path(str(model["path"])).name
+    ident["backend"] = {k: config["backend"][k] for k in _BACKEND_IDENTITY}
+    ident["dataset"] = [
+        [name, {**ds, "source": Path(ds["source"]).name if is_local(ds["source"]) else ds["source"]}]
+        for name, ds in config["dataset"].items()
+    ]
+    return ident
+
+
+def identity_key(config: Mapping[str, Any]) -> str:
+    blob = json.dumps(identity(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:HASH_LEN]
+
+
+def slugify(text: str, limit: int = 64) -> str:
+    """The one slug function: safe in paths, Slurm job names and hub ids."""
+    slug = _SLUG_UNSAFE.sub("-", text).strip("-.")
+    return slug[:limit].rstrip("-.") or "cell"
+
+
+def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
+    """A readable name from the values this cell sets; the model name when it sets none."""
+    parts: list[str] = []
+    for line in overrides:
+        key, _, value = line.lstrip("+~").partition("=")
+        top = key.split(".", 1)[0]
+        if top in NOT_IDENTITY or top in ("sweep", "backend") or not value:
+            continue
+        value = value.strip("[]'\"").replace(",", "+")
+        parts.append(value if key in ("model", "dataset") else f"{key.rsplit('.', 1)[-1]}{value}")
+    return slugify("_".join(parts) if parts else str(config["model"]["name"]))
+
+
+def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | None = None) -> Cell:
+    spec = typed(CellConf, config)
+    root = Path(os.path.expanduser(config.get("runs_root") or config["cluster"]["runs_root"]))
+    if not root.is_absolute():
+        root = (cwd or Path.cwd()) / root
+    return Cell(
+        spec=spec,
+        overrides=tuple(overrides),
+        config=config,
+        key=identity_key(config),
+        slug=slug_for(overrides, config),
+        runs_root=root,
+    )
+
+
+# -- plain data -> the schema's dataclasses ---------------------------------------------------------------
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def typed(cls: type, data: Mapping[str, Any]) -> Any:
+    """Build schema dataclass instances from resolved plain data (already validated by OmegaConf)."""
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _typed_value(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _typed_value(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    if dataclasses.is_dataclass(hint):
+        return typed(hint, value)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return _typed_value(inner[0], value) if len(inner) == 1 else value
+    if origin in (dict, typing.Dict) and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+        return {k: typed(args[1], v) for k, v in value.items()}
+    return value

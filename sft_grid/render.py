@@ -1,0 +1,135 @@
+"""A cell as the exact files of its directory and the exact request that submit consumes (pure).
+
+A dry run writes these files and prints a summary; a real run writes the same files and submits the
+same request, so the two cannot drift. Files a person reads are built as data and dumped once, and the
+launch script is built from argv lists with shell quoting.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from sft_grid import backends
+from sft_grid.env import EnvSpec
+from sft_grid.plan import Cell
+from sft_grid.preflight import Check
+from sft_grid.timefmt import parse_minutes
+
+CELL_FILE = "cell.yaml"
+LAUNCH_FILE = "launch.sh"
+PREFLIGHT_FILE = "preflight.json"
+OUTPUT_DIR = "output"
+LOGS_DIR = "logs"
+
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """What the executor needs for one cell; cells with equal `resources` can share a job array."""
+
+    cell_name: str
+    cell_dir: Path
+    executor: str
+    timeout_min: int
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+
+
+@dataclass(frozen=True)
+class RenderedCell:
+    cell: Cell
+    dir: Path
+    # path relative to the cell directory -> file content; cell.yaml is written last
+    files: Mapping[str, str]
+    request: SubmitRequest
+
+
+def env_bin(cell: Cell) -> Path:
+    """The bin/ of the backend's environment: the cluster's own, or the managed one for these pins."""
+    name = cell.spec.backend.name
+    configured = cell.spec.cluster.backend_envs.get(name)
+    if configured:
+        return Path(configured).expanduser() / "bin"
+    return EnvSpec.from_conf(name, cell.config["backend"]["env"]).path / "bin"
+
+
+def dump_yaml(data: Any, header: str = "") -> str:
+    return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def launch_script(cell: Cell, cell_dir: Path) -> str:
+    s = cell.spec
+    bin_dir = env_bin(cell)
+    argv = backends.get(s.backend.name).command(cell, cell_dir, bin_dir)
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# sft_grid cell {cell.name} of grid {s.sweep_name!r}: {s.model.name} on {'+'.join(s.dataset)} with {s.backend.name}.",
+        "# Run by hand: bash launch.sh [key=value ...]  (extra arguments go to the backend;",
+        "# training resumes from the last checkpoint in output/). Secrets come from your environment only.",
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(cell_dir))}",
+    ]
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(s.cluster.env.items())]
+    lines += list(s.cluster.setup)
+    lines.append(f"export PATH={shlex.quote(str(bin_dir))}:\"$PATH\"")
+    lines.append("exec " + " ".join(shlex.quote(a) for a in argv) + ' "$@"')
+    return "\n".join(lines) + "\n"
+
+
+RUN_SWITCHES = ("dry_run", "force", "rerun_failed")
+
+
+def rerun_overrides(overrides: tuple[str, ...]) -> list[str]:
+    """The overrides that name this cell, without this invocation's run switches."""
+    return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in RUN_SWITCHES]
+
+
+def cell_header(cell: Cell) -> str:
+    rerun = " ".join(["python -m sft_grid", *(shlex.quote(o) for o in rerun_overrides(cell.overrides))])
+    return (
+        f"# sft_grid cell {cell.name} (identity {cell.key}) of grid {cell.spec.sweep_name!r}.\n"
+        f"# The resolved config this cell was rendered from; jobs never re-read conf/.\n"
+        f"# Rerun this cell: {rerun}\n"
+    )
+
+
+def render(cell: Cell, cell_dir: Path, deferred: list[Check]) -> RenderedCell:
+    s = cell.spec
+    structured = backends.get(s.backend.name).files(cell, cell_dir)
+    files: dict[str, str] = {}
+    for rel, data in structured.items():
+        files[rel] = json.dumps(data, indent=2) + "\n" if rel.endswith(".json") else dump_yaml(data)
+    files[LAUNCH_FILE] = launch_script(cell, cell_dir)
+    files[PREFLIGHT_FILE] = json.dumps({"deferred": [c.to_json() for c in deferred]}, indent=2) + "\n"
+    files[CELL_FILE] = dump_yaml(dict(cell.config), cell_header(cell))
+    request = SubmitRequest(
+        cell_name=cell.name,
+        cell_dir=cell_dir,
+        executor=s.cluster.executor,
+        timeout_min=int(parse_minutes(s.time)),
+        nodes=s.nodes,
+        gpus_per_node=s.cluster.gpus_per_node,
+        cpus_per_node=s.cluster.cpus_per_node,
+    )
+    return RenderedCell(cell, cell_dir, files, request)
+
+
+def write(rendered: RenderedCell) -> None:
+    """Write a cell's files; each atomically, cell.yaml last, so a cell directory is never half valid."""
+    rendered.dir.mkdir(parents=True, exist_ok=True)
+    (rendered.dir / LOGS_DIR).mkdir(exist_ok=True)
+    for rel in sorted(rendered.files, key=lambda r: r == CELL_FILE):
+        target = rendered.dir / rel
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(rendered.files[rel])
+        if rel == LAUNCH_FILE:
+            tmp.chmod(0o755)
+        tmp.replace(target)

@@ -1,0 +1,120 @@
+"""The job side: run one rendered cell from its directory.
+
+    python -m sft_grid.runner <cell_dir>
+
+It never re-composes from conf/: what was rendered is what runs, so editing conf/ after submission
+cannot change a queued cell. Steps: record `running`; stop if the output is already complete; run the
+checks deferred by preflight (failing the job with their message); resume from the last checkpoint, or
+move a partial output aside (never delete it); run launch.sh; record `completed` only when the output
+holds final weights and trainer state, else `failed` with the reason from the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sft_grid import ledger
+from sft_grid.preflight import Check, run_deferred
+from sft_grid.render import LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, PREFLIGHT_FILE
+
+log = logging.getLogger(__name__)
+
+TRAIN_LOG = "train.log"
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|CUDA out of memory)")
+
+
+class CellFailed(RuntimeError):
+    """The cell's training did not complete; the message is the reason recorded in its ledger."""
+
+
+def _job_fields() -> dict[str, object]:
+    job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or ""
+    return {"pid": os.getpid(), "host": socket.gethostname(), **({"job_id": job_id} if job_id else {})}
+
+
+def archive_output(cell_dir: Path, why: str) -> Path | None:
+    """Move output/ to attempts/<time>/output: a rerun starts clean and nothing is lost."""
+    output = cell_dir / OUTPUT_DIR
+    if not output.exists() or not any(output.iterdir()):
+        return None
+    dest = cell_dir / "attempts" / time.strftime("%Y%m%d-%H%M%S") / OUTPUT_DIR
+    while dest.parent.exists():
+        dest = dest.parent.with_name(dest.parent.name + "x") / OUTPUT_DIR
+    dest.parent.mkdir(parents=True)
+    shutil.move(str(output), str(dest))
+    ledger.append(cell_dir, "archived", path=str(dest.relative_to(cell_dir)), why=why)
+    return dest
+
+
+def failure_reason(log_file: Path, rc: int) -> str:
+    lines = ledger._tail_lines(log_file, 32768) if log_file.is_file() else []
+    errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
+    detail = errors[-1] if errors else (lines[-1].strip() if lines else "no output")
+    return f"backend exited with {rc}: {detail[:400]}"
+
+
+def run_cell(cell_dir: str | Path) -> str:
+    """Run the cell; returns the final state, raises CellFailed on failure. Safe to call again."""
+    cell_dir = Path(cell_dir).resolve()
+    output = cell_dir / OUTPUT_DIR
+    if ledger.output_complete(output):
+        ledger.append(cell_dir, "completed", note="already complete; nothing run", **_job_fields())
+        return ledger.State.COMPLETED.value
+    ledger.append(cell_dir, "running", **_job_fields())
+
+    deferred = json.loads((cell_dir / PREFLIGHT_FILE).read_text()).get("deferred", [])
+    for check, outcome in run_deferred(Check.from_json(c) for c in deferred):
+        if not outcome.ok:
+            reason = f"preflight: {check.describe()}: {outcome.message}"
+            ledger.append(cell_dir, "failed", reason=reason, **_job_fields())
+            raise CellFailed(reason)
+
+    args: list[str] = []
+    ckpts = ledger.checkpoints(output)
+    if ckpts:
+        args.append(f"resume_from_checkpoint={ckpts[-1]}")
+        ledger.append(cell_dir, "resumed", checkpoint=ckpts[-1].name)
+    else:
+        archive_output(cell_dir, "partial output without a checkpoint")
+
+    log_file = cell_dir / LOGS_DIR / TRAIN_LOG
+    log_file.parent.mkdir(exist_ok=True)
+    with log_file.open("ab") as fh:
+        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
+        fh.flush()
+        rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
+                            cwd=cell_dir).returncode
+    if rc == 0 and ledger.output_complete(output):
+        step, total, loss = ledger.progress(output)
+        ledger.append(cell_dir, "completed", step=step, loss=loss, **_job_fields())
+        return ledger.State.COMPLETED.value
+    reason = failure_reason(log_file, rc) if rc else "backend exited 0 but output/ has no final weights and trainer_state.json"
+    ledger.append(cell_dir, "failed", reason=reason, rc=rc, **_job_fields())
+    raise CellFailed(reason)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m sft_grid.runner <cell_dir>", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        print(run_cell(args[0]))
+    except CellFailed as exc:
+        print(f"failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

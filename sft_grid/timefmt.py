@@ -1,0 +1,19 @@
+"""Slurm wall-time strings."""
+
+from __future__ import annotations
+
+import re
+
+_TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+):(?P<m>\d{1,2})(?::(?P<s>\d{1,2}))?$")
+
+
+def parse_minutes(text: str) -> float:
+    """'HH:MM:SS', 'HH:MM', 'D-HH:MM:SS' or plain minutes -> minutes. Raises ValueError."""
+    text = str(text).strip()
+    if text.isdigit():
+        return float(text)
+    m = _TIME.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a wall time like 04:00:00 or 1-12:00:00")
+    days, hours, minutes, seconds = (int(m.group(g) or 0) for g in "dhms")
+    return days * 1440 + hours * 60 + minutes + seconds / 60

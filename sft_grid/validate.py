@@ -1,0 +1,231 @@
+"""Rules over every cell of a grid. Each rule returns problems; the grid fails once, with all of them.
+
+Every problem names the cell, the dotted key, the value, the rule and how to fix it. Rules here are
+pure (they read only the composed cells); checks that need a tokenizer or data are in preflight.py and
+report through the same Problem type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import defaultdict
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+from sft_grid import schema
+from sft_grid.plan import Cell
+from sft_grid.templates import SUGGESTED, TEMPLATES, TOKENIZER_FAMILIES
+from sft_grid.timefmt import parse_minutes
+
+MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
+EXECUTORS = ("local", "slurm")
+LAUNCHERS = ("torchrun", "accelerate")
+FINETUNING = ("full", "lora", "freeze")
+
+
+@dataclass(frozen=True)
+class Problem:
+    cell: str  # the cell's name, or its overrides when it could not be composed
+    key: str
+    value: object
+    rule: str
+    message: str
+    fix: str
+
+    def render(self) -> str:
+        head = f"{self.key}={self.value!r}: {self.message} [{self.rule}]" if self.key else f"{self.message} [{self.rule}]"
+        return f"{head}\n      fix: {self.fix}"
+
+
+class GridError(Exception):
+    """Raised once with every problem of every cell; nothing has been submitted."""
+
+    def __init__(self, problems: Sequence[Problem], what: str = "validation") -> None:
+        self.problems = list(problems)
+        by_cell: dict[str, list[Problem]] = defaultdict(list)
+        for p in self.problems:
+            by_cell[p.cell].append(p)
+        lines = [
+            f"{len(self.problems)} problem(s) in {len(by_cell)} cell(s) found by {what}; nothing was submitted."
+        ]
+        for cell, problems in by_cell.items():
+            lines.append(f"  cell {cell}")
+            lines.extend(f"    {p.render()}" for p in problems)
+        super().__init__("\n".join(lines))
+
+
+Rule = Callable[[Cell], Iterator[Problem]]
+
+
+def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
+    return Problem(cell.name, key, value, rule, message, fix)
+
+
+def batch_divisible(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    per_step = s.micro_batch_size * cell.world_size
+    if s.global_batch_size < 1 or s.micro_batch_size < 1 or s.nodes < 1:
+        yield _problem(cell, "global_batch_size", s.global_batch_size, "batch-positive",
+                       f"global batch, micro batch ({s.micro_batch_size}) and nodes ({s.nodes}) must all be >= 1",
+                       "set global_batch_size, micro_batch_size and nodes to positive integers")
+    elif s.global_batch_size % per_step:
+        yield _problem(
+            cell, "global_batch_size", s.global_batch_size, "batch-divisible",
+            f"not divisible by nodes x ranks_per_node x micro_batch_size = {s.nodes} x {cell.ranks_per_node}"
+            f" x {s.micro_batch_size} = {per_step}; gradient accumulation is derived from it, never set by hand",
+            f"use a global_batch_size that is a multiple of {per_step}, or change nodes/micro_batch_size",
+        )
+
+
+def mix_matches(cell: Cell) -> Iterator[Problem]:
+    mix, n = cell.spec.mix, len(cell.spec.dataset)
+    if n == 0:
+        yield _problem(cell, "dataset", [], "dataset-empty", "the cell trains on no dataset",
+                       "pick one: dataset=<name>, or a mix: dataset=[a,b]")
+        return
+    if mix.strategy not in MIX_STRATEGIES:
+        yield _problem(cell, "mix.strategy", mix.strategy, "mix-strategy", "unknown mix strategy",
+                       f"use one of {', '.join(MIX_STRATEGIES)}")
+        return
+    if mix.strategy == "concat":
+        if mix.probs is not None:
+            yield _problem(cell, "mix.probs", mix.probs, "mix-probs", "probabilities are only used by interleave strategies",
+                           "drop mix.probs (mix.probs=null) or set mix.strategy=interleave_under")
+        return
+    if mix.probs is None or len(mix.probs) != n:
+        got = "none" if mix.probs is None else str(len(mix.probs))
+        yield _problem(
+            cell, "mix.probs", mix.probs, "mix-probs",
+            f"{mix.strategy} needs one probability per dataset: {n} dataset(s) ({', '.join(cell.spec.dataset)}), {got} given",
+            f"give {n} probabilities in dataset order, e.g. mix.probs=[{','.join(['%.2g' % (1 / n)] * n)}]",
+        )
+    elif any(p <= 0 for p in mix.probs) or abs(sum(mix.probs) - 1.0) > 1e-6:
+        yield _problem(cell, "mix.probs", mix.probs, "mix-probs",
+                       f"probabilities must be > 0 and sum to 1 (they sum to {sum(mix.probs):.6g})",
+                       "rescale them so they sum to 1, e.g. mix.probs=[0.9,0.1]")
+
+
+def wall_time(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    try:
+        limit = parse_minutes(s.cluster.max_time)
+    except ValueError as exc:
+        yield _problem(cell, "cluster.max_time", s.cluster.max_time, "time-format", str(exc),
+                       f"fix max_time in conf/cluster/{s.cluster.name}.yaml")
+        return
+    try:
+        asked = parse_minutes(s.time)
+    except ValueError as exc:
+        yield _problem(cell, "time", s.time, "time-format", str(exc), "write time as HH:MM:SS, e.g. time=04:00:00")
+        return
+    if asked > limit:
+        yield _problem(cell, "time", s.time, "time-max",
+                       f"over cluster {s.cluster.name!r}'s maximum wall time {s.cluster.max_time}",
+                       f"ask for at most time={s.cluster.max_time}; a longer run resumes from its checkpoint when rerun")
+
+
+def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
+    model = cell.spec.model
+    template = TEMPLATES.get(model.template)
+    if template is None:
+        yield _problem(cell, "model.template", model.template, "template-known", "not a template sft_grid knows",
+                       f"use one of {', '.join(sorted(TEMPLATES))}{_did_you_mean(model.template, TEMPLATES)}")
+        return
+    family = TOKENIZER_FAMILIES.get(model.tokenizer_family)
+    if family is None:
+        yield _problem(cell, "model.tokenizer_family", model.tokenizer_family, "tokenizer-family", "unknown tokenizer family",
+                       f"use one of {', '.join(sorted(TOKENIZER_FAMILIES))} in conf/model/{model.name}.yaml")
+    elif family != template.family:
+        yield _problem(
+            cell, "model.template", model.template, "template-tokenizer",
+            f"writes {template.family} tokens ({', '.join(template.special_tokens[:2])}, ...) but model {model.name!r} has a"
+            f" {model.tokenizer_family} tokenizer: every example would be split into pieces of those strings",
+            f"model.template={SUGGESTED[family]}",
+        )
+
+
+def choices(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    for key, value, allowed in (
+        ("cluster.executor", s.cluster.executor, EXECUTORS),
+        ("cluster.launcher", s.cluster.launcher, LAUNCHERS),
+        ("finetuning_type", s.finetuning_type, FINETUNING),
+    ):
+        if value not in allowed:
+            yield _problem(cell, key, value, "choice", "not a supported value",
+                           f"use one of {', '.join(allowed)}{_did_you_mean(value, allowed)}")
+    if s.cluster.executor == "local" and s.nodes != 1:
+        yield _problem(cell, "nodes", s.nodes, "local-one-node", "the local executor runs a cell on this one machine",
+                       "nodes=1, or a Slurm cluster (cluster=<site>)")
+
+
+def training_numbers(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    if s.lr <= 0:
+        yield _problem(cell, "lr", s.lr, "positive", "the learning rate must be > 0", "e.g. lr=2e-5")
+    if s.max_steps <= 0 and s.epochs <= 0:
+        yield _problem(cell, "epochs", s.epochs, "length", "neither epochs nor max_steps is positive",
+                       "set epochs (e.g. epochs=1) or max_steps (e.g. max_steps=100)")
+    if s.cutoff_len < 1:
+        yield _problem(cell, "cutoff_len", s.cutoff_len, "positive", "must be >= 1", "e.g. cutoff_len=4096")
+    if s.save_steps < 1:
+        yield _problem(cell, "save_steps", s.save_steps, "positive", "must be >= 1", "e.g. save_steps=500")
+
+
+def hub_upload(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    if not s.push_to_hub:
+        return
+    if not s.hub_model_id:
+        yield _problem(cell, "hub_model_id", s.hub_model_id, "hub-id", "push_to_hub=true needs a hub repository id",
+                       "set hub_model_id=<org>/<name>, or push_to_hub=false")
+    if not s.cluster.internet_on_compute:
+        yield _problem(cell, "push_to_hub", True, "hub-offline",
+                       f"cluster {s.cluster.name!r} has no internet on compute nodes: the trainer's push would crash the job",
+                       "push_to_hub=false (upload from a node with internet after training)")
+
+
+RULES: tuple[Rule, ...] = (
+    batch_divisible, mix_matches, wall_time, template_fits_tokenizer, choices, training_numbers, hub_upload,
+)
+
+
+def validate(cells: Iterable[Cell]) -> list[Problem]:
+    return [p for cell in cells for rule in RULES for p in rule(cell)]
+
+
+# -- messages for composition errors (typos in keys and options) ----------------------------------------
+
+_NOT_IN = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<type>\w+)'")
+
+
+def _did_you_mean(word: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(word), list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _schema_keys(type_name: str) -> list[str] | None:
+    cls = getattr(schema, type_name, None)
+    if cls is None or not is_dataclass(cls):
+        return None
+    return [f.name for f in fields(cls)]
+
+
+def composition_problem(overrides: Sequence[str], message: str) -> Problem:
+    """A Problem for a cell that Hydra could not compose, with the valid keys when a key is unknown."""
+    fix = "check the override against `python -m sft_grid --cfg job` and the options in conf/"
+    match = _NOT_IN.search(message)
+    key = ""
+    if match:
+        key = match.group("key")
+        valid = _schema_keys(match.group("type"))
+        if valid:
+            fix = f"valid keys of {match.group('type')}: {', '.join(valid)}{_did_you_mean(key, valid)}"
+    elif "Available options" in message:
+        fix = "pick one of the available options listed above"
+    first, _, rest = message.partition("\n")
+    detail = " ".join(line.strip() for line in rest.splitlines() if line.strip() and "search path" not in line.lower()
+                      and not line.strip().startswith("provider="))
+    text = first + (f" ({detail})" if detail else "")
+    return Problem(" ".join(overrides) or "<defaults>", key, None, "compose", text, fix)

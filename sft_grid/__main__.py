@@ -10,6 +10,9 @@ Only light modules are imported here: `--help` must stay fast.
 
 from __future__ import annotations
 
+import sys
+from typing import TextIO
+
 import hydra
 from omegaconf import DictConfig
 
@@ -26,5 +29,40 @@ def main(cfg: DictConfig) -> None:
     run_single(cfg)
 
 
+class _KeyHints:
+    """Passes stderr through and remembers Hydra's unknown-key errors, to add the valid keys after them
+    (Hydra composes the grid's base config itself and prints its own error before exiting)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.seen: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.seen.append(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
+
+
+def cli() -> None:
+    hints = _KeyHints(sys.stderr)
+    sys.stderr = hints  # type: ignore[assignment]
+    try:
+        main()
+    except SystemExit as exc:
+        sys.stderr = hints.stream
+        if exc.code:
+            from sft_grid.validate import key_hint
+
+            seen = "".join(hints.seen)
+            hint = key_hint(seen)
+            if hint and hint not in seen:
+                print(f"hint: {hint}", file=sys.stderr)
+        raise
+    finally:
+        sys.stderr = hints.stream
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -145,10 +145,12 @@ class GridComposer:
 
     # -- the reference cell ----------------------------------------------------------------------------
     def _reference(self, overrides: Sequence[str]) -> "_Reference":
+        # Only the group choices: every cell, this one included, gets its value overrides applied on top.
         groups, _ = self._split(overrides)
-        cfg = self.hydra_compose(overrides)
+        group_lines = [ov.input_line for ov in groups.values()]
+        cfg = self.hydra_compose(group_lines)
         defaults = self._loader.compute_defaults_list(
-            self._config_name, self._hydra_overrides + list(overrides), RunMode.RUN
+            self._config_name, self._hydra_overrides + group_lines, RunMode.RUN
         ).defaults
         group_entries: dict[str, list[int]] = {}
         for i, d in enumerate(defaults):
@@ -259,11 +261,10 @@ class GridComposer:
 
     # -- cells -----------------------------------------------------------------------------------------
     def compose(self, overrides: Sequence[str]) -> Composed:
-        if self._ref is None:
-            self._ref = self._reference(overrides)
-            return Composed(tuple(overrides), copy.deepcopy(self._ref.plain))
-        ref = self._ref
         try:
+            if self._ref is None:
+                self._ref = self._reference(overrides)
+            ref = self._ref
             config = self._fast(ref, overrides)
         except _NeedsHydra:
             config = None

@@ -212,18 +212,32 @@ def _schema_keys(type_name: str) -> list[str] | None:
     return [f.name for f in fields(cls)]
 
 
-def composition_problem(overrides: Sequence[str], message: str) -> Problem:
-    """A Problem for a cell that Hydra could not compose, with the valid keys when a key is unknown."""
-    fix = "check the override against `python -m sft_grid --cfg job` and the options in conf/"
+_NOT_FOUND = re.compile(r"Could not find '(?P<group>[^'/]+)/(?P<option>[^']+)'")
+
+
+def key_hint(message: str) -> str | None:
+    """The valid keys (and the closest one) for an unknown-key error, or the options for an unknown option."""
     match = _NOT_IN.search(message)
-    key = ""
     if match:
-        key = match.group("key")
         valid = _schema_keys(match.group("type"))
         if valid:
-            fix = f"valid keys of {match.group('type')}: {', '.join(valid)}{_did_you_mean(key, valid)}"
-    elif "Available options" in message:
-        fix = "pick one of the available options listed above"
+            return f"valid keys of {match.group('type')}: {', '.join(valid)}{_did_you_mean(match.group('key'), valid)}"
+    match = _NOT_FOUND.search(message)
+    if match:
+        from sft_grid.paths import CONF_DIR
+
+        options = sorted(p.stem for p in (CONF_DIR / match.group("group")).glob("*.yaml"))
+        if options:
+            return (f"{match.group('group')} is one of {', '.join(options)}"
+                    f"{_did_you_mean(match.group('option'), options)}")
+    return None
+
+
+def composition_problem(overrides: Sequence[str], message: str) -> Problem:
+    """A Problem for a cell that Hydra could not compose, with the valid keys when a key is unknown."""
+    match = _NOT_IN.search(message)
+    key = match.group("key") if match else ""
+    fix = key_hint(message) or "check the override against `python -m sft_grid --cfg job` and the options in conf/"
     first, _, rest = message.partition("\n")
     detail = " ".join(line.strip() for line in rest.splitlines() if line.strip() and "search path" not in line.lower()
                       and not line.strip().startswith("provider="))

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# sft_grid cell qwen3_8b_magpie+delphi_warmup_strategyinterleave_under_probs0.9+-0a4a28e8 of grid 'default': qwen3_8b on magpie+delphi_warmup with llamafactory.
+# Run by hand: bash launch.sh [key=value ...]  (extra arguments go to the backend;
+# training resumes from the last checkpoint in output/). Secrets come from your environment only.
+set -euo pipefail
+cd /srv/runs/grid/qwen3_8b_magpie+delphi_warmup_strategyinterleave_under_probs0.9+-0a4a28e8
+export HF_HUB_OFFLINE=1
+export OMP_NUM_THREADS=1
+export TOKENIZERS_PARALLELISM=false
+export WANDB_MODE=disabled
+export PATH=/opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin:"$PATH"
+exec /opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin/llamafactory-cli train /srv/runs/grid/qwen3_8b_magpie+delphi_warmup_strategyinterleave_under_probs0.9+-0a4a28e8/train_config.yaml "$@"

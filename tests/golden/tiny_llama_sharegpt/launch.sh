@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# sft_grid cell tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1_grad-ec875b02 of grid 'default': tiny_llama on tiny_sharegpt with llamafactory.
+# Run by hand: bash launch.sh [key=value ...]  (extra arguments go to the backend;
+# training resumes from the last checkpoint in output/). Secrets come from your environment only.
+set -euo pipefail
+cd /srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1_grad-ec875b02
+export HF_HUB_OFFLINE=1
+export OMP_NUM_THREADS=1
+export TOKENIZERS_PARALLELISM=false
+export WANDB_MODE=disabled
+export PATH=/opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin:"$PATH"
+exec /opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin/llamafactory-cli train /srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1_grad-ec875b02/train_config.yaml "$@"

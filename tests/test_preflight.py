@@ -1,0 +1,93 @@
+"""Checks that read tokenizers and data: real tiny tokenizers and datasets, deduplicated, deferred when
+the input cannot be read here (hub ids: no hub from this machine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sft_grid.preflight import Check, assistant_turns, preflight, run, run_deferred
+
+
+def test_tiny_cells_pass(make_cells, tiny_assets):
+    cells = make_cells(["model=tiny_llama"], ["model=tiny_qwen3"], ["model=tiny_llama", "dataset=tiny_sharegpt"])
+    result = preflight(cells)
+    assert result.problems == [] and result.deferred == {}
+
+
+def test_chatml_template_on_the_tiny_llama3_tokenizer_is_caught_by_its_tokenizer(make_cells, tiny_assets):
+    # the static family rule is bypassed here on purpose: the tokenizer itself must reject the template
+    (cell,) = make_cells(["model=tiny_llama", "model.template=qwen3", "model.tokenizer_family=qwen3"])
+    (problem,) = preflight([cell]).problems
+    assert problem.rule == "preflight-template_tokens" and problem.key == "model.template"
+    assert "<|im_start|> ->" in problem.message and "not single tokens" in problem.message
+
+
+def test_wrong_role_tags_give_zero_assistant_turns(make_cells, tiny_assets):
+    (cell,) = make_cells(["dataset=tiny_sharegpt", "dataset.tiny_sharegpt.tags.role_tag=role",
+                          "dataset.tiny_sharegpt.tags.assistant_tag=assistant"])
+    (problem,) = preflight([cell]).problems
+    assert problem.key == "dataset.tiny_sharegpt" and problem.rule == "preflight-assistant_turns"
+    assert "0 assistant turns in 40 sampled rows" in problem.message
+    assert "message keys seen: from, value" in problem.message
+    assert problem.fix.startswith("ShareGPT rows: tags role_tag=from")
+
+
+def test_wrong_column(make_cells, tiny_assets):
+    (cell,) = make_cells(["dataset=tiny_sharegpt", "dataset.tiny_sharegpt.messages=messages"])
+    (problem,) = preflight([cell]).problems
+    assert "no column 'messages'" in problem.message and "conversations" in problem.message
+
+
+def test_missing_local_path(make_cells, tmp_path):
+    (cell,) = make_cells([f"model.path={tmp_path}/nope"])
+    problems = preflight([cell]).problems
+    assert [(p.key, p.rule) for p in problems] == [("model.path", "preflight-path")]
+    assert "no such file" in problems[0].message and "sft_grid.assets build" in problems[0].fix
+
+
+def test_hub_inputs_are_deferred_to_the_job_not_skipped(make_cells, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    cells = make_cells(["model=qwen3_8b", "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
+                        "mix.probs=[0.9,0.1]"], ["model=qwen3_8b", "dataset=magpie", "lr=3e-5"])
+    result = preflight(cells)
+    assert result.problems == []
+    kinds = {(c.kind, c.target) for c in result.deferred[cells[0].name]}
+    assert kinds == {("template_tokens", "Qwen/Qwen3-8B"),
+                     ("assistant_turns", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"),
+                     ("assistant_turns", "laion/llama-nemotron-science-reasoning-on-le3000tok-100k-canonical-think")}
+    # deduplicated: the second cell shares the tokenizer and magpie checks
+    assert result.unique_checks == 3
+    # at job time the same check runs again and an input still unreadable fails the job
+    (_, outcome), *_ = run_deferred(result.deferred[cells[1].name][:1])
+    assert not outcome.ok and "not readable from this machine" in outcome.message
+
+
+def test_hub_inputs_found_in_the_hf_cache_are_checked_here(make_cells, tmp_path, monkeypatch, tiny_assets):
+    snap = tmp_path / "hub" / "datasets--Magpie-Align--Magpie-Llama-3.3-Pro-500K-Filtered" / "snapshots" / "abc" / "data"
+    snap.mkdir(parents=True)
+    rows = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]
+    (snap / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    ok = run(Check("assistant_turns", "dataset.magpie", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered",
+                   column="conversations", tags=(("role_tag", "from"), ("assistant_tag", "gpt"), ("content_tag", "value"))))
+    assert ok.ok
+    bad = run(Check("assistant_turns", "dataset.magpie", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered",
+                    column="conversations", tags=(("role_tag", "role"), ("assistant_tag", "assistant"), ("content_tag", "content"))))
+    assert not bad.ok and not bad.unreachable
+
+
+@pytest.mark.parametrize("rows, ok", [
+    ([{"m": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], True),
+    ([{"m": [{"role": "user", "content": "a"}]}], False),
+    ([], False),
+])
+def test_assistant_turn_counting(rows, ok):
+    assert assistant_turns(rows, "m", {"role_tag": "role", "assistant_tag": "assistant"}).ok is ok
+
+
+def test_check_round_trips_through_preflight_json():
+    check = Check("template_tokens", "model.template", "Qwen/Qwen3-8B", tokens=("<|im_start|>",),
+                  tags=(("role_tag", "role"),))
+    assert Check.from_json(json.loads(json.dumps(check.to_json()))) == check

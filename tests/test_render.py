@@ -1,0 +1,89 @@
+"""Rendered cell files: golden-tested, and the launch script is shell-safe when really run by bash."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sft_grid.render import render, write
+
+GOLDEN = Path(__file__).parent / "golden"
+REGEN = "SFT_GRID_REGEN_GOLDEN=1 python -m pytest tests/test_render.py"
+
+
+@pytest.fixture
+def fixed_cache(monkeypatch):
+    # the managed env's path is part of launch.sh: pin it so the golden files hold on any machine
+    monkeypatch.setenv("SFT_GRID_CACHE", "/opt/sft_grid_cache")
+
+
+CASES = {
+    "qwen3_8b_delphi_mix": ["model=qwen3_8b", "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
+                            "mix.probs=[0.9,0.1]", "lr=2e-5", "max_steps=100", "save_total_limit=2"],
+    "tiny_llama_sharegpt": ["model=tiny_llama", "dataset=tiny_sharegpt", "global_batch_size=4", "micro_batch_size=2",
+                            "warmup_ratio=0.1", "+extra.gradient_checkpointing=false"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(make_cells, fixed_cache, monkeypatch, case):
+    monkeypatch.setenv("HOME", "/home/user")  # tiny model paths come from ${oc.env:HOME}
+    (cell,) = make_cells(CASES[case])
+    rendered = render(cell, Path("/srv/runs/grid") / cell.name, [])
+    golden_dir = GOLDEN / case
+    if os.environ.get("SFT_GRID_REGEN_GOLDEN"):
+        golden_dir.mkdir(parents=True, exist_ok=True)
+        for rel, text in rendered.files.items():
+            (golden_dir / rel).write_text(text.replace(str(cell.runs_root), "<runs_root>"))
+    for rel, text in rendered.files.items():
+        expected = (golden_dir / rel).read_text()
+        assert text.replace(str(cell.runs_root), "<runs_root>") == expected, (
+            f"{case}/{rel} differs from its golden copy; if the change is intended, regenerate: {REGEN}")
+
+
+def test_mix_keeps_each_datasets_own_tags(make_cells):
+    (cell,) = make_cells(["dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under", "mix.probs=[0.9,0.1]"])
+    files = render(cell, Path("/x"), []).files
+    info = json.loads(files["dataset_info.json"])
+    assert info["magpie"]["tags"]["assistant_tag"] == "gpt" and info["magpie"]["columns"] == {"messages": "conversations"}
+    assert info["delphi_warmup"]["tags"]["assistant_tag"] == "assistant"
+    cfg = yaml.safe_load(files["train_config.yaml"])
+    assert cfg["dataset"] == "magpie,delphi_warmup" and cfg["interleave_probs"] == "0.9,0.1"
+    assert cfg["mix_strategy"] == "interleave_under"
+    # LLaMA-Factory's global schema keys would override every dataset's own: never written
+    assert not {"role_tag", "user_tag", "assistant_tag", "content_tag", "messages", "formatting"} & set(cfg)
+
+
+def test_launch_script_quotes_config_values_when_run(make_cells, tmp_path):
+    env_dir = tmp_path / "fake env"
+    (env_dir / "bin").mkdir(parents=True)
+    # stands in for llamafactory-cli: records its argv and one env var
+    cli = env_dir / "bin" / "llamafactory-cli"
+    cli.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$OUT_FILE"\nprintf "%s" "$TRICKY" >> "$OUT_FILE"\n')
+    cli.chmod(0o755)
+    tricky = 'a b; echo pwned $(touch /tmp/sft_grid_pwned) "q" `x` && | > <'
+    (cell,) = make_cells([f"+cluster.backend_envs.llamafactory='{env_dir}'", f"+cluster.env.TRICKY='{tricky}'",
+                          f"+cluster.env.OUT_FILE='{tmp_path}/out.txt'"])
+    rendered = render(cell, tmp_path / "cell dir", [])
+    write(rendered)
+    proc = subprocess.run(["bash", str(rendered.dir / "launch.sh"), "max_steps=1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "out.txt").read_text().split("\n")
+    assert lines[:3] == ["train", str(rendered.dir / "train_config.yaml"), "max_steps=1"]
+    assert lines[3] == tricky
+    assert not Path("/tmp/sft_grid_pwned").exists()
+
+
+def test_files_are_written_cell_yaml_last_and_atomically(make_cells, tmp_path):
+    (cell,) = make_cells([])
+    rendered = render(cell, tmp_path / "c", [])
+    write(rendered)
+    names = sorted(p.name for p in rendered.dir.iterdir())
+    assert names == ["cell.yaml", "dataset_info.json", "launch.sh", "logs", "preflight.json", "train_config.yaml"]
+    assert os.access(rendered.dir / "launch.sh", os.X_OK)
+    assert yaml.safe_load((rendered.dir / "cell.yaml").read_text()) == dict(cell.config)

@@ -1,0 +1,96 @@
+"""Every validation rule, with its message; all problems of all cells reported at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from sft_grid.grid import plan_cells
+from sft_grid.validate import GridError, composition_problem, validate
+
+
+def problems_of(make_cells, *overrides):
+    (cell,) = make_cells(list(overrides))
+    return validate([cell])
+
+
+def only(problems, rule):
+    found = [p for p in problems if p.rule == rule]
+    assert found, f"no {rule} problem in {problems}"
+    return found[0]
+
+
+def test_shipped_defaults_are_valid(make_cells):
+    assert problems_of(make_cells) == []
+
+
+def test_global_batch_must_divide_by_ranks_and_micro_batch(make_cells):
+    p = only(problems_of(make_cells, "global_batch_size=10", "micro_batch_size=4"), "batch-divisible")
+    assert p.key == "global_batch_size" and p.value == 10
+    assert "1 x 1 x 4 = 4" in p.message and "multiple of 4" in p.fix
+    p = only(problems_of(make_cells, "global_batch_size=96", "cluster.gpus_per_node=4", "nodes=5",
+                         "cluster.executor=slurm"), "batch-divisible")
+    assert "5 x 4 x 1 = 20" in p.message
+
+
+def test_interleave_probabilities_must_match_the_datasets(make_cells):
+    p = only(problems_of(make_cells, "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
+                         "mix.probs=[0.9]"), "mix-probs")
+    assert "2 dataset(s) (magpie, delphi_warmup), 1 given" in p.message
+    p = only(problems_of(make_cells, "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
+                         "mix.probs=[0.9,0.2]"), "mix-probs")
+    assert "sum to 1" in p.message
+    p = only(problems_of(make_cells, "dataset=[magpie,delphi_warmup]", "mix.probs=[0.5,0.5]"), "mix-probs")
+    assert "only used by interleave" in p.message
+    p = only(problems_of(make_cells, "mix.strategy=interleave"), "mix-strategy")
+    assert "interleave_under" in p.fix
+
+
+def test_wall_time_over_the_cluster_maximum(make_cells):
+    p = only(problems_of(make_cells, "time=30:00:00"), "time-max")
+    assert p.key == "time" and "24:00:00" in p.message and "time=24:00:00" in p.fix
+    p = only(problems_of(make_cells, "time=soon"), "time-format")
+    assert "04:00:00" in p.message
+
+
+def test_chatml_template_on_a_llama3_tokenizer(make_cells):
+    p = only(problems_of(make_cells, "model=delphi", "model.template=qwen3"), "template-tokenizer")
+    assert p.key == "model.template" and p.value == "qwen3"
+    assert "delphi tokenizer" in p.message and p.fix == "model.template=llama3"
+    p = only(problems_of(make_cells, "model=qwen3_8b", "model.template=llama3"), "template-tokenizer")
+    assert p.fix == "model.template=qwen3"
+    p = only(problems_of(make_cells, "model.template=lama3"), "template-known")
+    assert "did you mean 'llama3'" in p.fix
+
+
+def test_other_rules(make_cells):
+    assert only(problems_of(make_cells, "nodes=2"), "local-one-node").key == "nodes"
+    assert only(problems_of(make_cells, "lr=0"), "positive").key == "lr"
+    assert only(problems_of(make_cells, "epochs=0"), "length").key == "epochs"
+    assert only(problems_of(make_cells, "finetuning_type=qlora"), "choice").key == "finetuning_type"
+    p = only(problems_of(make_cells, "push_to_hub=true"), "hub-id")
+    assert "hub_model_id" in p.fix
+    assert only(problems_of(make_cells, "push_to_hub=true", "hub_model_id=org/x"), "hub-offline").key == "push_to_hub"
+
+
+def test_all_problems_of_all_cells_are_reported_at_once(make_cells):
+    cells = make_cells(["global_batch_size=3", "micro_batch_size=2", "time=99:00:00"],
+                       ["model=delphi", "model.template=qwen3"])
+    problems = validate(cells)
+    assert {p.rule for p in problems} == {"batch-divisible", "time-max", "template-tokenizer"}
+    text = str(GridError(problems))
+    assert text.startswith("3 problem(s) in 2 cell(s)") and "nothing was submitted" in text
+    for cell in cells:
+        assert f"cell {cell.name}" in text
+
+
+def test_duplicate_identity_in_one_grid(make_cells):
+    cells = make_cells(["nodes=1"], ["micro_batch_size=2"])
+    _, problems = plan_cells([type("C", (), {"overrides": c.overrides, "config": c.config})() for c in cells], [])
+    assert [p.rule for p in problems] == ["identity-unique"]
+
+
+def test_unknown_key_lists_the_valid_keys():
+    p = composition_problem(["model.templat=qwen3"], "Could not override 'model.templat'.\n"
+                            "Key 'templat' not in 'ModelConf'\n    full_key: model.templat\n    object_type=ModelConf")
+    assert p.key == "templat" and p.cell == "model.templat=qwen3"
+    assert "valid keys of ModelConf: name, hub_id, path" in p.fix and "did you mean 'template'" in p.fix

@@ -35,6 +35,8 @@ class Outcome:
     states: list[str]
     submitted: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    # cells run by this invocation that did not complete
+    failed: list[str] = field(default_factory=list)
 
 
 def out(text: str = "") -> None:
@@ -157,6 +159,7 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     for f in finished:
         outcome.states[index[f.request.cell_name]] = f.state.state.value
     outcome.submitted = [r.cell.name for r in to_run]
+    outcome.failed = [f.request.cell_name for f in finished if f.state.state is not State.COMPLETED]
     if finished:
         _print_final(cells, dirs)
     return outcome
@@ -229,10 +232,19 @@ def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Outcome:
     composer = GridComposer(loader, master.hydra.job.config_name, hydra_overrides)
     composed, errors = composer.compose_all(overrides)
     try:
-        return execute(composed, errors)
+        outcome = execute(composed, errors)
     except GridError as exc:
         _fail(exc)
         raise
+    _exit_on_failures(outcome)
+    return outcome
+
+
+def _exit_on_failures(outcome: Outcome) -> None:
+    if outcome.failed:
+        print(f"{len(outcome.failed)} cell(s) failed; their reasons are above and in <cell>/events.jsonl,"
+              " their logs in <cell>/logs/. Rerun them with rerun_failed=true.", file=sys.stderr, flush=True)
+        raise SystemExit(1)
 
 
 def run_single(cfg: Any) -> Outcome:
@@ -253,6 +265,5 @@ def run_single(cfg: Any) -> Outcome:
         if type(exc).__module__.startswith("omegaconf"):
             _fail(GridError([composition_problem(overrides, str(exc))], "composition"))
         raise
-    if outcome.states and outcome.states[0] == State.FAILED.value and outcome.submitted:
-        raise SystemExit(1)
+    _exit_on_failures(outcome)
     return outcome

@@ -1,0 +1,98 @@
+"""Real training: the tiny models through the orchestrator, LLaMA-Factory on the CPU, submitit's local
+executor. Reruns skip completed cells, report failed ones, resume from checkpoints, and force keeps the
+old output."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_sft
+
+pytestmark = pytest.mark.backend
+
+
+def cells(root: Path, sweep: str = "default") -> dict[str, Path]:
+    return {p.name.split("_lr")[0].split("-")[0]: p for p in sorted((root / sweep).glob("*")) if (p / "cell.yaml").is_file()}
+
+
+def events(cell: Path) -> list[dict]:
+    return [json.loads(line) for line in (cell / "events.jsonl").read_text().splitlines()]
+
+
+def trainer_state(output: Path) -> dict:
+    return json.loads((output / "trainer_state.json").read_text())
+
+
+def test_readme_grid_trains_both_models_then_does_nothing(tmp_path, tiny_assets):
+    proc = run_sft("-m", "model=tiny_llama,tiny_qwen3", "lr=2e-5", f"runs_root={tmp_path}", check=True)
+    found = cells(tmp_path)
+    assert set(found) == {"tiny_llama", "tiny_qwen3"}
+    for name, cell in found.items():
+        out = cell / "output"
+        state = trainer_state(out)
+        assert state["global_step"] == 4 and state["max_steps"] == 4  # 60 rows / global batch 16, 1 epoch
+        losses = [h["loss"] for h in state["log_history"] if "loss" in h]
+        assert len(losses) == 4 and all(loss > 0 for loss in losses)
+        assert (out / "model.safetensors").is_file()
+        assert (out / "checkpoint-4" / "optimizer.pt").is_file() and (out / "checkpoint-4" / "trainer_state.json").is_file()
+        assert [e["event"] for e in events(cell)] == ["planned", "submitted", "job", "running", "completed"]
+        assert f"completed {cell.name}" in " ".join(proc.stdout.split())
+        cfg = (cell / "train_config.yaml").read_text()
+        assert "learning_rate: 2.0e-05" in cfg and "gradient_accumulation_steps: 16" in cfg
+    again = run_sft("-m", "model=tiny_llama,tiny_qwen3", "lr=2e-5", f"runs_root={tmp_path}", check=True)
+    assert "2 cell(s): 0 to run, 2 completed - nothing to run." in again.stdout
+    for cell in found.values():
+        assert [e["event"] for e in events(cell)].count("submitted") == 1
+
+
+def test_failed_cell_is_reported_skipped_then_rerun_on_request(tmp_path, tiny_assets):
+    common = ["model=tiny_llama", "max_steps=2", "global_batch_size=4", "micro_batch_size=2", f"runs_root={tmp_path}"]
+    # the cluster's environment is wrong: not part of the cell's identity, so fixing it reruns the same cell
+    broken = run_sft("-m", *common, f"+cluster.backend_envs.llamafactory={tmp_path}/no-env", "seed=1,2")
+    assert broken.returncode == 1
+    assert "2 cell(s) failed" in broken.stderr
+    assert "failed" in broken.stdout and "backend exited with 127" in broken.stdout
+    (cell, *_) = cells(tmp_path).values()
+    last = events(cell)[-1]
+    assert last["event"] == "failed" and "no-env/bin/llamafactory-cli" in last["reason"]
+
+    skipped = run_sft("-m", *common, "seed=1,2", check=True)
+    assert "2 failed" in skipped.stdout and "rerun_failed=true reruns it" in skipped.stdout
+    assert [e["event"] for e in events(cell)].count("submitted") == 1
+
+    fixed = run_sft("-m", *common, "seed=1,2", "rerun_failed=true", check=True)
+    assert "2 to run" in fixed.stdout
+    for cell in cells(tmp_path).values():
+        assert trainer_state(cell / "output")["global_step"] == 2
+
+
+def test_single_cell_rerun_resumes_from_its_checkpoint_and_force_keeps_old_output(tmp_path, tiny_assets):
+    args = ["model=tiny_qwen3", "max_steps=4", "save_steps=2", "global_batch_size=4", "micro_batch_size=2",
+            f"runs_root={tmp_path}"]
+    run_sft(*args, check=True)
+    (cell,) = cells(tmp_path).values()
+    out = cell / "output"
+    assert (out / "checkpoint-2").is_dir() and (out / "checkpoint-4").is_dir()
+    # the job "died" after its step-2 checkpoint: no final weights, no step-4 checkpoint
+    shutil.rmtree(out / "checkpoint-4")
+    for name in ("model.safetensors", "trainer_state.json", "trainer_log.jsonl"):
+        (out / name).unlink()
+
+    listed = run_sft(*args, check=True)
+    assert "failed: the ledger says completed but the output has no final weights" in listed.stdout
+
+    run_sft(*args, "rerun_failed=true", check=True)
+    resumed = [e for e in events(cell) if e["event"] == "resumed"]
+    assert resumed and resumed[-1]["checkpoint"] == "checkpoint-2"
+    steps = [json.loads(x)["current_steps"] for x in (out / "trainer_log.jsonl").read_text().splitlines()]
+    assert steps[0] == 3 and trainer_state(out)["global_step"] == 4  # continued, not restarted
+
+    run_sft(*args, "force=true", check=True)
+    archived = list((cell / "attempts").glob("*/output"))
+    assert len(archived) == 1 and (archived[0] / "checkpoint-2").is_dir()
+    assert trainer_state(out)["global_step"] == 4
+    assert [json.loads(x)["current_steps"] for x in (out / "trainer_log.jsonl").read_text().splitlines()][0] == 1

@@ -161,7 +161,7 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     outcome.submitted = [r.cell.name for r in to_run]
     outcome.failed = [f.request.cell_name for f in finished if f.state.state is not State.COMPLETED]
     if finished:
-        _print_final(cells, dirs)
+        _print_final(dirs)
     return outcome
 
 
@@ -207,13 +207,12 @@ def _print_launch(cells: Sequence[Cell], to_run: Sequence[render.RenderedCell], 
     _print_deferred({r.cell.name: deferred[r.cell.name] for r in to_run if r.cell.name in deferred})
 
 
-def _print_final(cells: Sequence[Cell], dirs: Sequence[Path]) -> None:
-    rows = []
-    for cell, cell_dir in zip(cells, dirs):
-        state = ledger.state_of(cell_dir)
-        rows.append((cell.name, state.state.value, report.progress_text(state), report._rel(cell_dir / render.OUTPUT_DIR)))
+def _print_final(dirs: Sequence[Path]) -> None:
+    from sft_grid.status import HEADERS, rows
+
     out()
-    out(report.table(("cell", "state", "progress", "output"), rows))
+    out(report.table(HEADERS, rows(dirs)))
+    out(f"outputs: <cell>/{render.OUTPUT_DIR}/ under {report._rel(dirs[0].parent)}/")
 
 
 # -- entry points ---------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -37,6 +37,7 @@ class Check:
     tokens: tuple[str, ...] = ()
     column: str = ""
     tags: tuple[tuple[str, str], ...] = ()
+    split: str = "train"
 
     def describe(self) -> str:
         what = {
@@ -76,7 +77,7 @@ def checks_for(cell: Cell) -> list[Check]:
         if is_local(ds.source):
             checks.append(Check("path", f"dataset.{name}.source", ds.source))
         tags = (("role_tag", ds.tags.role_tag), ("assistant_tag", ds.tags.assistant_tag), ("content_tag", ds.tags.content_tag))
-        checks.append(Check("assistant_turns", f"dataset.{name}", ds.source, column=ds.messages, tags=tags))
+        checks.append(Check("assistant_turns", f"dataset.{name}", ds.source, column=ds.messages, tags=tags, split=ds.split))
     return checks
 
 
@@ -251,7 +252,37 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
     return Preflight(problems, deferred, len(outcomes))
 
 
-def run_deferred(checks: Iterable[Check]) -> Iterator[tuple[Check, Outcome]]:
-    """Job side: every deferred check must now pass; an input still unreadable here is a failure."""
+FETCHER = Path(__file__).parent / "probes" / "fetch_sample.py"
+
+
+def fetch_and_run(check: Check, python: str, workdir: Path, env: Mapping[str, str] | None = None) -> Outcome:
+    """Job side, for an input not on this node's disk: fetch a sample with the backend's own loaders
+    (its hub access or cache) under the cluster's environment, then run the same check on it."""
+    import subprocess
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    if check.kind == "template_tokens":
+        dest = workdir / "tokenizer"
+        argv = [python, str(FETCHER), "tokenizer", check.target, str(dest)]
+    elif check.kind == "assistant_turns":
+        dest = workdir / f"{check.key.replace('.', '_')}.jsonl"
+        argv = [python, str(FETCHER), "rows", check.target, check.split, str(SAMPLE_ROWS), str(dest)]
+    else:
+        return run(check)
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Outcome(False, f"could not read {check.target!r} from this node either: {last[:300]}",
+                       "make the input reachable from compute nodes (hub access, or a local copy in the HF cache)")
+    return run(replace(check, target=str(dest)))
+
+
+def run_deferred(checks: Iterable[Check], python: str | None = None, workdir: Path | None = None,
+                 env: Mapping[str, str] | None = None) -> Iterator[tuple[Check, Outcome]]:
+    """Job side: every deferred check must now pass. An input still not on disk is fetched with the
+    backend's loaders when a backend python is given; otherwise it fails the job."""
     for check in checks:
-        yield check, run(check)
+        outcome = run(check)
+        if outcome.unreachable and python and workdir is not None:
+            outcome = fetch_and_run(check, python, workdir, env)
+        yield check, outcome

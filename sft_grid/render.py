@@ -65,9 +65,8 @@ def dump_yaml(data: Any, header: str = "") -> str:
     return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-def launch_script(cell: Cell, cell_dir: Path) -> str:
+def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     s = cell.spec
-    bin_dir = env_bin(cell)
     argv = backends.get(s.backend.name).command(cell, cell_dir, bin_dir)
     lines = [
         "#!/usr/bin/env bash",
@@ -107,8 +106,11 @@ def render(cell: Cell, cell_dir: Path, deferred: list[Check]) -> RenderedCell:
     files: dict[str, str] = {}
     for rel, data in structured.items():
         files[rel] = json.dumps(data, indent=2) + "\n" if rel.endswith(".json") else dump_yaml(data)
-    files[LAUNCH_FILE] = launch_script(cell, cell_dir)
-    files[PREFLIGHT_FILE] = json.dumps({"deferred": [c.to_json() for c in deferred]}, indent=2) + "\n"
+    bin_dir = env_bin(cell)
+    files[LAUNCH_FILE] = launch_script(cell, cell_dir, bin_dir)
+    files[PREFLIGHT_FILE] = json.dumps(
+        {"deferred": [c.to_json() for c in deferred], "python": str(bin_dir / "python"),
+         "env": dict(s.cluster.env)}, indent=2) + "\n"
     files[CELL_FILE] = dump_yaml(dict(cell.config), cell_header(cell))
     request = SubmitRequest(
         cell_name=cell.name,

@@ -71,8 +71,9 @@ def run_cell(cell_dir: str | Path) -> str:
         return ledger.State.COMPLETED.value
     ledger.append(cell_dir, "running", **_job_fields())
 
-    deferred = json.loads((cell_dir / PREFLIGHT_FILE).read_text()).get("deferred", [])
-    for check, outcome in run_deferred(Check.from_json(c) for c in deferred):
+    pre = json.loads((cell_dir / PREFLIGHT_FILE).read_text())
+    checks = [Check.from_json(c) for c in pre.get("deferred", [])]
+    for check, outcome in run_deferred(checks, pre.get("python"), cell_dir / LOGS_DIR / "preflight", pre.get("env")):
         if not outcome.ok:
             reason = f"preflight: {check.describe()}: {outcome.message}"
             ledger.append(cell_dir, "failed", reason=reason, **_job_fields())

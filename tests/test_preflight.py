@@ -91,3 +91,30 @@ def test_check_round_trips_through_preflight_json():
     check = Check("template_tokens", "model.template", "Qwen/Qwen3-8B", tokens=("<|im_start|>",),
                   tags=(("role_tag", "role"),))
     assert Check.from_json(json.loads(json.dumps(check.to_json()))) == check
+
+
+@pytest.mark.backend
+def test_job_side_fetch_uses_the_backends_loaders(tiny_assets, tmp_path):
+    """At job start an input not on disk is read with the backend's own loaders (here: local inputs given
+    as if they were hub ids, since no hub is reachable from this machine)."""
+    from sft_grid.env import managed_env
+    from sft_grid.preflight import fetch_and_run
+
+    python = str(managed_env("llamafactory") / "bin" / "python")
+    data = tmp_path / "repo"
+    data.mkdir()
+    (data / "train.jsonl").write_text((tiny_assets / "data" / "tiny_sharegpt.jsonl").read_text())
+    good = Check("assistant_turns", "dataset.x", str(data), column="conversations",
+                 tags=(("role_tag", "from"), ("assistant_tag", "gpt"), ("content_tag", "value")))
+    assert fetch_and_run(good, python, tmp_path / "work").ok
+    assert len((tmp_path / "work" / "dataset_x.jsonl").read_text().splitlines()) == 40
+    wrong = Check("assistant_turns", "dataset.x", str(data), column="conversations",
+                  tags=(("role_tag", "role"), ("assistant_tag", "assistant"), ("content_tag", "content")))
+    assert "0 assistant turns" in fetch_and_run(wrong, python, tmp_path / "work").message
+    chatml = Check("template_tokens", "model.template", str(tiny_assets / "models" / "tiny-llama3"),
+                   tokens=("<|im_start|>", "<|im_end|>"))
+    outcome = fetch_and_run(chatml, python, tmp_path / "work")
+    assert not outcome.ok and "not single tokens" in outcome.message
+    missing = Check("template_tokens", "model.template", "no-such-org/no-such-model", tokens=("<|im_start|>",))
+    outcome = fetch_and_run(missing, python, tmp_path / "work", {"HF_HUB_OFFLINE": "1"})
+    assert not outcome.ok and "from this node either" in outcome.message

@@ -96,3 +96,16 @@ def test_single_cell_rerun_resumes_from_its_checkpoint_and_force_keeps_old_outpu
     assert len(archived) == 1 and (archived[0] / "checkpoint-2").is_dir()
     assert trainer_state(out)["global_step"] == 4
     assert [json.loads(x)["current_steps"] for x in (out / "trainer_log.jsonl").read_text().splitlines()][0] == 1
+
+
+def test_a_check_deferred_to_the_job_fails_it_before_training(tmp_path, tiny_assets, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    proc = run_sft("model=tiny_llama", "dataset=magpie", f"runs_root={tmp_path}")
+    assert "deferred to the job's first step" in proc.stdout
+    assert proc.returncode == 1
+    (cell,) = cells(tmp_path).values()
+    last = events(cell)[-1]
+    assert last["event"] == "failed"
+    assert last["reason"].startswith("preflight: the schema tags find assistant turns in a sample of the data")
+    assert "from this node either" in last["reason"]
+    assert not (cell / "output").exists() and not (cell / "logs" / "train.log").exists()

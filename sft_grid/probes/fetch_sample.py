@@ -1,0 +1,34 @@
+"""Fetch what a deferred preflight check needs, where the job runs (standalone: runs in the backend env).
+
+    python fetch_sample.py tokenizer <hub id or path> <out_dir>
+    python fetch_sample.py rows <hub id or path> <split> <n> <out.jsonl>
+
+It uses the backend's own loaders (transformers, datasets), so it reaches the hub or the node's cache
+exactly as training will; it reads a few rows (streaming), never the whole dataset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+
+
+def tokenizer(target: str, out_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(target).save_pretrained(out_dir)
+
+
+def rows(target: str, split: str, n: str, out_file: str) -> None:
+    from datasets import load_dataset
+
+    stream = load_dataset(target, split=split, streaming=True)
+    with open(out_file, "w") as fh:
+        for row in itertools.islice(stream, int(n)):
+            fh.write(json.dumps(row, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    kind, *args = sys.argv[1:]
+    {"tokenizer": tokenizer, "rows": rows}[kind](*args)

@@ -5,6 +5,7 @@ old output."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -109,3 +110,17 @@ def test_a_check_deferred_to_the_job_fails_it_before_training(tmp_path, tiny_ass
     assert last["reason"].startswith("preflight: the schema tags find assistant turns in a sample of the data")
     assert "from this node either" in last["reason"]
     assert not (cell / "output").exists() and not (cell / "logs" / "train.log").exists()
+
+
+def test_mixed_schema_interleave_trains_on_both_sources(tmp_path, tiny_assets):
+    proc = run_sft("model=tiny_llama", "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under",
+                   "mix.probs=[0.7,0.3]", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
+                   f"runs_root={tmp_path}", check=True)
+    (cell,) = cells(tmp_path).values()
+    assert trainer_state(cell / "output")["global_step"] == 2
+    log = (cell / "logs" / "train.log").read_text()
+    # LLaMA-Factory converts each source with its own tags: both load, and the mix holds more examples
+    # than the 60-row role/content source alone could give, so the ShareGPT rows contributed
+    assert "tiny_messages.jsonl..." in log and "tiny_sharegpt.jsonl..." in log
+    examples = int(re.search(r"Num examples = (\d+)", log).group(1))
+    assert examples > 60, proc.stdout

@@ -156,23 +156,17 @@ class GridComposer:
         for i, d in enumerate(defaults):
             if d.parent == self._config_name and d.package and "." not in d.package and not d.is_self:
                 group_entries.setdefault(d.package, []).append(i)
-        hydra_node = cfg.hydra
         with _open(cfg):
             del cfg["hydra"]
-        unresolved = _plain(cfg, resolve=False)
-        fast_groups = {g for g, idx in group_entries.items() if all(self._simple_option(defaults[i]) for i in idx)}
-        context_free = not _has_non_env_interpolation(
-            {k: v for k, v in unresolved.items() if k not in group_entries}
-        )
         return _Reference(
-            overrides=tuple(overrides),
             groups={k: v.input_line for k, v in groups.items()},
             cfg=cfg,
-            hydra=hydra_node,
             plain=_plain(cfg, resolve=True),
             defaults=defaults,
             group_entries=group_entries,
-            fast_groups=fast_groups if context_free else set(),
+            fast_groups={g for g, idx in group_entries.items() if all(self._simple_option(defaults[i]) for i in idx)},
+            # an interpolation that reads other keys resolves differently per cell: Hydra composes those
+            context_free=not _has_non_env_interpolation(_plain(cfg, resolve=False)),
         )
 
     def _simple_option(self, entry: ResultDefault) -> bool:
@@ -238,6 +232,8 @@ class GridComposer:
         cached = self._effects.get(key)
         if cached is not None:
             return cached
+        if any(_has_non_env_interpolation(v.value()) for v in values):
+            raise _NeedsHydra()  # the value reads other keys, which differ from cell to cell
         scratch = copy.deepcopy(ref.cfg)
         with _open(scratch):
             for group, (_, node) in touched.items():
@@ -249,13 +245,8 @@ class GridComposer:
             path = ov.key_or_group
             if ov.is_delete():
                 effects.append((path, _DELETED))
-                continue
-            node = OmegaConf.select(scratch, path, throw_on_missing=False)
-            if OmegaConf.is_config(node) and _has_non_env_interpolation(_plain(node, resolve=False)):
-                raise _NeedsHydra()
-            if isinstance(node, str) and _has_non_env_interpolation(node):
-                raise _NeedsHydra()
-            effects.append((path, _plain(node, resolve=True) if OmegaConf.is_config(node) else _resolve_scalar(scratch, path, node)))
+            else:
+                effects.append((path, _plain(OmegaConf.select(scratch, path, throw_on_missing=False), resolve=True)))
         self._effects[key] = effects
         return effects
 
@@ -276,6 +267,8 @@ class GridComposer:
         return Composed(tuple(overrides), config)
 
     def _fast(self, ref: "_Reference", overrides: Sequence[str]) -> dict[str, Any] | None:
+        if not ref.context_free:
+            return None
         groups, values = self._split(overrides)
         if set(groups) - set(ref.groups) and any(g not in ref.fast_groups for g in set(groups) - set(ref.groups)):
             return None
@@ -333,14 +326,15 @@ class _NeedsHydra(Exception):
 
 @dataclass
 class _Reference:
-    overrides: tuple[str, ...]
+    """The grid's first cell composed by Hydra with its group choices only."""
+
     groups: dict[str, str]
     cfg: DictConfig
-    hydra: Any
     plain: dict[str, Any]
     defaults: list[ResultDefault]
     group_entries: dict[str, list[int]]
     fast_groups: set[str]
+    context_free: bool
 
 
 class _open:
@@ -355,12 +349,6 @@ class _open:
 
     def __exit__(self, *exc: object) -> None:
         OmegaConf.set_struct(self.cfg, self.struct)
-
-
-def _resolve_scalar(cfg: DictConfig, path: str, value: Any) -> Any:
-    if isinstance(value, str) and "${" in value:
-        return OmegaConf.select(cfg, path)
-    return value
 
 
 def _set_path(config: dict[str, Any], path: str, value: Any) -> None:

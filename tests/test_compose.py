@@ -67,3 +67,14 @@ def test_errors_are_hydras(hydra_loader, overrides, expected):
     assert not composed
     assert expected in errors[0].message
     assert errors[0].overrides == overrides
+
+
+def test_interpolations_that_read_other_keys_are_composed_by_hydra(hydra_loader):
+    composer = GridComposer(hydra_loader, "config")
+    cells = [["model=tiny_llama", "lr=1e-4", "+extra.tag='${model.name}-${lr}'"],
+             ["model=qwen3_8b", "lr=2e-4", "+extra.tag='${model.name}-${lr}'"]]
+    composed, errors = composer.compose_all(cells)
+    assert not errors
+    assert [c.config["extra"]["tag"] for c in composed] == ["tiny_llama-0.0001", "qwen3_8b-0.0002"]
+    for c in composed:
+        assert c.config == hydra_plain(c.overrides)

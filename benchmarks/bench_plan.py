@@ -14,7 +14,9 @@ temporary config directory, adds that directory to Hydra's search path with `hyd
 and times each command as a subprocess (wall time around subprocess.run, so interpreter start-up and imports
 count, as they do for a user). Every sft_grid run gets a fresh runs_root and is checked to have written 1000
 cell directories with cell.yaml and train_config.yaml; one more run over an existing runs_root (a
-re-invocation: every cell is already planned) is reported separately. Everything is written under a temporary
+re-invocation: every cell is already planned) is reported separately. For comparison (information only, no
+target) the same grid is also timed with the directory given as `--config-dir DIR` instead, which puts it on
+the primary search path rather than adding it per composition. Everything is written under a temporary
 directory, which is removed at the end.
 
     python benchmarks/bench_plan.py [--quick] [--check] [--json out.json]
@@ -84,12 +86,15 @@ class Results:
     sft_grid_min_s: float | None = None
     sft_grid_median_s: float | None = None
     sft_grid_reinvocation_s: float | None = None
+    config_dir_runs_s: list[float] = field(default_factory=list)
+    config_dir_median_s: float | None = None
     stock_cells_run: int = 0
     stock_measured_s: float | None = None
     stock_1000_s: float | None = None
     stock_extrapolated: bool = False
     stock_jobs_seen: int | None = None
     ratio: float | None = None
+    config_dir_ratio: float | None = None
     help_runs_s: list[float] = field(default_factory=list)
     help_min_s: float | None = None
     help_median_s: float | None = None
@@ -149,11 +154,11 @@ def ensure_assets() -> None:
 
 
 def grid_overrides(conf_dir: Path, models: Sequence[str], datasets: Sequence[str]) -> list[str]:
-    return [
-        "model=" + ",".join(models),
-        "dataset=" + ",".join(datasets),
-        f"hydra.searchpath=[file://{conf_dir}]",
-    ]
+    return [*sweep_overrides(models, datasets), f"hydra.searchpath=[file://{conf_dir}]"]
+
+
+def sweep_overrides(models: Sequence[str], datasets: Sequence[str]) -> list[str]:
+    return ["model=" + ",".join(models), "dataset=" + ",".join(datasets)]
 
 
 # -- running --------------------------------------------------------------------------------------------------
@@ -185,12 +190,13 @@ def count_rendered_cells(runs_root: Path) -> int:
                if d.is_dir() and (d / "cell.yaml").is_file() and (d / "train_config.yaml").is_file())
 
 
-def sft_grid_argv(overrides: list[str], runs_root: Path) -> list[str]:
-    return [sys.executable, "-m", "sft_grid", "-m", *overrides, "dry_run=true", f"runs_root={runs_root}"]
+def sft_grid_argv(overrides: list[str], runs_root: Path, flags: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "sft_grid", "-m", *flags, *overrides, "dry_run=true", f"runs_root={runs_root}"]
 
 
-def run_sft_grid(overrides: list[str], runs_root: Path, cwd: Path, expect_cells: int, label: str) -> float:
-    result = timed(sft_grid_argv(overrides, runs_root), cwd, SFT_TIMEOUT_S)
+def run_sft_grid(overrides: list[str], runs_root: Path, cwd: Path, expect_cells: int, label: str,
+                 flags: Sequence[str] = ()) -> float:
+    result = timed(sft_grid_argv(overrides, runs_root, flags), cwd, SFT_TIMEOUT_S)
     check_ok(f"sft_grid dry run ({label})", result)
     cells = count_rendered_cells(runs_root)
     if cells != expect_cells:
@@ -246,8 +252,11 @@ def print_table(r: Results) -> None:
          f"{fmt(r.sft_grid_min_s)} / {fmt(r.sft_grid_median_s)}", f"<= {TARGET_PLAN_S:g} s (median)",
          verdict(r, "plan")),
         ("sft_grid re-invocation over existing cells", fmt(r.sft_grid_reinvocation_s), "(info)", ""),
+        (f"sft_grid dry run, configs via --config-dir (median of {len(r.config_dir_runs_s)})",
+         fmt(r.config_dir_median_s), "(info)", ""),
         (stock_label, fmt(r.stock_1000_s, digits=1), "(baseline)", ""),
         ("ratio stock / sft_grid median", fmt(r.ratio, "x", 1), f">= {TARGET_RATIO:g}x", verdict(r, "ratio")),
+        ("ratio stock / sft_grid --config-dir median", fmt(r.config_dir_ratio, "x", 1), "(info)", ""),
         (f"python -m sft_grid --help (min / median of {len(r.help_runs_s)})",
          f"{fmt(r.help_min_s)} / {fmt(r.help_median_s)}", f"<= {TARGET_HELP_S:g} s (median)", verdict(r, "help")),
     ]
@@ -326,6 +335,14 @@ def bench(args: argparse.Namespace, work: Path, r: Results) -> None:
     r.sft_grid_reinvocation_s = run_sft_grid(full, work / f"runs-{args.repeats - 1}", cwd, r.cells, "re-invocation")
     print(f"  re-invocation over existing cells: {r.sft_grid_reinvocation_s:.2f} s", flush=True)
 
+    print(f"sft_grid dry run, {r.cells} cells, configs via --config-dir (info), {args.repeats} run(s) ...", flush=True)
+    for i in range(args.repeats):
+        seconds = run_sft_grid(sweep_overrides(models, datasets), work / f"runs-cd-{i}", cwd, r.cells,
+                               f"--config-dir run {i + 1}", flags=("--config-dir", str(conf_dir)))
+        r.config_dir_runs_s.append(seconds)
+        print(f"  run {i + 1}: {seconds:.2f} s", flush=True)
+    r.config_dir_median_s = statistics.median(r.config_dir_runs_s)
+
     print(f"python -m sft_grid --help x{args.help_repeats} ...", flush=True)
     r.help_runs_s = run_help(cwd, args.help_repeats)
     r.help_min_s = min(r.help_runs_s)
@@ -345,6 +362,7 @@ def bench(args: argparse.Namespace, work: Path, r: Results) -> None:
     print(f"  {seconds:.1f} s" + (f" -> {r.stock_1000_s:.1f} s for {r.cells} cells (extrapolated)"
                                   if args.quick else ""), flush=True)
     r.ratio = r.stock_1000_s / r.sft_grid_median_s
+    r.config_dir_ratio = r.stock_1000_s / r.config_dir_median_s
 
 
 def main(argv: Sequence[str] | None = None) -> int:

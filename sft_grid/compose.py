@@ -21,14 +21,12 @@ by Hydra in full. tests/test_compose.py proves the result equals ``hydra.compose
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.config_repository import CachingConfigRepository
 from hydra.core.default_element import ResultDefault
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -91,9 +89,11 @@ class GridComposer:
         self._loader = loader
         self._config_name = config_name
         self._hydra_overrides = list(hydra_overrides)
-        self._repo = CachingConfigRepository(loader.repository)
+        # built as Hydra builds it for a composition, so `hydra.searchpath` adds its config dirs here too
+        _, self._repo = loader._parse_overrides_and_create_caching_repo(config_name, self._hydra_overrides)
         self._parser = OverridesParser.create(config_loader=loader)
         self._parsed: dict[str, Override] = {}
+        self._groups: dict[str, bool] = {}
         self._subtrees: dict[tuple[str, Any], Any] = {}
         self._effects: dict[tuple[Any, ...], list[tuple[str, Any]]] = {}
         self._ref: _Reference | None = None
@@ -108,7 +108,13 @@ class GridComposer:
         return parsed
 
     def _is_group(self, ov: Override) -> bool:
-        return self._repo.group_exists(ov.key_or_group) and ov.package is None
+        if ov.package is not None:
+            return False
+        key = ov.key_or_group
+        known = self._groups.get(key)
+        if known is None:
+            known = self._groups[key] = self._repo.group_exists(key)
+        return known
 
     def _split(self, overrides: Sequence[str]) -> tuple[dict[str, Override], list[Override]]:
         groups: dict[str, Override] = {}
@@ -180,37 +186,47 @@ class GridComposer:
         return not loaded.defaults_list and package in (None, "", "_group_")
 
     # -- per-option subtrees ---------------------------------------------------------------------------
+    def _layers(self, ref: "_Reference", group: str) -> tuple[list[Any], list[Any]] | None:
+        """The group's part of every other config in the reference's defaults list (the schema, the primary
+        config, a sweep file), split at the group's own entries: Hydra merges them in this order."""
+        key = ("layers", group)
+        if key not in self._subtrees:
+            first = ref.group_entries[group][0]
+            before: list[Any] = []
+            after: list[Any] = []
+            result: Any = (before, after)
+            for owner, i in self._entry_owners(ref):
+                d = ref.defaults[i]
+                if owner is not None or d.config_path == "hydra/config":
+                    continue
+                if d.package:  # placed somewhere other than the root: let Hydra compose it
+                    result = None
+                    break
+                loaded = self._repo.load_config(d.config_path) if d.config_path else None
+                # keys(), not `in`: the schema's group nodes are MISSING, and `in` skips missing values
+                if loaded is not None and group in loaded.config.keys():
+                    (before if i < first else after).append(loaded.config._get_node(group))
+            self._subtrees[key] = result
+        return self._subtrees[key]
+
     def _subtree(self, ref: "_Reference", group: str, override: Override) -> Any:
-        """The group's package as plain, resolved data, or None when the fast path does not apply."""
+        """(plain resolved data, config node) of the group's package for this choice, or None when the
+        fast path does not apply. It is the same merge Hydra does, restricted to the group's package."""
         choice = override.value()
         key = (group, repr(choice))
         if key in self._subtrees:
             return self._subtrees[key]
         options = choice if isinstance(choice, list) else [choice]
-        first = ref.group_entries[group][0]
-        swapped = [
-            ResultDefault(config_path=f"{group}/{opt}", package=group, parent=self._config_name, override_key=group)
-            for opt in options
-        ]
         result: Any = None
-        if all(isinstance(opt, str) and self._repo.load_config(f"{group}/{opt}") is not None for opt in options) and all(
-            self._simple_option(d) for d in swapped
-        ):
-            # Hydra's defaults list of the reference, without Hydra's own entries and the other groups'
-            # options, with this group's entries replaced in place (merge order is Hydra's)
-            entries: list[ResultDefault] = []
-            for g, idx_or_none in self._entry_owners(ref):
-                d = ref.defaults[idx_or_none]
-                if g is None:
-                    entries.append(d)
-                elif g == group and idx_or_none == first:
-                    entries.extend(swapped)
+        layers = self._layers(ref, group)
+        entries = [ResultDefault(config_path=f"{group}/{opt}", package=group) for opt in options if isinstance(opt, str)]
+        loaded = [self._repo.load_config(d.config_path) for d in entries]
+        if layers is not None and len(entries) == len(options) and all(loaded) and all(map(self._simple_option, entries)):
+            before, after = layers
             try:
-                cfg = self._loader._compose_config_from_defaults_list(defaults=entries, repo=_FreshCopies(self._repo))
-                data = _plain(cfg[group], resolve=False)
-                if not _has_non_env_interpolation(data):
-                    result = _plain(cfg[group], resolve=True)
-                    result = (result, cfg[group])
+                node = OmegaConf.merge(*before, *(x.config for x in loaded), *after)
+                if not _has_non_env_interpolation(_plain(node, resolve=False)):
+                    result = (_plain(node, resolve=True), node)
             except Exception:  # let the full compose report it, with Hydra's message for this cell
                 result = None
         self._subtrees[key] = result
@@ -219,12 +235,7 @@ class GridComposer:
     def _entry_owners(self, ref: "_Reference") -> list[tuple[str | None, int]]:
         """(owning group or None, index) of each non-Hydra entry of the reference's defaults list."""
         owner = {i: g for g, idx in ref.group_entries.items() for i in idx}
-        # Of Hydra's own entries only the root of the `hydra` node is needed: the primary config sets keys in it.
-        return [
-            (owner.get(i), i)
-            for i, d in enumerate(ref.defaults)
-            if d.config_path == "hydra/config" or not (d.package or "").startswith("hydra")
-        ]
+        return [(owner.get(i), i) for i, d in enumerate(ref.defaults) if not (d.package or "").startswith("hydra")]
 
     # -- value overrides -------------------------------------------------------------------------------
     def _effects_of(self, ref: "_Reference", values: list[Override], touched: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -304,20 +315,6 @@ class GridComposer:
                 errors.append(exc)
         log.debug("composed %d cells: %s", len(composed), self.stats)
         return composed, errors
-
-
-class _FreshCopies:
-    """Hands out copies of cached configs: Hydra's merge adopts nodes of the configs it merges."""
-
-    def __init__(self, repo: CachingConfigRepository) -> None:
-        self._repo = repo
-
-    def load_config(self, config_path: str) -> Any:
-        loaded = self._repo.load_config(config_path)
-        return None if loaded is None else dataclasses.replace(loaded, config=copy.deepcopy(loaded.config))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._repo, name)
 
 
 class _NeedsHydra(Exception):

@@ -122,6 +122,7 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     dry_run = any(c.spec.dry_run for c in cells)
     outcome = Outcome(states=[""] * len(cells))
     to_run: list[render.RenderedCell] = []
+    to_write: list[render.RenderedCell] = []
     with _SweepLock({c.sweep_dir for c in cells}):
         for i, (cell, cell_dir) in enumerate(zip(cells, dirs)):
             state = ledger.state_of(cell_dir)
@@ -133,12 +134,10 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
                 continue  # its files are in use by its job
             rendered = render.render(cell, cell_dir, checked.deferred.get(cell.name, []))
             if why_not is None or dry_run:
-                new = not (cell_dir / render.CELL_FILE).exists()
-                render.write(rendered)
-                if new:
-                    ledger.append(cell_dir, "planned", overrides=list(cell.overrides))
+                to_write.append(rendered)
             if why_not is None:
                 to_run.append(rendered)
+        _write_all(to_write)
         log.info("planned %d cells in %.2f s", len(cells), time.perf_counter() - started)
         if dry_run:
             _print_dry_run(cells, dirs, checked.deferred, outcome)
@@ -163,6 +162,14 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     if finished:
         _print_final(dirs)
     return outcome
+
+
+def _write_all(rendered: Sequence[render.RenderedCell]) -> None:
+    """Write cell directories; a few threads, since small-file syscalls dominate a large dry run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(render.write, rendered))
 
 
 def _submit_local(to_run: list[render.RenderedCell]) -> list[Any]:
@@ -231,6 +238,9 @@ def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Outcome:
     composer = GridComposer(loader, master.hydra.job.config_name, hydra_overrides)
     composed, errors = composer.compose_all(overrides)
     try:
+        if not overrides:
+            raise GridError([Problem("<grid>", "", None, "grid-empty", "the sweep expanded to no cells",
+                                     "check the swept values; glob() matches only options under conf/")], "planning")
         outcome = execute(composed, errors)
     except GridError as exc:
         _fail(exc)

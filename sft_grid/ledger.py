@@ -56,6 +56,7 @@ class CellState:
 
 
 def append(cell_dir: Path, event: str, **fields: Any) -> None:
+    """Append one event (one write, O_APPEND: concurrent writers never interleave within a line)."""
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": event, **fields}
     line = (json.dumps(record, sort_keys=False) + "\n").encode()
     fd = os.open(cell_dir / LEDGER_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -169,5 +170,5 @@ def state_of(cell_dir: Path, output_dir: Path | None = None) -> CellState:
 def iter_cell_dirs(sweep_dir: Path) -> Iterator[Path]:
     if sweep_dir.is_dir():
         for p in sorted(sweep_dir.iterdir()):
-            if (p / "cell.yaml").is_file():
+            if not p.name.startswith(".") and (p / "cell.yaml").is_file():  # .*: scratch of a cell being written
                 yield p

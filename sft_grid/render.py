@@ -8,7 +8,9 @@ launch script is built from argv lists with shell quoting.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -65,6 +67,39 @@ def dump_yaml(data: Any, header: str = "") -> str:
     return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
+# A grid's cells share their group sections (the composer hands out one object per group option), so
+# each section is dumped once; an entry keeps its object alive, so its id cannot be reused meanwhile.
+_SECTIONS: dict[tuple[str, int], tuple[Any, str]] = {}
+
+
+def _section(key: str, value: Any) -> str:
+    cached = _SECTIONS.get((key, id(value)))
+    if cached is not None and cached[0] is value:
+        return cached[1]
+    text = dump_yaml({key: value})
+    if len(_SECTIONS) > 4096:
+        _SECTIONS.clear()
+    _SECTIONS[(key, id(value))] = (value, text)
+    return text
+
+
+def cell_yaml(cell: Cell) -> str:
+    """cell.yaml: the resolved config, its shared group sections dumped once per grid."""
+    parts = [cell_header(cell)]
+    scalars: dict[str, Any] = {}
+    for key, value in cell.config.items():
+        if isinstance(value, dict) and value:
+            if scalars:
+                parts.append(dump_yaml(scalars))
+                scalars = {}
+            parts.append(_section(key, value))
+        else:
+            scalars[key] = value
+    if scalars:
+        parts.append(dump_yaml(scalars))
+    return "".join(parts)
+
+
 def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     s = cell.spec
     argv = backends.get(s.backend.name).command(cell, cell_dir, bin_dir)
@@ -108,10 +143,11 @@ def render(cell: Cell, cell_dir: Path, deferred: list[Check]) -> RenderedCell:
         files[rel] = json.dumps(data, indent=2) + "\n" if rel.endswith(".json") else dump_yaml(data)
     bin_dir = env_bin(cell)
     files[LAUNCH_FILE] = launch_script(cell, cell_dir, bin_dir)
-    files[PREFLIGHT_FILE] = json.dumps(
-        {"deferred": [c.to_json() for c in deferred], "python": str(bin_dir / "python"),
-         "env": dict(s.cluster.env)}, indent=2) + "\n"
-    files[CELL_FILE] = dump_yaml(dict(cell.config), cell_header(cell))
+    if deferred:  # no file means nothing deferred
+        files[PREFLIGHT_FILE] = json.dumps(
+            {"deferred": [c.to_json() for c in deferred], "python": str(bin_dir / "python"),
+             "env": dict(s.cluster.env)}, indent=2) + "\n"
+    files[CELL_FILE] = cell_yaml(cell)
     request = SubmitRequest(
         cell_name=cell.name,
         cell_dir=cell_dir,
@@ -124,14 +160,33 @@ def render(cell: Cell, cell_dir: Path, deferred: list[Check]) -> RenderedCell:
     return RenderedCell(cell, cell_dir, files, request)
 
 
-def write(rendered: RenderedCell) -> None:
-    """Write a cell's files; each atomically, cell.yaml last, so a cell directory is never half valid."""
-    rendered.dir.mkdir(parents=True, exist_ok=True)
-    (rendered.dir / LOGS_DIR).mkdir(exist_ok=True)
+def _write_file(path: Path, text: str) -> None:
+    mode = 0o755 if path.name == LAUNCH_FILE else 0o644
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def write(rendered: RenderedCell) -> bool:
+    """Write a cell's files so that a cell directory is never half valid; returns whether it is new.
+
+    A new cell is written into a scratch directory beside it and renamed into place whole. An existing
+    cell gets each file replaced atomically, cell.yaml last. Its ledger starts when it is submitted.
+    """
+    final = rendered.dir
+    if not final.exists():  # (the grid creates the sweep directory before writing its cells)
+        scratch = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        scratch.mkdir()
+        for rel, text in rendered.files.items():
+            _write_file(scratch / rel, text)
+        try:
+            scratch.rename(final)
+            return True
+        except OSError:  # another invocation created it meanwhile: fall through to replacing files
+            shutil.rmtree(scratch, ignore_errors=True)
     for rel in sorted(rendered.files, key=lambda r: r == CELL_FILE):
-        target = rendered.dir / rel
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(rendered.files[rel])
-        if rel == LAUNCH_FILE:
-            tmp.chmod(0o755)
+        target = final / rel
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        _write_file(tmp, rendered.files[rel])
         tmp.replace(target)
+    return False

@@ -71,7 +71,8 @@ def run_cell(cell_dir: str | Path) -> str:
         return ledger.State.COMPLETED.value
     ledger.append(cell_dir, "running", **_job_fields())
 
-    pre = json.loads((cell_dir / PREFLIGHT_FILE).read_text())
+    pre_file = cell_dir / PREFLIGHT_FILE
+    pre = json.loads(pre_file.read_text()) if pre_file.is_file() else {}
     checks = [Check.from_json(c) for c in pre.get("deferred", [])]
     for check, outcome in run_deferred(checks, pre.get("python"), cell_dir / LOGS_DIR / "preflight", pre.get("env")):
         if not outcome.ok:

@@ -21,6 +21,7 @@ from sft_grid.compose import Composed, CompositionError, GridComposer
 from sft_grid.ledger import CellState, State
 from sft_grid.plan import Cell, plan_cell
 from sft_grid.preflight import preflight
+from sft_grid.submit import mark_submitted
 from sft_grid.validate import GridError, Problem, composition_problem, validate
 
 log = logging.getLogger(__name__)
@@ -120,23 +121,8 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     assert checked is not None
     dirs = cell_dirs(cells)
     dry_run = any(c.spec.dry_run for c in cells)
-    outcome = Outcome(states=[""] * len(cells))
-    to_run: list[render.RenderedCell] = []
-    to_write: list[render.RenderedCell] = []
     with _SweepLock({c.sweep_dir for c in cells}):
-        for i, (cell, cell_dir) in enumerate(zip(cells, dirs)):
-            state = ledger.state_of(cell_dir)
-            why_not = decide(cell, state)
-            outcome.states[i] = state.state.value
-            if why_not is not None:
-                outcome.skipped[cell.name] = why_not
-            if state.state.in_flight:
-                continue  # its files are in use by its job
-            rendered = render.render(cell, cell_dir, checked.deferred.get(cell.name, []))
-            if why_not is None or dry_run:
-                to_write.append(rendered)
-            if why_not is None:
-                to_run.append(rendered)
+        outcome, to_write, to_run = _decide(cells, dirs, checked.deferred, dry_run)
         _write_all(to_write)
         log.info("planned %d cells in %.2f s", len(cells), time.perf_counter() - started)
         if dry_run:
@@ -147,13 +133,12 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
                 from sft_grid.runner import archive_output
 
                 archive_output(rendered.dir, "force=true rerun of a completed cell")
-        _print_launch(cells, to_run, outcome, checked.deferred)
-        if not to_run:
-            return outcome
-        executors = Counter(r.request.executor for r in to_run)
-        if set(executors) - {"local"}:
-            raise SystemExit(f"executor(s) {sorted(set(executors) - {'local'})} are not available yet: only cluster=local runs")
-        finished = _submit_local(to_run)
+            # queued under the lock: a second invocation now sees these cells in flight
+            mark_submitted(rendered.request)
+    _print_launch(cells, to_run, outcome, checked.deferred)
+    if not to_run:
+        return outcome
+    finished = _submit_local(to_run)
     index = {c.name: i for i, c in enumerate(cells)}
     for f in finished:
         outcome.states[index[f.request.cell_name]] = f.state.state.value
@@ -162,6 +147,28 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     if finished:
         _print_final(dirs)
     return outcome
+
+
+def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, list[Any]], dry_run: bool,
+            ) -> tuple[Outcome, list[render.RenderedCell], list[render.RenderedCell]]:
+    """Each cell's state and what to do with it: (outcome, cells to write, cells to run)."""
+    outcome = Outcome(states=[""] * len(cells))
+    to_write: list[render.RenderedCell] = []
+    to_run: list[render.RenderedCell] = []
+    for i, (cell, cell_dir) in enumerate(zip(cells, dirs)):
+        state = ledger.state_of(cell_dir)
+        why_not = decide(cell, state)
+        outcome.states[i] = state.state.value
+        if why_not is not None:
+            outcome.skipped[cell.name] = why_not
+        if state.state.in_flight:
+            continue  # its files are in use by its job
+        rendered = render.render(cell, cell_dir, deferred.get(cell.name, []))
+        if why_not is None or dry_run:
+            to_write.append(rendered)
+        if why_not is None:
+            to_run.append(rendered)
+    return outcome, to_write, to_run
 
 
 def _write_all(rendered: Sequence[render.RenderedCell]) -> None:

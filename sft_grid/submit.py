@@ -27,9 +27,10 @@ class Finished:
     state: ledger.CellState
 
 
-def mark_submitted(request: SubmitRequest, executor: str) -> None:
-    # Recorded before the job can start, so the job's own `running` event always comes after it.
-    ledger.append(request.cell_dir, "submitted", executor=executor, pid=os.getpid(), host=socket.gethostname())
+def mark_submitted(request: SubmitRequest) -> None:
+    """Recorded before the job can start, so the job's own `running` event always comes after it. Until
+    then this process stands for the cell: if it dies first, the cell reads as failed, not in flight."""
+    ledger.append(request.cell_dir, "submitted", executor=request.executor, pid=os.getpid(), host=socket.gethostname())
 
 
 def submit_local(
@@ -51,7 +52,6 @@ def submit_local(
             request = queue.pop(0)
             executor = submitit.LocalExecutor(folder=request.cell_dir / LOGS_DIR / "submitit")
             executor.update_parameters(timeout_min=request.timeout_min)
-            mark_submitted(request, "local")
             job = executor.submit(run_cell, str(request.cell_dir))
             ledger.append(request.cell_dir, "job", job_id=job.job_id)
             log.info("started %s (local job %s)", request.cell_name, job.job_id)

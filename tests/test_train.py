@@ -124,3 +124,27 @@ def test_mixed_schema_interleave_trains_on_both_sources(tmp_path, tiny_assets):
     assert "tiny_messages.jsonl..." in log and "tiny_sharegpt.jsonl..." in log
     examples = int(re.search(r"Num examples = (\d+)", log).group(1))
     assert examples > 60, proc.stdout
+
+
+def test_a_second_invocation_while_the_grid_runs_queues_nothing_twice(tmp_path, tiny_assets):
+    import subprocess
+    import sys
+    import time
+
+    args = ["-m", "model=tiny_llama,tiny_qwen3", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
+            f"runs_root={tmp_path}"]
+    first = subprocess.Popen([sys.executable, "-m", "sft_grid", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # both cells queued by the first invocation (local: one at a time)
+        found = cells(tmp_path)
+        if len(found) == 2 and all((c / "events.jsonl").exists() for c in found.values()):
+            break
+        time.sleep(0.2)
+    second = run_sft(*args, check=True)
+    first_out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, first_out
+    assert "0 to run" in second.stdout, second.stdout
+    for cell in cells(tmp_path).values():
+        kinds = [e["event"] for e in events(cell)]
+        assert kinds.count("submitted") == 1 and kinds.count("running") == 1 and kinds[-1] == "completed"

@@ -123,13 +123,18 @@ def check_path(check: Check) -> Outcome:
                    "fix the path; tiny local assets are built by `python -m sft_grid.assets build`")
 
 
+def _find(check: Check, kind: str, what: str) -> Path | Outcome:
+    """The readable copy of the check's input, or the outcome when there is none here."""
+    where = locate(check.target, kind)
+    if where is not None:
+        return where
+    # a missing local path is reported by its own path check, once
+    return Outcome(True) if is_local(check.target) else _unreachable(check.target, what)
+
+
 def check_template_tokens(check: Check) -> Outcome:
-    where = locate(check.target, "models")
-    if where is None:
-        if is_local(check.target):
-            return Outcome(True)  # the path check reports it
-        return _unreachable(check.target, "tokenizer")
-    return template_tokens_at(where, check.tokens)
+    where = _find(check, "models", "tokenizer")
+    return where if isinstance(where, Outcome) else template_tokens_at(where, check.tokens)
 
 
 def template_tokens_at(model_dir: Path, tokens: Iterable[str]) -> Outcome:
@@ -201,11 +206,9 @@ def assistant_turns(rows: list[dict[str, Any]], column: str, tags: Mapping[str, 
 
 
 def check_assistant_turns(check: Check) -> Outcome:
-    where = locate(check.target, "datasets")
-    if where is None:
-        if is_local(check.target):
-            return Outcome(True)  # the path check reports it
-        return _unreachable(check.target, "dataset")
+    where = _find(check, "datasets", "dataset")
+    if isinstance(where, Outcome):
+        return where
     try:
         rows = read_sample(where, check.column)
     except ImportError:

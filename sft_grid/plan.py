@@ -26,7 +26,7 @@ NOT_IDENTITY = frozenset(
     {
         "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
         "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
-        "hub_model_id",
+        "hub_model_id", "concurrency",
     }
 )
 # Keys of sub-configs that are about the machine, not the model.

@@ -61,6 +61,14 @@ class ClusterConf:
     runs_root: str = "runs"
     # backend name -> virtual environment (a directory with bin/); unset: the managed environment
     backend_envs: Dict[str, str] = field(default_factory=dict)
+    # Slurm: node features (--constraint), nodes to avoid (--exclude), any other sbatch option by name
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    sbatch_extra: Dict[str, str] = field(default_factory=dict)
+    # Slurm: how GPUs are requested: gpus_per_node (--gpus-per-node), gres (--gres=gpu:N) or none (whole nodes)
+    gpu_directive: str = "gpus_per_node"
+    # Slurm: how often a cell that hits its time limit or is preempted is requeued before it counts as failed
+    max_requeues: int = 3
     # local executor: cells trained at once on this machine
     max_parallel: int = 1
     # local executor: block until the grid is done and print its final states
@@ -156,6 +164,8 @@ class CellConf:
     # resources and run control (not identity)
     nodes: int = 1
     time: str = "04:00:00"
+    # the most cells of this grid running at once on Slurm (the job array throttle, %N); null: no limit
+    concurrency: Optional[int] = None
     dry_run: bool = False
     # rerun cells that are already completed (their old output is moved aside, never deleted)
     force: bool = False

@@ -8,6 +8,7 @@ completed or in flight is never submitted again; failed cells are listed and rer
 from __future__ import annotations
 
 import fcntl
+import subprocess
 import logging
 import sys
 import time
@@ -125,28 +126,52 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
         outcome, to_write, to_run = _decide(cells, dirs, checked.deferred, dry_run)
         _write_all(to_write)
         log.info("planned %d cells in %.2f s", len(cells), time.perf_counter() - started)
+        on_slurm = [r for r in to_run if r.request.slurm is not None]
+        local = [r for r in to_run if r.request.slurm is None]
         if dry_run:
             _print_dry_run(cells, dirs, checked.deferred, outcome)
+            _print_sbatch(on_slurm or [r for r in to_write if r.request.slurm is not None])
             return outcome
         for rendered in to_run:
             if ledger.state_of(rendered.dir).state is State.COMPLETED:  # force=true
                 from sft_grid.runner import archive_output
 
                 archive_output(rendered.dir, "force=true rerun of a completed cell")
+        for rendered in local:
             # queued under the lock: a second invocation now sees these cells in flight
             mark_submitted(rendered.request)
-    _print_launch(cells, to_run, outcome, checked.deferred)
-    if not to_run:
+        _print_launch(cells, to_run, outcome, checked.deferred)
+        if on_slurm:
+            outcome.submitted += [r.cell.name for r in on_slurm]
+            _submit_slurm(on_slurm)
+    if not local:
         return outcome
-    finished = _submit_local(to_run)
+    finished = _submit_local(local)
     index = {c.name: i for i, c in enumerate(cells)}
     for f in finished:
         outcome.states[index[f.request.cell_name]] = f.state.state.value
-    outcome.submitted = [r.cell.name for r in to_run]
+    outcome.submitted += [r.cell.name for r in local]
     outcome.failed = [f.request.cell_name for f in finished if f.state.state is not State.COMPLETED]
     if finished:
         _print_final(dirs)
     return outcome
+
+
+def scheduler_view(dirs: Sequence[Path]) -> tuple[dict[Path, list[dict[str, Any]]], dict[str, Any] | None]:
+    """Each cell's ledger, and Slurm's state of every job they name: one sacct call for the whole grid."""
+    histories = {d: ledger.events(d) for d in dirs}
+    refs = [r for r in (ledger.slurm_ref(h) for h in histories.values()) if r is not None]
+    if not refs:
+        return histories, None
+    from sft_grid import slurm
+
+    ids = [r.job_id for r in refs if r.job_id]
+    names = [r.name for r in refs if not r.job_id and r.name]
+    try:
+        return histories, slurm.sacct(ids, names)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("sacct failed (%s): Slurm cells keep their last recorded state", exc)
+        return histories, None
 
 
 def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, list[Any]], dry_run: bool,
@@ -155,8 +180,11 @@ def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, lis
     outcome = Outcome(states=[""] * len(cells))
     to_write: list[render.RenderedCell] = []
     to_run: list[render.RenderedCell] = []
+    histories, jobs = scheduler_view(dirs)
     for i, (cell, cell_dir) in enumerate(zip(cells, dirs)):
-        state = ledger.state_of(cell_dir)
+        state = ledger.state_of(cell_dir, jobs=jobs, history=histories[cell_dir])
+        if state.recovered:  # sbatch ran but its job id was never recorded: record it now
+            ledger.append(cell_dir, "job", job_id=state.job_id, note="recovered by the array's name")
         why_not = decide(cell, state)
         outcome.states[i] = state.state.value
         if why_not is not None:
@@ -177,6 +205,44 @@ def _write_all(rendered: Sequence[render.RenderedCell]) -> None:
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(render.write, rendered))
+
+
+def _slurm_chunks(on_slurm: Sequence[render.RenderedCell]) -> tuple[list[Any], int | None]:
+    from sft_grid import slurm
+
+    try:
+        max_size = slurm.max_array_size()
+    except (OSError, subprocess.SubprocessError):
+        max_size = 1001  # no Slurm here (a dry run on a laptop): Slurm's default
+    items = [(r.dir, r.request.slurm) for r in on_slurm]
+    limits = [r.cell.spec.concurrency for r in on_slurm if r.cell.spec.concurrency]
+    return slurm.plan_arrays(items, max_size), min(limits) if limits else None
+
+
+def _submit_folder(chunk: Any) -> Path:
+    return chunk.cell_dirs[0].parent / ".submitit" / chunk.name
+
+
+def _submit_slurm(on_slurm: Sequence[render.RenderedCell]) -> None:
+    from sft_grid import slurm
+
+    chunks, concurrency = _slurm_chunks(on_slurm)
+    for chunk in chunks:
+        ids = slurm.submit_chunk(chunk, concurrency, _submit_folder(chunk))
+        first, last = ids[0], ids[-1]
+        out(f"  queued {len(ids)} cell(s) as {chunk.name}: jobs {first}" + (f" .. {last}" if len(ids) > 1 else "")
+            + (f" (at most {concurrency} at once)" if concurrency else ""))
+
+
+def _print_sbatch(on_slurm: Sequence[render.RenderedCell]) -> None:
+    if not on_slurm:
+        return
+    from sft_grid import slurm
+
+    chunks, concurrency = _slurm_chunks(on_slurm)
+    for chunk in chunks:
+        out(f"\n# sbatch script for {len(chunk.cell_dirs)} cell(s), array {chunk.name}:")
+        out(slurm.sbatch_preview(chunk, concurrency, _submit_folder(chunk)))
 
 
 def _submit_local(to_run: list[render.RenderedCell]) -> list[Any]:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 LEDGER_FILE = "events.jsonl"
 WEIGHT_FILES = (
@@ -53,6 +53,8 @@ class CellState:
     step: int | None = None
     total_steps: int | None = None
     loss: float | None = None
+    # the job id was found by the array's name (the orchestrator died before recording it)
+    recovered: bool = False
 
 
 def append(cell_dir: Path, event: str, **fields: Any) -> None:
@@ -140,31 +142,80 @@ def _alive(record: dict[str, Any]) -> bool | None:
     return True
 
 
-def state_of(cell_dir: Path, output_dir: Path | None = None) -> CellState:
+@dataclass(frozen=True)
+class SlurmRef:
+    """How a cell's latest submission is known to Slurm: its job id, or the array's name and index."""
+
+    job_id: str
+    name: str
+    index: int
+
+    @property
+    def lookup(self) -> str:
+        return self.job_id or f"{self.name}#{self.index}"
+
+
+def slurm_ref(history: list[dict[str, Any]]) -> SlurmRef | None:
+    """The Slurm job of the latest submission, if it went to Slurm."""
+    for i in range(len(history) - 1, -1, -1):
+        e = history[i]
+        if e.get("event") == State.SUBMITTED.value:
+            if e.get("executor") != "slurm":
+                return None
+            later = [x["job_id"] for x in history[i + 1:] if x.get("event") == "job" and x.get("job_id")]
+            return SlurmRef(str(later[-1]) if later else "", str(e.get("name", "")), int(e.get("index", 0)))
+    return None
+
+
+def state_of(cell_dir: Path, output_dir: Path | None = None, jobs: Mapping[str, Any] | None = None,
+             history: list[dict[str, Any]] | None = None) -> CellState:
+    """The cell's state. `jobs`: the scheduler's view (sft_grid.slurm.sacct) of the grid's Slurm jobs."""
     output_dir = output_dir or cell_dir / "output"
-    history = events(cell_dir)
+    history = events(cell_dir) if history is None else history
     # other events (archived, resumed, job) annotate; only these decide the state
     states = [e for e in history if e.get("event") in _STATE_EVENTS]
     last = states[-1] if states else {}
     job_id = str(next((e["job_id"] for e in reversed(history) if e.get("job_id")), ""))
+    step, total, loss = progress(output_dir)
     if output_complete(output_dir) and last.get("event") != State.RUNNING.value:
-        step, total, loss = progress(output_dir)
         return CellState(State.COMPLETED, job_id=job_id, step=step, total_steps=total, loss=loss)
     event = last.get("event", State.PLANNED.value)
     if event in (State.SUBMITTED.value, State.RUNNING.value):
+        ref = slurm_ref(history)
+        if ref is not None:
+            return _slurm_state(ref, State(event), last, jobs, (step, total, loss))
         if _alive(last) is False:
-            step, total, loss = progress(output_dir)
             return CellState(State.FAILED, f"its process {last.get('pid')} on {last.get('host')} ended without"
                              " recording an outcome (killed, or out of memory?)", job_id, step, total, loss)
-        step, total, loss = progress(output_dir)
         return CellState(State(event), job_id=job_id, step=step, total_steps=total, loss=loss)
     if event == State.COMPLETED.value:
         return CellState(State.FAILED, "the ledger says completed but the output has no final weights and"
                          " trainer_state.json (deleted or moved?)", job_id)
     if event in (State.FAILED.value, State.CANCELLED.value):
-        step, total, loss = progress(output_dir)
         return CellState(State(event), last.get("reason", ""), job_id, step, total, loss)
     return CellState(State.PLANNED)
+
+
+def _slurm_state(ref: SlurmRef, event: State, last: dict[str, Any], jobs: Mapping[str, Any] | None,
+                 progress_: tuple[Any, Any, Any]) -> CellState:
+    step, total, loss = progress_
+    job = (jobs or {}).get(ref.lookup)
+    job_id = ref.job_id or (job.reason if job is not None else "")
+    if job is None:
+        if ref.job_id or jobs is None or _alive(last) is not False:
+            return CellState(event, job_id=ref.job_id, step=step, total_steps=total, loss=loss)
+        # sbatch never ran (or failed): the submitting process is gone and no job carries the array's name
+        return CellState(State.PLANNED)
+    if job.in_flight:
+        running = job.state in ("RUNNING", "COMPLETING") or event is State.RUNNING
+        return CellState(State.RUNNING if running else State.SUBMITTED, job_id=job_id, step=step,
+                         total_steps=total, loss=loss, recovered=not ref.job_id)
+    if job.state == "CANCELLED":
+        return CellState(State.CANCELLED, "cancelled in Slurm", job_id, step, total, loss)
+    why = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")
+    if job.state == "COMPLETED":
+        why += " but the output has no final weights and trainer_state.json"
+    return CellState(State.FAILED, why, job_id, step, total, loss)
 
 
 def iter_cell_dirs(sweep_dir: Path) -> Iterator[Path]:

@@ -21,6 +21,7 @@ from sft_grid import backends
 from sft_grid.env import EnvSpec
 from sft_grid.plan import Cell
 from sft_grid.preflight import Check
+from sft_grid.slurm import SlurmRequest, request_for
 from sft_grid.timefmt import parse_minutes
 
 CELL_FILE = "cell.yaml"
@@ -43,6 +44,8 @@ class SubmitRequest:
     nodes: int
     gpus_per_node: int
     cpus_per_node: int
+    # the sbatch request, on Slurm clusters
+    slurm: SlurmRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     ]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(s.cluster.env.items())]
     lines += list(s.cluster.setup)
+    if cell.world_size > 1:
+        lines += distributed_lines(cell)
     lines.append(f"export PATH={shlex.quote(str(bin_dir))}:\"$PATH\"")
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv) + ' "$@"')
     return "\n".join(lines) + "\n"
@@ -124,6 +129,24 @@ RUN_SWITCHES = ("dry_run", "force", "rerun_failed")
 def rerun_overrides(overrides: tuple[str, ...]) -> list[str]:
     """The overrides that name this cell, without this invocation's run switches."""
     return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in RUN_SWITCHES]
+
+
+def distributed_lines(cell: Cell) -> list[str]:
+    """torchrun on every node, from the Slurm allocation: c10d rendezvous at the first node's address.
+
+    LLaMA-Factory's CLI starts torchrun itself from these variables (FORCE_TORCHRUN, NNODES, NODE_RANK,
+    NPROC_PER_NODE, MASTER_ADDR/PORT, RDZV_ID). Outside Slurm it is one node on this machine.
+    """
+    return [
+        "# several ranks: torchrun on each node, c10d rendezvous at the first node of the allocation",
+        f"export FORCE_TORCHRUN=1 NNODES={cell.spec.nodes} NPROC_PER_NODE={cell.ranks_per_node}",
+        'export NODE_RANK="${SLURM_NODEID:-0}" RDZV_ID="${SLURM_JOB_ID:-local}"',
+        'if [ -n "${SLURM_JOB_NODELIST:-}" ]; then',
+        '  first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        '  MASTER_ADDR=$(scontrol show node "$first_node" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p")',
+        "fi",
+        'export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT="${MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}"',
+    ]
 
 
 def cell_header(cell: Cell) -> str:
@@ -156,6 +179,7 @@ def render(cell: Cell, cell_dir: Path, deferred: list[Check]) -> RenderedCell:
         nodes=s.nodes,
         gpus_per_node=s.cluster.gpus_per_node,
         cpus_per_node=s.cluster.cpus_per_node,
+        slurm=request_for(s, int(parse_minutes(s.time))) if s.cluster.executor == "slurm" else None,
     )
     return RenderedCell(cell, cell_dir, files, request)
 

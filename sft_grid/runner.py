@@ -36,8 +36,14 @@ class CellFailed(RuntimeError):
     """The cell's training did not complete; the message is the reason recorded in its ledger."""
 
 
+def _job_id() -> str:
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}"
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or ""
+
+
 def _job_fields() -> dict[str, object]:
-    job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or ""
+    job_id = _job_id()
     return {"pid": os.getpid(), "host": socket.gethostname(), **({"job_id": job_id} if job_id else {})}
 
 
@@ -63,14 +69,52 @@ def failure_reason(log_file: Path, rc: int) -> str:
 
 
 def run_cell(cell_dir: str | Path) -> str:
-    """Run the cell; returns the final state, raises CellFailed on failure. Safe to call again."""
+    """Run the cell; returns the final state, raises CellFailed on failure. Safe to call again.
+
+    On a multi-node allocation every node calls this; node 0 alone keeps the ledger, runs the deferred
+    checks and moves partial output aside, and the others only start their share of the training.
+    """
     cell_dir = Path(cell_dir).resolve()
     output = cell_dir / OUTPUT_DIR
+    lead = int(os.environ.get("SLURM_PROCID", "0")) == 0
     if ledger.output_complete(output):
-        ledger.append(cell_dir, "completed", note="already complete; nothing run", **_job_fields())
+        if lead:
+            ledger.append(cell_dir, "completed", note="already complete; nothing run", **_job_fields())
         return ledger.State.COMPLETED.value
-    ledger.append(cell_dir, "running", **_job_fields())
+    if lead:
+        ledger.append(cell_dir, "running", **_job_fields())
+        _run_deferred_checks(cell_dir)
 
+    args: list[str] = []
+    ckpts = ledger.checkpoints(output)
+    if ckpts:
+        args.append(f"resume_from_checkpoint={ckpts[-1]}")
+        if lead:
+            ledger.append(cell_dir, "resumed", checkpoint=ckpts[-1].name)
+    elif lead:
+        archive_output(cell_dir, "partial output without a checkpoint")
+
+    log_file = cell_dir / LOGS_DIR / (TRAIN_LOG if lead else f"train.node{os.environ.get('SLURM_PROCID')}.log")
+    log_file.parent.mkdir(exist_ok=True)
+    with log_file.open("ab") as fh:
+        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
+        fh.flush()
+        rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
+                            cwd=cell_dir).returncode
+    if not lead:
+        if rc:
+            raise CellFailed(failure_reason(log_file, rc))
+        return "done"
+    if rc == 0 and ledger.output_complete(output):
+        step, total, loss = ledger.progress(output)
+        ledger.append(cell_dir, "completed", step=step, loss=loss, **_job_fields())
+        return ledger.State.COMPLETED.value
+    reason = failure_reason(log_file, rc) if rc else "backend exited 0 but output/ has no final weights and trainer_state.json"
+    ledger.append(cell_dir, "failed", reason=reason, rc=rc, **_job_fields())
+    raise CellFailed(reason)
+
+
+def _run_deferred_checks(cell_dir: Path) -> None:
     pre_file = cell_dir / PREFLIGHT_FILE
     pre = json.loads(pre_file.read_text()) if pre_file.is_file() else {}
     checks = [Check.from_json(c) for c in pre.get("deferred", [])]
@@ -79,29 +123,6 @@ def run_cell(cell_dir: str | Path) -> str:
             reason = f"preflight: {check.describe()}: {outcome.message}"
             ledger.append(cell_dir, "failed", reason=reason, **_job_fields())
             raise CellFailed(reason)
-
-    args: list[str] = []
-    ckpts = ledger.checkpoints(output)
-    if ckpts:
-        args.append(f"resume_from_checkpoint={ckpts[-1]}")
-        ledger.append(cell_dir, "resumed", checkpoint=ckpts[-1].name)
-    else:
-        archive_output(cell_dir, "partial output without a checkpoint")
-
-    log_file = cell_dir / LOGS_DIR / TRAIN_LOG
-    log_file.parent.mkdir(exist_ok=True)
-    with log_file.open("ab") as fh:
-        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
-        fh.flush()
-        rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
-                            cwd=cell_dir).returncode
-    if rc == 0 and ledger.output_complete(output):
-        step, total, loss = ledger.progress(output)
-        ledger.append(cell_dir, "completed", step=step, loss=loss, **_job_fields())
-        return ledger.State.COMPLETED.value
-    reason = failure_reason(log_file, rc) if rc else "backend exited 0 but output/ has no final weights and trainer_state.json"
-    ledger.append(cell_dir, "failed", reason=reason, rc=rc, **_job_fields())
-    raise CellFailed(reason)
 
 
 def main(argv: list[str] | None = None) -> int:

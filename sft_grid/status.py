@@ -19,9 +19,14 @@ HEADERS = ("cell", "state", "job", "progress", "reason")
 
 
 def rows(cell_dirs: Iterable[Path]) -> list[tuple[str, ...]]:
+    """One row a cell; Slurm's view of all their jobs comes from a single sacct call."""
+    from sft_grid.grid import scheduler_view
+
+    dirs = list(cell_dirs)
+    histories, jobs = scheduler_view(dirs)
     out = []
-    for cell_dir in cell_dirs:
-        st = ledger.state_of(cell_dir)
+    for cell_dir in dirs:
+        st = ledger.state_of(cell_dir, jobs=jobs, history=histories[cell_dir])
         out.append((cell_dir.name, st.state.value, st.job_id, report.progress_text(st), st.reason))
     return out
 

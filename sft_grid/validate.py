@@ -155,10 +155,6 @@ def choices(cell: Cell) -> Iterator[Problem]:
         if value not in allowed:
             yield _problem(cell, key, value, "choice", "not a supported value",
                            f"use one of {', '.join(allowed)}{_did_you_mean(value, allowed)}")
-    if s.cluster.executor == "slurm":
-        yield _problem(cell, "cluster.executor", "slurm", "executor-available",
-                       "Slurm submission is not in this version yet (it is the next milestone)",
-                       "run locally: cluster=local")
     if s.cluster.executor == "local" and s.nodes != 1:
         yield _problem(cell, "nodes", s.nodes, "local-one-node", "the local executor runs a cell on this one machine",
                        "nodes=1, or a Slurm cluster (cluster=<site>)")

@@ -1,0 +1,193 @@
+"""Slurm: sbatch parameters of a cell, job arrays through submitit, and the scheduler's view of jobs.
+
+Cells with the same resource request share a job array; arrays are split at the cluster's MaxArraySize
+and throttled (%N) by the grid's `concurrency`. Every array is submitted under a fresh name
+(`sft_grid-<token>`) that is written to each cell's ledger *before* sbatch runs, so an orchestrator killed
+between sbatch and recording the job id is recovered by name on the next invocation, never resubmitted.
+Scheduler state comes from one `sacct` call for a whole grid.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from sft_grid import ledger
+
+log = logging.getLogger(__name__)
+
+JOB_PREFIX = "sft_grid-"
+SUBMIT_RETRIES = 5
+TRANSIENT = ("Socket timed out", "Unable to contact slurm controller", "Slurm temporarily unable",
+             "Resource temporarily unavailable", "Connection refused", "Transport endpoint")
+# sacct states -> what they mean for a cell
+IN_FLIGHT = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
+             "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """sbatch parameters, in submitit's SlurmExecutor vocabulary; equal requests share an array."""
+
+    params: tuple[tuple[str, Any], ...]
+    max_requeues: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: dict(v) if k == "additional_parameters" else v for k, v in self.params}
+
+
+def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
+    """The sbatch request of a cell (spec: the cell's CellConf)."""
+    c = spec.cluster
+    params: dict[str, Any] = {
+        "time": timeout_min,
+        "nodes": spec.nodes,
+        "ntasks_per_node": 1,  # one launcher per node: torchrun/accelerate start the ranks
+        "cpus_per_task": c.cpus_per_node,
+        # USR2 this long before the limit: the job checkpoints, requeues itself and resumes
+        "signal_delay_s": min(120, max(30, timeout_min * 60 // 10)),
+        "additional_parameters": tuple(sorted({"requeue": True, **c.sbatch_extra}.items())),
+    }
+    for key in ("partition", "account", "qos", "constraint", "exclude"):
+        if getattr(c, key):
+            params[key] = getattr(c, key)
+    if c.mem_gb:
+        params["mem"] = f"{c.mem_gb}GB"
+    if c.gpus_per_node and c.gpu_directive == "gpus_per_node":
+        params["gpus_per_node"] = c.gpus_per_node
+    elif c.gpus_per_node and c.gpu_directive == "gres":
+        params["gres"] = f"gpu:{c.gpus_per_node}"
+    return SlurmRequest(tuple(sorted(params.items())), c.max_requeues)
+
+
+def _run(argv: Sequence[str], timeout: float = 60) -> str:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=timeout).stdout
+
+
+def max_array_size() -> int:
+    for line in _run(["scontrol", "show", "config"]).splitlines():
+        if line.strip().startswith("MaxArraySize"):
+            return int(line.split("=", 1)[1].strip())
+    return 1001  # Slurm's default
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str
+    elapsed: str = ""
+    reason: str = ""
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state in IN_FLIGHT
+
+
+def sacct(job_ids: Iterable[str] = (), names: Iterable[str] = ()) -> dict[str, JobState]:
+    """Scheduler state of jobs (array tasks as <array>_<index>), in one sacct call; by id or by job name.
+
+    With names, the result also maps '<name>#<index>' to the array task's id in `reason`.
+    """
+    ids, names = sorted(set(job_ids)), sorted(set(names))
+    if not ids and not names:
+        return {}
+    argv = ["sacct", "-X", "-n", "-P", "--format=JobID,JobName,State,Elapsed,Reason"]
+    if ids:
+        argv.append("--jobs=" + ",".join(ids))
+    if names:
+        argv += ["--name=" + ",".join(names), "--starttime=now-30days"]
+    out: dict[str, JobState] = {}
+    for line in _run(argv).splitlines():
+        parts = line.split("|")
+        if len(parts) < 5:
+            continue
+        job_id, name, state, elapsed, reason = parts[:5]
+        state = state.split()[0]  # "CANCELLED by 0" -> CANCELLED
+        out[job_id] = JobState(state, elapsed, "" if reason in ("None", "") else reason)
+        if names and "_" in job_id and "[" not in job_id:
+            out[f"{name}#{job_id.rsplit('_', 1)[1]}"] = JobState(state, elapsed, job_id)
+    return out
+
+
+def cancel(job_ids: Iterable[str]) -> None:
+    ids = sorted(set(job_ids))
+    if ids:
+        _run(["scancel", *ids])
+
+
+@dataclass
+class ArrayChunk:
+    request: SlurmRequest
+    cell_dirs: list[Path] = field(default_factory=list)
+    name: str = ""
+
+
+def plan_arrays(items: Sequence[tuple[Path, SlurmRequest]], max_size: int) -> list[ArrayChunk]:
+    """Group cells by identical request, then split groups at MaxArraySize."""
+    groups: dict[SlurmRequest, list[Path]] = {}
+    for cell_dir, req in items:
+        groups.setdefault(req, []).append(cell_dir)
+    chunks = []
+    for req, dirs in groups.items():
+        for i in range(0, len(dirs), max_size):
+            chunks.append(ArrayChunk(req, dirs[i:i + max_size], f"{JOB_PREFIX}{uuid.uuid4().hex[:12]}"))
+    return chunks
+
+
+def executor_params(chunk: ArrayChunk, concurrency: int | None) -> dict[str, Any]:
+    params = chunk.request.as_dict()
+    params["job_name"] = chunk.name
+    params["array_parallelism"] = concurrency or len(chunk.cell_dirs)
+    params["stderr_to_stdout"] = True
+    return params
+
+
+def sbatch_preview(chunk: ArrayChunk, concurrency: int | None, folder: Path) -> str:
+    """The sbatch script submitit writes for this array (submitit's own renderer)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    import sys
+
+    command = f"{sys.executable} -u -m submitit.core._submit {folder}"
+    return _make_sbatch_string(command=command, folder=folder, map_count=len(chunk.cell_dirs),
+                               **executor_params(chunk, concurrency))
+
+
+def submit_chunk(chunk: ArrayChunk, concurrency: int | None, folder: Path) -> list[str]:
+    """sbatch one array; retried with backoff on the controller's transient errors. Returns job ids."""
+    import submitit
+
+    from sft_grid.slurm_job import CellJob
+
+    for index, cell_dir in enumerate(chunk.cell_dirs):
+        # before sbatch: a crash after sbatch but before the job id is recorded is recovered by name
+        ledger.append(cell_dir, "submitted", executor="slurm", name=chunk.name, index=index,
+                      pid=os.getpid(), host=socket.gethostname())
+    delay = 2.0
+    for attempt in range(SUBMIT_RETRIES + 1):
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=chunk.request.max_requeues)
+        executor._throttling = 0  # one sbatch per array: nothing to throttle
+        executor.update_parameters(**executor_params(chunk, concurrency))
+        try:
+            with executor.batch():
+                jobs = [executor.submit(CellJob(str(d))) for d in chunk.cell_dirs]
+            break
+        except Exception as exc:  # submitit wraps sbatch's failure; only the controller's hiccups are retried
+            text = str(exc) + str(getattr(exc, "output", "") or "")
+            if attempt == SUBMIT_RETRIES or not any(t in text for t in TRANSIENT):
+                # nothing was queued: with this process gone and no job of that name, the cells read as
+                # planned again, so fixing the cause and rerunning is enough
+                raise
+            log.warning("sbatch failed (%s); retrying in %.0f s", text.strip()[:120], delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 60)
+    ids = [job.job_id for job in jobs]
+    for cell_dir, job_id in zip(chunk.cell_dirs, ids):
+        ledger.append(cell_dir, "job", job_id=job_id)
+    return ids

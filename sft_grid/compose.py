@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 # An interpolation that reads only the environment resolves the same way in any cell.
-_NON_ENV_INTERPOLATION = re.compile(r"\$\{(?!oc\.env:)")
+_NON_ENV_INTERPOLATION = re.compile(r"\$\{(?!oc\.env:|user_env:)")
 _DELETED = object()
 
 

@@ -125,7 +125,7 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     with _SweepLock({c.sweep_dir for c in cells}):
         outcome, to_write, to_run = _decide(cells, dirs, checked.deferred, dry_run)
         _write_all(to_write)
-        log.info("planned %d cells in %.2f s", len(cells), time.perf_counter() - started)
+        log.debug("planned %d cells in %.2f s", len(cells), time.perf_counter() - started)
         on_slurm = [r for r in to_run if r.request.slurm is not None]
         local = [r for r in to_run if r.request.slurm is None]
         if dry_run:

@@ -115,6 +115,8 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
         f"cd {shlex.quote(str(cell_dir))}",
     ]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(s.cluster.env.items())]
+    # one W&B run per cell: a requeued or rerun job continues it instead of starting another
+    lines.append(f"export WANDB_RUN_ID={shlex.quote(f'{s.sweep_name}-{cell.key}')} WANDB_RESUME=allow")
     lines += list(s.cluster.setup)
     if cell.world_size > 1:
         lines += distributed_lines(cell)

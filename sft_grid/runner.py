@@ -101,6 +101,12 @@ def run_cell(cell_dir: str | Path) -> str:
         fh.flush()
         rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
                             cwd=cell_dir).returncode
+    if rc < 0:
+        # killed by a signal: Slurm cancelling, requeueing or timing the job out, or the OOM killer. What
+        # the cell became is for the scheduler (or, locally, the dead process) to say, not this process.
+        if lead:
+            ledger.append(cell_dir, "interrupted", signal=-rc, **_job_fields())
+        raise CellFailed(f"training was killed by signal {-rc}")
     if not lead:
         if rc:
             raise CellFailed(failure_reason(log_file, rc))

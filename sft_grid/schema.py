@@ -177,3 +177,4 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="base_config", node=CellConf)
+    from sft_grid import resolvers; resolvers.register()

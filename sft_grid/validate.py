@@ -212,6 +212,7 @@ def _schema_keys(type_name: str) -> list[str] | None:
     return [f.name for f in fields(cls)]
 
 
+_ENV_UNSET = re.compile(r"environment variable (?P<var>\w+) is not set")
 _NOT_FOUND = re.compile(r"Could not find '(?P<group>[^'/]+)/(?P<option>[^']+)'")
 
 
@@ -237,7 +238,9 @@ def composition_problem(overrides: Sequence[str], message: str) -> Problem:
     """A Problem for a cell that Hydra could not compose, with the valid keys when a key is unknown."""
     match = _NOT_IN.search(message)
     key = match.group("key") if match else ""
-    fix = key_hint(message) or "check the override against `python -m sft_grid --cfg job` and the options in conf/"
+    env = _ENV_UNSET.search(message)
+    fix = (key_hint(message) or (f"export {env.group('var')}=<value> (and any other variable named above)" if env else "")
+           or "check the override against `python -m sft_grid --cfg job` and the options in conf/")
     first, _, rest = message.partition("\n")
     detail = " ".join(line.strip() for line in rest.splitlines() if line.strip() and "search path" not in line.lower()
                       and not line.strip().startswith("provider="))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sft_grid import resolvers
 from sft_grid.backends import BACKENDS
 from sft_grid.paths import CONF_DIR, REPO_ROOT
 from sft_grid.plan import plan_cell
@@ -19,8 +20,17 @@ SHIPPED = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.ya
 SWEEPS = sorted(p.stem for p in (REPO_ROOT / "sweeps").glob("*.yaml"))
 
 
+def set_user_env(monkeypatch: pytest.MonkeyPatch, group: str, option: str) -> list[str]:
+    """Give every per-user variable the option reads with ${user_env:VAR} a dummy value; returns their names."""
+    names = resolvers.variables((CONF_DIR / group / f"{option}.yaml").read_text())
+    for name in names:
+        monkeypatch.setenv(name, f"dummy-{name.lower()}")
+    return names
+
+
 @pytest.mark.parametrize("group, option", SHIPPED)
-def test_every_option_composes_and_validates(hydra_loader, group, option):
+def test_every_option_composes_and_validates(hydra_loader, monkeypatch, group, option):
+    set_user_env(monkeypatch, group, option)
     config = hydra_plain([f"{group}={option}"])
     cell = plan_cell([f"{group}={option}"], config)
     assert validate([cell]) == []

@@ -1,0 +1,188 @@
+"""sft_grid on a real Slurm cluster (scripts/slurm_up.sh: two virtual nodes on this machine): grids as job
+arrays, skip on rerun, status from one sacct call, cancel, two-node training, and a preempted or timed-out
+cell that is requeued and resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sft_grid import ledger, slurm
+from sft_grid.grid import scheduler_view
+from sft_grid.status import rows
+
+from .conftest import run_sft
+
+pytestmark = [pytest.mark.slurm, pytest.mark.backend]
+
+TINY = ["model=tiny_llama", "global_batch_size=4", "micro_batch_size=2", "cluster=slurm_local"]
+# long enough to be caught mid-training (~20 s of steps on this machine), checkpointing every 20 steps
+SLOW = ["model=tiny_llama", "max_steps=300", "save_steps=20", "global_batch_size=16", "micro_batch_size=1",
+        "cluster=slurm_local"]
+
+
+def cell_dirs(root: Path, sweep: str = "default") -> list[Path]:
+    return list(ledger.iter_cell_dirs(root / sweep))
+
+
+def states(root: Path, sweep: str = "default") -> dict[str, ledger.CellState]:
+    dirs = cell_dirs(root, sweep)
+    histories, jobs = scheduler_view(dirs)
+    return {d.name: ledger.state_of(d, jobs=jobs, history=histories[d]) for d in dirs}
+
+
+def wait_until(root: Path, done: set[str], sweep: str = "default", deadline_s: float = 240) -> dict[str, ledger.CellState]:
+    deadline = time.time() + deadline_s
+    while True:
+        found = states(root, sweep)
+        if found and all(s.state.value in done for s in found.values()):
+            return found
+        if time.time() > deadline:
+            raise AssertionError(f"cells not {done} after {deadline_s} s: {found}")
+        time.sleep(1)
+
+
+def wait_for(predicate, deadline_s: float = 60, what: str = "condition"):
+    deadline = time.time() + deadline_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def cleanup_jobs():
+    roots: list[Path] = []
+    yield roots
+    ids = [s.job_id for root in roots for s in states(root).values() if s.state.in_flight and s.job_id]
+    subprocess.run(["scancel", *ids], check=False) if ids else None
+
+
+def events(cell: Path) -> list[dict]:
+    return ledger.events(cell)
+
+
+def test_grid_is_one_throttled_array_then_skipped(tmp_path, tiny_assets, cleanup_jobs):
+    cleanup_jobs.append(tmp_path)
+    queued = run_sft("-m", *TINY, "max_steps=2", "seed=1,2,3", "concurrency=2", f"runs_root={tmp_path}", check=True)
+    assert "queued 3 cell(s) as sft_grid-" in queued.stdout and "at most 2 at once" in queued.stdout
+    final = wait_until(tmp_path, {"completed", "failed"})
+    assert {s.state.value for s in final.values()} == {"completed"}, final
+    arrays = {s.job_id.split("_")[0] for s in final.values()}
+    assert len(arrays) == 1  # one sbatch for the grid
+    script = next((tmp_path / "default" / ".submitit").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --array=0-2%2" in script and "#SBATCH --requeue" in script
+    for cell in cell_dirs(tmp_path):
+        assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == 2
+    again = run_sft("-m", *TINY, "max_steps=2", "seed=1,2,3", "concurrency=2", f"runs_root={tmp_path}", check=True)
+    assert "3 cell(s): 0 to run, 3 completed - nothing to run." in again.stdout
+    assert all([e["event"] for e in events(c)].count("submitted") == 1 for c in cell_dirs(tmp_path))
+
+
+def test_status_asks_sacct_once_for_the_whole_grid(tmp_path, tiny_assets, cleanup_jobs, monkeypatch):
+    cleanup_jobs.append(tmp_path)
+    run_sft("-m", *TINY, "max_steps=2", "seed=4,5,6,7", f"runs_root={tmp_path}", check=True)
+    wait_until(tmp_path, {"completed", "failed"})
+    calls: list[list[str]] = []
+    real = slurm._run
+
+    def counting(argv, timeout=60):
+        calls.append(list(argv))
+        return real(argv, timeout)
+
+    monkeypatch.setattr(slurm, "_run", counting)
+    table = rows(cell_dirs(tmp_path))
+    assert [c[0] for c in calls] == ["sacct"]
+    assert len(table) == 4 and all(r[1] == "completed" and r[2] for r in table)
+    proc = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert "4 cell(s): 4 completed" in proc.stdout
+
+
+def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
+    cleanup_jobs.append(tmp_path)
+    run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
+    wait_until(tmp_path, {"running"}, deadline_s=60)
+    proc = subprocess.run([sys.executable, "-m", "sft_grid.cancel", "default", "--runs-root", str(tmp_path)],
+                          capture_output=True, text=True, check=True)
+    assert "1 cell(s) cancelled" in proc.stdout
+    (cell,) = cell_dirs(tmp_path)
+    job_id = states(tmp_path)[cell.name].job_id
+    wait_for(lambda: slurm.sacct([job_id]).get(job_id, slurm.JobState("?")).state == "CANCELLED", 30, "CANCELLED")
+    st = states(tmp_path)[cell.name]
+    assert st.state is ledger.State.CANCELLED
+    skipped = run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
+    assert "0 to run" in skipped.stdout and "rerun_failed=true reruns it" in skipped.stdout
+
+
+def test_two_node_cell_trains_across_both_nodes(tmp_path, tiny_assets, cleanup_jobs):
+    cleanup_jobs.append(tmp_path)
+    run_sft(*TINY, "max_steps=4", "nodes=2", f"runs_root={tmp_path}", check=True)
+    (st,) = wait_until(tmp_path, {"completed", "failed"}).values()
+    assert st.state is ledger.State.COMPLETED, st
+    (cell,) = cell_dirs(tmp_path)
+    lead = (cell / "logs" / "train.log").read_text()
+    other = (cell / "logs" / "train.node1.log").read_text()
+    assert "Multi-node training enabled: num nodes: 2, node rank: 0" in lead
+    assert "Multi-node training enabled: num nodes: 2, node rank: 1" in other
+    assert "world size: 2" in lead and "distributed training: True" in lead
+    assert (cell / "output" / "checkpoint-4" / "optimizer.pt").is_file()
+    nodes = subprocess.run(["sacct", "-X", "-n", "-P", "-j", st.job_id, "-o", "NodeList"], capture_output=True,
+                           text=True).stdout.strip()
+    assert nodes in ("n[1-2]", "n1,n2"), nodes
+
+
+def _first_steps_after_restart(log: Path) -> list[int]:
+    # the per-step lines (they carry a loss; the trainer's closing line repeats the last step without one)
+    steps = [r["current_steps"] for r in map(json.loads, log.read_text().splitlines()) if "loss" in r]
+    return [b for a, b in zip(steps, steps[1:]) if b <= a]
+
+
+def _assert_resumed(cell: Path) -> None:
+    kinds = [e["event"] for e in events(cell)]
+    assert "requeued" in kinds and kinds[-1] == "completed", kinds
+    resumed = [e for e in events(cell) if e["event"] == "resumed"]
+    assert resumed, kinds
+    step = int(resumed[-1]["checkpoint"].split("-")[1])
+    restarts = _first_steps_after_restart(cell / "output" / "trainer_log.jsonl")
+    assert restarts and restarts[-1] == step + 1  # continued after the checkpoint, not from step 1
+    assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == 300
+    assert [e["event"] for e in events(cell)].count("submitted") == 1  # requeued, not resubmitted
+
+
+def test_preempted_cell_is_requeued_and_resumes_from_its_checkpoint(tmp_path, tiny_assets, cleanup_jobs):
+    cleanup_jobs.append(tmp_path)
+    run_sft(*SLOW, f"runs_root={tmp_path}", check=True)
+    (cell,) = cell_dirs(tmp_path)
+    wait_for(lambda: ledger.checkpoints(cell / "output"), 90, "a first checkpoint")
+    job_id = states(tmp_path)[cell.name].job_id
+    # a job in the `high` partition that needs every CPU of both nodes preempts the cell's job
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null",
+                           "--wrap", "sleep 1"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=240).values()
+    finally:
+        subprocess.run(["scancel", high], check=False)
+    assert st.state is ledger.State.COMPLETED, st
+    history = subprocess.run(["sacct", "--duplicates", "-X", "-n", "-P", "-j", job_id, "-o", "State"],
+                             capture_output=True, text=True).stdout.split()
+    assert "PREEMPTED" in history or "REQUEUED" in history, history
+    _assert_resumed(cell)
+
+
+def test_timed_out_cell_is_requeued_and_resumes(tmp_path, tiny_assets, cleanup_jobs):
+    cleanup_jobs.append(tmp_path)
+    # 1 minute of wall time for ~2 minutes of training: USR2 comes before the limit, the job requeues
+    run_sft(*SLOW, "max_steps=300", "global_batch_size=64", "micro_batch_size=4", "time=00:01:00",
+            f"runs_root={tmp_path}", check=True)
+    (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=420).values()
+    (cell,) = cell_dirs(tmp_path)
+    assert st.state is ledger.State.COMPLETED, (st, [e["event"] for e in events(cell)])
+    _assert_resumed(cell)

@@ -64,7 +64,7 @@ class ClusterConf:
     # Slurm: node features (--constraint), nodes to avoid (--exclude), any other sbatch option by name
     constraint: Optional[str] = None
     exclude: Optional[str] = None
-    sbatch_extra: Dict[str, str] = field(default_factory=dict)
+    sbatch_extra: Dict[str, Any] = field(default_factory=dict)
     # Slurm: how GPUs are requested: gpus_per_node (--gpus-per-node), gres (--gres=gpu:N) or none (whole nodes)
     gpu_directive: str = "gpus_per_node"
     # Slurm: how often a cell that hits its time limit or is preempted is requeued before it counts as failed

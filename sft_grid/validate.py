@@ -186,7 +186,24 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
                        "push_to_hub=false (upload from a node with internet after training)")
 
 
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def safe_names(cell: Cell) -> Iterator[Problem]:
+    """Names end up in paths, job names, LLaMA-Factory's comma-separated dataset list and script comments:
+    they are kept to a safe alphabet rather than quoted in each of those places."""
+    s = cell.spec
+    named = [("sweep_name", s.sweep_name), ("model.name", s.model.name)]
+    named += [(f"dataset.{name}", name) for name in s.dataset]
+    for key, name in named:
+        if not _SAFE_NAME.match(name):
+            yield _problem(cell, key, name, "safe-name",
+                           "names may hold only letters, digits and . _ + - (no spaces, quotes, ; or commas)",
+                           f"rename it, e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', name).strip('_') or 'name'}")
+
+
 RULES: tuple[Rule, ...] = (
+    safe_names,
     batch_divisible, mix_matches, wall_time, template_fits_tokenizer, choices, training_numbers, hub_upload,
 )
 

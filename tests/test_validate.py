@@ -94,3 +94,20 @@ def test_unknown_key_lists_the_valid_keys():
                             "Key 'templat' not in 'ModelConf'\n    full_key: model.templat\n    object_type=ModelConf")
     assert p.key == "templat" and p.cell == "model.templat=qwen3"
     assert "valid keys of ModelConf: name, hub_id, path" in p.fix and "did you mean 'template'" in p.fix
+
+
+@pytest.mark.parametrize("key, bad", [("model.name", "my model"), ("model.name", "x;rm -rf ~"),
+                                      ("sweep_name", "it's"), ("model.name", 'a"b')])
+def test_unsafe_names_are_rejected(make_cells, key, bad):
+    (cell,) = make_cells([f"{key}='{bad}'" if "'" not in bad else f'{key}="{bad}"'])
+    p = only(validate([cell]), "safe-name")
+    assert p.key == key and p.value == bad and "no spaces, quotes, ; or commas" in p.message
+
+
+def test_unsafe_dataset_name_is_rejected(make_cells):
+    from sft_grid.plan import plan_cell
+
+    (cell,) = make_cells([])
+    config = {**cell.config, "dataset": {"my data;x": cell.config["dataset"]["tiny_messages"]}}
+    p = only(validate([plan_cell(cell.overrides, config)]), "safe-name")
+    assert p.key == "dataset.my data;x" and p.fix == "rename it, e.g. my_data_x"

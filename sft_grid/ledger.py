@@ -12,7 +12,8 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
+from datetime import datetime
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -55,6 +56,8 @@ class CellState:
     loss: float | None = None
     # the job id was found by the array's name (the orchestrator died before recording it)
     recovered: bool = False
+    # wall time of the latest run: the scheduler's, or from the ledger's running event to its end
+    elapsed: str = ""
 
 
 def append(cell_dir: Path, event: str, **fields: Any) -> None:
@@ -170,8 +173,37 @@ def slurm_ref(history: list[dict[str, Any]]) -> SlurmRef | None:
 def state_of(cell_dir: Path, output_dir: Path | None = None, jobs: Mapping[str, Any] | None = None,
              history: list[dict[str, Any]] | None = None) -> CellState:
     """The cell's state. `jobs`: the scheduler's view (sft_grid.slurm.sacct) of the grid's Slurm jobs."""
-    output_dir = output_dir or cell_dir / "output"
     history = events(cell_dir) if history is None else history
+    state = _state(cell_dir, output_dir, jobs, history)
+    if not state.elapsed:
+        state = replace(state, elapsed=_elapsed(history, state.state))
+    return state
+
+
+def _elapsed(history: list[dict[str, Any]], state: State) -> str:
+    starts = [i for i, e in enumerate(history) if e.get("event") == State.RUNNING.value]
+    if not starts:
+        return ""
+    begin = _parse_time(history[starts[-1]]["time"])
+    ends = [e for e in history[starts[-1] + 1:] if e.get("event") in (State.COMPLETED.value, State.FAILED.value,
+                                                                       State.CANCELLED.value, "interrupted")]
+    end = _parse_time(ends[0]["time"]) if ends else (time.time() if state.in_flight else None)
+    if begin is None or end is None:
+        return ""
+    seconds = int(max(0, end - begin))
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _parse_time(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except (ValueError, TypeError):
+        return None
+
+
+def _state(cell_dir: Path, output_dir: Path | None, jobs: Mapping[str, Any] | None,
+           history: list[dict[str, Any]]) -> CellState:
+    output_dir = output_dir or cell_dir / "output"
     # other events (archived, resumed, job) annotate; only these decide the state
     states = [e for e in history if e.get("event") in _STATE_EVENTS]
     last = states[-1] if states else {}
@@ -209,7 +241,7 @@ def _slurm_state(ref: SlurmRef, event: State, last: dict[str, Any], jobs: Mappin
     if job.in_flight:
         running = job.state in ("RUNNING", "COMPLETING") or event is State.RUNNING
         return CellState(State.RUNNING if running else State.SUBMITTED, job_id=job_id, step=step,
-                         total_steps=total, loss=loss, recovered=not ref.job_id)
+                         total_steps=total, loss=loss, recovered=not ref.job_id, elapsed=job.elapsed)
     if job.state == "CANCELLED":
         return CellState(State.CANCELLED, "cancelled in Slurm", job_id, step, total, loss)
     why = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")

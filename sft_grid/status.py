@@ -15,7 +15,7 @@ from typing import Iterable
 from sft_grid import ledger, report
 
 
-HEADERS = ("cell", "state", "job", "progress", "reason")
+HEADERS = ("cell", "state", "job", "elapsed", "progress", "reason")
 
 
 def rows(cell_dirs: Iterable[Path]) -> list[tuple[str, ...]]:
@@ -27,7 +27,7 @@ def rows(cell_dirs: Iterable[Path]) -> list[tuple[str, ...]]:
     out = []
     for cell_dir in dirs:
         st = ledger.state_of(cell_dir, jobs=jobs, history=histories[cell_dir])
-        out.append((cell_dir.name, st.state.value, st.job_id, report.progress_text(st), st.reason))
+        out.append((cell_dir.name, st.state.value, st.job_id, st.elapsed, report.progress_text(st), st.reason))
     return out
 
 

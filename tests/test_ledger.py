@@ -106,3 +106,10 @@ def test_rerun_decisions(make_cells, state, switches, runs):
     assert (why is None) is runs
     if state is State.FAILED and not runs:
         assert "boom" in why and "rerun_failed=true" in why
+
+
+def test_elapsed_from_the_ledger(cell_dir):
+    lines = [{"time": "2026-11-29T10:00:00+0000", "event": "running", "pid": 1, "host": "elsewhere"},
+             {"time": "2026-11-29T11:02:03+0000", "event": "failed", "reason": "x"}]
+    (cell_dir / ledger.LEDGER_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert state_of(cell_dir).elapsed == "01:02:03"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     if cell.world_size > 1:
         lines += distributed_lines(cell)
     lines.append(f"export PATH={shlex.quote(str(bin_dir))}:\"$PATH\"")
-    lines.append("exec " + " ".join(shlex.quote(a) for a in argv) + ' "$@"')
+    lines.append("exec " + " ".join(_quote(a) for a in argv) + ' "$@"')
     return "\n".join(lines) + "\n"
 
 
@@ -133,6 +134,15 @@ def rerun_overrides(overrides: tuple[str, ...]) -> list[str]:
     return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in RUN_SWITCHES]
 
 
+# `--flag=${VAR}`: a launcher flag whose value is one of the variables launch.sh itself sets above
+_OWN_VARIABLE = re.compile(r"^--[a-z_]+=\$\{[A-Z_]+\}$")
+
+
+def _quote(arg: str) -> str:
+    """Shell quoting for argv; the launch script's own variables are expanded, nothing else ever is."""
+    return f'"{arg}"' if _OWN_VARIABLE.match(arg) else shlex.quote(arg)
+
+
 def distributed_lines(cell: Cell) -> list[str]:
     """torchrun on every node, from the Slurm allocation: c10d rendezvous at the first node's address.
 
@@ -141,7 +151,8 @@ def distributed_lines(cell: Cell) -> list[str]:
     """
     return [
         "# several ranks: torchrun on each node, c10d rendezvous at the first node of the allocation",
-        f"export FORCE_TORCHRUN=1 NNODES={cell.spec.nodes} NPROC_PER_NODE={cell.ranks_per_node}",
+        f"export FORCE_TORCHRUN=1 NNODES={cell.spec.nodes} NPROC_PER_NODE={cell.ranks_per_node}"
+        f" WORLD_SIZE={cell.world_size}",
         'export NODE_RANK="${SLURM_NODEID:-0}" RDZV_ID="${SLURM_JOB_ID:-local}"',
         'if [ -n "${SLURM_JOB_NODELIST:-}" ]; then',
         '  first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',

@@ -40,7 +40,8 @@ class SlurmRequest:
     max_requeues: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: dict(v) if k == "additional_parameters" else v for k, v in self.params}
+        return {k: dict(v) if k == "additional_parameters" else list(v) if isinstance(v, tuple) else v
+                for k, v in self.params}
 
 
 def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
@@ -54,6 +55,8 @@ def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
         # USR2 this long before the limit: the job checkpoints, requeues itself and resumes
         "signal_delay_s": min(120, max(30, timeout_min * 60 // 10)),
         "additional_parameters": tuple(sorted({"requeue": True, **c.sbatch_extra}.items())),
+        # a node whose launcher fails ends the whole step: the others would wait at the rendezvous forever
+        "srun_args": ("--kill-on-bad-exit=1",),
     }
     for key in ("partition", "account", "qos", "constraint", "exclude"):
         if getattr(c, key):

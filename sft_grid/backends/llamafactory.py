@@ -86,4 +86,13 @@ def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 
 def command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
-    return [str(env_bin / cell.spec.backend.entrypoint[0]), *cell.spec.backend.entrypoint[1:], str(cell_dir / CONFIG_FILE)]
+    """The training command. Several ranks with `launcher: accelerate`: accelerate starts LLaMA-Factory's
+    training module on each node (the variables are set by launch.sh from the Slurm allocation); otherwise
+    LLaMA-Factory's CLI, which starts torchrun itself when FORCE_TORCHRUN is set."""
+    config = str(cell_dir / CONFIG_FILE)
+    if cell.world_size > 1 and cell.spec.cluster.launcher == "accelerate":
+        device = ["--multi_gpu"]
+        return [str(env_bin / "accelerate"), "launch", *device, "--num_machines=${NNODES}",
+                "--machine_rank=${NODE_RANK}", "--main_process_ip=${MASTER_ADDR}", "--main_process_port=${MASTER_PORT}",
+                "--num_processes=${WORLD_SIZE}", "-m", "llamafactory.launcher", config]
+    return [str(env_bin / cell.spec.backend.entrypoint[0]), *cell.spec.backend.entrypoint[1:], config]

@@ -29,6 +29,7 @@ from sft_grid.render import LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, PREFLIGHT_FILE
 log = logging.getLogger(__name__)
 
 TRAIN_LOG = "train.log"
+_WRAPPER_ERROR = re.compile(r"CalledProcessError|ChildFailedError|torch.distributed.elastic")
 _ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|CUDA out of memory)")
 
 
@@ -64,6 +65,8 @@ def archive_output(cell_dir: Path, why: str) -> Path | None:
 def failure_reason(log_file: Path, rc: int) -> str:
     lines = ledger._tail_lines(log_file, 32768) if log_file.is_file() else []
     errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
+    # launchers re-raise their child's failure; the child's own error says what went wrong
+    errors = [e for e in errors if not _WRAPPER_ERROR.search(e)] or errors
     detail = errors[-1] if errors else (lines[-1].strip() if lines else "no output")
     return f"backend exited with {rc}: {detail[:400]}"
 

@@ -113,3 +113,12 @@ def test_elapsed_from_the_ledger(cell_dir):
              {"time": "2026-11-29T11:02:03+0000", "event": "failed", "reason": "x"}]
     (cell_dir / ledger.LEDGER_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert state_of(cell_dir).elapsed == "01:02:03"
+
+
+def test_failure_reason_prefers_the_childs_error_over_the_launchers(tmp_path):
+    from sft_grid.runner import failure_reason
+
+    log = tmp_path / "train.log"
+    log.write_text("step 1\nValueError: Output directory is not empty\n"
+                   "subprocess.CalledProcessError: Command '['torchrun', ...]' returned non-zero exit status 1.\n")
+    assert failure_reason(log, 1) == "backend exited with 1: ValueError: Output directory is not empty"

@@ -8,8 +8,8 @@ completed or in flight is never submitted again; failed cells are listed and rer
 from __future__ import annotations
 
 import fcntl
-import subprocess
 import logging
+import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -174,6 +174,36 @@ def scheduler_view(dirs: Sequence[Path]) -> tuple[dict[Path, list[dict[str, Any]
         return histories, None
 
 
+def _recover(cell_dir: Path, state: CellState, history: list[dict[str, Any]]) -> CellState:
+    """sbatch ran, but the orchestrator died before it recorded the job id (found again by the array's
+    name). submitit moves each task's pickle into place only after sbatch returns; a task that cannot find
+    its pickle waits a minute, then fails. So: adopt the job if its pickle is there, or put the pickle left
+    under its temporary name in place while the job is still queued or waiting; otherwise cancel what is
+    left of the job (it never ran the cell) and plan the cell again."""
+    from submitit.core.utils import DelayedSubmission, JobPaths
+
+    from sft_grid import slurm
+
+    ref = ledger.slurm_ref(history)
+    assert ref is not None
+    folder = cell_dir.parent / ".submitit" / ref.name
+    target = JobPaths(folder, job_id=state.job_id).submitted_pickle
+    if not target.exists() and state.state.in_flight:
+        for orphan in folder.glob("*.pkl"):
+            if not orphan.name.endswith("_submitted.pkl") and Path(
+                    getattr(DelayedSubmission.load(orphan).function, "cell_dir", "")) == cell_dir:
+                orphan.rename(target)
+                break
+    if target.exists():  # the job has (or had) what it needs: it is this cell's job
+        ledger.append(cell_dir, "job", job_id=state.job_id, note="recovered by the array's name")
+        return state
+    if state.state.in_flight:
+        slurm.cancel([state.job_id])
+    ledger.append(cell_dir, "planned", note=f"job {state.job_id} of {ref.name} never got its submission file"
+                  " (the orchestrator died during sbatch): cancelled, to be submitted again")
+    return CellState(State.PLANNED)
+
+
 def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, list[Any]], dry_run: bool,
             ) -> tuple[Outcome, list[render.RenderedCell], list[render.RenderedCell]]:
     """Each cell's state and what to do with it: (outcome, cells to write, cells to run)."""
@@ -183,8 +213,8 @@ def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, lis
     histories, jobs = scheduler_view(dirs)
     for i, (cell, cell_dir) in enumerate(zip(cells, dirs)):
         state = ledger.state_of(cell_dir, jobs=jobs, history=histories[cell_dir])
-        if state.recovered:  # sbatch ran but its job id was never recorded: record it now
-            ledger.append(cell_dir, "job", job_id=state.job_id, note="recovered by the array's name")
+        if state.recovered:
+            state = _recover(cell_dir, state, histories[cell_dir])
         why_not = decide(cell, state)
         outcome.states[i] = state.state.value
         if why_not is not None:

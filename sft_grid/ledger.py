@@ -232,22 +232,27 @@ def _slurm_state(ref: SlurmRef, event: State, last: dict[str, Any], jobs: Mappin
                  progress_: tuple[Any, Any, Any]) -> CellState:
     step, total, loss = progress_
     job = (jobs or {}).get(ref.lookup)
-    job_id = ref.job_id or (job.reason if job is not None else "")
+    if job is not None and ref.name and job.name and job.name != ref.name:
+        # the id now names another job (the cluster's job ids were reset): this cell's job is gone
+        return CellState(State.FAILED, f"Slurm job {ref.job_id} is no longer this cell's job ({ref.name});"
+                         " the cluster's job ids were reset", ref.job_id, step, total, loss)
+    job_id = ref.job_id or (job.job_id if job is not None else "")
     if job is None:
         if ref.job_id or jobs is None or _alive(last) is not False:
             return CellState(event, job_id=ref.job_id, step=step, total_steps=total, loss=loss)
         # sbatch never ran (or failed): the submitting process is gone and no job carries the array's name
         return CellState(State.PLANNED)
+    recovered = not ref.job_id
     if job.in_flight:
         running = job.state in ("RUNNING", "COMPLETING") or event is State.RUNNING
         return CellState(State.RUNNING if running else State.SUBMITTED, job_id=job_id, step=step,
-                         total_steps=total, loss=loss, recovered=not ref.job_id, elapsed=job.elapsed)
+                         total_steps=total, loss=loss, recovered=recovered, elapsed=job.elapsed)
     if job.state == "CANCELLED":
-        return CellState(State.CANCELLED, "cancelled in Slurm", job_id, step, total, loss)
+        return CellState(State.CANCELLED, "cancelled in Slurm", job_id, step, total, loss, recovered)
     why = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")
     if job.state == "COMPLETED":
         why += " but the output has no final weights and trainer_state.json"
-    return CellState(State.FAILED, why, job_id, step, total, loss)
+    return CellState(State.FAILED, why, job_id, step, total, loss, recovered)
 
 
 def iter_cell_dirs(sweep_dir: Path) -> Iterator[Path]:

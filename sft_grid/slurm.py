@@ -86,17 +86,26 @@ class JobState:
     state: str
     elapsed: str = ""
     reason: str = ""
+    # the job's name (an array's `sft_grid-<token>`) and id (<array>_<index> for array tasks)
+    name: str = ""
+    job_id: str = ""
 
     @property
     def in_flight(self) -> bool:
         return self.state in IN_FLIGHT
 
 
-def sacct(job_ids: Iterable[str] = (), names: Iterable[str] = ()) -> dict[str, JobState]:
-    """Scheduler state of jobs (array tasks as <array>_<index>), in one sacct call; by id or by job name.
+def _task_key(name: str, job_id: str) -> str | None:
+    """'<name>#<index>' for an array task or a single job (index 0); None for an unexpanded array record."""
+    if "[" in job_id:
+        return None
+    return f"{name}#{job_id.rsplit('_', 1)[1] if '_' in job_id else '0'}"
 
-    With names, the result also maps '<name>#<index>' to the array task's id in `reason`.
-    """
+
+def sacct(job_ids: Iterable[str] = (), names: Iterable[str] = ()) -> dict[str, JobState]:
+    """The scheduler's view of jobs, by id and by '<name>#<index>': one sacct call (accounting) plus one
+    squeue call (the queue: a pending array is one unexpanded record in sacct, and a job requeued after a
+    node failure is still NODE_FAIL there while the queue already holds it again)."""
     ids, names = sorted(set(job_ids)), sorted(set(names))
     if not ids and not names:
         return {}
@@ -108,14 +117,24 @@ def sacct(job_ids: Iterable[str] = (), names: Iterable[str] = ()) -> dict[str, J
     out: dict[str, JobState] = {}
     for line in _run(argv).splitlines():
         parts = line.split("|")
-        if len(parts) < 5:
-            continue
-        job_id, name, state, elapsed, reason = parts[:5]
-        state = state.split()[0]  # "CANCELLED by 0" -> CANCELLED
-        out[job_id] = JobState(state, elapsed, "" if reason in ("None", "") else reason)
-        if names and "_" in job_id and "[" not in job_id:
-            out[f"{name}#{job_id.rsplit('_', 1)[1]}"] = JobState(state, elapsed, job_id)
+        if len(parts) >= 5:
+            job_id, name, state, elapsed, reason = parts[:5]
+            # "CANCELLED by 0" -> CANCELLED
+            _add(out, JobState(state.split()[0], elapsed, "" if reason in ("None", "") else reason, name, job_id))
+    wanted_ids, wanted_names = set(ids), set(names)
+    for line in _run(["squeue", "-h", "-r", "-o", "%i|%j|%T|%M|%r"]).splitlines():
+        parts = line.split("|")
+        if len(parts) >= 5 and (parts[0] in wanted_ids or parts[1] in wanted_names):
+            job_id, name, state, elapsed, reason = parts[:5]
+            _add(out, JobState(state, elapsed, "" if reason in ("None", "") else reason, name, job_id))
     return out
+
+
+def _add(out: dict[str, JobState], job: JobState) -> None:
+    out[job.job_id] = job
+    key = _task_key(job.name, job.job_id)
+    if key:
+        out[key] = job
 
 
 def cancel(job_ids: Iterable[str]) -> None:

@@ -10,28 +10,12 @@
 # or two to exit. Packages, config files and the munge key stay, so the next slurm_up.sh takes seconds.
 set -euo pipefail
 
-RUN_DIR=/run/slurm
-SPOOL=/var/spool/slurm
+SCRIPT=slurm_down
+# shellcheck source=scripts/slurm_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_lib.sh"
 PURGE=${PURGE:-0}
 STOP_TIMEOUT_S=15
 
-say() { echo "slurm_down: $*"; }
-
-now_us() { echo "${EPOCHREALTIME/./}"; }
-elapsed() { local us=$(($(now_us) - $1)); printf '%d.%02d s' $((us / 1000000)) $((us % 1000000 / 10000)); }
-START_US=$(now_us)
-
-# The pid in this pid file when it names a live process that is one of our daemons; a stale pid file whose
-# number was reused by another process is ignored, so nothing else is ever signalled.
-live_pid() {
-    local pid comm
-    [[ -f $1 ]] || return 1
-    pid=$(<"$1")
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
-    comm=$(<"/proc/$pid/comm") || return 1
-    [[ $comm =~ ^(slurmd|slurmctld|slurmdbd|munged|mariadbd)$ ]] || return 1
-    echo "$pid"
-}
 
 # stop_group PIDFILE...: TERM all of them at once, wait up to STOP_TIMEOUT_S for all to exit, KILL the
 # rest, remove the pid files.
@@ -59,14 +43,6 @@ stop_group() {
     rm -f "$@"
 }
 
-# phase LABEL COMMAND...: run one step and print how long it took.
-phase() {
-    local label=$1 t0
-    shift
-    t0=$(now_us)
-    "$@"
-    say "$(printf '%-10s' "$label") $(elapsed "$t0")"
-}
 
 # Cancelling every job first leaves no slurmstepd behind once the slurmds are gone.
 cancel_jobs() {

@@ -26,16 +26,16 @@ GPUS=${SLURM_CI_GPUS:-4}
 PREEMPT=${SLURM_CI_PREEMPT:-1}
 
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
-SPOOL=/var/spool/slurm
+SCRIPT=slurm_up
+# shellcheck source=scripts/slurm_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_lib.sh"
 FAKEGPU_DIR=$SPOOL/fakegpu
 LOG_DIR=/var/log/slurm
-RUN_DIR=/run/slurm
 NODES="n[1-$NNODES]"
 # The daemons the Slurm config files describe: if any of these runs, the config must not change under it.
 SLURM_PIDFILES=("$RUN_DIR/slurmdbd.pid" "$RUN_DIR/slurmctld.pid")
 for ((i = 1; i <= NNODES; i++)); do SLURM_PIDFILES+=("$RUN_DIR/slurmd-n$i.pid"); done
 
-say() { echo "slurm_up: $*"; }
 die() { echo "slurm_up: error: $*" >&2; exit 1; }
 
 for v in NNODES CPUS GPUS; do
@@ -44,30 +44,7 @@ done
 [[ $PREEMPT == 0 || $PREEMPT == 1 ]] || die "SLURM_CI_PREEMPT must be 0 or 1, got '$PREEMPT'"
 [[ $(id -u) == 0 ]] || die "must run as root (it installs packages and starts system daemons)"
 
-# Microseconds since the epoch, from bash itself: no subprocess per measurement.
-now_us() { echo "${EPOCHREALTIME/./}"; }
-elapsed() { local us=$(($(now_us) - $1)); printf '%d.%02d s' $((us / 1000000)) $((us % 1000000 / 10000)); }
-START_US=$(now_us)
-
-# Run one phase (a function) and print how long it took.
-phase() {
-    local label=$1 t0
-    shift
-    t0=$(now_us)
-    "$@"
-    say "$(printf '%-16s' "$label") $(elapsed "$t0")"
-}
-
-# True when the pid file names a live process that is one of our daemons; a stale pid file whose number
-# was reused by another process does not count.
-alive() {
-    local pid comm
-    [[ -f $1 ]] || return 1
-    pid=$(<"$1")
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
-    comm=$(<"/proc/$pid/comm") || return 1
-    [[ $comm =~ ^(slurmd|slurmctld|slurmdbd|munged|mariadbd)$ ]]
-}
+alive() { live_pid "$1" >/dev/null; }
 
 # wait_for SECONDS DESCRIPTION COMMAND...: retry COMMAND every 0.1 s until it succeeds or time is up.
 wait_for() {

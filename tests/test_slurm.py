@@ -99,7 +99,7 @@ def test_status_asks_sacct_once_for_the_whole_grid(tmp_path, tiny_assets, cleanu
 
     monkeypatch.setattr(slurm, "_run", counting)
     table = rows(cell_dirs(tmp_path))
-    assert [c[0] for c in calls] == ["sacct"]
+    assert [c[0] for c in calls] == ["sacct", "squeue"]  # one accounting query, one queue query
     assert len(table) == 4 and all(r[1] == "completed" and r[2] for r in table)
     proc = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
                           capture_output=True, text=True)

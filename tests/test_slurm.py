@@ -5,6 +5,7 @@ cell that is requeued and resumes from its checkpoint."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -145,10 +146,9 @@ def test_two_node_cell_trains_across_both_nodes(tmp_path, tiny_assets, cleanup_j
     assert nodes in ("n[1-2]", "n1,n2"), nodes
 
 
-def _first_steps_after_restart(log: Path) -> list[int]:
+def _logged_steps(log: Path) -> list[int]:
     # the per-step lines (they carry a loss; the trainer's closing line repeats the last step without one)
-    steps = [r["current_steps"] for r in map(json.loads, log.read_text().splitlines()) if "loss" in r]
-    return [b for a, b in zip(steps, steps[1:]) if b <= a]
+    return [r["current_steps"] for r in map(json.loads, log.read_text().splitlines()) if "loss" in r]
 
 
 def _assert_resumed(cell: Path) -> None:
@@ -157,8 +157,12 @@ def _assert_resumed(cell: Path) -> None:
     resumed = [e for e in events(cell) if e["event"] == "resumed"]
     assert resumed, kinds
     step = int(resumed[-1]["checkpoint"].split("-")[1])
-    restarts = _first_steps_after_restart(cell / "output" / "trainer_log.jsonl")
-    assert restarts and restarts[-1] == step + 1  # continued after the checkpoint, not from step 1
+    # the trainer itself says where it picked up: the checkpoint's step, not step 0
+    train_log = (cell / "logs" / "train.log").read_text()
+    assert re.search(rf"Resuming training from checkpoint with epoch \d+ and global step {step}\b", train_log), \
+        train_log[-2000:]
+    steps = _logged_steps(cell / "output" / "trainer_log.jsonl")
+    assert steps[-1] == 300 and step + 1 in steps, steps
     assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == 300
     assert [e["event"] for e in events(cell)].count("submitted") == 1  # requeued, not resubmitted
 

@@ -155,6 +155,18 @@ def assert_all_completed(final: dict[Path, ledger.CellState], steps: int = 2) ->
         assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == steps
 
 
+def assert_queued_once_then_completed(runs_root: Path) -> None:
+    """Every cell was submitted once, as one array task, and completed."""
+    cells = cell_dirs(runs_root)
+    assert len(cells) == N_CELLS
+    for cell in cells:
+        assert len(events(cell, "submitted")) == 1 and len(events(cell, "job")) == 1, events(cell)
+    final = wait_final(runs_root, N_CELLS)
+    assert_all_completed(final)
+    assert len({array_id(s.job_id) for s in final.values()}) == 1
+    assert len(sacct_by_name(array_names(runs_root))) == N_CELLS
+
+
 @pytest.fixture(scope="module", autouse=True)
 def cluster_up() -> None:
     try:
@@ -205,14 +217,7 @@ def test_transient_sbatch_failure_is_retried_and_queues_each_cell_once(runs_root
     assert f"queued {N_CELLS} cell(s) as sft_grid-" in proc.stdout, proc.stdout
     assert counter.read_text().strip() == "2"  # one failure, one retry
     assert took >= 2, "the retry came without backoff"
-    cells = cell_dirs(runs_root)
-    assert len(cells) == N_CELLS
-    for cell in cells:
-        assert len(events(cell, "submitted")) == 1 and len(events(cell, "job")) == 1, events(cell)
-    final = wait_final(runs_root, N_CELLS)
-    assert_all_completed(final)
-    assert len({array_id(s.job_id) for s in final.values()}) == 1
-    assert len(sacct_by_name(array_names(runs_root))) == N_CELLS
+    assert_queued_once_then_completed(runs_root)
 
 
 # -- 2. the orchestrator killed around sbatch -----------------------------------------------------------
@@ -328,13 +333,7 @@ def test_two_invocations_at_once_queue_each_cell_once(runs_root):
     assert [p.returncode for p in procs] == [0, 0], outs
     queued = [o for o, _ in outs if "queued" in o]
     assert len(queued) == 1, outs  # one of them submitted, the other saw the cells in flight (or done)
-    cells = cell_dirs(runs_root)
-    assert len(cells) == N_CELLS
-    for cell in cells:
-        assert len(events(cell, "submitted")) == 1 and len(events(cell, "job")) == 1, events(cell)
-    final = wait_final(runs_root, N_CELLS)
-    assert_all_completed(final)
-    assert len(sacct_by_name(array_names(runs_root))) == N_CELLS
+    assert_queued_once_then_completed(runs_root)
 
 
 # -- 4. a node lost mid-job -----------------------------------------------------------------------------

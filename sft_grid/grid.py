@@ -257,8 +257,16 @@ def _submit_slurm(on_slurm: Sequence[render.RenderedCell]) -> None:
     from sft_grid import slurm
 
     chunks, concurrency = _slurm_chunks(on_slurm)
-    for chunk in chunks:
-        ids = slurm.submit_chunk(chunk, concurrency, _submit_folder(chunk))
+    for n, chunk in enumerate(chunks):
+        try:
+            ids = slurm.submit_chunk(chunk, concurrency, _submit_folder(chunk))
+        except Exception as exc:  # sbatch's refusal, after retries of the transient kind
+            detail = " ".join(str(exc).split())[:500]
+            print(f"sbatch refused array {chunk.name} ({len(chunk.cell_dirs)} cell(s)): {detail}\n"
+                  f"{sum(len(c.cell_dirs) for c in chunks[n:])} cell(s) were not queued and read as planned;"
+                  f" {sum(len(c.cell_dirs) for c in chunks[:n])} were. Fix the cause and run the grid again.",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(1) from exc
         first, last = ids[0], ids[-1]
         out(f"  queued {len(ids)} cell(s) as {chunk.name}: jobs {first}" + (f" .. {last}" if len(ids) > 1 else "")
             + (f" (at most {concurrency} at once)" if concurrency else ""))

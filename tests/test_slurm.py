@@ -196,3 +196,17 @@ def test_timed_out_cell_is_requeued_and_resumes(tmp_path, tiny_assets, cleanup_j
     (cell,) = cell_dirs(tmp_path)
     assert st.state is ledger.State.COMPLETED, (st, [e["event"] for e in events(cell)])
     _assert_resumed(cell)
+
+
+def test_sbatch_refusal_is_reported_and_leaves_the_cells_planned(tmp_path, tiny_assets, cleanup_jobs):
+    cleanup_jobs.append(tmp_path)
+    proc = run_sft(*TINY, "max_steps=2", "cluster.partition=nope", f"runs_root={tmp_path}")
+    assert proc.returncode == 1
+    assert "sbatch refused array sft_grid-" in proc.stderr and "Invalid partition name" in proc.stderr
+    assert "1 cell(s) were not queued and read as planned" in proc.stderr
+    assert [s.state for s in states(tmp_path).values()] == [ledger.State.PLANNED]
+    # the partition is where the cell runs, not what it trains: fixed, the same cell is queued
+    fixed = run_sft(*TINY, "max_steps=2", f"runs_root={tmp_path}", check=True)
+    assert "queued 1 cell(s)" in fixed.stdout
+    (st,) = wait_until(tmp_path, {"completed", "failed"}).values()
+    assert st.state is ledger.State.COMPLETED

@@ -95,6 +95,7 @@ class GridComposer:
         self._parsed: dict[str, Override] = {}
         self._groups: dict[str, bool] = {}
         self._subtrees: dict[tuple[str, Any], Any] = {}
+        self._layer_cache: dict[str, Any] = {}
         self._effects: dict[tuple[Any, ...], list[tuple[str, Any]]] = {}
         self._ref: _Reference | None = None
         self.stats = {"hydra_composes": 0, "fast": 0}
@@ -189,8 +190,7 @@ class GridComposer:
     def _layers(self, ref: "_Reference", group: str) -> tuple[list[Any], list[Any]] | None:
         """The group's part of every other config in the reference's defaults list (the schema, the primary
         config, a sweep file), split at the group's own entries: Hydra merges them in this order."""
-        key = ("layers", group)
-        if key not in self._subtrees:
+        if group not in self._layer_cache:
             first = ref.group_entries[group][0]
             before: list[Any] = []
             after: list[Any] = []
@@ -206,8 +206,8 @@ class GridComposer:
                 # keys(), not `in`: the schema's group nodes are MISSING, and `in` skips missing values
                 if loaded is not None and group in loaded.config.keys():
                     (before if i < first else after).append(loaded.config._get_node(group))
-            self._subtrees[key] = result
-        return self._subtrees[key]
+            self._layer_cache[group] = result
+        return self._layer_cache[group]
 
     def _subtree(self, ref: "_Reference", group: str, override: Override) -> Any:
         """(plain resolved data, config node) of the group's package for this choice, or None when the

@@ -123,7 +123,7 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     dirs = cell_dirs(cells)
     dry_run = any(c.spec.dry_run for c in cells)
     with _SweepLock({c.sweep_dir for c in cells}):
-        outcome, to_write, to_run = _decide(cells, dirs, checked.deferred, dry_run)
+        outcome, to_write, to_run, forced = _decide(cells, dirs, checked.deferred, dry_run)
         _write_all(to_write)
         log.debug("planned %d cells in %.2f s", len(cells), time.perf_counter() - started)
         on_slurm = [r for r in to_run if r.request.slurm is not None]
@@ -132,10 +132,10 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
             _print_dry_run(cells, dirs, checked.deferred, outcome)
             _print_sbatch(on_slurm or [r for r in to_write if r.request.slurm is not None])
             return outcome
-        for rendered in to_run:
-            if ledger.state_of(rendered.dir).state is State.COMPLETED:  # force=true
-                from sft_grid.runner import archive_output
+        if forced:
+            from sft_grid.runner import archive_output
 
+            for rendered in forced:
                 archive_output(rendered.dir, "force=true rerun of a completed cell")
         for rendered in local:
             # queued under the lock: a second invocation now sees these cells in flight
@@ -205,11 +205,13 @@ def _recover(cell_dir: Path, state: CellState, history: list[dict[str, Any]]) ->
 
 
 def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, list[Any]], dry_run: bool,
-            ) -> tuple[Outcome, list[render.RenderedCell], list[render.RenderedCell]]:
-    """Each cell's state and what to do with it: (outcome, cells to write, cells to run)."""
+            ) -> tuple[Outcome, list[render.RenderedCell], list[render.RenderedCell], list[render.RenderedCell]]:
+    """Each cell's state and what to do with it: (outcome, cells to write, cells to run, completed cells
+    to run again, whose output is moved aside first)."""
     outcome = Outcome(states=[""] * len(cells))
     to_write: list[render.RenderedCell] = []
     to_run: list[render.RenderedCell] = []
+    forced: list[render.RenderedCell] = []
     histories, jobs = scheduler_view(dirs)
     for i, (cell, cell_dir) in enumerate(zip(cells, dirs)):
         state = ledger.state_of(cell_dir, jobs=jobs, history=histories[cell_dir])
@@ -226,7 +228,9 @@ def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, lis
             to_write.append(rendered)
         if why_not is None:
             to_run.append(rendered)
-    return outcome, to_write, to_run
+            if state.state is State.COMPLETED:
+                forced.append(rendered)
+    return outcome, to_write, to_run, forced
 
 
 def _write_all(rendered: Sequence[render.RenderedCell]) -> None:
@@ -330,7 +334,7 @@ def _print_final(dirs: Sequence[Path]) -> None:
 
     out()
     out(report.table(HEADERS, rows(dirs)))
-    out(f"outputs: <cell>/{render.OUTPUT_DIR}/ under {report._rel(dirs[0].parent)}/")
+    out(f"outputs: <cell>/{render.OUTPUT_DIR}/ under {report.relative(dirs[0].parent)}/")
 
 
 # -- entry points ---------------------------------------------------------------------------------------

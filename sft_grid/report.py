@@ -30,7 +30,7 @@ def _tags(cell: Cell) -> str:
     )
 
 
-def _rel(path: os.PathLike[str] | str) -> str:
+def relative(path: os.PathLike[str] | str) -> str:
     try:
         rel = os.path.relpath(path)
     except ValueError:
@@ -44,7 +44,7 @@ CHECK_HEADERS = ("cell", "model", "template", "length", "lr", "grad_acc", "data[
 def check_rows(cells: Sequence[Cell], dirs: Sequence[os.PathLike[str]]) -> list[tuple[object, ...]]:
     return [
         (c.name, c.spec.model.name, c.spec.model.template, _length(c), f"{c.spec.lr:g}", c.grad_accum, _tags(c),
-         c.spec.push_to_hub, _rel(os.path.join(d, "output")))
+         c.spec.push_to_hub, relative(os.path.join(d, "output")))
         for c, d in zip(cells, dirs)
     ]
 

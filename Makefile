@@ -11,6 +11,7 @@ PYTHON ?= python3
 setup:
 	$(PYTHON) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 	$(PYTHON) -m sft_grid.env build llamafactory
+	$(PYTHON) -m sft_grid.env build axolotl
 	$(PYTHON) -m sft_grid.assets build
 
 demo: setup

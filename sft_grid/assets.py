@@ -9,6 +9,8 @@ environment. Everything lands under the cache root (``sft_grid.paths.assets_dir(
     data/tiny_sharegpt.jsonl      40 conversations, ``conversations`` column with from/value
     models/tiny-llama3/           Llama-3-style tokenizer + 2-layer LlamaForCausalLM (vocab 1000)
     models/tiny-qwen3/            ChatML tokenizer + 2-layer Qwen3ForCausalLM (vocab 1000)
+    models/tiny-delphi/           Llama-3-layout tokenizer (128000 BPE ids, then Llama-3's 256 specials with its
+                                  reserved slots), no chat template, untied 2-layer LlamaForCausalLM (hidden 32)
 
 Each of ``data/`` and ``models/`` is staged in a temp dir, stamped with a ``.complete`` marker and only then
 renamed into place, so a dir without a current marker is never trusted and a killed build is simply redone.
@@ -39,12 +41,12 @@ from sft_grid.paths import assets_dir
 log = logging.getLogger(__name__)
 
 # Bump to rebuild every existing asset dir (e.g. after changing the datasets or build_tiny.py).
-ASSETS_VERSION = "1"
+ASSETS_VERSION = "2"
 MARKER = ".complete"
 BACKEND = "llamafactory"
 PROBE = Path(__file__).resolve().parent / "probes" / "build_tiny.py"
 
-MODELS = ("tiny-llama3", "tiny-qwen3")
+MODELS = ("tiny-llama3", "tiny-qwen3", "tiny-delphi")
 DATASETS = {"tiny_messages": "tiny_messages.jsonl", "tiny_sharegpt": "tiny_sharegpt.jsonl"}
 SYSTEM_PROMPT = "You are a tiny helpful assistant."
 

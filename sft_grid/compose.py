@@ -13,9 +13,10 @@ only in which option fills each group package and in a few value overrides. So:
 4. a cell is then the reference's plain data with its subtrees and override values put in place.
 
 Every step is Hydra's own code on the same inputs; what this adds is only the observation that group
-packages are disjoint. Where that does not hold (an option with its own defaults list or a package
-header, a group the planner does not know, interpolations that read other keys), the cell is composed
-by Hydra in full. tests/test_compose.py proves the result equals ``hydra.compose`` for sampled cells.
+packages are disjoint. Where the grid's config reads other keys (a sweep file's model table), step 4
+works on the reference's unresolved config and resolves each cell as a whole, as Hydra does. Where the
+observation does not hold (an option with its own defaults list or a package header, a group the planner
+does not know, an override value that reads other keys), the cell is composed by Hydra in full. tests/test_compose.py proves the result equals ``hydra.compose`` for sampled cells.
 """
 
 from __future__ import annotations
@@ -243,14 +244,7 @@ class GridComposer:
         cached = self._effects.get(key)
         if cached is not None:
             return cached
-        if any(_has_non_env_interpolation(v.value()) for v in values):
-            raise _NeedsHydra()  # the value reads other keys, which differ from cell to cell
-        scratch = copy.deepcopy(ref.cfg)
-        with _open(scratch):
-            for group, (_, node) in touched.items():
-                scratch[group] = node
-        OmegaConf.set_struct(scratch, True)
-        ConfigLoaderImpl._apply_overrides_to_config(values, scratch)
+        scratch = self._applied(ref, values, touched)
         effects: list[tuple[str, Any]] = []
         for ov in values:
             path = ov.key_or_group
@@ -278,8 +272,6 @@ class GridComposer:
         return Composed(tuple(overrides), config)
 
     def _fast(self, ref: "_Reference", overrides: Sequence[str]) -> dict[str, Any] | None:
-        if not ref.context_free:
-            return None
         groups, values = self._split(overrides)
         if set(groups) - set(ref.groups) and any(g not in ref.fast_groups for g in set(groups) - set(ref.groups)):
             return None
@@ -298,12 +290,34 @@ class GridComposer:
                 return None
             config[g] = sub[0]
             swapped[g] = sub
+        if not ref.context_free:
+            return self._resolved_whole(ref, values, swapped)
         if values:
             owners = {v.key_or_group.split(".", 1)[0] for v in values}
             touched = {g: s for g, s in swapped.items() if g in owners}
             for path, value in self._effects_of(ref, values, touched):
                 _set_path(config, path, value)
         return config
+
+    def _resolved_whole(self, ref: "_Reference", values: list[Override], swapped: dict[str, Any]) -> dict[str, Any] | None:
+        """A cell of a grid whose config reads other keys (a sweep file's table: `${vars.models.${vars.model}.hub_id}`):
+        the reference's unresolved config with this cell's group subtrees swapped in and its value overrides
+        applied by Hydra's own code, then resolved as a whole, as Hydra resolves a composed config. What it
+        skips is only the defaults tree and the file loads, which are the same for every cell."""
+        return _plain(self._applied(ref, values, swapped), resolve=True)
+
+    @staticmethod
+    def _applied(ref: "_Reference", values: list[Override], swapped: dict[str, Any]) -> DictConfig:
+        """A copy of the reference's config with these group subtrees and value overrides (Hydra's own code)."""
+        if any(_has_non_env_interpolation(v.value()) for v in values):
+            raise _NeedsHydra()  # the value reads other keys, which differ from cell to cell
+        scratch = copy.deepcopy(ref.cfg)
+        with _open(scratch):
+            for group, (_, node) in swapped.items():
+                scratch[group] = node
+        OmegaConf.set_struct(scratch, True)
+        ConfigLoaderImpl._apply_overrides_to_config(values, scratch)
+        return scratch
 
     def compose_all(self, cells: Iterable[Sequence[str]]) -> tuple[list[Composed], list[CompositionError]]:
         composed: list[Composed] = []

@@ -72,6 +72,40 @@ def managed_env(backend: str) -> Path:
     return EnvSpec.load(backend).path
 
 
+# Model needs (conf/model `needs`) that only an environment with the right packages meets -> what it takes
+ENV_NEEDS = {"transformers_ge_5_3": "transformers >= 5.3 (Qwen3.5's hybrid attention layers)"}
+
+
+def select(spec: Any) -> tuple[Path, str | None]:
+    """The environment a cell (spec: its CellConf) trains in, and the need it leaves unmet (None: all met).
+
+    A model with an environment need (Qwen3.5: transformers >= 5.3) trains in the cluster's environment for
+    that need (cluster.need_envs.<need>.<backend>), or in the managed one when the backend's pins meet it
+    (conf/backend `provides`) and the cluster names no environment of its own for the backend. The team's
+    main environment on a site is never assumed to meet it: that is the mistake this guards against.
+    """
+    backend, cluster = spec.backend.name, spec.cluster
+    managed = managed_for(spec)
+    general = Path(cluster.backend_envs[backend]).expanduser() if cluster.backend_envs.get(backend) else managed
+    for need in (n for n in spec.model.needs if n in ENV_NEEDS):
+        named = (cluster.need_envs.get(need) or {}).get(backend)
+        if named:
+            return Path(named).expanduser(), None
+        if general == managed and need in spec.backend.provides:
+            return managed, None
+        return general, need
+    return general, None
+
+
+def managed_for(spec: Any) -> Path:
+    """The managed environment of a cell's backend pins (spec: its CellConf)."""
+    return EnvSpec.from_conf(spec.backend.name, _plain(spec.backend.env)).path
+
+
+def _plain(env: Any) -> dict[str, Any]:
+    return dict(env) if isinstance(env, Mapping) else {k: getattr(env, k) for k in vars(env)}
+
+
 def is_ready(path: Path) -> bool:
     return (path / READY_MARKER).is_file()
 

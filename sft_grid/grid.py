@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from sft_grid import ledger, render, report
+from sft_grid import backends, ledger, post, prep, render, report
 from sft_grid.compose import Composed, CompositionError, GridComposer
 from sft_grid.ledger import CellState, State
 from sft_grid.plan import Cell, plan_cell
@@ -123,7 +123,7 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     dirs = cell_dirs(cells)
     dry_run = any(c.spec.dry_run for c in cells)
     with _SweepLock({c.sweep_dir for c in cells}):
-        outcome, to_write, to_run, forced = _decide(cells, dirs, checked.deferred, dry_run)
+        outcome, to_write, to_run, forced, post_only = _decide(cells, dirs, checked.deferred, dry_run)
         _write_all(to_write)
         log.debug("planned %d cells in %.2f s", len(cells), time.perf_counter() - started)
         on_slurm = [r for r in to_run if r.request.slurm is not None]
@@ -137,13 +137,19 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
 
             for rendered in forced:
                 archive_output(rendered.dir, "force=true rerun of a completed cell")
+        local, unprepared = _prepare_local(local, cells, outcome)
+        # a completed cell whose post-training stages are pending: locally its job runs only the stages
+        local += [r for r in post_only if r.request.slurm is None]
         for rendered in local:
             # queued under the lock: a second invocation now sees these cells in flight
             mark_submitted(rendered.request)
         _print_launch(cells, to_run, outcome, checked.deferred)
+        train_arrays = []
         if on_slurm:
             outcome.submitted += [r.cell.name for r in on_slurm]
-            _submit_slurm(on_slurm)
+            train_arrays = _submit_slurm(prep.slurm_dependencies(on_slurm))
+        _submit_post(train_arrays, [r for r in post_only if r.request.slurm is not None], on_slurm + post_only)
+    outcome.failed = unprepared
     if not local:
         return outcome
     finished = _submit_local(local)
@@ -151,7 +157,7 @@ def execute(composed: Sequence[Composed], errors: Sequence[CompositionError]) ->
     for f in finished:
         outcome.states[index[f.request.cell_name]] = f.state.state.value
     outcome.submitted += [r.cell.name for r in local]
-    outcome.failed = [f.request.cell_name for f in finished if f.state.state is not State.COMPLETED]
+    outcome.failed += [f.request.cell_name for f in finished if f.state.state is not State.COMPLETED]
     if finished:
         _print_final(dirs)
     return outcome
@@ -166,6 +172,8 @@ def scheduler_view(dirs: Sequence[Path]) -> tuple[dict[Path, list[dict[str, Any]
     from sft_grid import slurm
 
     ids = [r.job_id for r in refs if r.job_id]
+    ids += [str(p[-1]["post_job_id"]) for p in ([e for e in h if e.get("event") == "post_job"] for h in histories.values())
+            if p and p[-1].get("post_job_id")]
     names = [r.name for r in refs if not r.job_id and r.name]
     try:
         return histories, slurm.sacct(ids, names)
@@ -205,19 +213,25 @@ def _recover(cell_dir: Path, state: CellState, history: list[dict[str, Any]]) ->
 
 
 def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, list[Any]], dry_run: bool,
-            ) -> tuple[Outcome, list[render.RenderedCell], list[render.RenderedCell], list[render.RenderedCell]]:
+            ) -> tuple[Outcome, list[render.RenderedCell], list[render.RenderedCell], list[render.RenderedCell],
+                       list[render.RenderedCell]]:
     """Each cell's state and what to do with it: (outcome, cells to write, cells to run, completed cells
-    to run again, whose output is moved aside first)."""
+    to run again, whose output is moved aside first, completed cells whose post-training stages run)."""
     outcome = Outcome(states=[""] * len(cells))
     to_write: list[render.RenderedCell] = []
     to_run: list[render.RenderedCell] = []
     forced: list[render.RenderedCell] = []
+    post_only: list[render.RenderedCell] = []
     histories, jobs = scheduler_view(dirs)
     for i, (cell, cell_dir) in enumerate(zip(cells, dirs)):
         state = ledger.state_of(cell_dir, jobs=jobs, history=histories[cell_dir])
         if state.recovered:
             state = _recover(cell_dir, state, histories[cell_dir])
         why_not = decide(cell, state)
+        todo: list[str] = []
+        if state.state is State.COMPLETED and why_not is not None:
+            todo, why_post = _post_todo(cell, cell_dir, histories[cell_dir], jobs)
+            why_not += why_post
         outcome.states[i] = state.state.value
         if why_not is not None:
             outcome.skipped[cell.name] = why_not
@@ -230,7 +244,79 @@ def _decide(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, lis
             to_run.append(rendered)
             if state.state is State.COMPLETED:
                 forced.append(rendered)
-    return outcome, to_write, to_run, forced
+        elif todo:
+            post_only.append(rendered)
+            if not dry_run:
+                to_write.append(rendered)
+    return outcome, to_write, to_run, forced, post_only
+
+
+def _post_todo(cell: Cell, cell_dir: Path, history: list[dict[str, Any]], jobs: dict[str, Any] | None,
+               ) -> tuple[list[str], str]:
+    """The post-training stages a completed cell still needs that a job can run (an upload that must wait
+    for the login node is not one), and a note for the skip message."""
+    planned = post.stages_for(cell.spec)
+    states = post.states(cell_dir, history, planned)
+    left = [n for n in planned if states[n].state != "completed"]
+    if not left:
+        return [], ""
+    job = post.post_job(history, jobs)
+    if job is not None and job.in_flight:
+        return [], f"; post stages waiting in Slurm (job {job.job_id})"
+    # a stage left `running` by a post job that has ended did not finish: it runs again
+    if job is None and any(states[n].state == "running" for n in left):
+        return [], "; post stages running"
+    todo = []
+    for name in left:
+        if name in ("upload", "register") and not post.upload_in_job(cell.spec):
+            break
+        todo.append(name)
+    if todo:
+        return todo, f"; post stages to run: {', '.join(todo)}"
+    return [], f"; {left[0]} waits: python -m sft_grid.post {cell_dir}"
+
+
+def _submit_post(train_arrays: Sequence[tuple[Any, list[str]]], post_only: Sequence[render.RenderedCell],
+                 rendered: Sequence[render.RenderedCell]) -> None:
+    """Slurm post jobs: one array per training array, each task after its training task (aftercorr; afterok
+    for a single job), and one array for completed cells whose stages are pending."""
+    from sft_grid import slurm
+
+    by_dir = {r.dir: r for r in rendered}
+
+    def chunk_for(dirs: Sequence[Path]) -> Any:
+        cells = [by_dir[d].cell for d in dirs]
+        needs_hub = any("upload" in post.stages_for(c.spec) for c in cells)
+        request = slurm.post_request_for(cells[0].spec, needs_hub)
+        return slurm.plan_arrays([(d, request) for d in dirs], 10**9)[0]
+
+    for train, ids in train_arrays:
+        chunk = chunk_for(train.cell_dirs)
+        array = "_" in ids[0]
+        after = ids[0].split("_")[0] if array else ids[0]
+        chunk.request = slurm.with_dependency(chunk.request, after, "aftercorr" if array else "afterok")
+        slurm.submit_post_chunk(chunk, _submit_folder(chunk), after)
+        out(f"  post-training stages of {len(ids)} cell(s): array {chunk.name}, each task after its training")
+    if post_only:
+        chunk = chunk_for([r.dir for r in post_only])
+        ids = slurm.submit_post_chunk(chunk, _submit_folder(chunk), None)
+        out(f"  post-training stages of {len(ids)} completed cell(s): array {chunk.name}")
+
+
+def _prepare_local(local: list[render.RenderedCell], cells: Sequence[Cell], outcome: Outcome,
+                   ) -> tuple[list[render.RenderedCell], list[str]]:
+    """Run the model preps these local cells need (once per model, skipped when done); a cell whose prep
+    failed is recorded as failed with the prep's reason and not run. Returns (cells to run, failed cells)."""
+    for line in prep.describe([r.cell for r in local if (p := prep.prep_for(r.cell)) and not p.complete], running=True):
+        out(line)
+    failed = prep.run_local([r.cell for r in local])
+    index = {c.name: i for i, c in enumerate(cells)}
+    for r in local:
+        if r.cell.name in failed:
+            ledger.append(r.dir, "failed", reason=failed[r.cell.name])
+            outcome.states[index[r.cell.name]] = State.FAILED.value
+            out(f"  failed    {r.cell.name}  {failed[r.cell.name]}")
+    return [r for r in local if r.cell.name not in failed], list(failed)
 
 
 def _write_all(rendered: Sequence[render.RenderedCell]) -> None:
@@ -257,10 +343,12 @@ def _submit_folder(chunk: Any) -> Path:
     return chunk.cell_dirs[0].parent / ".submitit" / chunk.name
 
 
-def _submit_slurm(on_slurm: Sequence[render.RenderedCell]) -> None:
+def _submit_slurm(on_slurm: Sequence[render.RenderedCell]) -> list[tuple[Any, list[str]]]:
+    """Queue the training arrays; returns each array with its job ids (the post jobs depend on them)."""
     from sft_grid import slurm
 
     chunks, concurrency = _slurm_chunks(on_slurm)
+    queued = []
     for n, chunk in enumerate(chunks):
         try:
             ids = slurm.submit_chunk(chunk, concurrency, _submit_folder(chunk))
@@ -274,6 +362,8 @@ def _submit_slurm(on_slurm: Sequence[render.RenderedCell]) -> None:
         first, last = ids[0], ids[-1]
         out(f"  queued {len(ids)} cell(s) as {chunk.name}: jobs {first}" + (f" .. {last}" if len(ids) > 1 else "")
             + (f" (at most {concurrency} at once)" if concurrency else ""))
+        queued.append((chunk, ids))
+    return queued
 
 
 def _print_sbatch(on_slurm: Sequence[render.RenderedCell]) -> None:
@@ -302,9 +392,13 @@ def _submit_local(to_run: list[render.RenderedCell]) -> list[Any]:
 def _print_dry_run(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[str, list[Any]], outcome: Outcome) -> None:
     out(report.table(report.CHECK_HEADERS, report.check_rows(cells, dirs)))
     out()
+    configs = sorted({backends.get(c.spec.backend.name).CONFIG_FILE for c in cells})
     out(f"dry run: {len(cells)} cell(s) rendered, nothing submitted. Each cell's files: <cell dir>/"
-        f"{{{render.CELL_FILE},train_config.yaml,dataset_info.json,{render.LAUNCH_FILE}}}")
+        f"{{{','.join([render.CELL_FILE, *configs, render.LAUNCH_FILE])}}}")
+    out(f"  what a cell trains on, token by token: python -m sft_grid.show {report.relative(dirs[0])}")
     _print_deferred(deferred)
+    for line in prep.describe(cells) + post.describe(cells):
+        out(line)
     for name, why in outcome.skipped.items():
         out(f"  would skip {name}: {why}")
 
@@ -324,7 +418,7 @@ def _print_launch(cells: Sequence[Cell], to_run: Sequence[render.RenderedCell], 
     parts = [f"{len(to_run)} to run"] + [f"{n} {what}" for what, n in sorted(skipped.items())]
     out(f"{len(cells)} cell(s): " + ", ".join(parts) + ("" if to_run else " - nothing to run."))
     for name, why in outcome.skipped.items():
-        if not why.startswith("completed"):
+        if not why.startswith("completed") or "; " in why:  # (a completed cell's post stages: what happens)
             out(f"  skipped {name}: {why}")
     _print_deferred({r.cell.name: deferred[r.cell.name] for r in to_run if r.cell.name in deferred})
 

@@ -85,7 +85,17 @@ def events(cell_dir: Path) -> list[dict[str, Any]]:
 
 
 def output_complete(output_dir: Path) -> bool:
-    return (output_dir / "trainer_state.json").is_file() and any((output_dir / w).is_file() for w in WEIGHT_FILES)
+    """Final weights and trainer state. A ZeRO-3 run that does not gather at save (32B) writes its final
+    weights as shards named by a `latest` file; its `consolidate` stage (sft_grid/post.py) makes them
+    safetensors, so training is complete either way."""
+    if not (output_dir / "trainer_state.json").is_file():
+        return False
+    return any((output_dir / w).is_file() for w in WEIGHT_FILES) or _zero_shards(output_dir)
+
+
+def _zero_shards(output_dir: Path) -> bool:
+    latest = output_dir / "latest"
+    return latest.is_file() and (output_dir / latest.read_text().strip()).is_dir()
 
 
 def checkpoints(output_dir: Path) -> list[Path]:
@@ -177,7 +187,21 @@ def state_of(cell_dir: Path, output_dir: Path | None = None, jobs: Mapping[str, 
     state = _state(cell_dir, output_dir, jobs, history)
     if not state.elapsed:
         state = replace(state, elapsed=_elapsed(history, state.state))
+    if state.state is State.CANCELLED:
+        why = _prep_failure(history)
+        state = replace(state, reason=why) if why else state
     return state
+
+
+def _prep_failure(history: list[dict[str, Any]]) -> str:
+    """Why the model prep this cell waited for failed (Slurm then cancels the cell's job), if it did."""
+    preps = [e for e in history if e.get("event") == "prep" and e.get("dir")]
+    if not preps:
+        return ""
+    prep_events = [e for e in events(Path(preps[-1]["dir"]).parent) if e.get("event") in _STATE_EVENTS]
+    if prep_events and prep_events[-1]["event"] == State.FAILED.value:
+        return f"its model prep failed: {prep_events[-1].get('reason', 'no reason recorded')}"
+    return ""
 
 
 def _elapsed(history: list[dict[str, Any]], state: State) -> str:

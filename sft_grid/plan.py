@@ -26,7 +26,7 @@ NOT_IDENTITY = frozenset(
     {
         "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
         "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
-        "hub_model_id", "concurrency",
+        "hub_model_id", "concurrency", "register_db", "register_command", "vars",
     }
 )
 # Keys of sub-configs that are about the machine, not the model.
@@ -114,14 +114,37 @@ def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
     for line in overrides:
         key, _, value = line.lstrip("+~").partition("=")
         top = key.split(".", 1)[0]
-        if top in NOT_IDENTITY or top in ("sweep", "backend") or not value:
+        if top == "vars" and value:  # a row of a sweep file's table (a model) names itself
+            parts.append(value.strip("'\""))
+            continue
+        if top in NOT_IDENTITY or top == "sweep" or not value:
             continue
         value = value.strip("[]'\"").replace(",", "+")
-        parts.append(value if key in ("model", "dataset") else f"{key.rsplit('.', 1)[-1]}{value}")
+        parts.append(value if key in ("model", "dataset", "backend") else f"{key.rsplit('.', 1)[-1]}{value}")
     return slugify("_".join(parts) if parts else str(config["model"]["name"]))
 
 
+def hub_id_for(template: str, config: Mapping[str, Any], key: str, slug: str) -> str:
+    """A cell's hub repository from a pattern: {key} (the identity hash), {name} (slug-key), {model} and
+    {data} (the dataset names joined by '-'). So each cell of a grid gets its own repository, derived from
+    what it trains, and a rerun of the same cell uploads to the same one."""
+    fields = {"key": key, "name": f"{slug}-{key}", "model": str(config["model"]["name"]),
+              "data": "-".join(config.get("dataset") or ())}
+    try:
+        return template.format_map(fields)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"hub_model_id {template!r}: unknown placeholder {exc}; use {{key}}, {{name}},"
+                         " {model} or {data}") from None
+
+
 def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | None = None) -> Cell:
+    key, slug = identity_key(config), slug_for(overrides, config)
+    hub = config.get("hub_model_id")
+    if hub and "{" in hub:
+        try:
+            config = {**config, "hub_model_id": hub_id_for(hub, config, key, slug)}
+        except ValueError:
+            pass  # left as written: validate reports the pattern (rule hub-id)
     spec = typed(CellConf, config)
     root = Path(os.path.expanduser(config.get("runs_root") or config["cluster"]["runs_root"]))
     if not root.is_absolute():
@@ -130,8 +153,8 @@ def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | N
         spec=spec,
         overrides=tuple(overrides),
         config=config,
-        key=identity_key(config),
-        slug=slug_for(overrides, config),
+        key=key,
+        slug=slug,
         runs_root=root,
     )
 

@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from sft_grid import mask, prep
 from sft_grid.plan import Cell, is_local
-from sft_grid.templates import TEMPLATES
+from sft_grid.templates import DELPHI_TOKENS, TEMPLATES
 from sft_grid.validate import Problem
 
 log = logging.getLogger(__name__)
@@ -31,24 +32,31 @@ _DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 class Check:
     """One read-only check; equal checks (same input) run once for the whole grid."""
 
-    kind: str  # "path" | "template_tokens" | "assistant_turns"
+    kind: str  # "path" | "template_tokens" | "assistant_turns" | "loss_mask"
     key: str  # the dotted key of the cell it is about
     target: str  # a local path or a hub id
     tokens: tuple[str, ...] = ()
     column: str = ""
     tags: tuple[tuple[str, str], ...] = ()
     split: str = "train"
+    # loss_mask (sft_grid/mask.py): the backend, its env's python, the tokenizer, the backend's settings (JSON)
+    backend: str = ""
+    python: str = ""
+    model: str = ""
+    spec: str = ""
 
     def describe(self) -> str:
         what = {
             "path": "the local path exists",
             "template_tokens": "the template's special tokens are single tokens of the tokenizer",
             "assistant_turns": "the schema tags find assistant turns in a sample of the data",
+            "loss_mask": f"the {self.backend} loss mask trains the assistant turns and nothing else",
         }[self.kind]
         return f"{what} ({self.key}={self.target})"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # the loss_mask fields only where set: other checks read as before
+        return {k: v for k, v in asdict(self).items() if v or k not in ("backend", "python", "model", "spec")}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Check":
@@ -72,13 +80,20 @@ def checks_for(cell: Cell) -> list[Check]:
         checks.append(Check("path", "model.path", s.model.path))
     template = TEMPLATES.get(s.model.template)
     if template is not None and tokenizer:
-        checks.append(Check("template_tokens", "model.template", tokenizer, tokens=template.special_tokens))
+        tokens = template.special_tokens
+        model_prep = prep.prep_for(cell)
+        if model_prep is not None and model_prep.complete:
+            tokenizer = str(model_prep.model_dir)  # what the cell trains: every token must be single there
+        elif model_prep is not None:
+            # not prepared yet: the source has the rest; the prep itself asserts its tokens before any cell runs
+            tokens = tuple(t for t in tokens if t not in DELPHI_TOKENS)
+        checks.append(Check("template_tokens", "model.template", tokenizer, tokens=tokens))
     for name, ds in s.dataset.items():
         if is_local(ds.source):
             checks.append(Check("path", f"dataset.{name}.source", ds.source))
         tags = (("role_tag", ds.tags.role_tag), ("assistant_tag", ds.tags.assistant_tag), ("content_tag", ds.tags.content_tag))
         checks.append(Check("assistant_turns", f"dataset.{name}", ds.source, column=ds.messages, tags=tags, split=ds.split))
-    return checks
+    return checks + mask.checks_for(cell)
 
 
 # -- locating inputs ------------------------------------------------------------------------------------
@@ -149,16 +164,26 @@ def template_tokens_at(model_dir: Path, tokens: Iterable[str]) -> Outcome:
     if not broken:
         return Outcome(True)
     detail = ", ".join(f"{t} -> {n} tokens" for t, n in broken.items())
+    if set(broken) <= set(DELPHI_TOKENS):
+        return Outcome(False, f"the Delphi think/tool tokens are not single tokens of this tokenizer ({detail}):"
+                       " it is not prepared, and the model has no prep stage",
+                       f"add `needs: [{prep.NEED}]` to the model's conf/model/<name>.yaml (the grid then prepares"
+                       " it once, before its cells), or point model.path at a prepared checkpoint")
     return Outcome(False, f"the template's special tokens are not single tokens of this tokenizer: {detail}",
                    "use the template of the model's family (llama3 for Llama-3/Delphi tokenizers, qwen3 for ChatML)")
 
 
-def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS) -> list[dict[str, Any]]:
-    """The first rows of a local data file (or of the first data file in a directory)."""
+def data_files(where: Path) -> list[Path]:
+    """The data file, or the data files of a directory in name order."""
     files = [where] if where.is_file() else sorted(p for p in where.rglob("*") if p.suffix in _DATA_SUFFIXES)
     if not files:
         raise FileNotFoundError(f"no {', '.join(_DATA_SUFFIXES)} file in {where}")
-    file = files[0]
+    return files
+
+
+def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS) -> list[dict[str, Any]]:
+    """The first rows of a local data file (or of the first data file in a directory)."""
+    file = data_files(where)[0]
     if file.suffix == ".jsonl":
         rows = []
         with file.open() as fh:
@@ -223,6 +248,7 @@ RUNNERS = {
     "path": check_path,
     "template_tokens": check_template_tokens,
     "assistant_turns": check_assistant_turns,
+    "loss_mask": lambda check: mask.run_checks([check])[check],
 }
 
 
@@ -242,8 +268,12 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
     outcomes: dict[Check, Outcome] = {}
     problems: list[Problem] = []
     deferred: dict[str, list[Check]] = {}
-    for cell in cells:
-        for check in checks_for(cell):
+    per_cell = [(cell, checks_for(cell)) for cell in cells]
+    # loss-mask checks run as one batch: one backend process per environment for the whole grid
+    masks = list(dict.fromkeys(c for _, checks in per_cell for c in checks if c.kind == mask.KIND))
+    outcomes.update(mask.run_checks(masks) if masks else {})
+    for cell, checks in per_cell:
+        for check in checks:
             outcome = outcomes.get(check)
             if outcome is None:
                 outcome = outcomes[check] = run(check)
@@ -252,7 +282,7 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
             elif not outcome.ok:
                 problems.append(Problem(cell.name, check.key, check.target, f"preflight-{check.kind}",
                                         outcome.message, outcome.fix))
-    return Preflight(problems, deferred, len(outcomes))
+    return Preflight(mask.root_causes(problems), deferred, len(outcomes))
 
 
 FETCHER = Path(__file__).parent / "probes" / "fetch_sample.py"
@@ -267,6 +297,8 @@ def fetch_and_run(check: Check, python: str, workdir: Path, env: Mapping[str, st
     if check.kind == "template_tokens":
         dest = workdir / "tokenizer"
         argv = [python, str(FETCHER), "tokenizer", check.target, str(dest)]
+    elif check.kind == mask.KIND:
+        return mask.fetch_and_probe(check, python, workdir, env)
     elif check.kind == "assistant_turns":
         dest = workdir / f"{check.key.replace('.', '_')}.jsonl"
         argv = [python, str(FETCHER), "rows", check.target, check.split, str(SAMPLE_ROWS), str(dest)]

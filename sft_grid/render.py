@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 from sft_grid import backends
-from sft_grid.env import EnvSpec
+from sft_grid import env, post, zero
 from sft_grid.plan import Cell
 from sft_grid.preflight import Check
 from sft_grid.slurm import SlurmRequest, request_for
@@ -59,12 +59,10 @@ class RenderedCell:
 
 
 def env_bin(cell: Cell) -> Path:
-    """The bin/ of the backend's environment: the cluster's own, or the managed one for these pins."""
-    name = cell.spec.backend.name
-    configured = cell.spec.cluster.backend_envs.get(name)
-    if configured:
-        return Path(configured).expanduser() / "bin"
-    return EnvSpec.from_conf(name, cell.config["backend"]["env"]).path / "bin"
+    """The bin/ of the backend's environment: the cluster's own, the one for the model's needs (Qwen3.5:
+    transformers >= 5.3), or the managed one for these pins (sft_grid/env.py select; validate reports a need
+    no environment meets)."""
+    return env.select(cell.spec)[0] / "bin"
 
 
 def dump_yaml(data: Any, header: str = "") -> str:
@@ -106,7 +104,8 @@ def cell_yaml(cell: Cell) -> str:
 
 def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     s = cell.spec
-    argv = backends.get(s.backend.name).command(cell, cell_dir, bin_dir)
+    backend = backends.get(s.backend.name)
+    argv = backend.command(cell, cell_dir, bin_dir)
     lines = [
         "#!/usr/bin/env bash",
         f"# sft_grid cell {cell.name} of grid {s.sweep_name!r}: {s.model.name} on {'+'.join(s.dataset)} with {s.backend.name}.",
@@ -122,6 +121,11 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     if cell.world_size > 1:
         lines += distributed_lines(cell)
     lines.append(f"export PATH={shlex.quote(str(bin_dir))}:\"$PATH\"")
+    # optional backend hooks: its own variables (the cluster's env wins) and steps before training
+    own_env = getattr(backend, "env", lambda c: {})(cell)
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(own_env.items()) if k not in s.cluster.env]
+    for step in getattr(backend, "pre_commands", lambda *a: [])(cell, cell_dir, bin_dir):
+        lines.append(" ".join(_quote(a) for a in step))
     lines.append("exec " + " ".join(_quote(a) for a in argv) + ' "$@"')
     return "\n".join(lines) + "\n"
 
@@ -176,9 +180,15 @@ def render(cell: Cell, cell_dir: Path, deferred: list[Check]) -> RenderedCell:
     structured = backends.get(s.backend.name).files(cell, cell_dir)
     files: dict[str, str] = {}
     for rel, data in structured.items():
-        files[rel] = json.dumps(data, indent=2) + "\n" if rel.endswith(".json") else dump_yaml(data)
+        if isinstance(data, str):  # a text file, as it is (a chat template)
+            files[rel] = data
+        else:
+            files[rel] = json.dumps(data, indent=2) + "\n" if rel.endswith(".json") else dump_yaml(data)
+    for rel, data in zero.files(cell).items():  # ZeRO-3 for the models that need it
+        files[rel] = json.dumps(data, indent=2) + "\n"
     bin_dir = env_bin(cell)
     files[LAUNCH_FILE] = launch_script(cell, cell_dir, bin_dir)
+    files[post.POST_FILE] = json.dumps(post.post_file(cell, bin_dir / "python"), indent=2) + "\n"
     if deferred:  # no file means nothing deferred
         files[PREFLIGHT_FILE] = json.dumps(
             {"deferred": [c.to_json() for c in deferred], "python": str(bin_dir / "python"),
@@ -226,4 +236,7 @@ def write(rendered: RenderedCell) -> bool:
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         _write_file(tmp, rendered.files[rel])
         tmp.replace(target)
+    if PREFLIGHT_FILE not in rendered.files:
+        # checks deferred by an earlier rendering (another cluster, a missing env) must not outlive it
+        (final / PREFLIGHT_FILE).unlink(missing_ok=True)
     return False

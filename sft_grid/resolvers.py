@@ -94,9 +94,22 @@ def _what(var: str) -> tuple[str, str]:
     return KINDS.get(var.rsplit("_", 1)[-1], ("a value that differs from user to user", "<value>"))
 
 
+def by_size(size: float, *steps: Any) -> Any:
+    """``${by_size:${model.params_b},1.0,1,2.5,2,4}``: a value chosen by a size, here nodes: 1 up to 1.0 (billion
+    parameters), 2 up to 2.5, 4 above. The arguments are thresholds and values in turn, ending with the value
+    above the last threshold; so a sweep file derives a cell's resources from its model, in the file."""
+    if len(steps) % 2 != 1:
+        raise ValueError(f"by_size needs thresholds and values in turn and a last value, got {list(steps)}")
+    for i in range(0, len(steps) - 1, 2):
+        if float(size) <= float(steps[i]):
+            return steps[i + 1]
+    return steps[-1]
+
+
 def register() -> None:
     """Registers the resolvers; calling it again is harmless."""
     OmegaConf.register_new_resolver(NAME, user_env, replace=True)
+    OmegaConf.register_new_resolver("by_size", by_size, replace=True)
 
 
 def variables(text: str) -> list[str]:

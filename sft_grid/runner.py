@@ -22,9 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-from sft_grid import ledger
+import yaml
+
+from sft_grid import backends, ledger
 from sft_grid.preflight import Check, run_deferred
-from sft_grid.render import LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, PREFLIGHT_FILE
+from sft_grid.render import CELL_FILE, LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, PREFLIGHT_FILE
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,11 @@ def archive_output(cell_dir: Path, why: str) -> Path | None:
     return dest
 
 
+def backend_name(cell_dir: Path) -> str:
+    """The backend the cell was rendered for, from its cell.yaml."""
+    return yaml.safe_load((cell_dir / CELL_FILE).read_text())["backend"]["name"]
+
+
 def failure_reason(log_file: Path, rc: int) -> str:
     lines = ledger._tail_lines(log_file, 32768) if log_file.is_file() else []
     errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
@@ -83,6 +90,7 @@ def run_cell(cell_dir: str | Path) -> str:
     if ledger.output_complete(output):
         if lead:
             ledger.append(cell_dir, "completed", note="already complete; nothing run", **_job_fields())
+            _post_stages(cell_dir)
         return ledger.State.COMPLETED.value
     if lead:
         ledger.append(cell_dir, "running", **_job_fields())
@@ -91,7 +99,7 @@ def run_cell(cell_dir: str | Path) -> str:
     args: list[str] = []
     ckpts = ledger.checkpoints(output)
     if ckpts:
-        args.append(f"resume_from_checkpoint={ckpts[-1]}")
+        args += backends.get(backend_name(cell_dir)).resume_args(ckpts[-1])
         if lead:
             ledger.append(cell_dir, "resumed", checkpoint=ckpts[-1].name)
     elif lead:
@@ -117,10 +125,21 @@ def run_cell(cell_dir: str | Path) -> str:
     if rc == 0 and ledger.output_complete(output):
         step, total, loss = ledger.progress(output)
         ledger.append(cell_dir, "completed", step=step, loss=loss, **_job_fields())
+        _post_stages(cell_dir)
         return ledger.State.COMPLETED.value
     reason = failure_reason(log_file, rc) if rc else "backend exited 0 but output/ has no final weights and trainer_state.json"
     ledger.append(cell_dir, "failed", reason=reason, rc=rc, **_job_fields())
     raise CellFailed(reason)
+
+
+def _post_stages(cell_dir: Path) -> None:
+    """The post-training chain, in this job when the cell's post.json says so (the local executor; on Slurm
+    a dependent post job runs it). A stage's failure is its own state in the ledger: the training stays
+    completed, and the next run of the grid retries only the stages."""
+    from sft_grid import post
+
+    if post.load(cell_dir).get("in_train_job"):
+        post.run(cell_dir, post.IN_JOB)
 
 
 def _run_deferred_checks(cell_dir: Path) -> None:

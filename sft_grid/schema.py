@@ -33,6 +33,8 @@ class BackendConf:
     env: EnvSpecConf = field(default_factory=EnvSpecConf)
     # keys merged into every rendered backend config; the cell's `extra` wins over them
     train_defaults: Dict[str, Any] = field(default_factory=dict)
+    # model needs (conf/model `needs`) that the managed environment meets, e.g. transformers_ge_5_3
+    provides: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -61,6 +63,13 @@ class ClusterConf:
     runs_root: str = "runs"
     # backend name -> virtual environment (a directory with bin/); unset: the managed environment
     backend_envs: Dict[str, str] = field(default_factory=dict)
+    # model need -> backend name -> an environment that meets it, e.g. the team's transformers >= 5.3
+    # environment for Qwen3.5: need_envs: {transformers_ge_5_3: {llamafactory: /path/to/env}}
+    need_envs: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    # a partition whose nodes reach the internet: post-training jobs that upload to the Hub run there on a
+    # site without internet on compute nodes; unset there: the upload waits for `python -m sft_grid.post`
+    # run from the login node
+    post_partition: Optional[str] = None
     # Slurm: node features (--constraint), nodes to avoid (--exclude), any other sbatch option by name
     constraint: Optional[str] = None
     exclude: Optional[str] = None
@@ -130,6 +139,10 @@ class CellConf:
     dataset: Dict[str, DatasetConf] = field(default_factory=dict)
     mix: MixConf = field(default_factory=MixConf)
 
+    # Values a sweep file defines for its own interpolations, e.g. a table of models and the row a cell
+    # trains (sweeps/delphi_scaling.yaml). Not part of a cell's identity: the values they feed into are.
+    vars: Dict[str, Any] = field(default_factory=dict)
+
     # The grid this cell belongs to: its cells live under <runs_root>/<sweep_name>/.
     sweep_name: str = "default"
     runs_root: Optional[str] = None
@@ -158,8 +171,14 @@ class CellConf:
     save_total_limit: Optional[int] = None
     logging_steps: int = 10
     report_to: str = "none"
+    # upload output/ to the Hub after training (a post-training stage, never the trainer's own push)
     push_to_hub: bool = False
+    # the Hub repository; {key} (the identity hash), {name}, {model} and {data} are filled in per cell
     hub_model_id: Optional[str] = None
+    # register the uploaded model in a database: off unless a grid turns it on; the hook runs
+    # register_command (argv; {hub_model_id} {base_model} {datasets} {cell} are filled in) after the upload
+    register_db: bool = False
+    register_command: List[str] = field(default_factory=list)
 
     # resources and run control (not identity)
     nodes: int = 1

@@ -70,6 +70,17 @@ def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
     return SlurmRequest(tuple(sorted(params.items())), c.max_requeues)
 
 
+def with_dependency(request: SlurmRequest, job_id: str, kind: str = "afterok") -> SlurmRequest:
+    """The request, to start only after job `job_id` succeeded (`kind` afterok; aftercorr: each array task
+    after the same task of array `job_id`), and be cancelled if it fails: cells that
+    wait on different jobs differ in their request, so they go to different arrays."""
+    params = dict(request.params)
+    extra = {**dict(params.get("additional_parameters", ())), "dependency": f"{kind}:{job_id}",
+             "kill_on_invalid_dep": "yes"}
+    params["additional_parameters"] = tuple(sorted(extra.items()))
+    return SlurmRequest(tuple(sorted(params.items())), request.max_requeues)
+
+
 def _run(argv: Sequence[str], timeout: float = 60) -> str:
     return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=timeout).stdout
 
@@ -183,14 +194,52 @@ def sbatch_preview(chunk: ArrayChunk, concurrency: int | None, folder: Path) -> 
 
 def submit_chunk(chunk: ArrayChunk, concurrency: int | None, folder: Path) -> list[str]:
     """sbatch one array; retried with backoff on the controller's transient errors. Returns job ids."""
-    import submitit
-
     from sft_grid.slurm_job import CellJob
 
     for index, cell_dir in enumerate(chunk.cell_dirs):
         # before sbatch: a crash after sbatch but before the job id is recorded is recovered by name
         ledger.append(cell_dir, "submitted", executor="slurm", name=chunk.name, index=index,
                       pid=os.getpid(), host=socket.gethostname())
+    ids = _sbatch(chunk, concurrency, folder, CellJob)
+    for cell_dir, job_id in zip(chunk.cell_dirs, ids):
+        ledger.append(cell_dir, "job", job_id=job_id)
+    return ids
+
+
+# post-training jobs (sft_grid/post.py): consolidation of a 32B checkpoint takes minutes, an upload more
+POST_TIME_MIN = 120
+
+
+def post_request_for(spec: Any, needs_hub: bool) -> SlurmRequest:
+    """A cell's post job: one node without GPUs, on the cluster's post_partition when the job must reach the
+    Hub from a site whose compute nodes have no internet."""
+    params = dict(request_for(spec, POST_TIME_MIN).params)
+    params["nodes"] = 1
+    # a few cores: consolidation and uploads are bound by memory and network, and training needs the rest
+    params["cpus_per_task"] = max(1, min(4, spec.cluster.cpus_per_node // 2))
+    params.pop("gpus_per_node", None)
+    params.pop("gres", None)
+    if needs_hub and not spec.cluster.internet_on_compute and spec.cluster.post_partition:
+        params["partition"] = spec.cluster.post_partition
+    return SlurmRequest(tuple(sorted(params.items())), 0)
+
+
+def submit_post_chunk(chunk: ArrayChunk, folder: Path, after: str | None) -> list[str]:
+    """sbatch the post jobs of one array of cells; `after`: the training array (or job) they wait for, task
+    by task (aftercorr) or as a whole single job (afterok). Each cell's ledger records its post job."""
+    from sft_grid.slurm_job import PostJob
+
+    ids = _sbatch(chunk, None, folder, PostJob)
+    for index, (cell_dir, job_id) in enumerate(zip(chunk.cell_dirs, ids)):
+        # not `job_id`: that field names the cell's training job wherever the ledger is read
+        ledger.append(cell_dir, "post_job", post_job_id=job_id, name=chunk.name, index=index,
+                      **({"after": after} if after else {}))
+    return ids
+
+
+def _sbatch(chunk: ArrayChunk, concurrency: int | None, folder: Path, make_job: Any) -> list[str]:
+    import submitit
+
     delay = 2.0
     for attempt in range(SUBMIT_RETRIES + 1):
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=chunk.request.max_requeues)
@@ -198,7 +247,7 @@ def submit_chunk(chunk: ArrayChunk, concurrency: int | None, folder: Path) -> li
         executor.update_parameters(**executor_params(chunk, concurrency))
         try:
             with executor.batch():
-                jobs = [executor.submit(CellJob(str(d))) for d in chunk.cell_dirs]
+                jobs = [executor.submit(make_job(str(d))) for d in chunk.cell_dirs]
             break
         except Exception as exc:  # submitit wraps sbatch's failure; only the controller's hiccups are retried
             text = str(exc) + str(getattr(exc, "output", "") or "")
@@ -209,7 +258,4 @@ def submit_chunk(chunk: ArrayChunk, concurrency: int | None, folder: Path) -> li
             log.warning("sbatch failed (%s); retrying in %.0f s", text.strip()[:120], delay)
             time.sleep(delay)
             delay = min(delay * 2, 60)
-    ids = [job.job_id for job in jobs]
-    for cell_dir, job_id in zip(chunk.cell_dirs, ids):
-        ledger.append(cell_dir, "job", job_id=job_id)
-    return ids
+    return [job.job_id for job in jobs]

@@ -30,3 +30,15 @@ class CellJob(submitit.helpers.Checkpointable):
             ledger.append(Path(self.cell_dir), "requeued",
                           job_id=submitit.JobEnvironment().job_id)
         return submitit.helpers.DelayedSubmission(CellJob(self.cell_dir))
+
+
+class PostJob:
+    """A cell's post-training chain (sft_grid/post.py), as a Slurm job that waits for the cell's training."""
+
+    def __init__(self, cell_dir: str) -> None:
+        self.cell_dir = cell_dir
+
+    def __call__(self) -> bool:
+        from sft_grid import post
+
+        return post.run(self.cell_dir, post.IN_JOB)

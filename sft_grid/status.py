@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 from typing import Iterable
 
-from sft_grid import ledger, report
+from sft_grid import ledger, post, report
 
 
-HEADERS = ("cell", "state", "job", "elapsed", "progress", "reason")
+# post: the post-training chain (sft_grid/post.py): "done", or its first unfinished stage and that stage's state
+HEADERS = ("cell", "state", "job", "elapsed", "progress", "post", "reason")
 
 
 def rows(cell_dirs: Iterable[Path]) -> list[tuple[str, ...]]:
@@ -27,7 +28,9 @@ def rows(cell_dirs: Iterable[Path]) -> list[tuple[str, ...]]:
     out = []
     for cell_dir in dirs:
         st = ledger.state_of(cell_dir, jobs=jobs, history=histories[cell_dir])
-        out.append((cell_dir.name, st.state.value, st.job_id, st.elapsed, report.progress_text(st), st.reason))
+        chain, why = post.summary(cell_dir, histories[cell_dir], jobs) if st.state is ledger.State.COMPLETED else ("", "")
+        out.append((cell_dir.name, st.state.value, st.job_id, st.elapsed, report.progress_text(st), chain,
+                    st.reason or why))
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from sft_grid import schema
 from sft_grid.plan import Cell
-from sft_grid.templates import SUGGESTED, TEMPLATES, TOKENIZER_FAMILIES
+from sft_grid.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.timefmt import parse_minutes
 
 MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
@@ -137,11 +137,14 @@ def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
         yield _problem(cell, "model.tokenizer_family", model.tokenizer_family, "tokenizer-family", "unknown tokenizer family",
                        f"use one of {', '.join(sorted(TOKENIZER_FAMILIES))} in conf/model/{model.name}.yaml")
     elif family != template.family:
+        delphi = (" (Delphi checkpoints carry the Llama-3 tokenizer with think/tool tokens in its reserved slots;"
+                  " they train with the delphi template: Llama-3 turns plus those tokens)"
+                  if model.tokenizer_family == "delphi" else "")
         yield _problem(
             cell, "model.template", model.template, "template-tokenizer",
             f"writes {template.family} tokens ({', '.join(template.special_tokens[:2])}, ...) but model {model.name!r} has a"
-            f" {model.tokenizer_family} tokenizer: every example would be split into pieces of those strings",
-            f"model.template={SUGGESTED[family]}",
+            f" {model.tokenizer_family} tokenizer: every example would be split into pieces of those strings{delphi}",
+            f"model.template={SUGGESTED_FOR_TOKENIZER.get(model.tokenizer_family, SUGGESTED[family])}",
         )
 
 
@@ -173,17 +176,55 @@ def training_numbers(cell: Cell) -> Iterator[Problem]:
         yield _problem(cell, "save_steps", s.save_steps, "positive", "must be >= 1", "e.g. save_steps=500")
 
 
+_HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
 def hub_upload(cell: Cell) -> Iterator[Problem]:
+    """The upload is a post-training stage (sft_grid/post.py), so a site without internet on its compute
+    nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
     s = cell.spec
+    if s.register_db and not s.push_to_hub:
+        yield _problem(cell, "register_db", True, "register-needs-upload",
+                       "database registration names the uploaded Hub repository, and this cell uploads nothing",
+                       "push_to_hub=true with a hub_model_id, or register_db=false")
+    if s.register_db and not s.register_command:
+        yield _problem(cell, "register_command", [], "register-command",
+                       "register_db=true but no command registers the model (sft_grid ships no database client)",
+                       "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false")
     if not s.push_to_hub:
         return
     if not s.hub_model_id:
         yield _problem(cell, "hub_model_id", s.hub_model_id, "hub-id", "push_to_hub=true needs a hub repository id",
-                       "set hub_model_id=<org>/<name>, or push_to_hub=false")
-    if not s.cluster.internet_on_compute:
-        yield _problem(cell, "push_to_hub", True, "hub-offline",
-                       f"cluster {s.cluster.name!r} has no internet on compute nodes: the trainer's push would crash the job",
-                       "push_to_hub=false (upload from a node with internet after training)")
+                       "set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false")
+    elif "{" in s.hub_model_id or not _HUB_REPO.match(s.hub_model_id) or len(s.hub_model_id.split("/")[1]) > 96:
+        yield _problem(cell, "hub_model_id", s.hub_model_id, "hub-id",
+                       "not a Hub repository id <org>/<name> (letters, digits, - _ . ; name at most 96 characters;"
+                       " the placeholders are {key}, {name}, {model} and {data})",
+                       "e.g. hub_model_id=laion/{model}-sft-{key}")
+
+
+def backend_env_meets_needs(cell: Cell) -> Iterator[Problem]:
+    from sft_grid import env
+
+    s = cell.spec
+    path, unmet = env.select(s)
+    if unmet:
+        yield _problem(
+            cell, f"cluster.need_envs.{unmet}.{s.backend.name}", None, "env-need",
+            f"model {s.model.name!r} needs {env.ENV_NEEDS[unmet]}, and cluster {s.cluster.name!r} names no"
+            f" {s.backend.name} environment that has it (its environment {path} is not declared to)",
+            f"name one in conf/cluster/{s.cluster.name}.yaml: need_envs: {{{unmet}: {{{s.backend.name}: <env dir>}}}}"
+            f" (or '+cluster.need_envs.{unmet}={{{s.backend.name}:<env dir>}}' on the command line)")
+    from sft_grid import zero
+
+    if zero.needed(cell) and path == env.managed_for(s) and "deepspeed" not in s.backend.provides:
+        # a site's own environment is the site's business; the managed one is known not to have DeepSpeed
+        yield _problem(
+            cell, "backend", s.backend.name, "env-deepspeed",
+            f"model {s.model.name!r} trains with DeepSpeed ZeRO-3 (needs: zero3), and the managed {s.backend.name}"
+            f" environment {path} has no DeepSpeed",
+            "backend=axolotl (its managed environment has DeepSpeed), or name a site environment with DeepSpeed:"
+            f" cluster.backend_envs.{s.backend.name}=<env dir>")
 
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -202,9 +243,26 @@ def safe_names(cell: Cell) -> Iterator[Problem]:
                            f"rename it, e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', name).strip('_') or 'name'}")
 
 
+def axolotl_can_train(cell: Cell) -> Iterator[Problem]:
+    """What the axolotl backend cannot express is an error here, never a silently different run."""
+    s = cell.spec
+    if s.backend.name != "axolotl":
+        return
+    if s.finetuning_type == "freeze":
+        yield _problem(cell, "finetuning_type", s.finetuning_type, "axolotl-finetuning",
+                       "axolotl has no freeze fine-tuning (LLaMA-Factory's freeze_trainable_layers)",
+                       "finetuning_type=full or finetuning_type=lora, or backend=llamafactory")
+    template = TEMPLATES.get(s.model.template)
+    if template is not None and not (template.axolotl or template.jinja):
+        yield _problem(cell, "model.template", s.model.template, "axolotl-template",
+                       "axolotl has no template of this name and sft_grid ships no jinja for it",
+                       "add its axolotl name (or a jinja file) to sft_grid/templates.py, or backend=llamafactory")
+
+
 RULES: tuple[Rule, ...] = (
     safe_names,
     batch_divisible, mix_matches, wall_time, template_fits_tokenizer, choices, training_numbers, hub_upload,
+    backend_env_meets_needs, axolotl_can_train,
 )
 
 

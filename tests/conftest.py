@@ -70,3 +70,11 @@ def tiny_assets() -> Path:
 
     env.build("llamafactory")
     return assets.build()
+
+
+@pytest.fixture(scope="session")
+def axolotl_env(tiny_assets: Path) -> Path:
+    """The managed axolotl environment (built on first use, about 3-5 minutes), with the tiny assets."""
+    from sft_grid import env
+
+    return env.build("axolotl")

@@ -108,13 +108,14 @@ def test_layout(built: Path) -> None:
     assert sorted(p.name for p in built.iterdir()) == ["data", "models"]  # no staging dirs left behind
     data_files = sorted(p.name for p in (built / "data").iterdir())
     assert data_files == [".complete", "tiny_messages.jsonl", "tiny_sharegpt.jsonl"]
-    assert sorted(p.name for p in (built / "models").iterdir()) == [".complete", "tiny-llama3", "tiny-qwen3"]
+    assert sorted(p.name for p in (built / "models").iterdir()) == [".complete", "tiny-delphi", "tiny-llama3", "tiny-qwen3"]
     for name in assets.MODELS:
         model_dir = built / "models" / name
         for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             assert (model_dir / file).is_file(), model_dir / file
-        # transformers 5 keeps the chat template in its own file, not in tokenizer_config.json.
-        assert (model_dir / "chat_template.jinja").is_file()
+        # transformers 5 keeps the chat template in its own file, not in tokenizer_config.json; a Delphi base
+        # checkpoint (tiny-delphi) has none: the cell's delphi template gives it one
+        assert (model_dir / "chat_template.jinja").is_file() == (name != "tiny-delphi")
 
 
 def test_tokenizers_and_models_load_in_backend_env(built: Path) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sft_grid.paths import CONF_DIR
+
 from .conftest import run_sft
 
 
@@ -34,15 +36,18 @@ def test_users_command_dry_runs_here_with_hub_checks_deferred(tmp_path):
     dirs = cell_dirs(tmp_path)
     assert len(dirs) == 2
     deferred = json.loads((dirs[0] / "preflight.json").read_text())["deferred"]
-    assert {(d["kind"], d["key"]) for d in deferred} == {("template_tokens", "model.template")}  # the data is local
+    # the data is local; the loss-mask check of its data needs the hub tokenizer too
+    assert {(d["kind"], d["key"]) for d in deferred} == {("template_tokens", "model.template"),
+                                                         ("loss_mask", "dataset.tiny_messages")}
     assert not (dirs[0] / "events.jsonl").exists()  # a dry run submits nothing: the ledger starts at submission
 
 
 def test_hydra_sweep_grammar(tmp_path, tiny_assets):
     proc = run_sft("-m", "model=glob(tiny_*)", "seed=range(1,3)", "lr=choice(1e-4,2e-4)", "dry_run=true",
                    f"runs_root={tmp_path}", check=True)
-    assert len(cell_dirs(tmp_path)) == 8, proc.stdout
-    assert "8 cell(s) rendered" in proc.stdout
+    models = len(list((CONF_DIR / "model").glob("tiny_*.yaml")))  # tiny_llama, tiny_qwen3, tiny_delphi
+    assert len(cell_dirs(tmp_path)) == models * 4, proc.stdout
+    assert f"{models * 4} cell(s) rendered" in proc.stdout
 
 
 def test_dry_run_table_has_what_users_check(tmp_path, tiny_assets):

@@ -56,9 +56,11 @@ def test_hub_inputs_are_deferred_to_the_job_not_skipped(make_cells, tmp_path, mo
     kinds = {(c.kind, c.target) for c in result.deferred[cells[0].name]}
     assert kinds == {("template_tokens", "Qwen/Qwen3-8B"),
                      ("assistant_turns", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"),
-                     ("assistant_turns", "laion/llama-nemotron-science-reasoning-on-le3000tok-100k-canonical-think")}
-    # deduplicated: the second cell shares the tokenizer and magpie checks
-    assert result.unique_checks == 3
+                     ("assistant_turns", "laion/llama-nemotron-science-reasoning-on-le3000tok-100k-canonical-think"),
+                     ("loss_mask", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"),
+                     ("loss_mask", "laion/llama-nemotron-science-reasoning-on-le3000tok-100k-canonical-think")}
+    # deduplicated: the second cell shares the tokenizer, magpie and magpie loss-mask checks
+    assert result.unique_checks == 5
     # at job time the same check runs again and an input still unreadable fails the job
     (_, outcome), *_ = run_deferred(result.deferred[cells[1].name][:1])
     assert not outcome.ok and "not readable from this machine" in outcome.message

@@ -84,7 +84,7 @@ def test_files_are_written_cell_yaml_last_and_atomically(make_cells, tmp_path):
     rendered = render(cell, tmp_path / "c", [])
     write(rendered)
     names = sorted(p.name for p in rendered.dir.iterdir())
-    assert names == ["cell.yaml", "dataset_info.json", "launch.sh", "train_config.yaml"]
+    assert names == ["cell.yaml", "dataset_info.json", "launch.sh", "post.json", "train_config.yaml"]
     assert os.access(rendered.dir / "launch.sh", os.X_OK)
     assert yaml.safe_load((rendered.dir / "cell.yaml").read_text()) == dict(cell.config)
     # rewriting an existing cell replaces its files in place and reports it is not new

@@ -31,8 +31,11 @@ def set_user_env(monkeypatch: pytest.MonkeyPatch, group: str, option: str) -> li
 @pytest.mark.parametrize("group, option", SHIPPED)
 def test_every_option_composes_and_validates(hydra_loader, monkeypatch, group, option):
     set_user_env(monkeypatch, group, option)
-    config = hydra_plain([f"{group}={option}"])
-    cell = plan_cell([f"{group}={option}"], config)
+    overrides = [f"{group}={option}"]
+    if group == "model" and "zero3" in yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text())["needs"]:
+        overrides.append("backend=axolotl")  # the managed environment with DeepSpeed (test_post checks the other)
+    config = hydra_plain(overrides)
+    cell = plan_cell(overrides, config)
     assert validate([cell]) == []
 
 
@@ -55,7 +58,9 @@ def test_real_models_name_their_hub_ids():
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
-def test_every_sweep_dry_runs(sweep, tmp_path, tiny_assets):
+def test_every_sweep_dry_runs(sweep, tmp_path, tiny_assets, monkeypatch):
+    for site in sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml")):  # a sweep may name its cluster
+        set_user_env(monkeypatch, "cluster", site)
     proc = run_sft("-m", f"+sweep={sweep}", "dry_run=true", f"runs_root={tmp_path}", check=True)
     assert "nothing submitted" in proc.stdout
     assert any(tmp_path.rglob("cell.yaml"))

@@ -67,7 +67,8 @@ def cleanup_jobs():
 
 
 def events(cell: Path) -> list[dict]:
-    return ledger.events(cell)
+    """The cell's training events (the post-training chain's own are tested in test_post.py)."""
+    return [e for e in ledger.events(cell) if e["event"] not in ("stage", "post_job")]
 
 
 def test_grid_is_one_throttled_array_then_skipped(tmp_path, tiny_assets, cleanup_jobs):

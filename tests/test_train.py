@@ -21,7 +21,9 @@ def cells(root: Path, sweep: str = "default") -> dict[str, Path]:
 
 
 def events(cell: Path) -> list[dict]:
-    return [json.loads(line) for line in (cell / "events.jsonl").read_text().splitlines()]
+    """The cell's training events (the post-training chain's own are tested in test_post.py)."""
+    return [e for e in map(json.loads, (cell / "events.jsonl").read_text().splitlines())
+            if e["event"] not in ("stage", "post_job")]
 
 
 def trainer_state(output: Path) -> dict:
@@ -56,10 +58,11 @@ def test_failed_cell_is_reported_skipped_then_rerun_on_request(tmp_path, tiny_as
     broken = run_sft("-m", *common, f"+cluster.backend_envs.llamafactory={tmp_path}/no-env", "seed=1,2")
     assert broken.returncode == 1
     assert "2 cell(s) failed" in broken.stderr
-    assert "failed" in broken.stdout and "backend exited with 127" in broken.stdout
+    # the job's first step (the loss-mask check, deferred: the environment is not on this machine) names it
+    assert "failed" in broken.stdout and "no python at" in broken.stdout
     (cell, *_) = cells(tmp_path).values()
     last = events(cell)[-1]
-    assert last["event"] == "failed" and "no-env/bin/llamafactory-cli" in last["reason"]
+    assert last["event"] == "failed" and "no-env/bin/python" in last["reason"]
 
     skipped = run_sft("-m", *common, "seed=1,2", check=True)
     assert "2 failed" in skipped.stdout and "rerun_failed=true reruns it" in skipped.stdout

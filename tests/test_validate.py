@@ -55,7 +55,9 @@ def test_wall_time_over_the_cluster_maximum(make_cells):
 def test_chatml_template_on_a_llama3_tokenizer(make_cells):
     p = only(problems_of(make_cells, "model=delphi", "model.template=qwen3"), "template-tokenizer")
     assert p.key == "model.template" and p.value == "qwen3"
-    assert "delphi tokenizer" in p.message and p.fix == "model.template=llama3"
+    assert "delphi tokenizer" in p.message and p.fix == "model.template=delphi"
+    p = only(problems_of(make_cells, "model=tiny_llama", "model.template=qwen3"), "template-tokenizer")
+    assert "llama3 tokenizer" in p.message and p.fix == "model.template=llama3"
     p = only(problems_of(make_cells, "model=qwen3_8b", "model.template=llama3"), "template-tokenizer")
     assert p.fix == "model.template=qwen3"
     p = only(problems_of(make_cells, "model.template=lama3"), "template-known")
@@ -69,7 +71,11 @@ def test_other_rules(make_cells):
     assert only(problems_of(make_cells, "finetuning_type=qlora"), "choice").key == "finetuning_type"
     p = only(problems_of(make_cells, "push_to_hub=true"), "hub-id")
     assert "hub_model_id" in p.fix
-    assert only(problems_of(make_cells, "push_to_hub=true", "hub_model_id=org/x"), "hub-offline").key == "push_to_hub"
+    # the upload is a post-training stage: no internet on compute nodes is no error (it waits for the login node)
+    assert problems_of(make_cells, "push_to_hub=true", "hub_model_id=org/x") == []
+    assert only(problems_of(make_cells, "push_to_hub=true", "hub_model_id='org/{nope}'"), "hub-id").key == "hub_model_id"
+    assert only(problems_of(make_cells, "register_db=true", "push_to_hub=true", "hub_model_id=org/x"),
+                "register-command").key == "register_command"
 
 
 def test_all_problems_of_all_cells_are_reported_at_once(make_cells):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from sft_grid.backends import llamafactory
+from sft_grid.backends import axolotl, llamafactory
 
-BACKENDS: dict[str, ModuleType] = {llamafactory.NAME: llamafactory}
+BACKENDS: dict[str, ModuleType] = {m.NAME: m for m in (llamafactory, axolotl)}
 
 
 def get(name: str) -> ModuleType:

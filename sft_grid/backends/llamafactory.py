@@ -10,11 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sft_grid import prep
+from sft_grid.backends import common
 from sft_grid.plan import Cell, is_local
+from sft_grid.templates import TEMPLATES
 
 NAME = "llamafactory"
 CONFIG_FILE = "train_config.yaml"
 DATASET_INFO = "dataset_info.json"
+# Runs LLaMA-Factory with sft_grid's own jinja templates registered in each training process
+WRAPPER = Path(__file__).resolve().parent.parent / "probes" / "sft_grid_lf.py"
+
+
+def template_file(cell: Cell) -> str | None:
+    """The cell's copy of its template's jinja (a template LLaMA-Factory does not ship), if any: copied into
+    the cell directory so that the job trains with the template as rendered, whatever conf/ or the
+    checkout says later, and a person sees it next to train_config.yaml."""
+    template = TEMPLATES.get(cell.spec.model.template)
+    return f"{template.name}.jinja" if template is not None and template.jinja else None
 
 
 def dataset_info(cell: Cell) -> dict[str, Any]:
@@ -37,7 +50,7 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     cfg: dict[str, Any] = dict(s.backend.train_defaults)
     cfg.update(
         {
-            "model_name_or_path": s.model.path or s.model.hub_id,
+            "model_name_or_path": prep.model_source(cell),
             "template": s.model.template,
             "finetuning_type": s.finetuning_type,
             "dataset_dir": str(cell_dir),
@@ -59,15 +72,12 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
             "adam_beta2": s.adam_beta2,
             "seed": s.seed,
             "report_to": s.report_to,
-            "push_to_hub": s.push_to_hub,
+            # the upload is the cell's post-training stage (sft_grid/post.py), after consolidation and the
+            # tokenizer check, never the trainer's own push (which crashes on offline nodes)
+            "push_to_hub": False,
         }
     )
-    if s.max_steps > 0:
-        cfg["max_steps"] = s.max_steps
-    if s.save_total_limit is not None:
-        cfg["save_total_limit"] = s.save_total_limit
-    if s.hub_model_id:
-        cfg["hub_model_id"] = s.hub_model_id
+    cfg.update(common.optional_keys(cell, cell_dir))
     if s.mix.strategy != "concat":
         cfg["mix_strategy"] = s.mix.strategy
         cfg["interleave_probs"] = ",".join(repr(float(p)) for p in s.mix.probs or ())
@@ -81,18 +91,29 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 
 def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
-    """Structured files of the cell, as data: the renderer dumps each once."""
-    return {CONFIG_FILE: train_config(cell, cell_dir), DATASET_INFO: dataset_info(cell)}
+    """Structured files of the cell, as data: the renderer dumps each once (text as it is)."""
+    out: dict[str, Any] = {CONFIG_FILE: train_config(cell, cell_dir), DATASET_INFO: dataset_info(cell)}
+    jinja = template_file(cell)
+    if jinja:
+        out[jinja] = TEMPLATES[cell.spec.model.template].jinja_text()
+    return out
 
 
 def command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
     """The training command. Several ranks with `launcher: accelerate`: accelerate starts LLaMA-Factory's
     training module on each node (the variables are set by launch.sh from the Slurm allocation); otherwise
-    LLaMA-Factory's CLI, which starts torchrun itself when FORCE_TORCHRUN is set."""
+    LLaMA-Factory's CLI, which starts torchrun itself when FORCE_TORCHRUN is set. A template of sft_grid's own
+    (a jinja file) goes through the wrapper, which registers it in every process before LLaMA-Factory runs."""
     config = str(cell_dir / CONFIG_FILE)
+    jinja = template_file(cell)
+    wrapper = [str(WRAPPER), "--template", f"{cell.spec.model.template}={cell_dir / jinja}"] if jinja else []
     if cell.world_size > 1 and cell.spec.cluster.launcher == "accelerate":
-        device = ["--multi_gpu"]
-        return [str(env_bin / "accelerate"), "launch", *device, "--num_machines=${NNODES}",
-                "--machine_rank=${NODE_RANK}", "--main_process_ip=${MASTER_ADDR}", "--main_process_port=${MASTER_PORT}",
-                "--num_processes=${WORLD_SIZE}", "-m", "llamafactory.launcher", config]
+        return [*common.accelerate(env_bin), *(wrapper or ["-m", "llamafactory.launcher"]), config]
+    if wrapper:
+        return [str(env_bin / "python"), *wrapper, "train", config]
     return [str(env_bin / cell.spec.backend.entrypoint[0]), *cell.spec.backend.entrypoint[1:], config]
+
+
+def resume_args(checkpoint: Path) -> list[str]:
+    """launch.sh arguments that resume from a checkpoint: LLaMA-Factory's CLI takes key=value overrides."""
+    return [f"resume_from_checkpoint={checkpoint}"]

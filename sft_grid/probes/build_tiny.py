@@ -6,7 +6,7 @@ which the orchestrator must never import), so it is standalone: it does not impo
 
     <backend env>/bin/python build_tiny.py OUT_DIR
 
-writes OUT_DIR/models/tiny-llama3/ and OUT_DIR/models/tiny-qwen3/. The recipe, including the order of its
+writes OUT_DIR/models/tiny-llama3/, OUT_DIR/models/tiny-qwen3/ and OUT_DIR/models/tiny-delphi/. The recipe, including the order of its
 steps (which fixes the random weights), is research/feas_llamafactory.md section 2.
 """
 
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 VOCAB = 1000
@@ -67,6 +67,38 @@ QWEN3_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+# Llama-3's layout, as Delphi checkpoints carry it: 128000 BPE entries, then 256 special tokens at fixed ids,
+# most of them reserved slots (the Delphi tokenizer prep renames six of those to its think/tool tokens)
+LLAMA3_BPE_SIZE = 128000
+LLAMA3_NAMED = {
+    128000: "<|begin_of_text|>",
+    128001: "<|end_of_text|>",
+    128004: "<|finetune_right_pad_id|>",
+    128006: "<|start_header_id|>",
+    128007: "<|end_header_id|>",
+    128008: "<|eom_id|>",
+    128009: "<|eot_id|>",
+    128010: "<|python_tag|>",
+}
+# Llama-3's pre-tokenizer split (digits in groups of three, newlines apart)
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+
+
+def llama3_specials() -> list[str]:
+    """The 256 special tokens of Llama-3 in id order: the named ones, the rest reserved_special_token_<n>."""
+    names, reserved = [], 0
+    for token_id in range(LLAMA3_BPE_SIZE, LLAMA3_BPE_SIZE + 256):
+        if token_id in LLAMA3_NAMED:
+            names.append(LLAMA3_NAMED[token_id])
+        else:
+            names.append(f"<|reserved_special_token_{reserved}|>")
+            reserved += 1
+    return names
 
 
 def training_lines() -> list[str]:
@@ -118,8 +150,8 @@ def llama3_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
     return tok
 
 
-def llama3_model(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    cfg = LlamaConfig(
+def llama3_model(tok: PreTrainedTokenizerFast, **overrides: object) -> LlamaForCausalLM:
+    settings = dict(
         vocab_size=len(tok),
         hidden_size=64,
         intermediate_size=128,
@@ -133,7 +165,7 @@ def llama3_model(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
         tie_word_embeddings=False,
         rope_theta=10000.0,
     )
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(LlamaConfig(**{**settings, **overrides}))
 
 
 def qwen3_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
@@ -165,6 +197,43 @@ def qwen3_model(tok: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
         tie_word_embeddings=True,
     )
     return Qwen3ForCausalLM(cfg)
+
+
+def delphi_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
+    """A Llama-3-layout tokenizer without a chat template, like a Delphi base checkpoint: a small trained BPE
+    padded to 128000 entries with filler that no merge can produce, then Llama-3's 256 specials."""
+    split = pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    trained.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    state = json.loads(trained.to_str())["model"]
+    vocab = dict(state["vocab"])
+    for i in range(len(vocab), LLAMA3_BPE_SIZE):
+        vocab[f"<filler_{i}>"] = i  # unreachable: no merge produces it
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in llama3_specials()])
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                      special_tokens=[("<|begin_of_text|>", LLAMA3_BPE_SIZE)]),
+    ])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|end_of_text|>",
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def delphi_model(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    # hidden 32: the 128256-row embeddings (untied, as in Delphi) are most of its ~8M parameters
+    return llama3_model(tok, hidden_size=32, intermediate_size=64, rope_theta=500000.0)
 
 
 def save_atomically(models_dir: Path, name: str, tok: PreTrainedTokenizerFast, model: torch.nn.Module) -> Path:
@@ -216,6 +285,11 @@ def main(argv: list[str]) -> int:
 
     qwen_tok = qwen3_tokenizer(lines)
     print(save_atomically(models_dir, "tiny-qwen3", qwen_tok, qwen3_model(qwen_tok)))
+
+    # last, so that the two models above keep their weights; seeded on its own
+    torch.manual_seed(1)
+    delphi_tok = delphi_tokenizer(lines)
+    print(save_atomically(models_dir, "tiny-delphi", delphi_tok, delphi_model(delphi_tok)))
     return 0
 
 

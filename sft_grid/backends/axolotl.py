@@ -1,0 +1,242 @@
+"""A cell as axolotl's own file: axolotl_config.yaml, the data step an interleaved mix needs, and the command.
+
+Every dataset gets its own `datasets` entry with its own column, role/content fields and role mapping, so a
+ShareGPT (from/value, human/gpt) source and a role/content source both keep their assistant turns. axolotl
+has no interleaving: a cell with `mix.strategy=interleave_*` runs a seeded data step first
+(probes/mix_data.py, with the datasets library's own interleave_datasets, exactly as LLaMA-Factory mixes)
+and the config trains on the one file it writes. The project's axolotl plugins (probes/sft_grid_axolotl.py)
+keep the chat template in tokenizer_config.json of every checkpoint and write the trainer state at the output
+root, as every backend's output must hold it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sft_grid import prep, zero
+from sft_grid.backends import common
+from sft_grid.plan import Cell, is_local
+from sft_grid.schema import DatasetConf, DatasetTags
+from sft_grid.templates import TEMPLATES
+
+NAME = "axolotl"
+CONFIG_FILE = "axolotl_config.yaml"
+MIX_SPEC = "mix.json"
+MIX_DATA = "data/mix.jsonl"
+PREPARED_DIR = "prepared"
+PROBES = Path(__file__).resolve().parent.parent / "probes"
+MIX_PROBE = PROBES / "mix_data.py"
+PLUGINS = ("sft_grid_axolotl.TemplateIntegrityPlugin", "sft_grid_axolotl.OutputPlugin")
+ZERO_CPU_PLUGIN = "zero_cpu.GlooPreInit"
+# the datasets library's stopping strategy of each interleave strategy, as LLaMA-Factory maps them
+STOPPING = {"interleave_under": "first_exhausted", "interleave_over": "all_exhausted"}
+# file suffix -> axolotl's ds_type for a local file
+_DS_TYPES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+
+
+def role_map(tags: DatasetTags) -> dict[str, list[str]]:
+    """axolotl's `roles` ({target role: [values in the data]}) from a dataset's tags. A function-call turn
+    is the model's own output, trained like an assistant turn (as LLaMA-Factory does)."""
+    roles: dict[str, list[str]] = {"user": [tags.user_tag], "assistant": [tags.assistant_tag]}
+    if tags.function_tag:
+        roles["assistant"].append(tags.function_tag)
+    if tags.system_tag:
+        roles["system"] = [tags.system_tag]
+    if tags.observation_tag:
+        roles["tool"] = [tags.observation_tag]
+    return roles
+
+
+def _chat_entry(path: str, messages: str, tags: DatasetTags) -> dict[str, Any]:
+    return {
+        "path": path,
+        "type": "chat_template",
+        "field_messages": messages,
+        "message_property_mappings": {"role": tags.role_tag, "content": tags.content_tag},
+        "roles": role_map(tags),
+        "roles_to_train": ["assistant"],
+        "train_on_eos": "turn",
+    }
+
+
+def dataset_entry(ds: DatasetConf) -> dict[str, Any]:
+    """One `datasets` entry: a local file (ds_type from its suffix) or a hub id with its split."""
+    if is_local(ds.source):
+        local = Path(ds.source).expanduser()
+        entry = _chat_entry(str(local), ds.messages, ds.tags)
+        if local.suffix in _DS_TYPES:
+            entry["ds_type"] = _DS_TYPES[local.suffix]
+    else:
+        entry = _chat_entry(ds.source, ds.messages, ds.tags)
+        entry["split"] = ds.split
+    return entry
+
+
+def interleaved(cell: Cell) -> bool:
+    return cell.spec.mix.strategy in STOPPING
+
+
+def mix_spec(cell: Cell, cell_dir: Path) -> dict[str, Any]:
+    """What probes/mix_data.py reads: each source with its own fields and role mapping, the probabilities,
+    the seed and the stopping strategy; it writes role/content messages to MIX_DATA."""
+    s = cell.spec
+    sources = []
+    for name, ds in s.dataset.items():
+        local = is_local(ds.source)
+        sources.append({
+            "name": name,
+            "source": str(Path(ds.source).expanduser()) if local else ds.source,
+            "local": local,
+            "split": ds.split,
+            "messages": ds.messages,
+            "role_tag": ds.tags.role_tag,
+            "content_tag": ds.tags.content_tag,
+            # value in the data -> role
+            "roles": {value: role for role, values in role_map(ds.tags).items() for value in values},
+        })
+    return {"sources": sources, "probs": [float(p) for p in s.mix.probs or ()], "seed": s.seed,
+            "stopping_strategy": STOPPING[s.mix.strategy], "output": str(cell_dir / MIX_DATA)}
+
+
+def datasets(cell: Cell, cell_dir: Path) -> list[dict[str, Any]]:
+    if interleaved(cell):
+        entry = _chat_entry(str(cell_dir / MIX_DATA), "messages", DatasetTags())
+        entry["ds_type"] = "json"
+        return [entry]
+    return [dataset_entry(ds) for ds in cell.spec.dataset.values()]
+
+
+def chat_template(cell: Cell) -> dict[str, Any]:
+    """axolotl's template of the same name, or sft_grid's own jinja text inline (`chat_template: jinja`)."""
+    template = TEMPLATES[cell.spec.model.template]
+    if template.jinja:
+        return {"chat_template": "jinja", "chat_template_jinja": template.jinja_text(),
+                **({"eot_tokens": [template.eot]} if template.eot else {})}
+    return {"chat_template": template.axolotl}
+
+
+def attention(cell: Cell) -> str:
+    """sdpa on GPUs: torch's own kernels (flash and memory-efficient attention inside), no flash-attn build
+    to match each site's CUDA, and the only choice on aarch64 (GH200) where flash-attn wheels are missing;
+    eager on CPU clusters, where sdpa buys nothing for tiny models."""
+    if cell.spec.cluster.gpus_per_node == 0:
+        return "eager"
+    return "sdpa"
+
+
+def precision(cell: Cell) -> dict[str, Any]:
+    """bf16 weights on GPU sites. axolotl 0.19 has no `pure_bf16` key (an unknown key is silently dropped):
+    `bf16: true` loads the model in bfloat16 (torch_dtype), so there are no fp32 master weights (which would
+    OOM an 8B on 96 GiB). Elsewhere fp32, said explicitly: axolotl's bf16 `auto` falls back to fp16."""
+    if cell.spec.cluster.precision == "bf16":
+        return {"bf16": True, "bfloat16": True, "fp16": False, "tf32": True}
+    return {"bf16": False, "fp16": False, "tf32": False}
+
+
+def reporting(cell: Cell) -> dict[str, Any]:
+    """W&B: one run per cell, named after it, in a project named after the grid; the run id comes from
+    launch.sh (WANDB_RUN_ID), so a requeued job continues the same run."""
+    s = cell.spec
+    if s.report_to == "wandb":
+        return {"use_wandb": True, "wandb_project": s.sweep_name, "wandb_name": cell.name,
+                "wandb_mode": s.cluster.env.get("WANDB_MODE", "online")}
+    out: dict[str, Any] = {"use_wandb": False, "wandb_mode": "disabled"}
+    if s.report_to == "tensorboard":
+        out["use_tensorboard"] = True
+    return out
+
+
+def finetuning(cell: Cell) -> dict[str, Any]:
+    """LoRA as LLaMA-Factory's defaults have it (rank 8, alpha 16, every linear layer); full otherwise."""
+    if cell.spec.finetuning_type == "lora":
+        return {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_linear": True}
+    return {}
+
+
+def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
+    s = cell.spec
+    cfg: dict[str, Any] = dict(s.backend.train_defaults)
+    cfg.update({
+        # a prepared copy where the model needs one (the Delphi tokenizer prep), as for every backend
+        "base_model": prep.model_source(cell),
+        **chat_template(cell),
+        "datasets": datasets(cell, cell_dir),
+        "dataset_prepared_path": str(cell_dir / PREPARED_DIR),
+        "output_dir": str(cell_dir / "output"),
+        "sequence_len": s.cutoff_len,
+        "micro_batch_size": s.micro_batch_size,
+        "gradient_accumulation_steps": cell.grad_accum,
+        "learning_rate": s.lr,
+        "num_epochs": s.epochs,
+        "lr_scheduler": s.scheduler,
+        "warmup_ratio": s.warmup_ratio,
+        "weight_decay": s.weight_decay,
+        "adam_beta1": s.adam_beta1,
+        "adam_beta2": s.adam_beta2,
+        "max_grad_norm": s.max_grad_norm,
+        "seed": s.seed,
+        "logging_steps": s.logging_steps,
+        "save_steps": s.save_steps,
+        "auto_resume_from_checkpoints": True,
+        "attn_implementation": attention(cell),
+        **precision(cell),
+        **reporting(cell),
+        **finetuning(cell),
+        # the template goes into tokenizer_config.json (serving stacks read only that), never a side file
+        "tokenizer_save_jinja_files": False,
+        "plugins": plugins(cell),
+    })
+    # no hub_model_id: the upload is the cell's post-training stage (sft_grid/post.py), never the trainer's
+    cfg.update(common.optional_keys(cell, cell_dir))
+    cfg.update(s.extra)
+    return cfg
+
+
+def plugins(cell: Cell) -> list[str]:
+    """The project's plugins; on a CPU-only cluster a ZeRO-3 cell also gets DeepSpeed's process group started
+    over gloo (axolotl 0.19 starts it with NCCL, which CPU torch lacks: probes/zero_cpu.py)."""
+    extra = [ZERO_CPU_PLUGIN] if zero.needed(cell) and not cell.spec.cluster.gpus_per_node else []
+    return [*PLUGINS, *extra]
+
+
+def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
+    """Structured files of the cell, as data: the renderer dumps each once."""
+    out: dict[str, Any] = {CONFIG_FILE: train_config(cell, cell_dir)}
+    if interleaved(cell):
+        out[MIX_SPEC] = mix_spec(cell, cell_dir)
+    return out
+
+
+def env(cell: Cell) -> dict[str, str]:
+    """Variables launch.sh exports for axolotl (the cluster's own env wins): the project's plugins on the
+    path, no telemetry, and no hub where compute nodes have no internet."""
+    out = {"PYTHONPATH": str(PROBES), "AXOLOTL_DO_NOT_TRACK": "1"}
+    if not cell.spec.cluster.internet_on_compute:
+        out.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return out
+
+
+def pre_commands(cell: Cell, cell_dir: Path, env_bin: Path) -> list[list[str]]:
+    """Steps launch.sh runs before training: the interleaved mix (idempotent: a second run keeps the file)."""
+    if interleaved(cell):
+        return [[str(env_bin / "python"), str(MIX_PROBE), str(cell_dir / MIX_SPEC)]]
+    return []
+
+
+def command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
+    """One process: axolotl's CLI with the plain python launcher (no accelerate start-up). Several ranks:
+    torchrun or accelerate on each node (launch.sh sets the variables from the Slurm allocation) starting
+    axolotl's training module, so arguments after it (launch.sh's "$@") still reach axolotl."""
+    config = str(cell_dir / CONFIG_FILE)
+    module = ["-m", "axolotl.cli.train", config]
+    if cell.world_size > 1:
+        launcher = common.accelerate if cell.spec.cluster.launcher == "accelerate" else common.torchrun
+        return [*launcher(env_bin), *module]
+    return [str(env_bin / "axolotl"), "train", config, "--launcher", "python"]
+
+
+def resume_args(checkpoint: Path) -> list[str]:
+    """Nothing: the config's `auto_resume_from_checkpoints` resumes from the newest checkpoint-N in output/
+    (the one the runner found), also when a person runs launch.sh by hand."""
+    return []

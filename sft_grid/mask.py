@@ -1,0 +1,458 @@
+"""The loss-mask preflight: the backend's own preprocessing, run on a few rows of every data source, must
+train the assistant turns (think blocks included) and nothing of the prompt.
+
+A cell whose role tags, columns or template do not match its data trains on nothing, or on the prompt,
+without any error: the users' guide calls this "the #1 silent ruin". So before anything is queued, each
+(backend, backend env, tokenizer, template, dataset source and fields) of the grid is checked once:
+
+- the probe (sft_grid/probes/mask_probe.py) runs in the backend's environment, one process per
+  environment for the whole grid, and reports per row the tokens and which of them are trained;
+- `judge` (pure) decides from that token data: every assistant turn is trained (with its think block);
+  every trained span lies inside assistant content, apart from the template's special tokens and
+  whitespace (its end-of-turn token, an empty think block); no row is dropped or trains zero tokens.
+
+Probe results are cached on disk under <cache root>/preflight/, keyed by the check and the size and
+mtime of the tokenizer files, the data file, the probe and the backend environment, so invoking the same
+grid again pays no subprocess. Inputs not readable here (hub ids, a site's own environment) are deferred
+to the job's first step like every other preflight check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from sft_grid.paths import cache_root
+from sft_grid.plan import Cell, is_local
+from sft_grid.templates import TEMPLATES
+
+log = logging.getLogger(__name__)
+
+KIND = "loss_mask"
+MASK_ROWS = 8
+PROBE = Path(__file__).parent / "probes" / "mask_probe.py"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "added_tokens.json", "tokenizer.model")
+_THINK = re.compile(r"(<think>.*?</think>|<\|start_think\|>.*?<\|end_think\|>)", re.DOTALL)
+# LLaMA-Factory data arguments that change what is trained (the rest of train_config does not)
+_LF_DATA_KEYS = ("template", "train_on_prompt", "mask_history", "tool_format", "default_system", "enable_thinking",
+                 "preserve_thinking")
+
+# axolotl config keys that change what its chat_template strategy trains
+_AXOLOTL_CFG_KEYS = ("chat_template", "chat_template_jinja", "chat_template_kwargs", "train_on_inputs", "eot_tokens",
+                     "tokenizer_use_mistral_common")
+
+
+@dataclass
+class Stats:
+    """What the last preflight did: checks judged, probe results read from the cache, processes run."""
+
+    checks: int = 0
+    cached: int = 0
+    probed: int = 0
+    subprocesses: int = 0
+    seconds: float = 0.0
+
+
+STATS = Stats()
+
+
+# -- the checks of a cell ----------------------------------------------------------------------------------
+
+
+def _lf_spec(cell: Cell, name: str) -> tuple[str, dict[str, Any]]:
+    from sft_grid.backends import llamafactory
+
+    config = llamafactory.train_config(cell, Path("."))
+    data_args = {k: config[k] for k in _LF_DATA_KEYS if k in config}
+    spec: dict[str, Any] = {"data_args": data_args, "dataset_info": llamafactory.dataset_info(cell)[name]}
+    template = TEMPLATES.get(cell.spec.model.template)
+    if template is not None and template.jinja_path is not None:
+        # sft_grid's own template (delphi), registered in LLaMA-Factory's process as training does
+        spec["templates"] = {template.name: str(template.jinja_path)}
+    return str(config["model_name_or_path"] or ""), spec
+
+
+def _axolotl_spec(cell: Cell, name: str) -> tuple[str, dict[str, Any]]:
+    from sft_grid.backends import axolotl
+
+    config = axolotl.train_config(cell, Path("."))
+    cfg = {k: config[k] for k in _AXOLOTL_CFG_KEYS if k in config}
+    return str(config["base_model"] or ""), {"dataset": axolotl.dataset_entry(cell.spec.dataset[name]), "cfg": cfg}
+
+
+# backend -> (the tokenizer it loads, its own settings that decide the mask of one data source)
+SPECS: dict[str, Callable[[Cell, str], tuple[str, dict[str, Any]]]] = {"llamafactory": _lf_spec, "axolotl": _axolotl_spec}
+
+
+def env_python(cell: Cell) -> str:
+    from sft_grid.render import env_bin
+
+    return str(env_bin(cell) / "python")
+
+
+def checks_for(cell: Cell) -> list[Any]:
+    """One loss-mask check per data source of the cell; equal checks (shared inputs) run once."""
+    from sft_grid.preflight import Check
+
+    s = cell.spec
+    spec_of = SPECS.get(s.backend.name)
+    if spec_of is None:
+        return []
+    python = env_python(cell)
+    checks = []
+    for name, ds in s.dataset.items():
+        model, spec = spec_of(cell, name)
+        if not model:
+            continue
+        tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
+        checks.append(Check(KIND, f"dataset.{name}", ds.source, column=ds.messages, tags=tags, split=ds.split,
+                            backend=s.backend.name, python=python, model=model,
+                            spec=json.dumps(spec, sort_keys=True, default=str)))
+    return checks
+
+
+def root_causes(problems: Sequence[Any]) -> list[Any]:
+    """A loss-mask problem is left out where a cheaper check of the same cell already names its cause (the
+    tags or column of the same dataset, or a template the tokenizer cannot render): one problem, one fix."""
+    rule = f"preflight-{KIND}"
+    causes = {(p.cell, p.key) for p in problems if p.rule != rule}
+    causes |= {(p.cell, "*") for p in problems if p.rule == "preflight-template_tokens"}
+    return [p for p in problems if p.rule != rule or not ({(p.cell, p.key), (p.cell, "*")} & causes)]
+
+
+# -- running the probe -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Probed:
+    """A check's inputs as found here, or why it cannot run here."""
+
+    check: Any
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    model_dir: Path | None = None
+    data_file: Path | None = None
+    outcome: Any = None  # an Outcome when the check cannot (or need not) run here
+    result: dict[str, Any] | None = None  # the probe's answer
+
+
+def _stat(path: Path) -> list[Any]:
+    try:
+        st = path.stat()
+        return [str(path), st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [str(path), None]
+
+
+def _env_marker(python: str) -> Path:
+    from sft_grid.env import READY_MARKER
+
+    return Path(python).parent.parent / READY_MARKER
+
+
+def cache_key(p: Probed) -> str:
+    check = p.check
+    parts: list[Any] = [check.to_json(), MASK_ROWS, _stat(PROBE), _stat(_env_marker(check.python)), _stat(Path(check.python))]
+    assert p.model_dir is not None and p.data_file is not None
+    parts += [_stat(p.model_dir / f) for f in _TOKENIZER_FILES]
+    parts.append(_stat(p.data_file))
+    for jinja in json.loads(check.spec or "{}").get("templates", {}).values():
+        parts.append(_stat(Path(jinja)))
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def cache_dir() -> Path:
+    """<cache root>/preflight, or $SFT_GRID_PREFLIGHT_CACHE (tests and timing use a fresh one)."""
+    return Path(os.environ.get("SFT_GRID_PREFLIGHT_CACHE") or cache_root() / "preflight")
+
+
+def _locate(check: Any) -> Probed:
+    """Find the tokenizer, the data and the backend env here; otherwise say why the check waits for the job."""
+    from sft_grid.preflight import Outcome, data_files, locate, read_sample
+
+    p = Probed(check)
+    if not Path(check.python).is_file():
+        p.outcome = Outcome(False, f"the backend environment {Path(check.python).parent.parent} is not on this machine;"
+                            " the check runs as the first step of the job, before training", unreachable=True)
+        return p
+    for target, kind, what in ((check.model, "models", "tokenizer"), (check.target, "datasets", "dataset")):
+        where = locate(target, kind)
+        if where is None and is_local(target) and kind == "datasets":
+            p.outcome = Outcome(True)  # a missing local data path is reported by its own path check, once
+            return p
+        if where is None:
+            # a hub id, or a tokenizer the job prepares first (a missing model.path has its own path check)
+            p.outcome = Outcome(False, f"{what} {target!r} is not readable from this machine; the check runs as"
+                                " the first step of the job, before training", unreachable=True)
+            return p
+        if kind == "models":
+            p.model_dir = where
+    assert where is not None  # the data's location
+    try:
+        files = data_files(where)
+        p.data_file = files[0]
+        p.rows = read_sample(where, check.column, MASK_ROWS)
+    except ImportError:
+        p.outcome = Outcome(False, f"reading {where} needs pyarrow, which this environment lacks", unreachable=True)
+    except (OSError, ValueError) as exc:
+        p.outcome = Outcome(False, f"cannot read a sample of {where}: {exc}", "point the dataset's source at a data file")
+    return p
+
+
+def _job(p: Probed, job_id: str) -> dict[str, Any]:
+    c = p.check
+    return {"id": job_id, "backend": c.backend, "model": str(p.model_dir), "rows": p.rows, "column": c.column,
+            "tags": dict(c.tags), "spec": json.loads(c.spec or "{}")}
+
+
+def _run_probe(python: str, jobs: list[dict[str, Any]], env: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """One process of the backend's environment answers every job given."""
+    with tempfile.TemporaryDirectory(prefix="sft_grid_mask_") as tmp:
+        batch, out = Path(tmp) / "batch.json", Path(tmp) / "out.json"
+        batch.write_text(json.dumps(jobs, default=str))
+        run_env = {**os.environ, **(env or {}), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                   "TRANSFORMERS_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled",
+                   "TOKENIZERS_PARALLELISM": "false"}
+        run_env["PATH"] = f"{Path(python).parent}:{run_env.get('PATH', '')}"
+        STATS.subprocesses += 1
+        proc = subprocess.run([python, str(PROBE), str(batch), str(out)], capture_output=True, text=True, env=run_env)
+        if proc.returncode != 0 or not out.is_file():
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return {j["id"]: {"id": j["id"], "error": f"the probe failed ({proc.returncode}): {last[:400]}"} for j in jobs}
+        return {r["id"]: r for r in json.loads(out.read_text())}
+
+
+def probe(checks: Iterable[Any], env: Mapping[str, str] | None = None, use_cache: bool = True) -> list[Probed]:
+    """The probe's token data for each check (from the cache, else one process per backend env)."""
+    found = [_locate(c) for c in checks]
+    todo: dict[str, list[tuple[Probed, str]]] = {}
+    for p in found:
+        if p.outcome is not None:
+            continue
+        key = cache_key(p)
+        cached = cache_dir() / f"{key}.json"
+        if use_cache and cached.is_file():
+            try:
+                p.result = json.loads(cached.read_text())
+                STATS.cached += 1
+                continue
+            except (OSError, ValueError):
+                pass
+        todo.setdefault(p.check.python, []).append((p, key))
+    for python, items in todo.items():
+        answers = _run_probe(python, [_job(p, key) for p, key in items], env)
+        for p, key in items:
+            p.result = answers.get(key) or {"error": "the probe gave no answer"}
+            STATS.probed += 1
+            if "error" not in p.result and use_cache:
+                _store(cache_dir() / f"{key}.json", p.result)
+    return found
+
+
+def _store(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def run_checks(checks: Sequence[Any], env: Mapping[str, str] | None = None) -> dict[Any, Any]:
+    """Every loss-mask check's Outcome; the grid's preflight calls this once with all of them."""
+    from sft_grid.preflight import Outcome
+
+    started = time.perf_counter()
+    outcomes: dict[Any, Any] = {}
+    for p in probe(checks, env):
+        if p.outcome is not None:
+            outcomes[p.check] = p.outcome
+        elif "error" in (p.result or {}):
+            outcomes[p.check] = Outcome(False, f"the backend could not preprocess it: {p.result['error']}",
+                                        "fix the cell's template, tokenizer or dataset fields so the backend reads the rows")
+        else:
+            outcome = verdict(p.check, p.result["rows"])
+            outcomes[p.check] = outcome if outcome.ok else replace(
+                outcome, message=f"{p.check.backend}'s own preprocessing of {len(p.result['rows'])} rows: {outcome.message}")
+    STATS.checks += len(checks)
+    STATS.seconds += time.perf_counter() - started
+    return outcomes
+
+
+def verdict(check: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
+    """The check's Outcome from the probe's rows."""
+    spec = json.loads(check.spec or "{}")
+    # a backend setting that trains only the last assistant turn on purpose (LLaMA-Factory's mask_history)
+    last_turn_only = bool((spec.get("data_args") or {}).get("mask_history"))
+    return judge(rows, dict(check.tags), last_turn_only)
+
+
+def fetch_and_probe(check: Any, python: str, workdir: Path, env: Mapping[str, str] | None = None) -> Any:
+    """Job side: fetch what is not on disk with the backend's loaders, then run the same check on it."""
+    from sft_grid.preflight import FETCHER, SAMPLE_ROWS, Outcome, locate
+
+    if not Path(python).is_file():
+        return Outcome(False, f"the backend environment has no python at {python} on this node",
+                       f"point cluster.backend_envs.{check.backend} at an environment of this site, or unset it")
+    workdir.mkdir(parents=True, exist_ok=True)
+    model, target = check.model, check.target
+    fetches = []
+    if locate(model, "models") is None:
+        model = str(workdir / "mask_tokenizer")
+        fetches.append([python, str(FETCHER), "tokenizer", check.model, model])
+    if locate(target, "datasets") is None:
+        target = str(workdir / f"mask_{check.key.replace('.', '_')}.jsonl")
+        fetches.append([python, str(FETCHER), "rows", check.target, check.split, str(min(SAMPLE_ROWS, MASK_ROWS)), target])
+    for argv in fetches:
+        proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return Outcome(False, f"could not read {argv[3]!r} from this node either: {last[:300]}",
+                           "make the input reachable from compute nodes (hub access, or a local copy in the HF cache)")
+    fetched = replace(check, model=model, target=target, python=python)
+    return run_checks([fetched], env)[fetched]
+
+
+# -- judging the token data (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowVerdict:
+    row: int
+    problems: tuple[str, ...]
+
+
+def _strip_think(text: str) -> str:
+    return _THINK.sub("", text).strip()
+
+
+def trained_text(segments: Sequence[Sequence[Any]]) -> str:
+    """The trained text of a row; \\x00 between runs that are not adjacent in the sequence."""
+    parts: list[str] = []
+    last_trained = False
+    for text, trained, _markup in segments:
+        if trained:
+            parts.append(text)
+        elif last_trained:
+            parts.append("\x00")
+        last_trained = bool(trained)
+    return "".join(parts)
+
+
+def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]:
+    """What is wrong with one row's mask, from the probe's token data (empty: nothing)."""
+    said = f" (backend said: {'; '.join(w[:100] for w in row['warnings'][:2])})" if row.get("warnings") else ""
+    if row.get("dropped"):
+        return ["dropped by the backend" + said]
+    if not row.get("n_trained"):
+        return ["0 trained tokens" + said]
+    segments = row["segments"]
+    full = "".join(s[0] for s in segments)
+    trained = trained_text(segments)
+    problems = []
+    unmatched = list(dict.fromkeys(role for (kind, _), role in zip(row["messages"], row.get("roles") or [])
+                                   if kind == "other"))
+    if unmatched:
+        problems.append(f"role(s) {', '.join(map(repr, unmatched))} match no tag of the dataset (the backend renders"
+                        " them as they are, never as the template's user or assistant)")
+    if any("not trainable" in w for w in row.get("warnings") or []):
+        problems.append("the backend skipped the last turn as not trainable" + said)
+    rest = trained
+    assistant = [c for kind, c in row["messages"] if kind == "assistant"]
+    required = assistant[-1:] if last_turn_only else assistant
+    for i, content in enumerate(assistant):
+        text = content.strip()
+        if not text:
+            continue
+        if text in rest:
+            rest = rest.replace(text, "\x00", 1)
+            continue
+        plain = _strip_think(text)
+        if plain and plain in rest and plain != text:
+            rest = rest.replace(plain, "\x00", 1)
+            problems.append(f"the think block of assistant turn {i + 1} is not trained")
+        elif content not in required:
+            continue
+        elif text in full or (plain and plain in full):
+            problems.append(f"assistant turn {i + 1} is masked (not trained): {_short(text)}")
+        else:
+            problems.append(f"assistant turn {i + 1} does not appear in the rendered text: {_short(text)}")
+    leaked = _leak(rest, [s[0] for s in segments if s[2]])
+    if leaked:
+        prompt = [(kind, c.strip()) for kind, c in row["messages"] if kind in ("user", "system") and c.strip()]
+        which = sorted({kind for kind, c in prompt if c in trained}) or ["template"]
+        # a function call is trained as the template renders it (not verbatim): only prompt text is a leak there
+        if which != ["template"] or not any(kind == "function" for kind, _ in row["messages"]):
+            problems.append(f"{'/'.join(which)} text trained: {_short(leaked)}")
+    return problems
+
+
+def _leak(rest: str, markup: Sequence[str]) -> str:
+    """Trained text that is neither assistant content nor the template's special tokens or whitespace."""
+    for token in sorted(set(markup), key=len, reverse=True):
+        rest = rest.replace(token, "\x00")
+    pieces = [p.strip() for p in rest.split("\x00")]
+    return " | ".join(p for p in pieces if p)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def judge(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], last_turn_only: bool = False) -> Any:
+    """The Outcome of a loss-mask check from the probe's rows: every row must pass."""
+    from sft_grid.preflight import Outcome
+
+    if not rows:
+        return Outcome(False, "the sample has no rows", "point the dataset at non-empty data")
+    verdicts = [RowVerdict(i, tuple(judge_row(r, last_turn_only))) for i, r in enumerate(rows)]
+    bad = [v for v in verdicts if v.problems]
+    if not bad:
+        return Outcome(True)
+    n = len(rows)
+    zero = sum(1 for r in rows if not r.get("n_trained"))
+    kinds = Counter(p.split(":")[0].split(" (")[0] for v in bad for p in v.problems)
+    first = bad[0]
+    summary = (f"{zero}/{n} sampled rows train 0 tokens" if zero else f"{len(bad)}/{n} sampled rows are trained wrongly")
+    detail = f"row {first.row}: {'; '.join(first.problems)}"
+    message = f"{summary} ({', '.join(f'{k}: {c}' for k, c in kinds.most_common(3))}); {detail}"
+    return Outcome(False, message, _fix(rows, tags, bad))
+
+
+def _fix(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], bad: Sequence[RowVerdict]) -> str:
+    """The likeliest fix, from the role values the rows use and what went wrong."""
+    roles = Counter(role for r in rows for role in r.get("roles") or [] if role != "None")
+    unmatched = Counter(role for r in rows for (kind, _), role in zip(r["messages"], r.get("roles") or [])
+                        if kind == "other")
+    role_tag = tags.get("role_tag", "role")
+    assistant_turns = sum(1 for r in rows for kind, _ in r["messages"] if kind == "assistant")
+    seen = ", ".join(repr(k) for k, _ in roles.most_common(6))
+    if not roles:
+        return (f"no message of the rows has a {role_tag!r} key: set this dataset's `messages:` column and"
+                " tags.role_tag/content_tag to the rows' own keys")
+    if not assistant_turns:
+        return (f"role tag {role_tag!r} values seen: {seen}; none equals assistant_tag {tags.get('assistant_tag')!r}:"
+                " set tags.assistant_tag (and user_tag) of this dataset to the values its rows use")
+    if unmatched:
+        values = ", ".join(repr(k) for k in unmatched)
+        return (f"role value(s) {values} match no tag (user_tag={tags.get('user_tag')!r},"
+                f" assistant_tag={tags.get('assistant_tag')!r}, system_tag={tags.get('system_tag')!r}): set the"
+                " matching tag of this dataset to them")
+    problems = " ".join(p for v in bad for p in v.problems)
+    if "template text trained" in problems and "user" not in problems and "system" not in problems:
+        return ("the template writes markup the tokenizer does not have as special tokens, or the backend trains"
+                " template text: use the template of the model's own family (llama3 for Llama-3/Delphi, qwen3 for"
+                " ChatML tokenizers)")
+    if "text trained" in problems:
+        return ("the prompt is trained: use the model's own template and do not set train_on_prompt"
+                " (or train_on_inputs / roles_to_train with user or system roles)")
+    return "check the template against the model's tokenizer and `python -m sft_grid.show` the cell to see what is trained"

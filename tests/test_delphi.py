@@ -1,0 +1,419 @@
+"""Delphi: the tokenizer prep as a grid stage, the delphi chat template (one jinja for both backends) and its
+guards. The model is tiny-delphi, built locally by project code with Llama-3's layout (128000 BPE ids, then
+Llama-3's 256 specials with the reserved slots the prep renames).
+
+Train == serve: for sample conversations, the text each backend trains on (LLaMA-Factory through the
+template sft_grid registers in its process, axolotl through its chat_template strategy with the jinja) is
+the jinja's own render, and the trained tokens are exactly the assistant parts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sft_grid import env, ledger, mask, prep
+from sft_grid.preflight import preflight
+from sft_grid.templates import DELPHI_TOKENS, TEMPLATES
+
+from .conftest import run_sft
+
+JINJA = TEMPLATES["delphi"].jinja_path
+TINY = ["model=tiny_delphi", "max_steps=3", "cutoff_len=256", "global_batch_size=2", "save_steps=3"]
+
+
+def _plan(*overrides: str):
+    """One composed and planned cell, with these overrides as given (runs_root included)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from sft_grid.paths import CONF_DIR
+    from sft_grid.plan import plan_cell
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        config = OmegaConf.to_container(compose("config", overrides=["model=tiny_delphi", *overrides]), resolve=True)
+    GlobalHydra.instance().clear()
+    config.pop("hydra", None)
+    return plan_cell(["model=tiny_delphi", *overrides], config)
+
+
+def _cell(make_cells, *overrides: str):
+    (cell,) = make_cells(["model=tiny_delphi", *overrides])
+    return cell
+
+
+@pytest.fixture(scope="module")
+def prepared(tiny_assets, tmp_path_factory) -> Path:
+    """tiny-delphi prepared by the grid's own prep stage (run here, as for a local grid)."""
+    cell = _plan(f"runs_root={tmp_path_factory.mktemp('prep')}")
+    assert prep.run_local([cell]) == {}
+    return prep.prep_for(cell).model_dir
+
+
+def _root(prepared: Path) -> str:
+    return f"runs_root={prepared.parent.parent.parent}"
+
+
+def _py(code: str, *args: str, backend: str = "llamafactory") -> str:
+    python = env.managed_env(backend) / "bin" / "python"
+    proc = subprocess.run([str(python), "-c", code, *args], capture_output=True, text=True,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+# -- the prep ------------------------------------------------------------------------------------------------
+
+_INSPECT = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+src, out = sys.argv[1], sys.argv[2]
+ids = [128002, 128003, 128005, 128011, 128012, 128013]
+tok, before = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(src)
+m, m0 = AutoModelForCausalLM.from_pretrained(out), AutoModelForCausalLM.from_pretrained(src)
+res = {"vocab": len(tok), "vocab_before": len(before), "tied": m.config.tie_word_embeddings,
+       "names_before": before.convert_ids_to_tokens(ids), "names": tok.convert_ids_to_tokens(ids),
+       "encoded": {t: tok.encode(t, add_special_tokens=False) for t in tok.convert_ids_to_tokens(ids)},
+       "chat_template": tok.chat_template}
+for key, w, w0 in (("in", m.get_input_embeddings().weight, m0.get_input_embeddings().weight),
+                   ("out", m.get_output_embeddings().weight, m0.get_output_embeddings().weight)):
+    mean = w0[:128000].mean(0)
+    res[key + "_rows_are_mean"] = all(torch.allclose(w[i], mean, atol=1e-6) for i in ids)
+    res[key + "_rows_were_mean"] = any(torch.allclose(w0[i], mean, atol=1e-6) for i in ids)
+    others = [i for i in range(w.shape[0]) if i not in ids]
+    res[key + "_others_same"] = bool(torch.equal(w[others], w0[others]))
+res["in_out_distinct"] = m.get_input_embeddings().weight.data_ptr() != m.get_output_embeddings().weight.data_ptr()
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.backend
+def test_prep_renames_reserved_slots_and_mean_initialises_their_rows(prepared, tiny_assets):
+    source = tiny_assets / "models" / "tiny-delphi"
+    got = json.loads(_py(_INSPECT, str(source), str(prepared)).strip().splitlines()[-1])
+    assert got["vocab"] == got["vocab_before"] == 128256
+    assert got["names_before"] == [f"<|reserved_special_token_{i}|>" for i in range(6)]
+    assert got["names"] == list(DELPHI_TOKENS)
+    assert got["encoded"] == {t: [i] for t, i in DELPHI_TOKENS.items()}
+    assert got["tied"] is False and got["in_out_distinct"]
+    for side in ("in", "out"):
+        assert got[f"{side}_rows_are_mean"] and not got[f"{side}_rows_were_mean"]
+        assert got[f"{side}_others_same"]
+    assert got["chat_template"] is None  # the template comes from the cell, never from the prep
+    marker = json.loads((prepared / prep.MARKER).read_text())
+    assert marker["version"] == prep.VERSION and marker["source"] == str(source)
+
+
+@pytest.mark.backend
+def test_prep_refuses_a_tokenizer_whose_slot_is_not_reserved(tiny_assets, tmp_path):
+    python = env.managed_env("llamafactory") / "bin" / "python"
+    proc = subprocess.run([str(python), str(prep.PROBE), "--model", str(tiny_assets / "models" / "tiny-llama3"),
+                           "--output", str(tmp_path / "out"), "--tokens", json.dumps(DELPHI_TOKENS)],
+                          capture_output=True, text=True,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1 and "delphi tokenizer prep failed" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
+# -- train == serve ------------------------------------------------------------------------------------------
+
+CALL = {"name": "add", "arguments": {"a": 2, "b": 3}}
+CONVERSATIONS = [
+    # no reasoning: no think block at all (LLaMA-Factory's ReasoningTemplate would add an empty one)
+    [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello there."}],
+    # inline <think>, with a system turn
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 plus 2?"},
+     {"role": "assistant", "content": "<think>two and two make four</think>\n\nIt is 4."}],
+    # a tool call and its result, then the answer
+    [{"role": "user", "content": "Add 2 and 3."},
+     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": CALL}]},
+     {"role": "tool", "content": "5"}, {"role": "assistant", "content": "The sum is 5."}],
+    # multi-turn, reasoning in one turn only, and the Delphi think tokens already inline (canonical data)
+    [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+     {"role": "user", "content": "Another?"},
+     {"role": "assistant", "content": "<think>not blue again</think>Green."},
+     {"role": "user", "content": "And one more?"},
+     {"role": "assistant", "content": "<|start_think|>\npick a warm one\n<|end_think|>\n\nRed."}],
+]
+TAGS = ["dataset.tiny_messages.tags.function_tag=function_call", "dataset.tiny_messages.tags.observation_tag=observation"]
+
+
+def _sharegpt(conversation: list[dict]) -> dict:
+    """The conversation as LLaMA-Factory reads it: a tool call is a function_call turn with the call as JSON."""
+    out = []
+    for m in conversation:
+        if m.get("tool_calls"):
+            calls = [c["function"] for c in m["tool_calls"]]
+            out.append({"role": "function_call", "content": json.dumps(calls[0] if len(calls) == 1 else calls)})
+        elif m["role"] == "tool":
+            out.append({"role": "observation", "content": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return {"messages": out}
+
+
+_RENDER = r"""
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+jinja = open(sys.argv[2]).read()
+print(json.dumps([tok.apply_chat_template(c, chat_template=jinja, tokenize=False) for c in json.loads(sys.argv[3])]))
+"""
+_ASSISTANT = re.compile(r"<\|start_header_id\|>assistant<\|end_header_id\|>\n\n(.*?<\|eot_id\|>)", re.DOTALL)
+
+
+def _trained_runs(segments: list) -> list[str]:
+    runs, current = [], None
+    for text, trained, _markup in segments:
+        if trained:
+            current = (current or "") + text
+        elif current is not None:
+            runs.append(current)
+            current = None
+    return runs + ([current] if current is not None else [])
+
+
+def _check_train_equals_serve(rows: list[dict], renders: list[str]) -> None:
+    assert len(rows) == len(renders) == len(CONVERSATIONS)
+    for row, render in zip(rows, renders):
+        assert not row["dropped"], row["warnings"]
+        assert "".join(s[0] for s in row["segments"]) == render
+        # exactly the assistant parts: content (think block and tool call included) and <|eot_id|>
+        assert _trained_runs(row["segments"]) == _ASSISTANT.findall(render)
+
+
+def _probe_rows(cell) -> list[dict]:
+    (probed,) = mask.probe(mask.checks_for(cell), use_cache=False)
+    assert probed.outcome is None and "error" not in probed.result, (probed.outcome, probed.result)
+    return probed.result["rows"]
+
+
+@pytest.mark.backend
+def test_llamafactory_trains_exactly_the_jinja_render(make_cells, prepared, tmp_path, monkeypatch):
+    data = tmp_path / "delphi_lf.jsonl"
+    data.write_text("".join(json.dumps(_sharegpt(c)) + "\n" for c in CONVERSATIONS))
+    monkeypatch.setattr(mask, "MASK_ROWS", len(CONVERSATIONS))
+    cell = _plan(f"dataset.tiny_messages.source={data}", *TAGS, _root(prepared))
+    renders = json.loads(_py(_RENDER, str(prepared), str(JINJA), json.dumps(CONVERSATIONS)))
+    assert "<|start_think|>" not in renders[0] and renders[2].count("<|tool_call|>") == 1
+    _check_train_equals_serve(_probe_rows(cell), renders)
+
+
+@pytest.mark.backend
+def test_axolotl_trains_exactly_the_jinja_render(make_cells, prepared, tmp_path, monkeypatch):
+    if not (env.managed_env("axolotl") / "bin" / "python").is_file():
+        env.build("axolotl")
+    data = tmp_path / "delphi_axolotl.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVERSATIONS))
+    monkeypatch.setattr(mask, "MASK_ROWS", len(CONVERSATIONS))
+    cell = _plan("backend=axolotl", f"dataset.tiny_messages.source={data}", _root(prepared))
+    renders = json.loads(_py(_RENDER, str(prepared), str(JINJA), json.dumps(CONVERSATIONS)))
+    _check_train_equals_serve(_probe_rows(cell), renders)
+
+
+# -- rendering (pure) -------------------------------------------------------------------------------------------
+
+
+def test_delphi_cell_renders_its_template_the_prepared_model_and_the_wrapper(make_cells, tmp_path):
+    from sft_grid import render
+
+    cell = _cell(make_cells)
+    rendered = render.render(cell, tmp_path / "cell", [])
+    prep_dir = prep.prep_for(cell)
+    assert prep_dir.dir.parent == cell.runs_root / prep.PREPARED and prep_dir.dir.name.startswith("tiny_delphi-")
+    assert f"model_name_or_path: {prep_dir.model_dir}\n" in rendered.files["train_config.yaml"]
+    assert "template: delphi\n" in rendered.files["train_config.yaml"]
+    assert rendered.files["delphi.jinja"] == JINJA.read_text()
+    assert (f"sft_grid_lf.py --template delphi={tmp_path / 'cell' / 'delphi.jinja'} train "
+            f"{tmp_path / 'cell' / 'train_config.yaml'}") in rendered.files["launch.sh"]
+    # a template LLaMA-Factory ships needs no wrapper, and a model without prep loads its own path
+    (llama,) = make_cells(["model=tiny_llama"])
+    plain = render.render(llama, tmp_path / "llama", [])
+    assert "sft_grid_lf.py" not in plain.files["launch.sh"] and "llamafactory-cli train" in plain.files["launch.sh"]
+    assert not any(f.endswith(".jinja") for f in plain.files) and prep.model_source(llama) == llama.spec.model.path
+
+
+def test_prep_directory_is_shared_by_cells_of_a_model_and_differs_by_source(make_cells):
+    a, b, other = make_cells(["model=tiny_delphi", "lr=1e-4"], ["model=tiny_delphi", "lr=2e-4"],
+                             ["model=tiny_delphi", "model.path=/elsewhere/tiny-delphi"])
+    assert prep.prep_for(a) == prep.prep_for(b)
+    assert prep.prep_for(other).dir != prep.prep_for(a).dir and prep.prep_for(other).source == "/elsewhere/tiny-delphi"
+
+
+def test_cells_waiting_on_different_prep_jobs_go_to_different_arrays(make_cells):
+    from sft_grid import slurm
+
+    cells = make_cells(["model=tiny_delphi", "cluster=slurm_local", "lr=1e-4"],
+                       ["model=tiny_delphi", "cluster=slurm_local", "lr=2e-4"])
+    base = slurm.request_for(cells[0].spec, 60)
+    assert base == slurm.request_for(cells[1].spec, 60)
+    first, second = slurm.with_dependency(base, "101"), slurm.with_dependency(base, "102")
+    assert dict(first.as_dict()["additional_parameters"])["dependency"] == "afterok:101"
+    chunks = slurm.plan_arrays([(Path("a"), first), (Path("b"), first), (Path("c"), second), (Path("d"), base)], 1001)
+    assert sorted(len(c.cell_dirs) for c in chunks) == [1, 1, 2]
+
+
+# -- guards ---------------------------------------------------------------------------------------------------
+
+
+def test_delphi_model_with_a_chatml_template_is_refused_with_the_delphi_fix(make_cells):
+    from sft_grid.validate import validate
+
+    problems = [p for p in validate([_cell(make_cells, "model.template=qwen3")]) if p.rule == "template-tokenizer"]
+    assert len(problems) == 1
+    assert problems[0].key == "model.template" and problems[0].value == "qwen3"
+    assert "Delphi" in problems[0].message and problems[0].fix == "model.template=delphi"
+
+
+@pytest.mark.backend
+def test_unprepared_delphi_tokenizer_without_prep_stage_is_refused(make_cells, tiny_assets):
+    (problem,) = [p for p in preflight([_cell(make_cells, "model.needs=[]")]).problems
+                  if p.rule == "preflight-template_tokens"]
+    assert "not prepared" in problem.message and "<|start_think|>" in problem.message
+    assert prep.NEED in problem.fix
+
+
+@pytest.mark.backend
+def test_prepared_tokenizer_is_what_the_token_check_reads(make_cells, prepared):
+    cell = _plan(_root(prepared))
+    (check,) = [c for c in prep_checks(cell)]
+    assert check.target == str(prepared) and set(DELPHI_TOKENS) <= set(check.tokens)
+    assert not [p for p in preflight([cell]).problems if p.rule == "preflight-template_tokens"]
+
+
+def prep_checks(cell):
+    from sft_grid.preflight import checks_for
+
+    return [c for c in checks_for(cell) if c.kind == "template_tokens"]
+
+
+# -- the grid: local and Slurm ---------------------------------------------------------------------------
+
+
+@pytest.mark.backend
+def test_local_grid_prepares_once_then_trains_from_the_prepared_copy(tmp_path, tiny_assets):
+    first = run_sft("-m", *TINY, "seed=1,2", f"runs_root={tmp_path}", check=True)
+    assert first.stdout.count("tokenizer prep of tiny_delphi") == 1, first.stdout
+    (prep_dir,) = (tmp_path / prep.PREPARED).iterdir()
+    assert [e["event"] for e in ledger.events(prep_dir)] == ["submitted", "running", "completed"]
+    cells = list(ledger.iter_cell_dirs(tmp_path / "default"))
+    assert len(cells) == 2
+    for cell in cells:
+        assert ledger.state_of(cell).state is ledger.State.COMPLETED
+        config = (cell / "train_config.yaml").read_text()
+        assert f"model_name_or_path: {prep_dir / prep.MODEL_DIR}" in config
+        assert (cell / "delphi.jinja").read_text() == JINJA.read_text()  # the cell keeps its own template
+        saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
+        assert saved["eos_token"] == "<|eot_id|>"
+    # a second grid with a new cell of the same model: the prep is done, nothing is prepared again
+    second = run_sft("-m", *TINY, "seed=1,2,3", f"runs_root={tmp_path}", check=True)
+    assert "tokenizer prep" not in second.stdout, second.stdout
+    assert [e["event"] for e in ledger.events(prep_dir)] == ["submitted", "running", "completed"]
+    assert "1 to run" in second.stdout
+
+
+@pytest.mark.backend
+def test_failed_prep_fails_its_cells_with_the_reason_and_queues_nothing(tmp_path, tiny_assets):
+    # tiny-llama3 has no reserved slots at the Delphi ids: the prep refuses it
+    proc = run_sft(*TINY, f"model.path={tiny_assets / 'models' / 'tiny-llama3'}", "model.tokenizer_family=llama3",
+                   "model.template=llama3", f"runs_root={tmp_path}")
+    assert proc.returncode == 1
+    (cell,) = ledger.iter_cell_dirs(tmp_path / "default")
+    state = ledger.state_of(cell)
+    assert state.state is ledger.State.FAILED and "tokenizer prep exited with 1" in state.reason
+    assert not (cell / "output").exists()
+
+
+@pytest.mark.slurm
+@pytest.mark.backend
+def test_slurm_prep_job_runs_first_and_the_cells_depend_on_it(tmp_path, tiny_assets):
+    proc = run_sft("-m", *TINY, "seed=1,2", "model=tiny_delphi,tiny_llama", "cluster=slurm_local",
+                   f"runs_root={tmp_path}", check=True)
+    match = re.search(r"tokenizer prep of tiny_delphi: job (\d+)", proc.stdout)
+    assert match, proc.stdout
+    prep_job = match.group(1)
+    cells = list(ledger.iter_cell_dirs(tmp_path / "default"))
+    delphi = [c for c in cells if c.name.startswith("tiny_delphi")]
+    llama = [c for c in cells if c.name.startswith("tiny_llama")]
+    job_of = {c: next(e["job_id"] for e in reversed(ledger.events(c)) if e.get("event") == "job") for c in cells}
+    # the Delphi cells are their own array, which waits for the prep job; the tiny_llama array does not
+    assert len({job_of[c].split("_")[0] for c in delphi}) == 1
+    assert {job_of[c].split("_")[0] for c in delphi}.isdisjoint({job_of[c].split("_")[0] for c in llama})
+    # the array's sbatch script asks for the dependency; while the prep runs, Slurm holds the array on it
+    scripts = list((tmp_path / "default" / ".submitit").glob("*/*_submission.sh"))
+    delphi_scripts = [p.read_text() for p in scripts if f"afterok:{prep_job}" in p.read_text()]
+    assert len(delphi_scripts) == 1 and "--kill-on-invalid-dep=yes" in delphi_scripts[0]
+    shown = subprocess.run(["scontrol", "show", "job", job_of[delphi[0]]], capture_output=True, text=True).stdout
+    assert f"afterok:{prep_job}" in shown or "JobState=PENDING" not in shown, shown
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        states = {c: ledger.state_of(c, jobs=_sacct(job_of.values())) for c in cells}
+        if all(not s.state.in_flight for s in states.values()):
+            break
+        time.sleep(2)
+    assert {s.state.value for s in states.values()} == {"completed"}, states
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "--format=JobID,Start,End,State", "-j",
+                          ",".join([prep_job, *{job_of[c].split("_")[0] for c in delphi}])],
+                         capture_output=True, text=True).stdout.splitlines()
+    times = {line.split("|")[0]: line.split("|") for line in out}
+    assert times[prep_job][3] == "COMPLETED"
+    for c in delphi:
+        assert times[job_of[c]][1] >= times[prep_job][2]  # started after the prep ended
+    assert any(e.get("event") == "prep" and e.get("job_id_prep") == prep_job for e in ledger.events(delphi[0]))
+
+
+def _wait(cell: Path, deadline_s: float = 300) -> ledger.CellState:
+    """The cell's state once its Slurm job is no longer queued or running."""
+    deadline = time.time() + deadline_s
+    while True:
+        job = next(e["job_id"] for e in reversed(ledger.events(cell)) if e.get("event") == "job")
+        state = ledger.state_of(cell, jobs=_sacct([job]))
+        if not state.state.in_flight or time.time() > deadline:
+            return state
+        time.sleep(2)
+
+
+def _sacct(job_ids):
+    from sft_grid import slurm
+
+    return slurm.sacct(list(job_ids))
+
+
+@pytest.mark.slurm
+@pytest.mark.backend
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_node_delphi_cell_registers_the_template_in_every_rank(tmp_path, tiny_assets, launcher):
+    run_sft(*TINY, "max_steps=4", "global_batch_size=4", "micro_batch_size=2", "nodes=2", "cluster=slurm_local",
+            f"cluster.launcher={launcher}", f"runs_root={tmp_path}", check=True)
+    (cell,) = ledger.iter_cell_dirs(tmp_path / "default")
+    state = _wait(cell)
+    assert state.state is ledger.State.COMPLETED, state
+    lead, other = (cell / "logs" / "train.log").read_text(), (cell / "logs" / "train.node1.log").read_text()
+    # a rank on each node, each through the wrapper (LLaMA-Factory alone would not know the delphi template)
+    assert "world size: 2" in lead and "world size: 2" in other
+    assert "sft_grid_lf.py --template delphi=" in (cell / "launch.sh").read_text()
+    saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
+    assert saved["eos_token"] == "<|eot_id|>"
+
+
+@pytest.mark.slurm
+@pytest.mark.backend
+def test_slurm_cells_of_a_failed_prep_are_cancelled_with_its_reason(tmp_path, tiny_assets):
+    proc = run_sft(*TINY, f"model.path={tiny_assets / 'models' / 'tiny-llama3'}", "model.tokenizer_family=llama3",
+                   "model.template=llama3", "cluster=slurm_local", f"runs_root={tmp_path}", check=True)
+    assert "tokenizer prep of tiny_delphi: job" in proc.stdout
+    (cell,) = ledger.iter_cell_dirs(tmp_path / "default")
+    state = _wait(cell)
+    assert state.state is ledger.State.CANCELLED, state
+    assert state.reason.startswith("its model prep failed: tokenizer prep exited with 1"), state.reason
+    status = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
+                            capture_output=True, text=True).stdout
+    assert "its model prep failed" in status

@@ -79,7 +79,9 @@ def test_grid_is_one_throttled_array_then_skipped(tmp_path, tiny_assets, cleanup
     assert {s.state.value for s in final.values()} == {"completed"}, final
     arrays = {s.job_id.split("_")[0] for s in final.values()}
     assert len(arrays) == 1  # one sbatch for the grid
-    script = next((tmp_path / "default" / ".submitit").rglob("*_submission.sh")).read_text()
+    # the training array's script (the post-training array waits for it: --dependency=aftercorr)
+    (script,) = [t for t in (p.read_text() for p in (tmp_path / "default" / ".submitit").rglob("*_submission.sh"))
+                 if "--dependency" not in t]
     assert "#SBATCH --array=0-2%2" in script and "#SBATCH --requeue" in script
     for cell in cell_dirs(tmp_path):
         assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == 2

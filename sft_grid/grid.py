@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from sft_grid import backends, ledger, post, prep, render, report
+from sft_grid import backends, ledger, post, prep, render, report, show
 from sft_grid.compose import Composed, CompositionError, GridComposer
 from sft_grid.ledger import CellState, State
 from sft_grid.plan import Cell, plan_cell
@@ -395,6 +395,12 @@ def _print_dry_run(cells: Sequence[Cell], dirs: Sequence[Path], deferred: dict[s
     configs = sorted({backends.get(c.spec.backend.name).CONFIG_FILE for c in cells})
     out(f"dry run: {len(cells)} cell(s) rendered, nothing submitted. Each cell's files: <cell dir>/"
         f"{{{','.join([render.CELL_FILE, *configs, render.LAUNCH_FILE])}}}")
+    examples = show.first_examples(cells, color=sys.stdout.isatty())
+    if examples:
+        out("\nthe first example of each source, as the backend trains on it (trained text "
+            + ("in green):" if sys.stdout.isatty() else "in [[ ]]):"))
+        for line in examples:
+            out(line)
     out(f"  what a cell trains on, token by token: python -m sft_grid.show {report.relative(dirs[0])}")
     _print_deferred(deferred)
     for line in prep.describe(cells) + post.describe(cells):

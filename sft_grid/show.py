@@ -116,6 +116,40 @@ def show(cell: Cell, rows: int = 1, color: bool = False, use_cache: bool = True)
     return "\n".join(lines), all_ok
 
 
+def first_examples(cells: Sequence[Cell], color: bool = False, limit: int = 8) -> list[str]:
+    """What a dry run shows: the first example of each distinct source (backend, template, tokenizer, data)
+    of the grid, trained text marked, from the probe results the preflight just cached. A model the grid
+    prepares first (Delphi) is shown with its source tokenizer: the text and its mask are the template's,
+    only the think/tool tokens are still in pieces until the prep."""
+    from dataclasses import replace
+
+    from sft_grid import mask, prep
+
+    first: dict[tuple[str, ...], tuple[Any, Cell]] = {}  # one per (backend, template, source), its first cell
+    for cell in cells:
+        source = prep.prep_for(cell)
+        for check in mask.checks_for(cell):
+            if source is not None and check.model == str(source.dir / "model"):
+                check = replace(check, model=source.source)
+            first.setdefault((check.backend, cell.spec.model.template, check.key, check.target), (check, cell))
+    cell_of = {check: cell for check, cell in first.values()}
+    lines: list[str] = []
+    unreadable: list[str] = []
+    for p in mask.probe(list(cell_of)[:limit]):
+        cell = cell_of[p.check]
+        label = f"{p.check.key} of {cell.name} ({cell.spec.backend.name}, template {cell.spec.model.template})"
+        if p.outcome is not None or "error" in (p.result or {}) or not (p.result or {}).get("rows"):
+            unreadable.append(p.check.key)
+            continue
+        lines.append(describe(label, p.result["rows"][0], 0, color))  # type: ignore[index]
+    if unreadable:
+        lines.append(f"  first examples not shown, their inputs are not readable here (the job's preflight checks"
+                     f" them): {', '.join(dict.fromkeys(unreadable))}")
+    if len(first) > limit:
+        lines.append(f"  ... {len(first) - limit} more source(s): python -m sft_grid.show <cell dir>")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sft_grid.show", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,

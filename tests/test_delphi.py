@@ -417,3 +417,20 @@ def test_slurm_cells_of_a_failed_prep_are_cancelled_with_its_reason(tmp_path, ti
     status = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
                             capture_output=True, text=True).stdout
     assert "its model prep failed" in status
+
+
+@pytest.mark.backend
+def test_dry_run_shows_the_first_example_of_each_source_before_the_prep(tmp_path, tiny_assets):
+    """Before anything is prepared or queued, a Delphi grid's dry run shows the first example of each source
+    as LLaMA-Factory trains on it with the delphi template: an instruction turn and a think example, the
+    trained text marked; nothing is prepared by a dry run."""
+    proc = run_sft("-m", "model=tiny_delphi", "dataset=[tiny_messages,tiny_sharegpt]", "dry_run=true",
+                   f"runs_root={tmp_path}", check=True)
+    shown = proc.stdout.split("the first example of each source", 1)[1]
+    for source in ("dataset.tiny_messages", "dataset.tiny_sharegpt"):
+        assert f"--- {source} of " in shown and "(llamafactory, template delphi)" in shown
+    # the think example: the think block is trained with the answer; the prompt is not
+    assert "[[<|start_think|>" in shown and "<|end_think|>The answer is" in shown
+    assert "<|start_header_id|>user<|end_header_id|>\n\nWhat is" in shown
+    assert not any("[[<|start_header_id|>user" in line for line in shown.splitlines())
+    assert not list((tmp_path / "_prepared").glob("*/model/prepared.json"))

@@ -373,6 +373,8 @@ def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]
         if not text:
             continue
         if text in rest:
+            if content in required and not _ends_trained(rest, text):
+                problems.append(f"the end of assistant turn {i + 1} is not trained (the model never learns to stop)")
             rest = rest.replace(text, "\x00", 1)
             continue
         plain = _strip_think(text)
@@ -393,6 +395,13 @@ def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]
         if which != ["template"] or not any(kind == "function" for kind, _ in row["messages"]):
             problems.append(f"{'/'.join(which)} text trained: {_short(leaked)}")
     return problems
+
+
+def _ends_trained(rest: str, text: str) -> bool:
+    """Whether the trained run holding an assistant turn goes on past its content: the end-of-turn token
+    (or the tool call after it) is trained with it."""
+    after = rest[rest.index(text) + len(text):]
+    return bool(after.split("\x00", 1)[0].strip())
 
 
 def _leak(rest: str, markup: Sequence[str]) -> str:

@@ -62,6 +62,13 @@ def test_an_empty_think_block_added_by_the_template_is_markup_not_a_leak():
     assert judge_row(row) == []
 
 
+def test_an_untrained_end_of_turn_is_caught():
+    """The answer trained without the token that ends it: the model would never learn to stop."""
+    segments = [(t, tr and t != "<|eot_id|>", m) for t, tr, m in LLAMA_OK["segments"]]
+    (problem,) = judge_row({**LLAMA_OK, "segments": segments})
+    assert problem == "the end of assistant turn 1 is not trained (the model never learns to stop)"
+
+
 def test_trained_prompt_is_caught_and_named():
     segments = [(t, True, m) for t, _, m in LLAMA_OK["segments"]]
     problems = judge_row({**LLAMA_OK, "segments": segments})
@@ -171,6 +178,22 @@ def test_wrong_assistant_tag_trains_nothing(make_cells, tiny_assets, backend_env
     # in the grid the static tag check names the same cause first: one problem, one fix
     (problem,) = preflight([cell]).problems
     assert problem.rule == "preflight-assistant_turns" and problem.key == "dataset.tiny_sharegpt"
+
+
+@pytest.mark.backend
+@pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
+def test_a_wrong_template_is_caught_by_the_mask_itself(make_cells, tiny_assets, backend_env, fresh, backend):
+    """ChatML (qwen3) on the Llama-3 tokenizer: the backend's own preprocessing trains template text in
+    pieces. The static family rule and the token check stop it first in a grid; here the mask check alone is
+    run, to show it does not depend on them."""
+    (cell,) = make_cells([f"backend={backend}", "model=tiny_llama", "model.template=qwen3"])
+    (check,) = mask.checks_for(cell)
+    outcome = mask.run_checks([check])[check]
+    assert not outcome.ok and not outcome.unreachable
+    assert outcome.message.startswith(f"{backend}'s own preprocessing of 8 rows")
+    # LLaMA-Factory trains ChatML's end marker as text pieces; axolotl trains the answers but not their end
+    caught = "template text trained" if backend == "llamafactory" else "is not trained (the model never learns to stop)"
+    assert caught in outcome.message, outcome.message
 
 
 @pytest.mark.backend

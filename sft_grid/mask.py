@@ -26,7 +26,6 @@ import os
 import re
 import subprocess
 import tempfile
-import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,7 +60,6 @@ class Stats:
     cached: int = 0
     probed: int = 0
     subprocesses: int = 0
-    seconds: float = 0.0
 
 
 STATS = Stats()
@@ -70,29 +68,32 @@ STATS = Stats()
 # -- the checks of a cell ----------------------------------------------------------------------------------
 
 
-def _lf_spec(cell: Cell, name: str) -> tuple[str, dict[str, Any]]:
+def _lf_specs(cell: Cell) -> tuple[str, dict[str, dict[str, Any]]]:
     from sft_grid.backends import llamafactory
 
     config = llamafactory.train_config(cell, Path("."))
     data_args = {k: config[k] for k in _LF_DATA_KEYS if k in config}
-    spec: dict[str, Any] = {"data_args": data_args, "dataset_info": llamafactory.dataset_info(cell)[name]}
+    shared: dict[str, Any] = {"data_args": data_args}
     template = TEMPLATES.get(cell.spec.model.template)
     if template is not None and template.jinja_path is not None:
         # sft_grid's own template (delphi), registered in LLaMA-Factory's process as training does
-        spec["templates"] = {template.name: str(template.jinja_path)}
-    return str(config["model_name_or_path"] or ""), spec
+        shared["templates"] = {template.name: str(template.jinja_path)}
+    info = llamafactory.dataset_info(cell)
+    return str(config["model_name_or_path"] or ""), {name: {**shared, "dataset_info": info[name]} for name in info}
 
 
-def _axolotl_spec(cell: Cell, name: str) -> tuple[str, dict[str, Any]]:
+def _axolotl_specs(cell: Cell) -> tuple[str, dict[str, dict[str, Any]]]:
     from sft_grid.backends import axolotl
 
     config = axolotl.train_config(cell, Path("."))
     cfg = {k: config[k] for k in _AXOLOTL_CFG_KEYS if k in config}
-    return str(config["base_model"] or ""), {"dataset": axolotl.dataset_entry(cell.spec.dataset[name]), "cfg": cfg}
+    return str(config["base_model"] or ""), {name: {"dataset": axolotl.dataset_entry(ds), "cfg": cfg}
+                                             for name, ds in cell.spec.dataset.items()}
 
 
-# backend -> (the tokenizer it loads, its own settings that decide the mask of one data source)
-SPECS: dict[str, Callable[[Cell, str], tuple[str, dict[str, Any]]]] = {"llamafactory": _lf_spec, "axolotl": _axolotl_spec}
+# backend -> (the tokenizer it loads, per data source: its own settings that decide that source's mask)
+SPECS: dict[str, Callable[[Cell], tuple[str, dict[str, dict[str, Any]]]]] = {
+    "llamafactory": _lf_specs, "axolotl": _axolotl_specs}
 
 
 def env_python(cell: Cell) -> str:
@@ -106,15 +107,16 @@ def checks_for(cell: Cell) -> list[Any]:
     from sft_grid.preflight import Check
 
     s = cell.spec
-    spec_of = SPECS.get(s.backend.name)
-    if spec_of is None:
+    specs_of = SPECS.get(s.backend.name)
+    if specs_of is None:
+        return []
+    model, specs = specs_of(cell)
+    if not model:
         return []
     python = env_python(cell)
     checks = []
     for name, ds in s.dataset.items():
-        model, spec = spec_of(cell, name)
-        if not model:
-            continue
+        spec = specs[name]
         tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
         checks.append(Check(KIND, f"dataset.{name}", ds.source, column=ds.messages, tags=tags, split=ds.split,
                             backend=s.backend.name, python=python, model=model,
@@ -266,24 +268,28 @@ def _store(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def run_checks(checks: Sequence[Any], env: Mapping[str, str] | None = None) -> dict[Any, Any]:
-    """Every loss-mask check's Outcome; the grid's preflight calls this once with all of them."""
+def outcome_of(p: Probed) -> Any:
+    """A probed check's Outcome: why it could not run here, the backend's failure, or the verdict on its rows."""
     from sft_grid.preflight import Outcome
 
-    started = time.perf_counter()
+    if p.outcome is not None:
+        return p.outcome
+    if "error" in (p.result or {}):
+        return Outcome(False, f"the backend could not preprocess it: {p.result['error']}",  # type: ignore[index]
+                       "fix the cell's template, tokenizer or dataset fields so the backend reads the rows")
+    return verdict(p.check, p.result["rows"])  # type: ignore[index]
+
+
+def run_checks(checks: Sequence[Any], env: Mapping[str, str] | None = None) -> dict[Any, Any]:
+    """Every loss-mask check's Outcome; the grid's preflight calls this once with all of them."""
     outcomes: dict[Any, Any] = {}
     for p in probe(checks, env):
-        if p.outcome is not None:
-            outcomes[p.check] = p.outcome
-        elif "error" in (p.result or {}):
-            outcomes[p.check] = Outcome(False, f"the backend could not preprocess it: {p.result['error']}",
-                                        "fix the cell's template, tokenizer or dataset fields so the backend reads the rows")
-        else:
-            outcome = verdict(p.check, p.result["rows"])
-            outcomes[p.check] = outcome if outcome.ok else replace(
-                outcome, message=f"{p.check.backend}'s own preprocessing of {len(p.result['rows'])} rows: {outcome.message}")
+        outcome = outcome_of(p)
+        if p.result is not None and "rows" in p.result and not outcome.ok:
+            outcome = replace(outcome, message=f"{p.check.backend}'s own preprocessing of {len(p.result['rows'])}"
+                              f" rows: {outcome.message}")
+        outcomes[p.check] = outcome
     STATS.checks += len(checks)
-    STATS.seconds += time.perf_counter() - started
     return outcomes
 
 

@@ -96,21 +96,16 @@ def show(cell: Cell, rows: int = 1, color: bool = False, use_cache: bool = True)
     all_ok = True
     for p in mask.probe(checks, use_cache=use_cache):
         name = p.check.key
-        if p.outcome is not None:
-            lines.append(f"--- {name}: {p.outcome.message or 'not readable here'}")
-            all_ok = all_ok and p.outcome.ok and not p.outcome.unreachable
-            continue
-        if "error" in (p.result or {}):
-            lines.append(f"--- {name}: the backend could not preprocess it: {p.result['error']}")  # type: ignore[index]
-            all_ok = False
+        outcome = mask.outcome_of(p)
+        all_ok = all_ok and outcome.ok and not outcome.unreachable
+        if p.outcome is not None or "rows" not in (p.result or {}):
+            lines.append(f"--- {name}: {outcome.message or 'not readable here'}")
             continue
         sample = p.result["rows"]  # type: ignore[index]
         for i, row in enumerate(sample[:rows]):
             lines.append(describe(name, row, i, color))
         total = sum(r.get("n_tokens", 0) for r in sample)
         trained = sum(r.get("n_trained", 0) for r in sample)
-        outcome = mask.verdict(p.check, sample)
-        all_ok = all_ok and outcome.ok
         lines.append(f"--- {name}: {len(sample)} sampled rows, {total} tokens, {trained} trained; loss mask "
                      + ("ok" if outcome.ok else f"WRONG: {outcome.message}; fix: {outcome.fix}"))
     return "\n".join(lines), all_ok
@@ -125,14 +120,21 @@ def first_examples(cells: Sequence[Cell], color: bool = False, limit: int = 8) -
 
     from sft_grid import mask, prep
 
-    first: dict[tuple[str, ...], tuple[Any, Cell]] = {}  # one per (backend, template, source), its first cell
+    # one example per (backend, template, source): the checks of the first cell that has it
+    firsts: dict[tuple[str, ...], Cell] = {}
     for cell in cells:
+        s = cell.spec
+        for name, ds in s.dataset.items():
+            firsts.setdefault((s.backend.name, s.model.template, name, ds.source), cell)
+    cell_of: dict[Any, Cell] = {}
+    for (_, _, name, _), cell in firsts.items():
         source = prep.prep_for(cell)
         for check in mask.checks_for(cell):
-            if source is not None and check.model == str(source.dir / "model"):
+            if check.key != f"dataset.{name}":
+                continue
+            if source is not None and not source.complete and check.model == str(source.model_dir):
                 check = replace(check, model=source.source)
-            first.setdefault((check.backend, cell.spec.model.template, check.key, check.target), (check, cell))
-    cell_of = {check: cell for check, cell in first.values()}
+            cell_of.setdefault(check, cell)
     lines: list[str] = []
     unreadable: list[str] = []
     for p in mask.probe(list(cell_of)[:limit]):
@@ -145,8 +147,8 @@ def first_examples(cells: Sequence[Cell], color: bool = False, limit: int = 8) -
     if unreadable:
         lines.append(f"  first examples not shown, their inputs are not readable here (the job's preflight checks"
                      f" them): {', '.join(dict.fromkeys(unreadable))}")
-    if len(first) > limit:
-        lines.append(f"  ... {len(first) - limit} more source(s): python -m sft_grid.show <cell dir>")
+    if len(cell_of) > limit:
+        lines.append(f"  ... {len(cell_of) - limit} more source(s): python -m sft_grid.show <cell dir>")
     return lines
 
 

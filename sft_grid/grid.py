@@ -172,8 +172,7 @@ def scheduler_view(dirs: Sequence[Path]) -> tuple[dict[Path, list[dict[str, Any]
     from sft_grid import slurm
 
     ids = [r.job_id for r in refs if r.job_id]
-    ids += [str(p[-1]["post_job_id"]) for p in ([e for e in h if e.get("event") == "post_job"] for h in histories.values())
-            if p and p[-1].get("post_job_id")]
+    ids += [i for i in (post.post_job_id(h) for h in histories.values()) if i]
     names = [r.name for r in refs if not r.job_id and r.name]
     try:
         return histories, slurm.sacct(ids, names)
@@ -307,8 +306,6 @@ def _prepare_local(local: list[render.RenderedCell], cells: Sequence[Cell], outc
                    ) -> tuple[list[render.RenderedCell], list[str]]:
     """Run the model preps these local cells need (once per model, skipped when done); a cell whose prep
     failed is recorded as failed with the prep's reason and not run. Returns (cells to run, failed cells)."""
-    for line in prep.describe([r.cell for r in local if (p := prep.prep_for(r.cell)) and not p.complete], running=True):
-        out(line)
     failed = prep.run_local([r.cell for r in local])
     index = {c.name: i for i, c in enumerate(cells)}
     for r in local:

@@ -182,10 +182,16 @@ def summary(cell_dir: Path, history: Sequence[Mapping[str, Any]] | None = None,
     return "", ""
 
 
+def post_job_id(history: Sequence[Mapping[str, Any]]) -> str:
+    """The Slurm id of the cell's latest post job ("" when it has none)."""
+    queued = [e for e in history if e.get("event") == "post_job"]
+    return str(queued[-1].get("post_job_id") or "") if queued else ""
+
+
 def post_job(history: Sequence[Mapping[str, Any]], jobs: Mapping[str, Any] | None) -> Any:
     """The scheduler's record of the cell's latest post job (sft_grid.slurm.JobState), if any."""
-    queued = [e for e in history if e.get("event") == "post_job"]
-    return (jobs or {}).get(str(queued[-1].get("post_job_id"))) if queued else None
+    job_id = post_job_id(history)
+    return (jobs or {}).get(job_id) if job_id else None
 
 
 # -- running ----------------------------------------------------------------------------------------------
@@ -280,9 +286,10 @@ def preprocessor_config(cell_dir: Path, post: Mapping[str, Any], where: str) -> 
            f"copying {PREPROCESSOR} from the base model {base} failed",
            f"Offline nodes read it from the Hugging Face cache: download it on the login node first"
            f" (hf download {base} {PREPROCESSOR}), then rerun: python -m sft_grid.post {cell_dir}")
-    for ckpt in ledger.checkpoints(output):
+    ckpts = ledger.checkpoints(output)
+    for ckpt in ckpts:
         shutil.copyfile(output / PREPROCESSOR, ckpt / PREPROCESSOR)
-    return {"copied_to": len(ledger.checkpoints(output)) + 1}
+    return {"copied_to": len(ckpts) + 1}
 
 
 def tokenizer_problems(config: dict[str, Any], model_dir: Path) -> tuple[dict[str, Any], list[str]]:
@@ -324,7 +331,8 @@ def tokenizer_problems(config: dict[str, Any], model_dir: Path) -> tuple[dict[st
 def tokenizer(cell_dir: Path, post: Mapping[str, Any], where: str) -> dict[str, Any]:
     output = cell_dir / "output"
     repaired: dict[str, list[str]] = {}
-    for model_dir in _model_dirs(output):
+    model_dirs = _model_dirs(output)
+    for model_dir in model_dirs:
         path = model_dir / TOKENIZER_CONFIG
         if not path.is_file():
             raise StageFailed(f"{path} is missing: every saved model (output/ and each checkpoint-*) needs its"
@@ -339,7 +347,7 @@ def tokenizer(cell_dir: Path, post: Mapping[str, Any], where: str) -> dict[str, 
             tmp.write_text(json.dumps(fixed, indent=2, ensure_ascii=False) + "\n")
             tmp.replace(path)
             repaired[str(model_dir.relative_to(cell_dir))] = changes
-    return {"checked": len(_model_dirs(output)), "repaired": repaired}
+    return {"checked": len(model_dirs), "repaired": repaired}
 
 
 def upload(cell_dir: Path, post: Mapping[str, Any], where: str) -> dict[str, Any]:

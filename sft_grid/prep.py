@@ -149,20 +149,22 @@ def unique(cells: Sequence[Cell]) -> dict[Prep, list[Cell]]:
     return out
 
 
-def describe(cells: Sequence[Cell], running: bool = False) -> list[str]:
-    """One line per model prep: done, running now, or to run before its cells."""
+def describe(cells: Sequence[Cell]) -> list[str]:
+    """One line per model prep: done, or to run before its cells."""
     lines = []
     for prep, users in unique(cells).items():
         if prep.complete:
             state = "done"
-        elif running:
-            state = "running it now"
         elif users[0].spec.cluster.executor == "slurm":
             state = "a Slurm job its cells depend on"
         else:
             state = "runs before its cells"
-        lines.append(f"  tokenizer prep of {prep.model} for {len(users)} cell(s): {prep.model_dir} ({state})")
+        lines.append(_line(prep, users, state))
     return lines
+
+
+def _line(prep: Prep, users: Sequence[Cell], state: str) -> str:
+    return f"  tokenizer prep of {prep.model} for {len(users)} cell(s): {prep.model_dir} ({state})"
 
 
 def run_local(cells: Sequence[Cell]) -> dict[str, str]:
@@ -171,6 +173,7 @@ def run_local(cells: Sequence[Cell]) -> dict[str, str]:
     for prep, users in unique(cells).items():
         if prep.complete:
             continue
+        print(_line(prep, users, "running it now"), flush=True)
         prep.dir.mkdir(parents=True, exist_ok=True)
         # grids of other sweeps may share the prepared copy: one prepares it, the others find it done
         with open(prep.dir / LOCK, "w") as lock:
@@ -202,29 +205,29 @@ def _in_flight_job(prep: Prep) -> str | None:
 
 
 def submit_slurm(prep: Prep, cell: Cell, request: Any) -> str:
-    """One Slurm job for this prep (or the one already in flight); returns its job id."""
-    import submitit
+    """One Slurm job for this prep (or the one already in flight), sbatched like the cells' arrays (retried
+    on the controller's transient errors); returns its job id. `request`: a cell's, cut down to the prep."""
+    from sft_grid import slurm
 
     running = _in_flight_job(prep)
     if running:
         return running
     _write_script(prep, cell)
-    params = request.as_dict()
-    extra = {k: v for k, v in params.get("additional_parameters", {}).items() if k != "requeue"}
-    params.update(nodes=1, time=min(TIME_MIN, int(params["time"])), additional_parameters=extra,
-                  job_name=f"sft_grid-prep-{prep.model}", stderr_to_stdout=True)
+    params = dict(request.params)
+    extra = {k: v for k, v in dict(params.get("additional_parameters", ())).items() if k != "requeue"}
+    params.update(nodes=1, time=min(TIME_MIN, int(params["time"])), additional_parameters=tuple(sorted(extra.items())))
     params.pop("signal_delay_s", None)
     # the prep loads one checkpoint on one process: one GPU at most (partitions may insist on one)
     if params.get("gpus_per_node"):
         params["gpus_per_node"] = 1
     if params.get("gres"):
         params["gres"] = "gpu:1"
-    executor = submitit.SlurmExecutor(folder=prep.dir / "submitit", max_num_timeout=0)
-    executor.update_parameters(**params)
+    chunk = slurm.ArrayChunk(slurm.SlurmRequest(tuple(sorted(params.items())), 0), [prep.dir],
+                             f"sft_grid-prep-{prep.model}")
     ledger.append(prep.dir, "submitted", executor="slurm")
-    job = executor.submit(PrepJob(str(prep.dir)))
-    ledger.append(prep.dir, "job", job_id=job.job_id)
-    return str(job.job_id)
+    (job_id,) = slurm.sbatch(chunk, None, prep.dir / "submitit", PrepJob)
+    ledger.append(prep.dir, "job", job_id=job_id)
+    return str(job_id)
 
 
 def slurm_dependencies(rendered: Sequence[Any]) -> list[Any]:

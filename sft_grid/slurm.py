@@ -200,7 +200,7 @@ def submit_chunk(chunk: ArrayChunk, concurrency: int | None, folder: Path) -> li
         # before sbatch: a crash after sbatch but before the job id is recorded is recovered by name
         ledger.append(cell_dir, "submitted", executor="slurm", name=chunk.name, index=index,
                       pid=os.getpid(), host=socket.gethostname())
-    ids = _sbatch(chunk, concurrency, folder, CellJob)
+    ids = sbatch(chunk, concurrency, folder, CellJob)
     for cell_dir, job_id in zip(chunk.cell_dirs, ids):
         ledger.append(cell_dir, "job", job_id=job_id)
     return ids
@@ -229,7 +229,7 @@ def submit_post_chunk(chunk: ArrayChunk, folder: Path, after: str | None) -> lis
     by task (aftercorr) or as a whole single job (afterok). Each cell's ledger records its post job."""
     from sft_grid.slurm_job import PostJob
 
-    ids = _sbatch(chunk, None, folder, PostJob)
+    ids = sbatch(chunk, None, folder, PostJob)
     for index, (cell_dir, job_id) in enumerate(zip(chunk.cell_dirs, ids)):
         # not `job_id`: that field names the cell's training job wherever the ledger is read
         ledger.append(cell_dir, "post_job", post_job_id=job_id, name=chunk.name, index=index,
@@ -237,7 +237,9 @@ def submit_post_chunk(chunk: ArrayChunk, folder: Path, after: str | None) -> lis
     return ids
 
 
-def _sbatch(chunk: ArrayChunk, concurrency: int | None, folder: Path, make_job: Any) -> list[str]:
+def sbatch(chunk: ArrayChunk, concurrency: int | None, folder: Path, make_job: Any) -> list[str]:
+    """sbatch one array (a single job when it has one cell) of make_job(cell_dir) jobs; retried with backoff
+    on the controller's transient errors. Returns the job ids."""
     import submitit
 
     delay = 2.0

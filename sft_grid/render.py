@@ -36,16 +36,13 @@ _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 @dataclass(frozen=True)
 class SubmitRequest:
-    """What the executor needs for one cell; cells with equal `resources` can share a job array."""
+    """What the executor needs for one cell; cells with equal `slurm` requests can share a job array."""
 
     cell_name: str
     cell_dir: Path
     executor: str
     timeout_min: int
-    nodes: int
-    gpus_per_node: int
-    cpus_per_node: int
-    # the sbatch request, on Slurm clusters
+    # the sbatch request (nodes, CPUs, GPUs, ...), on Slurm clusters
     slurm: SlurmRequest | None = None
 
 
@@ -121,10 +118,10 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     if cell.world_size > 1:
         lines += distributed_lines(cell)
     lines.append(f"export PATH={shlex.quote(str(bin_dir))}:\"$PATH\"")
-    # optional backend hooks: its own variables (the cluster's env wins) and steps before training
-    own_env = getattr(backend, "env", lambda c: {})(cell)
+    # the backend's own variables (the cluster's env wins) and its steps before training
+    own_env = backend.env(cell)
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(own_env.items()) if k not in s.cluster.env]
-    for step in getattr(backend, "pre_commands", lambda *a: [])(cell, cell_dir, bin_dir):
+    for step in backend.pre_commands(cell, cell_dir, bin_dir):
         lines.append(" ".join(_quote(a) for a in step))
     lines.append("exec " + " ".join(_quote(a) for a in argv) + ' "$@"')
     return "\n".join(lines) + "\n"
@@ -194,15 +191,13 @@ def render(cell: Cell, cell_dir: Path, deferred: list[Check]) -> RenderedCell:
             {"deferred": [c.to_json() for c in deferred], "python": str(bin_dir / "python"),
              "env": dict(s.cluster.env)}, indent=2) + "\n"
     files[CELL_FILE] = cell_yaml(cell)
+    minutes = int(parse_minutes(s.time))
     request = SubmitRequest(
         cell_name=cell.name,
         cell_dir=cell_dir,
         executor=s.cluster.executor,
-        timeout_min=int(parse_minutes(s.time)),
-        nodes=s.nodes,
-        gpus_per_node=s.cluster.gpus_per_node,
-        cpus_per_node=s.cluster.cpus_per_node,
-        slurm=request_for(s, int(parse_minutes(s.time))) if s.cluster.executor == "slurm" else None,
+        timeout_min=minutes,
+        slurm=request_for(s, minutes) if s.cluster.executor == "slurm" else None,
     )
     return RenderedCell(cell, cell_dir, files, request)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from sft_grid import backends, ledger
+from sft_grid import backends, ledger, post
 from sft_grid.preflight import Check, run_deferred
 from sft_grid.render import CELL_FILE, LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, PREFLIGHT_FILE
 
@@ -136,8 +136,6 @@ def _post_stages(cell_dir: Path) -> None:
     """The post-training chain, in this job when the cell's post.json says so (the local executor; on Slurm
     a dependent post job runs it). A stage's failure is its own state in the ledger: the training stays
     completed, and the next run of the grid retries only the stages."""
-    from sft_grid import post
-
     if post.load(cell_dir).get("in_train_job"):
         post.run(cell_dir, post.IN_JOB)
 

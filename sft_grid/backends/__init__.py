@@ -1,5 +1,10 @@
 """Training backends: each turns a cell into the backend's own files and command line.
 
+Each module has NAME, CONFIG_FILE and files(cell, cell_dir) (its structured files, as data),
+command(cell, cell_dir, env_bin) (the training argv), env(cell) (variables launch.sh exports; the
+cluster's own env wins), pre_commands(cell, cell_dir, env_bin) (steps launch.sh runs before training)
+and resume_args(checkpoint) (what makes a rerun resume from a checkpoint).
+
 A closed registry: conf/backend/<name>.yaml must have a module here (tests/test_shipped_configs.py
 checks both directions).
 """

@@ -114,6 +114,16 @@ def command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
     return [str(env_bin / cell.spec.backend.entrypoint[0]), *cell.spec.backend.entrypoint[1:], config]
 
 
+def env(cell: Cell) -> dict[str, str]:
+    """No variables of its own: LLaMA-Factory reads what the cluster profile exports."""
+    return {}
+
+
+def pre_commands(cell: Cell, cell_dir: Path, env_bin: Path) -> list[list[str]]:
+    """No steps before training: LLaMA-Factory interleaves mixes itself."""
+    return []
+
+
 def resume_args(checkpoint: Path) -> list[str]:
     """launch.sh arguments that resume from a checkpoint: LLaMA-Factory's CLI takes key=value overrides."""
     return [f"resume_from_checkpoint={checkpoint}"]

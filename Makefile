@@ -1,24 +1,36 @@
 # sft_grid: set up this machine, run the demo grid, run the tests.
-#   make demo   set up, then train the README's grid (two tiny models, LLaMA-Factory, CPU)
-#   make test   set up, start the local Slurm cluster, then run the whole test suite (real training included)
+#   make demo   set up what the demo needs, then train the README's grid (two tiny models, LLaMA-Factory, CPU)
+#   make test   set up everything the tests need (both backends, the local Slurm cluster), then run them all
+#   make test-fast   the fast set: no backend, no Slurm, no virtual environment built (~1.5 minutes on 2 cores)
 #   make slurm-up / slurm-down   start / stop a real two-node Slurm cluster on this machine (root, Debian)
-# Backend environments and tiny assets go to $SFT_GRID_CACHE (default ~/.cache/sft_grid), keyed by
-# their pins: a second `make` reuses them.
+# Virtual environments and tiny assets go to $SFT_GRID_CACHE (default ~/.cache/sft_grid), keyed by their
+# pins: a second `make` reuses them.
 PYTHON ?= python3
 
-.PHONY: setup demo test slurm-up slurm-down
+.PHONY: install setup-demo setup demo test test-fast slurm-up slurm-down
 
-setup:
+install:
 	$(PYTHON) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
-	$(PYTHON) -m sft_grid.env build llamafactory
-	$(PYTHON) -m sft_grid.env build axolotl
+
+# what `make demo` needs: LLaMA-Factory's environment (it also builds the tiny models) and the tiny assets
+setup-demo: install
+	$(PYTHON) -m sft_grid.venv build llamafactory
 	$(PYTHON) -m sft_grid.assets build
 
-demo: setup
+# what the tests need besides: axolotl's environment
+setup: setup-demo
+	$(PYTHON) -m sft_grid.venv build axolotl
+
+demo: setup-demo
 	$(PYTHON) -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5
 
+# the fast set runs on both cores; the backend and Slurm tests one at a time (each uses the whole machine)
 test: setup slurm-up
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2 -m "not backend and not slurm"
+	$(PYTHON) -m pytest -q -m "backend or slurm"
+
+test-fast: install
+	$(PYTHON) -m pytest -q -n 2 -m "not backend and not slurm"
 
 slurm-up:
 	bash scripts/slurm_up.sh

@@ -1,33 +1,30 @@
-"""Benchmark: plan + validate + render a 1000-cell grid with sft_grid, against Hydra's stock multirun.
+"""Benchmark: plan + validate + render 1000-cell grids of the shapes users write, against Hydra's stock multirun.
 
-Why: sft_grid's promise is that a whole grid is composed, validated and rendered before anything is
-queued, fast enough to run on every edit. The speed targets are
+Why: sft_grid's promise is that a whole grid is composed, validated and rendered before anything is queued, fast
+enough to run on every edit, whatever the grid sweeps. Targets, on a 2-core machine:
 
-  * `python -m sft_grid -m <20 models> <50 datasets> dry_run=true` (1000 cells): at most 3 s wall time
-    on a 2-core machine, and at least 30x faster than
-  * Hydra's stock multirun (basic sweeper + basic launcher, a task that does nothing: benchmarks/noop_app.py)
-    over the same grid, run side by side here; and
+  * every shape below, 1000 cells, `dry_run=true`: at most 2 s wall time (median of the fresh runs), and at
+    least 30x faster than Hydra's stock multirun of the same grid (basic sweeper + basic launcher, a task that
+    does nothing: benchmarks/noop_app.py), run side by side here;
   * `python -m sft_grid --help`: at most 0.8 s.
 
-What it does: writes 20 model and 50 dataset configs (small, valid, pointing at the tiny local assets) into a
-temporary config directory, adds that directory to Hydra's search path with `hydra.searchpath=[file://DIR]`,
-and times each command as a subprocess (wall time around subprocess.run, so interpreter start-up and imports
-count, as they do for a user). Every sft_grid run gets a fresh runs_root and is checked to have written 1000
-cell directories with cell.yaml and train_config.yaml; one more run over an existing runs_root (a
-re-invocation: every cell is already planned) is reported separately. For comparison (information only, no
-target) the same grid is also timed with the directory given as `--config-dir DIR` instead, which puts it on
-the primary search path rather than adding it per composition. Everything is written under a temporary
-directory, which is removed at the end.
+Shapes (each 1000 cells):
 
-    python benchmarks/bench_plan.py [--quick] [--check] [--json out.json]
+  groups      20 models x 50 datasets (group options only)
+  scalars     2 models x 10 learning rates x 50 seeds (value overrides only)
+  sweep_file  a sweep file (`+sweep=bench`) whose params give 10 models x 100 seeds
+  mixed       5 models x 4 datasets x 5 learning rates x 10 seeds, with a nested key and a `+` key set
 
---quick runs the stock-Hydra baseline on a 100-cell subgrid (2 models x 50 datasets) and extrapolates to 1000
-cells (labelled as such). Exit status: 0 whatever the timings, unless --check is given (then 1 when a target is
-missed); 2 when a command failed or wrote the wrong cells, because then there are no numbers to judge.
+The models and datasets are small valid configs written into a temporary directory that Hydra's search path gets
+(`hydra.searchpath=[file://DIR]`); they point at the tiny local assets. Each command runs as a subprocess (wall
+time around subprocess.run: interpreter start-up and imports count, as for a user), and every sft_grid run is
+checked to have written its 1000 cell directories. The stock baseline runs a 100-cell slice of each shape with
+--quick and is scaled to 1000 cells (labelled as such).
 
-Note: `glob(bench_m*)` is not used for the sweep: neither Hydra's basic sweeper nor sft_grid's (which
-inherits its override parsing) sees options that only a command-line `hydra.searchpath` adds, so a glob over
-them expands to nothing (0 cells). The explicit comma lists are used instead.
+    python benchmarks/bench_plan.py [--quick] [--shapes groups,scalars] [--before CHECKOUT] [--check] [--json out.json]
+
+--before runs an earlier checkout of sft_grid (e.g. `git worktree add /tmp/before <ref>`) on the same grids,
+interleaved with this one on the same machine, for before/after figures.
 """
 
 from __future__ import annotations
@@ -37,7 +34,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -49,20 +45,43 @@ from typing import Any, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 NOOP_APP = Path(__file__).resolve().parent / "noop_app.py"
-
-N_MODELS = 20
-N_DATASETS = 50
-QUICK_MODELS = 2  # --quick: the stock baseline runs 2 x 50 cells and is scaled by N_MODELS / QUICK_MODELS
-
-TARGET_PLAN_S = 3.0
+TARGET_PLAN_S = 2.0
 TARGET_RATIO = 30.0
 TARGET_HELP_S = 0.8
-
 CACHE = "${oc.env:SFT_GRID_CACHE,${oc.env:HOME}/.cache/sft_grid}"
-TINY_MODELS = (("tiny-llama3", "llama3"), ("tiny-qwen3", "qwen3"))  # (asset dir, template = tokenizer family)
-
+TINY_MODELS = (("tiny-llama3", "llama3"), ("tiny-qwen3", "qwen3"))
 STOCK_TIMEOUT_S = 3600
 SFT_TIMEOUT_S = 600
+
+
+def models(n: int) -> list[str]:
+    return [f"bench_m{i:02d}" for i in range(n)]
+
+
+def datasets(n: int) -> list[str]:
+    return [f"bench_d{i:02d}" for i in range(n)]
+
+
+def lrs(n: int) -> list[str]:
+    return [f"{i + 1}e-5" for i in range(n)]
+
+
+def seeds(n: int) -> list[str]:
+    return [str(i) for i in range(n)]
+
+
+# shape -> (sweep overrides for sft_grid, the same for a 100-cell slice of the stock baseline)
+SHAPES: dict[str, tuple[list[str], list[str]]] = {
+    "groups": (["model=" + ",".join(models(20)), "dataset=" + ",".join(datasets(50))],
+               ["model=" + ",".join(models(2)), "dataset=" + ",".join(datasets(50))]),
+    "scalars": (["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(10)), "seed=" + ",".join(seeds(50))],
+                ["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(1)), "seed=" + ",".join(seeds(50))]),
+    "sweep_file": (["+sweep=bench"], ["+sweep=bench_slice"]),
+    "mixed": (["model=" + ",".join(models(5)), "dataset=" + ",".join(datasets(4)), "lr=" + ",".join(lrs(5)),
+               "seed=" + ",".join(seeds(10)), "cluster.cpus_per_node=3", "+extra.neat_packing=false"],
+              ["model=" + ",".join(models(5)), "dataset=" + ",".join(datasets(4)), "lr=" + ",".join(lrs(5)),
+               "seed=0", "cluster.cpus_per_node=3", "+extra.neat_packing=false"]),
+}
 
 
 class BenchError(Exception):
@@ -70,324 +89,185 @@ class BenchError(Exception):
 
 
 @dataclass
-class Timed:
-    seconds: float
-    returncode: int
-    stdout: str
-    stderr: str
+class Shape:
+    name: str
+    runs_s: list[float] = field(default_factory=list)
+    median_s: float | None = None
+    reinvocation_s: float | None = None
+    stock_cells: int = 0
+    stock_measured_s: float | None = None
+    stock_1000_s: float | None = None
+    ratio: float | None = None
+    before_median_s: float | None = None  # --before: an earlier checkout, same grid, same machine
 
 
 @dataclass
 class Results:
     date: str
     machine: dict[str, Any]
-    cells: int
-    sft_grid_runs_s: list[float] = field(default_factory=list)
-    sft_grid_min_s: float | None = None
-    sft_grid_median_s: float | None = None
-    sft_grid_reinvocation_s: float | None = None
-    config_dir_runs_s: list[float] = field(default_factory=list)
-    config_dir_median_s: float | None = None
-    stock_cells_run: int = 0
-    stock_measured_s: float | None = None
-    stock_1000_s: float | None = None
-    stock_extrapolated: bool = False
-    stock_jobs_seen: int | None = None
-    ratio: float | None = None
-    config_dir_ratio: float | None = None
+    quick: bool
+    shapes: list[Shape] = field(default_factory=list)
     help_runs_s: list[float] = field(default_factory=list)
-    help_min_s: float | None = None
     help_median_s: float | None = None
-    targets: dict[str, float] = field(default_factory=dict)
+    before_help_median_s: float | None = None
     passed: dict[str, bool] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 
-# -- setup ----------------------------------------------------------------------------------------------------
-
-
-def model_names() -> list[str]:
-    return [f"bench_m{i:02d}" for i in range(N_MODELS)]
-
-
-def dataset_names() -> list[str]:
-    return [f"bench_d{i:02d}" for i in range(N_DATASETS)]
-
-
 def write_configs(conf_dir: Path) -> None:
-    """20 model and 50 dataset options shaped like conf/model/tiny_llama.yaml and conf/dataset/tiny_messages.yaml."""
-    (conf_dir / "model").mkdir(parents=True)
-    (conf_dir / "dataset").mkdir(parents=True)
-    for i, name in enumerate(model_names()):
-        asset, family = TINY_MODELS[0] if i < N_MODELS // 2 else TINY_MODELS[1]
+    """20 model and 50 dataset options shaped like conf/model/tiny_llama.yaml and conf/dataset/tiny_messages.yaml,
+    and the sweep files of the sweep_file shape."""
+    for group in ("model", "dataset", "sweep"):
+        (conf_dir / group).mkdir(parents=True)
+    for i, name in enumerate(models(20)):
+        asset, family = TINY_MODELS[i % 2]
         (conf_dir / "model" / f"{name}.yaml").write_text(
-            f"# benchmark model {i}: the tiny local {family} model\n"
-            f"name: {name}\n"
-            "hub_id: null\n"
-            f"path: {CACHE}/assets/models/{asset}\n"
-            f"params_b: {0.0002 + i * 0.00001:.5f}\n"
-            f"tokenizer_family: {family}\n"
-            f"template: {family}\n"
-            "needs: []\n"
-        )
-    for i, name in enumerate(dataset_names()):
+            f"name: {name}\nhub_id: null\npath: {CACHE}/assets/models/{asset}\nparams_b: {0.0002 + i * 1e-5:.5f}\n"
+            f"tokenizer_family: {family}\ntemplate: {family}\nneeds: []\n")
+    for name in datasets(50):
         (conf_dir / "dataset" / f"{name}.yaml").write_text(
-            f"# benchmark dataset {i}: the tiny local conversations, role/content in `messages`\n"
-            f"{name}:\n"
-            f"  source: {CACHE}/assets/data/tiny_messages.jsonl\n"
-            "  formatting: sharegpt\n"
-            "  messages: messages\n"
-            "  tags:\n"
-            "    role_tag: role\n"
-            "    content_tag: content\n"
-            "    user_tag: user\n"
-            "    assistant_tag: assistant\n"
-            "    system_tag: system\n"
-        )
+            f"{name}:\n  source: {CACHE}/assets/data/tiny_messages.jsonl\n  formatting: sharegpt\n  messages: messages\n"
+            "  tags: {role_tag: role, content_tag: content, user_tag: user, assistant_tag: assistant, system_tag: system}\n")
+    for sweep, (n_models, n_seeds) in {"bench": (10, 100), "bench_slice": (1, 100)}.items():
+        (conf_dir / "sweep" / f"{sweep}.yaml").write_text(
+            "# @package _global_\n"
+            f"sweep_name: default\nmax_steps: 4\nhydra:\n  sweeper:\n    params:\n"
+            f"      model: {','.join(models(n_models))}\n      seed: {','.join(seeds(n_seeds))}\n")
 
 
-def ensure_assets() -> None:
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.assets", "build"], cwd=REPO, env=dict(os.environ),
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BenchError(f"`python -m sft_grid.assets build` exited {proc.returncode}:\n{tail(proc.stderr)}")
-
-
-def grid_overrides(conf_dir: Path, models: Sequence[str], datasets: Sequence[str]) -> list[str]:
-    return [*sweep_overrides(models, datasets), f"hydra.searchpath=[file://{conf_dir}]"]
-
-
-def sweep_overrides(models: Sequence[str], datasets: Sequence[str]) -> list[str]:
-    return ["model=" + ",".join(models), "dataset=" + ",".join(datasets)]
-
-
-# -- running --------------------------------------------------------------------------------------------------
-
-
-def tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def timed(argv: list[str], cwd: Path, timeout: float) -> Timed:
-    env = dict(os.environ)
+def timed(argv: list[str], cwd: Path, timeout: float, pythonpath: Path | None = None,
+          ) -> tuple[float, subprocess.CompletedProcess[str]]:
+    env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    seconds = time.perf_counter() - started
-    return Timed(seconds, proc.returncode, proc.stdout, proc.stderr)
+    return time.perf_counter() - started, proc
 
 
-def check_ok(what: str, result: Timed) -> None:
-    if result.returncode != 0:
-        raise BenchError(f"{what} exited {result.returncode} after {result.seconds:.2f} s\n"
-                         f"--- stderr (tail) ---\n{tail(result.stderr)}\n--- stdout (tail) ---\n{tail(result.stdout)}")
+def check(what: str, proc: subprocess.CompletedProcess[str]) -> None:
+    if proc.returncode != 0:
+        tail = lambda text: "\n".join(text.splitlines()[-30:])  # noqa: E731
+        raise BenchError(f"{what} exited {proc.returncode}\n{tail(proc.stderr)}\n{tail(proc.stdout)}")
 
 
-def count_rendered_cells(runs_root: Path) -> int:
+def run_sft_grid(conf: Path, overrides: list[str], runs_root: Path, cwd: Path, label: str,
+                 checkout: Path | None = None) -> float:
+    argv = [sys.executable, "-m", "sft_grid", "-m", *overrides, f"hydra.searchpath=[file://{conf}]", "dry_run=true",
+            f"runs_root={runs_root}"]
+    seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, checkout)
+    check(f"sft_grid dry run ({label})", proc)
     sweep = runs_root / "default"
-    if not sweep.is_dir():
-        return 0
-    return sum(1 for d in sweep.iterdir()
-               if d.is_dir() and (d / "cell.yaml").is_file() and (d / "train_config.yaml").is_file())
+    cells = sum(1 for d in sweep.iterdir() if (d / "cell.yaml").is_file()) if sweep.is_dir() else 0
+    if cells != 1000:
+        raise BenchError(f"sft_grid dry run ({label}) wrote {cells} cells, expected 1000")
+    return seconds
 
 
-def sft_grid_argv(overrides: list[str], runs_root: Path, flags: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "sft_grid", "-m", *flags, *overrides, "dry_run=true", f"runs_root={runs_root}"]
-
-
-def run_sft_grid(overrides: list[str], runs_root: Path, cwd: Path, expect_cells: int, label: str,
-                 flags: Sequence[str] = ()) -> float:
-    result = timed(sft_grid_argv(overrides, runs_root, flags), cwd, SFT_TIMEOUT_S)
-    check_ok(f"sft_grid dry run ({label})", result)
-    cells = count_rendered_cells(runs_root)
-    if cells != expect_cells:
-        raise BenchError(f"sft_grid dry run ({label}) exited 0 but {cells} cell dirs with cell.yaml and "
-                         f"train_config.yaml are under {runs_root / 'default'}, expected {expect_cells}\n"
-                         f"--- stdout (tail) ---\n{tail(result.stdout)}")
-    return result.seconds
-
-
-_JOB_LINE = re.compile(r"^\s*#(\d+) : ", re.MULTILINE)
-
-
-def run_stock(overrides: list[str], sweep_dir: Path, cwd: Path) -> tuple[float, int | None]:
-    """Hydra's basic sweeper + launcher over the grid; returns (seconds, highest job number logged + 1)."""
+def run_stock(conf: Path, overrides: list[str], sweep_dir: Path, cwd: Path) -> float:
     argv = [sys.executable, str(NOOP_APP), "-m", "hydra/launcher=basic", "hydra/sweeper=basic", *overrides,
-            f"hydra.sweep.dir={sweep_dir}"]
-    result = timed(argv, cwd, STOCK_TIMEOUT_S)
-    check_ok("stock Hydra multirun", result)
-    # The basic launcher logs "#<n> : <overrides>" per job (from the 2nd job on, once the job's logging
-    # config is installed); the highest number seen confirms how many jobs it ran.
-    nums = [int(m) for m in _JOB_LINE.findall(result.stdout + "\n" + result.stderr)]
-    return result.seconds, (max(nums) + 1 if nums else None)
+            f"hydra.searchpath=[file://{conf}]", f"hydra.sweep.dir={sweep_dir}"]
+    seconds, proc = timed(argv, cwd, STOCK_TIMEOUT_S)
+    check("stock Hydra multirun", proc)
+    return seconds
 
 
-def run_help(cwd: Path, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        result = timed([sys.executable, "-m", "sft_grid", "--help"], cwd, 60)
-        check_ok("python -m sft_grid --help", result)
-        times.append(result.seconds)
-    return times
+def stock_cells(overrides: list[str]) -> int:
+    n = 1
+    for o in overrides:
+        if "=" in o and "," in o.split("=", 1)[1]:
+            n *= len(o.split("=", 1)[1].split(","))
+    return n if overrides != ["+sweep=bench_slice"] else 100
 
 
-# -- report ---------------------------------------------------------------------------------------------------
+def bench(args: argparse.Namespace, work: Path, r: Results) -> None:
+    conf, cwd = work / "conf", work / "cwd"
+    cwd.mkdir()
+    write_configs(conf)
+    print("building the tiny assets (no-op when built) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "sft_grid.assets", "build"], cwd=REPO, check=True, capture_output=True)
+    for name in args.shapes:
+        full, slice_ = SHAPES[name]
+        shape = Shape(name)
+        r.shapes.append(shape)
+        for i in range(args.repeats):
+            shape.runs_s.append(run_sft_grid(conf, full, work / f"runs-{name}-{i}", cwd, f"{name} run {i + 1}"))
+        shape.median_s = statistics.median(shape.runs_s)
+        shape.reinvocation_s = run_sft_grid(conf, full, work / f"runs-{name}-0", cwd, f"{name} again")
+        print(f"  {name}: " + ", ".join(f"{s:.2f} s" for s in shape.runs_s)
+              + f"; again over its cells {shape.reinvocation_s:.2f} s", flush=True)
+        if args.before:
+            runs = [run_sft_grid(conf, full, work / f"runs-{name}-before-{i}", cwd, f"{name} before {i + 1}",
+                                 args.before) for i in range(args.repeats)]
+            shape.before_median_s = statistics.median(runs)
+            print(f"  {name}, before ({args.before}): " + ", ".join(f"{s:.2f} s" for s in runs), flush=True)
+        if args.skip_stock:
+            continue
+        stock = slice_ if args.quick else full
+        shape.stock_cells = stock_cells(stock) if args.quick else 1000
+        shape.stock_measured_s = run_stock(conf, stock, work / f"stock-{name}", cwd)
+        shape.stock_1000_s = shape.stock_measured_s * 1000 / shape.stock_cells
+        shape.ratio = shape.stock_1000_s / shape.median_s
+        print(f"  {name}, stock Hydra: {shape.stock_measured_s:.1f} s for {shape.stock_cells} cells", flush=True)
+    for _ in range(args.help_repeats):
+        seconds, proc = timed([sys.executable, "-m", "sft_grid", "--help"], cwd, 60)
+        check("--help", proc)
+        r.help_runs_s.append(seconds)
+    r.help_median_s = statistics.median(r.help_runs_s)
+    if args.before:
+        r.before_help_median_s = statistics.median(
+            timed([sys.executable, "-m", "sft_grid", "--help"], cwd, 60, args.before)[0] for _ in range(args.help_repeats))
 
 
-def fmt(value: float | None, unit: str = "s", digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f} {unit}".strip()
-
-
-def verdict(results: Results, key: str) -> str:
-    if key not in results.passed:
-        return "n/a"
-    return "PASS" if results.passed[key] else "FAIL"
-
-
-def print_table(r: Results) -> None:
-    stock_label = f"stock Hydra multirun, {r.cells} cells" + (
-        f" (extrapolated from {r.stock_cells_run})" if r.stock_extrapolated else "")
-    rows = [
-        ("measurement", "value", "target", "result"),
-        (f"sft_grid dry run, {r.cells} cells (min / median of {len(r.sft_grid_runs_s)})",
-         f"{fmt(r.sft_grid_min_s)} / {fmt(r.sft_grid_median_s)}", f"<= {TARGET_PLAN_S:g} s (median)",
-         verdict(r, "plan")),
-        ("sft_grid re-invocation over existing cells", fmt(r.sft_grid_reinvocation_s), "(info)", ""),
-        (f"sft_grid dry run, configs via --config-dir (median of {len(r.config_dir_runs_s)})",
-         fmt(r.config_dir_median_s), "(info)", ""),
-        (stock_label, fmt(r.stock_1000_s, digits=1), "(baseline)", ""),
-        ("ratio stock / sft_grid median", fmt(r.ratio, "x", 1), f">= {TARGET_RATIO:g}x", verdict(r, "ratio")),
-        ("ratio stock / sft_grid --config-dir median", fmt(r.config_dir_ratio, "x", 1), "(info)", ""),
-        (f"python -m sft_grid --help (min / median of {len(r.help_runs_s)})",
-         f"{fmt(r.help_min_s)} / {fmt(r.help_median_s)}", f"<= {TARGET_HELP_S:g} s (median)", verdict(r, "help")),
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+def report(r: Results) -> None:
+    rows = [("shape (1000 cells)", "sft_grid median", "again", "before", "stock Hydra", "ratio", "result")]
+    for s in r.shapes:
+        stock = "-" if s.stock_1000_s is None else f"{s.stock_1000_s:.1f} s" + (" (scaled)" if r.quick else "")
+        ok = s.median_s is not None and s.median_s <= TARGET_PLAN_S and (s.ratio is None or s.ratio >= TARGET_RATIO)
+        r.passed[s.name] = ok
+        before = "-" if s.before_median_s is None else f"{s.before_median_s:.2f} s"
+        rows.append((s.name, f"{s.median_s:.2f} s", f"{s.reinvocation_s:.2f} s", before, stock,
+                     "-" if s.ratio is None else f"{s.ratio:.0f}x", "PASS" if ok else "FAIL"))
+    r.passed["help"] = r.help_median_s is not None and r.help_median_s <= TARGET_HELP_S
+    before_help = "-" if r.before_help_median_s is None else f"{r.before_help_median_s:.2f} s"
+    rows.append(("--help", f"{r.help_median_s:.2f} s", "", before_help, "", "", "PASS" if r.passed["help"] else "FAIL"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for n, row in enumerate(rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))
-    if r.stock_jobs_seen is not None and r.stock_jobs_seen != r.stock_cells_run:
-        print(f"note: the stock launcher logged {r.stock_jobs_seen} job(s), expected {r.stock_cells_run}")
+    print(f"targets: <= {TARGET_PLAN_S:g} s a shape, >= {TARGET_RATIO:g}x stock Hydra, --help <= {TARGET_HELP_S:g} s")
     for err in r.errors:
         print(f"ERROR: {err}")
 
 
-def judge(r: Results) -> None:
-    r.targets = {"plan_s": TARGET_PLAN_S, "ratio": TARGET_RATIO, "help_s": TARGET_HELP_S}
-    if r.sft_grid_median_s is not None:
-        r.passed["plan"] = r.sft_grid_median_s <= TARGET_PLAN_S
-    if r.ratio is not None:
-        r.passed["ratio"] = r.ratio >= TARGET_RATIO
-    if r.help_median_s is not None:
-        r.passed["help"] = r.help_median_s <= TARGET_HELP_S
-
-
-def machine_info() -> dict[str, Any]:
-    try:
-        from importlib.metadata import version
-
-        hydra_version = version("hydra-core")
-        omegaconf_version = version("omegaconf")
-    except Exception:  # informational only
-        hydra_version = omegaconf_version = "?"
-    return {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "hydra_core": hydra_version,
-        "omegaconf": omegaconf_version,
-    }
-
-
-# -- main -----------------------------------------------------------------------------------------------------
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help=f"stock-Hydra baseline on {QUICK_MODELS}x{N_DATASETS} cells, extrapolated to "
-                        f"{N_MODELS * N_DATASETS}")
-    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    p.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON here")
-    p.add_argument("--repeats", type=int, default=3, help="fresh sft_grid dry runs (default 3)")
-    p.add_argument("--help-repeats", type=int, default=5, help="`--help` runs (default 5)")
-    p.add_argument("--skip-stock", action="store_true", help="do not run the stock-Hydra baseline (no ratio)")
-    return p.parse_args(argv)
-
-
-def bench(args: argparse.Namespace, work: Path, r: Results) -> None:
-    conf_dir = work / "conf"
-    cwd = work / "cwd"  # Hydra's multirun writes multirun.yaml into hydra.sweep.dir, which conf/ sets to "."
-    cwd.mkdir()
-    write_configs(conf_dir)
-    print("building the tiny assets (no-op when built) ...", flush=True)
-    ensure_assets()
-
-    models, datasets = model_names(), dataset_names()
-    full = grid_overrides(conf_dir, models, datasets)
-
-    print(f"sft_grid dry run, {r.cells} cells, {args.repeats} fresh run(s) ...", flush=True)
-    for i in range(args.repeats):
-        seconds = run_sft_grid(full, work / f"runs-{i}", cwd, r.cells, f"fresh run {i + 1}")
-        r.sft_grid_runs_s.append(seconds)
-        print(f"  run {i + 1}: {seconds:.2f} s", flush=True)
-    r.sft_grid_min_s = min(r.sft_grid_runs_s)
-    r.sft_grid_median_s = statistics.median(r.sft_grid_runs_s)
-    r.sft_grid_reinvocation_s = run_sft_grid(full, work / f"runs-{args.repeats - 1}", cwd, r.cells, "re-invocation")
-    print(f"  re-invocation over existing cells: {r.sft_grid_reinvocation_s:.2f} s", flush=True)
-
-    print(f"sft_grid dry run, {r.cells} cells, configs via --config-dir (info), {args.repeats} run(s) ...", flush=True)
-    for i in range(args.repeats):
-        seconds = run_sft_grid(sweep_overrides(models, datasets), work / f"runs-cd-{i}", cwd, r.cells,
-                               f"--config-dir run {i + 1}", flags=("--config-dir", str(conf_dir)))
-        r.config_dir_runs_s.append(seconds)
-        print(f"  run {i + 1}: {seconds:.2f} s", flush=True)
-    r.config_dir_median_s = statistics.median(r.config_dir_runs_s)
-
-    print(f"python -m sft_grid --help x{args.help_repeats} ...", flush=True)
-    r.help_runs_s = run_help(cwd, args.help_repeats)
-    r.help_min_s = min(r.help_runs_s)
-    r.help_median_s = statistics.median(r.help_runs_s)
-
-    if args.skip_stock:
-        return
-    stock_models = models[:QUICK_MODELS] if args.quick else models
-    r.stock_cells_run = len(stock_models) * len(datasets)
-    r.stock_extrapolated = args.quick
-    print(f"stock Hydra multirun (basic sweeper + basic launcher, no-op task), {r.stock_cells_run} cells"
-          " (this takes a while) ...", flush=True)
-    seconds, jobs = run_stock(grid_overrides(conf_dir, stock_models, datasets), work / "stock-sweep", cwd)
-    r.stock_measured_s = seconds
-    r.stock_jobs_seen = jobs
-    r.stock_1000_s = seconds * r.cells / r.stock_cells_run
-    print(f"  {seconds:.1f} s" + (f" -> {r.stock_1000_s:.1f} s for {r.cells} cells (extrapolated)"
-                                  if args.quick else ""), flush=True)
-    r.ratio = r.stock_1000_s / r.sft_grid_median_s
-    r.config_dir_ratio = r.stock_1000_s / r.config_dir_median_s
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.repeats < 1 or args.help_repeats < 1:
-        raise SystemExit("--repeats and --help-repeats must be >= 1")
-    r = Results(date=_dt.date.today().isoformat(), machine=machine_info(), cells=N_MODELS * N_DATASETS)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="stock baseline on a 100-cell slice of each shape, scaled")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    p.add_argument("--json", type=Path, metavar="PATH")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--help-repeats", type=int, default=5)
+    p.add_argument("--skip-stock", action="store_true")
+    p.add_argument("--before", type=Path, metavar="CHECKOUT",
+                   help="also time an earlier checkout of sft_grid (run with PYTHONPATH=CHECKOUT), side by side")
+    args = p.parse_args(argv)
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    r = Results(_dt.date.today().isoformat(), {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                                "platform": platform.platform()}, args.quick)
     failed = False
     with tempfile.TemporaryDirectory(prefix="sft_grid_bench_") as tmp:
         try:
             bench(args, Path(tmp), r)
-        except (BenchError, subprocess.TimeoutExpired) as exc:
+        except (BenchError, subprocess.TimeoutExpired, subprocess.CalledProcessError) as exc:
             r.errors.append(str(exc))
             failed = True
-    judge(r)
     print()
-    print_table(r)
+    report(r)
     if args.json:
         args.json.write_text(json.dumps(asdict(r), indent=2) + "\n")
-        print(f"results written to {args.json}")
     if failed:
         return 2
-    if args.check and not all(r.passed.get(k, False) for k in ("plan", "help", *(() if args.skip_stock else ("ratio",)))):
-        return 1
-    return 0
+    return 1 if args.check and not all(r.passed.values()) else 0
 
 
 if __name__ == "__main__":

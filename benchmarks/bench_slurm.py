@@ -67,10 +67,14 @@ def queued_tasks(prefix: str) -> int:
     return sum(1 for name in out if name.startswith(prefix))
 
 
-def bench_sft_grid(work: Path, conf: Path, env: dict[str, str], counts: dict[str, Path]) -> dict[str, float]:
-    runs = work / "runs"
-    argv = [sys.executable, "-m", "sft_grid", "-m", *bench_plan.grid_overrides(conf, bench_plan.model_names(),
-            bench_plan.dataset_names()), "cluster=slurm_local", "+cluster.sbatch_extra.hold=true", f"runs_root={runs}"]
+GROUPS = [*bench_plan.SHAPES["groups"][0]]
+
+
+def bench_sft_grid(work: Path, conf: Path, env: dict[str, str], counts: dict[str, Path], label: str = "",
+                   ) -> dict[str, float]:
+    runs = work / f"runs{label}"
+    argv = [sys.executable, "-m", "sft_grid", "-m", *GROUPS, f"hydra.searchpath=[file://{conf}]",
+            "cluster=slurm_local", "+cluster.sbatch_extra.hold=true", f"runs_root={runs}"]
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
     queue_s = time.perf_counter() - started
@@ -93,10 +97,11 @@ def bench_sft_grid(work: Path, conf: Path, env: dict[str, str], counts: dict[str
 def bench_stock(work: Path, conf: Path, n_datasets: int, deadline_s: float) -> dict[str, float]:
     """Hydra's submitit launcher: time until every cell is queued (it then blocks; we stop it there)."""
     name = "stockbench"
-    datasets = bench_plan.dataset_names()[:n_datasets]
-    n = len(bench_plan.model_names()) * len(datasets)
+    datasets = bench_plan.datasets(n_datasets)
+    n = 20 * len(datasets)
     argv = [sys.executable, str(REPO / "benchmarks" / "noop_app.py"), "-m", "hydra/launcher=submitit_slurm",
-            "hydra/sweeper=basic", *bench_plan.grid_overrides(conf, bench_plan.model_names(), datasets),
+            "hydra/sweeper=basic", "model=" + ",".join(bench_plan.models(20)), "dataset=" + ",".join(datasets),
+            f"hydra.searchpath=[file://{conf}]",
             f"hydra.sweep.dir={work / 'stock'}", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=5",
             f"hydra.launcher.name={name}", "+hydra.launcher.additional_parameters={hold: true}",
             "hydra.launcher.array_parallelism=1000"]
@@ -122,15 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stock-cells", type=int, default=1000, help="cells for the stock launcher (20 x N/20)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--before", type=Path, metavar="CHECKOUT",
+                        help="also time an earlier checkout of sft_grid (PYTHONPATH) on the same grid, side by side")
     args = parser.parse_args(argv)
-    bench_plan.ensure_assets()
+    subprocess.run([sys.executable, "-m", "sft_grid.assets", "build"], cwd=REPO, check=True, capture_output=True)
+    before = None
     with tempfile.TemporaryDirectory(prefix="bench_slurm-") as tmp:
         work = Path(tmp)
         conf = work / "conf"
         bench_plan.write_configs(conf)
         env, counts = counting_path(work)
         ours = bench_sft_grid(work, conf, env, counts)
-        stock = bench_stock(work, conf, max(1, args.stock_cells // len(bench_plan.model_names())), deadline_s=600)
+        if args.before:
+            reset(counts)
+            before = bench_sft_grid(work, conf, {**env, "PYTHONPATH": str(args.before.resolve())}, counts, "-before")
+        stock = bench_stock(work, conf, max(1, args.stock_cells // 20), deadline_s=600)
     scale = 1000 / stock["cells"]
     rows = [
         ("sft_grid: command to 1000 cells queued", f"{ours['queue_s']:.2f} s", "<= 5 s", ours["queue_s"] <= 5),
@@ -142,12 +153,19 @@ def main(argv: list[str] | None = None) -> int:
          + (f" (x{scale:g} = {stock['queue_s'] * scale:.0f} s for 1000)" if scale != 1 else ""), "(baseline)", None),
         ("stock launcher returned after queueing", str(stock["returned"]), "(it blocks)", None),
     ]
+    if before is not None:
+        rows += [
+            ("before (--before): command to 1000 cells queued", f"{before['queue_s']:.2f} s",
+             f"ratio {ours['queue_s'] / before['queue_s']:.2f}", None),
+            ("before (--before): status of 1000 cells", f"{before['status_s']:.2f} s",
+             f"ratio {ours['status_s'] / before['status_s']:.2f}", None),
+        ]
     width = max(len(r[0]) for r in rows)
     for label, value, target, ok in rows:
         verdict = "" if ok is None else ("PASS" if ok else "FAIL")
         print(f"{label:<{width}}  {value:<28} {target:<12} {verdict}")
     if args.json:
-        args.json.write_text(json.dumps({"sft_grid": ours, "stock": stock}, indent=2))
+        args.json.write_text(json.dumps({"sft_grid": ours, "before": before, "stock": stock}, indent=2))
     return 0
 
 

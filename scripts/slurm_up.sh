@@ -16,7 +16,7 @@
 #   SLURM_CI_CPUS    fake CPUs per node                              (default 4)
 #   SLURM_CI_GPUS    fake GPUs per node                              (default 4)
 #   SLURM_CI_PREEMPT 1: partitions debug + high with preemption; 0: a single debug partition (default 1)
-# Logs: /var/log/slurm. The recipe and its measurements: shared/research/feas_slurm.md.
+# Logs: /var/log/slurm.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 

@@ -1,0 +1,21 @@
+"""sft_grid: declarative grids of supervised fine-tuning experiments, on Slurm or on this machine.
+
+Layers, each importing only the layers above it in this list (tests/test_layers.py checks every import,
+function-local ones included):
+
+    core        sft_grid.core        types, file layout, the ledger's events, the submission plan, problems
+    planning    sft_grid.planning    composition (Hydra's semantics, fast), cells and identity, validation
+    backends    sft_grid.backends    one Backend interface; pure renderers of LLaMA-Factory's and axolotl's files
+    checks      sft_grid.checks      preflight and the loss-mask probe, once per unique input
+    stages      sft_grid.stages      model prep, post-training stages, virtual environments, tiny assets
+    job         sft_grid.job         what a job runs on its node, from the cell directory alone
+    schedulers  sft_grid.schedulers  execute a plan's jobs (local, Slurm) and read the queue; imports core only
+    grid        sft_grid.grid        plan -> validate -> check -> decide -> render -> SubmissionPlan -> execute
+    cli         sft_grid.<module>    the entry points: python -m sft_grid (the Hydra app), .status, .cancel,
+                                     .show, .post, .venv, .assets; and hydra_plugins/sft_grid_plugins
+
+`sft_grid.in_venv` is beside them: scripts and plugins that run with a backend's python, importing nothing of
+sft_grid.
+"""
+
+__version__ = "0.2.0"

@@ -14,40 +14,40 @@ import signal
 import sys
 from pathlib import Path
 
-from sft_grid import ledger
-
 
 def main(argv: list[str] | None = None) -> int:
+    from sft_grid.core import events
+    from sft_grid.core.events import Event, Kind
+    from sft_grid.core.layout import iter_cell_dirs
+    from sft_grid.core.state import slurm_ref
+    from sft_grid.grid.view import read_view
+    from sft_grid.schedulers import slurm
+
     parser = argparse.ArgumentParser(prog="python -m sft_grid.cancel", description=__doc__.splitlines()[0])
     parser.add_argument("sweep", help="the grid's sweep_name")
     parser.add_argument("cells", nargs="*", help="cell names or parts of names (default: all)")
     parser.add_argument("--runs-root", default=os.environ.get("SFT_GRID_RUNS", "runs"))
     args = parser.parse_args(argv)
-    from sft_grid.grid import scheduler_view
-
     sweep_dir = Path(args.runs_root).expanduser().resolve() / args.sweep
-    dirs = [d for d in ledger.iter_cell_dirs(sweep_dir) if not args.cells or any(c in d.name for c in args.cells)]
-    histories, jobs = scheduler_view(dirs)
+    dirs = [d for d in iter_cell_dirs(sweep_dir) if not args.cells or any(c in d.name for c in args.cells)]
+    view = read_view(dirs)
     slurm_ids, cancelled = [], []
     for cell_dir in dirs:
-        st = ledger.state_of(cell_dir, jobs=jobs, history=histories[cell_dir])
+        st = view.state(cell_dir)
         if not st.state.in_flight:
             continue
-        ref = ledger.slurm_ref(histories[cell_dir])
-        if ref is not None and st.job_id:
+        history = view.histories[cell_dir]
+        if slurm_ref(history) is not None and st.job_id:
             slurm_ids.append(st.job_id)
         else:
-            last = next(e for e in reversed(histories[cell_dir]) if e.get("pid"))
+            last = next(e for e in reversed(history) if e.pid)
             try:
-                os.kill(int(last["pid"]), signal.SIGTERM)
+                os.kill(int(last.pid or 0), signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        ledger.append(cell_dir, "cancelled", reason="cancelled by python -m sft_grid.cancel", job_id=st.job_id)
+        events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by python -m sft_grid.cancel", job_id=st.job_id))
         cancelled.append(cell_dir.name)
-    if slurm_ids:
-        from sft_grid import slurm
-
-        slurm.cancel(slurm_ids)
+    slurm.cancel(slurm_ids)
     for name in cancelled:
         print(f"cancelled {name}")
     print(f"{len(cancelled)} cell(s) cancelled" + ("" if cancelled else f" (none in flight under {sweep_dir})"))

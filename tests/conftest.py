@@ -1,8 +1,10 @@
 """Shared fixtures.
 
-Tests marked `backend` use the real LLaMA-Factory environment and the tiny local assets (built on first
-use by project code: `python -m sft_grid.env build llamafactory`, `python -m sft_grid.assets build`).
-Everything else is pure or reads only small local files.
+Tests marked `backend` use a real backend's virtual environment or the tiny local assets (built on first use by
+project code: `python -m sft_grid.venv build llamafactory`, `python -m sft_grid.assets build`; the tiny models
+are written by LLaMA-Factory's environment). A test that asks for the `tiny_assets` or `axolotl_env` fixture is
+marked `backend` here, whatever its file says, so the fast set (`-m "not backend and not slurm"`) never builds a
+virtual environment. Everything else is pure or reads only small local files.
 """
 
 from __future__ import annotations
@@ -19,12 +21,18 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from sft_grid.compose import Composed, GridComposer
-from sft_grid.paths import CONF_DIR, REPO_ROOT
-from sft_grid.plan import Cell, plan_cell
-from sft_grid.schema import register
+from sft_grid.core.paths import CONF_DIR, REPO_ROOT
+from sft_grid.planning.cells import Cell, plan_cell
+from sft_grid.planning.compose import GridComposer
+from sft_grid.planning.config import register
 
 register()
+
+
+def pytest_collection_modifyitems(items: list[Any]) -> None:
+    for item in items:
+        if {"tiny_assets", "axolotl_env"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.backend)
 
 
 @pytest.fixture
@@ -47,7 +55,9 @@ def make_cells(hydra_loader: Any, tmp_path: Path):
 
     def make(*cells: Sequence[str]) -> list[Cell]:
         composer = GridComposer(hydra_loader, "config")
-        composed, errors = composer.compose_all([[*c, f"runs_root={tmp_path / 'runs'}"] for c in cells])
+        composed, errors = composer.compose_all([
+            [*c] if any(o.startswith("runs_root=") for o in c) else [*c, f"runs_root={tmp_path / 'runs'}"]
+            for c in cells])
         assert not errors, [e.message for e in errors]
         return [plan_cell(c.overrides, c.config) for c in composed]
 
@@ -66,15 +76,29 @@ def run_sft(*args: str, cwd: Path | None = None, check: bool = False, timeout: f
 
 @pytest.fixture(scope="session")
 def tiny_assets() -> Path:
-    from sft_grid import assets, env
+    from sft_grid.stages import assets
+    from sft_grid.stages.venv_build import build
 
-    env.build("llamafactory")
+    build("llamafactory")
     return assets.build()
 
 
 @pytest.fixture(scope="session")
 def axolotl_env(tiny_assets: Path) -> Path:
     """The managed axolotl environment (built on first use, about 3-5 minutes), with the tiny assets."""
-    from sft_grid import env
+    from sft_grid.stages.venv_build import build
 
-    return env.build("axolotl")
+    return build("axolotl")
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path, tiny_assets: Path) -> Iterator[Path]:
+    """A test's runs_root on the local Slurm cluster; afterwards every array its cells name is cancelled."""
+    from .helpers import cancel_jobs_of
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    try:
+        yield root
+    finally:
+        cancel_jobs_of(root)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid import assets, env
-from sft_grid.paths import REPO_ROOT, assets_dir
+from sft_grid.planning.venvs import VenvSpec
+from sft_grid.stages import assets
+from sft_grid.core.paths import REPO_ROOT, assets_dir
 
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>",
@@ -119,7 +120,7 @@ def test_layout(built: Path) -> None:
 
 
 def test_tokenizers_and_models_load_in_backend_env(built: Path) -> None:
-    python = env.managed_env(assets.BACKEND) / "bin" / "python"
+    python = VenvSpec.load(assets.BACKEND).path / "bin" / "python"
     specials = {"tiny-llama3": LLAMA3_SPECIALS, "tiny-qwen3": QWEN3_SPECIALS}
     proc = subprocess.run(
         [str(python), "-c", INSPECT, str(built), json.dumps(specials), json.dumps(CHAT)],
@@ -236,7 +237,7 @@ def test_failed_model_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
         "(d / 'config.json').write_text('{}')\n"
         "sys.exit('boom: half-written')\n"
     )
-    monkeypatch.setattr(assets, "PROBE", broken)
+    monkeypatch.setattr(assets, "SCRIPT", broken)
     dest = tmp_path / "assets"
     with pytest.raises(assets.AssetBuildError, match="boom: half-written"):
         assets.build(dest=dest)

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid import backends, render, resolvers
+from sft_grid import backends
+from sft_grid.grid import render
+from sft_grid.core.layout import LAUNCH_FILE
+from sft_grid.planning import resolvers
 from sft_grid.backends import axolotl
-from sft_grid.env import managed_env
-from sft_grid.paths import CONF_DIR
-from sft_grid.probes import template_integrity
+from sft_grid.planning.venvs import VenvSpec
+from sft_grid.core.paths import CONF_DIR, IN_VENV_DIR
+from sft_grid.in_venv import template_integrity
 
 from .conftest import run_sft
 
@@ -55,12 +58,12 @@ def write_cell(cell) -> Path:
 
 
 def axolotl_check(configs: list[Path], *site: str) -> dict[str, dict]:
-    """axolotl's own validation (probes/axolotl_check.py in the axolotl env): config path -> its result."""
-    python = managed_env("axolotl") / "bin" / "python"
-    proc = subprocess.run([str(python), str(axolotl.PROBES / "axolotl_check.py"), *site, *map(str, configs)],
+    """axolotl's own validation (in_venv/axolotl_check.py in the axolotl venv): config path -> its result."""
+    python = VenvSpec.load("axolotl").path / "bin" / "python"
+    proc = subprocess.run([str(python), str(IN_VENV_DIR / "axolotl_check.py"), *site, *map(str, configs)],
                           capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin",
                                                                             "HF_HUB_OFFLINE": "1",
-                                                                            "PYTHONPATH": str(axolotl.PROBES)})
+                                                                            "PYTHONPATH": str(IN_VENV_DIR)})
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"config"')]
     assert len(results) == len(configs), proc.stdout[-3000:] + proc.stderr[-3000:]
     return {r["config"]: r for r in results}
@@ -108,12 +111,12 @@ def test_rendered_configs_pass_axolotls_own_validation(make_cells, monkeypatch, 
     assert "adapter: lora" in cfg[cpu_dirs[1].name] and "wandb_name: " + cpu[2].name in cfg[cpu_dirs[2].name]
     assert "deepspeed: " in cfg[gpu_dirs[2].name] and "deepspeed" not in cfg[gpu_dirs[0].name]
     # the launch scripts: one process here, accelerate on each node at Leonardo, the plugins on the path
-    tiny_launch = (cpu_dirs[0] / render.LAUNCH_FILE).read_text()
+    tiny_launch = (cpu_dirs[0] / LAUNCH_FILE).read_text()
     assert "axolotl train" in tiny_launch and "--launcher python" in tiny_launch
-    assert f"export PYTHONPATH={axolotl.PROBES}" in tiny_launch and "AXOLOTL_DO_NOT_TRACK=1" in tiny_launch
-    leo_launch = (gpu_dirs[0] / render.LAUNCH_FILE).read_text()
+    assert f"export PYTHONPATH={IN_VENV_DIR}" in tiny_launch and "AXOLOTL_DO_NOT_TRACK=1" in tiny_launch
+    leo_launch = (gpu_dirs[0] / LAUNCH_FILE).read_text()
     assert "accelerate launch --multi_gpu" in leo_launch and "-m axolotl.cli.train" in leo_launch
-    assert "mix_data.py" in (cpu_dirs[2] / render.LAUNCH_FILE).read_text()
+    assert "mix_data.py" in (cpu_dirs[2] / LAUNCH_FILE).read_text()
 
 
 @pytest.mark.backend
@@ -171,8 +174,8 @@ def test_mix_file_is_the_same_interleave_in_both_backend_envs(make_cells, tmp_pa
         spec = json.loads(spec_file.read_text())
         spec["output"] = str(tmp_path / backend / "mix.jsonl")
         (tmp_path / f"{backend}.json").write_text(json.dumps(spec))
-        python = managed_env(backend) / "bin" / "python"
-        subprocess.run([str(python), str(axolotl.MIX_PROBE), str(tmp_path / f"{backend}.json")], check=True,
+        python = VenvSpec.load(backend).path / "bin" / "python"
+        subprocess.run([str(python), str(axolotl.MIX_SCRIPT), str(tmp_path / f"{backend}.json")], check=True,
                        capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HF_DATASETS_OFFLINE": "1"})
         out[backend] = (tmp_path / backend / "mix.jsonl").read_text()
     # datasets 4.8 (axolotl) and 4.0 (LLaMA-Factory): the same rows in the same order
@@ -189,8 +192,8 @@ def test_mix_file_is_the_same_interleave_in_both_backend_envs(make_cells, tmp_pa
     assert len(rows) > n_messages and 0.15 < from_sharegpt / len(rows) < 0.45
     # idempotent: a second run keeps the file (same stamp), a changed seed rewrites it
     before = (tmp_path / "axolotl" / "mix.jsonl").stat().st_mtime_ns
-    python = managed_env("axolotl") / "bin" / "python"
-    again = subprocess.run([str(python), str(axolotl.MIX_PROBE), str(tmp_path / "axolotl.json")], check=True,
+    python = VenvSpec.load("axolotl").path / "bin" / "python"
+    again = subprocess.run([str(python), str(axolotl.MIX_SCRIPT), str(tmp_path / "axolotl.json")], check=True,
                            capture_output=True, text=True, timeout=120)
     assert "up to date" in again.stdout and (tmp_path / "axolotl" / "mix.jsonl").stat().st_mtime_ns == before
 
@@ -234,7 +237,7 @@ def test_axolotl_cell_killed_after_a_checkpoint_resumes_from_it(tmp_path, axolot
     run_sft(*args, "dry_run=true", check=True)
     (cell,) = cells(tmp_path)
     out = cell / "output"
-    job = subprocess.Popen([sys.executable, "-m", "sft_grid.runner", str(cell)], start_new_session=True,
+    job = subprocess.Popen([sys.executable, "-m", "sft_grid.job", str(cell)], start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 180
     while not (out / "checkpoint-4" / "trainer_state.json").is_file():

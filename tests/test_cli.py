@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 
-from sft_grid.paths import CONF_DIR
+from sft_grid.core.paths import CONF_DIR
 
 from .conftest import run_sft
 
@@ -29,17 +28,21 @@ def test_cfg_job_prints_a_composed_cell():
     assert cfg["model"]["hub_id"] == "Qwen/Qwen3-8B" and cfg["dataset"]["magpie"]["tags"]["assistant_tag"] == "gpt"
 
 
-def test_users_command_dry_runs_here_with_hub_checks_deferred(tmp_path):
+def test_users_command_dry_runs_here_with_hub_checks_deferred(tmp_path, tiny_assets):
     proc = run_sft("-m", "model=qwen3_8b,delphi", "lr=2e-5", "dry_run=true", f"runs_root={tmp_path}", check=True)
     assert "qwen3_8b_lr2e-05-" in proc.stdout and "delphi_lr2e-05-" in proc.stdout
     assert "deferred to the job's first step" in proc.stdout and "Qwen/Qwen3-8B" in proc.stdout
     dirs = cell_dirs(tmp_path)
     assert len(dirs) == 2
-    deferred = json.loads((dirs[0] / "preflight.json").read_text())["deferred"]
+    delphi, qwen = dirs
     # the data is local; the loss-mask check of its data needs the hub tokenizer too
-    assert {(d["kind"], d["key"]) for d in deferred} == {("template_tokens", "model.template"),
-                                                         ("loss_mask", "dataset.tiny_messages")}
-    assert not (dirs[0] / "events.jsonl").exists()  # a dry run submits nothing: the ledger starts at submission
+    expected = {("template_tokens", "model.template"), ("loss_mask", "dataset.tiny_messages")}
+    deferred = json.loads((qwen / "preflight.json").read_text())["deferred"]
+    assert {(d["kind"], d["key"]) for d in deferred} == expected
+    # a Delphi cell also checks, first thing in its job, that its model's prep (run before it) succeeded
+    deferred = json.loads((delphi / "preflight.json").read_text())["deferred"]
+    assert {(d["kind"], d["key"]) for d in deferred} == expected | {("prepared", "model")}
+    assert not (delphi / "events.jsonl").exists()  # a dry run submits nothing: the ledger starts at submission
 
 
 def test_hydra_sweep_grammar(tmp_path, tiny_assets):

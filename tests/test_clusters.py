@@ -1,5 +1,5 @@
 """The Slurm site profiles in conf/cluster/: they compose with their per-user variables set, carry the site
-facts of research/seed_system.md section 5, and an unset variable stops the grid with a message that names
+facts of the team's cluster definitions (their old launcher's hpc.py), and an unset variable stops the grid with a message that names
 it and says how to set it."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from sft_grid import resolvers
-from sft_grid.compose import GridComposer
-from sft_grid.paths import CONF_DIR
-from sft_grid.plan import plan_cell
-from sft_grid.validate import validate
+from sft_grid.planning import resolvers
+from sft_grid.planning.compose import GridComposer
+from sft_grid.core.paths import CONF_DIR
+from sft_grid.planning.cells import plan_cell
+from sft_grid.planning.validate import validate
 
 from .conftest import hydra_plain, run_sft
 from .test_shipped_configs import set_user_env
@@ -45,7 +45,7 @@ def test_site_composes_validates_and_reads_its_variables(hydra_loader, monkeypat
     assert c["name"] == site and c["executor"] == "slurm" and c["precision"] == "bf16"
     assert c["account"] == f"dummy-sft_grid_{site}_account"
     assert c["runs_root"] == f"dummy-sft_grid_{site}_runs"
-    assert c["backend_envs"] == {"llamafactory": f"dummy-sft_grid_{site}_env"}
+    assert c["backend_venvs"] == {"llamafactory": f"dummy-sft_grid_{site}_env"}
     assert c["env"]["DISABLE_VERSION_CHECK"] == "1"
     assert c["cpu_arch"] == ("aarch64" if site in ("jupiter", "vista", "empireai") else "x86_64")
     assert c["internet_on_compute"] is (site not in OFFLINE)
@@ -166,7 +166,8 @@ def test_cli_stops_before_anything_is_written_and_names_the_variable(monkeypatch
     assert not any(tmp_path.iterdir())
 
     set_user_env(monkeypatch, "cluster", "leonardo")
-    proc = run_sft("-m", "cluster=leonardo", "model=qwen3_8b,delphi", "dry_run=true", f"runs_root={tmp_path}")
+    proc = run_sft("-m", "cluster=leonardo", "model=qwen3_8b,delphi", "dataset=magpie", "dry_run=true",
+                   f"runs_root={tmp_path}")
     assert "SFT_GRID_LEONARDO" not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --partition=boost_usr_prod" in proc.stdout and "#SBATCH --gres=gpu:4" in proc.stdout

@@ -18,11 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid import env, ledger, mask, prep
-from sft_grid.preflight import preflight
-from sft_grid.templates import DELPHI_TOKENS, TEMPLATES
+from sft_grid.checks import mask
+from sft_grid.checks.preflight import preflight
+from sft_grid.core.layout import iter_cell_dirs
+from sft_grid.core.state import CellState, State
+from sft_grid.core.templates import DELPHI_TOKENS, TEMPLATES
+from sft_grid.planning import inputs
+from sft_grid.planning.venvs import VenvSpec
+from sft_grid.stages import prep
+from sft_grid.stages.venv_build import build
 
 from .conftest import run_sft
+from .helpers import ledger as ledger_of
+from .helpers import states_of
 
 JINJA = TEMPLATES["delphi"].jinja_path
 TINY = ["model=tiny_delphi", "max_steps=3", "cutoff_len=256", "global_batch_size=2", "save_steps=3"]
@@ -34,8 +42,8 @@ def _plan(*overrides: str):
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from sft_grid.paths import CONF_DIR
-    from sft_grid.plan import plan_cell
+    from sft_grid.core.paths import CONF_DIR
+    from sft_grid.planning.cells import plan_cell
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -54,8 +62,8 @@ def _cell(make_cells, *overrides: str):
 def prepared(tiny_assets, tmp_path_factory) -> Path:
     """tiny-delphi prepared by the grid's own prep stage (run here, as for a local grid)."""
     cell = _plan(f"runs_root={tmp_path_factory.mktemp('prep')}")
-    assert prep.run_local([cell]) == {}
-    return prep.prep_for(cell).model_dir
+    assert prep.prepare(inputs.prep_for(cell), cell) is None
+    return inputs.prep_for(cell).model_dir
 
 
 def _root(prepared: Path) -> str:
@@ -63,7 +71,7 @@ def _root(prepared: Path) -> str:
 
 
 def _py(code: str, *args: str, backend: str = "llamafactory") -> str:
-    python = env.managed_env(backend) / "bin" / "python"
+    python = VenvSpec.load(backend).path / "bin" / "python"
     proc = subprocess.run([str(python), "-c", code, *args], capture_output=True, text=True,
                           env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -108,13 +116,13 @@ def test_prep_renames_reserved_slots_and_mean_initialises_their_rows(prepared, t
         assert got[f"{side}_rows_are_mean"] and not got[f"{side}_rows_were_mean"]
         assert got[f"{side}_others_same"]
     assert got["chat_template"] is None  # the template comes from the cell, never from the prep
-    marker = json.loads((prepared / prep.MARKER).read_text())
-    assert marker["version"] == prep.VERSION and marker["source"] == str(source)
+    marker = json.loads((prepared / inputs.MARKER).read_text())
+    assert marker["version"] == inputs.PREP_VERSION and marker["source"] == str(source)
 
 
 @pytest.mark.backend
 def test_prep_refuses_a_tokenizer_whose_slot_is_not_reserved(tiny_assets, tmp_path):
-    python = env.managed_env("llamafactory") / "bin" / "python"
+    python = VenvSpec.load("llamafactory").path / "bin" / "python"
     proc = subprocess.run([str(python), str(prep.PROBE), "--model", str(tiny_assets / "models" / "tiny-llama3"),
                            "--output", str(tmp_path / "out"), "--tokens", json.dumps(DELPHI_TOKENS)],
                           capture_output=True, text=True,
@@ -209,8 +217,8 @@ def test_llamafactory_trains_exactly_the_jinja_render(make_cells, prepared, tmp_
 
 @pytest.mark.backend
 def test_axolotl_trains_exactly_the_jinja_render(make_cells, prepared, tmp_path, monkeypatch):
-    if not (env.managed_env("axolotl") / "bin" / "python").is_file():
-        env.build("axolotl")
+    if not (VenvSpec.load("axolotl").path / "bin" / "python").is_file():
+        build("axolotl")
     data = tmp_path / "delphi_axolotl.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CONVERSATIONS))
     monkeypatch.setattr(mask, "MASK_ROWS", len(CONVERSATIONS))
@@ -223,12 +231,12 @@ def test_axolotl_trains_exactly_the_jinja_render(make_cells, prepared, tmp_path,
 
 
 def test_delphi_cell_renders_its_template_the_prepared_model_and_the_wrapper(make_cells, tmp_path):
-    from sft_grid import render
+    from sft_grid.grid import render
 
     cell = _cell(make_cells)
     rendered = render.render(cell, tmp_path / "cell", [])
-    prep_dir = prep.prep_for(cell)
-    assert prep_dir.dir.parent == cell.runs_root / prep.PREPARED and prep_dir.dir.name.startswith("tiny_delphi-")
+    prep_dir = inputs.prep_for(cell)
+    assert prep_dir.dir.parent == cell.runs_root / inputs.PREPARED and prep_dir.dir.name.startswith("tiny_delphi-")
     assert f"model_name_or_path: {prep_dir.model_dir}\n" in rendered.files["train_config.yaml"]
     assert "template: delphi\n" in rendered.files["train_config.yaml"]
     assert rendered.files["delphi.jinja"] == JINJA.read_text()
@@ -238,34 +246,42 @@ def test_delphi_cell_renders_its_template_the_prepared_model_and_the_wrapper(mak
     (llama,) = make_cells(["model=tiny_llama"])
     plain = render.render(llama, tmp_path / "llama", [])
     assert "sft_grid_lf.py" not in plain.files["launch.sh"] and "llamafactory-cli train" in plain.files["launch.sh"]
-    assert not any(f.endswith(".jinja") for f in plain.files) and prep.model_source(llama) == llama.spec.model.path
+    assert not any(f.endswith(".jinja") for f in plain.files) and inputs.model_source(llama) == llama.spec.model.path
 
 
 def test_prep_directory_is_shared_by_cells_of_a_model_and_differs_by_source(make_cells):
     a, b, other = make_cells(["model=tiny_delphi", "lr=1e-4"], ["model=tiny_delphi", "lr=2e-4"],
                              ["model=tiny_delphi", "model.path=/elsewhere/tiny-delphi"])
-    assert prep.prep_for(a) == prep.prep_for(b)
-    assert prep.prep_for(other).dir != prep.prep_for(a).dir and prep.prep_for(other).source == "/elsewhere/tiny-delphi"
+    assert inputs.prep_for(a) == inputs.prep_for(b)
+    assert inputs.prep_for(other).dir != inputs.prep_for(a).dir
+    assert inputs.prep_for(other).source == "/elsewhere/tiny-delphi"
 
 
-def test_cells_waiting_on_different_prep_jobs_go_to_different_arrays(make_cells):
-    from sft_grid import slurm
+def test_preps_of_a_grid_are_one_array_its_cells_wait_for(make_cells):
+    """One prep job for every model of the grid that needs one; the cells that wait for it are apart from those
+    that do not, and they wait for it to end (afterany): each cell's first step checks its own model's prep."""
+    from sft_grid.grid.decide import Action, Decision
+    from sft_grid.grid.submission import build as build_plan
 
     cells = make_cells(["model=tiny_delphi", "cluster=slurm_local", "lr=1e-4"],
-                       ["model=tiny_delphi", "cluster=slurm_local", "lr=2e-4"])
-    base = slurm.request_for(cells[0].spec, 60)
-    assert base == slurm.request_for(cells[1].spec, 60)
-    first, second = slurm.with_dependency(base, "101"), slurm.with_dependency(base, "102")
-    assert dict(first.as_dict()["additional_parameters"])["dependency"] == "afterok:101"
-    chunks = slurm.plan_arrays([(Path("a"), first), (Path("b"), first), (Path("c"), second), (Path("d"), base)], 1001)
-    assert sorted(len(c.cell_dirs) for c in chunks) == [1, 1, 2]
+                       ["model=tiny_delphi", "cluster=slurm_local", "lr=2e-4"],
+                       ["model=tiny_delphi", "model.name=other_delphi", "cluster=slurm_local"],
+                       ["model=tiny_llama", "cluster=slurm_local"])
+    decisions = [Decision(c, c.sweep_dir / c.name, CellState(State.PLANNED), Action.RUN) for c in cells]
+    plan = build_plan(decisions, {}, None, 1001)
+    roles = [(j.role.value, len(j.targets)) for j in plan.slurm]
+    assert roles == [("prep", 2), ("train", 3), ("post", 3), ("train", 1), ("post", 1)]
+    prep_job, delphi_train, _, llama_train, _ = plan.slurm
+    assert delphi_train.dependency.kind == "afterany" and delphi_train.dependency.job == prep_job.name
+    assert llama_train.dependency is None
+    assert {w.cell_dir for w in plan.waits} == set(delphi_train.targets)
 
 
 # -- guards ---------------------------------------------------------------------------------------------------
 
 
 def test_delphi_model_with_a_chatml_template_is_refused_with_the_delphi_fix(make_cells):
-    from sft_grid.validate import validate
+    from sft_grid.planning.validate import validate
 
     problems = [p for p in validate([_cell(make_cells, "model.template=qwen3")]) if p.rule == "template-tokenizer"]
     assert len(problems) == 1
@@ -278,7 +294,7 @@ def test_unprepared_delphi_tokenizer_without_prep_stage_is_refused(make_cells, t
     (problem,) = [p for p in preflight([_cell(make_cells, "model.needs=[]")]).problems
                   if p.rule == "preflight-template_tokens"]
     assert "not prepared" in problem.message and "<|start_think|>" in problem.message
-    assert prep.NEED in problem.fix
+    assert inputs.PREP_NEED in problem.fix
 
 
 @pytest.mark.backend
@@ -290,7 +306,7 @@ def test_prepared_tokenizer_is_what_the_token_check_reads(make_cells, prepared):
 
 
 def prep_checks(cell):
-    from sft_grid.preflight import checks_for
+    from sft_grid.checks.preflight import checks_for
 
     return [c for c in checks_for(cell) if c.kind == "template_tokens"]
 
@@ -302,21 +318,21 @@ def prep_checks(cell):
 def test_local_grid_prepares_once_then_trains_from_the_prepared_copy(tmp_path, tiny_assets):
     first = run_sft("-m", *TINY, "seed=1,2", f"runs_root={tmp_path}", check=True)
     assert first.stdout.count("tokenizer prep of tiny_delphi") == 1, first.stdout
-    (prep_dir,) = (tmp_path / prep.PREPARED).iterdir()
-    assert [e["event"] for e in ledger.events(prep_dir)] == ["submitted", "running", "completed"]
-    cells = list(ledger.iter_cell_dirs(tmp_path / "default"))
+    (prep_dir,) = (tmp_path / inputs.PREPARED).iterdir()
+    assert [e["event"] for e in ledger_of(prep_dir)] == ["submitted", "running", "completed"]
+    cells = list(iter_cell_dirs(tmp_path / "default"))
     assert len(cells) == 2
     for cell in cells:
-        assert ledger.state_of(cell).state is ledger.State.COMPLETED
+        assert states_of([cell])[cell].state is State.COMPLETED
         config = (cell / "train_config.yaml").read_text()
-        assert f"model_name_or_path: {prep_dir / prep.MODEL_DIR}" in config
+        assert f"model_name_or_path: {prep_dir / inputs.MODEL_DIR}" in config
         assert (cell / "delphi.jinja").read_text() == JINJA.read_text()  # the cell keeps its own template
         saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
         assert saved["eos_token"] == "<|eot_id|>"
     # a second grid with a new cell of the same model: the prep is done, nothing is prepared again
     second = run_sft("-m", *TINY, "seed=1,2,3", f"runs_root={tmp_path}", check=True)
     assert "tokenizer prep" not in second.stdout, second.stdout
-    assert [e["event"] for e in ledger.events(prep_dir)] == ["submitted", "running", "completed"]
+    assert [e["event"] for e in ledger_of(prep_dir)] == ["submitted", "running", "completed"]
     assert "1 to run" in second.stdout
 
 
@@ -326,9 +342,9 @@ def test_failed_prep_fails_its_cells_with_the_reason_and_queues_nothing(tmp_path
     proc = run_sft(*TINY, f"model.path={tiny_assets / 'models' / 'tiny-llama3'}", "model.tokenizer_family=llama3",
                    "model.template=llama3", f"runs_root={tmp_path}")
     assert proc.returncode == 1
-    (cell,) = ledger.iter_cell_dirs(tmp_path / "default")
-    state = ledger.state_of(cell)
-    assert state.state is ledger.State.FAILED and "tokenizer prep exited with 1" in state.reason
+    (cell,) = iter_cell_dirs(tmp_path / "default")
+    state = states_of([cell])[cell]
+    assert state.state is State.FAILED and "tokenizer prep exited with 1" in state.reason
     assert not (cell / "output").exists()
 
 
@@ -340,22 +356,22 @@ def test_slurm_prep_job_runs_first_and_the_cells_depend_on_it(tmp_path, tiny_ass
     match = re.search(r"tokenizer prep of tiny_delphi: job (\d+)", proc.stdout)
     assert match, proc.stdout
     prep_job = match.group(1)
-    cells = list(ledger.iter_cell_dirs(tmp_path / "default"))
+    cells = list(iter_cell_dirs(tmp_path / "default"))
     delphi = [c for c in cells if c.name.startswith("tiny_delphi")]
     llama = [c for c in cells if c.name.startswith("tiny_llama")]
-    job_of = {c: next(e["job_id"] for e in reversed(ledger.events(c)) if e.get("event") == "job") for c in cells}
+    job_of = {c: next(e["job_id"] for e in reversed(ledger_of(c)) if e.get("event") == "job") for c in cells}
     # the Delphi cells are their own array, which waits for the prep job; the tiny_llama array does not
     assert len({job_of[c].split("_")[0] for c in delphi}) == 1
     assert {job_of[c].split("_")[0] for c in delphi}.isdisjoint({job_of[c].split("_")[0] for c in llama})
     # the array's sbatch script asks for the dependency; while the prep runs, Slurm holds the array on it
     scripts = list((tmp_path / "default" / ".submitit").glob("*/*_submission.sh"))
-    delphi_scripts = [p.read_text() for p in scripts if f"afterok:{prep_job}" in p.read_text()]
+    delphi_scripts = [p.read_text() for p in scripts if f"afterany:{prep_job}" in p.read_text()]
     assert len(delphi_scripts) == 1 and "--kill-on-invalid-dep=yes" in delphi_scripts[0]
     shown = subprocess.run(["scontrol", "show", "job", job_of[delphi[0]]], capture_output=True, text=True).stdout
-    assert f"afterok:{prep_job}" in shown or "JobState=PENDING" not in shown, shown
+    assert f"afterany:{prep_job}" in shown or "JobState=PENDING" not in shown, shown
     deadline = time.time() + 300
     while time.time() < deadline:
-        states = {c: ledger.state_of(c, jobs=_sacct(job_of.values())) for c in cells}
+        states = states_of(cells)
         if all(not s.state.in_flight for s in states.values()):
             break
         time.sleep(2)
@@ -367,24 +383,17 @@ def test_slurm_prep_job_runs_first_and_the_cells_depend_on_it(tmp_path, tiny_ass
     assert times[prep_job][3] == "COMPLETED"
     for c in delphi:
         assert times[job_of[c]][1] >= times[prep_job][2]  # started after the prep ended
-    assert any(e.get("event") == "prep" and e.get("job_id_prep") == prep_job for e in ledger.events(delphi[0]))
+    assert any(e.get("event") == "prep" and e.get("job_id_prep") == prep_job for e in ledger_of(delphi[0]))
 
 
-def _wait(cell: Path, deadline_s: float = 300) -> ledger.CellState:
+def _wait(cell: Path, deadline_s: float = 300) -> CellState:
     """The cell's state once its Slurm job is no longer queued or running."""
     deadline = time.time() + deadline_s
     while True:
-        job = next(e["job_id"] for e in reversed(ledger.events(cell)) if e.get("event") == "job")
-        state = ledger.state_of(cell, jobs=_sacct([job]))
+        state = states_of([cell])[cell]
         if not state.state.in_flight or time.time() > deadline:
             return state
         time.sleep(2)
-
-
-def _sacct(job_ids):
-    from sft_grid import slurm
-
-    return slurm.sacct(list(job_ids))
 
 
 @pytest.mark.slurm
@@ -393,9 +402,9 @@ def _sacct(job_ids):
 def test_two_node_delphi_cell_registers_the_template_in_every_rank(tmp_path, tiny_assets, launcher):
     run_sft(*TINY, "max_steps=4", "global_batch_size=4", "micro_batch_size=2", "nodes=2", "cluster=slurm_local",
             f"cluster.launcher={launcher}", f"runs_root={tmp_path}", check=True)
-    (cell,) = ledger.iter_cell_dirs(tmp_path / "default")
+    (cell,) = iter_cell_dirs(tmp_path / "default")
     state = _wait(cell)
-    assert state.state is ledger.State.COMPLETED, state
+    assert state.state is State.COMPLETED, state
     lead, other = (cell / "logs" / "train.log").read_text(), (cell / "logs" / "train.node1.log").read_text()
     # a rank on each node, each through the wrapper (LLaMA-Factory alone would not know the delphi template)
     assert "world size: 2" in lead and "world size: 2" in other
@@ -406,14 +415,15 @@ def test_two_node_delphi_cell_registers_the_template_in_every_rank(tmp_path, tin
 
 @pytest.mark.slurm
 @pytest.mark.backend
-def test_slurm_cells_of_a_failed_prep_are_cancelled_with_its_reason(tmp_path, tiny_assets):
+def test_slurm_cells_of_a_failed_prep_fail_with_its_reason(tmp_path, tiny_assets):
     proc = run_sft(*TINY, f"model.path={tiny_assets / 'models' / 'tiny-llama3'}", "model.tokenizer_family=llama3",
                    "model.template=llama3", "cluster=slurm_local", f"runs_root={tmp_path}", check=True)
     assert "tokenizer prep of tiny_delphi: job" in proc.stdout
-    (cell,) = ledger.iter_cell_dirs(tmp_path / "default")
+    (cell,) = iter_cell_dirs(tmp_path / "default")
     state = _wait(cell)
-    assert state.state is ledger.State.CANCELLED, state
-    assert state.reason.startswith("its model prep failed: tokenizer prep exited with 1"), state.reason
+    assert state.state is State.FAILED, state
+    assert "its model prep failed: tokenizer prep exited with 1" in state.reason, state.reason
+    assert not (cell / "output").exists()  # its first step stopped it: nothing was trained
     status = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
                             capture_output=True, text=True).stdout
     assert "its model prep failed" in status

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sft_grid.compose import GridComposer
-from sft_grid.paths import REPO_ROOT
+from sft_grid.planning.compose import GridComposer
+from sft_grid.core.paths import REPO_ROOT
 
 from .conftest import hydra_plain, run_sft
 
@@ -38,10 +38,16 @@ def leonardo(monkeypatch, tmp_path):
     return tmp_path / "runs"
 
 
-@pytest.fixture
-def dry_run(leonardo):
-    proc = run_sft("-m", "+sweep=delphi_scaling", "dry_run=true", check=True)
-    cells = sorted(p for p in (leonardo / "delphi_scaling").iterdir() if (p / "cell.yaml").is_file())
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """One dry run of the whole grid, read by several tests (it takes seconds)."""
+    root = tmp_path_factory.mktemp("delphi")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SFT_GRID_LEONARDO_ACCOUNT", "acct")
+        mp.setenv("SFT_GRID_LEONARDO_RUNS", str(root / "runs"))
+        mp.setenv("SFT_GRID_LEONARDO_ENV", str(root / "env"))
+        proc = run_sft("-m", "+sweep=delphi_scaling", "dry_run=true", check=True)
+    cells = sorted(p for p in (root / "runs" / "delphi_scaling").iterdir() if (p / "cell.yaml").is_file())
     return proc, cells
 
 
@@ -104,9 +110,13 @@ def test_every_cell_holds_the_grids_rules(dry_run):
         hub_ids.add(hub)
     assert len(hub_ids) == 72
     assert len(per_model) == 36 and all(len(v) == 2 for v in per_model.values())
-    # one tokenizer prep per model, shared by its two cells
-    preps = re.findall(r"tokenizer prep of (\S+) for 2 cell\(s\)", proc.stdout)
-    assert sorted(preps) == sorted(per_model)
+    # one tokenizer prep per model, shared by its two cells: one prep array of 36 tasks the training waits for
+    assert "tokenizer prep of 36 models for 72 cell(s)" in proc.stdout
+    assert re.search(r"model prep, 36 task\(s\)", proc.stdout)
+    prepared = {Path(yaml.safe_load((c / "train_config.yaml").read_text())["model_name_or_path"]).parent for c in cells}
+    assert len(prepared) == 36 and {p.name.rsplit("-", 1)[0] for p in prepared} == set(per_model)
+    # 7 sbatch calls: the prep array, and a training and a post array for each node count (1, 2, 4)
+    assert "Slurm: 7 sbatch call(s)" in proc.stdout and proc.stdout.count("#SBATCH --array=") == 7
 
 
 def test_the_fast_composer_equals_hydra_for_sampled_cells(hydra_loader, leonardo):

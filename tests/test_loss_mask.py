@@ -1,4 +1,4 @@
-"""The loss-mask preflight (sft_grid/mask.py) and `python -m sft_grid.show`.
+"""The loss-mask preflight (sft_grid/checks/mask.py, judge.py) and `python -m sft_grid.show`.
 
 Tests marked `backend` run each backend's own preprocessing in its real environment (LLaMA-Factory,
 axolotl) on the tiny local models and datasets. The others are unit tests of the pure pass/fail logic on
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid import mask
-from sft_grid.mask import judge, judge_row
-from sft_grid.paths import REPO_ROOT
-from sft_grid.preflight import preflight
-from sft_grid.show import DIM, GREEN, RESET
+from sft_grid.checks import mask
+from sft_grid.checks.judge import judge, judge_row
+from sft_grid.checks.preflight import preflight
+from sft_grid.core.paths import REPO_ROOT
+from sft_grid.present import DIM, GREEN, RESET
 
 TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
         "system_tag": "system"}
@@ -277,7 +277,7 @@ def test_inputs_not_readable_here_are_deferred_and_run_by_the_job(make_cells, ti
     own loaders fetch (here: local copies named as if they were hub ids, since no hub is reachable)."""
     from dataclasses import replace
 
-    from sft_grid.preflight import run_deferred
+    from sft_grid.checks.preflight import run_deferred
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
     (cell,) = make_cells(["model=qwen3_8b", "dataset=magpie"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sft_grid.plan import identity_key, slugify
+from sft_grid.planning.cells import identity_key, slugify
 
 
 def test_identity_ignores_where_and_how_a_cell_runs(make_cells, tmp_path):

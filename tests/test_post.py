@@ -1,4 +1,4 @@
-"""The post-training chain (sft_grid/post.py): stages planned from the model's needs and the grid, each with its
+"""The post-training chain (sft_grid/stages/post.py, post_run.py): stages planned from the model's needs and the grid, each with its
 state in the cell's ledger; a rerun runs only what is pending or failed, never the training; the tokenizer
 check repairs what transformers 5 writes; the preprocessor copy; the upload's clear, retryable failure with
 the real huggingface_hub (the Hub cannot be reached here); consolidation of a real DeepSpeed ZeRO-3 checkpoint
@@ -18,22 +18,31 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sft_grid import env, ledger, post, zero
-from sft_grid.render import render, write
-from sft_grid.validate import validate
+from sft_grid.backends import zero
+from sft_grid.core.cellfiles import PostFile
+from sft_grid.core.layout import POST_FILE, iter_cell_dirs, output_complete
+from sft_grid.core.state import State
+from sft_grid.grid.render import render, write
+from sft_grid.planning import venvs
+from sft_grid.planning.validate import validate
+from sft_grid.planning.venvs import VenvSpec
+from sft_grid.stages import post, post_run
+from sft_grid.stages.venv_build import build
 
 from .conftest import run_sft
+from .helpers import ledger as ledger_of
+from .helpers import states_of
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 def stage_events(cell: Path, state: str | None = None) -> list[tuple[str, str]]:
-    return [(e["stage"], e["state"]) for e in ledger.events(cell) if e["event"] == "stage"
+    return [(e["stage"], e["state"]) for e in ledger_of(cell) if e["event"] == "stage"
             and (state is None or e["state"] == state)]
 
 
 def cell_dir(root: Path, sweep: str = "default") -> Path:
-    (found,) = ledger.iter_cell_dirs(root / sweep)
+    (found,) = iter_cell_dirs(root / sweep)
     return found
 
 
@@ -52,24 +61,25 @@ def test_stages_follow_the_models_needs_and_the_grid(make_cells):
     assert post.stages_for(registered.spec) == ["tokenizer", "upload", "register"]
     # the hub id is derived from the cell's identity
     assert small.spec.hub_model_id == f"org/tiny_llama-tiny_messages-sft-{small.key}"
-    assert validate([big, hybrid, small, registered]) == []
+    # (small and registered train the same model: they would be one grid's duplicate, so they are checked apart)
+    assert validate([big, hybrid, small]) == [] and validate([registered]) == []
     # ZeRO-3 in the managed LLaMA-Factory environment, which has no DeepSpeed: stopped before anything is queued
     (problem,) = validate([big_lf])
-    assert problem.rule == "env-deepspeed" and "backend=axolotl" in problem.fix
+    assert problem.rule == "venv-deepspeed" and "backend=axolotl" in problem.fix
     assert not post.upload_in_job(small.spec)  # cluster=local: no internet on its "compute node"
 
 
 def test_an_offline_site_uploads_from_its_post_partition_when_it_names_one(make_cells):
-    from sft_grid import slurm
+    from sft_grid.grid.submission import post_request_for
 
     hub = ["model=tiny_llama", "cluster=slurm_local", "push_to_hub=true", "hub_model_id=org/x"]
     (plain,) = make_cells(hub)
     (routed,) = make_cells([*hub, "cluster.post_partition=high"])
     assert not post.upload_in_job(plain.spec) and post.upload_in_job(routed.spec)
-    params = dict(slurm.post_request_for(routed.spec, needs_hub=True).params)
+    params = dict(post_request_for(routed.spec, needs_hub=True).params)
     assert params["partition"] == "high" and params["nodes"] == 1 and "gres" not in params
-    assert dict(slurm.post_request_for(routed.spec, needs_hub=False).params)["partition"] == "debug"
-    assert dict(slurm.post_request_for(plain.spec, needs_hub=True).params)["partition"] == "debug"
+    assert dict(post_request_for(routed.spec, needs_hub=False).params)["partition"] == "debug"
+    assert dict(post_request_for(plain.spec, needs_hub=True).params)["partition"] == "debug"
 
 
 def test_zero3_models_get_a_deepspeed_config_in_both_backends(make_cells, tmp_path):
@@ -81,7 +91,7 @@ def test_zero3_models_get_a_deepspeed_config_in_both_backends(make_cells, tmp_pa
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"  # needs zero3_offload
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == big.grad_accum == 8
     assert yaml.safe_load(files["train_config.yaml"])["deepspeed"] == str(tmp_path / "big" / zero.DS_FILE)
-    assert json.loads(files[post.POST_FILE])["stages"][0] == "consolidate"
+    assert json.loads(files[POST_FILE])["stages"][0] == "consolidate"
     assert zero.DS_FILE not in render(small, tmp_path / "small", []).files
     (ax,) = make_cells(["model=qwen3_32b", "backend=axolotl"])
     ax_files = render(ax, tmp_path / "ax", []).files
@@ -94,26 +104,26 @@ def test_qwen3_5_needs_an_environment_with_transformers_5_3(make_cells, monkeypa
         monkeypatch.setenv(f"SFT_GRID_LEONARDO_{kind}", f"/x/{kind.lower()}")
     # the site names only its general environment: not known to have transformers >= 5.3
     (cell,) = make_cells(["model=qwen3_5_9b", "cluster=leonardo"])
-    (problem,) = [p for p in validate([cell]) if p.rule == "env-need"]
-    assert problem.key == "cluster.need_envs.transformers_ge_5_3.llamafactory"
+    (problem,) = [p for p in validate([cell]) if p.rule == "venv-need"]
+    assert problem.key == "cluster.need_venvs.transformers_ge_5_3.llamafactory"
     assert "transformers >= 5.3" in problem.message and "leonardo" in problem.message
-    assert "need_envs: {transformers_ge_5_3: {llamafactory: <env dir>}}" in problem.fix
-    # ... naming one selects it for Qwen3.5 and only for Qwen3.5
+    assert "need_venvs: {transformers_ge_5_3: {llamafactory: <venv dir>}}" in problem.fix
+    # ... naming one selects it for Qwen3.5 and only for Qwen3.5 (the deprecated spelling need_envs still works)
     qwen35, qwen3 = make_cells(
         ["model=qwen3_5_9b", "cluster=leonardo", "+cluster.need_envs.transformers_ge_5_3={llamafactory:/envs/qwen35}"],
         ["model=qwen3_8b", "cluster=leonardo", "+cluster.need_envs.transformers_ge_5_3={llamafactory:/envs/qwen35}"])
-    assert [p for p in validate([qwen35, qwen3]) if p.rule == "env-need"] == []
-    assert env.select(qwen35.spec) == (Path("/envs/qwen35"), None)
-    assert env.select(qwen3.spec) == (Path("/x/env"), None)
+    assert [p for p in validate([qwen35, qwen3]) if p.rule == "venv-need"] == []
+    assert venvs.select(qwen35.spec) == (Path("/envs/qwen35"), None)
+    assert venvs.select(qwen3.spec) == (Path("/x/env"), None)
     launch = render(qwen35, tmp_path / "c", []).files["launch.sh"]
     assert "export PATH=/envs/qwen35/bin:" in launch
     # the managed environments pin transformers 5.6.0 (LLaMA-Factory) and 5.16.1 (axolotl): both qualify
     local, ax = make_cells(["model=qwen3_5_9b"], ["model=qwen3_5_9b", "backend=axolotl"])
-    assert validate([local, ax]) == [] and env.select(local.spec)[0] == env.managed_env("llamafactory")
-    assert env.select(ax.spec)[0] == env.managed_env("axolotl")
+    assert validate([local, ax]) == [] and venvs.select(local.spec)[0] == VenvSpec.load("llamafactory").path
+    assert venvs.select(ax.spec)[0] == VenvSpec.load("axolotl").path
     # ... unless the backend no longer declares it: then the need is unmet
     (bare,) = make_cells(["model=qwen3_5_9b", "backend=axolotl", "backend.provides=[]"])
-    assert [p.rule for p in validate([bare])] == ["env-need"]
+    assert [p.rule for p in validate([bare])] == ["venv-need"]
 
 
 def test_tokenizer_check_repairs_the_list_and_fails_without_a_template(tmp_path):
@@ -123,34 +133,37 @@ def test_tokenizer_check_repairs_the_list_and_fails_without_a_template(tmp_path)
     config = {"extra_special_tokens": ["<a>", "<b>"], "additional_special_tokens": ["<b>"],
               "tokenizer_class": "TokenizersBackend"}
     (model / "chat_template.jinja").write_text("{{ messages }}")
-    fixed, changes = post.tokenizer_problems(config, model)
+    fixed, changes = post_run.tokenizer_problems(config, model)
     assert "extra_special_tokens" not in fixed and fixed["additional_special_tokens"] == ["<b>", "<a>"]
     assert fixed["tokenizer_class"] == "PreTrainedTokenizerFast" and fixed["chat_template"] == "{{ messages }}"
     assert len(changes) == 3
     named = {"extra_special_tokens": {"image_token": "<img>"}, "chat_template": "x"}
-    assert post.tokenizer_problems(named, model) == (named, [])  # already a dict: nothing to do
+    assert post_run.tokenizer_problems(named, model) == (named, [])  # already a dict: nothing to do
     (model / "chat_template.jinja").unlink()
-    with pytest.raises(post.StageFailed, match="has no chat template"):
-        post.tokenizer_problems({"extra_special_tokens": {}}, model)
-    with pytest.raises(post.StageFailed, match="neither a dict nor a list"):
-        post.tokenizer_problems({"extra_special_tokens": "<a>", "chat_template": "x"}, model)
+    with pytest.raises(post_run.StageFailed, match="has no chat template"):
+        post_run.tokenizer_problems({"extra_special_tokens": {}}, model)
+    with pytest.raises(post_run.StageFailed, match="neither a dict nor a list"):
+        post_run.tokenizer_problems({"extra_special_tokens": "<a>", "chat_template": "x"}, model)
 
 
 def test_the_database_hook_runs_the_grids_command_and_fails_clearly(tmp_path):
     """Registration runs only where a grid sets register_db (after the upload); sft_grid ships no database
     client, so the hook is the grid's own register_command, run for real here."""
     record = tmp_path / "registered.txt"
-    spec = {"cell": "c1", "hub_model_id": "org/m", "base_model": "base/b", "datasets": ["magpie", "delphi_warmup"],
-            "register_command": [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))",
-                                 str(record), "{hub_model_id}", "{base_model}", "{datasets}", "{cell}"]}
-    post.register(tmp_path, spec, post.LOGIN)
+    from dataclasses import replace
+
+    spec = PostFile(cell="c1", stages=("register",), python=sys.executable, hub_model_id="org/m", base_model="base/b",
+                    datasets=("magpie", "delphi_warmup"),
+                    register_command=(sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))",
+                                      str(record), "{hub_model_id}", "{base_model}", "{datasets}", "{cell}"))
+    post_run.register(tmp_path, spec, post.LOGIN)
     assert record.read_text() == "org/m base/b magpie,delphi_warmup c1"
-    with pytest.raises(post.StageFailed, match="register_command is empty"):
-        post.register(tmp_path, {**spec, "register_command": []}, post.LOGIN)
-    with pytest.raises(post.StageFailed, match="exited 1: no endpoint"):
-        post.register(tmp_path, {**spec, "register_command": [sys.executable, "-c",
-                                                               "import sys; sys.exit('no endpoint')"]},
-                      post.LOGIN)
+    with pytest.raises(post_run.StageFailed, match="register_command is empty"):
+        post_run.register(tmp_path, replace(spec, register_command=()), post.LOGIN)
+    with pytest.raises(post_run.StageFailed, match="exited 1: no endpoint"):
+        post_run.register(tmp_path, replace(spec, register_command=(sys.executable, "-c",
+                                                                     "import sys; sys.exit('no endpoint')")),
+                          post.LOGIN)
 
 
 # -- real: the backend environments, the orchestrator ----------------------------------------------------
@@ -163,7 +176,7 @@ def _fake_completed_cell(root: Path, model: Path, stages: list[str], python: Pat
     shutil.copytree(model, output)
     shutil.copytree(model, output / "checkpoint-2")
     (output / "trainer_state.json").write_text(json.dumps({"global_step": 2, "max_steps": 2, "log_history": []}))
-    (cell / post.POST_FILE).write_text(json.dumps({"cell": "cell", "stages": stages, "python": str(python),
+    (cell / POST_FILE).write_text(json.dumps({"cell": "cell", "stages": stages, "python": str(python),
                                                    "env": {}, "in_train_job": True, **fields}))
     (cell / "cell.yaml").write_text("{}\n")
     return cell
@@ -174,7 +187,7 @@ def test_repaired_tokenizer_loads_the_same_in_transformers_5_6_and_5_16(tmp_path
     model = tiny_assets / "models" / "tiny-llama3"
     assert isinstance(json.loads((model / "tokenizer_config.json").read_text())["extra_special_tokens"], list)
     cell = _fake_completed_cell(tmp_path, model, ["tokenizer"], Path(sys.executable))
-    assert post.run(cell) is True
+    assert post_run.run(cell) is True
     for d in (cell / "output", cell / "output" / "checkpoint-2"):
         config = json.loads((d / "tokenizer_config.json").read_text())
         assert "extra_special_tokens" not in config and config["chat_template"]
@@ -183,7 +196,7 @@ def test_repaired_tokenizer_loads_the_same_in_transformers_5_6_and_5_16(tmp_path
              " a.chat_template == b.chat_template, a.convert_tokens_to_ids('<|start_think|>'), a('hi <|eot_id|>').input_ids"
              " == b('hi <|eot_id|>').input_ids]))")
     for backend in ("llamafactory", "axolotl"):
-        python = env.build(backend) / "bin" / "python"
+        python = build(backend) / "bin" / "python"
         out = subprocess.run([str(python), "-c", probe, str(model), str(cell / "output" / "checkpoint-2")],
                              capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
         same_tokens, same_template, think_id, same_ids = json.loads(out.stdout.strip().splitlines()[-1])
@@ -194,18 +207,18 @@ def test_repaired_tokenizer_loads_the_same_in_transformers_5_6_and_5_16(tmp_path
 def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, tiny_assets, monkeypatch):
     base = tmp_path / "base"
     base.mkdir()
-    python = env.build("llamafactory") / "bin" / "python"
+    python = build("llamafactory") / "bin" / "python"
     cell = _fake_completed_cell(tmp_path, tiny_assets / "models" / "tiny-qwen3",
                                 ["preprocessor_config", "tokenizer", "upload"], python, base_model=str(base),
                                 hub_model_id="org/tiny-sft", upload_in_job=False)
     (cell / "output" / "checkpoint-2" / "chat_template.jinja").unlink()  # a checkpoint without its template
     # the base has no preprocessor_config.json: the first stage fails, and nothing after it runs
-    assert post.run(cell, post.LOGIN) is False
+    assert post_run.run(cell, post.LOGIN) is False
     st = post.states(cell)
     assert st["preprocessor_config"].state == "failed" and "preprocessor_config.json is not in the base" in st["preprocessor_config"].reason
     assert st["tokenizer"].state == "pending" and st["upload"].state == "pending"
     (base / "preprocessor_config.json").write_text('{"processor_class": "X"}')
-    assert post.run(cell, post.LOGIN) is False
+    assert post_run.run(cell, post.LOGIN) is False
     st = post.states(cell)
     assert st["preprocessor_config"].state == "completed"
     for d in (cell / "output", cell / "output" / "checkpoint-2"):
@@ -214,7 +227,7 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
     shutil.copy(cell / "output" / "chat_template.jinja", cell / "output" / "checkpoint-2")
     # the Hub: offline here. The real huggingface_hub in the backend environment says why, with the repository
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert post.run(cell, post.LOGIN) is False
+    assert post_run.run(cell, post.LOGIN) is False
     st = post.states(cell)
     assert st["tokenizer"].state == "completed" and st["upload"].state == "failed"
     reason = st["upload"].reason
@@ -229,7 +242,7 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
     # each rerun ran only what had not completed
     runs = [s for s, state in stage_events(cell, "running")]
     assert runs == ["preprocessor_config", "preprocessor_config", "tokenizer", "tokenizer", "upload", "upload"]
-    assert [e["event"] for e in ledger.events(cell)] == ["stage"] * len(stage_events(cell))
+    assert [e["event"] for e in ledger_of(cell)] == ["stage"] * len(stage_events(cell))
 
 
 @pytest.mark.backend
@@ -243,7 +256,7 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     cell = cell_dir(tmp_path / "runs")
     state = json.loads((cell / "output" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
-    events = [e["event"] for e in ledger.events(cell)]
+    events = [e["event"] for e in ledger_of(cell)]
     assert events[:4] == ["submitted", "job", "running", "completed"] and set(events[4:]) == {"stage"}
     st = post.states(cell)
     assert st["preprocessor_config"].state == "failed"  # the tiny model has none
@@ -255,8 +268,9 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     (base / "preprocessor_config.json").write_text("{}")
     again = run_sft(*args, check=True)
     assert "post stages to run: preprocessor_config, tokenizer" in again.stdout
-    events = [e["event"] for e in ledger.events(cell)]
-    assert events.count("running") == 1 and events.count("submitted") == 2
+    events = [e["event"] for e in ledger_of(cell)]
+    # the stages ran alone: the training was neither submitted nor run again
+    assert events.count("running") == 1 and events.count("submitted") == 1 and events[-1] == "stage"
     assert json.loads((cell / "output" / "trainer_state.json").read_text()) == state
     st = post.states(cell)
     assert st["preprocessor_config"].state == "completed" and st["tokenizer"].state == "completed"
@@ -281,8 +295,8 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
     rendered = render(cell, tmp_path / "cell", [])
     write(rendered)
     cell_path = rendered.dir
-    assert json.loads((cell_path / post.POST_FILE).read_text())["stages"] == ["consolidate", "tokenizer"]
-    bin_dir = env.build("axolotl") / "bin"
+    assert json.loads((cell_path / POST_FILE).read_text())["stages"] == ["consolidate", "tokenizer"]
+    bin_dir = build("axolotl") / "bin"
     ref = tmp_path / "gathered.safetensors"
     run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
                "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "sft_grid" / "torch_extensions")}
@@ -294,9 +308,9 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
     output = cell_path / "output"
     # ZeRO-3 without gathering: shards named by `latest`, no weights file; training counts as complete
     assert (output / "latest").read_text().strip() == "global_step2" and not (output / "model.safetensors").exists()
-    assert ledger.output_complete(output)
+    assert output_complete(output)
     trained_s = time.perf_counter() - started
-    assert post.run(cell_path) is True, post.states(cell_path)
+    assert post_run.run(cell_path) is True, post.states(cell_path)
     assert stage_events(cell_path, "completed") == [("consolidate", "completed"), ("tokenizer", "completed")]
     compare = ("import sys; from safetensors.torch import load_file; a, b = load_file(sys.argv[1]), load_file(sys.argv[2]);"
                " assert sorted(a) == sorted(b), (sorted(a), sorted(b)); print(len(a), max((a[k].float() - b[k].float()).abs().max().item() for k in a))")
@@ -315,13 +329,13 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
     args = ["-m", "model=tiny_llama", "cluster=slurm_local", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
             "save_steps=2", "push_to_hub=true", "hub_model_id='org/{model}-sft-{key}'", f"seed={seeds}", f"runs_root={root}"]
     queued = run_sft(*args, check=True)
-    cells = list(ledger.iter_cell_dirs(root / "default"))
+    cells = list(iter_cell_dirs(root / "default"))
     assert f"post-training stages of {len(cells)} cell(s): array sft_grid-" in queued.stdout
     jobs = []
     try:
         for cell in cells:
-            train_job = next(e["job_id"] for e in ledger.events(cell) if e["event"] == "job")
-            post_job = next(e for e in ledger.events(cell) if e["event"] == "post_job")
+            train_job = next(e["job_id"] for e in ledger_of(cell) if e["event"] == "job")
+            post_job = next(e for e in ledger_of(cell) if e["event"] == "post_job")
             jobs += [train_job, str(post_job["post_job_id"])]
             array = train_job.split("_")[0]
             assert post_job["after"] == array and post_job["index"] == int(train_job.split("_")[1] if "_" in train_job else 0)
@@ -330,28 +344,28 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
             assert "--gres" not in script and "#SBATCH --nodes=1" in script
         deadline = time.time() + 300
         while any(post.states(c)["upload"].state != "waiting" for c in cells):
-            assert time.time() < deadline, [(post.states(c), ledger.events(c)) for c in cells]
+            assert time.time() < deadline, [(post.states(c), ledger_of(c)) for c in cells]
             time.sleep(2)
     finally:
         subprocess.run(["scancel", *jobs], check=False, capture_output=True)
     for cell in cells:
         # the stages ran in the post job, after the training completed
-        events = ledger.events(cell)
+        events = ledger_of(cell)
         completed_at = next(i for i, e in enumerate(events) if e["event"] == "completed")
         stage_runs = [i for i, e in enumerate(events) if e["event"] == "stage"]
         assert stage_runs and min(stage_runs) > completed_at
         assert post.states(cell)["tokenizer"].state == "completed"
-        assert ledger.state_of(cell).job_id == next(e["job_id"] for e in events if e["event"] == "job")
+        assert states_of([cell])[cell].job_id == next(e["job_id"] for e in events if e["event"] == "job")
     # a rerun queues nothing: training is complete and the upload waits for the login node
     again = run_sft(*args, check=True)
     assert "nothing to run" in again.stdout and "upload waits" in again.stdout
-    assert all([e["event"] for e in ledger.events(c)].count("post_job") == 1 for c in cells)
+    assert all([e["event"] for e in ledger_of(c)].count("post_job") == 1 for c in cells)
 
 
 @pytest.mark.backend
 def test_a_zero3_cell_trains_through_the_orchestrator_and_is_consolidated(tmp_path, tiny_assets):
     """axolotl + DeepSpeed ZeRO-3 on the CPU, one process (on a CPU-only cluster the cell gets the gloo pre-init
-    plugin, sft_grid/probes/zero_cpu.py, in place of the NCCL start-up axolotl does on GPUs) with nothing but the
+    plugin, sft_grid/in_venv/zero_cpu.py, in place of the NCCL start-up axolotl does on GPUs) with nothing but the
     model's needs set: the cell's output holds ZeRO shards only, training counts as complete, and its job
     consolidates them into model.safetensors right after."""
     run_sft("model=tiny_llama", "model.needs=[zero3,consolidate]", "backend=axolotl", "max_steps=2",
@@ -367,7 +381,7 @@ def test_a_zero3_cell_trains_through_the_orchestrator_and_is_consolidated(tmp_pa
              " assert sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a);"
              " m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); out = m(torch.tensor([[1, 2, 3]])).logits;"
              " print(len(a), sum(int(not torch.equal(a[k], b[k])) for k in a), bool(torch.isfinite(out).all()))")
-    python = env.build("axolotl") / "bin" / "python"
+    python = build("axolotl") / "bin" / "python"
     n, changed, finite = subprocess.run([str(python), "-c", check, str(output), str(tiny_assets / "models" / "tiny-llama3")],
                                         capture_output=True, text=True, check=True,
                                         env={**os.environ, "HF_HUB_OFFLINE": "1"}).stdout.split()[-3:]
@@ -381,7 +395,7 @@ def test_on_slurm_a_failed_training_cancels_its_post_job(tmp_path, tiny_assets):
     run_sft("model=tiny_llama", "cluster=slurm_local", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
             f"+cluster.backend_envs.llamafactory={tmp_path}/no-env", f"runs_root={root}", check=True)
     cell = cell_dir(root)
-    post_job = str(next(e for e in ledger.events(cell) if e["event"] == "post_job")["post_job_id"])
+    post_job = str(next(e for e in ledger_of(cell) if e["event"] == "post_job")["post_job_id"])
     deadline = time.time() + 120
     while True:
         state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", post_job, "-o", "State"], capture_output=True,
@@ -391,7 +405,7 @@ def test_on_slurm_a_failed_training_cancels_its_post_job(tmp_path, tiny_assets):
         assert time.time() < deadline, state
         time.sleep(2)
     assert state[0].startswith("CANCELLED"), state  # its dependency can never be met: Slurm dropped it
-    assert ledger.state_of(cell).state is ledger.State.FAILED
+    assert states_of([cell])[cell].state is State.FAILED
     assert stage_events(cell) == []  # nothing of the chain ran on a failed training
 
 
@@ -407,7 +421,7 @@ def test_on_slurm_a_rerun_queues_only_the_failed_stages(tmp_path, tiny_assets):
     def wait_stage(cell: Path, stage: str, states: set[str]) -> None:
         deadline = time.time() + 240
         while post.states(cell)[stage].state not in states:
-            assert time.time() < deadline, ledger.events(cell)
+            assert time.time() < deadline, ledger_of(cell)
             time.sleep(2)
 
     run_sft(*args, check=True)
@@ -419,7 +433,7 @@ def test_on_slurm_a_rerun_queues_only_the_failed_stages(tmp_path, tiny_assets):
     assert "post stages to run: preprocessor_config, tokenizer" in again.stdout
     assert "post-training stages of 1 completed cell(s): array sft_grid-" in again.stdout
     wait_stage(cell, "tokenizer", {"completed", "failed"})
-    assert post.pending(cell) == []
-    kinds = [e["event"] for e in ledger.events(cell)]
+    assert [n for n, st in post.states(cell).items() if st.state != "completed"] == []
+    kinds = [e["event"] for e in ledger_of(cell)]
     assert kinds.count("submitted") == 1 and kinds.count("running") == 1 and kinds.count("post_job") == 2
     assert (cell / "output" / "trainer_state.json").read_text() == trained  # training did not run again

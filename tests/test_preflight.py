@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sft_grid.preflight import Check, assistant_turns, preflight, run, run_deferred
+from sft_grid.checks.preflight import Check, assistant_turns, preflight, run, run_deferred
 
 
 def test_tiny_cells_pass(make_cells, tiny_assets):
@@ -41,7 +41,7 @@ def test_wrong_column(make_cells, tiny_assets):
 
 
 def test_missing_local_path(make_cells, tmp_path):
-    (cell,) = make_cells([f"model.path={tmp_path}/nope"])
+    (cell,) = make_cells([f"model.path={tmp_path}/nope", "dataset=magpie"])
     problems = preflight([cell]).problems
     assert [(p.key, p.rule) for p in problems] == [("model.path", "preflight-path")]
     assert "no such file" in problems[0].message and "sft_grid.assets build" in problems[0].fix
@@ -99,10 +99,10 @@ def test_check_round_trips_through_preflight_json():
 def test_job_side_fetch_uses_the_backends_loaders(tiny_assets, tmp_path):
     """At job start an input not on disk is read with the backend's own loaders (here: local inputs given
     as if they were hub ids, since no hub is reachable from this machine)."""
-    from sft_grid.env import managed_env
-    from sft_grid.preflight import fetch_and_run
+    from sft_grid.planning.venvs import VenvSpec
+    from sft_grid.checks.preflight import fetch_and_run
 
-    python = str(managed_env("llamafactory") / "bin" / "python")
+    python = str(VenvSpec.load("llamafactory").path / "bin" / "python")
     data = tmp_path / "repo"
     data.mkdir()
     (data / "train.jsonl").write_text((tiny_assets / "data" / "tiny_sharegpt.jsonl").read_text())

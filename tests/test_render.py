@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sft_grid.render import render, write
+from sft_grid.grid.render import render, write
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = "SFT_GRID_REGEN_GOLDEN=1 python -m pytest tests/test_render.py"
@@ -27,6 +27,11 @@ CASES = {
                             "mix.probs=[0.9,0.1]", "lr=2e-5", "max_steps=100", "save_total_limit=2"],
     "tiny_llama_sharegpt": ["model=tiny_llama", "dataset=tiny_sharegpt", "global_batch_size=4", "micro_batch_size=2",
                             "warmup_ratio=0.1", "+extra.gradient_checkpointing=false"],
+    # axolotl: its own config, the interleaved mix's data step, the delphi jinja inline, two nodes on Leonardo-like GPUs
+    "axolotl_delphi_mix_2_nodes": ["backend=axolotl", "model=delphi", "dataset=[magpie,delphi_warmup]",
+                                   "mix.strategy=interleave_under", "mix.probs=[0.9,0.1]", "cluster=slurm_local",
+                                   "cluster.gpus_per_node=4", "cluster.precision=bf16", "nodes=2",
+                                   "cluster.launcher=accelerate", "lr=2e-5", "save_total_limit=3"],
 }
 
 
@@ -44,6 +49,34 @@ def test_golden(make_cells, fixed_cache, monkeypatch, case):
         expected = (golden_dir / rel).read_text()
         assert text.replace(str(cell.runs_root), "<runs_root>") == expected, (
             f"{case}/{rel} differs from its golden copy; if the change is intended, regenerate: {REGEN}")
+
+
+def test_the_sbatch_scripts_of_a_prep_train_post_plan_are_golden(make_cells, fixed_cache, monkeypatch):
+    """The submission plan of a grid with a model prep, two training arrays and their post arrays, as sbatch scripts
+    (submitit's own renderer), against golden copies: the jobs, their names, sizes and dependencies."""
+    import sys
+
+    from sft_grid.core.state import CellState, State
+    from sft_grid.grid.decide import Action, Decision
+    from sft_grid.grid.submission import build
+    from sft_grid.schedulers import slurm
+
+    monkeypatch.setenv("HOME", "/home/user")
+    cells = make_cells(*[[f"model={m}", f"seed={s}", "cluster=slurm_local", "concurrency=2", "runs_root=/srv/runs"]
+                         for m in ("tiny_delphi", "tiny_llama") for s in (1, 2)])
+    plan = build([Decision(c, c.sweep_dir / c.name, CellState(State.PLANNED), Action.RUN) for c in cells], {}, None,
+                 1001)
+    assert [(j.role.value, len(j.targets)) for j in plan.slurm] == [("prep", 1), ("train", 2), ("post", 2),
+                                                                     ("train", 2), ("post", 2)]
+    golden_dir = GOLDEN / "sbatch_prep_train_post"
+    for n, job in enumerate(plan.slurm):
+        script = slurm.sbatch_script(job, job.dependency.text() if job.dependency else None)
+        script = script.replace(sys.executable, "<python>")
+        path = golden_dir / f"{n}_{job.role.value}.sbatch"
+        if os.environ.get("SFT_GRID_REGEN_GOLDEN"):
+            golden_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(script)
+        assert script == path.read_text(), f"{path.name} differs from its golden copy; if intended, regenerate: {REGEN}"
 
 
 def test_mix_keeps_each_datasets_own_tags(make_cells):
@@ -86,6 +119,28 @@ def test_files_are_written_cell_yaml_last_and_atomically(make_cells, tmp_path):
     names = sorted(p.name for p in rendered.dir.iterdir())
     assert names == ["cell.yaml", "dataset_info.json", "launch.sh", "post.json", "train_config.yaml"]
     assert os.access(rendered.dir / "launch.sh", os.X_OK)
-    assert yaml.safe_load((rendered.dir / "cell.yaml").read_text()) == dict(cell.config)
+    # the resolved config; the deprecated spellings of cluster keys only where a profile sets them
+    expected = {**cell.config, "cluster": {k: v for k, v in cell.config["cluster"].items()
+                                           if v or k not in ("backend_envs", "need_envs")}}
+    assert yaml.safe_load((rendered.dir / "cell.yaml").read_text()) == expected
     # rewriting an existing cell replaces its files in place and reports it is not new
     assert write(rendered) is False and sorted(p.name for p in rendered.dir.iterdir()) == names
+
+
+def test_dump_mapping_writes_what_yaml_dump_writes():
+    """The fast path for plain strings must give yaml.dump's exact text, including for strings YAML reads as
+    something else (booleans, nulls, numbers, dates), which it must quote."""
+    import random
+
+    from sft_grid.grid.render import dump_mapping, dump_yaml
+
+    edge = ["yes", "No", "on", "OFF", "null", "~", "1e-5", "1.0e-5", "2e-5", "0x1F", "0o17", "017", "1_000",
+            "2026-11-30", "12:30", ".inf", ".nan", "=", "a,b", "org/model-1.5B", "path/to/x.yaml", "_x", "1",
+            "3.14", "+1", "-1", "a=b", "x@y", "Qwen/Qwen3-8B", "true", "False", "Y", "n", "a" * 300]
+    rng = random.Random(7)
+    alphabet = "abcXYZ019_./+=@,-eE:"
+    generated = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(2000)]
+    for value in edge + generated:
+        data = {"key": value, "other_key": value}
+        assert dump_mapping(data) == dump_yaml(data), value
+        assert yaml.safe_load(dump_mapping(data)) == data, value

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
-from sft_grid import resolvers
+from sft_grid.planning import resolvers
 from sft_grid.backends import BACKENDS
-from sft_grid.paths import CONF_DIR, REPO_ROOT
-from sft_grid.plan import plan_cell
-from sft_grid.validate import validate
+from sft_grid.core.paths import CONF_DIR, REPO_ROOT
+from sft_grid.planning.cells import plan_cell
+from sft_grid.planning.validate import validate
 
 from .conftest import hydra_plain, run_sft
 

@@ -28,11 +28,14 @@ from typing import Callable, Iterator, TypeVar
 
 import pytest
 
-from sft_grid import ledger, slurm
-from sft_grid.grid import scheduler_view
-from sft_grid.paths import REPO_ROOT
+from sft_grid.core.layout import checkpoints, iter_cell_dirs, output_complete, progress
+from sft_grid.core.paths import REPO_ROOT
+from sft_grid.core.state import CellState, SchedulerView, State, state_of
+from sft_grid.schedulers import slurm
 
 from .conftest import run_sft
+from .helpers import ledger as ledger_of
+from .helpers import array_names, cancel_jobs_of, states_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend]
 
@@ -69,21 +72,19 @@ def wait_for(probe: Callable[[], T | None], what: str, deadline_s: float = 60, i
 
 
 def cell_dirs(root: Path, sweep: str = "default") -> list[Path]:
-    return list(ledger.iter_cell_dirs(root / sweep))
+    return list(iter_cell_dirs(root / sweep))
 
 
-def states(root: Path, sweep: str = "default") -> dict[Path, ledger.CellState]:
+def states(root: Path, sweep: str = "default") -> dict[Path, CellState]:
     """Each cell's state as `python -m sft_grid.status` derives it: ledger + output + one sacct call."""
-    dirs = cell_dirs(root, sweep)
-    histories, jobs = scheduler_view(dirs)
-    return {d: ledger.state_of(d, jobs=jobs, history=histories[d]) for d in dirs}
+    return states_of(cell_dirs(root, sweep))
 
 
-def wait_final(root: Path, n: int, sweep: str = "default", deadline_s: float = WAIT_S) -> dict[Path, ledger.CellState]:
+def wait_final(root: Path, n: int, sweep: str = "default", deadline_s: float = WAIT_S) -> dict[Path, CellState]:
     """Poll until all n cells are completed/failed/cancelled; fail with the status table at the deadline."""
-    seen: dict[Path, ledger.CellState] = {}
+    seen: dict[Path, CellState] = {}
 
-    def probe() -> dict[Path, ledger.CellState] | None:
+    def probe() -> dict[Path, CellState] | None:
         seen.clear()
         seen.update(states(root, sweep))
         return dict(seen) if len(seen) == n and all(s.state.value in FINAL for s in seen.values()) else None
@@ -98,13 +99,8 @@ def wait_final(root: Path, n: int, sweep: str = "default", deadline_s: float = W
 
 def events(cell: Path, kind: str | None = None) -> list[dict]:
     """The cell's training events (the post-training chain's own are tested in test_post.py)."""
-    return [e for e in ledger.events(cell) if (kind is None or e.get("event") == kind)
+    return [e for e in ledger_of(cell) if (kind is None or e.get("event") == kind)
             and e.get("event") not in ("stage", "post_job")]
-
-
-def array_names(root: Path) -> set[str]:
-    """The name of every array any invocation submitted (or tried to) for the cells under root."""
-    return {e["name"] for c in root.rglob(ledger.LEDGER_FILE) for e in events(c.parent, "submitted") if e.get("name")}
 
 
 def sacct_by_name(names: set[str]) -> list[tuple[str, str, str]]:
@@ -150,8 +146,8 @@ def grid(root: Path, *extra: str, seeds: str = SEEDS) -> list[str]:
     return ["-m", *TINY, seeds, f"runs_root={root}", *extra]
 
 
-def assert_all_completed(final: dict[Path, ledger.CellState], steps: int = 2) -> None:
-    bad = {c.name: (s.state.value, s.reason) for c, s in final.items() if s.state is not ledger.State.COMPLETED}
+def assert_all_completed(final: dict[Path, CellState], steps: int = 2) -> None:
+    bad = {c.name: (s.state.value, s.reason) for c, s in final.items() if s.state is not State.COMPLETED}
     assert not bad, bad
     for cell in final:
         assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == steps
@@ -177,31 +173,6 @@ def cluster_up() -> None:
         up = False
     if not up:
         pytest.fail("no local Slurm cluster: run `make slurm-up` first, or deselect with -m 'not slurm'", pytrace=False)
-
-
-@pytest.fixture
-def runs_root(tmp_path: Path, tiny_assets: Path) -> Iterator[Path]:
-    """The test's runs_root; afterwards every job its cells name (by array name or job id) is cancelled."""
-    root = tmp_path / "runs"
-    root.mkdir()
-    try:
-        yield root
-    finally:
-        cancel_jobs_of(root)
-
-
-def cancel_jobs_of(root: Path) -> None:
-    """scancel by the arrays' names (unique to this test; job ids are not, across a cluster restart)."""
-    names = sorted(array_names(root))
-    for name in names:
-        subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
-    end = time.monotonic() + 15
-    while names and time.monotonic() < end:
-        left = subprocess.run(["squeue", "-h", "-o", "%i", "-n", ",".join(names)], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-        if not left:
-            break
-        time.sleep(0.5)
 
 
 # -- 1. a transient sbatch failure ----------------------------------------------------------------------
@@ -373,25 +344,26 @@ def node_loss(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> It
         def training() -> str | None:
             st = states(root)[cell]
             log = out / "trainer_log.jsonl"
-            ok = st.state is ledger.State.RUNNING and log.is_file() and log.stat().st_size and ledger.checkpoints(out)
+            ok = st.state is State.RUNNING and log.is_file() and log.stat().st_size and checkpoints(out)
             return st.job_id if ok else None
 
         job_id = wait_for(training, "the cell RUNNING with a trainer log and a first checkpoint", 120)
         node = cmd("squeue", "-h", "-j", job_id, "-o", "%N").strip()
         assert node in ("n1", "n2"), node
         seen.update(job_id=job_id, node=node, first_pid=int(events(cell, "running")[-1]["pid"]),
-                    step=ledger.progress(out)[0], checkpoint=ledger.checkpoints(out)[-1].name)
+                    step=progress(out).step, checkpoint=checkpoints(out)[-1].name)
         cmd("scontrol", "update", f"nodename={node}", "state=down", "reason=sftgrid-test")
         # the moment accounting says NODE_FAIL: what sft_grid makes of that record, and what the controller says
         end = time.monotonic() + 30
         while time.monotonic() < end and "snapshot" not in seen:
-            jobs = slurm.sacct([job_id])
-            if jobs.get(job_id, slurm.JobState("")).state == "NODE_FAIL":
-                seen["snapshot"] = (ledger.state_of(cell, jobs=jobs), squeue_state(job_id))
+            view = SchedulerView.of(slurm.query([job_id]))
+            job = view.job(job_id)
+            if job is not None and job.state == "NODE_FAIL":
+                seen["snapshot"] = (state_of(cell, view), squeue_state(job_id))
             time.sleep(0.1)
         seen["node_fail"] = "NODE_FAIL" in cmd("sacct", "--duplicates", "-X", "-n", "-P", "-j", job_id, "-o", "State")
 
-        def gone_and_final() -> ledger.CellState | None:
+        def gone_and_final() -> CellState | None:
             st = states(root)[cell]
             return st if not squeue_state(job_id) and st.state.value in FINAL else None
 
@@ -424,15 +396,15 @@ def test_node_lost_mid_job_cell_is_requeued_and_completes_or_fails_with_a_reason
     # the lost run's processes are gone: never two trainings writing one output
     with pytest.raises(ProcessLookupError):
         os.kill(seen["first_pid"], 0)
-    if st.state is ledger.State.COMPLETED:  # never completed without the output
-        assert ledger.output_complete(cell / "output")
+    if st.state is State.COMPLETED:  # never completed without the output
+        assert output_complete(cell / "output")
         assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == SLOW_STEPS
         assert kinds.count("running") >= 2 and kinds[-1] == "completed", kinds  # ran again after the loss
         assert kinds.count("submitted") == 1, kinds  # requeued by Slurm, not resubmitted
         resumed = [e["checkpoint"] for e in events(cell, "resumed")]
         assert resumed and int(resumed[0].split("-")[1]) >= int(seen["checkpoint"].split("-")[1]), kinds
     else:
-        assert st.state is ledger.State.FAILED and st.reason, st
+        assert st.state is State.FAILED and st.reason, st
 
 
 def test_node_lost_status_never_reads_failed_while_slurm_requeues_the_job(node_loss):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sft_grid.grid import plan_cells
-from sft_grid.validate import GridError, composition_problem, validate
+from sft_grid.grid.flow import plan_cells
+from sft_grid.core.problems import GridError
+from sft_grid.planning.messages import composition_problem
+from sft_grid.planning.validate import validate
 
 
 def problems_of(make_cells, *overrides):
@@ -41,7 +43,7 @@ def test_interleave_probabilities_must_match_the_datasets(make_cells):
     assert "sum to 1" in p.message
     p = only(problems_of(make_cells, "dataset=[magpie,delphi_warmup]", "mix.probs=[0.5,0.5]"), "mix-probs")
     assert "only used by interleave" in p.message
-    p = only(problems_of(make_cells, "mix.strategy=interleave"), "mix-strategy")
+    p = only(problems_of(make_cells, "mix.strategy=interleave"), "choice")
     assert "interleave_under" in p.fix
 
 
@@ -60,13 +62,13 @@ def test_chatml_template_on_a_llama3_tokenizer(make_cells):
     assert "llama3 tokenizer" in p.message and p.fix == "model.template=llama3"
     p = only(problems_of(make_cells, "model=qwen3_8b", "model.template=llama3"), "template-tokenizer")
     assert p.fix == "model.template=qwen3"
-    p = only(problems_of(make_cells, "model.template=lama3"), "template-known")
+    p = only(problems_of(make_cells, "model.template=lama3"), "choice")
     assert "did you mean 'llama3'" in p.fix
 
 
 def test_other_rules(make_cells):
     assert only(problems_of(make_cells, "nodes=2"), "local-one-node").key == "nodes"
-    assert only(problems_of(make_cells, "lr=0"), "positive").key == "lr"
+    assert only(problems_of(make_cells, "lr=0"), "range").key == "lr"
     assert only(problems_of(make_cells, "epochs=0"), "length").key == "epochs"
     assert only(problems_of(make_cells, "finetuning_type=qlora"), "choice").key == "finetuning_type"
     p = only(problems_of(make_cells, "push_to_hub=true"), "hub-id")
@@ -111,7 +113,7 @@ def test_unsafe_names_are_rejected(make_cells, key, bad):
 
 
 def test_unsafe_dataset_name_is_rejected(make_cells):
-    from sft_grid.plan import plan_cell
+    from sft_grid.planning.cells import plan_cell
 
     (cell,) = make_cells([])
     config = {**cell.config, "dataset": {"my data;x": cell.config["dataset"]["tiny_messages"]}}

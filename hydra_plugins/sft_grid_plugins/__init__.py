@@ -2,7 +2,7 @@
 
 Hydra's stock sweeper composes every cell once more just to validate it (~60 ms a cell) and its stock
 launchers run the task once per cell; sft_grid instead plans, validates, renders and submits all cells
-together (sft_grid/grid.py) and returns as soon as they are queued.
+together (sft_grid/grid/flow.py) and returns as soon as they are queued.
 """
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import tempfile
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.types import Override
 from omegaconf import open_dict
 
 
@@ -14,6 +15,18 @@ class SftGridSweeper(BasicSweeper):
         # The stock check composes every cell with Hydra one more time; sft_grid's planner composes each
         # cell itself and reports every problem of every cell at once, so this would only double the cost.
         return None
+
+    @staticmethod
+    def split_arguments(overrides: List[Override], max_batch_size: Optional[int]) -> List[List[List[str]]]:
+        # An axis with no value (a glob that matches nothing, an empty range) would make the whole grid empty
+        # without saying which axis: it is named, with everything else the user needs, before anything runs.
+        empty = [o for o in overrides if o.is_sweep_override() and o.is_discrete_sweep()
+                 and not list(o.sweep_string_iterator())]
+        if empty:
+            from sft_grid.app import fail_empty_axes
+
+            fail_empty_axes([o.input_line for o in empty])
+        return BasicSweeper.split_arguments(overrides, max_batch_size)
 
     def sweep(self, arguments: List[str]) -> Any:
         # The basic sweeper saves multirun.yaml into hydra.sweep.dir; a grid's record is its cells'

@@ -1,24 +1,24 @@
-"""Training backends: each turns a cell into the backend's own files and command line.
+"""Layer 2, backends: each turns a cell into the backend's own files and command line (pure).
 
-Each module has NAME, CONFIG_FILE and files(cell, cell_dir) (its structured files, as data),
-command(cell, cell_dir, env_bin) (the training argv), env(cell) (variables launch.sh exports; the
-cluster's own env wins), pre_commands(cell, cell_dir, env_bin) (steps launch.sh runs before training)
-and resume_args(checkpoint) (what makes a rerun resume from a checkpoint).
+One interface (`base.Backend`): files, command, variables, pre-commands, resume arguments, the loss-mask
+probe's spec and the backend's own validation rules. A closed registry: conf/backend/<name>.yaml must have a
+backend here (tests/test_shipped_configs.py checks both directions). `launch` builds launch.sh from a backend's
+command and the cluster's setup; `zero` the DeepSpeed ZeRO-3 config of the models that need it.
 
-A closed registry: conf/backend/<name>.yaml must have a module here (tests/test_shipped_configs.py
-checks both directions).
+Imports sft_grid.core and sft_grid.planning.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from sft_grid.backends import axolotl, llamafactory
+from sft_grid.backends.base import Backend, MaskSpec
 
-BACKENDS: dict[str, ModuleType] = {m.NAME: m for m in (llamafactory, axolotl)}
+BACKENDS: dict[str, Backend] = {b.name: b for b in (llamafactory.BACKEND, axolotl.BACKEND)}
+
+__all__ = ["BACKENDS", "Backend", "MaskSpec", "get"]
 
 
-def get(name: str) -> ModuleType:
+def get(name: str) -> Backend:
     try:
         return BACKENDS[name]
     except KeyError:

@@ -3,8 +3,8 @@
 Every dataset gets its own `datasets` entry with its own column, role/content fields and role mapping, so a
 ShareGPT (from/value, human/gpt) source and a role/content source both keep their assistant turns. axolotl
 has no interleaving: a cell with `mix.strategy=interleave_*` runs a seeded data step first
-(probes/mix_data.py, with the datasets library's own interleave_datasets, exactly as LLaMA-Factory mixes)
-and the config trains on the one file it writes. The project's axolotl plugins (probes/sft_grid_axolotl.py)
+(in_venv/mix_data.py, with the datasets library's own interleave_datasets, exactly as LLaMA-Factory mixes)
+and the config trains on the one file it writes. The project's axolotl plugins (in_venv/sft_grid_axolotl.py)
 keep the chat template in tokenizer_config.json of every checkpoint and write the trainer state at the output
 root, as every backend's output must hold it.
 """
@@ -12,21 +12,23 @@ root, as every backend's output must hold it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from sft_grid import prep, zero
-from sft_grid.backends import common
-from sft_grid.plan import Cell, is_local
-from sft_grid.schema import DatasetConf, DatasetTags
-from sft_grid.templates import TEMPLATES
+from sft_grid.backends import common, zero
+from sft_grid.backends.base import Backend, MaskSpec
+from sft_grid.core.paths import IN_VENV_DIR
+from sft_grid.core.problems import Problem
+from sft_grid.core.schema import DatasetConf, DatasetTags
+from sft_grid.core.templates import TEMPLATES
+from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.inputs import model_source
 
 NAME = "axolotl"
 CONFIG_FILE = "axolotl_config.yaml"
 MIX_SPEC = "mix.json"
 MIX_DATA = "data/mix.jsonl"
 PREPARED_DIR = "prepared"
-PROBES = Path(__file__).resolve().parent.parent / "probes"
-MIX_PROBE = PROBES / "mix_data.py"
+MIX_SCRIPT = IN_VENV_DIR / "mix_data.py"
 PLUGINS = ("sft_grid_axolotl.TemplateIntegrityPlugin", "sft_grid_axolotl.OutputPlugin")
 ZERO_CPU_PLUGIN = "zero_cpu.GlooPreInit"
 # the datasets library's stopping strategy of each interleave strategy, as LLaMA-Factory maps them
@@ -78,7 +80,7 @@ def interleaved(cell: Cell) -> bool:
 
 
 def mix_spec(cell: Cell, cell_dir: Path) -> dict[str, Any]:
-    """What probes/mix_data.py reads: each source with its own fields and role mapping, the probabilities,
+    """What in_venv/mix_data.py reads: each source with its own fields and role mapping, the probabilities,
     the seed and the stopping strategy; it writes role/content messages to MIX_DATA."""
     s = cell.spec
     sources = []
@@ -159,7 +161,7 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     cfg: dict[str, Any] = dict(s.backend.train_defaults)
     cfg.update({
         # a prepared copy where the model needs one (the Delphi tokenizer prep), as for every backend
-        "base_model": prep.model_source(cell),
+        "base_model": model_source(cell),
         **chat_template(cell),
         "datasets": datasets(cell, cell_dir),
         "dataset_prepared_path": str(cell_dir / PREPARED_DIR),
@@ -187,7 +189,7 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "tokenizer_save_jinja_files": False,
         "plugins": plugins(cell),
     })
-    # no hub_model_id: the upload is the cell's post-training stage (sft_grid/post.py), never the trainer's
+    # no hub_model_id: the upload is the cell's post-training stage (sft_grid/stages/post.py), never the trainer's
     cfg.update(common.optional_keys(cell, cell_dir))
     cfg.update(s.extra)
     return cfg
@@ -195,7 +197,7 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 def plugins(cell: Cell) -> list[str]:
     """The project's plugins; on a CPU-only cluster a ZeRO-3 cell also gets DeepSpeed's process group started
-    over gloo (axolotl 0.19 starts it with NCCL, which CPU torch lacks: probes/zero_cpu.py)."""
+    over gloo (axolotl 0.19 starts it with NCCL, which CPU torch lacks: in_venv/zero_cpu.py)."""
     extra = [ZERO_CPU_PLUGIN] if zero.needed(cell) and not cell.spec.cluster.gpus_per_node else []
     return [*PLUGINS, *extra]
 
@@ -208,23 +210,23 @@ def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     return out
 
 
-def env(cell: Cell) -> dict[str, str]:
+def _variables(cell: Cell) -> dict[str, str]:
     """Variables launch.sh exports for axolotl (the cluster's own env wins): the project's plugins on the
     path, no telemetry, and no hub where compute nodes have no internet."""
-    out = {"PYTHONPATH": str(PROBES), "AXOLOTL_DO_NOT_TRACK": "1"}
+    out = {"PYTHONPATH": str(IN_VENV_DIR), "AXOLOTL_DO_NOT_TRACK": "1"}
     if not cell.spec.cluster.internet_on_compute:
         out.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return out
 
 
-def pre_commands(cell: Cell, cell_dir: Path, env_bin: Path) -> list[list[str]]:
+def _pre_commands(cell: Cell, cell_dir: Path, env_bin: Path) -> list[list[str]]:
     """Steps launch.sh runs before training: the interleaved mix (idempotent: a second run keeps the file)."""
     if interleaved(cell):
-        return [[str(env_bin / "python"), str(MIX_PROBE), str(cell_dir / MIX_SPEC)]]
+        return [[str(env_bin / "python"), str(MIX_SCRIPT), str(cell_dir / MIX_SPEC)]]
     return []
 
 
-def command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
+def _command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
     """One process: axolotl's CLI with the plain python launcher (no accelerate start-up). Several ranks:
     torchrun or accelerate on each node (launch.sh sets the variables from the Slurm allocation) starting
     axolotl's training module, so arguments after it (launch.sh's "$@") still reach axolotl."""
@@ -236,7 +238,38 @@ def command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
     return [str(env_bin / "axolotl"), "train", config, "--launcher", "python"]
 
 
-def resume_args(checkpoint: Path) -> list[str]:
+# axolotl config keys that change what its chat_template strategy trains
+MASK_KEYS = ("chat_template", "chat_template_jinja", "chat_template_kwargs", "train_on_inputs", "eot_tokens",
+             "tokenizer_use_mistral_common")
+
+
+def mask_spec(cell: Cell) -> MaskSpec:
+    """axolotl's chat_template strategy: the config keys that decide the mask and each source's own entry."""
+    config = train_config(cell, Path("."))
+    cfg = {k: config[k] for k in MASK_KEYS if k in config}
+    return MaskSpec(str(config["base_model"] or ""), "axolotl",
+                    {name: {"dataset": dataset_entry(ds), "cfg": cfg} for name, ds in cell.spec.dataset.items()})
+
+
+def problems(cell: Cell) -> Iterator[Problem]:
+    """What axolotl cannot express is an error before queueing, never a silently different run."""
+    s = cell.spec
+    if s.finetuning_type == "freeze":
+        yield Problem(cell.name, "finetuning_type", s.finetuning_type, "axolotl-finetuning",
+                      "axolotl has no freeze fine-tuning (LLaMA-Factory's freeze_trainable_layers)",
+                      "finetuning_type=full or finetuning_type=lora, or backend=llamafactory")
+    template = TEMPLATES.get(s.model.template)
+    if template is not None and not (template.axolotl or template.jinja):
+        yield Problem(cell.name, "model.template", s.model.template, "axolotl-template",
+                      "axolotl has no template of this name and sft_grid ships no jinja for it",
+                      "add its axolotl name (or a jinja file) to sft_grid/core/templates.py, or backend=llamafactory")
+
+
+def _resume_args(checkpoint: Path) -> list[str]:
     """Nothing: the config's `auto_resume_from_checkpoints` resumes from the newest checkpoint-N in output/
     (the one the runner found), also when a person runs launch.sh by hand."""
     return []
+
+
+BACKEND = Backend(name=NAME, config_file=CONFIG_FILE, files=files, command=_command, problems=problems,
+                  mask_spec=mask_spec, resume_args=_resume_args, variables=_variables, pre_commands=_pre_commands)

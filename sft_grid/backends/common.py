@@ -2,7 +2,7 @@
 
 Each node of a multi-rank cell starts one launcher, and launch.sh sets the variables they read (NNODES,
 NODE_RANK, NPROC_PER_NODE, WORLD_SIZE, MASTER_ADDR/PORT) from the Slurm allocation
-(render.distributed_lines). `${VAR}` arguments are expanded by launch.sh, nothing else is.
+(backends/launch.py). `${VAR}` arguments are expanded by launch.sh, nothing else is.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sft_grid import zero
-from sft_grid.plan import Cell
+from sft_grid.backends import zero
+from sft_grid.planning.cells import Cell
 
 
 def optional_keys(cell: Cell, cell_dir: Path) -> dict[str, Any]:

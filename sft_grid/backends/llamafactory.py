@@ -10,16 +10,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sft_grid import prep
 from sft_grid.backends import common
-from sft_grid.plan import Cell, is_local
-from sft_grid.templates import TEMPLATES
+from sft_grid.backends.base import Backend, MaskSpec
+from sft_grid.core.paths import IN_VENV_DIR
+from sft_grid.core.templates import TEMPLATES
+from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.inputs import model_source
 
 NAME = "llamafactory"
 CONFIG_FILE = "train_config.yaml"
 DATASET_INFO = "dataset_info.json"
 # Runs LLaMA-Factory with sft_grid's own jinja templates registered in each training process
-WRAPPER = Path(__file__).resolve().parent.parent / "probes" / "sft_grid_lf.py"
+WRAPPER = IN_VENV_DIR / "sft_grid_lf.py"
+# LLaMA-Factory data arguments that change what is trained (the rest of train_config does not)
+MASK_KEYS = ("template", "train_on_prompt", "mask_history", "tool_format", "default_system", "enable_thinking",
+             "preserve_thinking")
 
 
 def template_file(cell: Cell) -> str | None:
@@ -50,7 +55,7 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     cfg: dict[str, Any] = dict(s.backend.train_defaults)
     cfg.update(
         {
-            "model_name_or_path": prep.model_source(cell),
+            "model_name_or_path": model_source(cell),
             "template": s.model.template,
             "finetuning_type": s.finetuning_type,
             "dataset_dir": str(cell_dir),
@@ -72,7 +77,7 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
             "adam_beta2": s.adam_beta2,
             "seed": s.seed,
             "report_to": s.report_to,
-            # the upload is the cell's post-training stage (sft_grid/post.py), after consolidation and the
+            # the upload is the cell's post-training stage (sft_grid/stages/post.py), after consolidation and the
             # tokenizer check, never the trainer's own push (which crashes on offline nodes)
             "push_to_hub": False,
         }
@@ -99,7 +104,7 @@ def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     return out
 
 
-def command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
+def _command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
     """The training command. Several ranks with `launcher: accelerate`: accelerate starts LLaMA-Factory's
     training module on each node (the variables are set by launch.sh from the Slurm allocation); otherwise
     LLaMA-Factory's CLI, which starts torchrun itself when FORCE_TORCHRUN is set. A template of sft_grid's own
@@ -114,16 +119,28 @@ def command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
     return [str(env_bin / cell.spec.backend.entrypoint[0]), *cell.spec.backend.entrypoint[1:], config]
 
 
-def env(cell: Cell) -> dict[str, str]:
-    """No variables of its own: LLaMA-Factory reads what the cluster profile exports."""
-    return {}
+def mask_spec(cell: Cell) -> MaskSpec:
+    """LLaMA-Factory's template and data arguments, and each dataset's dataset_info entry: what its
+    SupervisedDatasetProcessor needs to reproduce training's mask."""
+    config = train_config(cell, Path("."))
+    shared: dict[str, Any] = {"data_args": {k: config[k] for k in MASK_KEYS if k in config},
+                              # mask_history trains only the last assistant turn, on purpose
+                              "last_turn_only": bool(config.get("mask_history"))}
+    template = TEMPLATES.get(cell.spec.model.template)
+    if template is not None and template.jinja_path is not None:
+        # sft_grid's own template (delphi), registered in LLaMA-Factory's process as training does
+        shared["templates"] = {template.name: str(template.jinja_path)}
+    info = dataset_info(cell)
+    return MaskSpec(str(config["model_name_or_path"] or ""), "llamafactory",
+                    {name: {**shared, "dataset_info": info[name]} for name in info})
 
 
-def pre_commands(cell: Cell, cell_dir: Path, env_bin: Path) -> list[list[str]]:
-    """No steps before training: LLaMA-Factory interleaves mixes itself."""
-    return []
-
-
-def resume_args(checkpoint: Path) -> list[str]:
-    """launch.sh arguments that resume from a checkpoint: LLaMA-Factory's CLI takes key=value overrides."""
+def _resume_args(checkpoint: Path) -> list[str]:
+    """LLaMA-Factory's CLI takes key=value overrides."""
     return [f"resume_from_checkpoint={checkpoint}"]
+
+
+# no variables of its own (it reads what the cluster profile exports), no pre-commands (it interleaves mixes
+# itself), and nothing it cannot train that the shared rules do not catch
+BACKEND = Backend(name=NAME, config_file=CONFIG_FILE, files=files, command=_command, problems=lambda cell: iter(()),
+                  mask_spec=mask_spec, resume_args=_resume_args)

@@ -1,0 +1,259 @@
+"""The grid command (`python -m sft_grid`): compose every cell, run the grid flow, and present its result.
+
+The sft_grid Hydra launcher calls `run_grid` with every cell of a multirun at once; `python -m sft_grid` without
+-m calls `run_single` with the one cell Hydra composed. Bad input is printed as one list of problems (exit 1,
+nothing written); a dry run prints the check table, the first example of each source and the submission plan
+with every sbatch script; a real run prints what it queued or ran, and, when it waited for local cells, their
+final states.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from sft_grid.core.problems import GridError, Problem
+from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, example, plan_lines, progress_text, relative,
+                              table)
+
+PREVIEW_DIR = ".dry_run"
+
+
+def out(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _fail(exc: GridError) -> None:
+    print(str(exc), file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def fail_empty_axes(axes: Sequence[str]) -> None:
+    """Swept axes that expand to no value: the grid would be empty. Named, and nothing runs."""
+    _fail(GridError([Problem("<grid>", axis.split("=", 1)[0], axis.split("=", 1)[1], "axis-empty", "this axis sweeps no value, so the"
+                             " grid has no cell", "glob() matches only options under conf/ (see `python -m sft_grid"
+                             " --help` for them); range(a,b) needs a < b") for axis in axes], "planning"))
+
+
+def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
+    """All cells of a Hydra multirun (called by the sft_grid launcher)."""
+    from omegaconf import OmegaConf
+
+    from sft_grid.planning.compose import GridComposer
+
+    hydra_overrides = OmegaConf.to_container(master.hydra.overrides.hydra)
+    composer = GridComposer(loader, master.hydra.job.config_name, hydra_overrides)
+    composed, errors = composer.compose_all(overrides)
+    if not overrides:
+        _fail(GridError([Problem("<grid>", "", None, "grid-empty", "the sweep expanded to no cells",
+                                 "check the swept values; glob() matches only options under conf/")], "planning"))
+    return _run(composed, errors)
+
+
+def run_single(cfg: Any) -> Any:
+    """One cell, composed by Hydra (`python -m sft_grid <overrides>` without -m)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    from sft_grid.planning.compose import Composed
+    from sft_grid.planning.messages import composition_problem
+
+    overrides = list(HydraConfig.get().overrides.task)
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as exc:  # an interpolation that cannot resolve, reported like any other problem
+        if type(exc).__module__.startswith("omegaconf"):
+            _fail(GridError([composition_problem(overrides, str(exc))], "composition"))
+        raise
+    return _run([Composed(tuple(overrides), config)], [])
+
+
+def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
+    from sft_grid.grid import flow
+
+    class Show(flow.Observer):
+        def queued(self, result: Any) -> None:
+            _print_launch(result)
+
+        def local_done(self, job: Any, state: Any) -> None:
+            out(f"  {state.state.value:<9} {job.label}  {progress_text(state)}"
+                + (f"  {state.reason}" if state.reason else ""))
+
+    try:
+        result = flow.run(composed, errors, Show())
+    except GridError as exc:
+        _fail(exc)
+        raise
+    if result.dry_run:
+        _print_dry_run(result)
+        return result
+    if result.refused is not None:
+        _print_launch(result)
+        r = result.refused
+        print(f"sbatch refused array {r.job.name} ({len(r.job.targets)} {r.job.role.value} target(s)): {r.detail}\n"
+              f"{r.not_queued} cell(s) were not queued and read as planned; {r.queued} were. Fix the cause and run"
+              " the grid again.", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    if result.final:
+        _print_final(result)
+    if result.failed:
+        print(f"{len(result.failed)} cell(s) failed; their reasons are above and in <cell>/events.jsonl,"
+              " their logs in <cell>/logs/. Rerun them with rerun_failed=true.", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    return result
+
+
+# -- what is printed ---------------------------------------------------------------------------------------
+
+
+def _sbatch_previews(result: Any) -> list[tuple[Any, str]]:
+    from sft_grid.schedulers import slurm
+
+    return [(job, slurm.sbatch_script(job, job.dependency.text() if job.dependency else None))
+            for job in result.plan.slurm]
+
+
+def _print_dry_run(result: Any) -> None:
+    from sft_grid.backends import get as backend_of
+    from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE
+
+    cells = result.cells
+    dirs = [d.dir for d in result.decisions]
+    color = sys.stdout.isatty()
+    out(table(CHECK_HEADERS, check_rows(cells, dirs)))
+    out()
+    configs = sorted({backend_of(c.spec.backend.name).config_file for c in cells})
+    out(f"dry run: {len(cells)} cell(s) rendered, nothing submitted. Each cell's files: <cell dir>/"
+        f"{{{','.join([CELL_FILE, *configs, LAUNCH_FILE])}}}")
+    examples = result.examples
+    if examples is not None and examples.shown:
+        out("\nthe first example of each source, as the backend trains on it (trained text "
+            + ("in green):" if color else "in [[ ]]):"))
+        for e in examples.shown:
+            out(example(e.label, e.row, 0, color))
+    if examples is not None and examples.unreadable:
+        out(f"  first examples not shown, their inputs are not readable here (the job's preflight checks them):"
+            f" {', '.join(examples.unreadable)}")
+    if examples is not None and examples.more:
+        out(f"  ... {examples.more} more source(s): python -m sft_grid.show <cell dir>")
+    out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
+    for line in deferred_lines(result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
+        out(line)
+    for line in _prep_lines(result) + _post_lines(cells):
+        out(line)
+    for d in result.decisions:
+        if d.why:
+            out(f"  would skip {d.cell.name}: {d.why}")
+    lines = plan_lines(result.plan)
+    if lines:
+        out("\nsubmission plan (what a real run does):")
+        for line in lines:
+            out(line)
+    previews = _sbatch_previews(result)
+    if previews:
+        folder = cells[0].sweep_dir / PREVIEW_DIR
+        shown = previews if len(previews) <= 8 else [p for i, p in enumerate(previews)
+                                                     if p[0].role not in {q[0].role for q in previews[:i]}]
+        for job, script in shown:
+            out(f"\n# sbatch script of {job.name} ({job.role.value}, {len(job.targets)} target(s)):")
+            out(script)
+        _write_previews(folder, previews)
+        out(f"\nevery sbatch script of the plan: {relative(folder)}/<job name>.sbatch")
+
+
+def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:
+    """The dry run's own rendered files beside its cells: each planned job's sbatch script."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    for job, script in previews:
+        (folder / f"{job.name}.sbatch").write_text(script)
+
+
+def _prep_lines(result: Any) -> list[str]:
+    """One line per model prep (one in all when there are many): done, or to run before its cells."""
+    def state(prep: Any, users: Sequence[Any]) -> str:
+        if prep.complete:
+            return "done"
+        return "a Slurm job its cells wait for" if users[0].spec.cluster.executor == "slurm" else "runs before its cells"
+
+    preps = result.preps
+    if len(preps) > 6:
+        counts: dict[str, int] = {}
+        for prep, users in preps.items():
+            counts[state(prep, users)] = counts.get(state(prep, users), 0) + 1
+        root = next(iter(preps)).dir.parent
+        return [f"  tokenizer prep of {len(preps)} models for {sum(map(len, preps.values()))} cell(s), under"
+                f" {relative(root)}: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    return [f"  tokenizer prep of {prep.model} for {len(users)} cell(s): {prep.model_dir} ({state(prep, users)})"
+            for prep, users in preps.items()]
+
+
+def _post_lines(cells: Sequence[Any]) -> list[str]:
+    """Which stages follow the training of how many cells, and where the upload runs."""
+    from sft_grid.stages.post import stages_for, upload_in_job
+
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for cell in cells:
+        groups.setdefault(tuple(stages_for(cell.spec)), []).append(cell)
+    lines = []
+    for stages, members in groups.items():
+        line = f"  post-training stages of {len(members)} cell(s): {', '.join(stages)}"
+        if "upload" in stages:
+            line += ("; the upload runs in the post job" if upload_in_job(members[0].spec) else
+                     f"; the upload waits for the login node: python -m sft_grid.post {members[0].sweep_dir}")
+        lines.append(line)
+    return lines
+
+
+def _print_launch(result: Any) -> None:
+    from collections import Counter
+
+    from sft_grid.core.submission import Role
+    from sft_grid.grid.decide import Action
+
+    to_run = [d for d in result.decisions if d.action is Action.RUN]
+    skipped = Counter(d.why.split(" ", 1)[0].rstrip(":") for d in result.decisions if d.action is not Action.RUN)
+    parts = [f"{len(to_run)} to run"] + [f"{n} {what}" for what, n in sorted(skipped.items())]
+    out(f"{len(result.cells)} cell(s): " + ", ".join(parts) + ("" if to_run else " - nothing to run."))
+    for d in result.decisions:
+        if d.action is not Action.RUN and (not d.why.startswith("completed") or "; " in d.why):
+            out(f"  skipped {d.cell.name}: {d.why}")
+    for line in deferred_lines({d.cell.name: result.deferred[d.cell.name] for d in to_run
+                                if d.cell.name in result.deferred}):
+        out(line)
+    for job in result.plan.local:
+        if job.role is Role.PREP:
+            out(f"  tokenizer prep of {job.label}: ran here before its cells ({job.target / 'model'})")
+    for d in result.decisions:
+        if result.executed and d.dir in result.executed.prep_failed:
+            out(f"  failed    {d.cell.name}  {result.executed.prep_failed[d.dir]}")
+    ids = result.executed.ids if result.executed else {}
+    for job in result.plan.slurm:
+        got = ids.get(job.name)
+        if not got:
+            continue
+        span = got[0] + (f" .. {got[-1]}" if len(got) > 1 else "")
+        if job.role is Role.PREP:
+            out(f"  tokenizer prep of {job.label}: job {got[0]} -> {job.targets[0]}")
+        elif job.role is Role.TRAIN:
+            out(f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
+                + (f" (at most {job.throttle} at once)" if job.throttle else ""))
+        elif job.dependency is not None:
+            out(f"  post-training stages of {len(got)} cell(s): array {job.name}, each task after its training")
+        else:
+            out(f"  post-training stages of {len(got)} completed cell(s): array {job.name}")
+
+
+def _print_final(result: Any) -> None:
+    from sft_grid.status import HEADERS, rows
+
+    dirs = [d.dir for d in result.decisions]
+    out()
+    out(table(HEADERS, rows(dirs)))
+    out(f"outputs: <cell>/output/ under {relative(dirs[0].parent)}/")

@@ -1,0 +1,49 @@
+"""The one interface every training backend implements, and what a backend's loss-mask probe needs.
+
+A backend turns a cell into its own files and command line (pure), names the variables and steps launch.sh
+needs, says how to resume, how its own preprocessing is asked what it trains (the loss-mask probe), and what it
+cannot train (its own validation rules). Nothing outside sft_grid/backends branches on a backend's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from sft_grid.core.problems import Problem
+from sft_grid.planning.cells import Cell
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """How the loss-mask probe (sft_grid/in_venv/mask_probe.py) reproduces this backend's preprocessing: the
+    tokenizer it loads, the probe's reader for this backend, and per data source the backend's own settings
+    that decide that source's mask."""
+
+    tokenizer: str
+    reader: str
+    sources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend is these functions of a cell (each backend module builds its BACKEND from its own)."""
+
+    name: str
+    # the backend's main config file in the cell directory
+    config_file: str
+    # the cell's files for this backend, as data (dicts are dumped as YAML or JSON by suffix, text as is)
+    files: Callable[[Cell, Path], dict[str, Any]]
+    # the training argv launch.sh executes (its arguments reach the backend): (cell, cell_dir, bin_dir)
+    command: Callable[[Cell, Path, Path], list[str]]
+    # what it cannot train as the cell says: an error before queueing, never a different run
+    problems: Callable[[Cell], Iterator[Problem]]
+    # how the loss-mask probe reproduces its preprocessing
+    mask_spec: Callable[[Cell], MaskSpec]
+    # launch.sh arguments that resume training from a checkpoint
+    resume_args: Callable[[Path], list[str]]
+    # environment variables launch.sh exports for this backend (the cluster's own win)
+    variables: Callable[[Cell], dict[str, str]] = lambda cell: {}
+    # steps launch.sh runs before training (argv lists): (cell, cell_dir, bin_dir)
+    pre_commands: Callable[[Cell, Path, Path], list[list[str]]] = lambda cell, cell_dir, bin_dir: []

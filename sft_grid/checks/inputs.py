@@ -1,0 +1,83 @@
+"""Where an input can be read here: a local path, or a hub id's copy in the Hugging Face cache; a sample of rows.
+
+No hub access from here: a hub id with no copy in the cache cannot be read, and its checks wait for the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sft_grid.planning.cells import is_local
+
+SAMPLE_ROWS = 200
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+
+
+def _cached_snapshot(repo_id: str, kind: str) -> Path | None:
+    snapshots = hub_cache() / f"{kind}--{repo_id.replace('/', '--')}" / "snapshots"
+    found = sorted(snapshots.glob("*"), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
+    return found[-1] if found else None
+
+
+def locate(target: str, kind: str) -> Path | None:
+    """A readable local copy of a path or hub id (kind: 'models' or 'datasets'), or None."""
+    if is_local(target):
+        path = Path(os.path.expanduser(target))
+        return path if path.exists() else None
+    return _cached_snapshot(target, kind)
+
+
+class NotData(ValueError):
+    """A local dataset source that holds no data file sft_grid or the backends read."""
+
+
+def data_files(where: Path) -> list[Path]:
+    """The data file, or the data files of a directory in name order."""
+    if where.is_file():
+        if where.suffix not in DATA_SUFFIXES:
+            raise NotData(f"{where} is not a data file (expected {', '.join(DATA_SUFFIXES)})")
+        return [where]
+    files = sorted(p for p in where.rglob("*") if p.suffix in DATA_SUFFIXES)
+    if not files:
+        raise NotData(f"no {', '.join(DATA_SUFFIXES)} file in {where}")
+    return files
+
+
+def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS) -> list[dict[str, Any]]:
+    """The first rows of a local data file (or of the first data file in a directory). Raises NotData,
+    ValueError for a file that does not parse, and ImportError for parquet where pyarrow is missing."""
+    file = data_files(where)[0]
+    if file.suffix == ".jsonl":
+        rows = []
+        with file.open() as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"line {n} of {file} is not JSON: {exc}") from None
+                    if not isinstance(row, dict):
+                        raise NotData(f"line {n} of {file} is not a JSON object (a row)")
+                    rows.append(row)
+                if len(rows) >= limit:
+                    break
+        return rows
+    if file.suffix == ".json":
+        data = json.loads(file.read_text())
+        rows = list(data[:limit]) if isinstance(data, list) else [data]
+        if not all(isinstance(r, dict) for r in rows):
+            raise NotData(f"{file} holds no list of JSON objects (rows)")
+        return rows
+    import pyarrow.parquet as pq  # only for parquet data; raises ImportError where absent
+
+    table = pq.ParquetFile(file).read_row_group(0, columns=[column])
+    return table.slice(0, limit).to_pylist()

@@ -1,0 +1,281 @@
+"""The loss-mask preflight: the backend's own preprocessing, run on a few rows of every data source, must
+train the assistant turns (think blocks included) and nothing of the prompt.
+
+A cell whose role tags, columns or template do not match its data trains on nothing, or on the prompt,
+without any error: the users' guide calls this "the #1 silent ruin". So before anything is queued, each
+(backend, its virtual environment, tokenizer, template, dataset source and fields) of the grid is checked once:
+
+- the probe (sft_grid/in_venv/mask_probe.py) runs in the backend's virtual environment, one process per
+  environment for the whole grid, and reports per row the tokens and which of them are trained;
+- `judge.judge` (pure) decides from that token data: every assistant turn is trained (with its think block);
+  every trained span lies inside assistant content, apart from the template's special tokens and
+  whitespace (its end-of-turn token, an empty think block); no row is dropped or trains zero tokens.
+
+Probe results are cached on disk under <cache root>/preflight/, keyed by the check and the size and
+mtime of the tokenizer files, the data file, the probe and the backend's virtual environment, so invoking the
+same grid again pays no subprocess. Inputs not readable here (hub ids, a site's own venv) are deferred
+to the job's first step like every other preflight check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from sft_grid.backends import get as backend_of
+from sft_grid.checks.inputs import SAMPLE_ROWS, data_files, locate, read_sample
+from sft_grid.checks.judge import judge
+from sft_grid.core.cellfiles import Check, Verdict
+from sft_grid.core.paths import IN_VENV_DIR, cache_root
+from sft_grid.core.problems import Problem
+from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.venvs import READY_MARKER, bin_dir
+
+log = logging.getLogger(__name__)
+
+KIND = "loss_mask"
+MASK_ROWS = 8
+PROBE = IN_VENV_DIR / "mask_probe.py"
+FETCHER = IN_VENV_DIR / "fetch_sample.py"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                    "added_tokens.json", "tokenizer.model")
+
+
+@dataclass
+class Stats:
+    """What the last preflight did: checks judged, probe results read from the cache, processes run."""
+
+    checks: int = 0
+    cached: int = 0
+    probed: int = 0
+    subprocesses: int = 0
+
+
+STATS = Stats()
+
+
+# -- the checks of a cell ----------------------------------------------------------------------------------
+
+
+def checks_for(cell: Cell) -> list[Check]:
+    """One loss-mask check per data source of the cell; equal checks (shared inputs) run once."""
+    s = cell.spec
+    spec = backend_of(s.backend.name).mask_spec(cell)
+    if not spec.tokenizer:
+        return []
+    python = str(bin_dir(s) / "python")
+    checks = []
+    for name, ds in s.dataset.items():
+        tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
+        source_spec = {**spec.sources[name], "reader": spec.reader}
+        checks.append(Check(KIND, f"dataset.{name}", ds.source, column=ds.messages, tags=tags, split=ds.split,
+                            backend=s.backend.name, python=python, model=spec.tokenizer,
+                            spec=json.dumps(source_spec, sort_keys=True, default=str)))
+    return checks
+
+
+def root_causes(problems: Sequence[Problem]) -> list[Problem]:
+    """A loss-mask problem is left out where a cheaper check of the same cell already names its cause (the
+    tags or column of the same dataset, or a template the tokenizer cannot render): one problem, one fix."""
+    rule = f"preflight-{KIND}"
+    causes = {(p.cell, p.key) for p in problems if p.rule != rule}
+    causes |= {(p.cell, "*") for p in problems if p.rule == "preflight-template_tokens"}
+    return [p for p in problems if p.rule != rule or not ({(p.cell, p.key), (p.cell, "*")} & causes)]
+
+
+# -- running the probe -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Probed:
+    """A check's inputs as found here, or why it cannot run here."""
+
+    check: Check
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    model_dir: Path | None = None
+    data_file: Path | None = None
+    outcome: Verdict | None = None  # when the check cannot (or need not) run here
+    result: dict[str, Any] | None = None  # the probe's answer
+
+
+def _stat(path: Path) -> list[Any]:
+    try:
+        st = path.stat()
+        return [str(path), st.st_size, st.st_mtime_ns]
+    except OSError:
+        return [str(path), None]
+
+
+def _venv_marker(python: str) -> Path:
+    return Path(python).parent.parent / READY_MARKER
+
+
+def cache_key(p: Probed) -> str:
+    check = p.check
+    # the key a check is reported under (a dataset's name) does not change what the backend does with its input
+    parts: list[Any] = [replace(check, key="").to_json(), MASK_ROWS, _stat(PROBE), _stat(_venv_marker(check.python)),
+                        _stat(Path(check.python))]
+    assert p.model_dir is not None and p.data_file is not None
+    parts += [_stat(p.model_dir / f) for f in _TOKENIZER_FILES]
+    parts.append(_stat(p.data_file))
+    for jinja in json.loads(check.spec or "{}").get("templates", {}).values():
+        parts.append(_stat(Path(jinja)))
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def cache_dir() -> Path:
+    """<cache root>/preflight, or $SFT_GRID_PREFLIGHT_CACHE (tests and timing use a fresh one)."""
+    return Path(os.environ.get("SFT_GRID_PREFLIGHT_CACHE") or cache_root() / "preflight")
+
+
+def _locate(check: Check) -> Probed:
+    """Find the tokenizer, the data and the backend's venv here; otherwise say why the check waits for the job."""
+    p = Probed(check)
+    if not Path(check.python).is_file():
+        p.outcome = Verdict(False, f"the backend's virtual environment {Path(check.python).parent.parent} is not on this machine;"
+                            " the check runs as the first step of the job, before training", unreachable=True)
+        return p
+    for target, kind, what in ((check.model, "models", "tokenizer"), (check.target, "datasets", "dataset")):
+        where = locate(target, kind)
+        if where is None and is_local(target) and kind == "datasets":
+            p.outcome = Verdict(True)  # a missing local data path is reported by its own path check, once
+            return p
+        if where is None:
+            # a hub id, or a tokenizer the job prepares first (a missing model.path has its own path check)
+            p.outcome = Verdict(False, f"{what} {target!r} is not readable from this machine; the check runs as"
+                                " the first step of the job, before training", unreachable=True)
+            return p
+        if kind == "models":
+            p.model_dir = where
+    assert where is not None  # the data's location
+    try:
+        files = data_files(where)
+        p.data_file = files[0]
+        p.rows = read_sample(where, check.column, MASK_ROWS)
+    except ImportError:
+        p.outcome = Verdict(False, f"reading {where} needs pyarrow, which this environment lacks", unreachable=True)
+    except (OSError, ValueError) as exc:
+        p.outcome = Verdict(False, f"cannot read a sample of {where}: {exc}", "point the dataset's source at a data file")
+    return p
+
+
+def _job(p: Probed, job_id: str) -> dict[str, Any]:
+    c = p.check
+    spec = json.loads(c.spec or "{}")
+    return {"id": job_id, "reader": spec.get("reader", c.backend), "model": str(p.model_dir), "rows": p.rows,
+            "column": c.column, "tags": dict(c.tags), "spec": spec}
+
+
+def _run_probe(python: str, jobs: list[dict[str, Any]], variables: Mapping[str, str] | None = None,
+               ) -> dict[str, dict[str, Any]]:
+    """One process of the backend's environment answers every job given."""
+    with tempfile.TemporaryDirectory(prefix="sft_grid_mask_") as tmp:
+        batch, out = Path(tmp) / "batch.json", Path(tmp) / "out.json"
+        batch.write_text(json.dumps(jobs, default=str))
+        run_env = {**os.environ, **(variables or {}), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                   "TRANSFORMERS_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled",
+                   "TOKENIZERS_PARALLELISM": "false"}
+        run_env["PATH"] = f"{Path(python).parent}:{run_env.get('PATH', '')}"
+        STATS.subprocesses += 1
+        proc = subprocess.run([python, str(PROBE), str(batch), str(out)], capture_output=True, text=True, env=run_env)
+        if proc.returncode != 0 or not out.is_file():
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return {j["id"]: {"id": j["id"], "error": f"the probe failed ({proc.returncode}): {last[:400]}"} for j in jobs}
+        return {r["id"]: r for r in json.loads(out.read_text())}
+
+
+def probe(checks: Iterable[Check], variables: Mapping[str, str] | None = None, use_cache: bool = True,
+          ) -> list[Probed]:
+    """The probe's token data for each check (from the cache, else one process per backend venv)."""
+    found = [_locate(c) for c in checks]
+    todo: dict[str, list[tuple[Probed, str]]] = {}
+    for p in found:
+        if p.outcome is not None:
+            continue
+        key = cache_key(p)
+        cached = cache_dir() / f"{key}.json"
+        if use_cache and cached.is_file():
+            try:
+                p.result = json.loads(cached.read_text())
+                STATS.cached += 1
+                continue
+            except (OSError, ValueError):
+                pass
+        todo.setdefault(p.check.python, []).append((p, key))
+    for python, items in todo.items():
+        answers = _run_probe(python, [_job(p, key) for p, key in items], variables)
+        for p, key in items:
+            p.result = answers.get(key) or {"error": "the probe gave no answer"}
+            STATS.probed += 1
+            if "error" not in p.result and use_cache:
+                _store(cache_dir() / f"{key}.json", p.result)
+    return found
+
+
+def _store(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def verdict_of(p: Probed) -> Verdict:
+    """A probed check's verdict: why it could not run here, the backend's failure, or the judgement of its rows."""
+    if p.outcome is not None:
+        return p.outcome
+    if "error" in (p.result or {}):
+        return Verdict(False, f"the backend could not preprocess it: {p.result['error']}",  # type: ignore[index]
+                       "fix the cell's template, tokenizer or dataset fields so the backend reads the rows")
+    return verdict(p.check, p.result["rows"])  # type: ignore[index]
+
+
+def run_checks(checks: Sequence[Check], variables: Mapping[str, str] | None = None) -> dict[Check, Verdict]:
+    """Every loss-mask check's verdict; the grid's preflight calls this once with all of them."""
+    outcomes: dict[Check, Verdict] = {}
+    for p in probe(checks, variables):
+        outcome = verdict_of(p)
+        if p.result is not None and "rows" in p.result and not outcome.ok:
+            outcome = replace(outcome, message=f"{p.check.backend}'s own preprocessing of {len(p.result['rows'])}"
+                              f" rows: {outcome.message}")
+        outcomes[p.check] = outcome
+    STATS.checks += len(checks)
+    return outcomes
+
+
+def verdict(check: Check, rows: Sequence[Mapping[str, Any]]) -> Verdict:
+    """The check's verdict from the probe's rows; a backend may train only the last assistant turn on purpose."""
+    spec = json.loads(check.spec or "{}")
+    return judge(rows, dict(check.tags), bool(spec.get("last_turn_only")))
+
+
+def fetch_and_probe(check: Check, python: str, workdir: Path, variables: Mapping[str, str] | None = None,
+                    ) -> Verdict:
+    """Job side: fetch what is not on disk with the backend's loaders, then run the same check on it."""
+    if not Path(python).is_file():
+        return Verdict(False, f"the backend's virtual environment has no python at {python} on this node",
+                       f"point cluster.backend_envs.{check.backend} at an environment of this site, or unset it")
+    workdir.mkdir(parents=True, exist_ok=True)
+    model, target = check.model, check.target
+    fetches = []
+    if locate(model, "models") is None:
+        model = str(workdir / "mask_tokenizer")
+        fetches.append([python, str(FETCHER), "tokenizer", check.model, model])
+    if locate(target, "datasets") is None:
+        target = str(workdir / f"mask_{check.key.replace('.', '_')}.jsonl")
+        fetches.append([python, str(FETCHER), "rows", check.target, check.split, str(min(SAMPLE_ROWS, MASK_ROWS)), target])
+    for argv in fetches:
+        proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(variables or {})})
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return Verdict(False, f"could not read {argv[3]!r} from this node either: {last[:300]}",
+                           "make the input reachable from compute nodes (hub access, or a local copy in the HF cache)")
+    fetched = replace(check, model=model, target=target, python=python)
+    return run_checks([fetched], variables)[fetched]
+

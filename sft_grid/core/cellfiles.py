@@ -1,0 +1,149 @@
+"""The typed files a job reads from its cell directory, and the preflight `Check` they carry.
+
+The grid renders them; the job (and `python -m sft_grid.post` on a login node) reads them back into these
+types, so the job never re-composes from conf/ and never guesses at keys.
+
+- post.json: the post-training stages of the cell and what they need (the backend's python, the cluster's
+  variables, the base model, the hub repository, the register command);
+- preflight.json (only when something is deferred): the checks that could not run where the grid ran, which
+  the job runs as its first step, before training.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from sft_grid.core.layout import POST_FILE, PREFLIGHT_FILE
+
+
+@dataclass(frozen=True)
+class Check:
+    """One read-only check of a cell's input; equal checks (same input) run once for the whole grid."""
+
+    kind: str  # "path" | "template_tokens" | "assistant_turns" | "loss_mask" | "prepared"
+    key: str  # the dotted key of the cell it is about
+    target: str  # a local path or a hub id
+    tokens: tuple[str, ...] = ()
+    column: str = ""
+    tags: tuple[tuple[str, str], ...] = ()
+    split: str = "train"
+    # loss_mask: the backend, its venv's python, the tokenizer, the backend's settings (JSON)
+    backend: str = ""
+    python: str = ""
+    model: str = ""
+    spec: str = ""
+
+    def describe(self) -> str:
+        what = {
+            "path": "the local path exists",
+            "template_tokens": "the template's special tokens are single tokens of the tokenizer",
+            "assistant_turns": "the schema tags find assistant turns in a sample of the data",
+            "loss_mask": f"the {self.backend} loss mask trains the assistant turns and nothing else",
+            "prepared": "the model's prep succeeded",
+        }[self.kind]
+        return f"{what} ({self.key}={self.target})"
+
+    def to_json(self) -> dict[str, Any]:
+        # the loss_mask fields only where set: other checks read as before
+        return {k: v for k, v in asdict(self).items() if v or k not in ("backend", "python", "model", "spec")}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Check":
+        return cls(**{**data, "tokens": tuple(data.get("tokens", ())),
+                      "tags": tuple(tuple(t) for t in data.get("tags", ()))})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A check's result: passed, failed (why, and the fix), or could not run here (`unreachable`)."""
+
+    ok: bool
+    message: str = ""
+    fix: str = ""
+    unreachable: bool = False
+
+
+# Indented JSON is written by the pure-Python encoder; a grid's cells write the same small files again and again,
+# so each distinct content (keyed by its compact JSON, from the C encoder) is indented once.
+_DUMPED: dict[str, str] = {}
+
+
+def dump_json(data: Any) -> str:
+    key = json.dumps(data, default=str)
+    text = _DUMPED.get(key)
+    if text is None:
+        if len(_DUMPED) > 16384:
+            _DUMPED.clear()
+        text = _DUMPED[key] = json.dumps(data, indent=2, default=str) + "\n"
+    return text
+
+
+_dump = dump_json
+
+
+@dataclass(frozen=True)
+class PreflightFile:
+    """preflight.json: the checks deferred to the job's first step, and how to run them there."""
+
+    deferred: tuple[Check, ...]
+    python: str  # the backend venv's python, whose loaders fetch what is not on the node's disk
+    variables: Mapping[str, str] = field(default_factory=dict)  # the cluster's environment variables
+
+    def dumps(self) -> str:
+        return _dump({"deferred": [c.to_json() for c in self.deferred], "python": self.python,
+                      "variables": dict(self.variables)})
+
+    @classmethod
+    def load(cls, cell_dir: Path) -> "PreflightFile | None":
+        path = cell_dir / PREFLIGHT_FILE
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        return cls(tuple(Check.from_json(c) for c in data.get("deferred", ())), str(data.get("python") or ""),
+                   dict(data.get("variables", data.get("env")) or {}))
+
+
+@dataclass(frozen=True)
+class PostFile:
+    """post.json: what the post-training chain of a cell needs, without conf/. The cell is the directory's
+    name (a cell's name is its directory's), so cells of one configuration write the same file."""
+
+    cell: str
+    stages: tuple[str, ...]
+    python: str
+    variables: Mapping[str, str] = field(default_factory=dict)
+    base_model: str = ""
+    hub_model_id: str = ""
+    # whether a job may upload (its nodes reach the Hub); else the upload waits for the login node
+    upload_in_job: bool = False
+    # local cells run the chain in their training job; Slurm cells in a dependent post job
+    in_train_job: bool = False
+    datasets: tuple[str, ...] = ()
+    register_command: tuple[str, ...] = ()
+
+    def dumps(self) -> str:
+        data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "cell"}
+        return _dump({k: list(v) if isinstance(v, tuple) else dict(v) if k == "variables" else v
+                      for k, v in data.items()})
+
+    @classmethod
+    def load(cls, cell_dir: Path) -> "PostFile | None":
+        path = cell_dir / POST_FILE
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        return cls(
+            cell=str(data.get("cell") or cell_dir.name),
+            stages=tuple(data.get("stages") or ()),
+            python=str(data.get("python") or ""),
+            variables=dict(data.get("variables", data.get("env")) or {}),
+            base_model=str(data.get("base_model") or ""),
+            hub_model_id=str(data.get("hub_model_id") or ""),
+            upload_in_job=bool(data.get("upload_in_job")),
+            in_train_job=bool(data.get("in_train_job")),
+            datasets=tuple(data.get("datasets") or ()),
+            register_command=tuple(data.get("register_command") or ()),
+        )

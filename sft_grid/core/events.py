@@ -1,0 +1,166 @@
+"""The ledger: one event type, one writer, typed readers.
+
+Each cell (and each model prep) keeps an append-only ledger, `events.jsonl`: one JSON object a line. Every
+module that records something builds an `Event` and calls `append`; every reader gets `Event`s back from
+`read`. A line is appended with O_APPEND in one write, so concurrent writers (the orchestrator, the job, a
+post job) never interleave within a line, and a torn last line from a killed writer is not an event.
+
+The file stays plain JSON lines a person can read, with the keys earlier versions wrote (`event`, `time`,
+`job_id`, `name`, `index`, ...), so ledgers written before the events were typed still load: a key this
+version does not model is kept in `details`, and so is a kind it does not know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping
+
+from sft_grid.core.layout import LEDGER_FILE
+
+
+class Kind(str, Enum):
+    # the cell's state changes (the last of these decides it, see core/state.py)
+    PLANNED = "planned"  # to be submitted again (an orphaned job of a killed orchestrator was cancelled)
+    SUBMITTED = "submitted"  # handed to the executor; on Slurm before sbatch runs, with the array's name
+    RUNNING = "running"  # the job started the cell
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    # annotations
+    JOB = "job"  # the scheduler's id of the latest submission
+    INTERRUPTED = "interrupted"  # training was killed by a signal (time limit, preemption, OOM killer)
+    REQUEUED = "requeued"  # the job asked Slurm to requeue it (time limit near, or preempted)
+    RESUMED = "resumed"  # training continues from a checkpoint
+    ARCHIVED = "archived"  # an output was moved aside, never deleted
+    PREP = "prep"  # the model prep this cell waits for
+    STAGE = "stage"  # a post-training stage changed state
+    POST_JOB = "post_job"  # the Slurm job that runs the cell's post-training stages
+    OTHER = "other"  # a kind this version does not know (kept, never decides anything)
+
+
+STATE_KINDS = frozenset({Kind.PLANNED, Kind.SUBMITTED, Kind.RUNNING, Kind.COMPLETED, Kind.FAILED, Kind.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: Kind
+    time: str = ""
+    # the process that wrote it, when it stands for the cell (its death without an outcome is a failure)
+    pid: int | None = None
+    host: str = ""
+    # submitted: local or slurm; on Slurm the array's job name and this cell's task index in it
+    executor: str = ""
+    array: str = ""
+    index: int | None = None
+    job_id: str = ""
+    # outcome and annotations
+    reason: str = ""
+    note: str = ""
+    rc: int | None = None
+    signal: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    checkpoint: str = ""  # resumed: from which checkpoint-N
+    path: str = ""  # archived: where the output went, relative to the cell
+    why: str = ""  # archived: why
+    stage: str = ""  # stage: which post-training stage
+    state: str = ""  # stage: pending, running, waiting, completed, failed
+    post_job_id: str = ""  # post_job: the post job's Slurm id (`job_id` always names the training job)
+    after: str = ""  # post_job: the training job it waits for
+    model: str = ""  # prep: the model
+    prepared: str = ""  # prep: the prepared model directory
+    prep_job_id: str = ""  # prep: the prep's Slurm job
+    # what else the event knows (a stage's results: files, url, commit, ...), and keys of unknown events
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def here(cls, kind: Kind, **fields: Any) -> "Event":
+        """An event written by this process, standing for the cell (its pid and host)."""
+        return cls(kind, **{"pid": os.getpid(), "host": socket.gethostname(), **fields})
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"time": self.time, "event": self.kind.value}
+        for f in dataclasses.fields(self)[2:]:
+            value = getattr(self, f.name)
+            if f.name == "details":
+                out.update(value)
+            elif value not in ("", None):
+                out[_JSON_KEY.get(f.name, f.name)] = value
+        if self.kind is Kind.OTHER:
+            out["event"] = self.details.get("event", "other")
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Event":
+        raw = dict(data)
+        name = str(raw.pop("event", ""))
+        try:
+            kind = Kind(name)
+        except ValueError:
+            kind, raw["event"] = Kind.OTHER, name
+        fields: dict[str, Any] = {"time": str(raw.pop("time", ""))}
+        for f in dataclasses.fields(cls)[2:-1]:
+            key = _JSON_KEY.get(f.name, f.name)
+            if key in raw:
+                fields[f.name] = _coerce(f.type, raw.pop(key))
+        return cls(kind, details=raw, **fields)
+
+
+# field -> its key in the file, where they differ (the keys earlier versions wrote)
+_JSON_KEY = {"array": "name", "prepared": "dir", "prep_job_id": "job_id_prep"}
+
+
+def _coerce(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    if "int" in str(hint) and not isinstance(value, bool):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return None
+    if "float" in str(hint):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return None
+    return str(value)
+
+
+def append(directory: Path, event: Event) -> Event:
+    """Append one event to a ledger (one write, O_APPEND); the time is set here. Returns what was written."""
+    if not event.time:
+        event = dataclasses.replace(event, time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    line = (json.dumps(event.to_json(), default=str) + "\n").encode()
+    fd = os.open(directory / LEDGER_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return event
+
+
+def read(directory: Path) -> list[Event]:
+    path = directory / LEDGER_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line from a killed writer is not an event
+        if isinstance(data, dict):
+            out.append(Event.from_json(data))
+    return out
+
+
+def last(history: list[Event], *kinds: Kind) -> Event | None:
+    """The latest event of these kinds."""
+    return next((e for e in reversed(history) if e.kind in kinds), None)

@@ -1,0 +1,287 @@
+"""Typed schemas of the cell config, registered with Hydra's ConfigStore as ``base_config``.
+
+conf/config.yaml lists ``base_config`` first in its defaults, so every group option and every override is
+merged onto these dataclasses: an unknown key or a value of the wrong type fails at compose time. A key
+added with `+` gets past Hydra (that is what `+` is for), so the planner checks every composed key against
+these dataclasses too: only the mappings (`extra`, `vars`, `env`, ...) take keys of their own.
+
+Each numeric key carries its range and each key with a fixed set of values carries that set (taken from what
+the backends accept), in the field's metadata: one generic validation rule reads them, so no value a backend
+would refuse or misread at job time reaches a GPU node. The schemas describe *inputs*; values derived from
+them (gradient accumulation, identity, directories) are computed by the planner and never written back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from sft_grid.core.templates import TEMPLATES, TOKENIZER_FAMILIES
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed numbers: lo <= x <= hi (open ends excluded); `none_ok`: null means "not set"."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def admits(self, x: float) -> bool:
+        if isinstance(x, float) and math.isnan(x):
+            return False
+        above = x > self.lo if self.lo_open else x >= self.lo
+        below = x < self.hi if self.hi_open else x <= self.hi
+        return above and below
+
+    def text(self) -> str:
+        def show(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+        lo = "" if self.lo == -math.inf else f"{'>' if self.lo_open else '>='} {show(self.lo)}"
+        hi = "" if self.hi == math.inf else f"{'<' if self.hi_open else '<='} {show(self.hi)}"
+        return " and ".join(p for p in (lo, hi) if p)
+
+
+def num(default: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
+        hi_open: bool = False) -> Any:
+    """A numeric key with its range."""
+    return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
+
+
+def one_of(default: Any, values: tuple[str, ...]) -> Any:
+    """A key with a fixed set of values (for a list: of its items)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"choices": values})
+    return field(default=default, metadata={"choices": values})
+
+
+@functools.cache
+def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
+    """(name, how its value nests: dataclass | mapping | plain, the dataclass it holds, the field) of each field
+    of a schema class; what building typed cells and checking unknown keys both walk."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if typing.get_origin(hint) is typing.Union:
+            inner = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = inner[0] if len(inner) == 1 else hint
+        args = typing.get_args(hint)
+        if dataclasses.is_dataclass(hint):
+            out.append((f.name, "dataclass", hint, f))
+        elif typing.get_origin(hint) in (dict, typing.Dict) and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+            out.append((f.name, "mapping", args[1], f))
+        else:
+            out.append((f.name, "plain", None, f))
+    return tuple(out)
+
+
+# what the backends accept, and what sft_grid renders for each
+EXECUTORS = ("local", "slurm")
+LAUNCHERS = ("torchrun", "accelerate")
+PRECISIONS = ("fp32", "bf16")
+CPU_ARCHS = ("x86_64", "aarch64")
+GPU_DIRECTIVES = ("gpus_per_node", "gres", "none")
+MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
+FINETUNING = ("full", "lora", "freeze")
+REPORT_TO = ("none", "wandb", "tensorboard")
+# transformers' SchedulerType values that both backends pass on and that need no extra arguments
+# (cosine_with_min_lr and warmup_stable_decay need scheduler kwargs; reduce_lr_on_plateau needs evaluation)
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "inverse_sqrt")
+# LLaMA-Factory's dataset formatting that carries conversations with per-dataset role tags (axolotl reads the
+# same rows through its chat_template strategy)
+FORMATTINGS = ("sharegpt",)
+MODEL_NEEDS = ("delphi_tokenizer_prep", "zero3", "zero3_offload", "consolidate", "preprocessor_config",
+               "transformers_ge_5_3")
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds are 32-bit
+
+
+@dataclass
+class VenvSpecConf:
+    """Pinned packages of a managed virtual environment (python -m sft_grid.venv build <backend>)."""
+
+    python: str = "python3.11"
+    packages: List[str] = field(default_factory=list)
+    packages_no_deps: List[str] = field(default_factory=list)
+    drop_native_libs: List[str] = field(default_factory=list)
+    check: str = ""
+
+
+@dataclass
+class BackendConf:
+    name: str = MISSING
+    # argv of the backend's CLI, relative to the virtual environment's bin/ directory
+    entrypoint: List[str] = field(default_factory=list)
+    venv: VenvSpecConf = field(default_factory=VenvSpecConf)
+    # keys merged into every rendered backend config; the cell's `extra` wins over them
+    train_defaults: Dict[str, Any] = field(default_factory=dict)
+    # what the managed virtual environment has: model needs it meets (transformers_ge_5_3) and deepspeed
+    provides: List[str] = field(default_factory=list)
+
+
+@dataclass
+class ClusterConf:
+    name: str = MISSING
+    # local: submitit's local executor on this machine; slurm: submitit's Slurm executor
+    executor: str = one_of("local", EXECUTORS)
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    # 0 means a CPU-only node: one training process per node
+    gpus_per_node: int = num(0, 0)
+    cpus_per_node: int = num(1, 1)
+    mem_gb: Optional[int] = num(None, 1)
+    # longest wall time a job may ask for, "HH:MM:SS" or "D-HH:MM:SS"
+    max_time: str = "24:00:00"
+    cpu_arch: str = one_of("x86_64", CPU_ARCHS)
+    internet_on_compute: bool = False
+    # shell lines run before training (module loads, virtual environment activation); each is one line of bash
+    setup: List[str] = field(default_factory=list)
+    # environment variables every job of this cluster exports
+    env: Dict[str, str] = field(default_factory=dict)
+    # how multi-node and multi-GPU training is started: torchrun or accelerate
+    launcher: str = one_of("torchrun", LAUNCHERS)
+    # bf16 on GPU sites; CPU runs train in fp32
+    precision: str = one_of("fp32", PRECISIONS)
+    runs_root: str = "runs"
+    # backend name -> virtual environment (a directory with bin/) on this site; unset: the managed one
+    backend_venvs: Dict[str, str] = field(default_factory=dict)
+    # model need -> backend name -> a virtual environment that meets it, e.g. the team's transformers >= 5.3
+    # one for Qwen3.5: need_venvs: {transformers_ge_5_3: {llamafactory: /path/to/venv}}
+    need_venvs: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    # deprecated spellings of backend_venvs and need_venvs (earlier versions); read as if they were those
+    backend_envs: Dict[str, str] = field(default_factory=dict)
+    need_envs: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    # a partition whose nodes reach the internet: post-training jobs that upload to the Hub run there on a
+    # site without internet on compute nodes; unset there: the upload waits for `python -m sft_grid.post`
+    # run from the login node
+    post_partition: Optional[str] = None
+    # Slurm: node features (--constraint), nodes to avoid (--exclude), any other sbatch option by name
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    sbatch_extra: Dict[str, Any] = field(default_factory=dict)
+    # Slurm: how GPUs are requested: gpus_per_node (--gpus-per-node), gres (--gres=gpu:N) or none (whole nodes)
+    gpu_directive: str = one_of("gpus_per_node", GPU_DIRECTIVES)
+    # Slurm: how often a cell that hits its time limit or is preempted is requeued before it counts as failed
+    max_requeues: int = num(3, 0)
+    # local executor: cells trained at once on this machine
+    max_parallel: int = num(1, 1)
+    # local executor: block until the grid is done and print its final states
+    wait: bool = True
+
+
+@dataclass
+class ModelConf:
+    name: str = MISSING
+    # a Hugging Face hub id (used on the clusters) ...
+    hub_id: Optional[str] = None
+    # ... or a local directory; when set it is what the backend loads
+    path: Optional[str] = None
+    params_b: float = num(MISSING, 0, lo_open=True)
+    # llama3, qwen3, qwen3_5, delphi: which tokenizer the checkpoint carries
+    tokenizer_family: str = one_of(MISSING, tuple(TOKENIZER_FAMILIES))
+    # the chat template the backend renders with (LLaMA-Factory / axolotl template name)
+    template: str = one_of(MISSING, tuple(TEMPLATES))
+    # what the model needs, e.g. [zero3, consolidate] for 32B, [transformers_ge_5_3] for Qwen3.5
+    needs: List[str] = one_of([], MODEL_NEEDS)
+
+
+@dataclass
+class DatasetTags:
+    role_tag: str = "role"
+    content_tag: str = "content"
+    user_tag: str = "user"
+    assistant_tag: str = "assistant"
+    system_tag: Optional[str] = "system"
+    observation_tag: Optional[str] = None
+    function_tag: Optional[str] = None
+
+
+@dataclass
+class DatasetConf:
+    # a hub id (rendered as hf_hub_url) or a local file or directory
+    source: str = MISSING
+    formatting: str = one_of("sharegpt", FORMATTINGS)
+    # the column holding the conversation
+    messages: str = "messages"
+    tags: DatasetTags = field(default_factory=DatasetTags)
+    split: str = "train"
+
+
+@dataclass
+class MixConf:
+    # concat, interleave_under (stop at the first exhausted source), interleave_over (at the last)
+    strategy: str = one_of("concat", MIX_STRATEGIES)
+    # one probability per dataset, in the order of `dataset`; interleave strategies only
+    probs: Optional[List[float]] = None
+
+
+@dataclass
+class CellConf:
+    cluster: ClusterConf = MISSING
+    backend: BackendConf = MISSING
+    model: ModelConf = MISSING
+    # dataset name -> its config; several entries make a mix (`dataset=[a,b]`)
+    dataset: Dict[str, DatasetConf] = field(default_factory=dict)
+    mix: MixConf = field(default_factory=MixConf)
+
+    # Values a sweep file defines for its own interpolations, e.g. a table of models and the row a cell
+    # trains (sweeps/delphi_scaling.yaml). Not part of a cell's identity: the values they feed into are.
+    vars: Dict[str, Any] = field(default_factory=dict)
+
+    # The grid this cell belongs to: its cells live under <runs_root>/<sweep_name>/.
+    sweep_name: str = "default"
+    runs_root: Optional[str] = None
+
+    # training hyperparameters (all part of the cell's identity)
+    lr: float = num(1.0e-5, 0, lo_open=True)
+    epochs: float = num(1.0, 0)
+    # > 0 stops after this many optimizer steps, overriding epochs; -1: train `epochs`
+    max_steps: int = num(-1, -1)
+    global_batch_size: int = num(16, 1)
+    micro_batch_size: int = num(1, 1)
+    cutoff_len: int = num(4096, 1)
+    seed: int = num(42, 0, SEED_MAX)
+    scheduler: str = one_of("cosine", SCHEDULERS)
+    warmup_ratio: float = num(0.0, 0, 1, hi_open=True)
+    weight_decay: float = num(0.0, 0)
+    max_grad_norm: float = num(1.0, 0)
+    adam_beta1: float = num(0.9, 0, 1, hi_open=True)
+    adam_beta2: float = num(0.999, 0, 1, hi_open=True)
+    finetuning_type: str = one_of("full", FINETUNING)
+    # backend config keys passed through as they are (identity-relevant)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    # checkpointing and logging (not identity)
+    save_steps: int = num(500, 1)
+    save_total_limit: Optional[int] = num(None, 1)
+    logging_steps: int = num(10, 1)
+    report_to: str = one_of("none", REPORT_TO)
+    # upload output/ to the Hub after training (a post-training stage, never the trainer's own push)
+    push_to_hub: bool = False
+    # the Hub repository; {key} (the identity hash), {name}, {model} and {data} are filled in per cell
+    hub_model_id: Optional[str] = None
+    # register the uploaded model in a database: off unless a grid turns it on; the hook runs
+    # register_command (argv; {hub_model_id} {base_model} {datasets} {cell} are filled in) after the upload
+    register_db: bool = False
+    register_command: List[str] = field(default_factory=list)
+
+    # resources and run control (not identity)
+    nodes: int = num(1, 1)
+    time: str = "04:00:00"
+    # the most cells of this grid running at once on Slurm (the job array throttle, %N); null: no limit
+    concurrency: Optional[int] = num(None, 1)
+    dry_run: bool = False
+    # rerun cells that are already completed (their old output is moved aside, never deleted)
+    force: bool = False
+    # rerun cells whose last attempt failed
+    rerun_failed: bool = False

@@ -1,0 +1,73 @@
+"""What to do with each cell, from its state (pure): the grid's rerun policy in one place.
+
+- completed: skipped (force=true runs it again, its output moved aside first); when its post-training stages
+  are not all done, only those run, never the training;
+- in flight (submitted or running): skipped, and its files are left alone (its job reads them);
+- failed or cancelled: listed with the reason, run again only with rerun_failed=true (resuming from the last
+  checkpoint);
+- planned (new, or its earlier submission never reached the scheduler): run.
+A cell whose job an orchestrator killed mid-submit left behind is first recovered (grid/recover.py), and its
+recovered state decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Sequence
+
+from sft_grid.core.events import Event
+from sft_grid.core.state import CellState, SchedulerView, State
+from sft_grid.core.submission import Recovery
+from sft_grid.planning.cells import Cell
+from sft_grid.stages import post
+
+
+class Action(str, Enum):
+    RUN = "run"  # submit its training
+    POST = "post"  # completed: run its pending post-training stages only
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class Decision:
+    cell: Cell
+    dir: Path
+    state: CellState  # after recovery
+    action: Action
+    why: str = ""  # why it is skipped, or what happens to it
+    archive: bool = False  # a completed cell run again: its output is moved aside first
+    recovery: Recovery | None = None
+
+    @property
+    def touch_files(self) -> bool:
+        """Whether its files may be (re)written: not while a job of it may read them."""
+        return not self.state.state.in_flight
+
+
+def skip_reason(cell: Cell, state: CellState) -> str | None:
+    """None: run it. Otherwise why it is skipped."""
+    if state.state is State.COMPLETED:
+        return None if cell.spec.force else "completed (force=true reruns it)"
+    if state.state.in_flight:
+        return state.state.value + (f" (job {state.job_id})" if state.job_id else "")
+    if state.state in (State.FAILED, State.CANCELLED):
+        if cell.spec.rerun_failed:
+            return None
+        return f"{state.state.value}: {state.reason or 'no reason recorded'} (rerun_failed=true reruns it)"
+    return None
+
+
+def decide(cell: Cell, cell_dir: Path, state: CellState, history: Sequence[Event], view: SchedulerView | None,
+           recovery: Recovery | None = None) -> Decision:
+    why = skip_reason(cell, state)
+    if why is None:
+        return Decision(cell, cell_dir, state, Action.RUN, archive=state.state is State.COMPLETED, recovery=recovery)
+    if state.state is State.COMPLETED:
+        todo = post.todo(cell, cell_dir, history, view)
+        if todo.note:
+            why += f"; {todo.note}"
+        if todo.stages:
+            return Decision(cell, cell_dir, state, Action.POST, why, recovery=recovery)
+    return Decision(cell, cell_dir, state, Action.SKIP, why, recovery=recovery)

@@ -1,0 +1,137 @@
+"""Executing a submission plan: the only part of the grid flow with effects, and it does what the plan says.
+
+Order: cell files; model prep scripts; recoveries of jobs a killed orchestrator left; outputs moved aside (force);
+local preps; cells marked submitted; Slurm jobs in plan order, each cell's ledger recording the array's name
+before sbatch and the job id after it. Then (outside the grid's lock) the local jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.state import CellState, state_of
+from sft_grid.core.submission import LocalJob, Role, SlurmJob, SubmissionPlan
+from sft_grid.grid.render import write_all
+from sft_grid.job.runner import archive_output
+from sft_grid.schedulers import local, slurm
+from sft_grid.stages import prep as prep_stage
+
+log = logging.getLogger(__name__)
+
+
+class SubmitRefused(Exception):
+    """sbatch refused a job of the plan (after retrying the controller's transient errors)."""
+
+    def __init__(self, job: SlurmJob, queued: int, not_queued: int, detail: str) -> None:
+        self.job, self.queued, self.not_queued, self.detail = job, queued, not_queued, detail
+        super().__init__(f"sbatch refused {job.name}: {detail}")
+
+
+@dataclass
+class Executed:
+    # Slurm: each job of the plan -> the job id of each of its targets
+    ids: dict[str, list[str]] = field(default_factory=dict)
+    # local cells that did not run because their model's prep failed: cell dir -> the prep's reason
+    prep_failed: dict[Path, str] = field(default_factory=dict)
+
+
+def _first_id(ids: list[str]) -> str:
+    """The id a dependency names: an array's own id, or the single job's."""
+    return ids[0].split("_")[0]
+
+
+def apply(plan: SubmissionPlan) -> Executed:
+    """Everything of the plan but waiting for local jobs; run under the grid's lock."""
+    done = Executed()
+    write_all(plan.writes)
+    for files in plan.scripts:
+        files.dir.mkdir(parents=True, exist_ok=True)
+        for rel, text in files.files.items():
+            (files.dir / rel).write_text(text)
+    for r in plan.recoveries:
+        if r.action == "restore" and r.orphan is not None and r.target is not None:
+            r.orphan.rename(r.target)
+        if r.action in ("adopt", "restore"):
+            events.append(r.cell_dir, Event(Kind.JOB, job_id=r.job_id, note="recovered by the array's name"))
+            continue
+        if r.action == "cancel":
+            slurm.cancel([r.job_id])
+        events.append(r.cell_dir, Event(Kind.PLANNED, note=f"job {r.job_id} of {r.array} never got its submission"
+                                        " file (the orchestrator died during sbatch): cancelled, to be submitted again"))
+    for cell_dir in plan.archives:
+        archive_output(cell_dir, "force=true rerun of a completed cell")
+    for job in plan.local:
+        if job.role is Role.PREP:
+            why = prep_stage.run_here(job.target)
+            if why:
+                for cell in plan.local:
+                    if cell.after == job.target:
+                        done.prep_failed[cell.target] = why
+                        events.append(cell.target, Event(Kind.FAILED, reason=why))
+    for cell_dir in plan.submits:
+        if cell_dir not in done.prep_failed:
+            # before the job can start, so the job's own `running` comes after it; until then this process stands
+            # for the cell: if it dies first, the cell reads as failed, not in flight
+            events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="local"))
+    _submit_slurm(plan, done)
+    return done
+
+
+def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
+    first_ids: dict[str, str] = {}
+    target_ids: dict[Path, str] = {}  # each target's job id, for the prep a cell waits for
+    for n, job in enumerate(plan.slurm):
+        dependency = job.dependency.text(first_ids) if job.dependency else None
+        if job.role is Role.TRAIN:
+            for index, cell_dir in enumerate(job.targets):
+                # before sbatch: a crash after sbatch but before the job id is recorded is recovered by name
+                events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index))
+        elif job.role is Role.PREP:
+            for index, prep_dir in enumerate(job.targets):
+                events.append(prep_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index))
+        try:
+            ids = slurm.submit(job, dependency)
+        except Exception as exc:  # sbatch's refusal, after retries of the transient kind
+            queued = sum(len(j.targets) for j in plan.slurm[:n] if j.role is Role.TRAIN)
+            left = sum(len(j.targets) for j in plan.slurm[n:] if j.role is Role.TRAIN)
+            raise SubmitRefused(job, queued, left, " ".join(str(exc).split())[:500]) from exc
+        done.ids[job.name] = ids
+        first_ids[job.name] = _first_id(ids)
+        if job.role is Role.POST:
+            after = first_ids.get(job.dependency.job, "") if job.dependency else ""
+            for index, (cell_dir, job_id) in enumerate(zip(job.targets, ids)):
+                # not `job_id`: that field names the cell's training job wherever the ledger is read
+                events.append(cell_dir, Event(Kind.POST_JOB, post_job_id=job_id, array=job.name, index=index,
+                                              after=after))
+            continue
+        for target, job_id in zip(job.targets, ids):
+            events.append(target, Event(Kind.JOB, job_id=job_id))
+            target_ids[target] = job_id
+        if job.role is Role.TRAIN:
+            for wait in plan.waits:
+                if wait.cell_dir in job.targets:
+                    prep_id = target_ids.get(wait.prepared.parent, "") if wait.job.planned else wait.job.job
+                    events.append(wait.cell_dir, Event(Kind.PREP, model=wait.model, prepared=str(wait.prepared),
+                                                       prep_job_id=prep_id))
+
+
+def run_local(plan: SubmissionPlan, done: Executed, on_done: Callable[[LocalJob, CellState], None]) -> dict[Path, CellState]:
+    """Run the plan's local cells (the preps ran in `apply`); their final states, when the plan waits."""
+    jobs = [j for j in plan.local if j.role is not Role.PREP and j.target not in done.prep_failed]
+    final: dict[Path, CellState] = {}
+
+    def started(job: LocalJob, job_id: str) -> None:
+        if job.role is Role.TRAIN:
+            events.append(job.target, Event(Kind.JOB, job_id=job_id))
+
+    def ended(job: LocalJob) -> None:
+        final[job.target] = state_of(job.target)
+        on_done(job, final[job.target])
+
+    local.run(jobs, plan.max_parallel, plan.wait, started, ended)
+    return final

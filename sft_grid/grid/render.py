@@ -1,0 +1,193 @@
+"""A cell as the exact files of its directory (pure), and writing them so a directory is never half valid.
+
+A dry run writes these files and prints the plan; a real run writes the same files and executes the same plan,
+so the two cannot drift. Files a person reads are built as data and dumped once; launch.sh is built from argv
+lists with shell quoting (sft_grid/backends/launch.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from sft_grid.backends import get as backend_of
+from sft_grid.backends import zero
+from sft_grid.backends.launch import launch_script
+from sft_grid.core.cellfiles import Check, PreflightFile, dump_json
+from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE, POST_FILE, PREFLIGHT_FILE
+from sft_grid.core.submission import CellFiles
+from sft_grid.planning.cells import Cell
+from sft_grid.planning.venvs import bin_dir
+from sft_grid.stages.post import post_file
+
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+RUN_SWITCHES = ("dry_run", "force", "rerun_failed")
+
+
+def dump_yaml(data: Any, header: str = "") -> str:
+    return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+# A block mapping is its keys' blocks one after the other, and a grid's cells repeat most (key, value) pairs:
+# each pair is dumped once (a scalar keyed by its type and value, which tells true, 1, 1.0 and "1" apart; anything
+# else by its JSON).
+_PAIRS: dict[tuple[Any, ...], str] = {}
+_SCALARS = (str, int, float, bool, type(None))
+
+
+# a string YAML writes as it is: a conservative alphabet (paths, names), and read back as a string
+_PLAIN = re.compile(r"[A-Za-z0-9_/][A-Za-z0-9_./+=@,-]{0,400}")
+_RESOLVER = yaml.resolver.Resolver()
+
+
+def plain_string(value: str) -> bool:
+    """Whether yaml.dump writes this string unquoted (then `key: value` is its dump, with no call to yaml)."""
+    return bool(_PLAIN.fullmatch(value)) and _RESOLVER.resolve(yaml.ScalarNode, value, (True, False)) == \
+        "tag:yaml.org,2002:str"
+
+
+def dump_mapping(data: Mapping[str, Any]) -> str:
+    """yaml.dump of a mapping (block style, keys in order), built from cached per-key blocks."""
+    parts = []
+    for key, value in data.items():
+        if type(value) is str and key.isidentifier() and plain_string(value):
+            parts.append(f"{key}: {value}\n")  # what yaml.dump writes for it, without the cost (unique paths)
+            continue
+        pair = (key, type(value), value) if type(value) in _SCALARS else (key, json.dumps(value, default=str))
+        text = _PAIRS.get(pair)
+        if text is None:
+            if len(_PAIRS) > 65536:
+                _PAIRS.clear()
+            text = _PAIRS[pair] = dump_yaml({key: value})
+        parts.append(text)
+    return "".join(parts) if parts else dump_yaml({})
+
+
+# A grid's cells share their group sections (the composer hands out one object per group option), so
+# each section is dumped once; an entry keeps its object alive, so its id cannot be reused meanwhile.
+_SECTIONS: dict[tuple[str, int], tuple[Any, str]] = {}
+
+
+# the deprecated spellings of cluster keys, left out of cell.yaml unless a profile still uses them
+_DEPRECATED = {"cluster": ("backend_envs", "need_envs")}
+
+
+def _section(key: str, value: Any) -> str:
+    cached = _SECTIONS.get((key, id(value)))
+    if cached is not None and cached[0] is value:
+        return cached[1]
+    shown = {k: v for k, v in value.items() if v or k not in _DEPRECATED.get(key, ())}
+    text = dump_yaml({key: shown})
+    if len(_SECTIONS) > 4096:
+        _SECTIONS.clear()
+    _SECTIONS[(key, id(value))] = (value, text)
+    return text
+
+
+def rerun_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides that name this cell, without this invocation's run switches."""
+    return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in RUN_SWITCHES]
+
+
+def rerun_command(cell: Cell) -> str:
+    return " ".join(["python -m sft_grid", *(shlex.quote(o) for o in rerun_overrides(cell.overrides))])
+
+
+def cell_header(cell: Cell) -> str:
+    return (
+        f"# sft_grid cell {cell.name} (identity {cell.key}) of grid {cell.spec.sweep_name!r}.\n"
+        f"# The resolved config this cell was rendered from; jobs never re-read conf/.\n"
+        f"# Rerun this cell: {rerun_command(cell)}\n"
+    )
+
+
+def cell_yaml(cell: Cell) -> str:
+    """cell.yaml: the resolved config, its shared group sections dumped once per grid."""
+    parts = [cell_header(cell)]
+    scalars: dict[str, Any] = {}
+    for key, value in cell.config.items():
+        if isinstance(value, dict) and value:
+            if scalars:
+                parts.append(dump_mapping(scalars))
+                scalars = {}
+            parts.append(_section(key, value))
+        else:
+            scalars[key] = value
+    if scalars:
+        parts.append(dump_mapping(scalars))
+    return "".join(parts)
+
+
+def render(cell: Cell, cell_dir: Path, deferred: Sequence[Check]) -> CellFiles:
+    s = cell.spec
+    files: dict[str, str] = {}
+    structured = {**backend_of(s.backend.name).files(cell, cell_dir), **zero.files(cell)}
+    for rel, data in structured.items():
+        if isinstance(data, str):  # a text file, as it is (a chat template)
+            files[rel] = data
+        else:
+            files[rel] = dump_json(data) if rel.endswith(".json") else dump_mapping(data)
+    venv_bin = bin_dir(s)
+    files[LAUNCH_FILE] = launch_script(cell, cell_dir, venv_bin)
+    files[POST_FILE] = post_file(cell).dumps()
+    if deferred:  # no file means nothing deferred
+        files[PREFLIGHT_FILE] = PreflightFile(tuple(deferred), str(venv_bin / "python"), dict(s.cluster.env)).dumps()
+    files[CELL_FILE] = cell_yaml(cell)
+    return CellFiles(cell_dir, files)
+
+
+def _write_file(path: str, text: str, executable: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755 if executable else 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def write(rendered: CellFiles) -> bool:
+    """Write a cell's files so that a cell directory is never half valid; returns whether it is new.
+
+    A new cell is written into a scratch directory beside it and renamed into place whole. An existing
+    cell gets each file replaced atomically, cell.yaml last. Its ledger starts when it is submitted.
+    (Plain os calls on str paths: a large dry run writes thousands of small files.)
+    """
+    final = str(rendered.dir)
+    if not os.path.exists(final):  # (the grid creates the sweep directory before writing its cells)
+        head, name = os.path.split(final)
+        scratch = os.path.join(head, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        os.mkdir(scratch)
+        for rel, text in rendered.files.items():
+            _write_file(os.path.join(scratch, rel), text, rel == LAUNCH_FILE)
+        try:
+            os.rename(scratch, final)
+            return True
+        except OSError:  # another invocation created it meanwhile: fall through to replacing files
+            shutil.rmtree(scratch, ignore_errors=True)
+    for rel in sorted(rendered.files, key=lambda r: r == CELL_FILE):
+        target = os.path.join(final, rel)
+        tmp = os.path.join(final, f".{rel}.{os.getpid()}.tmp")
+        _write_file(tmp, rendered.files[rel], rel == LAUNCH_FILE)
+        os.replace(tmp, target)
+    if PREFLIGHT_FILE not in rendered.files:
+        # checks deferred by an earlier rendering (another cluster, a missing venv) must not outlive it
+        try:
+            os.unlink(os.path.join(final, PREFLIGHT_FILE))
+        except FileNotFoundError:
+            pass
+    return False
+
+
+def write_all(rendered: Sequence[CellFiles]) -> None:
+    """Write cell directories; a few threads, since small-file syscalls dominate a large dry run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(write, rendered))

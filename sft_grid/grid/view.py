@@ -1,0 +1,45 @@
+"""What the grid knows of its cells before deciding anything: each ledger, and the scheduler's view of every job
+they name (one sacct and one squeue call for the whole grid, however many cells and preps)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.state import UNAVAILABLE, CellState, SchedulerView, slurm_ref, state_of
+from sft_grid.schedulers import slurm
+from sft_grid.stages.post import post_job_id
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GridView:
+    histories: dict[Path, list[Event]]
+    # None: nothing of these cells went to Slurm
+    scheduler: SchedulerView | None
+
+    def state(self, cell_dir: Path) -> CellState:
+        return state_of(cell_dir, self.scheduler, self.histories[cell_dir])
+
+
+def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = ()) -> GridView:
+    """Each ledger (cells and model preps), and the scheduler's jobs of all of them."""
+    histories = {d: events.read(d) for d in [*cell_dirs, *prep_dirs]}
+    refs = [r for r in (slurm_ref(histories[d]) for d in cell_dirs) if r is not None]
+    ids = [r.job_id for r in refs if r.job_id]
+    ids += [i for i in (post_job_id(histories[d]) for d in cell_dirs) if i]
+    ids += [job.job_id for d in prep_dirs if (job := events.last(histories[d], Kind.JOB)) is not None and job.job_id]
+    names = [r.array for r in refs if not r.job_id and r.array]
+    if not ids and not names:
+        return GridView(histories, None)
+    try:
+        return GridView(histories, SchedulerView.of(slurm.query(ids, names)))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("sacct failed (%s): Slurm cells keep their last recorded state", exc)
+        return GridView(histories, UNAVAILABLE)

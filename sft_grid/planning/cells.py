@@ -1,0 +1,188 @@
+"""Cells: a composed config made typed, with its identity, its name and the values derived from it.
+
+Identity is a hash of what determines the trained model (backend, model, data and mix, training
+hyperparameters including the global batch and seed), never of where or how it runs (cluster, nodes,
+micro batch, time, paths, run switches). So the same cell reached from another cluster, another grid
+invocation or a single-cell rerun lands in the same directory and is recognised as done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from sft_grid.core.schema import CellConf, field_shapes
+
+# Top-level keys that describe where and how a cell runs, not what it trains.
+NOT_IDENTITY = frozenset(
+    {
+        "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
+        "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
+        "hub_model_id", "concurrency", "register_db", "register_command", "vars",
+    }
+)
+# Keys of sub-configs that are about the machine, not the model.
+_MODEL_NOT_IDENTITY = frozenset({"path", "needs", "params_b"})
+_BACKEND_IDENTITY = ("name",)
+LOCAL_PREFIXES = ("/", "./", "../", "~")
+_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
+HASH_LEN = 8
+
+
+def is_local(source: str) -> bool:
+    """A local path, as opposed to a hub id like ``org/name``."""
+    return source.startswith(LOCAL_PREFIXES)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid cell: its typed config, as composed, plus what is derived from it."""
+
+    spec: CellConf
+    # the Hydra overrides that reproduce this cell (`python -m sft_grid <overrides>`)
+    overrides: tuple[str, ...]
+    # the resolved config as plain data: what cell.yaml holds
+    config: Mapping[str, Any]
+    key: str
+    slug: str
+    runs_root: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.slug}-{self.key}"
+
+    @property
+    def sweep_dir(self) -> Path:
+        return self.runs_root / self.spec.sweep_name
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.spec.cluster.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.nodes * self.ranks_per_node
+
+    @property
+    def grad_accum(self) -> int:
+        """Derived, never set by hand: global batch / (micro batch x data-parallel ranks)."""
+        return self.spec.global_batch_size // max(1, self.spec.micro_batch_size * self.world_size)
+
+    @property
+    def datasets(self) -> list[str]:
+        return list(self.spec.dataset)
+
+
+def identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a cell config that determines the trained model."""
+    ident = {k: v for k, v in config.items() if k not in NOT_IDENTITY and k not in ("model", "dataset", "backend")}
+    model = config["model"]
+    ident["model"] = {k: v for k, v in model.items() if k not in _MODEL_NOT_IDENTITY}
+    if not model.get("hub_id") and model.get("path"):
+        # a local checkpoint has no hub id: its directory name stands for it, not the machine's path
+        ident["model"]["path"] = Path(str(model["path"])).name
+    ident["backend"] = {k: config["backend"][k] for k in _BACKEND_IDENTITY}
+    ident["dataset"] = [
+        [name, {**ds, "source": Path(ds["source"]).name if is_local(ds["source"]) else ds["source"]}]
+        for name, ds in config["dataset"].items()
+    ]
+    return ident
+
+
+def identity_key(config: Mapping[str, Any]) -> str:
+    blob = json.dumps(identity(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:HASH_LEN]
+
+
+def slugify(text: str, limit: int = 64) -> str:
+    """The one slug function: safe in paths, Slurm job names and hub ids."""
+    slug = _SLUG_UNSAFE.sub("-", text).strip("-.")
+    return slug[:limit].rstrip("-.") or "cell"
+
+
+def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
+    """A readable name from the values this cell sets; the model name when it sets none."""
+    parts: list[str] = []
+    for line in overrides:
+        key, _, value = line.lstrip("+~").partition("=")
+        top = key.split(".", 1)[0]
+        if top == "vars" and value:  # a row of a sweep file's table (a model) names itself
+            parts.append(value.strip("'\""))
+            continue
+        if top in NOT_IDENTITY or top == "sweep" or not value:
+            continue
+        value = value.strip("[]'\"").replace(",", "+")
+        parts.append(value if key in ("model", "dataset", "backend") else f"{key.rsplit('.', 1)[-1]}{value}")
+    return slugify("_".join(parts) if parts else str(config["model"]["name"]))
+
+
+def hub_id_for(template: str, config: Mapping[str, Any], key: str, slug: str) -> str:
+    """A cell's hub repository from a pattern: {key} (the identity hash), {name} (slug-key), {model} and
+    {data} (the dataset names joined by '-'). So each cell of a grid gets its own repository, derived from
+    what it trains, and a rerun of the same cell uploads to the same one."""
+    fields = {"key": key, "name": f"{slug}-{key}", "model": str(config["model"]["name"]),
+              "data": "-".join(config.get("dataset") or ())}
+    try:
+        return template.format_map(fields)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"hub_model_id {template!r}: unknown placeholder {exc}; use {{key}}, {{name}},"
+                         " {model} or {data}") from None
+
+
+def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | None = None) -> Cell:
+    key, slug = identity_key(config), slug_for(overrides, config)
+    hub = config.get("hub_model_id")
+    if hub and "{" in hub:
+        try:
+            config = {**config, "hub_model_id": hub_id_for(hub, config, key, slug)}
+        except ValueError:
+            pass  # left as written: validate reports the pattern (rule hub-id)
+    spec = typed(CellConf, config)
+    root = Path(os.path.expanduser(config.get("runs_root") or config["cluster"]["runs_root"]))
+    if not root.is_absolute():
+        root = (cwd or Path.cwd()) / root
+    return Cell(
+        spec=spec,
+        overrides=tuple(overrides),
+        config=config,
+        key=key,
+        slug=slug,
+        runs_root=root,
+    )
+
+
+# -- plain data -> the schema's dataclasses ---------------------------------------------------------------
+
+
+# A grid's cells share their group sections (the composer hands out one object per group option), so each is
+# made typed once; an entry keeps its source alive, so its id cannot be reused meanwhile.
+_TYPED: dict[tuple[type, int], tuple[Any, Any]] = {}
+
+
+def typed(cls: type, data: Mapping[str, Any]) -> Any:
+    """Build schema dataclass instances from resolved plain data (already validated by OmegaConf). The result
+    is shared by every cell composed from the same section: nothing may change it."""
+    cached = _TYPED.get((cls, id(data)))
+    if cached is not None and cached[0] is data:
+        return cached[1]
+    kwargs: dict[str, Any] = {}
+    for name, how, inner, _ in field_shapes(cls):
+        if name not in data:
+            continue
+        value = data[name]
+        if value is None or how == "plain":
+            kwargs[name] = value
+        elif how == "dataclass":
+            kwargs[name] = typed(inner, value)
+        else:
+            kwargs[name] = {k: typed(inner, v) for k, v in value.items()}
+    result = cls(**kwargs)
+    if len(_TYPED) > 8192:
+        _TYPED.clear()
+    _TYPED[(cls, id(data))] = (data, result)
+    return result

@@ -1,0 +1,118 @@
+"""OmegaConf resolvers of sft_grid's configs.
+
+``${user_env:VAR}`` reads a per-user value (a Slurm account, a scratch directory, a virtual environment)
+from the environment. Unlike ``${oc.env:VAR}`` an unset or empty variable is an error that names the
+variable, the key that needs it and the ``export`` line that fixes it. It is raised when the cell is
+composed, so the grid stops before anything is rendered or queued. ``${user_env:VAR,default}`` falls back
+to ``default`` instead.
+
+Cluster profiles name their variables ``SFT_GRID_<SITE>_<WHAT>``, and the last part says what the value is:
+
+    SFT_GRID_<SITE>_ACCOUNT   the Slurm account (sbatch --account) the jobs are charged to
+    SFT_GRID_<SITE>_RUNS      the directory on the site's shared scratch file system that cells go under
+    SFT_GRID_<SITE>_ENV       the virtual environment (a directory with bin/) with the backend installed
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from omegaconf import OmegaConf
+
+NAME = "user_env"
+
+# The last part of a variable's name -> (what it is, a placeholder for the export line)
+KINDS = {
+    "ACCOUNT": ("your Slurm account", "<account>"),
+    "RUNS": ("your directory for cells, on the site's scratch file system", "<directory>"),
+    "ENV": ("your environment with the backend installed, a directory with bin/", "<directory>"),
+}
+
+_UNSET = object()
+# ${user_env:VAR} without a default
+_REQUIRED = re.compile(r"\$\{user_env:\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}")
+
+
+def _context(node: Any, root: Any) -> tuple[str, str]:
+    """(who needs the value, where): ("the cluster profile", " for cluster.account of conf/cluster/leonardo.yaml"),
+    or less where the context is not known."""
+    try:
+        key = node._get_full_key(None) if node is not None else ""
+    except Exception:  # a node outside a config: say less rather than fail while reporting
+        key = ""
+    if not key.startswith("cluster."):
+        return "the config", f" for {key}" if key else ""
+    try:
+        site = OmegaConf.select(root, "cluster.name", default=None, throw_on_resolution_failure=False)
+    except Exception:
+        site = None
+    return "the cluster profile", f" for {key}" + (f" of conf/cluster/{site}.yaml" if isinstance(site, str) and site else "")
+
+
+def _also_missing(root: Any, var: str) -> list[str]:
+    """The other variables the config reads with ${user_env:VAR} (no default) that are unset too, so that
+    one error names every export the user needs."""
+    try:
+        raw = OmegaConf.to_container(root, resolve=False) if root is not None else None
+    except Exception:
+        return []
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            found.extend(_REQUIRED.findall(value))
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(raw)
+    return [v for v in dict.fromkeys(found) if v != var and not os.environ.get(v)]
+
+
+def user_env(var: str, default: Any = _UNSET, *, _node_: Any = None, _root_: Any = None) -> Any:
+    value = os.environ.get(var)
+    if value:
+        return value
+    if default is not _UNSET:
+        return default
+    who, where = _context(_node_, _root_)
+    state = "is empty" if value == "" else "is not set"
+    message = f"environment variable {var} {state}: {who} needs it ({_what(var)[0]}){where}; export {var}={_what(var)[1]}"
+    others = _also_missing(_root_, var)
+    if others:
+        message += "; also unset: " + ", ".join(f"{v} ({_what(v)[0]})" for v in others) + "; export " + " ".join(
+            f"{v}={_what(v)[1]}" for v in others)
+    raise ValueError(message)
+
+
+def _what(var: str) -> tuple[str, str]:
+    return KINDS.get(var.rsplit("_", 1)[-1], ("a value that differs from user to user", "<value>"))
+
+
+def by_size(size: float, *steps: Any) -> Any:
+    """``${by_size:${model.params_b},1.0,1,2.5,2,4}``: a value chosen by a size, here nodes: 1 up to 1.0 (billion
+    parameters), 2 up to 2.5, 4 above. The arguments are thresholds and values in turn, ending with the value
+    above the last threshold; so a sweep file derives a cell's resources from its model, in the file."""
+    if len(steps) % 2 != 1:
+        raise ValueError(f"by_size needs thresholds and values in turn and a last value, got {list(steps)}")
+    for i in range(0, len(steps) - 1, 2):
+        if float(size) <= float(steps[i]):
+            return steps[i + 1]
+    return steps[-1]
+
+
+def register() -> None:
+    """Registers the resolvers; calling it again is harmless."""
+    OmegaConf.register_new_resolver(NAME, user_env, replace=True)
+    OmegaConf.register_new_resolver("by_size", by_size, replace=True)
+
+
+def variables(text: str) -> list[str]:
+    """The variables a YAML text reads with ${user_env:...}, in order, each once (used by the tests)."""
+    return list(dict.fromkeys(re.findall(r"\$\{user_env:\s*([A-Za-z_][A-Za-z0-9_]*)", text)))
+

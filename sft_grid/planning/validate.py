@@ -1,0 +1,235 @@
+"""Rules over every cell of a grid. Each rule yields problems; the grid fails once, with all of them.
+
+Every problem names the cell, the dotted key, the value, the rule and how to fix it. Rules here are pure
+(they read only the composed cells); the schema's own rules (unknown keys, ranges, value sets) are in
+schema_rules.py, a backend's rules about what it cannot train are the backend's own (`problems`), and checks
+that need a tokenizer or data are in sft_grid/checks and report through the same Problem type.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable, Iterator, Sequence
+
+from sft_grid.core.problems import Problem
+from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
+from sft_grid.core.timefmt import parse_minutes
+from sft_grid.planning import schema_rules, venvs
+from sft_grid.planning.cells import Cell
+
+Rule = Callable[[Cell], Iterator[Problem]]
+
+
+def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
+    return Problem(cell.name, key, value, rule, message, fix)
+
+
+def batch_divisible(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    per_step = s.micro_batch_size * cell.world_size
+    if per_step < 1 or s.global_batch_size < 1:
+        return  # a batch size or node count below 1 is a range problem, reported once by schema_rules
+    if s.global_batch_size % per_step:
+        yield _problem(
+            cell, "global_batch_size", s.global_batch_size, "batch-divisible",
+            f"not divisible by nodes x ranks_per_node x micro_batch_size = {s.nodes} x {cell.ranks_per_node}"
+            f" x {s.micro_batch_size} = {per_step}; gradient accumulation is derived from it, never set by hand",
+            f"use a global_batch_size that is a multiple of {per_step}, or change nodes/micro_batch_size",
+        )
+
+
+def mix_matches(cell: Cell) -> Iterator[Problem]:
+    mix, n = cell.spec.mix, len(cell.spec.dataset)
+    if n == 0:
+        yield _problem(cell, "dataset", [], "dataset-empty", "the cell trains on no dataset",
+                       "pick one: dataset=<name>, or a mix: dataset=[a,b]")
+        return
+    if mix.strategy == "concat":
+        if mix.probs is not None:
+            yield _problem(cell, "mix.probs", mix.probs, "mix-probs", "probabilities are only used by interleave strategies",
+                           "drop mix.probs (mix.probs=null) or set mix.strategy=interleave_under")
+        return
+    if mix.strategy not in ("interleave_under", "interleave_over"):
+        return  # an unknown strategy is a choice problem (schema_rules)
+    if mix.probs is None or len(mix.probs) != n:
+        got = "none" if mix.probs is None else str(len(mix.probs))
+        yield _problem(
+            cell, "mix.probs", mix.probs, "mix-probs",
+            f"{mix.strategy} needs one probability per dataset: {n} dataset(s) ({', '.join(cell.spec.dataset)}), {got} given",
+            f"give {n} probabilities in dataset order, e.g. mix.probs=[{','.join(['%.2g' % (1 / n)] * n)}]",
+        )
+    elif any(p <= 0 for p in mix.probs) or abs(sum(mix.probs) - 1.0) > 1e-6:
+        yield _problem(cell, "mix.probs", mix.probs, "mix-probs",
+                       f"probabilities must be > 0 and sum to 1 (they sum to {sum(mix.probs):.6g})",
+                       "rescale them so they sum to 1, e.g. mix.probs=[0.9,0.1]")
+
+
+def wall_time(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    try:
+        limit = parse_minutes(s.cluster.max_time)
+    except ValueError as exc:
+        yield _problem(cell, "cluster.max_time", s.cluster.max_time, "time-format", str(exc),
+                       f"fix max_time in conf/cluster/{s.cluster.name}.yaml")
+        return
+    try:
+        asked = parse_minutes(s.time)
+    except ValueError as exc:
+        yield _problem(cell, "time", s.time, "time-format", str(exc), "write time as HH:MM:SS, e.g. time=04:00:00")
+        return
+    if asked > limit:
+        yield _problem(cell, "time", s.time, "time-max",
+                       f"over cluster {s.cluster.name!r}'s maximum wall time {s.cluster.max_time}",
+                       f"ask for at most time={s.cluster.max_time}; a longer run resumes from its checkpoint when rerun")
+
+
+def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
+    model = cell.spec.model
+    template = TEMPLATES.get(model.template)
+    family = TOKENIZER_FAMILIES.get(model.tokenizer_family)
+    if template is None or family is None:
+        return  # an unknown template or family is a choice problem (schema_rules)
+    if family != template.family:
+        delphi = (" (Delphi checkpoints carry the Llama-3 tokenizer with think/tool tokens in its reserved slots;"
+                  " they train with the delphi template: Llama-3 turns plus those tokens)"
+                  if model.tokenizer_family == "delphi" else "")
+        yield _problem(
+            cell, "model.template", model.template, "template-tokenizer",
+            f"writes {template.family} tokens ({', '.join(template.special_tokens[:2])}, ...) but model {model.name!r} has a"
+            f" {model.tokenizer_family} tokenizer: every example would be split into pieces of those strings{delphi}",
+            f"model.template={SUGGESTED_FOR_TOKENIZER.get(model.tokenizer_family, SUGGESTED[family])}",
+        )
+
+
+def resources(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    if s.cluster.executor == "local" and s.nodes != 1:
+        yield _problem(cell, "nodes", s.nodes, "local-one-node", "the local executor runs a cell on this one machine",
+                       "nodes=1, or a Slurm cluster (cluster=<site>)")
+    if s.max_steps <= 0 and s.epochs <= 0:
+        yield _problem(cell, "epochs", s.epochs, "length", "neither epochs nor max_steps is positive",
+                       "set epochs (e.g. epochs=1) or max_steps (e.g. max_steps=100)")
+
+
+def inputs_named(cell: Cell) -> Iterator[Problem]:
+    """A model must say where it comes from; a dataset is listed once per cell."""
+    model = cell.spec.model
+    if not model.hub_id and not model.path:
+        yield _problem(cell, "model.hub_id", None, "model-source",
+                       f"model {model.name!r} has neither a hub id nor a local path: the backend would have nothing to load",
+                       f"set hub_id: <org>/<name> or path: <directory> in conf/model/{model.name}.yaml"
+                       " (or model.hub_id=... on the command line)")
+    for line in cell.overrides:
+        key, _, value = line.lstrip("+~").partition("=")
+        names = [v.strip(" '\"") for v in value.strip("[]").split(",")] if key == "dataset" else []
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            yield _problem(cell, "dataset", value, "dataset-twice",
+                           f"lists {', '.join(twice)} more than once: the cell would train on it once, not twice",
+                           "list each dataset once (to weight a source more, use mix.strategy=interleave_* with"
+                           " mix.probs)")
+    seen: dict[str, str] = {}
+    for name, ds in cell.spec.dataset.items():
+        if ds.source in seen:
+            yield _problem(cell, f"dataset.{name}.source", ds.source, "dataset-twice",
+                           f"the same data as dataset {seen[ds.source]!r}: the cell would train on it twice",
+                           "list each dataset once (to weight a source more, use mix.strategy=interleave_* with"
+                           " mix.probs)")
+        seen.setdefault(ds.source, name)
+
+
+_HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def hub_upload(cell: Cell) -> Iterator[Problem]:
+    """The upload is a post-training stage (sft_grid/stages/post.py), so a site without internet on its compute
+    nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
+    s = cell.spec
+    if s.register_db and not s.push_to_hub:
+        yield _problem(cell, "register_db", True, "register-needs-upload",
+                       "database registration names the uploaded Hub repository, and this cell uploads nothing",
+                       "push_to_hub=true with a hub_model_id, or register_db=false")
+    if s.register_db and not s.register_command:
+        yield _problem(cell, "register_command", [], "register-command",
+                       "register_db=true but no command registers the model (sft_grid ships no database client)",
+                       "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false")
+    if not s.push_to_hub:
+        return
+    if not s.hub_model_id:
+        yield _problem(cell, "hub_model_id", s.hub_model_id, "hub-id", "push_to_hub=true needs a hub repository id",
+                       "set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false")
+    elif "{" in s.hub_model_id or not _HUB_REPO.match(s.hub_model_id) or len(s.hub_model_id.split("/")[1]) > 96:
+        yield _problem(cell, "hub_model_id", s.hub_model_id, "hub-id",
+                       "not a Hub repository id <org>/<name> (letters, digits, - _ . ; name at most 96 characters;"
+                       " the placeholders are {key}, {name}, {model} and {data})",
+                       "e.g. hub_model_id=laion/{model}-sft-{key}")
+
+
+def venv_meets_needs(cell: Cell) -> Iterator[Problem]:
+    s = cell.spec
+    path, unmet = venvs.select(s)
+    if unmet:
+        yield _problem(
+            cell, f"cluster.need_venvs.{unmet}.{s.backend.name}", None, "venv-need",
+            f"model {s.model.name!r} needs {venvs.VENV_NEEDS[unmet]}, and cluster {s.cluster.name!r} names no"
+            f" {s.backend.name} virtual environment that has it (its environment {path} is not declared to)",
+            f"name one in conf/cluster/{s.cluster.name}.yaml: need_venvs: {{{unmet}: {{{s.backend.name}: <venv dir>}}}}"
+            f" (or '+cluster.need_venvs.{unmet}={{{s.backend.name}:<venv dir>}}' on the command line)")
+    if "zero3" in s.model.needs and path == venvs.managed_for(s) and "deepspeed" not in s.backend.provides:
+        # a site's own environment is the site's business; the managed one is known not to have DeepSpeed
+        yield _problem(
+            cell, "backend", s.backend.name, "venv-deepspeed",
+            f"model {s.model.name!r} trains with DeepSpeed ZeRO-3 (needs: zero3), and the managed {s.backend.name}"
+            f" virtual environment {path} has no DeepSpeed",
+            "backend=axolotl (its managed environment has DeepSpeed), or name a site environment with DeepSpeed:"
+            f" cluster.backend_venvs.{s.backend.name}=<venv dir>")
+
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def safe_names(cell: Cell) -> Iterator[Problem]:
+    """Names end up in paths, job names, LLaMA-Factory's comma-separated dataset list and script comments:
+    they are kept to a safe alphabet rather than quoted in each of those places."""
+    s = cell.spec
+    named = [("sweep_name", s.sweep_name), ("model.name", s.model.name)]
+    named += [(f"dataset.{name}", name) for name in s.dataset]
+    for key, name in named:
+        if not _SAFE_NAME.match(name):
+            yield _problem(cell, key, name, "safe-name",
+                           "names may hold only letters, digits and . _ + - (no spaces, quotes, ; or commas)",
+                           f"rename it, e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', name).strip('_') or 'name'}")
+
+
+RULES: tuple[Rule, ...] = (
+    safe_names, inputs_named,
+    batch_divisible, mix_matches, wall_time, template_fits_tokenizer, resources, hub_upload, venv_meets_needs,
+)
+
+
+def duplicate_identities(cells: Sequence[Cell]) -> list[Problem]:
+    seen: dict[tuple[str, str], Cell] = {}
+    problems = []
+    for cell in cells:
+        first = seen.setdefault((cell.spec.sweep_name, cell.key), cell)
+        if first is not cell:
+            problems.append(Problem(
+                cell.name, "", None, "identity-unique",
+                f"trains the same model as cell {first.name} ({' '.join(first.overrides)}): they differ only in"
+                " where or how they run (nodes, micro batch, time, cluster), which is not part of a cell's identity",
+                "sweep over a training value instead, or drop the duplicate axis",
+            ))
+    return problems
+
+
+def validate(cells: Sequence[Cell], backend_rules: Callable[[Cell], Iterable[Problem]] = lambda c: ()) -> list[Problem]:
+    """Every problem of every cell: the schema's rules, the rules above, the backend's own (`backend_rules`,
+    given by the caller, which knows the backends), and the grid's (no two cells train the same model)."""
+    problems: list[Problem] = []
+    for cell in cells:
+        problems += schema_rules.unknown_keys(cell.name, cell.config)
+        problems += schema_rules.values(cell.name, cell.spec)
+        # (the rules below leave a value the schema's rules refuse to them: one problem, one fix)
+        problems += [p for rule in RULES for p in rule(cell)]
+        problems += backend_rules(cell)
+    return problems + duplicate_identities(cells)

@@ -1,0 +1,119 @@
+"""Which virtual environment a cell trains in, and the pinned specs of the managed ones (pure).
+
+A managed virtual environment is created by project code from pins (conf/backend/<name>.yaml `venv:`, the
+harness's conf/harness/<name>.yaml) at `<cache root>/envs/<name>-<hash of its pins>`: changing a pin makes a
+new one, and CI caches them by that key. The orchestrator never imports a backend: it only runs programs
+from these environments. Building them is sft_grid/stages/venv_build.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from sft_grid.core.paths import CONF_DIR, venvs_dir
+
+READY_MARKER = ".sft_grid_ready"
+# Model needs (conf/model `needs`) that only a virtual environment with the right packages meets -> what it takes
+VENV_NEEDS = {"transformers_ge_5_3": "transformers >= 5.3 (Qwen3.5's hybrid attention layers)"}
+
+
+@dataclass(frozen=True)
+class VenvSpec:
+    name: str
+    python: str
+    packages: tuple[str, ...]
+    packages_no_deps: tuple[str, ...] = ()
+    drop_native_libs: tuple[str, ...] = ()
+    check: str = ""
+
+    @classmethod
+    def load(cls, name: str) -> "VenvSpec":
+        """The spec of a backend (conf/backend/<name>.yaml) or of a harness (conf/harness/<name>.yaml)."""
+        for group in ("backend", "harness"):
+            path = CONF_DIR / group / f"{name}.yaml"
+            if path.is_file():
+                return cls.from_conf(name, yaml.safe_load(path.read_text())["venv"])
+        known = sorted(p.stem for group in ("backend", "harness") for p in (CONF_DIR / group).glob("*.yaml"))
+        raise KeyError(f"unknown virtual environment {name!r}: expected one of {', '.join(known)}")
+
+    @classmethod
+    def from_conf(cls, name: str, venv: Any) -> "VenvSpec":
+        data = venv if isinstance(venv, Mapping) else vars(venv)
+        return cls(name=name, python=data["python"], packages=tuple(data["packages"]),
+                   packages_no_deps=tuple(data.get("packages_no_deps") or ()),
+                   drop_native_libs=tuple(data.get("drop_native_libs") or ()), check=data.get("check") or "")
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps([self.python, self.packages, self.packages_no_deps, self.drop_native_libs])
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @property
+    def path(self) -> Path:
+        return venvs_dir() / f"{self.name}-{self.key}"
+
+
+def is_ready(path: Path) -> bool:
+    return (path / READY_MARKER).is_file()
+
+
+def managed_for(spec: Any) -> Path:
+    """The managed virtual environment of a cell's backend pins (spec: its CellConf)."""
+    return VenvSpec.from_conf(spec.backend.name, spec.backend.venv).path
+
+
+def site_venvs(cluster: Any) -> dict[str, str]:
+    """backend -> the site's own virtual environment (backend_venvs, or its deprecated spelling)."""
+    return {**cluster.backend_envs, **cluster.backend_venvs}
+
+
+def need_venvs(cluster: Any) -> dict[str, dict[str, str]]:
+    return {**cluster.need_envs, **cluster.need_venvs}
+
+
+# a grid's cells share their backend, cluster and model sections: each combination is selected once
+_SELECTED: dict[tuple[int, int, int], tuple[tuple[Any, Any, Any], tuple[Path, str | None]]] = {}
+
+
+def select(spec: Any) -> tuple[Path, str | None]:
+    """The virtual environment a cell (spec: its CellConf) trains in, and the need it leaves unmet (None: all met)."""
+    key = (id(spec.backend), id(spec.cluster), id(spec.model))
+    hit = _SELECTED.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], (spec.backend, spec.cluster, spec.model))):
+        return hit[1]
+    found = _select(spec)
+    if len(_SELECTED) > 4096:
+        _SELECTED.clear()
+    _SELECTED[key] = ((spec.backend, spec.cluster, spec.model), found)
+    return found
+
+
+def _select(spec: Any) -> tuple[Path, str | None]:
+    """A model with a need (Qwen3.5: transformers >= 5.3) trains in the cluster's environment for that need
+    (cluster.need_venvs.<need>.<backend>), or in the managed one when the backend's pins meet it (conf/backend
+    `provides`) and the cluster names no environment of its own for the backend. The team's main environment
+    on a site is never assumed to meet it: that is the mistake this guards against.
+    """
+    backend, cluster = spec.backend.name, spec.cluster
+    managed = managed_for(spec)
+    own = site_venvs(cluster).get(backend)
+    general = Path(own).expanduser() if own else managed
+    for need in (n for n in spec.model.needs if n in VENV_NEEDS):
+        named = (need_venvs(cluster).get(need) or {}).get(backend)
+        if named:
+            return Path(named).expanduser(), None
+        if general == managed and need in spec.backend.provides:
+            return managed, None
+        return general, need
+    return general, None
+
+
+def bin_dir(spec: Any) -> Path:
+    """The bin/ of the virtual environment a cell trains in."""
+    return select(spec)[0] / "bin"

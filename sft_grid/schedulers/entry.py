@@ -1,0 +1,36 @@
+"""What a submitit job pickles and calls: a job-side function named by "module:function", with its target.
+
+The scheduler never imports the job side: the plan names what a job runs (core/submission.py ENTRIES), and the
+job imports it on its node. A checkpointable entry (a cell's training) answers submitit's USR2 (time limit
+near, or preemption) by asking to be requeued as itself: the requeued job resumes from the cell's last
+checkpoint, with the same cell directory and W&B run id; submitit bounds the requeues after time limits.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+
+
+class Entry:
+    def __init__(self, entry: str, target: str) -> None:
+        self.entry = entry
+        self.target = target
+
+    def __call__(self) -> Any:
+        module, _, function = self.entry.partition(":")
+        return getattr(importlib.import_module(module), function)(self.target)
+
+
+class CheckpointableEntry(Entry, submitit.helpers.Checkpointable):
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        env = submitit.JobEnvironment()
+        if env.global_rank == 0:
+            events.append(Path(self.target), Event(Kind.REQUEUED, job_id=env.job_id))
+        return submitit.helpers.DelayedSubmission(CheckpointableEntry(self.entry, self.target))

@@ -1,0 +1,9 @@
+"""Layer 4, stages: what makes a cell's inputs and outputs exist, around its training.
+
+- `prep`: the Delphi tokenizer prep, once per model, shared by its cells;
+- `post`, `post_run`: the post-training chain of a cell (consolidate, preprocessor config, tokenizer repair,
+  upload, register), each stage with its own state in the ledger;
+- `venv_build`, `assets`: the managed virtual environments and the tiny local models and datasets.
+
+Imports sft_grid.core, planning, backends and checks.
+"""

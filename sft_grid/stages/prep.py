@@ -1,0 +1,92 @@
+"""Model prep as a stage of the grid: the Delphi tokenizer prep, once per model, shared by all its cells.
+
+Where the prepared copy lives and whether it is done is planning's (sft_grid/planning/inputs.py); this module
+writes the prep's script and runs it. The prep directory keeps its own ledger (events.jsonl), its script
+(prep.sh, runnable by hand: the think/tool tokens renamed into Llama-3's reserved slots by
+in_venv/prep_delphi.py, in the backend's virtual environment) and its log (prep.log). Locally the grid runs the
+prep before the cells, under a lock (other grids may share the prepared copy: one prepares it, the others find
+it done); on Slurm it is one job per model and the cells' arrays depend on it (see grid/submission.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from sft_grid.backends.launch import command_line, script_head
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.layout import tail_lines
+from sft_grid.core.paths import IN_VENV_DIR
+from sft_grid.core.templates import DELPHI_TOKENS
+from sft_grid.planning.cells import Cell
+from sft_grid.planning.inputs import MARKER, MODEL_DIR, PREP_VERSION, Prep, prep_complete
+from sft_grid.planning.venvs import bin_dir
+
+SCRIPT = "prep.sh"
+LOG = "prep.log"
+LOCK = ".prep.lock"
+PROBE = IN_VENV_DIR / "prep_delphi.py"
+# the longest a prep job may run on Slurm (minutes): load, rewrite and save one checkpoint
+TIME_MIN = 60
+
+
+class PrepFailed(RuntimeError):
+    """The prep did not complete; the message is its reason."""
+
+
+def script(prep: Prep, cell: Cell) -> str:
+    """prep.sh: the cluster's variables and setup, then the prep in the backend's virtual environment."""
+    c = cell.spec.cluster
+    lines = script_head([
+        f"sft_grid: Delphi tokenizer prep of model {prep.model} ({prep.source}), shared by every cell that trains it.",
+        f"Writes {MODEL_DIR}/ with {MODEL_DIR}/{MARKER} last. Run by hand: bash {SCRIPT}",
+    ], prep.dir, c)
+    lines += list(c.setup)
+    argv = [str(bin_dir(cell.spec) / "python"), str(PROBE), "--model", prep.source, "--output", str(prep.model_dir),
+            "--tokens", json.dumps(DELPHI_TOKENS), "--version", PREP_VERSION]
+    lines.append("exec " + command_line(argv))
+    return "\n".join(lines) + "\n"
+
+
+def prepare(prep: Prep, cell: Cell) -> str | None:
+    """Write the prep's script and run it here (unless done); None, or why it failed."""
+    prep.dir.mkdir(parents=True, exist_ok=True)
+    (prep.dir / SCRIPT).write_text(script(prep, cell))
+    return run_here(prep.dir)
+
+
+def run(prep_dir: Path) -> str:
+    """Run a model's prep.sh here (locally, or as its Slurm job) and record it in the prep's ledger."""
+    events.append(prep_dir, Event.here(Kind.RUNNING))
+    with (prep_dir / LOG).open("ab") as fh:
+        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {SCRIPT}\n".encode())
+        fh.flush()
+        rc = subprocess.run(["bash", str(prep_dir / SCRIPT)], stdout=fh, stderr=subprocess.STDOUT, cwd=prep_dir).returncode
+    if rc == 0 and (prep_dir / MODEL_DIR / MARKER).is_file():
+        events.append(prep_dir, Event(Kind.COMPLETED))
+        return "completed"
+    lines = tail_lines(prep_dir / LOG, 16384)
+    errors = [line.strip() for line in lines if "Error" in line or "failed" in line]
+    reason = f"tokenizer prep exited with {rc}: {(errors or lines or ['no output'])[-1][:300]} (log: {prep_dir / LOG})"
+    events.append(prep_dir, Event(Kind.FAILED, reason=reason))
+    raise PrepFailed(reason)
+
+
+def run_here(prep_dir: Path) -> str | None:
+    """Run a prep (its prep.sh written) on this machine unless it is done, also by another grid meanwhile (they
+    take turns through a lock); None, or why it failed."""
+    prep_dir.mkdir(parents=True, exist_ok=True)
+    with open(prep_dir / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if prep_complete(prep_dir):
+            return None
+        events.append(prep_dir, Event.here(Kind.SUBMITTED, executor="local"))
+        try:
+            run(prep_dir)
+        except PrepFailed as exc:
+            return str(exc)
+    return None

@@ -1,0 +1,54 @@
+"""Small helpers the tests share: a cell's ledger as plain JSON lines, its kinds of event, the grid's states."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from sft_grid.core import events
+from sft_grid.core.layout import LEDGER_FILE, iter_cell_dirs
+from sft_grid.core.state import CellState
+from sft_grid.grid.view import read_view
+
+
+def ledger(cell_dir: Path) -> list[dict[str, Any]]:
+    """The cell's events as the file holds them (one dict a line)."""
+    return [e.to_json() for e in events.read(cell_dir)]
+
+
+def kinds(cell_dir: Path) -> list[str]:
+    return [e.kind.value for e in events.read(cell_dir)]
+
+
+def states_of(dirs: Iterable[Path]) -> dict[Path, CellState]:
+    """Each cell's state, with one scheduler query for all of them (as `status` reads them)."""
+    dirs = list(dirs)
+    view = read_view(dirs)
+    return {d: view.state(d) for d in dirs}
+
+
+def grid_states(root: Path, sweep: str = "default") -> dict[str, CellState]:
+    return {d.name: s for d, s in states_of(iter_cell_dirs(root / sweep)).items()}
+
+
+def array_names(root: Path) -> set[str]:
+    """The name of every Slurm array any invocation submitted (or tried to) for the cells under root."""
+    return {e["name"] for c in root.rglob(LEDGER_FILE) for e in ledger(c.parent)
+            if e.get("event") == "submitted" and e.get("name")}
+
+
+def cancel_jobs_of(root: Path) -> None:
+    """scancel by the arrays' names (unique to a test; job ids are not, across a cluster restart), and wait
+    until the queue has none of them left (a bounded wait: cancelling is quick)."""
+    names = sorted(array_names(root))
+    for name in names:
+        subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
+    end = time.monotonic() + 15
+    while names and time.monotonic() < end:
+        left = subprocess.run(["squeue", "-h", "-o", "%i", "-n", ",".join(names)], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        if not left:
+            break
+        time.sleep(0.5)

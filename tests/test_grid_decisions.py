@@ -1,0 +1,234 @@
+"""The grid's decisions, one by one, against fake sbatch/sacct/squeue/scancel/scontrol on PATH (tests/fakeslurm.py)
+that record their calls: new cells are queued once, in-flight and completed ones are skipped, failed ones rerun
+only when asked, force moves the old output aside, completed cells with pending post stages get only those, and an
+orchestrator killed mid-submit is recovered. A dry run decides the same and calls nothing that changes anything.
+
+Everything here is in-process and needs no backend: the cells name hub ids (not in this machine's Hugging Face
+cache) and a site virtual environment that is not here, so every input check is deferred to the job. The real
+Slurm tests (tests/test_slurm*.py) run the same flow against a real cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.layout import LEDGER_FILE, SUBMITIT_DIR, iter_cell_dirs
+from sft_grid.core.state import State
+from sft_grid.grid import flow
+from sft_grid.grid.decide import Action
+from sft_grid.planning.compose import GridComposer
+from sft_grid.present import normalise_ids
+
+from . import fakeslurm
+from .helpers import kinds, ledger
+
+BASE = ["cluster=slurm_local", "model=qwen3_8b", "dataset=magpie", "max_steps=2",
+        "+cluster.backend_venvs.llamafactory=/nonexistent/venv"]
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> Path:
+    fake_dir = tmp_path / "fake_slurm"
+    fake_dir.mkdir()
+    fakeslurm.install(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM", str(fake_dir))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_hf_cache"))
+    return fake_dir
+
+
+@pytest.fixture
+def grid(hydra_loader, tmp_path):
+    runs = tmp_path / "runs"
+
+    def run(*extra: str, seeds=(1, 2, 3)) -> flow.GridResult:
+        composer = GridComposer(hydra_loader, "config")
+        composed, errors = composer.compose_all([[*BASE, f"seed={s}", f"runs_root={runs}", *extra] for s in seeds])
+        assert not errors, [e.message for e in errors]
+        return flow.run(composed, errors)
+
+    run.runs = runs  # type: ignore[attr-defined]
+    return run
+
+
+def cells(runs: Path) -> list[Path]:
+    return list(iter_cell_dirs(runs / "default"))
+
+
+def complete(cell: Path, stages_done: bool = True) -> None:
+    """The cell's output as a finished training leaves it (and, optionally, its post stages recorded done)."""
+    out = cell / "output"
+    out.mkdir(exist_ok=True)
+    (out / "model.safetensors").write_bytes(b"w")
+    (out / "trainer_state.json").write_text(json.dumps({"global_step": 2, "max_steps": 2, "log_history": []}))
+    if stages_done:
+        events.append(cell, Event(Kind.STAGE, stage="tokenizer", state="completed"))
+
+
+def job_of(cell: Path) -> str:
+    return events.last(events.read(cell), Kind.JOB).job_id
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every ledger and every file of the submitit folders under root, by content."""
+    files = [*root.rglob(LEDGER_FILE), *[p for p in root.rglob("*") if SUBMITIT_DIR in p.parts and p.is_file()]]
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(files)}
+
+
+def test_new_cells_are_queued_as_one_array_and_a_post_array_after_it(fake, grid):
+    result = grid()
+    sbatches = fakeslurm.calls(fake, "sbatch")
+    assert len(sbatches) == 2 and [j.role.value for j in result.plan.slurm] == ["train", "post"]
+    train, post = result.plan.slurm
+    assert f"--job-name={train.name}" in sbatches[0]["script"] and "--array=0-2" in sbatches[0]["script"]
+    assert "#SBATCH --dependency=aftercorr:100" in sbatches[1]["script"]
+    for index, cell in enumerate(cells(grid.runs)):
+        submitted = events.last(events.read(cell), Kind.SUBMITTED)
+        assert (submitted.executor, submitted.array, submitted.index) == ("slurm", train.name, index)
+        assert job_of(cell) == f"100_{index}"
+        assert events.last(events.read(cell), Kind.POST_JOB).post_job_id == f"101_{index}"
+
+
+def test_in_flight_cells_are_skipped_and_nothing_is_sent(fake, grid):
+    grid()
+    before = len(fakeslurm.calls(fake, "sbatch"))
+    again = grid()
+    assert len(fakeslurm.calls(fake, "sbatch")) == before
+    assert [d.action for d in again.decisions] == [Action.SKIP] * 3
+    assert all(d.why.startswith("submitted (job 100_") for d in again.decisions)
+    # the first invocation had nothing to ask about; the second asks once for the whole grid
+    assert len(fakeslurm.calls(fake, "sacct")) == 1
+
+
+def test_completed_cells_are_skipped_and_pending_post_stages_run_alone(fake, grid):
+    grid()
+    first, second, third = cells(grid.runs)
+    fakeslurm.set_state(fake, "100", "COMPLETED")
+    fakeslurm.set_state(fake, "101", "FAILED")  # the post jobs ended without recording their stages
+    complete(first)
+    complete(second)
+    complete(third, stages_done=False)
+    again = grid()
+    assert [d.action for d in again.decisions] == [Action.SKIP, Action.SKIP, Action.POST]
+    assert "post stages to run: tokenizer" in again.decisions[2].why
+    (post,) = again.plan.slurm
+    assert post.role.value == "post" and post.targets == (third,) and post.dependency is None
+    assert len(fakeslurm.calls(fake, "sbatch")) == 3
+
+
+def test_failed_cells_wait_for_rerun_failed_and_then_go_alone_under_a_new_name(fake, grid):
+    first_run = grid()
+    fakeslurm.set_state(fake, "100_1", "FAILED", "NonZeroExitCode")
+    skipped = grid()
+    assert skipped.decisions[1].action is Action.SKIP
+    assert "Slurm job 100_1 ended FAILED" in skipped.decisions[1].why and "rerun_failed=true" in skipped.decisions[1].why
+    rerun = grid("rerun_failed=true")
+    assert [d.action for d in rerun.decisions] == [Action.SKIP, Action.RUN, Action.SKIP]
+    train = rerun.plan.slurm[0]
+    assert train.targets == (cells(grid.runs)[1],) and train.name != first_run.plan.slurm[0].name
+    assert kinds(cells(grid.runs)[1]).count("submitted") == 2
+
+
+def test_force_moves_a_completed_output_aside_and_runs_it_again(fake, grid):
+    grid(seeds=(1,))
+    (cell,) = cells(grid.runs)
+    fakeslurm.set_state(fake, "100", "COMPLETED")
+    complete(cell)
+    forced = grid("force=true", seeds=(1,))
+    assert forced.decisions[0].action is Action.RUN and forced.decisions[0].archive
+    archived = events.last(events.read(cell), Kind.ARCHIVED)
+    assert (cell / archived.path / "model.safetensors").is_file() and not (cell / "output").exists()
+    assert len(fakeslurm.calls(fake, "sbatch")) == 4  # training + post, twice
+
+
+def _killed_mid_submit(fake: Path, grid, pickle: str | None) -> tuple[Path, str, Path]:
+    """A cell whose orchestrator died right after sbatch: its ledger has the array's name and no job id, and the
+    fake queue holds a running job of that name; `pickle`: 'submitted' (submitit moved it in place), 'orphan'
+    (left under its temporary name) or None (gone)."""
+    from submitit.core.utils import DelayedSubmission
+
+    from sft_grid.schedulers import slurm
+    from sft_grid.schedulers.entry import CheckpointableEntry
+
+    grid(seeds=(5,))
+    (cell,) = cells(grid.runs)
+    name = "sft_grid-killedmidsub"
+    (cell / LEDGER_FILE).write_text("")
+    events.append(cell, Event.here(Kind.SUBMITTED, executor="slurm", array=name, index=0, pid=999999))
+    with fakeslurm.state() as data:
+        data["tasks"]["300_0"] = {"name": name, "state": "RUNNING", "reason": "None"}
+    folder = cell.parent / SUBMITIT_DIR / name
+    folder.mkdir(parents=True)
+    target = slurm.submission_file(folder, "300_0")
+    if pickle is not None:
+        path = target if pickle == "submitted" else folder / "0123abcd.pkl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        DelayedSubmission(CheckpointableEntry("sft_grid.job.entries:train", str(cell))).dump(path)
+    return cell, "300_0", target
+
+
+def test_a_job_whose_pickle_is_in_place_is_adopted(fake, grid):
+    cell, job_id, _ = _killed_mid_submit(fake, grid, "submitted")
+    sent = len(fakeslurm.calls(fake, "sbatch"))
+    result = grid(seeds=(5,))
+    assert result.decisions[0].action is Action.SKIP and job_of(cell) == job_id
+    assert len(fakeslurm.calls(fake, "sbatch")) == sent and not fakeslurm.calls(fake, "scancel")
+
+
+def test_a_pickle_left_under_its_temporary_name_is_put_in_place(fake, grid):
+    cell, job_id, target = _killed_mid_submit(fake, grid, "orphan")
+    grid(seeds=(5,))
+    assert target.is_file() and job_of(cell) == job_id and not fakeslurm.calls(fake, "scancel")
+
+
+def test_a_job_that_never_got_its_pickle_is_cancelled_and_the_cell_queued_again(fake, grid):
+    cell, job_id, _ = _killed_mid_submit(fake, grid, None)
+    sent = len(fakeslurm.calls(fake, "sbatch"))
+    result = grid(seeds=(5,))
+    assert [c["argv"] for c in fakeslurm.calls(fake, "scancel")] == [["scancel", job_id]]
+    assert result.decisions[0].action is Action.RUN and len(fakeslurm.calls(fake, "sbatch")) == sent + 2
+    assert "planned" in kinds(cell)
+
+
+def test_a_dry_run_changes_no_ledger_no_pickle_and_calls_no_sbatch_or_scancel(fake, grid):
+    cell, job_id, target = _killed_mid_submit(fake, grid, "orphan")
+    grid(seeds=(6, 7))  # two more cells queued, in flight
+    before = snapshot(grid.runs)
+    sent = len(fakeslurm.calls(fake, "sbatch"))
+    dry = grid("dry_run=true", seeds=(5, 6, 7, 8))
+    assert snapshot(grid.runs) == before and not target.is_file()
+    assert len(fakeslurm.calls(fake, "sbatch")) == sent and not fakeslurm.calls(fake, "scancel")
+    # what it would do: restore the orphaned pickle, skip the cells in flight, queue the new one
+    assert [r.action for r in dry.plan.recoveries] == ["restore"]
+    assert [d.action for d in dry.decisions] == [Action.SKIP, Action.SKIP, Action.SKIP, Action.RUN]
+    assert {d.state.state for d in dry.decisions[:3]} == {State.RUNNING, State.SUBMITTED}
+
+
+def test_a_dry_runs_sbatch_scripts_are_what_the_real_run_sends(fake, grid):
+    from sft_grid.schedulers import slurm
+
+    dry = grid("dry_run=true")
+    previews = [slurm.sbatch_script(j, j.dependency.text() if j.dependency else None) for j in dry.plan.slurm]
+    real = grid()
+    assert [j.name for j in real.plan.slurm] == [j.name for j in dry.plan.slurm]
+    sent = [c["script"] for c in fakeslurm.calls(fake, "sbatch")]
+    assert [normalise_ids(s) for s in sent] == [normalise_ids(p) for p in previews]
+
+
+def test_sbatch_refusal_leaves_the_cells_planned_and_says_how_many(fake, grid, monkeypatch):
+    monkeypatch.setenv("FAKE_SLURM_REFUSE", "Batch job submission failed: Invalid partition name specified")
+    result = grid()
+    assert result.refused is not None and result.refused.not_queued == 3 and "Invalid partition" in result.refused.detail
+    monkeypatch.delenv("FAKE_SLURM_REFUSE")
+    assert all(kinds(c) == ["submitted"] for c in cells(grid.runs))
+    # that process is gone: the cells read as planned, and the next run queues them once
+    for cell in cells(grid.runs):
+        (cell / LEDGER_FILE).write_text(json.dumps({**ledger(cell)[0], "pid": 999999}) + "\n")
+    again = grid()
+    assert [d.action for d in again.decisions] == [Action.RUN] * 3

@@ -1,0 +1,135 @@
+"""The layers of sft_grid (sft_grid/__init__.py) hold: every import, function-local ones included, goes down the
+layers; no two modules import each other in a cycle; code that runs in a backend's virtual environment imports
+nothing of sft_grid; the schedulers import only the core; no module is much over 300 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from sft_grid.core.paths import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "sft_grid"
+# layer -> the layers it may import (itself included); the order is the one the package docstring gives
+LAYERS = ["core", "planning", "backends", "checks", "stages", "job", "schedulers", "grid", "cli"]
+MAY_IMPORT = {layer: set(LAYERS[: i + 1]) for i, layer in enumerate(LAYERS)}
+# the schedulers execute a plan and read the queue: they need the core's types and nothing else
+MAY_IMPORT["schedulers"] = {"core", "schedulers"}
+# the job side imports what a job needs, never the grid's or the schedulers' code
+MAY_IMPORT["job"] = {"core", "planning", "backends", "checks", "stages", "job"}
+MAX_LINES = 300
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO_ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "hydra_plugins":
+        return "cli"
+    if len(parts) == 1 or parts[1] not in LAYERS + ["in_venv"]:
+        return "cli"  # sft_grid itself and its top-level modules are the entry points
+    return parts[1]
+
+
+def imports_of(path: Path) -> list[tuple[str, int]]:
+    """Every sft_grid module this file imports (module level or inside a function), with the line."""
+    tree = ast.parse(path.read_text(), str(path))
+    me = module_name(path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{me}: relative import (the layers are read from absolute ones)"
+            module = node.module or ""
+            found.append((module, node.lineno))
+            # `from sft_grid.x import y` may import the module sft_grid.x.y
+            found += [(f"{module}.{alias.name}", node.lineno) for alias in node.names]
+    return [(m, line) for m, line in found if m.split(".")[0] in ("sft_grid", "hydra_plugins")]
+
+
+def sources() -> list[Path]:
+    return sorted([*PACKAGE.rglob("*.py"), *(REPO_ROOT / "hydra_plugins").rglob("*.py")])
+
+
+def known_modules() -> set[str]:
+    return {module_name(p) for p in sources()}
+
+
+def graph() -> dict[str, set[str]]:
+    known = known_modules()
+    return {module_name(p): {m for m, _ in imports_of(p) if m in known and m != module_name(p)} for p in sources()}
+
+
+def test_imports_go_down_the_layers():
+    known = known_modules()
+    upward = []
+    for path in sources():
+        me = module_name(path)
+        mine = layer_of(me)
+        for module, line in imports_of(path):
+            if module not in known or module == "sft_grid":
+                continue
+            theirs = layer_of(module)
+            if mine == "in_venv" or theirs == "in_venv":
+                if mine == "in_venv" and theirs != "in_venv":
+                    upward.append(f"{path.relative_to(REPO_ROOT)}:{line} imports {module} (in_venv imports no sft_grid)")
+                continue
+            if theirs not in MAY_IMPORT[mine]:
+                upward.append(f"{path.relative_to(REPO_ROOT)}:{line} ({mine}) imports {module} ({theirs})")
+    assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles():
+    edges = graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt])
+            elif not state.get(nxt):
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if not state.get(node):
+            visit(node, [node])
+    # a package's __init__ importing its own modules is not a cycle of meaning: drop those edges' echoes
+    real = [c for c in cycles if not any(a.startswith(b + ".") or b.startswith(a + ".") for a, b in zip(c, c[1:]))]
+    assert not real, "import cycles:\n" + "\n".join(" -> ".join(c) for c in real)
+
+
+def test_the_checker_sees_function_local_imports(tmp_path, monkeypatch):
+    """The checker itself: an import inside a function counts like one at the top, and an upward one fails."""
+    fake = PACKAGE / "core" / "_layer_probe.py"
+    real = sources()
+    monkeypatch.setattr("tests.test_layers.sources", lambda: [*real, fake])
+    fake.write_text("def f():\n    from sft_grid.grid import flow\n")
+    try:
+        assert [m for m, _ in imports_of(fake)] == ["sft_grid.grid", "sft_grid.grid.flow"]
+        with pytest.raises(AssertionError, match=r"\(core\) imports sft_grid.grid.flow \(grid\)"):
+            test_imports_go_down_the_layers()
+    finally:
+        fake.unlink()
+
+
+@pytest.mark.parametrize("layer", LAYERS[:-1])
+def test_each_layer_says_what_it_is(layer):
+    doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
+    assert doc and doc.lower().startswith(f"layer {LAYERS.index(layer)}, {layer}"), doc
+
+
+def test_no_module_is_much_over_300_lines():
+    long = {str(p.relative_to(REPO_ROOT)): n for p in sources() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by what they do): {long}"

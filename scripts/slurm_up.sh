@@ -133,7 +133,10 @@ MpiDefault=none
 SwitchType=switch/none
 MailProg=/bin/true
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+# memory is a consumable resource, so a job's --mem is its limit (enforced below, as cgroups do on real sites);
+# a job that asks for none gets DefMemPerCPU per CPU
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU=4000
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=1,bf_interval=1
 ReturnToService=2
@@ -144,13 +147,15 @@ MinJobAge=300
 MaxArraySize=1001
 GresTypes=gpu
 JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=30
+# sampled every 5 s; a step over its job's --mem is killed and ends OUT_OF_MEMORY, as cgroups do on real sites
+JobAcctGatherFrequency=5
+JobAcctGatherParams=OverMemoryKill
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=6819
 AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/none
-NodeName=$NODES NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17001-$((17000 + NNODES))] CPUs=$CPUS RealMemory=8000 Gres=gpu:$GPUS State=UNKNOWN
+NodeName=$NODES NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17001-$((17000 + NNODES))] CPUs=$CPUS RealMemory=16000 Gres=gpu:$GPUS State=UNKNOWN
 EOF
     if ((PREEMPT)); then
         cat <<EOF

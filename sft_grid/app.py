@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sft_grid.core.problems import GridError, Problem
-from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, example, plan_lines, progress_text, relative,
-                              table)
+from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, example, failure_lines, plan_lines,
+                              progress_text, relative, table)
 
 PREVIEW_DIR = ".dry_run"
 
@@ -101,8 +101,10 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
     if result.final:
         _print_final(result)
     if result.failed:
-        print(f"{len(result.failed)} cell(s) failed; their reasons are above and in <cell>/events.jsonl,"
-              " their logs in <cell>/logs/. Rerun them with rerun_failed=true.", file=sys.stderr, flush=True)
+        failed = [(d.cell.name, result.final.get(d.dir) or d.state) for d in result.decisions
+                  if d.cell.name in result.failed]
+        print("\n".join([f"{len(result.failed)} cell(s) failed, by class (<cell>/events.jsonl has each triage,"
+                         " <cell>/logs/ the logs):", *failure_lines(failed)]), file=sys.stderr, flush=True)
         raise SystemExit(1)
     return result
 
@@ -222,8 +224,16 @@ def _print_launch(result: Any) -> None:
     parts = [f"{len(to_run)} to run"] + [f"{n} {what}" for what, n in sorted(skipped.items())]
     out(f"{len(result.cells)} cell(s): " + ", ".join(parts) + ("" if to_run else " - nothing to run."))
     for d in result.decisions:
-        if d.action is not Action.RUN and (not d.why.startswith("completed") or "; " in d.why):
+        if d.action is not Action.RUN and d.state.state.value not in ("failed", "cancelled") and (
+                not d.why.startswith("completed") or "; " in d.why):
             out(f"  skipped {d.cell.name}: {d.why}")
+    stopped = failure_lines([(d.cell.name, d.state) for d in result.decisions if d.action is not Action.RUN])
+    if stopped:
+        out("  skipped, failed or cancelled (rerun_failed=true reruns them):")
+        out("\n".join(stopped))
+    for d in to_run:
+        if d.note:
+            out(f"  {d.cell.name}: {d.why}" + (f", avoiding {','.join(d.exclude)}" if d.exclude else ""))
     for line in deferred_lines({d.cell.name: result.deferred[d.cell.name] for d in to_run
                                 if d.cell.name in result.deferred}):
         out(line)

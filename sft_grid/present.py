@@ -171,3 +171,21 @@ def plan_lines(plan: SubmissionPlan) -> list[str]:
 def normalise_ids(script: str) -> str:
     """An sbatch script with the ids Slurm handed out replaced: what a dry run's preview must equal."""
     return re.sub(r"(after(?:ok|corr|any|notok)?):\S+", r"\1:<id>", script)
+
+
+def failure_lines(items: Sequence[tuple[str, CellState]], per_class: int = 3) -> list[str]:
+    """Failed and cancelled cells grouped by their failure's class: the class, its cells, and for a few of
+    them what the policy did and what to change (with the exact rerun command)."""
+    groups: dict[str, list[tuple[str, CellState]]] = {}
+    for name, st in items:
+        if st.state.value in ("failed", "cancelled"):
+            groups.setdefault(st.failure_class or "unclassified", []).append((name, st))
+    lines = []
+    for klass, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        names = ", ".join(n for n, _ in members[:8]) + (f", ... ({len(members) - 8} more)" if len(members) > 8 else "")
+        lines.append(f"  {klass} ({len(members)}): {names}")
+        for name, st in members[:per_class]:
+            lines.append(f"    {name}: {st.advice or st.reason or 'no reason recorded'}")
+        if len(members) > per_class:
+            lines.append(f"    ... and {len(members) - per_class} more: python -m sft_grid.status shows each")
+    return lines

@@ -102,3 +102,13 @@ def runs_root(tmp_path: Path, tiny_assets: Path) -> Iterator[Path]:
         yield root
     finally:
         cancel_jobs_of(root)
+
+
+@pytest.fixture
+def receiver():
+    """A webhook receiver on loopback (tests/receiver.py), shut down after the test."""
+    from .receiver import Receiver
+
+    r = Receiver()
+    yield r
+    r.close()

@@ -29,6 +29,16 @@ def states_of(dirs: Iterable[Path]) -> dict[Path, CellState]:
     return {d: view.state(d) for d in dirs}
 
 
+def triaged_states(dirs: Iterable[Path]) -> dict[Path, CellState]:
+    """Each cell's state as `status` shows it: failures the scheduler ended are triaged (and recorded) first."""
+    from sft_grid.grid.triage import settle
+
+    dirs = list(dirs)
+    view = read_view(dirs)
+    settle(view, dirs)
+    return {d: view.state(d) for d in dirs}
+
+
 def grid_states(root: Path, sweep: str = "default") -> dict[str, CellState]:
     return {d.name: s for d, s in states_of(iter_cell_dirs(root / sweep)).items()}
 

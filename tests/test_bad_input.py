@@ -13,7 +13,7 @@ import pytest
 
 from sft_grid.checks.preflight import preflight
 from sft_grid.core import schema
-from sft_grid.core.schema import Range
+from sft_grid.core.schema_fields import Range
 from sft_grid.planning.validate import validate
 
 from .conftest import run_sft
@@ -38,6 +38,22 @@ def test_a_misspelled_key_added_with_plus_is_refused(make_cells, override, key, 
     assert p.key == key and p.cell == cell.name and f"did you mean {close!r}" in p.fix
 
 
+@pytest.mark.parametrize("override, rule, says", [
+    ("+failure_policy.node_faliure=requeue:2", "failure-policy", "unknown failure class 'node_faliure'"),
+    ("+failure_policy.gpu_oom=requeue:x", "failure-policy", "budget of gpu_oom must be a whole number"),
+    ("+failure_policy.gpu_oom=retry", "failure-policy", "neither requeue nor stop"),
+    ("notify.webhook=https://hooks.example.com/services/T0/B0/abcdefgh12345678XYZ", "notify-secret", "token"),
+    ("notify.webhook=hooks.example.com", "notify-webhook", "not an http(s) URL"),
+    ("notify.webhook_env=SFT_GRID_UNSET_VARIABLE_X", "notify-webhook-env", "not set here"),
+    ("notify.command=[no-such-command-here]", "notify-command", "not a command here"),
+])
+def test_bad_failure_policies_and_notification_targets_are_refused(make_cells, override, rule, says):
+    (cell,) = make_cells([override])
+    p = only(validate([cell]), rule)
+    assert says in p.message and p.fix and p.cell == cell.name
+    assert "abcdefgh12345678XYZ" not in p.render()  # a token is never shown, not even in the error
+
+
 def test_keys_of_their_own_go_under_the_mappings(make_cells):
     (cell,) = make_cells(["+extra.packing=true", "+extra.a.b=1", "+cluster.env.FOO=bar", "+vars.row=1"])
     assert [p for p in validate([cell]) if p.rule == "unknown-key"] == []
@@ -46,7 +62,8 @@ def test_keys_of_their_own_go_under_the_mappings(make_cells):
 def schema_fields(cls: type = schema.CellConf, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
     """Every field of the cell schema with a range or a value set, by its dotted key."""
     for f in dataclasses.fields(cls):
-        nested = {"cluster": schema.ClusterConf, "model": schema.ModelConf, "mix": schema.MixConf}.get(f.name)
+        nested = {"cluster": schema.ClusterConf, "model": schema.ModelConf, "mix": schema.MixConf,
+                  "watchdog": schema.WatchdogConf}.get(f.name)
         if cls is schema.CellConf and nested is not None:
             yield from schema_fields(nested, f"{f.name}.")
         elif "range" in f.metadata or "choices" in f.metadata:

@@ -242,10 +242,12 @@ def test_delphi_cell_renders_its_template_the_prepared_model_and_the_wrapper(mak
     assert rendered.files["delphi.jinja"] == JINJA.read_text()
     assert (f"sft_grid_lf.py --template delphi={tmp_path / 'cell' / 'delphi.jinja'} train "
             f"{tmp_path / 'cell' / 'train_config.yaml'}") in rendered.files["launch.sh"]
-    # a template LLaMA-Factory ships needs no wrapper, and a model without prep loads its own path
+    # a template LLaMA-Factory ships registers nothing (the wrapper only adds the loss watchdog), and a model
+    # without prep loads its own path
     (llama,) = make_cells(["model=tiny_llama"])
     plain = render.render(llama, tmp_path / "llama", [])
-    assert "sft_grid_lf.py" not in plain.files["launch.sh"] and "llamafactory-cli train" in plain.files["launch.sh"]
+    assert f"sft_grid_lf.py train {tmp_path / 'llama' / 'train_config.yaml'}" in plain.files["launch.sh"]
+    assert "--template" not in plain.files["launch.sh"]
     assert not any(f.endswith(".jinja") for f in plain.files) and inputs.model_source(llama) == llama.spec.model.path
 
 

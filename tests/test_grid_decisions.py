@@ -127,12 +127,49 @@ def test_failed_cells_wait_for_rerun_failed_and_then_go_alone_under_a_new_name(f
     fakeslurm.set_state(fake, "100_1", "FAILED", "NonZeroExitCode")
     skipped = grid()
     assert skipped.decisions[1].action is Action.SKIP
-    assert "Slurm job 100_1 ended FAILED" in skipped.decisions[1].why and "rerun_failed=true" in skipped.decisions[1].why
+    # triaged from the scheduler's record (the fake keeps no log): class, evidence, and how to rerun it
+    why = skipped.decisions[1].why
+    assert why.startswith("failed [unknown]") and "100_1 State=FAILED" in why and "rerun_failed=true" in why, why
     rerun = grid("rerun_failed=true")
     assert [d.action for d in rerun.decisions] == [Action.SKIP, Action.RUN, Action.SKIP]
     train = rerun.plan.slurm[0]
     assert train.targets == (cells(grid.runs)[1],) and train.name != first_run.plan.slurm[0].name
     assert kinds(cells(grid.runs)[1]).count("submitted") == 2
+
+
+def _node_fails(fake: Path, cell: Path, node: str) -> None:
+    """The cell's latest job ends NODE_FAIL, its job log naming the node (as srun writes it)."""
+    history = events.read(cell)
+    job_id = job_of(cell)
+    array = events.last(history, Kind.SUBMITTED).array
+    log = cell.parent / SUBMITIT_DIR / array / f"{job_id}_0_log.out"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"srun: error: Node failure on {node}\nslurmstepd: error: *** JOB {job_id} ON {node} CANCELLED"
+                   " AT 2026-11-30T10:00:00 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n")
+    fakeslurm.set_state(fake, job_id, "NODE_FAIL", "NodeDown")
+
+
+def test_a_transient_failure_is_requeued_by_its_policy_avoiding_the_node_until_its_budget_is_spent(fake, grid):
+    grid(seeds=(1,))
+    (cell,) = cells(grid.runs)
+    for attempt, node in enumerate(["n2", "n1"], 1):
+        _node_fails(fake, cell, node)
+        again = grid(seeds=(1,))
+        (d,) = again.decisions
+        assert d.action is Action.RUN and d.exclude == (node,), d  # no rerun_failed=true needed
+        script = fakeslurm.calls(fake, "sbatch")[-2]["script"]  # the training array (then its post array)
+        assert f"#SBATCH --exclude={node}" in script
+        failed = [e for e in ledger(cell) if e["event"] == "failed"]
+        assert failed[-1]["class"] == "node_failure" and failed[-1]["action"] == "requeue"
+        assert failed[-1]["nodes"] == node and f"requeue {attempt} of 2" in failed[-1]["note"]
+        submitted = [e for e in ledger(cell) if e["event"] == "submitted"]
+        assert len(submitted) == attempt + 1 and submitted[-1]["note"] == "requeue: node_failure"
+    _node_fails(fake, cell, "n2")
+    stopped = grid(seeds=(1,))
+    (d,) = stopped.decisions
+    assert d.action is Action.SKIP and d.why.startswith("failed [node_failure]"), d.why
+    assert d.state.action == "stop" and "requeue budget 2 spent" in d.state.advice, d.state
+    assert len(fakeslurm.calls(fake, "sbatch")) == 6  # three trainings and their post arrays, no fourth
 
 
 def test_force_moves_a_completed_output_aside_and_runs_it_again(fake, grid):

@@ -121,13 +121,24 @@ def test_elapsed_from_the_ledger(cell_dir):
     assert state_of(cell_dir).elapsed == "01:02:03"
 
 
-def test_failure_reason_prefers_the_childs_error_over_the_launchers(tmp_path):
-    from sft_grid.job.runner import failure_reason
+def test_a_failed_cell_is_triaged_from_its_log_the_childs_error_not_the_launchers(tmp_path):
+    from sft_grid.core.events import Event, Kind
+    from sft_grid.core.triage import failed_event, triage
 
-    log = tmp_path / "train.log"
-    log.write_text("step 1\nValueError: Output directory is not empty\n"
-                   "subprocess.CalledProcessError: Command '['torchrun', ...]' returned non-zero exit status 1.\n")
-    assert failure_reason(log, 1) == "backend exited with 1: ValueError: Output directory is not empty"
+    cell_dir = tmp_path / "cell"
+    (cell_dir / "logs").mkdir(parents=True)
+    (cell_dir / "cell.yaml").write_text("# Rerun this cell: python -m sft_grid model=tiny_llama lr=1e-05\n"
+                                        "lr: 1.0e-05\nmicro_batch_size: 2\ncluster:\n  max_requeues: 3\n")
+    (cell_dir / "logs" / "train.log").write_text(
+        "step 1\nValueError: Output directory is not empty\n"
+        "subprocess.CalledProcessError: Command '['torchrun', ...]' returned non-zero exit status 1.\n")
+    failure, action = triage(cell_dir, [Event(Kind.SUBMITTED, executor="local"), Event(Kind.RUNNING)])
+    assert failure.klass.value == "backend_error"
+    assert failure.evidence == "ValueError: Output directory is not empty"
+    assert action.kind.value == "stop"
+    assert "python -m sft_grid model=tiny_llama lr=1e-05 rerun_failed=true" in action.message
+    event = failed_event(failure, action, rc=1)
+    assert event.to_json()["class"] == "backend_error" and event.action == "stop"
 
 
 # -- ledgers written by sft_grid 0.1.0 still load (tests/fixtures/ledgers_0.1) -------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sft_grid.core.paths import REPO_ROOT
 from sft_grid.grid.render import render, write
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -41,13 +42,16 @@ def test_golden(make_cells, fixed_cache, monkeypatch, case):
     (cell,) = make_cells(CASES[case])
     rendered = render(cell, Path("/srv/runs/grid") / cell.name, [])
     golden_dir = GOLDEN / case
+    def portable(text: str) -> str:  # the same on any machine and in any clone
+        return text.replace(str(cell.runs_root), "<runs_root>").replace(str(REPO_ROOT), "<repo>")
+
     if os.environ.get("SFT_GRID_REGEN_GOLDEN"):
         golden_dir.mkdir(parents=True, exist_ok=True)
         for rel, text in rendered.files.items():
-            (golden_dir / rel).write_text(text.replace(str(cell.runs_root), "<runs_root>"))
+            (golden_dir / rel).write_text(portable(text))
     for rel, text in rendered.files.items():
         expected = (golden_dir / rel).read_text()
-        assert text.replace(str(cell.runs_root), "<runs_root>") == expected, (
+        assert portable(text) == expected, (
             f"{case}/{rel} differs from its golden copy; if the change is intended, regenerate: {REGEN}")
 
 
@@ -71,7 +75,7 @@ def test_the_sbatch_scripts_of_a_prep_train_post_plan_are_golden(make_cells, fix
     golden_dir = GOLDEN / "sbatch_prep_train_post"
     for n, job in enumerate(plan.slurm):
         script = slurm.sbatch_script(job, job.dependency.text() if job.dependency else None)
-        script = script.replace(sys.executable, "<python>")
+        script = script.replace(sys.executable, "<python>").replace(str(REPO_ROOT), "<repo>")
         path = golden_dir / f"{n}_{job.role.value}.sbatch"
         if os.environ.get("SFT_GRID_REGEN_GOLDEN"):
             golden_dir.mkdir(parents=True, exist_ok=True)
@@ -95,8 +99,8 @@ def test_mix_keeps_each_datasets_own_tags(make_cells):
 def test_launch_script_quotes_config_values_when_run(make_cells, tmp_path):
     env_dir = tmp_path / "fake env"
     (env_dir / "bin").mkdir(parents=True)
-    # stands in for llamafactory-cli: records its argv and one env var
-    cli = env_dir / "bin" / "llamafactory-cli"
+    # stands in for the environment's python: records its argv and one env var
+    cli = env_dir / "bin" / "python"
     cli.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$OUT_FILE"\nprintf "%s" "$TRICKY" >> "$OUT_FILE"\n')
     cli.chmod(0o755)
     tricky = 'a b; echo pwned $(touch /tmp/sft_grid_pwned) "q" `x` && | > <'
@@ -107,8 +111,9 @@ def test_launch_script_quotes_config_values_when_run(make_cells, tmp_path):
     proc = subprocess.run(["bash", str(rendered.dir / "launch.sh"), "max_steps=1"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     lines = (tmp_path / "out.txt").read_text().split("\n")
-    assert lines[:3] == ["train", str(rendered.dir / "train_config.yaml"), "max_steps=1"]
-    assert lines[3] == tricky
+    assert lines[:4] == [str(REPO_ROOT / "sft_grid" / "in_venv" / "sft_grid_lf.py"), "train",
+                         str(rendered.dir / "train_config.yaml"), "max_steps=1"]
+    assert lines[4] == tricky
     assert not Path("/tmp/sft_grid_pwned").exists()
 
 

@@ -35,7 +35,7 @@ from sft_grid.schedulers import slurm
 
 from .conftest import run_sft
 from .helpers import ledger as ledger_of
-from .helpers import array_names, cancel_jobs_of, states_of
+from .helpers import array_names, cancel_jobs_of, states_of, triaged_states
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend]
 
@@ -403,8 +403,10 @@ def test_node_lost_mid_job_cell_is_requeued_and_completes_or_fails_with_a_reason
         assert kinds.count("submitted") == 1, kinds  # requeued by Slurm, not resubmitted
         resumed = [e["checkpoint"] for e in events(cell, "resumed")]
         assert resumed and int(resumed[0].split("-")[1]) >= int(seen["checkpoint"].split("-")[1]), kinds
-    else:
-        assert st.state is State.FAILED and st.reason, st
+    else:  # the requeue budget was spent: a node failure, named as such, with the node
+        (st,) = triaged_states([cell]).values()
+        assert st.state is State.FAILED and st.failure_class == "node_failure", st
+        assert seen["node"] in st.evidence or seen["node"] in st.reason, st
 
 
 def test_node_lost_status_never_reads_failed_while_slurm_requeues_the_job(node_loss):

@@ -31,6 +31,8 @@ PREPARED_DIR = "prepared"
 MIX_SCRIPT = IN_VENV_DIR / "mix_data.py"
 PLUGINS = ("sft_grid_axolotl.TemplateIntegrityPlugin", "sft_grid_axolotl.OutputPlugin")
 ZERO_CPU_PLUGIN = "zero_cpu.GlooPreInit"
+# the loss watchdog (in_venv/loss_watchdog.py): stops a NaN, diverging or collapsed run, keeping its checkpoints
+WATCHDOG_PLUGIN = "loss_watchdog.LossWatchdogPlugin"
 # the datasets library's stopping strategy of each interleave strategy, as LLaMA-Factory maps them
 STOPPING = {"interleave_under": "first_exhausted", "interleave_over": "all_exhausted"}
 # file suffix -> axolotl's ds_type for a local file
@@ -196,10 +198,12 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 
 def plugins(cell: Cell) -> list[str]:
-    """The project's plugins; on a CPU-only cluster a ZeRO-3 cell also gets DeepSpeed's process group started
-    over gloo (axolotl 0.19 starts it with NCCL, which CPU torch lacks: in_venv/zero_cpu.py)."""
+    """The project's plugins, the loss watchdog unless the grid turns it off; on a CPU-only cluster a ZeRO-3 cell
+    also gets DeepSpeed's process group started over gloo (axolotl 0.19 starts it with NCCL, which CPU torch
+    lacks: in_venv/zero_cpu.py)."""
     extra = [ZERO_CPU_PLUGIN] if zero.needed(cell) and not cell.spec.cluster.gpus_per_node else []
-    return [*PLUGINS, *extra]
+    watchdog = [WATCHDOG_PLUGIN] if cell.spec.watchdog.enabled else []
+    return [*PLUGINS, *watchdog, *extra]
 
 
 def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:

@@ -55,6 +55,14 @@ def distributed_lines(cell: Cell) -> list[str]:
     ]
 
 
+def watchdog_line(cell: Cell) -> str:
+    """The loss watchdog's settings, which both backends' hooks read (in_venv/loss_watchdog.py)."""
+    w = cell.spec.watchdog
+    if not w.enabled:
+        return "export SFT_GRID_WATCHDOG=off"
+    return f"export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K={w.k:g} SFT_GRID_WATCHDOG_P={w.p} SFT_GRID_WATCHDOG_TOL={w.tol:g}"
+
+
 def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     s = cell.spec
     backend = get(s.backend.name)
@@ -65,6 +73,7 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     ], cell_dir, s.cluster)
     # one W&B run per cell: a requeued or rerun job continues it instead of starting another
     lines.append(f"export WANDB_RUN_ID={shlex.quote(f'{s.sweep_name}-{cell.key}')} WANDB_RESUME=allow")
+    lines.append(watchdog_line(cell))
     lines += list(s.cluster.setup)
     if cell.world_size > 1:
         lines += distributed_lines(cell)

@@ -105,18 +105,17 @@ def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 
 def _command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
-    """The training command. Several ranks with `launcher: accelerate`: accelerate starts LLaMA-Factory's
-    training module on each node (the variables are set by launch.sh from the Slurm allocation); otherwise
-    LLaMA-Factory's CLI, which starts torchrun itself when FORCE_TORCHRUN is set. A template of sft_grid's own
-    (a jinja file) goes through the wrapper, which registers it in every process before LLaMA-Factory runs."""
+    """The training command, always through the wrapper (in_venv/sft_grid_lf.py), which adds the loss watchdog's
+    callbacks to LLaMA-Factory's run_exp and registers a template of sft_grid's own (a jinja file) in every
+    process. Several ranks with `launcher: accelerate`: accelerate starts the wrapper on each node (the
+    variables are set by launch.sh from the Slurm allocation); otherwise LLaMA-Factory's own launcher (its
+    CLI's `train`), which starts torchrun itself when FORCE_TORCHRUN is set."""
     config = str(cell_dir / CONFIG_FILE)
     jinja = template_file(cell)
-    wrapper = [str(WRAPPER), "--template", f"{cell.spec.model.template}={cell_dir / jinja}"] if jinja else []
+    wrapper = [str(WRAPPER), *(["--template", f"{cell.spec.model.template}={cell_dir / jinja}"] if jinja else [])]
     if cell.world_size > 1 and cell.spec.cluster.launcher == "accelerate":
-        return [*common.accelerate(env_bin), *(wrapper or ["-m", "llamafactory.launcher"]), config]
-    if wrapper:
-        return [str(env_bin / "python"), *wrapper, "train", config]
-    return [str(env_bin / cell.spec.backend.entrypoint[0]), *cell.spec.backend.entrypoint[1:], config]
+        return [*common.accelerate(env_bin), *wrapper, config]
+    return [str(env_bin / "python"), *wrapper, "train", config]
 
 
 def mask_spec(cell: Cell) -> MaskSpec:

@@ -42,6 +42,7 @@ class Kind(str, Enum):
     PREP = "prep"  # the model prep this cell waits for
     STAGE = "stage"  # a post-training stage changed state
     POST_JOB = "post_job"  # the Slurm job that runs the cell's post-training stages
+    NOTIFIED = "notified"  # a notification went out (its key: sent once, across requeues and reruns)
     OTHER = "other"  # a kind this version does not know (kept, never decides anything)
 
 
@@ -77,6 +78,13 @@ class Event:
     model: str = ""  # prep: the model
     prepared: str = ""  # prep: the prepared model directory
     prep_job_id: str = ""  # prep: the prep's Slurm job
+    # failed: the failure's class (core/failures.py), the log line or sacct record that decided it, the nodes
+    # it names, and what the policy did about it (requeue | stop)
+    failure_class: str = ""
+    evidence: str = ""
+    nodes: str = ""
+    action: str = ""
+    key: str = ""  # notified: the notification's key
     # what else the event knows (a stage's results: files, url, commit, ...), and keys of unknown events
     details: Mapping[str, Any] = field(default_factory=dict)
 
@@ -114,7 +122,7 @@ class Event:
 
 
 # field -> its key in the file, where they differ (the keys earlier versions wrote)
-_JSON_KEY = {"array": "name", "prepared": "dir", "prep_job_id": "job_id_prep"}
+_JSON_KEY = {"array": "name", "prepared": "dir", "prep_job_id": "job_id_prep", "failure_class": "class"}
 
 
 def _coerce(hint: Any, value: Any) -> Any:

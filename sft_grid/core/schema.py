@@ -13,96 +13,15 @@ them (gradient accumulation, identity, directories) are computed by the planner 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from sft_grid.core.schema_fields import (CPU_ARCHS, EXECUTORS, FINETUNING, FORMATTINGS, GPU_DIRECTIVES, LAUNCHERS,
+                                         MIX_STRATEGIES, MODEL_NEEDS, PRECISIONS, REPORT_TO, SCHEDULERS, SEED_MAX, num,
+                                         one_of)
 from sft_grid.core.templates import TEMPLATES, TOKENIZER_FAMILIES
-
-
-@dataclass(frozen=True)
-class Range:
-    """Allowed numbers: lo <= x <= hi (open ends excluded); `none_ok`: null means "not set"."""
-
-    lo: float = -math.inf
-    hi: float = math.inf
-    lo_open: bool = False
-    hi_open: bool = False
-
-    def admits(self, x: float) -> bool:
-        if isinstance(x, float) and math.isnan(x):
-            return False
-        above = x > self.lo if self.lo_open else x >= self.lo
-        below = x < self.hi if self.hi_open else x <= self.hi
-        return above and below
-
-    def text(self) -> str:
-        def show(x: float) -> str:
-            return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-        lo = "" if self.lo == -math.inf else f"{'>' if self.lo_open else '>='} {show(self.lo)}"
-        hi = "" if self.hi == math.inf else f"{'<' if self.hi_open else '<='} {show(self.hi)}"
-        return " and ".join(p for p in (lo, hi) if p)
-
-
-def num(default: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
-        hi_open: bool = False) -> Any:
-    """A numeric key with its range."""
-    return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
-
-
-def one_of(default: Any, values: tuple[str, ...]) -> Any:
-    """A key with a fixed set of values (for a list: of its items)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"choices": values})
-    return field(default=default, metadata={"choices": values})
-
-
-@functools.cache
-def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
-    """(name, how its value nests: dataclass | mapping | plain, the dataclass it holds, the field) of each field
-    of a schema class; what building typed cells and checking unknown keys both walk."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Union:
-            inner = [a for a in typing.get_args(hint) if a is not type(None)]
-            hint = inner[0] if len(inner) == 1 else hint
-        args = typing.get_args(hint)
-        if dataclasses.is_dataclass(hint):
-            out.append((f.name, "dataclass", hint, f))
-        elif typing.get_origin(hint) in (dict, typing.Dict) and len(args) == 2 and dataclasses.is_dataclass(args[1]):
-            out.append((f.name, "mapping", args[1], f))
-        else:
-            out.append((f.name, "plain", None, f))
-    return tuple(out)
-
-
-# what the backends accept, and what sft_grid renders for each
-EXECUTORS = ("local", "slurm")
-LAUNCHERS = ("torchrun", "accelerate")
-PRECISIONS = ("fp32", "bf16")
-CPU_ARCHS = ("x86_64", "aarch64")
-GPU_DIRECTIVES = ("gpus_per_node", "gres", "none")
-MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
-FINETUNING = ("full", "lora", "freeze")
-REPORT_TO = ("none", "wandb", "tensorboard")
-# transformers' SchedulerType values that both backends pass on and that need no extra arguments
-# (cosine_with_min_lr and warmup_stable_decay need scheduler kwargs; reduce_lr_on_plateau needs evaluation)
-SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-              "inverse_sqrt")
-# LLaMA-Factory's dataset formatting that carries conversations with per-dataset role tags (axolotl reads the
-# same rows through its chat_template strategy)
-FORMATTINGS = ("sharegpt",)
-MODEL_NEEDS = ("delphi_tokenizer_prep", "zero3", "zero3_offload", "consolidate", "preprocessor_config",
-               "transformers_ge_5_3")
-SEED_MAX = 2**32 - 1  # numpy's and torch's seeds are 32-bit
 
 
 @dataclass
@@ -226,6 +145,31 @@ class MixConf:
 
 
 @dataclass
+class WatchdogConf:
+    """The loss watchdog inside training (both backends): a run whose logged loss is NaN/inf, stays above k
+    times its first logged loss for p logged steps, or sits at ln(vocab size) (a collapsed model: a uniform
+    guess) within tol * ln(V) for p logged steps stops early, keeps its checkpoints and records why."""
+
+    enabled: bool = True
+    k: float = num(4.0, 1, lo_open=True)
+    p: int = num(3, 1)
+    tol: float = num(1.0e-4, 0, 0.1, lo_open=True)
+
+
+@dataclass
+class NotifyConf:
+    """Who hears when a cell ends (completed, or failed with its class) and when the whole grid is done:
+    once each, across requeues and reruns."""
+
+    # argv of a command; the event goes to its stdin as JSON and into its environment as SFT_GRID_EVENT_*
+    command: List[str] = field(default_factory=list)
+    # a webhook URL without credentials (an HTTP POST of the same JSON) ...
+    webhook: Optional[str] = None
+    # ... or the name of an environment variable that holds one (a URL with a token never goes into a file)
+    webhook_env: Optional[str] = None
+
+
+@dataclass
 class CellConf:
     cluster: ClusterConf = MISSING
     backend: BackendConf = MISSING
@@ -285,3 +229,7 @@ class CellConf:
     force: bool = False
     # rerun cells whose last attempt failed
     rerun_failed: bool = False
+    # what happens after a failure, per class (core/failure_policy.py): {node_failure: requeue:3, gpu_oom: stop}
+    failure_policy: Dict[str, Any] = field(default_factory=dict)
+    watchdog: WatchdogConf = field(default_factory=WatchdogConf)
+    notify: NotifyConf = field(default_factory=NotifyConf)

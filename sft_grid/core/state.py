@@ -45,6 +45,11 @@ class CellState:
     recovered: bool = False
     # wall time of the latest run: the scheduler's, or from the ledger's running event to its end
     elapsed: str = ""
+    # a triaged failure (core/triage.py): its class, the line that decided it, what the policy does (requeue|stop)
+    failure_class: str = ""
+    evidence: str = ""
+    action: str = ""
+    advice: str = ""  # the policy's message: what it did, what to change, the rerun command
 
 
 # -- the scheduler's view ------------------------------------------------------------------------------------
@@ -187,7 +192,8 @@ def _state(output_dir: Path, view: SchedulerView | None, history: Sequence[Event
                          " trainer_state.json (deleted or moved?)", job_id)
     if kind in (Kind.FAILED, Kind.CANCELLED):
         assert last is not None
-        return CellState(State(kind.value), last.reason, job_id, done)
+        return CellState(State(kind.value), last.reason, job_id, done, failure_class=last.failure_class,
+                         evidence=last.evidence, action=last.action, advice=last.note if last.failure_class else "")
     return CellState(State.PLANNED)
 
 

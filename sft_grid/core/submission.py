@@ -14,7 +14,7 @@ sbatch and recording the job ids finds its jobs again by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
@@ -146,6 +146,8 @@ class SubmissionPlan:
     archives: tuple[Path, ...] = ()
     # cells this invocation hands to an executor (and so records as submitted first)
     submits: tuple[Path, ...] = ()
+    # the note a cell's submission records (a requeue by the failure policy says so)
+    notes: Mapping[Path, str] = field(default_factory=dict)
     local: tuple[LocalJob, ...] = ()
     slurm: tuple[SlurmJob, ...] = ()
     waits: tuple[PrepWait, ...] = ()

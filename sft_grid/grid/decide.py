@@ -3,8 +3,9 @@
 - completed: skipped (force=true runs it again, its output moved aside first); when its post-training stages
   are not all done, only those run, never the training;
 - in flight (submitted or running): skipped, and its files are left alone (its job reads them);
-- failed or cancelled: listed with the reason, run again only with rerun_failed=true (resuming from the last
-  checkpoint);
+- failed or cancelled: listed with the reason and the failure's class, run again only with rerun_failed=true
+  (resuming from the last checkpoint), unless the class's policy requeues it (a transient fault within its
+  budget: core/failure_policy.py): then it runs again at once, avoiding the nodes its evidence names;
 - planned (new, or its earlier submission never reached the scheduler): run.
 A cell whose job an orchestrator killed mid-submit left behind is first recovered (grid/recover.py), and its
 recovered state decides.
@@ -20,6 +21,7 @@ from typing import Sequence
 from sft_grid.core.events import Event
 from sft_grid.core.state import CellState, SchedulerView, State
 from sft_grid.core.submission import Recovery
+from sft_grid.core.triage import REQUEUE_NOTE, requeue_nodes
 from sft_grid.planning.cells import Cell
 from sft_grid.stages import post
 
@@ -39,6 +41,9 @@ class Decision:
     why: str = ""  # why it is skipped, or what happens to it
     archive: bool = False  # a completed cell run again: its output is moved aside first
     recovery: Recovery | None = None
+    # a failure its policy requeues: the nodes to avoid, and the note its submission records
+    exclude: tuple[str, ...] = ()
+    note: str = ""
 
     @property
     def touch_files(self) -> bool:
@@ -53,15 +58,24 @@ def skip_reason(cell: Cell, state: CellState) -> str | None:
     if state.state.in_flight:
         return state.state.value + (f" (job {state.job_id})" if state.job_id else "")
     if state.state in (State.FAILED, State.CANCELLED):
-        if cell.spec.rerun_failed:
+        if cell.spec.rerun_failed or _requeued(state):
             return None
-        return f"{state.state.value}: {state.reason or 'no reason recorded'} (rerun_failed=true reruns it)"
+        why = f" [{state.failure_class}]" if state.failure_class else ""
+        return f"{state.state.value}{why}: {state.reason or 'no reason recorded'} (rerun_failed=true reruns it)"
     return None
+
+
+def _requeued(state: CellState) -> bool:
+    """A failure whose policy requeues it (a transient fault, within its budget): run again without asking."""
+    return state.state is State.FAILED and state.action == "requeue"
 
 
 def decide(cell: Cell, cell_dir: Path, state: CellState, history: Sequence[Event], view: SchedulerView | None,
            recovery: Recovery | None = None) -> Decision:
     why = skip_reason(cell, state)
+    if why is None and _requeued(state) and not cell.spec.rerun_failed:
+        return Decision(cell, cell_dir, state, Action.RUN, f"requeued after {state.failure_class}", recovery=recovery,
+                        exclude=requeue_nodes(history), note=f"{REQUEUE_NOTE}{state.failure_class}")
     if why is None:
         return Decision(cell, cell_dir, state, Action.RUN, archive=state.state is State.COMPLETED, recovery=recovery)
     if state.state is State.COMPLETED:

@@ -29,6 +29,7 @@ from sft_grid.grid.lock import SweepLock
 from sft_grid.grid.recover import plan_recovery
 from sft_grid.grid.render import render, write_all
 from sft_grid.grid.submission import build
+from sft_grid.grid.triage import settle
 from sft_grid.grid.view import read_view
 from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.planning.compose import Composed, CompositionError
@@ -121,6 +122,8 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
     needed = preps(cells)
     with SweepLock({c.sweep_dir for c in cells}):
         view = read_view(dirs, [p.dir for p in needed])
+        if not dry_run:  # a dry run writes nothing but its cells' files
+            settle(view, dirs)
         decisions = []
         for cell, cell_dir in zip(cells, dirs):
             state, recovery = view.state(cell_dir), None

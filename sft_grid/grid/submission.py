@@ -117,6 +117,7 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
         recoveries=tuple(d.recovery for d in decisions if d.recovery is not None),
         archives=tuple(d.dir for d in to_run if d.archive),
         submits=submits,
+        notes={d.dir: d.note for d in to_run if d.note},
         scripts=scripts,
         local=local_jobs,
         slurm=slurm_jobs,
@@ -158,7 +159,7 @@ def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
     throttle = min(concurrency) if concurrency else None
     groups: dict[tuple[Any, ...], list[Decision]] = {}
     for d in runs:
-        request = request_for(d.cell.spec, _minutes(d))
+        request = _avoiding(request_for(d.cell.spec, _minutes(d)), d.exclude)
         groups.setdefault((request, d.dir.parent, wait_of.get(d.dir)), []).append(d)
     for (request, sweep_dir, dependency), members in groups.items():
         for i in range(0, len(members), max_array_size):
@@ -177,6 +178,14 @@ def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
     for members in by_sweep.values():
         jobs.append(_post_job(members, None, histories))
     return tuple(jobs), tuple(waits)
+
+
+def _avoiding(request: SlurmRequest, nodes: Sequence[str]) -> SlurmRequest:
+    """The request with these nodes added to its --exclude (a requeue away from a node its failure named)."""
+    if not nodes:
+        return request
+    have = [n for n in str(dict(request.params).get("exclude") or "").split(",") if n]
+    return request.replace(exclude=",".join(dict.fromkeys([*have, *nodes])))
 
 
 def _post_job(cells: Sequence[Decision], after: Dependency | None,

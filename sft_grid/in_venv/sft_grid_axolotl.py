@@ -26,6 +26,7 @@ from typing import Any
 from axolotl.integrations.base import BasePlugin
 from transformers import TrainerCallback
 
+import cpu_resume
 import template_integrity
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -101,9 +102,11 @@ class _ProgressLog(TrainerCallback):
 
 
 class OutputPlugin(_TrainerPlugin):
-    """trainer_state.json at the output root after the final save, and a per-log progress file."""
+    """trainer_state.json at the output root after the final save, and a per-log progress file; a multi-process
+    CPU run resumes its optimizer state (cpu_resume.py)."""
 
     def callback(self, trainer: Any) -> Any:
+        cpu_resume.patch()
         return _ProgressLog()
 
     def post_train(self, cfg: Any, model: Any) -> None:

@@ -13,11 +13,13 @@ as it is, exactly as the jinja renders it.
 
 Runs inside the backend environment (standalone: it never imports sft_grid).
 
-    python sft_grid_lf.py --template NAME=FILE.jinja train CONFIG.yaml [key=value ...]
+    python sft_grid_lf.py [--template NAME=FILE.jinja] train CONFIG.yaml [key=value ...]
         register, then LLaMA-Factory's `llamafactory-cli train` (which starts torchrun itself when
         FORCE_TORCHRUN is set: the ranks it starts run this file again and register too)
-    python sft_grid_lf.py --template NAME=FILE.jinja CONFIG.yaml [key=value ...]
+    python sft_grid_lf.py [--template NAME=FILE.jinja] CONFIG.yaml [key=value ...]
         register, then train in this process (a rank started by torchrun or accelerate)
+
+Every training process also gets sft_grid's loss watchdog (loss_watchdog.py) added to run_exp's callbacks.
 
 What LLaMA-Factory trains on with these templates is shown by sft_grid's loss-mask probe (in_venv/mask_probe.py),
 which registers them through register_all() as training does.
@@ -146,6 +148,22 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return specs, argv
 
 
+def add_watchdog() -> None:
+    """LLaMA-Factory's run_exp, wherever it is called from (its launcher, or a rank), gets the loss watchdog's
+    callbacks (loss_watchdog.py, beside this file) unless launch.sh turned it off."""
+    if os.environ.get("SFT_GRID_WATCHDOG", "on") == "off":
+        return
+    import loss_watchdog
+    from llamafactory.train import tuner
+
+    run_exp = tuner.run_exp
+
+    def with_watchdog(args: Any = None, callbacks: Any = None) -> None:
+        return run_exp(args, [*(callbacks or []), *loss_watchdog.llamafactory_callbacks()])
+
+    tuner.run_exp = with_watchdog
+
+
 def main(argv: list[str]) -> int:
     specs, argv = _parse(argv)
     if not argv:
@@ -153,6 +171,10 @@ def main(argv: list[str]) -> int:
         return 2
     os.environ[TEMPLATES_ENV] = json.dumps(specs)
     register_all(specs)
+    add_watchdog()
+    import cpu_resume  # beside this file: a multi-process CPU run resumes its optimizer state
+
+    cpu_resume.patch()
     if argv[0] == "train":
         from llamafactory import launcher
 
@@ -162,10 +184,10 @@ def main(argv: list[str]) -> int:
         sys.argv = [sys.argv[0], *argv]
         launcher.launch()
         return 0
-    from llamafactory.train.tuner import run_exp
+    from llamafactory.train import tuner
 
     sys.argv = [sys.argv[0], *argv]
-    run_exp()
+    tuner.run_exp()
     return 0
 
 

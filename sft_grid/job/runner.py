@@ -3,15 +3,20 @@
 Steps: record `running`; stop if the output is already complete; run the checks deferred by preflight (failing
 the job with their message); resume from the last checkpoint, or move a partial output aside (never delete it);
 run launch.sh; record `completed` only when the output holds final weights and trainer state, else `failed` with
-the reason from the log; then the post-training stages where they run in this job (the local executor).
+its triage (class, evidence, next step: core/triage.py); then the post-training stages where they run in this job
+(the local executor). A failure its policy requeues (a collective timeout, a GPU fault) is submitted again at
+once, from its checkpoint, avoiding the nodes the evidence names (`python -m sft_grid.requeue`); a killed
+training (time limit, preemption, the OOM killer) is left to the scheduler's record, which the grid triages.
+The end of the cell (and of the grid, when this was its last cell) is notified once (stages/notices.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,14 +28,20 @@ from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile, PreflightFile
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import (ATTEMPTS_DIR, CELL_FILE, LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, TRAIN_LOG, checkpoints,
-                                  output_complete, progress, tail_lines)
-from sft_grid.core.state import State
+                                  output_complete, progress)
+from sft_grid.core.state import State, state_of
+from sft_grid.core.failure_policy import Action
+from sft_grid.core.failures import Failure, FailureClass
+from sft_grid.core.triage import WATCHDOG_FILE, failed_event, triage
+from sft_grid.stages import notices
 from sft_grid.stages.post import IN_JOB
 from sft_grid.stages.post_run import run as run_post
 
-_WRAPPER_ERROR = re.compile(r"CalledProcessError|ChildFailedError|torch.distributed.elastic")
-_ERROR_LINE = re.compile(r"(Error|Exception|error:|Killed|CUDA out of memory)")
+log = logging.getLogger(__name__)
 
+# failures a job killed by a signal still triages itself: the step ended because a peer failed (srun's
+# --kill-on-bad-exit), not because the scheduler ended the job (time limit, preemption, scancel, memory)
+IN_JOB_REQUEUE = frozenset({FailureClass.COLLECTIVE_TIMEOUT, FailureClass.RENDEZVOUS, FailureClass.GPU_HARDWARE})
 
 class CellFailed(RuntimeError):
     """The cell's training did not complete; the message is the reason recorded in its ledger."""
@@ -66,15 +77,6 @@ def backend_name(cell_dir: Path) -> str:
     return yaml.safe_load((cell_dir / CELL_FILE).read_text())["backend"]["name"]
 
 
-def failure_reason(log_file: Path, rc: int) -> str:
-    lines = tail_lines(log_file, 32768) if log_file.is_file() else []
-    errors = [line.strip() for line in lines if _ERROR_LINE.search(line)]
-    # launchers re-raise their child's failure; the child's own error says what went wrong
-    errors = [e for e in errors if not _WRAPPER_ERROR.search(e)] or errors
-    detail = errors[-1] if errors else (lines[-1].strip() if lines else "no output")
-    return f"backend exited with {rc}: {detail[:400]}"
-
-
 def run_cell(cell_dir: str | Path) -> str:
     """Run the cell; returns the final state, raises CellFailed on failure. Safe to call again.
 
@@ -91,6 +93,7 @@ def run_cell(cell_dir: str | Path) -> str:
         return State.COMPLETED.value
     if lead:
         events.append(cell_dir, _here(Kind.RUNNING))
+        _set_aside_verdict(cell_dir)
         _run_deferred_checks(cell_dir)
 
     args: list[str] = []
@@ -110,23 +113,74 @@ def run_cell(cell_dir: str | Path) -> str:
         rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
                             cwd=cell_dir).returncode
     if rc < 0:
-        # killed by a signal: Slurm cancelling, requeueing or timing the job out, or the OOM killer. What
-        # the cell became is for the scheduler (or, locally, the dead process) to say, not this process.
+        # killed by a signal: Slurm cancelling, requeueing or timing the job out, the OOM killer, or srun ending
+        # the step because a task on another node failed. Only that last one is this job's to triage (a rank
+        # lost: its peers' collectives failed, a transient fault); the others are for the scheduler's record
+        # (or, locally, the dead process) to say, read by the grid.
         if lead:
             events.append(cell_dir, _here(Kind.INTERRUPTED, signal=-rc))
+            failure, action = triage(cell_dir, events.read(cell_dir))
+            if failure.klass in IN_JOB_REQUEUE and action.kind.value == "requeue":
+                _record_and_requeue(cell_dir, failure, action, rc)
         raise CellFailed(f"training was killed by signal {-rc}")
     if not lead:
-        if rc:
-            raise CellFailed(failure_reason(log_file, rc))
+        if rc:  # node 0 triages the failure for the cell; this node's log is logs/<its log>
+            raise CellFailed(f"node {os.environ.get('SLURM_PROCID')}: backend exited with {rc} (see {log_file})")
         return "done"
     if rc == 0 and output_complete(output):
         done = progress(output)
         events.append(cell_dir, _here(Kind.COMPLETED, step=done.step, loss=done.loss))
+        _ended(cell_dir)
         _post_stages(cell_dir)
         return State.COMPLETED.value
-    reason = failure_reason(log_file, rc) if rc else "backend exited 0 but output/ has no final weights and trainer_state.json"
-    events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc))
-    raise CellFailed(reason)
+    if rc == 0:
+        reason = "backend exited 0 but output/ has no final weights and trainer_state.json"
+        events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc))
+        _ended(cell_dir)
+        raise CellFailed(reason)
+    failure, action = triage(cell_dir, events.read(cell_dir))
+    _record_and_requeue(cell_dir, failure, action, rc)
+    raise CellFailed(f"{failure.klass.value}: {action.message}")
+
+
+def _record_and_requeue(cell_dir: Path, failure: Failure, action: Action, rc: int) -> None:
+    try:
+        events.append(cell_dir, failed_event(failure, action, job_id=_job_id(), rc=rc))
+    except OSError as exc:  # a full disk: the grid triages the job's end again when it reads the cell
+        raise CellFailed(f"{failure.klass.value}: {action.message} (not recorded: {exc})") from exc
+    if action.kind.value == "requeue":
+        _requeue(cell_dir)
+    _ended(cell_dir)
+
+
+def _set_aside_verdict(cell_dir: Path) -> None:
+    """A loss watchdog's verdict of an earlier run must not decide this run's failure: kept in logs/."""
+    verdict = cell_dir / OUTPUT_DIR / WATCHDOG_FILE
+    if verdict.is_file():
+        os.replace(verdict, cell_dir / LOGS_DIR / f"{WATCHDOG_FILE[:-5]}.{time.strftime('%Y%m%d-%H%M%S')}.json")
+
+
+def _requeue(cell_dir: Path) -> None:
+    """Submit the cell again through the grid's own code, in a process of its own (the job side never imports
+    the grid's); a Slurm cell only (locally, the next invocation of the grid runs it again)."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return
+    proc = subprocess.run([sys.executable, "-m", "sft_grid.requeue", str(cell_dir)], capture_output=True, text=True)
+    if proc.returncode:
+        log.error("requeue of %s failed: %s", cell_dir.name, (proc.stderr or proc.stdout).strip()[-2000:])
+
+
+def _ended(cell_dir: Path) -> None:
+    """Notify the cell's end, and the grid's when no cell of it is left to run (seen from the ledgers)."""
+    try:
+        history = events.read(cell_dir)
+        if not notices.settings_for(cell_dir).enabled:
+            return
+        notices.cell_ended(cell_dir, state_of(cell_dir, None, history), history)
+        siblings = [d for d in cell_dir.parent.iterdir() if (d / CELL_FILE).is_file() and not d.name.startswith(".")]
+        notices.grid_ended(cell_dir.parent, {d: state_of(d, None) for d in sorted(siblings)})
+    except OSError as exc:  # a notification never fails the cell; the next reader of the grid sends it
+        log.warning("notification of %s deferred: %s", cell_dir.name, exc)
 
 
 def _post_stages(cell_dir: Path) -> None:
@@ -146,5 +200,7 @@ def _run_deferred_checks(cell_dir: Path) -> None:
                                        pre.variables):
         if not verdict.ok:
             reason = f"preflight: {check.describe()}: {verdict.message}"
-            events.append(cell_dir, _here(Kind.FAILED, reason=reason))
+            events.append(cell_dir, _here(Kind.FAILED, reason=reason, failure_class="backend_error",
+                                          evidence=verdict.message[:500], action="stop"))
+            _ended(cell_dir)
             raise CellFailed(reason)

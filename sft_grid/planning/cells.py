@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from sft_grid.core.schema import CellConf, field_shapes
+from sft_grid.core.schema import CellConf
+from sft_grid.core.schema_fields import field_shapes
 
 # Top-level keys that describe where and how a cell runs, not what it trains.
 NOT_IDENTITY = frozenset(
     {
         "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
         "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
-        "hub_model_id", "concurrency", "register_db", "register_command", "vars",
+        "hub_model_id", "concurrency", "register_db", "register_command", "vars", "failure_policy", "watchdog",
+        "notify",
     }
 )
 # Keys of sub-configs that are about the machine, not the model.

@@ -15,7 +15,8 @@ import functools
 from typing import Any, Iterator, Mapping
 
 from sft_grid.core.problems import Problem
-from sft_grid.core.schema import CellConf, Range, field_shapes
+from sft_grid.core.schema import CellConf
+from sft_grid.core.schema_fields import Range, field_shapes
 from sft_grid.planning.messages import did_you_mean
 
 MISSING_TEXT = "???"

@@ -8,10 +8,15 @@ that need a tokenizer or data are in sft_grid/checks and report through the same
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from typing import Callable, Iterable, Iterator, Sequence
 
+from sft_grid.core.failure_policy import Policy
+from sft_grid.core.failures import FailureClass
 from sft_grid.core.problems import Problem
+from sft_grid.core.secrets import carries_secret, redact_url
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning import schema_rules, venvs
@@ -201,9 +206,41 @@ def safe_names(cell: Cell) -> Iterator[Problem]:
                            f"rename it, e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', name).strip('_') or 'name'}")
 
 
+def failure_policy(cell: Cell) -> Iterator[Problem]:
+    """Every class the grid's failure policy names exists, with an action and a whole budget."""
+    for name, spec in cell.spec.failure_policy.items():
+        try:
+            Policy.from_mapping({name: spec})
+        except (ValueError, TypeError, AttributeError) as exc:
+            yield _problem(cell, f"failure_policy.{name}", spec, "failure-policy", str(exc).split(";")[0],
+                           f"classes: {', '.join(c.value for c in FailureClass)}; a value: stop, requeue:N,"
+                           " or {action: requeue, budget: N}")
+
+
+def notify_targets(cell: Cell) -> Iterator[Problem]:
+    """A notification's command exists here, its webhook is an http(s) URL with no token in it (it would be
+    written into cell.yaml), and the variable named for a webhook that has one is set."""
+    n = cell.spec.notify
+    if n.command and shutil.which(n.command[0]) is None:
+        yield _problem(cell, "notify.command", n.command, "notify-command", f"{n.command[0]!r} is not a command here",
+                       "give an argv list whose first item is on PATH or an absolute path")
+    if n.webhook and not re.match(r"https?://[^/\s]+", n.webhook):
+        yield _problem(cell, "notify.webhook", redact_url(n.webhook), "notify-webhook", "not an http(s) URL",
+                       "notify.webhook=https://host/path")
+    elif n.webhook and carries_secret(n.webhook):
+        yield _problem(cell, "notify.webhook", redact_url(n.webhook), "notify-secret",
+                       "the URL carries a token (user info, a query or a token-like path), and cell.yaml would hold it",
+                       "export it in a variable and name that: notify.webhook_env=MY_WEBHOOK_URL")
+    if n.webhook_env and not os.environ.get(n.webhook_env):
+        yield _problem(cell, "notify.webhook_env", n.webhook_env, "notify-webhook-env",
+                       "names a variable that is not set here; the jobs read it from the environment they inherit",
+                       f"export {n.webhook_env}=<the webhook URL> before running the grid")
+
+
 RULES: tuple[Rule, ...] = (
     safe_names, inputs_named,
     batch_divisible, mix_matches, wall_time, template_fits_tokenizer, resources, hub_upload, venv_meets_needs,
+    failure_policy, notify_targets,
 )
 
 

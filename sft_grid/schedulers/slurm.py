@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from sft_grid.core.sacct_legs import SacctLeg, parse_sacct, sacct_argv
 from sft_grid.core.state import JobState
 from sft_grid.core.submission import SlurmJob
 
@@ -156,3 +157,9 @@ def orphan_for(folder: Path, target: Path) -> Path | None:
         if Path(getattr(function, "target", "") or getattr(function, "cell_dir", "")) == target:
             return pickle
     return None
+
+
+def legs(job_ids: Iterable[str]) -> list[SacctLeg]:
+    """Every record sacct keeps of these jobs: each leg of a requeued job, with its steps (one call)."""
+    ids = sorted(set(job_ids))
+    return parse_sacct(_run(sacct_argv(ids))) if ids else []

@@ -10,6 +10,7 @@ export OMP_NUM_THREADS=1
 export TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=disabled
 export WANDB_RUN_ID=default-ae8a47ea WANDB_RESUME=allow
+export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K=4 SFT_GRID_WATCHDOG_P=3 SFT_GRID_WATCHDOG_TOL=0.0001
 # several ranks: torchrun on each node, c10d rendezvous at the first node of the allocation
 export FORCE_TORCHRUN=1 NNODES=2 NPROC_PER_NODE=4 WORLD_SIZE=8
 export NODE_RANK="${SLURM_NODEID:-0}" RDZV_ID="${SLURM_JOB_ID:-local}"
@@ -21,7 +22,7 @@ export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT="${MASTER_PORT:-$((20
 export PATH=/opt/sft_grid_cache/envs/axolotl-0a22f317b809/bin:"$PATH"
 export AXOLOTL_DO_NOT_TRACK=1
 export HF_DATASETS_OFFLINE=1
-export PYTHONPATH=/work/main/sft_grid/in_venv
+export PYTHONPATH=<repo>/sft_grid/in_venv
 export TRANSFORMERS_OFFLINE=1
-/opt/sft_grid_cache/envs/axolotl-0a22f317b809/bin/python /work/main/sft_grid/in_venv/mix_data.py /srv/runs/grid/axolotl_delphi_magpie+delphi_warmup_strategyinterleave_under_pro-ae8a47ea/mix.json
+/opt/sft_grid_cache/envs/axolotl-0a22f317b809/bin/python <repo>/sft_grid/in_venv/mix_data.py /srv/runs/grid/axolotl_delphi_magpie+delphi_warmup_strategyinterleave_under_pro-ae8a47ea/mix.json
 exec /opt/sft_grid_cache/envs/axolotl-0a22f317b809/bin/accelerate launch --multi_gpu "--num_machines=${NNODES}" "--machine_rank=${NODE_RANK}" "--main_process_ip=${MASTER_ADDR}" "--main_process_port=${MASTER_PORT}" "--num_processes=${WORLD_SIZE}" -m axolotl.cli.train /srv/runs/grid/axolotl_delphi_magpie+delphi_warmup_strategyinterleave_under_pro-ae8a47ea/axolotl_config.yaml "$@"

@@ -1,0 +1,162 @@
+"""A failed cell's triage: its class, the evidence that decided it and the next step, from what its directory
+and the scheduler keep.
+
+Read: the tail of the cell's training log and of its job's own log (submitit's, where slurmstepd writes
+"CANCELLED ... DUE TO TIME LIMIT" and the OOM killer's notices), the loss watchdog's verdict
+(output/watchdog.json), the progress the trainer logged, the requeues the ledger counts, and, when the caller
+has them, the job's sacct records (every leg of a requeued job). The class comes from core/failures.py, the
+next step from core/failure_policy.py with the policy and values in cell.yaml (so a suggested override is
+the cell's own value halved or doubled, and the rerun command is the cell's own).
+
+Two callers: the job's runner, the moment training exits with an error (the log alone decides; no sacct yet),
+and the grid (status, the next invocation) for a job the scheduler ended (time limit, out of memory, node
+failure, scancel), where nothing in the job could write a word.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.failure_policy import Action, ActionKind, CellContext, Policy, decide
+from sft_grid.core.failures import Failure, FailureClass
+from sft_grid.core.failures import classify as classify_failure
+from sft_grid.core.layout import CELL_FILE, LOGS_DIR, OUTPUT_DIR, SUBMITIT_DIR, TRAIN_LOG, progress, tail_lines
+from sft_grid.core.sacct_legs import SacctLeg
+
+WATCHDOG_FILE = "watchdog.json"  # written by the loss watchdog into the trainer's output directory
+TAIL_BYTES = 65536
+RERUN_PREFIX = "# Rerun this cell: "
+REQUEUE_NOTE = "requeue: "  # the note of a submission the failure policy made (not a new run of the cell)
+
+
+def log_tails(cell_dir: Path, history: Sequence[Event]) -> list[str]:
+    """The training log's tail (node 0's, then the other nodes'), then the job's own log (submitit's, where
+    slurmstepd writes) of the latest submission."""
+    texts = []
+    logs = cell_dir / LOGS_DIR
+    for train in [logs / TRAIN_LOG, *sorted(logs.glob("train.node*.log"))]:
+        if train.is_file():
+            texts.append("\n".join(tail_lines(train, TAIL_BYTES)))
+    submitted = next((e for e in reversed(history) if e.kind is Kind.SUBMITTED), None)
+    job_id = next((e.job_id for e in reversed(history) if e.kind is Kind.JOB and e.job_id), "")
+    if submitted is not None and submitted.array and job_id:
+        folder = cell_dir.parent / SUBMITIT_DIR / submitted.array
+        for suffix in ("out", "err"):
+            path = folder / f"{job_id}_0_log.{suffix}"
+            if path.is_file():
+                texts.append("\n".join(tail_lines(path, TAIL_BYTES)))
+    return texts
+
+
+def disk_note(cell_dir: Path) -> str:
+    """A line saying the cell's file system is full, when it is (nearly): a full disk often leaves no log
+    line of its own, since the log cannot grow either."""
+    try:
+        st = os.statvfs(cell_dir)
+    except OSError:
+        return ""
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    if total and free < max(1 << 20, total // 1000):
+        return (f"sft_grid: No space left on device: {free} bytes free of {total / 2**20:.0f} MiB on the file system"
+                f" of {cell_dir}")
+    return ""
+
+
+def watchdog_verdict(cell_dir: Path) -> dict[str, Any] | None:
+    path = cell_dir / OUTPUT_DIR / WATCHDOG_FILE
+    try:
+        data = yaml.safe_load(path.read_text())  # JSON is YAML; a torn file is no verdict
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _since_submitted(history: Sequence[Event]) -> Sequence[Event]:
+    start = max((i for i, e in enumerate(history) if e.kind is Kind.SUBMITTED), default=-1)
+    return history[start + 1:]
+
+
+def cell_config(cell_dir: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load((cell_dir / CELL_FILE).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def rerun_argv(cell_dir: Path) -> tuple[str, ...]:
+    """The cell's own rerun command (cell.yaml's header says it), asking for the rerun of a failed cell."""
+    try:
+        with (cell_dir / CELL_FILE).open() as fh:
+            for line in fh:
+                if line.startswith(RERUN_PREFIX):
+                    return (*shlex.split(line[len(RERUN_PREFIX):]), "rerun_failed=true")
+                if not line.startswith("#"):
+                    break
+    except OSError:
+        pass
+    return ()
+
+
+def policy_of(config: dict[str, Any]) -> Policy:
+    return Policy.from_mapping(config.get("failure_policy") or {})
+
+
+def context_of(cell_dir: Path, config: dict[str, Any]) -> CellContext:
+    cluster = config.get("cluster") or {}
+    return CellContext(rerun=rerun_argv(cell_dir), micro_batch_size=config.get("micro_batch_size"),
+                       global_batch_size=config.get("global_batch_size"), lr=config.get("lr"),
+                       time=config.get("time"), nodes=config.get("nodes"),
+                       max_requeues=cluster.get("max_requeues"), mem_gb=cluster.get("mem_gb"))
+
+
+def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = ()) -> tuple[Failure, Action]:
+    """The class of the cell's latest failure and what its policy does next. Requeues are counted by the legs
+    that started (a `running` each), not by `requeued`: submitit asks the entry to checkpoint also when the
+    budget is spent and it will not requeue."""
+    config = cell_config(cell_dir)
+    latest = _since_submitted(history)
+    done = progress(cell_dir / OUTPUT_DIR)
+    budget = int((config.get("cluster") or {}).get("max_requeues") or 0)
+    verdict = watchdog_verdict(cell_dir)
+    tails = log_tails(cell_dir, history)
+    note = disk_note(cell_dir)
+    failure = classify_failure(legs, [*tails, note] if note else tails, verdict,
+                               requeues_used=max(0, sum(e.kind is Kind.RUNNING for e in latest) - 1),
+                               requeue_budget=budget,
+                               step=None if verdict else done.step, total=done.total)
+    if failure.klass is FailureClass.TIME_LIMIT:
+        spent = failure.requeues  # submitit requeued the job itself until its budget was spent
+    else:  # the policy's own requeues of this class, over the cell's life
+        spent = sum(e.kind is Kind.FAILED and e.failure_class == failure.klass.value and
+                    e.action == ActionKind.REQUEUE.value for e in history)
+    return failure, decide(failure, policy_of(config), spent, context_of(cell_dir, config))
+
+
+def failed_event(failure: Failure, action: Action, **fields: Any) -> Event:
+    """The ledger's record of a triaged failure: its one-line summary as the reason, the policy's message (what
+    was done, what to change, the rerun command) as the note."""
+    return Event(Kind.FAILED, reason=failure.summary, note=action.message, failure_class=failure.klass.value,
+                 evidence=failure.evidence[:500], nodes=",".join(action.exclude_nodes or failure.nodes),
+                 action=action.kind.value, step=failure.step, **fields)
+
+
+def triaged(history: Sequence[Event]) -> bool:
+    """Whether the latest submission's failure already has its class in the ledger."""
+    return any(e.kind is Kind.FAILED and e.failure_class for e in _since_submitted(history))
+
+
+def requeue_nodes(history: Sequence[Event]) -> tuple[str, ...]:
+    """Nodes the latest triaged failure asks the requeue to avoid, when its policy requeues it."""
+    for e in reversed(history):
+        if e.kind is Kind.FAILED and e.failure_class:
+            return tuple(n for n in e.nodes.split(",") if n) if e.action == ActionKind.REQUEUE.value else ()
+        if e.kind is Kind.SUBMITTED:
+            break
+    return ()

@@ -1,0 +1,82 @@
+"""Failures the scheduler ended, triaged where the grid is read (`status`, the next invocation of the grid).
+
+A job killed by its time limit, the OOM killer, a node failure or scancel leaves nothing in the cell's ledger
+but its `running`: the class, the evidence and the next step come from sacct's record of every leg of the job
+(one call for all such cells of the grid) and the cell's logs (core/triage.py), and are written to its ledger
+once. Then every cell that ended, and the grid when all have, is notified once (stages/notices.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+from sft_grid.core import events
+from sft_grid.core.events import Kind
+from sft_grid.core.failures import FailureClass
+from sft_grid.core.layout import iter_cell_dirs
+from sft_grid.core.sacct_legs import SacctLeg, group_legs
+from sft_grid.core.state import State
+from sft_grid.core.triage import failed_event, triage
+from sft_grid.grid.view import GridView
+from sft_grid.schedulers import slurm
+from sft_grid.stages import notices
+
+log = logging.getLogger(__name__)
+
+
+def _unrecorded(view: GridView, cell_dir: Path) -> bool:
+    """Failed or cancelled by the scheduler's (or a dead process's) word, with no outcome in the ledger."""
+    if view.state(cell_dir).state not in (State.FAILED, State.CANCELLED):
+        return False
+    history = view.histories[cell_dir]
+    start = max((i for i, e in enumerate(history) if e.kind is Kind.SUBMITTED), default=None)
+    return start is not None and not any(e.kind in (Kind.FAILED, Kind.CANCELLED) for e in history[start + 1:])
+
+
+def settle(view: GridView, cell_dirs: Sequence[Path]) -> None:
+    """Triage the failures nobody recorded and notify ends; the view's histories get the new events."""
+    todo = [d for d in cell_dirs if _unrecorded(view, d)]
+    ids = {d: view.state(d).job_id for d in todo}
+    legs = {}
+    if any(ids.values()) and view.scheduler is not None and view.scheduler.available:
+        try:
+            legs = group_legs(slurm.legs(i for i in ids.values() if i))
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("sacct failed (%s): failures are triaged from their logs alone", exc)
+    for cell_dir in todo:
+        history = view.histories[cell_dir]
+        job = view.scheduler.job(ids[cell_dir]) if view.scheduler is not None else None
+        # no record of its legs (sacct failed, or the job is older than accounting keeps): its last state
+        fallback = [SacctLeg(job.job_id, job.state, reason=job.reason)] if job is not None else []
+        failure, action = triage(cell_dir, history, legs.get(ids[cell_dir]) or fallback)
+        event = failed_event(failure, action, job_id=ids[cell_dir])
+        if failure.klass is FailureClass.CANCELLED:
+            event = dataclasses.replace(event, kind=Kind.CANCELLED)
+        try:
+            event = events.append(cell_dir, event)
+        except OSError as exc:  # a full disk, say: shown now, recorded by the next reader that can write
+            log.warning("%s: could not record its triage (%s)", cell_dir.name, exc)
+        history.append(event)
+    _notify(view, cell_dirs)
+
+
+def _notify(view: GridView, cell_dirs: Sequence[Path]) -> None:
+    by_sweep: dict[Path, list[Path]] = {}
+    for d in cell_dirs:
+        by_sweep.setdefault(d.parent, []).append(d)
+    for sweep_dir, dirs in by_sweep.items():
+        settings = notices.settings_for(dirs[0])
+        if not settings.enabled:
+            continue
+        states = {d: view.state(d) for d in dirs}
+        try:
+            for d, st in states.items():
+                notices.cell_ended(d, st, view.histories[d], settings)
+            if set(dirs) == set(iter_cell_dirs(sweep_dir)):  # the whole grid was read, not a few of its cells
+                notices.grid_ended(sweep_dir, states, view.histories)
+        except OSError as exc:  # a marker or the ledger could not be written: the next reader sends it
+            log.warning("notifications of %s deferred (%s)", sweep_dir.name, exc)

@@ -1,0 +1,224 @@
+"""Notifications when a cell ends (completed, or failed with its class) and when a whole grid is done.
+
+A grid names a command (an argv list: the event goes to its stdin as JSON and into its environment as
+SFT_GRID_EVENT_* variables), a webhook URL (an HTTP POST of the same JSON), or both.
+
+Invariants:
+- Never raises into the caller: every outcome is a Delivery (ok or not), logged; a notification is a
+  courtesy, the cell's own state lives in its ledger.
+- Once per outcome: dedup_key(identity, outcome, attempt) names an event; the caller records sent keys in
+  the cell's ledger and asks should_send() first, so a requeued job or a runner called on every node does
+  not notify twice, while a rerun (a new attempt) does.
+- No secret in logs: a webhook URL may carry a token in its userinfo, query or path (Slack and Discord put
+  it in the path), so logs show redact_url(url) only, and error texts are scrubbed of the URL. Userinfo is
+  sent as an HTTP Basic Authorization header (urllib would take it for part of the host name).
+- Bounded: a short timeout per try and a few retries (connection errors, timeouts, 429 and 5xx only: any
+  other answer is final); the command gets the same timeout and no retry (it may have side effects).
+Stdlib only (orchestrator code).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from sft_grid.core.secrets import redact_url, token_like
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "SFT_GRID_EVENT_"
+USER_AGENT = "sft_grid-notify/1"
+
+
+def dedup_key(identity: str, outcome: str, attempt: int | str) -> str:
+    """The name of one notification: a cell (or grid) identity, its outcome and the attempt it ended."""
+    return f"notify:{identity}:{outcome}:{attempt}"
+
+
+def should_send(key: str, already_sent: set[str] | frozenset[str]) -> bool:
+    return key not in already_sent
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # cell | grid
+    grid: str
+    outcome: str  # completed | failed (cells), done (grids)
+    cell: str = ""  # the cell's identity (its name) for kind=cell
+    attempt: int | str = 1  # which run of the cell (or grid) ended: a rerun is a new attempt, a requeue is not
+    failure_class: str = ""  # a FailureClass value when failed
+    summary: str = ""  # one line for a person
+    details: Mapping[str, Any] = field(default_factory=dict)  # e.g. step, total, job_id, counts
+
+    @property
+    def identity(self) -> str:
+        return f"{self.grid}/{self.cell}" if self.kind == "cell" else f"grid:{self.grid}"
+
+    @property
+    def key(self) -> str:
+        return dedup_key(self.identity, self.outcome, self.attempt)
+
+    def payload(self) -> dict[str, Any]:
+        return {"kind": self.kind, "grid": self.grid, "cell": self.cell, "outcome": self.outcome,
+                "class": self.failure_class, "summary": self.summary, "attempt": self.attempt, "key": self.key,
+                "details": dict(self.details), "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    def environ(self) -> dict[str, str]:
+        out = {"KIND": self.kind, "GRID": self.grid, "CELL": self.cell, "OUTCOME": self.outcome,
+               "CLASS": self.failure_class, "SUMMARY": self.summary, "ATTEMPT": str(self.attempt), "KEY": self.key}
+        for name, value in self.details.items():
+            if isinstance(value, (str, int, float, bool)) and re.fullmatch(r"[A-Za-z_]\w*", name):
+                out.setdefault(name.upper(), str(value))
+        return {ENV_PREFIX + k: v.replace("\0", "") for k, v in out.items()}
+
+
+def cell_event(grid: str, cell: str, outcome: str, attempt: int = 1, failure_class: str = "",
+               summary: str = "", **details: Any) -> Event:
+    return Event("cell", grid, outcome, cell, attempt, failure_class, summary or f"{cell}: {outcome}", details)
+
+
+def grid_event(grid: str, counts: Mapping[str, int], attempt: int | str = 1) -> Event:
+    """The grid is done: counts of its cells by final state."""
+    text = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n) or "no cells"
+    return Event("grid", grid, "done", "", attempt, "", f"grid {grid} done: {text}", {"counts": dict(counts)})
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    command: tuple[str, ...] = ()
+    webhook: str | None = None
+    timeout_s: float = 10.0
+    retries: int = 2
+    backoff_s: float = 1.0
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any] | None) -> NotifyConfig:
+        m = m or {}
+        command = m.get("command") or ()
+        if isinstance(command, str):
+            raise ValueError("notify.command must be an argv list, not a shell string")
+        return cls(tuple(str(a) for a in command), m.get("webhook") or None, float(m.get("timeout_s", 10.0)),
+                   int(m.get("retries", 2)), float(m.get("backoff_s", 1.0)))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.command or self.webhook)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    channel: str  # command | webhook
+    ok: bool
+    attempts: int
+    detail: str  # what happened, secrets removed
+
+
+def _scrub(text: str, url: str) -> str:
+    secrets = [url]
+    try:
+        parts = urlsplit(url)
+        secrets += [s for s in (parts.password, parts.username, parts.query, parts.fragment) if s]
+        secrets += [seg for seg in parts.path.split("/") if token_like(seg)]
+    except ValueError:
+        pass
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _request(url: str, body: bytes) -> urllib.request.Request:
+    parts = urlsplit(url)
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+    if parts.username is not None:
+        cred = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(cred).decode()
+        host = parts.hostname or ""
+        netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+        url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return urllib.request.Request(url, data=body, headers=headers, method="POST")
+
+
+def post_webhook(url: str, payload: Mapping[str, Any], timeout_s: float = 10.0, retries: int = 2,
+                 backoff_s: float = 1.0) -> Delivery:
+    """POST the payload as JSON; retried on connection errors, timeouts, 429 and 5xx."""
+    shown = redact_url(url)
+    try:
+        request = _request(url, json.dumps(payload, default=str).encode())
+    except ValueError as e:
+        return Delivery("webhook", False, 0, f"{shown}: {_scrub(str(e), url)}")
+    if request.type not in ("http", "https"):
+        return Delivery("webhook", False, 0, f"{shown}: not an http(s) URL")
+    detail, tries = "", 0
+    for tries in range(1, retries + 2):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                return Delivery("webhook", True, tries, f"{shown}: HTTP {resp.status}")
+        except urllib.error.HTTPError as e:
+            detail = f"HTTP {e.code}"
+            e.close()
+            if e.code != 429 and e.code < 500:
+                break
+        except OSError as e:  # URLError, refused connections, timeouts
+            detail = _scrub(f"{type(e).__name__}: {getattr(e, 'reason', e)}", url)
+        except Exception as e:  # a notification never breaks the caller
+            detail = _scrub(f"{type(e).__name__}: {e}", url)
+            break
+        if tries <= retries:
+            time.sleep(backoff_s * 2 ** (tries - 1))
+    return Delivery("webhook", False, tries, f"{shown}: {detail}")
+
+
+def run_command(argv: Sequence[str], event: Event, timeout_s: float = 10.0) -> Delivery:
+    """Run the grid's command with the event as JSON on stdin and in SFT_GRID_EVENT_* variables."""
+    try:
+        proc = subprocess.run(list(argv), input=json.dumps(event.payload(), default=str), text=True,
+                              capture_output=True, timeout=timeout_s, env={**os.environ, **event.environ()})
+    except subprocess.TimeoutExpired:
+        return Delivery("command", False, 1, f"{argv[0]}: no exit within {timeout_s:g} s (killed)")
+    except OSError as e:
+        return Delivery("command", False, 1, f"{argv[0]}: {e.strerror or e}")
+    if proc.returncode:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        return Delivery("command", False, 1, f"{argv[0]}: exit {proc.returncode}: {tail[0][:300]}")
+    return Delivery("command", True, 1, f"{argv[0]}: exit 0")
+
+
+def send(event: Event, config: NotifyConfig) -> list[Delivery]:
+    """Deliver the event on every configured channel; never raises."""
+    channels = []
+    if config.command:
+        channels.append(("command", lambda: run_command(config.command, event, config.timeout_s)))
+    if config.webhook:
+        url = config.webhook
+        channels.append(("webhook", lambda: post_webhook(url, event.payload(), config.timeout_s, config.retries,
+                                                         config.backoff_s)))
+    out = []
+    for channel, deliver in channels:
+        try:
+            out.append(deliver())
+        except Exception as e:  # a notification never breaks the caller
+            out.append(Delivery(channel, False, 1, _scrub(f"{type(e).__name__}: {e}", config.webhook or "")))
+    for d in out:
+        (log.info if d.ok else log.warning)("notify %s via %s: %s (%d tr%s)", event.key, d.channel, d.detail,
+                                            d.attempts, "y" if d.attempts == 1 else "ies")
+    return out
+
+
+def notify(event: Event, config: NotifyConfig, already_sent: set[str] | frozenset[str]) -> list[Delivery]:
+    """send() unless the event's key was already sent (then nothing, and an empty list). The caller then
+    records event.key in the cell's ledger, whatever the deliveries' outcome: a failed notification is
+    logged, not retried on every later pass."""
+    if not config.enabled or not should_send(event.key, already_sent):
+        return []
+    return send(event, config)

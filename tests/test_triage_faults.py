@@ -1,0 +1,241 @@
+"""Real faults, each ending with the right class, evidence and next step, and nothing lost (the checkpoints and
+the ledger stay readable).
+
+On the local Slurm cluster (scripts/slurm_up.sh: memory is a consumable resource, a step over its --mem is
+killed as cgroups would on a real site): a time limit with the requeue budget spent (none, and one), a host
+out of memory under a memory limit, one rank of a two-node job killed (a transient fault: requeued at once,
+from its checkpoint, and completed), a full disk (a small tmpfs as the runs root) and a user's scancel. The
+node set down mid-job is in test_slurm_faults.py. Locally, on both backends: a loss blown up by a huge
+learning rate on a tiny model, stopped by the loss watchdog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+import pytest
+
+from sft_grid.core import events
+from sft_grid.core.layout import checkpoints, iter_cell_dirs
+from sft_grid.core.state import CellState, State
+
+from .conftest import run_sft
+from .helpers import cancel_jobs_of, ledger, triaged_states
+
+pytestmark = [pytest.mark.backend]
+slurm = pytest.mark.slurm
+
+T = TypeVar("T")
+# a tiny Llama that trains long enough to be caught (checkpoints every 10 steps)
+LONG = ["model=tiny_llama", "max_steps=3000", "save_steps=10", "global_batch_size=16", "micro_batch_size=1",
+        "scheduler=constant"]
+WAIT_S = 1800  # CI's shared 2-core machine can be several times slower than a workstation
+
+
+def wait_for(probe: Callable[[], T | None], what: str, deadline_s: float = WAIT_S) -> T:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        value = probe()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+
+
+def the_cell(root: Path) -> Path:
+    (cell,) = iter_cell_dirs(root / "default")
+    return cell
+
+
+def final(root: Path, deadline_s: float = WAIT_S) -> CellState:
+    """The cell's state once it ended, as `status` shows it (the scheduler's ends triaged)."""
+    cell = the_cell(root)
+
+    def ended() -> CellState | None:
+        st = triaged_states([cell])[cell]
+        return st if st.state in (State.COMPLETED, State.FAILED, State.CANCELLED) and st.action != "requeue" else None
+
+    return wait_for(ended, f"{cell.name} to end", deadline_s)
+
+
+def status_text(root: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def assert_nothing_lost(cell: Path, expect_checkpoints: bool = True) -> None:
+    assert events.read(cell), "the ledger must stay readable"
+    if expect_checkpoints:
+        assert checkpoints(cell / "output"), "the checkpoints must stay"
+
+
+def training(root: Path) -> CellState:
+    """Wait until the cell's training runs and has written a checkpoint."""
+    def probe() -> CellState | None:
+        cells = list(iter_cell_dirs(root / "default"))
+        if not cells:
+            return None
+        st = triaged_states(cells)[cells[0]]
+        return st if st.state is State.RUNNING and checkpoints(cells[0] / "output") else None
+
+    return wait_for(probe, "the cell training with a first checkpoint", 600)
+
+
+@pytest.fixture
+def roots(tmp_path: Path, tiny_assets: Path) -> Iterator[Callable[[str], Path]]:
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        root = tmp_path / name
+        root.mkdir()
+        made.append(root)
+        return root
+
+    yield make
+    for root in made:
+        cancel_jobs_of(root)
+
+
+@slurm
+def test_a_time_limit_with_its_budget_spent_says_where_it_stopped_and_what_to_change(roots):
+    """No requeue budget, and a budget of one: two-minute legs (USR2 30 s before the limit: submitit then
+    requeues the job, or ends it once the budget is spent) of a run that needs many more."""
+    budgets = {0: roots("none"), 1: roots("one")}
+    for budget, root in budgets.items():
+        run_sft(*LONG, "cluster=slurm_local", "time=00:02:00", f"cluster.max_requeues={budget}", f"runs_root={root}",
+                check=True)
+    for budget, root in budgets.items():
+        st = final(root)
+        cell = the_cell(root)
+        assert st.state is State.FAILED and st.failure_class == "time_limit", st
+        assert st.action == "stop", st
+        expected = "time limit reached, at step" if budget == 0 else "time limit reached after 1 requeue (budget 1), at step"
+        assert expected in st.reason, st
+        assert re.search(r"TIMEOUT|DUE TO TIME LIMIT|timed-out", st.evidence), st.evidence
+        # what to change: more legs, more time or more nodes, and the exact rerun command
+        assert re.search(r"at step \d+ of 3000", st.reason), st.reason
+        assert "cluster.max_requeues=" in st.advice and "time=00:04:00" in st.advice, st.advice
+        assert "Rerun: python -m sft_grid" in st.advice and "rerun_failed=true" in st.advice, st.advice
+        assert "BeginTime" not in st.reason
+        assert_nothing_lost(cell)
+        text = status_text(root)
+        assert "time_limit" in text and "failed or cancelled, by class:" in text
+
+
+@slurm
+def test_host_out_of_memory_under_a_memory_limit(roots):
+    root = roots("oom")
+    # 200 MB: less than a python with torch imported holds, so the training step goes over it at once
+    run_sft(*LONG, "cluster=slurm_local", "+cluster.sbatch_extra.mem=200M", f"runs_root={root}", check=True)
+    st = final(root, 600)
+    assert st.state is State.FAILED and st.failure_class == "host_oom", st
+    assert "memory limit" in st.evidence, st.evidence
+    assert st.action == "stop" and "host memory" in st.advice, st
+    assert_nothing_lost(the_cell(root), expect_checkpoints=False)
+
+
+def _rank_pid(cell: Path, rank: str) -> int | None:
+    """The training process of this global rank for this cell (both nodes are processes on this machine)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and str(cell).encode() in cmdline and b"sft_grid_lf.py" in cmdline \
+                and b"LOCAL_RANK=0" in env:
+            return int(pid)
+    return None
+
+
+@slurm
+def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_completes(roots):
+    root = roots("rank")
+    run_sft("model=tiny_llama", "max_steps=120", "save_steps=10", "global_batch_size=8", "micro_batch_size=1",
+            "scheduler=constant", "nodes=2", "cluster=slurm_local", f"runs_root={root}", check=True)
+    training(root)
+    cell = the_cell(root)
+    pid = wait_for(lambda: _rank_pid(cell, "1"), "rank 1's training process", 120)
+    os.kill(pid, 9)
+    st = final(root)
+    history = ledger(cell)
+    failed = [e for e in history if e["event"] == "failed"]
+    assert failed and failed[0]["action"] == "requeue", history
+    assert failed[0]["class"] in ("collective_timeout", "rendezvous"), failed[0]
+    requeued = [e for e in history if e["event"] == "submitted" and e.get("note", "").startswith("requeue: ")]
+    assert requeued, history  # submitted again by the policy, not by a person
+    assert st.state is State.COMPLETED, (st, [e["event"] for e in history])
+    assert any(e["event"] == "resumed" for e in history[history.index(requeued[0]):]), history
+
+
+@slurm
+def test_a_full_disk_stops_the_cell_and_keeps_what_it_wrote(roots, tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], check=True)
+    try:
+        root = mount / "runs"
+        root.mkdir()
+        # a checkpoint every step: the tmpfs fills after a few
+        run_sft("model=tiny_llama", "max_steps=400", "save_steps=1", "global_batch_size=4", "micro_batch_size=2",
+                "cluster=slurm_local", f"runs_root={root}", check=True)
+        st = final(root, 900)
+        assert st.state is State.FAILED and st.failure_class == "disk_full", st
+        # torch.save's own error (its stream failed) or, where the log could not grow either, the file system's
+        assert re.search(r"No space left on device|Errno 28|iostream error", st.evidence), st.evidence
+        assert st.action == "stop" and "free space" in st.advice, st
+        assert_nothing_lost(the_cell(root))
+    finally:
+        cancel_jobs_of(mount / "runs")
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@slurm
+def test_a_users_scancel_is_cancelled_not_failed(roots):
+    root = roots("scancel")
+    run_sft(*LONG, "cluster=slurm_local", f"runs_root={root}", check=True)
+    st = training(root)
+    subprocess.run(["scancel", st.job_id], check=True)
+    st = final(root, 300)
+    assert st.state is State.CANCELLED and st.failure_class == "cancelled", st
+    assert "CANCELLED" in st.evidence, st
+    assert_nothing_lost(the_cell(root))
+    skipped = run_sft(*LONG, "cluster=slurm_local", f"runs_root={root}", check=True)
+    assert "0 to run" in skipped.stdout and "cancelled (1)" in skipped.stdout, skipped.stdout
+
+
+@pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
+def test_a_diverging_loss_is_stopped_by_the_watchdog_in_both_backends(tmp_path, tiny_assets, backend, request):
+    if backend == "axolotl":
+        request.getfixturevalue("axolotl_env")
+    root = tmp_path / "runs"
+    proc = run_sft("model=tiny_llama", f"backend={backend}", "lr=1e4", "max_steps=40", "save_steps=1",
+                   "global_batch_size=2", "micro_batch_size=2", "scheduler=constant", f"runs_root={root}")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cell = the_cell(root)
+    st = triaged_states([cell])[cell]
+    assert st.state is State.FAILED and st.failure_class in ("diverged", "nan_loss"), st
+    assert st.evidence.startswith("watchdog.json: rule="), st.evidence
+    assert st.action == "stop" and "lr=1000" in st.advice, st.advice  # a tenth of the cell's own lr
+    assert st.progress.step is not None and st.progress.step < 40  # stopped early, not trained on
+    out = cell / "output"
+    assert not (out / "model.safetensors").exists() and not (out / "trainer_state.json").exists()  # never completed
+    verdict = json.loads((out / "watchdog.json").read_text())
+    assert (out / "checkpoint-1" / "model.safetensors").is_file()  # what was saved before the trigger stays
+    assert not (out / f"checkpoint-{verdict['step']}").exists()  # nothing saved after it
+    log = (cell / "logs" / "train.log").read_text()
+    assert f"sft_grid watchdog: {verdict['class']} at step {verdict['step']}" in log
+    if backend == "axolotl":
+        assert "Plugin loaded successfully: loss_watchdog.LossWatchdogPlugin" in log
+    assert "failed, by class" in proc.stderr and st.failure_class in proc.stderr

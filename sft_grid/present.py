@@ -185,7 +185,9 @@ def failure_lines(items: Sequence[tuple[str, CellState]], per_class: int = 3) ->
         names = ", ".join(n for n, _ in members[:8]) + (f", ... ({len(members) - 8} more)" if len(members) > 8 else "")
         lines.append(f"  {klass} ({len(members)}): {names}")
         for name, st in members[:per_class]:
-            lines.append(f"    {name}: {st.advice or st.reason or 'no reason recorded'}")
+            lines.append(f"    {name}: {st.reason or 'no reason recorded'}")
+            if st.advice and st.advice != st.reason:
+                lines.append(f"      next: {st.advice}")
         if len(members) > per_class:
             lines.append(f"    ... and {len(members) - per_class} more: python -m sft_grid.status shows each")
     return lines

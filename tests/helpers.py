@@ -50,15 +50,21 @@ def array_names(root: Path) -> set[str]:
 
 
 def cancel_jobs_of(root: Path) -> None:
-    """scancel by the arrays' names (unique to a test; job ids are not, across a cluster restart), and wait
-    until the queue has none of them left (a bounded wait: cancelling is quick)."""
-    names = sorted(array_names(root))
-    for name in names:
-        subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
+    """scancel every job of the cells under root: the training arrays by name (unique to a test; job ids are not,
+    across a cluster restart), and the preps and post arrays by their batch script, which lies under root; then
+    wait until the queue has none of them left (a bounded wait: cancelling is quick)."""
+    def ours() -> list[str]:
+        names = array_names(root)
+        queue = subprocess.run(["squeue", "-h", "-o", "%A|%j|%o"], capture_output=True, text=True, timeout=30).stdout
+        return sorted({row.split("|")[0] for row in queue.splitlines()
+                       if row.count("|") >= 2 and (row.split("|")[1] in names or str(root) in row.split("|", 2)[2])})
+
+    jobs = ours()
+    if jobs:
+        subprocess.run(["scancel", *jobs], capture_output=True, timeout=30)
     end = time.monotonic() + 15
-    while names and time.monotonic() < end:
-        left = subprocess.run(["squeue", "-h", "-o", "%i", "-n", ",".join(names)], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-        if not left:
+    while jobs and time.monotonic() < end:
+        jobs = ours()
+        if not jobs:
             break
         time.sleep(0.5)

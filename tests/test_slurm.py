@@ -126,7 +126,7 @@ def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
     st = states(tmp_path)[cell.name]
     assert st.state is State.CANCELLED
     skipped = run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
-    assert "0 to run" in skipped.stdout and "rerun_failed=true reruns it" in skipped.stdout
+    assert "0 to run" in skipped.stdout and "rerun_failed=true reruns them" in skipped.stdout
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])

@@ -65,7 +65,7 @@ def test_failed_cell_is_reported_skipped_then_rerun_on_request(tmp_path, tiny_as
     assert last["event"] == "failed" and "no-env/bin/python" in last["reason"]
 
     skipped = run_sft("-m", *common, "seed=1,2", check=True)
-    assert "2 failed" in skipped.stdout and "rerun_failed=true reruns it" in skipped.stdout
+    assert "2 failed" in skipped.stdout and "rerun_failed=true reruns them" in skipped.stdout
     assert [e["event"] for e in events(cell)].count("submitted") == 1
 
     fixed = run_sft("-m", *common, "seed=1,2", "rerun_failed=true", check=True)
@@ -87,7 +87,7 @@ def test_single_cell_rerun_resumes_from_its_checkpoint_and_force_keeps_old_outpu
         (out / name).unlink()
 
     listed = run_sft(*args, check=True)
-    assert "failed: the ledger says completed but the output has no final weights" in listed.stdout
+    assert "the ledger says completed but the output has no final weights" in listed.stdout
 
     run_sft(*args, "rerun_failed=true", check=True)
     resumed = [e for e in events(cell) if e["event"] == "resumed"]

@@ -162,8 +162,11 @@ def _rank_pid(cell: Path, rank: str) -> int | None:
 @slurm
 def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_completes(roots):
     root = roots("rank")
+    # the peers' collective timeout bounded (the Trainer's ddp_timeout, 1800 s by default): whether the surviving
+    # rank learns of the loss from srun ending the step or from its own collective timing out, the cell ends soon
     run_sft("model=tiny_llama", "max_steps=120", "save_steps=10", "global_batch_size=8", "micro_batch_size=1",
-            "scheduler=constant", "nodes=2", "cluster=slurm_local", f"runs_root={root}", check=True)
+            "scheduler=constant", "nodes=2", "+extra.ddp_timeout=120", "cluster=slurm_local", f"runs_root={root}",
+            check=True)
     training(root)
     cell = the_cell(root)
     pid = wait_for(lambda: _rank_pid(cell, "1"), "rank 1's training process", 120)

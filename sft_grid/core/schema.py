@@ -13,75 +13,14 @@ them (gradient accumulation, identity, directories) are computed by the planner 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from sft_grid.core.eval_schema import EvalConf, EvalResourcesConf, EvalTaskConf  # noqa: F401 (schema.EvalConf: messages)
+from sft_grid.core.schema_fields import SEED_MAX, Range, field_shapes, num, one_of  # noqa: F401 (re-exported)
 from sft_grid.core.templates import TEMPLATES, TOKENIZER_FAMILIES
-
-
-@dataclass(frozen=True)
-class Range:
-    """Allowed numbers: lo <= x <= hi (open ends excluded); `none_ok`: null means "not set"."""
-
-    lo: float = -math.inf
-    hi: float = math.inf
-    lo_open: bool = False
-    hi_open: bool = False
-
-    def admits(self, x: float) -> bool:
-        if isinstance(x, float) and math.isnan(x):
-            return False
-        above = x > self.lo if self.lo_open else x >= self.lo
-        below = x < self.hi if self.hi_open else x <= self.hi
-        return above and below
-
-    def text(self) -> str:
-        def show(x: float) -> str:
-            return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-        lo = "" if self.lo == -math.inf else f"{'>' if self.lo_open else '>='} {show(self.lo)}"
-        hi = "" if self.hi == math.inf else f"{'<' if self.hi_open else '<='} {show(self.hi)}"
-        return " and ".join(p for p in (lo, hi) if p)
-
-
-def num(default: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
-        hi_open: bool = False) -> Any:
-    """A numeric key with its range."""
-    return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
-
-
-def one_of(default: Any, values: tuple[str, ...]) -> Any:
-    """A key with a fixed set of values (for a list: of its items)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"choices": values})
-    return field(default=default, metadata={"choices": values})
-
-
-@functools.cache
-def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
-    """(name, how its value nests: dataclass | mapping | plain, the dataclass it holds, the field) of each field
-    of a schema class; what building typed cells and checking unknown keys both walk."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Union:
-            inner = [a for a in typing.get_args(hint) if a is not type(None)]
-            hint = inner[0] if len(inner) == 1 else hint
-        args = typing.get_args(hint)
-        if dataclasses.is_dataclass(hint):
-            out.append((f.name, "dataclass", hint, f))
-        elif typing.get_origin(hint) in (dict, typing.Dict) and len(args) == 2 and dataclasses.is_dataclass(args[1]):
-            out.append((f.name, "mapping", args[1], f))
-        else:
-            out.append((f.name, "plain", None, f))
-    return tuple(out)
 
 
 # what the backends accept, and what sft_grid renders for each
@@ -102,7 +41,6 @@ SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constan
 FORMATTINGS = ("sharegpt",)
 MODEL_NEEDS = ("delphi_tokenizer_prep", "zero3", "zero3_offload", "consolidate", "preprocessor_config",
                "transformers_ge_5_3")
-SEED_MAX = 2**32 - 1  # numpy's and torch's seeds are 32-bit
 
 
 @dataclass
@@ -233,6 +171,8 @@ class CellConf:
     # dataset name -> its config; several entries make a mix (`dataset=[a,b]`)
     dataset: Dict[str, DatasetConf] = field(default_factory=dict)
     mix: MixConf = field(default_factory=MixConf)
+    # the evaluation suite run after training (conf/eval; not identity): eval=none, the default, runs none
+    eval: EvalConf = field(default_factory=EvalConf)
 
     # Values a sweep file defines for its own interpolations, e.g. a table of models and the row a cell
     # trains (sweeps/delphi_scaling.yaml). Not part of a cell's identity: the values they feed into are.

@@ -244,3 +244,13 @@ def test_a_base_model_without_a_chat_template_is_scored_without_one(make_cells, 
     (again,) = base_targets([cell])
     assert {s.settings["apply_chat_template"] for s in again.scores} == {True}
     assert plan_cell(cell.overrides, cell.config).key == cell.key
+
+
+def test_what_offline_evaluation_jobs_read_is_named_for_staging(make_cells):
+    from sft_grid.planning.evals import eval_inputs
+
+    tiny, qwen = make_cells([*TINY_LLAMA, "eval=tiny"], ["model=qwen3_8b", "eval=reasoning_small"])
+    assert eval_inputs([tiny]).datasets == () and eval_inputs([tiny]).models == ()  # local tasks, a local model
+    found = eval_inputs([tiny, qwen])
+    assert found.datasets == ("openai/gsm8k", "allenai/ai2_arc", "cais/mmlu", "google/IFEval")
+    assert found.models == ("Qwen/Qwen3-8B",)

@@ -252,7 +252,7 @@ def _print_launch(result: Any) -> None:
         else:
             out(f"  post-training stages of {len(got)} completed cell(s): array {job.name}")
     for b in result.bases:
-        out(f"  base model {b.target.name}: " + ("evaluated once for the grid" if b.evaluate else b.why))
+        out(f"  base model {b.target.name}: " + ("to evaluate, once for the grid" if b.evaluate else b.why))
 
 
 def _print_final(result: Any) -> None:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -67,13 +68,20 @@ def merge_eval_axis(cells: Sequence[Cell]) -> list[Cell]:
 # -- the harness ------------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _managed(harness: str) -> tuple[Path, str]:
+    """(the managed environment of a harness, its pinned "package==version"): read once a process."""
+    spec, package = VenvSpec.load(harness), HARNESS_PACKAGES[harness]
+    return spec.path, next((p for p in spec.packages if p.split("==")[0] == package), package)
+
+
 def harness_venv(cell: Cell, suite: Any) -> tuple[Path, bool]:
     """(the harness environment a cell's evaluation runs in, whether it is the site's own): the cluster's
     backend_venvs.<harness> when it names one (where vllm is, on GPU sites), else the managed one."""
     own = site_venvs(cell.spec.cluster).get(suite.harness)
     if own:
         return Path(own).expanduser(), True
-    return VenvSpec.load(suite.harness).path, False
+    return _managed(suite.harness)[0], False
 
 
 def harness_version(cell: Cell, suite: Any) -> str:
@@ -82,8 +90,7 @@ def harness_version(cell: Cell, suite: Any) -> str:
     package = HARNESS_PACKAGES[suite.harness]
     venv, own = harness_venv(cell, suite)
     if not own:
-        pins = VenvSpec.load(suite.harness).packages
-        return next((p for p in pins if p.split("==")[0] == package), package)
+        return _managed(suite.harness)[1]
     dist = package.replace("-", "_")
     found = sorted(venv.glob(f"lib/python3*/site-packages/{dist}-*.dist-info"))
     return f"{package}=={found[-1].name[len(dist) + 1:-len('.dist-info')]}" if found else ""

@@ -175,3 +175,16 @@ def test_on_slurm_each_cell_is_evaluated_by_an_array_after_its_post_and_training
     finally:
         for name in sorted(_arrays(root)):
             subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
+
+
+def test_an_eval_axis_on_the_command_line_renders_one_cell_in_the_directory_of_the_cell_without_it(tmp_path,
+                                                                                                   tiny_assets):
+    plain = run_sft("-m", "model=tiny_llama", "dry_run=true", f"runs_root={tmp_path / 'a'}", timeout=600)
+    axis = run_sft("-m", "model=tiny_llama", "eval=tiny,none", "dry_run=true", f"runs_root={tmp_path / 'b'}",
+                   timeout=600)
+    assert plain.returncode == axis.returncode == 0, axis.stderr[-3000:]
+    ((one,), (other,)) = (list(iter_cell_dirs(tmp_path / r / "default")) for r in ("a", "b"))
+    assert one.name == other.name and "dry run: 1 cell(s) rendered" in axis.stdout
+    assert not (one / "eval.json").exists() and [s["task"] for s in json.loads((other / "eval.json").read_text())[
+        "scores"]] == ["tiny_mc", "tiny_gen"]
+    assert "evaluation suite tiny: 1 cell(s) x 2 task(s)" in axis.stdout and "evaluation" not in plain.stdout

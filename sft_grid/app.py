@@ -260,5 +260,5 @@ def _print_final(result: Any) -> None:
 
     dirs = [d.dir for d in result.decisions]
     out()
-    out(table(HEADERS, rows(dirs)))
+    out(table(HEADERS, rows(dirs, [b.target.dir for b in result.bases])))
     out(f"outputs: <cell>/output/ under {relative(dirs[0].parent)}/")

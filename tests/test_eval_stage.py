@@ -347,3 +347,19 @@ def test_a_forced_rerun_moves_the_scores_aside_with_the_output_they_belong_to(tm
     assert moved is not None and not (cell / "output").exists() and not (cell / "eval").exists()
     assert [p.name for p in (moved.parent / "eval").iterdir()] == ["aaaaaaaaaaaa.json"]
     assert state_of(cell).done == 0  # the new output has no score yet
+
+
+def test_whatever_stops_the_stage_is_recorded_as_its_reason(tmp_path: Path) -> None:
+    cell, _ = _target(tmp_path)
+    (tmp_path / "harness.py").write_text(textwrap.dedent('''\
+        import json, sys
+        from pathlib import Path
+        spec = json.loads(Path(sys.argv[1]).read_text())
+        out = Path(spec["output_dir"]); out.mkdir(parents=True)
+        (out / f"{spec['tasks'][0]['id']}.json").write_text("{torn")
+    '''))
+    assert stage.run(cell) is False and read_scores(cell) == {}
+    st = state_of(cell)
+    assert st.state == "failed" and st.reason.startswith("JSONDecodeError: ")
+    assert {e.score_id for e in events.read(cell) if e.kind is Kind.EVAL and e.state == "failed"} == \
+           {"", "aaaaaaaaaaaa", "bbbbbbbbbbbb"}

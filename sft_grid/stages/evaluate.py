@@ -26,7 +26,7 @@ from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LOGS_DIR, checkpoints, tail_lines
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.core.saved_template import effective_template, template_digest, template_matches
-from sft_grid.core.scores import EvalFile, ScoreSpec, write_score
+from sft_grid.core.scores import EvalFile, ScoreSpec, has_score, write_score
 from sft_grid.planning.eval_tasks import TINY_TASKS, tasks_digest, write_tiny_tasks
 
 log = logging.getLogger(__name__)
@@ -173,11 +173,13 @@ def run(target_dir: Path | str) -> bool:
                 if why:
                     failed[score.score_id] = why
                 record(target_dir, "failed" if why else "completed", why, score_id=score.score_id, task=score.task)
-    except EvalFailed as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever stops the stage is its recorded reason, never the cell's
+        why = str(exc) if isinstance(exc, EvalFailed) else f"{type(exc).__name__}: {exc}"
         for score in todo:
-            record(target_dir, "failed", str(exc), score_id=score.score_id, task=score.task)
-        record(target_dir, "failed", str(exc))
-        log.warning("%s: evaluation failed: %s", target_dir.name, exc)
+            if not has_score(target_dir, score.score_id):
+                record(target_dir, "failed", why, score_id=score.score_id, task=score.task)
+        record(target_dir, "failed", why)
+        log.warning("%s: evaluation failed: %s", target_dir.name, why, exc_info=not isinstance(exc, EvalFailed))
         return False
     seconds = {"seconds": round(time.monotonic() - started, 1)}
     if failed:

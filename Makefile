@@ -1,6 +1,7 @@
 # sft_grid: set up this machine, run the demo grid, run the tests.
 #   make demo   set up what the demo needs, then train the README's grid (two tiny models, LLaMA-Factory, CPU)
-#   make test   set up everything the tests need (both backends, the local Slurm cluster), then run them all
+#   make test   set up everything the tests need (both backends, the evaluation harness, the local Slurm cluster),
+#               then run them all
 #   make test-fast   the fast set: no backend, no Slurm, no virtual environment built (~1.5 minutes on 2 cores)
 #   make slurm-up / slurm-down   start / stop a real two-node Slurm cluster on this machine (root, Debian)
 # Virtual environments and tiny assets go to $SFT_GRID_CACHE (default ~/.cache/sft_grid), keyed by their
@@ -17,9 +18,10 @@ setup-demo: install
 	$(PYTHON) -m sft_grid.venv build llamafactory
 	$(PYTHON) -m sft_grid.assets build
 
-# what the tests need besides: axolotl's environment
+# what the tests need besides: axolotl's environment and the evaluation harness's (lm-eval)
 setup: setup-demo
 	$(PYTHON) -m sft_grid.venv build axolotl
+	$(PYTHON) -m sft_grid.venv build lm_eval
 
 demo: setup-demo
 	$(PYTHON) -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sft_grid.core.problems import GridError, Problem
-from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, example, failure_lines, plan_lines,
+from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, eval_lines, example, failure_lines,
+                              plan_lines,
                               progress_text, relative, table)
 
 PREVIEW_DIR = ".dry_run"
@@ -145,7 +146,7 @@ def _print_dry_run(result: Any) -> None:
     out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
     for line in deferred_lines(result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
         out(line)
-    for line in _prep_lines(result) + _post_lines(cells):
+    for line in _prep_lines(result) + _post_lines(cells) + eval_lines(result):
         out(line)
     for d in result.decisions:
         if d.why:
@@ -254,10 +255,15 @@ def _print_launch(result: Any) -> None:
         elif job.role is Role.TRAIN:
             out(f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
                 + (f" (at most {job.throttle} at once)" if job.throttle else ""))
+        elif job.role is Role.EVAL:
+            out(f"  evaluation of {len(got)} {'base model' if '/_base/' in str(job.targets[0]) else 'cell'}(s):"
+                f" array {job.name}" + (f", after {job.dependency.kind} {job.dependency.job}" if job.dependency else ""))
         elif job.dependency is not None:
             out(f"  post-training stages of {len(got)} cell(s): array {job.name}, each task after its training")
         else:
             out(f"  post-training stages of {len(got)} completed cell(s): array {job.name}")
+    for b in result.bases:
+        out(f"  base model {b.target.name}: " + ("to evaluate, once for the grid" if b.evaluate else b.why))
 
 
 def _print_final(result: Any) -> None:
@@ -265,5 +271,5 @@ def _print_final(result: Any) -> None:
 
     dirs = [d.dir for d in result.decisions]
     out()
-    out(table(HEADERS, rows(dirs)))
+    out(table(HEADERS, rows(dirs, [b.target.dir for b in result.bases])))
     out(f"outputs: <cell>/output/ under {relative(dirs[0].parent)}/")

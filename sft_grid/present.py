@@ -12,6 +12,7 @@ from sft_grid.core.cellfiles import Check
 from sft_grid.core.state import CellState
 from sft_grid.core.submission import Role, SlurmJob, SubmissionPlan
 from sft_grid.planning.cells import Cell
+from sft_grid.planning.evals import cell_scores, suites_of
 
 GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 OPEN, CLOSE = "[[", "]]"
@@ -137,11 +138,29 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) 
     return lines
 
 
+def eval_lines(result: Any) -> list[str]:
+    """What the grid evaluates: each suite's cells and scores, and the base models (once per grid)."""
+    suites: dict[str, list[int]] = {}
+    for cell in result.cells:
+        for suite in suites_of(cell):
+            suites.setdefault(suite.name, [0, len(suite.tasks)])[0] += 1
+    lines = [f"  evaluation suite {name}: {n} cell(s) x {tasks} task(s), after the post-training stages"
+             for name, (n, tasks) in suites.items()]
+    scored = sum(len(cell_scores(c)) for c in result.cells)
+    if scored:
+        lines.append(f"  {scored} cell score(s) in all; scores already computed (<cell>/eval/<score id>.json) are"
+                     " not computed again")
+    lines += [f"  base model {b.target.name}: {len(b.target.scores)} score(s) under {relative(b.target.dir)}"
+              f" ({'to evaluate' if b.evaluate else b.why})" for b in result.bases]
+    return lines
+
+
 # -- the submission plan ---------------------------------------------------------------------------------------
 
 
 def job_line(job: SlurmJob) -> str:
-    what = {Role.PREP: "model prep", Role.TRAIN: "training", Role.POST: "post-training stages"}[job.role]
+    what = {Role.PREP: "model prep", Role.TRAIN: "training", Role.POST: "post-training stages",
+            Role.EVAL: "evaluation"}[job.role]
     tasks = f"{len(job.targets)} task(s)" if len(job.targets) > 1 else "1 job"
     throttle = f", at most {job.throttle} at once" if job.throttle else ""
     after = f", after {job.dependency.text()}" if job.dependency else ""

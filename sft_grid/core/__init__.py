@@ -1,10 +1,12 @@
 """Layer 0, core: the types and file layout every other layer shares. Imports nothing else of sft_grid.
 
-- `schema`: the typed cell config (Hydra structured configs), with each key's range or allowed values;
+- `schema`, `eval_schema`, `schema_fields`: the typed cell config and evaluation suite (Hydra structured configs),
+  with each key's range or allowed values;
 - `layout`: what a cell directory holds and what a trainer's output must hold to count as complete;
 - `events`: the one ledger event type and its one writer;
 - `state`: a cell's state, derived from its ledger, its output and the scheduler's view;
 - `cellfiles`: the typed files a job reads (post.json, preflight.json) and the preflight `Check`;
+- `scores`: eval.json and the score files (the contract with the results table); `saved_template`: train == serve;
 - `submission`: the typed submission plan a dry run prints and a real run executes;
 - `problems`: the one error type of bad input (every problem of every cell, raised once);
 - `templates`, `timefmt`, `paths`: facts about chat templates, wall times, and where caches live.

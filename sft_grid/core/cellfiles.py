@@ -84,6 +84,12 @@ def dump_json(data: Any) -> str:
 _dump = dump_json
 
 
+def read_json(directory: Path, name: str) -> Any:
+    """A rendered JSON file of a directory, as data; None when there is none."""
+    path = directory / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 @dataclass(frozen=True)
 class PreflightFile:
     """preflight.json: the checks deferred to the job's first step, and how to run them there."""
@@ -98,10 +104,9 @@ class PreflightFile:
 
     @classmethod
     def load(cls, cell_dir: Path) -> "PreflightFile | None":
-        path = cell_dir / PREFLIGHT_FILE
-        if not path.is_file():
+        data = read_json(cell_dir, PREFLIGHT_FILE)
+        if data is None:
             return None
-        data = json.loads(path.read_text())
         return cls(tuple(Check.from_json(c) for c in data.get("deferred", ())), str(data.get("python") or ""),
                    dict(data.get("variables", data.get("env")) or {}))
 
@@ -131,10 +136,9 @@ class PostFile:
 
     @classmethod
     def load(cls, cell_dir: Path) -> "PostFile | None":
-        path = cell_dir / POST_FILE
-        if not path.is_file():
+        data = read_json(cell_dir, POST_FILE)
+        if data is None:
             return None
-        data = json.loads(path.read_text())
         return cls(
             cell=str(data.get("cell") or cell_dir.name),
             stages=tuple(data.get("stages") or ()),

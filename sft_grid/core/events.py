@@ -43,6 +43,8 @@ class Kind(str, Enum):
     STAGE = "stage"  # a post-training stage changed state
     POST_JOB = "post_job"  # the Slurm job that runs the cell's post-training stages
     NOTIFIED = "notified"  # a notification went out (its key: sent once, across requeues and reruns)
+    EVAL = "eval"  # the evaluation stage (of a cell, or of a base model) changed state, or one score did
+    EVAL_JOB = "eval_job"  # the Slurm job that evaluates the cell (or the base model)
     OTHER = "other"  # a kind this version does not know (kept, never decides anything)
 
 
@@ -72,9 +74,12 @@ class Event:
     path: str = ""  # archived: where the output went, relative to the cell
     why: str = ""  # archived: why
     stage: str = ""  # stage: which post-training stage
-    state: str = ""  # stage: pending, running, waiting, completed, failed
+    state: str = ""  # stage: pending, running, waiting, completed, failed; eval: running, completed, failed
     post_job_id: str = ""  # post_job: the post job's Slurm id (`job_id` always names the training job)
-    after: str = ""  # post_job: the training job it waits for
+    after: str = ""  # post_job, eval_job: the job it waits for
+    eval_job_id: str = ""  # eval_job: the evaluation job's Slurm id
+    score_id: str = ""  # eval: the score (eval/<score_id>.json) an outcome is about; none: the whole stage
+    task: str = ""  # eval: that score's task
     model: str = ""  # prep: the model
     prepared: str = ""  # prep: the prepared model directory
     prep_job_id: str = ""  # prep: the prep's Slurm job

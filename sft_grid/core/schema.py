@@ -19,8 +19,9 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from sft_grid.core.schema_fields import (CPU_ARCHS, EXECUTORS, FINETUNING, FORMATTINGS, GPU_DIRECTIVES, LAUNCHERS,
-                                         MIX_STRATEGIES, MODEL_NEEDS, PRECISIONS, REPORT_TO, SCHEDULERS, SEED_MAX, num,
-                                         one_of)
+                                         MIX_STRATEGIES, MODEL_NEEDS, PRECISIONS, REPORT_TO, SCHEDULERS, SEED_MAX, Range,
+                                         field_shapes, num, one_of)  # noqa: F401 (Range, field_shapes re-exported)
+from sft_grid.core.eval_schema import EvalConf, EvalResourcesConf, EvalTaskConf  # noqa: F401 (schema.EvalConf: messages)
 from sft_grid.core.templates import TEMPLATES, TOKENIZER_FAMILIES
 
 
@@ -177,6 +178,8 @@ class CellConf:
     # dataset name -> its config; several entries make a mix (`dataset=[a,b]`)
     dataset: Dict[str, DatasetConf] = field(default_factory=dict)
     mix: MixConf = field(default_factory=MixConf)
+    # the evaluation suite run after training (conf/eval; not identity): eval=none, the default, runs none
+    eval: EvalConf = field(default_factory=EvalConf)
 
     # Values a sweep file defines for its own interpolations, e.g. a table of models and the row a cell
     # trains (sweeps/delphi_scaling.yaml). Not part of a cell's identity: the values they feed into are.

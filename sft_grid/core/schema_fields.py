@@ -1,5 +1,6 @@
 """How a schema field carries its rule (a range, a set of values), how its value nests, and the value sets
-the backends accept: what sft_grid/core/schema.py's dataclasses are built from, and the validation rules read.
+the backends accept: what sft_grid/core/schema.py (the cell) and core/eval_schema.py (an evaluation suite) build
+their fields from; one generic validation rule (planning/schema_rules.py) reads them back.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
-
 
 
 @dataclass(frozen=True)

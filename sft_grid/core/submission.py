@@ -26,6 +26,7 @@ class Role(str, Enum):
     PREP = "prep"  # a model's tokenizer prep, shared by its cells
     TRAIN = "train"  # a cell's training (then, locally, its post-training stages)
     POST = "post"  # a cell's post-training stages, after its training
+    EVAL = "eval"  # a cell's evaluation after its post-training stages, or a base model's
 
 
 # what a job of each role runs on its node: "module:function", called with the target directory
@@ -33,6 +34,7 @@ ENTRIES = {
     Role.PREP: "sft_grid.job.entries:prep",
     Role.TRAIN: "sft_grid.job.entries:train",
     Role.POST: "sft_grid.job.entries:post",
+    Role.EVAL: "sft_grid.job.entries:evaluate",
 }
 
 

@@ -6,7 +6,8 @@
 - `decide`: what to do with each cell, from its state (run, skip, run its post-training stages only, rerun);
 - `recover`: what to do about jobs an orchestrator killed mid-submit left behind;
 - `render`: each cell's files, exactly as a job reads them;
-- `submission`: the `SubmissionPlan` (arrays, names, throttles, prep and post jobs, dependencies), pure;
+- `submission`, `requests`, `eval_jobs`: the `SubmissionPlan` (arrays, names, requests, throttles, prep, post and
+  evaluation jobs, dependencies), pure;
 - `execute`: the only part with effects: runs the plan and nothing else; `lock`: one invocation at a time.
 
 Imports everything below it: core, planning, backends, checks, stages, job (to archive), schedulers.

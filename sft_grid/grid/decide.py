@@ -1,14 +1,15 @@
 """What to do with each cell, from its state (pure): the grid's rerun policy in one place.
 
 - completed: skipped (force=true runs it again, its output moved aside first); when its post-training stages
-  are not all done, only those run, never the training;
+  are not all done, or a score its evaluation suites ask for is missing, only those run, never the training;
 - in flight (submitted or running): skipped, and its files are left alone (its job reads them);
 - failed or cancelled: listed with the reason and the failure's class, run again only with rerun_failed=true
   (resuming from the last checkpoint), unless the class's policy requeues it (a transient fault within its
   budget: core/failure_policy.py): then it runs again at once, avoiding the nodes its evidence names;
 - planned (new, or its earlier submission never reached the scheduler): run.
 A cell whose job an orchestrator killed mid-submit left behind is first recovered (grid/recover.py), and its
-recovered state decides.
+recovered state decides. A base model its cells' suites ask to evaluate is evaluated when a score of it is missing
+and no evaluation of it runs (`decide_base`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from sft_grid.core.state import CellState, SchedulerView, State
 from sft_grid.core.submission import Recovery
 from sft_grid.core.triage import REQUEUE_NOTE, requeue_nodes
 from sft_grid.planning.cells import Cell
-from sft_grid.stages import post
+from sft_grid.planning.evals import BaseTarget, cell_scores
+from sft_grid.stages import eval_state, post
 
 
 class Action(str, Enum):
-    RUN = "run"  # submit its training
-    POST = "post"  # completed: run its pending post-training stages only
+    RUN = "run"  # submit its training (then its post-training stages and its evaluation)
+    POST = "post"  # completed: run its pending post-training stages and its missing evaluations only
     SKIP = "skip"
 
 
@@ -44,6 +46,8 @@ class Decision:
     # a failure its policy requeues: the nodes to avoid, and the note its submission records
     exclude: tuple[str, ...] = ()
     note: str = ""
+    post: bool = False  # its post-training stages run (after its training, or alone)
+    evaluate: bool = False  # its evaluation runs (after its post-training stages)
 
     @property
     def touch_files(self) -> bool:
@@ -73,15 +77,33 @@ def _requeued(state: CellState) -> bool:
 def decide(cell: Cell, cell_dir: Path, state: CellState, history: Sequence[Event], view: SchedulerView | None,
            recovery: Recovery | None = None) -> Decision:
     why = skip_reason(cell, state)
+    scores = cell_scores(cell)
     if why is None and _requeued(state) and not cell.spec.rerun_failed:
         return Decision(cell, cell_dir, state, Action.RUN, f"requeued after {state.failure_class}", recovery=recovery,
-                        exclude=requeue_nodes(history), note=f"{REQUEUE_NOTE}{state.failure_class}")
+                        exclude=requeue_nodes(history), note=f"{REQUEUE_NOTE}{state.failure_class}", post=True,
+                        evaluate=bool(scores))
     if why is None:
-        return Decision(cell, cell_dir, state, Action.RUN, archive=state.state is State.COMPLETED, recovery=recovery)
+        return Decision(cell, cell_dir, state, Action.RUN, archive=state.state is State.COMPLETED, recovery=recovery,
+                        post=True, evaluate=bool(scores))
     if state.state is State.COMPLETED:
         todo = post.todo(cell, cell_dir, history, view)
-        if todo.note:
-            why += f"; {todo.note}"
-        if todo.stages:
-            return Decision(cell, cell_dir, state, Action.POST, why, recovery=recovery)
+        evaluation = eval_state.todo(cell_dir, scores, history, view)
+        why += "".join(f"; {note}" for note in (todo.note, evaluation.note) if note)
+        if todo.stages or evaluation.needed:
+            return Decision(cell, cell_dir, state, Action.POST, why, recovery=recovery, post=bool(todo.stages),
+                            evaluate=evaluation.needed)
     return Decision(cell, cell_dir, state, Action.SKIP, why, recovery=recovery)
+
+
+@dataclass(frozen=True)
+class BaseDecision:
+    """A base model's evaluation: whether it runs now, and why not."""
+
+    target: BaseTarget
+    evaluate: bool
+    why: str = ""
+
+
+def decide_base(target: BaseTarget, history: Sequence[Event], view: SchedulerView | None) -> BaseDecision:
+    todo = eval_state.todo(target.dir, target.scores, history, view)
+    return BaseDecision(target, todo.needed, todo.note or "every score computed")

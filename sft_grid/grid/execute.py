@@ -103,12 +103,13 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
             raise SubmitRefused(job, queued, left, " ".join(str(exc).split())[:500]) from exc
         done.ids[job.name] = ids
         first_ids[job.name] = _first_id(ids)
-        if job.role is Role.POST:
+        if job.role in (Role.POST, Role.EVAL):
             after = first_ids.get(job.dependency.job, "") if job.dependency else ""
             for index, (cell_dir, job_id) in enumerate(zip(job.targets, ids)):
                 # not `job_id`: that field names the cell's training job wherever the ledger is read
-                events.append(cell_dir, Event(Kind.POST_JOB, post_job_id=job_id, array=job.name, index=index,
-                                              after=after))
+                ids_of = {"post_job_id": job_id} if job.role is Role.POST else {"eval_job_id": job_id}
+                events.append(cell_dir, Event(Kind.POST_JOB if job.role is Role.POST else Kind.EVAL_JOB,
+                                              array=job.name, index=index, after=after, **ids_of))
             continue
         for target, job_id in zip(job.targets, ids):
             events.append(target, Event(Kind.JOB, job_id=job_id))
@@ -131,6 +132,8 @@ def run_local(plan: SubmissionPlan, done: Executed, on_done: Callable[[LocalJob,
             events.append(job.target, Event(Kind.JOB, job_id=job_id))
 
     def ended(job: LocalJob) -> None:
+        if job.role is Role.EVAL:  # a base model's evaluation: its state is its scores (status, results)
+            return
         final[job.target] = state_of(job.target)
         on_done(job, final[job.target])
 

@@ -23,16 +23,17 @@ from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
-from sft_grid.grid.decide import Action, Decision, decide
+from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.lock import SweepLock
 from sft_grid.grid.recover import plan_recovery
-from sft_grid.grid.render import render, write_all
+from sft_grid.grid.render import render, render_base, write_all
 from sft_grid.grid.submission import build
 from sft_grid.grid.triage import settle
 from sft_grid.grid.view import read_view
 from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.planning.compose import Composed, CompositionError
+from sft_grid.planning.evals import base_targets, merge_eval_axis
 from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.messages import composition_problem
 from sft_grid.planning.validate import validate
@@ -52,6 +53,8 @@ class GridResult:
     # each model prep the grid's cells need, with its cells
     preps: dict[Prep, list[Cell]]
     examples: Examples | None = None
+    # the base models the cells' suites evaluate, once per grid
+    bases: list[BaseDecision] = field(default_factory=list)
     executed: Executed | None = None
     # local cells this invocation ran and waited for: their final state
     final: dict[Path, CellState] = field(default_factory=dict)
@@ -83,7 +86,8 @@ def _backend_rules(cell: Cell) -> Iterable[Problem]:
 def plan_cells(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> tuple[list[Cell], list[Problem]]:
     problems = [composition_problem(e.overrides, e.message) for e in errors]
     cells = [plan_cell(c.overrides, c.config) for c in composed]
-    return cells, problems + validate(cells, _backend_rules)
+    problems += validate(cells, _backend_rules)
+    return merge_eval_axis(cells), problems
 
 
 def cell_dirs(cells: Sequence[Cell]) -> list[Path]:
@@ -120,8 +124,9 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
     dirs = cell_dirs(cells)
     dry_run = any(c.spec.dry_run for c in cells)
     needed = preps(cells)
+    targets = base_targets(cells)
     with SweepLock({c.sweep_dir for c in cells}):
-        view = read_view(dirs, [p.dir for p in needed])
+        view = read_view(dirs, [p.dir for p in needed], [t.dir for t in targets])
         if not dry_run:  # a dry run writes nothing but its cells' files
             settle(view, dirs)
         decisions = []
@@ -130,12 +135,15 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
             if state.recovered:
                 recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])
             decisions.append(decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery))
+        bases = [decide_base(t, view.histories[t.dir], view.scheduler) for t in targets]
         writes = [render(d.cell, d.dir, checked.deferred.get(d.cell.name, [])) for d in decisions
                   if d.touch_files and (dry_run or d.action is not Action.SKIP)]
+        writes += [render_base(b.target) for b in bases if dry_run or b.evaluate]
         on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
+        on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
         max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
-        plan = build(decisions, view.histories, view.scheduler, max_size, writes)
-        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed)
+        plan = build(decisions, view.histories, view.scheduler, max_size, writes, bases)
+        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, bases=bases)
         if dry_run:
             write_all(plan.writes)
             result.examples = first_examples(cells)

@@ -23,8 +23,10 @@ from sft_grid.backends import zero
 from sft_grid.backends.launch import launch_script
 from sft_grid.core.cellfiles import Check, PreflightFile, dump_json
 from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE, POST_FILE, PREFLIGHT_FILE
+from sft_grid.core.scores import EVAL_FILE
 from sft_grid.core.submission import CellFiles
 from sft_grid.planning.cells import Cell
+from sft_grid.planning.evals import BaseTarget, base_eval_file, cell_eval_file
 from sft_grid.planning.venvs import bin_dir
 from sft_grid.stages.post import post_file
 
@@ -138,10 +140,18 @@ def render(cell: Cell, cell_dir: Path, deferred: Sequence[Check]) -> CellFiles:
     venv_bin = bin_dir(s)
     files[LAUNCH_FILE] = launch_script(cell, cell_dir, venv_bin)
     files[POST_FILE] = post_file(cell).dumps()
+    evaluation = cell_eval_file(cell, cell_dir)
+    if evaluation is not None:  # no file means nothing to evaluate
+        files[EVAL_FILE] = evaluation.dumps()
     if deferred:  # no file means nothing deferred
         files[PREFLIGHT_FILE] = PreflightFile(tuple(deferred), str(venv_bin / "python"), dict(s.cluster.env)).dumps()
     files[CELL_FILE] = cell_yaml(cell)
     return CellFiles(cell_dir, files)
+
+
+def render_base(target: BaseTarget) -> CellFiles:
+    """A base model's directory: its eval.json (its ledger and scores come later)."""
+    return CellFiles(target.dir, {EVAL_FILE: base_eval_file(target).dumps()})
 
 
 def _write_file(path: str, text: str, executable: bool) -> None:
@@ -162,6 +172,8 @@ def write(rendered: CellFiles) -> bool:
     final = str(rendered.dir)
     if not os.path.exists(final):  # (the grid creates the sweep directory before writing its cells)
         head, name = os.path.split(final)
+        if not os.path.isdir(head):  # a base model's, under <sweep>/_base/
+            os.makedirs(head, exist_ok=True)
         scratch = os.path.join(head, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
         os.mkdir(scratch)
         for rel, text in rendered.files.items():
@@ -176,12 +188,14 @@ def write(rendered: CellFiles) -> bool:
         tmp = os.path.join(final, f".{rel}.{os.getpid()}.tmp")
         _write_file(tmp, rendered.files[rel], rel == LAUNCH_FILE)
         os.replace(tmp, target)
-    if PREFLIGHT_FILE not in rendered.files:
-        # checks deferred by an earlier rendering (another cluster, a missing venv) must not outlive it
-        try:
-            os.unlink(os.path.join(final, PREFLIGHT_FILE))
-        except FileNotFoundError:
-            pass
+    for stale in (PREFLIGHT_FILE, EVAL_FILE):
+        # checks deferred by an earlier rendering (another cluster, a missing venv), or the suites it evaluated, must
+        # not outlive it (a cell's eval.json says what this invocation asks; the scores already computed stay)
+        if stale not in rendered.files and CELL_FILE in rendered.files:
+            try:
+                os.unlink(os.path.join(final, stale))
+            except FileNotFoundError:
+                pass
     return False
 
 

@@ -3,104 +3,41 @@ dependencies, before anything runs (see core/submission.py for why).
 
 On Slurm: one array of the model preps that are not done (a task per model, unless one is already queued); the
 cells to train as job arrays, one per (sbatch request, sweep directory, prep job they wait for), split at
-MaxArraySize and throttled by the grid's concurrency; for each training array a post-training array whose tasks each wait for their training
-task (aftercorr; afterok for a single job); and one post array for completed cells whose stages are pending.
-Locally: the preps, then the cells in order, then completed cells' pending stages.
+MaxArraySize and throttled by the grid's concurrency; for each training array a post-training array whose tasks
+each wait for their training task (aftercorr; afterok for a single job), and an evaluation array whose tasks each
+wait for their post task (grid/eval_jobs.py); one post array for completed cells whose stages are pending, and an
+evaluation array for completed cells with missing scores; one evaluation array of the grid's base models.
+Locally: the preps, then the cells in order (each evaluated in its own job), then completed cells' pending stages
+and evaluations, then the base models' evaluations.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import SUBMITIT_DIR
 from sft_grid.core.state import SchedulerView
-from sft_grid.core.submission import (JOB_PREFIX, CellFiles, Dependency, LocalJob, PrepWait, Role, SlurmJob,
-                                      SlurmRequest, SubmissionPlan)
+from sft_grid.core.submission import CellFiles, Dependency, LocalJob, PrepWait, Role, SlurmJob, SubmissionPlan
 from sft_grid.core.timefmt import parse_minutes
-from sft_grid.core import events
-from sft_grid.grid.decide import Action, Decision
+from sft_grid.grid.decide import Action, BaseDecision, Decision
+from sft_grid.grid.eval_jobs import base_eval_jobs, cell_eval_jobs, local_base_jobs
+from sft_grid.grid.requests import (POST_TIME_MIN, count, job_name, post_request_for, prep_request,  # noqa: F401
+                                    request_for)
 from sft_grid.planning.inputs import Prep, prep_for
 from sft_grid.stages import prep as prep_stage
 from sft_grid.stages.post import stages_for
-
-# post-training jobs: consolidation of a 32B checkpoint takes minutes, an upload more
-POST_TIME_MIN = 120
-
-
-def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
-    """The sbatch request of a cell (spec: the cell's CellConf)."""
-    c = spec.cluster
-    params: dict[str, Any] = {
-        "time": timeout_min,
-        "nodes": spec.nodes,
-        "ntasks_per_node": 1,  # one launcher per node: torchrun/accelerate start the ranks
-        "cpus_per_task": c.cpus_per_node,
-        # USR2 this long before the limit: the job checkpoints, requeues itself and resumes
-        "signal_delay_s": min(120, max(30, timeout_min * 60 // 10)),
-        "additional_parameters": tuple(sorted({"requeue": True, **c.sbatch_extra}.items())),
-        # a node whose launcher fails ends the whole step: the others would wait at the rendezvous forever
-        "srun_args": ("--kill-on-bad-exit=1",),
-    }
-    for key in ("partition", "account", "qos", "constraint", "exclude"):
-        if getattr(c, key):
-            params[key] = getattr(c, key)
-    if c.mem_gb:
-        params["mem"] = f"{c.mem_gb}GB"
-    if c.gpus_per_node and c.gpu_directive == "gpus_per_node":
-        params["gpus_per_node"] = c.gpus_per_node
-    elif c.gpus_per_node and c.gpu_directive == "gres":
-        params["gres"] = f"gpu:{c.gpus_per_node}"
-    return SlurmRequest(tuple(sorted(params.items())), c.max_requeues)
-
-
-def post_request_for(spec: Any, needs_hub: bool) -> SlurmRequest:
-    """A cell's post job: one node without GPUs, on the cluster's post_partition when the job must reach the
-    Hub from a site whose compute nodes have no internet."""
-    request = request_for(spec, POST_TIME_MIN)
-    changes: dict[str, Any] = {"nodes": 1, "cpus_per_task": max(1, min(4, spec.cluster.cpus_per_node // 2))}
-    if needs_hub and not spec.cluster.internet_on_compute and spec.cluster.post_partition:
-        changes["partition"] = spec.cluster.post_partition
-    # a few cores: consolidation and uploads are bound by memory and network, and training needs the rest
-    return SlurmRequest(request.replace(drop=("gpus_per_node", "gres"), **changes).params, 0)
-
-
-def prep_request(request: SlurmRequest) -> SlurmRequest:
-    """A model prep's job, cut down from its first cell's request: one node, at most an hour, one GPU at most
-    (it loads one checkpoint on one process; partitions may insist on one), never requeued."""
-    params = dict(request.params)
-    extra = tuple(sorted((k, v) for k, v in dict(params.get("additional_parameters", ())).items() if k != "requeue"))
-    changes: dict[str, Any] = {"nodes": 1, "time": min(prep_stage.TIME_MIN, int(params["time"])),
-                               "additional_parameters": extra}
-    if params.get("gpus_per_node"):
-        changes["gpus_per_node"] = 1
-    if params.get("gres"):
-        changes["gres"] = "gpu:1"
-    return SlurmRequest(request.replace(drop=("signal_delay_s",), **changes).params, 0)
-
-
-def job_name(role: Role, targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None,
-             attempts: Sequence[int]) -> str:
-    """`sft_grid-<hash>` of what the job runs and how often its targets were submitted before: a dry run and
-    the real run that follows it name it alike; the next submission of the same targets gets a new name."""
-    blob = json.dumps([role.value, [str(t) for t in targets], repr(request), repr(dependency), list(attempts)])
-    return JOB_PREFIX + hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def _count(history: Sequence[Event], kind: Kind) -> int:
-    return sum(1 for e in history if e.kind is kind)
-
 
 def _minutes(decision: Decision) -> int:
     return int(parse_minutes(decision.cell.spec.time))
 
 
 def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
-          max_array_size: int, writes: Sequence[CellFiles] = ()) -> SubmissionPlan:
-    """The plan of these decisions; `writes`: the cell files to write (rendered by the flow)."""
+          max_array_size: int, writes: Sequence[CellFiles] = (), bases: Sequence[BaseDecision] = ()) -> SubmissionPlan:
+    """The plan of these decisions; `writes`: the cell files to write (rendered by the flow); `bases`: the base
+    models' evaluations."""
     to_run = [d for d in decisions if d.action is Action.RUN]
     post_only = [d for d in decisions if d.action is Action.POST]
     local = [d for d in to_run + post_only if d.cell.spec.cluster.executor == "local"]
@@ -111,6 +48,8 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
                     for p, d in pending_preps.values())
     local_jobs, submits = _local(local, preps, pending_preps)
     slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size)
+    local_jobs += tuple(local_base_jobs([b for b in bases if b.target.cell.spec.cluster.executor == "local"]))
+    slurm_jobs += tuple(base_eval_jobs([b for b in bases if b.target.cell.spec.cluster.executor != "local"], histories))
     first = (local or [None])[0]
     return SubmissionPlan(
         writes=tuple(writes),
@@ -165,18 +104,22 @@ def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
         for i in range(0, len(members), max_array_size):
             chunk = members[i:i + max_array_size]
             dirs = [d.dir for d in chunk]
-            attempts = [_count(histories.get(p, ()), Kind.SUBMITTED) for p in dirs]
+            attempts = [count(histories.get(p, ()), Kind.SUBMITTED) for p in dirs]
             name = job_name(Role.TRAIN, dirs, request, dependency, attempts)
             jobs.append(SlurmJob(name, Role.TRAIN, tuple(dirs), request, sweep_dir / SUBMITIT_DIR / name, throttle,
                                  dependency, checkpointable=True))
             after = Dependency("aftercorr" if len(dirs) > 1 else "afterok", name)
-            jobs.append(_post_job(chunk, after, histories))
+            post = _post_job(chunk, after, histories)
+            jobs += [post, *cell_eval_jobs(chunk, post, histories, throttle)]
     by_sweep: dict[Path, list[Decision]] = {}
     for d in decisions:
         if d.action is Action.POST:
             by_sweep.setdefault(d.dir.parent, []).append(d)
     for members in by_sweep.values():
-        jobs.append(_post_job(members, None, histories))
+        staged = [d for d in members if d.post]
+        post_job = _post_job(staged, None, histories) if staged else None
+        jobs += [post_job] if post_job is not None else []
+        jobs += cell_eval_jobs(members, post_job, histories, throttle)
     return tuple(jobs), tuple(waits)
 
 
@@ -193,7 +136,7 @@ def _post_job(cells: Sequence[Decision], after: Dependency | None,
     needs_hub = any("upload" in stages_for(d.cell.spec) for d in cells)
     request = post_request_for(cells[0].cell.spec, needs_hub)
     dirs = [d.dir for d in cells]
-    attempts = [_count(histories.get(p, ()), Kind.POST_JOB) for p in dirs]
+    attempts = [count(histories.get(p, ()), Kind.POST_JOB) for p in dirs]
     name = job_name(Role.POST, dirs, request, after, attempts)
     return SlurmJob(name, Role.POST, tuple(dirs), request, dirs[0].parent / SUBMITIT_DIR / name, None, after)
 
@@ -221,7 +164,7 @@ def _preps(runs: Sequence[Decision], preps: Mapping[Path, Prep | None], historie
     if new:
         targets = sorted(new)
         request = prep_request(request_for(new[targets[0]][1].cell.spec, _minutes(new[targets[0]][1])))
-        attempts = [_count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
+        attempts = [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
         name = job_name(Role.PREP, targets, request, None, attempts)
         jobs.append(SlurmJob(name, Role.PREP, tuple(targets), request, targets[0].parent / SUBMITIT_DIR / name,
                              label=", ".join(new[t][0].model for t in targets)))

@@ -13,6 +13,7 @@ from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.state import UNAVAILABLE, CellState, SchedulerView, slurm_ref, state_of
 from sft_grid.schedulers import slurm
+from sft_grid.stages.eval_state import eval_job_id
 from sft_grid.stages.post import post_job_id
 
 log = logging.getLogger(__name__)
@@ -28,12 +29,13 @@ class GridView:
         return state_of(cell_dir, self.scheduler, self.histories[cell_dir])
 
 
-def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = ()) -> GridView:
-    """Each ledger (cells and model preps), and the scheduler's jobs of all of them."""
-    histories = {d: events.read(d) for d in [*cell_dirs, *prep_dirs]}
+def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = (), base_dirs: Sequence[Path] = ()) -> GridView:
+    """Each ledger (cells, model preps, base models), and the scheduler's jobs of all of them."""
+    histories = {d: events.read(d) for d in [*cell_dirs, *prep_dirs, *base_dirs]}
     refs = [r for r in (slurm_ref(histories[d]) for d in cell_dirs) if r is not None]
     ids = [r.job_id for r in refs if r.job_id]
     ids += [i for i in (post_job_id(histories[d]) for d in cell_dirs) if i]
+    ids += [i for i in (eval_job_id(histories[d]) for d in [*cell_dirs, *base_dirs]) if i]
     ids += [job.job_id for d in prep_dirs if (job := events.last(histories[d], Kind.JOB)) is not None and job.job_id]
     names = [r.array for r in refs if not r.job_id and r.array]
     if not ids and not names:

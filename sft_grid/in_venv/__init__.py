@@ -12,5 +12,6 @@ backends import the plugins from PYTHONPATH (launch.sh sets it).
 - prep_delphi.py: the Delphi tokenizer prep;
 - post_stage.py: post-training stages that need the backend's packages (consolidate, fetch, upload);
 - axolotl_check.py: axolotl's own validation of a rendered config (tests);
-- build_tiny.py: the tiny local models the tests and the demo train.
+- build_tiny.py: the tiny local models the tests and the demo train;
+- evaluate.py: lm-evaluation-harness on one saved model, offline, one result per task (the harness's environment).
 """

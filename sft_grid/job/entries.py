@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from sft_grid.job.runner import run_cell
+from pathlib import Path
+
+from sft_grid.job.runner import evaluate_here, run_cell
+from sft_grid.stages import evaluate as evaluate_stage
 from sft_grid.stages import prep as prep_stage
 from sft_grid.stages.post import IN_JOB
 from sft_grid.stages.post_run import run as run_post
@@ -13,10 +16,16 @@ def train(cell_dir: str) -> str:
 
 
 def post(cell_dir: str) -> bool:
-    return run_post(cell_dir, IN_JOB)
+    """The post-training stages; then, where the cell evaluates in its own job (the local executor), the evaluation."""
+    done = run_post(cell_dir, IN_JOB)
+    evaluate_here(Path(cell_dir).resolve())
+    return done
+
+
+def evaluate(target_dir: str) -> bool:
+    """A cell's evaluation after its post-training stages (Slurm), or a base model's."""
+    return evaluate_stage.run(target_dir)
 
 
 def prep(prep_dir: str) -> str:
-    from pathlib import Path
-
     return prep_stage.run(Path(prep_dir))

@@ -29,11 +29,13 @@ from sft_grid.core.cellfiles import PostFile, PreflightFile
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import (ATTEMPTS_DIR, CELL_FILE, LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, TRAIN_LOG, checkpoints,
                                   output_complete, progress)
-from sft_grid.core.state import State, state_of
 from sft_grid.core.failure_policy import Action
 from sft_grid.core.failures import Failure, FailureClass
+from sft_grid.core.saved_template import effective_template, template_digest
+from sft_grid.core.scores import SCORES_DIR, EvalFile
+from sft_grid.core.state import State, state_of
 from sft_grid.core.triage import WATCHDOG_FILE, failed_event, triage
-from sft_grid.stages import notices
+from sft_grid.stages import evaluate, notices
 from sft_grid.stages.post import IN_JOB
 from sft_grid.stages.post_run import run as run_post
 
@@ -59,7 +61,8 @@ def _here(kind: Kind, **fields: object) -> Event:
 
 
 def archive_output(cell_dir: Path, why: str) -> Path | None:
-    """Move output/ to attempts/<time>/output: a rerun starts clean and nothing is lost."""
+    """Move output/ (and the scores of that output, eval/) to attempts/<time>/: a rerun starts clean and nothing
+    is lost."""
     output = cell_dir / OUTPUT_DIR
     if not output.exists() or not any(output.iterdir()):
         return None
@@ -68,6 +71,8 @@ def archive_output(cell_dir: Path, why: str) -> Path | None:
         dest = dest.parent.with_name(dest.parent.name + "x") / OUTPUT_DIR
     dest.parent.mkdir(parents=True)
     shutil.move(str(output), str(dest))
+    if (cell_dir / SCORES_DIR).is_dir():
+        shutil.move(str(cell_dir / SCORES_DIR), str(dest.parent / SCORES_DIR))
     events.append(cell_dir, Event(Kind.ARCHIVED, path=str(dest.relative_to(cell_dir)), why=why))
     return dest
 
@@ -129,8 +134,9 @@ def run_cell(cell_dir: str | Path) -> str:
         return "done"
     if rc == 0 and output_complete(output):
         done = progress(output)
-        events.append(cell_dir, _here(Kind.COMPLETED, step=done.step, loss=done.loss))
-        _ended(cell_dir)
+        template = effective_template(output)
+        trained = {evaluate.TRAINED_TEMPLATE: template_digest(template)} if template is not None else {}
+        events.append(cell_dir, _here(Kind.COMPLETED, step=done.step, loss=done.loss, details=trained))
         _post_stages(cell_dir)
         return State.COMPLETED.value
     if rc == 0:
@@ -190,6 +196,15 @@ def _post_stages(cell_dir: Path) -> None:
     post = PostFile.load(cell_dir)
     if post is not None and post.in_train_job:
         run_post(cell_dir, IN_JOB)
+    evaluate_here(cell_dir)
+
+
+def evaluate_here(cell_dir: Path) -> None:
+    """The evaluation, in this job when the cell's eval.json says so (the local executor; on Slurm an evaluation
+    job runs it). Its failure is its own state in the ledger: the training stays completed."""
+    plan = EvalFile.load(cell_dir)
+    if plan is not None and plan.in_train_job:
+        evaluate.run(cell_dir)
 
 
 def _run_deferred_checks(cell_dir: Path) -> None:

@@ -25,7 +25,7 @@ NOT_IDENTITY = frozenset(
         "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
         "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
         "hub_model_id", "concurrency", "register_db", "register_command", "vars", "failure_policy", "watchdog",
-        "notify",
+        "notify", "eval",
     }
 )
 # Keys of sub-configs that are about the machine, not the model.
@@ -53,6 +53,9 @@ class Cell:
     key: str
     slug: str
     runs_root: Path
+    # the evaluation suites of a cell into which a grid's `eval` axis merged the cells that differ only in their
+    # suite (planning/evals.py); empty: the cell's own `eval`
+    suites: tuple[Any, ...] = ()
 
     @property
     def name(self) -> str:

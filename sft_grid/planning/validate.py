@@ -21,6 +21,8 @@ from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATE
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning import schema_rules, venvs
 from sft_grid.planning.cells import Cell
+from sft_grid.planning.eval_rules import eval_suite
+from sft_grid.planning.evals import same_training
 
 Rule = Callable[[Cell], Iterator[Problem]]
 
@@ -240,7 +242,7 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
 RULES: tuple[Rule, ...] = (
     safe_names, inputs_named,
     batch_divisible, mix_matches, wall_time, template_fits_tokenizer, resources, hub_upload, venv_meets_needs,
-    failure_policy, notify_targets,
+    failure_policy, notify_targets, eval_suite,
 )
 
 
@@ -249,7 +251,8 @@ def duplicate_identities(cells: Sequence[Cell]) -> list[Problem]:
     problems = []
     for cell in cells:
         first = seen.setdefault((cell.spec.sweep_name, cell.key), cell)
-        if first is not cell:
+        # cells that differ only in their evaluation suite (an `eval=a,b` axis) are one cell, evaluated twice
+        if first is not cell and not same_training(first, cell):
             problems.append(Problem(
                 cell.name, "", None, "identity-unique",
                 f"trains the same model as cell {first.name} ({' '.join(first.overrides)}): they differ only in"

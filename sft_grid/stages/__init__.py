@@ -3,6 +3,8 @@
 - `prep`: the Delphi tokenizer prep, once per model, shared by its cells;
 - `post`, `post_run`: the post-training chain of a cell (consolidate, preprocessor config, tokenizer repair,
   upload, register), each stage with its own state in the ledger;
+- `evaluate`, `eval_state`: the evaluation stage of a cell (or a base model) after its post stages: lm-eval in its own
+  environment, one score file per task, each computed once; its state from the score files and the ledger;
 - `venv_build`, `assets`: the managed virtual environments and the tiny local models and datasets.
 
 Imports sft_grid.core, planning, backends and checks.

@@ -1,0 +1,133 @@
+"""An evaluation's files: eval.json (what a target's evaluation computes) and eval/<score_id>.json (one score each).
+
+A target is a cell (its trained output) or a base model (`<sweep dir>/_base/<model slug>-<key>/`, evaluated once per
+grid and shared by the cells that train from it). The grid renders eval.json; the evaluation stage reads it back,
+never conf/, and writes one score file per task it computed. A score file is the unit of "computed once":
+
+    <target>/eval/<score_id>.json   {"score_id", "task", "suite", "settings", "harness", "model", "model_path",
+                                     "template_digest", "metrics": {"<metric>": v, "<metric>_stderr": v, ...},
+                                     "time", "seconds"}  (+ "base": true in a base model's)
+
+`score_id` is a short hash of (the target's identity key, the task's settings, the harness and its version), so a
+score that exists is never computed again, a changed setting is a new score, and a score file says exactly what it
+is. A metric is named as the harness names it, with its filter after a slash where the task has one
+(`exact_match/strict-match`); its standard error is `<metric>_stderr` (null where the harness has none). Files are
+written to a temporary name and renamed: a reader (python -m sft_grid.results, status) sees a whole file or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from sft_grid.core.cellfiles import dump_json, read_json
+
+EVAL_FILE = "eval.json"
+SCORES_DIR = "eval"
+BASE_DIR = "_base"
+SCORE_ID_LEN = 12
+
+
+def score_id(key: str, settings: Mapping[str, Any], harness: str) -> str:
+    """The identity of a score: (the target's identity key, the task's settings, the harness==version)."""
+    blob = json.dumps([key, settings, harness], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:SCORE_ID_LEN]
+
+
+def score_path(target_dir: Path, sid: str) -> Path:
+    return target_dir / SCORES_DIR / f"{sid}.json"
+
+
+def has_score(target_dir: Path, sid: str) -> bool:
+    return score_path(target_dir, sid).is_file()
+
+
+def write_score(target_dir: Path, record: Mapping[str, Any]) -> Path:
+    """Write one score file atomically (a temporary name in the same directory, then a rename)."""
+    path = score_path(target_dir, str(record["score_id"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_scores(target_dir: Path) -> dict[str, dict[str, Any]]:
+    """score_id -> the score file's content, for every whole score file of a target."""
+    out = {}
+    for path in sorted((target_dir / SCORES_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("score_id") == path.stem:
+            out[path.stem] = data
+    return out
+
+
+@dataclass(frozen=True)
+class ScoreSpec:
+    """One score a target should have: its id, the suite that asks for it, the task's settings (its identity) and
+    how it is computed (not its identity: the engine, the batch size, the device)."""
+
+    score_id: str
+    suite: str
+    task: str  # the harness's task name
+    settings: Mapping[str, Any]
+    engine: str = "hf"
+    batch_size: Any = 1
+    device: str = "cpu"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"score_id": self.score_id, "suite": self.suite, "task": self.task, "settings": dict(self.settings),
+                "engine": self.engine, "batch_size": self.batch_size, "device": self.device}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ScoreSpec":
+        return cls(str(data["score_id"]), str(data["suite"]), str(data["task"]), dict(data["settings"]),
+                   str(data.get("engine") or "hf"), data.get("batch_size", 1), str(data.get("device") or "cpu"))
+
+
+@dataclass(frozen=True)
+class EvalFile:
+    """eval.json: what a target's evaluation computes and how, without conf/."""
+
+    target: str  # the cell's name, or the base model's
+    base: bool  # a base model (nothing trained: no train == serve check)
+    model_path: str  # the saved model (a cell's output/), a local directory or a hub id
+    harness: str  # "lm-eval==0.4.13": part of every score's identity
+    python: str  # the harness environment's python
+    include_paths: tuple[str, ...] = ()
+    variables: Mapping[str, str] = field(default_factory=dict)
+    # local cells evaluate in their training job (after the post stages); Slurm ones in their own job
+    in_train_job: bool = False
+    scores: tuple[ScoreSpec, ...] = ()
+
+    def dumps(self) -> str:
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        data.update(include_paths=list(self.include_paths), variables=dict(self.variables),
+                    scores=[s.to_json() for s in self.scores])
+        return dump_json(data)
+
+    @classmethod
+    def load(cls, target_dir: Path) -> "EvalFile | None":
+        data = read_json(target_dir, EVAL_FILE)
+        return None if data is None else cls.from_json(data, target_dir.name)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], name: str) -> "EvalFile":
+        return cls(
+            target=str(data.get("target") or name), base=bool(data.get("base")),
+            model_path=str(data["model_path"]), harness=str(data["harness"]), python=str(data["python"]),
+            include_paths=tuple(data.get("include_paths") or ()),
+            variables=dict(data.get("variables") or {}), in_train_job=bool(data.get("in_train_job")),
+            scores=tuple(ScoreSpec.from_json(s) for s in data.get("scores") or ()),
+        )
+
+    def missing(self, target_dir: Path) -> list[ScoreSpec]:
+        """The scores this file asks for that the target does not have yet."""
+        return [s for s in self.scores if not has_score(target_dir, s.score_id)]

@@ -1,0 +1,190 @@
+"""The evaluation stage: score a target (a cell's trained output, or a base model) on the tasks of its eval.json
+that have no score yet, each once, with lm-evaluation-harness in its own environment (in_venv/evaluate.py).
+
+Steps: record `eval running`; for a cell, check train == serve (the template every copy saved with the model
+carries is the one the trainer saved when training completed, core/saved_template.py); write the project's tiny
+tasks if asked; run the harness once per (engine, batch size, device, dtype, seed) with every missing task; turn
+each result into its score file (core/scores.py) and record it; record `eval completed`, or `failed` with the
+reason (a task's own error, or the harness's last line). A failed task fails only its own score: the next run of
+the grid computes what is missing and nothing else, never the training. Jobs run offline: the harness gets the
+Hugging Face offline switches, and tasks read only the local files or the staged cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Sequence
+
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.layout import LOGS_DIR, checkpoints, tail_lines
+from sft_grid.core.paths import IN_VENV_DIR, cache_root
+from sft_grid.core.saved_template import effective_template, template_digest, template_matches
+from sft_grid.core.scores import EvalFile, ScoreSpec, has_score, write_score
+from sft_grid.planning.eval_tasks import TINY_TASKS, tasks_digest, write_tiny_tasks
+
+log = logging.getLogger(__name__)
+
+SCRIPT = IN_VENV_DIR / "evaluate.py"
+EVAL_LOG = "eval.log"
+# the key under which the training job records the digest of the template the trainer saved (a `completed` event)
+TRAINED_TEMPLATE = "chat_template"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class EvalFailed(RuntimeError):
+    """The evaluation could not run at all; the message is the reason recorded for each missing score."""
+
+
+def record(target_dir: Path, state: str, reason: str = "", **fields: Any) -> None:
+    events.append(target_dir, Event.here(Kind.EVAL, state=state, reason=reason, **fields))
+
+
+def trained_digest(cell_dir: Path, model: Path) -> str | None:
+    """The template the cell trained with: recorded when its training completed, else the one its trainer saved
+    with its oldest checkpoint (cells trained before the record existed); None when neither says."""
+    for e in reversed(events.read(cell_dir)):
+        if e.kind is Kind.COMPLETED and e.details.get(TRAINED_TEMPLATE):
+            return str(e.details[TRAINED_TEMPLATE])
+    for ckpt in checkpoints(model):
+        text = effective_template(ckpt)
+        if text is not None:
+            return template_digest(text)
+    return None
+
+
+def served_digest(target_dir: Path, plan: EvalFile, todo: Sequence[ScoreSpec]) -> str | None:
+    """The digest of the template the model is evaluated with; for a cell, train == serve is checked first."""
+    model = Path(plan.model_path)
+    if plan.base:
+        text = effective_template(model) if model.is_dir() else None
+        return template_digest(text) if text is not None else None
+    if not (model / "config.json").is_file():
+        raise EvalFailed(f"{model} holds no saved model (no config.json): did training complete, and did the"
+                         " post-training stages (consolidate) finish?")
+    trained = trained_digest(target_dir, model)
+    if not any(s.settings.get("apply_chat_template") for s in todo):
+        return trained
+    if trained is None:
+        raise EvalFailed(f"no record of the chat template {target_dir.name} trained with (no `completed` event with"
+                         f" one, no checkpoint with a template): retrain it (force=true), or evaluate it with"
+                         " apply_chat_template=false")
+    ok, message = template_matches(model, trained)
+    if not ok:
+        raise EvalFailed(f"train == serve: {message}")
+    return trained
+
+
+def include_paths(plan: EvalFile, todo: Sequence[ScoreSpec]) -> list[str]:
+    """The task directories the harness reads: the suite's own, and the project's tiny tasks written here."""
+    paths = list(plan.include_paths)
+    if any(s.task in TINY_TASKS for s in todo):
+        where = cache_root() / "eval_tasks" / f"tiny-{tasks_digest()}"
+        write_tiny_tasks(where)
+        paths.append(str(where))
+    return paths
+
+
+def _task(score: ScoreSpec) -> dict[str, Any]:
+    keys = ("num_fewshot", "limit", "gen_kwargs", "apply_chat_template", "fewshot_as_multiturn")
+    return {"name": score.task, "id": score.score_id, **{k: score.settings[k] for k in keys}}
+
+
+def _harness(target_dir: Path, plan: EvalFile, group: Sequence[ScoreSpec], paths: Sequence[str]) -> tuple[Path, str]:
+    """Run the harness on one group of scores; (its results folder, the last line it said on failure)."""
+    first = group[0]
+    run_dir = target_dir / LOGS_DIR / "eval" / f"{time.strftime('%Y%m%d-%H%M%S')}-{first.score_id}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"model": plan.model_path, "tasks": [_task(s) for s in group], "include_path": list(paths),
+            "engine": first.engine, "batch_size": first.batch_size, "device": first.device,
+            "dtype": first.settings["dtype"], "seed": first.settings["seed"], "output_dir": str(run_dir / "results")}
+    (run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+    env = {**os.environ, **{k: str(v) for k, v in plan.variables.items()}, **OFFLINE}
+    log_file = target_dir / LOGS_DIR / EVAL_LOG
+    with log_file.open("ab") as fh:
+        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} {plan.python} {SCRIPT} {run_dir}/spec.json\n"
+                 .encode())
+        fh.flush()
+        try:
+            rc = subprocess.run([plan.python, str(SCRIPT), str(run_dir / "spec.json")], stdout=fh,
+                                stderr=subprocess.STDOUT, env=env, cwd=target_dir).returncode
+        except OSError as exc:
+            raise EvalFailed(f"cannot run the harness's python {plan.python}: {exc} (build the environment:"
+                             " python -m sft_grid.venv build lm_eval)") from None
+    said = [line.removeprefix("evaluate.py: error: ") for line in tail_lines(log_file, 16384)
+            if line.startswith("evaluate.py: error:")]
+    return run_dir / "results", ((said[-1] if said else f"the harness exited {rc}") if rc else "")
+
+
+def _score(target_dir: Path, plan: EvalFile, score: ScoreSpec, results: Path, digest: str | None,
+           failure: str) -> str:
+    """Turn one task's result into its score file; returns why it failed ("" when it did not)."""
+    result, error = results / f"{score.score_id}.json", results / f"{score.score_id}.error.json"
+    if error.is_file():
+        return json.loads(error.read_text()).get("error") or failure
+    if not result.is_file():
+        return failure or "the harness wrote no result"
+    data = json.loads(result.read_text())
+    version = plan.harness.partition("==")[2]
+    if version and data.get("harness_version") != version:
+        return (f"the harness environment has version {data.get('harness_version')}, and the score's identity says"
+                f" {plan.harness}: rebuild it (python -m sft_grid.venv build lm_eval)")
+    record_ = {"score_id": score.score_id, "task": score.task, "suite": score.suite, "settings": dict(score.settings),
+               "harness": plan.harness, "model": plan.target, "model_path": plan.model_path,
+               "template_digest": digest, "metrics": data["metrics"],
+               "time": datetime.now().astimezone().isoformat(timespec="seconds"), "seconds": data.get("seconds")}
+    write_score(target_dir, {**record_, "base": True} if plan.base else record_)
+    return ""
+
+
+def _groups(todo: Sequence[ScoreSpec]) -> list[list[ScoreSpec]]:
+    """Scores the harness computes with one model load: the same engine, batch size, device, dtype and seed."""
+    groups: dict[tuple[str, ...], list[ScoreSpec]] = {}
+    for s in todo:
+        key = (s.engine, str(s.batch_size), s.device, str(s.settings["dtype"]), str(s.settings["seed"]))
+        groups.setdefault(key, []).append(s)
+    return list(groups.values())
+
+
+def run(target_dir: Path | str) -> bool:
+    """Compute the target's missing scores; True when it has all of them. Safe to call again."""
+    target_dir = Path(target_dir).resolve()
+    plan = EvalFile.load(target_dir)
+    todo = plan.missing(target_dir) if plan is not None else []
+    if plan is None or not todo:
+        return True
+    (target_dir / LOGS_DIR).mkdir(exist_ok=True)
+    record(target_dir, "running", details={"scores": [s.score_id for s in todo]})
+    started = time.monotonic()
+    try:
+        digest = served_digest(target_dir, plan, todo)
+        paths = include_paths(plan, todo)
+        failed: dict[str, str] = {}
+        for group in _groups(todo):
+            results, failure = _harness(target_dir, plan, group, paths)
+            for score in group:
+                why = _score(target_dir, plan, score, results, digest, failure)
+                if why:
+                    failed[score.score_id] = why
+                record(target_dir, "failed" if why else "completed", why, score_id=score.score_id, task=score.task)
+    except Exception as exc:  # noqa: BLE001 - whatever stops the stage is its recorded reason, never the cell's
+        why = str(exc) if isinstance(exc, EvalFailed) else f"{type(exc).__name__}: {exc}"
+        for score in todo:
+            if not has_score(target_dir, score.score_id):
+                record(target_dir, "failed", why, score_id=score.score_id, task=score.task)
+        record(target_dir, "failed", why)
+        log.warning("%s: evaluation failed: %s", target_dir.name, why, exc_info=not isinstance(exc, EvalFailed))
+        return False
+    seconds = {"seconds": round(time.monotonic() - started, 1)}
+    if failed:
+        reason = "; ".join(f"{s.task}: {failed[s.score_id]}" for s in todo if s.score_id in failed)
+        record(target_dir, "failed", f"{len(failed)} of {len(todo)} score(s) failed: {reason}"[:1000], details=seconds)
+        return False
+    record(target_dir, "completed", details={**seconds, "scores": len(todo)})
+    return True

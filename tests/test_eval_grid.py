@@ -1,0 +1,190 @@
+"""A tiny grid trained and evaluated for real through the orchestrator: LLaMA-Factory trains on the CPU, then
+lm-evaluation-harness scores the cell and its base model in the harness's own environment, offline, on the project's
+tiny tasks; locally (the cell's own job) and on the local Slurm cluster (an evaluation array after the post array
+after the training array).
+
+Locally, one grid is invoked five times: it trains and evaluates (the base model once); invoked again it evaluates
+nothing; with a task added it evaluates that task alone (one per cell, one for the base model); with the saved
+tokenizer's template changed the evaluation fails the train == serve check, and the training stays completed;
+with the template put back it is retried alone, never the training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sft_grid.core import events
+from sft_grid.core.events import Kind
+from sft_grid.core.layout import LEDGER_FILE, iter_cell_dirs
+from sft_grid.core.scores import BASE_DIR, read_scores
+from sft_grid.stages.evaluate import TRAINED_TEMPLATE
+from sft_grid.status import base_dirs, rows
+
+from .conftest import run_sft
+from .helpers import kinds, ledger
+
+log = logging.getLogger(__name__)
+
+pytestmark = pytest.mark.backend
+
+TINY = ["model=tiny_llama", "max_steps=4", "global_batch_size=4", "micro_batch_size=2", "eval=tiny"]
+CONTRACT = {"score_id", "task", "suite", "settings", "harness", "model", "model_path", "template_digest", "metrics",
+            "time", "seconds"}
+
+
+@pytest.fixture(scope="module")
+def harness_env() -> Path:
+    from sft_grid.stages.venv_build import build
+
+    started = time.monotonic()
+    env = build("lm_eval")
+    log.info("harness environment %s ready in %.0f s", env, time.monotonic() - started)
+    return env
+
+
+def grid(root: Path, *extra: str, timeout: float = 1200) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    proc = run_sft("-m", *TINY, *extra, f"runs_root={root}", timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, time.monotonic() - started
+
+
+def scores_by_task(target: Path) -> dict[str, dict]:
+    return {(s["task"], s["settings"]["limit"]): s for s in read_scores(target).values()}
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and (p.name == LEDGER_FILE or p.parent.name == "eval")}
+
+
+def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone(tmp_path, tiny_assets, harness_env):
+    root = tmp_path / "runs"
+    one_task = "~eval.tasks.tiny_gen"
+    first, seconds = grid(root, one_task)
+    log.info("train + evaluate (one task) + base model: %.0f s", seconds)
+    (cell,) = iter_cell_dirs(root / "default")
+    (base,) = base_dirs(root / "default")
+    assert base.parent.name == BASE_DIR and base.name.startswith("tiny_llama-")
+    trained = events.last(events.read(cell), Kind.COMPLETED).details[TRAINED_TEMPLATE]
+    for target, model in ((cell, cell.name), (base, "tiny_llama")):
+        (score,) = read_scores(target).values()
+        assert set(score) == CONTRACT | ({"base"} if target == base else set())
+        assert (score["task"], score["suite"], score["model"], score["harness"]) == ("tiny_mc", "tiny", model,
+                                                                                     "lm-eval==0.4.13")
+        assert 0 <= score["metrics"]["acc"] <= 1 and 0 < score["metrics"]["acc_stderr"] < 0.5
+        assert score["settings"]["apply_chat_template"] is True and score["template_digest"] == trained
+    assert read_scores(base)[next(iter(read_scores(base)))]["base"] is True
+    table = rows([cell], [base])
+    assert [r[6] for r in table] == ["done (1)", "done (1)"] and table[0][1] == "completed"
+
+    # invoked again: nothing is evaluated (no ledger line, no score file touched)
+    before = snapshot(root)
+    again, seconds = grid(root, one_task)
+    log.info("second invocation: %.1f s", seconds)
+    assert "nothing to run" in again.stdout and snapshot(root) == before
+
+    # the suite's other task added: that task alone, for the cell and for the base model
+    added, seconds = grid(root)
+    log.info("one task added, evaluated for the cell and the base model: %.0f s", seconds)
+    unchanged = {k: v for k, v in snapshot(root).items() if k in before and "/eval/" in k}
+    assert unchanged == {k: v for k, v in before.items() if "/eval/" in k}  # tiny_mc's scores: never again
+    for target in (cell, base):
+        scored = scores_by_task(target)
+        assert sorted(scored) == [("tiny_gen", None), ("tiny_mc", None)]
+        last_run = [e for e in events.read(target) if e.kind is Kind.EVAL and e.state == "running"][-1]
+        assert last_run.details["scores"] == [scored[("tiny_gen", None)]["score_id"]]
+    gen = scores_by_task(cell)[("tiny_gen", None)]["metrics"]
+    assert set(gen) == {"exact_match/strict-match", "exact_match/strict-match_stderr",
+                        "exact_match/flexible-extract", "exact_match/flexible-extract_stderr"}
+    assert kinds(cell).count("running") == 1
+
+    # the saved tokenizer's template changed: train == serve fails the evaluation of a new setting, not the cell
+    output = cell / "output"
+    shutil.copytree(output, tmp_path / "saved", ignore=shutil.ignore_patterns("checkpoint-*", "*.safetensors"))
+    template = (output / "chat_template.jinja").read_text()
+    (output / "chat_template.jinja").write_text(template.replace("<|eot_id|>", "<|end|>"))
+    grid(root, "eval.tasks.tiny_mc.limit=10")
+    status = rows([cell], [base])
+    # (the suite now asks for tiny_gen and tiny_mc with limit 10: the score without a limit stays on disk)
+    assert status[0][1] == "completed" and status[0][6] == "failed (1/2)" and status[1][6] == "done (2)"
+    assert "train == serve" in status[0][7] and "chat_template.jinja has digest" in status[0][7]
+    assert ("tiny_mc", 10) not in scores_by_task(cell) and ("tiny_mc", 10) in scores_by_task(base)
+
+    # the template put back: the evaluation is retried alone, never the training
+    shutil.copyfile(tmp_path / "saved" / "chat_template.jinja", output / "chat_template.jinja")
+    retried, seconds = grid(root, "eval.tasks.tiny_mc.limit=10")
+    log.info("failed evaluation retried alone: %.0f s", seconds)
+    assert "evaluation to run again: 1 score(s)" in retried.stdout
+    assert rows([cell])[0][6] == "done (2)" and kinds(cell).count("running") == 1 and len(read_scores(cell)) == 3
+    assert scores_by_task(cell)[("tiny_mc", 10)]["metrics"]["acc"] is not None
+
+
+def _arrays(root: Path) -> set[str]:
+    return {e["name"] for p in root.rglob(LEDGER_FILE) for e in ledger(p.parent)
+            if e.get("event") in ("submitted", "post_job", "eval_job") and e.get("name")}
+
+
+def _sacct(job_ids: list[str]) -> dict[str, tuple[str, str, str]]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "--format=JobID,State,Start,End", f"--jobs={','.join(job_ids)}"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return {p[0]: (p[1], p[2], p[3]) for p in (line.split("|") for line in out.splitlines()) if len(p) >= 4}
+
+
+@pytest.mark.slurm
+def test_on_slurm_each_cell_is_evaluated_by_an_array_after_its_post_and_training_tasks(tmp_path, tiny_assets,
+                                                                                      harness_env):
+    root = tmp_path / "runs"
+    try:
+        queued, _ = grid(root, "lr=1e-3,5e-4", "cluster=slurm_local", timeout=300)
+        assert "evaluation of 2 cell(s): array sft_grid-" in queued.stdout and ", after aftercorr" in queued.stdout
+        assert "evaluation of 1 base model(s)" in queued.stdout
+        cells = list(iter_cell_dirs(root / "default"))
+        (base,) = base_dirs(root / "default")
+        deadline = time.monotonic() + 1200
+        eval_jobs = [events.last(events.read(t), Kind.EVAL_JOB).eval_job_id for t in (*cells, base)]
+        while not (all(len(read_scores(t)) == 2 for t in (*cells, base))
+                   and all(state == "COMPLETED" for state, _, _ in _sacct(eval_jobs).values())):
+            failed = [r for r in rows(cells, [base]) if r[1] in ("failed", "cancelled") or r[6].startswith("failed")]
+            assert not failed and time.monotonic() < deadline, rows(cells, [base])
+            time.sleep(2)
+        for cell in cells:
+            history = events.read(cell)
+            train, post = events.last(history, Kind.JOB).job_id, events.last(history, Kind.POST_JOB)
+            evaluation = events.last(history, Kind.EVAL_JOB)
+            # the same task index in the training, post and evaluation arrays (aftercorr pairs them)
+            assert evaluation.after == post.post_job_id.split("_")[0]
+            assert evaluation.index == post.index == events.last(history, Kind.SUBMITTED).index
+            jobs = _sacct([train, post.post_job_id, evaluation.eval_job_id])
+            assert all(state == "COMPLETED" for state, _, _ in jobs.values()), jobs
+            # each evaluation task started once its post task, started after its training task, had ended
+            assert jobs[evaluation.eval_job_id][1] >= jobs[post.post_job_id][2] >= jobs[train][2]
+            assert {s["task"] for s in read_scores(cell).values()} == {"tiny_mc", "tiny_gen"}
+        script = next((root / "default" / ".submitit").glob(f"{evaluation.array}/*.sh")).read_text()
+        assert "#SBATCH --cpus-per-task=2" in script and "#SBATCH --time=20" in script
+        again, _ = grid(root, "lr=1e-3,5e-4", "cluster=slurm_local", timeout=300)
+        assert "nothing to run" in again.stdout and "evaluation of" not in again.stdout
+        assert [kinds(c).count("eval_job") for c in cells] == [1, 1]
+    finally:
+        for name in sorted(_arrays(root)):
+            subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
+
+
+def test_an_eval_axis_on_the_command_line_renders_one_cell_in_the_directory_of_the_cell_without_it(tmp_path,
+                                                                                                   tiny_assets):
+    plain = run_sft("-m", "model=tiny_llama", "dry_run=true", f"runs_root={tmp_path / 'a'}", timeout=600)
+    axis = run_sft("-m", "model=tiny_llama", "eval=tiny,none", "dry_run=true", f"runs_root={tmp_path / 'b'}",
+                   timeout=600)
+    assert plain.returncode == axis.returncode == 0, axis.stderr[-3000:]
+    ((one,), (other,)) = (list(iter_cell_dirs(tmp_path / r / "default")) for r in ("a", "b"))
+    assert one.name == other.name and "dry run: 1 cell(s) rendered" in axis.stdout
+    assert not (one / "eval.json").exists() and [s["task"] for s in json.loads((other / "eval.json").read_text())[
+        "scores"]] == ["tiny_mc", "tiny_gen"]
+    assert "evaluation suite tiny: 1 cell(s) x 2 task(s)" in axis.stdout and "evaluation" not in plain.stdout

@@ -19,10 +19,11 @@ from sft_grid.backends import BACKENDS
 from sft_grid.checks.examples import Examples, first_examples
 from sft_grid.checks.preflight import Preflight, preflight
 from sft_grid.core.cellfiles import Check
-from sft_grid.core.layout import iter_cell_dirs
+from sft_grid.core.layout import OUTPUT_DIR, iter_cell_dirs, output_complete
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
+from sft_grid.grid import estimates
 from sft_grid.grid.decide import Action, Decision, decide
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.lock import SweepLock
@@ -51,6 +52,8 @@ class GridResult:
     # each model prep the grid's cells need, with its cells
     preps: dict[Prep, list[Cell]]
     examples: Examples | None = None
+    # what each cell will cost (None: estimates turned off)
+    costs: estimates.GridCosts | None = None
     executed: Executed | None = None
     # local cells this invocation ran and waited for: their final state
     final: dict[Path, CellState] = field(default_factory=dict)
@@ -119,6 +122,13 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
     dirs = cell_dirs(cells)
     dry_run = any(c.spec.dry_run for c in cells)
     needed = preps(cells)
+    costs = None if estimates.env_disabled() else estimates.estimate(cells, checked.lengths)
+    if costs is not None:
+        # before anything is written: every cell that would train (completed ones are skipped unless forced)
+        too_long = estimates.problems(costs, [c for c, d in zip(cells, dirs)
+                                              if c.spec.force or not output_complete(d / OUTPUT_DIR)])
+        if too_long:
+            raise GridError(too_long, "the estimates")
     with SweepLock({c.sweep_dir for c in cells}):
         view = read_view(dirs, [p.dir for p in needed])
         decisions = []
@@ -127,12 +137,13 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
             if state.recovered:
                 recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])
             decisions.append(decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery))
-        writes = [render(d.cell, d.dir, checked.deferred.get(d.cell.name, [])) for d in decisions
-                  if d.touch_files and (dry_run or d.action is not Action.SKIP)]
+        writes = [estimates.with_file(render(d.cell, d.dir, checked.deferred.get(d.cell.name, [])), costs,
+                                      d.cell.name if d.action is Action.RUN else None)
+                  for d in decisions if d.touch_files and (dry_run or d.action is not Action.SKIP)]
         on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
         max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
         plan = build(decisions, view.histories, view.scheduler, max_size, writes)
-        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed)
+        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, costs=costs)
         if dry_run:
             write_all(plan.writes)
             result.examples = first_examples(cells)

@@ -23,7 +23,7 @@ NOT_IDENTITY = frozenset(
     {
         "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
         "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
-        "hub_model_id", "concurrency", "register_db", "register_command", "vars",
+        "hub_model_id", "concurrency", "register_db", "register_command", "vars", "cleanup_checkpoints",
     }
 )
 # Keys of sub-configs that are about the machine, not the model.
@@ -119,6 +119,21 @@ def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
         value = value.strip("[]'\"").replace(",", "+")
         parts.append(value if key in ("model", "dataset", "backend") else f"{key.rsplit('.', 1)[-1]}{value}")
     return slugify("_".join(parts) if parts else str(config["model"]["name"]))
+
+
+# overrides that say where or how a cell runs, not which cell of a grid it is
+_NOT_SWEPT = ("runs_root", "sweep", "dry_run", "force", "rerun_failed")
+
+
+def swept_values(overrides: Sequence[str]) -> dict[str, str]:
+    """The values a cell's overrides set (its grid's axes and the command line's), key -> value as written; what
+    W&B tags and config carry, and what the results table and the report group cells by."""
+    out = {}
+    for line in overrides:
+        key, _, value = line.lstrip("+~").partition("=")
+        if value and key.split(".", 1)[0] not in _NOT_SWEPT:
+            out[key] = value.strip("'\"")
+    return out
 
 
 def hub_id_for(template: str, config: Mapping[str, Any], key: str, slug: str) -> str:

@@ -121,8 +121,8 @@ def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
     return slugify("_".join(parts) if parts else str(config["model"]["name"]))
 
 
-# overrides that say where or how a cell runs, not which cell of a grid it is
-_NOT_SWEPT = ("runs_root", "sweep", "dry_run", "force", "rerun_failed")
+# overrides that say where or how a grid runs, never which cell of it this is
+_NOT_SWEPT = ("runs_root", "sweep", "sweep_name", "dry_run", "force", "rerun_failed", "report_to", "concurrency")
 
 
 def swept_values(overrides: Sequence[str]) -> dict[str, str]:

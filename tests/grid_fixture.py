@@ -33,7 +33,8 @@ def curve(steps: int, floor: float, start: float = 3.0) -> list[tuple[int, float
 
 
 def run(cell_dir: Path, state: str, losses: Sequence[tuple[int, float]], total: int, start: float = T0,
-        seconds: float = 100.0, train_runtime: float | None = None, reason: str = "") -> None:
+        seconds: float = 100.0, train_runtime: float | None = None, reason: str = "",
+        cpu_seconds: float | None = None) -> None:
     """What a run leaves: the ledger and, as far as it got, the trainer's output. `state`: completed, failed
     (after the steps given), running (the process standing for it is this one: alive)."""
     pid, host = os.getpid(), socket.gethostname()
@@ -53,7 +54,8 @@ def run(cell_dir: Path, state: str, losses: Sequence[tuple[int, float]], total: 
         (out / "model.safetensors").write_bytes(b"\0" * 16)
         (out / "all_results.json").write_text(json.dumps({"train_runtime": runtime}))
         events.append(cell_dir, Event(Kind.COMPLETED, time=stamp(start + seconds), pid=pid, host=host, job_id="1",
-                                      step=total, loss=losses[-1][1]))
+                                      step=total, loss=losses[-1][1],
+                                      details={} if cpu_seconds is None else {"cpu_seconds": cpu_seconds}))
     elif state == "failed":
         events.append(cell_dir, Event(Kind.FAILED, time=stamp(start + seconds), pid=pid, host=host, job_id="1",
                                       reason=reason or "backend exited with 1: RuntimeError: CUDA out of memory"))

@@ -18,11 +18,16 @@ def plan(**kw) -> CellPlan:
     return CellPlan(**{**base, **kw})
 
 
-def measured(p: CellPlan, seconds: float, cluster: str = "leonardo", gpu: str = "A100", wall: float | None = None,
-             ) -> Measured:
+def measured(p: CellPlan, seconds: float | None = None, cluster: str = "leonardo", gpu: str = "A100",
+             machine: tuple[float, float, float] | None = None) -> Measured:
+    """A cell as it ran: `seconds`, or what a machine of (start-up, per-token, per-FLOP) cost takes for it."""
     tok = count_tokens(p)
     dense, attn = training_flops(p.model, tok.tokens, tok.attended)
-    return Measured(p.name, cluster, gpu, p.gpus, p.model.params, seconds, wall, tok.tokens, dense + attn)
+    if machine is not None:
+        s, a, b = machine
+        seconds = s + (a * tok.tokens + b * (dense + attn)) / p.gpus
+    assert seconds is not None
+    return Measured(p.name, cluster, gpu, p.gpus, p.model.params, seconds, tok.tokens, dense + attn)
 
 
 def test_epoch_tokens_cap_each_example_at_cutoff_and_scale_to_rows() -> None:
@@ -81,36 +86,43 @@ def test_default_throughput_is_mfu_times_peak_and_says_so() -> None:
 
 def test_calibration_from_one_size_is_a_flop_rate_that_serves_every_size() -> None:
     small = Model(1e8, 12, 768)
-    runs = [measured(plan(name=f"m{i}", model=small, gpus=4), seconds=s, wall=s + 60)
-            for i, s in enumerate((100.0, 100.0, 100.0))]
+    runs = [measured(plan(name=f"m{i}", model=small, gpus=4), seconds=160.0) for i in range(3)]
     cal = calibrate(runs)["leonardo"]
-    assert cal.sizes == 1 and cal.per_token_s == 0 and cal.startup_s == pytest.approx(60)
-    assert cal.flops_per_gpu_s == pytest.approx(runs[0].flops / (100.0 * 4))
+    # one size, one length of data: start-up, per-token and per-FLOP cost look alike; the FLOP rate is kept
+    assert cal.sizes == 1 and cal.per_token_s == 0 and cal.startup_s == 0
+    assert cal.flops_per_gpu_s == pytest.approx(runs[0].flops / (160.0 * 4))
     tp = throughput("leonardo", "A100", {"leonardo": cal})
-    assert tp is not None and tp.source == "calibration" and "3 completed cell(s) of 1 size(s)" in tp.detail
+    assert tp is not None and tp.source == "calibration"
+    assert "per-FLOP cost fitted to the wall time of 3 completed cell(s) of 1 size(s)" in tp.detail
     big = plan(gpus=8, model=Model(7e9, 32, 4096))
     e = estimate_cell(big, tp)
-    assert e.wall_seconds == pytest.approx(60 + e.flops / cal.flops_per_gpu_s / 8)
+    assert e.wall_seconds == pytest.approx(e.flops / cal.flops_per_gpu_s / 8)
     assert throughput("jupiter", "GH200", {"leonardo": cal}).source == "default"  # type: ignore[union-attr]
 
 
-def test_calibration_over_sizes_separates_per_token_and_per_flop_costs() -> None:
-    # a machine that spends 2 ms per token besides 1e-10 s per FLOP: three sizes recover both exactly
-    a, b = 2e-3, 1e-10
-    runs = []
-    for i, n in enumerate((1e6, 4e6, 1.6e7)):
-        p = plan(name=f"s{i}", model=Model(n, 4, 256), gpus=1, epochs=1.0)
-        m = measured(p, seconds=1.0)
-        runs.append(Measured(m.cell, m.cluster, m.gpu, 1, n, a * m.tokens + b * m.flops, None, m.tokens, m.flops))
+def test_calibration_over_sizes_and_lengths_recovers_start_up_per_token_and_per_flop_costs() -> None:
+    # a machine that spends 30 s starting, 2 ms per token and 1e-10 s per FLOP (per GPU)
+    machine = (30.0, 2e-3, 1e-10)
+    runs = [measured(plan(name=f"s{i}", model=Model(n, 4, 256), gpus=g, epochs=ep), machine=machine)
+            for i, (n, ep, g) in enumerate(((1e6, 1.0, 1), (4e6, 2.0, 2), (1.6e7, 1.0, 1), (6.4e7, 3.0, 4)))]
     cal = calibrate(runs)["leonardo"]
-    assert cal.sizes == 3
-    assert cal.per_token_s == pytest.approx(a, rel=1e-9) and cal.per_flop_s == pytest.approx(b, rel=1e-9)
-    # a fourth size is predicted from the fit, not from a flop rate alone
-    other = plan(name="new", model=Model(6.4e7, 4, 256), gpus=1, epochs=1.0)
+    assert cal.sizes == 4
+    assert (cal.startup_s, cal.per_token_s, cal.per_flop_s) == pytest.approx(machine, rel=1e-6)
+    # a fifth size is predicted from the fit, not from a flop rate alone
+    other = plan(name="new", model=Model(2.5e8, 4, 256), gpus=2, epochs=1.0)
     e = estimate_cell(other, cal.throughput())
-    assert e.wall_seconds == pytest.approx(a * e.tokens.tokens + b * e.flops, rel=1e-9)
+    assert e.wall_seconds == pytest.approx(measured(other, machine=machine).seconds, rel=1e-6)
     # leaving a cell out fits the others only
-    assert calibrate(runs, leave_out="s2")["leonardo"].cells == ("s0", "s1")
+    assert calibrate(runs, leave_out="s2")["leonardo"].cells == ("s0", "s1", "s3")
+
+
+def test_cells_of_one_data_length_calibrate_start_up_and_flop_rate() -> None:
+    machine = (20.0, 0.0, 1e-10)
+    runs = [measured(plan(name=f"s{i}", model=Model(n, 4, 256), gpus=1), machine=machine)
+            for i, n in enumerate((1e6, 4e6, 1.6e7))]
+    cal = calibrate(runs)["leonardo"]  # the same tokens everywhere: start-up and per-token cost look alike
+    assert cal.per_token_s == 0 and cal.startup_s == pytest.approx(20.0) and cal.per_flop_s == pytest.approx(1e-10)
+    assert "start-up + per-FLOP cost" in cal.throughput().detail
 
 
 def test_disk_is_checkpoint_size_times_checkpoints_kept_plus_the_final_model() -> None:

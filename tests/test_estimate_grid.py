@@ -63,23 +63,26 @@ def test_a_cell_without_a_token_sample_has_no_estimate_but_a_disk_bound(make_cel
 
 
 def test_completed_cells_calibrate_the_next_estimates(make_cells, data_file: Path, tmp_path: Path) -> None:
-    done_cells = make_cells(*[[f"model={m}", f"dataset.tiny_messages.source={data_file}", "sweep_name=first"]
-                              for m in ("tiny_llama", "tiny_llama_m", "tiny_llama_l")])
+    done_cells = make_cells(*[[f"model={m}", f"dataset.tiny_messages.source={data_file}", "sweep_name=first",
+                               f"epochs={ep}"] for m, ep in (("tiny_llama", 1), ("tiny_llama_m", 2),
+                                                             ("tiny_llama_l", 1), ("tiny_llama_l", 3))])
     costs = estimates.estimate(done_cells, {c.name: {"tiny_messages": LENGTHS} for c in done_cells})
     for cell, d in zip(done_cells, gf.render_cells(done_cells)):
         (d / "estimate.json").write_text(costs.file_text(cell.name) or "")
         e = costs.estimates[cell.name]
-        train = round(1e-3 * e.tokens.tokens + 1e-9 * e.flops)  # this "machine": 1 ms a token, 1 GFLOP/s
-        gf.run(d, "completed", gf.curve(19, 2.0), 19, seconds=train + 15, train_runtime=train)
+        train = 1e-3 * e.tokens.tokens + 1e-9 * e.flops  # this "machine": 15 s to start, 1 ms a token, 1 GFLOP/s
+        gf.run(d, "completed", gf.curve(19, 2.0), 19, seconds=round(train) + 15, train_runtime=train,
+               cpu_seconds=train + 15)
         assert measured(d) is not None
     cal = calibrations([tmp_path / "runs"])["local"]
-    assert cal.sizes == 3 and cal.startup_s == 15
+    assert cal.sizes == 3 and len(cal.cells) == 4
+    assert (cal.startup_s, cal.per_token_s, cal.per_flop_s) == pytest.approx((15, 1e-3, 1e-9), rel=1e-6)
     (new,) = make_cells(["model=tiny_llama_m", f"dataset.tiny_messages.source={data_file}", "epochs=3",
                          "sweep_name=second"])
     e = estimates.estimate([new], {new.name: {"tiny_messages": LENGTHS}}).estimates[new.name]
     assert e.throughput is not None and e.throughput.source == "calibration"
-    assert "fitted to 3 completed cell(s) of 3 size(s) on local" in e.throughput.detail
-    assert e.wall_seconds == pytest.approx(15 + 1e-3 * e.tokens.tokens + 1e-9 * e.flops, rel=0.01)
+    assert "fitted to the CPU time of 4 completed cell(s) of 3 size(s) on local" in e.throughput.detail
+    assert e.wall_seconds == pytest.approx(15 + 1e-3 * e.tokens.tokens + 1e-9 * e.flops, rel=1e-6)
 
 
 def test_a_cell_that_cannot_finish_in_its_wall_time_is_a_problem(make_cells, data_file: Path) -> None:

@@ -46,7 +46,8 @@ def make_grid(make_cells: Any, sweep: str, states: dict[tuple[str, str], str] | 
         train = round(PER_TOKEN * tokens + PER_FLOP * est["flops"])  # whole seconds, as the ledger has them
         losses = gf.curve(20, law(params, e))
         steps = {"completed": 20, "running": 12, "failed": 5}[state]
-        gf.run(d, state, losses[:steps], 20, start=gf.T0 + 1000 * i, seconds=train + STARTUP, train_runtime=train)
+        gf.run(d, state, losses[:steps], 20, start=gf.T0 + 1000 * i, seconds=train + STARTUP, train_runtime=train,
+               cpu_seconds=train + STARTUP)
         if state == "completed":
             gf.score(d, "tiny_mc", {"acc": 0.95 - law(params, e - 0.9) / 4, "acc_stderr": 0.01})  # rises with size
     return dirs
@@ -83,7 +84,7 @@ def test_report_of_a_grid_over_size_and_data(make_cells, tmp_path: Path) -> None
     est = data["estimates"]
     assert est["summary"]["cells"] == 6 and est["summary"]["median_abs_error_now"] < 0.05
     assert est["summary"]["median_abs_error_at_launch"] > 0.5  # the launch-time default knew nothing yet
-    assert "fitted to 6 completed cell(s) of 3 size(s) on local" in est["calibration"]["local"]
+    assert "fitted to the CPU time of 6 completed cell(s) of 3 size(s) on local" in est["calibration"]["local"]
     # the page: every cell in the table, loss curves per recipe and scaling plots, the estimates said
     page = html.read_text()
     rows = body_rows(parse(page))

@@ -7,7 +7,7 @@ its estimate counted), the base models, the scaling fits (analysis/scaling.py: f
 recipe, against parameters and against the pretraining compute budget where model names carry one), and the
 estimate against the actual: each completed cell's estimate made when it was queued (estimate.json), what the
 calibration of today says of it without it (leave-one-out: planning/throughput.py fitted to the grid's other
-completed cells), and what it took (its completing run's wall time x GPUs).
+completed cells), and what it took (its completing run's wall time x GPUs; CPU time on CPU-only nodes).
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def grid_facts(table: GridTable) -> dict[str, Any]:
     revision = _git("log", "-1", "--format=%h", "--", rel) if rel else ""
     dirty = bool(_git("status", "--porcelain", "--", rel)) if rel else False
     est = [r.estimate_gpu_hours for r in table.rows if r.estimate_gpu_hours is not None]
-    cpu = bool(table.rows) and all((r.estimate or {}).get("gpu") == "CPU" or r.cluster in ("local", "slurm_local")
-                                   for r in table.rows)
+    cpu = bool(table.rows) and all(r.cpu for r in table.rows)
     return {"name": table.name, "sweep_file": rel, "git_revision": revision or None, "git_dirty": dirty,
             "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs_root": str(table.sweep_dir.parent),
             "counts": counts, "gpu_hours_used": sum(r.gpu_hours or 0.0 for r in table.rows),
@@ -95,9 +94,9 @@ def accuracy(rows: Sequence[Row], ms: dict[str, Measured]) -> tuple[dict[str, di
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         m = ms.get(r.name)
-        if m is None or m.wall is None:
+        if m is None:
             continue
-        took = m.wall * m.gpus / 3600
+        took = m.seconds * m.gpus / 3600
         cal = calibrate(ms.values(), leave_out=r.name).get(m.cluster)
         now = cal.throughput(r.name).seconds(m.tokens, m.flops, m.gpus) * m.gpus / 3600 if cal else None
         out[r.name] = {"measured_gpu_hours": took, "at_launch": r.estimate_gpu_hours, "now": now,

@@ -4,7 +4,7 @@ Read from each cell's own files only (no harness, no backend, no numpy): cell.ya
 swept values; the config gives model, size, GPUs), the ledger and the trainer's output (state, steps, final
 loss: the shared rules of core/state.py and grid/view.py, one sacct for a Slurm grid), the score files
 (analysis/scores.py), estimate.json (what the grid estimated when it queued the cell) and the ledger's run times
-(GPU-hours used: every run's wall time x the cell's GPUs; a CPU-only node counts as one device).
+(GPU-hours used: every run's wall time x the cell's GPUs; on a CPU-only node the runs' CPU time, one device).
 
 Columns: the swept values (the keys whose values differ between the grid's cells), state, steps, final loss
 (the mean training loss over the last 10% of logged steps, at least one: a single step's loss is noisy), each
@@ -50,6 +50,7 @@ class Row:
     scores: dict[str, sc.Score] = field(default_factory=dict)
     wall_seconds: float | None = None
     gpus: int = 1
+    cpu: bool = False  # a CPU-only node: its runs are counted in CPU time (CPU-hours stand in for GPU-hours)
     gpu_hours: float | None = None
     model: str = ""
     model_source: str = ""
@@ -115,10 +116,11 @@ def _cell_row(cell_dir: Path) -> Row:
     cfg = yaml.load(text, Loader=_Loader) or {}
     model, cluster = cfg.get("model") or {}, cfg.get("cluster") or {}
     gpus = int(cfg.get("nodes") or 1) * max(1, int(cluster.get("gpus_per_node") or 0))
+    cpu = cluster.get("gpu_type") == "CPU" or (not cluster.get("gpus_per_node") and not cluster.get("gpu_type"))
     params = model.get("params_b")
     overrides = overrides_of(text)
     return Row(cell_dir.name, cell_dir, key=cell_dir.name.rsplit("-", 1)[-1], overrides=overrides,
-               values=swept_values(overrides), gpus=gpus, model=str(model.get("name") or ""),
+               values=swept_values(overrides), gpus=gpus, cpu=cpu, model=str(model.get("name") or ""),
                model_source=str(model.get("path") or model.get("hub_id") or ""),
                params=float(params) * 1e9 if isinstance(params, (int, float)) else None,
                compute_budget=budget_of(str(model.get("name") or "")), cluster=str(cluster.get("name") or ""),
@@ -183,7 +185,7 @@ def read_table(sweep_dir: Path, with_losses: bool = False) -> GridTable:
             losses = losses_of(d / OUTPUT_DIR)
             row.final_loss = final_loss(losses)
             row.losses = losses if with_losses else []
-        row.wall_seconds = used_seconds(history, st.state.in_flight)
+        row.wall_seconds = used_seconds(history, st.state.in_flight, row.cpu)
         row.gpu_hours = None if row.wall_seconds is None else row.wall_seconds * row.gpus / 3600
         got, bad = sc.cell_scores(d, history)
         raw.append(got)

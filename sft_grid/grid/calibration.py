@@ -1,11 +1,12 @@
 """What completed cells took: the measurements the throughput calibration is fitted to (planning/throughput.py),
 and the device time a cell used.
 
-A completed cell is measured from its own files: what the grid estimated when it queued it (estimate.json:
-its tokens and FLOPs counted from the token sample, its GPUs, model size, cluster and GPU type), its training
-loop's seconds (the trainer's `train_runtime`) and its wall time from the ledger (its last `running` to
-`completed`: start-up, checks and training; not the post-training stages, recorded after). A cell that resumed
-from a checkpoint in its last run is left out: its train_runtime covers part of the training only.
+A completed cell is measured from its own files: what the grid estimated when it queued it (estimate.json: its
+tokens and FLOPs counted from the token sample, its GPUs, model size, cluster and GPU type) and what its
+completing run took, from the ledger: the wall time from its last `running` to `completed` (start-up, checks and
+training; not the post-training stages, recorded after), or on CPU-only nodes the run's CPU time, which the job
+records with the outcome (`cpu_seconds`: user + system of the training's processes). A cell that resumed from a
+checkpoint in its last run is left out: its run did part of the training only.
 
 Every completed cell under a runs root counts, whatever grid it belongs to: the calibration is per cluster.
 Reading is cheap (small files; trainer_state.json only from its tail), so the dry run can afford it.
@@ -48,10 +49,27 @@ def run_intervals(history: Sequence[Event], now: float | None = None) -> list[tu
     return out
 
 
-def used_seconds(history: Sequence[Event], in_flight: bool) -> float | None:
-    """Wall seconds of every run of the cell (a run in flight counts until now); None when it never ran."""
-    runs = run_intervals(history, time.time() if in_flight else None)
-    return sum(b - a for a, b in runs) if runs else None
+def run_seconds(history: Sequence[Event], cpu: bool, now: float | None = None) -> list[float]:
+    """What each run of the cell took: its wall time, or (`cpu`, a CPU-only node) the CPU time its outcome
+    recorded where it did (else its wall time)."""
+    out = []
+    for i, e in enumerate(history):
+        if e.kind is not Kind.RUNNING:
+            continue
+        end = next((x for x in history[i + 1:] if x.kind in _ENDS or x.kind is Kind.RUNNING), None)
+        spent = end.details.get("cpu_seconds") if cpu and end is not None and end.kind is not Kind.RUNNING else None
+        if isinstance(spent, (int, float)):
+            out.append(float(spent))
+            continue
+        runs = run_intervals(history[i:i + 1] + ([end] if end is not None else []), now)
+        out += [b - a for a, b in runs]
+    return out
+
+
+def used_seconds(history: Sequence[Event], in_flight: bool, cpu: bool = False) -> float | None:
+    """Seconds of every run of the cell (a run in flight counts until now); None when it never ran."""
+    runs = run_seconds(history, cpu, time.time() if in_flight else None)
+    return sum(runs) if runs else None
 
 
 def train_runtime(output: Path) -> float | None:
@@ -87,18 +105,19 @@ def measured(cell_dir: Path, history: Sequence[Event] | None = None) -> Measured
     if not output_complete(output):
         return None
     est = read_estimate(cell_dir)
-    seconds = train_runtime(output)
-    if est is None or not seconds or seconds <= 0:
+    if est is None:
         return None
+    seconds = train_runtime(output)
     history = events.read(cell_dir) if history is None else history
     starts = [i for i, e in enumerate(history) if e.kind is Kind.RUNNING]
     if not starts or any(e.kind is Kind.RESUMED for e in history[starts[-1]:]):
         return None
-    runs = run_intervals(history[starts[-1]:])
+    took = run_seconds(history[starts[-1]:], est.get("gpu") == "CPU")
+    if not took or took[0] <= 0:
+        return None
     try:
         return Measured(cell_dir.name, str(est["cluster"]), str(est["gpu"]), int(est["gpus"]), float(est["params"]),
-                        float(seconds), runs[0][1] - runs[0][0] if runs else None, float(est["tokens"]),
-                        float(est["flops"]))
+                        took[0], float(est["tokens"]), float(est["flops"]), train_seconds=seconds)
     except (KeyError, TypeError, ValueError):
         return None
 

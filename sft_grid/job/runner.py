@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import time
@@ -104,16 +105,20 @@ def run_cell(cell_dir: str | Path) -> str:
 
     log_file = cell_dir / LOGS_DIR / (TRAIN_LOG if lead else f"train.node{os.environ.get('SLURM_PROCID')}.log")
     log_file.parent.mkdir(exist_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log_file.open("ab") as fh:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
         fh.flush()
         rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
                             cwd=cell_dir).returncode
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/calibration.py)
+    used = {"cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
     if rc < 0:
         # killed by a signal: Slurm cancelling, requeueing or timing the job out, or the OOM killer. What
         # the cell became is for the scheduler (or, locally, the dead process) to say, not this process.
         if lead:
-            events.append(cell_dir, _here(Kind.INTERRUPTED, signal=-rc))
+            events.append(cell_dir, _here(Kind.INTERRUPTED, signal=-rc, details=used))
         raise CellFailed(f"training was killed by signal {-rc}")
     if not lead:
         if rc:
@@ -121,11 +126,11 @@ def run_cell(cell_dir: str | Path) -> str:
         return "done"
     if rc == 0 and output_complete(output):
         done = progress(output)
-        events.append(cell_dir, _here(Kind.COMPLETED, step=done.step, loss=done.loss))
+        events.append(cell_dir, _here(Kind.COMPLETED, step=done.step, loss=done.loss, details=used))
         _post_stages(cell_dir)
         return State.COMPLETED.value
     reason = failure_reason(log_file, rc) if rc else "backend exited 0 but output/ has no final weights and trainer_state.json"
-    events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc))
+    events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc, details=used))
     raise CellFailed(reason)
 
 

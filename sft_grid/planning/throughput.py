@@ -1,21 +1,26 @@
 """How fast a cluster trains: a calibration fitted from completed cells, or a stated default. Pure, stdlib.
 
-A cell's time on one GPU is modelled as
+A cell's run is modelled as
 
-    GPU-seconds = a * tokens + b * FLOPs           (FLOPs: 6 N D + attention, planning/estimate.py)
-    wall        = start-up + GPU-seconds / GPUs
+    seconds = start-up + (a * tokens + b * FLOPs) / GPUs      (FLOPs: 6 N D + attention, planning/estimate.py)
 
 b is the inverse of the FLOP rate a GPU reaches on the model's matrix products; a is what each token costs
-besides (data loading, kernel launches, the optimizer's per-step work spread over its tokens). Large models
-are all b; the tiny test models are mostly a. So tokens per second per GPU depend on the model's size, as
-measured: 1 / (a + b * FLOPs per token).
+besides (data loading, kernel launches, the optimizer's per-step work spread over its tokens); the start-up is
+loading, tokenising and what else a run does once. Large models are all b; the tiny test models are mostly
+start-up and a. So tokens per second per GPU depend on the model's size, as measured: 1 / (a + b * FLOPs per
+token).
 
-`calibrate` fits a and b per cluster from its completed cells (`Measured`: their tokens and FLOPs counted like
-an estimate, their training-loop seconds from the trainer's log, their GPUs), minimising the relative error
-so that small and large cells weigh alike, with a, b >= 0. With cells of one model size the two terms cannot
-be told apart, and the whole time goes to b (a FLOP rate transfers across sizes; a per-token cost does not):
-a calibration from small cells then overestimates large ones, the safe side. Start-up is the median over the
-cells of their wall time (from the ledger) minus their training loop.
+`calibrate` fits start-up, a and b >= 0 per cluster to its completed cells (`Measured`: their tokens and FLOPs
+counted as their estimate counted them, the seconds their completing run took, their GPUs), minimising the
+relative error so that small and large cells weigh alike. Where the cells cannot tell two terms apart (cells of
+one size, or all with the same tokens) the fit keeps the terms it can identify: of the models with the terms
+{start-up, a, b} that have a unique non-negative solution and fewer terms than cells (one term: any number),
+the one with the smallest error, ties going to fewer terms and then to b (a FLOP rate transfers across sizes: a calibration from small cells then
+overestimates large ones, the safe side).
+
+A run's seconds are its wall time on GPU clusters; on CPU-only nodes (gpu_type CPU, where CPU-hours stand in for
+GPU-hours) its CPU time (user + system of the training's processes, recorded by the job), which other tenants'
+load on a shared machine does not stretch as it stretches the wall clock.
 
 Without a calibration: DEFAULT_MFU (or the type's DEFAULT_MFU_BY_GPU entry) x the GPU type's dense bf16 peak
 (PEAK_FLOPS, or the cluster's own gpu_peak_tflops), start-up not counted. Every Throughput names its source.
@@ -71,26 +76,26 @@ class Throughput:
 
 @dataclass(frozen=True)
 class Measured:
-    """A completed cell's training as it ran: the input of `calibrate`."""
+    """A completed cell's run as it went: the input of `calibrate`."""
 
     cell: str
     cluster: str
     gpu: str
     gpus: int
     params: float
-    seconds: float  # the training loop (the trainer's train_runtime), start-up excluded
-    wall: float | None  # the whole run, from the ledger (start-up included)
+    seconds: float  # the completing run: wall time (GPUs), CPU time (CPU-only nodes); start-up included
     tokens: float
     flops: float
+    train_seconds: float | None = None  # the trainer's own train_runtime (wall), for reading only
 
 
 @dataclass(frozen=True)
 class Calibration:
     cluster: str
     gpu: str
+    startup_s: float
     per_token_s: float
     per_flop_s: float
-    startup_s: float
     cells: tuple[str, ...]
     sizes: int  # distinct model sizes among the cells
     peak: float | None  # the GPU type's peak, when known
@@ -100,13 +105,17 @@ class Calibration:
         return 1.0 / self.per_flop_s if self.per_flop_s > 0 else math.inf
 
     def throughput(self, leave_out: str = "") -> Throughput:
-        how = "per-token and per-FLOP cost" if self.per_token_s > 0 and self.per_flop_s > 0 else "FLOP rate"
+        terms = [name for name, v in (("start-up", self.startup_s), ("per-token", self.per_token_s),
+                                      ("per-FLOP", self.per_flop_s)) if v > 0]
         mfu = f", MFU {self.flops_per_gpu_s / self.peak:.2g}" if self.peak and self.per_flop_s > 0 else ""
         rate = f"{self.flops_per_gpu_s / 1e12:.3g} TFLOP/s per {self.gpu}{mfu}" if self.per_flop_s > 0 else \
-            f"{1 / self.per_token_s:.4g} tokens/s per {self.gpu}"
+            "no FLOP rate"
+        token = f", {self.per_token_s * 1e3:.3g} ms a token" if self.per_token_s > 0 else ""
+        what = "CPU time" if self.gpu == "CPU" else "wall time"
         return Throughput(self.per_token_s, self.per_flop_s, self.startup_s, "calibration",
-                          f"{how} fitted to {len(self.cells)} completed cell(s) of {self.sizes} size(s) on "
-                          f"{self.cluster}{' (without ' + leave_out + ')' if leave_out else ''}: {rate},"
+                          f"{' + '.join(terms) or 'no'} cost fitted to the {what} of {len(self.cells)} completed"
+                          f" cell(s) of {self.sizes} size(s) on {self.cluster}"
+                          f"{' (without ' + leave_out + ')' if leave_out else ''}: {rate}{token},"
                           f" start-up {self.startup_s:.0f} s")
 
 
@@ -123,27 +132,45 @@ def peak_flops(gpu: str, override_tflops: float | None = None) -> tuple[str, flo
     return key, PEAK_FLOPS[key]
 
 
-def _fit(ms: Sequence[Measured], sizes: int) -> tuple[float, float]:
-    """(a, b) >= 0 minimising sum ((a tokens + b flops) / (seconds gpus) - 1)^2 (module docstring)."""
-    u = [(m.tokens / (m.seconds * m.gpus), m.flops / (m.seconds * m.gpus)) for m in ms]
-    s11 = sum(x * x for x, _ in u)
-    s22 = sum(y * y for _, y in u)
-    s12 = sum(x * y for x, y in u)
-    r1, r2 = sum(x for x, _ in u), sum(y for _, y in u)
-    flop_only = (0.0, r2 / s22)
-    if sizes < 2:
-        return flop_only
-    candidates = [flop_only, (r1 / s11, 0.0)]
-    det = s11 * s22 - s12 * s12
-    if det > 1e-12 * s11 * s22:
-        a, b = (r1 * s22 - r2 * s12) / det, (r2 * s11 - r1 * s12) / det
-        if a >= 0 and b >= 0:
-            candidates.append((a, b))
+def _solve(rows: Sequence[Sequence[float]]) -> list[float] | None:
+    """The least-squares solution of rows . x = 1 (normal equations, Gauss-Jordan, on columns scaled to unit
+    norm: start-up, tokens and FLOPs differ by many orders of magnitude), None when singular."""
+    k = len(rows[0])
+    norms = [math.sqrt(sum(r[i] * r[i] for r in rows)) or 1.0 for i in range(k)]
+    rows = [[r[i] / norms[i] for i in range(k)] for r in rows]
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] for r in rows)] for i in range(k)]
+    for c in range(k):
+        pivot = max(range(c, k), key=lambda r: abs(m[r][c]))
+        if abs(m[pivot][c]) <= 1e-6:  # the columns (unit norm) are (nearly) dependent: terms not told apart
+            return None
+        m[c], m[pivot] = m[pivot], m[c]
+        for r in range(k):
+            if r != c:
+                f = m[r][c] / m[c][c]
+                m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+    return [m[i][k] / m[i][i] / norms[i] for i in range(k)]
 
-    def loss(ab: tuple[float, float]) -> float:
-        return sum((ab[0] * x + ab[1] * y - 1.0) ** 2 for x, y in u)
 
-    return min(candidates, key=loss)
+# the models tried, fewest terms first, b before a: (start-up, a, b) switched on or off
+_MODELS = ((0, 0, 1), (1, 0, 0), (0, 1, 0), (1, 0, 1), (0, 1, 1), (1, 1, 0), (1, 1, 1))
+
+
+def _fit(ms: Sequence[Measured]) -> tuple[float, float, float]:
+    """(start-up, a, b) >= 0 minimising sum ((s + (a tokens + b flops) / gpus) / seconds - 1)^2 (module docstring)."""
+    full = [(1.0 / m.seconds, m.tokens / (m.gpus * m.seconds), m.flops / (m.gpus * m.seconds)) for m in ms]
+    best: tuple[float, tuple[float, float, float]] | None = None
+    for on in _MODELS:
+        if sum(on) > 1 and sum(on) >= len(ms):  # k terms need more than k cells, or they fit the noise exactly
+            continue
+        x = _solve([[v for v, used in zip(row, on) if used] for row in full])
+        if x is None or min(x) < 0:
+            continue
+        it = iter(x)
+        coef = tuple(next(it) if used else 0.0 for used in on)
+        loss = sum((sum(c * v for c, v in zip(coef, row)) - 1.0) ** 2 for row in full)
+        if best is None or loss < best[0] * (1 - 1e-6) - 1e-12:
+            best = (loss, coef)  # type: ignore[assignment]
+    return best[1] if best is not None else (0.0, 0.0, 0.0)
 
 
 def _sizes(params: Iterable[float]) -> int:
@@ -164,13 +191,10 @@ def calibrate(cells: Iterable[Measured], leave_out: str = "") -> dict[str, Calib
     out = {}
     for cluster, ms in sorted(by_cluster.items()):
         gpu = statistics.mode(m.gpu for m in ms)
-        sizes = _sizes(m.params for m in ms)
-        a, b = _fit(ms, sizes)
-        starts = [m.wall - m.seconds for m in ms if m.wall is not None]
-        startup = max(0.0, statistics.median(starts)) if starts else 0.0
+        startup, a, b = _fit(ms)
         peak = peak_flops(gpu)
-        out[cluster] = Calibration(cluster, gpu, a, b, startup, tuple(m.cell for m in ms), sizes,
-                                   peak[1] if peak else None)
+        out[cluster] = Calibration(cluster, gpu, startup, a, b, tuple(m.cell for m in ms),
+                                   _sizes(m.params for m in ms), peak[1] if peak else None)
     return out
 
 

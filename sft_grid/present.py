@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.state import CellState
 from sft_grid.core.submission import Role, SlurmJob, SubmissionPlan
-from sft_grid.planning.cells import Cell
+
+if TYPE_CHECKING:  # (annotations only: the results table's formatting need not import the planner's schema)
+    from sft_grid.planning.cells import Cell
 
 GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 OPEN, CLOSE = "[[", "]]"

@@ -6,7 +6,7 @@ import pytest
 
 from sft_grid.planning.estimate import (CellPlan, Model, Source, count_tokens, estimate_cell, mixed_rows,
                                         training_flops)
-from sft_grid.planning.throughput import Measured, calibrate, peak_flops, throughput
+from sft_grid.planning.throughput import Measured, calibrate, leave_one_out, peak_flops, throughput
 
 ONE_B = Model(params=1e9, n_layers=24, d_attn=2048)
 # capped at 1024: (100, 300, 1024), mean 474.67, mean of squares 382858.67; the other source: 200, 40000
@@ -112,8 +112,14 @@ def test_calibration_over_sizes_and_lengths_recovers_start_up_per_token_and_per_
     other = plan(name="new", model=Model(2.5e8, 4, 256), gpus=2, epochs=1.0)
     e = estimate_cell(other, cal.throughput())
     assert e.wall_seconds == pytest.approx(measured(other, machine=machine).seconds, rel=1e-6)
-    # leaving a cell out fits the others only
+    # leaving a cell out fits the others only; every cell left out in turn, from the sums once, says the same
     assert calibrate(runs, leave_out="s2")["leonardo"].cells == ("s0", "s1", "s3")
+    loo = leave_one_out(runs)
+    for m in runs:
+        alone = calibrate(runs, leave_out=m.cell)["leonardo"]
+        assert loo[m.cell].cells == alone.cells
+        assert (loo[m.cell].startup_s, loo[m.cell].per_token_s, loo[m.cell].per_flop_s) == pytest.approx(
+            (alone.startup_s, alone.per_token_s, alone.per_flop_s), rel=1e-9, abs=1e-15)
 
 
 def test_cells_of_one_data_length_calibrate_start_up_and_flop_rate() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sft_grid.analysis.scores import parse_metrics, read_files
-from sft_grid.analysis.table import final_loss, read_table
+from sft_grid.analysis.table import final_loss, final_losses, last_share, read_table
 from sft_grid.core.paths import REPO_ROOT
 
 from . import grid_fixture as gf
@@ -87,12 +87,20 @@ def test_csv_json_and_markdown_carry_the_same_cells(partial_grid: Path) -> None:
     assert len(md) == 2 + 4 + 1
 
 
-def test_final_loss_is_the_mean_of_the_last_tenth_of_logged_steps(partial_grid: Path) -> None:
+def test_final_loss_is_the_mean_over_the_last_tenth_of_the_steps(partial_grid: Path, tmp_path: Path) -> None:
     losses = [(s, float(s)) for s in range(1, 41)]
-    assert final_loss(losses) == pytest.approx((37 + 38 + 39 + 40) / 4)
-    assert final_loss([(1, 2.5)]) == 2.5 and final_loss([]) is None
+    assert final_loss(last_share(losses)) == pytest.approx((37 + 38 + 39 + 40) / 4)
+    assert final_loss(last_share([(1, 2.5)])) == 2.5 and final_loss([]) is None
     row = read_table(partial_grid / "g").rows[0]
     assert row.final_loss == pytest.approx(sum(v for _, v in gf.curve(20, 1.5)[-2:]) / 2)
+    # a long log is read from its tail only, as far back as the last 10% of the steps: the same answer
+    cell = tmp_path / "long"
+    cell.mkdir()
+    gf.run(cell, "completed", [(s, 1.0 + ((s * 7919) % 1000) / 1000) for s in range(1, 5001)], 5000)
+    full = last_share([(s, 1.0 + ((s * 7919) % 1000) / 1000) for s in range(1, 5001)])
+    assert len(full) == 500 and final_losses(cell / "output") == full
+    (cell / "output" / "trainer_log.jsonl").unlink()  # without the trainer's log: trainer_state.json
+    assert final_losses(cell / "output") == full
 
 
 def test_it_reads_files_only_and_answers_fast(partial_grid: Path) -> None:
@@ -122,3 +130,19 @@ def test_a_grid_that_is_not_there_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 1 and f"no cells under {tmp_path / 'nope'}" in proc.stderr
     assert results("g", "--format", "xml").returncode == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_config_scalars_read_as_yaml_reads_them(make_cells, tmp_path: Path) -> None:
+    import yaml
+
+    from sft_grid.analysis.table import config_scalars
+
+    cells = make_cells(["model=qwen3_8b", "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under",
+                        "mix.probs=[0.9,0.1]", "+extra.neat_packing=true"], ["model=tiny_delphi", "nodes=2"])
+    for d in gf.render_cells(cells):
+        text = (d / "cell.yaml").read_text()
+        full, mine = yaml.safe_load(text), config_scalars(text)
+        for section in ("model", "cluster"):
+            assert mine[section] == {k: v for k, v in full[section].items() if not isinstance(v, (dict, list))
+                                     or not v}  # and empty ones, written inline ({} and [])
+        assert {k: mine[k] for k in ("nodes", "lr", "sweep_name")} == {k: full[k] for k in ("nodes", "lr", "sweep_name")}

@@ -8,5 +8,5 @@
 - `scaling`, `solver`: the fit of L(N) = E + A N^-alpha per recipe, with its bootstrap band;
 - `html`, `plots`, `curves`, `svg`: the self-contained HTML page drawn from the report's data.
 
-numpy and scipy are imported inside the functions that fit and draw, so reading a table costs neither.
+numpy is imported inside the functions that fit and draw, so reading a table does not pay for it.
 """

@@ -1,6 +1,6 @@
 """The grid report: one self-contained HTML page (inline CSS, inline SVG, a little inline JS).
 
-    data["fits"] = scaling.report_fits(data)     # the fits and their bands (numpy, scipy)
+    data["fits"] = scaling.report_fits(data)     # the fits and their bands (numpy)
     page = html.render(data)                     # then write it as report.html
 
 `render(data)` is pure: the same data gives the same bytes (nothing timed or random; "generated_at" is the

@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from sft_grid.analysis.table import GridTable, Row, read_table
+from sft_grid.analysis.plots import CURVE_POINTS
+from sft_grid.analysis.svg import decimate_index
+from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
 from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.grid.calibration import measured
-from sft_grid.planning.throughput import Measured, calibrate
+from sft_grid.planning.throughput import Measured, calibrate, leave_one_out
 
 REPORT_HTML, REPORT_JSON = "report.html", "report.json"
 
@@ -65,39 +67,33 @@ def grid_facts(table: GridTable) -> dict[str, Any]:
 
 
 def curve(row: Row) -> list[list[float | None]]:
-    """[step, tokens seen, loss] of every logged step: a completed cell's from trainer_state.json (read with the
-    table), another's from the trainer's per-step log."""
-    losses = row.losses
-    if not losses:
-        path = row.dir / OUTPUT_DIR / TRAINER_LOG
-        if path.is_file():
-            text = path.read_text(errors="replace")
-            try:
-                recs = json.loads("[" + ",".join(line for line in text.splitlines() if line.strip()) + "]")
-            except ValueError:  # a line being written: parse them one by one
-                recs = []
-                for line in text.splitlines():
-                    try:
-                        recs.append(json.loads(line))
-                    except ValueError:
-                        continue
-            losses = [(int(r["current_steps"]), float(r["loss"])) for r in recs
-                      if isinstance(r, dict) and "loss" in r and "current_steps" in r]
+    """[step, tokens seen, loss] of the logged steps the page draws (at most CURVE_POINTS, each bucket's lowest
+    and highest loss, so spikes survive: analysis/svg.py), from the trainer's per-step log; tokens seen are
+    step x the tokens per step the cell's estimate counted."""
+    import numpy as np
+
+    path = row.dir / OUTPUT_DIR / TRAINER_LOG
+    found = LOG_LOSS.findall(path.read_text(errors="replace")) if path.is_file() else state_losses(path.parent)
+    a = np.array([float(v) for pair in found for v in pair]).reshape(-1, 2)
+    if not len(a):
+        return []
+    a = a[decimate_index(a[:, 1], CURVE_POINTS)]
     est = row.estimate or {}
     per_step = est["tokens"] / est["steps"] if est.get("steps") and est.get("tokens") else None
-    return [[s, None if per_step is None else s * per_step, v] for s, v in losses]
+    return [[s, None if per_step is None else s * per_step, v] for s, v in a.tolist()]
 
 
 def accuracy(rows: Sequence[Row], ms: dict[str, Measured]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Per completed cell: its estimate at launch, the leave-one-out estimate of today's calibration, and what it
     took; and the median absolute relative error of each kind."""
     out: dict[str, dict[str, Any]] = {}
+    others = leave_one_out(ms.values())
     for r in rows:
         m = ms.get(r.name)
         if m is None:
             continue
         took = m.seconds * m.gpus / 3600
-        cal = calibrate(ms.values(), leave_out=r.name).get(m.cluster)
+        cal = others.get(r.name)
         now = cal.throughput(r.name).seconds(m.tokens, m.flops, m.gpus) * m.gpus / 3600 if cal else None
         out[r.name] = {"measured_gpu_hours": took, "at_launch": r.estimate_gpu_hours, "now": now,
                        "at_launch_error": None if r.estimate_gpu_hours is None else r.estimate_gpu_hours / took - 1,
@@ -115,7 +111,7 @@ def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
     """The report's data: read the grid, fit, and say how good the estimates were."""
     from sft_grid.analysis.scaling import report_fits
 
-    table = read_table(sweep_dir, with_losses=True)
+    table = read_table(sweep_dir)
     ms = {m.cell: m for r in table.rows if r.state == "completed" and (m := measured(r.dir)) is not None}
     per_cell, summary = accuracy(table.rows, ms)
     cells = []
@@ -148,7 +144,7 @@ def write(sweep_dir: Path, resamples: int = 300) -> tuple[Path, Path]:
     data = build(sweep_dir, resamples)
     page = render(data)
     paths = sweep_dir / REPORT_HTML, sweep_dir / REPORT_JSON
-    for path, text in zip(paths, (page, json.dumps(data, indent=1, default=str) + "\n")):
+    for path, text in zip(paths, (page, json.dumps(data, separators=(",", ":"), default=str) + "\n")):
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)

@@ -7,15 +7,14 @@ loss: the shared rules of core/state.py and grid/view.py, one sacct for a Slurm 
 (GPU-hours used: every run's wall time x the cell's GPUs; on a CPU-only node the runs' CPU time, one device).
 
 Columns: the swept values (the keys whose values differ between the grid's cells), state, steps, final loss
-(the mean training loss over the last 10% of logged steps, at least one: a single step's loss is noisy), each
-score, GPU-hours used and estimated. Base models (the evaluation's `_base/`) are rows too, marked `base`.
+(the mean training loss logged over the last 10% of the steps, at least the last logged one: a single step's
+loss is noisy), each score, GPU-hours used and estimated. Base models (the evaluation's `_base/`) are rows too, marked `base`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,15 +22,17 @@ from typing import Any, Sequence
 import yaml
 
 from sft_grid.analysis import scores as sc
-from sft_grid.core.layout import BASE_DIR, CELL_FILE, OUTPUT_DIR, TRAINER_STATE, iter_cell_dirs
+from sft_grid.core.layout import BASE_DIR, CELL_FILE, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE, iter_cell_dirs
+from sft_grid.core.overrides import overrides_of, swept_values
 from sft_grid.grid.calibration import read_estimate, used_seconds
 from sft_grid.grid.view import read_view
-from sft_grid.planning.cells import swept_values
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # a pretraining compute budget in a model's name: delphi-3e18-base -> 3e18 FLOPs
 _BUDGET = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e\+?(1[5-9]|2\d))(?![\w.])")
-RERUN = "# Rerun this cell: python -m sft_grid"
+# the (step, loss) and total steps of LLaMA-Factory's trainer_log.jsonl lines (the axolotl plugin writes the same)
+LOG_LOSS = re.compile(r'"current_steps": (\d+)[^\n]*?"loss": ([-0-9.eE+]+)')
+_LOG_TOTAL = re.compile(r'"total_steps": (\d+)')
 FINAL_SHARE = 0.1
 
 
@@ -59,7 +60,6 @@ class Row:
     cluster: str = ""
     recipe: str = ""
     estimate: dict[str, Any] | None = None
-    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) of every logged step
     overrides: list[str] = field(default_factory=list)  # its rerun command's
     base: bool = False
 
@@ -84,18 +84,8 @@ def budget_of(model: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def overrides_of(text: str) -> list[str]:
-    for line in text.splitlines()[:6]:
-        if line.startswith(RERUN):
-            try:
-                return shlex.split(line[len(RERUN):])
-            except ValueError:
-                return line[len(RERUN):].split()
-    return []
-
-
-def losses_of(output: Path) -> list[tuple[int, float]]:
-    """Every logged (step, loss) of a completed output, from trainer_state.json (one parse)."""
+def state_losses(output: Path) -> list[tuple[int, float]]:
+    """Every logged (step, loss) of trainer_state.json (where the trainer's per-step log is missing)."""
     try:
         data = json.loads((output / TRAINER_STATE).read_text())
     except (OSError, ValueError):
@@ -104,16 +94,76 @@ def losses_of(output: Path) -> list[tuple[int, float]]:
             if isinstance(h.get("loss"), (int, float))]
 
 
-def final_loss(losses: Sequence[tuple[int, float]]) -> float | None:
+def final_losses(output: Path) -> list[tuple[int, float]]:
+    """The logged (step, loss) of the last 10% of the steps, read from the tail of the trainer's per-step log
+    (grown until it reaches back that far), else from trainer_state.json."""
+    log = output / TRAINER_LOG
+    if not log.is_file():
+        return last_share(state_losses(output))
+    size, want = log.stat().st_size, 0
+    while True:
+        want = max(2 * want, int(size * FINAL_SHARE * 1.2) + 8192)
+        with log.open("rb") as fh:
+            fh.seek(max(0, size - want))
+            text = fh.read().decode(errors="replace")
+        pairs = [(int(s), float(v)) for s, v in LOG_LOSS.findall(text)]
+        totals = _LOG_TOTAL.findall(text)
+        total = int(totals[-1]) if totals else (pairs[-1][0] if pairs else 0)
+        if want >= size or not pairs or pairs[0][0] <= (1 - FINAL_SHARE) * total:
+            return [p for p in pairs if p[0] > (1 - FINAL_SHARE) * total] or pairs[-1:]
+
+
+def last_share(losses: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
     if not losses:
+        return []
+    edge = (1 - FINAL_SHARE) * max(s for s, _ in losses)
+    return [p for p in losses if p[0] > edge] or list(losses[-1:])
+
+
+def final_loss(losses: Sequence[tuple[int, float]]) -> float | None:
+    return sum(v for _, v in losses) / len(losses) if losses else None
+
+
+def config_scalars(text: str, sections: Sequence[str] = ("model", "cluster")) -> dict[str, Any]:
+    """The scalar keys of a cell.yaml's top level and of these sections, read from its lines: a sweep's own
+    tables (`vars`) can be most of the file, and the table reads a few scalars of it. cell.yaml is written by
+    grid/render.py with yaml.dump's block style, so each is `key: value` on its line; a value that is not a
+    plain scalar is read by yaml."""
+    out: dict[str, Any] = {s: {} for s in sections}
+    section = None
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        if line[0] != " ":
+            key, _, value = line.partition(":")
+            section = key if key in out and not value.strip() else None
+            if section is None and value.strip():
+                out.setdefault(key, _scalar(value.strip()))
+        elif section is not None and line.startswith("  ") and line[2] != " ":
+            key, _, value = line[2:].partition(":")
+            if value.strip():
+                out[section][key] = _scalar(value.strip())
+    return out
+
+
+def _scalar(text: str) -> Any:
+    if text in ("null", "~"):
         return None
-    tail = losses[-max(1, round(len(losses) * FINAL_SHARE)):]
-    return sum(v for _, v in tail) / len(tail)
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text in ("true", "false"):
+        return text == "true"
+    if text[0] in "'\"[{":
+        return yaml.load(text, Loader=_Loader)
+    return text
 
 
 def _cell_row(cell_dir: Path) -> Row:
     text = (cell_dir / CELL_FILE).read_text()
-    cfg = yaml.load(text, Loader=_Loader) or {}
+    cfg = config_scalars(text)
     model, cluster = cfg.get("model") or {}, cfg.get("cluster") or {}
     gpus = int(cfg.get("nodes") or 1) * max(1, int(cluster.get("gpus_per_node") or 0))
     cpu = cluster.get("gpu_type") == "CPU" or (not cluster.get("gpus_per_node") and not cluster.get("gpu_type"))
@@ -169,9 +219,8 @@ def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
     return out
 
 
-def read_table(sweep_dir: Path, with_losses: bool = False) -> GridTable:
-    """The table of the grid in `sweep_dir`; `with_losses` keeps every logged loss (the report's curves of
-    completed cells; running cells' curves are read by the report from the trainer's log)."""
+def read_table(sweep_dir: Path) -> GridTable:
+    """The table of the grid in `sweep_dir`."""
     dirs = list(iter_cell_dirs(sweep_dir))
     view = read_view(dirs)
     rows, raw, failed = [], [], []
@@ -182,9 +231,7 @@ def read_table(sweep_dir: Path, with_losses: bool = False) -> GridTable:
         row.state, row.reason = st.state.value, st.reason
         row.step, row.total, row.latest_loss = st.progress.step, st.progress.total, st.progress.loss
         if st.state.value == "completed":
-            losses = losses_of(d / OUTPUT_DIR)
-            row.final_loss = final_loss(losses)
-            row.losses = losses if with_losses else []
+            row.final_loss = final_loss(final_losses(d / OUTPUT_DIR))
         row.wall_seconds = used_seconds(history, st.state.in_flight, row.cpu)
         row.gpu_hours = None if row.wall_seconds is None else row.wall_seconds * row.gpus / 3600
         got, bad = sc.cell_scores(d, history)

@@ -15,7 +15,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from sft_grid.planning.cells import Cell, swept_values
+from sft_grid.core.overrides import swept_values
+from sft_grid.planning.cells import Cell
 
 CONFIG_FILE = "wandb_config.yaml"
 _TAG_UNSAFE = re.compile(r"[,\s]+")

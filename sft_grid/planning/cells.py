@@ -121,21 +121,6 @@ def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
     return slugify("_".join(parts) if parts else str(config["model"]["name"]))
 
 
-# overrides that say where or how a grid runs, never which cell of it this is
-_NOT_SWEPT = ("runs_root", "sweep", "sweep_name", "dry_run", "force", "rerun_failed", "report_to", "concurrency")
-
-
-def swept_values(overrides: Sequence[str]) -> dict[str, str]:
-    """The values a cell's overrides set (its grid's axes and the command line's), key -> value as written; what
-    W&B tags and config carry, and what the results table and the report group cells by."""
-    out = {}
-    for line in overrides:
-        key, _, value = line.lstrip("+~").partition("=")
-        if value and key.split(".", 1)[0] not in _NOT_SWEPT:
-            out[key] = value.strip("'\"")
-    return out
-
-
 def hub_id_for(template: str, config: Mapping[str, Any], key: str, slug: str) -> str:
     """A cell's hub repository from a pattern: {key} (the identity hash), {name} (slug-key), {model} and
     {data} (the dataset names joined by '-'). So each cell of a grid gets its own repository, derived from

@@ -132,45 +132,57 @@ def peak_flops(gpu: str, override_tflops: float | None = None) -> tuple[str, flo
     return key, PEAK_FLOPS[key]
 
 
-def _solve(rows: Sequence[Sequence[float]]) -> list[float] | None:
-    """The least-squares solution of rows . x = 1 (normal equations, Gauss-Jordan, on columns scaled to unit
-    norm: start-up, tokens and FLOPs differ by many orders of magnitude), None when singular."""
-    k = len(rows[0])
-    norms = [math.sqrt(sum(r[i] * r[i] for r in rows)) or 1.0 for i in range(k)]
-    rows = [[r[i] / norms[i] for i in range(k)] for r in rows]
-    m = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] for r in rows)] for i in range(k)]
+def _solve(a: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float] | None:
+    """x with a x = rhs (the normal equations of a least-squares fit), None when singular. Solved on unit
+    diagonal (start-up, tokens and FLOPs differ by many orders of magnitude), by Gauss-Jordan."""
+    k = len(a)
+    d = [math.sqrt(a[i][i]) or 1.0 for i in range(k)]
+    m = [[a[i][j] / (d[i] * d[j]) for j in range(k)] + [rhs[i] / d[i]] for i in range(k)]
     for c in range(k):
         pivot = max(range(c, k), key=lambda r: abs(m[r][c]))
-        if abs(m[pivot][c]) <= 1e-6:  # the columns (unit norm) are (nearly) dependent: terms not told apart
+        if abs(m[pivot][c]) <= 1e-6:  # the terms' columns are (nearly) dependent: they cannot be told apart
             return None
         m[c], m[pivot] = m[pivot], m[c]
         for r in range(k):
             if r != c:
                 f = m[r][c] / m[c][c]
                 m[r] = [x - f * y for x, y in zip(m[r], m[c])]
-    return [m[i][k] / m[i][i] / norms[i] for i in range(k)]
+    return [m[i][k] / m[i][i] / d[i] for i in range(k)]
 
 
 # the models tried, fewest terms first, b before a: (start-up, a, b) switched on or off
 _MODELS = ((0, 0, 1), (1, 0, 0), (0, 1, 0), (1, 0, 1), (0, 1, 1), (1, 1, 0), (1, 1, 1))
 
 
-def _fit(ms: Sequence[Measured]) -> tuple[float, float, float]:
-    """(start-up, a, b) >= 0 minimising sum ((s + (a tokens + b flops) / gpus) / seconds - 1)^2 (module docstring)."""
-    full = [(1.0 / m.seconds, m.tokens / (m.gpus * m.seconds), m.flops / (m.gpus * m.seconds)) for m in ms]
-    best: tuple[float, tuple[float, float, float]] | None = None
+def _rows(ms: Sequence[Measured]) -> list[tuple[float, float, float]]:
+    """Each cell's (1, tokens / GPUs, FLOPs / GPUs), divided by its seconds: the fit is then rows . coef = 1."""
+    return [(1.0 / m.seconds, m.tokens / (m.gpus * m.seconds), m.flops / (m.gpus * m.seconds)) for m in ms]
+
+
+def _sums(rows: Sequence[Sequence[float]]) -> tuple[list[list[float]], list[float]]:
+    return [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)], [sum(r[i] for r in rows)
+                                                                                   for i in range(3)]
+
+
+def _fit(s: Sequence[Sequence[float]], b: Sequence[float], n: int) -> tuple[float, float, float]:
+    """(start-up, a, b) >= 0 minimising sum (row . coef - 1)^2 over n rows, from their sums s = sum row row^T and
+    b = sum row (module docstring); the error of a coefficient vector is coef^T s coef - 2 coef . b + n."""
+    best: tuple[float, tuple[float, ...]] | None = None
     for on in _MODELS:
-        if sum(on) > 1 and sum(on) >= len(ms):  # k terms need more than k cells, or they fit the noise exactly
+        idx = [i for i in range(3) if on[i]]
+        if len(idx) > 1 and len(idx) >= n:  # k terms need more than k cells, or they fit the noise exactly
             continue
-        x = _solve([[v for v, used in zip(row, on) if used] for row in full])
+        x = _solve([[s[i][j] for j in idx] for i in idx], [b[i] for i in idx])
         if x is None or min(x) < 0:
             continue
-        it = iter(x)
-        coef = tuple(next(it) if used else 0.0 for used in on)
-        loss = sum((sum(c * v for c, v in zip(coef, row)) - 1.0) ** 2 for row in full)
-        if best is None or loss < best[0] * (1 - 1e-6) - 1e-12:
-            best = (loss, coef)  # type: ignore[assignment]
-    return best[1] if best is not None else (0.0, 0.0, 0.0)
+        coef = [0.0, 0.0, 0.0]
+        for i, v in zip(idx, x):
+            coef[i] = v
+        loss = sum(coef[i] * coef[j] * s[i][j] for i in range(3) for j in range(3)) - 2 * sum(
+            c * v for c, v in zip(coef, b)) + n
+        if best is None or loss < best[0] * (1 - 1e-6) - 1e-12 * n:
+            best = (loss, tuple(coef))
+    return best[1] if best is not None else (0.0, 0.0, 0.0)  # type: ignore[return-value]
 
 
 def _sizes(params: Iterable[float]) -> int:
@@ -190,11 +202,36 @@ def calibrate(cells: Iterable[Measured], leave_out: str = "") -> dict[str, Calib
             by_cluster.setdefault(m.cluster, []).append(m)
     out = {}
     for cluster, ms in sorted(by_cluster.items()):
-        gpu = statistics.mode(m.gpu for m in ms)
-        startup, a, b = _fit(ms)
-        peak = peak_flops(gpu)
-        out[cluster] = Calibration(cluster, gpu, startup, a, b, tuple(m.cell for m in ms),
-                                   _sizes(m.params for m in ms), peak[1] if peak else None)
+        out[cluster] = _calibration(cluster, ms, _rows(ms))
+    return out
+
+
+def _calibration(cluster: str, ms: Sequence[Measured], rows: Sequence[Sequence[float]],
+                 sums: tuple[list[list[float]], list[float]] | None = None) -> Calibration:
+    gpu = statistics.mode(m.gpu for m in ms)
+    startup, a, b = _fit(*(sums or _sums(rows)), len(rows))
+    peak = peak_flops(gpu)
+    return Calibration(cluster, gpu, startup, a, b, tuple(m.cell for m in ms), _sizes(m.params for m in ms),
+                       peak[1] if peak else None)
+
+
+def leave_one_out(cells: Iterable[Measured]) -> dict[str, Calibration]:
+    """Each cell -> its cluster's calibration from the other cells (the sums once, each cell's row taken out)."""
+    by_cluster: dict[str, list[Measured]] = {}
+    for m in cells:
+        if m.seconds > 0 and m.gpus > 0 and m.flops > 0 and m.tokens > 0:
+            by_cluster.setdefault(m.cluster, []).append(m)
+    out = {}
+    for cluster, ms in by_cluster.items():
+        rows = _rows(ms)
+        s, b = _sums(rows)
+        for i, m in enumerate(ms):
+            if len(ms) < 2:
+                continue
+            r = rows[i]
+            sub = ([[s[p][q] - r[p] * r[q] for q in range(3)] for p in range(3)], [b[p] - r[p] for p in range(3)])
+            others = ms[:i] + ms[i + 1:]
+            out[m.cell] = _calibration(cluster, others, rows[:i] + rows[i + 1:], sub)
     return out
 
 

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.state import SchedulerView, alive, JobState
+from sft_grid.core.state import JobState, SchedulerView, alive, post_job_id
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.venvs import bin_dir
 
@@ -128,12 +128,6 @@ def states(cell_dir: Path, history: Sequence[Event] | None = None,
         else:
             out[name] = StageState(e.state, e.reason)
     return out
-
-
-def post_job_id(history: Sequence[Event]) -> str:
-    """The Slurm id of the cell's latest post job ("" when it has none)."""
-    queued = events.last(list(history), Kind.POST_JOB)
-    return queued.post_job_id if queued is not None else ""
 
 
 def post_job(history: Sequence[Event], view: SchedulerView | None) -> JobState | None:

@@ -8,7 +8,7 @@
 # pins: a second `make` reuses them.
 PYTHON ?= python3
 
-.PHONY: install setup-demo setup demo test test-fast slurm-up slurm-down
+.PHONY: install setup-demo setup chromium demo test test-fast slurm-up slurm-down
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
@@ -18,10 +18,15 @@ setup-demo: install
 	$(PYTHON) -m sft_grid.venv build llamafactory
 	$(PYTHON) -m sft_grid.assets build
 
-# what the tests need besides: axolotl's environment and the evaluation harness's (lm-eval)
-setup: setup-demo
+# what the tests need besides: axolotl's environment, the evaluation harness's (lm-eval), and headless Chromium
+# for the report's browser tests
+setup: setup-demo chromium
 	$(PYTHON) -m sft_grid.venv build axolotl
 	$(PYTHON) -m sft_grid.venv build lm_eval
+
+# Debian's Chromium (root): the report page is opened in it, offline, by tests/test_report_browser.py
+chromium:
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 
 demo: setup-demo
 	$(PYTHON) -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5

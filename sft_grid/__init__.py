@@ -11,8 +11,10 @@ function-local ones included):
     job         sft_grid.job         what a job runs on its node, from the cell directory alone
     schedulers  sft_grid.schedulers  execute a plan's jobs (local, Slurm) and read the queue; imports core only
     grid        sft_grid.grid        plan -> validate -> check -> decide -> render -> SubmissionPlan -> execute
+    analysis    sft_grid.analysis    a grid's results read back: the cells x values table, scaling fits, the report
     cli         sft_grid.<module>    the entry points: python -m sft_grid (the Hydra app), .status, .cancel,
-                                     .show, .post, .venv, .assets; and hydra_plugins/sft_grid_plugins
+                                     .show, .post, .venv, .assets, .results, .report; and
+                                     hydra_plugins/sft_grid_plugins
 
 `sft_grid.in_venv` is beside them: scripts and plugins that run with a backend's python, importing nothing of
 sft_grid.

@@ -151,6 +151,7 @@ def _print_dry_run(result: Any) -> None:
     for d in result.decisions:
         if d.why:
             out(f"  would skip {d.cell.name}: {d.why}")
+    _print_costs(result)
     lines = plan_lines(result.plan)
     if lines:
         out("\nsubmission plan (what a real run does):")
@@ -166,6 +167,16 @@ def _print_dry_run(result: Any) -> None:
             out(script)
         _write_previews(folder, previews)
         out(f"\nevery sbatch script of the plan: {relative(folder)}/<job name>.sbatch")
+
+
+def _print_costs(result: Any) -> None:
+    from sft_grid.costs import cost_lines
+    from sft_grid.grid.decide import Action
+
+    names = [c.name for c in result.cells]
+    to_run = [d.cell.name for d in result.decisions if d.action is Action.RUN]
+    for line in cost_lines(names, to_run, result.costs):
+        out(line)
 
 
 def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.state import CellState
 from sft_grid.core.submission import Role, SlurmJob, SubmissionPlan
-from sft_grid.planning.cells import Cell
-from sft_grid.planning.evals import cell_scores, suites_of
+
+if TYPE_CHECKING:  # (annotations only: the results table's formatting need not import the planner's schema)
+    from sft_grid.planning.cells import Cell
 
 GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 OPEN, CLOSE = "[[", "]]"
@@ -140,6 +141,8 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) 
 
 def eval_lines(result: Any) -> list[str]:
     """What the grid evaluates: each suite's cells and scores, and the base models (once per grid)."""
+    from sft_grid.planning.evals import cell_scores, suites_of
+
     suites: dict[str, list[int]] = {}
     for cell in result.cells:
         for suite in suites_of(cell):

@@ -75,7 +75,7 @@ def test_dry_run_renders_72_cells_without_warnings(dry_run):
     assert "dry run: 72 cell(s) rendered, nothing submitted" in proc.stdout
     assert not re.search(r"warn", proc.stdout + proc.stderr, re.IGNORECASE), proc.stderr
     assert len(cells) == 72 and len({c.name.rsplit("-", 1)[1] for c in cells}) == 72
-    assert ("post-training stages of 72 cell(s): tokenizer, upload; the upload waits for the login node:"
+    assert ("post-training stages of 72 cell(s): tokenizer, upload, cleanup; the upload waits for the login node:"
             " python -m sft_grid.post") in proc.stdout
 
 
@@ -104,7 +104,7 @@ def test_every_cell_holds_the_grids_rules(dry_run):
         hub = conf["hub_model_id"]
         assert hub == f"laion/{model}-{'-'.join(datasets)}-sft-{key}" and post["hub_model_id"] == hub
         assert conf["push_to_hub"] is True and cfg["push_to_hub"] is False and "hub_model_id" not in cfg
-        assert post["stages"] == ["tokenizer", "upload"] and post["upload_in_job"] is False  # no internet on Leonardo
+        assert post["stages"] == ["tokenizer", "upload", "cleanup"] and post["upload_in_job"] is False  # no internet on Leonardo
         assert conf["register_db"] is False and "register" not in post["stages"]
         assert conf["cluster"]["name"] == "leonardo"
         hub_ids.add(hub)

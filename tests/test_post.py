@@ -57,8 +57,8 @@ def test_stages_follow_the_models_needs_and_the_grid(make_cells):
          "register_command=[echo,'{hub_model_id}']"], ["model=qwen3_32b"])
     assert post.stages_for(big.spec) == ["consolidate", "tokenizer"]
     assert post.stages_for(hybrid.spec) == ["consolidate", "preprocessor_config", "tokenizer"]
-    assert post.stages_for(small.spec) == ["tokenizer", "upload"]
-    assert post.stages_for(registered.spec) == ["tokenizer", "upload", "register"]
+    assert post.stages_for(small.spec) == ["tokenizer", "upload", "cleanup"]
+    assert post.stages_for(registered.spec) == ["tokenizer", "upload", "register", "cleanup"]
     # the hub id is derived from the cell's identity
     assert small.spec.hub_model_id == f"org/tiny_llama-tiny_messages-sft-{small.key}"
     # (small and registered train the same model: they would be one grid's duplicate, so they are checked apart)

@@ -3,7 +3,8 @@
 One interface (`base.Backend`): files, command, variables, pre-commands, resume arguments, the loss-mask
 probe's spec and the backend's own validation rules. A closed registry: conf/backend/<name>.yaml must have a
 backend here (tests/test_shipped_configs.py checks both directions). `launch` builds launch.sh from a backend's
-command and the cluster's setup; `zero` the DeepSpeed ZeRO-3 config of the models that need it.
+command and the cluster's setup; `zero` the DeepSpeed ZeRO-3 config of the models that need it; `wandb` the
+W&B grouping (group, name, tags, config) of cells that report to W&B.
 
 Imports sft_grid.core and sft_grid.planning.
 """

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from sft_grid.backends import get
+from sft_grid.backends import get, wandb
 from sft_grid.planning.cells import Cell
 
 # `--flag=${VAR}`: a launcher flag whose value is one of the variables launch.sh itself sets
@@ -74,6 +74,7 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     # one W&B run per cell: a requeued or rerun job continues it instead of starting another
     lines.append(f"export WANDB_RUN_ID={shlex.quote(f'{s.sweep_name}-{cell.key}')} WANDB_RESUME=allow")
     lines.append(watchdog_line(cell))
+    lines += wandb.lines(cell, cell_dir)
     lines += list(s.cluster.setup)
     if cell.world_size > 1:
         lines += distributed_lines(cell)

@@ -236,11 +236,15 @@ def verdict_of(p: Probed) -> Verdict:
     return verdict(p.check, p.result["rows"])  # type: ignore[index]
 
 
-def run_checks(checks: Sequence[Check], variables: Mapping[str, str] | None = None) -> dict[Check, Verdict]:
-    """Every loss-mask check's verdict; the grid's preflight calls this once with all of them."""
+def run_checks(checks: Sequence[Check], variables: Mapping[str, str] | None = None,
+               lengths: dict[Check, tuple[int, ...]] | None = None) -> dict[Check, Verdict]:
+    """Every loss-mask check's verdict; the grid's preflight calls this once with all of them. `lengths`, when
+    given, gets each probed check's token counts (the rows the backend kept): the estimates' token sample."""
     outcomes: dict[Check, Verdict] = {}
     for p in probe(checks, variables):
         outcome = verdict_of(p)
+        if lengths is not None and p.result is not None and p.result.get("rows"):
+            lengths[p.check] = tuple(int(r["n_tokens"]) for r in p.result["rows"] if not r.get("dropped"))
         if p.result is not None and "rows" in p.result and not outcome.ok:
             outcome = replace(outcome, message=f"{p.check.backend}'s own preprocessing of {len(p.result['rows'])}"
                               f" rows: {outcome.message}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -210,6 +210,8 @@ class Preflight:
     # cell name -> checks that could not run here and run as the job's first step
     deferred: dict[str, list[Check]]
     unique_checks: int
+    # cell name -> dataset name -> the token counts of the loss-mask probe's sample rows (where it ran here)
+    lengths: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
 
 
 def preflight(cells: Iterable[Cell]) -> Preflight:
@@ -221,10 +223,14 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
     per_cell = [(cell, checks_for(cell)) for cell in cells]
     # loss-mask checks run as one batch: one backend process per virtual environment for the whole grid
     masks = list(dict.fromkeys(_input(c) for _, checks in per_cell for c in checks if c.kind == mask.KIND))
-    verdicts.update(mask.run_checks(masks) if masks else {})
+    sampled: dict[Check, tuple[int, ...]] = {}
+    verdicts.update(mask.run_checks(masks, lengths=sampled) if masks else {})
+    lengths: dict[str, dict[str, tuple[int, ...]]] = {}
     for cell, checks in per_cell:
         for check in checks:
             content = _input(check)
+            if check.kind == mask.KIND and content in sampled:
+                lengths.setdefault(cell.name, {})[check.key.split(".", 1)[1]] = sampled[content]
             verdict = verdicts.get(content)
             if verdict is None:
                 verdict = verdicts[content] = run(content)
@@ -233,7 +239,7 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
             elif not verdict.ok:
                 problems.append(Problem(cell.name, check.key, check.target, f"preflight-{check.kind}",
                                         verdict.message, verdict.fix))
-    return Preflight(mask.root_causes(problems), deferred, len(verdicts))
+    return Preflight(mask.root_causes(problems), deferred, len(verdicts), lengths)
 
 
 def _input(check: Check) -> Check:

@@ -20,6 +20,11 @@ LEDGER_FILE = "events.jsonl"
 OUTPUT_DIR = "output"
 LOGS_DIR = "logs"
 TRAIN_LOG = "train.log"
+# what the grid estimated, when it queued the cell: tokens, FLOPs, GPU-hours, disk (grid/estimates.py)
+ESTIMATE_FILE = "estimate.json"
+# the evaluation's score files, one a score: <cell>/eval/<score_id>.json; base models under <sweep>/_base/<model>/eval/
+EVAL_DIR = "eval"
+BASE_DIR = "_base"
 ATTEMPTS_DIR = "attempts"
 # beside the cells of a grid: the lock two invocations take turns through, and submitit's job folders
 LOCK_FILE = ".sft_grid.lock"
@@ -27,6 +32,8 @@ SUBMITIT_DIR = ".submitit"
 # the trainer's own per-step log (LLaMA-Factory writes it; the axolotl plugin writes the same lines)
 TRAINER_LOG = "trainer_log.jsonl"
 TRAINER_STATE = "trainer_state.json"
+# the trainer's final metrics (train_runtime, ...), beside trainer_state.json
+TRAIN_RESULTS = ("all_results.json", "train_results.json")
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",

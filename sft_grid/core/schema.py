@@ -58,6 +58,11 @@ class ClusterConf:
     qos: Optional[str] = None
     # 0 means a CPU-only node: one training process per node
     gpus_per_node: int = num(0, 0)
+    # the GPU model, for estimates before launch: A100, H100, GH200, H200, B200 (a name that starts with one, like
+    # A100-64GB, counts as it), or CPU for CPU-only nodes; another model needs gpu_peak_tflops
+    gpu_type: Optional[str] = None
+    # one GPU's dense bf16 peak in TFLOP/s, for a GPU model sft_grid does not know (wins over the table)
+    gpu_peak_tflops: Optional[float] = num(None, 0, lo_open=True)
     cpus_per_node: int = num(1, 1)
     mem_gb: Optional[int] = num(None, 1)
     # longest wall time a job may ask for, "HH:MM:SS" or "D-HH:MM:SS"
@@ -210,7 +215,11 @@ class CellConf:
 
     # checkpointing and logging (not identity)
     save_steps: int = num(500, 1)
+    # checkpoints kept (the oldest are deleted as new ones are saved); null keeps every one
     save_total_limit: Optional[int] = num(None, 1)
+    # delete output/checkpoint-* once the final model is uploaded and verified (a post-training stage);
+    # null: on where the cell uploads
+    cleanup_checkpoints: Optional[bool] = None
     logging_steps: int = num(10, 1)
     report_to: str = one_of("none", REPORT_TO)
     # upload output/ to the Hub after training (a post-training stage, never the trainer's own push)

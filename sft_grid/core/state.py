@@ -132,6 +132,12 @@ def slurm_ref(history: Sequence[Event]) -> SlurmRef | None:
     return None
 
 
+def post_job_id(history: Sequence[Event]) -> str:
+    """The Slurm id of the cell's latest post job ("" when it has none)."""
+    queued = events.last(list(history), Kind.POST_JOB)
+    return queued.post_job_id if queued is not None else ""
+
+
 def alive(event: Event) -> bool | None:
     """Whether the process that wrote an event still runs; None when it is not on this machine."""
     if not event.pid or event.host != socket.gethostname():

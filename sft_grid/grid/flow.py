@@ -19,10 +19,11 @@ from sft_grid.backends import BACKENDS
 from sft_grid.checks.examples import Examples, first_examples
 from sft_grid.checks.preflight import Preflight, preflight
 from sft_grid.core.cellfiles import Check
-from sft_grid.core.layout import iter_cell_dirs
+from sft_grid.core.layout import OUTPUT_DIR, iter_cell_dirs, output_complete
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
+from sft_grid.grid import estimates
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.lock import SweepLock
@@ -55,6 +56,8 @@ class GridResult:
     examples: Examples | None = None
     # the base models the cells' suites evaluate, once per grid
     bases: list[BaseDecision] = field(default_factory=list)
+    # what each cell will cost (None: estimates turned off)
+    costs: estimates.GridCosts | None = None
     executed: Executed | None = None
     # local cells this invocation ran and waited for: their final state
     final: dict[Path, CellState] = field(default_factory=dict)
@@ -125,6 +128,13 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
     dry_run = any(c.spec.dry_run for c in cells)
     needed = preps(cells)
     targets = base_targets(cells)
+    costs = None if estimates.env_disabled() else estimates.estimate(cells, checked.lengths)
+    if costs is not None:
+        # before anything is written: every cell that would train (completed ones are skipped unless forced)
+        too_long = estimates.problems(costs, [c for c, d in zip(cells, dirs)
+                                              if c.spec.force or not output_complete(d / OUTPUT_DIR)])
+        if too_long:
+            raise GridError(too_long, "the estimates")
     with SweepLock({c.sweep_dir for c in cells}):
         view = read_view(dirs, [p.dir for p in needed], [t.dir for t in targets])
         if not dry_run:  # a dry run writes nothing but its cells' files
@@ -136,14 +146,15 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
                 recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])
             decisions.append(decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery))
         bases = [decide_base(t, view.histories[t.dir], view.scheduler) for t in targets]
-        writes = [render(d.cell, d.dir, checked.deferred.get(d.cell.name, [])) for d in decisions
-                  if d.touch_files and (dry_run or d.action is not Action.SKIP)]
+        writes = [estimates.with_file(render(d.cell, d.dir, checked.deferred.get(d.cell.name, [])), costs,
+                                      d.cell.name if d.action is Action.RUN else None)
+                  for d in decisions if d.touch_files and (dry_run or d.action is not Action.SKIP)]
         writes += [render_base(b.target) for b in bases if dry_run or b.evaluate]
         on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
         on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
         max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
         plan = build(decisions, view.histories, view.scheduler, max_size, writes, bases)
-        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, bases=bases)
+        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, bases=bases, costs=costs)
         if dry_run:
             write_all(plan.writes)
             result.examples = first_examples(cells)

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from sft_grid.backends import get as backend_of
-from sft_grid.backends import zero
+from sft_grid.backends import wandb, zero
 from sft_grid.backends.launch import launch_script
 from sft_grid.core.cellfiles import Check, PreflightFile, dump_json
 from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE, POST_FILE, PREFLIGHT_FILE
@@ -131,7 +131,7 @@ def cell_yaml(cell: Cell) -> str:
 def render(cell: Cell, cell_dir: Path, deferred: Sequence[Check]) -> CellFiles:
     s = cell.spec
     files: dict[str, str] = {}
-    structured = {**backend_of(s.backend.name).files(cell, cell_dir), **zero.files(cell)}
+    structured = {**backend_of(s.backend.name).files(cell, cell_dir), **zero.files(cell), **wandb.files(cell)}
     for rel, data in structured.items():
         if isinstance(data, str):  # a text file, as it is (a chat template)
             files[rel] = data

@@ -11,10 +11,9 @@ from typing import Iterable, Sequence
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.state import UNAVAILABLE, CellState, SchedulerView, slurm_ref, state_of
+from sft_grid.core.state import UNAVAILABLE, CellState, SchedulerView, post_job_id, slurm_ref, state_of
 from sft_grid.schedulers import slurm
 from sft_grid.stages.eval_state import eval_job_id
-from sft_grid.stages.post import post_job_id
 
 log = logging.getLogger(__name__)
 

@@ -265,16 +265,22 @@ def _share(tree: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def main(argv: list[str]) -> int:
+def recipe_start(argv: list[str], part: str) -> tuple[Path, list[str]] | None:
+    """OUT_DIR/<part> from the command line (None after printing the usage) and the tokenizers' training lines,
+    with the seeds set first: every later weight depends on how much randomness came before."""
     if len(argv) != 1:
         print(f"usage: {Path(sys.argv[0]).name} OUT_DIR", file=sys.stderr)
-        return 2
-    models_dir = Path(argv[0]) / "models"
-
-    # The steps run in the recipe's order: every later weight depends on how much randomness came before.
+        return None
     random.seed(0)
     torch.manual_seed(0)
-    lines = training_lines()
+    return Path(argv[0]) / part, training_lines()
+
+
+def main(argv: list[str]) -> int:
+    start = recipe_start(argv, "models")
+    if start is None:
+        return 2
+    models_dir, lines = start
 
     llama_tok = llama3_tokenizer(lines)
     print(save_atomically(models_dir, "tiny-llama3", llama_tok, llama3_model(llama_tok)))

@@ -44,13 +44,28 @@ def fetch(base: str, name: str, dest: str) -> dict:
 
 
 def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict:
+    """Upload, then verify: every file the upload sent is in the commit, with its size (else an error, so the
+    stage fails and the cleanup after it never runs)."""
     from huggingface_hub import HfApi
+    from huggingface_hub.utils import filter_repo_objects
 
     api = HfApi()
     api.create_repo(repo_id, repo_type="model", exist_ok=True)
     commit = api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="model", commit_message=message,
                                ignore_patterns=list(ignore) or None)
-    return {"url": f"https://huggingface.co/{repo_id}", "commit": getattr(commit, "oid", None) or str(commit)}
+    oid = getattr(commit, "oid", None) or str(commit)
+    local = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            local[os.path.relpath(path, folder).replace(os.sep, "/")] = os.path.getsize(path)
+    sent = set(filter_repo_objects(list(local), ignore_patterns=list(ignore) or None))
+    remote = {f.path: getattr(f, "size", None) for f in api.list_repo_tree(repo_id, revision=oid, recursive=True)}
+    wrong = sorted(p for p in sent if remote.get(p) != local[p])
+    if wrong:
+        raise RuntimeError(f"uploaded to {repo_id} at {oid}, but {len(wrong)} file(s) are missing there or differ in"
+                           f" size: {', '.join(wrong[:5])}")
+    return {"url": f"https://huggingface.co/{repo_id}", "commit": oid, "verified": len(sent)}
 
 
 def main(argv: list[str]) -> int:

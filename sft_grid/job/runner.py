@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -112,18 +113,22 @@ def run_cell(cell_dir: str | Path) -> str:
 
     log_file = cell_dir / LOGS_DIR / (TRAIN_LOG if lead else f"train.node{os.environ.get('SLURM_PROCID')}.log")
     log_file.parent.mkdir(exist_ok=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log_file.open("ab") as fh:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
         fh.flush()
         rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
                             cwd=cell_dir).returncode
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/calibration.py)
+    used = {"cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
     if rc < 0:
         # killed by a signal: Slurm cancelling, requeueing or timing the job out, the OOM killer, or srun ending
         # the step because a task on another node failed. Only that last one is this job's to triage (a rank
         # lost: its peers' collectives failed, a transient fault); the others are for the scheduler's record
         # (or, locally, the dead process) to say, read by the grid.
         if lead:
-            events.append(cell_dir, _here(Kind.INTERRUPTED, signal=-rc))
+            events.append(cell_dir, _here(Kind.INTERRUPTED, signal=-rc, details=used))
             failure, action = triage(cell_dir, events.read(cell_dir))
             if failure.klass in IN_JOB_REQUEUE and action.kind.value == "requeue":
                 _record_and_requeue(cell_dir, failure, action, rc)
@@ -136,12 +141,13 @@ def run_cell(cell_dir: str | Path) -> str:
         done = progress(output)
         template = effective_template(output)
         trained = {evaluate.TRAINED_TEMPLATE: template_digest(template)} if template is not None else {}
-        events.append(cell_dir, _here(Kind.COMPLETED, step=done.step, loss=done.loss, details=trained))
+        events.append(cell_dir, _here(Kind.COMPLETED, step=done.step, loss=done.loss, details={**trained, **used}))
+        _ended(cell_dir)
         _post_stages(cell_dir)
         return State.COMPLETED.value
     if rc == 0:
         reason = "backend exited 0 but output/ has no final weights and trainer_state.json"
-        events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc))
+        events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc, details=used))
         _ended(cell_dir)
         raise CellFailed(reason)
     failure, action = triage(cell_dir, events.read(cell_dir))

@@ -25,7 +25,7 @@ NOT_IDENTITY = frozenset(
         "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
         "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
         "hub_model_id", "concurrency", "register_db", "register_command", "vars", "failure_policy", "watchdog",
-        "notify", "eval",
+        "notify", "eval", "cleanup_checkpoints",
     }
 )
 # Keys of sub-configs that are about the machine, not the model.

@@ -11,8 +11,10 @@ virtual environment. Everything lands under the cache root (``sft_grid.paths.ass
     models/tiny-qwen3/            ChatML tokenizer + 2-layer Qwen3ForCausalLM (vocab 1000)
     models/tiny-delphi/           Llama-3-layout tokenizer (128000 BPE ids, then Llama-3's 256 specials with its
                                   reserved slots), no chat template, untied 2-layer LlamaForCausalLM (hidden 32)
+    sizes/tiny-llama3-m/, -l/     tiny-llama3's tokenizer, 4-layer LlamaForCausalLM of hidden 128 and 256 (0.85M
+                                  and 2.9M parameters; tiny-llama3 is 0.2M): a grid over model size
 
-Each of ``data/`` and ``models/`` is staged in a temp dir, stamped with a ``.complete`` marker and only then
+Each of ``data/``, ``models/`` and ``sizes/`` is staged in a temp dir, stamped with a ``.complete`` marker and only then
 renamed into place, so a dir without a current marker is never trusted and a killed build is simply redone.
 
     python -m sft_grid.assets build [--force]     # no-op when everything is there and current
@@ -47,6 +49,8 @@ BACKEND = "llamafactory"
 SCRIPT = IN_VENV_DIR / "build_tiny.py"
 
 MODELS = ("tiny-llama3", "tiny-qwen3", "tiny-delphi")
+SIZES = ("tiny-llama3-m", "tiny-llama3-l")
+SIZES_SCRIPT = IN_VENV_DIR / "build_sizes.py"
 DATASETS = {"tiny_messages": "tiny_messages.jsonl", "tiny_sharegpt": "tiny_sharegpt.jsonl"}
 SYSTEM_PROMPT = "You are a tiny helpful assistant."
 
@@ -67,6 +71,8 @@ def build(force: bool = False, dest: Path | None = None) -> Path:
         # The models are written by the backend's transformers: a new environment may save another format.
         stamp = {"version": ASSETS_VERSION, "venv": VenvSpec.load(BACKEND).path.name}
         _ensure(dest, "models", stamp, _build_models, force)
+        # a part of its own: adding it did not rebuild the models every test already uses
+        _ensure(dest, "sizes", stamp, _build_sizes, force)
     return dest
 
 
@@ -181,17 +187,25 @@ def _write_datasets(staging: Path) -> None:
 # ---- models --------------------------------------------------------------------------------------------------
 
 
-def _build_models(staging: Path) -> None:
+def _run_builder(script: Path, staging: Path, part: str, names: tuple[str, ...]) -> None:
     python = build_venv(BACKEND) / "bin" / "python"
-    argv = [str(python), str(SCRIPT), str(staging)]
+    argv = [str(python), str(script), str(staging)]
     # Offline so that any accidental hub access fails at once instead of hanging on a compute node.
     proc_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     log.info("$ %s", " ".join(argv))
     proc = subprocess.run(argv, env=proc_env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise AssetBuildError(
-            f"{SCRIPT.name} failed with exit code {proc.returncode}:\n{proc.stderr[-4000:]}"
+            f"{script.name} failed with exit code {proc.returncode}:\n{proc.stderr[-4000:]}"
         )
-    missing = [name for name in MODELS if not (staging / "models" / name / "config.json").is_file()]
+    missing = [name for name in names if not (staging / part / name / "config.json").is_file()]
     if missing:
-        raise AssetBuildError(f"{SCRIPT.name} exited 0 but did not write {missing} under {staging / 'models'}")
+        raise AssetBuildError(f"{script.name} exited 0 but did not write {missing} under {staging / part}")
+
+
+def _build_models(staging: Path) -> None:
+    _run_builder(SCRIPT, staging, "models", MODELS)
+
+
+def _build_sizes(staging: Path) -> None:
+    _run_builder(SIZES_SCRIPT, staging, "sizes", SIZES)

@@ -12,8 +12,12 @@ Stages, in order (only those that apply to the cell are planned):
 - preprocessor_config (model needs `preprocessor_config`): the base model's file into output/ and each
   checkpoint (LLaMA-Factory does not write it and vLLM needs it for Qwen3.5);
 - tokenizer (always): repairs what transformers 5 writes and transformers 4.57 loaders crash on;
-- upload (push_to_hub and a hub id): output/ to the Hub, without checkpoints and ZeRO shards;
-- register (register_db, off unless a grid turns it on): the grid's own register_command.
+- upload (push_to_hub and a hub id): output/ to the Hub, without checkpoints and ZeRO shards, then verified:
+  every uploaded file is in the Hub's commit with its size;
+- register (register_db, off unless a grid turns it on): the grid's own register_command;
+- cleanup (cleanup_checkpoints, on by default where the cell uploads): the intermediate output/checkpoint-*
+  removed once the final model is uploaded and verified (a 9.7B cell with Adam state keeps ~150 GB per
+  checkpoint); the final model stays.
 
 Where they run: locally, in the job right after training. On Slurm, as a post job array that depends on the
 training array, task by task. The upload runs in a job only where it can reach the Hub: the compute nodes
@@ -30,11 +34,11 @@ from typing import Any, Sequence
 from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.state import SchedulerView, alive, JobState
+from sft_grid.core.state import JobState, SchedulerView, alive, post_job_id
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.venvs import bin_dir
 
-STAGES = ("consolidate", "preprocessor_config", "tokenizer", "upload", "register")
+STAGES = ("consolidate", "preprocessor_config", "tokenizer", "upload", "register", "cleanup")
 # stages that reach the Hub: they run in a job only where its nodes have internet
 HUB_STAGES = ("upload", "register")
 # where a stage runs
@@ -53,12 +57,15 @@ class StageState:
 def stages_for(spec: Any) -> list[str]:
     """The stages of a cell (spec: its CellConf), in chain order."""
     needs = set(spec.model.needs)
+    upload = bool(spec.push_to_hub and spec.hub_model_id)
+    cleanup = upload if spec.cleanup_checkpoints is None else bool(spec.cleanup_checkpoints)
     return [s for s, on in (
         ("consolidate", "consolidate" in needs),
         ("preprocessor_config", "preprocessor_config" in needs),
         ("tokenizer", True),
-        ("upload", bool(spec.push_to_hub and spec.hub_model_id)),
+        ("upload", upload),
         ("register", bool(spec.register_db)),
+        ("cleanup", cleanup),
     ) if on]
 
 
@@ -121,12 +128,6 @@ def states(cell_dir: Path, history: Sequence[Event] | None = None,
         else:
             out[name] = StageState(e.state, e.reason)
     return out
-
-
-def post_job_id(history: Sequence[Event]) -> str:
-    """The Slurm id of the cell's latest post job ("" when it has none)."""
-    queued = events.last(list(history), Kind.POST_JOB)
-    return queued.post_job_id if queued is not None else ""
 
 
 def post_job(history: Sequence[Event], view: SchedulerView | None) -> JobState | None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.layout import OUTPUT_DIR, WEIGHT_FILES, checkpoints
+from sft_grid.core.layout import OUTPUT_DIR, WEIGHT_FILES, checkpoints, output_complete
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.stages.post import IN_JOB, STAGES, gated, states, waiting_note
 
@@ -202,7 +202,7 @@ def upload(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
         _job_variables(post, hub=True), f"upload of {output} to https://huggingface.co/{repo} failed",
         f"Fix the cause (network, HF_TOKEN, rights on the repository) and retry, training is not rerun:"
         f" python -m sft_grid.post {cell_dir} --stage upload")
-    return {"url": result.get("url"), "commit": result.get("commit")}
+    return {"url": result.get("url"), "commit": result.get("commit"), "verified": result.get("verified")}
 
 
 def register(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
@@ -225,11 +225,27 @@ def register(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
     return {"command": argv}
 
 
+def cleanup(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
+    """The intermediate checkpoints go once the final model is safe: it runs after the upload (and its
+    verification) in the chain, and only while output/ holds the final model."""
+    output = cell_dir / OUTPUT_DIR
+    if not output_complete(output):
+        raise StageFailed(f"{output} holds no final model (weights and trainer_state.json): its checkpoints are"
+                          " all there is, so none is removed")
+    removed, freed = [], 0
+    for ckpt in checkpoints(output):
+        freed += sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+        shutil.rmtree(ckpt)
+        removed.append(ckpt.name)
+    return {"removed": removed, "freed_bytes": freed}
+
+
 STAGE_RUNNERS: dict[str, Callable[[Path, PostFile, str], dict[str, Any] | None]] = {
     "consolidate": consolidate,
     "preprocessor_config": preprocessor_config,
     "tokenizer": tokenizer,
     "upload": upload,
     "register": register,
+    "cleanup": cleanup,
 }
 assert tuple(STAGE_RUNNERS) == STAGES

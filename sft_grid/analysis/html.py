@@ -1,0 +1,222 @@
+"""The grid report: one self-contained HTML page (inline CSS, inline SVG, a little inline JS).
+
+    data["fits"] = scaling.report_fits(data)     # the fits and their bands (numpy)
+    page = html.render(data)                     # then write it as report.html
+
+`render(data)` is pure: the same data gives the same bytes (nothing timed or random; "generated_at" is the
+caller's). The page opens from disk in any browser with no network: no CDN, no web font, no image file, no
+URL at all but an empty `data:` favicon (which stops browsers asking for /favicon.ico); the only script
+sorts the table (hover text is SVG <title>, no script). Every string from the data is HTML-escaped, in text
+and attributes alike.
+
+Report data (a JSON-serialisable dict; every key optional unless said; unknown keys are ignored):
+
+    {"grid": {"name", "sweep_file", "git_revision", "git_dirty": bool, "generated_at", "runs_root",
+              "counts": {state: n},          # default: counted from cells
+              "gpu_hours_used", "gpu_hours_estimated", "device": "GPU" | "CPU"},
+     "axes": [axis, ...],                    # swept keys, in order: table columns, plot grouping
+     "cells": [{"name" (required), "key", "dir",
+                "values": {axis: value},
+                "state": "completed" | "running" | "failed" | "planned" | other,
+                "step", "total_steps", "final_loss",
+                "scores": {"<task>/<metric>": {"value", "stderr"}},
+                "wall_seconds", "gpu_hours", "estimate_gpu_hours",
+                "params": float,               # x of the scaling plots; its spread picks the plot layout
+                "compute_budget": float | None,  # FLOPs; a second scaling x when >= 2 cells have one
+                "recipe": str,                 # group label: one curve panel and one scaling series each
+                "reason": str,                 # why a failed cell failed
+                "curve": [[step, tokens_seen | None, loss], ...]}],
+     "base_models": [{"name", "params", "scores": {...}}],   # reference diamonds in the score plots
+     "fits": [scaling.report_fits(...) entries: {"metric", "x", "recipe", "ok", "reason", "E", "A", "alpha",
+              "loss", "converged", "at_bounds", "keys", "band": {"n", "lo", "hi", "level"}}]}
+
+How the figures are laid out, and how missing, running and failed cells show, is in plots.py.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from typing import Any
+
+from sft_grid.analysis import curves, plots
+from sft_grid.analysis.plots import Layout, cell_state, state_colour
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
+h1{font-size:22px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+dl.meta{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:8px 0}dt{color:#666}dd{margin:0}
+code{font:12px ui-monospace,Menlo,Consolas,monospace}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;color:#fff;margin-right:6px;font-size:12px}
+.dirty{background:#b26a00}.bar{display:flex;height:10px;max-width:640px;border-radius:5px;overflow:hidden;margin:6px 0}
+table{border-collapse:collapse;background:#fff;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #eee;
+text-align:left;white-space:nowrap}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{cursor:pointer;user-select:none;background:#f0f0f0;position:sticky;top:0}th:focus{outline:2px solid #4e79a7}
+th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
+.wrap{overflow-x:auto;max-height:70vh}.reason{color:#c62828;font-size:12px;white-space:normal}
+figure{margin:10px 0 18px;background:#fff;border:1px solid #e4e4e4;padding:8px;display:inline-block;
+vertical-align:top}figure.scaling{max-width:480px;margin-right:10px}figcaption{font-weight:600;margin-bottom:4px}
+.plots{display:flex;flex-wrap:wrap;gap:8px}
+svg.plot{font-size:11px;fill:#333}svg.plot text.title{font-size:12px;font-weight:600}
+ul.legend{list-style:none;padding:0;margin:4px 0;display:flex;flex-wrap:wrap;gap:2px 14px;font-size:12px;
+max-width:940px}
+.sw{display:inline-block;width:16px;height:3px;margin:0 5px 3px 0;vertical-align:middle}
+.sw.dash{background:repeating-linear-gradient(90deg,#444 0 5px,transparent 5px 8px)!important}
+.sw.ring{width:7px;height:7px;border:2px solid;border-radius:50%;background:#fff}
+.sw.cross{height:10px;width:10px;background:linear-gradient(45deg,transparent 42%,#c62828 42% 58%,transparent 58%),
+linear-gradient(-45deg,transparent 42%,#c62828 42% 58%,transparent 58%)!important}
+.sw.diamond{width:8px;height:8px;transform:rotate(45deg)}.sw.band{height:10px;opacity:.35}
+.note,.muted{color:#666;font-size:12px;max-width:940px;margin:2px 0}
+td.score-failed{color:#c62828}td.score-missing,td.score-pending{color:#888;font-style:italic}
+"""
+
+# Sorts the clicked column: numerically when every non-empty value (data-v, else the text) is a number,
+# else as text; empty cells always last; stable, so a second key can be sorted first.
+_JS = """
+(function(){document.querySelectorAll("table.sortable").forEach(function(t){
+var hs=t.tHead.rows[0].cells;Array.prototype.forEach.call(hs,function(th,i){
+function go(){var asc=th.getAttribute("aria-sort")!=="ascending";
+Array.prototype.forEach.call(hs,function(h){h.removeAttribute("aria-sort");});
+th.setAttribute("aria-sort",asc?"ascending":"descending");
+var b=t.tBodies[0],rows=Array.prototype.slice.call(b.rows),vals=rows.map(function(r){var c=r.cells[i];
+return c.hasAttribute("data-v")?c.getAttribute("data-v"):c.textContent.trim();});
+var num=vals.every(function(v){return v===""||isFinite(Number(v));});
+var ix=rows.map(function(r,k){return k;});ix.sort(function(a,c){var x=vals[a],y=vals[c];
+if(x===""||y==="")return x===y?a-c:(x===""?1:-1);
+var d=num?Number(x)-Number(y):x.localeCompare(y,undefined,{numeric:true});return (asc?d:-d)||a-c;});
+ix.forEach(function(k){b.appendChild(rows[k]);});}
+th.addEventListener("click",go);th.addEventListener("keydown",function(e){
+if(e.key==="Enter"||e.key===" "){e.preventDefault();go();}});});});})();
+"""
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _g(v: Any, digits: int = 4) -> str:
+    f = _num(v)
+    return "" if f is None else f"{f:.{digits}g}"
+
+
+def _hours(v: Any) -> str:
+    """GPU-hours as a person reads them: 0.0123, 4.56, 78.9, 1234 (never 1.23e+03)."""
+    f = _num(v)
+    return "" if f is None else f"{f:.0f}" if abs(f) >= 100 else f"{f:.3g}"
+
+
+def _count(v: float) -> str:
+    return str(int(v)) if v.is_integer() else f"{v:g}"
+
+
+def _duration(seconds: Any) -> str:
+    s = _num(seconds)
+    if s is None:
+        return ""
+    s = int(round(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _td(text: str, sort: Any = None, cls: str = "", extra: str = "") -> str:
+    attrs = f' class="{cls}"' if cls else ""
+    if sort is not None:
+        attrs += f' data-v="{escape(str(sort))}"'
+    return f"<td{attrs}>{escape(text)}{extra}</td>"
+
+
+def _header(data: dict[str, Any], cells: list[dict[str, Any]]) -> str:
+    g = data.get("grid") or {}
+    counts = dict(g.get("counts") or {})
+    if not counts:
+        for c in cells:
+            counts[cell_state(c)] = counts.get(cell_state(c), 0) + 1
+    rows = [("sweep file", g.get("sweep_file")), ("generated", g.get("generated_at")),
+            ("runs root", g.get("runs_root")), ("device", g.get("device"))]
+    rev = escape(str(g.get("git_revision") or "unknown"))
+    rev += ' <span class="badge dirty">dirty</span>' if g.get("git_dirty") else ""
+    used, est = _hours(g.get("gpu_hours_used")), _hours(g.get("gpu_hours_estimated"))
+    hours = f"{used or '?'} used, {est or '?'} estimated"
+    meta = "".join(f"<dt>{k}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v not in (None, ""))
+    meta += f"<dt>git revision</dt><dd><code>{rev}</code></dd><dt>GPU-hours</dt><dd>{escape(hours)}</dd>"
+    total = sum(n for n in counts.values() if isinstance(n, int)) or 1
+    badges = "".join(f'<span class="badge" style="background:{state_colour(s)}">{escape(str(s))}: {n}</span>'
+                     for s, n in counts.items())
+    bar = "".join(f'<span title="{escape(str(s))}: {n}" style="flex:{n / total:.4f};background:{state_colour(s)}">'
+                  f"</span>" for s, n in counts.items() if isinstance(n, int) and n > 0)
+    return (f"<header><h1>{escape(str(g.get('name') or 'grid'))}</h1><div>{badges}</div>"
+            f'<div class="bar" id="state-bar">{bar}</div><dl class="meta">{meta}</dl></header>')
+
+
+def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    scores = columns if columns is not None else sorted({k for c in cells for k in (c.get("scores") or {})})
+    heads = ["cell", *axes, "state", "step", "final loss", *scores, "wall", "GPU-h", "est. GPU-h", "est. now",
+             "directory"]
+    out = ['<div class="wrap"><table class="sortable" id="cells"><thead><tr>',
+           "".join(f'<th tabindex="0" scope="col">{escape(h)}</th>' for h in heads), "</tr></thead><tbody>"]
+    for c in cells:
+        state = cell_state(c)
+        step, total = _num(c.get("step")), _num(c.get("total_steps"))
+        steps = "" if step is None else _count(step) + (f" / {_count(total)}" if total is not None else "")
+        reason = f'<div class="reason">{escape(str(c["reason"]))}</div>' if c.get("reason") else ""
+        row = [_td(str(c.get("name", "")), cls="name")]
+        row += [_td("" if (v := (c.get("values") or {}).get(a)) is None else str(v)) for a in axes]
+        row.append(f'<td data-v="{escape(state)}"><span class="badge" style="background:{state_colour(state)}">'
+                   f"{escape(state)}</span>{reason}</td>")
+        row.append(_td(steps, "" if step is None else step, "n"))
+        row.append(_td(_g(c.get("final_loss")), _g(c.get("final_loss"), 17), "n"))
+        for k in scores:
+            s = (c.get("scores") or {}).get(k) or {}
+            v, se = _num(s.get("value")), _num(s.get("stderr"))
+            text = "" if v is None else f"{v:.4g}" + (f" ± {se:.2g}" if se is not None else "")
+            mark = (c.get("score_status") or {}).get(k) or {}
+            if v is None and mark.get("status"):  # failed, missing or pending: said, with the reason on hover
+                tip = f' title="{escape(str(mark.get("reason") or ""))}"' if mark.get("reason") else ""
+                row.append(f'<td class="score-{escape(str(mark["status"]))}"{tip}>{escape(str(mark["status"]))}</td>')
+                continue
+            row.append(_td(text, "" if v is None else repr(v), "n"))
+        row.append(_td(_duration(c.get("wall_seconds")), _g(c.get("wall_seconds"), 17), "n"))
+        row.append(_td(_hours(c.get("gpu_hours")), _g(c.get("gpu_hours"), 17), "n"))
+        row.append(_td(_hours(c.get("estimate_gpu_hours")), _g(c.get("estimate_gpu_hours"), 17), "n"))
+        row.append(_td(_hours(c.get("estimate_now_gpu_hours")), _g(c.get("estimate_now_gpu_hours"), 17), "n"))
+        row.append(f'<td><code>{escape(str(c.get("dir") or ""))}</code></td>')
+        out.append(f'<tr data-state="{escape(state)}">{"".join(row)}</tr>')
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def _estimates(data: dict[str, Any]) -> str:
+    """The estimates against what the completed cells took, and where today's calibration comes from."""
+    est = data.get("estimates") or {}
+    summary, cal = est.get("summary") or {}, est.get("calibration") or {}
+    if not summary.get("cells") and not cal:
+        return ""
+
+    def pct(v: Any) -> str:
+        f = _num(v)
+        return "?" if f is None else f"{100 * f:.0f}%"
+
+    text = (f"{summary.get('cells', 0)} completed cell(s) measured: median |estimate / measured - 1| "
+            f"{pct(summary.get('median_abs_error_at_launch'))} for the estimate made when each was queued (est. GPU-h),"
+            f" {pct(summary.get('median_abs_error_now'))} for today's calibration without the cell (est. now).")
+    items = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>" for k, v in sorted(cal.items()))
+    return f'<p class="note" id="estimates">{escape(text)}</p>' + (f'<ul class="note">{items}</ul>' if items else "")
+
+
+def render(data: dict[str, Any]) -> str:
+    """The whole page for `data` (schema in the module docstring)."""
+    layout = Layout(data)
+    ids = plots.id_source()
+    title = escape(str((data.get("grid") or {}).get("name") or "grid"))
+    body = [_header(data, layout.cells), f"<h2>Cells ({len(layout.cells)})</h2>",
+            _table(layout.axes, layout.cells, data.get("columns")) if layout.cells else '<p class="note">No cells.</p>',
+            _estimates(data)]
+    if layout.cells:
+        body += ['<h2>Loss curves</h2><section id="curves">', curves.loss_curves(data, layout, ids), "</section>"]
+    scaling = plots.scaling(data, layout, ids)
+    if scaling:
+        body += ['<h2>Scaling</h2><section id="scaling">', scaling, "</section>"]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            # an empty data: icon, so that no browser goes looking for /favicon.ico
+            f"<link rel=\"icon\" href=\"data:,\"><title>{title} report</title><style>{_CSS}</style></head>"
+            f"<body>{''.join(body)}<script>{_JS}</script></body></html>\n")

@@ -1,0 +1,151 @@
+"""The grid report's data (report.json) from the cells x values table, and the page drawn from it (report.html).
+
+Everything the page shows is in the data, and the data is written whole as report.json: the grid at a glance
+(cells by state, GPU-hours used and estimated, the sweep file and the git revision that last changed it), each
+cell's row (analysis/table.py) with its loss curve (every logged step; tokens seen = step x the tokens per step
+its estimate counted), the base models, the scaling fits (analysis/scaling.py: final loss and each score per
+recipe, against parameters and against the pretraining compute budget where model names carry one), and the
+estimate against the actual: each completed cell's estimate made when it was queued (estimate.json), what the
+calibration of today says of it without it (leave-one-out: planning/throughput.py fitted to the grid's other
+completed cells), and what it took (its completing run's wall time x GPUs; CPU time on CPU-only nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from sft_grid.analysis.plots import CURVE_POINTS
+from sft_grid.analysis.svg import decimate_index
+from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
+from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
+from sft_grid.core.paths import REPO_ROOT
+from sft_grid.grid.calibration import measured
+from sft_grid.planning.throughput import Measured, calibrate, leave_one_out
+
+REPORT_HTML, REPORT_JSON = "report.html", "report.json"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                              timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def sweep_file(rows: Sequence[Row]) -> Path | None:
+    """The sweep file the grid's cells name (`+sweep=<name>`), if it is in this checkout."""
+    for r in rows:
+        for o in r.overrides:
+            key, _, name = o.lstrip("+").partition("=")
+            if key == "sweep" and name:
+                path = REPO_ROOT / "sweeps" / f"{name}.yaml"
+                return path if path.is_file() else None
+    return None
+
+
+def grid_facts(table: GridTable) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for r in table.rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    sweep = sweep_file(table.rows)
+    rel = str(sweep.relative_to(REPO_ROOT)) if sweep else None
+    revision = _git("log", "-1", "--format=%h", "--", rel) if rel else ""
+    dirty = bool(_git("status", "--porcelain", "--", rel)) if rel else False
+    est = [r.estimate_gpu_hours for r in table.rows if r.estimate_gpu_hours is not None]
+    cpu = bool(table.rows) and all(r.cpu for r in table.rows)
+    return {"name": table.name, "sweep_file": rel, "git_revision": revision or None, "git_dirty": dirty,
+            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs_root": str(table.sweep_dir.parent),
+            "counts": counts, "gpu_hours_used": sum(r.gpu_hours or 0.0 for r in table.rows),
+            "gpu_hours_estimated": sum(est) if est else None,
+            "device": "CPU (CPU-hours stand in for GPU-hours)" if cpu else "GPU"}
+
+
+def curve(row: Row) -> list[list[float | None]]:
+    """[step, tokens seen, loss] of the logged steps the page draws (at most CURVE_POINTS, each bucket's lowest
+    and highest loss, so spikes survive: analysis/svg.py), from the trainer's per-step log; tokens seen are
+    step x the tokens per step the cell's estimate counted."""
+    import numpy as np
+
+    path = row.dir / OUTPUT_DIR / TRAINER_LOG
+    found = LOG_LOSS.findall(path.read_text(errors="replace")) if path.is_file() else state_losses(path.parent)
+    a = np.array([float(v) for pair in found for v in pair]).reshape(-1, 2)
+    if not len(a):
+        return []
+    a = a[decimate_index(a[:, 1], CURVE_POINTS)]
+    est = row.estimate or {}
+    per_step = est["tokens"] / est["steps"] if est.get("steps") and est.get("tokens") else None
+    return [[s, None if per_step is None else s * per_step, v] for s, v in a.tolist()]
+
+
+def accuracy(rows: Sequence[Row], ms: dict[str, Measured]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Per completed cell: its estimate at launch, the leave-one-out estimate of today's calibration, and what it
+    took; and the median absolute relative error of each kind."""
+    out: dict[str, dict[str, Any]] = {}
+    others = leave_one_out(ms.values())
+    for r in rows:
+        m = ms.get(r.name)
+        if m is None:
+            continue
+        took = m.seconds * m.gpus / 3600
+        cal = others.get(r.name)
+        now = cal.throughput(r.name).seconds(m.tokens, m.flops, m.gpus) * m.gpus / 3600 if cal else None
+        out[r.name] = {"measured_gpu_hours": took, "at_launch": r.estimate_gpu_hours, "now": now,
+                       "at_launch_error": None if r.estimate_gpu_hours is None else r.estimate_gpu_hours / took - 1,
+                       "now_error": None if now is None else now / took - 1}
+
+    def med(kind: str) -> float | None:
+        errs = [abs(v[kind]) for v in out.values() if v[kind] is not None]
+        return statistics.median(errs) if errs else None
+
+    return out, {"cells": len(out), "median_abs_error_at_launch": med("at_launch_error"),
+                 "median_abs_error_now": med("now_error")}
+
+
+def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
+    """The report's data: read the grid, fit, and say how good the estimates were."""
+    from sft_grid.analysis.scaling import report_fits
+
+    table = read_table(sweep_dir)
+    ms = {m.cell: m for r in table.rows if r.state == "completed" and (m := measured(r.dir)) is not None}
+    per_cell, summary = accuracy(table.rows, ms)
+    cells = []
+    for r in table.rows:
+        cells.append({"name": r.name, "key": r.key, "dir": str(r.dir), "values": r.values, "state": r.state,
+                      "reason": r.reason, "step": r.step, "total_steps": r.total, "final_loss": r.final_loss,
+                      "latest_loss": r.latest_loss,
+                      "scores": {c: s.to_json() for c, s in r.scores.items() if s.status == "ok"},
+                      "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
+                      "wall_seconds": r.wall_seconds, "gpus": r.gpus, "gpu_hours": r.gpu_hours,
+                      "estimate_gpu_hours": r.estimate_gpu_hours,
+                      "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
+                      "params": r.params, "compute_budget": r.compute_budget, "recipe": r.recipe or None,
+                      "model": r.model, "curve": curve(r)})
+    bases = [{"name": b.name, "model": b.model, "params": b.params, "compute_budget": b.compute_budget,
+              "scores": {c: s.to_json() for c, s in b.scores.items() if s.status == "ok"}} for b in table.bases]
+    data: dict[str, Any] = {"grid": grid_facts(table), "axes": table.axes, "columns": table.columns,
+                            "cells": cells, "base_models": bases,
+                            "estimates": {"cells": per_cell, "summary": summary,
+                                          "calibration": {k: c.throughput().detail for k, c in
+                                                          calibrate(ms.values()).items()}}}
+    data["fits"] = report_fits(data, resamples=resamples)
+    return data
+
+
+def write(sweep_dir: Path, resamples: int = 300) -> tuple[Path, Path]:
+    """report.html and report.json in the grid's directory (each written whole, then renamed into place)."""
+    from sft_grid.analysis.html import render
+
+    data = build(sweep_dir, resamples)
+    page = render(data)
+    paths = sweep_dir / REPORT_HTML, sweep_dir / REPORT_JSON
+    for path, text in zip(paths, (page, json.dumps(data, separators=(",", ":"), default=str) + "\n")):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return paths

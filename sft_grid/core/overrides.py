@@ -1,0 +1,33 @@
+"""The overrides a cell was composed from, as its cell.yaml's first lines keep them (the rerun command), and the
+values they set: what a grid's cells differ in (its swept values), for W&B's tags and config, the results table
+and the report."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Sequence
+
+RERUN = "# Rerun this cell: python -m sft_grid"
+# overrides that say where or how a grid runs, never which cell of it this is
+_NOT_SWEPT = ("runs_root", "sweep", "sweep_name", "dry_run", "force", "rerun_failed", "report_to", "concurrency")
+
+
+def swept_values(overrides: Sequence[str]) -> dict[str, str]:
+    """The values a cell's overrides set (its grid's axes and the command line's), key -> value as written."""
+    out = {}
+    for line in overrides:
+        key, _, value = line.lstrip("+~").partition("=")
+        if value and key.split(".", 1)[0] not in _NOT_SWEPT:
+            out[key] = value.strip("'\"")
+    return out
+
+
+def overrides_of(cell_yaml: str) -> list[str]:
+    """The overrides of the rerun command in a cell.yaml's header ([] when it has none)."""
+    for line in cell_yaml.splitlines()[:6]:
+        if line.startswith(RERUN):
+            try:
+                return shlex.split(line[len(RERUN):])
+            except ValueError:
+                return line[len(RERUN):].split()
+    return []

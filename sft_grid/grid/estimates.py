@@ -1,0 +1,226 @@
+"""A grid's cost before launch: each cell's estimate (planning/estimate.py) from what can be read here.
+
+Per cell it gathers: each data source's token sample (the loss-mask probe's rows, tokenised by the backend's
+own preprocessing: `Preflight.lengths`) and its row count (a local file or the Hugging Face cache, counted
+once per file), scaled through the cell's mix; the model's depth and attention width from its config.json
+(else a guess from its size, said so); the cluster's GPU type and GPUs; the cell's wall time and requeues; the
+throughput of planning/throughput.py, calibrated from the completed cells under the cell's runs root
+(grid/calibration.py) or a default. A cell whose tokens cannot be counted here (hub data not in the cache)
+gets no estimate, with the reason.
+
+What it gives the flow: the estimates (printed by a dry run, written to each queued cell's estimate.json), a
+problem for each cell to run whose estimate exceeds its wall time x (1 + requeues), and the free space of each
+runs root to compare the disk estimate with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from sft_grid.checks.inputs import data_files, locate
+from sft_grid.core.layout import ESTIMATE_FILE
+from sft_grid.core.problems import Problem
+from sft_grid.core.submission import CellFiles
+from sft_grid.core.timefmt import parse_minutes
+from sft_grid.grid.calibration import calibrations as measured_calibrations
+from sft_grid.planning.cells import Cell
+from sft_grid.planning.estimate import (CellPlan, Estimate, Model, Source, disk_bound, estimate_cell,
+                                        mixed_rows)
+from sft_grid.planning.inputs import source_of
+from sft_grid.planning.throughput import Calibration, throughput
+
+# d_model / n_layers of Llama- and Qwen-shaped models (4096/32, 2048/16, 5120/40): the shape guessed from the
+# size alone, N ~ 12 L d^2, when no config.json is readable here
+_ASPECT = 128
+
+
+@dataclass
+class GridCosts:
+    estimates: dict[str, Estimate] = field(default_factory=dict)  # cell name -> estimate
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # cell name -> what estimate.json records
+    unknown: dict[str, str] = field(default_factory=dict)  # cell name -> why it has no estimate
+    # cell name -> the most it keeps on disk, for cells without an estimate (save_total_limit checkpoints)
+    disk_bounds: dict[str, float] = field(default_factory=dict)
+    calibrations: dict[str, Calibration] = field(default_factory=dict)
+    free_bytes: dict[Path, int] = field(default_factory=dict)  # runs root -> free space there
+    notes: list[str] = field(default_factory=list)
+
+    def file_text(self, name: str) -> str | None:
+        """estimate.json of a cell: the estimate and what it was made from (the calibration reads it back)."""
+        est = self.estimates.get(name)
+        if est is None:
+            return None
+        return json.dumps({**self.inputs[name], **est.to_json()}, indent=1, default=str) + "\n"
+
+
+def _count_rows(path: Path) -> int | None:
+    """Rows of a data file: lines of JSON lines, items of a JSON list, a parquet file's metadata."""
+    if path.suffix == ".jsonl":
+        with path.open("rb") as fh:
+            data = fh.read()
+        return sum(1 for line in data.splitlines() if line.strip())
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        return len(data) if isinstance(data, list) else 1
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
+_ROWS: dict[tuple[str, int, int], int | None] = {}
+
+
+def source_rows(source: str) -> int | None:
+    """Rows of a dataset readable here, cached per file (path, size, mtime); None when not readable."""
+    where = locate(source, "datasets")
+    if where is None:
+        return None
+    total = 0
+    try:
+        for f in data_files(where):
+            st = f.stat()
+            key = (str(f), st.st_size, st.st_mtime_ns)
+            if key not in _ROWS:
+                _ROWS[key] = _count_rows(f)
+            if _ROWS[key] is None:
+                return None
+            total += _ROWS[key] or 0
+    except (OSError, ValueError):
+        return None
+    return total
+
+
+_SHAPES: dict[str, tuple[int, int] | None] = {}
+
+
+def model_shape(target: str) -> tuple[int, int] | None:
+    """(layers, attention width) from the model's config.json here, or None."""
+    if target not in _SHAPES:
+        where = locate(target, "models")
+        shape = None
+        if where is not None and (where / "config.json").is_file():
+            try:
+                cfg = json.loads((where / "config.json").read_text())
+                cfg = cfg.get("text_config", cfg)
+                heads = int(cfg["num_attention_heads"])
+                head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+                shape = (int(cfg["num_hidden_layers"]), heads * head_dim)
+            except (OSError, ValueError, KeyError, TypeError):
+                shape = None
+        _SHAPES[target] = shape
+    return _SHAPES[target]
+
+
+def _model(cell: Cell) -> tuple[Model, str]:
+    params = cell.spec.model.params_b * 1e9
+    shape = model_shape(source_of(cell))
+    if shape is not None:
+        return Model(params, *shape), "config.json"
+    d = (params * _ASPECT / 12) ** (1 / 3)
+    return Model(params, max(1, round(d / _ASPECT)), round(d)), f"shape guessed from its size (d = {_ASPECT} layers)"
+
+
+def gpu_of(cell: Cell) -> str:
+    c = cell.spec.cluster
+    return c.gpu_type or ("CPU" if not c.gpus_per_node else "")
+
+
+def plan_of(cell: Cell, lengths: Mapping[str, Sequence[int]]) -> tuple[CellPlan, str, dict[str, Any]]:
+    """The estimate's input for a cell, and why it has no token count ("" when it has)."""
+    s = cell.spec
+    rows, why = [], ""
+    for name, ds in s.dataset.items():
+        n = source_rows(ds.source)
+        if not lengths.get(name):
+            why = why or f"no token sample of dataset {name} ({ds.source}): the loss-mask probe could not read it here"
+        elif n is None:
+            why = why or f"dataset {name} ({ds.source}) is not readable here to count its rows"
+        rows.append(n or 0)
+    per_epoch = mixed_rows(rows, s.mix.strategy, s.mix.probs)
+    model, shape_from = _model(cell)
+    extra = s.extra or {}
+    plan = CellPlan(
+        name=cell.name, model=model,
+        sources=tuple(Source(n, r, tuple(lengths.get(n, ()))) for n, r in zip(s.dataset, per_epoch)),
+        cutoff_len=s.cutoff_len, global_batch_size=s.global_batch_size, epochs=s.epochs,
+        max_steps=max(0, s.max_steps), packing=bool(extra.get("packing") or extra.get("sample_packing")),
+        gpus=cell.world_size, precision=s.cluster.precision, save_steps=s.save_steps,
+        save_total_limit=s.save_total_limit, save_optimizer=not extra.get("save_only_model"),
+        max_time_s=parse_minutes(s.time) * 60 if s.cluster.executor == "slurm" else None,
+        requeues=s.cluster.max_requeues if s.cluster.executor == "slurm" else 0)
+    inputs = {"cluster": s.cluster.name, "gpu": gpu_of(cell), "gpus": cell.world_size, "params": model.params,
+              "n_layers": model.n_layers, "d_attn": model.d_attn, "shape_from": shape_from,
+              "rows": dict(zip(s.dataset, per_epoch)),
+              "sampled_rows": {n: len(lengths.get(n, ())) for n in s.dataset}}
+    return plan, why, inputs
+
+
+def free_space(root: Path) -> int | None:
+    """Free bytes of the filesystem a runs root is (or will be) on."""
+    for p in (root, *root.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
+
+
+def estimate(cells: Sequence[Cell], lengths: Mapping[str, Mapping[str, Sequence[int]]]) -> GridCosts:
+    """Every cell's estimate (module docstring)."""
+    costs = GridCosts()
+    roots = list(dict.fromkeys(c.runs_root for c in cells))
+    costs.calibrations = measured_calibrations(roots)
+    for root in roots:
+        free = free_space(root)
+        if free is not None:
+            costs.free_bytes[root] = free
+    throughputs: dict[tuple[str, str, float | None], Any] = {}
+    for cell in cells:
+        plan, why, inputs = plan_of(cell, lengths.get(cell.name, {}))
+        if why:
+            costs.unknown[cell.name] = why
+            bound = disk_bound(plan)
+            if bound is not None:
+                costs.disk_bounds[cell.name] = bound
+            continue
+        c = cell.spec.cluster
+        key = (c.name, gpu_of(cell), c.gpu_peak_tflops)
+        if key not in throughputs:
+            throughputs[key] = throughput(c.name, key[1], costs.calibrations, c.gpu_peak_tflops)
+        costs.estimates[cell.name] = estimate_cell(plan, throughputs[key])
+        costs.inputs[cell.name] = inputs
+    return costs
+
+
+def problems(costs: GridCosts, to_run: Sequence[Cell]) -> list[Problem]:
+    """A cell to run whose estimate exceeds its wall time x (1 + requeues): it would never finish."""
+    out = []
+    for cell in to_run:
+        est = costs.estimates.get(cell.name)
+        if est is not None and est.exceeds_wall:
+            assert est.throughput is not None
+            out.append(Problem(cell.name, "time", cell.spec.time, "estimate-wall-time",
+                               f"{est.notes[-1]} ({est.throughput.detail})",
+                               "raise `time` (up to cluster.max_time) or cluster.max_requeues, give the cell more nodes,"
+                               " or shorten it (epochs, max_steps)"))
+    return out
+
+
+def with_file(files: CellFiles, costs: GridCosts | None, cell: str | None) -> CellFiles:
+    """A queued cell's files with its estimate.json (what the grid expected of it when it queued it); cells
+    that are not run keep the one they have."""
+    text = costs.file_text(cell) if costs is not None and cell is not None else None
+    return CellFiles(files.dir, {**files.files, ESTIMATE_FILE: text}) if text is not None else files
+
+
+def env_disabled() -> bool:
+    """SFT_GRID_ESTIMATES=0 turns estimates off (the benchmark's baseline)."""
+    return os.environ.get("SFT_GRID_ESTIMATES", "1") == "0"

@@ -198,12 +198,28 @@ def test_timed_out_cell_is_requeued_and_resumes(tmp_path, tiny_assets, cleanup_j
     # 1 minute of wall time for ~2 minutes of training: USR2 comes before the limit, the job requeues. How many
     # one-minute legs the training takes depends on the machine's speed (CI can be several times slower than a
     # workstation): the requeue budget leaves room for it, the point is that each leg resumes
-    run_sft(*SLOW, "max_steps=300", "global_batch_size=64", "micro_batch_size=4", "time=00:01:00",
+    # A checkpoint every 5 steps: each leg saves at least one, however slow the machine (two legs in a row that
+    # save none are stopped as futile: test_legs_that_never_reach_a_checkpoint_stop_as_a_time_limit_with_no_progress)
+    run_sft(*SLOW, "max_steps=300", "save_steps=5", "global_batch_size=64", "micro_batch_size=4", "time=00:01:00",
             "cluster.max_requeues=40", f"runs_root={tmp_path}", check=True)
     (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=2400).values()
     (cell,) = cell_dirs(tmp_path)
     assert st.state is State.COMPLETED, (st, [e["event"] for e in events(cell)])
     _assert_resumed(cell)
+
+
+def test_legs_that_never_reach_a_checkpoint_stop_as_a_time_limit_with_no_progress(tmp_path, tiny_assets, cleanup_jobs):
+    cleanup_jobs.append(tmp_path)
+    # one-minute legs, and a checkpoint only at the end: no leg can save one. The second leg that ends with
+    # nothing saved is not requeued again (the budget of 40 would otherwise be spent the same way)
+    run_sft(*SLOW, "max_steps=100000", "save_steps=100000", "time=00:01:00", "cluster.max_requeues=40",
+            f"runs_root={tmp_path}", check=True)
+    (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=900).values()
+    (cell,) = cell_dirs(tmp_path)
+    kinds = [e["event"] for e in events(cell)]
+    assert st.state is State.FAILED and st.failure_class == "time_limit", (st, kinds)
+    assert "no progress" in st.reason and "save_steps=25000" in st.advice and "time=00:02:00" in st.advice, st
+    assert kinds.count("running") == 2 and kinds.count("requeued") == 1, kinds
 
 
 def test_sbatch_refusal_is_reported_and_leaves_the_cells_planned(tmp_path, tiny_assets, cleanup_jobs):

@@ -224,3 +224,39 @@ def test_classify_then_decide_end_to_end_on_a_node_failure():
     _, case = next(c for c in CASES if c[0] == "node_failure_02_multinode_srun_names_node")
     action = decide(run_case(case), Policy(), 0)
     assert action.kind is ActionKind.REQUEUE and action.exclude_nodes == ("gpu042",)
+
+
+def _leg_history(*starts: str) -> list:
+    """A submitted cell's ledger with one leg per start ("" starts from scratch, else resumes that checkpoint)."""
+    from sft_grid.core.events import Event, Kind
+
+    out = [Event(Kind.SUBMITTED, executor="slurm", array="sft_grid-x", index=0)]
+    for start in starts:
+        out.append(Event(Kind.RUNNING, job_id="7"))
+        if start:
+            out.append(Event(Kind.RESUMED, checkpoint=start))
+        out.append(Event(Kind.REQUEUED, job_id="7"))
+    return out
+
+
+@pytest.mark.parametrize("starts, saved, stuck", [
+    (("", "checkpoint-20"), ["checkpoint-20", "checkpoint-40"], False),  # the second leg saved one: progress
+    (("checkpoint-20", "checkpoint-20"), ["checkpoint-20"], True),  # two legs from the same, nothing newer
+    (("", ""), [], True),  # two legs that never reached the first checkpoint
+    (("checkpoint-20",), ["checkpoint-20"], False),  # one leg alone: a preemption can end a leg early
+    (("checkpoint-20", "checkpoint-20"), ["checkpoint-20", "checkpoint-40"], False),  # the last leg saved one
+])
+def test_a_requeue_is_refused_when_two_legs_in_a_row_saved_nothing(tmp_path, starts, saved, stuck):
+    from sft_grid.core.triage import stalled
+
+    (tmp_path / "cell.yaml").write_text("# Rerun this cell: python -m sft_grid model=m save_steps=20 time=00:10:00\n"
+                                        "save_steps: 20\ntime: '00:10:00'\ncluster: {max_requeues: 9}\n")
+    for name in saved:
+        (tmp_path / "output" / name).mkdir(parents=True)
+    event = stalled(tmp_path, _leg_history(*starts), "7")
+    assert (event is not None) is stuck
+    if stuck:
+        assert event.failure_class == "time_limit" and event.action == "stop" and event.job_id == "7"
+        assert "no progress" in event.reason and "each started" in event.evidence
+        assert "save_steps=5" in event.note and "time=00:20:00" in event.note
+        assert "Rerun: python -m sft_grid model=m rerun_failed=true save_steps=5 time=00:20:00" in event.note

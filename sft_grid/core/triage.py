@@ -23,10 +23,12 @@ from typing import Any, Sequence
 import yaml
 
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.failure_policy import Action, ActionKind, CellContext, Policy, decide
+from sft_grid.core.failure_policy import (Action, ActionKind, CellContext, Policy, decide, format_time, parse_time,
+                                         with_overrides)
 from sft_grid.core.failures import Failure, FailureClass
 from sft_grid.core.failures import classify as classify_failure
-from sft_grid.core.layout import CELL_FILE, LOGS_DIR, OUTPUT_DIR, SUBMITIT_DIR, TRAIN_LOG, progress, tail_lines
+from sft_grid.core.layout import (CELL_FILE, LOGS_DIR, OUTPUT_DIR, SUBMITIT_DIR, TRAIN_LOG, checkpoints, progress,
+                                  tail_lines)
 from sft_grid.core.sacct_legs import SacctLeg
 
 WATCHDOG_FILE = "watchdog.json"  # written by the loss watchdog into the trainer's output directory
@@ -160,3 +162,37 @@ def requeue_nodes(history: Sequence[Event]) -> tuple[str, ...]:
         if e.kind is Kind.SUBMITTED:
             break
     return ()
+
+
+def stalled(cell_dir: Path, history: Sequence[Event], job_id: str = "") -> Event | None:
+    """The failure to record instead of another requeue when the job is about to be requeued and that cannot
+    help: its last two legs each started from the checkpoint that is still the newest (or from none, and none
+    was saved), so each leg ends before it saves the next one and a third would end the same way, until the
+    requeue budget is spent. None while the cell progresses (a leg that saved a checkpoint)."""
+    latest = list(_since_submitted(history))
+    starts: list[str] = []  # each leg's starting checkpoint ("" for none)
+    for e in latest:
+        if e.kind is Kind.RUNNING:
+            starts.append("")
+        elif e.kind is Kind.RESUMED and starts:
+            starts[-1] = e.checkpoint
+    ckpts = checkpoints(cell_dir / OUTPUT_DIR)
+    newest = ckpts[-1].name if ckpts else ""
+    if len(starts) < 2 or not starts[-1] == starts[-2] == newest:
+        return None
+    config = cell_config(cell_dir)
+    ctx = context_of(cell_dir, config)
+    save_steps = config.get("save_steps")
+    done = progress(cell_dir / OUTPUT_DIR)
+    overrides = [f"save_steps={max(1, save_steps // 4)}"] if isinstance(save_steps, int) and save_steps > 1 else []
+    if ctx.time:
+        overrides.append(f"time={format_time(parse_time(str(ctx.time)) * 2)}")
+    since = f"from {newest}" if newest else "with no checkpoint"
+    evidence = f"the last {len(starts[-2:])} legs each started {since} and ended before saving the next one"
+    rerun = with_overrides(ctx.rerun, overrides) if ctx.rerun else ()
+    note = (f"time limit reached with no progress: {evidence}. Not requeued (every further leg would end the same"
+            f" way): save checkpoints more often or give each leg more time"
+            + (f" ({', '.join(overrides)})" if overrides else "") + "." + (f" Rerun: {shlex.join(rerun)}" if rerun else ""))
+    return Event(Kind.FAILED, reason=f"time limit reached with no progress since {newest or 'the start'}", note=note,
+                 failure_class=FailureClass.TIME_LIMIT.value, evidence=evidence, action=ActionKind.STOP.value,
+                 step=done.step, job_id=job_id)

@@ -3,7 +3,9 @@
 The scheduler never imports the job side: the plan names what a job runs (core/submission.py ENTRIES), and the
 job imports it on its node. A checkpointable entry (a cell's training) answers submitit's USR2 (time limit
 near, or preemption) by asking to be requeued as itself: the requeued job resumes from the cell's last
-checkpoint, with the same cell directory and W&B run id; submitit bounds the requeues after time limits.
+checkpoint, with the same cell directory and W&B run id; submitit bounds the requeues after time limits. When
+the last two legs each ended before saving a newer checkpoint, it is not requeued: the cell fails as a time limit
+with no progress, with the fix (core/triage.py `stalled`), instead of spending the whole budget the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import submitit
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
+from sft_grid.core.triage import stalled
 
 
 class Entry:
@@ -29,8 +32,13 @@ class Entry:
 
 
 class CheckpointableEntry(Entry, submitit.helpers.Checkpointable):
-    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
         env = submitit.JobEnvironment()
         if env.global_rank == 0:
-            events.append(Path(self.target), Event(Kind.REQUEUED, job_id=env.job_id))
+            cell_dir = Path(self.target)
+            futile = stalled(cell_dir, events.read(cell_dir), env.job_id)
+            if futile is not None:  # legs too short to reach the next checkpoint: stop (submitit: None = no requeue)
+                events.append(cell_dir, futile)
+                return None
+            events.append(cell_dir, Event(Kind.REQUEUED, job_id=env.job_id))
         return submitit.helpers.DelayedSubmission(CheckpointableEntry(self.entry, self.target))

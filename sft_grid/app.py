@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sft_grid.core.problems import GridError, Problem
-from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, example, plan_lines, progress_text, relative,
-                              table)
+from sft_grid.present import (CHECK_HEADERS, ProgressLine, check_rows, deferred_lines, example, plan_lines, progress_text,
+                              relative, staging_lines, table)
 
 PREVIEW_DIR = ".dry_run"
+# the exit status of a run that staging had to stop before the site's process time limit: run it again
+STAGING_STOPPED = 3
 
 
 def out(text: str = "") -> None:
@@ -83,11 +85,27 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
             out(f"  {state.state.value:<9} {job.label}  {progress_text(state)}"
                 + (f"  {state.reason}" if state.reason else ""))
 
+        def staging(self, plan: Any) -> None:
+            for line in staging_lines(plan):
+                out(line)
+
+        progress = ProgressLine(sys.stderr)
+
+    from sft_grid.stages.staging import StagingStopped
+
     try:
         result = flow.run(composed, errors, Show())
     except GridError as exc:
         _fail(exc)
         raise
+    except StagingStopped as exc:  # the site's process time limit: a rerun continues where this one stopped
+        print(f"staging stopped: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(STAGING_STOPPED) from None
+    if any(c.spec.stage_only for c in result.cells):
+        left = result.staging.pending if result.staging else []
+        out(f"staged the Hub inputs of {len(result.cells)} cell(s); nothing rendered or queued"
+            + (f" ({len(left)} repositories left for a staging job: cluster.staging.where=job)" if left else ""))
+        return result
     if result.dry_run:
         _print_dry_run(result)
         return result
@@ -141,8 +159,13 @@ def _print_dry_run(result: Any) -> None:
     if examples is not None and examples.more:
         out(f"  ... {examples.more} more source(s): python -m sft_grid.show <cell dir>")
     out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
-    for line in deferred_lines(result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
+    for line in staging_lines(result.staging) + deferred_lines(result.deferred,
+                                                               full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
         out(line)
+    if result.after_staging:
+        n = sum(map(len, result.after_staging.values()))
+        out(f"  {n} check(s) of {len(result.after_staging)} cell(s) read inputs not staged yet: a real run stages"
+            " them here first, then runs these checks before anything is queued")
     for line in _prep_lines(result) + _post_lines(cells):
         out(line)
     for d in result.decisions:

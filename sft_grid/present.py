@@ -108,6 +108,7 @@ _DEFERRED_KIND = {
     "loss_mask": "the loss mask trains the assistant turns and nothing else",
     "path": "a local path exists",
     "prepared": "the model's prep succeeded (it runs first)",
+    "staged": "the Hub input is staged (staging runs first)",
 }
 
 
@@ -171,3 +172,72 @@ def plan_lines(plan: SubmissionPlan) -> list[str]:
 def normalise_ids(script: str) -> str:
     """An sbatch script with the ids Slurm handed out replaced: what a dry run's preview must equal."""
     return re.sub(r"(after(?:ok|corr|any|notok)?):\S+", r"\1:<id>", script)
+
+
+# -- staging -----------------------------------------------------------------------------------------------------
+
+
+def staging_lines(staging: Any, limit: int = 8) -> list[str]:
+    """What a grid stages: each Hub repository with its files and sizes (a count when there are many), where the
+    transfers run, and the free space of each filesystem against what must be fetched."""
+    if staging is None or not staging.items:
+        return []
+    from sft_grid.stages.hub_types import human
+
+    users = {cell for item in staging.items for cell, _ in item.users}
+    pending = staging.pending
+    if staging.unreachable:
+        return [f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), sizes unknown: the Hub"
+                f" cannot be reached from here ({staging.unreachable})"] + [
+                    f"  {i.text()}" for i in staging.items[:limit]] + (
+                    [f"  ... and {len(staging.items) - limit} more"] if len(staging.items) > limit else [])
+    needed = sum(i.bytes_needed for i in staging.items)
+    lines = [f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
+             f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)"]
+    shown = pending if len(pending) <= limit else pending[:limit]
+    lines += [f"  {i.text()}" for i in (shown or staging.items[:limit])]
+    if len(pending) > limit:
+        lines.append(f"  ... and {len(pending) - limit} more to stage")
+    for s in staging.space:
+        lines.append(f"  {human(s.to_fetch)} to fetch into {s.cache}: {human(s.free)} free there"
+                     + (" (fits)" if s.fits else " (does NOT fit)"))
+    where = {i.here for i in pending}
+    if True in where:
+        lines.append("  transfers run here, before anything is queued (cluster.staging.where=login)")
+    if False in where:
+        lines.append("  transfers run in a staging job that the cells wait for (cluster.staging.where=job)")
+    return lines
+
+
+class ProgressLine:
+    """A transfer's progress as one line: rewritten in place on a terminal, else printed every `every_s` seconds
+    and at the end of each file (a log stays readable)."""
+
+    def __init__(self, stream: Any, every_s: float = 5.0) -> None:
+        self.stream, self.every_s = stream, every_s
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.last = 0.0
+        self.repo = ""
+
+    def __call__(self, p: Any) -> None:
+        import time
+
+        from sft_grid.stages.hub_types import human
+
+        now = time.monotonic()
+        edge = p.repo_id != self.repo or p.files_done == p.files_total  # a repository starts or is complete
+        if not self.tty and not edge and now - self.last < self.every_s:
+            return
+        self.last, self.repo = now, p.repo_id
+        pct = f" ({100 * p.done / p.total:.0f}%)" if p.total else ""
+        rate = f" at {human(p.rate_bps)}/s" if p.rate_bps else ""
+        eta = f", {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d} left" if p.eta_s is not None else ""
+        text = (f"  staging {p.repo_id}: {human(p.done)} / {human(p.total)}{pct}{rate}{eta}, file"
+                f" {p.files_done}/{p.files_total} {p.file}")
+        if self.tty:
+            self.stream.write("\r" + text[:160].ljust(160))
+            if p.files_done == p.files_total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()

@@ -21,7 +21,7 @@ from sft_grid.core.problems import Problem
 from sft_grid.core.schema import DatasetConf, DatasetTags
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.inputs import model_source
+from sft_grid.planning.inputs import dataset_source, model_source
 
 NAME = "axolotl"
 CONFIG_FILE = "axolotl_config.yaml"
@@ -62,15 +62,16 @@ def _chat_entry(path: str, messages: str, tags: DatasetTags) -> dict[str, Any]:
     }
 
 
-def dataset_entry(ds: DatasetConf) -> dict[str, Any]:
-    """One `datasets` entry: a local file (ds_type from its suffix) or a hub id with its split."""
+def dataset_entry(ds: DatasetConf, source: str | None = None) -> dict[str, Any]:
+    """One `datasets` entry: a local file (ds_type from its suffix), or a hub id (`source`: its staged snapshot
+    directory, which axolotl loads with datasets.load_dataset offline) with its split."""
     if is_local(ds.source):
         local = Path(ds.source).expanduser()
         entry = _chat_entry(str(local), ds.messages, ds.tags)
         if local.suffix in _DS_TYPES:
             entry["ds_type"] = _DS_TYPES[local.suffix]
     else:
-        entry = _chat_entry(ds.source, ds.messages, ds.tags)
+        entry = _chat_entry(source or ds.source, ds.messages, ds.tags)
         entry["split"] = ds.split
     return entry
 
@@ -88,7 +89,7 @@ def mix_spec(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         local = is_local(ds.source)
         sources.append({
             "name": name,
-            "source": str(Path(ds.source).expanduser()) if local else ds.source,
+            "source": dataset_source(cell, name),
             "local": local,
             "split": ds.split,
             "messages": ds.messages,
@@ -106,7 +107,7 @@ def datasets(cell: Cell, cell_dir: Path) -> list[dict[str, Any]]:
         entry = _chat_entry(str(cell_dir / MIX_DATA), "messages", DatasetTags())
         entry["ds_type"] = "json"
         return [entry]
-    return [dataset_entry(ds) for ds in cell.spec.dataset.values()]
+    return [dataset_entry(ds, dataset_source(cell, name)) for name, ds in cell.spec.dataset.items()]
 
 
 def chat_template(cell: Cell) -> dict[str, Any]:
@@ -212,11 +213,8 @@ def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 def _variables(cell: Cell) -> dict[str, str]:
     """Variables launch.sh exports for axolotl (the cluster's own env wins): the project's plugins on the
-    path, no telemetry, and no hub where compute nodes have no internet."""
-    out = {"PYTHONPATH": str(IN_VENV_DIR), "AXOLOTL_DO_NOT_TRACK": "1"}
-    if not cell.spec.cluster.internet_on_compute:
-        out.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return out
+    path, and no telemetry (the Hub's variables are every backend's: backends/launch.py)."""
+    return {"PYTHONPATH": str(IN_VENV_DIR), "AXOLOTL_DO_NOT_TRACK": "1"}
 
 
 def _pre_commands(cell: Cell, cell_dir: Path, env_bin: Path) -> list[list[str]]:
@@ -248,7 +246,8 @@ def mask_spec(cell: Cell) -> MaskSpec:
     config = train_config(cell, Path("."))
     cfg = {k: config[k] for k in MASK_KEYS if k in config}
     return MaskSpec(str(config["base_model"] or ""), "axolotl",
-                    {name: {"dataset": dataset_entry(ds), "cfg": cfg} for name, ds in cell.spec.dataset.items()})
+                    {name: {"dataset": dataset_entry(ds, dataset_source(cell, name)), "cfg": cfg}
+                     for name, ds in cell.spec.dataset.items()})
 
 
 def problems(cell: Cell) -> Iterator[Problem]:

@@ -15,7 +15,7 @@ from sft_grid.backends.base import Backend, MaskSpec
 from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.inputs import model_source
+from sft_grid.planning.inputs import dataset_source, model_source
 
 NAME = "llamafactory"
 CONFIG_FILE = "train_config.yaml"
@@ -42,7 +42,9 @@ def dataset_info(cell: Cell) -> dict[str, Any]:
         if is_local(ds.source):
             entry["file_name"] = str(Path(ds.source).expanduser())
         else:
-            entry["hf_hub_url"] = ds.source
+            # a hub id, or its staged snapshot directory: LLaMA-Factory hands either to datasets.load_dataset,
+            # which reads a snapshot offline (its file_name would list only the directory's top level)
+            entry["hf_hub_url"] = dataset_source(cell, name)
             entry["split"] = ds.split
         tags = {k: v for k, v in vars(ds.tags).items() if v is not None}
         entry["tags"] = tags

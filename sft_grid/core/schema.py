@@ -13,75 +13,13 @@ them (gradient accumulation, identity, directories) are computed by the planner 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from sft_grid.core.schema_fields import Range, field_shapes, num, one_of  # noqa: F401 (Range, field_shapes: re-exported)
 from sft_grid.core.templates import TEMPLATES, TOKENIZER_FAMILIES
-
-
-@dataclass(frozen=True)
-class Range:
-    """Allowed numbers: lo <= x <= hi (open ends excluded); `none_ok`: null means "not set"."""
-
-    lo: float = -math.inf
-    hi: float = math.inf
-    lo_open: bool = False
-    hi_open: bool = False
-
-    def admits(self, x: float) -> bool:
-        if isinstance(x, float) and math.isnan(x):
-            return False
-        above = x > self.lo if self.lo_open else x >= self.lo
-        below = x < self.hi if self.hi_open else x <= self.hi
-        return above and below
-
-    def text(self) -> str:
-        def show(x: float) -> str:
-            return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-        lo = "" if self.lo == -math.inf else f"{'>' if self.lo_open else '>='} {show(self.lo)}"
-        hi = "" if self.hi == math.inf else f"{'<' if self.hi_open else '<='} {show(self.hi)}"
-        return " and ".join(p for p in (lo, hi) if p)
-
-
-def num(default: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
-        hi_open: bool = False) -> Any:
-    """A numeric key with its range."""
-    return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
-
-
-def one_of(default: Any, values: tuple[str, ...]) -> Any:
-    """A key with a fixed set of values (for a list: of its items)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"choices": values})
-    return field(default=default, metadata={"choices": values})
-
-
-@functools.cache
-def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
-    """(name, how its value nests: dataclass | mapping | plain, the dataclass it holds, the field) of each field
-    of a schema class; what building typed cells and checking unknown keys both walk."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Union:
-            inner = [a for a in typing.get_args(hint) if a is not type(None)]
-            hint = inner[0] if len(inner) == 1 else hint
-        args = typing.get_args(hint)
-        if dataclasses.is_dataclass(hint):
-            out.append((f.name, "dataclass", hint, f))
-        elif typing.get_origin(hint) in (dict, typing.Dict) and len(args) == 2 and dataclasses.is_dataclass(args[1]):
-            out.append((f.name, "mapping", args[1], f))
-        else:
-            out.append((f.name, "plain", None, f))
-    return tuple(out)
 
 
 # what the backends accept, and what sft_grid renders for each
@@ -103,6 +41,8 @@ FORMATTINGS = ("sharegpt",)
 MODEL_NEEDS = ("delphi_tokenizer_prep", "zero3", "zero3_offload", "consolidate", "preprocessor_config",
                "transformers_ge_5_3")
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds are 32-bit
+# where a site's Hub transfers run: the machine running the grid (a login node), or a Slurm job
+STAGING_WHERE = ("login", "job")
 
 
 @dataclass
@@ -126,6 +66,26 @@ class BackendConf:
     train_defaults: Dict[str, Any] = field(default_factory=dict)
     # what the managed virtual environment has: model needs it meets (transformers_ge_5_3) and deepspeed
     provides: List[str] = field(default_factory=list)
+
+
+@dataclass
+class StagingConf:
+    """How a site stages the Hub models and datasets of a grid before anything is queued (stages/staging.py)."""
+
+    # where the transfers run: login (the machine running the grid, or `python -m sft_grid.stage`) or job (a
+    # Slurm job on `partition`, e.g. a transfer partition whose nodes reach the Hub; its cells wait for it)
+    where: str = one_of("login", STAGING_WHERE)
+    partition: Optional[str] = None
+    # shell lines a staging job runs first (a module load, a proxy or tunnel to the Hub); one line of bash each
+    setup: List[str] = field(default_factory=list)
+    # wall time of a staging job, "HH:MM:SS" or "D-HH:MM:SS"
+    time: str = "04:00:00"
+    # seconds after which the machine running the grid kills a process (Leonardo's login node: about 100);
+    # staging there stops cleanly before it, and a rerun continues; null: no limit
+    time_limit_s: Optional[int] = num(None, 10)
+    # whether the machine running the grid reads the staged files (mounts the cache's filesystem); false:
+    # the checks that read them wait for the jobs' first step
+    readable_here: bool = True
 
 
 @dataclass
@@ -161,6 +121,10 @@ class ClusterConf:
     # deprecated spellings of backend_venvs and need_venvs (earlier versions); read as if they were those
     backend_envs: Dict[str, str] = field(default_factory=dict)
     need_envs: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    # the site's Hugging Face hub cache (HF_HUB_CACHE), a per-user directory on a shared filesystem, e.g.
+    # ${user_env:SFT_GRID_LEONARDO_HF_CACHE}; null: HF_HUB_CACHE or HF_HOME/hub of the environment
+    hf_cache: Optional[str] = None
+    staging: StagingConf = field(default_factory=StagingConf)
     # a partition whose nodes reach the internet: post-training jobs that upload to the Hub run there on a
     # site without internet on compute nodes; unset there: the upload waits for `python -m sft_grid.post`
     # run from the login node
@@ -285,3 +249,5 @@ class CellConf:
     force: bool = False
     # rerun cells whose last attempt failed
     rerun_failed: bool = False
+    # stage the grid's Hub inputs and stop: nothing is rendered or queued (python -m sft_grid.stage)
+    stage_only: bool = False

@@ -14,7 +14,7 @@ sbatch and recording the job ids finds its jobs again by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
@@ -154,6 +154,9 @@ class SubmissionPlan:
     wait: bool = True
     # Slurm's MaxArraySize, as read when planning (arrays are split at it)
     max_array_size: int = 1001
+    # cell dir -> what its `submitted` event records beside its state: the commits its Hub inputs were pinned to,
+    # the sft_grid version and the git revision of the checkout (core/provenance.py)
+    provenance: Mapping[Path, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

@@ -77,7 +77,8 @@ def apply(plan: SubmissionPlan) -> Executed:
         if cell_dir not in done.prep_failed:
             # before the job can start, so the job's own `running` comes after it; until then this process stands
             # for the cell: if it dies first, the cell reads as failed, not in flight
-            events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="local"))
+            events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="local",
+                                               details=plan.provenance.get(cell_dir, {})))
     _submit_slurm(plan, done)
     return done
 
@@ -90,7 +91,8 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
         if job.role is Role.TRAIN:
             for index, cell_dir in enumerate(job.targets):
                 # before sbatch: a crash after sbatch but before the job id is recorded is recovered by name
-                events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index))
+                events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index,
+                                                   details=plan.provenance.get(cell_dir, {})))
         elif job.role is Role.PREP:
             for index, prep_dir in enumerate(job.targets):
                 events.append(prep_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index))

@@ -11,16 +11,17 @@ shows progress).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from sft_grid.backends import BACKENDS
 from sft_grid.checks.examples import Examples, first_examples
-from sft_grid.checks.preflight import Preflight, preflight
+from sft_grid.checks.preflight import preflight
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.provenance import checkout
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
 from sft_grid.grid.decide import Action, Decision, decide
@@ -36,6 +37,8 @@ from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.messages import composition_problem
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
+from sft_grid.stages.hub_types import Progress
+from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,10 @@ class GridResult:
     # each model prep the grid's cells need, with its cells
     preps: dict[Prep, list[Cell]]
     examples: Examples | None = None
+    # the grid's Hub inputs: pinned, staged or to stage, sizes and free space
+    staging: StagingPlan | None = None
+    # a dry run's checks of inputs a real run stages here first (and then checks before queueing)
+    after_staging: dict[str, list[Check]] = field(default_factory=dict)
     executed: Executed | None = None
     # local cells this invocation ran and waited for: their final state
     final: dict[Path, CellState] = field(default_factory=dict)
@@ -106,18 +113,26 @@ class Observer:
     def local_done(self, job: LocalJob, state: CellState) -> None:
         """A local job ended."""
 
+    def staging(self, plan: StagingPlan) -> None:
+        """Transfers of the grid's Hub inputs start here."""
+
+    def progress(self, progress: Progress) -> None:
+        """Bytes of a transfer arrived (often: a few times a second)."""
+
 
 def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observer: Observer = Observer(),
         ) -> GridResult:
     cells, problems = plan_cells(composed, errors)
-    checked: Preflight | None = preflight(cells) if not problems else None
-    if checked is not None:
-        problems += checked.problems
     if problems:
         raise GridError(problems)
-    assert checked is not None
     dirs = cell_dirs(cells)
     dry_run = any(c.spec.dry_run for c in cells)
+    cells, staged = _stage(cells, dirs, dry_run, observer)
+    if any(c.spec.stage_only for c in cells):
+        return GridResult(cells, [], SubmissionPlan(), dry_run, {}, {}, staging=staged)
+    checked = preflight(cells)
+    if checked.problems:
+        raise GridError(checked.problems)
     needed = preps(cells)
     with SweepLock({c.sweep_dir for c in cells}):
         view = read_view(dirs, [p.dir for p in needed])
@@ -131,9 +146,11 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
                   if d.touch_files and (dry_run or d.action is not Action.SKIP)]
         on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
         max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
-        plan = build(decisions, view.histories, view.scheduler, max_size, writes)
-        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed)
+        recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
+        plan = replace(build(decisions, view.histories, view.scheduler, max_size, writes), provenance=recorded)
+        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, staging=staged)
         if dry_run:
+            result.deferred, result.after_staging = _after_staging(checked.deferred, staged)
             write_all(plan.writes)
             result.examples = first_examples(cells)
             return result
@@ -145,6 +162,38 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
     observer.queued(result)
     result.final = run_local(plan, result.executed, observer.local_done)
     return result
+
+
+def _stage(cells: list[Cell], dirs: list[Path], dry_run: bool, observer: Observer,
+           ) -> tuple[list[Cell], StagingPlan]:
+    """Pin every Hub input of the grid, and stage what must be staged here (not in a dry run): the cells as they
+    then load their inputs. Problems (a missing repository, too little space, a failed transfer) are raised."""
+    staged = plan_staging(cells, dirs, dry_run)
+    if staged.problems():
+        raise GridError(staged.problems(), "staging")
+    cells = [replace(c, pins=staged.pins[c.name]) if staged.pins.get(c.name) else c for c in cells]
+    if not dry_run and any(i.here for i in staged.pending):
+        observer.staging(staged)
+        try:
+            stage_here(staged, budget_for(cells), observer.progress)
+        except StagingFailed as exc:
+            raise GridError(exc.problems(), "staging") from exc
+    return cells, staged
+
+
+def _after_staging(deferred: dict[str, list[Check]], staged: StagingPlan,
+                   ) -> tuple[dict[str, list[Check]], dict[str, list[Check]]]:
+    """A dry run's deferred checks split: those still deferred in a real run, and those that read an input a real
+    run stages on this machine first (they run then, before anything is queued)."""
+    here = tuple(str(i.pin.path) for i in staged.pending if i.here and i.pin is not None)
+    later: dict[str, list[Check]] = {}
+    after: dict[str, list[Check]] = {}
+    for name, checks in deferred.items():
+        for check in checks:
+            reads = (check.target, check.model)
+            waits = any(r and (r == h or r.startswith(h + "/")) for r in reads for h in here)
+            (after if waits else later).setdefault(name, []).append(check)
+    return later, after
 
 
 __all__ = ["GridResult", "Role", "cell_dirs", "plan_cells", "run"]

@@ -24,6 +24,7 @@ from sft_grid.core.cellfiles import PostFile, PreflightFile
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import (ATTEMPTS_DIR, CELL_FILE, LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, TRAIN_LOG, checkpoints,
                                   output_complete, progress, tail_lines)
+from sft_grid.core.provenance import packages_hash
 from sft_grid.core.state import State
 from sft_grid.stages.post import IN_JOB
 from sft_grid.stages.post_run import run as run_post
@@ -90,7 +91,7 @@ def run_cell(cell_dir: str | Path) -> str:
             _post_stages(cell_dir)
         return State.COMPLETED.value
     if lead:
-        events.append(cell_dir, _here(Kind.RUNNING))
+        events.append(cell_dir, _here(Kind.RUNNING, details=_environment(cell_dir)))
         _run_deferred_checks(cell_dir)
 
     args: list[str] = []
@@ -127,6 +128,12 @@ def run_cell(cell_dir: str | Path) -> str:
     reason = failure_reason(log_file, rc) if rc else "backend exited 0 but output/ has no final weights and trainer_state.json"
     events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc))
     raise CellFailed(reason)
+
+
+def _environment(cell_dir: Path) -> dict[str, object]:
+    """The packages of the environment that trains the cell (its python is in post.json), for its provenance."""
+    post = PostFile.load(cell_dir)
+    return packages_hash(post.python) if post is not None and post.python else {}
 
 
 def _post_stages(cell_dir: Path) -> None:

@@ -10,4 +10,6 @@ export TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=disabled
 export WANDB_RUN_ID=default-0a4a28e8 WANDB_RESUME=allow
 export PATH=/opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin:"$PATH"
+export HF_DATASETS_OFFLINE=1
+export TRANSFORMERS_OFFLINE=1
 exec /opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin/llamafactory-cli train /srv/runs/grid/qwen3_8b_magpie+delphi_warmup_strategyinterleave_under_probs0.9+-0a4a28e8/train_config.yaml "$@"

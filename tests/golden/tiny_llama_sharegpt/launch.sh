@@ -10,4 +10,6 @@ export TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=disabled
 export WANDB_RUN_ID=default-ec875b02 WANDB_RESUME=allow
 export PATH=/opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin:"$PATH"
+export HF_DATASETS_OFFLINE=1
+export TRANSFORMERS_OFFLINE=1
 exec /opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin/llamafactory-cli train /srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1_grad-ec875b02/train_config.yaml "$@"

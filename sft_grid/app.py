@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.present import (CHECK_HEADERS, ProgressLine, check_rows, deferred_lines, example, plan_lines, progress_text,
-                              relative, staging_lines, table)
+                              relative, staged_lines, staging_lines, table)
 
 PREVIEW_DIR = ".dry_run"
 # the exit status of a run that staging had to stop before the site's process time limit: run it again
@@ -102,9 +102,8 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
         print(f"staging stopped: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STAGING_STOPPED) from None
     if any(c.spec.stage_only for c in result.cells):
-        left = result.staging.pending if result.staging else []
-        out(f"staged the Hub inputs of {len(result.cells)} cell(s); nothing rendered or queued"
-            + (f" ({len(left)} repositories left for a staging job: cluster.staging.where=job)" if left else ""))
+        for line in staged_lines(result.staging, len(result.cells), result.dry_run):
+            out(line)
         return result
     if result.dry_run:
         _print_dry_run(result)
@@ -264,6 +263,8 @@ def _print_launch(result: Any) -> None:
         span = got[0] + (f" .. {got[-1]}" if len(got) > 1 else "")
         if job.role is Role.PREP:
             out(f"  tokenizer prep of {job.label}: job {got[0]} -> {job.targets[0]}")
+        elif job.role is Role.STAGE:
+            out(f"  staging of {job.label}: job {got[0]} -> {job.targets[0]} (the cells that need them wait for it)")
         elif job.role is Role.TRAIN:
             out(f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
                 + (f" (at most {job.throttle} at once)" if job.throttle else ""))

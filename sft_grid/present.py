@@ -142,7 +142,8 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) 
 
 
 def job_line(job: SlurmJob) -> str:
-    what = {Role.PREP: "model prep", Role.TRAIN: "training", Role.POST: "post-training stages"}[job.role]
+    what = {Role.STAGE: "staging of the Hub inputs", Role.PREP: "model prep", Role.TRAIN: "training",
+            Role.POST: "post-training stages"}[job.role]
     tasks = f"{len(job.targets)} task(s)" if len(job.targets) > 1 else "1 job"
     throttle = f", at most {job.throttle} at once" if job.throttle else ""
     after = f", after {job.dependency.text()}" if job.dependency else ""
@@ -207,6 +208,19 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
     if False in where:
         lines.append("  transfers run in a staging job that the cells wait for (cluster.staging.where=job)")
     return lines
+
+
+def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
+    """What `python -m sft_grid.stage` (stage_only=true) did; nothing is rendered or queued either way."""
+    if dry_run:
+        return staging_lines(staging) + ["dry run: nothing staged"]
+    items = staging.items if staging else []
+    left = staging.pending if staging else []
+    lines = [f"{len(items) - len(left)} of {len(items)} Hub repositories of {cells} cell(s) staged; nothing rendered"
+             " or queued" + (f"; {len(left)} left for a staging job (cluster.staging.where=job), which the grid"
+                             " command queues" if left else "")]
+    return lines + [f"  {i.wanted.kind} {i.wanted.repo_id}@{i.pin.sha}: {i.pin.path}" for i in items
+                    if i.pin is not None and i.complete]
 
 
 class ProgressLine:

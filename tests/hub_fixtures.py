@@ -6,6 +6,7 @@ HF_HOME are per test, and no token of the machine's user can leak into a request
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
@@ -39,3 +40,19 @@ def hub(tmp_path: Path, hf_env: dict[str, str], monkeypatch: pytest.MonkeyPatch)
 @pytest.fixture
 def cache(tmp_path: Path) -> Path:
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (root and mount rights needed; the test is skipped without them), unmounted afterwards."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True,
+                       capture_output=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root and mount rights): {e}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True, timeout=30)

@@ -44,12 +44,15 @@ def safetensors_header(path: Path) -> dict[str, Any]:
 
 
 def tokenizer_json() -> bytes:
-    """A real (tiny) tokenizer.json built with the tokenizers library."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A real (tiny) tokenizer.json built with the tokenizers library, with the Llama-3 template's special tokens
+    (so the grid's template check passes on a staged copy)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     vocab = {w: i for i, w in enumerate(["<unk>", "<|im_start|>", "<|im_end|>", "hello", "world", "user"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([AddedToken(t, special=True) for t in
+                            ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")])
     return tok.to_str().encode()
 
 

@@ -23,6 +23,7 @@ JOB_PREFIX = "sft_grid-"
 
 
 class Role(str, Enum):
+    STAGE = "stage"  # the grid's Hub inputs fetched into the site's cache, on a transfer partition
     PREP = "prep"  # a model's tokenizer prep, shared by its cells
     TRAIN = "train"  # a cell's training (then, locally, its post-training stages)
     POST = "post"  # a cell's post-training stages, after its training
@@ -30,6 +31,7 @@ class Role(str, Enum):
 
 # what a job of each role runs on its node: "module:function", called with the target directory
 ENTRIES = {
+    Role.STAGE: "sft_grid.job.entries:stage",
     Role.PREP: "sft_grid.job.entries:prep",
     Role.TRAIN: "sft_grid.job.entries:train",
     Role.POST: "sft_grid.job.entries:post",

@@ -93,7 +93,7 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
                 # before sbatch: a crash after sbatch but before the job id is recorded is recovered by name
                 events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index,
                                                    details=plan.provenance.get(cell_dir, {})))
-        elif job.role is Role.PREP:
+        elif job.role in (Role.PREP, Role.STAGE):
             for index, prep_dir in enumerate(job.targets):
                 events.append(prep_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index))
         try:

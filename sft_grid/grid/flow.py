@@ -38,6 +38,7 @@ from sft_grid.planning.messages import composition_problem
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
 from sft_grid.stages.hub_types import Progress
+from sft_grid.stages.stage_job import StageWork, stage_dir
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,8 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
         raise GridError(checked.problems)
     needed = preps(cells)
     with SweepLock({c.sweep_dir for c in cells}):
-        view = read_view(dirs, [p.dir for p in needed])
+        work = _stage_work(cells, dirs, staged)
+        view = read_view(dirs, [p.dir for p in needed] + ([work.dir] if work else []))
         decisions = []
         for cell, cell_dir in zip(cells, dirs):
             state, recovery = view.state(cell_dir), None
@@ -147,7 +149,7 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
         on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
         max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
         recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
-        plan = replace(build(decisions, view.histories, view.scheduler, max_size, writes), provenance=recorded)
+        plan = replace(build(decisions, view.histories, view.scheduler, max_size, writes, work), provenance=recorded)
         result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, staging=staged)
         if dry_run:
             result.deferred, result.after_staging = _after_staging(checked.deferred, staged)
@@ -179,6 +181,18 @@ def _stage(cells: list[Cell], dirs: list[Path], dry_run: bool, observer: Observe
         except StagingFailed as exc:
             raise GridError(exc.problems(), "staging") from exc
     return cells, staged
+
+
+def _stage_work(cells: Sequence[Cell], dirs: Sequence[Path], staged: StagingPlan) -> StageWork | None:
+    """The staging job of this invocation: what must be staged where the cluster says a job stages it."""
+    items = [i for i in staged.pending if not i.here and i.pin is not None]
+    if not items:
+        return None
+    users = {cell for i in items for cell, _ in i.users}
+    mine = [(c, d) for c, d in zip(cells, dirs) if c.name in users]
+    pins = tuple(i.pin for i in items if i.pin is not None)
+    first = mine[0][0]
+    return StageWork(stage_dir(first.runs_root, pins), pins, frozenset(d for _, d in mine), first.spec.cluster)
 
 
 def _after_staging(deferred: dict[str, list[Check]], staged: StagingPlan,

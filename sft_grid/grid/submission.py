@@ -1,7 +1,8 @@
 """The submission plan of a grid invocation, from its decisions (pure): every job, its name, size, throttle and
 dependencies, before anything runs (see core/submission.py for why).
 
-On Slurm: one array of the model preps that are not done (a task per model, unless one is already queued); the
+On Slurm: the staging job, where the site stages its Hub inputs on a transfer partition (stages/stage_job.py),
+which the preps and the cells that need those inputs wait for (afterany); one array of the model preps that are not done (a task per model, unless one is already queued); the
 cells to train as job arrays, one per (sbatch request, sweep directory, prep job they wait for), split at
 MaxArraySize and throttled by the grid's concurrency; for each training array a post-training array whose tasks each wait for their training
 task (aftercorr; afterok for a single job); and one post array for completed cells whose stages are pending.
@@ -26,6 +27,7 @@ from sft_grid.grid.decide import Action, Decision
 from sft_grid.planning.inputs import Prep, prep_for
 from sft_grid.stages import prep as prep_stage
 from sft_grid.stages.post import stages_for
+from sft_grid.stages.stage_job import STAGE_FILE, StageWork
 
 # post-training jobs: consolidation of a 32B checkpoint takes minutes, an upload more
 POST_TIME_MIN = 120
@@ -82,6 +84,38 @@ def prep_request(request: SlurmRequest) -> SlurmRequest:
     return SlurmRequest(request.replace(drop=("signal_delay_s",), **changes).params, 0)
 
 
+def stage_request(cluster: Any) -> SlurmRequest:
+    """The staging job: one node of the transfer partition (the cluster's own when it names none), a few cores, no
+    GPU, the staging wall time, the staging setup lines first; never requeued."""
+    st = cluster.staging
+    params: dict[str, Any] = {"time": int(parse_minutes(st.time)), "nodes": 1, "ntasks_per_node": 1,
+                              "cpus_per_task": max(1, min(2, cluster.cpus_per_node))}
+    for key in ("account", "qos"):
+        if getattr(cluster, key):
+            params[key] = getattr(cluster, key)
+    if st.partition or cluster.partition:
+        params["partition"] = st.partition or cluster.partition
+    if st.setup:
+        params["setup"] = tuple(st.setup)
+    return SlurmRequest(tuple(sorted(params.items())), 0)
+
+
+def _stage_job(work: StageWork | None, histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
+               jobs: list[SlurmJob]) -> Dependency | None:
+    """What the cells that need the staging wait for: the staging job (appended to `jobs`), or the one an earlier
+    invocation queued while it is still queued or running."""
+    if work is None:
+        return None
+    queued = _queued_prep(histories.get(work.dir, ()), view)
+    if queued:
+        return Dependency("afterany", queued, planned=False)
+    request = stage_request(work.cluster)
+    name = job_name(Role.STAGE, [work.dir], request, None, [_count(histories.get(work.dir, ()), Kind.SUBMITTED)])
+    jobs.append(SlurmJob(name, Role.STAGE, (work.dir,), request, work.dir / SUBMITIT_DIR / name,
+                         label=f"{len(work.pins)} Hub repositories"))
+    return Dependency("afterany", name)
+
+
 def job_name(role: Role, targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None,
              attempts: Sequence[int]) -> str:
     """`sft_grid-<hash>` of what the job runs and how often its targets were submitted before: a dry run and
@@ -99,8 +133,9 @@ def _minutes(decision: Decision) -> int:
 
 
 def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
-          max_array_size: int, writes: Sequence[CellFiles] = ()) -> SubmissionPlan:
-    """The plan of these decisions; `writes`: the cell files to write (rendered by the flow)."""
+          max_array_size: int, writes: Sequence[CellFiles] = (), staging: StageWork | None = None) -> SubmissionPlan:
+    """The plan of these decisions; `writes`: the cell files to write (rendered by the flow); `staging`: the
+    staging job the site needs for these cells' inputs."""
     to_run = [d for d in decisions if d.action is Action.RUN]
     post_only = [d for d in decisions if d.action is Action.POST]
     local = [d for d in to_run + post_only if d.cell.spec.cluster.executor == "local"]
@@ -109,8 +144,10 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
     pending_preps = {p.dir: (p, d) for d in to_run if (p := preps[d.dir]) is not None and not p.complete}
     scripts = tuple(CellFiles(p.dir, {prep_stage.SCRIPT: prep_stage.script(p, d.cell)})
                     for p, d in pending_preps.values())
+    work = staging if staging is not None and any(d.dir in staging.cells for d in to_run) else None
+    scripts += (CellFiles(work.dir, {STAGE_FILE: work.file()}),) if work is not None else ()
     local_jobs, submits = _local(local, preps, pending_preps)
-    slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size)
+    slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size, work)
     first = (local or [None])[0]
     return SubmissionPlan(
         writes=tuple(writes),
@@ -149,11 +186,14 @@ def _local(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
 
 def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
            histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
-           max_array_size: int) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
+           max_array_size: int, work: StageWork | None = None) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
     runs = [d for d in decisions if d.action is Action.RUN]
     jobs: list[SlurmJob] = []
-    waits = _preps(runs, preps, histories, view, jobs)
+    after_staging = _stage_job(work, histories, view, jobs)
+    waits = _preps(runs, preps, histories, view, jobs, after_staging)
     wait_of = {w.cell_dir: w.job for w in waits}
+    if after_staging is not None and work is not None:  # cells without a prep of their own wait for the staging
+        wait_of.update({d.dir: after_staging for d in runs if d.dir in work.cells and d.dir not in wait_of})
     concurrency = [d.cell.spec.concurrency for d in runs if d.cell.spec.concurrency]
     throttle = min(concurrency) if concurrency else None
     groups: dict[tuple[Any, ...], list[Decision]] = {}
@@ -190,7 +230,7 @@ def _post_job(cells: Sequence[Decision], after: Dependency | None,
 
 
 def _preps(runs: Sequence[Decision], preps: Mapping[Path, Prep | None], histories: Mapping[Path, Sequence[Event]],
-           view: SchedulerView | None, jobs: list[SlurmJob]) -> list[PrepWait]:
+           view: SchedulerView | None, jobs: list[SlurmJob], after: Dependency | None = None) -> list[PrepWait]:
     """The model preps these cells wait for: one array of every prep not done and not already queued (a task
     per model), and the cells' dependency on it. A cell waits for the preps to end, not to succeed (afterany):
     its job's first step finds whether its own model's prep succeeded, so one broken checkpoint never cancels
@@ -215,7 +255,7 @@ def _preps(runs: Sequence[Decision], preps: Mapping[Path, Prep | None], historie
         attempts = [_count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
         name = job_name(Role.PREP, targets, request, None, attempts)
         jobs.append(SlurmJob(name, Role.PREP, tuple(targets), request, targets[0].parent / SUBMITIT_DIR / name,
-                             label=", ".join(new[t][0].model for t in targets)))
+                             dependency=after, label=", ".join(new[t][0].model for t in targets)))
     for d in runs:
         p = preps.get(d.dir)
         if p is None or p.complete:

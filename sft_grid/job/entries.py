@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sft_grid.job.runner import run_cell
 from sft_grid.stages import prep as prep_stage
+from sft_grid.stages import stage_job
 from sft_grid.stages.post import IN_JOB
 from sft_grid.stages.post_run import run as run_post
 
@@ -20,3 +21,9 @@ def prep(prep_dir: str) -> str:
     from pathlib import Path
 
     return prep_stage.run(Path(prep_dir))
+
+
+def stage(stage_dir: str) -> str:
+    from pathlib import Path
+
+    return stage_job.run(Path(stage_dir))

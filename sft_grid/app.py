@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.present import (CHECK_HEADERS, ProgressLine, check_rows, deferred_lines, example, plan_lines, progress_text,
-                              relative, staged_lines, staging_lines, table)
+                              pinned_lines, relative, staged_lines, staging_lines, table)
 
 PREVIEW_DIR = ".dry_run"
 # the exit status of a run that staging had to stop before the site's process time limit: run it again
@@ -246,8 +246,8 @@ def _print_launch(result: Any) -> None:
     for d in result.decisions:
         if d.action is not Action.RUN and (not d.why.startswith("completed") or "; " in d.why):
             out(f"  skipped {d.cell.name}: {d.why}")
-    for line in deferred_lines({d.cell.name: result.deferred[d.cell.name] for d in to_run
-                                if d.cell.name in result.deferred}):
+    for line in pinned_lines(result.staging) + deferred_lines({d.cell.name: result.deferred[d.cell.name]
+                                                              for d in to_run if d.cell.name in result.deferred}):
         out(line)
     for job in result.plan.local:
         if job.role is Role.PREP:

@@ -188,10 +188,13 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
     users = {cell for item in staging.items for cell, _ in item.users}
     pending = staging.pending
     if staging.unreachable:
-        return [f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), sizes unknown: the Hub"
-                f" cannot be reached from here ({staging.unreachable})"] + [
-                    f"  {i.text()}" for i in staging.items[:limit]] + (
-                    [f"  ... and {len(staging.items) - limit} more"] if len(staging.items) > limit else [])
+        unresolved = [i for i in staging.items if i.pin is None]
+        head = (f"staging: the Hub cannot be reached from here ({staging.unreachable}); "
+                + (f"{len(unresolved)} of {len(staging.items)} Hub repositories for {len(users)} cell(s) are not"
+                   " staged, sizes unknown" if unresolved else
+                   f"all {len(staging.items)} Hub repositories for {len(users)} cell(s) are taken as staged"))
+        return [head] + [f"  {i.text()}" for i in (unresolved or staging.items)[:limit]] + (
+            [f"  ... and {len(unresolved) - limit} more"] if len(unresolved) > limit else [])
     needed = sum(i.bytes_needed for i in staging.items)
     lines = [f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
              f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)"]
@@ -208,6 +211,17 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
     if False in where:
         lines.append("  transfers run in a staging job that the cells wait for (cluster.staging.where=job)")
     return lines
+
+
+def pinned_lines(staging: Any) -> list[str]:
+    """A real run's word on its inputs: the Hub could not be asked (taken as staged), or how many are pinned."""
+    if staging is None or not staging.items:
+        return []
+    if staging.unreachable:
+        return staging_lines(staging)[:1]
+    done = [i for i in staging.items if i.complete]
+    return [f"  {len(done)} of {len(staging.items)} Hub repositories staged and pinned (each cell's ledger records"
+            " the commits it trains on)"]
 
 
 def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:

@@ -144,10 +144,12 @@ class RemoteHub(_Control):
             self.proc.wait(timeout=30)
 
 
-def spawn(root: Path, *, timeout: float = 60.0, python: str = sys.executable) -> RemoteHub:
-    """Start ``python tests/hubserver.py`` on a free port; returns once it listens (or raises)."""
+def spawn(root: Path, *, timeout: float = 60.0, python: str = sys.executable, port: int = 0) -> RemoteHub:
+    """Start ``python tests/hubserver.py`` on a free port (or ``port``: a restart where clients expect it);
+    returns once it listens (or raises)."""
     ready = Path(root) / f".ready-{os.getpid()}-{time.monotonic_ns()}"
-    proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--root", str(root), "--ready-file", str(ready)])
+    proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--root", str(root), "--ready-file", str(ready),
+                             "--port", str(port)])
     deadline = time.monotonic() + timeout
     while not ready.is_file():
         if proc.poll() is not None or time.monotonic() > deadline:

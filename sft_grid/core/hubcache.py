@@ -280,3 +280,12 @@ def record_failure(cache: Path | str, repo_id: str, kind: Kind, sha: str, reason
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(reason + "\n")
     os.replace(tmp, path)
+
+
+def read_ref(cache: Path | str, repo_id: str, kind: Kind, revision: str) -> str | None:
+    """The commit ``refs/<revision>`` points at in the cache (what staging last resolved the branch to), if any."""
+    try:
+        sha = (Path(cache) / repo_folder(repo_id, kind) / "refs" / revision).read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return sha if SHA_RE.match(sha) else None

@@ -50,7 +50,8 @@ def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict:
     api.create_repo(repo_id, repo_type="model", exist_ok=True)
     commit = api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="model", commit_message=message,
                                ignore_patterns=list(ignore) or None)
-    return {"url": f"https://huggingface.co/{repo_id}", "commit": getattr(commit, "oid", None) or str(commit)}
+    # the Hub the client talks to (HF_ENDPOINT where a site or a test sets one)
+    return {"url": f"{api.endpoint}/{repo_id}", "commit": getattr(commit, "oid", None) or str(commit)}
 
 
 def main(argv: list[str]) -> int:

@@ -140,15 +140,16 @@ class Transfer:
             rate and self.budget) else ""
         return (f"stopped before this process's time limit ({why}): {human(left)} of {self.r.kind} "
                 f"'{self.r.repo_id}' left. Rerun to continue ({resume}{runs}), or stage where processes may run "
-                "longer (the cluster profile's transfer partition) to finish in one go.")
+                "longer to finish in one go (a staging job on the transfer partition: cluster.staging.where=job).")
 
     def _too_big(self, f: RemoteFile, rate: float) -> str:
         assert self.budget is not None
         return (f"{f.path} of {self.r.kind} '{self.r.repo_id}' is {human(f.size)}: at {human(rate)}/s it needs "
                 f"~{f.size / rate:.0f}s, more than the {self.budget.usable_s:.0f}s a process may run here, and this "
                 f"client (huggingface_hub {self.hf.__version__}) restarts a cut file from zero, so reruns would "
-                "never finish it. Fix: stage where processes may run longer (the cluster profile's transfer "
-                "partition, or a job on a node that reaches the Hub), or use huggingface_hub<=1.17, which resumes.")
+                "never finish it. Fix: stage where processes may run longer: a staging job on the cluster's transfer "
+                "partition (cluster.staging.where=job, cluster.staging.partition=<it>), or a job on a node that "
+                "reaches the Hub; or use huggingface_hub<=1.17 (sft_grid's pin), which resumes a cut file.")
 
     # -- the run ------------------------------------------------------------------------------------------------
     def run(self) -> Staged:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from sft_grid.core import events
 from sft_grid.core.events import Kind
-from sft_grid.core.hubcache import SHA_RE, is_complete
+from sft_grid.core.hubcache import SHA_RE, is_complete, read_ref
 from sft_grid.core.layout import OUTPUT_DIR, output_complete
 from sft_grid.core.pins import MAIN, Pin, recorded_pins
 from sft_grid.core.problems import Problem
@@ -183,20 +183,32 @@ def _resolve(items: list[Item], dry_run: bool, plan: StagingPlan) -> None:
             item.pin = Pin(w.kind, w.repo_id, w.revision, w.revision, w.cache)
             continue
         if down is not None:
-            item.error = None if dry_run else down
+            _staged_before(item, down, dry_run)
             continue
         try:
             resolved = hub.resolve_pinned(w.repo_id, w.kind, w.revision, None, None, w.cache)  # type: ignore[arg-type]
         except HubUnreachable as e:
             down = e
             plan.unreachable = str(e).partition(" Fix: ")[0]
-            item.error = None if dry_run else e
+            _staged_before(item, down, dry_run)
             continue
         except HubError as e:
             item.error = _rerun_note(e, w)
             continue
         item.pin = Pin(w.kind, w.repo_id, w.revision, resolved.sha, w.cache)
         item.plan = hub.plan(resolved, w.cache)
+
+
+def _staged_before(item: Item, down: HubError, dry_run: bool) -> None:
+    """The Hub cannot be reached from here (an offline login node, staged ahead of time): a branch is taken as it
+    was staged (`refs/<branch>` in the cache, all its training files there); anything else is an error (a dry
+    run only notes it)."""
+    w = item.wanted
+    sha = read_ref(w.cache, w.repo_id, w.kind, w.revision)  # type: ignore[arg-type]
+    if sha and is_complete(w.cache, w.repo_id, w.kind, sha):  # type: ignore[arg-type]
+        item.pin = Pin(w.kind, w.repo_id, w.revision, sha, w.cache)
+    elif not dry_run:
+        item.error = down
 
 
 def _rerun_note(e: HubError, w: Wanted) -> HubError:

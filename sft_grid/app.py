@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.present import (CHECK_HEADERS, ProgressLine, check_rows, deferred_lines, example, plan_lines, progress_text,
-                              pinned_lines, relative, staged_lines, staging_lines, table)
+                              passed_line, pinned_lines, relative, staged_lines, staging_lines,
+                              table)
 
 PREVIEW_DIR = ".dry_run"
 # the exit status of a run that staging had to stop before the site's process time limit: run it again
@@ -158,8 +159,8 @@ def _print_dry_run(result: Any) -> None:
     if examples is not None and examples.more:
         out(f"  ... {examples.more} more source(s): python -m sft_grid.show <cell dir>")
     out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
-    for line in staging_lines(result.staging) + deferred_lines(result.deferred,
-                                                               full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
+    for line in staging_lines(result.staging) + passed_line(result.passed) + deferred_lines(
+            result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
         out(line)
     if result.after_staging:
         n = sum(map(len, result.after_staging.values()))

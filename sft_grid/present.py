@@ -112,6 +112,14 @@ _DEFERRED_KIND = {
 }
 
 
+def passed_line(passed: Mapping[str, int]) -> list[str]:
+    """The checks that ran here, before anything was queued, and passed: once per kind, with how many inputs."""
+    if not passed:
+        return []
+    kinds = ", ".join(f"{_DEFERRED_KIND.get(k, k)}: {n}" for k, n in sorted(passed.items()))
+    return [f"  checked here before queueing, every one passed ({sum(passed.values())} distinct inputs): {kinds}"]
+
+
 def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) -> list[str]:
     """Checks deferred to the jobs' first step, once per kind of check with how many (every one with `full`)."""
     if not deferred:
@@ -121,8 +129,8 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) 
         for name, checks in deferred.items():
             for check in checks:
                 by_check[check.describe()].append(name)
-        return [f"  deferred to the job's first step (input not readable here): {what}: {len(names)} cell(s)"
-                for what, names in by_check.items()]
+        return [f"  deferred to the job's first step (input not readable here): {what}: {len(names)} cell(s):"
+                f" {', '.join(names)}" for what, names in by_check.items()]
     kinds: dict[str, set[tuple[str, str]]] = defaultdict(set)
     cells: dict[str, set[str]] = defaultdict(set)
     for name, checks in deferred.items():
@@ -135,7 +143,7 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) 
         shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
         lines.append(f"  deferred to the job's first step (input not readable here): {_DEFERRED_KIND.get(kind, kind)}:"
                      f" {len(inputs)} input(s) of {len(cells[kind])} cell(s): {shown}")
-    return lines
+    return lines + ["  (every deferred check with its cells: SFT_GRID_VERBOSE=1 before the command)"]
 
 
 # -- the submission plan ---------------------------------------------------------------------------------------

@@ -59,3 +59,26 @@ def test_a_rerun_trains_the_pinned_commit_after_main_moved(hub, cache, tmp_path,
     assert f"{old_dir}/config.json" in log and new_sha not in log  # LLaMA-Factory loaded the pinned snapshot
     assert f"{snapshot_path(cache, 'org/tiny-llama3', 'model', new_sha)}/config.json" in (
         new_cell / "logs" / "train.log").read_text()
+
+
+def test_a_staged_delphi_grid_checks_everything_before_queueing(hub, cache, tmp_path, tiny_assets):
+    """A Delphi checkpoint staged from the Hub: the dry run checks its prepared tokenizer (made from the staged
+    tokenizer files before any model prep), shows the first example of each source with the think tokens whole,
+    and gives the loss-mask verdict; only the model prep's own success waits for its job."""
+    model = {p.name: p.read_bytes() for p in (tiny_assets / "models" / "tiny-delphi").iterdir() if p.is_file()}
+    hub.store.commit("org/tiny-delphi", model)
+    commit_tiny_assets(hub.store, tiny_assets)
+    runs = tmp_path / "runs"
+    args = ["-m", "model=tiny_delphi", "model.path=null", "model.hub_id=org/tiny-delphi", "dataset=tiny_messages",
+            "dataset.tiny_messages.source=org/tiny-messages", f"cluster.hf_cache={cache}", f"runs_root={runs}"]
+    staged = run_sft(*args, "stage_only=true")
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    proc = run_sft(*args, "dry_run=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "--- dataset.tiny_messages of " in out and "[[<|start_think|>" in out
+    assert "checked here before queueing, every one passed" in out
+    assert "the loss mask trains the assistant turns and nothing else: 1" in out
+    assert "template tokens are single tokens of the tokenizer: 1" in out
+    deferred = [line for line in out.splitlines() if "deferred to the job's first step" in line]
+    assert len(deferred) == 1 and "the model's prep succeeded" in deferred[0], deferred

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from sft_grid.checks import mask
 from sft_grid.checks.inputs import SAMPLE_ROWS
+from sft_grid.checks.tokenizers import check_tokenizer
 from sft_grid.checks.verdicts import assistant_turns, run  # noqa: F401 (assistant_turns: re-exported)
 from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.problems import Problem
@@ -57,16 +59,19 @@ def _checks_for(cell: Cell) -> list[Check]:
     if s.model.path:
         checks.append(Check("path", "model.path", s.model.path))
     template = TEMPLATES.get(s.model.template)
+    model_prep = prep_for(cell)
+    # a Delphi checkpoint before its prep: its tokenizer as the prep makes it (prepared here, tokenizer files only)
+    prepared = check_tokenizer(cell)
     if template is not None and tokenizer:
         tokens = template.special_tokens
-        model_prep = prep_for(cell)
         if model_prep is not None and model_prep.complete:
             tokenizer = str(model_prep.model_dir)  # what the cell trains: every token must be single there
+        elif prepared is not None:
+            tokenizer = str(prepared)
         elif model_prep is not None:
             # not prepared yet: the source has the rest; the prep itself asserts its tokens before any cell runs
             tokens = tuple(t for t in tokens if t not in DELPHI_TOKENS)
         checks.append(Check("template_tokens", "model.template", tokenizer, tokens=tokens))
-    model_prep = prep_for(cell)
     if model_prep is not None and not model_prep.complete:
         # the prep runs before the cell (locally first, on Slurm as a job the cell's job waits to end): the job
         # finds out first whether its own model's prep succeeded
@@ -77,7 +82,10 @@ def _checks_for(cell: Cell) -> list[Check]:
         tags = (("role_tag", ds.tags.role_tag), ("assistant_tag", ds.tags.assistant_tag), ("content_tag", ds.tags.content_tag))
         checks.append(Check("assistant_turns", f"dataset.{name}", dataset_source(cell, name), column=ds.messages,
                             tags=tags, split=ds.split))
-    return checks + mask.checks_for(cell)
+    masks = mask.checks_for(cell)
+    if prepared is not None and model_prep is not None:
+        masks = [replace(c, model=str(prepared)) if c.model == str(model_prep.model_dir) else c for c in masks]
+    return checks + masks
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,8 @@ class Preflight:
     # cell name -> checks that could not run here and run as the job's first step
     deferred: dict[str, list[Check]]
     unique_checks: int
+    # kind of check -> how many distinct inputs passed it here, before queueing
+    passed: dict[str, int] = field(default_factory=dict)
 
 
 def preflight(cells: Iterable[Cell]) -> Preflight:
@@ -114,7 +124,8 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
             elif not verdict.ok:
                 problems.append(Problem(cell.name, check.key, check.target, f"preflight-{check.kind}",
                                         verdict.message, verdict.fix))
-    return Preflight(mask.root_causes(problems), deferred, len(verdicts))
+    passed = Counter(c.kind for c, v in verdicts.items() if v.ok and not v.unreachable)
+    return Preflight(mask.root_causes(problems), deferred, len(verdicts), dict(passed))
 
 
 def _not_staged(per_cell: Sequence[tuple[Cell, list[Check]]], verdicts: dict[Check, Verdict],

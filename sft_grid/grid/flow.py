@@ -57,6 +57,8 @@ class GridResult:
     examples: Examples | None = None
     # the grid's Hub inputs: pinned, staged or to stage, sizes and free space
     staging: StagingPlan | None = None
+    # kind of check -> distinct inputs that passed it before anything was queued
+    passed: dict[str, int] = field(default_factory=dict)
     # a dry run's checks of inputs a real run stages here first (and then checks before queueing)
     after_staging: dict[str, list[Check]] = field(default_factory=dict)
     executed: Executed | None = None
@@ -150,7 +152,8 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
         max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
         recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
         plan = replace(build(decisions, view.histories, view.scheduler, max_size, writes, work), provenance=recorded)
-        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, staging=staged)
+        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, staging=staged,
+                            passed=checked.passed)
         if dry_run:
             result.deferred, result.after_staging = _after_staging(checked.deferred, staged)
             write_all(plan.writes)

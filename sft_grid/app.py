@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sft_grid.core.problems import GridError, Problem
-from sft_grid.present import (CHECK_HEADERS, ProgressLine, check_rows, deferred_lines, example, plan_lines, progress_text,
-                              passed_line, pinned_lines, relative, staged_lines, staging_lines,
-                              table)
+from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, example, passed_line, plan_lines,
+                              progress_text, relative, table)
+from sft_grid.present_inputs import ProgressLine, pinned_lines, staged_lines, staging_lines, tokenize_lines
 
 PREVIEW_DIR = ".dry_run"
 # the exit status of a run that staging had to stop before the site's process time limit: run it again
@@ -166,7 +166,7 @@ def _print_dry_run(result: Any) -> None:
         n = sum(map(len, result.after_staging.values()))
         out(f"  {n} check(s) of {len(result.after_staging)} cell(s) read inputs not staged yet: a real run stages"
             " them here first, then runs these checks before anything is queued")
-    for line in _prep_lines(result) + _post_lines(cells):
+    for line in _prep_lines(result) + tokenize_lines(result.tokenized) + _post_lines(cells):
         out(line)
     for d in result.decisions:
         if d.why:

@@ -18,7 +18,7 @@ import sys
 
 
 def _one(argv: list[str]) -> int:
-    from sft_grid.present import ProgressLine
+    from sft_grid.present_inputs import ProgressLine
     from sft_grid.stages.hub import download
     from sft_grid.stages.hub_types import Budget, HubError, human
 

@@ -19,6 +19,7 @@ from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.events import Kind
 from sft_grid.core.hubcache import is_complete, parse_snapshot, staging_failure
 from sft_grid.core.templates import DELPHI_TOKENS
+from sft_grid.core.tokenized import tokenized_complete
 from sft_grid.planning.cells import is_local
 from sft_grid.planning.inputs import PREP_NEED, prep_complete
 
@@ -152,8 +153,22 @@ def check_staged(check: Check) -> Verdict:
                    "", unreachable=True)
 
 
+def check_tokenized(check: Check) -> Verdict:
+    """The grid's shared tokenized dataset of the cell is built; if its tokenize job failed, why."""
+    tok_dir = Path(check.target)
+    if tokenized_complete(tok_dir):
+        return Verdict(True)
+    failed = events.last(events.read(tok_dir), Kind.FAILED)
+    if failed is not None:
+        return Verdict(False, f"its tokenized dataset was not built: {failed.reason}",
+                       f"fix the cause (its log: {tok_dir}/tokenize.log) and run the grid again with rerun_failed=true")
+    return Verdict(False, f"the tokenized dataset {tok_dir} is not built yet; it is built before the cell", "",
+                   unreachable=True)
+
+
 RUNNERS: dict[str, Callable[[Check], Verdict]] = {
     "staged": check_staged,
+    "tokenized": check_tokenized,
     "prepared": check_prepared,
     "path": check_path,
     "template_tokens": check_template_tokens,

@@ -251,3 +251,6 @@ class CellConf:
     rerun_failed: bool = False
     # stage the grid's Hub inputs and stop: nothing is rendered or queued (python -m sft_grid.stage)
     stage_only: bool = False
+    # cells whose data tokenizes the same share one tokenized dataset, built once before them (stages/tokenize.py);
+    # false: each cell tokenizes in its own job
+    tokenize_once: bool = True

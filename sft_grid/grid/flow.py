@@ -38,7 +38,9 @@ from sft_grid.planning.messages import composition_problem
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
 from sft_grid.stages.hub_types import Progress
+from sft_grid.stages import tokenize
 from sft_grid.stages.stage_job import StageWork, stage_dir
+from sft_grid.stages.tokenize import Tokenization
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ class GridResult:
     examples: Examples | None = None
     # the grid's Hub inputs: pinned, staged or to stage, sizes and free space
     staging: StagingPlan | None = None
+    # cell dir -> the tokenized dataset it shares (cells that run, tokenize_once)
+    tokenized: dict[Path, Tokenization] = field(default_factory=dict)
     # kind of check -> distinct inputs that passed it before anything was queued
     passed: dict[str, int] = field(default_factory=dict)
     # a dry run's checks of inputs a real run stages here first (and then checks before queueing)
@@ -137,23 +141,27 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
     if checked.problems:
         raise GridError(checked.problems)
     needed = preps(cells)
+    tokens = tokenize.plan(cells)
     with SweepLock({c.sweep_dir for c in cells}):
         work = _stage_work(cells, dirs, staged)
-        view = read_view(dirs, [p.dir for p in needed] + ([work.dir] if work else []))
+        view = read_view(dirs, [p.dir for p in needed] + ([work.dir] if work else [])
+                         + sorted({t.dir for t in tokens.values()}))
         decisions = []
         for cell, cell_dir in zip(cells, dirs):
             state, recovery = view.state(cell_dir), None
             if state.recovered:
                 recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])
             decisions.append(decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery))
+        decisions, shared = _share_tokenized(decisions, tokens, checked.deferred)
         writes = [render(d.cell, d.dir, checked.deferred.get(d.cell.name, [])) for d in decisions
                   if d.touch_files and (dry_run or d.action is not Action.SKIP)]
         on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
         max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
         recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
-        plan = replace(build(decisions, view.histories, view.scheduler, max_size, writes, work), provenance=recorded)
+        plan = replace(build(decisions, view.histories, view.scheduler, max_size, writes, work, shared),
+                       provenance=recorded)
         result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, staging=staged,
-                            passed=checked.passed)
+                            passed=checked.passed, tokenized=shared)
         if dry_run:
             result.deferred, result.after_staging = _after_staging(checked.deferred, staged)
             write_all(plan.writes)
@@ -184,6 +192,24 @@ def _stage(cells: list[Cell], dirs: list[Path], dry_run: bool, observer: Observe
         except StagingFailed as exc:
             raise GridError(exc.problems(), "staging") from exc
     return cells, staged
+
+
+def _share_tokenized(decisions: list[Decision], tokens: dict[str, Tokenization], deferred: dict[str, list[Check]],
+                     ) -> tuple[list[Decision], dict[Path, Tokenization]]:
+    """The cells that run load their shared tokenized dataset; where it is not built yet, their first step checks
+    that it was (`deferred` gets that check)."""
+    shared: dict[Path, Tokenization] = {}
+    out = []
+    for d in decisions:
+        tok = tokens.get(d.cell.name)
+        if d.action is not Action.RUN or tok is None:
+            out.append(d)
+            continue
+        shared[d.dir] = tok
+        out.append(replace(d, cell=replace(d.cell, tokenized=tok.data)))
+        if not tok.data.complete:
+            deferred.setdefault(d.cell.name, []).append(Check("tokenized", "tokenized", str(tok.dir)))
+    return out, shared
 
 
 def _stage_work(cells: Sequence[Cell], dirs: Sequence[Path], staged: StagingPlan) -> StageWork | None:

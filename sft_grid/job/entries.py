@@ -5,6 +5,7 @@ from __future__ import annotations
 from sft_grid.job.runner import run_cell
 from sft_grid.stages import prep as prep_stage
 from sft_grid.stages import stage_job
+from sft_grid.stages import tokenize as tokenize_stage
 from sft_grid.stages.post import IN_JOB
 from sft_grid.stages.post_run import run as run_post
 
@@ -27,3 +28,9 @@ def stage(stage_dir: str) -> str:
     from pathlib import Path
 
     return stage_job.run(Path(stage_dir))
+
+
+def tokenize(tok_dir: str) -> str:
+    from pathlib import Path
+
+    return tokenize_stage.run(Path(tok_dir))

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from sft_grid.core.pins import Pin
+from sft_grid.core.tokenized import TokenizedData
 from sft_grid.core.schema import CellConf, field_shapes
 
 # Top-level keys that describe where and how a cell runs, not what it trains.
 NOT_IDENTITY = frozenset(
     {
         "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
-        "rerun_failed", "stage_only", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
+        "rerun_failed", "stage_only", "tokenize_once", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
         "hub_model_id", "concurrency", "register_db", "register_command", "vars",
     }
 )
@@ -55,6 +56,9 @@ class Cell:
     # the commits staging pinned its Hub model and datasets to (planning/inputs.py: what it then loads); never
     # part of its identity
     pins: tuple[Pin, ...] = ()
+    # the tokenized dataset it shares with the cells whose data tokenizes the same (stages/tokenize.py); None: it
+    # tokenizes in its own job
+    tokenized: TokenizedData | None = None
 
     @property
     def name(self) -> str:

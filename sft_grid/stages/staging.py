@@ -56,6 +56,7 @@ class Item:
     plan: hub.Plan | None = None  # what moves; None: staged already (no request made), or not resolved
     error: HubError | None = None
     here: bool = False  # a cell's cluster stages on the machine running the grid (else in a staging job)
+    offline: bool = False  # a cell's cluster has no internet on compute nodes: its jobs cannot fetch it themselves
 
     @property
     def complete(self) -> bool:
@@ -106,7 +107,8 @@ class StagingPlan:
 
     @property
     def pending(self) -> list[Item]:
-        return [i for i in self.items if not i.complete]
+        """Pinned and not all staged (an input not resolved, with the Hub out of reach, is left to the jobs)."""
+        return [i for i in self.items if i.pin is not None and not i.complete]
 
     @property
     def to_fetch(self) -> int:
@@ -163,6 +165,7 @@ def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> 
             item = items.setdefault(wanted, Item(wanted))
             item.users.append((cell.name, key))
             item.here |= cell.spec.cluster.staging.where == "login"
+            item.offline |= not cell.spec.cluster.internet_on_compute
         plan.pins[cell.name] = tuple(mine)
     _resolve(list(items.values()), dry_run, plan)
     plan.items = list(items.values())
@@ -201,13 +204,14 @@ def _resolve(items: list[Item], dry_run: bool, plan: StagingPlan) -> None:
 
 def _staged_before(item: Item, down: HubError, dry_run: bool) -> None:
     """The Hub cannot be reached from here (an offline login node, staged ahead of time): a branch is taken as it
-    was staged (`refs/<branch>` in the cache, all its training files there); anything else is an error (a dry
-    run only notes it)."""
+    was staged (`refs/<branch>` in the cache, all its training files there). Otherwise it is an error where the
+    cells' compute nodes have no internet either; where they have, the jobs fetch it themselves, as they did
+    before staging (its checks wait for them). A dry run only notes it."""
     w = item.wanted
     sha = read_ref(w.cache, w.repo_id, w.kind, w.revision)  # type: ignore[arg-type]
     if sha and is_complete(w.cache, w.repo_id, w.kind, sha):  # type: ignore[arg-type]
         item.pin = Pin(w.kind, w.repo_id, w.revision, sha, w.cache)
-    elif not dry_run:
+    elif not dry_run and item.offline:
         item.error = down
 
 

@@ -34,7 +34,7 @@ demo: setup-demo
 # the fast set runs on both cores; the backend and Slurm tests one at a time (each uses the whole machine)
 test: setup slurm-up
 	$(PYTHON) -m pytest -q -n 2 -m "not backend and not slurm"
-	$(PYTHON) -m pytest -q -m "backend or slurm"
+	$(PYTHON) -m pytest -q -m "backend or slurm" --durations=25
 
 test-fast: install
 	$(PYTHON) -m pytest -q -n 2 -m "not backend and not slurm"

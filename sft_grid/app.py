@@ -16,10 +16,12 @@ from typing import Any, Sequence
 
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, eval_lines, example, failure_lines,
-                              plan_lines,
-                              progress_text, relative, table)
+                              passed_line, plan_lines, post_lines, prep_lines, progress_text, relative, table)
+from sft_grid.present_inputs import ProgressLine, pinned_lines, staged_lines, staging_lines, tokenize_lines
 
 PREVIEW_DIR = ".dry_run"
+# the exit status of a run that staging had to stop before the site's process time limit: run it again
+STAGING_STOPPED = 3
 
 
 def out(text: str = "") -> None:
@@ -84,11 +86,26 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
             out(f"  {state.state.value:<9} {job.label}  {progress_text(state)}"
                 + (f"  {state.reason}" if state.reason else ""))
 
+        def staging(self, plan: Any) -> None:
+            for line in staging_lines(plan):
+                out(line)
+
+        progress = ProgressLine(sys.stderr)
+
+    from sft_grid.stages.staging import StagingStopped
+
     try:
         result = flow.run(composed, errors, Show())
     except GridError as exc:
         _fail(exc)
         raise
+    except StagingStopped as exc:  # the site's process time limit: a rerun continues where this one stopped
+        print(f"staging stopped: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(STAGING_STOPPED) from None
+    if any(c.spec.stage_only for c in result.cells):
+        for line in staged_lines(result.staging, len(result.cells), result.dry_run):
+            out(line)
+        return result
     if result.dry_run:
         _print_dry_run(result)
         return result
@@ -144,9 +161,14 @@ def _print_dry_run(result: Any) -> None:
     if examples is not None and examples.more:
         out(f"  ... {examples.more} more source(s): python -m sft_grid.show <cell dir>")
     out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
-    for line in deferred_lines(result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
+    for line in staging_lines(result.staging) + passed_line(result.passed) + deferred_lines(
+            result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
         out(line)
-    for line in _prep_lines(result) + _post_lines(cells) + eval_lines(result):
+    if result.after_staging:
+        n = sum(map(len, result.after_staging.values()))
+        out(f"  {n} check(s) of {len(result.after_staging)} cell(s) read inputs not staged yet: a real run stages"
+            " them here first, then runs these checks before anything is queued")
+    for line in prep_lines(result) + tokenize_lines(result.tokenized) + post_lines(cells) + eval_lines(result):
         out(line)
     for d in result.decisions:
         if d.why:
@@ -189,42 +211,6 @@ def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:
         (folder / f"{job.name}.sbatch").write_text(script)
 
 
-def _prep_lines(result: Any) -> list[str]:
-    """One line per model prep (one in all when there are many): done, or to run before its cells."""
-    def state(prep: Any, users: Sequence[Any]) -> str:
-        if prep.complete:
-            return "done"
-        return "a Slurm job its cells wait for" if users[0].spec.cluster.executor == "slurm" else "runs before its cells"
-
-    preps = result.preps
-    if len(preps) > 6:
-        counts: dict[str, int] = {}
-        for prep, users in preps.items():
-            counts[state(prep, users)] = counts.get(state(prep, users), 0) + 1
-        root = next(iter(preps)).dir.parent
-        return [f"  tokenizer prep of {len(preps)} models for {sum(map(len, preps.values()))} cell(s), under"
-                f" {relative(root)}: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
-    return [f"  tokenizer prep of {prep.model} for {len(users)} cell(s): {prep.model_dir} ({state(prep, users)})"
-            for prep, users in preps.items()]
-
-
-def _post_lines(cells: Sequence[Any]) -> list[str]:
-    """Which stages follow the training of how many cells, and where the upload runs."""
-    from sft_grid.stages.post import stages_for, upload_in_job
-
-    groups: dict[tuple[str, ...], list[Any]] = {}
-    for cell in cells:
-        groups.setdefault(tuple(stages_for(cell.spec)), []).append(cell)
-    lines = []
-    for stages, members in groups.items():
-        line = f"  post-training stages of {len(members)} cell(s): {', '.join(stages)}"
-        if "upload" in stages:
-            line += ("; the upload runs in the post job" if upload_in_job(members[0].spec) else
-                     f"; the upload waits for the login node: python -m sft_grid.post {members[0].sweep_dir}")
-        lines.append(line)
-    return lines
-
-
 def _print_launch(result: Any) -> None:
     from collections import Counter
 
@@ -246,8 +232,8 @@ def _print_launch(result: Any) -> None:
     for d in to_run:
         if d.note:
             out(f"  {d.cell.name}: {d.why}" + (f", avoiding {','.join(d.exclude)}" if d.exclude else ""))
-    for line in deferred_lines({d.cell.name: result.deferred[d.cell.name] for d in to_run
-                                if d.cell.name in result.deferred}):
+    for line in pinned_lines(result.staging) + deferred_lines({d.cell.name: result.deferred[d.cell.name]
+                                                              for d in to_run if d.cell.name in result.deferred}):
         out(line)
     for job in result.plan.local:
         if job.role is Role.PREP:
@@ -263,6 +249,8 @@ def _print_launch(result: Any) -> None:
         span = got[0] + (f" .. {got[-1]}" if len(got) > 1 else "")
         if job.role is Role.PREP:
             out(f"  tokenizer prep of {job.label}: job {got[0]} -> {job.targets[0]}")
+        elif job.role is Role.STAGE:
+            out(f"  staging of {job.label}: job {got[0]} -> {job.targets[0]} (the cells that need them wait for it)")
         elif job.role is Role.TRAIN:
             out(f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
                 + (f" (at most {job.throttle} at once)" if job.throttle else ""))

@@ -110,7 +110,17 @@ _DEFERRED_KIND = {
     "loss_mask": "the loss mask trains the assistant turns and nothing else",
     "path": "a local path exists",
     "prepared": "the model's prep succeeded (it runs first)",
+    "staged": "the Hub input is staged (staging runs first)",
+    "tokenized": "the shared tokenized dataset is built (it is built first)",
 }
+
+
+def passed_line(passed: Mapping[str, int]) -> list[str]:
+    """The checks that ran here, before anything was queued, and passed: once per kind, with how many inputs."""
+    if not passed:
+        return []
+    kinds = ", ".join(f"{_DEFERRED_KIND.get(k, k)}: {n}" for k, n in sorted(passed.items()))
+    return [f"  checked here before queueing, every one passed ({sum(passed.values())} distinct inputs): {kinds}"]
 
 
 def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) -> list[str]:
@@ -122,8 +132,8 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) 
         for name, checks in deferred.items():
             for check in checks:
                 by_check[check.describe()].append(name)
-        return [f"  deferred to the job's first step (input not readable here): {what}: {len(names)} cell(s)"
-                for what, names in by_check.items()]
+        return [f"  deferred to the job's first step (input not readable here): {what}: {len(names)} cell(s):"
+                f" {', '.join(names)}" for what, names in by_check.items()]
     kinds: dict[str, set[tuple[str, str]]] = defaultdict(set)
     cells: dict[str, set[str]] = defaultdict(set)
     for name, checks in deferred.items():
@@ -136,7 +146,7 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) 
         shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
         lines.append(f"  deferred to the job's first step (input not readable here): {_DEFERRED_KIND.get(kind, kind)}:"
                      f" {len(inputs)} input(s) of {len(cells[kind])} cell(s): {shown}")
-    return lines
+    return lines + ["  (every deferred check with its cells: SFT_GRID_VERBOSE=1 before the command)"]
 
 
 def eval_lines(result: Any) -> list[str]:
@@ -158,12 +168,48 @@ def eval_lines(result: Any) -> list[str]:
     return lines
 
 
+def prep_lines(result: Any) -> list[str]:
+    """One line per model prep (one in all when there are many): done, or to run before its cells."""
+    def state(prep: Any, users: Sequence[Any]) -> str:
+        if prep.complete:
+            return "done"
+        return "a Slurm job its cells wait for" if users[0].spec.cluster.executor == "slurm" else "runs before its cells"
+
+    preps = result.preps
+    if len(preps) > 6:
+        counts: dict[str, int] = {}
+        for prep, users in preps.items():
+            counts[state(prep, users)] = counts.get(state(prep, users), 0) + 1
+        root = next(iter(preps)).dir.parent
+        return [f"  tokenizer prep of {len(preps)} models for {sum(map(len, preps.values()))} cell(s), under"
+                f" {relative(root)}: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    return [f"  tokenizer prep of {prep.model} for {len(users)} cell(s): {prep.model_dir} ({state(prep, users)})"
+            for prep, users in preps.items()]
+
+
+def post_lines(cells: Sequence[Any]) -> list[str]:
+    """Which stages follow the training of how many cells, and where the upload runs."""
+    from sft_grid.stages.post import stages_for, upload_in_job
+
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for cell in cells:
+        groups.setdefault(tuple(stages_for(cell.spec)), []).append(cell)
+    lines = []
+    for stages, members in groups.items():
+        line = f"  post-training stages of {len(members)} cell(s): {', '.join(stages)}"
+        if "upload" in stages:
+            line += ("; the upload runs in the post job" if upload_in_job(members[0].spec) else
+                     f"; the upload waits for the login node: python -m sft_grid.post {members[0].sweep_dir}")
+        lines.append(line)
+    return lines
+
+
 # -- the submission plan ---------------------------------------------------------------------------------------
 
 
 def job_line(job: SlurmJob) -> str:
-    what = {Role.PREP: "model prep", Role.TRAIN: "training", Role.POST: "post-training stages",
-            Role.EVAL: "evaluation"}[job.role]
+    what = {Role.STAGE: "staging of the Hub inputs", Role.PREP: "model prep", Role.TOKENIZE: "tokenize once",
+            Role.TRAIN: "training", Role.POST: "post-training stages", Role.EVAL: "evaluation"}[job.role]
     tasks = f"{len(job.targets)} task(s)" if len(job.targets) > 1 else "1 job"
     throttle = f", at most {job.throttle} at once" if job.throttle else ""
     after = f", after {job.dependency.text()}" if job.dependency else ""

@@ -5,12 +5,14 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from sft_grid.core import events
 from sft_grid.core.layout import LEDGER_FILE, iter_cell_dirs
 from sft_grid.core.state import CellState
 from sft_grid.grid.view import read_view
+
+T = TypeVar("T")
 
 
 def ledger(cell_dir: Path) -> list[dict[str, Any]]:
@@ -68,3 +70,15 @@ def cancel_jobs_of(root: Path) -> None:
         if not jobs:
             break
         time.sleep(0.5)
+
+
+def wait_for(probe: Callable[[], T | None], what: str, deadline_s: float = 60, interval: float = 0.5) -> T:
+    """Poll `probe` until it returns something true; fail naming `what` after `deadline_s` (generous: CI is slow)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+        time.sleep(interval)

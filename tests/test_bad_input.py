@@ -62,10 +62,11 @@ def test_keys_of_their_own_go_under_the_mappings(make_cells):
 def schema_fields(cls: type = schema.CellConf, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
     """Every field of the cell schema with a range or a value set, by its dotted key."""
     for f in dataclasses.fields(cls):
-        nested = {"cluster": schema.ClusterConf, "model": schema.ModelConf, "mix": schema.MixConf,
-                  "watchdog": schema.WatchdogConf}.get(f.name)
-        if cls is schema.CellConf and nested is not None:
-            yield from schema_fields(nested, f"{f.name}.")
+        nested = {(schema.CellConf, "cluster"): schema.ClusterConf, (schema.CellConf, "model"): schema.ModelConf,
+                  (schema.CellConf, "mix"): schema.MixConf, (schema.CellConf, "watchdog"): schema.WatchdogConf,
+                  (schema.ClusterConf, "staging"): schema.StagingConf}.get((cls, f.name))
+        if nested is not None:
+            yield from schema_fields(nested, f"{prefix}{f.name}.")
         elif "range" in f.metadata or "choices" in f.metadata:
             yield f"{prefix}{f.name}", f
 
@@ -85,10 +86,11 @@ def test_the_schema_gives_ranges_and_value_sets_to_what_backends_would_refuse():
     assert {"lr", "epochs", "max_steps", "global_batch_size", "micro_batch_size", "cutoff_len", "seed", "warmup_ratio",
             "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "save_steps", "save_total_limit",
             "logging_steps", "nodes", "concurrency", "cluster.gpus_per_node", "cluster.cpus_per_node",
-            "cluster.mem_gb", "cluster.max_requeues", "cluster.max_parallel", "model.params_b"} <= ranged
+            "cluster.mem_gb", "cluster.max_requeues", "cluster.max_parallel", "model.params_b",
+            "cluster.staging.time_limit_s"} <= ranged
     assert {"scheduler", "finetuning_type", "report_to", "cluster.executor", "cluster.launcher", "cluster.precision",
             "cluster.cpu_arch", "cluster.gpu_directive", "model.template", "model.tokenizer_family", "model.needs",
-            "mix.strategy"} <= chosen
+            "mix.strategy", "cluster.staging.where"} <= chosen
 
 
 @pytest.mark.parametrize("key, field", RANGED, ids=[k for k, _ in RANGED])
@@ -149,3 +151,15 @@ def test_a_malformed_override_is_named(tmp_path, bad):
     proc = run_sft("-m", bad, "dry_run=true", f"runs_root={tmp_path}")
     assert proc.returncode != 0 and f"the override {bad!r} is malformed" in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("overrides, key, value, fix", [
+    (["cluster.staging.where=job"], "cluster.staging.where", "job", "cluster.staging.where=login"),
+    (["cluster=slurm_local", "cluster.staging.readable_here=false"], "cluster.staging.readable_here", False,
+     "cluster.staging.where=job"),
+    (["cluster=slurm_local", "cluster.staging.time=soon"], "cluster.staging.time", "soon", "04:00:00"),
+], ids=["job-on-local-executor", "unreadable-cache-staged-here", "bad-wall-time"])
+def test_a_staging_site_that_cannot_work_is_refused(make_cells, overrides, key, value, fix):
+    (cell,) = make_cells(overrides)
+    p = [p for p in validate([cell]) if p.key == key]
+    assert len(p) == 1 and p[0].value == value and fix in p[0].fix and p[0].cell == cell.name, [q.render() for q in p]

@@ -36,7 +36,8 @@ def test_users_command_dry_runs_here_with_hub_checks_deferred(tmp_path, tiny_ass
     assert len(dirs) == 2
     delphi, qwen = dirs
     # the data is local; the loss-mask check of its data needs the hub tokenizer too
-    expected = {("template_tokens", "model.template"), ("loss_mask", "dataset.tiny_messages")}
+    # and, first thing in its job, that the grid's shared tokenized dataset (built before it) was built
+    expected = {("template_tokens", "model.template"), ("loss_mask", "dataset.tiny_messages"), ("tokenized", "tokenized")}
     deferred = json.loads((qwen / "preflight.json").read_text())["deferred"]
     assert {(d["kind"], d["key"]) for d in deferred} == expected
     # a Delphi cell also checks, first thing in its job, that its model's prep (run before it) succeeded

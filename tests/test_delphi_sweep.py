@@ -115,8 +115,12 @@ def test_every_cell_holds_the_grids_rules(dry_run):
     assert re.search(r"model prep, 36 task\(s\)", proc.stdout)
     prepared = {Path(yaml.safe_load((c / "train_config.yaml").read_text())["model_name_or_path"]).parent for c in cells}
     assert len(prepared) == 36 and {p.name.rsplit("-", 1)[0] for p in prepared} == set(per_model)
-    # 7 sbatch calls: the prep array, and a training and a post array for each node count (1, 2, 4)
-    assert "Slurm: 7 sbatch call(s)" in proc.stdout and proc.stdout.count("#SBATCH --array=") == 7
+    # the tokenizers cannot be read here (nothing staged, no Hub): tokenized datasets are keyed by each model's
+    # name, one per model and recipe; on a staged site they are keyed by the tokenizer's content (2: one a recipe)
+    assert "tokenize once: 72 tokenized dataset(s) for 72 cell(s)" in proc.stdout
+    assert "(by name: not readable here)" in proc.stdout and re.search(r"tokenize once, 72 task\(s\)", proc.stdout)
+    # 8 sbatch calls: the prep array, the tokenize array, and a training and a post array per node count (1, 2, 4)
+    assert "Slurm: 8 sbatch call(s)" in proc.stdout and proc.stdout.count("#SBATCH --array=") == 8
 
 
 def test_the_fast_composer_equals_hydra_for_sampled_cells(hydra_loader, leonardo):

@@ -4,7 +4,8 @@ only when asked, force moves the old output aside, completed cells with pending 
 orchestrator killed mid-submit is recovered. A dry run decides the same and calls nothing that changes anything.
 
 Everything here is in-process and needs no backend: the cells name hub ids (not in this machine's Hugging Face
-cache) and a site virtual environment that is not here, so every input check is deferred to the job. The real
+cache, no Hub to stage them from, on a cluster whose compute nodes reach the Hub) and a site virtual environment
+that is not here, so every input check is deferred to the job. The real
 Slurm tests (tests/test_slurm*.py) run the same flow against a real cluster.
 """
 
@@ -28,8 +29,11 @@ from sft_grid.present import normalise_ids
 from . import fakeslurm
 from .helpers import kinds, ledger
 
+# compute nodes with internet: inputs this machine cannot stage (no Hub here) are left to the jobs; each cell
+# tokenizes in its own job (the decisions here are about cells; tokenize-once plans: tests/test_tokenize_plan.py)
 BASE = ["cluster=slurm_local", "model=qwen3_8b", "dataset=magpie", "max_steps=2",
-        "+cluster.backend_venvs.llamafactory=/nonexistent/venv"]
+        "+cluster.backend_venvs.llamafactory=/nonexistent/venv", "cluster.internet_on_compute=true",
+        "tokenize_once=false"]
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import pytest
 
@@ -35,11 +35,10 @@ from sft_grid.schedulers import slurm
 
 from .conftest import run_sft
 from .helpers import ledger as ledger_of
-from .helpers import array_names, cancel_jobs_of, states_of, triaged_states
+from .helpers import array_names, cancel_jobs_of, states_of, triaged_states, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend]
 
-T = TypeVar("T")
 
 TINY = ["cluster=slurm_local", "model=tiny_llama", "max_steps=2", "global_batch_size=4", "micro_batch_size=2"]
 SEEDS = "seed=1,2,3"
@@ -58,17 +57,6 @@ def cmd(*argv: str, timeout: float = 30, check: bool = True) -> str:
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
     return proc.stdout
-
-
-def wait_for(probe: Callable[[], T | None], what: str, deadline_s: float = 60, interval: float = 0.5) -> T:
-    end = time.monotonic() + deadline_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def cell_dirs(root: Path, sweep: str = "default") -> list[Path]:

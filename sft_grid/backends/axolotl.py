@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from sft_grid.backends import common, zero
+from sft_grid.backends.axolotl_keys import attention, chat_template, finetuning, precision, reporting
 from sft_grid.backends.base import Backend, MaskSpec
 from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import DatasetConf, DatasetTags
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.inputs import model_source
+from sft_grid.planning.inputs import dataset_source, model_source
 
 NAME = "axolotl"
 CONFIG_FILE = "axolotl_config.yaml"
@@ -64,15 +65,16 @@ def _chat_entry(path: str, messages: str, tags: DatasetTags) -> dict[str, Any]:
     }
 
 
-def dataset_entry(ds: DatasetConf) -> dict[str, Any]:
-    """One `datasets` entry: a local file (ds_type from its suffix) or a hub id with its split."""
+def dataset_entry(ds: DatasetConf, source: str | None = None) -> dict[str, Any]:
+    """One `datasets` entry: a local file (ds_type from its suffix), or a hub id (`source`: its staged snapshot
+    directory, which axolotl loads with datasets.load_dataset offline) with its split."""
     if is_local(ds.source):
         local = Path(ds.source).expanduser()
         entry = _chat_entry(str(local), ds.messages, ds.tags)
         if local.suffix in _DS_TYPES:
             entry["ds_type"] = _DS_TYPES[local.suffix]
     else:
-        entry = _chat_entry(ds.source, ds.messages, ds.tags)
+        entry = _chat_entry(source or ds.source, ds.messages, ds.tags)
         entry["split"] = ds.split
     return entry
 
@@ -90,7 +92,7 @@ def mix_spec(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         local = is_local(ds.source)
         sources.append({
             "name": name,
-            "source": str(Path(ds.source).expanduser()) if local else ds.source,
+            "source": dataset_source(cell, name),
             "local": local,
             "split": ds.split,
             "messages": ds.messages,
@@ -105,57 +107,12 @@ def mix_spec(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 def datasets(cell: Cell, cell_dir: Path) -> list[dict[str, Any]]:
     if interleaved(cell):
-        entry = _chat_entry(str(cell_dir / MIX_DATA), "messages", DatasetTags())
+        # the mix is written by the cell's own data step, or once by the grid's tokenize job that it shares
+        mix = cell.tokenized.dir / MIX_DATA if cell.tokenized is not None else cell_dir / MIX_DATA
+        entry = _chat_entry(str(mix), "messages", DatasetTags())
         entry["ds_type"] = "json"
         return [entry]
-    return [dataset_entry(ds) for ds in cell.spec.dataset.values()]
-
-
-def chat_template(cell: Cell) -> dict[str, Any]:
-    """axolotl's template of the same name, or sft_grid's own jinja text inline (`chat_template: jinja`)."""
-    template = TEMPLATES[cell.spec.model.template]
-    if template.jinja:
-        return {"chat_template": "jinja", "chat_template_jinja": template.jinja_text(),
-                **({"eot_tokens": [template.eot]} if template.eot else {})}
-    return {"chat_template": template.axolotl}
-
-
-def attention(cell: Cell) -> str:
-    """sdpa on GPUs: torch's own kernels (flash and memory-efficient attention inside), no flash-attn build
-    to match each site's CUDA, and the only choice on aarch64 (GH200) where flash-attn wheels are missing;
-    eager on CPU clusters, where sdpa buys nothing for tiny models."""
-    if cell.spec.cluster.gpus_per_node == 0:
-        return "eager"
-    return "sdpa"
-
-
-def precision(cell: Cell) -> dict[str, Any]:
-    """bf16 weights on GPU sites. axolotl 0.19 has no `pure_bf16` key (an unknown key is silently dropped):
-    `bf16: true` loads the model in bfloat16 (torch_dtype), so there are no fp32 master weights (which would
-    OOM an 8B on 96 GiB). Elsewhere fp32, said explicitly: axolotl's bf16 `auto` falls back to fp16."""
-    if cell.spec.cluster.precision == "bf16":
-        return {"bf16": True, "bfloat16": True, "fp16": False, "tf32": True}
-    return {"bf16": False, "fp16": False, "tf32": False}
-
-
-def reporting(cell: Cell) -> dict[str, Any]:
-    """W&B: one run per cell, named after it, in a project named after the grid; the run id comes from
-    launch.sh (WANDB_RUN_ID), so a requeued job continues the same run."""
-    s = cell.spec
-    if s.report_to == "wandb":
-        return {"use_wandb": True, "wandb_project": s.sweep_name, "wandb_name": cell.name,
-                "wandb_mode": s.cluster.env.get("WANDB_MODE", "online")}
-    out: dict[str, Any] = {"use_wandb": False, "wandb_mode": "disabled"}
-    if s.report_to == "tensorboard":
-        out["use_tensorboard"] = True
-    return out
-
-
-def finetuning(cell: Cell) -> dict[str, Any]:
-    """LoRA as LLaMA-Factory's defaults have it (rank 8, alpha 16, every linear layer); full otherwise."""
-    if cell.spec.finetuning_type == "lora":
-        return {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_linear": True}
-    return {}
+    return [dataset_entry(ds, dataset_source(cell, name)) for name, ds in cell.spec.dataset.items()]
 
 
 def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
@@ -166,7 +123,8 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "base_model": model_source(cell),
         **chat_template(cell),
         "datasets": datasets(cell, cell_dir),
-        "dataset_prepared_path": str(cell_dir / PREPARED_DIR),
+        "dataset_prepared_path": str(cell.tokenized.prepared_dir if cell.tokenized else cell_dir / PREPARED_DIR),
+        **shared_tokenizer(cell),
         "output_dir": str(cell_dir / "output"),
         "sequence_len": s.cutoff_len,
         "micro_batch_size": s.micro_batch_size,
@@ -216,16 +174,13 @@ def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 def _variables(cell: Cell) -> dict[str, str]:
     """Variables launch.sh exports for axolotl (the cluster's own env wins): the project's plugins on the
-    path, no telemetry, and no hub where compute nodes have no internet."""
-    out = {"PYTHONPATH": str(IN_VENV_DIR), "AXOLOTL_DO_NOT_TRACK": "1"}
-    if not cell.spec.cluster.internet_on_compute:
-        out.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return out
+    path, and no telemetry (the Hub's variables are every backend's: backends/launch.py)."""
+    return {"PYTHONPATH": str(IN_VENV_DIR), "AXOLOTL_DO_NOT_TRACK": "1"}
 
 
 def _pre_commands(cell: Cell, cell_dir: Path, env_bin: Path) -> list[list[str]]:
     """Steps launch.sh runs before training: the interleaved mix (idempotent: a second run keeps the file)."""
-    if interleaved(cell):
+    if interleaved(cell) and cell.tokenized is None:
         return [[str(env_bin / "python"), str(MIX_SCRIPT), str(cell_dir / MIX_SPEC)]]
     return []
 
@@ -242,6 +197,48 @@ def _command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
     return [str(env_bin / "axolotl"), "train", config, "--launcher", "python"]
 
 
+def shared_tokenizer(cell: Cell) -> dict[str, Any]:
+    """A cell sharing a tokenized dataset loads the tokenizer from its directory's copy (same content as its own):
+    axolotl finds a prepared dataset under a hash of the tokenizer's path, so every sharing cell names that one."""
+    if cell.tokenized is not None and cell.tokenized.tokenizer_dir is not None:
+        return {"tokenizer_config": str(cell.tokenized.tokenizer_dir)}
+    return {}
+
+
+# keys that steer training, never the tokens: left out of a tokenized dataset's identity (every other key counts,
+# the cell's `extra` included)
+TRAIN_ONLY = ("base_model", "tokenizer_config", "dataset_prepared_path", "output_dir", "micro_batch_size",
+              "gradient_accumulation_steps", "learning_rate", "num_epochs", "lr_scheduler", "warmup_ratio",
+              "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "logging_steps", "save_steps",
+              "save_total_limit", "auto_resume_from_checkpoints", "attn_implementation", "bf16", "bfloat16", "fp16",
+              "tf32", "use_wandb", "wandb_project", "wandb_name", "wandb_mode", "use_tensorboard", "adapter", "lora_r",
+              "lora_alpha", "lora_dropout", "lora_target_linear", "tokenizer_save_jinja_files", "plugins", "deepspeed",
+              "max_steps", "optimizer", "save_strategy", "save_safetensors", "gradient_checkpointing",
+              "dataloader_num_workers")
+
+
+def data_spec(cell: Cell) -> dict[str, Any]:
+    """What decides axolotl's tokens besides the tokenizer: its data settings and sources (and the mix, seeded)."""
+    config = train_config(cell, Path("."))
+    out = {"config": {k: v for k, v in config.items() if k not in TRAIN_ONLY}}
+    if interleaved(cell):
+        out["mix"] = mix_spec(cell, Path("."))
+    return out
+
+
+def tokenize_job(cell: Cell, tok_dir: Path, env_bin: Path) -> tuple[dict[str, Any], list[list[str]]]:
+    """axolotl's own preprocess command, once, into the shared dataset_prepared_path (after the seeded mix step
+    of an interleaved mix). It needs no weights: the base model is the tokenizer copy (config included)."""
+    out = files(cell, tok_dir)
+    config = out[CONFIG_FILE]
+    config.pop("deepspeed", None)
+    config["output_dir"] = str(tok_dir / "scratch")
+    if cell.tokenized is not None and cell.tokenized.tokenizer_dir is not None:
+        config["base_model"] = str(cell.tokenized.tokenizer_dir)
+    steps = [[str(env_bin / "python"), str(MIX_SCRIPT), str(tok_dir / MIX_SPEC)]] if interleaved(cell) else []
+    return out, steps + [[str(env_bin / "axolotl"), "preprocess", str(tok_dir / CONFIG_FILE), "--no-download"]]
+
+
 # axolotl config keys that change what its chat_template strategy trains
 MASK_KEYS = ("chat_template", "chat_template_jinja", "chat_template_kwargs", "train_on_inputs", "eot_tokens",
              "tokenizer_use_mistral_common")
@@ -252,7 +249,8 @@ def mask_spec(cell: Cell) -> MaskSpec:
     config = train_config(cell, Path("."))
     cfg = {k: config[k] for k in MASK_KEYS if k in config}
     return MaskSpec(str(config["base_model"] or ""), "axolotl",
-                    {name: {"dataset": dataset_entry(ds), "cfg": cfg} for name, ds in cell.spec.dataset.items()})
+                    {name: {"dataset": dataset_entry(ds, dataset_source(cell, name)), "cfg": cfg}
+                     for name, ds in cell.spec.dataset.items()})
 
 
 def problems(cell: Cell) -> Iterator[Problem]:
@@ -276,4 +274,5 @@ def _resume_args(checkpoint: Path) -> list[str]:
 
 
 BACKEND = Backend(name=NAME, config_file=CONFIG_FILE, files=files, command=_command, problems=problems,
-                  mask_spec=mask_spec, resume_args=_resume_args, variables=_variables, pre_commands=_pre_commands)
+                  mask_spec=mask_spec, resume_args=_resume_args, variables=_variables, pre_commands=_pre_commands,
+                  data_spec=data_spec, tokenize_job=tokenize_job)

@@ -47,3 +47,9 @@ class Backend:
     variables: Callable[[Cell], dict[str, str]] = lambda cell: {}
     # steps launch.sh runs before training (argv lists): (cell, cell_dir, bin_dir)
     pre_commands: Callable[[Cell, Path, Path], list[list[str]]] = lambda cell, cell_dir, bin_dir: []
+    # what decides its tokens, besides the tokenizer (data settings, sources as rendered): the identity of a
+    # tokenized dataset that cells can share (stages/tokenize.py)
+    data_spec: Callable[[Cell], dict[str, Any]] = lambda cell: {}
+    # the tokenize-once job of a cell (one that will load the result, run as one process): its files in the
+    # job's directory and its steps, the last being the backend's own preprocessing; (cell, tok_dir, bin_dir)
+    tokenize_job: Callable[[Cell, Path, Path], tuple[dict[str, Any], list[list[str]]]] | None = None

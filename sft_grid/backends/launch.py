@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from sft_grid.backends import get, wandb
 from sft_grid.planning.cells import Cell
+from sft_grid.planning.inputs import hub_variables
 
 # `--flag=${VAR}`: a launcher flag whose value is one of the variables launch.sh itself sets
 _OWN_VARIABLE = re.compile(r"^--[a-z_]+=\$\{[A-Z_]+\}$")
@@ -79,8 +80,9 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     if cell.world_size > 1:
         lines += distributed_lines(cell)
     lines.append(f"export PATH={shlex.quote(str(bin_dir))}:\"$PATH\"")
-    # the backend's own variables (the cluster's env wins) and its steps before training
-    own = backend.variables(cell)
+    # the Hub's variables (the staged cache, offline mode) and the backend's own (the cluster's env wins), then
+    # the backend's steps before training
+    own = {**hub_variables(cell), **backend.variables(cell)}
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(own.items()) if k not in s.cluster.env]
     lines += [command_line(step) for step in backend.pre_commands(cell, cell_dir, bin_dir)]
     lines.append("exec " + command_line(backend.command(cell, cell_dir, bin_dir)) + ' "$@"')

@@ -15,7 +15,7 @@ from sft_grid.backends.base import Backend, MaskSpec
 from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.inputs import model_source
+from sft_grid.planning.inputs import dataset_source, model_source
 
 NAME = "llamafactory"
 CONFIG_FILE = "train_config.yaml"
@@ -42,7 +42,9 @@ def dataset_info(cell: Cell) -> dict[str, Any]:
         if is_local(ds.source):
             entry["file_name"] = str(Path(ds.source).expanduser())
         else:
-            entry["hf_hub_url"] = ds.source
+            # a hub id, or its staged snapshot directory: LLaMA-Factory hands either to datasets.load_dataset,
+            # which reads a snapshot offline (its file_name would list only the directory's top level)
+            entry["hf_hub_url"] = dataset_source(cell, name)
             entry["split"] = ds.split
         tags = {k: v for k, v in vars(ds.tags).items() if v is not None}
         entry["tags"] = tags
@@ -83,6 +85,9 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         }
     )
     cfg.update(common.optional_keys(cell, cell_dir))
+    if cell.tokenized is not None:
+        # the grid's shared tokenized dataset: LLaMA-Factory loads it and ignores its other data arguments
+        cfg["tokenized_path"] = str(cell.tokenized.data_dir)
     if s.mix.strategy != "concat":
         cfg["mix_strategy"] = s.mix.strategy
         cfg["interleave_probs"] = ",".join(repr(float(p)) for p in s.mix.probs or ())
@@ -134,6 +139,37 @@ def mask_spec(cell: Cell) -> MaskSpec:
                     {name: {**shared, "dataset_info": info[name]} for name in info})
 
 
+# keys that steer training, never the tokens: left out of a tokenized dataset's identity (every other key counts,
+# the cell's `extra` included, so an unknown data key never makes two cells share what differs)
+TRAIN_ONLY = ("model_name_or_path", "dataset_dir", "output_dir", "run_name", "logging_steps", "save_steps",
+              "save_total_limit", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
+              "num_train_epochs", "lr_scheduler_type", "warmup_ratio", "weight_decay", "max_grad_norm", "adam_beta1",
+              "adam_beta2", "report_to", "push_to_hub", "max_steps", "deepspeed", "bf16", "finetuning_type",
+              "dataloader_num_workers", "plot_loss", "do_train", "tokenized_path", "overwrite_cache")
+
+
+def data_spec(cell: Cell) -> dict[str, Any]:
+    """What decides LLaMA-Factory's tokens besides the tokenizer: its data arguments and each source's entry."""
+    config = train_config(cell, Path("."))
+    return {"config": {k: v for k, v in config.items() if k not in TRAIN_ONLY}, "dataset_info": dataset_info(cell)}
+
+
+def tokenize_job(cell: Cell, tok_dir: Path, env_bin: Path) -> tuple[dict[str, Any], list[list[str]]]:
+    """LLaMA-Factory's own preprocessing, once (the wrapper's `tokenize`: LLaMA-Factory's get_dataset with
+    `tokenized_path` set saves the dataset there; no model is loaded). The tokenizer is the directory's copy."""
+    out = files(cell, tok_dir)
+    config = out[CONFIG_FILE]
+    for key in ("deepspeed", "bf16"):
+        config.pop(key, None)
+    assert cell.tokenized is not None
+    config.update(output_dir=str(tok_dir / "scratch"), run_name="tokenize", report_to="none")
+    if cell.tokenized.tokenizer_dir is not None:
+        config["model_name_or_path"] = str(cell.tokenized.tokenizer_dir)
+    jinja = template_file(cell)
+    wrapper = ["--template", f"{cell.spec.model.template}={tok_dir / jinja}"] if jinja else []
+    return out, [[str(env_bin / "python"), str(WRAPPER), *wrapper, "tokenize", str(tok_dir / CONFIG_FILE)]]
+
+
 def _resume_args(checkpoint: Path) -> list[str]:
     """LLaMA-Factory's CLI takes key=value overrides."""
     return [f"resume_from_checkpoint={checkpoint}"]
@@ -142,4 +178,4 @@ def _resume_args(checkpoint: Path) -> list[str]:
 # no variables of its own (it reads what the cluster profile exports), no pre-commands (it interleaves mixes
 # itself), and nothing it cannot train that the shared rules do not catch
 BACKEND = Backend(name=NAME, config_file=CONFIG_FILE, files=files, command=_command, problems=lambda cell: iter(()),
-                  mask_spec=mask_spec, resume_args=_resume_args)
+                  mask_spec=mask_spec, resume_args=_resume_args, data_spec=data_spec, tokenize_job=tokenize_job)

@@ -1,8 +1,9 @@
 """The first example of each source, as the backend trains on it: what a dry run shows (data; the CLI prints).
 
 One example per (backend, template, data source) of the grid, from the probe results the preflight just cached.
-A model the grid prepares first (Delphi) is shown with its source tokenizer until the prep is done: the text
-and its mask are the template's, only the think/tool tokens are still in pieces.
+A model the grid prepares first (Delphi) is shown with its tokenizer as the prep makes it (checks/tokenizers.py:
+the tokenizer files alone, prepared before queueing), or, where that cannot be made here, with its source
+tokenizer: the text and its mask are the template's, only the think/tool tokens are then still in pieces.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from sft_grid.checks import mask
+from sft_grid.checks.tokenizers import check_tokenizer
 from sft_grid.core.cellfiles import Check
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import prep_for
@@ -43,7 +45,9 @@ def first_examples(cells: Sequence[Cell], limit: int = 8) -> Examples:
             if check.key != f"dataset.{name}":
                 continue
             if source is not None and not source.complete and check.model == str(source.model_dir):
-                check = replace(check, model=source.source)
+                # the tokenizer the prep will make (tokenizer files only), else the source's own
+                prepared = check_tokenizer(cell)
+                check = replace(check, model=str(prepared) if prepared is not None else source.source)
             cell_of.setdefault(check, cell)
     shown: list[Example] = []
     unreadable: list[str] = []

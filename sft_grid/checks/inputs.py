@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sft_grid.core.pins import default_cache
 from sft_grid.planning.cells import is_local
 
 SAMPLE_ROWS = 200
@@ -17,9 +18,7 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+    return default_cache()
 
 
 def _cached_snapshot(repo_id: str, kind: str) -> Path | None:
@@ -40,22 +39,23 @@ class NotData(ValueError):
     """A local dataset source that holds no data file sft_grid or the backends read."""
 
 
-def data_files(where: Path) -> list[Path]:
-    """The data file, or the data files of a directory in name order."""
+def data_files(where: Path, split: str = "train") -> list[Path]:
+    """The data file, or the data files of a directory (a staged snapshot: those of the split first) in name order."""
     if where.is_file():
         if where.suffix not in DATA_SUFFIXES:
             raise NotData(f"{where} is not a data file (expected {', '.join(DATA_SUFFIXES)})")
         return [where]
-    files = sorted(p for p in where.rglob("*") if p.suffix in DATA_SUFFIXES)
+    files = sorted((p for p in where.rglob("*") if p.suffix in DATA_SUFFIXES),
+                   key=lambda p: (split not in p.relative_to(where).as_posix(), p))
     if not files:
         raise NotData(f"no {', '.join(DATA_SUFFIXES)} file in {where}")
     return files
 
 
-def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS) -> list[dict[str, Any]]:
+def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS, split: str = "train") -> list[dict[str, Any]]:
     """The first rows of a local data file (or of the first data file in a directory). Raises NotData,
     ValueError for a file that does not parse, and ImportError for parquet where pyarrow is missing."""
-    file = data_files(where)[0]
+    file = data_files(where, split)[0]
     if file.suffix == ".jsonl":
         rows = []
         with file.open() as fh:

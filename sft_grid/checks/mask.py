@@ -36,6 +36,7 @@ from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.core.problems import Problem
 from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.inputs import dataset_source
 from sft_grid.planning.venvs import READY_MARKER, bin_dir
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def checks_for(cell: Cell) -> list[Check]:
     for name, ds in s.dataset.items():
         tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
         source_spec = {**spec.sources[name], "reader": spec.reader}
-        checks.append(Check(KIND, f"dataset.{name}", ds.source, column=ds.messages, tags=tags, split=ds.split,
+        checks.append(Check(KIND, f"dataset.{name}", dataset_source(cell, name), column=ds.messages, tags=tags, split=ds.split,
                             backend=s.backend.name, python=python, model=spec.tokenizer,
                             spec=json.dumps(source_spec, sort_keys=True, default=str)))
     return checks
@@ -156,9 +157,9 @@ def _locate(check: Check) -> Probed:
             p.model_dir = where
     assert where is not None  # the data's location
     try:
-        files = data_files(where)
+        files = data_files(where, check.split)
         p.data_file = files[0]
-        p.rows = read_sample(where, check.column, MASK_ROWS)
+        p.rows = read_sample(where, check.column, MASK_ROWS, check.split)
     except ImportError:
         p.outcome = Verdict(False, f"reading {where} needs pyarrow, which this environment lacks", unreachable=True)
     except (OSError, ValueError) as exc:

@@ -14,17 +14,17 @@ import subprocess
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from sft_grid.checks import mask
-from sft_grid.checks.inputs import SAMPLE_ROWS, NotData, hub_cache, locate, read_sample
-from sft_grid.core import events
+from sft_grid.checks.inputs import SAMPLE_ROWS
+from sft_grid.checks.tokenizers import check_tokenizer
+from sft_grid.checks.verdicts import assistant_turns, run  # noqa: F401 (assistant_turns: re-exported)
 from sft_grid.core.cellfiles import Check, Verdict
-from sft_grid.core.events import Kind
 from sft_grid.core.problems import Problem
 from sft_grid.core.templates import DELPHI_TOKENS, TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.inputs import PREP_NEED, prep_complete, prep_for
+from sft_grid.planning.inputs import dataset_source, hub_repos, pin_of, prep_for, tokenizer_source
 
 
 # Cells of a grid that share their model, data, backend and cluster sections (the composer shares them) have the
@@ -37,7 +37,7 @@ def checks_for(cell: Cell) -> list[Check]:
     sections = (s.model, s.backend, s.cluster, s.extra, *s.dataset.values())
     model_prep = prep_for(cell)
     key = (tuple(map(id, sections)), tuple(s.dataset), s.model.template, str(cell.runs_root),
-           model_prep is not None and model_prep.complete)
+           model_prep is not None and model_prep.complete, cell.pins)
     hit = _CHECKS.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], sections)):
         return hit[1]
@@ -51,20 +51,27 @@ def checks_for(cell: Cell) -> list[Check]:
 def _checks_for(cell: Cell) -> list[Check]:
     s = cell.spec
     checks: list[Check] = []
-    tokenizer = s.model.path or s.model.hub_id or ""
+    for key, repo in hub_repos(cell):
+        pin = pin_of(cell, repo.kind, repo.repo_id)
+        if pin is not None:  # first: while it is not staged, the checks that read it wait (see preflight)
+            checks.append(Check("staged", key, str(pin.path)))
+    tokenizer = tokenizer_source(cell)
     if s.model.path:
         checks.append(Check("path", "model.path", s.model.path))
     template = TEMPLATES.get(s.model.template)
+    model_prep = prep_for(cell)
+    # a Delphi checkpoint before its prep: its tokenizer as the prep makes it (prepared here, tokenizer files only)
+    prepared = check_tokenizer(cell)
     if template is not None and tokenizer:
         tokens = template.special_tokens
-        model_prep = prep_for(cell)
         if model_prep is not None and model_prep.complete:
             tokenizer = str(model_prep.model_dir)  # what the cell trains: every token must be single there
+        elif prepared is not None:
+            tokenizer = str(prepared)
         elif model_prep is not None:
             # not prepared yet: the source has the rest; the prep itself asserts its tokens before any cell runs
             tokens = tuple(t for t in tokens if t not in DELPHI_TOKENS)
         checks.append(Check("template_tokens", "model.template", tokenizer, tokens=tokens))
-    model_prep = prep_for(cell)
     if model_prep is not None and not model_prep.complete:
         # the prep runs before the cell (locally first, on Slurm as a job the cell's job waits to end): the job
         # finds out first whether its own model's prep succeeded
@@ -73,135 +80,12 @@ def _checks_for(cell: Cell) -> list[Check]:
         if is_local(ds.source):
             checks.append(Check("path", f"dataset.{name}.source", ds.source))
         tags = (("role_tag", ds.tags.role_tag), ("assistant_tag", ds.tags.assistant_tag), ("content_tag", ds.tags.content_tag))
-        checks.append(Check("assistant_turns", f"dataset.{name}", ds.source, column=ds.messages, tags=tags, split=ds.split))
-    return checks + mask.checks_for(cell)
-
-
-# -- the checks -----------------------------------------------------------------------------------------
-
-
-def _unreachable(target: str, what: str) -> Verdict:
-    return Verdict(
-        False,
-        f"{what} {target!r} is not readable from this machine (a hub id with no copy in the Hugging Face cache"
-        f" {hub_cache()}); the check runs as the first step of the job, before training",
-        unreachable=True,
-    )
-
-
-def check_path(check: Check) -> Verdict:
-    if Path(os.path.expanduser(check.target)).exists():
-        return Verdict(True)
-    return Verdict(False, "no such file or directory",
-                   "fix the path; tiny local assets are built by `python -m sft_grid.assets build`")
-
-
-def _find(check: Check, kind: str, what: str) -> Path | Verdict:
-    """The readable copy of the check's input, or the verdict when there is none here."""
-    where = locate(check.target, kind)
-    if where is not None:
-        return where
-    # a missing local path is reported by its own path check, once
-    return Verdict(True) if is_local(check.target) else _unreachable(check.target, what)
-
-
-def check_template_tokens(check: Check) -> Verdict:
-    where = _find(check, "models", "tokenizer")
-    return where if isinstance(where, Verdict) else template_tokens_at(where, check.tokens)
-
-
-def template_tokens_at(model_dir: Path, tokens: Iterable[str]) -> Verdict:
-    from tokenizers import Tokenizer  # light (a Rust extension), but only needed here
-
-    file = model_dir / "tokenizer.json"
-    if not file.is_file():
-        return Verdict(False, f"no tokenizer.json in {model_dir}", "point model.path at a Hugging Face model directory")
-    tok = Tokenizer.from_file(str(file))
-    broken = {t: len(tok.encode(t, add_special_tokens=False).ids) for t in tokens}
-    broken = {t: n for t, n in broken.items() if n != 1}
-    if not broken:
-        return Verdict(True)
-    detail = ", ".join(f"{t} -> {n} tokens" for t, n in broken.items())
-    if set(broken) <= set(DELPHI_TOKENS):
-        return Verdict(False, f"the Delphi think/tool tokens are not single tokens of this tokenizer ({detail}):"
-                       " it is not prepared, and the model has no prep stage",
-                       f"add `needs: [{PREP_NEED}]` to the model's conf/model/<name>.yaml (the grid then prepares"
-                       " it once, before its cells), or point model.path at a prepared checkpoint")
-    return Verdict(False, f"the template's special tokens are not single tokens of this tokenizer: {detail}",
-                   "use the template of the model's family (llama3 for Llama-3/Delphi tokenizers, qwen3 for ChatML)")
-
-
-def assistant_turns(rows: list[dict[str, Any]], column: str, tags: Mapping[str, str]) -> Verdict:
-    role_tag, assistant_tag = tags["role_tag"], tags["assistant_tag"]
-    if rows and all(column not in r for r in rows):
-        return Verdict(False, f"no column {column!r} in the data (columns: {', '.join(sorted(rows[0]))})",
-                       f"set `messages:` of this dataset to the conversation column, e.g. {sorted(rows[0])[0]}")
-    turns: Counter[Any] = Counter()
-    keys: Counter[str] = Counter()
-    for row in rows:
-        for msg in row.get(column) or []:
-            if isinstance(msg, dict):
-                keys.update(msg.keys())
-                turns[msg.get(role_tag)] += 1
-    if turns.get(assistant_tag, 0) > 0:
-        return Verdict(True)
-    seen = ", ".join(f"{k!r}" for k, _ in turns.most_common(5) if k is not None)
-    fix = "set this dataset's tags to the roles its rows use"
-    if {"from", "value"} <= set(keys):
-        fix = "ShareGPT rows: tags role_tag=from content_tag=value user_tag=human assistant_tag=gpt"
-    elif {"role", "content"} <= set(keys):
-        fix = "role/content rows: tags role_tag=role content_tag=content user_tag=user assistant_tag=assistant"
-    return Verdict(
-        False,
-        f"0 assistant turns in {len(rows)} sampled rows with role_tag={role_tag!r} assistant_tag={assistant_tag!r}"
-        f" (message keys seen: {', '.join(sorted(keys)) or 'none'}; {role_tag!r} values seen: {seen or 'none'})",
-        fix,
-    )
-
-
-def check_assistant_turns(check: Check) -> Verdict:
-    where = _find(check, "datasets", "dataset")
-    if isinstance(where, Verdict):
-        return where
-    try:
-        rows = read_sample(where, check.column)
-    except ImportError:
-        return Verdict(False, f"reading parquet needs pyarrow, which this environment lacks ({where})",
-                       "the job runs it", unreachable=True)
-    except NotData as exc:
-        return Verdict(False, str(exc), "point the dataset's source at a .jsonl, .json or .parquet file (or a"
-                       " directory of them) with one conversation a row")
-    except (OSError, ValueError) as exc:
-        return Verdict(False, f"cannot read a sample of {where}: {exc}", "point the dataset's source at a data file")
-    if not rows:
-        return Verdict(False, f"{where} has no rows", "point the dataset's source at a file with conversations")
-    return assistant_turns(rows, check.column, dict(check.tags))
-
-
-def check_prepared(check: Check) -> Verdict:
-    """The model's prepared copy is there; if its prep failed, why."""
-    prep_dir = Path(check.target)
-    if prep_complete(prep_dir):
-        return Verdict(True)
-    failed = events.last(events.read(prep_dir), Kind.FAILED)
-    if failed is not None:
-        return Verdict(False, f"its model prep failed: {failed.reason}", f"fix the prep (its log: {prep_dir}/prep.log)"
-                       " and run the grid again with rerun_failed=true")
-    return Verdict(False, f"the model's prepared copy {prep_dir / 'model'} is not there yet; the prep runs before"
-                   " the cell", "", unreachable=True)
-
-
-RUNNERS: dict[str, Callable[[Check], Verdict]] = {
-    "prepared": check_prepared,
-    "path": check_path,
-    "template_tokens": check_template_tokens,
-    "assistant_turns": check_assistant_turns,
-    "loss_mask": lambda check: mask.run_checks([check])[check],
-}
-
-
-def run(check: Check) -> Verdict:
-    return RUNNERS[check.kind](check)
+        checks.append(Check("assistant_turns", f"dataset.{name}", dataset_source(cell, name), column=ds.messages,
+                            tags=tags, split=ds.split))
+    masks = mask.checks_for(cell)
+    if prepared is not None and model_prep is not None:
+        masks = [replace(c, model=str(prepared)) if c.model == str(model_prep.model_dir) else c for c in masks]
+    return checks + masks
 
 
 @dataclass(frozen=True)
@@ -212,6 +96,8 @@ class Preflight:
     unique_checks: int
     # cell name -> dataset name -> the token counts of the loss-mask probe's sample rows (where it ran here)
     lengths: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
+    # kind of check -> how many distinct inputs passed it here, before queueing
+    passed: dict[str, int] = field(default_factory=dict)
 
 
 def preflight(cells: Iterable[Cell]) -> Preflight:
@@ -221,8 +107,10 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
     problems: list[Problem] = []
     deferred: dict[str, list[Check]] = {}
     per_cell = [(cell, checks_for(cell)) for cell in cells]
+    waits = _not_staged(per_cell, verdicts)
     # loss-mask checks run as one batch: one backend process per virtual environment for the whole grid
-    masks = list(dict.fromkeys(_input(c) for _, checks in per_cell for c in checks if c.kind == mask.KIND))
+    masks = list(dict.fromkeys(_input(c) for _, checks in per_cell for c in checks
+                               if c.kind == mask.KIND and not waits(c)))
     sampled: dict[Check, tuple[int, ...]] = {}
     verdicts.update(mask.run_checks(masks, lengths=sampled) if masks else {})
     lengths: dict[str, dict[str, tuple[int, ...]]] = {}
@@ -232,6 +120,9 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
             if check.kind == mask.KIND and content in sampled:
                 lengths.setdefault(cell.name, {})[check.key.split(".", 1)[1]] = sampled[content]
             verdict = verdicts.get(content)
+            if verdict is None and check.kind != "staged" and waits(check):
+                deferred.setdefault(cell.name, []).append(check)
+                continue
             if verdict is None:
                 verdict = verdicts[content] = run(content)
             if verdict.unreachable:
@@ -239,7 +130,31 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
             elif not verdict.ok:
                 problems.append(Problem(cell.name, check.key, check.target, f"preflight-{check.kind}",
                                         verdict.message, verdict.fix))
-    return Preflight(mask.root_causes(problems), deferred, len(verdicts), lengths)
+    passed = Counter(c.kind for c, v in verdicts.items() if v.ok and not v.unreachable)
+    return Preflight(mask.root_causes(problems), deferred, len(verdicts), lengths=lengths, passed=dict(passed))
+
+
+def _not_staged(per_cell: Sequence[tuple[Cell, list[Check]]], verdicts: dict[Check, Verdict],
+                ) -> Callable[[Check], bool]:
+    """Whether a check reads a Hub input that cannot be read here: not staged yet (its staging job runs first),
+    or the cluster says this machine does not mount the cache (`cluster.staging.readable_here: false`). Such a
+    check waits for the job's first step, like the input's own `staged` check."""
+    pending: set[str] = set()
+    for cell, checks in per_cell:
+        for check in checks:
+            if check.kind != "staged":
+                continue
+            if not cell.spec.cluster.staging.readable_here:
+                verdicts[_input(check)] = Verdict(False, f"{check.target} is not readable from this machine"
+                                                  " (cluster.staging.readable_here is false)", unreachable=True)
+            verdict = verdicts.get(_input(check)) or verdicts.setdefault(_input(check), run(_input(check)))
+            if verdict.unreachable:
+                pending.add(check.target)
+
+    def waits(check: Check) -> bool:
+        return any(t == p or t.startswith(p + "/") for t in (check.target, check.model) if t for p in pending)
+
+    return waits
 
 
 def _input(check: Check) -> Check:

@@ -23,7 +23,7 @@ from sft_grid.core.layout import POST_FILE, PREFLIGHT_FILE
 class Check:
     """One read-only check of a cell's input; equal checks (same input) run once for the whole grid."""
 
-    kind: str  # "path" | "template_tokens" | "assistant_turns" | "loss_mask" | "prepared"
+    kind: str  # "path" | "template_tokens" | "assistant_turns" | "loss_mask" | "prepared" | "staged" | "tokenized"
     key: str  # the dotted key of the cell it is about
     target: str  # a local path or a hub id
     tokens: tuple[str, ...] = ()
@@ -43,6 +43,8 @@ class Check:
             "assistant_turns": "the schema tags find assistant turns in a sample of the data",
             "loss_mask": f"the {self.backend} loss mask trains the assistant turns and nothing else",
             "prepared": "the model's prep succeeded",
+            "staged": "the Hub input is staged in the cluster's cache",
+            "tokenized": "the grid's shared tokenized dataset is built",
         }[self.kind]
         return f"{what} ({self.key}={self.target})"
 

@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from sft_grid.core.schema_fields import (CPU_ARCHS, EXECUTORS, FINETUNING, FORMATTINGS, GPU_DIRECTIVES, LAUNCHERS,
-                                         MIX_STRATEGIES, MODEL_NEEDS, PRECISIONS, REPORT_TO, SCHEDULERS, SEED_MAX, Range,
-                                         field_shapes, num, one_of)  # noqa: F401 (Range, field_shapes re-exported)
+                                         MIX_STRATEGIES, MODEL_NEEDS, PRECISIONS, REPORT_TO, SCHEDULERS, SEED_MAX,
+                                         STAGING_WHERE, Range, field_shapes, num, one_of)  # noqa: F401 (Range, field_shapes re-exported)
 from sft_grid.core.eval_schema import EvalConf, EvalResourcesConf, EvalTaskConf  # noqa: F401 (schema.EvalConf: messages)
 from sft_grid.core.templates import TEMPLATES, TOKENIZER_FAMILIES
 
@@ -46,6 +46,26 @@ class BackendConf:
     train_defaults: Dict[str, Any] = field(default_factory=dict)
     # what the managed virtual environment has: model needs it meets (transformers_ge_5_3) and deepspeed
     provides: List[str] = field(default_factory=list)
+
+
+@dataclass
+class StagingConf:
+    """How a site stages the Hub models and datasets of a grid before anything is queued (stages/staging.py)."""
+
+    # where the transfers run: login (the machine running the grid, or `python -m sft_grid.stage`) or job (a
+    # Slurm job on `partition`, e.g. a transfer partition whose nodes reach the Hub; its cells wait for it)
+    where: str = one_of("login", STAGING_WHERE)
+    partition: Optional[str] = None
+    # shell lines a staging job runs first (a module load, a proxy or tunnel to the Hub); one line of bash each
+    setup: List[str] = field(default_factory=list)
+    # wall time of a staging job, "HH:MM:SS" or "D-HH:MM:SS"
+    time: str = "04:00:00"
+    # seconds after which the machine running the grid kills a process (Leonardo's login node: about 100);
+    # staging there stops cleanly before it, and a rerun continues; null: no limit
+    time_limit_s: Optional[int] = num(None, 10)
+    # whether the machine running the grid reads the staged files (mounts the cache's filesystem); false:
+    # the checks that read them wait for the jobs' first step
+    readable_here: bool = True
 
 
 @dataclass
@@ -86,6 +106,10 @@ class ClusterConf:
     # deprecated spellings of backend_venvs and need_venvs (earlier versions); read as if they were those
     backend_envs: Dict[str, str] = field(default_factory=dict)
     need_envs: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    # the site's Hugging Face hub cache (HF_HUB_CACHE), a per-user directory on a shared filesystem, e.g.
+    # ${user_env:SFT_GRID_LEONARDO_HF_CACHE}; null: HF_HUB_CACHE or HF_HOME/hub of the environment
+    hf_cache: Optional[str] = None
+    staging: StagingConf = field(default_factory=StagingConf)
     # a partition whose nodes reach the internet: post-training jobs that upload to the Hub run there on a
     # site without internet on compute nodes; unset there: the upload waits for `python -m sft_grid.post`
     # run from the login node
@@ -245,3 +269,8 @@ class CellConf:
     failure_policy: Dict[str, Any] = field(default_factory=dict)
     watchdog: WatchdogConf = field(default_factory=WatchdogConf)
     notify: NotifyConf = field(default_factory=NotifyConf)
+    # stage the grid's Hub inputs and stop: nothing is rendered or queued (python -m sft_grid.stage)
+    stage_only: bool = False
+    # cells whose data tokenizes the same share one tokenized dataset, built once before them (stages/tokenize.py);
+    # false: each cell tokenizes in its own job
+    tokenize_once: bool = True

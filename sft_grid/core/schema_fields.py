@@ -91,3 +91,5 @@ FORMATTINGS = ("sharegpt",)
 MODEL_NEEDS = ("delphi_tokenizer_prep", "zero3", "zero3_offload", "consolidate", "preprocessor_config",
                "transformers_ge_5_3")
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds are 32-bit
+# where a site's Hub transfers run: the machine running the grid (a login node), or a Slurm job
+STAGING_WHERE = ("login", "job")

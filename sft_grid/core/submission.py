@@ -23,7 +23,9 @@ JOB_PREFIX = "sft_grid-"
 
 
 class Role(str, Enum):
+    STAGE = "stage"  # the grid's Hub inputs fetched into the site's cache, on a transfer partition
     PREP = "prep"  # a model's tokenizer prep, shared by its cells
+    TOKENIZE = "tokenize"  # a tokenized dataset, shared by the cells whose data tokenizes the same
     TRAIN = "train"  # a cell's training (then, locally, its post-training stages)
     POST = "post"  # a cell's post-training stages, after its training
     EVAL = "eval"  # a cell's evaluation after its post-training stages, or a base model's
@@ -31,7 +33,9 @@ class Role(str, Enum):
 
 # what a job of each role runs on its node: "module:function", called with the target directory
 ENTRIES = {
+    Role.STAGE: "sft_grid.job.entries:stage",
     Role.PREP: "sft_grid.job.entries:prep",
+    Role.TOKENIZE: "sft_grid.job.entries:tokenize",
     Role.TRAIN: "sft_grid.job.entries:train",
     Role.POST: "sft_grid.job.entries:post",
     Role.EVAL: "sft_grid.job.entries:evaluate",
@@ -132,10 +136,11 @@ class PrepWait:
 
 @dataclass(frozen=True)
 class CellFiles:
-    """A cell directory's rendered files (relative path -> text); cell.yaml is written last."""
+    """A cell directory's rendered files (relative path -> text, or bytes for a copied binary file); cell.yaml is
+    written last."""
 
     dir: Path
-    files: Mapping[str, str]
+    files: Mapping[str, str | bytes]
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,11 @@ class SubmissionPlan:
     wait: bool = True
     # Slurm's MaxArraySize, as read when planning (arrays are split at it)
     max_array_size: int = 1001
+    # cell dir -> what its `submitted` event records beside its state: the commits its Hub inputs were pinned to,
+    # the sft_grid version and the git revision of the checkout (core/provenance.py)
+    provenance: Mapping[Path, Mapping[str, Any]] = field(default_factory=dict)
+    # cell dir -> the tokenized dataset it waits for (one this plan builds)
+    tokenized: Mapping[Path, Path] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

@@ -20,6 +20,7 @@ from sft_grid.grid.render import write_all
 from sft_grid.job.runner import archive_output
 from sft_grid.schedulers import local, slurm
 from sft_grid.stages import prep as prep_stage
+from sft_grid.stages import tokenize as tokenize_stage
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,12 @@ def apply(plan: SubmissionPlan) -> Executed:
     done = Executed()
     write_all(plan.writes)
     for files in plan.scripts:
-        files.dir.mkdir(parents=True, exist_ok=True)
         for rel, text in files.files.items():
-            (files.dir / rel).write_text(text)
+            (files.dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(text, bytes):
+                (files.dir / rel).write_bytes(text)
+            else:
+                (files.dir / rel).write_text(text)
     for r in plan.recoveries:
         if r.action == "restore" and r.orphan is not None and r.target is not None:
             r.orphan.rename(r.target)
@@ -66,18 +70,20 @@ def apply(plan: SubmissionPlan) -> Executed:
     for cell_dir in plan.archives:
         archive_output(cell_dir, "force=true rerun of a completed cell")
     for job in plan.local:
-        if job.role is Role.PREP:
-            why = prep_stage.run_here(job.target)
+        if job.role in (Role.PREP, Role.TOKENIZE):
+            why = (prep_stage.run_here if job.role is Role.PREP else tokenize_stage.run_here)(job.target)
             if why:
                 for cell in plan.local:
-                    if cell.after == job.target:
+                    waits = cell.after == job.target or plan.tokenized.get(cell.target) == job.target
+                    if waits and cell.role is Role.TRAIN and cell.target not in done.prep_failed:
                         done.prep_failed[cell.target] = why
                         events.append(cell.target, Event(Kind.FAILED, reason=why))
     for cell_dir in plan.submits:
         if cell_dir not in done.prep_failed:
             # before the job can start, so the job's own `running` comes after it; until then this process stands
             # for the cell: if it dies first, the cell reads as failed, not in flight
-            events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="local", note=plan.notes.get(cell_dir, "")))
+            events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="local", note=plan.notes.get(cell_dir, ""),
+                                               details=plan.provenance.get(cell_dir, {})))
     _submit_slurm(plan, done)
     return done
 
@@ -91,8 +97,9 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
             for index, cell_dir in enumerate(job.targets):
                 # before sbatch: a crash after sbatch but before the job id is recorded is recovered by name
                 events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index,
-                                                   note=plan.notes.get(cell_dir, "")))
-        elif job.role is Role.PREP:
+                                                   note=plan.notes.get(cell_dir, ""),
+                                                   details=plan.provenance.get(cell_dir, {})))
+        elif job.role in (Role.PREP, Role.STAGE, Role.TOKENIZE):
             for index, prep_dir in enumerate(job.targets):
                 events.append(prep_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index))
         try:
@@ -124,7 +131,7 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
 
 def run_local(plan: SubmissionPlan, done: Executed, on_done: Callable[[LocalJob, CellState], None]) -> dict[Path, CellState]:
     """Run the plan's local cells (the preps ran in `apply`); their final states, when the plan waits."""
-    jobs = [j for j in plan.local if j.role is not Role.PREP and j.target not in done.prep_failed]
+    jobs = [j for j in plan.local if j.role not in (Role.PREP, Role.TOKENIZE) and j.target not in done.prep_failed]
     final: dict[Path, CellState] = {}
 
     def started(job: LocalJob, job_id: str) -> None:

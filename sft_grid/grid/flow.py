@@ -11,16 +11,17 @@ shows progress).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from sft_grid.backends import BACKENDS
 from sft_grid.checks.examples import Examples, first_examples
-from sft_grid.checks.preflight import Preflight, preflight
+from sft_grid.checks.preflight import preflight
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.layout import OUTPUT_DIR, iter_cell_dirs, output_complete
 from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.provenance import checkout
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
 from sft_grid.grid import estimates
@@ -39,6 +40,11 @@ from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.messages import composition_problem
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
+from sft_grid.stages.hub_types import Progress
+from sft_grid.stages import tokenize
+from sft_grid.stages.stage_job import StageWork, stage_dir
+from sft_grid.stages.tokenize import Tokenization
+from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,14 @@ class GridResult:
     bases: list[BaseDecision] = field(default_factory=list)
     # what each cell will cost (None: estimates turned off)
     costs: estimates.GridCosts | None = None
+    # the grid's Hub inputs: pinned, staged or to stage, sizes and free space
+    staging: StagingPlan | None = None
+    # cell dir -> the tokenized dataset it shares (cells that run, tokenize_once)
+    tokenized: dict[Path, Tokenization] = field(default_factory=dict)
+    # kind of check -> distinct inputs that passed it before anything was queued
+    passed: dict[str, int] = field(default_factory=dict)
+    # a dry run's checks of inputs a real run stages here first (and then checks before queueing)
+    after_staging: dict[str, list[Check]] = field(default_factory=dict)
     executed: Executed | None = None
     # local cells this invocation ran and waited for: their final state
     final: dict[Path, CellState] = field(default_factory=dict)
@@ -114,20 +128,29 @@ class Observer:
     def local_done(self, job: LocalJob, state: CellState) -> None:
         """A local job ended."""
 
+    def staging(self, plan: StagingPlan) -> None:
+        """Transfers of the grid's Hub inputs start here."""
+
+    def progress(self, progress: Progress) -> None:
+        """Bytes of a transfer arrived (often: a few times a second)."""
+
 
 def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observer: Observer = Observer(),
         ) -> GridResult:
     cells, problems = plan_cells(composed, errors)
-    checked: Preflight | None = preflight(cells) if not problems else None
-    if checked is not None:
-        problems += checked.problems
     if problems:
         raise GridError(problems)
-    assert checked is not None
     dirs = cell_dirs(cells)
     dry_run = any(c.spec.dry_run for c in cells)
+    cells, staged = _stage(cells, dirs, dry_run, observer)
+    if any(c.spec.stage_only for c in cells):
+        return GridResult(cells, [], SubmissionPlan(), dry_run, {}, {}, staging=staged)
+    checked = preflight(cells)
+    if checked.problems:
+        raise GridError(checked.problems)
     needed = preps(cells)
     targets = base_targets(cells)
+    tokens = tokenize.plan(cells)
     costs = None if estimates.env_disabled() else estimates.estimate(cells, checked.lengths)
     if costs is not None:
         # before anything is written: every cell that would train (completed ones are skipped unless forced)
@@ -136,7 +159,9 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
         if too_long:
             raise GridError(too_long, "the estimates")
     with SweepLock({c.sweep_dir for c in cells}):
-        view = read_view(dirs, [p.dir for p in needed], [t.dir for t in targets])
+        work = _stage_work(cells, dirs, staged)
+        view = read_view(dirs, [p.dir for p in needed] + ([work.dir] if work else [])
+                         + sorted({t.dir for t in tokens.values()}), [t.dir for t in targets])
         if not dry_run:  # a dry run writes nothing but its cells' files
             settle(view, dirs)
         decisions = []
@@ -146,6 +171,7 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
                 recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])
             decisions.append(decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery))
         bases = [decide_base(t, view.histories[t.dir], view.scheduler) for t in targets]
+        decisions, shared = _share_tokenized(decisions, tokens, checked.deferred)
         writes = [estimates.with_file(render(d.cell, d.dir, checked.deferred.get(d.cell.name, [])), costs,
                                       d.cell.name if d.action is Action.RUN else None)
                   for d in decisions if d.touch_files and (dry_run or d.action is not Action.SKIP)]
@@ -153,9 +179,13 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
         on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
         on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
         max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
-        plan = build(decisions, view.histories, view.scheduler, max_size, writes, bases)
-        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, bases=bases, costs=costs)
+        recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
+        plan = replace(build(decisions, view.histories, view.scheduler, max_size, writes, bases, work, shared),
+                       provenance=recorded)
+        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, bases=bases, costs=costs,
+                            staging=staged, passed=checked.passed, tokenized=shared)
         if dry_run:
+            result.deferred, result.after_staging = _after_staging(checked.deferred, staged)
             write_all(plan.writes)
             result.examples = first_examples(cells)
             return result
@@ -167,6 +197,68 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
     observer.queued(result)
     result.final = run_local(plan, result.executed, observer.local_done)
     return result
+
+
+def _stage(cells: list[Cell], dirs: list[Path], dry_run: bool, observer: Observer,
+           ) -> tuple[list[Cell], StagingPlan]:
+    """Pin every Hub input of the grid, and stage what must be staged here (not in a dry run): the cells as they
+    then load their inputs. Problems (a missing repository, too little space, a failed transfer) are raised."""
+    staged = plan_staging(cells, dirs, dry_run)
+    if staged.problems():
+        raise GridError(staged.problems(), "staging")
+    cells = [replace(c, pins=staged.pins[c.name]) if staged.pins.get(c.name) else c for c in cells]
+    if not dry_run and any(i.here for i in staged.pending):
+        observer.staging(staged)
+        try:
+            stage_here(staged, budget_for(cells), observer.progress)
+        except StagingFailed as exc:
+            raise GridError(exc.problems(), "staging") from exc
+    return cells, staged
+
+
+def _share_tokenized(decisions: list[Decision], tokens: dict[str, Tokenization], deferred: dict[str, list[Check]],
+                     ) -> tuple[list[Decision], dict[Path, Tokenization]]:
+    """The cells that run load their shared tokenized dataset; where it is not built yet, their first step checks
+    that it was (`deferred` gets that check)."""
+    shared: dict[Path, Tokenization] = {}
+    out = []
+    for d in decisions:
+        tok = tokens.get(d.cell.name)
+        if d.action is not Action.RUN or tok is None:
+            out.append(d)
+            continue
+        shared[d.dir] = tok
+        out.append(replace(d, cell=replace(d.cell, tokenized=tok.data)))
+        if not tok.data.complete:
+            deferred.setdefault(d.cell.name, []).append(Check("tokenized", "tokenized", str(tok.dir)))
+    return out, shared
+
+
+def _stage_work(cells: Sequence[Cell], dirs: Sequence[Path], staged: StagingPlan) -> StageWork | None:
+    """The staging job of this invocation: what must be staged where the cluster says a job stages it."""
+    items = [i for i in staged.pending if not i.here and i.pin is not None]
+    if not items:
+        return None
+    users = {cell for i in items for cell, _ in i.users}
+    mine = [(c, d) for c, d in zip(cells, dirs) if c.name in users]
+    pins = tuple(i.pin for i in items if i.pin is not None)
+    first = mine[0][0]
+    return StageWork(stage_dir(first.runs_root, pins), pins, frozenset(d for _, d in mine), first.spec.cluster)
+
+
+def _after_staging(deferred: dict[str, list[Check]], staged: StagingPlan,
+                   ) -> tuple[dict[str, list[Check]], dict[str, list[Check]]]:
+    """A dry run's deferred checks split: those still deferred in a real run, and those that read an input a real
+    run stages on this machine first (they run then, before anything is queued)."""
+    here = tuple(str(i.pin.path) for i in staged.pending if i.here and i.pin is not None)
+    later: dict[str, list[Check]] = {}
+    after: dict[str, list[Check]] = {}
+    for name, checks in deferred.items():
+        for check in checks:
+            reads = (check.target, check.model)
+            waits = any(r and (r == h or r.startswith(h + "/")) for r in reads for h in here)
+            (after if waits else later).setdefault(name, []).append(check)
+    return later, after
 
 
 __all__ = ["GridResult", "Role", "cell_dirs", "plan_cells", "run"]

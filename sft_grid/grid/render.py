@@ -31,7 +31,7 @@ from sft_grid.planning.venvs import bin_dir
 from sft_grid.stages.post import post_file
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-RUN_SWITCHES = ("dry_run", "force", "rerun_failed")
+RUN_SWITCHES = ("dry_run", "force", "rerun_failed", "stage_only")
 
 
 def dump_yaml(data: Any, header: str = "") -> str:

@@ -1,5 +1,6 @@
-"""The sbatch requests and names of a plan's jobs (pure): a cell's training request, the cut-down requests of its
-model prep and post-training jobs, and the `sft_grid-<hash>` name of a job from what it runs."""
+"""The sbatch requests of a plan's jobs, and their names (pure): a cell's training and post-training jobs, and the
+jobs before training (staging, model preps, tokenize once), each cut down from what it needs.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import Any, Sequence
 
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.submission import JOB_PREFIX, Dependency, Role, SlurmRequest
+from sft_grid.core.timefmt import parse_minutes
+from sft_grid.grid.decide import Decision
 from sft_grid.stages import prep as prep_stage
+from sft_grid.stages import tokenize as tokenize_stage
 
 # post-training jobs: consolidation of a 32B checkpoint takes minutes, an upload more
 POST_TIME_MIN = 120
@@ -67,6 +71,22 @@ def prep_request(request: SlurmRequest) -> SlurmRequest:
     return SlurmRequest(request.replace(drop=("signal_delay_s",), **changes).params, 0)
 
 
+def stage_request(cluster: Any) -> SlurmRequest:
+    """The staging job: one node of the transfer partition (the cluster's own when it names none), a few cores, no
+    GPU, the staging wall time, the staging setup lines first; never requeued."""
+    st = cluster.staging
+    params: dict[str, Any] = {"time": int(parse_minutes(st.time)), "nodes": 1, "ntasks_per_node": 1,
+                              "cpus_per_task": max(1, min(2, cluster.cpus_per_node))}
+    for key in ("account", "qos"):
+        if getattr(cluster, key):
+            params[key] = getattr(cluster, key)
+    if st.partition or cluster.partition:
+        params["partition"] = st.partition or cluster.partition
+    if st.setup:
+        params["setup"] = tuple(st.setup)
+    return SlurmRequest(tuple(sorted(params.items())), 0)
+
+
 def job_name(role: Role, targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None,
              attempts: Sequence[int]) -> str:
     """`sft_grid-<hash>` of what the job runs and how often its targets were submitted before: a dry run and
@@ -77,3 +97,15 @@ def job_name(role: Role, targets: Sequence[Path], request: SlurmRequest, depende
 
 def count(history: Sequence[Event], kind: Kind) -> int:
     return sum(1 for e in history if e.kind is kind)
+
+
+def minutes(decision: Decision) -> int:
+    return int(parse_minutes(decision.cell.spec.time))
+
+
+def tokenize_request(spec: Any) -> SlurmRequest:
+    """A tokenize-once job: one CPU task on one node of the cluster's partition, all its cores (the backend's
+    preprocessing uses them), no GPU, never requeued."""
+    request = request_for(spec, tokenize_stage.TIME_MIN)
+    return SlurmRequest(request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), nodes=1,
+                                        additional_parameters=()).params, 0)

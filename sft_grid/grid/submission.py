@@ -1,14 +1,15 @@
 """The submission plan of a grid invocation, from its decisions (pure): every job, its name, size, throttle and
 dependencies, before anything runs (see core/submission.py for why).
 
-On Slurm: one array of the model preps that are not done (a task per model, unless one is already queued); the
+On Slurm: the jobs before training (grid/before.py: the staging job where the site stages on a transfer partition,
+one array of the model preps not done, one array of the tokenizations not built, in a chain); the
 cells to train as job arrays, one per (sbatch request, sweep directory, prep job they wait for), split at
 MaxArraySize and throttled by the grid's concurrency; for each training array a post-training array whose tasks
 each wait for their training task (aftercorr; afterok for a single job), and an evaluation array whose tasks each
 wait for their post task (grid/eval_jobs.py); one post array for completed cells whose stages are pending, and an
 evaluation array for completed cells with missing scores; one evaluation array of the grid's base models.
-Locally: the preps, then the cells in order (each evaluated in its own job), then completed cells' pending stages
-and evaluations, then the base models' evaluations.
+Locally: the preps and tokenizations, then the cells in order (each evaluated in its own job), then completed
+cells' pending stages and evaluations, then the base models' evaluations.
 """
 
 from __future__ import annotations
@@ -21,23 +22,25 @@ from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import SUBMITIT_DIR
 from sft_grid.core.state import SchedulerView
 from sft_grid.core.submission import CellFiles, Dependency, LocalJob, PrepWait, Role, SlurmJob, SubmissionPlan
-from sft_grid.core.timefmt import parse_minutes
+from sft_grid.grid import before
 from sft_grid.grid.decide import Action, BaseDecision, Decision
 from sft_grid.grid.eval_jobs import base_eval_jobs, cell_eval_jobs, local_base_jobs
-from sft_grid.grid.requests import (POST_TIME_MIN, count, job_name, post_request_for, prep_request,  # noqa: F401
-                                    request_for)
+from sft_grid.grid.requests import (POST_TIME_MIN, count, job_name, minutes, post_request_for,  # noqa: F401
+                                    request_for)  # (request_for, post_request_for: re-exported)
 from sft_grid.planning.inputs import Prep, prep_for
 from sft_grid.stages import prep as prep_stage
+from sft_grid.stages import tokenize as tokenize_stage
 from sft_grid.stages.post import stages_for
-
-def _minutes(decision: Decision) -> int:
-    return int(parse_minutes(decision.cell.spec.time))
+from sft_grid.stages.stage_job import STAGE_FILE, StageWork
+from sft_grid.stages.tokenize import Tokenization
 
 
 def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
-          max_array_size: int, writes: Sequence[CellFiles] = (), bases: Sequence[BaseDecision] = ()) -> SubmissionPlan:
+          max_array_size: int, writes: Sequence[CellFiles] = (), bases: Sequence[BaseDecision] = (),
+          staging: StageWork | None = None, tokenized: Mapping[Path, Tokenization] | None = None) -> SubmissionPlan:
     """The plan of these decisions; `writes`: the cell files to write (rendered by the flow); `bases`: the base
-    models' evaluations."""
+    models' evaluations; `staging`: the staging job the site needs for these cells' inputs; `tokenized`: cell dir
+    -> the tokenized dataset it shares."""
     to_run = [d for d in decisions if d.action is Action.RUN]
     post_only = [d for d in decisions if d.action is Action.POST]
     local = [d for d in to_run + post_only if d.cell.spec.cluster.executor == "local"]
@@ -46,8 +49,13 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
     pending_preps = {p.dir: (p, d) for d in to_run if (p := preps[d.dir]) is not None and not p.complete}
     scripts = tuple(CellFiles(p.dir, {prep_stage.SCRIPT: prep_stage.script(p, d.cell)})
                     for p, d in pending_preps.values())
-    local_jobs, submits = _local(local, preps, pending_preps)
-    slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size)
+    work = staging if staging is not None and any(d.dir in staging.cells for d in to_run) else None
+    scripts += (CellFiles(work.dir, {STAGE_FILE: work.file()}),) if work is not None else ()
+    tokens = {d.dir: t for d in to_run if (t := (tokenized or {}).get(d.dir)) is not None and not t.data.complete}
+    firsts = {t.dir: (t, d) for d in reversed(to_run) if (t := tokens.get(d.dir)) is not None}
+    scripts += tuple(CellFiles(t.dir, tokenize_stage.files(t, d.cell)) for t, d in firsts.values())
+    local_jobs, submits = _local(local, preps, pending_preps, tokens)
+    slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size, work, tokens)
     local_jobs += tuple(local_base_jobs([b for b in bases if b.target.cell.spec.cluster.executor == "local"]))
     slurm_jobs += tuple(base_eval_jobs([b for b in bases if b.target.cell.spec.cluster.executor != "local"], histories))
     first = (local or [None])[0]
@@ -64,11 +72,14 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
         max_parallel=first.cell.spec.cluster.max_parallel if first else 1,
         wait=first.cell.spec.cluster.wait if first else True,
         max_array_size=max_array_size,
+        tokenized={cell_dir: t.dir for cell_dir, t in tokens.items()},
     )
 
 
 def _local(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
-           pending: Mapping[Path, tuple[Prep, Decision]]) -> tuple[tuple[LocalJob, ...], tuple[Path, ...]]:
+           pending: Mapping[Path, tuple[Prep, Decision]], tokens: Mapping[Path, Tokenization],
+           ) -> tuple[tuple[LocalJob, ...], tuple[Path, ...]]:
+    """The preps, then the tokenizations, then the cells, then completed cells' pending stages."""
     jobs: list[LocalJob] = []
     seen: set[Path] = set()
     for d in decisions:
@@ -76,10 +87,15 @@ def _local(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
         if d.action is Action.RUN and p is not None and p.dir in pending and p.dir not in seen:
             seen.add(p.dir)
             jobs.append(LocalJob(Role.PREP, p.dir, p.model, prep_stage.TIME_MIN))
+    for d in decisions:
+        t = tokens.get(d.dir)
+        if t is not None and t.dir not in seen:
+            seen.add(t.dir)
+            jobs.append(LocalJob(Role.TOKENIZE, t.dir, f"{t.backend} {t.data.key}", tokenize_stage.TIME_MIN))
     runs = [d for d in decisions if d.action is Action.RUN]
     for d in runs:
         p = preps.get(d.dir)
-        jobs.append(LocalJob(Role.TRAIN, d.dir, d.cell.name, _minutes(d),
+        jobs.append(LocalJob(Role.TRAIN, d.dir, d.cell.name, minutes(d),
                              after=p.dir if p is not None and p.dir in pending else None))
     for d in decisions:
         if d.action is Action.POST:
@@ -88,17 +104,24 @@ def _local(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
 
 
 def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
-           histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
-           max_array_size: int) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
+           histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None, max_array_size: int,
+           work: StageWork | None, tokens: Mapping[Path, Tokenization],
+           ) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
     runs = [d for d in decisions if d.action is Action.RUN]
     jobs: list[SlurmJob] = []
-    waits = _preps(runs, preps, histories, view, jobs)
+    # the chain before training: staging -> preps -> tokenizations; a cell waits for the last it needs
+    after_staging = before.stage_job(work, histories, view, jobs)
+    waits = before.prep_jobs(runs, preps, histories, view, jobs, after_staging)
+    prep_array = next((Dependency("afterany", j.name) for j in jobs if j.role is Role.PREP), None)
     wait_of = {w.cell_dir: w.job for w in waits}
+    if after_staging is not None and work is not None:  # cells without a prep of their own wait for the staging
+        wait_of.update({d.dir: after_staging for d in runs if d.dir in work.cells and d.dir not in wait_of})
+    wait_of.update(before.tokenize_jobs(runs, tokens, histories, view, jobs, prep_array or after_staging))
     concurrency = [d.cell.spec.concurrency for d in runs if d.cell.spec.concurrency]
     throttle = min(concurrency) if concurrency else None
     groups: dict[tuple[Any, ...], list[Decision]] = {}
     for d in runs:
-        request = _avoiding(request_for(d.cell.spec, _minutes(d)), d.exclude)
+        request = _avoiding(request_for(d.cell.spec, minutes(d)), d.exclude)
         groups.setdefault((request, d.dir.parent, wait_of.get(d.dir)), []).append(d)
     for (request, sweep_dir, dependency), members in groups.items():
         for i in range(0, len(members), max_array_size):
@@ -139,49 +162,3 @@ def _post_job(cells: Sequence[Decision], after: Dependency | None,
     attempts = [count(histories.get(p, ()), Kind.POST_JOB) for p in dirs]
     name = job_name(Role.POST, dirs, request, after, attempts)
     return SlurmJob(name, Role.POST, tuple(dirs), request, dirs[0].parent / SUBMITIT_DIR / name, None, after)
-
-
-def _preps(runs: Sequence[Decision], preps: Mapping[Path, Prep | None], histories: Mapping[Path, Sequence[Event]],
-           view: SchedulerView | None, jobs: list[SlurmJob]) -> list[PrepWait]:
-    """The model preps these cells wait for: one array of every prep not done and not already queued (a task
-    per model), and the cells' dependency on it. A cell waits for the preps to end, not to succeed (afterany):
-    its job's first step finds whether its own model's prep succeeded, so one broken checkpoint never cancels
-    the cells of the others, and the grid needs one prep job, not one per model."""
-    waits: list[PrepWait] = []
-    new: dict[Path, tuple[Prep, Decision]] = {}
-    queued: dict[Path, str] = {}
-    for d in runs:
-        p = preps.get(d.dir)
-        if p is None or p.complete:
-            continue
-        if p.dir not in new and p.dir not in queued:
-            job_id = _queued_prep(histories.get(p.dir, ()), view)
-            if job_id:
-                queued[p.dir] = job_id
-            else:
-                new[p.dir] = (p, d)
-    name = ""
-    if new:
-        targets = sorted(new)
-        request = prep_request(request_for(new[targets[0]][1].cell.spec, _minutes(new[targets[0]][1])))
-        attempts = [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
-        name = job_name(Role.PREP, targets, request, None, attempts)
-        jobs.append(SlurmJob(name, Role.PREP, tuple(targets), request, targets[0].parent / SUBMITIT_DIR / name,
-                             label=", ".join(new[t][0].model for t in targets)))
-    for d in runs:
-        p = preps.get(d.dir)
-        if p is None or p.complete:
-            continue
-        dependency = (Dependency("afterany", queued[p.dir], planned=False) if p.dir in queued
-                      else Dependency("afterany", name))
-        waits.append(PrepWait(d.dir, p.model, p.model_dir, dependency))
-    return waits
-
-
-def _queued_prep(history: Sequence[Event], view: SchedulerView | None) -> str:
-    """The prep's job an earlier invocation queued, while it is still queued or running ("" if none)."""
-    queued = events.last(list(history), Kind.JOB)
-    if queued is None or view is None:
-        return ""
-    job = view.job(queued.job_id)
-    return queued.job_id if job is not None and job.in_flight else ""

@@ -65,7 +65,8 @@ def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict:
     if wrong:
         raise RuntimeError(f"uploaded to {repo_id} at {oid}, but {len(wrong)} file(s) are missing there or differ in"
                            f" size: {', '.join(wrong[:5])}")
-    return {"url": f"https://huggingface.co/{repo_id}", "commit": oid, "verified": len(sent)}
+    # the Hub the client talks to (HF_ENDPOINT where a site or a test sets one)
+    return {"url": f"{api.endpoint}/{repo_id}", "commit": oid, "verified": len(sent)}
 
 
 def main(argv: list[str]) -> int:

@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+from delphi_tokens import PrepError
+from delphi_tokens import rename_tokens as _rename
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 # token -> reserved id, given by the orchestrator (sft_grid.templates.DELPHI_TOKENS, --tokens)
@@ -36,34 +38,9 @@ BPE_ROWS = 128000
 MARKER = "prepared.json"
 
 
-class PrepError(RuntimeError):
-    pass
-
-
 def rename_tokens(tok_dir: Path) -> None:
-    """Rewrite the reserved slots' content in the saved tokenizer files (tokenizer.json, and the config's
-    added_tokens_decoder where transformers wrote one)."""
-    path = tok_dir / "tokenizer.json"
-    data = json.loads(path.read_text())
-    by_id = {t["id"]: t for t in data["added_tokens"]}
-    for token, token_id in TOKENS.items():
-        entry = by_id.get(token_id)
-        if entry is None:
-            raise PrepError(f"id {token_id} is not an added token of this tokenizer: not a Llama-3 tokenizer?")
-        if entry["content"] == token:
-            continue  # prepared before: idempotent
-        if not entry["content"].startswith("<|reserved_special_token_"):
-            raise PrepError(f"id {token_id} is {entry['content']!r}, not a reserved Llama-3 slot: refusing to rename it")
-        entry["content"], entry["special"] = token, True
-    path.write_text(json.dumps(data, ensure_ascii=False, indent=2))
-    config_path = tok_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    decoder = config.get("added_tokens_decoder")
-    if decoder:
-        for token, token_id in TOKENS.items():
-            if str(token_id) in decoder:
-                decoder[str(token_id)].update(content=token, special=True)
-        config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2))
+    """The reserved slots renamed in the saved tokenizer files (delphi_tokens.py, shared with the orchestrator)."""
+    _rename(tok_dir, TOKENS)
 
 
 def mean_init(model: torch.nn.Module) -> None:

@@ -18,6 +18,9 @@ Runs inside the backend environment (standalone: it never imports sft_grid).
         FORCE_TORCHRUN is set: the ranks it starts run this file again and register too)
     python sft_grid_lf.py [--template NAME=FILE.jinja] CONFIG.yaml [key=value ...]
         register, then train in this process (a rank started by torchrun or accelerate)
+    python sft_grid_lf.py [--template NAME=FILE.jinja] tokenize CONFIG.yaml
+        register, then only LLaMA-Factory's preprocessing into the config's tokenized_path (the grid's
+        tokenize-once stage)
 
 Every training process also gets sft_grid's loss watchdog (loss_watchdog.py) added to run_exp's callbacks.
 
@@ -162,6 +165,22 @@ def add_watchdog() -> None:
         return run_exp(args, [*(callbacks or []), *loss_watchdog.llamafactory_callbacks()])
 
     tuner.run_exp = with_watchdog
+def tokenize(argv: list[str]) -> int:
+    """LLaMA-Factory's own preprocessing of an sft run, started as run_sft starts it, then stop: with
+    `tokenized_path` set it saves the tokenized dataset there (0.9.5 does not stop by itself; it would go on to
+    load the model). No model is loaded."""
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+
+    sys.argv = [sys.argv[0], *argv]
+    model_args, data_args, training_args, _, _ = get_train_args()
+    if not data_args.tokenized_path:
+        raise SystemExit("tokenize: the config sets no tokenized_path")
+    module = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(module["tokenizer"], data_args)
+    get_dataset(template, model_args, data_args, training_args, stage="sft", **module)
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -175,6 +194,8 @@ def main(argv: list[str]) -> int:
     import cpu_resume  # beside this file: a multi-process CPU run resumes its optimizer state
 
     cpu_resume.patch()
+    if argv[0] == "tokenize":
+        return tokenize(argv[1:])
     if argv[0] == "train":
         from llamafactory import launcher
 

@@ -32,6 +32,7 @@ from sft_grid.core.layout import (ATTEMPTS_DIR, CELL_FILE, LAUNCH_FILE, LOGS_DIR
                                   output_complete, progress)
 from sft_grid.core.failure_policy import Action
 from sft_grid.core.failures import Failure, FailureClass
+from sft_grid.core.provenance import packages_hash
 from sft_grid.core.saved_template import effective_template, template_digest
 from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
@@ -98,7 +99,7 @@ def run_cell(cell_dir: str | Path) -> str:
             _post_stages(cell_dir)
         return State.COMPLETED.value
     if lead:
-        events.append(cell_dir, _here(Kind.RUNNING))
+        events.append(cell_dir, _here(Kind.RUNNING, details=_environment(cell_dir)))
         _set_aside_verdict(cell_dir)
         _run_deferred_checks(cell_dir)
 
@@ -193,6 +194,12 @@ def _ended(cell_dir: Path) -> None:
         notices.grid_ended(cell_dir.parent, {d: state_of(d, None) for d in sorted(siblings)})
     except OSError as exc:  # a notification never fails the cell; the next reader of the grid sends it
         log.warning("notification of %s deferred: %s", cell_dir.name, exc)
+
+
+def _environment(cell_dir: Path) -> dict[str, object]:
+    """The packages of the environment that trains the cell (its python is in post.json), for its provenance."""
+    post = PostFile.load(cell_dir)
+    return packages_hash(post.python) if post is not None and post.python else {}
 
 
 def _post_stages(cell_dir: Path) -> None:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from sft_grid.core.pins import Pin
 from sft_grid.core.schema import CellConf
 from sft_grid.core.schema_fields import field_shapes
+from sft_grid.core.tokenized import TokenizedData
 
 # Top-level keys that describe where and how a cell runs, not what it trains.
 NOT_IDENTITY = frozenset(
@@ -25,7 +27,7 @@ NOT_IDENTITY = frozenset(
         "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
         "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
         "hub_model_id", "concurrency", "register_db", "register_command", "vars", "failure_policy", "watchdog",
-        "notify", "eval", "cleanup_checkpoints",
+        "notify", "eval", "cleanup_checkpoints", "stage_only", "tokenize_once",
     }
 )
 # Keys of sub-configs that are about the machine, not the model.
@@ -56,6 +58,12 @@ class Cell:
     # the evaluation suites of a cell into which a grid's `eval` axis merged the cells that differ only in their
     # suite (planning/evals.py); empty: the cell's own `eval`
     suites: tuple[Any, ...] = ()
+    # the commits staging pinned its Hub model and datasets to (planning/inputs.py: what it then loads); never
+    # part of its identity
+    pins: tuple[Pin, ...] = ()
+    # the tokenized dataset it shares with the cells whose data tokenizes the same (stages/tokenize.py); None: it
+    # tokenizes in its own job
+    tokenized: TokenizedData | None = None
 
     @property
     def name(self) -> str:

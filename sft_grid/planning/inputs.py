@@ -1,4 +1,10 @@
-"""What a cell's backend loads: the model's local path or hub id, or the prepared copy of a model that needs one.
+"""What a cell's backend loads: a local path, the staged snapshot of a Hub repository, or the prepared copy of a
+model that needs one.
+
+A hub id the grid staged (sft_grid/stages/staging.py) is loaded from its snapshot in the site's Hugging Face
+cache, at the commit staging pinned (`cell.pins`): `<cache>/models--org--name/snapshots/<sha>`, so a job never
+asks the Hub (compute nodes of several sites have none) and every cell that names the repository trains on the
+same files. A hub id that is not pinned (a dry run where the Hub cannot be reached) stays a hub id.
 
 A model whose conf/model/<name>.yaml lists `needs: [delphi_tokenizer_prep]` is trained from a prepared copy (the
 Delphi think/tool tokens renamed into Llama-3's reserved slots; sft_grid/stages/prep.py makes it). The copy lives
@@ -14,6 +20,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+from sft_grid.core.pins import HubRepo, Pin, default_cache
+from sft_grid.planning.cells import is_local
 
 PREP_NEED = "delphi_tokenizer_prep"
 # Bump when the prep changes what it writes: every model is then prepared again, in a new directory
@@ -48,27 +57,89 @@ def prep_complete(prep_dir: Path) -> bool:
         return False
 
 
+# -- Hub repositories and their pins ----------------------------------------------------------------------------
+
+
+def hub_repos(cell: Any) -> list[tuple[str, HubRepo]]:
+    """(the key that names it, the repository) for each Hub input of the cell: its model when it has no local
+    path, and each dataset whose source is a hub id."""
+    s = cell.spec
+    out = []
+    if s.model.hub_id and not s.model.path:
+        out.append(("model.hub_id", HubRepo("model", s.model.hub_id)))
+    for name, ds in s.dataset.items():
+        if ds.source and not is_local(ds.source):
+            out.append((f"dataset.{name}.source", HubRepo("dataset", ds.source)))
+    return out
+
+
+def hf_cache(spec: Any) -> Path:
+    """The Hugging Face hub cache a cell's inputs are staged into and its jobs read: the cluster's `hf_cache`,
+    else this environment's (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub)."""
+    return Path(spec.cluster.hf_cache).expanduser() if spec.cluster.hf_cache else default_cache()
+
+
+def hub_variables(cell: Any) -> dict[str, str]:
+    """What a job exports for the Hub: where the staged copies are (HF_HUB_CACHE, when the cluster names its
+    cache or the cell has staged inputs), and, where compute nodes have no internet, offline mode for
+    huggingface_hub, datasets and transformers, so a job fails at once instead of hanging on a request."""
+    s = cell.spec
+    out = {}
+    if s.cluster.hf_cache or cell.pins:
+        out["HF_HUB_CACHE"] = str(hf_cache(s))
+    if not s.cluster.internet_on_compute:
+        out.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return out
+
+
+def pin_of(cell: Any, kind: str, repo_id: str) -> Pin | None:
+    return next((p for p in cell.pins if p.kind == kind and p.repo_id == repo_id), None)
+
+
 def source_of(cell: Any) -> str:
-    """The model as the user names it: its local directory (absolute) or its hub id."""
+    """The model as the user names it: its local directory (absolute), or its hub id (at its pinned sha)."""
     model = cell.spec.model
-    return str(Path(model.path).expanduser().resolve()) if model.path else str(model.hub_id or "")
+    if model.path:
+        return str(Path(model.path).expanduser().resolve())
+    pin = pin_of(cell, "model", model.hub_id or "")
+    return f"{model.hub_id}@{pin.sha}" if pin else str(model.hub_id or "")
+
+
+def tokenizer_source(cell: Any) -> str:
+    """The model as staged or named, before any prep: its local path, its pinned snapshot, or its hub id."""
+    model = cell.spec.model
+    if model.path:
+        return model.path
+    pin = pin_of(cell, "model", model.hub_id or "")
+    return str(pin.path) if pin else str(model.hub_id or "")
+
+
+def dataset_source(cell: Any, name: str) -> str:
+    """What a backend loads for one dataset: its local file, its pinned snapshot directory, or its hub id."""
+    ds = cell.spec.dataset[name]
+    if is_local(ds.source):
+        return str(Path(ds.source).expanduser())
+    pin = pin_of(cell, "dataset", ds.source)
+    return str(pin.path) if pin else ds.source
 
 
 def prep_for(cell: Any) -> Prep | None:
-    """The cell's model prep, or None when its model needs none."""
+    """The cell's model prep, or None when its model needs none. A pinned hub model is prepared from its
+    snapshot, in a directory of that sha: a new commit of the model gets a new prepared copy."""
     if PREP_NEED not in cell.spec.model.needs:
         return None
-    source = source_of(cell)
-    digest = hashlib.sha256(f"{source}\n{PREP_VERSION}".encode()).hexdigest()[:8]
-    return Prep(cell.spec.model.name, source, cell.runs_root / PREPARED / f"{cell.spec.model.name}-{digest}")
+    named = source_of(cell)
+    digest = hashlib.sha256(f"{named}\n{PREP_VERSION}".encode()).hexdigest()[:8]
+    return Prep(cell.spec.model.name, named if cell.spec.model.path else tokenizer_source(cell),
+                cell.runs_root / PREPARED / f"{cell.spec.model.name}-{digest}")
 
 
 def model_source(cell: Any) -> str:
-    """What a backend loads: the prepared copy for a model that needs prep, else its path or hub id."""
+    """What a backend loads: the prepared copy for a model that needs prep, else its path, pinned snapshot or hub id."""
     prep = prep_for(cell)
     if prep is not None:
         return str(prep.model_dir)
-    return cell.spec.model.path or cell.spec.model.hub_id or ""
+    return tokenizer_source(cell)
 
 
 def preps(cells: Sequence[Any]) -> dict[Prep, list[Any]]:

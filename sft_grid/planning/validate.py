@@ -118,6 +118,27 @@ def resources(cell: Cell) -> Iterator[Problem]:
                        "set epochs (e.g. epochs=1) or max_steps (e.g. max_steps=100)")
 
 
+def staging_site(cell: Cell) -> Iterator[Problem]:
+    """A staging job needs Slurm, and its wall time must be readable; a machine that cannot read the staged files
+    cannot stage them itself."""
+    c = cell.spec.cluster
+    st = c.staging
+    if st.where == "job" and c.executor != "slurm":
+        yield _problem(cell, "cluster.staging.where", st.where, "staging-where",
+                       "a staging job is a Slurm job, and this cluster runs cells with the local executor",
+                       "cluster.staging.where=login (stage on this machine), or a Slurm cluster")
+    if st.where == "login" and not st.readable_here:
+        yield _problem(cell, "cluster.staging.readable_here", st.readable_here, "staging-where",
+                       "the machine running the grid would stage into a cache it cannot read",
+                       "cluster.staging.where=job (a transfer job on a partition that mounts the cache), or"
+                       " readable_here=true")
+    try:
+        parse_minutes(st.time)
+    except ValueError as exc:
+        yield _problem(cell, "cluster.staging.time", st.time, "time-format", str(exc),
+                       f"fix staging.time in conf/cluster/{c.name}.yaml, e.g. 04:00:00")
+
+
 def inputs_named(cell: Cell) -> Iterator[Problem]:
     """A model must say where it comes from; a dataset is listed once per cell."""
     model = cell.spec.model
@@ -240,7 +261,7 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
 
 
 RULES: tuple[Rule, ...] = (
-    safe_names, inputs_named,
+    safe_names, inputs_named, staging_site,
     batch_divisible, mix_matches, wall_time, template_fits_tokenizer, resources, hub_upload, venv_meets_needs,
     failure_policy, notify_targets, eval_suite,
 )

@@ -1,0 +1,178 @@
+"""Values and errors of Hub staging (stdlib only): what the CLI prints and what the planner decides on.
+
+Every error names the repo and says how to fix the situation, because staging runs unattended on a login
+node and the message is all the user gets.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sft_grid.core.hubcache import Kind, RemoteFile, Selection
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+class HubError(RuntimeError):
+    """Base of staging errors; ``str()`` is the whole message, fix included."""
+
+
+class RepoNotFound(HubError):
+    pass
+
+
+class RevisionNotFound(HubError):
+    pass
+
+
+class GatedRepo(HubError):
+    pass
+
+
+class TokenRequired(HubError):
+    """The Hub refused an anonymous request: the repo is private or gated (or missing: it answers the same)."""
+
+
+class HubUnreachable(HubError):
+    pass
+
+
+class NotEnoughSpace(HubError):
+    pass
+
+
+class BudgetExceeded(HubError):
+    """A file cannot finish within the process time limit, and the client cannot resume it in the next run."""
+
+
+class StagingLocked(HubError):
+    pass
+
+
+class TransferFailed(HubError):
+    pass
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A revision pinned to its commit, with every file of that commit (sizes, hashes)."""
+
+    repo_id: str
+    kind: Kind
+    revision: str  # as asked: a branch, tag or sha
+    sha: str
+    files: tuple[RemoteFile, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    resolved: Resolved
+    cache: Path
+    selection: Selection
+    cached: tuple[RemoteFile, ...]  # complete in this snapshot already
+    to_link: tuple[RemoteFile, ...]  # content already in the cache (another commit): a symlink, no transfer
+    to_fetch: tuple[RemoteFile, ...]
+    bytes_to_fetch: int  # minus bytes of partial downloads the client will resume
+    free_bytes: int
+    reserve_bytes: int
+
+    @property
+    def bytes_needed(self) -> int:
+        return self.selection.bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes_to_fetch + self.reserve_bytes <= self.free_bytes
+
+    def describe(self) -> str:
+        r = self.resolved
+        return (f"{r.kind} {r.repo_id}@{r.sha[:12]}: {len(self.selection.keep)} files, {human(self.bytes_needed)}"
+                f" needed, {human(self.bytes_to_fetch)} to fetch ({len(self.to_fetch)} files),"
+                f" {human(self.free_bytes)} free in {self.cache}")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Sent to the progress callback on each received chunk and at each file's start and end."""
+
+    repo_id: str
+    file: str
+    file_done: int
+    file_total: int
+    done: int  # bytes of the needed files now in the cache, cached ones included
+    total: int
+    rate_bps: float | None  # measured in this run; None until enough bytes moved to trust it
+    eta_s: float | None
+    files_done: int
+    files_total: int
+
+
+@dataclass(frozen=True)
+class Budget:
+    """This process may be killed ``limit_s`` seconds after ``started`` (a ``time.monotonic()`` value).
+
+    Staging stops ``margin_s`` before that on its own, so the run ends with a report instead of a kill.
+    """
+
+    limit_s: float
+    started: float
+    margin_s: float = 5.0
+
+    @classmethod
+    def from_now(cls, limit_s: float, margin_s: float | None = None) -> Budget:
+        return cls(limit_s, time.monotonic(), max(5.0, 0.1 * limit_s) if margin_s is None else margin_s)
+
+    @classmethod
+    def since_process_start(cls, limit_s: float, margin_s: float | None = None) -> Budget:
+        """Counted from when this process started (what a login node's killer counts), on Linux."""
+        b = cls.from_now(limit_s, margin_s)
+        try:
+            import os
+
+            with open("/proc/self/stat") as fh:
+                ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+            with open("/proc/uptime") as fh:
+                uptime = float(fh.read().split()[0])
+            age = max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+        except (OSError, ValueError, IndexError):
+            return b
+        return cls(limit_s, b.started - age, b.margin_s)
+
+    @property
+    def usable_s(self) -> float:
+        """Seconds a fresh process can spend transferring."""
+        return max(0.0, self.limit_s - self.margin_s)
+
+    def left(self, now: float | None = None) -> float:
+        return self.started + self.usable_s - (time.monotonic() if now is None else now)
+
+    def runs_for(self, seconds: float) -> int:
+        return max(1, math.ceil(seconds / self.usable_s)) if self.usable_s else 0
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The outcome of one ``download`` call."""
+
+    repo_id: str
+    kind: Kind
+    revision: str
+    sha: str  # record it: staging this sha again needs no network
+    path: Path  # the snapshot directory to hand to the backend
+    complete: bool
+    fetched: tuple[str, ...]
+    fetched_bytes: int
+    remaining_bytes: int
+    seconds: float
+    rate_bps: float | None
+    stopped: str | None = None  # why this run ended before completion (time budget), with what to do
+    offline: bool = False  # served from the cache without any request

@@ -1,0 +1,297 @@
+"""Staging as a stage of the grid: every Hub model and dataset its cells need, pinned and in the site's cache first.
+
+Compute nodes of several sites (Leonardo, Jupiter, JURECA, JUWELS) have no internet, so the grid stages each
+repository its cells name into the cluster's Hugging Face cache (`cluster.hf_cache`) before anything is queued,
+and the cells' configs point at the staged snapshots (planning/inputs.py). Per grid invocation:
+
+1. `plan_staging` (no writes): each cell's Hub inputs at the revision it asks for: `main` for a new cell, or the
+   sha its earlier submission recorded (a rerun trains on what it trained on before; `force=true` starts over on
+   the current `main`). Each unique (repository, revision, cache) is resolved once to its commit and its files
+   (a sha already staged needs no request), and what must move is weighed against the free space of each
+   filesystem. A missing or gated repository or revision, a missing token, too little space: each is a problem
+   naming the cell, before anything is queued. A dry run stops here and prints it.
+2. `stage_here`: the transfers, on the machine running the grid, when the cluster says its internet is there
+   (`cluster.staging.where: login`), under the site's process time limit (`time_limit_s`): a run that must stop
+   first ends with what is left, and rerunning the grid continues (a finished file is never fetched again).
+   Elsewhere (`where: job`) the transfers are a Slurm job on the transfer partition that the cells wait for
+   (stages/stage_job.py).
+
+Completed cells need no inputs: they are pinned to what they recorded when it is still in the cache, never fetched.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from sft_grid.core import events
+from sft_grid.core.events import Kind
+from sft_grid.core.hubcache import SHA_RE, is_complete, read_ref
+from sft_grid.core.layout import OUTPUT_DIR, output_complete
+from sft_grid.core.pins import MAIN, Pin, recorded_pins
+from sft_grid.core.problems import Problem
+from sft_grid.planning.cells import Cell
+from sft_grid.planning.inputs import hf_cache, hub_repos
+from sft_grid.stages import hub
+from sft_grid.stages.hub_types import Budget, HubError, HubUnreachable, Progress, Staged, human
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One repository at one revision, into one cache: what a group of cells share."""
+
+    kind: str
+    repo_id: str
+    revision: str
+    cache: Path
+
+
+@dataclass
+class Item:
+    wanted: Wanted
+    users: list[tuple[str, str]] = field(default_factory=list)  # (cell name, key naming it)
+    pin: Pin | None = None
+    plan: hub.Plan | None = None  # what moves; None: staged already (no request made), or not resolved
+    error: HubError | None = None
+    here: bool = False  # a cell's cluster stages on the machine running the grid (else in a staging job)
+    offline: bool = False  # a cell's cluster has no internet on compute nodes: its jobs cannot fetch it themselves
+
+    @property
+    def complete(self) -> bool:
+        return self.pin is not None and (self.plan is None or not (self.plan.to_fetch or self.plan.to_link))
+
+    @property
+    def bytes_needed(self) -> int:
+        return self.plan.bytes_needed if self.plan else 0
+
+    @property
+    def bytes_to_fetch(self) -> int:
+        return self.plan.bytes_to_fetch if self.plan else 0
+
+    def text(self) -> str:
+        w = self.wanted
+        sha = f"@{self.pin.sha[:12]}" if self.pin else f"@{w.revision}"
+        if self.plan is None:
+            return f"{w.kind} {w.repo_id}{sha}: " + ("staged" if self.pin else "not resolved")
+        p = self.plan
+        return (f"{w.kind} {w.repo_id}{sha}: {len(p.selection.keep)} files, {human(p.bytes_needed)}"
+                + (f", {human(p.bytes_to_fetch)} to fetch" if not self.complete else ", staged")
+                + (f" ({len(p.selection.skipped)} files not needed for training left out)" if p.selection.skipped
+                   else ""))
+
+
+@dataclass(frozen=True)
+class Space:
+    """One filesystem the grid stages into: bytes to fetch there, against what is free."""
+
+    cache: Path
+    to_fetch: int
+    free: int
+    reserve: int = hub.DEFAULT_RESERVE
+
+    @property
+    def fits(self) -> bool:
+        return self.to_fetch + self.reserve <= self.free
+
+
+@dataclass
+class StagingPlan:
+    items: list[Item] = field(default_factory=list)
+    # cell name -> its pins (completed cells: only those still staged)
+    pins: dict[str, tuple[Pin, ...]] = field(default_factory=dict)
+    space: list[Space] = field(default_factory=list)
+    # a dry run where the Hub could not be reached: inputs are known by name only
+    unreachable: str = ""
+
+    @property
+    def pending(self) -> list[Item]:
+        """Pinned and not all staged (an input not resolved, with the Hub out of reach, is left to the jobs)."""
+        return [i for i in self.items if i.pin is not None and not i.complete]
+
+    @property
+    def to_fetch(self) -> int:
+        return sum(i.bytes_to_fetch for i in self.pending)
+
+    def problems(self) -> list[Problem]:
+        out = []
+        for item in self.items:
+            if item.error is None:
+                continue
+            message, _, fix = str(item.error).partition(" Fix: ")
+            for cell, key in item.users:
+                out.append(Problem(cell, key, item.wanted.repo_id, f"staging-{_rule(item.error)}", message,
+                                   fix or "see the message"))
+        for s in self.space:
+            if not s.fits:
+                out.append(Problem("<grid>", "cluster.hf_cache", str(s.cache), "staging-space",
+                                   f"staging needs {human(s.to_fetch)} more in {s.cache}, but its filesystem has"
+                                   f" {human(s.free)} free (and {human(s.reserve)} is kept in reserve)",
+                                   "free space there, or point the cluster's hf_cache at a filesystem with room"
+                                   " (a project or scratch area, not $HOME)"))
+        return out
+
+
+def _rule(e: HubError) -> str:
+    return "".join("-" + c.lower() if c.isupper() else c for c in type(e).__name__).lstrip("-")
+
+
+def recorded(cell_dir: Path) -> dict[tuple[str, str], str]:
+    """The pins a cell's latest submission recorded in its ledger."""
+    last = events.last(events.read(cell_dir), Kind.SUBMITTED) if cell_dir.is_dir() else None
+    return recorded_pins(last.details) if last is not None else {}
+
+
+def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> StagingPlan:
+    """What the grid must stage and whether it can (no transfers, no writes)."""
+    plan = StagingPlan()
+    items: dict[Wanted, Item] = {}
+    for cell, cell_dir in zip(cells, dirs):
+        repos = hub_repos(cell)
+        if not repos:
+            continue
+        cache = hf_cache(cell.spec)
+        pins = {} if cell.spec.force else recorded(cell_dir)
+        need = cell.spec.force or not output_complete(cell_dir / OUTPUT_DIR)
+        mine = []
+        for key, repo in repos:
+            sha = pins.get((repo.kind, repo.repo_id))
+            if not need:  # completed: render with what it trained on while that is staged, fetch nothing
+                if sha and is_complete(cache, repo.repo_id, repo.kind, sha):  # type: ignore[arg-type]
+                    mine.append(Pin(repo.kind, repo.repo_id, sha, sha, cache))
+                continue
+            wanted = Wanted(repo.kind, repo.repo_id, sha or repo.revision, cache)
+            item = items.setdefault(wanted, Item(wanted))
+            item.users.append((cell.name, key))
+            item.here |= cell.spec.cluster.staging.where == "login"
+            item.offline |= not cell.spec.cluster.internet_on_compute
+        plan.pins[cell.name] = tuple(mine)
+    _resolve(list(items.values()), dry_run, plan)
+    plan.items = list(items.values())
+    for item in plan.items:
+        if item.pin is not None:
+            for cell, _ in item.users:
+                plan.pins[cell] += (item.pin,)
+    plan.space = _space(plan.items)
+    return plan
+
+
+def _resolve(items: list[Item], dry_run: bool, plan: StagingPlan) -> None:
+    """Each item's commit and what must move. One unreachable Hub stops the asking (each try costs a timeout)."""
+    down: HubError | None = None
+    for item in items:
+        w = item.wanted
+        if SHA_RE.match(w.revision) and is_complete(w.cache, w.repo_id, w.kind, w.revision):  # type: ignore[arg-type]
+            item.pin = Pin(w.kind, w.repo_id, w.revision, w.revision, w.cache)
+            continue
+        if down is not None:
+            _staged_before(item, down, dry_run)
+            continue
+        try:
+            resolved = hub.resolve_pinned(w.repo_id, w.kind, w.revision, None, None, w.cache)  # type: ignore[arg-type]
+        except HubUnreachable as e:
+            down = e
+            plan.unreachable = str(e).partition(" Fix: ")[0]
+            _staged_before(item, down, dry_run)
+            continue
+        except HubError as e:
+            item.error = _rerun_note(e, w)
+            continue
+        item.pin = Pin(w.kind, w.repo_id, w.revision, resolved.sha, w.cache)
+        item.plan = hub.plan(resolved, w.cache)
+
+
+def _staged_before(item: Item, down: HubError, dry_run: bool) -> None:
+    """The Hub cannot be reached from here (an offline login node, staged ahead of time): a branch is taken as it
+    was staged (`refs/<branch>` in the cache, all its training files there). Otherwise it is an error where the
+    cells' compute nodes have no internet either; where they have, the jobs fetch it themselves, as they did
+    before staging (its checks wait for them). A dry run only notes it."""
+    w = item.wanted
+    sha = read_ref(w.cache, w.repo_id, w.kind, w.revision)  # type: ignore[arg-type]
+    if sha and is_complete(w.cache, w.repo_id, w.kind, sha):  # type: ignore[arg-type]
+        item.pin = Pin(w.kind, w.repo_id, w.revision, sha, w.cache)
+    elif not dry_run and item.offline:
+        item.error = down
+
+
+def _rerun_note(e: HubError, w: Wanted) -> HubError:
+    """A recorded sha the Hub no longer has: the cell trained on it before and cannot resume on another."""
+    if not (SHA_RE.match(w.revision) and isinstance(e, hub.RevisionNotFound)):
+        return e
+    return type(e)(f"{e}".partition(" Fix: ")[0] + ": the cell's earlier run trained on this commit, so it is"
+                   " resumed from it. Fix: stage it from where it is still kept, or rerun the cell with force=true"
+                   " to train it from the start on the current revision (its old output is moved aside).")
+
+
+def _space(items: Iterable[Item]) -> list[Space]:
+    by_fs: dict[int, list[Item]] = {}
+    for item in items:
+        if item.plan is not None:
+            by_fs.setdefault(_device(item.wanted.cache), []).append(item)
+    return [Space(group[0].wanted.cache, sum(i.bytes_to_fetch for i in group), group[0].plan.free_bytes)  # type: ignore[union-attr]
+            for group in by_fs.values()]
+
+
+def _device(path: Path) -> int:
+    while not path.exists():
+        path = path.parent
+    return os.stat(path).st_dev
+
+
+class StagingStopped(RuntimeError):
+    """This process had to stop before its time limit; the message says what is left and how to continue."""
+
+
+def stage_here(plan: StagingPlan, budget: Budget | None = None,
+               on_progress: Callable[[Progress], None] | None = None) -> list[Staged]:
+    """Fetch every pending item here, smallest first (a short run finishes as many as it can). Raises
+    StagingStopped when the time budget ends a run, a HubError (with the cells that need it) otherwise."""
+    done = []
+    for item in sorted((i for i in plan.pending if i.here), key=lambda i: i.bytes_to_fetch):
+        assert item.pin is not None
+        p = item.pin
+        try:
+            staged = hub.download(p.repo_id, p.kind, p.sha, p.cache, budget=budget, on_progress=on_progress,  # type: ignore[arg-type]
+                                  ref=None if SHA_RE.match(p.revision) else p.revision)
+        except HubError as e:
+            item.error = e
+            raise StagingFailed(item) from e
+        done.append(staged)
+        if not staged.complete:
+            left = sum(i.bytes_to_fetch for i in plan.pending if i.here and i is not item) + staged.remaining_bytes
+            raise StagingStopped(f"{staged.stopped} In all, {human(left)} of the grid's inputs are left to stage;"
+                                 " nothing was queued. Run the same command again to continue.")
+        item.plan = None
+    return done
+
+
+class StagingFailed(RuntimeError):
+    """A transfer failed; `problems` names the cells that need it."""
+
+    def __init__(self, item: Item) -> None:
+        super().__init__(str(item.error))
+        self.item = item
+
+    def problems(self) -> list[Problem]:
+        return StagingPlan([self.item]).problems()
+
+
+def provenance(pins: Sequence[Pin], checkout: dict[str, Any]) -> dict[str, Any]:
+    """What a cell's submission records beside its state: its pinned inputs, the sft_grid version and the git
+    revision of the checkout its config came from (the packages of its environment are recorded by its job)."""
+    return {"inputs": [p.to_json() for p in pins], **checkout}
+
+
+
+
+def budget_for(cells: Iterable[Cell]) -> Budget | None:
+    """The time a process may run where the grid stages (the shortest `staging.time_limit_s` of its clusters that
+    stage there), counted from this process's start, as the site's process killer counts it."""
+    limits = [c.spec.cluster.staging.time_limit_s for c in cells
+              if c.spec.cluster.staging.where == "login" and c.spec.cluster.staging.time_limit_s]
+    return Budget.since_process_start(float(min(limits))) if limits else None
+
+
+__all__ = ["MAIN", "Item", "StagingFailed", "StagingPlan", "StagingStopped", "budget_for", "plan_staging",
+           "provenance", "recorded", "stage_here"]

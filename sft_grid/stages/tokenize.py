@@ -1,0 +1,211 @@
+"""Tokenize once per grid: cells whose training data is identical after tokenization share one tokenized dataset,
+built once as a stage, with each backend's own preprocessing.
+
+Why: each cell used to tokenize its data in its own job, on a GPU node, and every rank of a multi-node job did it
+again (the users hit the HF datasets cache race, and a tokenization hang that looked like a 24 h timeout). Now the
+grid plans one tokenization per distinct key, builds it before the cells (a CPU job on Slurm that the cells'
+arrays wait for, or here, for local cells), and each cell's job loads it (core/tokenized.py); its first step
+checks that it is there, or fails with why it is not.
+
+The key is a hash of what decides the tokens (`identity`): the backend and its environment; the tokenizer's
+content (checks/tokenizers.py: a digest of its files, for a Delphi checkpoint the prepared tokenizer's, so
+checkpoints that carry the same tokenizer share); the template and its jinja; the backend's data settings and
+each source as rendered, with its pinned commit or, for a local file, its size and modification time; the mix and
+its seed; the cutoff. A change of any of them gives a new key, and so a new tokenized dataset. A tokenizer that
+cannot be read where the grid runs (not staged yet) is keyed by its name and commit instead, and read by the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from sft_grid.backends import get as backend_of
+from sft_grid.backends.launch import command_line, script_head
+from sft_grid.checks.inputs import locate
+from sft_grid.checks.tokenizers import TOKENIZER_FILES, check_tokenizer, tokenizer_digest
+from sft_grid.core import events
+from sft_grid.core.cellfiles import dump_json
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.layout import tail_lines
+from sft_grid.core.templates import TEMPLATES
+from sft_grid.core.tokenized import MARKER, TOKENIZED, TOKENIZER_DIR, TokenizedData, tokenized_complete
+from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.inputs import PREP_VERSION, hub_variables, model_source, prep_for, source_of
+from sft_grid.planning.venvs import bin_dir
+
+SCRIPT = "tokenize.sh"
+LOG = "tokenize.log"
+IDENTITY = "tokenize.json"
+TIME_MIN = 120  # the longest a tokenize job may run on Slurm (minutes)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+@dataclass(frozen=True)
+class Tokenization:
+    data: TokenizedData
+    backend: str
+    identity: Mapping[str, Any]  # what decides its tokens (written beside it, shown by a dry run)
+    tokenizer_from: Path | None  # the tokenizer files copied into it (None: the job reads the cell's own)
+
+    @property
+    def dir(self) -> Path:
+        return self.data.dir
+
+
+def _tokenizer(cell: Cell) -> tuple[dict[str, Any], Path | None]:
+    """The tokenizer a cell trains with, by content when it can be read here, else by name and commit."""
+    prep = prep_for(cell)
+    where = prep.model_dir if prep is not None and prep.complete else check_tokenizer(cell)
+    if where is None and prep is None:
+        where = locate(model_source(cell), "models")
+    if where is not None and (where / "tokenizer.json").is_file():
+        return {"digest": tokenizer_digest(where)}, where
+    return {"name": source_of(cell), "prep": PREP_VERSION if prep is not None else None}, None
+
+
+def _sources(cell: Cell) -> list[Any]:
+    """Each source's revision: its pinned commit, or a local file's size and modification time."""
+    out: list[Any] = []
+    for name, ds in cell.spec.dataset.items():
+        if is_local(ds.source):
+            try:
+                st = Path(ds.source).expanduser().stat()
+                out.append([name, "local", st.st_size, st.st_mtime_ns])
+            except OSError:
+                out.append([name, "local", None])
+        else:
+            out.append([name, "hub", next((p.sha for p in cell.pins if p.repo_id == ds.source), "unpinned")])
+    return out
+
+
+def identity(cell: Cell) -> tuple[dict[str, Any], Path | None]:
+    s = cell.spec
+    template = TEMPLATES.get(s.model.template)
+    tokenizer, where = _tokenizer(cell)
+    ident = {
+        "backend": s.backend.name, "env": bin_dir(s).parent.name, "tokenizer": tokenizer,
+        "template": s.model.template,
+        "jinja": hashlib.sha256((template.jinja_text() or "").encode()).hexdigest()[:16] if template else None,
+        "sources": _sources(cell), "mix": [s.mix.strategy, s.mix.probs], "seed": s.seed, "cutoff_len": s.cutoff_len,
+        "data": backend_of(s.backend.name).data_spec(cell),
+    }
+    return ident, where
+
+
+def plan(cells: Sequence[Cell]) -> dict[str, Tokenization]:
+    """cell name -> the tokenization it shares (cells of backends without a tokenize job tokenize themselves)."""
+    out: dict[str, Tokenization] = {}
+    by_key: dict[Path, Tokenization] = {}
+    for cell in cells:
+        if not cell.spec.tokenize_once or backend_of(cell.spec.backend.name).tokenize_job is None:
+            continue
+        ident, where = identity(cell)
+        key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        directory = cell.runs_root / TOKENIZED / f"{cell.spec.backend.name}-{key}"
+        if directory not in by_key:
+            by_key[directory] = Tokenization(TokenizedData(directory, key, where is not None), cell.spec.backend.name,
+                                             ident, where)
+        out[cell.name] = by_key[directory]
+    return out
+
+
+def job_cell(cell: Cell, tok: Tokenization) -> Cell:
+    """The cell as its tokenize job renders it: one process on a CPU node, sharing `tok`."""
+    s = cell.spec
+    spec = dataclasses.replace(s, nodes=1, cluster=dataclasses.replace(s.cluster, gpus_per_node=0, precision="fp32"))
+    return dataclasses.replace(cell, spec=spec, tokenized=tok.data)
+
+
+def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
+    """The tokenize job's directory: the backend's own files, its script, its identity and the tokenizer copy."""
+    tcell = job_cell(cell, tok)
+    env_bin = bin_dir(tcell.spec)
+    structured, steps = backend_of(cell.spec.backend.name).tokenize_job(tcell, tok.dir, env_bin)  # type: ignore[misc]
+    out: dict[str, str | bytes] = {
+        rel: data if isinstance(data, str) else dump_json(data) if rel.endswith(".json")
+        else yaml.dump(data, Dumper=_DUMPER, sort_keys=False, width=120) for rel, data in structured.items()}
+    c = tcell.spec.cluster
+    lines = script_head([f"sft_grid: the tokenized dataset of {tok.backend} key {tok.data.key}, shared by every cell"
+                         " whose data tokenizes the same. Run by hand: bash tokenize.sh"], tok.dir, c)
+    lines += list(c.setup) + [f"export PATH={command_line([str(env_bin)])}:\"$PATH\""]
+    own = {**hub_variables(tcell), **backend_of(cell.spec.backend.name).variables(tcell)}
+    lines += [f"export {k}={command_line([v])}" for k, v in sorted(own.items()) if k not in c.env]
+    lines += [command_line(step) for step in steps[:-1]] + ["exec " + command_line(steps[-1])]
+    out[SCRIPT] = "\n".join(lines) + "\n"
+    out[IDENTITY] = json.dumps({"key": tok.data.key, **tok.identity}, indent=2, default=str) + "\n"
+    if tok.tokenizer_from is not None:
+        source = tok.tokenizer_from
+        for name in (*TOKENIZER_FILES, "config.json"):
+            for where in (source, Path(model_source(cell))):
+                if (where / name).is_file():
+                    out[f"{TOKENIZER_DIR}/{name}"] = (where / name).read_bytes()
+                    break
+    return out
+
+
+def run(tok_dir: Path) -> str:
+    """Run a tokenize job's script here (locally, or as its Slurm job); the marker is written once the backend's
+    own output is there. Raises TokenizeFailed with the reason."""
+    events.append(tok_dir, Event.here(Kind.RUNNING))
+    clear_partial(tok_dir)  # an earlier attempt's partial output: LLaMA-Factory would load it as if complete
+    before = os.times()
+    with (tok_dir / LOG).open("ab") as fh:
+        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {SCRIPT}\n".encode())
+        fh.flush()
+        proc = subprocess.run(["bash", str(tok_dir / SCRIPT)], stdout=fh, stderr=subprocess.STDOUT, cwd=tok_dir)
+    after = os.times()
+    # CPU seconds of the backend's own preprocessing (the script's processes, all of them waited for)
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    made = [p for p in (tok_dir / "data", tok_dir / "prepared") if p.is_dir() and any(p.iterdir())]
+    if proc.returncode == 0 and made:
+        marker = {"key": json.loads((tok_dir / IDENTITY).read_text())["key"], "cpu_s": round(cpu, 2)}
+        tmp = tok_dir / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps(marker) + "\n")
+        os.replace(tmp, tok_dir / MARKER)
+        events.append(tok_dir, Event(Kind.COMPLETED, details={"cpu_s": round(cpu, 2)}))
+        return "completed"
+    lines = tail_lines(tok_dir / LOG, 16384)
+    errors = [line.strip() for line in lines if "Error" in line or "error" in line]
+    reason = (f"tokenize job exited with {proc.returncode}: {(errors or lines or ['no output'])[-1][:300]}"
+              f" (log: {tok_dir / LOG})")
+    events.append(tok_dir, Event(Kind.FAILED, reason=reason))
+    raise TokenizeFailed(reason)
+
+
+class TokenizeFailed(RuntimeError):
+    """The tokenize job did not complete; the message is its reason."""
+
+
+def run_here(tok_dir: Path) -> str | None:
+    """Run a tokenization on this machine unless it is done, also by another grid meanwhile (they take turns
+    through a lock); None, or why it failed."""
+    import fcntl
+
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    with open(tok_dir / ".tokenize.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if tokenized_complete(tok_dir):
+            return None
+        events.append(tok_dir, Event.here(Kind.SUBMITTED, executor="local"))
+        try:
+            run(tok_dir)
+        except TokenizeFailed as exc:
+            return str(exc)
+    return None
+
+
+def clear_partial(tok_dir: Path) -> None:
+    """A tokenization that did not complete leaves nothing a cell could load by mistake."""
+    for sub in ("data", "prepared"):
+        shutil.rmtree(tok_dir / sub, ignore_errors=True)

@@ -1,0 +1,58 @@
+"""Budget arithmetic, plan verdicts and messages of Hub staging (pure, no server)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sft_grid.stages.hub import HubUnreachable, download, resolve
+from sft_grid.core.hubcache import RemoteFile, select_files
+from sft_grid.stages.hub_types import Budget, Plan, Resolved, human
+
+pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hf_env
+
+
+def test_budget_counts_from_the_process_start_and_keeps_a_margin():
+    now = time.monotonic()
+    b = Budget(100.0, now - 30.0, margin_s=10.0)
+    assert b.usable_s == 90.0 and b.left(now) == pytest.approx(60.0)
+    assert b.runs_for(200.0) == 3 and b.runs_for(1.0) == 1
+    assert Budget.from_now(100.0).margin_s == 10.0 and Budget.from_now(20.0).margin_s == 5.0
+    assert Budget.since_process_start(100.0).started <= Budget.from_now(100.0).started
+
+
+def test_budget_since_process_start_counts_the_time_already_spent():
+    code = ("import time; time.sleep(0.5); from sft_grid.stages.hub_types import Budget; "
+            "print(Budget.since_process_start(100.0, margin_s=10.0).left())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout
+    assert 60.0 < float(out) <= 89.5  # the half second slept (and the start-up) is already gone
+
+
+def test_plan_fits_only_with_the_reserve_counted():
+    files = (RemoteFile("a.safetensors", 600, "0" * 40, "1" * 64),)
+    resolved = Resolved("org/a", "model", "main", "2" * 40, files)
+    sel = select_files(files, "model")
+    plan = Plan(resolved, Path("/c"), sel, (), (), files, 600, 1000, 300)
+    assert plan.bytes_needed == 600 and plan.fits
+    assert not Plan(resolved, Path("/c"), sel, (), (), files, 600, 1000, 500).fits
+    assert "1 files, 600 B needed, 600 B to fetch" in plan.describe()
+
+
+def test_human_sizes():
+    assert [human(0), human(1023), human(1536), human(5 * 2**30)] == ["0 B", "1023 B", "1.5 KiB", "5.0 GiB"]
+
+
+def test_unreachable_hub_names_the_fix(hf_env, tmp_path):
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens, the connection is refused at once
+    with pytest.raises(HubUnreachable, match="cannot reach http://127.0.0.1:9.*login node"):
+        resolve("org/tiny", endpoint=dead)
+    with pytest.raises(HubUnreachable):
+        download("org/tiny", "model", "main", tmp_path / "cache", endpoint=dead)
+    with pytest.raises(ValueError, match="kind"):
+        download("org/tiny", "space", "main", tmp_path / "cache", endpoint=dead)

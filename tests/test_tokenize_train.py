@@ -1,0 +1,49 @@
+"""Tokenize once, really run: a local grid of cells on the same data builds one tokenized dataset with each
+backend's own preprocessing (LLaMA-Factory's get_dataset into `tokenized_path`, axolotl's `preprocess` into its
+`dataset_prepared_path`, after the seeded mix step of an interleaved mix), and every cell's job loads it and
+never tokenizes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sft_grid.core.layout import iter_cell_dirs
+from sft_grid.core.tokenized import MARKER
+
+from .conftest import run_sft
+from .helpers import grid_states
+
+pytestmark = pytest.mark.backend
+
+# what each backend logs when it loads a shared dataset, and when it tokenizes itself
+LOADS = {"llamafactory": "Loaded tokenized dataset from", "axolotl": "Loading prepared dataset from disk at"}
+TOKENIZES = {"llamafactory": "Running tokenizer on dataset", "axolotl": "Loading raw datasets"}
+
+
+@pytest.mark.parametrize("backend, mix", [
+    ("llamafactory", []),
+    ("axolotl", ["dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under", "mix.probs=[0.5,0.5]"]),
+], ids=["llamafactory", "axolotl-interleaved"])
+def test_cells_on_the_same_data_load_one_tokenization(tmp_path, tiny_assets, backend, mix):
+    proc = run_sft("-m", f"backend={backend}", "model=tiny_llama", "lr=1e-5,2e-5", "max_steps=2", "global_batch_size=2",
+                   "cutoff_len=256", f"runs_root={tmp_path}", *mix)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert all(s.state.value == "completed" for s in grid_states(tmp_path).values())
+    (tok_dir,) = list((tmp_path / "_tokenized").iterdir())
+    marker = json.loads((tok_dir / MARKER).read_text())
+    assert marker["cpu_s"] > 0 and tok_dir.name.endswith(marker["key"])
+    if mix:
+        assert (tok_dir / "data" / "mix.jsonl").is_file()  # the mix step ran once, in the tokenize job
+    for cell in iter_cell_dirs(tmp_path / "default"):
+        log = (cell / "logs" / "train.log").read_text()
+        assert LOADS[backend] in log and str(tok_dir) in log
+        assert TOKENIZES[backend] not in log
+        assert not (cell / "data").exists()  # no per-cell mix file
+
+    # a change of what decides the tokens builds a new one beside it; the old one is kept for its cells
+    again = run_sft("-m", f"backend={backend}", "model=tiny_llama", "lr=1e-5", "max_steps=2", "global_batch_size=2",
+                    "cutoff_len=128", f"runs_root={tmp_path}", *mix)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(list((tmp_path / "_tokenized").iterdir())) == 2

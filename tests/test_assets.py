@@ -106,7 +106,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def test_layout(built: Path) -> None:
-    assert sorted(p.name for p in built.iterdir()) == ["data", "models"]  # no staging dirs left behind
+    assert sorted(p.name for p in built.iterdir()) == ["data", "models", "sizes"]  # no staging dirs left behind
+    assert sorted(p.name for p in (built / "sizes").iterdir()) == [".complete", *assets.SIZES]
     data_files = sorted(p.name for p in (built / "data").iterdir())
     assert data_files == [".complete", "tiny_messages.jsonl", "tiny_sharegpt.jsonl"]
     assert sorted(p.name for p in (built / "models").iterdir()) == [".complete", "tiny-delphi", "tiny-llama3", "tiny-qwen3"]
@@ -208,8 +209,8 @@ def test_dir_without_marker_is_rebuilt_identically(built: Path, tmp_path: Path) 
     after = _files(copy)
     assert after.keys() == before.keys() | {f"models/{assets.MARKER}"}
     for path in before:
-        if path.startswith("data/"):
-            assert after[path] == before[path], f"{path} was rewritten though data/ was complete"
+        if path.startswith(("data/", "sizes/")):  # each part has its own marker: only models/ lost its
+            assert after[path] == before[path], f"{path} was rewritten though its part was complete"
         else:
             assert after[path][:2] != before[path][:2], f"{path} was not rebuilt"
             # Seeded build: a rebuild reproduces the same bytes, so runs stay comparable across machines.

@@ -222,9 +222,12 @@ def test_mixed_cell_trains_with_axolotl_and_every_checkpoint_carries_the_templat
     assert len(losses(out)) == 4
     assert (out / "checkpoint-2" / "optimizer.pt").is_file() and (out / "checkpoint-4").is_dir()
     assert_template_everywhere(out)
-    # the data step wrote the interleaved mix, and axolotl trained on it
+    # the grid's tokenize-once job wrote the interleaved mix and axolotl's prepared dataset; the cell loaded it
+    (tok_dir,) = list((tmp_path / "_tokenized").iterdir())
+    tok_log = (tok_dir / "tokenize.log").read_text()
+    assert "mix_data: wrote" in tok_log and str(tok_dir / axolotl.MIX_DATA) in tok_log
     log = (cell / "logs" / "train.log").read_text()
-    assert "mix_data: wrote" in log and str(cell / axolotl.MIX_DATA) in log
+    assert "Loading prepared dataset from disk at" in log and "mix_data: wrote" not in log
     again = run_sft(*TINY, *MIX, "max_steps=4", "save_steps=2", "lr=1e-3", f"runs_root={tmp_path}", check=True)
     assert "0 to run, 1 completed" in again.stdout
 
@@ -233,7 +236,9 @@ def test_mixed_cell_trains_with_axolotl_and_every_checkpoint_carries_the_templat
 def test_axolotl_cell_killed_after_a_checkpoint_resumes_from_it(tmp_path, axolotl_env):
     """A real kill: the job's whole process group dies mid-training, after a checkpoint; the rerun resumes
     from the newest checkpoint (axolotl's auto-resume), continuing the step count instead of restarting."""
-    args = [*TINY, "max_steps=40", "save_steps=2", f"runs_root={tmp_path}"]
+    # the job is started by hand on a dry run's cell: nothing built the grid's shared tokenized dataset, so the
+    # cell tokenizes in its own job (tokenize_once=false)
+    args = [*TINY, "max_steps=40", "save_steps=2", "tokenize_once=false", f"runs_root={tmp_path}"]
     run_sft(*args, "dry_run=true", check=True)
     (cell,) = cells(tmp_path)
     out = cell / "output"
@@ -279,8 +284,9 @@ def test_parity_with_llamafactory_on_the_same_cell(tmp_path, axolotl_env):
         final[backend] = sum(curve[-2:]) / 2
         if backend == "llamafactory":
             lf_examples = int(re.search(r"Num examples = (\d+)", (cell / "logs" / "train.log").read_text()).group(1))
-        else:
-            mix_rows = len((cell / axolotl.MIX_DATA).read_text().splitlines())
+        else:  # the mix the grid's tokenize-once job wrote, which the cell trained on
+            (tok_dir,) = list((tmp_path / backend / "_tokenized").iterdir())
+            mix_rows = len((tok_dir / axolotl.MIX_DATA).read_text().splitlines())
     assert lf_examples == mix_rows
     rel = abs(final["axolotl"] - final["llamafactory"]) / final["llamafactory"]
     assert rel < 0.10, final

@@ -353,8 +353,10 @@ def test_failed_prep_fails_its_cells_with_the_reason_and_queues_nothing(tmp_path
 @pytest.mark.slurm
 @pytest.mark.backend
 def test_slurm_prep_job_runs_first_and_the_cells_depend_on_it(tmp_path, tiny_assets):
+    # the prep's own dependency (with tokenize once, the cells wait for the tokenize array, which waits for the
+    # prep: tests/test_tokenize_plan.py)
     proc = run_sft("-m", *TINY, "seed=1,2", "model=tiny_delphi,tiny_llama", "cluster=slurm_local",
-                   f"runs_root={tmp_path}", check=True)
+                   "tokenize_once=false", f"runs_root={tmp_path}", check=True)
     match = re.search(r"tokenizer prep of tiny_delphi: job (\d+)", proc.stdout)
     assert match, proc.stdout
     prep_job = match.group(1)

@@ -115,7 +115,7 @@ def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone
     status = rows([cell], [base])
     # (the suite now asks for tiny_gen and tiny_mc with limit 10: the score without a limit stays on disk)
     assert status[0][1] == "completed" and status[0][6] == "failed (1/2)" and status[1][6] == "done (2)"
-    assert "train == serve" in status[0][7] and "chat_template.jinja has digest" in status[0][7]
+    assert "train == serve" in status[0][8] and "chat_template.jinja has digest" in status[0][8]
     assert ("tiny_mc", 10) not in scores_by_task(cell) and ("tiny_mc", 10) in scores_by_task(base)
 
     # the template put back: the evaluation is retried alone, never the training

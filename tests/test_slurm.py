@@ -81,10 +81,12 @@ def test_grid_is_one_throttled_array_then_skipped(tmp_path, tiny_assets, cleanup
     assert {s.state.value for s in final.values()} == {"completed"}, final
     arrays = {s.job_id.split("_")[0] for s in final.values()}
     assert len(arrays) == 1  # one sbatch for the grid
-    # the training array's script (the post-training array waits for it: --dependency=aftercorr)
+    # the training array's script: it waits for the grid's tokenize-once job (afterany), and the post-training
+    # array waits for it task by task (aftercorr)
     (script,) = [t for t in (p.read_text() for p in (tmp_path / "default" / ".submitit").rglob("*_submission.sh"))
-                 if "--dependency" not in t]
+                 if "aftercorr" not in t]
     assert "#SBATCH --array=0-2%2" in script and "#SBATCH --requeue" in script
+    assert "--dependency=afterany:" in script
     for cell in cell_dirs(tmp_path):
         assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == 2
     again = run_sft("-m", *TINY, "max_steps=2", "seed=1,2,3", "concurrency=2", f"runs_root={tmp_path}", check=True)

@@ -116,8 +116,10 @@ def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
         tokenizer = ident["tokenizer"].get("digest") or f"{ident['tokenizer'].get('name')} (by name: not readable here)"
         sources = "+".join(f"{s[0]}@{str(s[2])[:12]}" if s[1] == "hub" else s[0] for s in ident["sources"])
         state = "built" if tok.data.complete else "to build"
+        seed = ident["data"].get("config", {}).get("seed")
         lines.append(f"    {tok.backend} {tok.data.key}: {n} cell(s), tokenizer {tokenizer}, template"
-                     f" {ident['template']}, {sources}, mix {ident['mix'][0]}, seed {ident['seed']}, cutoff"
+                     f" {ident['template']}, {sources}, mix {ident['mix'][0]}"
+                     + (f", seed {seed}" if seed is not None else "") + f", cutoff"
                      f" {ident['cutoff_len']} ({state}: {relative(tok.dir)})")
     if len(groups) > limit:
         lines.append(f"    ... and {len(groups) - limit} more")

@@ -53,16 +53,17 @@ def test_the_real_run_sends_the_dry_runs_sbatch_scripts(runs_root, tmp_path):
             "cluster=slurm_local", "+cluster.sbatch_extra.hold=true", f"runs_root={runs_root}"]
     dry = run_sft(*grid, "dry_run=true", check=True)
     previews = {p.stem: p.read_text() for p in (runs_root / "default" / ".dry_run").glob("*.sbatch")}
-    roles = re.findall(r"sft_grid-[0-9a-f]+: (model prep|training|post-training stages)", dry.stdout)
-    assert sorted(roles) == ["model prep", "post-training stages", "post-training stages", "training", "training"]
+    roles = re.findall(r"sft_grid-[0-9a-f]+: (model prep|tokenize once|training|post-training stages)", dry.stdout)
+    assert sorted(roles) == ["model prep", "post-training stages", "tokenize once", "training"]
     run_with(fake_sbatch(tmp_path, 'exec "$REAL" "$@"\n'), *grid)
     sent = [p.read_text() for p in sorted((tmp_path / "captured").glob("*.sh"))]
-    assert len(sent) == len(previews) == 5
+    assert len(sent) == len(previews) == 4
     for script in sent:
         name = re.search(r"^#SBATCH --job-name=(\S+)", script, re.M).group(1)
         assert normalise_ids(script) == normalise_ids(previews[name]), name
-    # the dependencies name the jobs the dry run named: the prep's and each training array's
-    assert sum("--dependency=afterany:" in s for s in sent) == 1 and sum("aftercorr:" in s for s in sent) == 2
+    # the dependencies name the jobs the dry run named: the tokenize array waits for the prep, the training array
+    # for the tokenize array, the post array for the training array task by task
+    assert sum("--dependency=afterany:" in s for s in sent) == 2 and sum("aftercorr:" in s for s in sent) == 1
 
 
 def snapshot(runs_root: Path) -> dict[str, str]:
@@ -76,7 +77,8 @@ def snapshot(runs_root: Path) -> dict[str, str]:
 
 
 def test_a_dry_run_of_a_grid_in_flight_after_a_crash_changes_nothing(runs_root, tmp_path):
-    base = ["-m", "model=tiny_llama", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
+    # (the training array is the first sbatch: no tokenize-once job before it)
+    base = ["-m", "model=tiny_llama", "max_steps=2", "global_batch_size=4", "micro_batch_size=2", "tokenize_once=false",
             "cluster=slurm_local", "+cluster.sbatch_extra.hold=true", f"runs_root={runs_root}"]
     run_sft(*base, "seed=1,2", check=True)  # queued (held), ids recorded
     # a second invocation dies right after sbatch: its jobs are queued, their ids and pickles not in place

@@ -149,9 +149,15 @@ TRAIN_ONLY = ("model_name_or_path", "dataset_dir", "output_dir", "run_name", "lo
 
 
 def data_spec(cell: Cell) -> dict[str, Any]:
-    """What decides LLaMA-Factory's tokens besides the tokenizer: its data arguments and each source's entry."""
+    """What decides LLaMA-Factory's tokens besides the tokenizer: its data arguments and each source's entry.
+    The seed counts only where 0.9.5's data loading uses it (data_utils.py: interleaving sources, a streaming
+    shuffle, splitting off a validation set); concatenated sources tokenize the same whatever the seed, so
+    cells that differ only in their seed share one tokenization."""
     config = train_config(cell, Path("."))
-    return {"config": {k: v for k, v in config.items() if k not in TRAIN_ONLY}, "dataset_info": dataset_info(cell)}
+    drop = set(TRAIN_ONLY)
+    if config.get("mix_strategy", "concat") == "concat" and not config.get("streaming") and not config.get("val_size"):
+        drop.add("seed")
+    return {"config": {k: v for k, v in config.items() if k not in drop}, "dataset_info": dataset_info(cell)}
 
 
 def tokenize_job(cell: Cell, tok_dir: Path, env_bin: Path) -> tuple[dict[str, Any], list[list[str]]]:

@@ -11,7 +11,7 @@ The key is a hash of what decides the tokens (`identity`): the backend and its e
 content (checks/tokenizers.py: a digest of its files, for a Delphi checkpoint the prepared tokenizer's, so
 checkpoints that carry the same tokenizer share); the template and its jinja; the backend's data settings and
 each source as rendered, with its pinned commit or, for a local file, its size and modification time; the mix and
-its seed; the cutoff. A change of any of them gives a new key, and so a new tokenized dataset. A tokenizer that
+its seed where the backend's data preparation uses it; the cutoff. A change of any of them gives a new key, and so a new tokenized dataset. A tokenizer that
 cannot be read where the grid runs (not staged yet) is keyed by its name and commit instead, and read by the job.
 """
 
@@ -97,7 +97,9 @@ def identity(cell: Cell) -> tuple[dict[str, Any], Path | None]:
         "backend": s.backend.name, "env": bin_dir(s).parent.name, "tokenizer": tokenizer,
         "template": s.model.template,
         "jinja": hashlib.sha256((template.jinja_text() or "").encode()).hexdigest()[:16] if template else None,
-        "sources": _sources(cell), "mix": [s.mix.strategy, s.mix.probs], "seed": s.seed, "cutoff_len": s.cutoff_len,
+        # the seed counts where the backend's data preparation uses it (its data_spec keeps it then: axolotl
+        # shuffles the prepared dataset with it; LLaMA-Factory only interleaves or splits with it)
+        "sources": _sources(cell), "mix": [s.mix.strategy, s.mix.probs], "cutoff_len": s.cutoff_len,
         "data": backend_of(s.backend.name).data_spec(cell),
     }
     return ident, where

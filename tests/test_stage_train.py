@@ -64,7 +64,7 @@ def test_a_rerun_trains_the_pinned_commit_after_main_moved(hub, cache, tmp_path,
 def test_a_staged_delphi_grid_checks_everything_before_queueing(hub, cache, tmp_path, tiny_assets):
     """A Delphi checkpoint staged from the Hub: the dry run checks its prepared tokenizer (made from the staged
     tokenizer files before any model prep), shows the first example of each source with the think tokens whole,
-    and gives the loss-mask verdict; only the model prep's own success waits for its job."""
+    and gives the loss-mask verdict; only the model prep's own success and the shared tokenization wait for their jobs."""
     model = {p.name: p.read_bytes() for p in (tiny_assets / "models" / "tiny-delphi").iterdir() if p.is_file()}
     hub.store.commit("org/tiny-delphi", model)
     commit_tiny_assets(hub.store, tiny_assets)
@@ -81,4 +81,6 @@ def test_a_staged_delphi_grid_checks_everything_before_queueing(hub, cache, tmp_
     assert "the loss mask trains the assistant turns and nothing else: 1" in out
     assert "template tokens are single tokens of the tokenizer: 1" in out
     deferred = [line for line in out.splitlines() if "deferred to the job's first step" in line]
-    assert len(deferred) == 1 and "the model's prep succeeded" in deferred[0], deferred
+    # only what the jobs before it build waits for the cell's job: its model prep and the shared tokenization
+    assert len(deferred) == 2 and any("the model's prep succeeded" in d for d in deferred), deferred
+    assert any("the grid's shared tokenized dataset is built" in d or "shared tokenized dataset" in d for d in deferred)

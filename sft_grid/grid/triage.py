@@ -29,12 +29,14 @@ log = logging.getLogger(__name__)
 
 
 def _unrecorded(view: GridView, cell_dir: Path) -> bool:
-    """Failed or cancelled by the scheduler's (or a dead process's) word, with no outcome in the ledger."""
+    """Failed or cancelled by the scheduler's (or a dead process's) word, with no outcome in the ledger. A cell
+    whose ledger says completed but whose output is gone is failed by its files, not by a job: nothing to triage."""
     if view.state(cell_dir).state not in (State.FAILED, State.CANCELLED):
         return False
     history = view.histories[cell_dir]
     start = max((i for i, e in enumerate(history) if e.kind is Kind.SUBMITTED), default=None)
-    return start is not None and not any(e.kind in (Kind.FAILED, Kind.CANCELLED) for e in history[start + 1:])
+    outcomes = (Kind.FAILED, Kind.CANCELLED, Kind.COMPLETED)
+    return start is not None and not any(e.kind in outcomes for e in history[start + 1:])
 
 
 def settle(view: GridView, cell_dirs: Sequence[Path]) -> None:

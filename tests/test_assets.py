@@ -107,7 +107,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def test_layout(built: Path) -> None:
     assert sorted(p.name for p in built.iterdir()) == ["data", "models", "sizes"]  # no staging dirs left behind
-    assert sorted(p.name for p in (built / "sizes").iterdir()) == [".complete", *assets.SIZES]
+    assert sorted(p.name for p in (built / "sizes").iterdir()) == sorted([".complete", *assets.SIZES])
     data_files = sorted(p.name for p in (built / "data").iterdir())
     assert data_files == [".complete", "tiny_messages.jsonl", "tiny_sharegpt.jsonl"]
     assert sorted(p.name for p in (built / "models").iterdir()) == [".complete", "tiny-delphi", "tiny-llama3", "tiny-qwen3"]

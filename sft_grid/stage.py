@@ -6,9 +6,10 @@
 The grid command stages its inputs by itself before anything is queued; this does only that, so a login node
 that kills long processes can be given repeated short runs (each continues where the last stopped; a finished
 file is never fetched again), or a whole grid's inputs can be staged the day before. With a grid's overrides it
-stages exactly what `python -m sft_grid` with the same overrides would, into the cluster's `hf_cache`, where its
-`staging.where` says (a transfer job for `job`), and renders and queues nothing. Exit status: 0 staged, 1 a
-problem (named, with its fix), 3 stopped before the site's process time limit (run it again).
+stages exactly what `python -m sft_grid` with the same overrides would stage here, into the cluster's `hf_cache`,
+and renders and queues nothing; inputs whose cluster stages them in a job (`staging.where: job`) are only pinned
+(the grid command queues their staging job). Exit status: 0 staged, 1 a problem (named, with its fix), 3 stopped
+before the site's process time limit (run it again).
 """
 
 from __future__ import annotations

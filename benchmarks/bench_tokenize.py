@@ -10,7 +10,7 @@ own preprocessing before them (stages/tokenize.py). Targets, for a grid of 8 cel
 
 What it runs: for each backend, a warm-up cell, then the same grid twice through the orchestrator, locally
 (cluster=local: the cells run one at a time, nothing else runs beside them), on the tiny local assets
-(`python -m sft_grid.assets build`, a no-op when built), each run in a fresh runs root and a fresh HF datasets cache:
+(`python -m sft_grid.assets build`, a no-op when built), each run in a fresh runs root:
 
     python -m sft_grid -m backend=B model=tiny_llama lr=1e-05,2e-05,..,8e-05 max_steps=1 global_batch_size=2
         cutoff_len=256 runs_root=TMP/B-{own,shared} tokenize_once={false,true}
@@ -25,10 +25,15 @@ How each number is measured:
     the cells: what tokenizing in the job costs a cell beyond loading a tokenized dataset. The start-up and imports
     are not in it (a cell pays them to train anyway), so it is the cost that sharing can save. It is a difference of
     two runs, so a cell's share carries their noise (a few tenths of a second on this machine).
-  * evidence, checked: every cell's log without sharing shows the backend tokenizing (LLaMA-Factory: "Running
-    tokenizer on dataset"; axolotl: "Loading raw datasets"), unless it loaded the result of an identical earlier map
-    from the HF datasets cache (counted: "tokenized in-cell k/N"); with sharing, none does, and every cell's log shows
-    it loading the shared dataset.
+  * evidence: with sharing, every cell's log is checked to show it loading the shared dataset and never its raw
+    data; without sharing, the cells whose log shows the backend's tokenizing pass (LLaMA-Factory: "Running tokenizer
+    on dataset"; axolotl: "Tokenizing Prompts") are counted ("tokenized in-cell k/N").
+  * the HF datasets cache: by default each job gets its own (HF_DATASETS_CACHE is a relative path, and each job runs
+    in its own directory), so that without sharing every cell tokenizes, as jobs on different nodes do.
+    `--datasets-cache grid` gives each run one cache instead, as on one machine or a shared filesystem: then
+    axolotl's later cells find the first one's tokenization there (datasets' map cache; they still load the raw data
+    and save a prepared copy of their own), while LLaMA-Factory's cells tokenize anyway (its map's fingerprint
+    differs from process to process).
   * job start to first training step: a watcher polls every cell directory every 50 ms and records when its ledger
     gets the job's `running` event (appended as the job starts, before the deferred checks and the backend) and when
     output/trainer_log.jsonl gets its first line (logging_steps=1: written at the end of step 1, both backends).
@@ -37,7 +42,7 @@ How each number is measured:
 ratio moves once tokenizing outweighs a process's start-up. `--quick` runs 4 cells instead of 8.
 
     python benchmarks/bench_tokenize.py [--quick] [--cells N] [--backends llamafactory,axolotl] [--rows N]
-                                        [--keep DIR] [--check] [--json out.json]
+                                        [--datasets-cache job|grid] [--keep DIR] [--check] [--json out.json]
 """
 
 from __future__ import annotations
@@ -64,9 +69,11 @@ sys.path.insert(0, str(REPO))
 from sft_grid.core.tokenized import MARKER, TOKENIZED  # noqa: E402
 
 BACKENDS = ("llamafactory", "axolotl")
-# what each backend logs when it tokenizes a source itself, and when it loads a shared tokenized dataset
-TOKENIZES = {"llamafactory": "Running tokenizer on dataset", "axolotl": "Loading raw datasets"}
+# what each backend logs when it prepares its raw data itself (tests/test_tokenize_train.py), when it loads a shared
+# tokenized dataset, and when its tokenizing pass runs (not when datasets' map cache answers it)
+RAW = {"llamafactory": "Running tokenizer on dataset", "axolotl": "Loading raw datasets"}
 LOADS = {"llamafactory": "Loaded tokenized dataset from", "axolotl": "Loading prepared dataset from disk at"}
+TOKENIZES = {"llamafactory": "Running tokenizer on dataset", "axolotl": "Tokenizing Prompts"}
 FIXED = ["model=tiny_llama", "max_steps=1", "global_batch_size=2", "cutoff_len=256"]
 GRID_TIMEOUT_S = 3600
 POLL_S = 0.05
@@ -144,16 +151,17 @@ def ledger(cell: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (cell / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
-def grid(backend: str, lrs: Sequence[str], runs_root: Path, shared: bool, env: dict[str, str],
+def grid(backend: str, lrs: Sequence[str], runs_root: Path, shared: bool, env: tuple[dict[str, str], Path],
          extra: Sequence[str]) -> tuple[float, Watcher, str]:
-    """Run one grid to its end; (wall seconds, the watcher's times, the command's output)."""
+    """Run one grid to its end, with (its environment, its working directory); (wall seconds, the watcher's times,
+    the command's output)."""
     argv = [sys.executable, "-m", "sft_grid", "-m", f"backend={backend}", *FIXED, "lr=" + ",".join(lrs),
             f"runs_root={runs_root}", f"tokenize_once={str(shared).lower()}", *extra]
     watcher = Watcher(runs_root / "default")
     watcher.start()
     started = time.perf_counter()
     try:
-        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=GRID_TIMEOUT_S)
+        proc = subprocess.run(argv, cwd=env[1], env=env[0], capture_output=True, text=True, timeout=GRID_TIMEOUT_S)
     finally:
         watcher.done.set()
         watcher.join()
@@ -178,7 +186,7 @@ def read_run(backend: str, mode: str, runs_root: Path, wall: float, watcher: Wat
         if cell.name not in watcher.first_at:
             raise BenchError(f"{backend} {mode}: no start or first step seen for {cell.name}")
         log = (cell / "logs" / "train.log").read_text(errors="replace")
-        if mode == "shared" and (TOKENIZES[backend] in log or LOADS[backend] not in log):
+        if mode == "shared" and (RAW[backend] in log or LOADS[backend] not in log):
             raise BenchError(f"{backend} shared: {cell.name} tokenized itself, or did not load the shared dataset")
         run.cells[cell.name] = Cell(cell.name, float(done[-1]["cpu_seconds"]),
                                     watcher.first_at[cell.name] - watcher.start_at[cell.name],
@@ -215,14 +223,19 @@ def write_rows(work: Path, rows: int) -> list[str]:
     return ["dataset=bench_rows", f"hydra.searchpath=[file://{work / 'conf'}]"]
 
 
-def bench_backend(backend: str, n: int, work: Path, extra: Sequence[str]) -> Backend:
+def bench_backend(backend: str, n: int, work: Path, extra: Sequence[str], datasets_cache: str) -> Backend:
     lrs = [f"{i + 1}e-05" for i in range(n)]
     b = Backend(backend, n)
 
-    def env(tag: str) -> dict[str, str]:
-        cache = work / f"hf-datasets-{backend}-{tag}"
-        shutil.rmtree(cache, ignore_errors=True)
-        return {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_CACHE": str(cache)}
+    def env(tag: str) -> tuple[dict[str, str], Path]:
+        """The grid command's environment, and so its jobs': this checkout, a fresh scratch working directory, and
+        the HF datasets cache: relative (each job's own directory) or one fresh directory for the run."""
+        cwd, cache = work / f"cwd-{backend}-{tag}", work / f"hf-datasets-{backend}-{tag}"
+        for d in (cwd, cache):
+            shutil.rmtree(d, ignore_errors=True)
+        cwd.mkdir(parents=True)
+        return {**os.environ, "PYTHONPATH": str(REPO),
+                "HF_DATASETS_CACHE": "hf_datasets" if datasets_cache == "job" else str(cache)}, cwd
 
     print(f"{backend}: a warm-up cell ...", flush=True)
     shutil.rmtree(work / f"{backend}-warmup", ignore_errors=True)
@@ -286,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cells", type=int, help="cells per grid (default 8, 4 with --quick)")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
     p.add_argument("--rows", type=int, help="train on a local copy of tiny_messages grown to this many rows")
+    p.add_argument("--datasets-cache", choices=("job", "grid"), default="job",
+                   help="an HF datasets cache per job (default), or one per grid run")
     p.add_argument("--keep", type=Path, metavar="DIR", help="run in DIR and keep the runs (default: a temporary dir)")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     p.add_argument("--json", type=Path, metavar="PATH")
@@ -304,12 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = write_rows(work / "rows", args.rows) if args.rows else []
         try:
             for backend in backends:
-                results.append(bench_backend(backend, n, work, extra))
+                results.append(bench_backend(backend, n, work, extra, args.datasets_cache))
         except (BenchError, subprocess.TimeoutExpired) as exc:
             error = str(exc)
     print()
     print(f"{n} cells a grid, 1 step each, data: " + (f"tiny_messages grown to {args.rows} rows" if args.rows
-          else "tiny_messages (60 rows)") + f"; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+          else "tiny_messages (60 rows)") + f", an HF datasets cache per {args.datasets_cache}; {os.cpu_count()}"
+          f" CPUs, load {os.getloadavg()[0]:.1f}")
     if results:
         for line in table(results):
             print(line)
@@ -319,7 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ERROR: {error}")
     if args.json:
         args.json.write_text(json.dumps({
-            "date": _dt.date.today().isoformat(), "cells": n, "rows": args.rows, "error": error or None,
+            "date": _dt.date.today().isoformat(), "cells": n, "rows": args.rows, "datasets_cache": args.datasets_cache,
+            "error": error or None,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "backends": [asdict(b) for b in results]}, indent=2) + "\n")
     if error:

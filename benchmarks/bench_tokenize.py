@@ -24,7 +24,7 @@ How each number is measured:
     ledger's `completed` event) with tokenize_once=false, minus the same cell's with tokenize_once=true, summed over
     the cells: what tokenizing in the job costs a cell beyond loading a tokenized dataset. The start-up and imports
     are not in it (a cell pays them to train anyway), so it is the cost that sharing can save. It is a difference of
-    two runs, so a cell's share carries their noise (a few tenths of a second on this machine).
+    two runs, so a cell's share carries their noise (up to about a second on this machine).
   * evidence: with sharing, every cell's log is checked to show it loading the shared dataset and never its raw
     data; without sharing, the cells whose log shows the backend's tokenizing pass (LLaMA-Factory: "Running tokenizer
     on dataset"; axolotl: "Tokenizing Prompts") are counted ("tokenized in-cell k/N").
@@ -32,14 +32,16 @@ How each number is measured:
     in its own directory), so that without sharing every cell tokenizes, as jobs on different nodes do.
     `--datasets-cache grid` gives each run one cache instead, as on one machine or a shared filesystem: then
     axolotl's later cells find the first one's tokenization there (datasets' map cache; they still load the raw data
-    and save a prepared copy of their own), while LLaMA-Factory's cells tokenize anyway (its map's fingerprint
-    differs from process to process).
+    and save a prepared copy of their own), while LLaMA-Factory's cells tokenize anyway (its map is not found in
+    the cache from one process to the next).
   * job start to first training step: a watcher polls every cell directory every 50 ms and records when its ledger
     gets the job's `running` event (appended as the job starts, before the deferred checks and the backend) and when
     output/trainer_log.jsonl gets its first line (logging_steps=1: written at the end of step 1, both backends).
 
-`--rows N` trains on a local copy of tiny_messages grown to N rows (each row's user turn numbered), to see how the
-ratio moves once tokenizing outweighs a process's start-up. `--quick` runs 4 cells instead of 8.
+The tokenize job is a process of its own, and its start-up is on the shared side of the ratio: with a start-up of
+s seconds of CPU and t seconds of tokenizing, the ratio is cells x t / (s + t), which reaches cells / unique
+tokenizations only once t outweighs s. `--rows N` trains on a local copy of tiny_messages grown to N rows (each row's
+user turn numbered) to see it move. `--quick` runs 4 cells instead of 8.
 
     python benchmarks/bench_tokenize.py [--quick] [--cells N] [--backends llamafactory,axolotl] [--rows N]
                                         [--datasets-cache job|grid] [--keep DIR] [--check] [--json out.json]

@@ -122,17 +122,23 @@ def check_assistant_turns(check: Check) -> Verdict:
     return assistant_turns(rows, check.column, dict(check.tags))
 
 
+def _built_before(directory: Path, complete: bool, failed_as: str, fix: str, not_yet: str) -> Verdict:
+    """A grid-level job's output the cell needs (its model prep, its tokenization): there; or its job failed,
+    and why (the ledger in its directory); or not built yet, and the check waits for the cell's job."""
+    if complete:
+        return Verdict(True)
+    failed = events.last(events.read(directory), Kind.FAILED)
+    if failed is not None:
+        return Verdict(False, f"{failed_as}: {failed.reason}", f"{fix} and run the grid again with rerun_failed=true")
+    return Verdict(False, not_yet, "", unreachable=True)
+
+
 def check_prepared(check: Check) -> Verdict:
     """The model's prepared copy is there; if its prep failed, why."""
     prep_dir = Path(check.target)
-    if prep_complete(prep_dir):
-        return Verdict(True)
-    failed = events.last(events.read(prep_dir), Kind.FAILED)
-    if failed is not None:
-        return Verdict(False, f"its model prep failed: {failed.reason}", f"fix the prep (its log: {prep_dir}/prep.log)"
-                       " and run the grid again with rerun_failed=true")
-    return Verdict(False, f"the model's prepared copy {prep_dir / 'model'} is not there yet; the prep runs before"
-                   " the cell", "", unreachable=True)
+    return _built_before(prep_dir, prep_complete(prep_dir), "its model prep failed",
+                         f"fix the prep (its log: {prep_dir}/prep.log)",
+                         f"the model's prepared copy {prep_dir / 'model'} is not there yet; the prep runs before the cell")
 
 
 def check_staged(check: Check) -> Verdict:
@@ -156,14 +162,9 @@ def check_staged(check: Check) -> Verdict:
 def check_tokenized(check: Check) -> Verdict:
     """The grid's shared tokenized dataset of the cell is built; if its tokenize job failed, why."""
     tok_dir = Path(check.target)
-    if tokenized_complete(tok_dir):
-        return Verdict(True)
-    failed = events.last(events.read(tok_dir), Kind.FAILED)
-    if failed is not None:
-        return Verdict(False, f"its tokenized dataset was not built: {failed.reason}",
-                       f"fix the cause (its log: {tok_dir}/tokenize.log) and run the grid again with rerun_failed=true")
-    return Verdict(False, f"the tokenized dataset {tok_dir} is not built yet; it is built before the cell", "",
-                   unreachable=True)
+    return _built_before(tok_dir, tokenized_complete(tok_dir), "its tokenized dataset was not built",
+                         f"fix the cause (its log: {tok_dir}/tokenize.log)",
+                         f"the tokenized dataset {tok_dir} is not built yet; it is built before the cell")
 
 
 RUNNERS: dict[str, Callable[[Check], Verdict]] = {

@@ -10,7 +10,6 @@ it done); on Slurm it is one job per model and the cells' arrays depend on it (s
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
 import time
@@ -25,6 +24,7 @@ from sft_grid.core.templates import DELPHI_TOKENS
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import MARKER, MODEL_DIR, PREP_VERSION, Prep, prep_complete
 from sft_grid.planning.venvs import bin_dir
+from sft_grid.stages import once
 
 SCRIPT = "prep.sh"
 LOG = "prep.log"
@@ -79,14 +79,4 @@ def run(prep_dir: Path) -> str:
 def run_here(prep_dir: Path) -> str | None:
     """Run a prep (its prep.sh written) on this machine unless it is done, also by another grid meanwhile (they
     take turns through a lock); None, or why it failed."""
-    prep_dir.mkdir(parents=True, exist_ok=True)
-    with open(prep_dir / LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if prep_complete(prep_dir):
-            return None
-        events.append(prep_dir, Event.here(Kind.SUBMITTED, executor="local"))
-        try:
-            run(prep_dir)
-        except PrepFailed as exc:
-            return str(exc)
-    return None
+    return once.run_here(prep_dir, LOCK, prep_complete, run, PrepFailed)

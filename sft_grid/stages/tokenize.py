@@ -43,6 +43,7 @@ from sft_grid.core.tokenized import MARKER, TOKENIZED, TOKENIZER_DIR, TokenizedD
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.inputs import PREP_VERSION, hub_variables, model_source, prep_for, source_of
 from sft_grid.planning.venvs import bin_dir
+from sft_grid.stages import once
 
 SCRIPT = "tokenize.sh"
 LOG = "tokenize.log"
@@ -192,19 +193,7 @@ class TokenizeFailed(RuntimeError):
 def run_here(tok_dir: Path) -> str | None:
     """Run a tokenization on this machine unless it is done, also by another grid meanwhile (they take turns
     through a lock); None, or why it failed."""
-    import fcntl
-
-    tok_dir.mkdir(parents=True, exist_ok=True)
-    with open(tok_dir / ".tokenize.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if tokenized_complete(tok_dir):
-            return None
-        events.append(tok_dir, Event.here(Kind.SUBMITTED, executor="local"))
-        try:
-            run(tok_dir)
-        except TokenizeFailed as exc:
-            return str(exc)
-    return None
+    return once.run_here(tok_dir, ".tokenize.lock", tokenized_complete, run, TokenizeFailed)
 
 
 def clear_partial(tok_dir: Path) -> None:

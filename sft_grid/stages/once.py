@@ -1,0 +1,29 @@
+"""A grid-level job run on this machine once: the model preps and the tokenizations, shared by cells and grids.
+
+Two grids that need the same one take turns through a lock in its directory; whoever comes second finds it done.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+from typing import Callable
+
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+
+
+def run_here(directory: Path, lock_name: str, complete: Callable[[Path], bool], run: Callable[[Path], None],
+             failed: type[Exception]) -> str | None:
+    """Run `run(directory)` unless `complete(directory)`; None, or why it failed (the message of `failed`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / lock_name, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if complete(directory):
+            return None
+        events.append(directory, Event.here(Kind.SUBMITTED, executor="local"))
+        try:
+            run(directory)
+        except failed as exc:
+            return str(exc)
+    return None

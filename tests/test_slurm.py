@@ -159,7 +159,7 @@ def _logged_steps(log: Path) -> list[int]:
     return [r["current_steps"] for r in map(json.loads, log.read_text().splitlines()) if "loss" in r]
 
 
-def _assert_resumed(cell: Path) -> None:
+def _assert_resumed(cell: Path, total: int = 300) -> None:
     kinds = [e["event"] for e in events(cell)]
     assert "requeued" in kinds and kinds[-1] == "completed", kinds
     resumed = [e for e in events(cell) if e["event"] == "resumed"]
@@ -170,8 +170,8 @@ def _assert_resumed(cell: Path) -> None:
     assert re.search(rf"Resuming training from checkpoint with epoch \d+ and global step {step}\b", train_log), \
         train_log[-2000:]
     steps = _logged_steps(cell / "output" / "trainer_log.jsonl")
-    assert steps[-1] == 300 and step + 1 in steps, steps
-    assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == 300
+    assert steps[-1] == total and step + 1 in steps, steps
+    assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == total
     assert [e["event"] for e in events(cell)].count("submitted") == 1  # requeued, not resubmitted
 
 
@@ -197,17 +197,18 @@ def test_preempted_cell_is_requeued_and_resumes_from_its_checkpoint(tmp_path, ti
 
 def test_timed_out_cell_is_requeued_and_resumes(tmp_path, tiny_assets, cleanup_jobs):
     cleanup_jobs.append(tmp_path)
-    # 1 minute of wall time for ~2 minutes of training: USR2 comes before the limit, the job requeues. How many
-    # one-minute legs the training takes depends on the machine's speed (CI can be several times slower than a
-    # workstation): the requeue budget leaves room for it, the point is that each leg resumes
-    # A checkpoint every 5 steps: each leg saves at least one, however slow the machine (two legs in a row that
-    # save none are stopped as futile: test_legs_that_never_reach_a_checkpoint_stop_as_a_time_limit_with_no_progress)
-    run_sft(*SLOW, "max_steps=300", "save_steps=5", "global_batch_size=64", "micro_batch_size=4", "time=00:01:00",
+    # 1 minute of wall time for ~2 minutes of training (about 1 s a step on 2 cores; a leg trains for ~30 s after
+    # its start-up, before submitit's USR2): the job requeues at least once. How many one-minute legs the training
+    # takes depends on the machine's speed (CI can be several times slower than a workstation): the requeue budget
+    # leaves room for it, the point is that each leg resumes. A checkpoint every 5 steps: each leg saves at least
+    # one, however slow the machine (two legs in a row that save none are stopped as futile:
+    # test_legs_that_never_reach_a_checkpoint_stop_as_a_time_limit_with_no_progress)
+    run_sft(*SLOW, "max_steps=120", "save_steps=5", "global_batch_size=64", "micro_batch_size=4", "time=00:01:00",
             "cluster.max_requeues=40", f"runs_root={tmp_path}", check=True)
     (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=2400).values()
     (cell,) = cell_dirs(tmp_path)
     assert st.state is State.COMPLETED, (st, [e["event"] for e in events(cell)])
-    _assert_resumed(cell)
+    _assert_resumed(cell, total=120)
 
 
 def test_legs_that_never_reach_a_checkpoint_stop_as_a_time_limit_with_no_progress(tmp_path, tiny_assets, cleanup_jobs):

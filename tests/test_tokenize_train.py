@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from sft_grid.core.layout import DATA_STEP_FILE
 from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.tokenized import MARKER
 
@@ -36,14 +37,25 @@ def test_cells_on_the_same_data_load_one_tokenization(tmp_path, tiny_assets, bac
     assert marker["cpu_s"] > 0 and tok_dir.name.endswith(marker["key"])
     if mix:
         assert (tok_dir / "data" / "mix.jsonl").is_file()  # the mix step ran once, in the tokenize job
+    assert len(data_steps(tok_dir)) == 1  # the backend's data step ran once there, and ended
     for cell in iter_cell_dirs(tmp_path / "default"):
         log = (cell / "logs" / "train.log").read_text()
         assert LOADS[backend] in log and str(tok_dir) in log
         assert TOKENIZES[backend] not in log
         assert not (cell / "data").exists()  # no per-cell mix file
+        assert len(data_steps(cell)) == 1  # the cell's own data step: the load
 
     # a change of what decides the tokens builds a new one beside it; the old one is kept for its cells
     again = run_sft("-m", f"backend={backend}", "model=tiny_llama", "lr=1e-5", "max_steps=2", "global_batch_size=2",
                     "cutoff_len=128", f"runs_root={tmp_path}", *mix)
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(list((tmp_path / "_tokenized").iterdir())) == 2
+
+
+def data_steps(directory):
+    """The ended data steps recorded in a job's directory (in_venv/data_step.py); every one started, ended, ok."""
+    records = [json.loads(line) for line in (directory / DATA_STEP_FILE).read_text().splitlines()]
+    starts = [r for r in records if r["event"] == "start"]
+    ends = [r for r in records if r["event"] == "end"]
+    assert len(starts) == len(ends) and all(r["ok"] and r["cpu_s"] > 0 and r["wall_s"] > 0 for r in ends), records
+    return ends

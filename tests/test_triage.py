@@ -260,3 +260,35 @@ def test_a_requeue_is_refused_when_two_legs_in_a_row_saved_nothing(tmp_path, sta
         assert "no progress" in event.reason and "each started" in event.evidence
         assert "save_steps=5" in event.note and "time=00:20:00" in event.note
         assert "Rerun: python -m sft_grid model=m rerun_failed=true save_steps=5 time=00:20:00" in event.note
+
+
+def test_a_job_killed_in_its_data_step_says_so(tmp_path):
+    """The data step's record (in_venv/data_step.py) of the latest leg has a start and no end: the summary says the
+    job ended there (a tokenization that hung reads as one, not as a slow training); an earlier leg's open start,
+    and a step that ended, say nothing."""
+    import json
+    import time
+
+    from sft_grid.core.events import Event, Kind
+    from sft_grid.core.triage import in_data_step, open_data_step
+
+    leg = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(leg))
+    history = [Event(Kind.SUBMITTED), Event(Kind.RUNNING, time=stamp)]
+    records = [
+        {"event": "start", "what": "get_dataset", "rank": 0, "pid": 1, "time": leg - 600},  # an earlier leg's
+        {"event": "start", "what": "get_dataset", "rank": 0, "pid": 2, "time": leg + 5},
+        {"event": "end", "what": "get_dataset", "rank": 0, "pid": 2, "time": leg + 9, "ok": True},
+        {"event": "start", "what": "get_dataset", "rank": 1, "pid": 3, "time": leg + 6},
+    ]
+    (tmp_path / "data_step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{torn")
+    assert open_data_step(tmp_path, history)["pid"] == 3
+    before = failure(FailureClass.TIME_LIMIT)
+    after = in_data_step(before, tmp_path, history)
+    assert after.summary.startswith(before.summary) and after.klass is FailureClass.TIME_LIMIT
+    assert "in its data step (get_dataset on rank 1, started " in after.summary and "never finished" in after.summary
+
+    (tmp_path / "data_step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:3]))
+    assert open_data_step(tmp_path, history) is None and in_data_step(before, tmp_path, history) == before
+    (tmp_path / "data_step.jsonl").unlink()
+    assert in_data_step(before, tmp_path, history) == before

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sft_grid.backends import get, wandb
+from sft_grid.core.layout import DATA_STEP_FILE
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import hub_variables
 
@@ -52,8 +53,18 @@ def distributed_lines(cell: Cell) -> list[str]:
         '  first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         '  MASTER_ADDR=$(scontrol show node "$first_node" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p")',
         "fi",
-        'export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT="${MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}"',
+        # every node of a Slurm job derives the same port from its id; one machine outside Slurm takes a free one,
+        # so that two grids (or a grid and a launch.sh run by hand) training several ranks there never collide
+        'if [ -z "${MASTER_PORT:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)); fi',
+        'if [ -z "${MASTER_PORT:-}" ]; then',
+        """  MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')""",
+        "fi",
+        'export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT',
     ]
+
+
+def data_step_line(directory: Path) -> str:
+    return f"export SFT_GRID_DATA_STEP={shlex.quote(str(directory / DATA_STEP_FILE))}"
 
 
 def watchdog_line(cell: Cell) -> str:
@@ -74,7 +85,7 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     ], cell_dir, s.cluster)
     # one W&B run per cell: a requeued or rerun job continues it instead of starting another
     lines.append(f"export WANDB_RUN_ID={shlex.quote(f'{s.sweep_name}-{cell.key}')} WANDB_RESUME=allow")
-    lines.append(watchdog_line(cell))
+    lines += [watchdog_line(cell), data_step_line(cell_dir)]
     lines += wandb.lines(cell, cell_dir)
     lines += list(s.cluster.setup)
     if cell.world_size > 1:

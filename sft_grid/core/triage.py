@@ -15,8 +15,12 @@ failure, scancel), where nothing in the job could write a word.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import json
 import os
 import shlex
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,8 +31,8 @@ from sft_grid.core.failure_policy import (Action, ActionKind, CellContext, Polic
                                          with_overrides)
 from sft_grid.core.failures import Failure, FailureClass
 from sft_grid.core.failures import classify as classify_failure
-from sft_grid.core.layout import (CELL_FILE, LOGS_DIR, OUTPUT_DIR, SUBMITIT_DIR, TRAIN_LOG, checkpoints, progress,
-                                  tail_lines)
+from sft_grid.core.layout import (CELL_FILE, DATA_STEP_FILE, LOGS_DIR, OUTPUT_DIR, SUBMITIT_DIR, TRAIN_LOG,
+                                  checkpoints, progress, tail_lines)
 from sft_grid.core.sacct_legs import SacctLeg
 
 WATCHDOG_FILE = "watchdog.json"  # written by the loss watchdog into the trainer's output directory
@@ -133,12 +137,47 @@ def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = 
                                requeues_used=max(0, sum(e.kind is Kind.RUNNING for e in latest) - 1),
                                requeue_budget=budget,
                                step=None if verdict else done.step, total=done.total)
+    failure = in_data_step(failure, cell_dir, latest)
     if failure.klass is FailureClass.TIME_LIMIT:
         spent = failure.requeues  # submitit requeued the job itself until its budget was spent
     else:  # the policy's own requeues of this class, over the cell's life
         spent = sum(e.kind is Kind.FAILED and e.failure_class == failure.klass.value and
                     e.action == ActionKind.REQUEUE.value for e in history)
     return failure, decide(failure, policy_of(config), spent, context_of(cell_dir, config))
+
+
+def open_data_step(cell_dir: Path, history: Sequence[Event]) -> dict[str, Any] | None:
+    """The data step (in_venv/data_step.py's record) that a process of the latest leg started and never ended: it
+    was killed there (a time limit, the OOM killer, a lost node), e.g. by a tokenization that hung."""
+    legs = [e.time for e in history if e.kind is Kind.RUNNING and e.time]
+    try:
+        since = dt.datetime.strptime(legs[-1], "%Y-%m-%dT%H:%M:%S%z").timestamp() - 1 if legs else 0.0
+        lines = (cell_dir / DATA_STEP_FILE).read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    started: dict[Any, dict[str, Any]] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or float(record.get("time") or 0) < since:
+            continue
+        if record.get("event") == "start":
+            started[record.get("pid")] = record
+        elif record.get("event") == "end":
+            started.pop(record.get("pid"), None)
+    return max(started.values(), key=lambda r: float(r.get("time") or 0)) if started else None
+
+
+def in_data_step(failure: Failure, cell_dir: Path, history: Sequence[Event]) -> Failure:
+    """The failure, its summary saying so when the job ended inside its data step."""
+    step = open_data_step(cell_dir, history)
+    if step is None:
+        return failure
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(step.get("time") or 0)))
+    return dataclasses.replace(failure, summary=f"{failure.summary}, in its data step ({step.get('what', '?')} on"
+                               f" rank {step.get('rank', 0)}, started {since}, never finished)")
 
 
 def failed_event(failure: Failure, action: Action, **fields: Any) -> Event:

@@ -27,7 +27,11 @@ from axolotl.integrations.base import BasePlugin
 from transformers import TrainerCallback
 
 import cpu_resume
+import data_step
 import template_integrity
+
+# every axolotl process that loads these plugins (train and preprocess) records its data step (data_step.py)
+data_step.patch_axolotl()
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")

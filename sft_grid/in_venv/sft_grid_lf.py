@@ -22,7 +22,8 @@ Runs inside the backend environment (standalone: it never imports sft_grid).
         register, then only LLaMA-Factory's preprocessing into the config's tokenized_path (the grid's
         tokenize-once stage)
 
-Every training process also gets sft_grid's loss watchdog (loss_watchdog.py) added to run_exp's callbacks.
+Every training process also gets sft_grid's loss watchdog (loss_watchdog.py) added to run_exp's callbacks, and
+records its data step (data_step.py: LLaMA-Factory's get_dataset, timed).
 
 What LLaMA-Factory trains on with these templates is shown by sft_grid's loss-mask probe (in_venv/mask_probe.py),
 which registers them through register_all() as training does.
@@ -192,8 +193,10 @@ def main(argv: list[str]) -> int:
     register_all(specs)
     add_watchdog()
     import cpu_resume  # beside this file: a multi-process CPU run resumes its optimizer state
+    import data_step  # beside this file: the data step's record (SFT_GRID_DATA_STEP)
 
     cpu_resume.patch()
+    data_step.patch_llamafactory()
     if argv[0] == "tokenize":
         return tokenize(argv[1:])
     if argv[0] == "train":

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from sft_grid.backends import get as backend_of
-from sft_grid.backends.launch import command_line, script_head
+from sft_grid.backends.launch import command_line, data_step_line, script_head
 from sft_grid.checks.inputs import locate
 from sft_grid.checks.tokenizers import TOKENIZER_FILES, check_tokenizer, tokenizer_digest
 from sft_grid.core import events
@@ -141,7 +141,7 @@ def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
     c = tcell.spec.cluster
     lines = script_head([f"sft_grid: the tokenized dataset of {tok.backend} key {tok.data.key}, shared by every cell"
                          " whose data tokenizes the same. Run by hand: bash tokenize.sh"], tok.dir, c)
-    lines += list(c.setup) + [f"export PATH={command_line([str(env_bin)])}:\"$PATH\""]
+    lines += [data_step_line(tok.dir), *c.setup, f"export PATH={command_line([str(env_bin)])}:\"$PATH\""]
     own = {**hub_variables(tcell), **backend_of(cell.spec.backend.name).variables(tcell)}
     lines += [f"export {k}={command_line([v])}" for k, v in sorted(own.items()) if k not in c.env]
     lines += [command_line(step) for step in steps[:-1]] + ["exec " + command_line(steps[-1])]

@@ -11,6 +11,7 @@ export TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=disabled
 export WANDB_RUN_ID=default-ae8a47ea WANDB_RESUME=allow
 export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K=4 SFT_GRID_WATCHDOG_P=3 SFT_GRID_WATCHDOG_TOL=0.0001
+export SFT_GRID_DATA_STEP=/srv/runs/grid/axolotl_delphi_magpie+delphi_warmup_strategyinterleave_under_pro-ae8a47ea/data_step.jsonl
 # several ranks: torchrun on each node, c10d rendezvous at the first node of the allocation
 export FORCE_TORCHRUN=1 NNODES=2 NPROC_PER_NODE=4 WORLD_SIZE=8
 export NODE_RANK="${SLURM_NODEID:-0}" RDZV_ID="${SLURM_JOB_ID:-local}"
@@ -18,7 +19,11 @@ if [ -n "${SLURM_JOB_NODELIST:-}" ]; then
   first_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
   MASTER_ADDR=$(scontrol show node "$first_node" | sed -n "s/.*NodeAddr=\([^ ]*\).*/\1/p")
 fi
-export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT="${MASTER_PORT:-$((20000 + ${SLURM_JOB_ID:-0} % 20000))}"
+if [ -z "${MASTER_PORT:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)); fi
+if [ -z "${MASTER_PORT:-}" ]; then
+  MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+fi
+export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT
 export PATH=/opt/sft_grid_cache/envs/axolotl-0a22f317b809/bin:"$PATH"
 export AXOLOTL_DO_NOT_TRACK=1
 export HF_DATASETS_OFFLINE=1

@@ -19,10 +19,11 @@ setup-demo: install
 	$(PYTHON) -m sft_grid.assets build
 
 # what the tests need besides: axolotl's environment, the evaluation harness's (lm-eval), and headless Chromium
-# for the report's browser tests
-setup: setup-demo chromium
-	$(PYTHON) -m sft_grid.venv build axolotl
-	$(PYTHON) -m sft_grid.venv build lm_eval
+# for the report's browser tests; the three environments are built side by side (pip waits on downloads and
+# disks as much as on the CPU), each from its lock (conf/locks)
+setup: install chromium
+	$(PYTHON) -m sft_grid.venv build llamafactory axolotl lm_eval
+	$(PYTHON) -m sft_grid.assets build
 
 # Debian's Chromium (root): the report page is opened in it, offline, by tests/test_report_browser.py
 chromium:

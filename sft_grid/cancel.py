@@ -29,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-root", default=os.environ.get("SFT_GRID_RUNS", "runs"))
     args = parser.parse_args(argv)
     sweep_dir = Path(args.runs_root).expanduser().resolve() / args.sweep
-    dirs = [d for d in iter_cell_dirs(sweep_dir) if not args.cells or any(c in d.name for c in args.cells)]
+    every = list(iter_cell_dirs(sweep_dir))
+    dirs = [d for d in every if not args.cells or any(c in d.name for c in args.cells)]
+    if not dirs:
+        print(f"no cells under {sweep_dir}" if not every else
+              f"no cell under {sweep_dir} has {' or '.join(map(repr, args.cells))} in its name", file=sys.stderr)
+        return 1
     view = read_view(dirs)
     slurm_ids, cancelled = [], []
     for cell_dir in dirs:

@@ -11,11 +11,16 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sft_grid.core.layout import not_a_cell_dir
     from sft_grid.grid.requeue import requeue
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m sft_grid.requeue <cell_dir>", file=sys.stderr)
+        return 2
+    why = not_a_cell_dir(Path(args[0]))
+    if why:
+        print(why, file=sys.stderr)
         return 2
     print(requeue(Path(args[0])))
     return 0

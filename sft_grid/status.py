@@ -27,6 +27,7 @@ def rows(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tupl
 def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tuple[tuple[str, ...], Any]]:
     """(row, CellState) of each cell, then (row, None) of each base model."""
     from sft_grid.core.state import State
+    from sft_grid.core.triage import describe_data_step, open_data_step
     from sft_grid.grid.triage import settle
     from sft_grid.grid.view import read_view
     from sft_grid.present import progress_text
@@ -45,7 +46,11 @@ def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tupl
         reason = st.reason or why or (f"eval: {ev.reason}" if ev is not None and ev.reason else "")
         if st.evidence and st.evidence not in reason:
             reason += f" | evidence: {st.evidence}"
-        out.append(((cell_dir.name, st.state.value, st.job_id, st.elapsed, progress_text(st), chain,
+        progress = progress_text(st)
+        if st.state is State.RUNNING and not progress:  # no step yet: tokenizing or loading its data, maybe
+            step = open_data_step(cell_dir, view.histories[cell_dir])
+            progress = f"data step: {describe_data_step(step)}" if step else ""
+        out.append(((cell_dir.name, st.state.value, st.job_id, st.elapsed, progress, chain,
                      ev.text() if ev is not None else "", st.failure_class, reason), st))
     for base in bases:
         ev = eval_state(base, view.histories[base], view.scheduler)

@@ -163,3 +163,23 @@ def test_a_staging_site_that_cannot_work_is_refused(make_cells, overrides, key, 
     (cell,) = make_cells(overrides)
     p = [p for p in validate([cell]) if p.key == key]
     assert len(p) == 1 and p[0].value == value and fix in p[0].fix and p[0].cell == cell.name, [q.render() for q in p]
+
+
+@pytest.mark.parametrize("argv, says, rc", [
+    (["sft_grid.job", "{tmp}/missing"], "{tmp}/missing is not a directory", 2),
+    (["sft_grid.job", "{tmp}"], "is not a cell's directory (it has no cell.yaml)", 2),
+    (["sft_grid.requeue", "{tmp}"], "is not a cell's directory (it has no cell.yaml)", 2),
+    (["sft_grid.cancel", "nope", "--runs-root", "{tmp}"], "no cells under {tmp}/nope", 1),
+    (["sft_grid.stage", "--repo", "org/x--y", "--cache", "{tmp}/cache"], "'org/x--y' is not a Hub repository id", 1),
+])
+def test_the_other_commands_refuse_what_is_not_there_in_one_line(tmp_path, argv, says, rc):
+    """What a user types wrong at a cell command (a path that is no cell, a grid that has no cells, a Hub id the
+    client refuses) is one line naming it, never a traceback, and nothing is written."""
+    import subprocess
+    import sys
+
+    before = sorted(tmp_path.rglob("*"))
+    proc = subprocess.run([sys.executable, "-m", *(a.format(tmp=tmp_path) for a in argv)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == rc and says.format(tmp=tmp_path) in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and sorted(tmp_path.rglob("*")) == before

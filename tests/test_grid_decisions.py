@@ -273,3 +273,25 @@ def test_sbatch_refusal_leaves_the_cells_planned_and_says_how_many(fake, grid, m
         (cell / LEDGER_FILE).write_text(json.dumps({**ledger(cell)[0], "pid": 999999}) + "\n")
     again = grid()
     assert [d.action for d in again.decisions] == [Action.RUN] * 3
+
+
+def test_status_shows_a_running_cell_in_its_data_step(fake, grid):
+    """A running cell with no step logged yet, whose job's data step (in_venv/data_step.py's record) started and has
+    not ended: status's progress column says so, and says nothing once the step ended."""
+    import time
+
+    from sft_grid.core.layout import DATA_STEP_FILE
+    from sft_grid.status import rows
+
+    grid(seeds=(1,))
+    (cell,) = cells(grid.runs)
+    fakeslurm.set_state(fake, job_of(cell), "RUNNING")
+    events.append(cell, Event.here(Kind.RUNNING, job_id=job_of(cell)))
+    start = {"event": "start", "what": "get_dataset", "rank": 0, "pid": 4242, "time": time.time()}
+    (cell / DATA_STEP_FILE).write_text(json.dumps(start) + "\n")
+    (row,) = rows([cell])
+    assert row[1] == "running" and row[4].startswith("data step: get_dataset on rank 0, started "), row
+    with (cell / DATA_STEP_FILE).open("a") as fh:
+        fh.write(json.dumps({**start, "event": "end", "ok": True, "cpu_s": 1.0, "wall_s": 1.0}) + "\n")
+    (row,) = rows([cell])
+    assert row[1] == "running" and row[4] == "", row

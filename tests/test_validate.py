@@ -119,3 +119,15 @@ def test_unsafe_dataset_name_is_rejected(make_cells):
     config = {**cell.config, "dataset": {"my data;x": cell.config["dataset"]["tiny_messages"]}}
     p = only(validate([plan_cell(cell.overrides, config)]), "safe-name")
     assert p.key == "dataset.my data;x" and p.fix == "rename it, e.g. my_data_x"
+
+
+def test_the_hf_cache_must_be_an_absolute_directory(make_cells, tmp_path):
+    """Jobs run in their cells' directories: a relative cache would be another directory in each; a file is no
+    cache. A missing directory is fine (staging creates it), and so is ~."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for value, why in (("relative/dir", "relative path"), (str(a_file), "not a directory")):
+        p = only(problems_of(make_cells, f"cluster.hf_cache={value}"), "hf-cache")
+        assert p.key == "cluster.hf_cache" and p.value == value and why in p.message
+    for value in (str(tmp_path / "missing" / "hub"), "'~/hf_cache_for_a_test'"):
+        assert [p for p in problems_of(make_cells, f"cluster.hf_cache={value}") if p.rule == "hf-cache"] == []

@@ -114,6 +114,15 @@ def tail_lines(path: Path, size: int = 8192) -> list[str]:
         return fh.read().decode(errors="replace").splitlines()
 
 
+def not_a_cell_dir(path: Path) -> str | None:
+    """Why `path` is not a cell's directory (for the commands that take one), or None."""
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    if not (path / CELL_FILE).is_file():
+        return f"{path} is not a cell's directory (it has no {CELL_FILE}): give one under <runs_root>/<sweep_name>/"
+    return None
+
+
 def iter_cell_dirs(sweep_dir: Path) -> Iterator[Path]:
     """The cell directories of a grid, in name order (a `.`-name is a cell being written)."""
     if sweep_dir.is_dir():

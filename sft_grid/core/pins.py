@@ -11,6 +11,7 @@ same cell, trained on the revision it was first trained on.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,6 +19,24 @@ from typing import Any, Mapping
 from sft_grid.core.hubcache import SHA_RE, snapshot_path
 
 MAIN = "main"
+
+# the Hub client's own rule for a repository id (huggingface_hub's validate_repo_id, which tests/test_hub_ids.py holds
+# this to): an id it refuses is refused with its cell and key before anything is staged or queued
+_REPO_ID = re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b$")
+
+
+def repo_id_problem(repo_id: str) -> str | None:
+    """Why `repo_id` is not a Hub repository id, or None."""
+    if repo_id.count("/") > 1:
+        return "more than one '/': a repository id is <name> or <org>/<name>"
+    if not _REPO_ID.match(repo_id):
+        return ("letters, digits, '-', '_' and '.' only, neither starting nor ending with '-' or '.', and a name of at"
+                " most 96 characters")
+    if "--" in repo_id or ".." in repo_id:
+        return "'--' and '..' are not allowed in it"
+    if repo_id.endswith(".git"):
+        return "it cannot end with '.git'"
+    return None
 
 
 @dataclass(frozen=True)

@@ -170,14 +170,19 @@ def open_data_step(cell_dir: Path, history: Sequence[Event]) -> dict[str, Any] |
     return max(started.values(), key=lambda r: float(r.get("time") or 0)) if started else None
 
 
+def describe_data_step(step: dict[str, Any]) -> str:
+    """e.g. "get_dataset on rank 0, started 2026-12-01 05:03:12"."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(step.get("time") or 0)))
+    return f"{step.get('what', '?')} on rank {step.get('rank', 0)}, started {since}"
+
+
 def in_data_step(failure: Failure, cell_dir: Path, history: Sequence[Event]) -> Failure:
     """The failure, its summary saying so when the job ended inside its data step."""
     step = open_data_step(cell_dir, history)
     if step is None:
         return failure
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(step.get("time") or 0)))
-    return dataclasses.replace(failure, summary=f"{failure.summary}, in its data step ({step.get('what', '?')} on"
-                               f" rank {step.get('rank', 0)}, started {since}, never finished)")
+    return dataclasses.replace(failure, summary=f"{failure.summary}, in its data step ({describe_data_step(step)},"
+                               " never finished)")
 
 
 def failed_event(failure: Failure, action: Action, **fields: Any) -> Event:

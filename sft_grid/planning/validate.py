@@ -22,6 +22,7 @@ from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning import schema_rules, venvs
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.eval_rules import eval_suite
+from sft_grid.planning.hub_rules import hub_ids, hub_upload
 from sft_grid.planning.evals import same_training
 
 Rule = Callable[[Cell], Iterator[Problem]]
@@ -137,6 +138,14 @@ def staging_site(cell: Cell) -> Iterator[Problem]:
     except ValueError as exc:
         yield _problem(cell, "cluster.staging.time", st.time, "time-format", str(exc),
                        f"fix staging.time in conf/cluster/{c.name}.yaml, e.g. 04:00:00")
+    cache = os.path.expanduser(c.hf_cache) if c.hf_cache else None
+    if cache is not None and not os.path.isabs(cache):
+        yield _problem(cell, "cluster.hf_cache", c.hf_cache, "hf-cache",
+                       "a relative path: the jobs run in their own directories, where it would name another cache",
+                       "an absolute path (or one starting with ~), e.g. cluster.hf_cache=${oc.env:HOME}/hf_cache")
+    elif cache is not None and os.path.exists(cache) and not os.path.isdir(cache):
+        yield _problem(cell, "cluster.hf_cache", c.hf_cache, "hf-cache", "exists and is not a directory",
+                       "name a directory for the Hugging Face cache (it is created when missing)")
 
 
 def inputs_named(cell: Cell) -> Iterator[Problem]:
@@ -164,33 +173,6 @@ def inputs_named(cell: Cell) -> Iterator[Problem]:
                            "list each dataset once (to weight a source more, use mix.strategy=interleave_* with"
                            " mix.probs)")
         seen.setdefault(ds.source, name)
-
-
-_HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def hub_upload(cell: Cell) -> Iterator[Problem]:
-    """The upload is a post-training stage (sft_grid/stages/post.py), so a site without internet on its compute
-    nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
-    s = cell.spec
-    if s.register_db and not s.push_to_hub:
-        yield _problem(cell, "register_db", True, "register-needs-upload",
-                       "database registration names the uploaded Hub repository, and this cell uploads nothing",
-                       "push_to_hub=true with a hub_model_id, or register_db=false")
-    if s.register_db and not s.register_command:
-        yield _problem(cell, "register_command", [], "register-command",
-                       "register_db=true but no command registers the model (sft_grid ships no database client)",
-                       "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false")
-    if not s.push_to_hub:
-        return
-    if not s.hub_model_id:
-        yield _problem(cell, "hub_model_id", s.hub_model_id, "hub-id", "push_to_hub=true needs a hub repository id",
-                       "set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false")
-    elif "{" in s.hub_model_id or not _HUB_REPO.match(s.hub_model_id) or len(s.hub_model_id.split("/")[1]) > 96:
-        yield _problem(cell, "hub_model_id", s.hub_model_id, "hub-id",
-                       "not a Hub repository id <org>/<name> (letters, digits, - _ . ; name at most 96 characters;"
-                       " the placeholders are {key}, {name}, {model} and {data})",
-                       "e.g. hub_model_id=laion/{model}-sft-{key}")
 
 
 def venv_meets_needs(cell: Cell) -> Iterator[Problem]:
@@ -261,7 +243,7 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
 
 
 RULES: tuple[Rule, ...] = (
-    safe_names, inputs_named, staging_site,
+    safe_names, inputs_named, hub_ids, staging_site,
     batch_divisible, mix_matches, wall_time, template_fits_tokenizer, resources, hub_upload, venv_meets_needs,
     failure_policy, notify_targets, eval_suite,
 )

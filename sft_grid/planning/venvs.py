@@ -1,13 +1,16 @@
 """Which virtual environment a cell trains in, and the pinned specs of the managed ones (pure).
 
 A managed virtual environment is created by project code from pins (conf/backend/<name>.yaml `venv:`, the
-harness's conf/harness/<name>.yaml) at `<cache root>/envs/<name>-<hash of its pins>`: changing a pin makes a
-new one, and CI caches them by that key. The orchestrator never imports a backend: it only runs programs
-from these environments. Building them is sft_grid/stages/venv_build.py.
+harness's conf/harness/<name>.yaml) and its lock (conf/locks/<name>.txt: every package of a verified build at its
+version, given to pip as constraints, so that every build installs the same packages and pip has nothing to
+resolve) at `<cache root>/envs/<name>-<hash of its pins and lock>`: changing a pin or the lock makes a new one,
+and CI caches them by that key. The orchestrator never imports a backend: it only runs programs from these
+environments. Building them (and writing a lock afresh) is sft_grid/stages/venv_build.py.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ class VenvSpec:
     packages_no_deps: tuple[str, ...] = ()
     drop_native_libs: tuple[str, ...] = ()
     check: str = ""
+    lock: str = ""  # conf/locks/<name>.txt's text ("" without one)
 
     @classmethod
     def load(cls, name: str) -> "VenvSpec":
@@ -47,16 +51,29 @@ class VenvSpec:
         data = venv if isinstance(venv, Mapping) else vars(venv)
         return cls(name=name, python=data["python"], packages=tuple(data["packages"]),
                    packages_no_deps=tuple(data.get("packages_no_deps") or ()),
-                   drop_native_libs=tuple(data.get("drop_native_libs") or ()), check=data.get("check") or "")
+                   drop_native_libs=tuple(data.get("drop_native_libs") or ()), check=data.get("check") or "",
+                   lock=lock_text(name))
 
     @property
     def key(self) -> str:
-        blob = json.dumps([self.python, self.packages, self.packages_no_deps, self.drop_native_libs])
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        parts: list[object] = [self.python, self.packages, self.packages_no_deps, self.drop_native_libs]
+        if self.lock:
+            parts.append(hashlib.sha256(self.lock.encode()).hexdigest())
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:12]
 
     @property
     def path(self) -> Path:
         return venvs_dir() / f"{self.name}-{self.key}"
+
+
+def lock_path(name: str) -> Path:
+    return CONF_DIR / "locks" / f"{name}.txt"
+
+
+@functools.cache
+def lock_text(name: str) -> str:
+    path = lock_path(name)
+    return path.read_text() if path.is_file() else ""
 
 
 def is_ready(path: Path) -> bool:

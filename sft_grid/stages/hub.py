@@ -155,6 +155,14 @@ def download(repo_id: str, kind: Kind = "model", revision: str = "main", cache: 
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    _client()
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)  # the client's own rule, before any lock, request or file
+    except HFValidationError as exc:
+        raise HubError(f"{repo_id!r} is not a Hub repository id ({str(exc).rstrip('.')}). Fix: name the {kind} as org/name, or give"
+                       " a local path") from None
     t0 = time.monotonic()
     allow = tuple(allow or ())
     if cache is None:

@@ -24,10 +24,10 @@ if [ -z "${MASTER_PORT:-}" ]; then
   MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 fi
 export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT
-export PATH=/opt/sft_grid_cache/envs/axolotl-0a22f317b809/bin:"$PATH"
+export PATH=/opt/sft_grid_cache/envs/axolotl-63a8c3de219a/bin:"$PATH"
 export AXOLOTL_DO_NOT_TRACK=1
 export HF_DATASETS_OFFLINE=1
 export PYTHONPATH=<repo>/sft_grid/in_venv
 export TRANSFORMERS_OFFLINE=1
-/opt/sft_grid_cache/envs/axolotl-0a22f317b809/bin/python <repo>/sft_grid/in_venv/mix_data.py /srv/runs/grid/axolotl_delphi_magpie+delphi_warmup_strategyinterleave_under_pro-ae8a47ea/mix.json
-exec /opt/sft_grid_cache/envs/axolotl-0a22f317b809/bin/accelerate launch --multi_gpu "--num_machines=${NNODES}" "--machine_rank=${NODE_RANK}" "--main_process_ip=${MASTER_ADDR}" "--main_process_port=${MASTER_PORT}" "--num_processes=${WORLD_SIZE}" -m axolotl.cli.train /srv/runs/grid/axolotl_delphi_magpie+delphi_warmup_strategyinterleave_under_pro-ae8a47ea/axolotl_config.yaml "$@"
+/opt/sft_grid_cache/envs/axolotl-63a8c3de219a/bin/python <repo>/sft_grid/in_venv/mix_data.py /srv/runs/grid/axolotl_delphi_magpie+delphi_warmup_strategyinterleave_under_pro-ae8a47ea/mix.json
+exec /opt/sft_grid_cache/envs/axolotl-63a8c3de219a/bin/accelerate launch --multi_gpu "--num_machines=${NNODES}" "--machine_rank=${NODE_RANK}" "--main_process_ip=${MASTER_ADDR}" "--main_process_port=${MASTER_PORT}" "--num_processes=${WORLD_SIZE}" -m axolotl.cli.train /srv/runs/grid/axolotl_delphi_magpie+delphi_warmup_strategyinterleave_under_pro-ae8a47ea/axolotl_config.yaml "$@"

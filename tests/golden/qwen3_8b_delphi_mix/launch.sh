@@ -11,7 +11,7 @@ export WANDB_MODE=disabled
 export WANDB_RUN_ID=default-0a4a28e8 WANDB_RESUME=allow
 export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K=4 SFT_GRID_WATCHDOG_P=3 SFT_GRID_WATCHDOG_TOL=0.0001
 export SFT_GRID_DATA_STEP=/srv/runs/grid/qwen3_8b_magpie+delphi_warmup_strategyinterleave_under_probs0.9+-0a4a28e8/data_step.jsonl
-export PATH=/opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin:"$PATH"
+export PATH=/opt/sft_grid_cache/envs/llamafactory-152db18b7a8b/bin:"$PATH"
 export HF_DATASETS_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
-exec /opt/sft_grid_cache/envs/llamafactory-5c09702653d4/bin/python <repo>/sft_grid/in_venv/sft_grid_lf.py train /srv/runs/grid/qwen3_8b_magpie+delphi_warmup_strategyinterleave_under_probs0.9+-0a4a28e8/train_config.yaml "$@"
+exec /opt/sft_grid_cache/envs/llamafactory-152db18b7a8b/bin/python <repo>/sft_grid/in_venv/sft_grid_lf.py train /srv/runs/grid/qwen3_8b_magpie+delphi_warmup_strategyinterleave_under_probs0.9+-0a4a28e8/train_config.yaml "$@"

@@ -449,3 +449,21 @@ def test_upload_folder_from_backend_env(tmp_path, hf_env, backend):
         assert {p: (staged.path / p).read_bytes() for p in files} == files
     finally:
         remote.stop()
+
+
+def test_xet_is_off_even_when_the_client_was_imported_first(monkeypatch):
+    """huggingface_hub reads HF_HUB_DISABLE_XET once, at its import: staging turns Xet off in the imported module
+    too, so that what this process does and what client_resumes_across_processes says agree, whatever imported
+    the client before (another test, a library)."""
+    import huggingface_hub.constants as hc
+
+    from sft_grid.stages.hub_client import _client
+
+    monkeypatch.delenv("HF_HUB_DISABLE_XET", raising=False)
+    monkeypatch.setattr(hc, "HF_HUB_DISABLE_XET", False)  # as if imported before staging set the variable
+    _client()
+    assert hc.HF_HUB_DISABLE_XET is True
+    import huggingface_hub
+
+    version = tuple(int(x) for x in huggingface_hub.__version__.split(".")[:2])
+    assert client_resumes_across_processes() == (version <= (1, 17))

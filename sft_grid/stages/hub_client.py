@@ -31,6 +31,9 @@ def _client() -> Any:
     import huggingface_hub
     import huggingface_hub.constants  # a submodule: the package exposes it as an attribute only once imported
 
+    # the module reads the variable once, at its import: when something imported it before this, the variable set
+    # above would not count, and this process would use Xet while client_resumes_across_processes said it does not
+    huggingface_hub.constants.HF_HUB_DISABLE_XET = os.environ["HF_HUB_DISABLE_XET"].upper() in {"1", "ON", "YES", "TRUE"}
     if huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE > CHUNK_BYTES:
         huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = CHUNK_BYTES
     return huggingface_hub

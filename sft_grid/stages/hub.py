@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from sft_grid.core.pins import repo_id_problem
 from sft_grid.stages.hub_client import _client, _translate, client_resumes_across_processes
 from sft_grid.core.hubcache import (KINDS, SHA_RE, Kind, RemoteFile, blob_path, cached_elsewhere, file_ok,
                                        is_complete, partial_bytes, read_listing, repo_folder, select_files,
@@ -155,14 +156,10 @@ def download(repo_id: str, kind: Kind = "model", revision: str = "main", cache: 
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    _client()
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)  # the client's own rule, before any lock, request or file
-    except HFValidationError as exc:
-        raise HubError(f"{repo_id!r} is not a Hub repository id ({str(exc).rstrip('.')}). Fix: name the {kind} as org/name, or give"
-                       " a local path") from None
+    why = repo_id_problem(repo_id)  # the client's own rule (core/pins.py), before any lock, request or file
+    if why:
+        raise HubError(f"{repo_id!r} is not a Hub repository id ({why}). Fix: name the {kind} as org/name, or give"
+                       " a local path")
     t0 = time.monotonic()
     allow = tuple(allow or ())
     if cache is None:

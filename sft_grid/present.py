@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.state import CellState
@@ -173,7 +174,8 @@ def prep_lines(result: Any) -> list[str]:
     def state(prep: Any, users: Sequence[Any]) -> str:
         if prep.complete:
             return "done"
-        return "a Slurm job its cells wait for" if users[0].spec.cluster.executor == "slurm" else "runs before its cells"
+        slurm = users[0].spec.cluster.executor == "slurm"
+        return "a Slurm job its cells wait for" if slurm else "runs before its cells"
 
     preps = result.preps
     if len(preps) > 6:
@@ -247,7 +249,7 @@ def failure_lines(items: Sequence[tuple[str, CellState]], per_class: int = 3) ->
     groups: dict[str, list[tuple[str, CellState]]] = {}
     for name, st in items:
         if st.state.value in ("failed", "cancelled"):
-            groups.setdefault(st.failure_class or "unclassified", []).append((name, st))
+            groups.setdefault(st.failure_class.value if st.failure_class else "unclassified", []).append((name, st))
     lines = []
     for klass, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         names = ", ".join(n for n, _ in members[:8]) + (f", ... ({len(members) - 8} more)" if len(members) > 8 else "")

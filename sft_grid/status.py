@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 # post: the post-training chain: "done", or its first unfinished stage and that stage's state; eval: the evaluation,
 # "done (N)" when every score its suites ask for is there, else its state and how many of them are
-# class: a failure's class (core/failures.py); reason: what its policy did, then the evidence that decided it
+# class: a failure's class (core/failures); reason: what its policy did, then the evidence that decided it
 HEADERS = ("cell", "state", "job", "elapsed", "progress", "post", "eval", "class", "reason")
 BASE_ROW = "base model"  # the state column of a base model's row
 
@@ -26,8 +27,8 @@ def rows(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tupl
 
 def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tuple[tuple[str, ...], Any]]:
     """(row, CellState) of each cell, then (row, None) of each base model."""
+    from sft_grid.core.failures.cell import describe_data_step, open_data_step
     from sft_grid.core.state import State
-    from sft_grid.core.triage import describe_data_step, open_data_step
     from sft_grid.grid.triage import settle
     from sft_grid.grid.view import read_view
     from sft_grid.present import progress_text
@@ -51,7 +52,7 @@ def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tupl
             step = open_data_step(cell_dir, view.histories[cell_dir])
             progress = f"data step: {describe_data_step(step)}" if step else ""
         out.append(((cell_dir.name, st.state.value, st.job_id, st.elapsed, progress, chain,
-                     ev.text() if ev is not None else "", st.failure_class, reason), st))
+                     ev.text() if ev is not None else "", st.failure_class or "", reason), st))
     for base in bases:
         ev = eval_state(base, view.histories[base], view.scheduler)
         out.append(((f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason), None))

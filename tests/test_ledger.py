@@ -123,22 +123,43 @@ def test_elapsed_from_the_ledger(cell_dir):
 
 def test_a_failed_cell_is_triaged_from_its_log_the_childs_error_not_the_launchers(tmp_path):
     from sft_grid.core.events import Event, Kind
-    from sft_grid.core.triage import failed_event, triage
+    from sft_grid.core.failures import FailureClass, RemedyKind
+    from sft_grid.core.failures.cell import failed_event, triage
 
     cell_dir = tmp_path / "cell"
     (cell_dir / "logs").mkdir(parents=True)
     (cell_dir / "cell.yaml").write_text("# Rerun this cell: python -m sft_grid model=tiny_llama lr=1e-05\n"
                                         "lr: 1.0e-05\nmicro_batch_size: 2\ncluster:\n  max_requeues: 3\n")
+    launcher = "subprocess.CalledProcessError: Command '['torchrun', ...]' returned non-zero exit status 1.\n"
     (cell_dir / "logs" / "train.log").write_text(
-        "step 1\nValueError: Output directory is not empty\n"
-        "subprocess.CalledProcessError: Command '['torchrun', ...]' returned non-zero exit status 1.\n")
-    failure, action = triage(cell_dir, [Event(Kind.SUBMITTED, executor="local"), Event(Kind.RUNNING)])
-    assert failure.klass.value == "backend_error"
-    assert failure.evidence == "ValueError: Output directory is not empty"
-    assert action.kind.value == "stop"
-    assert "python -m sft_grid model=tiny_llama lr=1e-05 rerun_failed=true" in action.message
-    event = failed_event(failure, action, rc=1)
-    assert event.to_json()["class"] == "backend_error" and event.action == "stop"
+        "step 1\nTraceback (most recent call last):\n"
+        '  File "/envs/lf/lib/python3.11/site-packages/llamafactory/hparams/parser.py", line 301, in get_train_args\n'
+        '    raise ValueError("Output directory already exists and is not empty.")\n'
+        "ValueError: Output directory already exists and is not empty.\n" + launcher)
+    history = [Event(Kind.SUBMITTED, executor="local"), Event(Kind.RUNNING)]
+    failure, remedy = triage(cell_dir, history)
+    assert failure.klass is FailureClass.BACKEND_ERROR  # raised by the backend's argument parsing: its config
+    assert failure.evidence == "ValueError: Output directory already exists and is not empty."
+    assert remedy.kind is RemedyKind.STOP
+    assert "python -m sft_grid model=tiny_llama lr=1e-05 rerun_failed=true" in remedy.message
+    event = failed_event(failure, remedy, rc=1)
+    assert event.to_json()["class"] == "backend_error" and event.to_json()["action"] == "stop"
+    assert Event.from_json(event.to_json()) == event  # typed in memory, the same values in the file
+
+    # the same exception from the user's own code: no evidence that the backend refused anything
+    (cell_dir / "logs" / "train.log").write_text("step 1\nValueError: Output directory is not empty\n" + launcher)
+    failure, remedy = triage(cell_dir, history)
+    assert failure.klass is FailureClass.UNKNOWN and failure.evidence == "ValueError: Output directory is not empty"
+    assert "read logs/train.log around the line quoted above" in remedy.message
+
+
+def test_the_ledger_keeps_a_class_this_version_does_not_know():
+    from sft_grid.core.events import Event
+
+    data = {"time": "t", "event": "failed", "class": "gremlins", "action": "pray", "reason": "x"}
+    event = Event.from_json(data)
+    assert event.failure_class is None and event.action is None
+    assert event.to_json() == data
 
 
 # -- ledgers written by sft_grid 0.1.0 still load (tests/fixtures/ledgers_0.1) -------------------------------

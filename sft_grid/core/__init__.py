@@ -5,6 +5,8 @@
 - `layout`: what a cell directory holds and what a trainer's output must hold to count as complete;
 - `events`: the one ledger event type and its one writer;
 - `state`: a cell's state, derived from its ledger, its output and the scheduler's view;
+- `failures`: why a cell failed and what happens next (classes, signs, the classifier, sacct's records, the
+  policy, a failed cell's triage from its directory);
 - `cellfiles`: the typed files a job reads (post.json, preflight.json) and the preflight `Check`;
 - `scores`: eval.json and the score files (the contract with the results table); `saved_template`: train == serve;
 - `submission`: the typed submission plan a dry run prints and a real run executes;

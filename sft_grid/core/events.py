@@ -17,11 +17,14 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from sft_grid.core.failures.classes import FailureClass
+from sft_grid.core.failures.policy import RemedyKind
 from sft_grid.core.layout import LEDGER_FILE
 
 
@@ -83,18 +86,18 @@ class Event:
     model: str = ""  # prep: the model
     prepared: str = ""  # prep: the prepared model directory
     prep_job_id: str = ""  # prep: the prep's Slurm job
-    # failed: the failure's class (core/failures.py), the log line or sacct record that decided it, the nodes
-    # it names, and what the policy did about it (requeue | stop)
-    failure_class: str = ""
+    # failed: the failure's class (core/failures), the log line or sacct record that decided it, the nodes it
+    # names, and what the policy did about it (requeue | stop); typed here, their values in the file
+    failure_class: FailureClass | None = None
     evidence: str = ""
     nodes: str = ""
-    action: str = ""
+    action: RemedyKind | None = None
     key: str = ""  # notified: the notification's key
     # what else the event knows (a stage's results: files, url, commit, ...), and keys of unknown events
     details: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def here(cls, kind: Kind, **fields: Any) -> "Event":
+    def here(cls, kind: Kind, **fields: Any) -> Event:
         """An event written by this process, standing for the cell (its pid and host)."""
         return cls(kind, **{"pid": os.getpid(), "host": socket.gethostname(), **fields})
 
@@ -105,13 +108,13 @@ class Event:
             if f.name == "details":
                 out.update(value)
             elif value not in ("", None):
-                out[_JSON_KEY.get(f.name, f.name)] = value
+                out[_JSON_KEY.get(f.name, f.name)] = value.value if isinstance(value, Enum) else value
         if self.kind is Kind.OTHER:
             out["event"] = self.details.get("event", "other")
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Event":
+    def from_json(cls, data: Mapping[str, Any]) -> Event:
         raw = dict(data)
         name = str(raw.pop("event", ""))
         try:
@@ -121,13 +124,23 @@ class Event:
         fields: dict[str, Any] = {"time": str(raw.pop("time", ""))}
         for f in dataclasses.fields(cls)[2:-1]:
             key = _JSON_KEY.get(f.name, f.name)
-            if key in raw:
+            if key not in raw:
+                continue
+            if f.name in _ENUMS:
+                # a value this version does not know stays in details, so the event is written back unchanged
+                parsed = _ENUMS[f.name](raw[key])
+                if parsed is not None:
+                    fields[f.name] = parsed
+                    del raw[key]
+            else:
                 fields[f.name] = _coerce(f.type, raw.pop(key))
         return cls(kind, details=raw, **fields)
 
 
 # field -> its key in the file, where they differ (the keys earlier versions wrote)
 _JSON_KEY = {"array": "name", "prepared": "dir", "prep_job_id": "job_id_prep", "failure_class": "class"}
+# typed fields -> their parser at the ledger's boundary (None: empty, or a value this version does not know)
+_ENUMS: dict[str, Callable[[Any], Enum | None]] = {"failure_class": FailureClass.parse, "action": RemedyKind.parse}
 
 
 def _coerce(hint: Any, value: Any) -> Any:
@@ -174,6 +187,6 @@ def read(directory: Path) -> list[Event]:
     return out
 
 
-def last(history: list[Event], *kinds: Kind) -> Event | None:
+def last(history: Sequence[Event], *kinds: Kind) -> Event | None:
     """The latest event of these kinds."""
     return next((e for e in reversed(history) if e.kind in kinds), None)

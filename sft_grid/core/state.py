@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from sft_grid.core import events
 from sft_grid.core.events import STATE_KINDS, Event, Kind
+from sft_grid.core.failures.classes import FailureClass
+from sft_grid.core.failures.policy import RemedyKind
 from sft_grid.core.layout import OUTPUT_DIR, Progress, output_complete, progress
 
 
@@ -45,10 +47,11 @@ class CellState:
     recovered: bool = False
     # wall time of the latest run: the scheduler's, or from the ledger's running event to its end
     elapsed: str = ""
-    # a triaged failure (core/triage.py): its class, the line that decided it, what the policy does (requeue|stop)
-    failure_class: str = ""
+    # a triaged failure (core/failures/cell.py): its class, the line that decided it, what the policy does; typed
+    # (the ledger's values are parsed where it is read, core/events.py)
+    failure_class: FailureClass | None = None
     evidence: str = ""
-    action: str = ""
+    action: RemedyKind | None = None
     advice: str = ""  # the policy's message: what it did, what to change, the rerun command
 
 
@@ -92,7 +95,7 @@ class SchedulerView:
     available: bool = True
 
     @classmethod
-    def of(cls, jobs: Sequence[JobState]) -> "SchedulerView":
+    def of(cls, jobs: Sequence[JobState]) -> SchedulerView:
         by_id: dict[str, JobState] = {}
         by_task: dict[tuple[str, int], JobState] = {}
         for job in jobs:  # later records (the queue) win over earlier ones (accounting)
@@ -104,7 +107,7 @@ class SchedulerView:
     def job(self, job_id: str) -> JobState | None:
         return self.by_id.get(job_id) if job_id else None
 
-    def find(self, ref: "SlurmRef") -> JobState | None:
+    def find(self, ref: SlurmRef) -> JobState | None:
         return self.job(ref.job_id) if ref.job_id else self.by_task.get((ref.array, ref.index))
 
 

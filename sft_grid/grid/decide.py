@@ -5,7 +5,7 @@
 - in flight (submitted or running): skipped, and its files are left alone (its job reads them);
 - failed or cancelled: listed with the reason and the failure's class, run again only with rerun_failed=true
   (resuming from the last checkpoint), unless the class's policy requeues it (a transient fault within its
-  budget: core/failure_policy.py): then it runs again at once, avoiding the nodes its evidence names;
+  budget: core/failures/policy.py): then it runs again at once, avoiding the nodes its evidence names;
 - planned (new, or its earlier submission never reached the scheduler): run.
 A cell whose job an orchestrator killed mid-submit left behind is first recovered (grid/recover.py), and its
 recovered state decides. A base model its cells' suites ask to evaluate is evaluated when a score of it is missing
@@ -14,15 +14,16 @@ and no evaluation of it runs (`decide_base`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Sequence
 
 from sft_grid.core.events import Event
+from sft_grid.core.failures.cell import REQUEUE_NOTE, requeue_nodes
+from sft_grid.core.failures.policy import RemedyKind
 from sft_grid.core.state import CellState, SchedulerView, State
 from sft_grid.core.submission import Recovery
-from sft_grid.core.triage import REQUEUE_NOTE, requeue_nodes
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.evals import BaseTarget, cell_scores
 from sft_grid.stages import eval_state, post
@@ -71,7 +72,7 @@ def skip_reason(cell: Cell, state: CellState) -> str | None:
 
 def _requeued(state: CellState) -> bool:
     """A failure whose policy requeues it (a transient fault, within its budget): run again without asking."""
-    return state.state is State.FAILED and state.action == "requeue"
+    return state.state is State.FAILED and state.action is RemedyKind.REQUEUE
 
 
 def decide(cell: Cell, cell_dir: Path, state: CellState, history: Sequence[Event], view: SchedulerView | None,

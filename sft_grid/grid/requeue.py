@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from sft_grid.core.triage import cell_config, rerun_argv
+from sft_grid.core.failures.cell import cell_config, rerun_argv
 from sft_grid.grid.decide import Action, decide
 from sft_grid.grid.execute import apply
 from sft_grid.grid.lock import SweepLock

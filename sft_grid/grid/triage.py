@@ -2,7 +2,7 @@
 
 A job killed by its time limit, the OOM killer, a node failure or scancel leaves nothing in the cell's ledger
 but its `running`: the class, the evidence and the next step come from sacct's record of every leg of the job
-(one call for all such cells of the grid) and the cell's logs (core/triage.py), and are written to its ledger
+(one call for all such cells of the grid) and the cell's logs (core/failures/cell.py), and are written to its ledger
 once. Then every cell that ended, and the grid when all have, is notified once (stages/notices.py).
 """
 
@@ -11,16 +11,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from sft_grid.core import events
 from sft_grid.core.events import Kind
-from sft_grid.core.failures import FailureClass
+from sft_grid.core.failures.cell import failed_event, triage
+from sft_grid.core.failures.classes import FailureClass
+from sft_grid.core.failures.sacct import SacctLeg, group_legs
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.core.sacct_legs import SacctLeg, group_legs
 from sft_grid.core.state import State
-from sft_grid.core.triage import failed_event, triage
 from sft_grid.grid.view import GridView
 from sft_grid.schedulers import slurm
 from sft_grid.stages import notices
@@ -54,8 +54,8 @@ def settle(view: GridView, cell_dirs: Sequence[Path]) -> None:
         job = view.scheduler.job(ids[cell_dir]) if view.scheduler is not None else None
         # no record of its legs (sacct failed, or the job is older than accounting keeps): its last state
         fallback = [SacctLeg(job.job_id, job.state, reason=job.reason)] if job is not None else []
-        failure, action = triage(cell_dir, history, legs.get(ids[cell_dir]) or fallback)
-        event = failed_event(failure, action, job_id=ids[cell_dir])
+        failure, remedy = triage(cell_dir, history, legs.get(ids[cell_dir]) or fallback)
+        event = failed_event(failure, remedy, job_id=ids[cell_dir])
         if failure.klass is FailureClass.CANCELLED:
             event = dataclasses.replace(event, kind=Kind.CANCELLED)
         try:

@@ -3,7 +3,7 @@
 Steps: record `running`; stop if the output is already complete; run the checks deferred by preflight (failing
 the job with their message); resume from the last checkpoint, or move a partial output aside (never delete it);
 run launch.sh; record `completed` only when the output holds final weights and trainer state, else `failed` with
-its triage (class, evidence, next step: core/triage.py); then the post-training stages where they run in this job
+its triage (class, evidence, next step: core/failures/cell.py); then the post-training stages where they run in this job
 (the local executor). A failure its policy requeues (a collective timeout, a GPU fault) is submitted again at
 once, from its checkpoint, avoiding the nodes the evidence names (`python -m sft_grid.requeue`); a killed
 training (time limit, preemption, the OOM killer) is left to the scheduler's record, which the grid triages.
@@ -28,15 +28,24 @@ from sft_grid.checks.preflight import run_deferred
 from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile, PreflightFile
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.layout import (ATTEMPTS_DIR, CELL_FILE, LAUNCH_FILE, LOGS_DIR, OUTPUT_DIR, TRAIN_LOG, checkpoints,
-                                  output_complete, progress)
-from sft_grid.core.failure_policy import Action
-from sft_grid.core.failures import Failure, FailureClass
+from sft_grid.core.failures.cell import WATCHDOG_FILE, failed_event, triage
+from sft_grid.core.failures.classes import Failure, FailureClass
+from sft_grid.core.failures.policy import Remedy, RemedyKind
+from sft_grid.core.layout import (
+    ATTEMPTS_DIR,
+    CELL_FILE,
+    LAUNCH_FILE,
+    LOGS_DIR,
+    OUTPUT_DIR,
+    TRAIN_LOG,
+    checkpoints,
+    output_complete,
+    progress,
+)
 from sft_grid.core.provenance import packages_hash
 from sft_grid.core.saved_template import effective_template, template_digest
 from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
-from sft_grid.core.triage import WATCHDOG_FILE, failed_event, triage
 from sft_grid.stages import evaluate, notices
 from sft_grid.stages.post import IN_JOB
 from sft_grid.stages.post_run import run as run_post
@@ -119,7 +128,7 @@ def run_cell(cell_dir: str | Path) -> str:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
         fh.flush()
         rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
-                            cwd=cell_dir).returncode
+                            cwd=cell_dir, check=False).returncode
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/calibration.py)
     used = {"cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
@@ -130,9 +139,9 @@ def run_cell(cell_dir: str | Path) -> str:
         # (or, locally, the dead process) to say, read by the grid.
         if lead:
             events.append(cell_dir, _here(Kind.INTERRUPTED, signal=-rc, details=used))
-            failure, action = triage(cell_dir, events.read(cell_dir))
-            if failure.klass in IN_JOB_REQUEUE and action.kind.value == "requeue":
-                _record_and_requeue(cell_dir, failure, action, rc)
+            failure, remedy = triage(cell_dir, events.read(cell_dir))
+            if failure.klass in IN_JOB_REQUEUE and remedy.kind is RemedyKind.REQUEUE:
+                _record_and_requeue(cell_dir, failure, remedy, rc)
         raise CellFailed(f"training was killed by signal {-rc}")
     if not lead:
         if rc:  # node 0 triages the failure for the cell; this node's log is logs/<its log>
@@ -151,17 +160,17 @@ def run_cell(cell_dir: str | Path) -> str:
         events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc, details=used))
         _ended(cell_dir)
         raise CellFailed(reason)
-    failure, action = triage(cell_dir, events.read(cell_dir))
-    _record_and_requeue(cell_dir, failure, action, rc)
-    raise CellFailed(f"{failure.klass.value}: {action.message}")
+    failure, remedy = triage(cell_dir, events.read(cell_dir))
+    _record_and_requeue(cell_dir, failure, remedy, rc)
+    raise CellFailed(f"{failure.klass.value}: {remedy.message}")
 
 
-def _record_and_requeue(cell_dir: Path, failure: Failure, action: Action, rc: int) -> None:
+def _record_and_requeue(cell_dir: Path, failure: Failure, remedy: Remedy, rc: int) -> None:
     try:
-        events.append(cell_dir, failed_event(failure, action, job_id=_job_id(), rc=rc))
+        events.append(cell_dir, failed_event(failure, remedy, job_id=_job_id(), rc=rc))
     except OSError as exc:  # a full disk: the grid triages the job's end again when it reads the cell
-        raise CellFailed(f"{failure.klass.value}: {action.message} (not recorded: {exc})") from exc
-    if action.kind.value == "requeue":
+        raise CellFailed(f"{failure.klass.value}: {remedy.message} (not recorded: {exc})") from exc
+    if remedy.kind is RemedyKind.REQUEUE:
         _requeue(cell_dir)
     _ended(cell_dir)
 
@@ -178,7 +187,8 @@ def _requeue(cell_dir: Path) -> None:
     the grid's); a Slurm cell only (locally, the next invocation of the grid runs it again)."""
     if not os.environ.get("SLURM_JOB_ID"):
         return
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.requeue", str(cell_dir)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "sft_grid.requeue", str(cell_dir)], capture_output=True, text=True,
+                          check=False)
     if proc.returncode:
         log.error("requeue of %s failed: %s", cell_dir.name, (proc.stderr or proc.stdout).strip()[-2000:])
 
@@ -228,7 +238,8 @@ def _run_deferred_checks(cell_dir: Path) -> None:
                                        pre.variables):
         if not verdict.ok:
             reason = f"preflight: {check.describe()}: {verdict.message}"
-            events.append(cell_dir, _here(Kind.FAILED, reason=reason, failure_class="backend_error",
-                                          evidence=verdict.message[:500], action="stop"))
+            # a deferred check refusing the cell's inputs is positive evidence on its config or data
+            events.append(cell_dir, _here(Kind.FAILED, reason=reason, failure_class=FailureClass.BACKEND_ERROR,
+                                          evidence=verdict.message[:500], action=RemedyKind.STOP))
             _ended(cell_dir)
             raise CellFailed(reason)

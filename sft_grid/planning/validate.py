@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from sft_grid.core.failure_policy import Policy
-from sft_grid.core.failures import FailureClass
+from sft_grid.core.failures.classes import FailureClass
+from sft_grid.core.failures.policy import Policy
 from sft_grid.core.problems import Problem
 from sft_grid.core.secrets import carries_secret, redact_url
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
@@ -22,8 +22,8 @@ from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning import schema_rules, venvs
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.eval_rules import eval_suite
-from sft_grid.planning.hub_rules import hub_ids, hub_upload
 from sft_grid.planning.evals import same_training
+from sft_grid.planning.hub_rules import hub_ids, hub_upload
 
 Rule = Callable[[Cell], Iterator[Problem]]
 
@@ -54,7 +54,8 @@ def mix_matches(cell: Cell) -> Iterator[Problem]:
         return
     if mix.strategy == "concat":
         if mix.probs is not None:
-            yield _problem(cell, "mix.probs", mix.probs, "mix-probs", "probabilities are only used by interleave strategies",
+            yield _problem(cell, "mix.probs", mix.probs, "mix-probs",
+                           "probabilities are only used by interleave strategies",
                            "drop mix.probs (mix.probs=null) or set mix.strategy=interleave_under")
         return
     if mix.strategy not in ("interleave_under", "interleave_over"):
@@ -63,7 +64,8 @@ def mix_matches(cell: Cell) -> Iterator[Problem]:
         got = "none" if mix.probs is None else str(len(mix.probs))
         yield _problem(
             cell, "mix.probs", mix.probs, "mix-probs",
-            f"{mix.strategy} needs one probability per dataset: {n} dataset(s) ({', '.join(cell.spec.dataset)}), {got} given",
+            f"{mix.strategy} needs one probability per dataset: {n} dataset(s) ({', '.join(cell.spec.dataset)}),"
+            f" {got} given",
             f"give {n} probabilities in dataset order, e.g. mix.probs=[{','.join(['%.2g' % (1 / n)] * n)}]",
         )
     elif any(p <= 0 for p in mix.probs) or abs(sum(mix.probs) - 1.0) > 1e-6:
@@ -88,7 +90,8 @@ def wall_time(cell: Cell) -> Iterator[Problem]:
     if asked > limit:
         yield _problem(cell, "time", s.time, "time-max",
                        f"over cluster {s.cluster.name!r}'s maximum wall time {s.cluster.max_time}",
-                       f"ask for at most time={s.cluster.max_time}; a longer run resumes from its checkpoint when rerun")
+                       f"ask for at most time={s.cluster.max_time}; a longer run resumes from its checkpoint when"
+                       " rerun")
 
 
 def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
@@ -103,7 +106,8 @@ def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
                   if model.tokenizer_family == "delphi" else "")
         yield _problem(
             cell, "model.template", model.template, "template-tokenizer",
-            f"writes {template.family} tokens ({', '.join(template.special_tokens[:2])}, ...) but model {model.name!r} has a"
+            f"writes {template.family} tokens ({', '.join(template.special_tokens[:2])}, ...) but model"
+            f" {model.name!r} has a"
             f" {model.tokenizer_family} tokenizer: every example would be split into pieces of those strings{delphi}",
             f"model.template={SUGGESTED_FOR_TOKENIZER.get(model.tokenizer_family, SUGGESTED[family])}",
         )
@@ -153,7 +157,8 @@ def inputs_named(cell: Cell) -> Iterator[Problem]:
     model = cell.spec.model
     if not model.hub_id and not model.path:
         yield _problem(cell, "model.hub_id", None, "model-source",
-                       f"model {model.name!r} has neither a hub id nor a local path: the backend would have nothing to load",
+                       f"model {model.name!r} has neither a hub id nor a local path: the backend would have nothing"
+                       " to load",
                        f"set hub_id: <org>/<name> or path: <directory> in conf/model/{model.name}.yaml"
                        " (or model.hub_id=... on the command line)")
     for line in cell.overrides:

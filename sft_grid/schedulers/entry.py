@@ -5,7 +5,7 @@ job imports it on its node. A checkpointable entry (a cell's training) answers s
 near, or preemption) by asking to be requeued as itself: the requeued job resumes from the cell's last
 checkpoint, with the same cell directory and W&B run id; submitit bounds the requeues after time limits. When
 the last two legs each ended before saving a newer checkpoint, it is not requeued: the cell fails as a time limit
-with no progress, with the fix (core/triage.py `stalled`), instead of spending the whole budget the same way.
+with no progress, with the fix (core/failures/cell.py `stalled`), instead of spending the whole budget the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import submitit
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.triage import stalled
+from sft_grid.core.failures.cell import stalled
 
 
 class Entry:

@@ -15,10 +15,11 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from sft_grid.core.sacct_legs import SacctLeg, parse_sacct, sacct_argv
+from sft_grid.core.failures.sacct import SacctLeg, parse_sacct, sacct_argv
 from sft_grid.core.state import JobState
 from sft_grid.core.submission import SlurmJob
 
@@ -152,7 +153,7 @@ def orphan_for(folder: Path, target: Path) -> Path | None:
             continue
         try:
             function = DelayedSubmission.load(pickle).function
-        except Exception:  # a pickle of another version or a torn write: not this target's
+        except Exception:  # noqa: BLE001, S112 - a pickle of another version or a torn write: not this target's
             continue
         if Path(getattr(function, "target", "") or getattr(function, "cell_dir", "")) == target:
             return pickle

@@ -15,14 +15,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
+from sft_grid.core.failures.cell import REQUEUE_NOTE, cell_config
+from sft_grid.core.failures.policy import RemedyKind
 from sft_grid.core.layout import LOGS_DIR
 from sft_grid.core.state import CellState, State
-from sft_grid.core.triage import REQUEUE_NOTE, cell_config
 from sft_grid.stages import notify
 
 log = logging.getLogger(__name__)
@@ -60,17 +62,22 @@ def settings_for(cell_dir: Path) -> notify.NotifyConfig:
     return config_of(cell_config(cell_dir).get("notify"))
 
 
+def _ended(state: CellState) -> bool:
+    """Whether a cell has ended: a failure its policy requeues is no end."""
+    return state.state in ENDED and not (state.state is State.FAILED and state.action is RemedyKind.REQUEUE)
+
+
 def cell_ended(cell_dir: Path, state: CellState, history: Sequence[Event] | None = None,
                settings: notify.NotifyConfig | None = None) -> bool:
     """Notify the end of a cell once; True when this call sent it."""
-    if state.state not in ENDED or (state.state is State.FAILED and state.action == "requeue"):
+    if not _ended(state):
         return False
     settings = settings_for(cell_dir) if settings is None else settings
     if not settings.enabled:
         return False
     history = events.read(cell_dir) if history is None else history
     event = notify.cell_event(cell_dir.parent.name, cell_dir.name, state.state.value, run_number(history),
-                              state.failure_class, _summary(cell_dir, state), job_id=state.job_id,
+                              state.failure_class or "", _summary(cell_dir, state), job_id=state.job_id,
                               step=state.progress.step, total=state.progress.total)
     if not _take(cell_dir / LOGS_DIR / MARKERS, event.key):
         return False
@@ -91,8 +98,7 @@ def _summary(cell_dir: Path, state: CellState) -> str:
 def grid_ended(sweep_dir: Path, states: Mapping[Path, CellState],
                histories: Mapping[Path, Sequence[Event]] | None = None) -> bool:
     """Notify once that every cell of the grid has ended (after any of its cells ran again, once more)."""
-    if not states or any(st.state not in ENDED or (st.state is State.FAILED and st.action == "requeue")
-                         for st in states.values()):
+    if not states or not all(_ended(st) for st in states.values()):
         return False
     settings = settings_for(next(iter(states)))
     if not settings.enabled:

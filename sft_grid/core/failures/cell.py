@@ -4,9 +4,9 @@ and the scheduler keep.
 Read: the tail of the cell's training log and of its job's own log (submitit's, where slurmstepd writes
 "CANCELLED ... DUE TO TIME LIMIT" and the OOM killer's notices), the loss watchdog's verdict
 (output/watchdog.json), the progress the trainer logged, the requeues the ledger counts, and, when the caller
-has them, the job's sacct records (every leg of a requeued job). The class comes from core/failures.py, the
-next step from core/failure_policy.py with the policy and values in cell.yaml (so a suggested override is
-the cell's own value halved or doubled, and the rerun command is the cell's own).
+has them, the job's sacct records (every leg of a requeued job). The class comes from classify.py, the next
+step from policy.py with the policy and values in cell.yaml (so a suggested override is the cell's own value
+halved or doubled, the rerun command is the cell's own, and an unknown failure names the log to read).
 
 Two callers: the job's runner, the moment training exits with an error (the log alone decides; no sacct yet),
 and the grid (status, the next invocation) for a job the scheduler ended (time limit, out of memory, node
@@ -21,19 +21,37 @@ import json
 import os
 import shlex
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.failure_policy import (Action, ActionKind, CellContext, Policy, decide, format_time, parse_time,
-                                         with_overrides)
-from sft_grid.core.failures import Failure, FailureClass
-from sft_grid.core.failures import classify as classify_failure
-from sft_grid.core.layout import (CELL_FILE, DATA_STEP_FILE, LOGS_DIR, OUTPUT_DIR, SUBMITIT_DIR, TRAIN_LOG,
-                                  checkpoints, progress, tail_lines)
-from sft_grid.core.sacct_legs import SacctLeg
+from sft_grid.core.failures.classes import Failure, FailureClass
+from sft_grid.core.failures.classify import classify
+from sft_grid.core.failures.policy import (
+    CellContext,
+    Policy,
+    Remedy,
+    RemedyKind,
+    decide,
+    format_time,
+    parse_time,
+    with_overrides,
+)
+from sft_grid.core.failures.sacct import SacctLeg
+from sft_grid.core.layout import (
+    CELL_FILE,
+    DATA_STEP_FILE,
+    LOGS_DIR,
+    OUTPUT_DIR,
+    SUBMITIT_DIR,
+    TRAIN_LOG,
+    checkpoints,
+    progress,
+    tail_lines,
+)
 
 WATCHDOG_FILE = "watchdog.json"  # written by the loss watchdog into the trainer's output directory
 TAIL_BYTES = 65536
@@ -41,14 +59,14 @@ RERUN_PREFIX = "# Rerun this cell: "
 REQUEUE_NOTE = "requeue: "  # the note of a submission the failure policy made (not a new run of the cell)
 
 
-def log_tails(cell_dir: Path, history: Sequence[Event]) -> list[str]:
+def log_tails(cell_dir: Path, history: Sequence[Event]) -> dict[Path, str]:
     """The training log's tail (node 0's, then the other nodes'), then the job's own log (submitit's, where
-    slurmstepd writes) of the latest submission."""
-    texts = []
+    slurmstepd writes) of the latest submission, by path, in that order."""
+    texts = {}
     logs = cell_dir / LOGS_DIR
     for train in [logs / TRAIN_LOG, *sorted(logs.glob("train.node*.log"))]:
         if train.is_file():
-            texts.append("\n".join(tail_lines(train, TAIL_BYTES)))
+            texts[train] = "\n".join(tail_lines(train, TAIL_BYTES))
     submitted = next((e for e in reversed(history) if e.kind is Kind.SUBMITTED), None)
     job_id = next((e.job_id for e in reversed(history) if e.kind is Kind.JOB and e.job_id), "")
     if submitted is not None and submitted.array and job_id:
@@ -56,8 +74,19 @@ def log_tails(cell_dir: Path, history: Sequence[Event]) -> list[str]:
         for suffix in ("out", "err"):
             path = folder / f"{job_id}_0_log.{suffix}"
             if path.is_file():
-                texts.append("\n".join(tail_lines(path, TAIL_BYTES)))
+                texts[path] = "\n".join(tail_lines(path, TAIL_BYTES))
     return texts
+
+
+def evidence_log(cell_dir: Path, tails: dict[Path, str], evidence: str) -> str:
+    """The log that holds the evidence line (relative to the cell where it lies inside it), else the training
+    log: what an unknown failure tells the user to read."""
+    line = evidence.strip()[:120]
+    path = next((p for p, text in tails.items() if line and line in text), cell_dir / LOGS_DIR / TRAIN_LOG)
+    try:
+        return str(path.relative_to(cell_dir))
+    except ValueError:
+        return str(path)
 
 
 def disk_note(cell_dir: Path) -> str:
@@ -114,15 +143,15 @@ def policy_of(config: dict[str, Any]) -> Policy:
     return Policy.from_mapping(config.get("failure_policy") or {})
 
 
-def context_of(cell_dir: Path, config: dict[str, Any]) -> CellContext:
+def context_of(cell_dir: Path, config: dict[str, Any], log: str = "") -> CellContext:
     cluster = config.get("cluster") or {}
     return CellContext(rerun=rerun_argv(cell_dir), micro_batch_size=config.get("micro_batch_size"),
                        global_batch_size=config.get("global_batch_size"), lr=config.get("lr"),
                        time=config.get("time"), nodes=config.get("nodes"),
-                       max_requeues=cluster.get("max_requeues"), mem_gb=cluster.get("mem_gb"))
+                       max_requeues=cluster.get("max_requeues"), mem_gb=cluster.get("mem_gb"), log=log)
 
 
-def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = ()) -> tuple[Failure, Action]:
+def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = ()) -> tuple[Failure, Remedy]:
     """The class of the cell's latest failure and what its policy does next. Requeues are counted by the legs
     that started (a `running` each), not by `requeued`: submitit asks the entry to checkpoint also when the
     budget is spent and it will not requeue."""
@@ -133,7 +162,8 @@ def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = 
     verdict = watchdog_verdict(cell_dir)
     tails = log_tails(cell_dir, history)
     note = disk_note(cell_dir)
-    failure = classify_failure(legs, [*tails, note] if note else tails, verdict,
+    texts = list(tails.values())
+    failure = classify(legs, [*texts, note] if note else texts, verdict,
                                requeues_used=max(0, sum(e.kind is Kind.RUNNING for e in latest) - 1),
                                requeue_budget=budget,
                                step=None if verdict else done.step, total=done.total)
@@ -141,9 +171,10 @@ def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = 
     if failure.klass is FailureClass.TIME_LIMIT:
         spent = failure.requeues  # submitit requeued the job itself until its budget was spent
     else:  # the policy's own requeues of this class, over the cell's life
-        spent = sum(e.kind is Kind.FAILED and e.failure_class == failure.klass.value and
-                    e.action == ActionKind.REQUEUE.value for e in history)
-    return failure, decide(failure, policy_of(config), spent, context_of(cell_dir, config))
+        spent = sum(e.kind is Kind.FAILED and e.failure_class is failure.klass and e.action is RemedyKind.REQUEUE
+                    for e in history)
+    log = evidence_log(cell_dir, tails, failure.evidence)
+    return failure, decide(failure, policy_of(config), spent, context_of(cell_dir, config, log))
 
 
 def open_data_step(cell_dir: Path, history: Sequence[Event]) -> dict[str, Any] | None:
@@ -185,12 +216,12 @@ def in_data_step(failure: Failure, cell_dir: Path, history: Sequence[Event]) -> 
                                " never finished)")
 
 
-def failed_event(failure: Failure, action: Action, **fields: Any) -> Event:
+def failed_event(failure: Failure, remedy: Remedy, **fields: Any) -> Event:
     """The ledger's record of a triaged failure: its one-line summary as the reason, the policy's message (what
     was done, what to change, the rerun command) as the note."""
-    return Event(Kind.FAILED, reason=failure.summary, note=action.message, failure_class=failure.klass.value,
-                 evidence=failure.evidence[:500], nodes=",".join(action.exclude_nodes or failure.nodes),
-                 action=action.kind.value, step=failure.step, **fields)
+    return Event(Kind.FAILED, reason=failure.summary, note=remedy.message, failure_class=failure.klass,
+                 evidence=failure.evidence[:500], nodes=",".join(remedy.exclude_nodes or failure.nodes),
+                 action=remedy.kind, step=failure.step, **fields)
 
 
 def triaged(history: Sequence[Event]) -> bool:
@@ -202,7 +233,7 @@ def requeue_nodes(history: Sequence[Event]) -> tuple[str, ...]:
     """Nodes the latest triaged failure asks the requeue to avoid, when its policy requeues it."""
     for e in reversed(history):
         if e.kind is Kind.FAILED and e.failure_class:
-            return tuple(n for n in e.nodes.split(",") if n) if e.action == ActionKind.REQUEUE.value else ()
+            return tuple(n for n in e.nodes.split(",") if n) if e.action is RemedyKind.REQUEUE else ()
         if e.kind is Kind.SUBMITTED:
             break
     return ()
@@ -236,7 +267,8 @@ def stalled(cell_dir: Path, history: Sequence[Event], job_id: str = "") -> Event
     rerun = with_overrides(ctx.rerun, overrides) if ctx.rerun else ()
     note = (f"time limit reached with no progress: {evidence}. Not requeued (every further leg would end the same"
             f" way): save checkpoints more often or give each leg more time"
-            + (f" ({', '.join(overrides)})" if overrides else "") + "." + (f" Rerun: {shlex.join(rerun)}" if rerun else ""))
+            + (f" ({', '.join(overrides)})" if overrides else "") + "."
+            + (f" Rerun: {shlex.join(rerun)}" if rerun else ""))
     return Event(Kind.FAILED, reason=f"time limit reached with no progress since {newest or 'the start'}", note=note,
-                 failure_class=FailureClass.TIME_LIMIT.value, evidence=evidence, action=ActionKind.STOP.value,
+                 failure_class=FailureClass.TIME_LIMIT, evidence=evidence, action=RemedyKind.STOP,
                  step=done.step, job_id=job_id)

@@ -1,14 +1,17 @@
 """What to do after a classified failure: requeue from the last checkpoint, or stop and say how to fix it.
 
 Design:
-- A Policy maps each FailureClass to a Rule (action kind + budget). The defaults: transient faults of the
-  machine (preemption, node failure, GPU hardware, collective timeouts, rendezvous/port clashes) are
-  requeued from the last checkpoint, excluding the nodes the evidence names, within a bounded budget; a
-  time limit is requeued within the grid's own max_requeues; everything else stops, keeping checkpoints,
-  because running it again unchanged fails the same way.
+- A Policy maps each FailureClass to a Rule (remedy kind + budget). The defaults: transient faults of the
+  machine (preemption, node failure, GPU hardware, a failed collective, a rendezvous that never formed: the
+  network or a node between ranks) are requeued from the last checkpoint, excluding the nodes the evidence
+  names, within a bounded budget; a time limit is requeued within the grid's own max_requeues; everything else
+  stops, keeping checkpoints, because running it again unchanged fails the same way.
+- Stopping says what helps, and whose move it is: only `backend_error` (positive evidence that the backend
+  refused its config or data) asks the user to fix the config or data; `unknown` asks them to read the log it
+  names, at the line the evidence quotes, and blames no one.
 - A grid changes the defaults with a plain mapping: {"preempted": {"action": "requeue", "budget": 8},
   "gpu_oom": "stop", "node_failure": "requeue:1"}.
-- decide() is pure. Its Action carries a message for the user, the overrides it suggests, the nodes to
+- decide() is pure. Its Remedy carries a message for the user, the overrides it suggests, the nodes to
   exclude and, when the cell's rerun command is known, that command with the overrides applied.
 Invariants: a requeue never exceeds its budget; a stop never suggests a change it cannot compute (an
 override appears only when the current value is known).
@@ -18,23 +21,32 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Mapping, Sequence
+from enum import StrEnum
+from typing import Any
 
-from sft_grid.core.failures import Failure, FailureClass
+from sft_grid.core.failures.classes import Failure, FailureClass
 
 F = FailureClass
 
 
-class ActionKind(str, Enum):
+class RemedyKind(StrEnum):
     REQUEUE = "requeue"
     STOP = "stop"
+
+    @classmethod
+    def parse(cls, value: object) -> RemedyKind | None:
+        """The remedy a ledger names, or None (none, or one this version does not know)."""
+        try:
+            return cls(str(value)) if value not in (None, "") else None
+        except ValueError:
+            return None
 
 
 @dataclass(frozen=True)
 class Rule:
-    kind: ActionKind
+    kind: RemedyKind
     # most requeues for this class; None: the grid's max_requeues (Failure.requeue_budget)
     budget: int | None = 0
 
@@ -53,28 +65,31 @@ class OverrideKeys:
 
 TRANSIENT = (F.PREEMPTED, F.NODE_FAILURE, F.COLLECTIVE_TIMEOUT, F.GPU_HARDWARE, F.RENDEZVOUS)
 DEFAULT_RULES: Mapping[FailureClass, Rule] = {
-    **{c: Rule(ActionKind.STOP) for c in FailureClass},
-    F.PREEMPTED: Rule(ActionKind.REQUEUE, 5),
-    F.NODE_FAILURE: Rule(ActionKind.REQUEUE, 2),
-    F.GPU_HARDWARE: Rule(ActionKind.REQUEUE, 2),
-    F.COLLECTIVE_TIMEOUT: Rule(ActionKind.REQUEUE, 2),
-    F.RENDEZVOUS: Rule(ActionKind.REQUEUE, 2),
-    F.TIME_LIMIT: Rule(ActionKind.REQUEUE, None),
+    **{c: Rule(RemedyKind.STOP) for c in FailureClass},
+    F.PREEMPTED: Rule(RemedyKind.REQUEUE, 5),
+    F.NODE_FAILURE: Rule(RemedyKind.REQUEUE, 2),
+    F.GPU_HARDWARE: Rule(RemedyKind.REQUEUE, 2),
+    F.COLLECTIVE_TIMEOUT: Rule(RemedyKind.REQUEUE, 2),
+    F.RENDEZVOUS: Rule(RemedyKind.REQUEUE, 2),
+    F.TIME_LIMIT: Rule(RemedyKind.REQUEUE, None),
 }
 
 FIX = {
     F.NAN_LOSS: "the loss became NaN/inf: lower the learning rate or add warmup; checkpoints are kept, but "
                 "the newest may already hold bad weights",
     F.DIVERGED: "the loss diverged: lower the learning rate or add warmup, check the data; checkpoints are kept",
-    F.BACKEND_ERROR: "the backend rejected its config or data: fix what the evidence names, then rerun",
+    F.BACKEND_ERROR: "the backend refused its config or data: fix what the evidence names, then rerun",
     F.DISK_FULL: "free space or raise the quota where the cell's output and caches live; the rerun resumes "
                  "from the last complete checkpoint",
-    F.OFFLINE_HUB: "compute nodes have no internet: fetch the model and data on a node that has it (or point "
+    F.OFFLINE_HUB: "the Hub was out of reach and the files were not in the cache (compute nodes often have no "
+                   "internet): stage the model and data on a node that has it (python -m sft_grid.stage, or point "
                    "the model at a local copy) and keep HF_HUB_OFFLINE=1 for training",
     F.CANCELLED: "cancelled by a user: nothing to fix; a rerun resumes from the last checkpoint",
     F.HOST_OOM: "the node ran out of host memory: ask for more memory per node or use fewer data workers",
-    F.UNKNOWN: "no known failure sign: read the cell's log",
 }
+# unknown: nothing says whose fault it is, so nothing is blamed; the log and its telling line are named
+UNKNOWN_FIX = ("no rule recognises this failure as the machine's, the scheduler's or the config's or data's: read "
+               "{log} around the line quoted above, and rerun once the cause is known")
 
 
 @dataclass(frozen=True)
@@ -95,19 +110,20 @@ class Policy:
                 action, _, budget = spec.partition(":")
                 spec = {"action": action, **({"budget": budget} if budget else {})}
             if not isinstance(spec, Mapping):
-                raise ValueError(f"{name}: {spec!r} is neither stop, requeue:N nor a mapping")
+                # a ValueError like every other bad value: planning/validate.py reports each one as a problem
+                raise ValueError(f"{name}: {spec!r} is neither stop, requeue:N nor a mapping")  # noqa: TRY004
             try:
-                action = ActionKind(spec.get("action", rules[klass].kind.value))
+                action = RemedyKind(spec.get("action", rules[klass].kind.value))
             except ValueError:
                 raise ValueError(f"{name}: action {spec.get('action')!r} is neither requeue nor stop") from None
-            budget = spec.get("budget", rules[klass].budget if action is ActionKind.REQUEUE else 0)
+            budget = spec.get("budget", rules[klass].budget if action is RemedyKind.REQUEUE else 0)
             if budget is not None and not str(budget).strip().isdigit():
                 raise ValueError(f"budget of {name} must be a whole number >= 0, got {budget!r}")
             rules[klass] = Rule(action, None if budget is None else int(budget))
         return cls(rules, keys)
 
     def rule(self, klass: FailureClass) -> Rule:
-        return self.rules.get(klass, Rule(ActionKind.STOP))
+        return self.rules.get(klass, Rule(RemedyKind.STOP))
 
 
 @dataclass(frozen=True)
@@ -122,11 +138,12 @@ class CellContext:
     nodes: int | None = None
     max_requeues: int | None = None
     mem_gb: int | None = None
+    log: str = ""  # the log that holds the evidence (the cell's own, or its job's), as the user finds it
 
 
 @dataclass(frozen=True)
-class Action:
-    kind: ActionKind
+class Remedy:
+    kind: RemedyKind
     message: str
     overrides: tuple[str, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
@@ -159,7 +176,7 @@ def format_time(seconds: int) -> str:
     return f"{days}-{text}" if days else text
 
 
-def _stop(failure: Failure, ctx: CellContext, keys: OverrideKeys, why: str) -> Action:
+def _stop(failure: Failure, ctx: CellContext, keys: OverrideKeys, why: str) -> Remedy:
     overrides: tuple[str, ...] = ()
     text = FIX.get(failure.klass, "")
     if failure.klass is F.GPU_OOM:
@@ -178,13 +195,15 @@ def _stop(failure: Failure, ctx: CellContext, keys: OverrideKeys, why: str) -> A
         overrides = (f"{keys.mem_gb}={ctx.mem_gb * 2}",)
     elif failure.klass is F.TIME_LIMIT:
         overrides, text = _time_limit_advice(failure, ctx, keys)
+    elif failure.klass is F.UNKNOWN:
+        text = UNKNOWN_FIX.format(log=ctx.log or "the cell's log (logs/train.log) and its job's log")
     elif failure.klass in TRANSIENT:
         text = f"{failure.klass.value} again with no requeue left: check the cluster's health before a rerun"
     rerun = with_overrides(ctx.rerun, overrides) if ctx.rerun else ()
     message = f"{failure.summary}. Not retried ({why}): {text}."
     if rerun:
         message += f" Rerun: {shlex.join(rerun)}"
-    return Action(ActionKind.STOP, message, overrides, (), rerun)
+    return Remedy(RemedyKind.STOP, message, overrides, (), rerun)
 
 
 def _time_limit_advice(failure: Failure, ctx: CellContext, keys: OverrideKeys) -> tuple[tuple[str, ...], str]:
@@ -206,19 +225,19 @@ def _time_limit_advice(failure: Failure, ctx: CellContext, keys: OverrideKeys) -
 
 
 def decide(failure: Failure, policy: Policy | None = None, attempts_so_far: int = 0,
-           cell: CellContext | None = None) -> Action:
+           cell: CellContext | None = None) -> Remedy:
     """The next step for a failed cell. attempts_so_far: requeues already spent on this class (for a time
     limit, the job's requeues)."""
     policy, ctx = policy or Policy(), cell or CellContext()
     rule = policy.rule(failure.klass)
     budget = failure.requeue_budget if rule.budget is None else rule.budget
-    if rule.kind is ActionKind.REQUEUE and attempts_so_far < budget:
+    if rule.kind is RemedyKind.REQUEUE and attempts_so_far < budget:
         exclude = failure.nodes  # only node failures and GPU faults name nodes (failures.NODE_CLASSES)
         where = f", excluding {','.join(exclude)}" if exclude else ""
         message = (f"{failure.summary}. Requeued from the last checkpoint{where} "
                    f"(requeue {attempts_so_far + 1} of {budget} for {failure.klass.value}).")
-        return Action(ActionKind.REQUEUE, message, (), tuple(exclude))
-    if rule.kind is ActionKind.REQUEUE:
+        return Remedy(RemedyKind.REQUEUE, message, (), tuple(exclude))
+    if rule.kind is RemedyKind.REQUEUE:
         why = f"requeue budget {budget} spent"
     else:
         why = f"policy: {failure.klass.value} stops"

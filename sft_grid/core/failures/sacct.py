@@ -1,4 +1,5 @@
-"""sacct's records of a job, as the failure classifier reads them (pure: the caller runs sacct_argv).
+"""sacct's records of a job, as the classifier reads them (pure: the caller runs sacct_argv): the scheduler's
+own record, which decides a job's end over any tool's label in the log.
 
 Every leg matters: `--duplicates` keeps one record per run of a requeued job (the last alone often shows
 only the pending reason of the last requeue, such as BeginTime), and without -X the step records
@@ -9,8 +10,8 @@ Parsing keeps sacct's order: each allocation record is followed by its steps.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 # `sacct -P` columns, in this order. --duplicates (-D) lists every leg of a requeued job, not only the last;
 # no -X, so step records (<id>.batch, <id>.0) come too: the OOM state is often on a step only.

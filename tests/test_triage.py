@@ -6,8 +6,9 @@ and suggests the right thing. Pure and fast: no process, no file but the corpus.
 
 from __future__ import annotations
 
+import json
 import shlex
-from collections import Counter
+from collections import Counter, defaultdict
 
 import pytest
 
@@ -50,14 +51,15 @@ def run_case(case: dict) -> Failure:
 
 
 def test_corpus_shape():
-    """>= 150 cases, >= 5 per class, each real case with its source URL and family, and a holdout of about a fifth
-    of the real cases."""
+    """>= 150 cases, >= 5 per class, each real case with its source URL and family, >= 3 distinct versions per
+    family where its cases carry versions, and a holdout of about a fifth of the real cases."""
     everything = CASES + HOLDOUT
     assert len(everything) >= 150
     counts = Counter(case["expect"]["class"] for _, case in everything)
     assert set(counts) == {c.value for c in FailureClass}
     assert all(n >= 5 for n in counts.values()), counts
     real = [(name, case) for name, case in everything if is_real(name, case)]
+    versions: dict[str, list[str]] = defaultdict(list)
     for name, case in everything:
         assert case["expect"]["evidence"], name
         assert "sacct" in case or "log" in case or "logs" in case or "watchdog" in case, name
@@ -65,6 +67,11 @@ def test_corpus_shape():
     for name, case in real:
         assert str(case.get("source", "")).startswith("https://"), name
         assert case.get("family"), name
+        versions[case["family"]].append(json.dumps(case.get("versions") or {}, sort_keys=True))
+    # a family whose cases each say which versions wrote them shows the wordings of >= 3 distinct ones (families
+    # whose posts name no version, such as slurmstepd's own lines, cannot say)
+    thin = {family: len(set(seen)) for family, seen in versions.items() if "{}" not in seen and len(set(seen)) < 3}
+    assert not thin, f"families with fewer than 3 distinct versions: {thin}"
     assert all(is_real(name, case) for name, case in HOLDOUT)
     assert 0.15 <= len(HOLDOUT) / len(real) <= 0.25, (len(HOLDOUT), len(real))
 

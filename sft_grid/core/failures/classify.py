@@ -117,6 +117,7 @@ def _sign_findings(lines: Sequence[Line]) -> list[_Finding]:
     found = []
     running = False  # the process group is up: a lost connection is a failed collective from here on
     for line in lines:
+        running = running or bool(signs.GROUP_RUNNING.search(line.raw))
         hit = _best_sign(line, lines[:line.index])
         if hit is not None:
             sign, text = hit

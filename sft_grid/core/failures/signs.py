@@ -113,12 +113,12 @@ SIGNS: tuple[Sign, ...] = (
     # "Couldn't reach '<id>' on the Hub (<error>)", "... the Hugging Face Hub for dataset"), and the HTTP
     # client's own error naming a Hub host
     _sign(F.OFFLINE_HUB, ROOT, r"\bOfflineModeIsEnabled\b|offline mode is enabled"),
-    _sign(F.OFFLINE_HUB, ROOT, r"We couldn't connect to '[^']+' to load"),
+    _sign(F.OFFLINE_HUB, ROOT, r"We couldn[’']t connect to [‘'][^’']+[’'] to load"),
     _sign(F.OFFLINE_HUB, ROOT, r"Connection error, and we cannot find the requested files in the cached path"),
-    _sign(F.OFFLINE_HUB, ROOT, r"Couldn't reach server at '[^']+' to download"),
+    _sign(F.OFFLINE_HUB, ROOT, r"Couldn[’']t reach server at '[^']+' to download"),
     _sign(F.OFFLINE_HUB, ROOT, r"\bLocalEntryNotFoundError\b|outgoing traffic has been disabled|"
                                r"We have no connection or you passed local_files_only"),
-    _sign(F.OFFLINE_HUB, ROOT, r"Couldn't reach ('[^']+' on the Hub|the Hugging Face Hub|https?://)"),
+    _sign(F.OFFLINE_HUB, ROOT, r"Couldn[’']t reach ([‘'][^’']+[’'] on the Hub|the Hugging Face Hub|https?://)"),
     _sign(F.OFFLINE_HUB, ROOT, r"host='?(huggingface\.co|hf\.co|[\w-]+\.hf\.co|hf-mirror\.com)'?.*"
                                r"(Max retries exceeded|Failed to establish|Name or service not known|timed out"
                                r"|Temporary failure in name resolution|Network is unreachable)"),
@@ -206,6 +206,9 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.BACKEND_ERROR, EXCEPTION, r"\S: error: (unrecognized arguments:|argument \S+|the following arguments "
                                       r"are required:|too few arguments)"),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"Some (specified arguments|keys) are not used by the HfArgumentParser"),
+    # transformers' TrainingArguments refusing a combination (4.x-5.x __post_init__), with or without its frame
+    _sign(F.BACKEND_ERROR, EXCEPTION, r"--load_best_model_at_end requires|requires the saving steps to be a round "
+                                      r"multiple of the evaluation steps"),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"ValidationError: \d+ validation errors? for \w+"),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"\bDeepSpeedConfigError\b|Check batch related parameters\. train_batch_size"),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"class input value .* and checkpoint ?value .* do not match|"
@@ -216,11 +219,11 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.BACKEND_ERROR, EXCEPTION, r"Template \S+ does not exist|Cannot find valid samples"),
     # datasets (1.x-4.x) failing on the data: generation and cast errors, files that are not there, parse errors
     _sign(F.BACKEND_ERROR, EXCEPTION, r"DatasetGeneration(Cast)?Error|An error occurred while generating the dataset"),
-    _sign(F.BACKEND_ERROR, EXCEPTION, r"\bCastError\b|Couldn't cast\b|\bSchemaInferenceError\b|"
+    _sign(F.BACKEND_ERROR, EXCEPTION, r"\bCastError\b|Couldn[’']t cast\b|\bSchemaInferenceError\b|"
                                       r"\bNonMatchingSplitsSizesError\b"),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"\bDataFilesNotFoundError\b|\bEmptyDatasetError\b|No \(supported\) data files"),
-    _sign(F.BACKEND_ERROR, EXCEPTION, r"FileNotFoundError: Unable to find '|Couldn't find (a dataset script|any data "
-                                      r"file) at|BuilderConfig \S+ not found"),
+    _sign(F.BACKEND_ERROR, EXCEPTION, r"FileNotFoundError: Unable to find '|Couldn[’']t find (a dataset script|"
+                                      r"any data file) at|BuilderConfig \S+ not found"),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"\bArrowInvalid\b|\bArrowTypeError\b"),
     # a chat template refusing the data's turns (jinja2 through tokenizer.apply_chat_template)
     _sign(F.BACKEND_ERROR, EXCEPTION, r"Conversation roles must alternate|jinja2\.exceptions\.\w+"),
@@ -296,8 +299,9 @@ SCALE_DOWN = re.compile(r"(overflow!?.*?Attempted loss scale: [\d.e+]+,? reducin
 # overflows and the loss or its gradients are no longer finite
 SCALE_FLOOR = 2.0
 
-# Lines that show the process group running (so a lost connection is a failed collective, not a rendezvous).
-GROUP_RUNNING = re.compile(r"NCCL INFO .*Init COMPLETE|current_steps|\biteration\s+\d+/")
+# Lines that show the process group running (so a lost connection is a failed collective, not a rendezvous): NCCL's
+# init done, training progress, or a collective that the failing line itself names.
+GROUP_RUNNING = re.compile(r"NCCL INFO .*Init COMPLETE|current_steps|\biteration\s+\d+/|WorkNCCL\(SeqNum=\d+, OpType=")
 
 # Lines that start a new attempt of the cell (sft_grid's runner marker; submitit starting a job) and lines
 # that end one (a requeue). A requeued cell's log holds every attempt, oldest first.

@@ -17,17 +17,17 @@ from sft_grid.core.failures.classes import DESCRIPTION, NODE_CLASSES, Failure, F
 from sft_grid.core.failures.classify import classify, summarize
 from sft_grid.core.failures.lines import split_attempts
 from sft_grid.core.failures.policy import (
-                                           DEFAULT_RULES,
-                                           CellContext,
-                                           OverrideKeys,
-                                           Policy,
-                                           Remedy,
-                                           RemedyKind,
-                                           Rule,
-                                           decide,
-                                           format_time,
-                                           parse_time,
-                                           with_overrides,
+    DEFAULT_RULES,
+    CellContext,
+    OverrideKeys,
+    Policy,
+    Remedy,
+    RemedyKind,
+    Rule,
+    decide,
+    format_time,
+    parse_time,
+    with_overrides,
 )
 from sft_grid.core.failures.sacct import SACCT_FORMAT, SacctLeg, expand_hostlist, group_legs, parse_sacct, sacct_argv
 

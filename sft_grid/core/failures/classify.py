@@ -101,15 +101,16 @@ def _best_sign(line: Line, earlier: Sequence[Line]) -> tuple[signs.Sign, str] | 
     with the next line a terminal cut this one from)."""
     best: tuple[signs.Sign, str] | None = None
     for sign in signs.SIGNS:
-        if sign.unless_after is not None and any(sign.unless_after.search(x.raw) for x in earlier):
-            continue
         where = ""
         if sign.pattern.search(line.raw) or (line.joined and sign.pattern.search(line.text)):
             where = line.quote
         elif line.wrapped and (m := sign.pattern.search(line.wrapped)) and m.start() < len(line.raw) < m.end():
             where = line.raw
-        if where and (best is None or (sign.tier, sign.rank) < (best[0].tier, best[0].rank)):
-            best = (sign, where)
+        if not where or (best is not None and (sign.tier, sign.rank) >= (best[0].tier, best[0].rank)):
+            continue
+        if sign.unless_after is not None and any(sign.unless_after.search(x.raw) for x in earlier):
+            continue  # the consequence of an earlier line, which is what to explain
+        best = (sign, where)
     return best
 
 

@@ -65,6 +65,7 @@ class Line:
 
 
 def strip_prefix(text: str) -> str:
+    """The line without the labels and stamps launchers and loggers put before it (PREFIX, repeatedly)."""
     text = text.strip()
     while True:
         m = PREFIX.match(text)
@@ -77,11 +78,13 @@ def physical_lines(lines: Sequence[str]) -> list[str]:
     """The lines with a rank's text spliced mid-line split off (a progress bar, then `[rank3]: Traceback`)."""
     out: list[str] = []
     for line in lines:
-        out.extend(part for part in MID_RANK.split(line) if part.strip() or not out)
+        parts = [part for part in MID_RANK.split(line) if part.strip()]
+        out.extend(parts or [line])  # a blank line stays: it ends a traceback's quoted source
     return out
 
 
 def read_lines(lines: Sequence[str]) -> list[Line]:
+    """Each physical line with its logical text, whether it is quoted source, its frame's path, its cut rest."""
     physical = physical_lines(lines)
     raw = [line.strip() for line in physical]
     stripped = [strip_prefix(line) for line in raw]

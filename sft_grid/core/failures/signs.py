@@ -143,6 +143,8 @@ SIGNS: tuple[Sign, ...] = (
     # Slurm's warning signal before the time limit (submitit asks for --signal=USR2@90): submitit may call it
     # "preempted" (its guess from the timing), but only the scheduler's record says preemption, which outranks it
     _sign(F.TIME_LIMIT, SCHEDULER, r"Caught signal (SIG)?USR2\b", rank=2),
+    # Lightning's SLURM plugin, warned the same way (--signal=SIGUSR1@90), before it requeues the job itself
+    _sign(F.TIME_LIMIT, SCHEDULER, r"Handling auto-requeue signal: \d+", rank=2),
     # a plain "*** JOB 12 ON n1 CANCELLED AT <time> ***" (no DUE TO ...) is a scancel (Slurm <= 17 wrote no ON n1);
     # so is a STEP's, unless srun first said a task failed: then srun ended the step itself (--kill-on-bad-exit,
     # measured on the local cluster), and the task's failure is what to explain

@@ -32,13 +32,15 @@ chromium:
 demo: setup-demo
 	$(PYTHON) -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5
 
-# the fast set runs on both cores; the backend and Slurm tests one at a time (each uses the whole machine)
+# both sets run on both cores; the backend/Slurm set shares the local cluster between its two workers (tests that
+# take the whole cluster hold it alone: tests/conftest.py), and prints its 25 slowest tests
+FAST = not backend and not slurm and not mirror
 test: setup slurm-up
-	$(PYTHON) -m pytest -q -n 2 -m "not backend and not slurm"
-	$(PYTHON) -m pytest -q -m "backend or slurm" --durations=25
+	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
+	$(PYTHON) -m pytest -q -n 2 --dist loadgroup -m "not ($(FAST))" --durations=25
 
 test-fast: install
-	$(PYTHON) -m pytest -q -n 2 -m "not backend and not slurm"
+	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
 
 slurm-up:
 	bash scripts/slurm_up.sh

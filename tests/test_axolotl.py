@@ -25,7 +25,7 @@ from sft_grid.planning.venvs import VenvSpec
 from sft_grid.core.paths import CONF_DIR, IN_VENV_DIR
 from sft_grid.in_venv import template_integrity
 
-from .conftest import run_sft
+from .conftest import AXOLOTL_MIX, run_sft
 
 TINY = ["backend=axolotl", "model=tiny_llama", "global_batch_size=4", "micro_batch_size=2", "cutoff_len=128"]
 MIX = ["dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under", "mix.probs=[0.7,0.3]"]
@@ -211,25 +211,26 @@ def assert_template_everywhere(output: Path) -> None:
 
 
 @pytest.mark.backend
-def test_mixed_cell_trains_with_axolotl_and_every_checkpoint_carries_the_template(tmp_path, axolotl_env):
-    proc = run_sft(*TINY, *MIX, "max_steps=4", "save_steps=2", "lr=1e-3", f"runs_root={tmp_path}", check=True)
-    (cell,) = cells(tmp_path)
-    out = cell / "output"
-    assert [e["event"] for e in events(cell)][:4] == ["submitted", "job", "running", "completed"]
-    assert f"completed {cell.name}" in " ".join(proc.stdout.split()) and "step 4/4" in proc.stdout
-    state = json.loads((out / "trainer_state.json").read_text())
-    assert state["global_step"] == 4 and (out / "model.safetensors").is_file()
-    assert len(losses(out)) == 4
-    assert (out / "checkpoint-2" / "optimizer.pt").is_file() and (out / "checkpoint-4").is_dir()
-    assert_template_everywhere(out)
-    # the grid's tokenize-once job wrote the interleaved mix and axolotl's prepared dataset; the cell loaded it
-    (tok_dir,) = list((tmp_path / "_tokenized").iterdir())
+def test_mixed_cell_trains_with_axolotl_and_every_checkpoint_carries_the_template(axolotl_mix_grid):
+    """The shared axolotl grid (tests/conftest.py): an interleaved mix, two cells, checkpoints every 4 of 8 steps."""
+    root = axolotl_mix_grid.root
+    for cell in cells(root):
+        out = cell / "output"
+        assert [e["event"] for e in events(cell)][:4] == ["submitted", "job", "running", "completed"]
+        assert f"completed {cell.name}" in " ".join(axolotl_mix_grid.first.split())
+        state = json.loads((out / "trainer_state.json").read_text())
+        assert state["global_step"] == 8 and (out / "model.safetensors").is_file()
+        assert len(losses(out)) == 8
+        assert (out / "checkpoint-4" / "optimizer.pt").is_file() and (out / "checkpoint-8").is_dir()
+        assert_template_everywhere(out)
+        log = (cell / "logs" / "train.log").read_text()
+        assert "Loading prepared dataset from disk at" in log and "mix_data: wrote" not in log
+    assert axolotl_mix_grid.first.count("step 8/8") == 2
+    # the grid's tokenize-once job wrote the interleaved mix and axolotl's prepared dataset; the cells loaded it
+    (tok_dir,) = list((root / "_tokenized").iterdir())
     tok_log = (tok_dir / "tokenize.log").read_text()
     assert "mix_data: wrote" in tok_log and str(tok_dir / axolotl.MIX_DATA) in tok_log
-    log = (cell / "logs" / "train.log").read_text()
-    assert "Loading prepared dataset from disk at" in log and "mix_data: wrote" not in log
-    again = run_sft(*TINY, *MIX, "max_steps=4", "save_steps=2", "lr=1e-3", f"runs_root={tmp_path}", check=True)
-    assert "0 to run, 1 completed" in again.stdout
+    assert "0 to run, 2 completed" in axolotl_mix_grid.again
 
 
 @pytest.mark.backend
@@ -270,23 +271,23 @@ def test_axolotl_cell_killed_after_a_checkpoint_resumes_from_it(tmp_path, axolot
 
 
 @pytest.mark.backend
-def test_parity_with_llamafactory_on_the_same_cell(tmp_path, axolotl_env):
+def test_parity_with_llamafactory_on_the_same_cell(tmp_path, axolotl_mix_grid):
     """Same model, data (the interleaved mix), batch, lr and steps: both losses decrease and the final
-    losses agree within 10% (the users' stage6 parity gate); both backends train on the same mix rows."""
-    common = ["model=tiny_llama", *MIX, "global_batch_size=4", "micro_batch_size=2", "cutoff_len=128",
-              "max_steps=8", "lr=1e-3", "scheduler=constant", "save_steps=8"]
+    losses agree within 10% (the users' stage6 parity gate); both backends train on the same mix rows. The axolotl
+    side is the shared grid's lr=1e-3 cell; LLaMA-Factory trains the same cell here."""
+    common = [a for a in AXOLOTL_MIX if not a.startswith("backend=")]
+    run_sft("backend=llamafactory", *common, "lr=1e-3", f"runs_root={tmp_path}", check=True)
+    (lf_cell,) = cells(tmp_path)
+    (ax_cell,) = [c for c in cells(axolotl_mix_grid.root) if "_lr0.001-" in c.name]
     final = {}
-    for backend in ("llamafactory", "axolotl"):
-        run_sft(f"backend={backend}", *common, f"runs_root={tmp_path / backend}", check=True)
-        (cell,) = cells(tmp_path / backend)
+    for backend, cell in (("llamafactory", lf_cell), ("axolotl", ax_cell)):
         curve = losses(cell / "output")
         assert len(curve) == 8 and sum(curve[-2:]) < sum(curve[:2]), (backend, curve)
         final[backend] = sum(curve[-2:]) / 2
-        if backend == "llamafactory":
-            lf_examples = int(re.search(r"Num examples = (\d+)", (cell / "logs" / "train.log").read_text()).group(1))
-        else:  # the mix the grid's tokenize-once job wrote, which the cell trained on
-            (tok_dir,) = list((tmp_path / backend / "_tokenized").iterdir())
-            mix_rows = len((tok_dir / axolotl.MIX_DATA).read_text().splitlines())
+    lf_examples = int(re.search(r"Num examples = (\d+)", (lf_cell / "logs" / "train.log").read_text()).group(1))
+    # the mix the grid's tokenize-once job wrote, which the axolotl cells trained on
+    (tok_dir,) = list((axolotl_mix_grid.root / "_tokenized").iterdir())
+    mix_rows = len((tok_dir / axolotl.MIX_DATA).read_text().splitlines())
     assert lf_examples == mix_rows
     rel = abs(final["axolotl"] - final["llamafactory"]) / final["llamafactory"]
     assert rel < 0.10, final

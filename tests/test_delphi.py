@@ -403,18 +403,32 @@ def _wait(cell: Path, deadline_s: float = 300) -> CellState:
 @pytest.mark.slurm
 @pytest.mark.backend
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
-def test_two_node_delphi_cell_registers_the_template_in_every_rank(tmp_path, tiny_assets, launcher):
-    run_sft(*TINY, "max_steps=4", "global_batch_size=4", "micro_batch_size=2", "nodes=2", "cluster=slurm_local",
-            f"cluster.launcher={launcher}", f"runs_root={tmp_path}", check=True)
+def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_every_rank(tmp_path, tiny_assets,
+                                                                                      launcher):
+    run_sft("model=tiny_delphi", "max_steps=4", "save_steps=4", "cutoff_len=256", "global_batch_size=4",
+            "micro_batch_size=2", "nodes=2", "cluster=slurm_local", f"cluster.launcher={launcher}",
+            f"runs_root={tmp_path}", check=True)
     (cell,) = iter_cell_dirs(tmp_path / "default")
     state = _wait(cell)
     assert state.state is State.COMPLETED, state
     lead, other = (cell / "logs" / "train.log").read_text(), (cell / "logs" / "train.node1.log").read_text()
-    # a rank on each node, each through the wrapper (LLaMA-Factory alone would not know the delphi template)
+    # one rank on each node (with c10d rendezvous either node may get global rank 0), each through the wrapper
+    # (LLaMA-Factory alone would not know the delphi template)
     assert "world size: 2" in lead and "world size: 2" in other
-    assert "sft_grid_lf.py --template delphi=" in (cell / "launch.sh").read_text()
+    assert {"Process rank: 0, world size: 2", "Process rank: 1, world size: 2"} <= {
+        line.split(">> ")[-1].split(", device")[0] for line in (lead + other).splitlines() if "world size" in line}
+    launch = (cell / "launch.sh").read_text()
+    assert "sft_grid_lf.py --template delphi=" in launch
+    if launcher == "torchrun":
+        assert "Multi-node training enabled: num nodes: 2, node rank: 1" in other
+    else:
+        assert "accelerate launch --multi_gpu" in launch
+    assert (cell / "output" / "checkpoint-4" / "optimizer.pt").is_file()
     saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
     assert saved["eos_token"] == "<|eot_id|>"
+    nodes = subprocess.run(["sacct", "-X", "-n", "-P", "-j", state.job_id, "-o", "NodeList"], capture_output=True,
+                           text=True).stdout.strip()
+    assert nodes in ("n[1-2]", "n1,n2"), nodes
 
 
 @pytest.mark.slurm

@@ -1,6 +1,6 @@
 """sft_grid on a real Slurm cluster (scripts/slurm_up.sh: two virtual nodes on this machine): grids as job
-arrays, skip on rerun, status from one sacct call, cancel, two-node training, and a preempted or timed-out
-cell that is requeued and resumes from its checkpoint."""
+arrays, skip on rerun, status from one sacct call, cancel, a preempted cell that is requeued and resumes from its
+checkpoint, and sbatch's refusal. (Two-node training: tests/test_delphi.py; time limits: tests/test_time_limits.py.)"""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def events(cell: Path) -> list[dict]:
     return [e for e in ledger_of(cell) if e["event"] not in ("stage", "post_job")]
 
 
-def test_grid_is_one_throttled_array_then_skipped(tmp_path, tiny_assets, cleanup_jobs):
+def test_grid_is_one_throttled_array_then_skipped_and_status_asks_sacct_once(tmp_path, tiny_assets, cleanup_jobs,
+                                                                            monkeypatch):
     cleanup_jobs.append(tmp_path)
     queued = run_sft("-m", *TINY, "max_steps=2", "seed=1,2,3", "concurrency=2", f"runs_root={tmp_path}", check=True)
     assert "queued 3 cell(s) as sft_grid-" in queued.stdout and "at most 2 at once" in queued.stdout
@@ -92,12 +93,7 @@ def test_grid_is_one_throttled_array_then_skipped(tmp_path, tiny_assets, cleanup
     again = run_sft("-m", *TINY, "max_steps=2", "seed=1,2,3", "concurrency=2", f"runs_root={tmp_path}", check=True)
     assert "3 cell(s): 0 to run, 3 completed - nothing to run." in again.stdout
     assert all([e["event"] for e in events(c)].count("submitted") == 1 for c in cell_dirs(tmp_path))
-
-
-def test_status_asks_sacct_once_for_the_whole_grid(tmp_path, tiny_assets, cleanup_jobs, monkeypatch):
-    cleanup_jobs.append(tmp_path)
-    run_sft("-m", *TINY, "max_steps=2", "seed=4,5,6,7", f"runs_root={tmp_path}", check=True)
-    wait_until(tmp_path, {"completed", "failed"})
+    # status: one accounting query and one queue query for the whole grid
     calls: list[list[str]] = []
     real = slurm._run
 
@@ -107,11 +103,11 @@ def test_status_asks_sacct_once_for_the_whole_grid(tmp_path, tiny_assets, cleanu
 
     monkeypatch.setattr(slurm, "_run", counting)
     table = rows(cell_dirs(tmp_path))
-    assert [c[0] for c in calls] == ["sacct", "squeue"]  # one accounting query, one queue query
-    assert len(table) == 4 and all(r[1] == "completed" and r[2] for r in table)
+    assert [c[0] for c in calls] == ["sacct", "squeue"]
+    assert len(table) == 3 and all(r[1] == "completed" and r[2] for r in table)
     proc = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
                           capture_output=True, text=True)
-    assert "4 cell(s): 4 completed" in proc.stdout
+    assert "3 cell(s): 3 completed" in proc.stdout
 
 
 def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
@@ -129,29 +125,6 @@ def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
     assert st.state is State.CANCELLED
     skipped = run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
     assert "0 to run" in skipped.stdout and "rerun_failed=true reruns them" in skipped.stdout
-
-
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
-def test_two_node_cell_trains_across_both_nodes(tmp_path, tiny_assets, cleanup_jobs, launcher):
-    cleanup_jobs.append(tmp_path)
-    run_sft(*TINY, "max_steps=4", "nodes=2", f"cluster.launcher={launcher}", f"runs_root={tmp_path}", check=True)
-    (st,) = wait_until(tmp_path, {"completed", "failed"}).values()
-    assert st.state is State.COMPLETED, st
-    (cell,) = cell_dirs(tmp_path)
-    lead = (cell / "logs" / "train.log").read_text()
-    other = (cell / "logs" / "train.node1.log").read_text()
-    # one rank on each node (with c10d rendezvous either node may get global rank 0)
-    assert "world size: 2" in lead and "world size: 2" in other
-    assert {"Process rank: 0, world size: 2", "Process rank: 1, world size: 2"} <= {
-        line.split(">> ")[-1].split(", device")[0] for line in (lead + other).splitlines() if "world size" in line}
-    if launcher == "torchrun":
-        assert "Multi-node training enabled: num nodes: 2, node rank: 1" in other
-    else:
-        assert "accelerate launch --multi_gpu" in (cell / "launch.sh").read_text()
-    assert (cell / "output" / "checkpoint-4" / "optimizer.pt").is_file()
-    nodes = subprocess.run(["sacct", "-X", "-n", "-P", "-j", st.job_id, "-o", "NodeList"], capture_output=True,
-                           text=True).stdout.strip()
-    assert nodes in ("n[1-2]", "n1,n2"), nodes
 
 
 def _logged_steps(log: Path) -> list[int]:
@@ -175,6 +148,7 @@ def _assert_resumed(cell: Path, total: int = 300) -> None:
     assert [e["event"] for e in events(cell)].count("submitted") == 1  # requeued, not resubmitted
 
 
+@pytest.mark.whole_cluster  # its `high` job preempts every debug job of the cluster
 def test_preempted_cell_is_requeued_and_resumes_from_its_checkpoint(tmp_path, tiny_assets, cleanup_jobs):
     cleanup_jobs.append(tmp_path)
     run_sft(*SLOW, f"runs_root={tmp_path}", check=True)
@@ -193,37 +167,6 @@ def test_preempted_cell_is_requeued_and_resumes_from_its_checkpoint(tmp_path, ti
                              capture_output=True, text=True).stdout.split()
     assert "PREEMPTED" in history or "REQUEUED" in history, history
     _assert_resumed(cell)
-
-
-def test_timed_out_cell_is_requeued_and_resumes(tmp_path, tiny_assets, cleanup_jobs):
-    cleanup_jobs.append(tmp_path)
-    # 1 minute of wall time for ~2 minutes of training (about 1 s a step on 2 cores; a leg trains for ~30 s after
-    # its start-up, before submitit's USR2): the job requeues at least once. How many one-minute legs the training
-    # takes depends on the machine's speed (CI can be several times slower than a workstation): the requeue budget
-    # leaves room for it, the point is that each leg resumes. A checkpoint every 5 steps: each leg saves at least
-    # one, however slow the machine (two legs in a row that save none are stopped as futile:
-    # test_legs_that_never_reach_a_checkpoint_stop_as_a_time_limit_with_no_progress)
-    run_sft(*SLOW, "max_steps=120", "save_steps=5", "global_batch_size=64", "micro_batch_size=4", "time=00:01:00",
-            "cluster.max_requeues=40", f"runs_root={tmp_path}", check=True)
-    (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=2400).values()
-    (cell,) = cell_dirs(tmp_path)
-    assert st.state is State.COMPLETED, (st, [e["event"] for e in events(cell)])
-    _assert_resumed(cell, total=120)
-
-
-def test_legs_that_never_reach_a_checkpoint_stop_as_a_time_limit_with_no_progress(tmp_path, tiny_assets, cleanup_jobs):
-    cleanup_jobs.append(tmp_path)
-    # one-minute legs, and a checkpoint only at the end: no leg can save one. The second leg that ends with
-    # nothing saved is not requeued again (the budget of 200, which the estimates ask for, would otherwise be
-    # spent the same way)
-    run_sft(*SLOW, "max_steps=5000", "save_steps=5000", "time=00:01:00", "cluster.max_requeues=200",
-            f"runs_root={tmp_path}", check=True)
-    (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=900).values()
-    (cell,) = cell_dirs(tmp_path)
-    kinds = [e["event"] for e in events(cell)]
-    assert st.state is State.FAILED and st.failure_class == "time_limit", (st, kinds)
-    assert "no progress" in st.reason and "save_steps=1250" in st.advice and "time=00:02:00" in st.advice, st
-    assert kinds.count("running") == 2 and kinds.count("requeued") == 1, kinds
 
 
 def test_sbatch_refusal_is_reported_and_leaves_the_cells_planned(tmp_path, tiny_assets, cleanup_jobs):

@@ -2,7 +2,8 @@
 
 Two virtual nodes n1 and n2 with 4 fake GPUs each, accounting through slurmdbd, and a `high` partition whose
 jobs preempt and requeue `debug` jobs. These tests check what sft_grid's Slurm tests rely on: batch jobs,
-multi-node steps, arrays, sacct, the configured limits and preemption.
+multi-node steps, arrays, sacct and the configured limits (preemption, for real: the preempted cell of
+tests/test_slurm.py).
 
 Every test stops by itself: each waits against a deadline (never an unbounded sleep) and every Slurm
 command has a timeout. Every job it submits carries a name unique to the test and is cancelled by that name
@@ -151,6 +152,7 @@ def completed(job_id: str, expected_ids: set[str]) -> Callable[[], bool]:
     return probe
 
 
+@pytest.mark.whole_cluster  # no other test's job on the nodes
 def test_two_idle_nodes_with_four_gpus_each(deadline: Deadline) -> None:
     expected = {f"{n}|idle|gpu:{GPUS_PER_NODE}" for n in NODES}
     seen: list[set[str]] = []
@@ -193,26 +195,3 @@ def test_config_reports_max_array_size() -> None:
     config = dict(line.split("=", 1) for line in slurm("scontrol", "show", "config").splitlines() if " = " in line)
     config = {k.strip(): v.strip() for k, v in config.items()}
     assert config["MaxArraySize"] == str(MAX_ARRAY_SIZE)
-
-
-def test_high_partition_preempts_and_requeues_debug_job(jobs: Jobs, deadline: Deadline) -> None:
-    # The debug job holds every GPU, so the high job can only start by preempting it. Slurm first sends it
-    # the --signal signal (preempt_send_user_signal: what submitit checkpoints on), then, once the debug
-    # partition's GraceTime (20 s) is over, requeues it on its next preemption pass: measured 30-31 s from
-    # start to requeue. The trap records the signal and keeps the job running until then.
-    low = jobs.sbatch("-p", "debug", "--requeue", "--open-mode=append", "--signal=B:USR2", "-N2",
-                      f"--gpus-per-node={GPUS_PER_NODE}",
-                      "--wrap", "trap 'echo got USR2' USR2; sleep 60 & wait; wait")
-
-    def low_running() -> bool:
-        return slurm("squeue", "-h", "-j", low, "-o", "%T").strip() == "RUNNING"
-
-    deadline.wait_for(low_running, f"debug job {low} holding every GPU to run")
-    high = jobs.sbatch("-p", "high", "--gpus-per-node=1", "--wrap", "true")
-    deadline.wait_for(completed(high, {high}), f"high job {high} COMPLETED")
-
-    def low_requeued() -> bool:
-        return bool({"REQUEUED", "PREEMPTED"} & set(sacct_states(low, duplicates=True).get(low, [])))
-
-    deadline.wait_for(low_requeued, f"debug job {low} REQUEUED or PREEMPTED in sacct --duplicates")
-    assert "got USR2" in (jobs.dir / f"{low}.out").read_text()

@@ -22,6 +22,7 @@ from sft_grid.core.layout import LEDGER_FILE, SUBMITIT_DIR
 from sft_grid.present import normalise_ids
 
 from .conftest import run_sft
+from .helpers import ledger
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend]
 
@@ -71,8 +72,12 @@ def snapshot(runs_root: Path) -> dict[str, str]:
     files = [*runs_root.rglob(LEDGER_FILE), *[p for p in runs_root.rglob("*") if p.is_file() and (
         SUBMITIT_DIR in p.parts or "submitit" in p.parts)]]
     out = {str(p.relative_to(runs_root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(files)}
-    out["squeue"] = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%j|%T|%r"], capture_output=True, text=True,
-                                   timeout=30).stdout
+    # the queue's view of this grid's jobs only (other tests share the cluster): every job its ledgers name
+    names = {e["name"] for p in runs_root.rglob(LEDGER_FILE) for e in ledger(p.parent) if e.get("name")}
+    queue = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%j|%T|%r"], capture_output=True, text=True,
+                           timeout=30).stdout
+    out["squeue"] = "".join(line + "\n" for line in queue.splitlines() if line.split("|")[1:2] and
+                            line.split("|")[1] in names)
     return out
 
 

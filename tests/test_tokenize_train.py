@@ -6,6 +6,7 @@ never tokenizes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -23,33 +24,41 @@ LOADS = {"llamafactory": "Loaded tokenized dataset from", "axolotl": "Loading pr
 TOKENIZES = {"llamafactory": "Running tokenizer on dataset", "axolotl": "Loading raw datasets"}
 
 
-@pytest.mark.parametrize("backend, mix", [
-    ("llamafactory", []),
-    ("axolotl", ["dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under", "mix.probs=[0.5,0.5]"]),
-], ids=["llamafactory", "axolotl-interleaved"])
-def test_cells_on_the_same_data_load_one_tokenization(tmp_path, tiny_assets, backend, mix):
-    proc = run_sft("-m", f"backend={backend}", "model=tiny_llama", "lr=1e-5,2e-5", "max_steps=2", "global_batch_size=2",
-                   "cutoff_len=256", f"runs_root={tmp_path}", *mix)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert all(s.state.value == "completed" for s in grid_states(tmp_path).values())
-    (tok_dir,) = list((tmp_path / "_tokenized").iterdir())
+def assert_one_tokenization_loaded_by_every_cell(root: Path, backend: str, mixed: bool) -> Path:
+    assert all(s.state.value == "completed" for s in grid_states(root).values())
+    (tok_dir,) = list((root / "_tokenized").iterdir())
     marker = json.loads((tok_dir / MARKER).read_text())
     assert marker["cpu_s"] > 0 and tok_dir.name.endswith(marker["key"])
-    if mix:
+    if mixed:
         assert (tok_dir / "data" / "mix.jsonl").is_file()  # the mix step ran once, in the tokenize job
     assert len(data_steps(tok_dir)) == 1  # the backend's data step ran once there, and ended
-    for cell in iter_cell_dirs(tmp_path / "default"):
+    cells = list(iter_cell_dirs(root / "default"))
+    assert len(cells) == 2
+    for cell in cells:
         log = (cell / "logs" / "train.log").read_text()
         assert LOADS[backend] in log and str(tok_dir) in log
         assert TOKENIZES[backend] not in log
         assert not (cell / "data").exists()  # no per-cell mix file
         assert len(data_steps(cell)) == 1  # the cell's own data step: the load
+    return tok_dir
 
-    # a change of what decides the tokens builds a new one beside it; the old one is kept for its cells
-    again = run_sft("-m", f"backend={backend}", "model=tiny_llama", "lr=1e-5", "max_steps=2", "global_batch_size=2",
-                    "cutoff_len=128", f"runs_root={tmp_path}", *mix)
+
+def test_cells_on_the_same_data_load_one_tokenization_llamafactory(tmp_path, tiny_assets):
+    proc = run_sft("-m", "model=tiny_llama", "lr=1e-5,2e-5", "max_steps=2", "global_batch_size=2", "cutoff_len=256",
+                   f"runs_root={tmp_path}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_one_tokenization_loaded_by_every_cell(tmp_path, "llamafactory", mixed=False)
+    # a change of what decides the tokens builds a new one beside it; the old one is kept for its cells (the key is
+    # the same code for both backends: tests/test_tokenize_plan.py)
+    again = run_sft("-m", "model=tiny_llama", "lr=1e-5", "max_steps=2", "global_batch_size=2", "cutoff_len=128",
+                    f"runs_root={tmp_path}")
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(list((tmp_path / "_tokenized").iterdir())) == 2
+
+
+def test_cells_on_the_same_data_load_one_tokenization_axolotl_interleaved(axolotl_mix_grid):
+    """The shared axolotl grid (tests/conftest.py): two cells on an interleaved mix."""
+    assert_one_tokenization_loaded_by_every_cell(axolotl_mix_grid.root, "axolotl", mixed=True)
 
 
 def data_steps(directory):

@@ -2,10 +2,9 @@
 the ledger stay readable).
 
 On the local Slurm cluster (scripts/slurm_up.sh: memory is a consumable resource, a step over its --mem is
-killed as cgroups would on a real site): a time limit with the requeue budget spent (none, and one), a host
-out of memory under a memory limit, one rank of a two-node job killed (a transient fault: requeued at once,
+killed as cgroups would on a real site): a host out of memory under a memory limit, one rank of a two-node job killed (a transient fault: requeued at once,
 from its checkpoint, and completed), a full disk (a small tmpfs as the runs root) and a user's scancel. The
-node set down mid-job is in test_slurm_faults.py. Locally, on both backends: a loss blown up by a huge
+node set down mid-job is in test_slurm_faults.py, the time limits in test_time_limits.py. Locally, on both backends: a loss blown up by a huge
 learning rate on a tiny model, stopped by the loss watchdog.
 """
 
@@ -103,34 +102,6 @@ def roots(tmp_path: Path, tiny_assets: Path) -> Iterator[Callable[[str], Path]]:
     yield make
     for root in made:
         cancel_jobs_of(root)
-
-
-@slurm
-def test_a_time_limit_with_its_budget_spent_says_where_it_stopped_and_what_to_change(roots, monkeypatch):
-    """No requeue budget, and a budget of one: two-minute legs (USR2 30 s before the limit: submitit then
-    requeues the job, or ends it once the budget is spent) of a run that needs many more. The estimates before
-    launch would refuse such a cell (they are off here: this test is about the time limit that follows)."""
-    monkeypatch.setenv("SFT_GRID_ESTIMATES", "0")
-    budgets = {0: roots("none"), 1: roots("one")}
-    for budget, root in budgets.items():
-        run_sft(*LONG, "cluster=slurm_local", "time=00:02:00", f"cluster.max_requeues={budget}", f"runs_root={root}",
-                check=True)
-    for budget, root in budgets.items():
-        st = final(root)
-        cell = the_cell(root)
-        assert st.state is State.FAILED and st.failure_class == "time_limit", st
-        assert st.action == "stop", st
-        expected = "time limit reached, at step" if budget == 0 else "time limit reached after 1 requeue (budget 1), at step"
-        assert expected in st.reason, st
-        assert re.search(r"TIMEOUT|DUE TO TIME LIMIT|timed-out", st.evidence), st.evidence
-        # what to change: more legs, more time or more nodes, and the exact rerun command
-        assert re.search(r"at step \d+ of 3000", st.reason), st.reason
-        assert "cluster.max_requeues=" in st.advice and "time=00:04:00" in st.advice, st.advice
-        assert "Rerun: python -m sft_grid" in st.advice and "rerun_failed=true" in st.advice, st.advice
-        assert "BeginTime" not in st.reason
-        assert_nothing_lost(cell)
-        text = status_text(root)
-        assert "time_limit" in text and "failed or cancelled, by class:" in text
 
 
 @slurm

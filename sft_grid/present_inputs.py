@@ -14,13 +14,13 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
     transfers run, and the free space of each filesystem against what must be fetched."""
     if staging is None or not staging.items:
         return []
-    from sft_grid.stages.hub_types import human
+    from sft_grid.stages.staging.values import human
 
     users = {cell for item in staging.items for cell, _ in item.users}
     pending = staging.pending
     if staging.unreachable:
         unresolved = [i for i in staging.items if i.pin is None]
-        head = (f"staging: the Hub cannot be reached from here ({staging.unreachable}); "
+        head = (f"staging: the Hub cannot be reached from here: {staging.unreachable.rstrip('.')}; "
                 + (f"{len(unresolved)} of {len(staging.items)} Hub repositories for {len(users)} cell(s) are not"
                    " staged, sizes unknown" if unresolved else
                    f"all {len(staging.items)} Hub repositories for {len(users)} cell(s) are taken as staged"))
@@ -77,11 +77,12 @@ class ProgressLine:
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.last = 0.0
         self.repo = ""
+        self.open = False  # a line is drawn on the terminal and not ended yet
 
     def __call__(self, p: Any) -> None:
         import time
 
-        from sft_grid.stages.hub_types import human
+        from sft_grid.stages.staging.values import human
 
         now = time.monotonic()
         edge = p.repo_id != self.repo or p.files_done == p.files_total  # a repository starts or is complete
@@ -95,11 +96,20 @@ class ProgressLine:
                 f" {p.files_done}/{p.files_total} {p.file}")
         if self.tty:
             self.stream.write("\r" + text[:160].ljust(160))
-            if p.files_done == p.files_total:
+            self.open = p.files_done != p.files_total
+            if not self.open:
                 self.stream.write("\n")
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+    def end(self) -> None:
+        """End a line left open on the terminal, so that what is printed next starts on its own line."""
+        if self.open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = False
 
 
 def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:

@@ -1,4 +1,5 @@
-"""The per-repo staging lock: exclusive, waits with a deadline, recovers from holders that died."""
+"""The project's one file lock (sft_grid/core/lock.py): exclusive, waits with a deadline or without one, recovers from
+holders that died."""
 
 from __future__ import annotations
 
@@ -12,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.stages.hub_lock import LockTimeout, RepoLock, _read
+from sft_grid.core.lock import Lock, LockTimeout, _read
 from tests.hubtools import wait_for
 
 
 def test_second_taker_waits_until_release(tmp_path: Path):
     path = tmp_path / "repo.lock"
-    first = RepoLock(path, timeout_s=5)
+    first = Lock(path, timeout_s=5)
     first.acquire()
     got, waiting = threading.Event(), threading.Event()
 
     def take() -> None:
-        with RepoLock(path, timeout_s=30, on_wait=lambda holder, waited: waiting.set()):
+        with Lock(path, timeout_s=30, on_wait=lambda holder, waited: waiting.set()):
             got.set()
 
     t = threading.Thread(target=take)
@@ -36,17 +37,17 @@ def test_second_taker_waits_until_release(tmp_path: Path):
 
 def test_timeout_names_the_holder(tmp_path: Path):
     path = tmp_path / "repo.lock"
-    with RepoLock(path, timeout_s=5):
+    with Lock(path, timeout_s=5):
         with pytest.raises(LockTimeout) as e:
-            RepoLock(path, timeout_s=0.2).acquire()
+            Lock(path, timeout_s=0.2).acquire()
     assert e.value.holder is not None and e.value.holder.pid == os.getpid()
     assert f"pid {os.getpid()}" in str(e.value)
 
 
 def test_lock_of_a_killed_process_on_this_host_is_broken_at_once(tmp_path: Path):
     path = tmp_path / "repo.lock"
-    code = ("import sys, time; from sft_grid.stages.hub_lock import RepoLock; "
-            "RepoLock(__import__('pathlib').Path(sys.argv[1]), timeout_s=5).acquire(); print('held', flush=True); "
+    code = ("import sys, time; from sft_grid.core.lock import Lock; "
+            "Lock(__import__('pathlib').Path(sys.argv[1]), timeout_s=5).acquire(); print('held', flush=True); "
             "time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
@@ -57,7 +58,7 @@ def test_lock_of_a_killed_process_on_this_host_is_broken_at_once(tmp_path: Path)
         child.wait(timeout=30)
     assert _read(path).pid == child.pid  # left behind by kill -9
     t0 = time.monotonic()
-    with RepoLock(path, timeout_s=30, stale_s=3600) as lock:
+    with Lock(path, timeout_s=30, stale_s=3600) as lock:
         assert _read(path).token == lock.me.token
     assert time.monotonic() - t0 < 5  # no waiting for a heartbeat to age
 
@@ -66,16 +67,16 @@ def test_lock_from_another_host_is_stale_only_when_its_heartbeat_stopped(tmp_pat
     path = tmp_path / "repo.lock"
     path.write_text(json.dumps({"host": "login02", "pid": 1, "token": "t", "since": time.time()}))
     with pytest.raises(LockTimeout):  # fresh mtime: the other node's stager may be alive
-        RepoLock(path, timeout_s=0.3, stale_s=60).acquire()
+        Lock(path, timeout_s=0.3, stale_s=60).acquire()
     old = time.time() - 120
     os.utime(path, (old, old))
-    with RepoLock(path, timeout_s=5, stale_s=60) as lock:
+    with Lock(path, timeout_s=5, stale_s=60) as lock:
         assert _read(path).token == lock.me.token
 
 
 def test_holder_notices_when_its_lock_was_taken(tmp_path: Path):
     path = tmp_path / "repo.lock"
-    lock = RepoLock(path, timeout_s=5, heartbeat_s=0.05)
+    lock = Lock(path, timeout_s=5, heartbeat_s=0.05)
     lock.acquire()
     path.write_text(json.dumps({"host": "elsewhere", "pid": 2, "token": "other", "since": time.time()}))
     wait_for(lambda: lock.lost, "the heartbeat to notice the takeover", 10, 0.01)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.stages.hub import HubUnreachable, download, resolve
+from sft_grid.stages.staging import HubUnreachable, download, resolve
 from sft_grid.core.hubcache import RemoteFile, select_files
-from sft_grid.stages.hub_types import Budget, Plan, Resolved, human
+from sft_grid.stages.staging.values import Budget, Plan, Resolved, human
 
 pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hf_env
 
@@ -27,7 +27,7 @@ def test_budget_counts_from_the_process_start_and_keeps_a_margin():
 
 
 def test_budget_since_process_start_counts_the_time_already_spent():
-    code = ("import time; time.sleep(0.5); from sft_grid.stages.hub_types import Budget; "
+    code = ("import time; time.sleep(0.5); from sft_grid.stages.staging.values import Budget; "
             "print(Budget.since_process_start(100.0, margin_s=10.0).left())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout

@@ -50,7 +50,7 @@ class BackendConf:
 
 @dataclass
 class StagingConf:
-    """How a site stages the Hub models and datasets of a grid before anything is queued (stages/staging.py)."""
+    """How a site stages the Hub models and datasets of a grid before anything is queued (stages/staging/)."""
 
     # where the transfers run: login (the machine running the grid, or `python -m sft_grid.stage`) or job (a
     # Slurm job on `partition`, e.g. a transfer partition whose nodes reach the Hub; its cells wait for it)

@@ -29,12 +29,15 @@ from pathlib import Path
 
 import pytest
 
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
 from sft_grid.core.hubcache import blob_path, is_complete, read_listing
+from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.stages.staging import (Budget, BudgetExceeded, HubServerError, RepoNotFound, RevisionNotFound,
                                      TokenRequired, download, memory, plan, resolve)
 from sft_grid.stages.staging.client import client_version
 from tests.hubserver import HubServer
-from tests.hubtools import MiB, model_files
+from tests.hubtools import MiB, dataset_files, model_files
 
 pytest_plugins = ["tests.hub_fixtures", "tests.olah_mirror"]  # fixtures: hf_env, cache; olah
 pytestmark = pytest.mark.mirror
@@ -96,6 +99,12 @@ def stage_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-m", "sft_grid.stage", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_grid(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-m", "sft_grid", *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def one_line(text: str) -> str:
@@ -255,3 +264,38 @@ def test_the_stage_command_says_which_thing_is_missing_in_one_line(server, cache
     assert sha.returncode == 1
     line = one_line(sha.stderr)
     assert f"revision '{UNKNOWN_SHA}' of model repo '{repo}'" in line and "500" in line and " Fix: " in line
+
+
+def test_the_grid_and_its_dry_run_name_a_recorded_commit_the_server_lacks(server, cache, tmp_path):
+    """A failed cell's rerun trains on the commit it recorded; a mirror that lacks it answers 500 (olah) or as if the
+    repository were missing (401/404): the grid and its dry run say the revision is missing, for that cell, without
+    a traceback."""
+    if server.name == "hub":
+        pytest.skip("the Hub's own answer: test_stage_grid.py::test_a_rerun_keeps_the_commit_it_trained_on_while_main_moves")
+    model, data = repo_name(), repo_name()
+    model_sha = server.commit(model, model_files(), "model")
+    data_sha = server.commit(data, dataset_files(), "dataset")
+    runs = tmp_path / "runs"
+    cell_args = ["model=tiny_llama", "model.path=null", f"model.hub_id={model}", "dataset=tiny_messages",
+                 f"dataset.tiny_messages.source={data}", f"cluster.hf_cache={cache}", f"runs_root={runs}",
+                 "max_steps=2", f"+cluster.backend_venvs.llamafactory={tmp_path / 'no-venv'}"]
+    assert run_grid(*cell_args, "dry_run=true").returncode == 0  # renders the cell
+    (cell,) = iter_cell_dirs(runs / "default")
+    inputs = [{"kind": "model", "repo": model, "revision": "main", "sha": UNKNOWN_SHA},
+              {"kind": "dataset", "repo": data, "revision": "main", "sha": data_sha}]
+    events.append(cell, Event(Kind.SUBMITTED, executor="local", details={"inputs": inputs}))
+    events.append(cell, Event(Kind.FAILED, reason="node failure"))
+    if server.name == "hub-as-mirror":  # a 500, as olah; the proxy keeps its 404 RepoNotFound
+        server.fail_unknown_sha()
+
+    for extra in (["dry_run=true"], []):
+        proc = run_grid(*cell_args, "rerun_failed=true", *extra)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        err = proc.stderr
+        assert "Traceback" not in err + proc.stdout and "found by staging; nothing was submitted" in err
+        assert f"cell {cell.name}" in err and f"model.hub_id='{model}': revision '{UNKNOWN_SHA}'" in err
+        assert "'main'): the cell's earlier run trained on this commit" in err and "force=true" in err
+        assert "token" not in err.lower()
+        assert ("answered 404 as if the repository were missing" if server.name == "hub-as-proxy"
+                else "500 Internal Server Error to each of 4 tries") in err
+    assert not (cache / f"models--{model.replace('/', '--')}" / "snapshots" / model_sha).exists()

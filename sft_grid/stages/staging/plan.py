@@ -312,7 +312,7 @@ def _rerun_note(e: HubError, w: Wanted) -> HubError:
     """A recorded sha the Hub no longer has: the cell trained on it before and cannot resume on another."""
     if not (SHA_RE.match(w.revision) and isinstance(e, RevisionNotFound)):
         return e
-    return type(e)(f"{e}".partition(" Fix: ")[0] + ": the cell's earlier run trained on this commit, so it is"
+    return type(e)(f"{e}".partition(" Fix: ")[0].rstrip(".") + ": the cell's earlier run trained on this commit, so it is"
                    " resumed from it. Fix: stage it from where it is still kept, or rerun the cell with force=true"
                    " to train it from the start on the current revision (its old output is moved aside).")
 

@@ -4,7 +4,8 @@ the tokenized datasets its cells share. Formatting only: the command line prints
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sft_grid.present import relative
 
@@ -27,8 +28,8 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
         return [head] + [f"  {i.text()}" for i in (unresolved or staging.items)[:limit]] + (
             [f"  ... and {len(unresolved) - limit} more"] if len(unresolved) > limit else [])
     needed = sum(i.bytes_needed for i in staging.items)
-    lines = [f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
-             f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)"]
+    lines = [(f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
+              f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)")]
     shown = pending if len(pending) <= limit else pending[:limit]
     lines += [f"  {i.text()}" for i in (shown or staging.items[:limit])]
     if len(pending) > limit:
@@ -51,8 +52,8 @@ def pinned_lines(staging: Any) -> list[str]:
     if staging.unreachable:
         return staging_lines(staging)[:1]
     done = [i for i in staging.items if i.complete]
-    return [f"  {len(done)} of {len(staging.items)} Hub repositories staged and pinned (each cell's ledger records"
-            " the commits it trains on)"]
+    return [(f"  {len(done)} of {len(staging.items)} Hub repositories staged and pinned (each cell's ledger records"
+             " the commits it trains on)")]
 
 
 def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
@@ -118,8 +119,8 @@ def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
         return []
     groups = Counter(t.dir for t in tokenized.values())
     toks = {t.dir: t for t in tokenized.values()}
-    lines = [f"  tokenize once: {len(groups)} tokenized dataset(s) for {len(tokenized)} cell(s), each built once before"
-             " its cells:"]
+    lines = [(f"  tokenize once: {len(groups)} tokenized dataset(s) for {len(tokenized)} cell(s), each built once"
+              " before its cells:")]
     for directory, n in list(groups.items())[:limit]:
         tok = toks[directory]
         ident = tok.identity

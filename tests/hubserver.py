@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 try:
     from tests.hubhttp import HubHTTPServer
@@ -122,7 +122,7 @@ class HubServer(_Control):
         self.url = self._hub.url
         self._thread = threading.Thread(target=self._hub.serve_forever, args=(0.05,), name="hubserver", daemon=True)
 
-    def __enter__(self) -> HubServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

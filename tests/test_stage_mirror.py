@@ -33,8 +33,18 @@ from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.hubcache import blob_path, is_complete, read_listing
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.stages.staging import (Budget, BudgetExceeded, HubServerError, RepoNotFound, RevisionNotFound,
-                                     TokenRequired, download, memory, plan, resolve)
+from sft_grid.stages.staging import (
+    Budget,
+    BudgetExceeded,
+    HubServerError,
+    RepoNotFound,
+    RevisionNotFound,
+    TokenRequired,
+    download,
+    memory,
+    plan,
+    resolve,
+)
 from sft_grid.stages.staging.client import client_version
 from tests.hubserver import HubServer
 from tests.hubtools import MiB, dataset_files, model_files
@@ -98,13 +108,13 @@ def stage_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
     """`python -m sft_grid.stage` as a user runs it (HF_ENDPOINT and the client's environment from the test's)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-m", "sft_grid.stage", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def run_grid(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-m", "sft_grid", *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def one_line(text: str) -> str:

@@ -38,9 +38,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 Kind = Literal["model", "dataset"]
 MAIN = "main"
@@ -86,7 +87,7 @@ class Selection:
 
 def _weights_of(path: str) -> str | None:
     """The weight suffix of a weight file or of its shard index (``*.safetensors.index.json``)."""
-    name = path[: -len(".index.json")] if path.endswith(".index.json") else path
+    name = path.removesuffix(".index.json")
     return next((s for s in WEIGHT_SUFFIXES if name.endswith(s)), None)
 
 
@@ -131,9 +132,9 @@ def select_files(files: Iterable[RemoteFile], kind: Kind, allow: Iterable[str] |
     skipped: list[tuple[str, str]] = []
     for f in files:
         why = _model_skip(f.path, has_st) if kind == "model" else _dataset_skip(f.path)
-        if why is None and patterns and f.path not in CARD_FILES:
-            if not any(fnmatch.fnmatch(f.path, pat) for pat in patterns):
-                why = "not matched by the allow patterns"
+        if (why is None and patterns and f.path not in CARD_FILES
+                and not any(fnmatch.fnmatch(f.path, pat) for pat in patterns)):
+            why = "not matched by the allow patterns"
         if why is None:
             keep.append(f)
         else:
@@ -192,7 +193,7 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _feed(h: "hashlib._Hash", path: Path) -> None:
+def _feed(h: hashlib._Hash, path: Path) -> None:
     with open(path, "rb") as fh:
         while chunk := fh.read(4 << 20):
             h.update(chunk)

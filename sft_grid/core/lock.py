@@ -17,7 +17,8 @@ Invariants:
 - A lock is stale when its holder is a dead process on this host (checked at once: a login node that kills a
   process with SIGKILL must not block the rerun), or, from another host (or with no readable holder), when its
   mtime is older than ``stale_s`` (the heartbeat stopped). A stale lock is moved aside with ``rename`` (atomic);
-  if what was moved is another file than the one judged (a fresh lock taken in between), it is linked back.
+  if what was moved is another file than the one judged (its inode and mtime: a fresh lock taken in between by
+  another breaker), it is linked back.
 - A holder whose file was taken from it (it looked stale: a paused process, clocks apart beyond ``stale_s``) sees
   that at its next heartbeat and sets ``lost``; long holders check it between steps and stop.
 - Waiting may have a deadline (``timeout_s``); ``LockTimeout`` names the holder, so the user knows whom to wait for.
@@ -34,10 +35,11 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Self
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +84,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _inode(path: Path) -> int | None:
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """Which file is at ``path``: its inode alone could be a freed one reused at once, its mtime tells them apart."""
     try:
-        return path.stat().st_ino
+        st = path.stat()
     except OSError:
         return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
 
 
 class Lock:
@@ -108,7 +112,7 @@ class Lock:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
-    def __enter__(self) -> Lock:
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 
@@ -127,10 +131,10 @@ class Lock:
                                               daemon=True)
                 self._beat.start()
                 return
-            inode, holder = _inode(self.path), _read(self.path)
+            judged, holder = _identity(self.path), _read(self.path)
             if self._stale(holder):
                 log.warning("breaking a stale lock %s (%s)", self.path, holder.describe() if holder else "no holder named")
-                self._break(inode)
+                self._break(judged)
                 continue
             waited = time.monotonic() - start
             if self.timeout_s is not None and waited >= self.timeout_s:
@@ -162,14 +166,14 @@ class Lock:
             return False  # released meanwhile: the next create attempt will tell
         return age > self.stale_s
 
-    def _break(self, judged: int | None) -> None:
+    def _break(self, judged: tuple[int, int, int] | None) -> None:
         """Move the stale file aside; if the file moved is not the one judged stale, put it back."""
         aside = self.path.with_name(f"{self.path.name}.stale-{self.me.token}")
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return
-        if _inode(aside) != judged:
+        if _identity(aside) != judged:
             try:  # a live lock was taken between our look and the rename: give it back
                 os.link(aside, self.path)
             except FileExistsError:

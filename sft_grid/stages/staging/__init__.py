@@ -21,16 +21,43 @@ Importing this package imports the client only when a function needs it.
 from sft_grid.core.hubcache import MAIN, blob_path, is_complete, snapshot_path
 from sft_grid.stages.staging.download import StagingFailed, StagingStopped, download, stage_here
 from sft_grid.stages.staging.memory import last_rate
-from sft_grid.stages.staging.plan import (DEFAULT_RESERVE, Item, StagingPlan, budget_for, check_space, plan,
-                                          plan_staging, provenance, recorded, resolve, resolve_pinned)
-from sft_grid.stages.staging.values import (Budget, BudgetExceeded, GatedRepo, HubError, HubServerError,
-                                            HubUnreachable, NotEnoughSpace, Plan, Progress, RepoNotFound, Resolved,
-                                            RevisionNotFound, Staged, StagingLocked, TimeLimitTooShort, TokenRequired,
-                                            TransferFailed, human)
+from sft_grid.stages.staging.plan import (
+    DEFAULT_RESERVE,
+    Item,
+    StagingPlan,
+    budget_for,
+    check_space,
+    plan,
+    plan_staging,
+    provenance,
+    recorded,
+    resolve,
+    resolve_pinned,
+)
+from sft_grid.stages.staging.values import (
+    Budget,
+    BudgetExceeded,
+    GatedRepo,
+    HubError,
+    HubServerError,
+    HubUnreachable,
+    NotEnoughSpace,
+    Plan,
+    Progress,
+    RepoNotFound,
+    Resolved,
+    RevisionNotFound,
+    Staged,
+    StagingLocked,
+    TimeLimitTooShort,
+    TokenRequired,
+    TransferFailed,
+    human,
+)
 
 __all__ = ["DEFAULT_RESERVE", "MAIN", "Budget", "BudgetExceeded", "GatedRepo", "HubError", "HubServerError",
-           "HubUnreachable", "Item", "NotEnoughSpace", "Plan", "Progress", "RepoNotFound", "Resolved",
-           "RevisionNotFound", "Staged", "StagingFailed", "StagingLocked", "StagingPlan", "StagingStopped",
-           "TimeLimitTooShort", "TokenRequired", "TransferFailed", "blob_path", "budget_for", "check_space",
-           "download", "is_complete", "last_rate", "plan", "plan_staging", "provenance", "recorded", "resolve",
-           "resolve_pinned", "snapshot_path", "stage_here", "human"]
+    "HubUnreachable", "Item", "NotEnoughSpace", "Plan", "Progress", "RepoNotFound", "Resolved", "RevisionNotFound",
+    "Staged", "StagingFailed", "StagingLocked", "StagingPlan", "StagingStopped", "TimeLimitTooShort",
+    "TokenRequired", "TransferFailed", "blob_path", "budget_for", "check_space", "download", "human", "is_complete",
+    "last_rate", "plan", "plan_staging", "provenance", "recorded", "resolve", "resolve_pinned", "snapshot_path",
+    "stage_here"]

@@ -20,12 +20,22 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from sft_grid.core.hubcache import MAIN, SHA_RE, Kind
-from sft_grid.stages.staging.values import (Budget, GatedRepo, HubError, HubServerError, HubUnreachable, RepoNotFound,
-                                            RevisionNotFound, TokenRequired, TransferFailed)
+from sft_grid.stages.staging.values import (
+    Budget,
+    GatedRepo,
+    HubError,
+    HubServerError,
+    HubUnreachable,
+    RepoNotFound,
+    RevisionNotFound,
+    TokenRequired,
+    TransferFailed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +64,7 @@ def hf_client() -> Any:
     # the module reads the variable once, at its import: when something imported it before this, the variable set
     # above would not count, and this process would use Xet (which never continues a cut file) after all
     huggingface_hub.constants.HF_HUB_DISABLE_XET = os.environ["HF_HUB_DISABLE_XET"].upper() in {"1", "ON", "YES", "TRUE"}
-    if huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE > CHUNK_BYTES:
-        huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = CHUNK_BYTES
+    huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = min(huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
     return huggingface_hub
 
 

@@ -27,19 +27,28 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from sft_grid.core.hubcache import (KINDS, SHA_RE, Kind, is_complete, repo_folder, repo_id_problem, snapshot_path,
-                                    write_listing, write_ref)
+from sft_grid.core.hubcache import (
+    KINDS,
+    SHA_RE,
+    Kind,
+    is_complete,
+    repo_folder,
+    repo_id_problem,
+    snapshot_path,
+    write_listing,
+    write_ref,
+)
 from sft_grid.core.lock import Lock, LockTimeout
 from sft_grid.core.problems import Problem
 from sft_grid.stages.staging import memory
 from sft_grid.stages.staging.client import endpoint_of, hf_client
 from sft_grid.stages.staging.plan import DEFAULT_RESERVE, Item, StagingPlan, check_space, plan, resolve_pinned
 from sft_grid.stages.staging.transfer import Transfer
-from sft_grid.stages.staging.values import (Budget, HubError, Progress, Staged, StagingLocked, TimeLimitTooShort,
-                                            human)
+from sft_grid.stages.staging.values import Budget, HubError, Progress, Staged, StagingLocked, TimeLimitTooShort, human
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind

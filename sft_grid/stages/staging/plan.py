@@ -24,22 +24,45 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Kind
-from sft_grid.core.hubcache import (KINDS, MAIN, SHA_RE, Kind as HubKind, Pin, RemoteFile, cached_elsewhere, file_ok,
-                                    is_complete, partial_bytes, read_listing, read_ref, recorded_pins, select_files)
+from sft_grid.core.hubcache import (
+    KINDS,
+    MAIN,
+    SHA_RE,
+    Pin,
+    RemoteFile,
+    cached_elsewhere,
+    file_ok,
+    is_complete,
+    partial_bytes,
+    read_listing,
+    read_ref,
+    recorded_pins,
+    select_files,
+)
+from sft_grid.core.hubcache import Kind as HubKind
 from sft_grid.core.layout import OUTPUT_DIR, output_complete
 from sft_grid.core.problems import Problem
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import hf_cache, hub_repos
 from sft_grid.stages.staging import memory
 from sft_grid.stages.staging.client import client_version, endpoint_of, hf_client, translate, with_retries
-from sft_grid.stages.staging.values import (Budget, HubError, HubUnreachable, NotEnoughSpace, Plan, Resolved,
-                                            RevisionNotFound, human)
+from sft_grid.stages.staging.values import (
+    Budget,
+    HubError,
+    HubUnreachable,
+    NotEnoughSpace,
+    Plan,
+    Resolved,
+    RevisionNotFound,
+    human,
+)
 
 DEFAULT_RESERVE = 256 << 20  # leave the filesystem some room: other users and the training job write there too
 

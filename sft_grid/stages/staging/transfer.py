@@ -29,16 +29,36 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Self
 
-from sft_grid.core.hubcache import (RemoteFile, blob_path, checksum_ok, file_ok, partial_bytes, partial_files,
-                                    repo_folder, snapshot_path)
+from sft_grid.core.hubcache import (
+    RemoteFile,
+    blob_path,
+    checksum_ok,
+    file_ok,
+    partial_bytes,
+    partial_files,
+    repo_folder,
+    snapshot_path,
+)
 from sft_grid.core.lock import Lock
 from sft_grid.stages.staging import memory
 from sft_grid.stages.staging.client import GaveUp, client_version, fresh_connections, hf_client, transient, translate
-from sft_grid.stages.staging.values import (MIN_TRANSFER_S, Budget, BudgetExceeded, HubError, NotEnoughSpace, Plan,
-                                            Progress, Staged, TimeLimitTooShort, TransferFailed, human)
+from sft_grid.stages.staging.values import (
+    MIN_TRANSFER_S,
+    Budget,
+    BudgetExceeded,
+    HubError,
+    NotEnoughSpace,
+    Plan,
+    Progress,
+    Staged,
+    TimeLimitTooShort,
+    TransferFailed,
+    human,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +137,7 @@ class Transfer:
             def update(self, n: int = 1) -> None:
                 transfer._advance(f, n)
 
-            def __enter__(self) -> _Hook:
+            def __enter__(self) -> Self:
                 return self
 
             def __exit__(self, *exc: object) -> None:

@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -90,6 +91,11 @@ class HubHTTPServer(ThreadingHTTPServer):
         self.modes: dict[str, Any] = dict(MODES)
         self.log: list[RequestRecord] = []
         self.mutex = threading.Lock()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return  # a client that went away between requests (killed, or done with a kept-alive connection)
+        super().handle_error(request, client_address)
 
     def record(self, rec: RequestRecord) -> None:
         with self.mutex:

@@ -272,16 +272,18 @@ def test_budget_stops_cleanly_and_reruns_finish_the_file(hub, cache):
     while len(runs) < 10:
         before = _partial(cache)
         gets = len(hub.downloads("org/big", "model.safetensors"))
-        staged = download("org/big", "model", "main", cache, endpoint=hub.url,
-                          budget=Budget.from_now(0.8, margin_s=0.2))
+        try:
+            staged = download("org/big", "model", "main", cache, endpoint=hub.url,
+                              budget=Budget.from_now(0.8, margin_s=0.2))
+        except BudgetExceeded as e:  # a client that starts a cut file again (2.x): seen at the next start, and said
+            seen = memory.seen(cache, hub.url, client_version())
+            assert runs and seen is not None and not seen.resumes and "this client" in str(e)
+            pytest.skip(f"this client starts a cut file again ({seen.why}): no progress within a file across runs")
         runs.append(staged)
         new = hub.downloads("org/big", "model.safetensors")[gets:]
         assert [g["range"] for g in new] in ([], [f"bytes={before}-" if before else None])  # continues the last
         if staged.complete:
             break
-        seen = memory.seen(cache, hub.url, client_version())
-        if seen is not None and not seen.resumes:
-            pytest.skip(f"this client starts a cut file again ({seen.why}): no progress within a file across runs")
         assert "Rerun to continue" in staged.stopped and "partial files resume" in staged.stopped
         assert 0 < staged.remaining_bytes <= 4 * MiB + 4096 and _partial(cache) >= before
     assert runs[-1].complete and len(runs) >= 2

@@ -149,18 +149,25 @@ def test_a_restart_is_seen_remembered_and_a_file_too_big_for_a_run_goes_to_a_job
     budget = Budget.from_now(10.0, margin_s=1.0)
 
     if not server.ignores_range:  # the Hub continues the file: seen, and nothing refused
-        staged = download(repo, "model", "main", cache, endpoint=server.url, budget=budget)
+        try:
+            staged = download(repo, "model", "main", cache, endpoint=server.url, budget=budget)
+        except BudgetExceeded as e:  # unless the client never continues a file (huggingface_hub 2.x): seen as such
+            assert "this client" in str(e) and not memory.seen(cache, server.url, client_version()).resumes
+            return
         assert staged.complete and is_complete(cache, repo, "model", sha, checksums=True)
         assert memory.seen(cache, server.url, client_version()).resumes is True
         return
     with pytest.raises(BudgetExceeded) as e:
         download(repo, "model", "main", cache, endpoint=server.url, budget=budget)
     msg = str(e.value)
-    assert "model.safetensors" in msg and "restarts from zero" in msg and "ignores Range" in msg
+    assert "model.safetensors" in msg and "restarts from zero" in msg
+    # who restarted it, as seen: the server (a client that asks for the rest: huggingface_hub 1.17), or a client that
+    # never asks (2.x)
+    assert f"{server.url} ignores Range requests" in msg or "starts a file cut in an earlier run anew" in msg
     assert "cluster.staging.where=job" in msg and "\n" not in msg
     assert budget.left() > 0  # decided as the file started, not at the limit
     seen = memory.seen(cache, server.url, client_version())
-    assert seen is not None and not seen.resumes and server.url in seen.why
+    assert seen is not None and not seen.resumes and seen.why in msg
     assert not (cache / f"models--{repo.replace('/', '--')}" / "snapshots" / sha / "model.safetensors").exists()
 
     # nothing is counted as fetched any more: a partial file of the weights is the whole file to fetch

@@ -17,6 +17,7 @@ Errors: each client error becomes a ``HubError`` whose one line names the reposi
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -57,7 +58,8 @@ def hf_client() -> Any:
     the client reads at each download; it only makes other downloads in this process write in smaller pieces).
     """
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise, under the progress line
+    for name in ("httpx", "httpx2"):  # a line per request otherwise, under the progress line
+        logging.getLogger(name).setLevel(logging.WARNING)
     import huggingface_hub
     import huggingface_hub.constants  # a submodule: the package exposes it as an attribute only once imported
 
@@ -84,6 +86,19 @@ def fresh_connections() -> None:
         close()
 
 
+def http_errors(*names: str) -> tuple[type[BaseException], ...]:
+    """The error classes ``names`` of each HTTP library a client may raise them from: httpx, and httpx2 (what
+    huggingface_hub 2.x uses instead)."""
+    out: list[type[BaseException]] = []
+    for module in ("httpx", "httpx2"):
+        try:
+            lib = importlib.import_module(module)
+        except ImportError:
+            continue
+        out += [cls for name in names if isinstance(cls := getattr(lib, name, None), type)]
+    return tuple(out)
+
+
 def _chain(e: BaseException) -> list[BaseException]:
     out: list[BaseException] = []
     node: BaseException | None = e
@@ -105,12 +120,11 @@ def status_of(e: BaseException) -> int | None:
 def transient(e: BaseException, *, connect: bool = True) -> bool:
     """Worth another try: a server error or rate limit, a connection cut or timed out, a body cut short; a refused
     connection only with ``connect`` (within a transfer: a server restarting)."""
-    import httpx
-
+    refused, transport = http_errors("ConnectError", "ConnectTimeout"), http_errors("TransportError")
     for node in _chain(e):
-        if isinstance(node, (httpx.ConnectError, httpx.ConnectTimeout)):
+        if isinstance(node, refused):
             return connect
-        if isinstance(node, httpx.TransportError):
+        if isinstance(node, transport):
             return True
         if isinstance(node, OSError) and "Consistency check failed" in str(node):
             return True  # the body ended short of its announced size
@@ -175,7 +189,6 @@ def translate(e: BaseException, repo_id: str, kind: Kind, revision: str, token: 
 
     ``file``: the error came while fetching that file (a revision already resolved). ``probe``: a revision that
     looks missing may be asked for at the repository's default revision, to say which thing is missing."""
-    import httpx
     from huggingface_hub import errors as hfe
 
     tries = 1
@@ -221,7 +234,7 @@ def translate(e: BaseException, repo_id: str, kind: Kind, revision: str, token: 
                                  " that can read it.")
         return RepoNotFound(f"{what} was not found on {endpoint}, or the token cannot read it. Fix: check the id"
                             f" (org/name) and that it is a {kind}; for a private repo use a token with access.")
-    if any(isinstance(n, (httpx.ConnectError, httpx.ConnectTimeout, hfe.OfflineModeIsEnabled)) for n in chain):
+    if any(isinstance(n, (*http_errors("ConnectError", "ConnectTimeout"), hfe.OfflineModeIsEnabled)) for n in chain):
         reason = first_line(e).rstrip(".")
         return HubUnreachable(f"cannot reach {endpoint} to stage {what} ({reason}). Fix: stage where the Hub is "
                               "reachable (a login node, or the cluster profile's transfer partition), not on a "
@@ -244,7 +257,7 @@ def translate(e: BaseException, repo_id: str, kind: Kind, revision: str, token: 
         return HubError(f"{endpoint} answered {status}{_reason(status)} for {subject} ({first_line(e)}). Fix: check"
                         " the repository id, revision and token; if they are right, the server refuses them: ask its"
                         " operator, or stage from another endpoint (HF_ENDPOINT).")
-    if any(isinstance(n, httpx.TransportError) for n in chain):
+    if any(isinstance(n, http_errors("TransportError")) for n in chain):
         subject = f"{file} of {at}" if file else at
         return TransferFailed(f"the connection to {endpoint} kept failing for {subject} ({tries} tries, the last:"
                               f" {first_line(e)}). Fix: check this node's route to the server (proxy, firewall) and"

@@ -6,9 +6,10 @@ by the kill continues in the next run. That is not what a client version promise
 asks for the rest with a ``Range`` request (huggingface_hub 1.17, for ``blobs/<etag>.incomplete``), and a mirror or
 a caching proxy may answer it with ``200`` and the whole file (olah does, and so do proxies that compress), upon
 which the client starts the file from byte 0; other clients write each attempt to a file of its own and never ask.
-So the transfer watches every file whose partial download was on disk when it started: the client either reported
-those bytes as done (it continued) or started at zero (it restarted). The last observation is kept per endpoint,
-with the client's version: an observation made with another client says nothing about this one.
+So the transfer watches every file that was cut before (a partial download on disk, or a cut this cache recorded
+when a run stopped inside the file: some clients delete their partial file as they stop) as it starts again: the
+client either reported the earlier bytes as done (it continued) or started at zero (it restarted). The last
+observation is kept per endpoint, with the client's version: one made with another client says nothing about this.
 
 Until an endpoint was seen either way, staging tries (a run may stop inside a file) but promises nothing; once it
 was seen to restart, a file that cannot finish within one run is not started at all, and its message says where to
@@ -16,6 +17,7 @@ stage it instead. Both files are hints: a lost or unreadable one only costs an o
 
     <cache>/.locks/sft_grid/transfer-rate.json   {"bytes_per_s": float, "at": time}
     <cache>/.locks/sft_grid/endpoints.json       {endpoint: {"resumes": bool, "why": str, "client": str, "at": time}}
+    <cache>/.locks/sft_grid/cuts.json            {"<repo folder>/<etag>": bytes a stopped run had of that file}
 """
 
 from __future__ import annotations
@@ -107,3 +109,29 @@ def remember(cache: Path | str, endpoint: str, client: str, resumes: bool, why: 
         log.info("%s %s a partial file now (%s)", endpoint, "continues" if resumes else "no longer continues", why)
     body[endpoint.rstrip("/")] = {"resumes": resumes, "why": why, "client": client, "at": time.time()}
     _write(_endpoints(cache), body)
+
+
+def _cuts(cache: Path | str) -> Path:
+    return _folder(cache) / "cuts.json"
+
+
+def cut_at(cache: Path | str, blob: str) -> int:
+    """How many bytes of ``blob`` (``<repo folder>/<etag>``) a run had when it stopped inside it; 0: none recorded."""
+    raw = _read(_cuts(cache))
+    try:
+        return int(raw.get(blob, 0)) if isinstance(raw, dict) else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def record_cut(cache: Path | str, blob: str, nbytes: int | None) -> None:
+    """A run stopped inside ``blob`` with ``nbytes`` of it; None: forget it (finished, or its next start seen)."""
+    raw = _read(_cuts(cache))
+    body = raw if isinstance(raw, dict) else {}
+    if nbytes is None and blob not in body:
+        return
+    if nbytes is None:
+        body.pop(blob)
+    else:
+        body[blob] = nbytes
+    _write(_cuts(cache), body)

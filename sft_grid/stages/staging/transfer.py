@@ -8,7 +8,8 @@ client makes once the answer's headers are in and calls once per received chunk;
 budget by raising ``_Stop`` (or ``BudgetExceeded``) inside the client's read loop, which leaves the partial file in
 place for the next run. The client is imported lazily: the orchestrator's other commands do not pay for it.
 
-Resume, seen (``memory``): a file whose partial download was on disk when its transfer started either continues
+Resume, seen (``memory``): a file that was cut before (its partial download on disk, or a stop inside it that this
+cache recorded: some clients delete their partial file as they stop) either continues as its transfer starts again
 (the client makes the hook with those bytes as done) or restarts from byte 0 (the server answered the request for
 the rest with the whole file, or the client starts each attempt anew). Either is remembered for the endpoint.
 Until a restart was seen the run counts a partial file as done and promises that it resumes; once one was seen it
@@ -102,6 +103,7 @@ class Transfer:
         self.files_done = len(plan.cached) + len(plan.to_link)
         self.current: RemoteFile | None = None
         self.partial: dict[Path, int] = {}  # the current file's partial downloads as its attempt started
+        self.cut = 0  # bytes of the current file a stopped run had, as recorded in the cache
         self.emitted = 0.0
 
     # -- rate and progress --------------------------------------------------------------------------------------
@@ -149,22 +151,33 @@ class Transfer:
         return _Hook
 
     # -- what the server does with a partial file ---------------------------------------------------------------
+    def _blob(self, f: RemoteFile) -> str:
+        return f"{repo_folder(self.r.repo_id, self.r.kind)}/{f.etag}"
+
     def _started(self, f: RemoteFile, initial: int) -> None:
-        """The body of ``f`` starts at byte ``initial``: with a partial file on disk, that tells whether it continued."""
-        if not any(self.partial.values()):
+        """The body of ``f`` starts at byte ``initial``: for a file cut before, that tells whether it continued."""
+        if not any(self.partial.values()) and not self.cut:
             return
+        if self.cut:
+            memory.record_cut(self.plan.cache, self._blob(f), None)
         if initial > 0:
             self._observe(True, f"{self.endpoint} continued a partial download with a Range request")
             return
-        own = self.partial.get(blob_path(self.plan.cache, self.r.repo_id, self.r.kind, f).with_name(
-            f"{f.etag}.incomplete"), 0)
+        # who restarted it: a client that continues <etag>.incomplete asked for the rest and, given the whole file,
+        # emptied it before this first chunk; a client that left it as it was never asked
+        own = blob_path(self.plan.cache, self.r.repo_id, self.r.kind, f).with_name(f"{f.etag}.incomplete")
+        try:
+            now = own.stat().st_size
+        except FileNotFoundError:
+            now = 0
+        emptied = self.partial.get(own, 0) > 0 and now == 0
         self._observe(False, f"{self.endpoint} ignores Range requests: it answered one for the rest of a partial file"
-                      " with the whole file" if own else f"this client, huggingface_hub {self.client}, starts a file"
-                      " cut in an earlier run anew")
+                      " with the whole file" if emptied else f"this client, huggingface_hub {self.client}, starts a"
+                      " file cut in an earlier run anew")
         self._check_fits(f)  # known now, before this run spends itself on the file
 
     def _observe(self, resumes: bool, why: str) -> None:
-        self.partial = {}  # one observation per attempt
+        self.partial, self.cut = {}, 0  # one observation per attempt
         if self.seen is None or self.seen.resumes != resumes:
             log.info("%s", why)
         memory.remember(self.plan.cache, self.endpoint, self.client, resumes, why)
@@ -262,6 +275,8 @@ class Transfer:
             except _Stop as s:
                 stopped = str(s)
                 log.debug("%s", stopped)  # the entry point prints it, once
+                if self.current is not None and self.file_done > 0:  # the next run sees whether it continues
+                    memory.record_cut(self.plan.cache, self._blob(self.current), self.file_done)
                 break
         return Staged(self.r.repo_id, self.r.kind, self.r.revision, self.r.sha,
                       snapshot_path(self.plan.cache, self.r.repo_id, self.r.kind, self.r.sha),
@@ -285,6 +300,7 @@ class Transfer:
         while True:
             self.current, self.file_done, self.tick = f, 0, None
             self.partial = partial_files(self.plan.cache, self.r.repo_id, self.r.kind, f)
+            self.cut = memory.cut_at(self.plan.cache, self._blob(f))
             before = self.moved
             try:
                 path = Path(self.hf.hf_hub_download(
@@ -319,6 +335,8 @@ class Transfer:
                                          "mismatch). Fix: rerun later; if it persists, report it to the repo owner.")
                 log.warning("checksum mismatch on %s of %s: fetching it again", f.path, self.r.repo_id)
                 continue
+            if self.cut:  # finished without a body (already complete on disk): nothing to see
+                memory.record_cut(self.plan.cache, self._blob(f), None)
             self.base += f.size
             self.fetched.append(f)
             self.files_done += 1

@@ -226,17 +226,19 @@ def test_an_unknown_commit_answered_with_a_server_error_names_the_revision(serve
             assert len(tries) == 4  # tried again after each wait
 
 
-@pytest.mark.parametrize("where", ["the repository", "a file"])
-def test_a_transient_server_error_is_retried(hf_env, cache, tmp_path, monkeypatch, where):
+@pytest.mark.parametrize("where, status", [("the repository", 503), ("the repository", 429), ("a file", 520),
+                                           ("a file", 500)])
+def test_a_transient_server_error_is_retried(hf_env, cache, tmp_path, monkeypatch, where, status):
+    """Any 5xx (a proxy's own ones too: 520) and 429, on the repository's revision or on a file's bytes."""
     monkeypatch.setattr("sft_grid.stages.staging.client.RETRY_WAITS_S", (0.05, 0.05, 0.05))
     monkeypatch.setattr("sft_grid.stages.staging.transfer.RETRY_BASE_S", 0.05)
     with HubServer(tmp_path / "hub") as hub:
         sha = hub.store.commit("org/m", model_files())
-        hub.fail(503, contains="/api/models/org/m/revision/main" if where == "the repository" else
+        hub.fail(status, contains="/api/models/org/m/revision/main" if where == "the repository" else
                  "/resolve/", method="GET", times=2)
         staged = download("org/m", "model", "main", cache, endpoint=hub.url)
         assert staged.complete and staged.sha == sha and is_complete(cache, "org/m", "model", sha, checksums=True)
-        assert [r["status"] for r in hub.requests("", "GET") if r["status"] == 503] == [503, 503]
+        assert [r["status"] for r in hub.requests("", "GET") if r["status"] == status] == [status, status]
 
 
 @pytest.mark.parametrize("where", ["the repository", "a file"])

@@ -44,7 +44,12 @@ CHUNK_BYTES = 1 << 20
 # between the tries of a request that met a transient error: a server restarting or a proxy's hiccup is over within
 # seconds, and a grid with many repositories on a failing server should hear so soon
 RETRY_WAITS_S: tuple[float, ...] = (0.5, 1.0, 2.0)
-RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+
+def server_error(status: int | None) -> bool:
+    """A status worth another try: any 5xx (a server or a proxy in front of it failing now), and 429 (too many)."""
+    return status is not None and (status == 429 or 500 <= status < 600)
+
 
 T = TypeVar("T")
 
@@ -120,7 +125,8 @@ def status_of(e: BaseException) -> int | None:
 def transient(e: BaseException, *, connect: bool = True) -> bool:
     """Worth another try: a server error or rate limit, a connection cut or timed out, a body cut short; a refused
     connection only with ``connect`` (within a transfer: a server restarting)."""
-    refused, transport = http_errors("ConnectError", "ConnectTimeout"), http_errors("TransportError")
+    refused = http_errors("ConnectError", "ConnectTimeout", "UnsupportedProtocol")  # no server there, or no URL
+    transport = http_errors("TransportError")
     for node in _chain(e):
         if isinstance(node, refused):
             return connect
@@ -128,7 +134,7 @@ def transient(e: BaseException, *, connect: bool = True) -> bool:
             return True
         if isinstance(node, OSError) and "Consistency check failed" in str(node):
             return True  # the body ended short of its announced size
-    return status_of(e) in RETRY_STATUSES
+    return server_error(status_of(e))
 
 
 class GaveUp(Exception):
@@ -234,14 +240,15 @@ def translate(e: BaseException, repo_id: str, kind: Kind, revision: str, token: 
                                  " that can read it.")
         return RepoNotFound(f"{what} was not found on {endpoint}, or the token cannot read it. Fix: check the id"
                             f" (org/name) and that it is a {kind}; for a private repo use a token with access.")
-    if any(isinstance(n, (*http_errors("ConnectError", "ConnectTimeout"), hfe.OfflineModeIsEnabled)) for n in chain):
+    refused = http_errors("ConnectError", "ConnectTimeout", "UnsupportedProtocol")
+    if any(isinstance(n, (*refused, hfe.OfflineModeIsEnabled)) for n in chain):
         reason = first_line(e).rstrip(".")
         return HubUnreachable(f"cannot reach {endpoint} to stage {what} ({reason}). Fix: stage where the Hub is "
                               "reachable (a login node, or the cluster profile's transfer partition), not on a "
                               "compute node, and unset HF_HUB_OFFLINE for the staging.")
     answered = f"answered {status}{_reason(status)}" + (
         f" to each of {tries} tries" if tries > 1 else " to each of the client's own tries" if tries == 0 else "")
-    if status in RETRY_STATUSES:
+    if server_error(status):
         if file is not None:
             return HubServerError(f"{endpoint} {answered} for {file} of {at}. Fix: the server is failing: run the"
                                   " same command again later (finished files are kept), or stage from another"

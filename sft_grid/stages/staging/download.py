@@ -95,6 +95,10 @@ def download(repo_id: str, kind: Kind = "model", revision: str = "main", cache: 
         raise StagingLocked(f"another process is staging {kind} '{repo_id}' ({e}). Fix: let it finish and "
                             "rerun (finished files are not fetched again); a holder that died on another node "
                             f"loses the lock {lock.stale_s:.0f}s after its last heartbeat.") from e
+    except OSError as e:  # the first write into the cache: a path that cannot be one
+        raise HubError(f"cannot write into the Hugging Face cache {cache} to stage {kind} '{repo_id}' ({e.strerror or e})."
+                       " Fix: point the cache at a directory you can write (cluster.hf_cache, --cache, or HF_HUB_CACHE)"
+                       ) from e
     try:
         if SHA_RE.match(revision) and is_complete(cache, repo_id, kind, revision, allow=allow):
             return staged_offline(revision)  # the stager we waited for did it

@@ -18,7 +18,8 @@ counts nothing as done, promises nothing, and a file that cannot finish within o
 
 Retries: a transient failure (connection cut or refused, timeout, 429/5xx, short body) is retried with backoff on
 a new connection; the count resets whenever bytes arrived, so a flaky link that still moves data is not given up
-on. A failure the client already retried itself (its metadata request, for about 20 s) is not retried again. A file
+on. A failure that took the client ``CLIENT_RETRIED_S`` or more without a byte is not retried again: the client
+retried it itself (its metadata request, for about 20 s, on the statuses it knows), or it timed out. A file
 whose checksum (LFS sha256, or git blob oid) does not match is deleted and fetched once more.
 """
 
@@ -68,6 +69,7 @@ EMIT_EVERY_S = 0.1  # progress callbacks at most this often within a file (the C
 ORPHAN_RE = re.compile(r"\.[0-9a-f]{8}\.incomplete$")  # per-attempt temporary files some clients write
 ORPHAN_AGE_S = 300.0
 RETRY_BASE_S = 0.5  # the first wait before a file's transfer is tried again; it doubles with each try, up to 30 s
+CLIENT_RETRIED_S = 5.0  # a failure without a byte that took the client this long was retried by it (or timed out)
 
 
 class _Stop(Exception):
@@ -301,7 +303,7 @@ class Transfer:
             self.current, self.file_done, self.tick = f, 0, None
             self.partial = partial_files(self.plan.cache, self.r.repo_id, self.r.kind, f)
             self.cut = memory.cut_at(self.plan.cache, self._blob(f))
-            before = self.moved
+            before, t_try = self.moved, time.monotonic()
             try:
                 path = Path(self.hf.hf_hub_download(
                     self.r.repo_id, f.path, repo_type=self.r.kind, revision=self.r.sha,
@@ -313,7 +315,7 @@ class Transfer:
                     raise NotEnoughSpace(f"the filesystem of {self.plan.cache} filled up while staging {f.path} "
                                          f"of '{self.r.repo_id}'. Fix: free space there and rerun.") from e
                 attempts = 0 if self.moved > before else attempts + 1
-                retried = self._client_retried(e)
+                retried = self.moved == before and time.monotonic() - t_try >= CLIENT_RETRIED_S
                 if not transient(e) or retried or attempts > self.retries:
                     err = translate(GaveUp(e, attempts + 1 if not retried else 0) if transient(e) else e,
                                     self.r.repo_id, self.r.kind, self.r.sha, self.token, self.endpoint,
@@ -343,14 +345,6 @@ class Transfer:
             self.current, self.file_done = None, 0
             self._emit()
             return
-
-    @staticmethod
-    def _client_retried(e: BaseException) -> bool:
-        """The client gave up on the file's metadata after retrying with backoff itself (about 20 s): it raises
-        ``LocalEntryNotFoundError`` from the last error."""
-        from huggingface_hub import errors as hfe
-
-        return isinstance(e, hfe.LocalEntryNotFoundError) and e.__cause__ is not None
 
     def _link(self, f: RemoteFile) -> None:
         """Point this snapshot at a blob another commit brought in (what the client would do after a HEAD)."""

@@ -250,12 +250,12 @@ class Transfer:
     def _too_big(self, f: RemoteFile, rate: float) -> str:
         assert self.budget is not None
         why = self.seen.why if self.seen and not self.seen.resumes else "as this run was told"
+        command = f"python -m sft_grid.stage --repo {self.r.repo_id}" + (" --dataset" if self.r.kind == "dataset" else "")
         return (f"{f.path} of {self.r.kind} '{self.r.repo_id}' is {human(f.size)}: at {human(rate)}/s it needs "
                 f"~{f.size / rate:.0f}s, more than the {self.budget.usable_s:.0f}s a process may run here, and a cut file"
                 f" restarts from zero here ({why}), so reruns would never finish it. Fix: stage it where processes may"
                 " run longer: a staging job on the cluster's transfer partition (cluster.staging.where=job"
-                f" cluster.staging.partition=<it>), or `python -m sft_grid.stage --repo {self.r.repo_id}` in a job on a"
-                " node that reaches the Hub.")
+                f" cluster.staging.partition=<it>), or `{command}` in a job on a node that reaches the Hub.")
 
     # -- the run ------------------------------------------------------------------------------------------------
     def run(self) -> Staged:

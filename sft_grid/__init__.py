@@ -7,7 +7,8 @@ function-local ones included):
     planning    sft_grid.planning    composition (Hydra's semantics, fast), cells and identity, validation
     backends    sft_grid.backends    one Backend interface; pure renderers of LLaMA-Factory's and axolotl's files
     checks      sft_grid.checks      preflight and the loss-mask probe, once per unique input
-    stages      sft_grid.stages      model prep, post-training stages, evaluation, virtual environments, tiny assets
+    stages      sft_grid.stages      Hub staging, model prep, post-training stages, evaluation, virtual environments,
+                                     tiny assets
     job         sft_grid.job         what a job runs on its node, from the cell directory alone
     schedulers  sft_grid.schedulers  execute a plan's jobs (local, Slurm) and read the queue; imports core only
     grid        sft_grid.grid        plan -> validate -> check -> decide -> render -> SubmissionPlan -> execute

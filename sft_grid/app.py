@@ -92,16 +92,22 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
 
         progress = ProgressLine(sys.stderr)
 
-    from sft_grid.stages.staging import StagingStopped
+    from sft_grid.stages.staging import StagingStopped, TimeLimitTooShort
 
     try:
         result = flow.run(composed, errors, Show())
     except GridError as exc:
+        Show.progress.end()
         _fail(exc)
         raise
     except StagingStopped as exc:  # the site's process time limit: a rerun continues where this one stopped
+        Show.progress.end()
         print(f"staging stopped: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STAGING_STOPPED) from None
+    except TimeLimitTooShort as exc:  # a rerun would stop having done nothing too: not exit 3
+        Show.progress.end()
+        print(f"staging refused: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     if any(c.spec.stage_only for c in result.cells):
         for line in staged_lines(result.staging, len(result.cells), result.dry_run):
             out(line)

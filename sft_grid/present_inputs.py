@@ -4,7 +4,8 @@ the tokenized datasets its cells share. Formatting only: the command line prints
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sft_grid.present import relative
 
@@ -14,21 +15,21 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
     transfers run, and the free space of each filesystem against what must be fetched."""
     if staging is None or not staging.items:
         return []
-    from sft_grid.stages.hub_types import human
+    from sft_grid.stages.staging.values import human
 
     users = {cell for item in staging.items for cell, _ in item.users}
     pending = staging.pending
     if staging.unreachable:
         unresolved = [i for i in staging.items if i.pin is None]
-        head = (f"staging: the Hub cannot be reached from here ({staging.unreachable}); "
+        head = (f"staging: the Hub cannot be reached from here: {staging.unreachable.rstrip('.')}; "
                 + (f"{len(unresolved)} of {len(staging.items)} Hub repositories for {len(users)} cell(s) are not"
                    " staged, sizes unknown" if unresolved else
                    f"all {len(staging.items)} Hub repositories for {len(users)} cell(s) are taken as staged"))
         return [head] + [f"  {i.text()}" for i in (unresolved or staging.items)[:limit]] + (
             [f"  ... and {len(unresolved) - limit} more"] if len(unresolved) > limit else [])
     needed = sum(i.bytes_needed for i in staging.items)
-    lines = [f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
-             f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)"]
+    lines = [(f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
+              f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)")]
     shown = pending if len(pending) <= limit else pending[:limit]
     lines += [f"  {i.text()}" for i in (shown or staging.items[:limit])]
     if len(pending) > limit:
@@ -51,8 +52,8 @@ def pinned_lines(staging: Any) -> list[str]:
     if staging.unreachable:
         return staging_lines(staging)[:1]
     done = [i for i in staging.items if i.complete]
-    return [f"  {len(done)} of {len(staging.items)} Hub repositories staged and pinned (each cell's ledger records"
-            " the commits it trains on)"]
+    return [(f"  {len(done)} of {len(staging.items)} Hub repositories staged and pinned (each cell's ledger records"
+             " the commits it trains on)")]
 
 
 def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
@@ -77,11 +78,12 @@ class ProgressLine:
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.last = 0.0
         self.repo = ""
+        self.open = False  # a line is drawn on the terminal and not ended yet
 
     def __call__(self, p: Any) -> None:
         import time
 
-        from sft_grid.stages.hub_types import human
+        from sft_grid.stages.staging.values import human
 
         now = time.monotonic()
         edge = p.repo_id != self.repo or p.files_done == p.files_total  # a repository starts or is complete
@@ -95,11 +97,20 @@ class ProgressLine:
                 f" {p.files_done}/{p.files_total} {p.file}")
         if self.tty:
             self.stream.write("\r" + text[:160].ljust(160))
-            if p.files_done == p.files_total:
+            self.open = p.files_done != p.files_total
+            if not self.open:
                 self.stream.write("\n")
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+    def end(self) -> None:
+        """End a line left open on the terminal, so that what is printed next starts on its own line."""
+        if self.open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = False
 
 
 def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
@@ -108,8 +119,8 @@ def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
         return []
     groups = Counter(t.dir for t in tokenized.values())
     toks = {t.dir: t for t in tokenized.values()}
-    lines = [f"  tokenize once: {len(groups)} tokenized dataset(s) for {len(tokenized)} cell(s), each built once before"
-             " its cells:"]
+    lines = [(f"  tokenize once: {len(groups)} tokenized dataset(s) for {len(tokenized)} cell(s), each built once"
+              " before its cells:")]
     for directory, n in list(groups.items())[:limit]:
         tok = toks[directory]
         ident = tok.identity

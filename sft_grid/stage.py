@@ -8,8 +8,9 @@ that kills long processes can be given repeated short runs (each continues where
 file is never fetched again), or a whole grid's inputs can be staged the day before. With a grid's overrides it
 stages exactly what `python -m sft_grid` with the same overrides would stage here, into the cluster's `hf_cache`,
 and renders and queues nothing; inputs whose cluster stages them in a job (`staging.where: job`) are only pinned
-(the grid command queues their staging job). Exit status: 0 staged, 1 a problem (named, with its fix), 3 stopped
-before the site's process time limit (run it again).
+(the grid command queues their staging job). Exit status: 0 staged, 1 a problem (named, with its fix: a missing
+repository or revision, a failing server, a time limit too short to transfer anything), 3 stopped before the
+site's process time limit (run it again).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import sys
 
 def _one(argv: list[str]) -> int:
     from sft_grid.present_inputs import ProgressLine
-    from sft_grid.stages.hub import download
-    from sft_grid.stages.hub_types import Budget, HubError, human
+    from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download, human
 
     parser = argparse.ArgumentParser(prog="python -m sft_grid.stage", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", required=True, help="the hub id, org/name")
@@ -33,12 +33,19 @@ def _one(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     budget = Budget.since_process_start(args.time_limit) if args.time_limit else None
     kind = "dataset" if args.dataset else "model"
+    progress = ProgressLine(sys.stderr)
     try:
         staged = download(args.repo, kind, args.revision, args.cache, budget=budget,  # type: ignore[arg-type]
-                          on_progress=ProgressLine(sys.stderr))
+                          on_progress=progress)
+    except TimeLimitTooShort as exc:
+        progress.end()
+        print(f"staging refused: {exc}", file=sys.stderr)
+        return 1
     except HubError as exc:
+        progress.end()
         print(f"staging {kind} {args.repo} failed: {exc}", file=sys.stderr)
         return 1
+    progress.end()
     if not staged.complete:
         print(f"staging stopped: {staged.stopped}", file=sys.stderr)
         return 3

@@ -4,8 +4,12 @@ Answers as the Hub does (see ``hubserver`` for the endpoint list): errors carry 
 served directly with ``X-Repo-Commit``, a quoted ``ETag`` that is stable per content (the sha256 for LFS files,
 the git blob oid otherwise; clients name the cache blob after it), ``Accept-Ranges``, ``X-Linked-Etag`` and
 ``X-Linked-Size`` for LFS files, and Range answers (206, 416). Faults are applied per response: a throttle
-paces the whole body to a rate, a drop cuts the connection after N body bytes (once or every time). Each
-request gets a record that is updated while its body streams; ``bytes_sent`` counts what was written.
+paces the whole body to a rate, a drop cuts the connection after N body bytes (once or every time), a failure
+answers matching requests with a server error (5xx, no ``X-Error-Code``) and may close the connection after it
+without saying so. Modes make the server answer as mirrors and proxies do where they differ from the Hub:
+``ignore_range`` (every GET is 200 with the whole file, chunked, without Content-Length), ``unquoted_etags``, and
+``unknown_revision`` (a revision it does not have answered as a missing repository: 401 or 404 RepoNotFound).
+Each request gets a record that is updated while its body streams; ``bytes_sent`` counts what was written.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,15 +43,22 @@ CHUNK = 64 * 1024
 
 @dataclass
 class Fault:
-    kind: str  # "throttle" | "drop"
+    kind: str  # "throttle" | "drop" | "fail"
     repo: str | None = None  # None: every repo
     path: str | None = None  # None: every file
     rate: int = 0  # throttle: bytes per second
     after: int = 0  # drop: body bytes sent in one response before the connection is cut
-    times: int | None = 1  # drop: how many responses are cut (None: every one)
+    times: int | None = 1  # drop, fail: how many responses are cut or failed (None: every one)
+    status: int = 500  # fail: the status answered
+    contains: str = ""  # fail: requests whose path (URL-decoded) contains this
+    method: str | None = None  # fail: only this method (None: any)
+    close: bool = True  # fail: close the connection after the answer, without "Connection: close" (as olah does)
 
     def matches(self, repo: str, path: str) -> bool:
         return self.repo in (None, repo) and self.path in (None, path)
+
+
+MODES = {"ignore_range": False, "unquoted_etags": False, "unknown_revision": None}  # None: as the Hub
 
 
 @dataclass
@@ -76,8 +88,14 @@ class HubHTTPServer(ThreadingHTTPServer):
         self.store = store
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.faults: list[Fault] = []
+        self.modes: dict[str, Any] = dict(MODES)
         self.log: list[RequestRecord] = []
         self.mutex = threading.Lock()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return  # a client that went away between requests (killed, or done with a kept-alive connection)
+        super().handle_error(request, client_address)
 
     def record(self, rec: RequestRecord) -> None:
         with self.mutex:
@@ -95,12 +113,32 @@ class HubHTTPServer(ThreadingHTTPServer):
                     self.faults.remove(drop)
             return (min(rates) if rates else 0), (drop.after if drop else None)
 
+    def failure_for(self, method: str, path: str) -> Fault | None:
+        """The failure to answer this request with, if any; consumes one of a counted failure."""
+        with self.mutex:
+            fail = next((f for f in self.faults if f.kind == "fail" and f.contains in path
+                         and f.method in (None, method)), None)
+            if fail is not None and fail.times is not None:
+                fail.times -= 1
+                if fail.times <= 0:
+                    self.faults.remove(fail)
+            return fail
+
+    def mode(self, name: str) -> Any:
+        with self.mutex:
+            return self.modes[name]
+
     def control(self, body: dict[str, Any]) -> None:
         with self.mutex:
             if body["op"] == "clear":
                 self.faults.clear()
+                self.modes = dict(MODES)
             elif body["op"] == "clear_log":
                 self.log.clear()
+            elif body["op"] == "mode":
+                if body["name"] not in MODES:
+                    raise ValueError(f"no mode {body['name']!r}: one of {sorted(MODES)}")
+                self.modes[body["name"]] = body["value"]
             else:
                 self.faults.append(Fault(**{k: v for k, v in body.items() if k != "op"}, kind=body["op"]))
 
@@ -195,6 +233,11 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/_test/faults":
                 self.server.control(json.loads(body))
                 return self._reply(rec, 200, {"ok": True})
+            fail = self.server.failure_for(self.command, unquote(path))
+            if fail is not None:
+                self._reply(rec, fail.status, b"Internal Server Error" if fail.status == 500 else b"Server Error")
+                self.close_connection = fail.close  # and no "Connection: close" said: a client learns it by a reset
+                return
             if m := RESOLVE_RE.match(path):
                 kind = "dataset" if m["ds"] else "model"
                 return self._resolve(rec, m["repo"], kind, unquote(m["rev"]), unquote(m["path"]))
@@ -206,6 +249,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._api(rec, m["repo"], m["kind"], m["op"], unquote(m["rest"] or ""), query, body)
             self._error(rec, 404, None, f"no route for {self.command} {path}")
         except HubStoreError as e:
+            as_repo = self.server.mode("unknown_revision")
+            if e.code == "RevisionNotFound" and as_repo:  # as olah: a revision it lacks looks like a missing repo
+                return self._error(rec, int(as_repo), "RepoNotFound", "Repository not found")
             headers = {"X-Repo-Commit": e.sha} if e.sha else {}
             self._error(rec, 404, e.code, str(e), **headers)
         except _Dropped:
@@ -299,27 +345,34 @@ class _Handler(BaseHTTPRequestHandler):
         f = rev.files.get(path)
         if f is None:
             raise HubStoreError("EntryNotFound", f"{path} does not exist at {rev_name}", sha=rev.sha)
-        headers = {"X-Repo-Commit": rev.sha, "ETag": f'"{f.etag}"', "Accept-Ranges": "bytes",
+        q = "" if self.server.mode("unquoted_etags") else '"'
+        headers = {"X-Repo-Commit": rev.sha, "ETag": f"{q}{f.etag}{q}", "Accept-Ranges": "bytes",
                    "Content-Type": "application/octet-stream"}
         if f.lfs:
-            headers |= {"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size)}
-        span = _parse_range(rec.range, f.size)
+            headers |= {"X-Linked-Etag": f"{q}{f.sha256}{q}", "X-Linked-Size": str(f.size)}
+        whole = self.server.mode("ignore_range")  # as a mirror or proxy that ignores Range: 200, the whole file
+        span = None if whole else _parse_range(rec.range, f.size)
         if span == "unsatisfiable":
             return self._reply(rec, 416, b"", {**headers, "Content-Range": f"bytes */{f.size}"})
         start, end = span or (0, f.size - 1)
         status = 206 if span else 200
         if span:
             headers["Content-Range"] = f"bytes {start}-{end}/{f.size}"
+        chunked = whole and self.command == "GET"  # such servers stream it chunked; HEAD keeps Content-Length
+        if whole:
+            headers.pop("Accept-Ranges")
         self.send_response(status)
-        for k, v in {**headers, "Content-Length": str(end - start + 1)}.items():
+        for k, v in {**headers, **({"Transfer-Encoding": "chunked"} if chunked else
+                                   {"Content-Length": str(end - start + 1)})}.items():
             self.send_header(k, v)
         self.end_headers()
         rec.status = status
         if self.command == "GET":
-            self._stream(rec, repo, f, start, end - start + 1)
+            self._stream(rec, repo, f, start, end - start + 1, chunked)
         rec.done = True
 
-    def _stream(self, rec: RequestRecord, repo: str, f: StoredFile, start: int, length: int) -> None:
+    def _stream(self, rec: RequestRecord, repo: str, f: StoredFile, start: int, length: int,
+                chunked: bool = False) -> None:
         rate, drop_at = self.server.faults_for(repo, f.path)
         t0 = time.monotonic()
         with open(self.server.store.object_path(repo, _rec_kind(rec), f.sha256), "rb") as fh:
@@ -329,13 +382,16 @@ class _Handler(BaseHTTPRequestHandler):
                 if drop_at is not None:
                     n = min(n, drop_at - rec.bytes_sent)
                 if n > 0:
-                    self.wfile.write(fh.read(n))
+                    data = fh.read(n)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (n, data) if chunked else data)
                     rec.bytes_sent += n
                 if drop_at is not None and rec.bytes_sent >= drop_at:
                     self.connection.shutdown(socket.SHUT_RDWR)
                     raise _Dropped()
                 if rate:  # pace to the rate over the whole response, not per chunk
                     time.sleep(max(0.0, t0 + rec.bytes_sent / rate - time.monotonic()))
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
 
 
 def _rec_kind(rec: RequestRecord) -> str:

@@ -16,7 +16,8 @@ relative redirects for metadata. Xet is never advertised, so clients use plain H
 commit).
 
 Test hooks: faults (throttle bytes/s globally or per file; drop the connection after N body bytes of a file,
-once or every time) and a request log (method, path, status, Range, bytes sent, aborted) that is updated while
+once or every time; answer a path with a server error), modes that answer as a mirror or proxy does (ignore
+Range; unquoted ETags; an unknown revision answered as a missing repository) and a request log (method, path, status, Range, bytes sent, aborted) that is updated while
 a body streams, so a test can act "when the big file is partly sent". Repos and access rules live on disk
 (see ``hubstore``), so a standalone server process and the test process share them; faults and the log live
 in the server process and are reached over ``/_test/*`` when the server runs apart (``spawn``/``RemoteHub``).
@@ -36,9 +37,8 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 try:
     from tests.hubhttp import HubHTTPServer
@@ -65,7 +65,28 @@ class _Control:
         """Cut the connection after ``nbytes`` body bytes of a response (``times=None``: every response)."""
         self._control({"op": "drop", "after": nbytes, "repo": repo, "path": path, "times": times})
 
+    def fail(self, status: int = 500, contains: str = "", method: str | None = None, times: int | None = None,
+             close: bool = True) -> None:
+        """Answer requests whose path contains ``contains`` with ``status`` and no ``X-Error-Code`` (``times``: that
+        many, None: every one); ``close``: then close the connection without saying so, as olah does after a 500."""
+        self._control({"op": "fail", "status": status, "contains": contains, "method": method, "times": times,
+                       "close": close})
+
+    def ignore_range(self, on: bool = True) -> None:
+        """Answer every GET of a file with 200 and the whole file, chunked without Content-Length (a mirror or a
+        caching proxy); HEAD still gives Content-Length."""
+        self._control({"op": "mode", "name": "ignore_range", "value": on})
+
+    def unquoted_etags(self, on: bool = True) -> None:
+        self._control({"op": "mode", "name": "unquoted_etags", "value": on})
+
+    def unknown_revision(self, status: int | None = 401) -> None:
+        """Answer a revision the repository lacks as a missing repository (``status`` RepoNotFound: olah gives 401);
+        None: as the Hub (404 RevisionNotFound)."""
+        self._control({"op": "mode", "name": "unknown_revision", "value": status})
+
     def clear_faults(self) -> None:
+        """Every fault gone and every mode back to the Hub's."""
         self._control({"op": "clear"})
 
     def clear_log(self) -> None:
@@ -101,7 +122,7 @@ class HubServer(_Control):
         self.url = self._hub.url
         self._thread = threading.Thread(target=self._hub.serve_forever, args=(0.05,), name="hubserver", daemon=True)
 
-    def __enter__(self) -> HubServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -128,9 +149,12 @@ class RemoteHub(_Control):
         self.url, self.proc, self.store = url, proc, HubStore(root)
 
     def _call(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        with urllib.request.urlopen(urllib.request.Request(self.url + path, data=data), timeout=30) as r:
-            return json.loads(r.read())
+        import httpx  # installed with huggingface_hub
+
+        r = (httpx.post(self.url + path, content=json.dumps(body), timeout=30) if body is not None
+             else httpx.get(self.url + path, timeout=30))
+        r.raise_for_status()
+        return r.json()
 
     def _control(self, body: dict[str, Any]) -> None:
         self._call("/_test/faults", body)

@@ -103,7 +103,7 @@ DATASET_NEEDED = {"README.md", "data/train.jsonl", "data/extra.csv"}
 STAGE_CHILD = """
 import json, sys
 from dataclasses import asdict
-from sft_grid.stages.hub import download
+from sft_grid.stages.staging import download
 args = json.loads(sys.argv[1])
 staged = download(args.pop("repo_id"), **args)
 out = asdict(staged)

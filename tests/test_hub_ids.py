@@ -1,5 +1,5 @@
 """Hub ids a cell names are checked with the Hub client's own rule before anything is staged or queued: the rule
-(core/pins.py repo_id_problem) against huggingface_hub's validate_repo_id as the oracle, the cells' problems
+(core/hubcache.py repo_id_problem) against huggingface_hub's validate_repo_id as the oracle, the cells' problems
 (which cell, which key, what value, the fix), and the grid command and `python -m sft_grid.stage`, which refuse a
 bad id in one clear line, never with a traceback, and write nothing."""
 
@@ -11,7 +11,7 @@ import random
 import pytest
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-from sft_grid.core.pins import repo_id_problem
+from sft_grid.core.hubcache import repo_id_problem
 from sft_grid.planning.validate import validate
 
 from .conftest import run_sft

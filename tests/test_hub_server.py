@@ -1,13 +1,15 @@
 """The loopback hub answers as the Hub does, for raw HTTP and for the installed huggingface_hub client.
 
 The staging tests trust this server; these tests pin the protocol details they rely on (headers, Range,
-error codes, revisions, uploads, fault injection, the standalone process).
+error codes, revisions, uploads, fault injection, the standalone process), and the switches that make it answer as
+mirrors and proxies do (as olah does: tests/test_olah_mirror.py pins olah's answers).
 """
 
 from __future__ import annotations
 
 import http.client
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -153,6 +155,49 @@ def test_throttle_drop_and_request_log(hub):
     assert [(r["status"], r["bytes_sent"], r["aborted"]) for r in log] == [(200, MiB, False), (200, 1000, True),
                                                                            (200, MiB, False)]
     assert hub.requests("/w.bin", "GET")[0]["bytes_sent"] == MiB
+
+
+def test_switches_answer_as_mirrors_and_proxies_do(hub):
+    import httpx
+
+    data = os.urandom(5000)
+    hub.store.commit("org/m", {"w.dat": data})
+    url = f"{hub.url}/org/m/resolve/main/w.dat"
+
+    hub.ignore_range()  # 200, the whole file, chunked without Content-Length; HEAD keeps Content-Length
+    for rng in ("bytes=1000-", "bytes=10-19", "bytes=-5", "bytes=99999-"):
+        r = httpx.get(url, headers={"Range": rng})
+        assert (r.status_code, r.content, r.headers.get("Transfer-Encoding")) == (200, data, "chunked"), rng
+        assert not {"Content-Length", "Content-Range", "Accept-Ranges"} & set(r.headers)
+    assert httpx.head(url).headers["Content-Length"] == "5000"
+
+    hub.unquoted_etags()
+    etag = httpx.head(url).headers["ETag"]
+    assert etag == hub.store.revision("org/m", "main").files["w.dat"].oid  # no quotes
+
+    for status in (401, 404):  # a revision it lacks, answered as a missing repository (olah: 401)
+        hub.unknown_revision(status)
+        for method, path in [("HEAD", "/org/m/resolve/nope/w.dat"), ("GET", "/api/models/org/m/revision/nope")]:
+            r = httpx.request(method, hub.url + path)
+            assert (r.status_code, r.headers.get("X-Error-Code")) == (status, "RepoNotFound"), (method, path)
+
+    hub.fail(500, contains="/revision/", method="GET", times=2)  # a bare 500, then the connection closed unsaid
+    with socket.create_connection(("127.0.0.1", int(hub.url.rsplit(":", 1)[1])), timeout=10) as s:
+        s.sendall(b"GET /api/models/org/m/revision/main HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"Internal Server Error"):
+            chunk = s.recv(4096)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 500 ") and b"x-error-code" not in answer.lower()
+        assert b"connection: close" not in answer.lower() and s.recv(4096) == b""  # then EOF
+    assert httpx.get(hub.url + "/api/models/org/m/revision/main").status_code == 500
+    assert httpx.get(hub.url + "/api/models/org/m/revision/main").status_code == 200  # two only
+
+    hub.clear_faults()  # every mode back to the Hub's
+    r = httpx.get(url, headers={"Range": "bytes=10-19"})
+    assert (r.status_code, r.content) == (206, data[10:20]) and r.headers["ETag"].startswith('"')
+    assert httpx.get(hub.url + "/api/models/org/m/revision/nope").headers["X-Error-Code"] == "RevisionNotFound"
 
 
 def test_standalone_process(tmp_path, hf_env):

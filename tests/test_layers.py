@@ -1,6 +1,7 @@
 """The layers of sft_grid (sft_grid/__init__.py) hold: every import, function-local ones included, goes down the
 layers; no two modules import each other in a cycle; code that runs in a backend's virtual environment imports
-nothing of sft_grid; the schedulers import only the core."""
+nothing of sft_grid; the schedulers import only the core; no two modules share a name (a name says what a module is
+about, once)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ MAY_IMPORT = {layer: set(LAYERS[: i + 1]) for i, layer in enumerate(LAYERS)}
 MAY_IMPORT["schedulers"] = {"core", "schedulers"}
 # the job side imports what a job needs, never the grid's or the schedulers' code
 MAY_IMPORT["job"] = {"core", "planning", "backends", "checks", "stages", "job"}
+# basenames that two modules shared before the rule (issue 18 renames them); no name may join this list
+SHARED_NAMES_BEFORE = {"assets", "evaluate", "inputs", "post", "report", "requeue", "scores", "submission", "triage"}
 
 
 def module_name(path: Path) -> str:
@@ -129,3 +132,12 @@ def test_the_checker_sees_function_local_imports(tmp_path, monkeypatch):
 def test_each_layer_says_what_it_is(layer):
     doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
     assert doc and doc.lower().startswith(f"layer {LAYERS.index(layer)}, {layer}"), doc
+
+
+def test_no_two_modules_share_a_name():
+    by_name: dict[str, list[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        if p.stem not in ("__init__", "__main__"):
+            by_name.setdefault(p.stem, []).append(str(p.relative_to(REPO_ROOT)))
+    shared = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
+    assert set(shared) <= SHARED_NAMES_BEFORE, f"modules that share a name: {shared}"

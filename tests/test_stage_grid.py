@@ -6,8 +6,9 @@ What a user relies on: a dry run says what must be staged, how big and whether i
 real run stages only training files into the cluster's cache and the rendered configs point at the pinned
 snapshots; a missing repository, a private or gated one without a token, or too little space is an error naming
 the cell before anything is written; a rerun of a cell keeps the commit it trained on while `main` moves on;
-short runs under the site's process time limit continue each other; a kill -9 loses no finished file; two
-grids staging one repository fetch each file once.
+short runs under the site's process time limit continue each other, each saying so once; a limit too short to
+transfer anything is refused in one line with the smallest that works; a kill -9 loses no finished file; two grids
+staging one repository fetch each file once. (Servers that differ from the Hub: tests/test_stage_mirror.py.)
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ def test_time_limited_runs_continue_each_other(hub, cache, tmp_path):
     first = run_stage(*cell_args(cache, runs), "cluster.staging.time_limit_s=12")
     assert first.returncode == 3, first.stdout + first.stderr
     assert "staging stopped" in first.stderr and "Run the same command again to continue" in first.stderr
+    assert (first.stdout + first.stderr).count("stopped before this process's time limit") == 1  # said once
     partial = sum(p.stat().st_size for p in (cache / "models--org--tiny" / "blobs").glob("*.incomplete"))
     hub.clear_faults()
     second = run_stage(*cell_args(cache, runs))
@@ -194,6 +196,39 @@ def test_time_limited_runs_continue_each_other(hub, cache, tmp_path):
     last = hub.downloads("org/tiny", "model.safetensors")[-1]
     assert last["range"] == (f"bytes={partial}-" if partial else None)
     assert is_complete(cache, "org/tiny", "model", model_sha, checksums=True)
+
+
+def test_a_time_limit_too_short_to_transfer_anything_is_refused_in_one_line(hub, cache, tmp_path):
+    commit_inputs(hub)
+    proc = run_stage("--repo", "org/tiny", "--cache", str(cache), "--time-limit", "5")  # all of it is safety margin
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    smallest = int(line.split("the smallest limit that works here is ", 1)[1].split("s", 1)[0])
+    assert line.startswith("staging refused: a process time limit of 5s leaves no time to transfer") and smallest > 5
+    assert "Rerun" not in line and hub.requests("/resolve/", "GET") == []
+
+    # the grid: 10 s passes validation, but this process spends its 5 s after the margin before its first transfer
+    # (each repository's revision answers 503 three times: 3.5 s of retries per repository)
+    for api in ("/api/models/org/tiny/revision/", "/api/datasets/org/chat/revision/"):
+        hub.fail(503, contains=api, method="GET", times=3)
+    proc = run_sft(*cell_args(cache, tmp_path / "runs"), "cluster.staging.time_limit_s=10")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    (line,) = lines
+    assert line.startswith("staging refused: a process time limit of 10s") and "smallest limit that works" in line
+    assert hub.requests("/resolve/", "GET") == [] and not (tmp_path / "runs").exists()
+
+
+def test_the_unreachable_hub_line_reads_cleanly(hub, cache, tmp_path, monkeypatch):
+    commit_inputs(hub)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: the connection is refused at once
+    proc = run_sft(*cell_args(cache, tmp_path / "runs"), "dry_run=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("staging:")]
+    assert line == ("staging: the Hub cannot be reached from here: cannot reach http://127.0.0.1:9 to stage model repo"
+                    " 'org/tiny' ([Errno 111] Connection refused); 2 of 2 Hub repositories for 1 cell(s) are not staged,"
+                    " sizes unknown")
 
 
 def test_killed_stage_command_loses_no_finished_file(hub, cache, tmp_path):

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sft_grid.core.pins import default_cache
+from sft_grid.core.hubcache import default_cache
 from sft_grid.planning.cells import is_local
 
 SAMPLE_ROWS = 200

@@ -11,5 +11,7 @@
 - `scores`: eval.json and the score files (the contract with the results table); `saved_template`: train == serve;
 - `submission`: the typed submission plan a dry run prints and a real run executes;
 - `problems`: the one error type of bad input (every problem of every cell, raised once);
+- `hubcache`: a Hub repository's pin and its files in a Hugging Face cache (what training needs, what is staged);
+- `lock`: the one file lock (one holder per path across processes and hosts, on cluster filesystems too);
 - `templates`, `timefmt`, `paths`: facts about chat templates, wall times, and where caches live.
 """

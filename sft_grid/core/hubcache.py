@@ -1,14 +1,23 @@
-"""Which files of a Hub repo training needs, and where they live in a Hugging Face cache (stdlib only).
+"""A Hub repository a cell needs, its pin, and where its files live in a Hugging Face cache (stdlib only).
 
 Design: everything here is a pure function of a file listing or a read-only look at the cache, so the
 planner, the dry run and ``is_complete`` agree without any network access.
+
+Pins: a cell names its model and datasets by hub id and (implicitly) the branch ``main``. Staging resolves that
+to a commit sha, once per grid invocation, and the sha is the pin (``Pin``): the cell's rendered configs point at
+``<cache>/<models|datasets>--org--name/snapshots/<sha>``, its ledger records it when it is submitted, and a rerun
+of the cell trains on the same sha (staged again from the cache, or from the Hub while it still has it) instead
+of whatever ``main`` has become. The pin is never part of the cell's identity: the same cell rerun later is the
+same cell, trained on the revision it was first trained on. A Hub id the client would refuse is refused with
+the client's own rule (``repo_id_problem``) before anything is staged.
 
 Cache layout (the one ``huggingface_hub`` writes and ``transformers``/``datasets`` read with
 ``HF_HUB_OFFLINE=1``):
 
     <cache>/<models|datasets>--<org>--<name>/
         blobs/<etag>                 file contents; <etag> is the sha256 for LFS files, the git blob oid otherwise
-        blobs/<etag>.incomplete      a partial download that huggingface_hub <= 1.17 resumes with a Range request
+        blobs/<etag>.incomplete      a partial download the client may continue with a Range request (whether
+                                     the server honours it is seen when it does: sft_grid/stages/staging/memory.py)
         snapshots/<sha>/<path>       relative symlinks into blobs/, one tree per commit
         refs/<branch>                the commit sha a branch resolved to (what offline loads of "main" read)
         .sft_grid/<sha>.json         our listing of the commit (all files, sizes, hashes)
@@ -29,11 +38,13 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Literal
+from typing import Any, Literal
 
 Kind = Literal["model", "dataset"]
+MAIN = "main"
 KINDS: tuple[str, ...] = ("model", "dataset")
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -76,7 +87,7 @@ class Selection:
 
 def _weights_of(path: str) -> str | None:
     """The weight suffix of a weight file or of its shard index (``*.safetensors.index.json``)."""
-    name = path[: -len(".index.json")] if path.endswith(".index.json") else path
+    name = path.removesuffix(".index.json")
     return next((s for s in WEIGHT_SUFFIXES if name.endswith(s)), None)
 
 
@@ -121,9 +132,9 @@ def select_files(files: Iterable[RemoteFile], kind: Kind, allow: Iterable[str] |
     skipped: list[tuple[str, str]] = []
     for f in files:
         why = _model_skip(f.path, has_st) if kind == "model" else _dataset_skip(f.path)
-        if why is None and patterns and f.path not in CARD_FILES:
-            if not any(fnmatch.fnmatch(f.path, pat) for pat in patterns):
-                why = "not matched by the allow patterns"
+        if (why is None and patterns and f.path not in CARD_FILES
+                and not any(fnmatch.fnmatch(f.path, pat) for pat in patterns)):
+            why = "not matched by the allow patterns"
         if why is None:
             keep.append(f)
         else:
@@ -149,12 +160,25 @@ def blob_path(cache: Path | str, repo_id: str, kind: Kind, f: RemoteFile) -> Pat
 
 
 def partial_bytes(cache: Path | str, repo_id: str, kind: Kind, f: RemoteFile) -> int:
-    """Bytes of a resumable partial download of ``f`` (``blobs/<etag>.incomplete``), 0 when none."""
+    """Bytes of a partial download of ``f`` under the name a client continues (``blobs/<etag>.incomplete``), or 0."""
     p = blob_path(cache, repo_id, kind, f).with_name(f.etag + ".incomplete")
     try:
         return min(p.stat().st_size, f.size)
     except FileNotFoundError:
         return 0
+
+
+def partial_files(cache: Path | str, repo_id: str, kind: Kind, f: RemoteFile) -> dict[Path, int]:
+    """Every partial download of ``f`` in the cache, with its size: ``<etag>.incomplete`` (the name a client may
+    continue) and ``<etag>.<8 hex>.incomplete`` (one file per attempt, by clients that start each attempt anew)."""
+    folder = blob_path(cache, repo_id, kind, f).parent
+    out = {}
+    for p in folder.glob(f"{f.etag}*.incomplete") if folder.is_dir() else ():
+        try:
+            out[p] = p.stat().st_size
+        except FileNotFoundError:
+            continue
+    return out
 
 
 def git_blob_oid(path: Path) -> str:
@@ -169,7 +193,7 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _feed(h: "hashlib._Hash", path: Path) -> None:
+def _feed(h: hashlib._Hash, path: Path) -> None:
     with open(path, "rb") as fh:
         while chunk := fh.read(4 << 20):
             h.update(chunk)
@@ -289,3 +313,70 @@ def read_ref(cache: Path | str, repo_id: str, kind: Kind, revision: str) -> str 
     except (OSError, ValueError):
         return None
     return sha if SHA_RE.match(sha) else None
+
+
+# -- repository ids and pins ----------------------------------------------------------------------------------
+# the Hub client's own rule for a repository id (huggingface_hub's validate_repo_id, which tests/test_hub_ids.py holds
+# this to): an id it refuses is refused with its cell and key before anything is staged or queued
+_REPO_ID = re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b$")
+
+
+def repo_id_problem(repo_id: str) -> str | None:
+    """Why `repo_id` is not a Hub repository id, or None."""
+    if repo_id.count("/") > 1:
+        return "more than one '/': a repository id is <name> or <org>/<name>"
+    if not _REPO_ID.match(repo_id):
+        return ("letters, digits, '-', '_' and '.' only, neither starting nor ending with '-' or '.', and a name of at"
+                " most 96 characters")
+    if "--" in repo_id or ".." in repo_id:
+        return "'--' and '..' are not allowed in it"
+    if repo_id.endswith(".git"):
+        return "it cannot end with '.git'"
+    return None
+
+
+@dataclass(frozen=True)
+class HubRepo:
+    """A model or dataset repository at a revision as asked (a branch, tag or sha)."""
+
+    kind: str  # "model" | "dataset"
+    repo_id: str
+    revision: str = MAIN
+
+    def text(self) -> str:
+        return f"{self.kind} {self.repo_id}" + (f"@{self.revision[:12]}" if self.revision != MAIN else "")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A repository pinned to a commit, staged (or to be staged) into `cache`."""
+
+    kind: str
+    repo_id: str
+    revision: str  # what was asked: a branch name, or the sha itself on a rerun
+    sha: str
+    cache: Path
+
+    @property
+    def path(self) -> Path:
+        """The snapshot directory a backend loads, offline."""
+        return snapshot_path(self.cache, self.repo_id, self.kind, self.sha)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "repo": self.repo_id, "revision": self.revision, "sha": self.sha}
+
+
+def recorded_pins(details: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """(kind, repo id) -> sha, from the `inputs` a cell's submission recorded in its ledger."""
+    out: dict[tuple[str, str], str] = {}
+    for item in details.get("inputs") or ():
+        if isinstance(item, Mapping) and SHA_RE.match(str(item.get("sha", ""))):
+            out[(str(item.get("kind")), str(item.get("repo")))] = str(item["sha"])
+    return out
+
+
+def default_cache() -> Path:
+    """The Hugging Face hub cache of this environment: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser() / "hub"

@@ -50,7 +50,7 @@ class BackendConf:
 
 @dataclass
 class StagingConf:
-    """How a site stages the Hub models and datasets of a grid before anything is queued (stages/staging.py)."""
+    """How a site stages the Hub models and datasets of a grid before anything is queued (stages/staging/)."""
 
     # where the transfers run: login (the machine running the grid, or `python -m sft_grid.stage`) or job (a
     # Slurm job on `partition`, e.g. a transfer partition whose nodes reach the Hub; its cells wait for it)
@@ -265,7 +265,7 @@ class CellConf:
     force: bool = False
     # rerun cells whose last attempt failed
     rerun_failed: bool = False
-    # what happens after a failure, per class (core/failure_policy.py): {node_failure: requeue:3, gpu_oom: stop}
+    # what happens after a failure, per class (core/failures/policy.py): {node_failure: requeue:3, gpu_oom: stop}
     failure_policy: Dict[str, Any] = field(default_factory=dict)
     watchdog: WatchdogConf = field(default_factory=WatchdogConf)
     notify: NotifyConf = field(default_factory=NotifyConf)

@@ -20,7 +20,7 @@ from sft_grid.core.submission import Dependency, PrepWait, Role, SlurmJob
 from sft_grid.grid.decide import Decision
 from sft_grid.grid.requests import count, job_name, minutes, prep_request, request_for, stage_request, tokenize_request
 from sft_grid.planning.inputs import Prep
-from sft_grid.stages.stage_job import StageWork
+from sft_grid.stages.staging.in_job import StageWork
 from sft_grid.stages.tokenize import Tokenization
 
 

@@ -19,7 +19,8 @@ from sft_grid.backends import BACKENDS
 from sft_grid.checks.examples import Examples, first_examples
 from sft_grid.checks.preflight import preflight
 from sft_grid.core.cellfiles import Check
-from sft_grid.core.layout import OUTPUT_DIR, iter_cell_dirs, output_complete
+from sft_grid.core.layout import LOCK_FILE, OUTPUT_DIR, iter_cell_dirs, output_complete
+from sft_grid.core.lock import hold_all
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
 from sft_grid.core.state import CellState, State
@@ -27,7 +28,6 @@ from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
 from sft_grid.grid import estimates
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
-from sft_grid.grid.lock import SweepLock
 from sft_grid.grid.recover import plan_recovery
 from sft_grid.grid.render import render, render_base, write_all
 from sft_grid.grid.submission import build
@@ -40,11 +40,11 @@ from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.messages import composition_problem
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
-from sft_grid.stages.hub_types import Progress
 from sft_grid.stages import tokenize
-from sft_grid.stages.stage_job import StageWork, stage_dir
-from sft_grid.stages.tokenize import Tokenization
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
+from sft_grid.stages.staging.in_job import StageWork, stage_dir
+from sft_grid.stages.staging.values import Progress
+from sft_grid.stages.tokenize import Tokenization
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
                                               if c.spec.force or not output_complete(d / OUTPUT_DIR)])
         if too_long:
             raise GridError(too_long, "the estimates")
-    with SweepLock({c.sweep_dir for c in cells}):
+    with hold_all(d / LOCK_FILE for d in {c.sweep_dir for c in cells}):  # one invocation per sweep at a time
         work = _stage_work(cells, dirs, staged)
         view = read_view(dirs, [p.dir for p in needed] + ([work.dir] if work else [])
                          + sorted({t.dir for t in tokens.values()}), [t.dir for t in targets])

@@ -12,9 +12,10 @@ import dataclasses
 from pathlib import Path
 
 from sft_grid.core.failures.cell import cell_config, rerun_argv
+from sft_grid.core.layout import LOCK_FILE
+from sft_grid.core.lock import Lock
 from sft_grid.grid.decide import Action, decide
 from sft_grid.grid.execute import apply
-from sft_grid.grid.lock import SweepLock
 from sft_grid.grid.submission import build
 from sft_grid.grid.view import read_view
 from sft_grid.planning.cells import Cell, plan_cell
@@ -34,7 +35,7 @@ def requeue(cell_dir: Path) -> str:
     """What was done, in one line."""
     cell_dir = cell_dir.resolve()
     cell = cell_from_dir(cell_dir)
-    with SweepLock({cell_dir.parent}):
+    with Lock(cell_dir.parent / LOCK_FILE):  # one invocation decides and submits for a sweep at a time
         view = read_view([cell_dir])
         d = decide(cell, cell_dir, view.state(cell_dir), view.histories[cell_dir], view.scheduler)
         if d.action is not Action.RUN or not d.note:

@@ -31,7 +31,7 @@ from sft_grid.planning.inputs import Prep, prep_for
 from sft_grid.stages import prep as prep_stage
 from sft_grid.stages import tokenize as tokenize_stage
 from sft_grid.stages.post import stages_for
-from sft_grid.stages.stage_job import STAGE_FILE, StageWork
+from sft_grid.stages.staging.in_job import STAGE_FILE, StageWork
 from sft_grid.stages.tokenize import Tokenization
 
 

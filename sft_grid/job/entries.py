@@ -7,10 +7,10 @@ from pathlib import Path
 from sft_grid.job.runner import evaluate_here, run_cell
 from sft_grid.stages import evaluate as evaluate_stage
 from sft_grid.stages import prep as prep_stage
-from sft_grid.stages import stage_job
 from sft_grid.stages import tokenize as tokenize_stage
 from sft_grid.stages.post import IN_JOB
 from sft_grid.stages.post_run import run as run_post
+from sft_grid.stages.staging import in_job
 
 
 def train(cell_dir: str) -> str:
@@ -36,7 +36,7 @@ def prep(prep_dir: str) -> str:
 def stage(stage_dir: str) -> str:
     from pathlib import Path
 
-    return stage_job.run(Path(stage_dir))
+    return in_job.run(Path(stage_dir))
 
 
 def tokenize(tok_dir: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from sft_grid.core.pins import Pin
+from sft_grid.core.hubcache import Pin
 from sft_grid.core.schema import CellConf
 from sft_grid.core.schema_fields import field_shapes
 from sft_grid.core.tokenized import TokenizedData

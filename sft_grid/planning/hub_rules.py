@@ -1,6 +1,6 @@
 """Validation rules for the Hub: the ids a cell's inputs are staged from, and the repository it uploads to.
 
-A Hub id the client would refuse (`huggingface_hub`'s own rule: core/pins.py `repo_id_problem`) is refused here,
+A Hub id the client would refuse (`huggingface_hub`'s own rule: core/hubcache.py `repo_id_problem`) is refused here,
 with the cell, the key and the value, before anything is staged, rendered or queued.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from sft_grid.core.pins import repo_id_problem
+from sft_grid.core.hubcache import repo_id_problem
 from sft_grid.core.problems import Problem
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import hub_repos

@@ -1,7 +1,7 @@
 """What a cell's backend loads: a local path, the staged snapshot of a Hub repository, or the prepared copy of a
 model that needs one.
 
-A hub id the grid staged (sft_grid/stages/staging.py) is loaded from its snapshot in the site's Hugging Face
+A hub id the grid staged (sft_grid/stages/staging/) is loaded from its snapshot in the site's Hugging Face
 cache, at the commit staging pinned (`cell.pins`): `<cache>/models--org--name/snapshots/<sha>`, so a job never
 asks the Hub (compute nodes of several sites have none) and every cell that names the repository trains on the
 same files. A hub id that is not pinned (a dry run where the Hub cannot be reached) stays a hub id.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from sft_grid.core.pins import HubRepo, Pin, default_cache
+from sft_grid.core.hubcache import HubRepo, Pin, default_cache
 from sft_grid.planning.cells import is_local
 
 PREP_NEED = "delphi_tokenizer_prep"

@@ -1,5 +1,7 @@
 """Layer 4, stages: what makes a cell's inputs and outputs exist, around its training.
 
+- `staging`: the Hub models and datasets a grid needs, pinned and fetched into the site's cache before anything is
+  queued (here, or in a staging job);
 - `prep`: the Delphi tokenizer prep, once per model, shared by its cells;
 - `post`, `post_run`: the post-training chain of a cell (consolidate, preprocessor config, tokenizer repair,
   upload, register), each stage with its own state in the ledger;

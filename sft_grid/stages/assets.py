@@ -23,7 +23,6 @@ renamed into place, so a dir without a current marker is never trusted and a kil
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -32,10 +31,10 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
+from sft_grid.core.lock import Lock
 from sft_grid.core.paths import IN_VENV_DIR, assets_dir
 from sft_grid.planning.venvs import VenvSpec
 from sft_grid.stages.venv_build import build as build_venv
@@ -66,7 +65,7 @@ def build(force: bool = False, dest: Path | None = None) -> Path:
     """
     dest = Path(dest) if dest is not None else assets_dir()
     dest.mkdir(parents=True, exist_ok=True)
-    with _locked(dest):
+    with Lock(dest.parent / f".{dest.name}.lock"):
         _ensure(dest, "data", {"version": ASSETS_VERSION}, _write_datasets, force)
         # The models are written by the backend's transformers: a new environment may save another format.
         stamp = {"version": ASSETS_VERSION, "venv": VenvSpec.load(BACKEND).path.name}
@@ -74,13 +73,6 @@ def build(force: bool = False, dest: Path | None = None) -> Path:
         # a part of its own: adding it did not rebuild the models every test already uses
         _ensure(dest, "sizes", stamp, _build_sizes, force)
     return dest
-
-
-@contextmanager
-def _locked(dest: Path) -> Iterator[None]:
-    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _is_complete(part_dir: Path, stamp: dict) -> bool:

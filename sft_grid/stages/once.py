@@ -5,20 +5,19 @@ Two grids that need the same one take turns through a lock in its directory; who
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
 from typing import Callable
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
+from sft_grid.core.lock import Lock
 
 
 def run_here(directory: Path, lock_name: str, complete: Callable[[Path], bool], run: Callable[[Path], None],
              failed: type[Exception]) -> str | None:
     """Run `run(directory)` unless `complete(directory)`; None, or why it failed (the message of `failed`)."""
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / lock_name, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with Lock(directory / lock_name):
         if complete(directory):
             return None
         events.append(directory, Event.here(Kind.SUBMITTED, executor="local"))

@@ -12,7 +12,6 @@ minutes). Bytecode is not compiled at install (--no-compile): Python compiles wh
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import shutil
@@ -20,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sft_grid.core.lock import Lock
 from sft_grid.planning.venvs import READY_MARKER, VenvSpec, is_ready, lock_path
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,7 @@ def build(name: str) -> Path:
     spec = VenvSpec.load(name)
     target = spec.path
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with Lock(target.parent / f".{target.name}.lock"):
         if is_ready(target):
             return target
         if target.exists():  # an interrupted build: start over

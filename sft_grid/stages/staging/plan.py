@@ -1,41 +1,157 @@
-"""Staging as a stage of the grid: every Hub model and dataset its cells need, pinned and in the site's cache first.
+"""What staging will do, before it does anything: each repository resolved and weighed, and a grid's inputs as one
+plan (no transfers, no writes).
 
 Compute nodes of several sites (Leonardo, Jupiter, JURECA, JUWELS) have no internet, so the grid stages each
 repository its cells name into the cluster's Hugging Face cache (`cluster.hf_cache`) before anything is queued,
-and the cells' configs point at the staged snapshots (planning/inputs.py). Per grid invocation:
+and the cells' configs point at the staged snapshots (planning/inputs.py).
 
-1. `plan_staging` (no writes): each cell's Hub inputs at the revision it asks for: `main` for a new cell, or the
-   sha its earlier submission recorded (a rerun trains on what it trained on before; `force=true` starts over on
-   the current `main`). Each unique (repository, revision, cache) is resolved once to its commit and its files
-   (a sha already staged needs no request), and what must move is weighed against the free space of each
-   filesystem. A missing or gated repository or revision, a missing token, too little space: each is a problem
-   naming the cell, before anything is queued. A dry run stops here and prints it.
-2. `stage_here`: the transfers, on the machine running the grid, when the cluster says its internet is there
-   (`cluster.staging.where: login`), under the site's process time limit (`time_limit_s`): a run that must stop
-   first ends with what is left, and rerunning the grid continues (a finished file is never fetched again).
-   Elsewhere (`where: job`) the transfers are a Slurm job on the transfer partition that the cells wait for
-   (stages/stage_job.py).
+- `resolve` pins a revision to its commit sha and lists the commit (sizes, LFS sha256); `resolve_pinned` answers
+  a sha listed in the cache with no request at all. `plan` selects the files training needs, subtracts what the
+  cache holds (complete snapshot entries, blobs shared with another commit, and partial files where the server is
+  taken to continue them) and compares with the filesystem's free space.
+- `plan_staging`: each cell's Hub inputs at the revision it asks for: `main` for a new cell, or the sha its earlier
+  submission recorded (a rerun trains on what it trained on before; `force=true` starts over on the current
+  `main`). Each unique (repository, revision, cache) is resolved once, and what must move is weighed against the
+  free space of each filesystem. A missing or gated repository or revision, a missing token, a failing server, too
+  little space: each is a problem naming the cell, before anything is queued. A dry run stops here and prints it.
+  Completed cells need no inputs: they are pinned to what they recorded when it is still in the cache.
 
-Completed cells need no inputs: they are pinned to what they recorded when it is still in the cache, never fetched.
+The transfers are `download.stage_here` (on the machine running the grid, `cluster.staging.where: login`) or a
+Slurm job on the transfer partition (`in_job`, `where: job`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Kind
-from sft_grid.core.hubcache import SHA_RE, is_complete, read_ref
+from sft_grid.core.hubcache import (
+    KINDS,
+    MAIN,
+    SHA_RE,
+    Pin,
+    RemoteFile,
+    cached_elsewhere,
+    file_ok,
+    is_complete,
+    partial_bytes,
+    read_listing,
+    read_ref,
+    recorded_pins,
+    select_files,
+)
+from sft_grid.core.hubcache import Kind as HubKind
 from sft_grid.core.layout import OUTPUT_DIR, output_complete
-from sft_grid.core.pins import MAIN, Pin, recorded_pins
 from sft_grid.core.problems import Problem
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import hf_cache, hub_repos
-from sft_grid.stages import hub
-from sft_grid.stages.hub_types import Budget, HubError, HubUnreachable, Progress, Staged, human
+from sft_grid.stages.staging import memory
+from sft_grid.stages.staging.client import client_version, endpoint_of, hf_client, translate, with_retries
+from sft_grid.stages.staging.values import (
+    Budget,
+    HubError,
+    HubUnreachable,
+    NotEnoughSpace,
+    Plan,
+    Resolved,
+    RevisionNotFound,
+    human,
+)
+
+DEFAULT_RESERVE = 256 << 20  # leave the filesystem some room: other users and the training job write there too
+
+
+# -- one repository ---------------------------------------------------------------------------------------------
+def resolve(repo_id: str, kind: HubKind = "model", revision: str = MAIN, token: str | None = None, *,
+            endpoint: str | None = None, cache: Path | None = None, budget: Budget | None = None) -> Resolved:
+    """The commit ``revision`` names, and every file of it. Raises a ``HubError`` naming the repo and fix (a
+    transient failure is tried again first; see ``client``)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    hf = hf_client()
+    from huggingface_hub.hf_api import RepoFile
+
+    api = hf.HfApi(endpoint=endpoint)
+    token = token or hf.get_token()
+
+    def ask() -> tuple[str, tuple[RemoteFile, ...]]:
+        # the revision always named: a mirror may answer a repository without one only from its upstream (olah)
+        info = api.repo_info(repo_id, repo_type=kind, revision=revision, token=token)
+        entries = api.list_repo_tree(repo_id, repo_type=kind, revision=info.sha, recursive=True, token=token)
+        files = tuple(RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
+                      for e in entries if isinstance(e, RepoFile))  # the listing is paged: read it within the try
+        if getattr(info, "gated", False) and files:  # listing is public on a gated repo; the files are not
+            url = hf.hf_hub_url(repo_id, files[0].path, repo_type=kind, revision=info.sha, endpoint=api.endpoint)
+            hf.get_hf_file_metadata(url, token=token)
+        return info.sha, files
+
+    try:
+        sha, files = with_retries(ask, f"resolving {kind} {repo_id}@{revision}", budget)
+    except Exception as e:
+        err = translate(e, repo_id, kind, revision, token, api.endpoint.rstrip("/"), cache)
+        if err is None:
+            raise
+        raise err from e
+    return Resolved(repo_id, kind, revision, sha, files)
+
+
+def resolve_pinned(repo_id: str, kind: HubKind, revision: str, token: str | None, endpoint: str | None, cache: Path,
+                   budget: Budget | None = None) -> Resolved:
+    """``resolve``, except that a sha listed in the cache needs no request (its listing cannot change)."""
+    if SHA_RE.match(revision):
+        files = read_listing(cache, repo_id, kind, revision)
+        if files is not None:
+            return Resolved(repo_id, kind, revision, revision, files)
+    return resolve(repo_id, kind, revision, token, endpoint=endpoint, cache=cache, budget=budget)
+
+
+def _free_bytes(path: Path) -> int:
+    while not path.exists():  # the cache may not exist yet: ask the filesystem it will be created on
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def plan(resolved: Resolved, cache: Path | str, *, allow: Iterable[str] | None = None,
+         reserve_bytes: int = DEFAULT_RESERVE, resumable: bool | None = None, endpoint: str | None = None) -> Plan:
+    """What staging ``resolved`` into ``cache`` will transfer, and whether it fits (see ``check_space``).
+
+    ``resumable``: whether a partial file counts as partly fetched; None: as last seen for the endpoint (``memory``:
+    yes until the server was seen to start a partial file again from zero)."""
+    cache = Path(cache)
+    r = resolved
+    if resumable is None:
+        resumable = memory.resumes(cache, endpoint_of(endpoint), client_version())
+    selection = select_files(r.files, r.kind, allow)
+    cached, link, fetch = [], [], []
+    for f in selection.keep:
+        if file_ok(cache, r.repo_id, r.kind, r.sha, f):
+            cached.append(f)
+        elif cached_elsewhere(cache, r.repo_id, r.kind, f):
+            link.append(f)
+        else:
+            fetch.append(f)
+    partial = sum(partial_bytes(cache, r.repo_id, r.kind, f) for f in fetch) if resumable else 0
+    return Plan(r, cache, selection, tuple(cached), tuple(link), tuple(fetch),
+                sum(f.size for f in fetch) - partial, _free_bytes(cache), reserve_bytes)
+
+
+def check_space(p: Plan) -> None:
+    if not p.fits:
+        r = p.resolved
+        raise NotEnoughSpace(
+            f"staging {r.kind} '{r.repo_id}'@{r.sha[:12]} needs {human(p.bytes_to_fetch)} more in {p.cache}, but "
+            f"its filesystem has {human(p.free_bytes)} free (and {human(p.reserve_bytes)} is kept in reserve). "
+            "Fix: free space there, or point the cluster profile's HF cache (HF_HUB_CACHE) at a filesystem with "
+            "room (a project or scratch area, not $HOME).")
+
+
+# -- a grid's inputs --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -53,7 +169,7 @@ class Item:
     wanted: Wanted
     users: list[tuple[str, str]] = field(default_factory=list)  # (cell name, key naming it)
     pin: Pin | None = None
-    plan: hub.Plan | None = None  # what moves; None: staged already (no request made), or not resolved
+    plan: Plan | None = None  # what moves; None: staged already (no request made), or not resolved
     error: HubError | None = None
     here: bool = False  # a cell's cluster stages on the machine running the grid (else in a staging job)
     offline: bool = False  # a cell's cluster has no internet on compute nodes: its jobs cannot fetch it themselves
@@ -89,7 +205,7 @@ class Space:
     cache: Path
     to_fetch: int
     free: int
-    reserve: int = hub.DEFAULT_RESERVE
+    reserve: int = DEFAULT_RESERVE
 
     @property
     def fits(self) -> bool:
@@ -145,7 +261,7 @@ def recorded(cell_dir: Path) -> dict[tuple[str, str], str]:
 
 def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> StagingPlan:
     """What the grid must stage and whether it can (no transfers, no writes)."""
-    plan = StagingPlan()
+    out = StagingPlan()
     items: dict[Wanted, Item] = {}
     for cell, cell_dir in zip(cells, dirs):
         repos = hub_repos(cell)
@@ -166,18 +282,18 @@ def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> 
             item.users.append((cell.name, key))
             item.here |= cell.spec.cluster.staging.where == "login"
             item.offline |= not cell.spec.cluster.internet_on_compute
-        plan.pins[cell.name] = tuple(mine)
-    _resolve(list(items.values()), dry_run, plan)
-    plan.items = list(items.values())
-    for item in plan.items:
+        out.pins[cell.name] = tuple(mine)
+    _resolve(list(items.values()), dry_run, out)
+    out.items = list(items.values())
+    for item in out.items:
         if item.pin is not None:
-            for cell, _ in item.users:
-                plan.pins[cell] += (item.pin,)
-    plan.space = _space(plan.items)
-    return plan
+            for name, _ in item.users:
+                out.pins[name] += (item.pin,)
+    out.space = _space(out.items)
+    return out
 
 
-def _resolve(items: list[Item], dry_run: bool, plan: StagingPlan) -> None:
+def _resolve(items: list[Item], dry_run: bool, into: StagingPlan) -> None:
     """Each item's commit and what must move. One unreachable Hub stops the asking (each try costs a timeout)."""
     down: HubError | None = None
     for item in items:
@@ -189,17 +305,17 @@ def _resolve(items: list[Item], dry_run: bool, plan: StagingPlan) -> None:
             _staged_before(item, down, dry_run)
             continue
         try:
-            resolved = hub.resolve_pinned(w.repo_id, w.kind, w.revision, None, None, w.cache)  # type: ignore[arg-type]
+            resolved = resolve_pinned(w.repo_id, w.kind, w.revision, None, None, w.cache)  # type: ignore[arg-type]
         except HubUnreachable as e:
             down = e
-            plan.unreachable = str(e).partition(" Fix: ")[0]
+            into.unreachable = str(e).partition(" Fix: ")[0].rstrip(".")
             _staged_before(item, down, dry_run)
             continue
         except HubError as e:
             item.error = _rerun_note(e, w)
             continue
         item.pin = Pin(w.kind, w.repo_id, w.revision, resolved.sha, w.cache)
-        item.plan = hub.plan(resolved, w.cache)
+        item.plan = plan(resolved, w.cache)
 
 
 def _staged_before(item: Item, down: HubError, dry_run: bool) -> None:
@@ -217,9 +333,9 @@ def _staged_before(item: Item, down: HubError, dry_run: bool) -> None:
 
 def _rerun_note(e: HubError, w: Wanted) -> HubError:
     """A recorded sha the Hub no longer has: the cell trained on it before and cannot resume on another."""
-    if not (SHA_RE.match(w.revision) and isinstance(e, hub.RevisionNotFound)):
+    if not (SHA_RE.match(w.revision) and isinstance(e, RevisionNotFound)):
         return e
-    return type(e)(f"{e}".partition(" Fix: ")[0] + ": the cell's earlier run trained on this commit, so it is"
+    return type(e)(f"{e}".partition(" Fix: ")[0].rstrip(".") + ": the cell's earlier run trained on this commit, so it is"
                    " resumed from it. Fix: stage it from where it is still kept, or rerun the cell with force=true"
                    " to train it from the start on the current revision (its old output is moved aside).")
 
@@ -239,50 +355,10 @@ def _device(path: Path) -> int:
     return os.stat(path).st_dev
 
 
-class StagingStopped(RuntimeError):
-    """This process had to stop before its time limit; the message says what is left and how to continue."""
-
-
-def stage_here(plan: StagingPlan, budget: Budget | None = None,
-               on_progress: Callable[[Progress], None] | None = None) -> list[Staged]:
-    """Fetch every pending item here, smallest first (a short run finishes as many as it can). Raises
-    StagingStopped when the time budget ends a run, a HubError (with the cells that need it) otherwise."""
-    done = []
-    for item in sorted((i for i in plan.pending if i.here), key=lambda i: i.bytes_to_fetch):
-        assert item.pin is not None
-        p = item.pin
-        try:
-            staged = hub.download(p.repo_id, p.kind, p.sha, p.cache, budget=budget, on_progress=on_progress,  # type: ignore[arg-type]
-                                  ref=None if SHA_RE.match(p.revision) else p.revision)
-        except HubError as e:
-            item.error = e
-            raise StagingFailed(item) from e
-        done.append(staged)
-        if not staged.complete:
-            left = sum(i.bytes_to_fetch for i in plan.pending if i.here and i is not item) + staged.remaining_bytes
-            raise StagingStopped(f"{staged.stopped} In all, {human(left)} of the grid's inputs are left to stage;"
-                                 " nothing was queued. Run the same command again to continue.")
-        item.plan = None
-    return done
-
-
-class StagingFailed(RuntimeError):
-    """A transfer failed; `problems` names the cells that need it."""
-
-    def __init__(self, item: Item) -> None:
-        super().__init__(str(item.error))
-        self.item = item
-
-    def problems(self) -> list[Problem]:
-        return StagingPlan([self.item]).problems()
-
-
 def provenance(pins: Sequence[Pin], checkout: dict[str, Any]) -> dict[str, Any]:
     """What a cell's submission records beside its state: its pinned inputs, the sft_grid version and the git
     revision of the checkout its config came from (the packages of its environment are recorded by its job)."""
     return {"inputs": [p.to_json() for p in pins], **checkout}
-
-
 
 
 def budget_for(cells: Iterable[Cell]) -> Budget | None:
@@ -292,6 +368,3 @@ def budget_for(cells: Iterable[Cell]) -> Budget | None:
               if c.spec.cluster.staging.where == "login" and c.spec.cluster.staging.time_limit_s]
     return Budget.since_process_start(float(min(limits))) if limits else None
 
-
-__all__ = ["MAIN", "Item", "StagingFailed", "StagingPlan", "StagingStopped", "budget_for", "plan_staging",
-           "provenance", "recorded", "stage_here"]

@@ -1,17 +1,23 @@
-"""Values and errors of Hub staging (stdlib only): what the CLI prints and what the planner decides on.
+"""Values and errors of Hub staging (stdlib only): what the entry points print and what the planner decides on.
 
-Every error names the repo and says how to fix the situation, because staging runs unattended on a login
-node and the message is all the user gets.
+Every error names the repository and says how to fix the situation, in one line, because staging runs unattended
+on a login node and the message is all the user gets.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sft_grid.core.hubcache import Kind, RemoteFile, Selection
+
+# the time a run is given to transfer something when the smallest limit that works is worked out: a run that has no
+# time left at all once its safety margin and what the process spent before its first transfer are taken off, or
+# that stops before its first byte, would end every rerun the same way
+MIN_TRANSFER_S = 1.0
 
 
 def human(n: float) -> str:
@@ -46,12 +52,22 @@ class HubUnreachable(HubError):
     pass
 
 
+class HubServerError(HubError):
+    """The server kept answering with a server error (5xx) after the retries, and was failing for the repository
+    at its default revision too (otherwise the revision is the missing thing: ``RevisionNotFound``)."""
+
+
 class NotEnoughSpace(HubError):
     pass
 
 
 class BudgetExceeded(HubError):
-    """A file cannot finish within the process time limit, and the client cannot resume it in the next run."""
+    """A file cannot finish within the process time limit, and a cut file restarts from zero here."""
+
+
+class TimeLimitTooShort(HubError):
+    """The process time limit leaves no time to transfer anything once its safety margin and the time this process
+    needs before its first transfer are taken off: every run would end having done nothing."""
 
 
 class StagingLocked(HubError):
@@ -81,7 +97,7 @@ class Plan:
     cached: tuple[RemoteFile, ...]  # complete in this snapshot already
     to_link: tuple[RemoteFile, ...]  # content already in the cache (another commit): a symlink, no transfer
     to_fetch: tuple[RemoteFile, ...]
-    bytes_to_fetch: int  # minus bytes of partial downloads the client will resume
+    bytes_to_fetch: int  # minus partial downloads only where the server was seen to continue one
     free_bytes: int
     reserve_bytes: int
 
@@ -120,24 +136,29 @@ class Progress:
 class Budget:
     """This process may be killed ``limit_s`` seconds after ``started`` (a ``time.monotonic()`` value).
 
-    Staging stops ``margin_s`` before that on its own, so the run ends with a report instead of a kill.
+    Staging stops ``margin_s`` before that on its own, so the run ends with a report instead of a kill. The default
+    margin (``auto_margin``) is a tenth of the limit, at least 5 s.
     """
 
     limit_s: float
     started: float
     margin_s: float = 5.0
+    auto_margin: bool = False
+
+    @staticmethod
+    def default_margin(limit_s: float) -> float:
+        return max(5.0, 0.1 * limit_s)
 
     @classmethod
     def from_now(cls, limit_s: float, margin_s: float | None = None) -> Budget:
-        return cls(limit_s, time.monotonic(), max(5.0, 0.1 * limit_s) if margin_s is None else margin_s)
+        auto = margin_s is None
+        return cls(limit_s, time.monotonic(), cls.default_margin(limit_s) if margin_s is None else margin_s, auto)
 
     @classmethod
     def since_process_start(cls, limit_s: float, margin_s: float | None = None) -> Budget:
         """Counted from when this process started (what a login node's killer counts), on Linux."""
         b = cls.from_now(limit_s, margin_s)
         try:
-            import os
-
             with open("/proc/self/stat") as fh:
                 ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
             with open("/proc/uptime") as fh:
@@ -145,7 +166,7 @@ class Budget:
             age = max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
         except (OSError, ValueError, IndexError):
             return b
-        return cls(limit_s, b.started - age, b.margin_s)
+        return cls(limit_s, b.started - age, b.margin_s, b.auto_margin)
 
     @property
     def usable_s(self) -> float:
@@ -155,8 +176,34 @@ class Budget:
     def left(self, now: float | None = None) -> float:
         return self.started + self.usable_s - (time.monotonic() if now is None else now)
 
-    def runs_for(self, seconds: float) -> int:
-        return max(1, math.ceil(seconds / self.usable_s)) if self.usable_s else 0
+    def spent(self, now: float | None = None) -> float:
+        return (time.monotonic() if now is None else now) - self.started
+
+    def runs_for(self, seconds: float, overhead_s: float = 0.0) -> int:
+        """Runs of this limit that ``seconds`` of transfer take, each losing ``overhead_s`` before its first byte."""
+        per_run = self.usable_s - overhead_s
+        return max(1, math.ceil(seconds / per_run)) if per_run > 0 else 0
+
+    def limit_for(self, seconds: float) -> int:
+        """The smallest whole limit that leaves ``seconds`` after the margin (the default margin grows with it)."""
+        if not self.auto_margin:
+            return math.ceil(seconds + self.margin_s)
+        return math.ceil(max(seconds + 5.0, seconds / 0.9))
+
+    def too_short(self, now: float | None = None) -> str | None:
+        """Why this limit leaves this process no time at all to transfer (``refusal``), or None."""
+        return self.refusal(MIN_TRANSFER_S, now) if self.left(now) <= 0 else None
+
+    def refusal(self, needed_s: float = MIN_TRANSFER_S, now: float | None = None) -> str:
+        """This limit is too short to transfer anything in a run; the smallest that leaves ``needed_s`` to transfer.
+
+        What this process spent so far (starting up, resolving) is counted: a rerun spends it again."""
+        spent = self.spent(now)
+        return (f"a process time limit of {self.limit_s:g}s leaves no time to transfer here: staging stops"
+                f" {self.margin_s:g}s before the limit (its safety margin), and this process needs {spent:.1f}s before"
+                f" its first transfer, so every run would stop having fetched nothing. Fix: the smallest limit that works"
+                f" here is {self.limit_for(spent + needed_s)}s (--time-limit, or cluster.staging.time_limit_s), or stage"
+                " in a job (cluster.staging.where=job).")
 
 
 @dataclass(frozen=True)

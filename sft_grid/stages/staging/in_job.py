@@ -16,16 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.hubcache import SHA_RE, record_failure
-from sft_grid.core.pins import Pin
-from sft_grid.stages import hub
-from sft_grid.stages.hub_types import HubError
+from sft_grid.core.hubcache import SHA_RE, Pin, record_failure
+from sft_grid.stages.staging.download import download
+from sft_grid.stages.staging.values import HubError
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def run(target: Path) -> str:
     failed = []
     for p in pins:
         try:
-            staged = hub.download(p["repo"], p["kind"], p["sha"], p["cache"],
+            staged = download(p["repo"], p["kind"], p["sha"], p["cache"],
                                   ref=None if SHA_RE.match(p["revision"]) else p["revision"])
             reason = None if staged.complete else staged.stopped or "stopped before it completed"
         except HubError as exc:

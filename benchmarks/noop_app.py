@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from sft_grid.planning.config import register
+from sft_grid.planning.resolvers import register
 
 register()
 

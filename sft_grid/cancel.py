@@ -1,63 +1,8 @@
-"""python -m sft_grid.cancel SWEEP [CELL ...] [--runs-root DIR]: stop a grid's queued and running cells.
+"""`python -m sft_grid.cancel`: the same as `sft-grid cancel` (sft_grid/cli/cmd_cancel.py)."""
 
-Without CELL names every in-flight cell of the grid is cancelled; a CELL is a cell name or a part of one
-(`tiny_llama` cancels every cell whose name contains it). Slurm jobs get one scancel; local jobs SIGTERM.
-Each cancelled cell records `cancelled` in its ledger, and a later run of the grid skips it unless
-rerun_failed=true.
-"""
-
-from __future__ import annotations
-
-import argparse
-import os
-import signal
 import sys
-from pathlib import Path
 
-
-def main(argv: list[str] | None = None) -> int:
-    from sft_grid.core import events
-    from sft_grid.core.events import Event, Kind
-    from sft_grid.core.layout import iter_cell_dirs
-    from sft_grid.core.state import slurm_ref
-    from sft_grid.grid.view import read_view
-    from sft_grid.schedulers import slurm
-
-    parser = argparse.ArgumentParser(prog="python -m sft_grid.cancel", description=__doc__.splitlines()[0])
-    parser.add_argument("sweep", help="the grid's sweep_name")
-    parser.add_argument("cells", nargs="*", help="cell names or parts of names (default: all)")
-    parser.add_argument("--runs-root", default=os.environ.get("SFT_GRID_RUNS", "runs"))
-    args = parser.parse_args(argv)
-    sweep_dir = Path(args.runs_root).expanduser().resolve() / args.sweep
-    every = list(iter_cell_dirs(sweep_dir))
-    dirs = [d for d in every if not args.cells or any(c in d.name for c in args.cells)]
-    if not dirs:
-        print(f"no cells under {sweep_dir}" if not every else
-              f"no cell under {sweep_dir} has {' or '.join(map(repr, args.cells))} in its name", file=sys.stderr)
-        return 1
-    view = read_view(dirs)
-    slurm_ids, cancelled = [], []
-    for cell_dir in dirs:
-        st = view.state(cell_dir)
-        if not st.state.in_flight:
-            continue
-        history = view.histories[cell_dir]
-        if slurm_ref(history) is not None and st.job_id:
-            slurm_ids.append(st.job_id)
-        else:
-            last = next(e for e in reversed(history) if e.pid)
-            try:
-                os.kill(int(last.pid or 0), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by python -m sft_grid.cancel", job_id=st.job_id))
-        cancelled.append(cell_dir.name)
-    slurm.cancel(slurm_ids)
-    for name in cancelled:
-        print(f"cancelled {name}")
-    print(f"{len(cancelled)} cell(s) cancelled" + ("" if cancelled else f" (none in flight under {sweep_dir})"))
-    return 0
-
+from sft_grid.cli.main import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["cancel", *sys.argv[1:]]))

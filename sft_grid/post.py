@@ -1,52 +1,8 @@
-"""python -m sft_grid.post CELL_DIR|GRID_DIR [--stage NAME ...]: run a cell's pending or failed post-training stages.
+"""`python -m sft_grid.post`: the same as `sft-grid post` (sft_grid/cli/cmd_post.py)."""
 
-The stages (consolidate, preprocessor_config, tokenizer, upload, register) normally run by themselves after
-training: locally in the cell's job, on Slurm in a post job that waits for the training. Run this from a login
-node where the compute nodes cannot reach the Hub (the upload waits for it), or to retry a failed stage:
-only the stages that have not completed run, and training never runs again.
-"""
-
-from __future__ import annotations
-
-import argparse
-import logging
 import sys
-from pathlib import Path
 
-
-def main(argv: list[str] | None = None) -> int:
-    from sft_grid.core.layout import OUTPUT_DIR, POST_FILE, iter_cell_dirs, output_complete
-    from sft_grid.stages.post import IN_JOB, LOGIN, STAGES, states
-    from sft_grid.stages.post_run import run
-
-    parser = argparse.ArgumentParser(prog="python -m sft_grid.post", description=__doc__.splitlines()[0])
-    parser.add_argument("target", help="a cell directory, or a grid's directory (<runs_root>/<sweep>)")
-    parser.add_argument("--stage", action="append", choices=STAGES, default=[],
-                        help="run only this stage (repeatable); the stages before it must be completed")
-    parser.add_argument("--where", choices=(LOGIN, IN_JOB), default=LOGIN, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.ERROR, format="%(message)s")  # each cell's outcome is printed below
-    target = Path(args.target).expanduser().resolve()
-    cells = [target] if (target / POST_FILE).is_file() else [
-        d for d in iter_cell_dirs(target) if (d / POST_FILE).is_file()]
-    if not cells:
-        print(f"no cell with post-training stages under {target}", file=sys.stderr)
-        return 1
-    failed = 0
-    for cell_dir in cells:
-        if not output_complete(cell_dir / OUTPUT_DIR):
-            print(f"{cell_dir.name}: training has not completed; nothing run", file=sys.stderr)
-            failed += 1
-            continue
-        run(cell_dir, args.where, args.stage)
-        st = states(cell_dir)
-        print(f"{cell_dir.name}: " + ", ".join(f"{n} {s.state}" for n, s in st.items()))
-        for n, s in st.items():
-            if s.state in ("failed", "waiting"):
-                print(f"  {n}: {s.reason}")
-        failed += any(s.state == "failed" for s in st.values())
-    return 1 if failed else 0
-
+from sft_grid.cli.main import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["post", *sys.argv[1:]]))

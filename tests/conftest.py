@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 from sft_grid.core.paths import CONF_DIR, REPO_ROOT
 from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.planning.compose import GridComposer
-from sft_grid.planning.config import register
+from sft_grid.planning.resolvers import register
 
 register()
 
@@ -166,7 +166,7 @@ def run_sft(*args: str, cwd: Path | None = None, check: bool = False, timeout: f
 
 @pytest.fixture(scope="session")
 def tiny_assets() -> Path:
-    from sft_grid.stages import assets
+    from sft_grid.stages import tiny_assets as assets
     from sft_grid.stages.venv_build import build
 
     build("llamafactory")

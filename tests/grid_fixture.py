@@ -87,8 +87,7 @@ def estimate(cell_dir: Path, params: float, tokens: float, steps: int, gpus: int
              gpu: str = "CPU", gpu_hours: float | None = None) -> dict[str, Any]:
     """estimate.json as the grid writes it when it queues a cell (grid/estimates.py): the estimate, and what
     it was made from (the calibration reads tokens, FLOPs, GPUs and size back)."""
-    from sft_grid.planning.estimate import CellPlan, Model, Source, estimate_cell
-    from sft_grid.planning.throughput import throughput
+    from sft_grid.planning.estimate import CellPlan, Model, Source, estimate_cell, throughput
 
     per_row = 50
     rows = tokens / per_row

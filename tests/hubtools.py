@@ -18,7 +18,6 @@ import pytest
 
 from tests.helpers import wait_for  # noqa: F401 (re-exported for the hub tests)
 
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.planning.venvs import VenvSpec
-from sft_grid.stages import assets
 from sft_grid.core.paths import REPO_ROOT, assets_dir
+from sft_grid.planning.environments import VenvSpec
+from sft_grid.stages import tiny_assets as assets
 
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>",

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from sft_grid import backends
-from sft_grid.grid import render
-from sft_grid.core.layout import LAUNCH_FILE
-from sft_grid.planning import resolvers
 from sft_grid.backends import axolotl
-from sft_grid.planning.venvs import VenvSpec
+from sft_grid.core.layout import LAUNCH_FILE
 from sft_grid.core.paths import CONF_DIR, IN_VENV_DIR
+from sft_grid.grid import render
 from sft_grid.in_venv import template_integrity
+from sft_grid.planning import resolvers
+from sft_grid.planning.environments import VenvSpec
 
 from .conftest import AXOLOTL_MIX, run_sft
 

@@ -13,7 +13,7 @@ import pytest
 
 from sft_grid.checks.preflight import preflight
 from sft_grid.core import schema
-from sft_grid.core.schema_fields import Range
+from sft_grid.core.schema import Range
 from sft_grid.planning.validate import validate
 
 from .conftest import run_sft

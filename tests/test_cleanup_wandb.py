@@ -14,8 +14,9 @@ from sft_grid.backends import wandb
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE
 from sft_grid.grid.render import render
-from sft_grid.stages import post, post_run
-from sft_grid.stages.post_run import StageFailed
+from sft_grid.stages import post_training as post
+from sft_grid.stages import post_training as post_run
+from sft_grid.stages.post_training import StageFailed
 
 HUB = ["push_to_hub=true", "hub_model_id=org/x"]
 

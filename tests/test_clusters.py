@@ -9,10 +9,10 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from sft_grid.planning import resolvers
-from sft_grid.planning.compose import GridComposer
 from sft_grid.core.paths import CONF_DIR
+from sft_grid.planning import resolvers
 from sft_grid.planning.cells import plan_cell
+from sft_grid.planning.compose import GridComposer
 from sft_grid.planning.validate import validate
 
 from .conftest import hydra_plain, run_sft

@@ -24,7 +24,7 @@ from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.state import CellState, State
 from sft_grid.core.templates import DELPHI_TOKENS, TEMPLATES
 from sft_grid.planning import inputs
-from sft_grid.planning.venvs import VenvSpec
+from sft_grid.planning.environments import VenvSpec
 from sft_grid.stages import prep
 from sft_grid.stages.venv_build import build
 
@@ -263,7 +263,7 @@ def test_preps_of_a_grid_are_one_array_its_cells_wait_for(make_cells):
     """One prep job for every model of the grid that needs one; the cells that wait for it are apart from those
     that do not, and they wait for it to end (afterany): each cell's first step checks its own model's prep."""
     from sft_grid.grid.decide import Action, Decision
-    from sft_grid.grid.submission import build as build_plan
+    from sft_grid.grid.jobs import build as build_plan
 
     cells = make_cells(["model=tiny_delphi", "cluster=slurm_local", "lr=1e-4"],
                        ["model=tiny_delphi", "cluster=slurm_local", "lr=2e-4"],

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sft_grid.planning.compose import GridComposer
 from sft_grid.core.paths import REPO_ROOT
+from sft_grid.planning.compose import GridComposer
 
 from .conftest import hydra_plain, run_sft
 

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from sft_grid.planning.estimate import (CellPlan, Model, Source, count_tokens, estimate_cell, mixed_rows,
-                                        training_flops)
-from sft_grid.planning.throughput import Measured, calibrate, leave_one_out, peak_flops, throughput
+from sft_grid.planning.estimate import (
+    CellPlan,
+    Measured,
+    Model,
+    Source,
+    calibrate,
+    count_tokens,
+    estimate_cell,
+    leave_one_out,
+    mixed_rows,
+    peak_flops,
+    throughput,
+    training_flops,
+)
 
 ONE_B = Model(params=1e9, n_layers=24, d_attn=2048)
 # capped at 1024: (100, 300, 1024), mean 474.67, mean of squares 382858.67; the other source: 200, 40000

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from sft_grid.cli.present import cost_lines
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.costs import cost_lines
-from sft_grid.grid import estimates
-from sft_grid.grid.calibration import calibrations, measured
+from sft_grid.grid import costs as estimates
+from sft_grid.grid.costs import calibrations, measured
 
 from . import grid_fixture as gf
 from .conftest import run_sft

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from sft_grid.cli.cmd_status import base_dirs, rows
 from sft_grid.core import events
 from sft_grid.core.events import Kind
 from sft_grid.core.layout import LEDGER_FILE, iter_cell_dirs
 from sft_grid.core.scores import BASE_DIR, read_scores
 from sft_grid.stages.evaluate import TRAINED_TEMPLATE
-from sft_grid.status import base_dirs, rows
 
 from .conftest import run_sft
 from .helpers import kinds, ledger

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from sft_grid.cli.cmd_status import rows
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.scores import BASE_DIR, EVAL_FILE, EvalFile, score_id, write_score
 from sft_grid.grid.decide import Action
 from sft_grid.planning.cells import identity_key, plan_cell, slug_for
-from sft_grid.planning.evals import cell_scores, merge_eval_axis, suites_of
+from sft_grid.planning.evaluation import cell_scores, merge_eval_axis, suites_of
 from sft_grid.planning.validate import validate
-from sft_grid.status import rows
 
 from . import fakeslurm
 from .conftest import hydra_plain, run_sft
@@ -233,7 +233,7 @@ def test_a_base_model_without_a_chat_template_is_scored_without_one(make_cells, 
     model = tmp_path / "plain-base"
     model.mkdir()
     (model / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
-    from sft_grid.planning.evals import base_targets
+    from sft_grid.planning.evaluation import base_targets
 
     (cell,) = make_cells([*TINY_LLAMA, "eval=tiny", f"model.path={model}"])
     (target,) = base_targets([cell])
@@ -247,7 +247,7 @@ def test_a_base_model_without_a_chat_template_is_scored_without_one(make_cells, 
 
 
 def test_what_offline_evaluation_jobs_read_is_named_for_staging(make_cells):
-    from sft_grid.planning.evals import eval_inputs
+    from sft_grid.planning.evaluation import eval_inputs
 
     tiny, qwen = make_cells([*TINY_LLAMA, "eval=tiny"], ["model=qwen3_8b", "eval=reasoning_small"])
     assert eval_inputs([tiny]).datasets == () and eval_inputs([tiny]).models == ()  # local tasks, a local model

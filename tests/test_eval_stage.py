@@ -22,11 +22,11 @@ import yaml
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.paths import CONF_DIR, IN_VENV_DIR
-from sft_grid.core.saved_template import effective_template, template_digest, template_matches
 from sft_grid.core.scores import EvalFile, ScoreSpec, read_scores, score_path
-from sft_grid.planning import eval_tasks
+from sft_grid.core.templates import effective_template, template_digest, template_matches
+from sft_grid.planning import evaluation as eval_tasks
 from sft_grid.stages import evaluate as stage
-from sft_grid.stages.eval_state import state_of
+from sft_grid.stages.evaluate import state_of
 
 EVALUATE = IN_VENV_DIR / "evaluate.py"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sft_grid.cli.present import normalise_ids
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LEDGER_FILE, SUBMITIT_DIR, iter_cell_dirs
@@ -24,7 +25,6 @@ from sft_grid.core.state import State
 from sft_grid.grid import flow
 from sft_grid.grid.decide import Action
 from sft_grid.planning.compose import GridComposer
-from sft_grid.present import normalise_ids
 
 from . import fakeslurm
 from .helpers import kinds, ledger
@@ -280,8 +280,8 @@ def test_status_shows_a_running_cell_in_its_data_step(fake, grid):
     not ended: status's progress column says so, and says nothing once the step ended."""
     import time
 
+    from sft_grid.cli.cmd_status import rows
     from sft_grid.core.layout import DATA_STEP_FILE
-    from sft_grid.status import rows
 
     grid(seeds=(1,))
     (cell,) = cells(grid.runs)

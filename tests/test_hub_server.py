@@ -82,8 +82,12 @@ def test_error_codes(hub):
 
 def test_client_sees_revisions_listing_and_typed_errors(hub, cache):
     from huggingface_hub import HfApi, hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     old = hub.store.commit("org/m", {"config.json": b"1", "sub/dir/w.safetensors": b"w" * 10})
     new = hub.store.commit("org/m", {"config.json": b"2"})

@@ -21,14 +21,38 @@ from pathlib import Path
 import pytest
 
 from sft_grid.core.hubcache import read_listing
-from sft_grid.stages.staging import (Budget, BudgetExceeded, GatedRepo, NotEnoughSpace, RepoNotFound, RevisionNotFound,
-                                     TokenRequired, TransferFailed, download, is_complete, last_rate, plan, resolve,
-                                     snapshot_path)
-from sft_grid.stages.staging import memory
+from sft_grid.stages.staging import (
+    Budget,
+    BudgetExceeded,
+    GatedRepo,
+    NotEnoughSpace,
+    RepoNotFound,
+    RevisionNotFound,
+    TokenRequired,
+    TransferFailed,
+    download,
+    is_complete,
+    last_rate,
+    memory,
+    plan,
+    resolve,
+    snapshot_path,
+)
 from sft_grid.stages.staging.client import client_version
 from tests.hubserver import spawn
-from tests.hubtools import (DATASET_NEEDED, MODEL_NEEDED, MiB, child_result, dataset_files, model_files,
-                            safetensors_header, stage_in_child, tiny_asset, venv_python, wait_for)
+from tests.hubtools import (
+    DATASET_NEEDED,
+    MODEL_NEEDED,
+    MiB,
+    child_result,
+    dataset_files,
+    model_files,
+    safetensors_header,
+    stage_in_child,
+    tiny_asset,
+    venv_python,
+    wait_for,
+)
 
 pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hub, cache, hf_env
 
@@ -354,7 +378,9 @@ def test_progress_reports_rate_and_eta(hub, cache):
     download("org/big", "model", "main", cache, endpoint=hub.url, on_progress=seen.append)
     mid = [p for p in seen if p.file == "model.safetensors" and p.rate_bps]
     assert mid, "no progress with a measured rate while the weights were coming"
-    assert all(2 * MiB < p.rate_bps < 12 * MiB and p.eta_s is not None for p in mid), [p.rate_bps for p in mid]
+    # the server sends at most 6 MiB/s: the rate measured is below that (with room for a burst), whatever the
+    # machine's speed, and every such line has a time left
+    assert all(0 < p.rate_bps < 12 * MiB and p.eta_s is not None for p in mid), [p.rate_bps for p in mid]
     assert all(a.done <= b.done for a, b in zip(seen, seen[1:], strict=False))
     assert seen[-1].done == seen[-1].total
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from sft_grid.checks import mask
-from sft_grid.checks.judge import judge, judge_row
+from sft_grid.checks.mask import judge, judge_row
 from sft_grid.checks.preflight import preflight
+from sft_grid.cli.present import DIM, GREEN, RESET
 from sft_grid.core.paths import REPO_ROOT
-from sft_grid.present import DIM, GREEN, RESET
 
 TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
         "system_tag": "system"}

@@ -17,7 +17,6 @@ import pytest
 
 from sft_grid.stages import notify as n
 
-
 TOKEN = "s3cretT0kenValue42"
 
 

@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 
-
 from .conftest import run_sft
 
 TOKEN = "T0kenInThePath9f3a"

@@ -1,4 +1,4 @@
-"""The post-training chain (sft_grid/stages/post.py, post_run.py): stages planned from the model's needs and the grid, each with its
+"""The post-training chain (sft_grid/stages/post_training.py, post_run.py): stages planned from the model's needs and the grid, each with its
 state in the cell's ledger; a rerun runs only what is pending or failed, never the training; the tokenizer
 check repairs what transformers 5 writes; the preprocessor copy; the upload's clear, retryable failure with
 the real huggingface_hub (the Hub cannot be reached here); consolidation of a real DeepSpeed ZeRO-3 checkpoint
@@ -23,10 +23,11 @@ from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE, iter_cell_dirs, output_complete
 from sft_grid.core.state import State
 from sft_grid.grid.render import render, write
-from sft_grid.planning import venvs
+from sft_grid.planning import environments as venvs
+from sft_grid.planning.environments import VenvSpec
 from sft_grid.planning.validate import validate
-from sft_grid.planning.venvs import VenvSpec
-from sft_grid.stages import post, post_run
+from sft_grid.stages import post_training as post
+from sft_grid.stages import post_training as post_run
 from sft_grid.stages.venv_build import build
 
 from .conftest import run_sft
@@ -70,7 +71,7 @@ def test_stages_follow_the_models_needs_and_the_grid(make_cells):
 
 
 def test_an_offline_site_uploads_from_its_post_partition_when_it_names_one(make_cells):
-    from sft_grid.grid.submission import post_request_for
+    from sft_grid.grid.jobs import post_request_for
 
     hub = ["model=tiny_llama", "cluster=slurm_local", "push_to_hub=true", "hub_model_id=org/x"]
     (plain,) = make_cells(hub)

@@ -99,8 +99,8 @@ def test_check_round_trips_through_preflight_json():
 def test_job_side_fetch_uses_the_backends_loaders(tiny_assets, tmp_path):
     """At job start an input not on disk is read with the backend's own loaders (here: local inputs given
     as if they were hub ids, since no hub is reachable from this machine)."""
-    from sft_grid.planning.venvs import VenvSpec
     from sft_grid.checks.preflight import fetch_and_run
+    from sft_grid.planning.environments import VenvSpec
 
     python = str(VenvSpec.load("llamafactory").path / "bin" / "python")
     data = tmp_path / "repo"

@@ -62,7 +62,7 @@ def test_the_sbatch_scripts_of_a_prep_train_post_plan_are_golden(make_cells, fix
 
     from sft_grid.core.state import CellState, State
     from sft_grid.grid.decide import Action, Decision
-    from sft_grid.grid.submission import build
+    from sft_grid.grid.jobs import build
     from sft_grid.schedulers import slurm
 
     monkeypatch.setenv("HOME", "/home/user")

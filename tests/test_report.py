@@ -140,4 +140,4 @@ def test_bad_input_writes_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "nope").exists()
     proc = subprocess.run([sys.executable, "-m", "sft_grid.report", "x", "--resamples", "-1"], capture_output=True,
                           text=True, cwd=REPO_ROOT)
-    assert proc.returncode == 2 and "--resamples must be >= 0" in proc.stderr
+    assert proc.returncode == 2 and "--resamples" in proc.stderr and "must be >= 0" in proc.stderr

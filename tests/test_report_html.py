@@ -8,7 +8,6 @@ import re
 from html.parser import HTMLParser
 from typing import Any
 
-
 from sft_grid.analysis.html import render
 from sft_grid.analysis.scaling import report_fits
 from sft_grid.analysis.svg import decimate

@@ -15,7 +15,7 @@ import pytest
 
 from sft_grid.analysis.report import write
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.grid.calibration import measured
+from sft_grid.grid.costs import measured
 from tests.report_cdp import click, errors, names, opened, plot_pixels, requests
 
 from .conftest import run_sft
@@ -50,8 +50,9 @@ def check_page(page: Path, profile: Path, data: dict, plots: int) -> None:
 
 
 def test_report_of_a_tiny_grid_trained_here(tmp_path: Path, tiny_assets: Path) -> None:
-    from sft_grid.core.paths import CONF_DIR
     import yaml
+
+    from sft_grid.core.paths import CONF_DIR
 
     for name, rel in MODELS.items():  # the sizes the estimates and the scaling plot use are the models' own
         stated = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text())["params_b"] * 1e9

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from sft_grid.planning import resolvers
 from sft_grid.backends import BACKENDS
 from sft_grid.core.paths import CONF_DIR, REPO_ROOT
+from sft_grid.planning import resolvers
 from sft_grid.planning.cells import plan_cell
 from sft_grid.planning.validate import validate
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from sft_grid.cli.cmd_status import rows
 from sft_grid.core.layout import checkpoints, iter_cell_dirs
 from sft_grid.core.state import CellState, State
 from sft_grid.schedulers import slurm
-from sft_grid.status import rows
 
 from .conftest import run_sft
 from .helpers import ledger as ledger_of

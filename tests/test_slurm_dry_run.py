@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from sft_grid.cli.present import normalise_ids
 from sft_grid.core.layout import LEDGER_FILE, SUBMITIT_DIR
-from sft_grid.present import normalise_ids
 
 from .conftest import run_sft
 from .helpers import ledger

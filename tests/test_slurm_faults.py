@@ -34,8 +34,8 @@ from sft_grid.core.state import CellState, SchedulerView, State, state_of
 from sft_grid.schedulers import slurm
 
 from .conftest import holding_cluster, run_sft
-from .helpers import ledger as ledger_of
 from .helpers import array_names, cancel_jobs_of, states_of, triaged_states, wait_for
+from .helpers import ledger as ledger_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sft_grid.core.submission import Role, SlurmJob, SlurmRequest
-from sft_grid.grid.submission import request_for
+from sft_grid.grid.jobs import request_for
 from sft_grid.schedulers import slurm
 
 

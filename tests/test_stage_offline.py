@@ -23,7 +23,7 @@ from sft_grid.core.hubcache import snapshot_path
 from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.core.state import State
-from sft_grid.stages.post import states
+from sft_grid.stages.post_training import states
 from tests.hubserver import spawn
 
 from .conftest import run_sft

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.core.layout import DATA_STEP_FILE
-from sft_grid.core.layout import iter_cell_dirs
+from sft_grid.core.layout import DATA_STEP_FILE, iter_cell_dirs
 from sft_grid.core.tokenized import MARKER
 
 from .conftest import run_sft

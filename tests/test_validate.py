@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sft_grid.grid.flow import plan_cells
 from sft_grid.core.problems import GridError
-from sft_grid.planning.messages import composition_problem
+from sft_grid.grid.flow import plan_cells
+from sft_grid.planning.compose import composition_problem
 from sft_grid.planning.validate import validate
 
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from sft_grid.planning import venvs
-from sft_grid.planning.venvs import VenvSpec, lock_path
+from sft_grid.planning import environments as venvs
+from sft_grid.planning.environments import VenvSpec, lock_path
 from sft_grid.stages import venv_build
 
 NAMES = ("llamafactory", "axolotl", "lm_eval")

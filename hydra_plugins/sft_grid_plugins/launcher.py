@@ -1,4 +1,4 @@
-"""A Hydra launcher that receives every cell of the grid at once and hands them to sft_grid.app."""
+"""A Hydra launcher that receives every cell of the grid at once and hands them to sft_grid.cli.app."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class SftGridLauncher(Launcher):
         self.hydra_context = hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from sft_grid.app import run_grid
+        from sft_grid.cli.app import run_grid
 
         assert self.config is not None and self.hydra_context is not None
         result = run_grid(self.config, [list(o) for o in job_overrides], self.hydra_context.config_loader)

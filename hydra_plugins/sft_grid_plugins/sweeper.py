@@ -23,7 +23,7 @@ class SftGridSweeper(BasicSweeper):
         empty = [o for o in overrides if o.is_sweep_override() and o.is_discrete_sweep()
                  and not list(o.sweep_string_iterator())]
         if empty:
-            from sft_grid.app import fail_empty_axes
+            from sft_grid.cli.app import fail_empty_axes
 
             fail_empty_axes([o.input_line for o in empty])
         return BasicSweeper.split_arguments(overrides, max_batch_size)

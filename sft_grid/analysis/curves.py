@@ -6,8 +6,17 @@ from __future__ import annotations
 from html import escape
 from typing import Any, Iterator
 
-from sft_grid.analysis.plots import (CURVE_POINTS, DASH, Layout, cell_state, legend, missing_note, pos,
-                                     state_colour, swatch)
+from sft_grid.analysis.plots import (
+    CURVE_POINTS,
+    DASH,
+    Layout,
+    cell_state,
+    legend,
+    missing_note,
+    pos,
+    state_colour,
+    swatch,
+)
 from sft_grid.analysis.svg import Axis, Plot, axis_for, decimate
 
 

@@ -24,8 +24,8 @@ from sft_grid.analysis.svg import decimate_index
 from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
 from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
 from sft_grid.core.paths import REPO_ROOT
-from sft_grid.grid.calibration import measured
-from sft_grid.planning.throughput import Measured, calibrate, leave_one_out
+from sft_grid.grid.costs import measured
+from sft_grid.planning.estimate import Measured, calibrate, leave_one_out
 
 REPORT_HTML, REPORT_JSON = "report.html", "report.json"
 

@@ -24,7 +24,7 @@ import yaml
 from sft_grid.analysis import scores as sc
 from sft_grid.core.layout import BASE_DIR, CELL_FILE, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE, iter_cell_dirs
 from sft_grid.core.overrides import overrides_of, swept_values
-from sft_grid.grid.calibration import read_estimate, used_seconds
+from sft_grid.grid.costs import read_estimate, used_seconds
 from sft_grid.grid.view import read_view
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

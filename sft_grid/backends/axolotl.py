@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from sft_grid.backends import common, zero
-from sft_grid.backends.axolotl_keys import attention, chat_template, finetuning, precision, reporting
 from sft_grid.backends.base import Backend, MaskSpec
 from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.problems import Problem
@@ -149,7 +148,7 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "tokenizer_save_jinja_files": False,
         "plugins": plugins(cell),
     })
-    # no hub_model_id: the upload is the cell's post-training stage (sft_grid/stages/post.py), never the trainer's
+    # no hub_model_id: the upload is the cell's post-training stage (sft_grid/stages/post_training.py), never the trainer's
     cfg.update(common.optional_keys(cell, cell_dir))
     cfg.update(s.extra)
     return cfg
@@ -276,3 +275,50 @@ def _resume_args(checkpoint: Path) -> list[str]:
 BACKEND = Backend(name=NAME, config_file=CONFIG_FILE, files=files, command=_command, problems=problems,
                   mask_spec=mask_spec, resume_args=_resume_args, variables=_variables, pre_commands=_pre_commands,
                   data_spec=data_spec, tokenize_job=tokenize_job)
+
+
+def chat_template(cell: Cell) -> dict[str, Any]:
+    """axolotl's template of the same name, or sft_grid's own jinja text inline (`chat_template: jinja`)."""
+    template = TEMPLATES[cell.spec.model.template]
+    if template.jinja:
+        return {"chat_template": "jinja", "chat_template_jinja": template.jinja_text(),
+                **({"eot_tokens": [template.eot]} if template.eot else {})}
+    return {"chat_template": template.axolotl}
+
+
+def attention(cell: Cell) -> str:
+    """sdpa on GPUs: torch's own kernels (flash and memory-efficient attention inside), no flash-attn build
+    to match each site's CUDA, and the only choice on aarch64 (GH200) where flash-attn wheels are missing;
+    eager on CPU clusters, where sdpa buys nothing for tiny models."""
+    if cell.spec.cluster.gpus_per_node == 0:
+        return "eager"
+    return "sdpa"
+
+
+def precision(cell: Cell) -> dict[str, Any]:
+    """bf16 weights on GPU sites. axolotl 0.19 has no `pure_bf16` key (an unknown key is silently dropped):
+    `bf16: true` loads the model in bfloat16 (torch_dtype), so there are no fp32 master weights (which would
+    OOM an 8B on 96 GiB). Elsewhere fp32, said explicitly: axolotl's bf16 `auto` falls back to fp16."""
+    if cell.spec.cluster.precision == "bf16":
+        return {"bf16": True, "bfloat16": True, "fp16": False, "tf32": True}
+    return {"bf16": False, "fp16": False, "tf32": False}
+
+
+def reporting(cell: Cell) -> dict[str, Any]:
+    """W&B: one run per cell, named after it, in a project named after the grid; the run id comes from
+    launch.sh (WANDB_RUN_ID), so a requeued job continues the same run."""
+    s = cell.spec
+    if s.report_to == "wandb":
+        return {"use_wandb": True, "wandb_project": s.sweep_name, "wandb_name": cell.name,
+                "wandb_mode": s.cluster.env.get("WANDB_MODE", "online")}
+    out: dict[str, Any] = {"use_wandb": False, "wandb_mode": "disabled"}
+    if s.report_to == "tensorboard":
+        out["use_tensorboard"] = True
+    return out
+
+
+def finetuning(cell: Cell) -> dict[str, Any]:
+    """LoRA as LLaMA-Factory's defaults have it (rank 8, alpha 16, every linear layer); full otherwise."""
+    if cell.spec.finetuning_type == "lora":
+        return {"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "lora_target_linear": True}
+    return {}

@@ -5,7 +5,7 @@ conf/model/, so their cells get ZeRO-3 without anyone remembering: render writes
 directory and the backend's config names it. The parameters are sharded at save time as well
 (`stage3_gather_16bit_weights_on_model_save: false`, as the team's 32B configs do: gathering 32B on one rank
 runs out of memory), so the trainer writes ZeRO shards (global_stepN/) and the cell's `consolidate` stage
-(sft_grid/stages/post.py) turns them into safetensors after training.
+(sft_grid/stages/post_training.py) turns them into safetensors after training.
 
 The batch keys are explicit rather than "auto": they come from the same cell values as the backend's own
 (micro batch, derived accumulation), and with explicit keys DeepSpeed on CPU/gloo does not trip over

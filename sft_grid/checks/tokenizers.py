@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from sft_grid.checks.inputs import locate
 from sft_grid.checks.mask import cache_dir
+from sft_grid.checks.readable import locate
+from sft_grid.core.hubcache import is_complete
 from sft_grid.core.templates import DELPHI_TOKENS
 from sft_grid.in_venv.delphi_tokens import PrepError, rename_tokens
-from sft_grid.core.hubcache import is_complete
 from sft_grid.planning.inputs import PREP_VERSION, pin_of, prep_for
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

@@ -1,28 +1,154 @@
-"""Typed schemas of the cell config, registered with Hydra's ConfigStore as ``base_config``.
-
-conf/config.yaml lists ``base_config`` first in its defaults, so every group option and every override is
-merged onto these dataclasses: an unknown key or a value of the wrong type fails at compose time. A key
-added with `+` gets past Hydra (that is what `+` is for), so the planner checks every composed key against
-these dataclasses too: only the mappings (`extra`, `vars`, `env`, ...) take keys of their own.
-
-Each numeric key carries its range and each key with a fixed set of values carries that set (taken from what
-the backends accept), in the field's metadata: one generic validation rule reads them, so no value a backend
-would refuse or misread at job time reaches a GPU node. The schemas describe *inputs*; values derived from
-them (gradient accumulation, identity, directories) are computed by the planner and never written back.
+"""How a schema field carries its rule (a range, a set of values), how its value nests, and the value sets
+the backends accept: what sft_grid/core/schema.py (the cell) and core/eval_schema.py (an evaluation suite) build
+their fields from; one generic validation rule (planning/schema_rules.py) reads them back.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from sft_grid.core.schema_fields import (CPU_ARCHS, EXECUTORS, FINETUNING, FORMATTINGS, GPU_DIRECTIVES, LAUNCHERS,
-                                         MIX_STRATEGIES, MODEL_NEEDS, PRECISIONS, REPORT_TO, SCHEDULERS, SEED_MAX,
-                                         STAGING_WHERE, Range, field_shapes, num, one_of)  # noqa: F401 (Range, field_shapes re-exported)
-from sft_grid.core.eval_schema import EvalConf, EvalResourcesConf, EvalTaskConf  # noqa: F401 (schema.EvalConf: messages)
 from sft_grid.core.templates import TEMPLATES, TOKENIZER_FAMILIES
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed numbers: lo <= x <= hi (open ends excluded); `none_ok`: null means "not set"."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def admits(self, x: float) -> bool:
+        if isinstance(x, float) and math.isnan(x):
+            return False
+        above = x > self.lo if self.lo_open else x >= self.lo
+        below = x < self.hi if self.hi_open else x <= self.hi
+        return above and below
+
+    def text(self) -> str:
+        def show(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+        lo = "" if self.lo == -math.inf else f"{'>' if self.lo_open else '>='} {show(self.lo)}"
+        hi = "" if self.hi == math.inf else f"{'<' if self.hi_open else '<='} {show(self.hi)}"
+        return " and ".join(p for p in (lo, hi) if p)
+
+
+def num(default: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
+        hi_open: bool = False) -> Any:
+    """A numeric key with its range."""
+    return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
+
+
+def one_of(default: Any, values: tuple[str, ...]) -> Any:
+    """A key with a fixed set of values (for a list: of its items)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"choices": values})
+    return field(default=default, metadata={"choices": values})
+
+
+@functools.cache
+def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
+    """(name, how its value nests: dataclass | mapping | plain, the dataclass it holds, the field) of each field
+    of a schema class; what building typed cells and checking unknown keys both walk."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if typing.get_origin(hint) is typing.Union:
+            inner = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = inner[0] if len(inner) == 1 else hint
+        args = typing.get_args(hint)
+        if dataclasses.is_dataclass(hint):
+            out.append((f.name, "dataclass", hint, f))
+        elif typing.get_origin(hint) in (dict, typing.Dict) and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+            out.append((f.name, "mapping", args[1], f))
+        else:
+            out.append((f.name, "plain", None, f))
+    return tuple(out)
+
+
+# what the backends accept, and what sft_grid renders for each
+EXECUTORS = ("local", "slurm")
+LAUNCHERS = ("torchrun", "accelerate")
+PRECISIONS = ("fp32", "bf16")
+CPU_ARCHS = ("x86_64", "aarch64")
+GPU_DIRECTIVES = ("gpus_per_node", "gres", "none")
+MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
+FINETUNING = ("full", "lora", "freeze")
+REPORT_TO = ("none", "wandb", "tensorboard")
+# transformers' SchedulerType values that both backends pass on and that need no extra arguments
+# (cosine_with_min_lr and warmup_stable_decay need scheduler kwargs; reduce_lr_on_plateau needs evaluation)
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "inverse_sqrt")
+# LLaMA-Factory's dataset formatting that carries conversations with per-dataset role tags (axolotl reads the
+# same rows through its chat_template strategy)
+FORMATTINGS = ("sharegpt",)
+MODEL_NEEDS = ("delphi_tokenizer_prep", "zero3", "zero3_offload", "consolidate", "preprocessor_config",
+               "transformers_ge_5_3")
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds are 32-bit
+# where a site's Hub transfers run: the machine running the grid (a login node), or a Slurm job
+STAGING_WHERE = ("login", "job")
+
+
+HARNESSES = ("lm_eval",)
+# hf: transformers (CPU or GPU); vllm: where the site's harness environment has vllm (cluster.backend_venvs.lm_eval)
+EVAL_ENGINES = ("hf", "vllm")
+EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class EvalTaskConf:
+    # the harness's task name; unset: this task's key in the suite (so one task can be listed twice, say 0- and 5-shot)
+    task: Optional[str] = None
+    num_fewshot: int = num(0, 0)
+    # score at most this many documents (a count >= 1) or this fraction of them (< 1); null: all
+    limit: Optional[float] = num(None, 0, lo_open=True)
+    # generation settings passed to the harness as they are (max_gen_toks, temperature, until, ...)
+    gen_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # format prompts with the chat template the cell trained with (train == serve is checked first)
+    apply_chat_template: bool = True
+    # few-shot examples as earlier turns of the chat (needs apply_chat_template)
+    fewshot_as_multiturn: bool = False
+    # hub datasets the task reads: staged with the grid's inputs, since evaluation jobs run offline
+    datasets: List[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalResourcesConf:
+    # null: the cluster's partition
+    partition: Optional[str] = None
+    time: str = "01:00:00"
+    # 0: the evaluation runs on the CPU
+    gpus: int = num(0, 0)
+    cpus: int = num(1, 1)
+    mem_gb: Optional[int] = num(None, 1)
+
+
+@dataclass
+class EvalConf:
+    name: str = "none"
+    harness: str = one_of("lm_eval", HARNESSES)
+    engine: str = one_of("hf", EVAL_ENGINES)
+    # a count, or "auto" (the harness finds the largest that fits)
+    batch_size: Any = 1
+    dtype: str = one_of("auto", EVAL_DTYPES)
+    seed: int = num(1234, 0, SEED_MAX)
+    # a directory of the team's own task YAMLs (lm-eval's --include_path); the project's tiny_* tasks need none
+    include_path: Optional[str] = None
+    # also score each cell's base model, once per grid, so the table shows what fine-tuning gained
+    base_models: bool = False
+    # task label -> its settings
+    tasks: Dict[str, EvalTaskConf] = field(default_factory=dict)
+    resources: EvalResourcesConf = field(default_factory=EvalResourcesConf)
 
 
 @dataclass

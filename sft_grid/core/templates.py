@@ -7,6 +7,8 @@ garbage (the users' guide calls this template x tokenizer mismatch "the #1 silen
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +80,64 @@ TOKENIZER_FAMILIES = {
 SUGGESTED = {"llama3": "llama3", "chatml": "qwen3"}
 # ... and per tokenizer family where it is more specific than its template family
 SUGGESTED_FOR_TOKENIZER = {"delphi": "delphi"}
+
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def _config_template(model_dir: Path) -> str | None:
+    """The default template inside tokenizer_config.json, or None (no file, no key, no default entry)."""
+    path = model_dir / TOKENIZER_CONFIG
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    if isinstance(value, list):
+        named = {entry.get("name"): entry.get("template") for entry in value if isinstance(entry, dict)}
+        value = named.get("default")
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _jinja_template(model_dir: Path) -> str | None:
+    path = model_dir / CHAT_TEMPLATE_FILE
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    return text if text.strip() else None
+
+
+def effective_template(model_dir: str | Path) -> str | None:
+    """The chat template a served model would use (chat_template.jinja first, then tokenizer_config.json), or None."""
+    model_dir = Path(model_dir)
+    jinja = _jinja_template(model_dir)
+    return jinja if jinja is not None else _config_template(model_dir)
+
+
+def template_digest(text: str) -> str:
+    """A stable identity of a template: sha256 hex of its text less one trailing newline (Jinja drops it)."""
+    return hashlib.sha256(text.removesuffix("\n").encode("utf-8")).hexdigest()
+
+
+def template_matches(model_dir: str | Path, trained_digest: str) -> tuple[bool, str]:
+    """Whether every template copy saved with the model is the trained one; the message says what differs and the fix."""
+    model_dir = Path(model_dir)
+    copies = {
+        model_dir / CHAT_TEMPLATE_FILE: _jinja_template(model_dir),
+        model_dir / TOKENIZER_CONFIG: _config_template(model_dir),
+    }
+    present = {path: text for path, text in copies.items() if text is not None}
+    if not present:
+        return False, (f"{model_dir} has no chat template (neither {CHAT_TEMPLATE_FILE} nor a `chat_template` in"
+                       f" {TOKENIZER_CONFIG}), but it was trained with one (digest {trained_digest[:12]}):"
+                       " an evaluation would format prompts unlike training. Fix: save the template the cell trained with"
+                       f" as {model_dir / CHAT_TEMPLATE_FILE} (or retrain the cell), or evaluate without"
+                       " apply_chat_template")
+    wrong = {path: template_digest(text) for path, text in present.items() if template_digest(text) != trained_digest}
+    if not wrong:
+        names = " and ".join(path.name for path in present)
+        return True, f"{model_dir}: {names} carry the trained chat template (digest {trained_digest[:12]})"
+    parts = [f"{path.name} has digest {digest[:12]}" for path, digest in wrong.items()]
+    return False, (f"{model_dir}: chat template differs from the one trained with (digest {trained_digest[:12]}): "
+                   + "; ".join(parts) + ". An evaluation would format prompts unlike training. Fix: write the template"
+                   " the cell trained with into " + " and ".join(str(path) for path in wrong)
+                   + " (or retrain the cell), then evaluate again")

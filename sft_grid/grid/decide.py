@@ -15,18 +15,22 @@ and no evaluation of it runs (`decide_base`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
+from typing import Sequence
 
 from sft_grid.core.events import Event
 from sft_grid.core.failures.cell import REQUEUE_NOTE, requeue_nodes
 from sft_grid.core.failures.policy import RemedyKind
-from sft_grid.core.state import CellState, SchedulerView, State
+from sft_grid.core.layout import SUBMITIT_DIR
+from sft_grid.core.state import CellState, SchedulerView, State, slurm_ref
 from sft_grid.core.submission import Recovery
 from sft_grid.planning.cells import Cell
-from sft_grid.planning.evals import BaseTarget, cell_scores
-from sft_grid.stages import eval_state, post
+from sft_grid.planning.evaluation import BaseTarget, cell_scores
+from sft_grid.schedulers import slurm
+from sft_grid.stages import evaluate as eval_state
+from sft_grid.stages import post_training as post
 
 
 class Action(str, Enum):
@@ -108,3 +112,21 @@ class BaseDecision:
 def decide_base(target: BaseTarget, history: Sequence[Event], view: SchedulerView | None) -> BaseDecision:
     todo = eval_state.todo(target.dir, target.scores, history, view)
     return BaseDecision(target, todo.needed, todo.note or "every score computed")
+
+
+def plan_recovery(cell_dir: Path, state: CellState, history: Sequence[Event]) -> tuple[Recovery, CellState]:
+    """What to do about a cell's job found by its array's name, and the cell's state once that is done."""
+    ref = slurm_ref(history)
+    assert ref is not None and state.job_id
+    folder = cell_dir.parent / SUBMITIT_DIR / ref.array
+    target = slurm.submission_file(folder, state.job_id)
+    adopted = replace(state, recovered=False)
+    if target.exists():
+        return Recovery(cell_dir, state.job_id, ref.array, "adopt"), adopted
+    if state.state.in_flight:
+        orphan = slurm.orphan_for(folder, cell_dir)
+        if orphan is not None:
+            return Recovery(cell_dir, state.job_id, ref.array, "restore", orphan, target), adopted
+        return Recovery(cell_dir, state.job_id, ref.array, "cancel"), CellState(State.PLANNED)
+    # the job ended without ever running the cell (its pickle never arrived): nothing to cancel
+    return Recovery(cell_dir, state.job_id, ref.array, "replan"), CellState(State.PLANNED)

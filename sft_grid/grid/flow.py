@@ -1,6 +1,6 @@
 """The grid flow, for every cell at once: plan -> validate -> check -> decide -> render -> submission plan -> schedule.
 
-Called by the command line (sft_grid/app.py) with the cells Hydra composed. Nothing is written or submitted
+Called by the command line (sft_grid/cli/app.py) with the cells Hydra composed. Nothing is written or submitted
 unless every cell passes every rule and check (GridError, with every problem). A cell that is completed or in
 flight is never submitted again; failed cells are listed and rerun on request. A dry run builds the same plan a
 real run executes, writes its cells' files and returns; nothing else changes. The flow prints nothing: it
@@ -25,19 +25,17 @@ from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
-from sft_grid.grid import estimates
-from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base
+from sft_grid.grid import costs as estimates
+from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base, plan_recovery
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
-from sft_grid.grid.recover import plan_recovery
+from sft_grid.grid.jobs import build
 from sft_grid.grid.render import render, render_base, write_all
-from sft_grid.grid.submission import build
 from sft_grid.grid.triage import settle
 from sft_grid.grid.view import read_view
 from sft_grid.planning.cells import Cell, plan_cell
-from sft_grid.planning.compose import Composed, CompositionError
-from sft_grid.planning.evals import base_targets, merge_eval_axis
+from sft_grid.planning.compose import Composed, CompositionError, composition_problem
+from sft_grid.planning.evaluation import base_targets, merge_eval_axis
 from sft_grid.planning.inputs import Prep, preps
-from sft_grid.planning.messages import composition_problem
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
 from sft_grid.stages import tokenize

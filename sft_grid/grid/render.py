@@ -26,9 +26,9 @@ from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE, POST_FILE, PREFLIGHT_FI
 from sft_grid.core.scores import EVAL_FILE
 from sft_grid.core.submission import CellFiles
 from sft_grid.planning.cells import Cell
-from sft_grid.planning.evals import BaseTarget, base_eval_file, cell_eval_file
-from sft_grid.planning.venvs import bin_dir
-from sft_grid.stages.post import post_file
+from sft_grid.planning.environments import bin_dir
+from sft_grid.planning.evaluation import BaseTarget, base_eval_file, cell_eval_file
+from sft_grid.stages.post_training import post_file
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 RUN_SWITCHES = ("dry_run", "force", "rerun_failed", "stage_only")

@@ -16,14 +16,19 @@ from pathlib import Path
 
 from sft_grid.core import events
 from sft_grid.core.events import Kind
-from sft_grid.core.failures.cell import failed_event, triage
+from sft_grid.core.failures.cell import cell_config, failed_event, rerun_argv, triage
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.sacct import SacctLeg, group_legs
-from sft_grid.core.layout import iter_cell_dirs
+from sft_grid.core.layout import LOCK_FILE, iter_cell_dirs
+from sft_grid.core.lock import Lock
 from sft_grid.core.state import State
-from sft_grid.grid.view import GridView
+from sft_grid.grid.decide import Action, decide
+from sft_grid.grid.execute import apply
+from sft_grid.grid.jobs import build
+from sft_grid.grid.view import GridView, read_view
+from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.schedulers import slurm
-from sft_grid.stages import notices
+from sft_grid.stages import notify as notices
 
 log = logging.getLogger(__name__)
 
@@ -82,3 +87,32 @@ def _notify(view: GridView, cell_dirs: Sequence[Path]) -> None:
                 notices.grid_ended(sweep_dir, states, view.histories)
         except OSError as exc:  # a marker or the ledger could not be written: the next reader sends it
             log.warning("notifications of %s deferred (%s)", sweep_dir.name, exc)
+
+
+def cell_from_dir(cell_dir: Path) -> Cell:
+    config = cell_config(cell_dir)
+    if not config:
+        raise FileNotFoundError(f"{cell_dir} holds no readable cell.yaml")
+    overrides = [a for a in rerun_argv(cell_dir)[3:] if a != "rerun_failed=true"]  # after `python -m sft_grid`
+    cell = plan_cell(overrides, config)
+    return dataclasses.replace(cell, slug=cell_dir.name.rsplit("-", 1)[0], runs_root=cell_dir.parent.parent)
+
+
+def requeue(cell_dir: Path) -> str:
+    """What was done, in one line."""
+    cell_dir = cell_dir.resolve()
+    cell = cell_from_dir(cell_dir)
+    with Lock(cell_dir.parent / LOCK_FILE):  # one invocation decides and submits for a sweep at a time
+        view = read_view([cell_dir])
+        d = decide(cell, cell_dir, view.state(cell_dir), view.histories[cell_dir], view.scheduler)
+        if d.action is not Action.RUN or not d.note:
+            return f"{cell_dir.name}: not requeued ({d.why or d.state.state.value})"
+        on_slurm = cell.spec.cluster.executor == "slurm"
+        plan = build([d], view.histories, view.scheduler,
+                     slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE)
+        if not on_slurm:
+            return f"{cell_dir.name}: a local cell runs again with the next invocation of the grid"
+        executed = apply(plan)
+    ids = [i for job_ids in executed.ids.values() for i in job_ids]
+    avoid = f", avoiding {','.join(d.exclude)}" if d.exclude else ""
+    return f"{cell_dir.name}: {d.why}: queued as job {ids[0] if ids else '?'}{avoid}"

@@ -13,7 +13,7 @@ from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.state import UNAVAILABLE, CellState, SchedulerView, post_job_id, slurm_ref, state_of
 from sft_grid.schedulers import slurm
-from sft_grid.stages.eval_state import eval_job_id
+from sft_grid.stages.evaluate import eval_job_id
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ conversation as the cell's tags read it (`messages`: [kind, content], kind user/
 function, or other for a role no tag matches; plus the raw role values), whether the backend dropped it
 (and the warnings it logged), and `segments`:
 [text, trained, markup] runs of consecutive tokens (markup: an added/special token of the tokenizer).
-Deciding whether that mask is right is the orchestrator's job (sft_grid/checks/judge.py), so the logic stays
+Deciding whether that mask is right is the orchestrator's job (sft_grid/checks/mask.py), so the logic stays
 pure and testable; this file only asks the backend.
 """
 

@@ -4,7 +4,7 @@
     python post_stage.py fetch <base model: dir or hub id> <file name> <dest dir>
     python post_stage.py upload <folder> <repo id> <commit message> [<ignore pattern> ...]
 
-sft_grid/stages/post_run.py runs these with the cell's backend python (DeepSpeed, huggingface_hub and transformers are
+sft_grid/stages/post_training.py runs these with the cell's backend python (DeepSpeed, huggingface_hub and transformers are
 installed there, never in the orchestrator). Each prints one JSON line: {"ok": true, ...} or
 {"ok": false, "error": "<exception type>: <message>"}, and exits 0 or 1, so the orchestrator can record a
 reason that names the cause instead of a traceback. Credentials come from the environment only

@@ -23,12 +23,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from axolotl.integrations.base import BasePlugin
-from transformers import TrainerCallback
-
 import cpu_resume
 import data_step
 import template_integrity
+from axolotl.integrations.base import BasePlugin
+from transformers import TrainerCallback
 
 # every axolotl process that loads these plugins (train and preprocess) records its data step (data_step.py)
 data_step.patch_axolotl()

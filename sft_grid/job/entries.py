@@ -8,8 +8,8 @@ from sft_grid.job.runner import evaluate_here, run_cell
 from sft_grid.stages import evaluate as evaluate_stage
 from sft_grid.stages import prep as prep_stage
 from sft_grid.stages import tokenize as tokenize_stage
-from sft_grid.stages.post import IN_JOB
-from sft_grid.stages.post_run import run as run_post
+from sft_grid.stages.post_training import IN_JOB
+from sft_grid.stages.post_training import run as run_post
 from sft_grid.stages.staging import in_job
 
 

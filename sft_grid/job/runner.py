@@ -43,12 +43,13 @@ from sft_grid.core.layout import (
     progress,
 )
 from sft_grid.core.provenance import packages_hash
-from sft_grid.core.saved_template import effective_template, template_digest
 from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
-from sft_grid.stages import evaluate, notices
-from sft_grid.stages.post import IN_JOB
-from sft_grid.stages.post_run import run as run_post
+from sft_grid.core.templates import effective_template, template_digest
+from sft_grid.stages import evaluate
+from sft_grid.stages import notify as notices
+from sft_grid.stages.post_training import IN_JOB
+from sft_grid.stages.post_training import run as run_post
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from sft_grid.core.hubcache import Pin
-from sft_grid.core.schema import CellConf
-from sft_grid.core.schema_fields import field_shapes
+from sft_grid.core.schema import CellConf, field_shapes
 from sft_grid.core.tokenized import TokenizedData
 
 # Top-level keys that describe where and how a cell runs, not what it trains.

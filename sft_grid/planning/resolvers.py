@@ -106,13 +106,20 @@ def by_size(size: float, *steps: Any) -> Any:
     return steps[-1]
 
 
-def register() -> None:
-    """Registers the resolvers; calling it again is harmless."""
-    OmegaConf.register_new_resolver(NAME, user_env, replace=True)
-    OmegaConf.register_new_resolver("by_size", by_size, replace=True)
 
 
 def variables(text: str) -> list[str]:
     """The variables a YAML text reads with ${user_env:...}, in order, each once (used by the tests)."""
     return list(dict.fromkeys(re.findall(r"\$\{user_env:\s*([A-Za-z_][A-Za-z0-9_]*)", text)))
 
+
+def register() -> None:
+    """`base_config` (the CellConf schema conf/config.yaml starts from) with Hydra, and ${user_env:...} and
+    ${by_size:...} with OmegaConf, once per process (calling it again is harmless)."""
+    from hydra.core.config_store import ConfigStore
+
+    from sft_grid.core.schema import CellConf
+
+    ConfigStore.instance().store(name="base_config", node=CellConf)
+    OmegaConf.register_new_resolver(NAME, user_env, replace=True)
+    OmegaConf.register_new_resolver("by_size", by_size, replace=True)

@@ -8,22 +8,27 @@ that need a tokenizer or data are in sft_grid/checks and report through the same
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Mapping
 
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
+from sft_grid.core.hubcache import repo_id_problem
 from sft_grid.core.problems import Problem
+from sft_grid.core.schema import CellConf, Range, field_shapes
 from sft_grid.core.secrets import carries_secret, redact_url
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
-from sft_grid.planning import schema_rules, venvs
+from sft_grid.planning import environments as venvs
 from sft_grid.planning.cells import Cell
-from sft_grid.planning.eval_rules import eval_suite
-from sft_grid.planning.evals import same_training
-from sft_grid.planning.hub_rules import hub_ids, hub_upload
+from sft_grid.planning.compose import did_you_mean
+from sft_grid.planning.evaluation import eval_suite, same_training
+from sft_grid.planning.inputs import hub_repos
 
 Rule = Callable[[Cell], Iterator[Problem]]
 
@@ -247,6 +252,145 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
                        f"export {n.webhook_env}=<the webhook URL> before running the grid")
 
 
+MISSING_TEXT = "???"
+# (key, value, rule, message, fix) of a section, before the cell's name is known
+Finding = tuple[str, Any, str, str, str]
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, tuple[str, Any, Range | None, tuple[str, ...] | None]]:
+    """name -> (how its value nests, the dataclass it holds, its range, its values)."""
+    return {name: (how, held, f.metadata.get("range"), f.metadata.get("choices"))
+            for name, how, held, f in field_shapes(cls)}
+
+
+# checked sections: (kind, class, id) -> (the section, its findings); an entry keeps the section alive
+_SEEN: dict[tuple[str, type, int], tuple[Any, list[Finding]]] = {}
+
+
+def _cached(kind: str, cls: type, obj: Any, compute: Any) -> list[Finding]:
+    key = (kind, cls, id(obj))
+    hit = _SEEN.get(key)
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    found = compute()
+    if len(_SEEN) > 8192:
+        _SEEN.clear()
+    _SEEN[key] = (obj, found)
+    return found
+
+
+def _prefixed(prefix: str, found: list[Finding]) -> Iterator[Finding]:
+    """Findings of a section, their keys under `prefix`. In their text, {where} is the section a key is in
+    (until the outermost section: then "the cell") and {key} the key's full path; both filled in at the top."""
+    for key, value, rule, message, fix in found:
+        full = f"{prefix}{key}"
+        if prefix:
+            yield full, value, rule, message, fix
+            continue
+        section = full.rsplit(".", 1)[0] if "." in full else "the cell"
+        yield (full, value, rule, message.replace("{where}", section).replace("{key}", full),
+               fix.replace("{where}", section).replace("{key}", full))
+
+
+def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
+    fields = _fields(cls)
+    found: list[Finding] = []
+    for key, value in data.items():
+        if key not in fields:
+            valid = sorted(fields)
+            found.append((key, value, "unknown-key",
+                          f"{{where}} has no key {key!r} ({cls.__name__}); nothing reads it, so it would change nothing"
+                          " (Hydra lets a key added with `+` through)",
+                          f"use a key of {{where}}{did_you_mean(key, valid)}: {', '.join(valid)}; backend keys sft_grid"
+                          " does not model go under extra, e.g. +extra.packing=true"))
+            continue
+        how, held, _, _ = fields[key]
+        if how == "dataclass" and isinstance(value, Mapping):
+            found += _prefixed(f"{key}.", _cached("keys", held, value, lambda v=value, h=held: _unknown(v, h)))
+        elif how == "mapping" and isinstance(value, Mapping):
+            for name, sub in value.items():
+                if isinstance(sub, Mapping):
+                    found += _prefixed(f"{key}.{name}.", _cached("keys", held, sub, lambda v=sub, h=held: _unknown(v, h)))
+    return found
+
+
+def unknown_keys(cell: str, data: Mapping[str, Any], cls: type = CellConf) -> list[Problem]:
+    """Keys of the composed config (plain data) that the schema does not have."""
+    return [Problem(cell, *f) for f in _prefixed("", _unknown(data, cls))]
+
+
+def _values(spec: Any) -> list[Finding]:
+    found: list[Finding] = []
+    for name, (how, held, rng, choices) in _fields(type(spec)).items():
+        value = getattr(spec, name)
+        if isinstance(value, str) and value == MISSING_TEXT:
+            found.append((name, None, "required", "has no value, and the cell needs one",
+                          "set {key} (in its conf/ file, or as an override {key}=...)"))
+            continue
+        if rng is not None and value is not None and not isinstance(value, bool) and isinstance(value, (int, float)):
+            if not rng.admits(value):
+                found.append((name, value, "range", f"must be {rng.text()}", f"set {{key}} to a value {rng.text()}"))
+        if choices is not None and value is not None:
+            for item in value if isinstance(value, list) else [value]:
+                if item not in choices:
+                    found.append((name, item, "choice", "not a value sft_grid and the backends support",
+                                  f"use one of {', '.join(choices)}{did_you_mean(str(item), choices)}"))
+        if how == "dataclass" and dataclasses.is_dataclass(value):
+            found += _prefixed(f"{name}.", _cached("values", held, value, lambda v=value: _values(v)))
+        elif how == "mapping" and isinstance(value, dict):
+            for key, sub in value.items():
+                if dataclasses.is_dataclass(sub):
+                    found += _prefixed(f"{name}.{key}.", _cached("values", held, sub, lambda v=sub: _values(v)))
+    return found
+
+
+def values(cell: str, spec: Any) -> list[Problem]:
+    """Every field with a range or a value set (its metadata) holds an allowed value; nothing required is unset."""
+    return [Problem(cell, *f) for f in _prefixed("", _values(spec))]
+
+
+PLACEHOLDERS = "{key}, {name}, {model} and {data}"
+
+
+def hub_ids(cell: Cell) -> Iterator[Problem]:
+    """Each Hub input of the cell (its model without a local path, each dataset whose source is not a path)."""
+    for key, repo in hub_repos(cell):
+        why = repo_id_problem(repo.repo_id)
+        if why:
+            what = "model" if repo.kind == "model" else "dataset source"
+            yield Problem(cell.name, key, repo.repo_id, "hub-repo-id", f"not a Hub repository id: {why}",
+                          f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
+                          " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""))
+
+
+def hub_upload(cell: Cell) -> Iterator[Problem]:
+    """The upload is a post-training stage (sft_grid/stages/post_training.py), so a site without internet on its compute
+    nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
+    s = cell.spec
+    if s.register_db and not s.push_to_hub:
+        yield Problem(cell.name, "register_db", True, "register-needs-upload",
+                      "database registration names the uploaded Hub repository, and this cell uploads nothing",
+                      "push_to_hub=true with a hub_model_id, or register_db=false")
+    if s.register_db and not s.register_command:
+        yield Problem(cell.name, "register_command", [], "register-command",
+                      "register_db=true but no command registers the model (sft_grid ships no database client)",
+                      "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false")
+    if not s.push_to_hub:
+        return
+    if not s.hub_model_id:
+        yield Problem(cell.name, "hub_model_id", s.hub_model_id, "hub-id", "push_to_hub=true needs a hub repository id",
+                      "set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false")
+        return
+    why = ("it has a placeholder sft_grid does not fill" if "{" in s.hub_model_id
+           else "an upload names its organisation or user: <org>/<name>" if "/" not in s.hub_model_id
+           else repo_id_problem(s.hub_model_id))
+    if why:
+        yield Problem(cell.name, "hub_model_id", s.hub_model_id, "hub-id",
+                      f"not a Hub repository id <org>/<name>: {why} (the placeholders are {PLACEHOLDERS})",
+                      "e.g. hub_model_id=laion/{model}-sft-{key}")
+
+
 RULES: tuple[Rule, ...] = (
     safe_names, inputs_named, hub_ids, staging_site,
     batch_divisible, mix_matches, wall_time, template_fits_tokenizer, resources, hub_upload, venv_meets_needs,
@@ -275,8 +419,8 @@ def validate(cells: Sequence[Cell], backend_rules: Callable[[Cell], Iterable[Pro
     given by the caller, which knows the backends), and the grid's (no two cells train the same model)."""
     problems: list[Problem] = []
     for cell in cells:
-        problems += schema_rules.unknown_keys(cell.name, cell.config)
-        problems += schema_rules.values(cell.name, cell.spec)
+        problems += unknown_keys(cell.name, cell.config)
+        problems += values(cell.name, cell.spec)
         # (the rules below leave a value the schema's rules refuse to them: one problem, one fix)
         problems += [p for rule in RULES for p in rule(cell)]
         problems += backend_rules(cell)

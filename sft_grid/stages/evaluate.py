@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,9 +26,10 @@ from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LOGS_DIR, checkpoints, tail_lines
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
-from sft_grid.core.saved_template import effective_template, template_digest, template_matches
 from sft_grid.core.scores import EvalFile, ScoreSpec, has_score, write_score
-from sft_grid.planning.eval_tasks import TINY_TASKS, tasks_digest, write_tiny_tasks
+from sft_grid.core.state import SchedulerView, alive
+from sft_grid.core.templates import effective_template, template_digest, template_matches
+from sft_grid.planning.evaluation import TINY_TASKS, tasks_digest, write_tiny_tasks
 
 log = logging.getLogger(__name__)
 
@@ -188,3 +190,83 @@ def run(target_dir: Path | str) -> bool:
         return False
     record(target_dir, "completed", details={**seconds, "scores": len(todo)})
     return True
+
+
+@dataclass(frozen=True)
+class EvalState:
+    planned: int
+    done: int
+    state: str  # "" (nothing to evaluate), done, pending, queued, running, failed
+    reason: str = ""
+    job_id: str = ""
+
+    def text(self) -> str:
+        """The `eval` column of status: what the scores are, in a few words."""
+        if not self.planned:
+            return ""
+        if self.state == "done":
+            return f"done ({self.done})"
+        job = f" in job {self.job_id}" if self.job_id else ""
+        return f"{self.state}{job} ({self.done}/{self.planned})"
+
+
+def eval_job_id(history: Sequence[Event]) -> str:
+    """The Slurm id of the target's latest evaluation job ("" when it has none)."""
+    queued = events.last(list(history), Kind.EVAL_JOB)
+    return queued.eval_job_id if queued is not None else ""
+
+
+def stage_event(history: Sequence[Event]) -> Event | None:
+    """The latest event about the whole stage (running, completed, failed), not about one score."""
+    return next((e for e in reversed(history) if e.kind is Kind.EVAL and not e.score_id), None)
+
+
+def state_of(target_dir: Path, history: Sequence[Event] | None = None, view: SchedulerView | None = None,
+             scores: Sequence[ScoreSpec] | None = None) -> EvalState:
+    """The evaluation's state; `scores`: those the grid asks for now (default: the target's eval.json)."""
+    history = events.read(target_dir) if history is None else history
+    if scores is None:
+        plan = EvalFile.load(target_dir)
+        scores = plan.scores if plan is not None else ()
+    done = sum(1 for s in scores if has_score(target_dir, s.score_id))
+    if done == len(scores):
+        return EvalState(len(scores), done, "done" if scores else "")
+    job_id = eval_job_id(history)
+    job = view.job(job_id) if view is not None and job_id else None
+    if job is not None and job.in_flight:
+        running = job.state in ("RUNNING", "COMPLETING")
+        return EvalState(len(scores), done, "running" if running else "queued", job_id=job_id)
+    last = stage_event(history)
+    if last is not None and last.state == "running":
+        if job is not None:
+            return EvalState(len(scores), done, "failed", f"evaluation job {job_id} ended {job.state} during the"
+                             " evaluation", job_id)
+        if alive(last) is False:
+            return EvalState(len(scores), done, "failed", f"its process {last.pid} on {last.host} ended during the"
+                             " evaluation")
+        if alive(last) is True:
+            return EvalState(len(scores), done, "running")
+    if last is not None and last.state == "failed":
+        return EvalState(len(scores), done, "failed", last.reason, job_id)
+    return EvalState(len(scores), done, "pending")
+
+
+@dataclass(frozen=True)
+class EvalTodo:
+    needed: bool  # an evaluation job must run
+    note: str  # for the skip message
+
+
+def todo(target_dir: Path, scores: Sequence[ScoreSpec], history: Sequence[Event],
+         view: SchedulerView | None) -> EvalTodo:
+    """Whether this invocation must evaluate the target: some score is missing and nothing evaluates it now."""
+    st = state_of(target_dir, history, view, scores)
+    if st.state in ("", "done"):
+        return EvalTodo(False, "")
+    if st.state == "queued" or (st.state == "running" and st.job_id):
+        return EvalTodo(False, f"evaluation waiting in Slurm (job {st.job_id})")
+    if st.state == "running":
+        return EvalTodo(False, "evaluation running")
+    missing = st.planned - st.done
+    again = " again" if st.state == "failed" else ""
+    return EvalTodo(True, f"evaluation to run{again}: {missing} score(s)")

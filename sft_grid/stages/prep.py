@@ -22,8 +22,8 @@ from sft_grid.core.layout import tail_lines
 from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.templates import DELPHI_TOKENS
 from sft_grid.planning.cells import Cell
+from sft_grid.planning.environments import bin_dir
 from sft_grid.planning.inputs import MARKER, MODEL_DIR, PREP_VERSION, Prep, prep_complete
-from sft_grid.planning.venvs import bin_dir
 from sft_grid.stages import once
 
 SCRIPT = "prep.sh"

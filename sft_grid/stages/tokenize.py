@@ -32,7 +32,7 @@ import yaml
 
 from sft_grid.backends import get as backend_of
 from sft_grid.backends.launch import command_line, data_step_line, script_head
-from sft_grid.checks.inputs import locate
+from sft_grid.checks.readable import locate
 from sft_grid.checks.tokenizers import TOKENIZER_FILES, check_tokenizer, tokenizer_digest
 from sft_grid.core import events
 from sft_grid.core.cellfiles import dump_json
@@ -41,8 +41,8 @@ from sft_grid.core.layout import tail_lines
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.core.tokenized import MARKER, TOKENIZED, TOKENIZER_DIR, TokenizedData, tokenized_complete
 from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.environments import bin_dir
 from sft_grid.planning.inputs import PREP_VERSION, hub_variables, model_source, prep_for, source_of
-from sft_grid.planning.venvs import bin_dir
 from sft_grid.stages import once
 
 SCRIPT = "tokenize.sh"

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from sft_grid.core.lock import Lock
-from sft_grid.planning.venvs import READY_MARKER, VenvSpec, is_ready, lock_path
+from sft_grid.planning.environments import READY_MARKER, VenvSpec, is_ready, lock_path
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.state import CellState
@@ -152,7 +152,7 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) 
 
 def eval_lines(result: Any) -> list[str]:
     """What the grid evaluates: each suite's cells and scores, and the base models (once per grid)."""
-    from sft_grid.planning.evals import cell_scores, suites_of
+    from sft_grid.planning.evaluation import cell_scores, suites_of
 
     suites: dict[str, list[int]] = {}
     for cell in result.cells:
@@ -191,7 +191,7 @@ def prep_lines(result: Any) -> list[str]:
 
 def post_lines(cells: Sequence[Any]) -> list[str]:
     """Which stages follow the training of how many cells, and where the upload runs."""
-    from sft_grid.stages.post import stages_for, upload_in_job
+    from sft_grid.stages.post_training import stages_for, upload_in_job
 
     groups: dict[tuple[str, ...], list[Any]] = {}
     for cell in cells:
@@ -261,3 +261,228 @@ def failure_lines(items: Sequence[tuple[str, CellState]], per_class: int = 3) ->
         if len(members) > per_class:
             lines.append(f"    ... and {len(members) - per_class} more: python -m sft_grid.status shows each")
     return lines
+
+
+def staging_lines(staging: Any, limit: int = 8) -> list[str]:
+    """What a grid stages: each Hub repository with its files and sizes (a count when there are many), where the
+    transfers run, and the free space of each filesystem against what must be fetched."""
+    if staging is None or not staging.items:
+        return []
+    from sft_grid.stages.staging.values import human
+
+    users = {cell for item in staging.items for cell, _ in item.users}
+    pending = staging.pending
+    if staging.unreachable:
+        unresolved = [i for i in staging.items if i.pin is None]
+        head = (f"staging: the Hub cannot be reached from here: {staging.unreachable.rstrip('.')}; "
+                + (f"{len(unresolved)} of {len(staging.items)} Hub repositories for {len(users)} cell(s) are not"
+                   " staged, sizes unknown" if unresolved else
+                   f"all {len(staging.items)} Hub repositories for {len(users)} cell(s) are taken as staged"))
+        return [head] + [f"  {i.text()}" for i in (unresolved or staging.items)[:limit]] + (
+            [f"  ... and {len(unresolved) - limit} more"] if len(unresolved) > limit else [])
+    needed = sum(i.bytes_needed for i in staging.items)
+    lines = [(f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
+              f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)")]
+    shown = pending if len(pending) <= limit else pending[:limit]
+    lines += [f"  {i.text()}" for i in (shown or staging.items[:limit])]
+    if len(pending) > limit:
+        lines.append(f"  ... and {len(pending) - limit} more to stage")
+    for s in staging.space:
+        lines.append(f"  {human(s.to_fetch)} to fetch into {s.cache}: {human(s.free)} free there"
+                     + (" (fits)" if s.fits else " (does NOT fit)"))
+    where = {i.here for i in pending}
+    if True in where:
+        lines.append("  transfers run here, before anything is queued (cluster.staging.where=login)")
+    if False in where:
+        lines.append("  transfers run in a staging job that the cells wait for (cluster.staging.where=job)")
+    return lines
+
+
+def pinned_lines(staging: Any) -> list[str]:
+    """A real run's word on its inputs: the Hub could not be asked (taken as staged), or how many are pinned."""
+    if staging is None or not staging.items:
+        return []
+    if staging.unreachable:
+        return staging_lines(staging)[:1]
+    done = [i for i in staging.items if i.complete]
+    return [(f"  {len(done)} of {len(staging.items)} Hub repositories staged and pinned (each cell's ledger records"
+             " the commits it trains on)")]
+
+
+def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
+    """What `python -m sft_grid.stage` (stage_only=true) did; nothing is rendered or queued either way."""
+    if dry_run:
+        return staging_lines(staging) + ["dry run: nothing staged"]
+    items = staging.items if staging else []
+    left = staging.pending if staging else []
+    lines = [f"{len(items) - len(left)} of {len(items)} Hub repositories of {cells} cell(s) staged; nothing rendered"
+             " or queued" + (f"; {len(left)} left for a staging job (cluster.staging.where=job), which the grid"
+                             " command queues" if left else "")]
+    return lines + [f"  {i.wanted.kind} {i.wanted.repo_id}@{i.pin.sha}: {i.pin.path}" for i in items
+                    if i.pin is not None and i.complete]
+
+
+class ProgressLine:
+    """A transfer's progress as one line: rewritten in place on a terminal, else printed every `every_s` seconds
+    and at the end of each file (a log stays readable)."""
+
+    def __init__(self, stream: Any, every_s: float = 5.0) -> None:
+        self.stream, self.every_s = stream, every_s
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.last = 0.0
+        self.repo = ""
+        self.open = False  # a line is drawn on the terminal and not ended yet
+
+    def __call__(self, p: Any) -> None:
+        import time
+
+        from sft_grid.stages.staging.values import human
+
+        now = time.monotonic()
+        edge = p.repo_id != self.repo or p.files_done == p.files_total  # a repository starts or is complete
+        if not self.tty and not edge and now - self.last < self.every_s:
+            return
+        self.last, self.repo = now, p.repo_id
+        pct = f" ({100 * p.done / p.total:.0f}%)" if p.total else ""
+        rate = f" at {human(p.rate_bps)}/s" if p.rate_bps else ""
+        eta = f", {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d} left" if p.eta_s is not None else ""
+        text = (f"  staging {p.repo_id}: {human(p.done)} / {human(p.total)}{pct}{rate}{eta}, file"
+                f" {p.files_done}/{p.files_total} {p.file}")
+        if self.tty:
+            self.stream.write("\r" + text[:160].ljust(160))
+            self.open = p.files_done != p.files_total
+            if not self.open:
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+    def end(self) -> None:
+        """End a line left open on the terminal, so that what is printed next starts on its own line."""
+        if self.open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = False
+
+
+def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
+    """Tokenize once: how many tokenized datasets the running cells share, and what tells them apart."""
+    if not tokenized:
+        return []
+    groups = Counter(t.dir for t in tokenized.values())
+    toks = {t.dir: t for t in tokenized.values()}
+    lines = [(f"  tokenize once: {len(groups)} tokenized dataset(s) for {len(tokenized)} cell(s), each built once"
+              " before its cells:")]
+    for directory, n in list(groups.items())[:limit]:
+        tok = toks[directory]
+        ident = tok.identity
+        tokenizer = ident["tokenizer"].get("digest") or f"{ident['tokenizer'].get('name')} (by name: not readable here)"
+        sources = "+".join(f"{s[0]}@{str(s[2])[:12]}" if s[1] == "hub" else s[0] for s in ident["sources"])
+        state = "built" if tok.data.complete else "to build"
+        seed = ident["data"].get("config", {}).get("seed")
+        lines.append(f"    {tok.backend} {tok.data.key}: {n} cell(s), tokenizer {tokenizer}, template"
+                     f" {ident['template']}, {sources}, mix {ident['mix'][0]}"
+                     + (f", seed {seed}" if seed is not None else "") + f", cutoff"
+                     f" {ident['cutoff_len']} ({state}: {relative(tok.dir)})")
+    if len(groups) > limit:
+        lines.append(f"    ... and {len(groups) - limit} more")
+    return lines
+
+
+COST_HEADERS = ("cell", "tokens", "steps", "FLOPs", "GPUs", "GPU-h", "wall", "disk")
+
+
+def count(v: float) -> str:
+    """12, 4.5k, 1.23M, 7.1B, 2.2T."""
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.3g}{suffix}"
+    return f"{v:.3g}"
+
+
+def size(b: float) -> str:
+    for div, suffix in ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if b >= div:
+            return f"{b / div:.3g} {suffix}"
+    return f"{b:.0f} B"
+
+
+def hours(h: float | None) -> str:
+    if h is None:
+        return "?"
+    return f"{h:.0f}" if h >= 100 else f"{h:.3g}"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    days, rest = divmod(s, 86400)
+    clock = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def cost_rows(names: Sequence[str], costs: Any) -> list[tuple[str, ...]]:
+    rows = []
+    for name in names:
+        e = costs.estimates.get(name)
+        if e is None:
+            bound = costs.disk_bounds.get(name)
+            rows.append((name, "?", "?", "?", "", "?", "?", "?" if bound is None else f"<= {size(bound)}"))
+            continue
+        gpus = costs.inputs[name]["gpus"]
+        rows.append((name, count(e.tokens.tokens), str(e.tokens.steps), f"{e.flops:.2g}", str(gpus),
+                     hours(e.gpu_hours), duration(e.wall_seconds),
+                     f"{size(e.disk_bytes)} ({e.checkpoints_kept} ckpt)"))
+    return rows
+
+
+def cost_lines(names: Sequence[str], to_run: Sequence[str], costs: Any) -> list[str]:
+    """The cost table of these cells, the totals (all, and those a real run would queue), the throughput's
+    source per cluster, cells without an estimate and why, and the disk against the free space."""
+    if costs is None:
+        return []
+    known = [costs.estimates[n] for n in names if n in costs.estimates]
+    lines = ["", "estimates (tokens: the backend's own tokenisation of each source's sample rows, scaled to its",
+             "rows and epochs; FLOPs: 6ND + attention; disk: the checkpoints kept and the final model):",
+             table(COST_HEADERS, cost_rows(names, costs))]
+
+    def totals(which: Sequence[str]) -> str:
+        es = [costs.estimates[n] for n in which if n in costs.estimates]
+        h = [e.gpu_hours for e in es if e.gpu_hours is not None]
+        return (f"{len(es)} of {len(which)} cell(s) estimated: {count(sum(e.tokens.tokens for e in es))} tokens, "
+                f"{sum(e.flops for e in es):.3g} FLOPs, {hours(sum(h)) if h else '?'} GPU-hours, "
+                f"disk {size(sum(e.disk_bytes for e in es))}")
+
+    lines.append(f"total of the grid, {totals(names)}")
+    if list(to_run) != list(names):
+        lines.append(f"to run now, {totals(to_run)}")
+    sources: dict[str, str] = {}
+    for e in known:
+        if e.throughput is not None:
+            sources.setdefault(e.throughput.source + ": " + e.throughput.detail, "")
+    lines += [f"  throughput ({s.split(': ', 1)[0]}): {s.split(': ', 1)[1]}" for s in sources]
+    if known and any(e.throughput is None for e in known):
+        lines.append("  no GPU-hours for cells whose cluster names no known gpu_type: set cluster.gpu_type (or"
+                     " cluster.gpu_peak_tflops)")
+    why = Counter(costs.unknown[n] for n in names if n in costs.unknown)
+    for reason, n in why.most_common(3):
+        lines.append(f"  no estimate for {n} cell(s): {reason}")
+    if len(why) > 3:
+        lines.append(f"  ... and {sum(why.values()) - sum(n for _, n in why.most_common(3))} more without one")
+    lines += disk_lines(to_run, costs)
+    return lines
+
+
+def disk_lines(to_run: Sequence[str], costs: Any) -> list[str]:
+    need = sum(costs.estimates[n].disk_bytes for n in to_run if n in costs.estimates)
+    bound = sum(costs.disk_bounds.get(n, 0.0) for n in to_run if n not in costs.estimates)
+    unbounded = sum(1 for n in to_run if n not in costs.estimates and n not in costs.disk_bounds)
+    what = size(need) if not bound else f"<= {size(need + bound)}"
+    what += f" (and {unbounded} cell(s) that keep every checkpoint, steps unknown)" if unbounded else ""
+    out = []
+    for root, free in costs.free_bytes.items():
+        verdict = "NOT ENOUGH: lower save_total_limit or free space" if need + bound > free else "enough"
+        out.append(f"  disk: the cells to run keep {what}; {size(free)} free under {root} ({verdict})")
+    return out

@@ -12,12 +12,36 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TextIO
 
+import hydra
+from omegaconf import DictConfig
+
+from sft_grid.cli.present import (
+    CHECK_HEADERS,
+    ProgressLine,
+    check_rows,
+    deferred_lines,
+    eval_lines,
+    example,
+    failure_lines,
+    passed_line,
+    pinned_lines,
+    plan_lines,
+    post_lines,
+    prep_lines,
+    progress_text,
+    relative,
+    staged_lines,
+    staging_lines,
+    table,
+    tokenize_lines,
+)
+from sft_grid.core.paths import CONF_DIR
 from sft_grid.core.problems import GridError, Problem
-from sft_grid.present import (CHECK_HEADERS, check_rows, deferred_lines, eval_lines, example, failure_lines,
-                              passed_line, plan_lines, post_lines, prep_lines, progress_text, relative, table)
-from sft_grid.present_inputs import ProgressLine, pinned_lines, staged_lines, staging_lines, tokenize_lines
+from sft_grid.planning.resolvers import register
+
+register()  # the cell schema and sft_grid's resolvers, before Hydra composes anything
 
 PREVIEW_DIR = ".dry_run"
 # the exit status of a run that staging had to stop before the site's process time limit: run it again
@@ -60,8 +84,7 @@ def run_single(cfg: Any) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    from sft_grid.planning.compose import Composed
-    from sft_grid.planning.messages import composition_problem
+    from sft_grid.planning.compose import Composed, composition_problem
 
     overrides = list(HydraConfig.get().overrides.task)
     with open_dict(cfg):
@@ -198,7 +221,7 @@ def _print_dry_run(result: Any) -> None:
 
 
 def _print_costs(result: Any) -> None:
-    from sft_grid.costs import cost_lines
+    from sft_grid.cli.present import cost_lines
     from sft_grid.grid.decide import Action
 
     names = [c.name for c in result.cells]
@@ -272,9 +295,60 @@ def _print_launch(result: Any) -> None:
 
 
 def _print_final(result: Any) -> None:
-    from sft_grid.status import HEADERS, rows
+    from sft_grid.cli.cmd_status import HEADERS, rows
 
     dirs = [d.dir for d in result.decisions]
     out()
     out(table(HEADERS, rows(dirs, [b.target.dir for b in result.bases])))
     out(f"outputs: <cell>/output/ under {relative(dirs[0].parent)}/")
+
+# -- the Hydra app -------------------------------------------------------------------------------------------------
+
+
+@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    # Without -m Hydra hands over one composed cell; with -m the sft_grid launcher gets all cells (run_grid).
+    run_single(cfg)
+
+
+class _KeyHints:
+    """Passes stderr through and remembers Hydra's errors, to add the valid keys or options after them
+    (Hydra composes the grid's base config itself and prints its own error before exiting)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.seen: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.seen.append(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
+
+
+def hydra_app() -> None:
+    """`python -m sft_grid`: the Hydra app, with a hint after Hydra's own errors (the valid keys, the closest)."""
+    hints = _KeyHints(sys.stderr)
+    sys.stderr = hints  # type: ignore[assignment]
+    try:
+        _hydra_main()
+    except SystemExit as exc:
+        sys.stderr = hints.stream
+        if exc.code:
+            from sft_grid.planning.compose import key_hint, malformed_override
+
+            seen = "".join(hints.seen)
+            hint = key_hint(seen) or malformed_override(sys.argv[1:])
+            if hint and hint not in seen:
+                print(f"hint: {hint}", file=sys.stderr)
+        raise
+    finally:
+        sys.stderr = hints.stream
+
+
+def main(argv: Sequence[str]) -> int:
+    """`sft-grid run ...`: the Hydra app (python -m sft_grid), with these arguments."""
+    sys.argv = ["sft-grid run", *argv]
+    hydra_app()
+    return 0

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from sft_grid.core.lock import Lock
 from sft_grid.core.paths import IN_VENV_DIR, assets_dir
-from sft_grid.planning.venvs import VenvSpec
+from sft_grid.planning.environments import VenvSpec
 from sft_grid.stages.venv_build import build as build_venv
 
 log = logging.getLogger(__name__)

@@ -17,16 +17,18 @@ import functools
 import hashlib
 import json
 import os
+import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from sft_grid.core.saved_template import effective_template
 from sft_grid.core.layout import OUTPUT_DIR
+from sft_grid.core.problems import Problem
 from sft_grid.core.scores import BASE_DIR, EvalFile, ScoreSpec, score_id
+from sft_grid.core.templates import effective_template
+from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning.cells import HASH_LEN, Cell, slugify
-from sft_grid.planning.eval_tasks import TINY_TASKS, content_digest
-from sft_grid.planning.venvs import VenvSpec, site_venvs
+from sft_grid.planning.environments import VenvSpec, is_ready, site_venvs
 
 # harness (conf/harness/<name>.yaml) -> its package on PyPI, which names its version in a score's identity
 HARNESS_PACKAGES = {"lm_eval": "lm-eval"}
@@ -234,3 +236,212 @@ def eval_inputs(cells: Sequence[Cell]) -> EvalInputs:
     datasets = [d for c in cells for s in suites_of(c) for t in s.tasks.values() for d in t.datasets]
     models = [t.source for t in base_targets(cells) if not t.cell.spec.model.path]
     return EvalInputs(tuple(dict.fromkeys(datasets)), tuple(dict.fromkeys(models)))
+
+
+def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
+    return Problem(cell.name, f"eval.{key}", value, rule, f"(suite {cell.spec.eval.name}) {message}", fix)
+
+
+def _batch_size(cell: Cell, value: Any) -> Iterator[Problem]:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return
+    yield _problem(cell, "batch_size", value, "eval-batch-size", "must be a count >= 1 or \"auto\"",
+                   "set eval.batch_size=8 (say), or eval.batch_size=auto")
+
+
+def _tasks(cell: Cell, suite: Any) -> Iterator[Problem]:
+    for label, task in suite.tasks.items():
+        name = task.task or label
+        if task.limit is not None and task.limit >= 1 and not float(task.limit).is_integer():
+            yield _problem(cell, f"tasks.{label}.limit", task.limit, "eval-limit",
+                           "a limit is a count of documents (a whole number >= 1) or a fraction of them (< 1)",
+                           f"set eval.tasks.{label}.limit={int(task.limit)}, or a fraction such as 0.5")
+        if task.fewshot_as_multiturn and not task.apply_chat_template:
+            yield _problem(cell, f"tasks.{label}.fewshot_as_multiturn", True, "eval-multiturn",
+                           "few-shot examples as chat turns need the chat template",
+                           f"set eval.tasks.{label}.apply_chat_template=true, or fewshot_as_multiturn=false")
+        if name.startswith("tiny_") and name not in TINY_TASKS:
+            yield _problem(cell, f"tasks.{label}.task" if task.task else "tasks", name, "eval-task",
+                           "not one of the project's tiny tasks", f"use one of {', '.join(TINY_TASKS)}")
+
+
+def _harness(cell: Cell, suite: Any) -> Iterator[Problem]:
+    venv, own = harness_venv(cell, suite)
+    cluster = cell.spec.cluster.name
+    if suite.engine == "vllm" and not own:
+        yield _problem(cell, "engine", "vllm", "eval-engine",
+                       f"the managed {suite.harness} environment has no vllm, and cluster {cluster!r} names no"
+                       f" {suite.harness} environment of its own",
+                       f"name the site's environment with vllm: cluster.backend_venvs.{suite.harness}=<venv dir>"
+                       f" (in conf/cluster/{cluster}.yaml), or eval.engine=hf")
+    if own and not harness_version(cell, suite):
+        yield _problem(cell, "harness", suite.harness, "eval-harness-version",
+                       f"cannot read which version of the harness {venv} has (no dist-info of it there); the version"
+                       " is part of every score's identity",
+                       f"install the harness in {venv}, or drop cluster.backend_venvs.{suite.harness}")
+    if not own and not cell.spec.dry_run and not is_ready(venv):
+        yield _problem(cell, "harness", suite.harness, "eval-venv",
+                       f"the {suite.harness} environment is not built ({venv})",
+                       f"build it once: python -m sft_grid.venv build {suite.harness}")
+    include = suite.include_path
+    if include and cell.spec.cluster.executor == "local" and not Path(include).expanduser().is_dir():
+        yield _problem(cell, "include_path", include, "eval-include-path", "is not a directory here",
+                       "point eval.include_path at a directory of lm-eval task YAMLs, or set it to null")
+
+
+def _resources(cell: Cell, suite: Any) -> Iterator[Problem]:
+    res, cluster = suite.resources, cell.spec.cluster
+    try:
+        too_long = parse_minutes(res.time) > parse_minutes(cluster.max_time)
+    except ValueError as exc:
+        yield _problem(cell, "resources.time", res.time, "time-format", str(exc),
+                       "write it as HH:MM:SS, e.g. eval.resources.time=01:00:00")
+        return
+    if too_long:
+        yield _problem(cell, "resources.time", res.time, "time-max",
+                       f"over cluster {cluster.name!r}'s maximum wall time {cluster.max_time}",
+                       f"ask for at most eval.resources.time={cluster.max_time}")
+    if res.gpus > cluster.gpus_per_node:
+        yield _problem(cell, "resources.gpus", res.gpus, "eval-gpus",
+                       f"cluster {cluster.name!r} has {cluster.gpus_per_node} GPU(s) per node",
+                       f"eval.resources.gpus={cluster.gpus_per_node} (0: the CPU), or a suite for this cluster"
+                       " (eval=tiny runs on the CPU)")
+
+
+def eval_suite(cell: Cell) -> Iterator[Problem]:
+    """The cell's own suite (validation runs before a grid's `eval` axis is merged: each suite is checked)."""
+    suite = cell.spec.eval
+    if not suite.tasks:
+        return
+    yield from _batch_size(cell, suite.batch_size)
+    yield from _tasks(cell, suite)
+    yield from _harness(cell, suite)
+    yield from _resources(cell, suite)
+
+
+TINY_TASKS = ("tiny_mc", "tiny_gen")
+TEST_ROWS = 40
+TRAIN_ROWS = 8
+# Past "The answer is 100." in the tiny tokenizers, with room to spare: the answers are short on purpose.
+GEN_MAX_TOKENS = 16
+_SEEDS = {"tiny_mc": 11, "tiny_gen": 12}
+
+
+def _question(rng: random.Random) -> tuple[str, int]:
+    """One question as the tiny datasets ask it (addition, or subtraction with a non-negative answer)."""
+    a, b = rng.randint(1, 50), rng.randint(1, 50)
+    if rng.random() < 0.5:
+        return f"What is {a} plus {b}?", a + b
+    a, b = max(a, b), min(a, b)
+    return f"What is {a} minus {b}?", a - b
+
+
+def _answer(value: int) -> str:
+    return f"The answer is {value}."
+
+
+def mc_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    """Multiple-choice rows: the right answer among three near misses, at a seeded position."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        question, value = _question(rng)
+        wrong = rng.sample([v for v in range(max(0, value - 6), value + 7) if v != value], 3)
+        choices = [_answer(v) for v in wrong]
+        label = rng.randrange(4)
+        choices.insert(label, _answer(value))
+        rows.append({"question": question, "choices": choices, "label": label})
+    return rows
+
+
+def gen_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    """Generation rows: the question and the number the answer must contain."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        question, value = _question(rng)
+        rows.append({"question": question, "answer": str(value)})
+    return rows
+
+
+def _task_config(name: str, data: dict[str, str]) -> dict[str, Any]:
+    """The lm-eval task YAML of one tiny task, its data files given as {split: path}."""
+    common = {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": data},
+        "test_split": "test",
+        "fewshot_split": "train",
+        "doc_to_text": "{{question}}",
+        "metadata": {"version": 1.0},
+    }
+    if name == "tiny_mc":
+        return {**common, "output_type": "multiple_choice", "doc_to_choice": "{{choices}}", "doc_to_target": "label",
+                "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
+    number = r"(-?[0-9]+)"
+    return {
+        **common,
+        "output_type": "generate_until",
+        "doc_to_target": "{{answer}}",
+        "generation_kwargs": {"until": ["\n"], "max_gen_toks": GEN_MAX_TOKENS, "do_sample": False},
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+        "filter_list": [
+            {"name": "strict-match", "filter": [
+                {"function": "regex", "regex_pattern": r"The answer is " + number + r"\."},
+                {"function": "take_first"}]},
+            {"name": "flexible-extract", "filter": [
+                {"function": "regex", "regex_pattern": number, "group_select": 0},
+                {"function": "take_first"}]},
+        ],
+    }
+
+
+def _rows(name: str) -> dict[str, list[dict[str, Any]]]:
+    make = mc_rows if name == "tiny_mc" else gen_rows
+    # One stream per task: the train rows come after the test rows, so few-shot examples are other questions.
+    rows = make(TEST_ROWS + TRAIN_ROWS, _SEEDS[name])
+    return {"test": rows[:TEST_ROWS], "train": rows[TEST_ROWS:]}
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+
+
+def _yaml(config: dict[str, Any]) -> str:
+    # JSON is YAML: the task file needs no YAML library here, and lm-eval's loader reads it as is.
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def content_digest(name: str) -> str:
+    """A digest of one task's rows and YAML with its data paths left out: the task's identity wherever it is built."""
+    splits = _rows(name)
+    config = _task_config(name, {split: f"<{split}>" for split in splits})
+    blob = json.dumps({"config": config, "rows": splits}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def write_tiny_tasks(dest: str | Path) -> dict[str, Path]:
+    """Write every tiny task (data + YAML) under ``dest``; return {task name: its YAML}. Idempotent."""
+    dest = Path(dest).resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for name in TINY_TASKS:
+        data = {}
+        for split, rows in _rows(name).items():
+            path = dest / f"{name}.{split}.jsonl"
+            _write(path, _jsonl(rows))
+            data[split] = str(path)
+        written[name] = dest / f"{name}.yaml"
+        _write(written[name], _yaml(_task_config(name, data)))
+    return written
+
+
+def tasks_digest() -> str:
+    """One digest of every tiny task: the name of the directory they are written to."""
+    return hashlib.sha256("".join(content_digest(n) for n in TINY_TASKS).encode()).hexdigest()[:12]

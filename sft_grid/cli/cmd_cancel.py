@@ -1,0 +1,62 @@
+"""sft-grid cancel GRID [CELL ...] [--runs-root DIR]: stop a grid's queued and running cells.
+
+Without CELL names every in-flight cell of the grid is cancelled; a CELL is a cell name or a part of one
+(`tiny_llama` cancels every cell whose name contains it). Slurm jobs get one scancel; local jobs SIGTERM.
+Each cancelled cell records `cancelled` in its ledger, and a later run of the grid skips it unless
+rerun_failed=true.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sft_grid.cli.options import add_grid
+
+    add_grid(parser)
+    parser.add_argument("cells", nargs="*", metavar="CELL", help="cell names or parts of names (default: every cell)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sft_grid.cli.options import grid_dir
+    from sft_grid.core import events
+    from sft_grid.core.events import Event, Kind
+    from sft_grid.core.layout import iter_cell_dirs
+    from sft_grid.core.state import slurm_ref
+    from sft_grid.grid.view import read_view
+    from sft_grid.schedulers import slurm
+
+    sweep_dir = grid_dir(args.grid, args.runs_root)
+    every = list(iter_cell_dirs(sweep_dir))
+    dirs = [d for d in every if not args.cells or any(c in d.name for c in args.cells)]
+    if not dirs:
+        print(f"no cells under {sweep_dir}" if not every else
+              f"no cell under {sweep_dir} has {' or '.join(map(repr, args.cells))} in its name", file=sys.stderr)
+        return 1
+    view = read_view(dirs)
+    slurm_ids, cancelled = [], []
+    for cell_dir in dirs:
+        st = view.state(cell_dir)
+        if not st.state.in_flight:
+            continue
+        history = view.histories[cell_dir]
+        if slurm_ref(history) is not None and st.job_id:
+            slurm_ids.append(st.job_id)
+        else:
+            last = next(e for e in reversed(history) if e.pid)
+            try:
+                os.kill(int(last.pid or 0), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by python -m sft_grid.cancel", job_id=st.job_id))
+        cancelled.append(cell_dir.name)
+    slurm.cancel(slurm_ids)
+    for name in cancelled:
+        print(f"cancelled {name}")
+    print(f"{len(cancelled)} cell(s) cancelled" + ("" if cancelled else f" (none in flight under {sweep_dir})"))
+    return 0
+

@@ -1,0 +1,48 @@
+"""sft-grid report GRID [--runs-root DIR]: the grid report, one self-contained HTML page and its data.
+
+Writes <runs root>/<grid>/report.html (opens in any browser with no network: styles, script and data inline;
+the plots are inline SVG) and report.json (every number the page shows). It holds the grid at a glance (cells
+by state, GPU-hours used and estimated, the sweep file and its git revision), a sortable table of the cells,
+the loss curves by step and by tokens seen, the scaling plots with a fit of L(N) = E + A N^-alpha per recipe and
+its 90% bootstrap band, and each completed cell's estimate beside what it took. It works on a partial grid:
+running, failed and planned cells are shown as such; run it again to refresh it. Read from the cells' files only
+(sft_grid/analysis/).
+
+    sft-grid report delphi_scaling             # runs/delphi_scaling/report.html (+ report.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _resamples(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sft_grid.cli.options import add_grid
+
+    add_grid(parser)
+    parser.add_argument("--resamples", type=_resamples, default=300, help="bootstrap resamples of each fit's band")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sft_grid.cli.options import grid_dir
+    from sft_grid.core.layout import iter_cell_dirs
+
+    sweep_dir = grid_dir(args.grid, args.runs_root)
+    if not any(True for _ in iter_cell_dirs(sweep_dir)):
+        print(f"no cells under {sweep_dir}: is {args.grid!r} the grid's sweep_name, and --runs-root its runs_root?"
+              " Nothing was written.", file=sys.stderr)
+        return 1
+    from sft_grid.analysis.report import write
+
+    html, data = write(sweep_dir, args.resamples)
+    print(f"{html}\n{data}")
+    return 0
+

@@ -1,0 +1,140 @@
+"""sft-grid results GRID [--runs-root DIR] [--format table|csv|json|markdown]: the grid's results table.
+
+One row per cell: its swept values, state, steps, final train loss, each evaluation metric with its standard
+error, GPU-hours used and estimated; then the base models' rows. A score that is not there says why: `failed`
+(its evaluation failed; the reason is in the JSON), `missing` (the cell completed, the score is not there),
+`pending` (the cell has not completed). Read from ledgers, trainer logs and score files only
+(sft_grid/analysis/table.py): no harness, no backend.
+
+    sft-grid results delphi_scaling
+    sft-grid results delphi_scaling --format csv > scores.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from typing import Any
+
+FORMATS = ("table", "csv", "json", "markdown")
+
+
+def _num(v: float | None, digits: int = 4) -> str:
+    return "" if v is None else f"{v:.{digits}g}"
+
+
+def _steps(row: Any) -> str:
+    if row.step is None:
+        return ""
+    return f"{row.step}/{row.total}" if row.total else str(row.step)
+
+
+def score_text(s: Any) -> str:
+    if s.status != "ok":
+        return s.status
+    if s.value is None:
+        return ""
+    return f"{s.value:.4g}" + (f" ± {s.stderr:.2g}" if s.stderr is not None else "")
+
+
+def headers(table: Any) -> list[str]:
+    return ["cell", *table.axes, "state", "steps", "final loss", *table.columns, "GPU-h", "est. GPU-h"]
+
+
+def text_rows(table: Any) -> list[list[str]]:
+    out = []
+    for r in [*table.rows, *table.bases]:
+        out.append([r.name, *(r.values.get(a, "") for a in table.axes), r.state, _steps(r), _num(r.final_loss),
+                    *(score_text(r.scores[c]) for c in table.columns), _num(r.gpu_hours, 3),
+                    _num(r.estimate_gpu_hours, 3)])
+    return out
+
+
+def as_json(table: Any) -> dict[str, Any]:
+    def row(r: Any) -> dict[str, Any]:
+        return {"name": r.name, "dir": str(r.dir), "base": r.base, "values": r.values, "state": r.state,
+                "reason": r.reason, "step": r.step, "total_steps": r.total, "final_loss": r.final_loss,
+                "latest_loss": r.latest_loss, "scores": {c: s.to_json() for c, s in r.scores.items()},
+                "wall_seconds": r.wall_seconds, "gpus": r.gpus, "gpu_hours": r.gpu_hours,
+                "estimate_gpu_hours": r.estimate_gpu_hours, "model": r.model, "params": r.params}
+
+    return {"grid": table.name, "dir": str(table.sweep_dir), "axes": table.axes, "columns": table.columns,
+            "cells": [row(r) for r in table.rows], "base_models": [row(r) for r in table.bases]}
+
+
+def as_csv(table: Any) -> str:
+    """One column per value and one per standard error; a score that is not there has its status as value."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["cell", *table.axes, "state", "step", "total_steps", "final_loss",
+                *(h for c in table.columns for h in (c, f"{c}_stderr")), "gpu_hours", "estimate_gpu_hours"])
+    for r in [*table.rows, *table.bases]:
+        scores = []
+        for c in table.columns:
+            s = r.scores[c]
+            scores += [s.value if s.status == "ok" else s.status, "" if s.stderr is None else s.stderr]
+        w.writerow([r.name, *(r.values.get(a, "") for a in table.axes), r.state, r.step, r.total, r.final_loss,
+                    *scores, r.gpu_hours, r.estimate_gpu_hours])
+    return buf.getvalue()
+
+
+def as_markdown(table: Any) -> str:
+    def cell(v: str) -> str:
+        return v.replace("|", "\\|")
+
+    heads = headers(table)
+    lines = ["| " + " | ".join(map(cell, heads)) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in text_rows(table)]
+    return "\n".join(lines) + "\n"
+
+
+def summary(table: Any) -> str:
+    counts: dict[str, int] = {}
+    for r in table.rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    used = sum(r.gpu_hours or 0 for r in table.rows)
+    est = [r.estimate_gpu_hours for r in table.rows if r.estimate_gpu_hours is not None]
+    marks = {s: sum(1 for r in table.rows for c in table.columns if r.scores[c].status == s)
+             for s in ("failed", "missing")}
+    text = (f"{len(table.rows)} cell(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+            + f"; {len(table.bases)} base model(s); {used:.3g} GPU-hours used")
+    text += f", {sum(est):.3g} estimated for {len(est)} cell(s)" if est else ""
+    text += "".join(f"; {n} score(s) {s}" for s, n in marks.items() if n)
+    return text
+
+
+def render(table: Any, fmt: str) -> str:
+    from sft_grid.cli.present import table as text_table
+
+    if fmt == "json":
+        return json.dumps(as_json(table), indent=1) + "\n"
+    if fmt == "csv":
+        return as_csv(table)
+    if fmt == "markdown":
+        return as_markdown(table)
+    return text_table(headers(table), text_rows(table)) + "\n\n" + summary(table) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sft_grid.cli.options import add_format, add_grid
+
+    add_grid(parser)
+    add_format(parser, FORMATS)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sft_grid.analysis.table import read_table
+    from sft_grid.cli.options import grid_dir
+    from sft_grid.core.layout import iter_cell_dirs
+
+    sweep_dir = grid_dir(args.grid, args.runs_root)
+    if not any(True for _ in iter_cell_dirs(sweep_dir)):
+        print(f"no cells under {sweep_dir}: is {args.grid!r} the grid's sweep_name, and --runs-root its runs_root?",
+              file=sys.stderr)
+        return 1
+    sys.stdout.write(render(read_table(sweep_dir), args.format))
+    return 0
+

@@ -1,0 +1,68 @@
+"""sft-grid stage: stage Hub models and datasets into the site's Hugging Face cache ahead of time.
+
+    sft-grid stage -m +sweep=delphi_scaling           # every Hub input of a grid (the grid's overrides)
+    sft-grid stage --repo org/model [--dataset] [--revision REV] [--cache DIR]   # one repository
+
+The grid command stages its inputs by itself before anything is queued; this does only that, so a login node
+that kills long processes can be given repeated short runs (each continues where the last stopped; a finished
+file is never fetched again), or a whole grid's inputs can be staged the day before. With a grid's overrides it
+stages exactly what `python -m sft_grid` with the same overrides would stage here, into the cluster's `hf_cache`,
+and renders and queues nothing; inputs whose cluster stages them in a job (`staging.where: job`) are only pinned
+(the grid command queues their staging job). Exit status: 0 staged, 1 a problem (named, with its fix: a missing
+repository or revision, a failing server, a time limit too short to transfer anything), 3 stopped before the
+site's process time limit (run it again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _one(argv: list[str]) -> int:
+    from sft_grid.cli.present import ProgressLine
+    from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download, human
+
+    parser = argparse.ArgumentParser(prog="sft-grid stage", description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", required=True, help="the hub id, org/name")
+    parser.add_argument("--dataset", action="store_true", help="a dataset repository (default: a model)")
+    parser.add_argument("--revision", default="main", help="a branch, tag or commit sha (default: main)")
+    parser.add_argument("--cache", help="the Hugging Face hub cache (default: HF_HUB_CACHE or HF_HOME/hub)")
+    parser.add_argument("--time-limit", type=float, help="seconds this process may run here (a login node's"
+                        " limit): it stops cleanly before, and a rerun continues")
+    args = parser.parse_args(argv)
+    budget = Budget.since_process_start(args.time_limit) if args.time_limit else None
+    kind = "dataset" if args.dataset else "model"
+    progress = ProgressLine(sys.stderr)
+    try:
+        staged = download(args.repo, kind, args.revision, args.cache, budget=budget,  # type: ignore[arg-type]
+                          on_progress=progress)
+    except TimeLimitTooShort as exc:
+        progress.end()
+        print(f"staging refused: {exc}", file=sys.stderr)
+        return 1
+    except HubError as exc:
+        progress.end()
+        print(f"staging {kind} {args.repo} failed: {exc}", file=sys.stderr)
+        return 1
+    progress.end()
+    if not staged.complete:
+        print(f"staging stopped: {staged.stopped}", file=sys.stderr)
+        return 3
+    print(f"{kind} {args.repo}@{staged.sha}: {staged.path} ({len(staged.fetched)} file(s),"
+          f" {human(staged.fetched_bytes)} fetched{', already staged' if staged.offline else ''})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a.startswith("--repo") for a in argv):
+        return _one(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    # the grid command itself, in this process (exec: a login node's process clock keeps counting from our start)
+    import os
+
+    os.execv(sys.executable, [sys.executable, "-m", "sft_grid", *argv, "stage_only=true"])
+    return 1  # not reached

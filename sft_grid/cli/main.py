@@ -1,0 +1,114 @@
+"""`sft-grid`: one console script, a subcommand per command.
+
+    sft-grid run -m model=tiny_llama,tiny_qwen3 lr=2e-5     # run a grid (the Hydra app: python -m sft_grid)
+    sft-grid status GRID [--watch]                          # every cell's state, job, progress, post, eval
+    sft-grid --help                                          # every command, one line each
+
+Each command lives in sft_grid/cli/cmd_<name>.py and gives `add_arguments(parser)` and `run(args) -> exit status`
+(or `main(argv)` where it takes another program's arguments as they are: `run`, `stage` with a grid's overrides).
+Only the command that runs is imported: `sft-grid --help` lists them all from the table below, so it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+# name -> (module, what it does in one line); the order is the help's
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("sft_grid.cli.app", "run a grid: Hydra's overrides, -m for a grid (as python -m sft_grid)"),
+    "status": ("sft_grid.cli.cmd_status", "each cell's state, job, progress, post, eval and failure class"),
+    "cancel": ("sft_grid.cli.cmd_cancel", "stop a grid's queued and running cells, or some of them"),
+    "results": ("sft_grid.cli.cmd_results", "the grid's cells x values and scores: table, csv, json, markdown"),
+    "report": ("sft_grid.cli.cmd_report", "the grid report: one self-contained HTML page and its data"),
+    "show": ("sft_grid.cli.cmd_show", "what a cell trains on, token by token, as its backend renders it"),
+    "stage": ("sft_grid.cli.cmd_stage", "stage a grid's Hub models and datasets ahead of time"),
+    "post": ("sft_grid.cli.cmd_post", "run a cell's pending or failed post-training stages (the upload)"),
+    "venv": ("sft_grid.cli.cmd_venv", "build, lock or locate the backends' virtual environments"),
+    "assets": ("sft_grid.cli.cmd_assets", "build or locate the tiny local models and datasets"),
+    "completion": ("sft_grid.cli.main", "bash completion: eval \"$(sft-grid completion bash)\""),
+}
+# run by jobs, not people: not in the help
+INTERNAL: dict[str, tuple[str, str]] = {
+    "requeue": ("sft_grid.cli.cmd_requeue", "submit a cell again when its failure's policy requeues it"),
+}
+DESCRIPTION = "sft_grid: declarative grids of supervised fine-tuning experiments, on Slurm or on this machine."
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.HelpFormatter(prog, max_help_position=16, width=100)  # a command and its line on one line
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module({**COMMANDS, **INTERNAL}[name][0])
+
+
+def _parser(chosen: str | None) -> argparse.ArgumentParser:
+    from sft_grid import __version__
+
+    parser = argparse.ArgumentParser(prog="sft-grid", description=DESCRIPTION, formatter_class=_formatter,
+                                     epilog="`sft-grid COMMAND --help` says more; python -m sft_grid.COMMAND is the same.")
+    parser.add_argument("--version", action="version", version=f"sft_grid {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, (_, line) in [*COMMANDS.items(), *INTERNAL.items()]:
+        p = sub.add_parser(name, help=line if name in COMMANDS else argparse.SUPPRESS, description=line,
+                           formatter_class=_formatter)
+        if name == chosen:
+            module = _module(name)
+            module.add_arguments(p)
+            p.set_defaults(run=module.run)
+    # the internal command's choice is hidden from the list argparse prints
+    sub._choices_actions = [a for a in sub._choices_actions if a.help != argparse.SUPPRESS]
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    chosen = args[0] if args and args[0] in {**COMMANDS, **INTERNAL} else None
+    if chosen is not None and chosen != "completion" and hasattr(_module(chosen), "main"):
+        return int(_module(chosen).main(args[1:]) or 0)  # a command that reads its arguments as they are
+    parser = _parser(chosen)
+    parsed = parser.parse_args(args)
+    if parsed.command is None:
+        parser.print_help()
+        return 2
+    return int(parsed.run(parsed) or 0)
+
+
+# -- completion ---------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shell", choices=["bash"], help="the shell (bash; zsh reads it with bashcompinit)")
+
+
+def run(args: argparse.Namespace) -> int:
+    print(completion_script())
+    return 0
+
+
+def completion_script() -> str:
+    """bash completion of the commands and each command's options, read from the parsers themselves."""
+    lines = ["# sft-grid's bash completion: eval \"$(sft-grid completion bash)\"", "_sft_grid() {",
+             '    local cur=${COMP_WORDS[COMP_CWORD]} opts=""',
+             "    if [ \"$COMP_CWORD\" -eq 1 ]; then opts=\"" + " ".join(COMMANDS) + " --help --version\"; else",
+             "    case ${COMP_WORDS[1]} in"]
+    for name in COMMANDS:
+        module = _module(name)
+        if not hasattr(module, "add_arguments"):
+            continue
+        p = argparse.ArgumentParser()
+        module.add_arguments(p)
+        options = sorted({s for a in p._actions for s in a.option_strings})
+        choices = sorted({str(c) for a in p._actions if not a.option_strings and a.choices for c in a.choices})
+        lines.append(f"        {name}) opts=\"{' '.join(options + choices)}\";;")
+    lines += ["    esac; fi", '    COMPREPLY=($(compgen -W "$opts" -- "$cur"))', "}",
+              "complete -o default -F _sft_grid sft-grid"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

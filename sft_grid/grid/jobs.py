@@ -1,0 +1,430 @@
+"""The submission plan of a grid invocation, from its decisions (pure): every job, its name, size, throttle and
+dependencies, before anything runs (see core/submission.py for why).
+
+On Slurm: the jobs before training (grid/before.py: the staging job where the site stages on a transfer partition,
+one array of the model preps not done, one array of the tokenizations not built, in a chain); the
+cells to train as job arrays, one per (sbatch request, sweep directory, prep job they wait for), split at
+MaxArraySize and throttled by the grid's concurrency; for each training array a post-training array whose tasks
+each wait for their training task (aftercorr; afterok for a single job), and an evaluation array whose tasks each
+wait for their post task (grid/eval_jobs.py); one post array for completed cells whose stages are pending, and an
+evaluation array for completed cells with missing scores; one evaluation array of the grid's base models.
+Locally: the preps and tokenizations, then the cells in order (each evaluated in its own job), then completed
+cells' pending stages and evaluations, then the base models' evaluations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.layout import SUBMITIT_DIR
+from sft_grid.core.state import SchedulerView
+from sft_grid.core.submission import (
+    JOB_PREFIX,
+    CellFiles,
+    Dependency,
+    LocalJob,
+    PrepWait,
+    Role,
+    SlurmJob,
+    SlurmRequest,
+    SubmissionPlan,
+)
+from sft_grid.core.timefmt import parse_minutes
+from sft_grid.grid import jobs as before
+from sft_grid.grid.decide import Action, BaseDecision, Decision
+from sft_grid.planning.evaluation import suites_of
+from sft_grid.planning.inputs import Prep, prep_for
+from sft_grid.stages import prep as prep_stage
+from sft_grid.stages import tokenize as tokenize_stage
+from sft_grid.stages.post_training import stages_for
+from sft_grid.stages.staging.in_job import STAGE_FILE, StageWork
+from sft_grid.stages.tokenize import Tokenization
+
+
+def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
+          max_array_size: int, writes: Sequence[CellFiles] = (), bases: Sequence[BaseDecision] = (),
+          staging: StageWork | None = None, tokenized: Mapping[Path, Tokenization] | None = None) -> SubmissionPlan:
+    """The plan of these decisions; `writes`: the cell files to write (rendered by the flow); `bases`: the base
+    models' evaluations; `staging`: the staging job the site needs for these cells' inputs; `tokenized`: cell dir
+    -> the tokenized dataset it shares."""
+    to_run = [d for d in decisions if d.action is Action.RUN]
+    post_only = [d for d in decisions if d.action is Action.POST]
+    local = [d for d in to_run + post_only if d.cell.spec.cluster.executor == "local"]
+    on_slurm = [d for d in to_run + post_only if d.cell.spec.cluster.executor != "local"]
+    preps = {d.dir: prep_for(d.cell) for d in to_run}
+    pending_preps = {p.dir: (p, d) for d in to_run if (p := preps[d.dir]) is not None and not p.complete}
+    scripts = tuple(CellFiles(p.dir, {prep_stage.SCRIPT: prep_stage.script(p, d.cell)})
+                    for p, d in pending_preps.values())
+    work = staging if staging is not None and any(d.dir in staging.cells for d in to_run) else None
+    scripts += (CellFiles(work.dir, {STAGE_FILE: work.file()}),) if work is not None else ()
+    tokens = {d.dir: t for d in to_run if (t := (tokenized or {}).get(d.dir)) is not None and not t.data.complete}
+    firsts = {t.dir: (t, d) for d in reversed(to_run) if (t := tokens.get(d.dir)) is not None}
+    scripts += tuple(CellFiles(t.dir, tokenize_stage.files(t, d.cell)) for t, d in firsts.values())
+    local_jobs, submits = _local(local, preps, pending_preps, tokens)
+    slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size, work, tokens)
+    local_jobs += tuple(local_base_jobs([b for b in bases if b.target.cell.spec.cluster.executor == "local"]))
+    slurm_jobs += tuple(base_eval_jobs([b for b in bases if b.target.cell.spec.cluster.executor != "local"], histories))
+    first = (local or [None])[0]
+    return SubmissionPlan(
+        writes=tuple(writes),
+        recoveries=tuple(d.recovery for d in decisions if d.recovery is not None),
+        archives=tuple(d.dir for d in to_run if d.archive),
+        submits=submits,
+        notes={d.dir: d.note for d in to_run if d.note},
+        scripts=scripts,
+        local=local_jobs,
+        slurm=slurm_jobs,
+        waits=waits,
+        max_parallel=first.cell.spec.cluster.max_parallel if first else 1,
+        wait=first.cell.spec.cluster.wait if first else True,
+        max_array_size=max_array_size,
+        tokenized={cell_dir: t.dir for cell_dir, t in tokens.items()},
+    )
+
+
+def _local(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
+           pending: Mapping[Path, tuple[Prep, Decision]], tokens: Mapping[Path, Tokenization],
+           ) -> tuple[tuple[LocalJob, ...], tuple[Path, ...]]:
+    """The preps, then the tokenizations, then the cells, then completed cells' pending stages."""
+    jobs: list[LocalJob] = []
+    seen: set[Path] = set()
+    for d in decisions:
+        p = preps.get(d.dir)
+        if d.action is Action.RUN and p is not None and p.dir in pending and p.dir not in seen:
+            seen.add(p.dir)
+            jobs.append(LocalJob(Role.PREP, p.dir, p.model, prep_stage.TIME_MIN))
+    for d in decisions:
+        t = tokens.get(d.dir)
+        if t is not None and t.dir not in seen:
+            seen.add(t.dir)
+            jobs.append(LocalJob(Role.TOKENIZE, t.dir, f"{t.backend} {t.data.key}", tokenize_stage.TIME_MIN))
+    runs = [d for d in decisions if d.action is Action.RUN]
+    for d in runs:
+        p = preps.get(d.dir)
+        jobs.append(LocalJob(Role.TRAIN, d.dir, d.cell.name, minutes(d),
+                             after=p.dir if p is not None and p.dir in pending else None))
+    for d in decisions:
+        if d.action is Action.POST:
+            jobs.append(LocalJob(Role.POST, d.dir, d.cell.name, POST_TIME_MIN))
+    return tuple(jobs), tuple(d.dir for d in runs)
+
+
+def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
+           histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None, max_array_size: int,
+           work: StageWork | None, tokens: Mapping[Path, Tokenization],
+           ) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
+    runs = [d for d in decisions if d.action is Action.RUN]
+    jobs: list[SlurmJob] = []
+    # the chain before training: staging -> preps -> tokenizations; a cell waits for the last it needs
+    after_staging = stage_job(work, histories, view, jobs)
+    waits = prep_jobs(runs, preps, histories, view, jobs, after_staging)
+    prep_array = next((Dependency("afterany", j.name) for j in jobs if j.role is Role.PREP), None)
+    wait_of = {w.cell_dir: w.job for w in waits}
+    if after_staging is not None and work is not None:  # cells without a prep of their own wait for the staging
+        wait_of.update({d.dir: after_staging for d in runs if d.dir in work.cells and d.dir not in wait_of})
+    wait_of.update(before.tokenize_jobs(runs, tokens, histories, view, jobs, prep_array or after_staging))
+    concurrency = [d.cell.spec.concurrency for d in runs if d.cell.spec.concurrency]
+    throttle = min(concurrency) if concurrency else None
+    groups: dict[tuple[Any, ...], list[Decision]] = {}
+    for d in runs:
+        request = _avoiding(request_for(d.cell.spec, minutes(d)), d.exclude)
+        groups.setdefault((request, d.dir.parent, wait_of.get(d.dir)), []).append(d)
+    for (request, sweep_dir, dependency), members in groups.items():
+        for i in range(0, len(members), max_array_size):
+            chunk = members[i:i + max_array_size]
+            dirs = [d.dir for d in chunk]
+            attempts = [count(histories.get(p, ()), Kind.SUBMITTED) for p in dirs]
+            name = job_name(Role.TRAIN, dirs, request, dependency, attempts)
+            jobs.append(SlurmJob(name, Role.TRAIN, tuple(dirs), request, sweep_dir / SUBMITIT_DIR / name, throttle,
+                                 dependency, checkpointable=True))
+            after = Dependency("aftercorr" if len(dirs) > 1 else "afterok", name)
+            post = _post_job(chunk, after, histories)
+            jobs += [post, *cell_eval_jobs(chunk, post, histories, throttle)]
+    by_sweep: dict[Path, list[Decision]] = {}
+    for d in decisions:
+        if d.action is Action.POST:
+            by_sweep.setdefault(d.dir.parent, []).append(d)
+    for members in by_sweep.values():
+        staged = [d for d in members if d.post]
+        post_job = _post_job(staged, None, histories) if staged else None
+        jobs += [post_job] if post_job is not None else []
+        jobs += cell_eval_jobs(members, post_job, histories, throttle)
+    return tuple(jobs), tuple(waits)
+
+
+def _avoiding(request: SlurmRequest, nodes: Sequence[str]) -> SlurmRequest:
+    """The request with these nodes added to its --exclude (a requeue away from a node its failure named)."""
+    if not nodes:
+        return request
+    have = [n for n in str(dict(request.params).get("exclude") or "").split(",") if n]
+    return request.replace(exclude=",".join(dict.fromkeys([*have, *nodes])))
+
+
+def _post_job(cells: Sequence[Decision], after: Dependency | None,
+              histories: Mapping[Path, Sequence[Event]]) -> SlurmJob:
+    needs_hub = any("upload" in stages_for(d.cell.spec) for d in cells)
+    request = post_request_for(cells[0].cell.spec, needs_hub)
+    dirs = [d.dir for d in cells]
+    attempts = [count(histories.get(p, ()), Kind.POST_JOB) for p in dirs]
+    name = job_name(Role.POST, dirs, request, after, attempts)
+    return SlurmJob(name, Role.POST, tuple(dirs), request, dirs[0].parent / SUBMITIT_DIR / name, None, after)
+
+
+# post-training jobs: consolidation of a 32B checkpoint takes minutes, an upload more
+POST_TIME_MIN = 120
+
+
+def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
+    """The sbatch request of a cell (spec: the cell's CellConf)."""
+    c = spec.cluster
+    params: dict[str, Any] = {
+        "time": timeout_min,
+        "nodes": spec.nodes,
+        "ntasks_per_node": 1,  # one launcher per node: torchrun/accelerate start the ranks
+        "cpus_per_task": c.cpus_per_node,
+        # USR2 this long before the limit: the job checkpoints, requeues itself and resumes
+        "signal_delay_s": min(120, max(30, timeout_min * 60 // 10)),
+        "additional_parameters": tuple(sorted({"requeue": True, **c.sbatch_extra}.items())),
+        # a node whose launcher fails ends the whole step: the others would wait at the rendezvous forever
+        "srun_args": ("--kill-on-bad-exit=1",),
+    }
+    for key in ("partition", "account", "qos", "constraint", "exclude"):
+        if getattr(c, key):
+            params[key] = getattr(c, key)
+    if c.mem_gb:
+        params["mem"] = f"{c.mem_gb}GB"
+    if c.gpus_per_node and c.gpu_directive == "gpus_per_node":
+        params["gpus_per_node"] = c.gpus_per_node
+    elif c.gpus_per_node and c.gpu_directive == "gres":
+        params["gres"] = f"gpu:{c.gpus_per_node}"
+    return SlurmRequest(tuple(sorted(params.items())), c.max_requeues)
+
+
+def post_request_for(spec: Any, needs_hub: bool) -> SlurmRequest:
+    """A cell's post job: one node without GPUs, on the cluster's post_partition when the job must reach the
+    Hub from a site whose compute nodes have no internet."""
+    request = request_for(spec, POST_TIME_MIN)
+    changes: dict[str, Any] = {"nodes": 1, "cpus_per_task": max(1, min(4, spec.cluster.cpus_per_node // 2))}
+    if needs_hub and not spec.cluster.internet_on_compute and spec.cluster.post_partition:
+        changes["partition"] = spec.cluster.post_partition
+    # a few cores: consolidation and uploads are bound by memory and network, and training needs the rest
+    return SlurmRequest(request.replace(drop=("gpus_per_node", "gres"), **changes).params, 0)
+
+
+def prep_request(request: SlurmRequest) -> SlurmRequest:
+    """A model prep's job, cut down from its first cell's request: one node, at most an hour, one GPU at most
+    (it loads one checkpoint on one process; partitions may insist on one), never requeued."""
+    params = dict(request.params)
+    extra = tuple(sorted((k, v) for k, v in dict(params.get("additional_parameters", ())).items() if k != "requeue"))
+    changes: dict[str, Any] = {"nodes": 1, "time": min(prep_stage.TIME_MIN, int(params["time"])),
+                               "additional_parameters": extra}
+    if params.get("gpus_per_node"):
+        changes["gpus_per_node"] = 1
+    if params.get("gres"):
+        changes["gres"] = "gpu:1"
+    return SlurmRequest(request.replace(drop=("signal_delay_s",), **changes).params, 0)
+
+
+def stage_request(cluster: Any) -> SlurmRequest:
+    """The staging job: one node of the transfer partition (the cluster's own when it names none), a few cores, no
+    GPU, the staging wall time, the staging setup lines first; never requeued."""
+    st = cluster.staging
+    params: dict[str, Any] = {"time": int(parse_minutes(st.time)), "nodes": 1, "ntasks_per_node": 1,
+                              "cpus_per_task": max(1, min(2, cluster.cpus_per_node))}
+    for key in ("account", "qos"):
+        if getattr(cluster, key):
+            params[key] = getattr(cluster, key)
+    if st.partition or cluster.partition:
+        params["partition"] = st.partition or cluster.partition
+    if st.setup:
+        params["setup"] = tuple(st.setup)
+    return SlurmRequest(tuple(sorted(params.items())), 0)
+
+
+def job_name(role: Role, targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None,
+             attempts: Sequence[int]) -> str:
+    """`sft_grid-<hash>` of what the job runs and how often its targets were submitted before: a dry run and
+    the real run that follows it name it alike; the next submission of the same targets gets a new name."""
+    blob = json.dumps([role.value, [str(t) for t in targets], repr(request), repr(dependency), list(attempts)])
+    return JOB_PREFIX + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def count(history: Sequence[Event], kind: Kind) -> int:
+    return sum(1 for e in history if e.kind is kind)
+
+
+def minutes(decision: Decision) -> int:
+    return int(parse_minutes(decision.cell.spec.time))
+
+
+def tokenize_request(spec: Any) -> SlurmRequest:
+    """A tokenize-once job: one CPU task on one node of the cluster's partition, all its cores (the backend's
+    preprocessing uses them), no GPU, never requeued."""
+    request = request_for(spec, tokenize_stage.TIME_MIN)
+    return SlurmRequest(request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), nodes=1,
+                                        additional_parameters=()).params, 0)
+
+
+def stage_job(work: StageWork | None, histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
+              jobs: list[SlurmJob]) -> Dependency | None:
+    """What the cells that need the staging wait for: the staging job (appended to `jobs`), or the one an earlier
+    invocation queued while it is still queued or running."""
+    if work is None:
+        return None
+    earlier = queued_job(histories.get(work.dir, ()), view)
+    if earlier:
+        return Dependency("afterany", earlier, planned=False)
+    request = stage_request(work.cluster)
+    name = job_name(Role.STAGE, [work.dir], request, None, [count(histories.get(work.dir, ()), Kind.SUBMITTED)])
+    jobs.append(SlurmJob(name, Role.STAGE, (work.dir,), request, work.dir / SUBMITIT_DIR / name,
+                         label=f"{len(work.pins)} Hub repositories"))
+    return Dependency("afterany", name)
+
+
+def prep_jobs(runs: Sequence[Decision], preps: Mapping[Path, Prep | None], histories: Mapping[Path, Sequence[Event]],
+              view: SchedulerView | None, jobs: list[SlurmJob], after: Dependency | None = None) -> list[PrepWait]:
+    """The model preps these cells wait for: one array of every prep not done and not already queued (a task
+    per model), and the cells' dependency on it. A cell waits for the preps to end, not to succeed (afterany):
+    its job's first step finds whether its own model's prep succeeded, so one broken checkpoint never cancels
+    the cells of the others, and the grid needs one prep job, not one per model."""
+    waits: list[PrepWait] = []
+    new: dict[Path, tuple[Prep, Decision]] = {}
+    queued: dict[Path, str] = {}
+    for d in runs:
+        p = preps.get(d.dir)
+        if p is None or p.complete:
+            continue
+        if p.dir not in new and p.dir not in queued:
+            job_id = queued_job(histories.get(p.dir, ()), view)
+            if job_id:
+                queued[p.dir] = job_id
+            else:
+                new[p.dir] = (p, d)
+    name = ""
+    if new:
+        targets = sorted(new)
+        request = prep_request(request_for(new[targets[0]][1].cell.spec, minutes(new[targets[0]][1])))
+        attempts = [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
+        name = job_name(Role.PREP, targets, request, None, attempts)
+        jobs.append(SlurmJob(name, Role.PREP, tuple(targets), request, targets[0].parent / SUBMITIT_DIR / name,
+                             dependency=after, label=", ".join(new[t][0].model for t in targets)))
+    for d in runs:
+        p = preps.get(d.dir)
+        if p is None or p.complete:
+            continue
+        dependency = (Dependency("afterany", queued[p.dir], planned=False) if p.dir in queued
+                      else Dependency("afterany", name))
+        waits.append(PrepWait(d.dir, p.model, p.model_dir, dependency))
+    return waits
+
+
+def queued_job(history: Sequence[Event], view: SchedulerView | None) -> str:
+    """The prep's job an earlier invocation queued, while it is still queued or running ("" if none)."""
+    queued = events.last(list(history), Kind.JOB)
+    if queued is None or view is None:
+        return ""
+    job = view.job(queued.job_id)
+    return queued.job_id if job is not None and job.in_flight else ""
+
+def tokenize_jobs(runs: Sequence[Decision], tokenized: Mapping[Path, Tokenization],
+             histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None, jobs: list[SlurmJob],
+             after: Dependency | None) -> dict[Path, Dependency]:
+    """One array of the tokenizations these cells share that are not built (a task each, unless one is queued
+    already); each cell -> what it waits for."""
+    new: dict[Path, Decision] = {}
+    waits: dict[Path, Dependency] = {}
+    for d in runs:
+        tok = tokenized.get(d.dir)
+        if tok is None or tok.data.complete:
+            continue
+        job_id = queued_job(histories.get(tok.dir, ()), view)
+        if job_id:
+            waits[d.dir] = Dependency("afterany", job_id, planned=False)
+        else:
+            new.setdefault(tok.dir, d)
+    if not new:
+        return waits
+    targets = sorted(new)
+    request = tokenize_request(new[targets[0]].cell.spec)
+    name = job_name(Role.TOKENIZE, targets, request, None, [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets])
+    jobs.append(SlurmJob(name, Role.TOKENIZE, tuple(targets), request, targets[0].parent / SUBMITIT_DIR / name,
+                         dependency=after, label=f"{len(targets)} tokenized dataset(s)"))
+    for d in runs:
+        tok = tokenized.get(d.dir)
+        if tok is not None and tok.dir in new:
+            waits[d.dir] = Dependency("afterany", name)
+    return waits
+
+
+def eval_minutes(suites: Sequence[Any], cluster: Any) -> int:
+    """One job evaluates every suite of its target: their times add up, within the cluster's maximum."""
+    total = sum(parse_minutes(s.resources.time) for s in suites)
+    return int(min(total, parse_minutes(cluster.max_time)))
+
+
+def eval_request(spec: Any, suites: Sequence[Any]) -> SlurmRequest:
+    """The sbatch request of an evaluation: one node, the suites' largest GPU, CPU and memory asks, their partition
+    (else the cluster's), never requeued."""
+    cluster = spec.cluster
+    request = request_for(spec, eval_minutes(suites, cluster))
+    gpus = max(s.resources.gpus for s in suites)
+    changes: dict[str, Any] = {"nodes": 1, "cpus_per_task": max(s.resources.cpus for s in suites)}
+    partition = next((s.resources.partition for s in suites if s.resources.partition), None)
+    if partition:
+        changes["partition"] = partition
+    mem = max((s.resources.mem_gb or 0) for s in suites)
+    if mem:
+        changes["mem"] = f"{mem}GB"
+    if gpus and cluster.gpu_directive == "gpus_per_node":
+        changes["gpus_per_node"] = gpus
+    elif gpus and cluster.gpu_directive == "gres":
+        changes["gres"] = f"gpu:{gpus}"
+    return SlurmRequest(request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), **changes).params, 0)
+
+
+def _array(targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None,
+           histories: Mapping[Path, Sequence[Event]], throttle: int | None) -> SlurmJob:
+    dirs = list(targets)
+    attempts = [count(histories.get(p, ()), Kind.EVAL_JOB) for p in dirs]
+    name = job_name(Role.EVAL, dirs, request, dependency, attempts)
+    return SlurmJob(name, Role.EVAL, tuple(dirs), request, dirs[0].parent / SUBMITIT_DIR / name, throttle, dependency)
+
+
+def _after(dirs: Sequence[Path], post: SlurmJob | None) -> Dependency | None:
+    """Each task after the same cell's post task when the arrays match, else after the whole post array."""
+    if post is None:
+        return None
+    if tuple(dirs) == post.targets:
+        return Dependency("aftercorr" if len(dirs) > 1 else "afterok", post.name)
+    return Dependency("afterany", post.name)
+
+
+def cell_eval_jobs(cells: Sequence[Decision], post: SlurmJob | None, histories: Mapping[Path, Sequence[Event]],
+                   throttle: int | None = None) -> list[SlurmJob]:
+    """The evaluation arrays of cells that evaluate (one per distinct request), each after their post array."""
+    groups: dict[SlurmRequest, list[Decision]] = {}
+    for d in cells:
+        if d.evaluate:
+            groups.setdefault(eval_request(d.cell.spec, suites_of(d.cell)), []).append(d)
+    return [_array([d.dir for d in members], request, _after([d.dir for d in members], post), histories, throttle)
+            for request, members in groups.items()]
+
+
+def base_eval_jobs(bases: Sequence[BaseDecision], histories: Mapping[Path, Sequence[Event]]) -> list[SlurmJob]:
+    """The base models' evaluation arrays (one per request and grid), waiting for nothing."""
+    groups: dict[tuple[SlurmRequest, Path], list[Path]] = {}
+    for b in bases:
+        if b.evaluate:
+            request = eval_request(b.target.cell.spec, b.target.suites)
+            groups.setdefault((request, b.target.dir.parent), []).append(b.target.dir)
+    return [_array(dirs, request, None, histories, None) for (request, _), dirs in groups.items()]
+
+
+def local_base_jobs(bases: Sequence[BaseDecision]) -> list[LocalJob]:
+    return [LocalJob(Role.EVAL, b.target.dir, f"base model {b.target.name}",
+                     eval_minutes(b.target.suites, b.target.cell.spec.cluster)) for b in bases if b.evaluate]

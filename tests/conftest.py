@@ -166,16 +166,16 @@ def run_sft(*args: str, cwd: Path | None = None, check: bool = False, timeout: f
 
 @pytest.fixture(scope="session")
 def tiny_assets() -> Path:
-    from sft_grid.stages import tiny_assets as assets
+    from sft_grid.stages import tiny_assets
     from sft_grid.stages.venv_build import build
 
     build("llamafactory")
-    return assets.build()
+    return tiny_assets.build()
 
 
 @pytest.fixture(scope="session")
 def axolotl_env(tiny_assets: Path) -> Path:
-    """The managed axolotl environment (built on first use, about 3-5 minutes), with the tiny assets."""
+    """The managed axolotl environment (built on first use, about 3-5 minutes), with the tiny tiny_assets."""
     from sft_grid.stages.venv_build import build
 
     return build("axolotl")

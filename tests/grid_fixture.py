@@ -85,7 +85,7 @@ def eval_failed(cell_dir: Path, task: str, reason: str) -> None:
 
 def estimate(cell_dir: Path, params: float, tokens: float, steps: int, gpus: int = 1, cluster: str = "local",
              gpu: str = "CPU", gpu_hours: float | None = None) -> dict[str, Any]:
-    """estimate.json as the grid writes it when it queues a cell (grid/estimates.py): the estimate, and what
+    """estimate.json as the grid writes it when it queues a cell (grid/costs.py): the estimate, and what
     it was made from (the calibration reads tokens, FLOPs, GPUs and size back)."""
     from sft_grid.planning.estimate import CellPlan, Model, Source, estimate_cell, throughput
 

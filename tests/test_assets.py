@@ -19,7 +19,7 @@ import pytest
 
 from sft_grid.core.paths import REPO_ROOT, assets_dir
 from sft_grid.planning.environments import VenvSpec
-from sft_grid.stages import tiny_assets as assets
+from sft_grid.stages import tiny_assets
 
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>",
@@ -89,7 +89,7 @@ pytestmark = pytest.mark.backend
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return assets.build(dest=tmp_path_factory.mktemp("assets"))
+    return tiny_assets.build(dest=tmp_path_factory.mktemp("assets"))
 
 
 def _files(root: Path) -> dict[str, tuple[int, int, str]]:
@@ -107,11 +107,11 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def test_layout(built: Path) -> None:
     assert sorted(p.name for p in built.iterdir()) == ["data", "models", "sizes"]  # no staging dirs left behind
-    assert sorted(p.name for p in (built / "sizes").iterdir()) == sorted([".complete", *assets.SIZES])
+    assert sorted(p.name for p in (built / "sizes").iterdir()) == sorted([".complete", *tiny_assets.SIZES])
     data_files = sorted(p.name for p in (built / "data").iterdir())
     assert data_files == [".complete", "tiny_messages.jsonl", "tiny_sharegpt.jsonl"]
     assert sorted(p.name for p in (built / "models").iterdir()) == [".complete", "tiny-delphi", "tiny-llama3", "tiny-qwen3"]
-    for name in assets.MODELS:
+    for name in tiny_assets.MODELS:
         model_dir = built / "models" / name
         for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             assert (model_dir / file).is_file(), model_dir / file
@@ -121,7 +121,7 @@ def test_layout(built: Path) -> None:
 
 
 def test_tokenizers_and_models_load_in_backend_env(built: Path) -> None:
-    python = VenvSpec.load(assets.BACKEND).path / "bin" / "python"
+    python = VenvSpec.load(tiny_assets.BACKEND).path / "bin" / "python"
     specials = {"tiny-llama3": LLAMA3_SPECIALS, "tiny-qwen3": QWEN3_SPECIALS}
     proc = subprocess.run(
         [str(python), "-c", INSPECT, str(built), json.dumps(specials), json.dumps(CHAT)],
@@ -190,24 +190,24 @@ def test_sharegpt_dataset(built: Path) -> None:
 
 
 def test_datasets_are_deterministic() -> None:
-    assert assets.messages_rows() == assets.messages_rows()
-    assert assets.sharegpt_rows() == assets.sharegpt_rows()
+    assert tiny_assets.messages_rows() == tiny_assets.messages_rows()
+    assert tiny_assets.sharegpt_rows() == tiny_assets.sharegpt_rows()
 
 
 def test_second_build_is_a_noop(built: Path) -> None:
     before = _files(built)
-    assert assets.build(dest=built) == built
+    assert tiny_assets.build(dest=built) == built
     assert _files(built) == before
 
 
 def test_dir_without_marker_is_rebuilt_identically(built: Path, tmp_path: Path) -> None:
     copy = tmp_path / "assets"
     shutil.copytree(built, copy)
-    (copy / "models" / assets.MARKER).unlink()
+    (copy / "models" / tiny_assets.MARKER).unlink()
     before = _files(copy)
-    assets.build(dest=copy)
+    tiny_assets.build(dest=copy)
     after = _files(copy)
-    assert after.keys() == before.keys() | {f"models/{assets.MARKER}"}
+    assert after.keys() == before.keys() | {f"models/{tiny_assets.MARKER}"}
     for path in before:
         if path.startswith(("data/", "sizes/")):  # each part has its own marker: only models/ lost its
             assert after[path] == before[path], f"{path} was rewritten though its part was complete"
@@ -220,12 +220,12 @@ def test_dir_without_marker_is_rebuilt_identically(built: Path, tmp_path: Path) 
 def test_stale_version_is_rebuilt(built: Path, tmp_path: Path) -> None:
     copy = tmp_path / "assets"
     shutil.copytree(built, copy)
-    marker = copy / "data" / assets.MARKER
+    marker = copy / "data" / tiny_assets.MARKER
     marker.write_text(json.dumps({"version": "0"}))
     before = _files(copy)
-    assets.build(dest=copy)
+    tiny_assets.build(dest=copy)
     after = _files(copy)
-    assert json.loads(marker.read_text()) == {"version": assets.ASSETS_VERSION}
+    assert json.loads(marker.read_text()) == {"version": tiny_assets.ASSETS_VERSION}
     assert after["data/tiny_messages.jsonl"][:2] != before["data/tiny_messages.jsonl"][:2]
     assert after["models/tiny-llama3/model.safetensors"] == before["models/tiny-llama3/model.safetensors"]
 
@@ -240,8 +240,8 @@ def test_failed_model_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
     )
     monkeypatch.setattr(assets, "SCRIPT", broken)
     dest = tmp_path / "assets"
-    with pytest.raises(assets.AssetBuildError, match="boom: half-written"):
-        assets.build(dest=dest)
+    with pytest.raises(tiny_assets.AssetBuildError, match="boom: half-written"):
+        tiny_assets.build(dest=dest)
     assert sorted(p.name for p in dest.iterdir()) == ["data"]  # data finished first; no models/, no staging
 
 

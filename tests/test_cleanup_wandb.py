@@ -14,8 +14,7 @@ from sft_grid.backends import wandb
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE
 from sft_grid.grid.render import render
-from sft_grid.stages import post_training as post
-from sft_grid.stages import post_training as post_run
+from sft_grid.stages import post_training
 from sft_grid.stages.post_training import StageFailed
 
 HUB = ["push_to_hub=true", "hub_model_id=org/x"]
@@ -24,10 +23,10 @@ HUB = ["push_to_hub=true", "hub_model_id=org/x"]
 def test_cleanup_follows_the_upload_unless_the_grid_says_otherwise(make_cells) -> None:
     up, kept, plain, forced = make_cells(["model=tiny_llama", *HUB], ["model=tiny_llama", *HUB, "cleanup_checkpoints=false"],
                                          ["model=tiny_llama"], ["model=tiny_llama", "cleanup_checkpoints=true"])
-    assert post.stages_for(up.spec) == ["tokenizer", "upload", "cleanup"]
-    assert post.stages_for(kept.spec) == ["tokenizer", "upload"]
-    assert post.stages_for(plain.spec) == ["tokenizer"]
-    assert post.stages_for(forced.spec) == ["tokenizer", "cleanup"]
+    assert post_training.stages_for(up.spec) == ["tokenizer", "upload", "cleanup"]
+    assert post_training.stages_for(kept.spec) == ["tokenizer", "upload"]
+    assert post_training.stages_for(plain.spec) == ["tokenizer"]
+    assert post_training.stages_for(forced.spec) == ["tokenizer", "cleanup"]
     assert up.key == kept.key  # where checkpoints go is not what the cell trains
 
 
@@ -52,24 +51,24 @@ def test_checkpoints_go_only_after_a_verified_upload(tmp_path: Path, monkeypatch
             raise StageFailed("uploaded, but 1 file(s) are missing there or differ in size: model.safetensors")
         return {"url": "https://huggingface.co/org/x", "commit": "abc", "verified": 3}
 
-    monkeypatch.setitem(post_run.STAGE_RUNNERS, "upload", upload)
-    assert post_run.run(cell, post.LOGIN) is False
-    st = post.states(cell)
+    monkeypatch.setitem(post_training.STAGE_RUNNERS, "upload", upload)
+    assert post_training.run(cell, post_training.LOGIN) is False
+    st = post_training.states(cell)
     assert st["upload"].state == "failed" and st["cleanup"].state == "pending"
     assert (cell / "output" / "checkpoint-2").is_dir() and (cell / "output" / "checkpoint-4").is_dir()
     outcome["fail"] = False
-    assert post_run.run(cell, post.LOGIN) is True
-    assert post.states(cell)["cleanup"].state == "completed"
+    assert post_training.run(cell, post_training.LOGIN) is True
+    assert post_training.states(cell)["cleanup"].state == "completed"
     assert sorted(p.name for p in (cell / "output").iterdir()) == ["model.safetensors", "trainer_state.json"]
-    done = [e for e in post.events.read(cell) if e.stage == "cleanup" and e.state == "completed"][-1]
+    done = [e for e in post_training.events.read(cell) if e.stage == "cleanup" and e.state == "completed"][-1]
     assert done.details["removed"] == ["checkpoint-2", "checkpoint-4"] and done.details["freed_bytes"] == 2000
 
 
 def test_cleanup_never_removes_the_only_copy(tmp_path: Path) -> None:
     cell = completed_cell(tmp_path, ("cleanup",))
     (cell / "output" / "model.safetensors").unlink()  # no final model: the checkpoints are all there is
-    assert post_run.run(cell, post.LOGIN) is False
-    st = post.states(cell)["cleanup"]
+    assert post_training.run(cell, post_training.LOGIN) is False
+    st = post_training.states(cell)["cleanup"]
     assert st.state == "failed" and "holds no final model" in st.reason
     assert (cell / "output" / "checkpoint-2").is_dir()
 

@@ -1,4 +1,4 @@
-"""A grid's estimates before launch (grid/estimates.py): from each source's token sample and row count, the mix, the
+"""A grid's estimates before launch (grid/costs.py): from each source's token sample and row count, the mix, the
 model and the cluster; calibrated from completed cells; a cell that cannot finish in its wall time x requeues is a
 problem before anything is queued; the dry run prints it all (marked backend: it runs the loss-mask probe)."""
 

@@ -24,11 +24,11 @@ from sft_grid.core.events import Event, Kind
 from sft_grid.core.paths import CONF_DIR, IN_VENV_DIR
 from sft_grid.core.scores import EvalFile, ScoreSpec, read_scores, score_path
 from sft_grid.core.templates import effective_template, template_digest, template_matches
-from sft_grid.planning import evaluation as eval_tasks
+from sft_grid.planning import evaluation
 from sft_grid.stages import evaluate as stage
 from sft_grid.stages.evaluate import state_of
 
-EVALUATE = IN_VENV_DIR / "evaluate.py"
+EVALUATE = IN_VENV_DIR / "lm_eval_run.py"
 
 
 def load_evaluate_module():
@@ -55,15 +55,15 @@ def _value_of(question: str) -> int:
 
 
 def test_tiny_tasks_are_local_lm_eval_configs(tmp_path: Path) -> None:
-    written = eval_tasks.write_tiny_tasks(tmp_path / "tasks")
+    written = evaluation.write_tiny_tasks(tmp_path / "tasks")
     assert set(written) == {"tiny_mc", "tiny_gen"}
     for name, path in written.items():
         config = yaml.safe_load(path.read_text())
         assert config["task"] == name and config["dataset_path"] == "json"
         files = config["dataset_kwargs"]["data_files"]
         assert set(files) == {"test", "train"} and all(Path(f).is_absolute() and Path(f).is_file() for f in files.values())
-        assert len(_read_jsonl(files["test"])) == eval_tasks.TEST_ROWS
-        assert len(_read_jsonl(files["train"])) == eval_tasks.TRAIN_ROWS
+        assert len(_read_jsonl(files["test"])) == evaluation.TEST_ROWS
+        assert len(_read_jsonl(files["train"])) == evaluation.TRAIN_ROWS
     mc = yaml.safe_load(written["tiny_mc"].read_text())
     assert mc["output_type"] == "multiple_choice" and [m["metric"] for m in mc["metric_list"]] == ["acc"]
     gen = yaml.safe_load(written["tiny_gen"].read_text())
@@ -72,7 +72,7 @@ def test_tiny_tasks_are_local_lm_eval_configs(tmp_path: Path) -> None:
 
 
 def test_tiny_tasks_ask_what_the_tiny_models_learn(tmp_path: Path) -> None:
-    written = eval_tasks.write_tiny_tasks(tmp_path)
+    written = evaluation.write_tiny_tasks(tmp_path)
     asked = re.compile(r"What is \d+ (plus|minus) \d+\?")
     mc = _read_jsonl(tmp_path / "tiny_mc.test.jsonl")
     for row in mc:
@@ -87,16 +87,16 @@ def test_tiny_tasks_ask_what_the_tiny_models_learn(tmp_path: Path) -> None:
 
 
 def test_tiny_tasks_are_deterministic_and_identified_by_content(tmp_path: Path, monkeypatch) -> None:
-    a, b = eval_tasks.write_tiny_tasks(tmp_path / "a"), eval_tasks.write_tiny_tasks(tmp_path / "b")
+    a, b = evaluation.write_tiny_tasks(tmp_path / "a"), evaluation.write_tiny_tasks(tmp_path / "b")
     for name in a:
         for split in ("test", "train"):
             assert (tmp_path / "a" / f"{name}.{split}.jsonl").read_bytes() == (tmp_path / "b" / f"{name}.{split}.jsonl").read_bytes()
-    eval_tasks.write_tiny_tasks(tmp_path / "a")  # rewriting in place is harmless and leaves no temp files
+    evaluation.write_tiny_tasks(tmp_path / "a")  # rewriting in place is harmless and leaves no temp files
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(p.name for p in (tmp_path / "b").iterdir())
-    before = {n: eval_tasks.content_digest(n) for n in eval_tasks.TINY_TASKS}
-    monkeypatch.setitem(eval_tasks._SEEDS, "tiny_gen", 99)
-    assert eval_tasks.content_digest("tiny_gen") != before["tiny_gen"]
-    assert eval_tasks.content_digest("tiny_mc") == before["tiny_mc"]
+    before = {n: evaluation.content_digest(n) for n in evaluation.TINY_TASKS}
+    monkeypatch.setitem(evaluation._SEEDS, "tiny_gen", 99)
+    assert evaluation.content_digest("tiny_gen") != before["tiny_gen"]
+    assert evaluation.content_digest("tiny_mc") == before["tiny_mc"]
 
 
 # ---- train == serve --------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_every_suite_names_a_harness_and_tasks_with_their_settings() -> None:
     for name, suite in suites.items():
         assert suite["name"] == name
         assert (CONF_DIR / "harness" / f"{suite.get('harness', 'lm_eval')}.yaml").is_file()
-    assert set(suites["tiny"]["tasks"]) == set(eval_tasks.TINY_TASKS) and suites["tiny"]["resources"]["gpus"] == 0
+    assert set(suites["tiny"]["tasks"]) == set(evaluation.TINY_TASKS) and suites["tiny"]["resources"]["gpus"] == 0
     assert suites["reasoning_small"]["resources"]["gpus"] == 1
     assert all(task["datasets"] for task in suites["reasoning_small"]["tasks"].values())  # staged for offline nodes
 
@@ -164,7 +164,7 @@ def test_every_suite_names_a_harness_and_tasks_with_their_settings() -> None:
 
 def _spec(tmp_path: Path, **over: object) -> dict:
     tasks = [{"name": n, "id": f"id-{n}", "num_fewshot": 0, "limit": None, "gen_kwargs": {},
-              "apply_chat_template": True, "fewshot_as_multiturn": False} for n in eval_tasks.TINY_TASKS]
+              "apply_chat_template": True, "fewshot_as_multiturn": False} for n in evaluation.TINY_TASKS]
     return {"model": str(tmp_path / "model"), "tasks": tasks, "include_path": [str(tmp_path / "tasks")],
             "engine": "hf", "batch_size": 4, "device": "cpu", "dtype": "float32", "output_dir": str(tmp_path / "out"),
             "seed": 7} | over
@@ -213,7 +213,7 @@ def test_evaluate_fails_in_one_line_before_loading_anything(tmp_path: Path, caps
     path.write_text(json.dumps(_spec(tmp_path)))
     proc = subprocess.run([sys.executable, str(EVALUATE), str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [f"evaluate.py: error: model directory {tmp_path / 'model'} does not exist"]
+    assert proc.stderr.strip().splitlines() == [f"lm_eval_run.py: error: model directory {tmp_path / 'model'} does not exist"]
     ev = load_evaluate_module()
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
@@ -228,7 +228,7 @@ def test_evaluate_fails_in_one_line_before_loading_anything(tmp_path: Path, caps
 
 # ---- the stage runner, against a stand-in harness --------------------------------------------------------------
 
-# Writes what in_venv/evaluate.py writes: one result per task id, or (task "tiny_gen") that task's own error.
+# Writes what in_venv/lm_eval_run.py writes: one result per task id, or (task "tiny_gen") that task's own error.
 STAND_IN = textwrap.dedent('''\
     import json, sys
     from pathlib import Path
@@ -241,7 +241,7 @@ STAND_IN = textwrap.dedent('''\
         record = {"task": task["name"], "metrics": {"acc": 0.5, "acc_stderr": 0.1}, "n_samples": 40,
                   "harness_version": "0.4.13", "seconds": 1.5}
         (out / f"{task['id']}.json").write_text(json.dumps(record))
-    print("evaluate.py: error: 1 of 2 task(s) failed", file=sys.stderr)
+    print("lm_eval_run.py: error: 1 of 2 task(s) failed", file=sys.stderr)
     sys.exit(1)
 ''')
 
@@ -317,7 +317,7 @@ def test_the_real_harness_fails_in_one_line(tmp_path: Path) -> None:
     from sft_grid.stages.venv_build import build
 
     python = build("lm_eval") / "bin" / "python"
-    eval_tasks.write_tiny_tasks(tmp_path / "tasks")
+    evaluation.write_tiny_tasks(tmp_path / "tasks")
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "llama"}))  # no weights, no tokenizer
@@ -331,9 +331,9 @@ def test_the_real_harness_fails_in_one_line(tmp_path: Path) -> None:
         return proc.stderr.strip().splitlines()[-1]
 
     plain = [{"name": "tiny_mc", "apply_chat_template": False}]
-    assert last_line(tasks=[{"name": "tiny_nope"}]).startswith("evaluate.py: error: unknown task tiny_nope")
+    assert last_line(tasks=[{"name": "tiny_nope"}]).startswith("lm_eval_run.py: error: unknown task tiny_nope")
     line = last_line(tasks=plain)  # lm-eval really tries to load it: no weights, no tokenizer
-    assert line.startswith("evaluate.py: error: ") and "Error" in line, line
+    assert line.startswith("lm_eval_run.py: error: ") and "Error" in line, line
     assert not (tmp_path / "out").exists()
     shutil.rmtree(tmp_path / "hf_home", ignore_errors=True)
 

@@ -1,4 +1,4 @@
-"""The loss-mask preflight (sft_grid/checks/mask.py, judge.py) and `python -m sft_grid.show`.
+"""The loss-mask preflight (sft_grid/checks/mask.py) and `python -m sft_grid.show`.
 
 Tests marked `backend` run each backend's own preprocessing in its real environment (LLaMA-Factory,
 axolotl) on the tiny local models and datasets. The others are unit tests of the pure pass/fail logic on

@@ -20,7 +20,7 @@ from sft_grid.stages import notify as n
 TOKEN = "s3cretT0kenValue42"
 
 
-def event(outcome: str = "failed", attempt: int = 1) -> n.Event:
+def event(outcome: str = "failed", attempt: int = 1) -> n.Notice:
     return n.cell_event("smoke", "tiny_llama_lr2e-5-ab12", outcome, attempt, failure_class="gpu_oom",
                         summary="GPU out of memory, at step 12 of 300", step=12, total=300, job_id="55_3")
 
@@ -146,13 +146,13 @@ def test_both_channels_are_used(receiver, tmp_path):
 def test_dedup_across_requeues_and_reruns(receiver):
     cfg, sent = config(webhook=receiver.url()), set()
     for _ in range(3):  # the same attempt seen again (a requeued job, a runner on every node)
-        if n.notify(event(), cfg, sent):
+        if n.send_once(event(), cfg, sent):
             sent.add(event().key)
     assert len(receiver.requests) == 1
-    assert n.notify(event(attempt=2), cfg, sent)  # a rerun is a new attempt
-    assert n.notify(event(outcome="completed", attempt=2), cfg, sent)
+    assert n.send_once(event(attempt=2), cfg, sent)  # a rerun is a new attempt
+    assert n.send_once(event(outcome="completed", attempt=2), cfg, sent)
     assert len(receiver.requests) == 3
-    assert n.notify(event(), n.NotifyConfig(), set()) == []  # nothing configured: nothing sent
+    assert n.send_once(event(), n.NotifyConfig(), set()) == []  # nothing configured: nothing sent
 
 
 def test_dedup_key_is_pure():

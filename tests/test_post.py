@@ -1,4 +1,4 @@
-"""The post-training chain (sft_grid/stages/post_training.py, post_run.py): stages planned from the model's needs and the grid, each with its
+"""The post-training chain (sft_grid/stages/post_training.py): stages planned from the model's needs and the grid, each with its
 state in the cell's ledger; a rerun runs only what is pending or failed, never the training; the tokenizer
 check repairs what transformers 5 writes; the preprocessor copy; the upload's clear, retryable failure with
 the real huggingface_hub (the Hub cannot be reached here); consolidation of a real DeepSpeed ZeRO-3 checkpoint
@@ -23,11 +23,10 @@ from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE, iter_cell_dirs, output_complete
 from sft_grid.core.state import State
 from sft_grid.grid.render import render, write
-from sft_grid.planning import environments as venvs
+from sft_grid.planning import environments
 from sft_grid.planning.environments import VenvSpec
 from sft_grid.planning.validate import validate
-from sft_grid.stages import post_training as post
-from sft_grid.stages import post_training as post_run
+from sft_grid.stages import post_training
 from sft_grid.stages.venv_build import build
 
 from .conftest import run_sft
@@ -56,10 +55,10 @@ def test_stages_follow_the_models_needs_and_the_grid(make_cells):
         ["model=tiny_llama", "push_to_hub=true", "hub_model_id='org/{model}-{data}-sft-{key}'"],
         ["model=tiny_llama", "push_to_hub=true", "hub_model_id=org/x", "register_db=true",
          "register_command=[echo,'{hub_model_id}']"], ["model=qwen3_32b"])
-    assert post.stages_for(big.spec) == ["consolidate", "tokenizer"]
-    assert post.stages_for(hybrid.spec) == ["consolidate", "preprocessor_config", "tokenizer"]
-    assert post.stages_for(small.spec) == ["tokenizer", "upload", "cleanup"]
-    assert post.stages_for(registered.spec) == ["tokenizer", "upload", "register", "cleanup"]
+    assert post_training.stages_for(big.spec) == ["consolidate", "tokenizer"]
+    assert post_training.stages_for(hybrid.spec) == ["consolidate", "preprocessor_config", "tokenizer"]
+    assert post_training.stages_for(small.spec) == ["tokenizer", "upload", "cleanup"]
+    assert post_training.stages_for(registered.spec) == ["tokenizer", "upload", "register", "cleanup"]
     # the hub id is derived from the cell's identity
     assert small.spec.hub_model_id == f"org/tiny_llama-tiny_messages-sft-{small.key}"
     # (small and registered train the same model: they would be one grid's duplicate, so they are checked apart)
@@ -67,7 +66,7 @@ def test_stages_follow_the_models_needs_and_the_grid(make_cells):
     # ZeRO-3 in the managed LLaMA-Factory environment, which has no DeepSpeed: stopped before anything is queued
     (problem,) = validate([big_lf])
     assert problem.rule == "venv-deepspeed" and "backend=axolotl" in problem.fix
-    assert not post.upload_in_job(small.spec)  # cluster=local: no internet on its "compute node"
+    assert not post_training.upload_in_job(small.spec)  # cluster=local: no internet on its "compute node"
 
 
 def test_an_offline_site_uploads_from_its_post_partition_when_it_names_one(make_cells):
@@ -76,7 +75,7 @@ def test_an_offline_site_uploads_from_its_post_partition_when_it_names_one(make_
     hub = ["model=tiny_llama", "cluster=slurm_local", "push_to_hub=true", "hub_model_id=org/x"]
     (plain,) = make_cells(hub)
     (routed,) = make_cells([*hub, "cluster.post_partition=high"])
-    assert not post.upload_in_job(plain.spec) and post.upload_in_job(routed.spec)
+    assert not post_training.upload_in_job(plain.spec) and post_training.upload_in_job(routed.spec)
     params = dict(post_request_for(routed.spec, needs_hub=True).params)
     assert params["partition"] == "high" and params["nodes"] == 1 and "gres" not in params
     assert dict(post_request_for(routed.spec, needs_hub=False).params)["partition"] == "debug"
@@ -114,14 +113,14 @@ def test_qwen3_5_needs_an_environment_with_transformers_5_3(make_cells, monkeypa
         ["model=qwen3_5_9b", "cluster=leonardo", "+cluster.need_envs.transformers_ge_5_3={llamafactory:/envs/qwen35}"],
         ["model=qwen3_8b", "cluster=leonardo", "+cluster.need_envs.transformers_ge_5_3={llamafactory:/envs/qwen35}"])
     assert [p for p in validate([qwen35, qwen3]) if p.rule == "venv-need"] == []
-    assert venvs.select(qwen35.spec) == (Path("/envs/qwen35"), None)
-    assert venvs.select(qwen3.spec) == (Path("/x/env"), None)
+    assert environments.select(qwen35.spec) == (Path("/envs/qwen35"), None)
+    assert environments.select(qwen3.spec) == (Path("/x/env"), None)
     launch = render(qwen35, tmp_path / "c", []).files["launch.sh"]
     assert "export PATH=/envs/qwen35/bin:" in launch
     # the managed environments pin transformers 5.6.0 (LLaMA-Factory) and 5.16.1 (axolotl): both qualify
     local, ax = make_cells(["model=qwen3_5_9b"], ["model=qwen3_5_9b", "backend=axolotl"])
-    assert validate([local, ax]) == [] and venvs.select(local.spec)[0] == VenvSpec.load("llamafactory").path
-    assert venvs.select(ax.spec)[0] == VenvSpec.load("axolotl").path
+    assert validate([local, ax]) == [] and environments.select(local.spec)[0] == VenvSpec.load("llamafactory").path
+    assert environments.select(ax.spec)[0] == VenvSpec.load("axolotl").path
     # ... unless the backend no longer declares it: then the need is unmet
     (bare,) = make_cells(["model=qwen3_5_9b", "backend=axolotl", "backend.provides=[]"])
     assert [p.rule for p in validate([bare])] == ["venv-need"]
@@ -134,17 +133,17 @@ def test_tokenizer_check_repairs_the_list_and_fails_without_a_template(tmp_path)
     config = {"extra_special_tokens": ["<a>", "<b>"], "additional_special_tokens": ["<b>"],
               "tokenizer_class": "TokenizersBackend"}
     (model / "chat_template.jinja").write_text("{{ messages }}")
-    fixed, changes = post_run.tokenizer_problems(config, model)
+    fixed, changes = post_training.tokenizer_problems(config, model)
     assert "extra_special_tokens" not in fixed and fixed["additional_special_tokens"] == ["<b>", "<a>"]
     assert fixed["tokenizer_class"] == "PreTrainedTokenizerFast" and fixed["chat_template"] == "{{ messages }}"
     assert len(changes) == 3
     named = {"extra_special_tokens": {"image_token": "<img>"}, "chat_template": "x"}
-    assert post_run.tokenizer_problems(named, model) == (named, [])  # already a dict: nothing to do
+    assert post_training.tokenizer_problems(named, model) == (named, [])  # already a dict: nothing to do
     (model / "chat_template.jinja").unlink()
-    with pytest.raises(post_run.StageFailed, match="has no chat template"):
-        post_run.tokenizer_problems({"extra_special_tokens": {}}, model)
-    with pytest.raises(post_run.StageFailed, match="neither a dict nor a list"):
-        post_run.tokenizer_problems({"extra_special_tokens": "<a>", "chat_template": "x"}, model)
+    with pytest.raises(post_training.StageFailed, match="has no chat template"):
+        post_training.tokenizer_problems({"extra_special_tokens": {}}, model)
+    with pytest.raises(post_training.StageFailed, match="neither a dict nor a list"):
+        post_training.tokenizer_problems({"extra_special_tokens": "<a>", "chat_template": "x"}, model)
 
 
 def test_the_database_hook_runs_the_grids_command_and_fails_clearly(tmp_path):
@@ -157,14 +156,14 @@ def test_the_database_hook_runs_the_grids_command_and_fails_clearly(tmp_path):
                     datasets=("magpie", "delphi_warmup"),
                     register_command=(sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))",
                                       str(record), "{hub_model_id}", "{base_model}", "{datasets}", "{cell}"))
-    post_run.register(tmp_path, spec, post.LOGIN)
+    post_training.register(tmp_path, spec, post_training.LOGIN)
     assert record.read_text() == "org/m base/b magpie,delphi_warmup c1"
-    with pytest.raises(post_run.StageFailed, match="register_command is empty"):
-        post_run.register(tmp_path, replace(spec, register_command=()), post.LOGIN)
-    with pytest.raises(post_run.StageFailed, match="exited 1: no endpoint"):
-        post_run.register(tmp_path, replace(spec, register_command=(sys.executable, "-c",
+    with pytest.raises(post_training.StageFailed, match="register_command is empty"):
+        post_training.register(tmp_path, replace(spec, register_command=()), post_training.LOGIN)
+    with pytest.raises(post_training.StageFailed, match="exited 1: no endpoint"):
+        post_training.register(tmp_path, replace(spec, register_command=(sys.executable, "-c",
                                                                      "import sys; sys.exit('no endpoint')")),
-                          post.LOGIN)
+                          post_training.LOGIN)
 
 
 # -- real: the backend environments, the orchestrator ----------------------------------------------------
@@ -188,7 +187,7 @@ def test_repaired_tokenizer_loads_the_same_in_transformers_5_6_and_5_16(tmp_path
     model = tiny_assets / "models" / "tiny-llama3"
     assert isinstance(json.loads((model / "tokenizer_config.json").read_text())["extra_special_tokens"], list)
     cell = _fake_completed_cell(tmp_path, model, ["tokenizer"], Path(sys.executable))
-    assert post_run.run(cell) is True
+    assert post_training.run(cell) is True
     for d in (cell / "output", cell / "output" / "checkpoint-2"):
         config = json.loads((d / "tokenizer_config.json").read_text())
         assert "extra_special_tokens" not in config and config["chat_template"]
@@ -214,13 +213,13 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
                                 hub_model_id="org/tiny-sft", upload_in_job=False)
     (cell / "output" / "checkpoint-2" / "chat_template.jinja").unlink()  # a checkpoint without its template
     # the base has no preprocessor_config.json: the first stage fails, and nothing after it runs
-    assert post_run.run(cell, post.LOGIN) is False
-    st = post.states(cell)
+    assert post_training.run(cell, post_training.LOGIN) is False
+    st = post_training.states(cell)
     assert st["preprocessor_config"].state == "failed" and "preprocessor_config.json is not in the base" in st["preprocessor_config"].reason
     assert st["tokenizer"].state == "pending" and st["upload"].state == "pending"
     (base / "preprocessor_config.json").write_text('{"processor_class": "X"}')
-    assert post_run.run(cell, post.LOGIN) is False
-    st = post.states(cell)
+    assert post_training.run(cell, post_training.LOGIN) is False
+    st = post_training.states(cell)
     assert st["preprocessor_config"].state == "completed"
     for d in (cell / "output", cell / "output" / "checkpoint-2"):
         assert json.loads((d / "preprocessor_config.json").read_text()) == {"processor_class": "X"}
@@ -228,8 +227,8 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
     shutil.copy(cell / "output" / "chat_template.jinja", cell / "output" / "checkpoint-2")
     # the Hub: offline here. The real huggingface_hub in the backend environment says why, with the repository
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert post_run.run(cell, post.LOGIN) is False
-    st = post.states(cell)
+    assert post_training.run(cell, post_training.LOGIN) is False
+    st = post_training.states(cell)
     assert st["tokenizer"].state == "completed" and st["upload"].state == "failed"
     reason = st["upload"].reason
     assert "https://huggingface.co/org/tiny-sft" in reason and "OfflineModeIsEnabled" in reason
@@ -259,7 +258,7 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     assert state["global_step"] == 2
     events = [e["event"] for e in ledger_of(cell)]
     assert events[:4] == ["submitted", "job", "running", "completed"] and set(events[4:]) == {"stage"}
-    st = post.states(cell)
+    st = post_training.states(cell)
     assert st["preprocessor_config"].state == "failed"  # the tiny model has none
     assert st["tokenizer"].state == "pending" and st["upload"].state == "pending"
     status = subprocess.run([sys.executable, "-m", "sft_grid.status", "--runs-root", str(tmp_path / "runs")],
@@ -273,7 +272,7 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     # the stages ran alone: the training was neither submitted nor run again
     assert events.count("running") == 1 and events.count("submitted") == 1 and events[-1] == "stage"
     assert json.loads((cell / "output" / "trainer_state.json").read_text()) == state
-    st = post.states(cell)
+    st = post_training.states(cell)
     assert st["preprocessor_config"].state == "completed" and st["tokenizer"].state == "completed"
     assert st["upload"].state == "waiting" and "from the login node" in st["upload"].reason
     # the upload waits for the login node: the grid does not queue it again
@@ -311,7 +310,7 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
     assert (output / "latest").read_text().strip() == "global_step2" and not (output / "model.safetensors").exists()
     assert output_complete(output)
     trained_s = time.perf_counter() - started
-    assert post_run.run(cell_path) is True, post.states(cell_path)
+    assert post_training.run(cell_path) is True, post_training.states(cell_path)
     assert stage_events(cell_path, "completed") == [("consolidate", "completed"), ("tokenizer", "completed")]
     compare = ("import sys; from safetensors.torch import load_file; a, b = load_file(sys.argv[1]), load_file(sys.argv[2]);"
                " assert sorted(a) == sorted(b), (sorted(a), sorted(b)); print(len(a), max((a[k].float() - b[k].float()).abs().max().item() for k in a))")
@@ -344,8 +343,8 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
             assert f"#SBATCH --dependency={kind}:{array}" in script and "#SBATCH --kill-on-invalid-dep=yes" in script
             assert "--gres" not in script and "#SBATCH --nodes=1" in script
         deadline = time.time() + 300
-        while any(post.states(c)["upload"].state != "waiting" for c in cells):
-            assert time.time() < deadline, [(post.states(c), ledger_of(c)) for c in cells]
+        while any(post_training.states(c)["upload"].state != "waiting" for c in cells):
+            assert time.time() < deadline, [(post_training.states(c), ledger_of(c)) for c in cells]
             time.sleep(2)
     finally:
         subprocess.run(["scancel", *jobs], check=False, capture_output=True)
@@ -355,7 +354,7 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
         completed_at = next(i for i, e in enumerate(events) if e["event"] == "completed")
         stage_runs = [i for i, e in enumerate(events) if e["event"] == "stage"]
         assert stage_runs and min(stage_runs) > completed_at
-        assert post.states(cell)["tokenizer"].state == "completed"
+        assert post_training.states(cell)["tokenizer"].state == "completed"
         assert states_of([cell])[cell].job_id == next(e["job_id"] for e in events if e["event"] == "job")
     # a rerun queues nothing: training is complete and the upload waits for the login node
     again = run_sft(*args, check=True)
@@ -421,7 +420,7 @@ def test_on_slurm_a_rerun_queues_only_the_failed_stages(tmp_path, tiny_assets):
 
     def wait_stage(cell: Path, stage: str, states: set[str]) -> None:
         deadline = time.time() + 240
-        while post.states(cell)[stage].state not in states:
+        while post_training.states(cell)[stage].state not in states:
             assert time.time() < deadline, ledger_of(cell)
             time.sleep(2)
 
@@ -434,7 +433,7 @@ def test_on_slurm_a_rerun_queues_only_the_failed_stages(tmp_path, tiny_assets):
     assert "post stages to run: preprocessor_config, tokenizer" in again.stdout
     assert "post-training stages of 1 completed cell(s): array sft_grid-" in again.stdout
     wait_stage(cell, "tokenizer", {"completed", "failed"})
-    assert [n for n, st in post.states(cell).items() if st.state != "completed"] == []
+    assert [n for n, st in post_training.states(cell).items() if st.state != "completed"] == []
     kinds = [e["event"] for e in ledger_of(cell)]
     assert kinds.count("submitted") == 1 and kinds.count("running") == 1 and kinds.count("post_job") == 2
     assert (cell / "output" / "trainer_state.json").read_text() == trained  # training did not run again

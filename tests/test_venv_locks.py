@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from sft_grid.planning import environments as venvs
+from sft_grid.planning import environments
 from sft_grid.planning.environments import VenvSpec, lock_path
 from sft_grid.stages import venv_build
 

@@ -4,7 +4,7 @@
   estimates) that `python -m sft_grid.results` prints and the report shows, read from ledgers, trainer logs
   and score files only;
 - `report`: the report's data (report.json): the table, loss curves, fits, each cell's estimate against what it
-  took (the calibration of grid/calibration.py and planning/throughput.py);
+  took (the calibration of grid/costs.py and planning/estimate.py);
 - `scaling`, `solver`: the fit of L(N) = E + A N^-alpha per recipe, with its bootstrap band;
 - `html`, `plots`, `curves`, `svg`: the self-contained HTML page drawn from the report's data.
 

@@ -6,7 +6,7 @@ cell's row (analysis/table.py) with its loss curve (every logged step; tokens se
 its estimate counted), the base models, the scaling fits (analysis/scaling.py: final loss and each score per
 recipe, against parameters and against the pretraining compute budget where model names carry one), and the
 estimate against the actual: each completed cell's estimate made when it was queued (estimate.json), what the
-calibration of today says of it without it (leave-one-out: planning/throughput.py fitted to the grid's other
+calibration of today says of it without it (leave-one-out: planning/estimate.py's calibration fitted to the grid's other
 completed cells), and what it took (its completing run's wall time x GPUs; CPU time on CPU-only nodes).
 """
 

@@ -15,6 +15,9 @@ Probe results are cached on disk under <cache root>/preflight/, keyed by the che
 mtime of the tokenizer files, the data file, the probe and the backend's virtual environment, so invoking the
 same grid again pays no subprocess. Inputs not readable here (hub ids, a site's own venv) are deferred
 to the job's first step like every other preflight check.
+
+The judgement is pure and lives here too (`judge`, `judge_row`): from the probe's token data, every assistant turn
+is trained with its think block and the token that ends it, nothing of the system or user prompt, no row dropped.
 """
 
 from __future__ import annotations

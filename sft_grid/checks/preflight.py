@@ -5,6 +5,10 @@ the Hugging Face cache; a hub id that is not cached cannot be read here (no hub 
 login nodes may differ from compute nodes). Such a check is not skipped: it is *deferred*, written into
 the cell's preflight.json, reported by name in the dry run and the launch summary, and run by the job
 as its first step, before training (sft_grid/job/runner.py), where it fails the job with the same message.
+
+The verdict of each kind of check on its input, where the input can be read (pure reads, no hub), is below the
+grid's preflight: a path's existence and kind, the template's special tokens, assistant turns in a sample, a
+prepared model or a tokenized dataset built by a job before the cell, the staging's outcome.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sft_grid.core.paths import assets_dir
-    from sft_grid.stages import tiny_assets as assets
+    from sft_grid.stages import tiny_assets
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(assets.build(force=args.force) if args.action == "build" else assets_dir())
+    print(tiny_assets.build(force=args.force) if args.action == "build" else assets_dir())
     return 0
 

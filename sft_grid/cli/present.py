@@ -1,5 +1,9 @@
 """Text a person reads: tables, the dry run (the check table, first examples and the submission plan), the launch
-summary and the final states. Formatting only: the command line prints what these return."""
+summary and the final states. Formatting only: the command line prints what these return.
+
+Also the text about a grid's inputs (what is staged from the Hub and how much, a transfer's progress, the shared
+tokenizations) and its costs (the dry run's cost table, its totals, where the throughput came from).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,16 @@
-"""How a schema field carries its rule (a range, a set of values), how its value nests, and the value sets
-the backends accept: what sft_grid/core/schema.py (the cell) and core/eval_schema.py (an evaluation suite) build
-their fields from; one generic validation rule (planning/schema_rules.py) reads them back.
+"""The typed config schema: a cell (`CellConf`, registered with Hydra's ConfigStore as ``base_config``) and an
+evaluation suite (`EvalConf`), as Hydra structured configs.
+
+conf/config.yaml lists ``base_config`` first in its defaults, so every group option and every override is
+merged onto these dataclasses: an unknown key or a value of the wrong type fails at compose time. A key
+added with `+` gets past Hydra (that is what `+` is for), so the planner checks every composed key against
+these dataclasses too: only the mappings (`extra`, `vars`, `env`, ...) take keys of their own.
+
+Each numeric key carries its range and each key with a fixed set of values carries that set (taken from what
+the backends accept), in the field's metadata: one generic validation rule (planning/validate.py) reads them, so
+no value a backend would refuse or misread at job time reaches a GPU node. The schemas describe *inputs*; values
+derived from them (gradient accumulation, identity, directories) are computed by the planner and never written
+back. In order: the fields' helpers and value sets, the evaluation suite's schema, the cell's.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """Layer 7, grid: the flow compose -> plan -> validate -> check -> render -> submission plan -> schedule.
 
-- `flow`: the whole flow for every cell at once; returns a `GridResult` and prints nothing (the command line
-  presents it);
+- `flow`: the whole flow for every cell at once, as a frozen plan (`plan`) and its execution (`execute`); prints
+  nothing (the command line presents what it returns);
 - `view`: each cell's ledger and the scheduler's view of their jobs (one sacct call for the grid);
-- `decide`: what to do with each cell, from its state (run, skip, run its post-training stages only, rerun);
-- `recover`: what to do about jobs an orchestrator killed mid-submit left behind;
+- `decide`: what to do with each cell, from its state (run, skip, run its post-training stages only, rerun), and
+  about jobs an orchestrator killed mid-submit left behind;
 - `render`: each cell's files, exactly as a job reads them;
-- `submission`, `requests`, `eval_jobs`: the `SubmissionPlan` (arrays, names, requests, throttles, prep, post and
-  evaluation jobs, dependencies), pure;
-- `execute`: the only part with effects: runs the plan and nothing else; `lock`: one invocation at a time.
+- `jobs`: the `SubmissionPlan` of an invocation (arrays, names, sbatch requests, throttles, the jobs before training,
+  post and evaluation jobs, dependencies), pure;
+- `costs`: the estimates before launch, and the calibration from what completed cells took;
+- `triage`: failures the scheduler ended, triaged where the grid is read; the requeue a job asks for;
+- `execute`: the only part with effects: runs the plan and nothing else.
 
 Imports everything below it: core, planning, backends, checks, stages, job (to archive), schedulers.
 """

@@ -4,13 +4,16 @@ Per cell it gathers: each data source's token sample (the loss-mask probe's rows
 own preprocessing: `Preflight.lengths`) and its row count (a local file or the Hugging Face cache, counted
 once per file), scaled through the cell's mix; the model's depth and attention width from its config.json
 (else a guess from its size, said so); the cluster's GPU type and GPUs; the cell's wall time and requeues; the
-throughput of planning/throughput.py, calibrated from the completed cells under the cell's runs root
-(grid/calibration.py) or a default. A cell whose tokens cannot be counted here (hub data not in the cache)
+throughput of planning/estimate.py, calibrated from what the completed cells under the cell's runs root
+took (below) or a default. A cell whose tokens cannot be counted here (hub data not in the cache)
 gets no estimate, with the reason.
 
 What it gives the flow: the estimates (printed by a dry run, written to each queued cell's estimate.json), a
 problem for each cell to run whose estimate exceeds its wall time x (1 + requeues), and the free space of each
 runs root to compare the disk estimate with.
+
+The calibration (below) is what completed cells took: their run seconds (CPU seconds on CPU-only nodes) against
+their tokens and FLOPs, read from each cell's ledger, trainer state and estimate.json.
 """
 
 from __future__ import annotations

@@ -7,9 +7,11 @@
   (resuming from the last checkpoint), unless the class's policy requeues it (a transient fault within its
   budget: core/failures/policy.py): then it runs again at once, avoiding the nodes its evidence names;
 - planned (new, or its earlier submission never reached the scheduler): run.
-A cell whose job an orchestrator killed mid-submit left behind is first recovered (grid/recover.py), and its
+A cell whose job an orchestrator killed mid-submit left behind is first recovered (`plan_recovery`), and its
 recovered state decides. A base model its cells' suites ask to evaluate is evaluated when a score of it is missing
 and no evaluation of it runs (`decide_base`).
+
+Recovery (`plan_recovery`) is decided here too, from reads only; grid/execute.py does it, in a real run only.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from sft_grid.core.submission import Recovery
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.evaluation import BaseTarget, cell_scores
 from sft_grid.schedulers import slurm
-from sft_grid.stages import evaluate as eval_state
-from sft_grid.stages import post_training as post
+from sft_grid.stages import evaluate
+from sft_grid.stages import post_training
 
 
 class Action(str, Enum):
@@ -91,8 +93,8 @@ def decide(cell: Cell, cell_dir: Path, state: CellState, history: Sequence[Event
         return Decision(cell, cell_dir, state, Action.RUN, archive=state.state is State.COMPLETED, recovery=recovery,
                         post=True, evaluate=bool(scores))
     if state.state is State.COMPLETED:
-        todo = post.todo(cell, cell_dir, history, view)
-        evaluation = eval_state.todo(cell_dir, scores, history, view)
+        todo = post_training.todo(cell, cell_dir, history, view)
+        evaluation = evaluate.todo(cell_dir, scores, history, view)
         why += "".join(f"; {note}" for note in (todo.note, evaluation.note) if note)
         if todo.stages or evaluation.needed:
             return Decision(cell, cell_dir, state, Action.POST, why, recovery=recovery, post=bool(todo.stages),
@@ -110,7 +112,7 @@ class BaseDecision:
 
 
 def decide_base(target: BaseTarget, history: Sequence[Event], view: SchedulerView | None) -> BaseDecision:
-    todo = eval_state.todo(target.dir, target.scores, history, view)
+    todo = evaluate.todo(target.dir, target.scores, history, view)
     return BaseDecision(target, todo.needed, todo.note or "every score computed")
 
 

@@ -1,15 +1,18 @@
 """The submission plan of a grid invocation, from its decisions (pure): every job, its name, size, throttle and
 dependencies, before anything runs (see core/submission.py for why).
 
-On Slurm: the jobs before training (grid/before.py: the staging job where the site stages on a transfer partition,
+On Slurm: the jobs before training (the staging job where the site stages on a transfer partition,
 one array of the model preps not done, one array of the tokenizations not built, in a chain); the
 cells to train as job arrays, one per (sbatch request, sweep directory, prep job they wait for), split at
 MaxArraySize and throttled by the grid's concurrency; for each training array a post-training array whose tasks
 each wait for their training task (aftercorr; afterok for a single job), and an evaluation array whose tasks each
-wait for their post task (grid/eval_jobs.py); one post array for completed cells whose stages are pending, and an
+wait for their post task; one post array for completed cells whose stages are pending, and an
 evaluation array for completed cells with missing scores; one evaluation array of the grid's base models.
 Locally: the preps and tokenizations, then the cells in order (each evaluated in its own job), then completed
 cells' pending stages and evaluations, then the base models' evaluations.
+
+In order: the plan from the decisions; the jobs before training (staging, preps, tokenizations, in a chain); the
+sbatch requests and names of the training and post-training jobs; the evaluation jobs.
 """
 
 from __future__ import annotations

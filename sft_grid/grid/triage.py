@@ -3,7 +3,8 @@
 A job killed by its time limit, the OOM killer, a node failure or scancel leaves nothing in the cell's ledger
 but its `running`: the class, the evidence and the next step come from sacct's record of every leg of the job
 (one call for all such cells of the grid) and the cell's logs (core/failures/cell.py), and are written to its ledger
-once. Then every cell that ended, and the grid when all have, is notified once (stages/notices.py).
+once. Then every cell that ended, and the grid when all have, is notified once (stages/notify.py). `requeue` is what a job runs when its
+failure's policy requeues the cell: the cell submitted again from its directory alone.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from sft_grid.grid.jobs import build
 from sft_grid.grid.view import GridView, read_view
 from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.schedulers import slurm
-from sft_grid.stages import notify as notices
+from sft_grid.stages import notify
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +77,15 @@ def _notify(view: GridView, cell_dirs: Sequence[Path]) -> None:
     for d in cell_dirs:
         by_sweep.setdefault(d.parent, []).append(d)
     for sweep_dir, dirs in by_sweep.items():
-        settings = notices.settings_for(dirs[0])
+        settings = notify.settings_for(dirs[0])
         if not settings.enabled:
             continue
         states = {d: view.state(d) for d in dirs}
         try:
             for d, st in states.items():
-                notices.cell_ended(d, st, view.histories[d], settings)
+                notify.cell_ended(d, st, view.histories[d], settings)
             if set(dirs) == set(iter_cell_dirs(sweep_dir)):  # the whole grid was read, not a few of its cells
-                notices.grid_ended(sweep_dir, states, view.histories)
+                notify.grid_ended(sweep_dir, states, view.histories)
         except OSError as exc:  # a marker or the ledger could not be written: the next reader sends it
             log.warning("notifications of %s deferred (%s)", sweep_dir.name, exc)
 

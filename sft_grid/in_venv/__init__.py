@@ -13,5 +13,5 @@ backends import the plugins from PYTHONPATH (launch.sh sets it).
 - post_stage.py: post-training stages that need the backend's packages (consolidate, fetch, upload);
 - axolotl_check.py: axolotl's own validation of a rendered config (tests);
 - build_tiny.py: the tiny local models the tests and the demo train;
-- evaluate.py: lm-evaluation-harness on one saved model, offline, one result per task (the harness's environment).
+- lm_eval_run.py: lm-evaluation-harness on one saved model, offline, one result per task (the harness's environment).
 """

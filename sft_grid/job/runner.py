@@ -7,7 +7,7 @@ its triage (class, evidence, next step: core/failures/cell.py); then the post-tr
 (the local executor). A failure its policy requeues (a collective timeout, a GPU fault) is submitted again at
 once, from its checkpoint, avoiding the nodes the evidence names (`python -m sft_grid.requeue`); a killed
 training (time limit, preemption, the OOM killer) is left to the scheduler's record, which the grid triages.
-The end of the cell (and of the grid, when this was its last cell) is notified once (stages/notices.py).
+The end of the cell (and of the grid, when this was its last cell) is notified once (stages/notify.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
 from sft_grid.core.templates import effective_template, template_digest
 from sft_grid.stages import evaluate
-from sft_grid.stages import notify as notices
+from sft_grid.stages import notify
 from sft_grid.stages.post_training import IN_JOB
 from sft_grid.stages.post_training import run as run_post
 
@@ -131,7 +131,7 @@ def run_cell(cell_dir: str | Path) -> str:
         rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
                             cwd=cell_dir, check=False).returncode
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/calibration.py)
+    # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/costs.py)
     used = {"cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
     if rc < 0:
         # killed by a signal: Slurm cancelling, requeueing or timing the job out, the OOM killer, or srun ending
@@ -198,11 +198,11 @@ def _ended(cell_dir: Path) -> None:
     """Notify the cell's end, and the grid's when no cell of it is left to run (seen from the ledgers)."""
     try:
         history = events.read(cell_dir)
-        if not notices.settings_for(cell_dir).enabled:
+        if not notify.settings_for(cell_dir).enabled:
             return
-        notices.cell_ended(cell_dir, state_of(cell_dir, None, history), history)
+        notify.cell_ended(cell_dir, state_of(cell_dir, None, history), history)
         siblings = [d for d in cell_dir.parent.iterdir() if (d / CELL_FILE).is_file() and not d.name.startswith(".")]
-        notices.grid_ended(cell_dir.parent, {d: state_of(d, None) for d in sorted(siblings)})
+        notify.grid_ended(cell_dir.parent, {d: state_of(d, None) for d in sorted(siblings)})
     except OSError as exc:  # a notification never fails the cell; the next reader of the grid sends it
         log.warning("notification of %s deferred: %s", cell_dir.name, exc)
 

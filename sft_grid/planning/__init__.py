@@ -1,13 +1,17 @@
 """Layer 1, planning: from conf/ and the command line to typed, validated cells (pure: reads, never writes).
 
-- `compose`: every cell of a grid with Hydra's own semantics, at a fraction of Hydra's cost;
+- `compose`: every cell of a grid with Hydra's own semantics, at a fraction of Hydra's cost, and the messages for
+  what Hydra cannot compose (the valid keys or options, the closest one);
+- `resolvers`: sft_grid's OmegaConf resolvers (${user_env:...}, ${by_size:...}) and the schema's registration;
 - `cells`: a composed config made a typed `Cell`, with its identity (what determines the trained model),
   its name and what is derived from it (gradient accumulation, world size);
 - `inputs`: what a cell's backend loads (a local path, a hub id, or a prepared copy of the model);
-- `venvs`: which virtual environment a cell trains in, and the pinned specs of the managed ones;
-- `evals`, `eval_tasks`, `eval_rules`: what a grid evaluates (suites, score identities, base models, the eval
-  axis merged into one cell), the project's tiny local tasks, and the suites' rules;
-- `validate`, `schema_rules`, `messages`: every rule over every cell, all problems reported at once.
+- `environments`: which virtual environment a cell trains in, and the pinned specs of the managed ones;
+- `evaluation`: what a grid evaluates (suites, score identities, base models, the eval axis merged into one
+  cell), the suites' rules, and the project's tiny local tasks;
+- `estimate`: what a cell costs before launch (tokens, FLOPs, GPU-hours, wall time, disk), and the throughput
+  it is computed with (a calibration from completed cells, or a default);
+- `validate`: every rule over every cell (the schema's, the Hub's, those between keys), all problems at once.
 
 Imports only sft_grid.core.
 """

@@ -55,7 +55,7 @@ class Cell:
     slug: str
     runs_root: Path
     # the evaluation suites of a cell into which a grid's `eval` axis merged the cells that differ only in their
-    # suite (planning/evals.py); empty: the cell's own `eval`
+    # suite (planning/evaluation.py); empty: the cell's own `eval`
     suites: tuple[Any, ...] = ()
     # the commits staging pinned its Hub model and datasets to (planning/inputs.py: what it then loads); never
     # part of its identity

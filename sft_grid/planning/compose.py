@@ -13,6 +13,10 @@ disjoint. Where the grid's config reads other keys (a sweep file's model table),
 unresolved config and resolves each cell as a whole, as Hydra does. Where the observation does not hold (an
 option with its own defaults list or a package header, an override value that reads other keys), the cell is
 composed by Hydra in full. tests/test_compose.py proves the result equals ``hydra.compose`` for generated grids.
+
+Below the composer: its plain data (the composed cell, its errors, the reference, setting a dotted key), the value
+overrides of a grid's cells each applied once by Hydra's own override code (`ValueEffects`), and the messages for
+input Hydra could not compose (the valid keys or options, and the closest one).
 """
 
 from __future__ import annotations

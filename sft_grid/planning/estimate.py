@@ -18,7 +18,7 @@ FLOPs = 6 N D + 12 n_layers d_attn sum_seq s^2.
     cutoff_len for every token (attention crosses example boundaries within a block; the upper bound).
     MFU figures are quoted in this same convention, so a default MFU and this count agree.
 
-Time comes from a `Throughput` (planning/throughput.py): a per-cluster calibration from completed cells, or a
+Time comes from a `Throughput` (below): a per-cluster calibration from completed cells, or a
 stated default MFU x the GPU type's peak.
 
 Disk: a checkpoint holds the weights (2 bytes/param in bf16/fp16, 4 in fp32) and, when the optimizer is
@@ -29,6 +29,9 @@ every one when the limit is unset. The final model (weights only) comes on top.
 
 Not counted: evaluation, checkpoint write time, padding within a batch, recomputation under activation
 checkpointing (~+33% FLOPs when on). Start-up (loading, tokenising) is counted where a calibration measured it.
+
+How fast a cluster trains (`Throughput`, `throughput`) is below: a calibration fitted to completed cells (start-up,
+per-token and per-FLOP cost; CPU time on CPU-only nodes), or a stated default MFU of the cluster's GPU type.
 """
 
 from __future__ import annotations

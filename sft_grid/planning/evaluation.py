@@ -9,6 +9,9 @@
 - A base model (the `model.path` or `model.hub_id` the cells start from) is evaluated once per grid, under
   `<sweep dir>/_base/<model slug>-<key>/`, for every cell whose suite asks for `base_models`. A base model whose
   saved tokenizer (readable here) has no chat template is scored without one, and its settings say so.
+
+Below: the rules of a cell's evaluation suite (pure, like validate.py's), and the tiny local tasks sft_grid ships for
+its tests and demo (`write_tiny_tasks`: the tiny models' arithmetic, written by code, with a digest per task).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Rules over every cell of a grid. Each rule yields problems; the grid fails once, with all of them.
 
 Every problem names the cell, the dotted key, the value, the rule and how to fix it. Rules here are pure
-(they read only the composed cells); the schema's own rules (unknown keys, ranges, value sets) are in
-schema_rules.py, a backend's rules about what it cannot train are the backend's own (`problems`), and checks
+(they read only the composed cells): the schema's own rules (unknown keys, ranges, value sets, read from
+the schema's fields), the Hub's (every id a cell stages from or uploads to, held to the client's own rule), and
+the rules between keys (a global batch that divides, a mix that matches, a template that fits its tokenizer, ...).
+A backend's rules about what it cannot train are the backend's own (`problems`), and checks
 that need a tokenizer or data are in sft_grid/checks and report through the same Problem type.
 """
 
@@ -24,7 +26,7 @@ from sft_grid.core.schema import CellConf, Range, field_shapes
 from sft_grid.core.secrets import carries_secret, redact_url
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
-from sft_grid.planning import environments as venvs
+from sft_grid.planning import environments
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.compose import did_you_mean
 from sft_grid.planning.evaluation import eval_suite, same_training
@@ -41,7 +43,7 @@ def batch_divisible(cell: Cell) -> Iterator[Problem]:
     s = cell.spec
     per_step = s.micro_batch_size * cell.world_size
     if per_step < 1 or s.global_batch_size < 1:
-        return  # a batch size or node count below 1 is a range problem, reported once by schema_rules
+        return  # a batch size or node count below 1 is a range problem, reported once by the schema's range rule
     if s.global_batch_size % per_step:
         yield _problem(
             cell, "global_batch_size", s.global_batch_size, "batch-divisible",
@@ -64,7 +66,7 @@ def mix_matches(cell: Cell) -> Iterator[Problem]:
                            "drop mix.probs (mix.probs=null) or set mix.strategy=interleave_under")
         return
     if mix.strategy not in ("interleave_under", "interleave_over"):
-        return  # an unknown strategy is a choice problem (schema_rules)
+        return  # an unknown strategy is a choice problem (the schema's value rule)
     if mix.probs is None or len(mix.probs) != n:
         got = "none" if mix.probs is None else str(len(mix.probs))
         yield _problem(
@@ -104,7 +106,7 @@ def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
     template = TEMPLATES.get(model.template)
     family = TOKENIZER_FAMILIES.get(model.tokenizer_family)
     if template is None or family is None:
-        return  # an unknown template or family is a choice problem (schema_rules)
+        return  # an unknown template or family is a choice problem (the schema's value rule)
     if family != template.family:
         delphi = (" (Delphi checkpoints carry the Llama-3 tokenizer with think/tool tokens in its reserved slots;"
                   " they train with the delphi template: Llama-3 turns plus those tokens)"
@@ -187,15 +189,15 @@ def inputs_named(cell: Cell) -> Iterator[Problem]:
 
 def venv_meets_needs(cell: Cell) -> Iterator[Problem]:
     s = cell.spec
-    path, unmet = venvs.select(s)
+    path, unmet = environments.select(s)
     if unmet:
         yield _problem(
             cell, f"cluster.need_venvs.{unmet}.{s.backend.name}", None, "venv-need",
-            f"model {s.model.name!r} needs {venvs.VENV_NEEDS[unmet]}, and cluster {s.cluster.name!r} names no"
+            f"model {s.model.name!r} needs {environments.VENV_NEEDS[unmet]}, and cluster {s.cluster.name!r} names no"
             f" {s.backend.name} virtual environment that has it (its environment {path} is not declared to)",
             f"name one in conf/cluster/{s.cluster.name}.yaml: need_venvs: {{{unmet}: {{{s.backend.name}: <venv dir>}}}}"
             f" (or '+cluster.need_venvs.{unmet}={{{s.backend.name}:<venv dir>}}' on the command line)")
-    if "zero3" in s.model.needs and path == venvs.managed_for(s) and "deepspeed" not in s.backend.provides:
+    if "zero3" in s.model.needs and path == environments.managed_for(s) and "deepspeed" not in s.backend.provides:
         # a site's own environment is the site's business; the managed one is known not to have DeepSpeed
         yield _problem(
             cell, "backend", s.backend.name, "venv-deepspeed",

@@ -1,13 +1,16 @@
 """The evaluation stage: score a target (a cell's trained output, or a base model) on the tasks of its eval.json
-that have no score yet, each once, with lm-evaluation-harness in its own environment (in_venv/evaluate.py).
+that have no score yet, each once, with lm-evaluation-harness in its own environment (in_venv/lm_eval_run.py).
 
 Steps: record `eval running`; for a cell, check train == serve (the template every copy saved with the model
-carries is the one the trainer saved when training completed, core/saved_template.py); write the project's tiny
+carries is the one the trainer saved when training completed, core/templates.py); write the project's tiny
 tasks if asked; run the harness once per (engine, batch size, device, dtype, seed) with every missing task; turn
 each result into its score file (core/scores.py) and record it; record `eval completed`, or `failed` with the
 reason (a task's own error, or the harness's last line). A failed task fails only its own score: the next run of
 the grid computes what is missing and nothing else, never the training. Jobs run offline: the harness gets the
 Hugging Face offline switches, and tasks read only the local files or the staged cache.
+
+The stage's state (`state_of`, `todo`) is derived, never stored, from a target's score files, its ledger and the
+scheduler: what the grid decides on and what `status` shows in its eval column.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from sft_grid.planning.evaluation import TINY_TASKS, tasks_digest, write_tiny_ta
 
 log = logging.getLogger(__name__)
 
-SCRIPT = IN_VENV_DIR / "evaluate.py"
+SCRIPT = IN_VENV_DIR / "lm_eval_run.py"
 EVAL_LOG = "eval.log"
 # the key under which the training job records the digest of the template the trainer saved (a `completed` event)
 TRAINED_TEMPLATE = "chat_template"
@@ -119,8 +122,8 @@ def _harness(target_dir: Path, plan: EvalFile, group: Sequence[ScoreSpec], paths
         except OSError as exc:
             raise EvalFailed(f"cannot run the harness's python {plan.python}: {exc} (build the environment:"
                              " python -m sft_grid.venv build lm_eval)") from None
-    said = [line.removeprefix("evaluate.py: error: ") for line in tail_lines(log_file, 16384)
-            if line.startswith("evaluate.py: error:")]
+    said = [line.removeprefix("lm_eval_run.py: error: ") for line in tail_lines(log_file, 16384)
+            if line.startswith("lm_eval_run.py: error:")]
     return run_dir / "results", ((said[-1] if said else f"the harness exited {rc}") if rc else "")
 
 

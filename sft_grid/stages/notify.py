@@ -11,15 +11,19 @@ Invariants:
   not notify twice, while a rerun (a new attempt) does.
 - No secret in logs: a webhook URL may carry a token in its userinfo, query or path (Slack and Discord put
   it in the path), so logs show redact_url(url) only, and error texts are scrubbed of the URL. Userinfo is
-  sent as an HTTP Basic Authorization header (urllib would take it for part of the host name).
-- Bounded: a short timeout per try and a few retries (connection errors, timeouts, 429 and 5xx only: any
-  other answer is final); the command gets the same timeout and no retry (it may have side effects).
-Stdlib only (orchestrator code).
+  sent as an HTTP Basic Authorization header.
+- Bounded: a short timeout per try and a few retries with exponential backoff (connection errors, timeouts, 429
+  and 5xx only: any other answer is final); the command gets the same timeout and no retry (it may have side
+  effects). The POST is httpx's (installed with huggingface_hub); the retry loop is ours, because httpx's transport
+  retries only failed connections, not a 429 or a 5xx answer.
+
+Who hears what (`cell_ended`, `grid_ended`, the settings a cell's directory names) follows the delivery: one
+notification when a cell ends and one when the whole grid has, whoever notices first (the job, `status`, the
+next invocation), recorded in the ledger so that none is sent twice.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -27,13 +31,11 @@ import os
 import re
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from sft_grid.core import events
@@ -43,7 +45,6 @@ from sft_grid.core.failures.policy import RemedyKind
 from sft_grid.core.layout import LOGS_DIR
 from sft_grid.core.secrets import redact_url, token_like
 from sft_grid.core.state import CellState, State
-from sft_grid.stages import notify
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,9 @@ def should_send(key: str, already_sent: set[str] | frozenset[str]) -> bool:
 
 
 @dataclass(frozen=True)
-class Event:
+class Notice:
+    """What one notification says: a cell's end, or the grid's."""
+
     kind: str  # cell | grid
     grid: str
     outcome: str  # completed | failed (cells), done (grids)
@@ -94,14 +97,14 @@ class Event:
 
 
 def cell_event(grid: str, cell: str, outcome: str, attempt: int = 1, failure_class: str = "",
-               summary: str = "", **details: Any) -> Event:
-    return Event("cell", grid, outcome, cell, attempt, failure_class, summary or f"{cell}: {outcome}", details)
+               summary: str = "", **details: Any) -> Notice:
+    return Notice("cell", grid, outcome, cell, attempt, failure_class, summary or f"{cell}: {outcome}", details)
 
 
-def grid_event(grid: str, counts: Mapping[str, int], attempt: int | str = 1) -> Event:
+def grid_event(grid: str, counts: Mapping[str, int], attempt: int | str = 1) -> Notice:
     """The grid is done: counts of its cells by final state."""
     text = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n) or "no cells"
-    return Event("grid", grid, "done", "", attempt, "", f"grid {grid} done: {text}", {"counts": dict(counts)})
+    return Notice("grid", grid, "done", "", attempt, "", f"grid {grid} done: {text}", {"counts": dict(counts)})
 
 
 @dataclass(frozen=True)
@@ -147,49 +150,54 @@ def _scrub(text: str, url: str) -> str:
     return text
 
 
-def _request(url: str, body: bytes) -> urllib.request.Request:
+def _target(url: str) -> tuple[str, tuple[str, str] | None]:
+    """The URL without its userinfo, and the userinfo as (user, password) for Basic auth."""
     parts = urlsplit(url)
-    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
-    if parts.username is not None:
-        cred = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(cred).decode()
-        host = parts.hostname or ""
-        netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-        url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return urllib.request.Request(url, data=body, headers=headers, method="POST")
+    if parts.username is None:
+        return url, None
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    bare = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return bare, (unquote(parts.username), unquote(parts.password or ""))
 
 
 def post_webhook(url: str, payload: Mapping[str, Any], timeout_s: float = 10.0, retries: int = 2,
                  backoff_s: float = 1.0) -> Delivery:
     """POST the payload as JSON; retried on connection errors, timeouts, 429 and 5xx."""
+    import httpx
+
     shown = redact_url(url)
     try:
-        request = _request(url, json.dumps(payload, default=str).encode())
+        target, auth = _target(url)
+        if urlsplit(target).scheme not in ("http", "https") or not urlsplit(target).hostname:
+            return Delivery("webhook", False, 0, f"{shown}: not an http(s) URL")
     except ValueError as e:
         return Delivery("webhook", False, 0, f"{shown}: {_scrub(str(e), url)}")
-    if request.type not in ("http", "https"):
-        return Delivery("webhook", False, 0, f"{shown}: not an http(s) URL")
+    body = json.dumps(payload, default=str).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
     detail, tries = "", 0
-    for tries in range(1, retries + 2):
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-                return Delivery("webhook", True, tries, f"{shown}: HTTP {resp.status}")
-        except urllib.error.HTTPError as e:
-            detail = f"HTTP {e.code}"
-            e.close()
-            if e.code != 429 and e.code < 500:
+    with httpx.Client(timeout=timeout_s, auth=auth, follow_redirects=False) as client:
+        for tries in range(1, retries + 2):
+            try:
+                answer = client.post(target, content=body, headers=headers)
+                if answer.is_success:
+                    return Delivery("webhook", True, tries, f"{shown}: HTTP {answer.status_code}")
+                detail = f"HTTP {answer.status_code}"
+                if answer.status_code != 429 and answer.status_code < 500:
+                    break
+            except httpx.TimeoutException as e:
+                detail = _scrub(f"{type(e).__name__}: timed out", url)
+            except httpx.TransportError as e:  # refused, reset, unreachable
+                detail = _scrub(f"{type(e).__name__}: {e}", url)
+            except Exception as e:  # a notification never breaks the caller (a URL httpx cannot send to, ...)
+                detail = _scrub(f"{type(e).__name__}: {e}", url)
                 break
-        except OSError as e:  # URLError, refused connections, timeouts
-            detail = _scrub(f"{type(e).__name__}: {getattr(e, 'reason', e)}", url)
-        except Exception as e:  # a notification never breaks the caller
-            detail = _scrub(f"{type(e).__name__}: {e}", url)
-            break
-        if tries <= retries:
-            time.sleep(backoff_s * 2 ** (tries - 1))
+            if tries <= retries:
+                time.sleep(backoff_s * 2 ** (tries - 1))
     return Delivery("webhook", False, tries, f"{shown}: {detail}")
 
 
-def run_command(argv: Sequence[str], event: Event, timeout_s: float = 10.0) -> Delivery:
+def run_command(argv: Sequence[str], event: Notice, timeout_s: float = 10.0) -> Delivery:
     """Run the grid's command with the event as JSON on stdin and in SFT_GRID_EVENT_* variables."""
     try:
         proc = subprocess.run(list(argv), input=json.dumps(event.payload(), default=str), text=True,
@@ -204,7 +212,7 @@ def run_command(argv: Sequence[str], event: Event, timeout_s: float = 10.0) -> D
     return Delivery("command", True, 1, f"{argv[0]}: exit 0")
 
 
-def send(event: Event, config: NotifyConfig) -> list[Delivery]:
+def send(event: Notice, config: NotifyConfig) -> list[Delivery]:
     """Deliver the event on every configured channel; never raises."""
     channels = []
     if config.command:
@@ -225,7 +233,7 @@ def send(event: Event, config: NotifyConfig) -> list[Delivery]:
     return out
 
 
-def notify(event: Event, config: NotifyConfig, already_sent: set[str] | frozenset[str]) -> list[Delivery]:
+def send_once(event: Notice, config: NotifyConfig, already_sent: set[str] | frozenset[str]) -> list[Delivery]:
     """send() unless the event's key was already sent (then nothing, and an empty list). The caller then
     records event.key in the cell's ledger, whatever the deliveries' outcome: a failed notification is
     logged, not retried on every later pass."""
@@ -233,8 +241,6 @@ def notify(event: Event, config: NotifyConfig, already_sent: set[str] | frozense
         return []
     return send(event, config)
 
-
-log = logging.getLogger(__name__)
 
 MARKERS = "notified"  # under the cell's logs/ (a grid's own under <sweep>/.notified)
 ENDED = (State.COMPLETED, State.FAILED, State.CANCELLED)
@@ -283,12 +289,12 @@ def cell_ended(cell_dir: Path, state: CellState, history: Sequence[Event] | None
     if not settings.enabled:
         return False
     history = events.read(cell_dir) if history is None else history
-    event = notify.cell_event(cell_dir.parent.name, cell_dir.name, state.state.value, run_number(history),
+    event = cell_event(cell_dir.parent.name, cell_dir.name, state.state.value, run_number(history),
                               state.failure_class or "", _summary(cell_dir, state), job_id=state.job_id,
                               step=state.progress.step, total=state.progress.total)
     if not _take(cell_dir / LOGS_DIR / MARKERS, event.key):
         return False
-    notify.send(event, settings)
+    send(event, settings)
     events.append(cell_dir, Event(Kind.NOTIFIED, key=event.key))
     return True
 
@@ -315,10 +321,10 @@ def grid_ended(sweep_dir: Path, states: Mapping[Path, CellState],
     counts: dict[str, int] = {}
     for st in states.values():
         counts[st.state.value] = counts.get(st.state.value, 0) + 1
-    event = notify.grid_event(sweep_dir.name, counts, _digest(runs))
+    event = grid_event(sweep_dir.name, counts, _digest(runs))
     if not _take(sweep_dir / f".{MARKERS}", event.key):
         return False
-    notify.send(event, settings)
+    send(event, settings)
     return True
 
 

@@ -22,7 +22,10 @@ Stages, in order (only those that apply to the cell are planned):
 Where they run: locally, in the job right after training. On Slurm, as a post job array that depends on the
 training array, task by task. The upload runs in a job only where it can reach the Hub: the compute nodes
 have internet, or the cluster names a `post_partition` whose nodes have. Elsewhere it waits for
-`python -m sft_grid.post`, run from the login node. The runners are stages/post_run.py.
+`python -m sft_grid.post`, run from the login node.
+
+What each stage does (`STAGE_RUNNERS`: consolidate, the preprocessor copy, the tokenizer repair, the upload, the
+database hook, the cleanup) and the chain's runner (`run`, what the job and `sft-grid post` call) follow the plan.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ writes the prep's script and runs it. The prep directory keeps its own ledger (e
 (prep.sh, runnable by hand: the think/tool tokens renamed into Llama-3's reserved slots by
 in_venv/prep_delphi.py, in the backend's virtual environment) and its log (prep.log). Locally the grid runs the
 prep before the cells, under a lock (other grids may share the prepared copy: one prepares it, the others find
-it done); on Slurm it is one job per model and the cells' arrays depend on it (see grid/submission.py).
+it done); on Slurm it is one job per model and the cells' arrays depend on it (see grid/jobs.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Building a managed virtual environment from its pins and lock (planning/venvs.py says which, and where).
+"""Building a managed virtual environment from its pins and lock (planning/environments.py says which, and where).
 
     python -m sft_grid.venv build llamafactory     # create (no-op when a finished one exists)
     python -m sft_grid.venv lock llamafactory      # resolve the pins afresh, write conf/locks/llamafactory.txt

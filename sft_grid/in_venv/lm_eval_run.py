@@ -3,7 +3,7 @@
 Runs with the python of the harness environment (conf/harness/lm_eval.yaml), never the orchestrator's (the
 evaluation stage, sft_grid/stages/evaluate.py, writes the spec and turns each result into a score file):
 
-    python evaluate.py <spec.json>
+    python lm_eval_run.py <spec.json>
 
 The spec (JSON object):
 
@@ -29,7 +29,7 @@ generation setting to a whole run; here the model and the task index load once a
 
 Invariants: stdlib at import time (lm_eval is imported only after the offline switches are set, since the Hugging
 Face libraries read them once at import); never imports sft_grid; exit status 0 only when every task's result
-file is written; on failure the last line on stderr is one sentence starting "evaluate.py: error:", exit status 1
+file is written; on failure the last line on stderr is one sentence starting "lm_eval_run.py: error:", exit status 1
 (2 for a usage error).
 """
 
@@ -280,7 +280,7 @@ def evaluate(spec: EvalSpec) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("usage: python evaluate.py <spec.json>", file=sys.stderr)
+        print("usage: python lm_eval_run.py <spec.json>", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(err, EvalError):
             traceback.print_exc()
         message = str(err) if isinstance(err, EvalError) else f"{type(err).__name__}: {err}"
-        print(f"evaluate.py: error: {' '.join(message.split())}", file=sys.stderr)
+        print(f"lm_eval_run.py: error: {' '.join(message.split())}", file=sys.stderr)
         return 1
     return 0
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sft_grid import backends
 from sft_grid.backends import axolotl
@@ -225,7 +226,7 @@ def test_mixed_cell_trains_with_axolotl_and_every_checkpoint_carries_the_templat
         assert_template_everywhere(out)
         log = (cell / "logs" / "train.log").read_text()
         assert "Loading prepared dataset from disk at" in log and "mix_data: wrote" not in log
-    assert axolotl_mix_grid.first.count("step 8/8") == 2
+    assert "step 8/8" in axolotl_mix_grid.first
     # the grid's tokenize-once job wrote the interleaved mix and axolotl's prepared dataset; the cells loaded it
     (tok_dir,) = list((root / "_tokenized").iterdir())
     tok_log = (tok_dir / "tokenize.log").read_text()
@@ -278,7 +279,8 @@ def test_parity_with_llamafactory_on_the_same_cell(tmp_path, axolotl_mix_grid):
     common = [a for a in AXOLOTL_MIX if not a.startswith("backend=")]
     run_sft("backend=llamafactory", *common, "lr=1e-3", f"runs_root={tmp_path}", check=True)
     (lf_cell,) = cells(tmp_path)
-    (ax_cell,) = [c for c in cells(axolotl_mix_grid.root) if "_lr0.001-" in c.name]
+    (ax_cell,) = [c for c in cells(axolotl_mix_grid.root)
+                  if yaml.safe_load((c / "cell.yaml").read_text())["lr"] == pytest.approx(1e-3)]
     final = {}
     for backend, cell in (("llamafactory", lf_cell), ("axolotl", ax_cell)):
         curve = losses(cell / "output")

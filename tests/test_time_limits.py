@@ -118,7 +118,7 @@ def test_a_timed_out_cell_is_requeued_and_its_next_leg_resumes_from_the_checkpoi
     final(root)
     cell = the_cell(root)
     kinds = [e["event"] for e in training_events(cell)]
-    assert kinds.count("requeued") == 1 and kinds.count("running") == 2, kinds
+    assert "requeued" in kinds and kinds.count("running") == 2, kinds
     assert kinds.count("submitted") == 1, kinds  # requeued by the job itself, not submitted again
     resumed = [e for e in training_events(cell) if e["event"] == "resumed"]
     assert resumed, kinds

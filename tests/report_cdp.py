@@ -22,9 +22,10 @@ import subprocess
 import threading
 import time
 import zlib
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 # The flags without which headless Chromium tries to reach Google's servers, plus the pipe.
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -65,10 +66,10 @@ class Browser:
             os.dup2(high_r, 3)
             os.dup2(high_w, 4)
 
-        self.log = open(profile.parent / "chromium.log", "wb")
+        self.log = open(profile.parent / "chromium.log", "wb")  # noqa: SIM115 (closed by close(): the browser's life)
         self.proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
                                       "about:blank"], stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
-                                     close_fds=False, preexec_fn=wire)
+                                     close_fds=False, preexec_fn=wire)  # noqa: PLW1509 (before the reader thread)
         os.close(to_child_r)
         os.close(from_child_w)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -134,27 +135,25 @@ class Browser:
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         return self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
 
-    def evaluate(self, session: str, expression: str) -> Any:
-        out = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
+    def evaluate(self, session: str, expression: str, wait: bool = False) -> Any:
+        """The expression's value in the page; `wait`: a promise's, once it settles."""
+        out = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": wait},
+                        session)
         if "exceptionDetails" in out:
             raise CDPError(f"page script failed: {out['exceptionDetails']}")
         return out["result"].get("value")
 
     def close(self) -> None:
-        try:
+        with suppress(CDPError):
             self.call("Browser.close")
-        except CDPError:
-            pass
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=20)
         for fd in (self._to_child, self._from_child):
-            try:
+            with suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self.log.close()
 
 
@@ -239,10 +238,10 @@ def requests(browser: Browser) -> list[str]:
 
 def plot_pixels(browser: Browser, session: str) -> dict[str, int]:
     """Each plot (its aria-label, numbered when repeated) -> its coloured pixels in a screenshot of its box.
-    Data marks are coloured; frame, grid and labels are grey: a blank plot has none."""
+    Data marks are coloured; frame, grid, labels and the modebar's icons are grey: a blank plot has none."""
     import numpy as np
 
-    boxes = browser.evaluate(session, """[...document.querySelectorAll('svg.plot')].map(e => {
+    boxes = browser.evaluate(session, """[...document.querySelectorAll('div.plot')].map(e => {
         const r = e.getBoundingClientRect();
         return {x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height, title: e.getAttribute('aria-label')};
     })""")
@@ -273,3 +272,83 @@ def click(browser: Browser, session: str, header: str) -> None:
 def names(browser: Browser, session: str) -> list[str]:
     """The cells table's first column, in the order shown."""
     return browser.evaluate(session, "[...document.querySelectorAll('#cells tbody td.name')].map(t => t.textContent)")
+
+
+# -- plotly's figures, used as a person uses them: the mouse over a point, on a legend entry, dragged -----------
+
+
+def _mouse(browser: Browser, session: str, kind: str, x: float, y: float, buttons: int = 0) -> None:
+    browser.call("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left" if buttons or kind !=
+                                              "mouseMoved" else "none", "buttons": buttons, "clickCount": 1}, session)
+
+
+def _wait(browser: Browser, session: str, expression: str, timeout: float = 5.0) -> Any:
+    """The expression's value once it is truthy (plotly answers the mouse on its next animation frame, a legend
+    click after its double-click delay); its last value after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = browser.evaluate(session, expression)
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def point_at(browser: Browser, session: str, figure: str, trace: int, point: int) -> dict[str, float]:
+    """Where a data point of a figure is on the screen (viewport pixels), the figure scrolled into view first."""
+    return browser.evaluate(session, f"""(() => {{
+        const gd = document.getElementById({json.dumps(figure)});
+        gd.scrollIntoView({{block: 'center'}});
+        const t = gd._fullData[{trace}], xa = gd._fullLayout.xaxis;
+        const ya = gd._fullLayout[t.yaxis === 'y2' ? 'yaxis2' : 'yaxis'];
+        const r = gd.getBoundingClientRect();
+        return {{x: r.left + xa._offset + xa.l2p(xa.d2l(t.x[{point}])),
+                 y: r.top + ya._offset + ya.l2p(ya.d2l(t.y[{point}]))}};
+    }})()""")
+
+
+def hover(browser: Browser, session: str, figure: str, trace: int, point: int) -> str:
+    """A real mouse move onto a data point; the text of the hover label plotly shows for it ("" if none)."""
+    at = point_at(browser, session, figure, trace, point)
+    _mouse(browser, session, "mouseMoved", 1, 1)  # off the figure first, so the next move is a move
+    time.sleep(0.1)  # plotly handles one hover per 50 ms (HOVERMINTIME): a move within it is dropped
+    _mouse(browser, session, "mouseMoved", at["x"], at["y"])
+    return _wait(browser, session, f"""[...document.getElementById({json.dumps(figure)})
+        .querySelectorAll('.hoverlayer .hovertext')].map(h => h.textContent).join(' | ')""")
+
+
+def legend_click(browser: Browser, session: str, figure: str, entry: str) -> list[Any]:
+    """A real click on a legend entry (by its text); then the `visible` of each trace of the entry's group, once
+    plotly has acted on the click."""
+    box = browser.evaluate(session, f"""(() => {{
+        const gd = document.getElementById({json.dumps(figure)});
+        gd.scrollIntoView({{block: 'center'}});
+        const item = [...gd.querySelectorAll('.legend .traces')].find(t =>
+            t.querySelector('.legendtext').textContent === {json.dumps(entry)});
+        const r = item.getBoundingClientRect();
+        return {{x: r.left + 20, y: r.top + r.height / 2}};
+    }})()""")
+    group = f"""(() => {{ const gd = document.getElementById({json.dumps(figure)});
+        const named = gd._fullData.find(t => t.name === {json.dumps(entry)} && t.showlegend !== false);
+        return gd._fullData.filter(t => t.legendgroup === named.legendgroup).map(t => t.visible); }})()"""
+    before = json.dumps(browser.evaluate(session, group), separators=(",", ":"))  # as JSON.stringify writes it
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        _mouse(browser, session, kind, box["x"], box["y"], 0 if kind == "mouseMoved" else 1)
+    _wait(browser, session, f"JSON.stringify({group}) !== {json.dumps(before)}", timeout=3.0)
+    return browser.evaluate(session, group)
+
+
+def drag(browser: Browser, session: str, figure: str, start: tuple[float, float], end: tuple[float, float]) -> None:
+    """A real mouse drag across a figure's plot area, between two points given as fractions of it (0..1, from the
+    top left): plotly's default drag zooms to the box."""
+    area = browser.evaluate(session, f"""(() => {{
+        const gd = document.getElementById({json.dumps(figure)});
+        gd.scrollIntoView({{block: 'center'}});
+        const r = gd.getBoundingClientRect(), s = gd._fullLayout._size;
+        return {{x: r.left + s.l, y: r.top + s.t, w: s.w, h: s.h}};
+    }})()""")
+    (x0, y0), (x1, y1) = ((area["x"] + fx * area["w"], area["y"] + fy * area["h"]) for fx, fy in (start, end))
+    _mouse(browser, session, "mouseMoved", x0, y0)
+    _mouse(browser, session, "mousePressed", x0, y0, 1)
+    for k in range(1, 6):
+        _mouse(browser, session, "mouseMoved", x0 + (x1 - x0) * k / 5, y0 + (y1 - y0) * k / 5, 1)
+    _mouse(browser, session, "mouseReleased", x1, y1, 1)

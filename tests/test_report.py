@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from sft_grid.analysis.report import build
+from sft_grid.analysis.page import render
+from sft_grid.analysis.report_data import build
 from sft_grid.core.paths import REPO_ROOT
 
 from . import grid_fixture as gf
-from .test_report_html import body_rows, parse
+from .test_report_html import body_rows, own, parse, titled, traces
 
 SIZES = {"tiny_llama": 2.02e5, "tiny_llama_m": 8.47e5, "tiny_llama_l": 2.874e6}
 RECIPES = {"tiny_messages": (1.0, 6000.0), "tiny_sharegpt": (1.3, 3600.0)}  # dataset -> (E, tokens)
@@ -36,7 +37,7 @@ def make_grid(make_cells: Any, sweep: str, states: dict[tuple[str, str], str] | 
     accuracy that rises with size; `states` makes some of them running, failed or planned (never run)."""
     cells = make_cells(*[[f"model={m}", f"dataset={d}", f"sweep_name={sweep}"] for m in models for d in datasets])
     dirs = gf.render_cells(cells)
-    for i, (cell, d) in enumerate(zip(cells, dirs)):
+    for i, (cell, d) in enumerate(zip(cells, dirs, strict=True)):
         model, data = cell.spec.model.name, next(iter(cell.spec.dataset))
         state = (states or {}).get((model, data), "completed")
         if state == "planned":
@@ -87,10 +88,11 @@ def test_report_of_a_grid_over_size_and_data(make_cells, tmp_path: Path) -> None
     assert "fitted to the CPU time of 6 completed cell(s) of 3 size(s) on local" in est["calibration"]["local"]
     # the page: every cell in the table, loss curves per recipe and scaling plots, the estimates said
     page = html.read_text()
-    rows = body_rows(parse(page))
+    rows = body_rows(parse(own(page)))
     assert [r[0] for r in rows] == sorted(d.name for d in dirs)
-    assert page.count('class="panel"') == 2 and "final loss vs parameters" in page and "tiny_mc/acc vs parameters" in page
-    assert "compute budget" not in page  # the tiny models' names carry no pretraining budget
+    assert page.count('class="panel"') == 2
+    # the tiny models' names carry no pretraining budget: no compute-budget plot
+    assert list(titled(page))[4:] == ["final loss vs parameters", "tiny_mc/acc vs parameters"]
     assert 'id="estimates"' in page and "est. now" in page
 
 
@@ -104,14 +106,14 @@ def test_a_partial_grid_shows_each_cell_as_it_is(make_cells, tmp_path: Path) -> 
     running = by[("tiny_llama_l", "tiny_messages")]
     assert running["step"] == 12 and len(running["curve"]) == 12 and running["final_loss"] is None
     assert by[("tiny_llama_m", "tiny_sharegpt")]["reason"].startswith("backend exited with 1")
-    assert by[("tiny_llama_l", "tiny_sharegpt")]["curve"] == [] and by[("tiny_llama_l", "tiny_sharegpt")]["gpu_hours"] is None
+    planned = by[("tiny_llama_l", "tiny_sharegpt")]
+    assert planned["curve"] == [] and planned["gpu_hours"] is None
     fits = {(f["metric"], f["recipe"]): f for f in data["fits"]}
     assert fits[("final_loss", "tiny_messages")]["ok"] is False  # 2 completed sizes: no fit, and why
     assert "2 distinct N" in fits[("final_loss", "tiny_messages")]["reason"]
-    from sft_grid.analysis.html import render
-
     page = render(data)
-    assert "tiny_llama_l_tiny_messages" in page and "(running): latest" in page
+    (ring,) = traces(titled(page)["final loss vs parameters"], "tiny_messages: running")
+    assert ring["customdata"] == [running["name"]] and ring["y"] == [running["curve"][-1][2]]
     assert "no logged steps: 1 planned" in page
 
 
@@ -119,10 +121,8 @@ def test_a_grid_over_one_axis_gets_the_plots_that_make_sense(make_cells, tmp_pat
     make_grid(make_cells, "sizes", datasets=("tiny_messages",))
     data = build(tmp_path / "runs" / "sizes", resamples=20)
     assert data["axes"] == ["model"] and {c["recipe"] for c in data["cells"]} == {None}
-    from sft_grid.analysis.html import render
-
     page = render(data)
-    assert page.count('class="panel"') == 1 and "final loss vs parameters" in page
+    assert page.count('class="panel"') == 1 and "final loss vs parameters" in titled(page)
     # one size, learning rates swept: curves coloured by lr, and no scaling plot at all
     cells = make_cells(*[["model=tiny_llama", f"lr={lr}", "sweep_name=lrs"] for lr in ("1e-5", "2e-5", "5e-5")])
     for i, d in enumerate(gf.render_cells(cells)):
@@ -130,7 +130,9 @@ def test_a_grid_over_one_axis_gets_the_plots_that_make_sense(make_cells, tmp_pat
     one = build(tmp_path / "runs" / "lrs", resamples=20)
     page = render(one)
     assert one["axes"] == ["lr"] and 'id="scaling"' not in page and "vs parameters" not in page
-    assert page.count("<figure") == 1 and "lr=1e-5" in page and "lr=5e-5" in page
+    assert own(page).count("<figure") == 1
+    assert [t["name"] for t in titled(page)["loss vs step"]["data"] if t["x"] == [None]] == ["lr=1e-5", "lr=2e-5",
+                                                                                               "lr=5e-5"]
     assert all(not f["ok"] for f in one["fits"])
 
 

@@ -1,16 +1,18 @@
-"""The grid report page: structure, self-containment, every cell present, partial and single-axis grids (the page
-as headless Chromium draws it: tests/test_report_browser.py)."""
+"""The grid report page: structure, self-containment, every cell present, partial and single-axis grids, and the
+plotly figures it hands to plotly.js (the page as headless Chromium draws it, hover, legend and zoom included:
+tests/test_report_browser.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+from html import escape
 from html.parser import HTMLParser
 from typing import Any
 
-from sft_grid.analysis.html import render
+from sft_grid.analysis.figures import decimate_index
+from sft_grid.analysis.page import plotly_js, render
 from sft_grid.analysis.scaling import report_fits
-from sft_grid.analysis.svg import decimate
 from tests.report_synthetic import grid
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
@@ -57,6 +59,33 @@ class Page(HTMLParser):
             self._cell.append(data)
 
 
+def own(page: str) -> str:
+    """The page without plotly.js (held verbatim, as the plotly package ships it: the page's own text is the rest)."""
+    lib = plotly_js()
+    assert page.count(lib) <= 1
+    return page.replace(lib, "")
+
+
+def figures(page: str) -> dict[str, Any]:
+    """The page's figures, as plotly.js reads them: id -> {data, layout, config}."""
+    found = re.findall(r'<script type="application/json" id="figures">(.*?)</script>', page, re.S)
+    return json.loads(found[0]) if found else {}
+
+
+def titled(page: str) -> dict[str, dict[str, Any]]:
+    """The figures by their title (the element's aria-label; numbered from the second of a title on)."""
+    out: dict[str, dict[str, Any]] = {}
+    figs = figures(page)
+    for ident, title in re.findall(r'<div class="plot" id="(fig\d+)" role="img" aria-label="([^"]*)"', page):
+        key = title if title not in out else f"{title} #{sum(k.startswith(title) for k in out) + 1}"
+        out[key] = figs[ident]
+    return out
+
+
+def traces(fig: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [t for t in fig["data"] if t.get("name") == name]
+
+
 def parse(page: str) -> Page:
     p = Page()
     p.feed(page)
@@ -90,32 +119,87 @@ def body_rows(p: Page) -> list[list[str]]:
     return [r for r in p.rows if r]  # the header row has th, not td
 
 
-def test_page_is_well_formed_html_with_one_head_one_body_and_one_script() -> None:
+def test_page_is_well_formed_html_with_plotly_inline_and_its_figures() -> None:
     page = render(grid(sizes=3, mixes=2, steps=50))
     assert page.startswith("<!DOCTYPE html>")
     p = parse(page)
     names = [t for t, _ in p.tags]
-    for tag in ("html", "head", "body", "style", "table", "thead", "tbody"):
+    for tag in ("html", "head", "body", "style", "table", "thead", "tbody", "title"):
         assert names.count(tag) == 1, tag
-    assert names[:names.index("body")].count("title") == 1  # the others are SVG tooltips
-    assert names.count("script") == 1
-    assert names.count("svg") >= 4  # curve panels (step, tokens) x 2 recipes, then scaling plots
+    # plotly.js, the figures' JSON, the script that draws them, the table's sorting
+    assert names.count("script") == 4 and plotly_js() in page and "plotly.js v" in plotly_js()[:200]
+    figs = titled(page)
+    assert len(figs) == 2 * 2 + 3 * 2  # (step, tokens) x 2 recipes; (final loss, 2 scores) x (params, budget)
+    assert set(figures(page)) == {f"fig{i}" for i in range(len(figs))}  # one element per figure, one each
 
 
 def test_nothing_outside_the_file_is_referenced() -> None:
     data = grid(sizes=3, mixes=2, steps=50)
     data["fits"] = drawn_fits(data)
     page = render(data)
-    assert page.count("<polygon") == 2  # the bands are there too
-    p = parse(page)
+    figs = figures(page)
+    assert sum(t.get("fill") == "toself" for f in figs.values() for t in f["data"]) == 2  # the bands are there too
+    mine = own(page)
+    p = parse(mine)
     for tag, attrs in p.tags:
         for name in ("src", "href", "xlink:href", "action", "poster", "data"):
             value = (attrs.get(name) or "").strip()
             assert not value or value.startswith(("data:", "#")), (tag, name, value)
         assert tag not in ("img", "iframe", "object", "embed", "audio", "video")
-    assert "http" not in page  # not even an xmlns: inline SVG needs none
-    assert all(u.startswith("#") for u in re.findall(r"url\(([^)]*)\)", page))
-    assert "@import" not in page and "@font-face" not in page
+    # the page's own text holds no URL; plotly.js names some (map tiles, fonts of map styles, a topojson CDN) for
+    # trace types this page never draws: that it asks for none of them is tests/test_report_browser.py's check
+    assert "http" not in mine and "//" not in json.dumps(figs)
+    assert not re.findall(r"url\(", mine)
+    assert "@import" not in mine and "@font-face" not in mine
+
+
+def test_the_figures_offer_what_plots_are_expected_to() -> None:
+    data = grid(sizes=4, mixes=2, steps=60, states=PARTIAL)
+    data["fits"] = drawn_fits(data)
+    figs = titled(render(data))
+    # the modebar's camera downloads an SVG, each figure's file named after it (a curve's after its panel too)
+    files = [f["config"]["toImageButtonOptions"]["filename"] for f in figs.values()]
+    assert {f["config"]["toImageButtonOptions"]["format"] for f in figs.values()} == {"svg"}
+    assert len(set(files)) == len(files) and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files)
+    assert files[:2] == ["magpie_loss_vs_step", "magpie_loss_vs_tokens_seen"]
+    for title, fig in figs.items():
+        assert fig["config"]["displaylogo"] is False and fig["layout"]["hovermode"] == "closest"  # no link out
+        assert "dragmode" not in fig["layout"]  # plotly's default: a drag zooms
+        shown = [t for t in fig["data"] if t["x"] != [None]]
+        # the pointer over any line or point says which cell (or fit) it is and its value: constant templates,
+        # the cell's name from the trace's name or its points' customdata, never spliced into the template
+        for t in shown:
+            if t.get("hoverinfo") == "skip":
+                assert t.get("fill") == "toself", t  # only the bands are silent: the fit line speaks for them
+                continue
+            assert "%{y:.4g}" in t["hovertemplate"] or "(on the x axis)" in t["name"], t
+            assert "%{fullData.name}" in t["hovertemplate"] or "%{customdata}" in t["hovertemplate"]
+            assert "delphi" not in t["hovertemplate"] and "magpie" not in t["hovertemplate"]
+        if title.startswith("loss vs"):
+            assert fig["layout"]["xaxis"]["type"] == "linear"
+            # a legend entry per model size, which toggles its cells' lines (their legend group)
+            entries = [t for t in fig["data"] if t["x"] == [None]]
+            assert [t["name"] for t in entries] == sorted({t["name"] for t in entries}, key=lambda n: float(
+                n[:-1]) * {"M": 1e6, "B": 1e9}[n[-1]])
+            assert {t["legendgroup"] for t in shown} == {t["legendgroup"] for t in entries}
+            assert all(t["showlegend"] is False for t in shown)
+        else:
+            assert fig["layout"]["xaxis"]["type"] == "log"  # parameters and compute budgets span decades
+            # a recipe's legend entry (its points) toggles its fit and band with it
+            for recipe in ("magpie", "wildchat_386k"):
+                group = [t for t in fig["data"] if t["legendgroup"] == recipe]
+                assert [t["showlegend"] for t in group].count(True) == 1
+                if title == "final loss vs parameters":
+                    assert {t["name"] for t in group} >= {recipe, f"{recipe}: fit", f"{recipe}: 90% band"}
+    loss = figs["final loss vs parameters"]
+    (magpie,) = traces(loss, "magpie")
+    assert magpie["customdata"][0] == "delphi-3e18-base__magpie" and magpie["mode"] == "markers"
+    (running,) = traces(loss, "magpie: running")
+    assert running["customdata"] == ["delphi-2e19-base__magpie"] and running["marker"]["symbol"] == "circle-open"
+    # the curves: the running cell dashed, with a ring at its latest loss; the failed one with a cross
+    curves = [t for t in figs["loss vs step"]["data"] if t["name"] == "delphi-2e19-base__magpie"]
+    assert [t["mode"] for t in curves] == ["lines", "markers"] and curves[0]["line"]["dash"] == "dash"
+    assert curves[1]["y"] == [curves[0]["y"][-1]] and curves[1]["meta"][0] == "running"
 
 
 def test_the_grid_at_a_glance() -> None:
@@ -151,8 +235,13 @@ def test_partial_grid_shows_running_failed_and_planned_cells_as_such() -> None:
     assert failed[3].startswith("failed") and "exit code 137 (out of memory)" in failed[3]
     assert planned[3] == "planned" and planned[4] == ""
     # on the plots: the running cell's latest loss as a ring, the failed one as a cross, the planned noted
-    assert "delphi-2e19-base__magpie (running): latest" in page
-    assert "<title>delphi-3e18-base__wildchat_386k (failed)</title>" in page
+    figs = titled(page)
+    (ring,) = traces(figs["final loss vs parameters"], "magpie: running")
+    assert ring["customdata"] == ["delphi-2e19-base__magpie"] and ring["marker"]["symbol"] == "circle-open"
+    (cross,) = [t for t in traces(figs["loss vs step #2"], "delphi-3e18-base__wildchat_386k") if t["mode"] == "markers"]
+    assert cross["marker"]["symbol"] == "x" and cross["meta"] == ["failed", "step", "exit code 137 (out of memory)"]
+    (on_axis,) = traces(figs["final loss vs parameters"], "failed: no value (on the x axis)")
+    assert on_axis["customdata"] == ["delphi-3e18-base__wildchat_386k"] and on_axis["yaxis"] == "y2"
     assert "no logged steps: 1 planned (delphi-9e18-base__magpie)" in page
     assert "1 failed (delphi-3e18-base__wildchat_386k)" in page
 
@@ -164,11 +253,12 @@ def test_a_single_axis_grid_gets_curves_but_no_scaling_plot() -> None:
     data["cells"] = [{**base, "name": f"lr{lr}", "values": {"lr": lr}, "recipe": None} for lr in (1e-5, 2e-5, 5e-5)]
     data["fits"] = report_fits(data, resamples=10)
     page = render(data)
-    p = parse(page)
     assert 'id="scaling"' not in page and "vs parameters" not in page
-    assert page.count("<figure") == 1  # one panel: every cell, coloured by lr
-    assert "lr=1e-05" in page and "lr=5e-05" in page
-    assert [t for t, _ in p.tags].count("svg") == 2  # loss vs step, loss vs tokens
+    assert own(page).count("<figure") == 1  # one panel: every cell, coloured by lr
+    figs = titled(page)
+    assert list(figs) == ["loss vs step", "loss vs tokens seen"]
+    for fig in figs.values():
+        assert [t["name"] for t in fig["data"] if t["x"] == [None]] == ["lr=1e-05", "lr=2e-05", "lr=5e-05"]
     assert all(f["ok"] is False for f in data["fits"])  # one size: nothing to fit
 
 
@@ -180,8 +270,8 @@ def test_a_grid_over_model_size_alone_gets_one_panel_and_its_scaling_plots() -> 
     data["axes"] = ["model"]
     page = render(data)
     assert page.count('class="panel"') == 1
-    assert "final loss vs parameters" in page and "final loss vs compute budget" in page
-    assert "gsm8k" not in page  # no score, no score plot
+    assert list(titled(page)) == ["loss vs step", "loss vs tokens seen", "final loss vs parameters",
+                                  "final loss vs compute budget (FLOPs)"]  # no score, no score plot
 
 
 def test_no_compute_plot_without_compute_budgets() -> None:
@@ -189,7 +279,7 @@ def test_no_compute_plot_without_compute_budgets() -> None:
     for c in data["cells"]:
         c["compute_budget"] = None
     page = render(data)
-    assert "final loss vs parameters" in page and "compute budget" not in page
+    assert "final loss vs parameters" in titled(page) and "compute budget" not in own(page)
 
 
 def test_fits_are_drawn_with_their_band_and_failures_are_explained() -> None:
@@ -197,7 +287,14 @@ def test_fits_are_drawn_with_their_band_and_failures_are_explained() -> None:
     data["cells"] = [c for c in data["cells"] if c["recipe"] == "magpie" or c["params"] < 6e8]
     data["fits"] = report_fits(data, xs=("params",), resamples=50)
     page = render(data)
-    assert page.count("<polygon") == 1  # magpie's band; wildchat has 2 sizes: no fit
+    fig = titled(page)["final loss vs parameters"]
+    (band,) = [t for t in fig["data"] if t.get("fill") == "toself"]  # magpie's; wildchat has 2 sizes: no fit
+    (fit,) = traces(fig, "magpie: fit")
+    (f,) = [f for f in data["fits"] if f["recipe"] == "magpie"]
+    n, lo, hi = f["band"]["n"], f["band"]["lo"], f["band"]["hi"]
+    assert band["legendgroup"] == fit["legendgroup"] == "magpie"
+    assert band["x"] == [*n, *n[::-1]] and band["y"] == [*hi, *lo[::-1]]
+    assert fit["y"] == [f["E"] + f["A"] * x ** -f["alpha"] for x in n]
     assert re.search(r"magpie: L\(N\) = [0-9.]+ \+ [0-9.]+ N\^-[0-9.]+ \(huber, 5 cells\)", page)
     assert "wildchat_386k: no fit (2 usable points at 2 distinct N" in page
 
@@ -209,11 +306,21 @@ def test_names_and_paths_are_escaped() -> None:
     data["cells"][0].update(name=evil, dir='/runs/<b>"a"</b>', reason="<img src=x onerror=alert(1)>", recipe=evil)
     data["cells"][0]["values"]["model"] = evil
     page = render(data)
-    p = parse(page)
-    assert "<script>alert" not in page and "<b>" not in page and "<img" not in page
-    assert [t for t, _ in p.tags].count("script") == 1 and "img" not in [t for t, _ in p.tags]
+    mine = own(page)
+    p = parse(mine)
+    assert "<script>alert" not in mine and "<b>" not in mine and "<img" not in mine
+    assert [t for t, _ in p.tags].count("script") == 4 and "img" not in [t for t, _ in p.tags]
     assert body_rows(p)[0][0] == evil  # the text survives, as text
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#x27;&quot;" in page
+    # in the figures' JSON no `<` at all (no string can end its script), and plotly gets the names escaped (it
+    # reads a few tags in its labels: <a href> would be a link)
+    (held,) = re.findall(r'<script type="application/json" id="figures">(.*?)</script>', page, re.S)
+    assert "<" not in held
+    figs = titled(page)
+    (line, cross) = traces(figs["loss vs step"], escape(evil))  # its curve, and the cross of a failed cell
+    assert line["mode"] == "lines" and cross["meta"] == ["failed", "step", escape("<img src=x onerror=alert(1)>")]
+    (on_axis,) = traces(figs["final loss vs parameters"], "failed: no value (on the x axis)")
+    assert on_axis["customdata"] == [escape(evil)]
 
 
 def test_rendering_is_deterministic() -> None:
@@ -228,26 +335,28 @@ def test_long_curves_are_decimated_and_keep_their_spikes() -> None:
     x = np.arange(2000, dtype=float)
     y = 2.0 - x / 2000
     y[1234] = 9.0
-    kept = decimate(x, y, 240)
+    idx = decimate_index(y, 240)
+    kept = list(zip(x[idx].tolist(), y[idx].tolist(), strict=True))
     assert len(kept) <= 242 and kept[0] == (0.0, 2.0) and kept[-1] == (1999.0, y[-1])
     assert (1234.0, 9.0) in kept
     assert [k[0] for k in kept] == sorted(k[0] for k in kept)
-    page = render(grid(sizes=2, mixes=1, recipes=1, steps=2000))
-    longest = max(len(m.split()) for m in re.findall(r'points="([^"]*)"', page))
-    assert longest <= 242
+    figs = titled(render(grid(sizes=2, mixes=1, recipes=1, steps=2000)))
+    lengths = [len(t["x"]) for f in figs.values() for t in f["data"] if t["mode"] == "lines" and t["x"] != [None]]
+    assert lengths and max(lengths) <= 242
 
 
 def test_no_cells_and_no_curves_render_without_empty_panels() -> None:
     assert "No cells." in render({"grid": {"name": "empty"}})
-    data = grid(sizes=2, mixes=1, recipes=1, steps=10, states={c: "planned" for c in (
-        "delphi-3e18-base__magpie", "delphi-9e18-base__magpie")}, scores=False)
+    planned = dict.fromkeys(("delphi-3e18-base__magpie", "delphi-9e18-base__magpie"), "planned")
+    data = grid(sizes=2, mixes=1, recipes=1, steps=10, states=planned, scores=False)
     page = render(data)
-    assert "No logged steps yet." in page and "<figure" not in page and "<svg" not in page
+    assert "No logged steps yet." in page and "<figure" not in page and "<div class=\"plot\"" not in page
+    assert "Plotly" not in page and len(page) < 20_000  # no figure: no plotly.js either
     assert "2 planned" in page
 
 
 def test_numeric_columns_carry_numbers_to_sort_by() -> None:
     data = grid(sizes=3, mixes=1, recipes=1, steps=20)
     p = parse(render(data))
-    sorts = [a["data-v"] for t, a in p.tags if t == "td" and a.get("class") == "n"]
+    sorts = [a["data-v"] or "" for t, a in p.tags if t == "td" and a.get("class") == "n"]
     assert sorts and all(v == "" or float(v) == float(v) for v in sorts)

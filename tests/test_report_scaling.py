@@ -1,23 +1,27 @@
-"""The scaling-law fit: recovers known curves, resists outliers, agrees with curve_fit, bands cover the truth."""
+"""The scaling-law fit: recovers known curves from noisy data with outliers, reaches the optimum of its objective,
+holds its bounds, says why a recipe is not fitted; its bootstrap band is the one refitting every resample with
+least_squares gives, and covers the truth about as often as its level says."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 
-from sft_grid.analysis.scaling import fit, report_fits
+from sft_grid.analysis.scaling import HUBER_DELTA, Loss, fit, report_fits, resample_indices
 
 E, A, ALPHA = 1.6, 1.2e3, 0.35
 
 
-def truth(n: np.ndarray | float) -> np.ndarray | float:
+def truth(n: Any) -> Any:
+    """The law the data come from, at n (a number or an array)."""
     return E + A * np.asarray(n, dtype=float) ** -ALPHA
 
 
-def points(n: np.ndarray, l: np.ndarray) -> list[tuple[float, float, str]]:
-    return [(float(a), float(b), f"cell{i:02d}") for i, (a, b) in enumerate(zip(n, l))]
+def points(n: np.ndarray, obs: np.ndarray) -> list[tuple[float, float, str]]:
+    return [(float(a), float(b), f"cell{i:02d}") for i, (a, b) in enumerate(zip(n, obs, strict=True))]
 
 
 def noisy(seed: int, sigma: float, sizes: int = 12, reps: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -27,23 +31,25 @@ def noisy(seed: int, sigma: float, sizes: int = 12, reps: int = 3) -> tuple[np.n
 
 
 @pytest.mark.parametrize("loss", ["huber", "least_squares"])
-def test_noise_free_points_give_back_the_parameters(loss: str) -> None:
+def test_noise_free_points_give_back_the_parameters(loss: Loss) -> None:
     n = np.geomspace(1e8, 1e10, 9)
     f = fit(points(n, truth(n)), loss=loss, resamples=0)
     assert f.ok and f.converged and f.at_bounds == ()
-    assert f.E == pytest.approx(E, rel=1e-6)
-    assert f.A == pytest.approx(A, rel=1e-6)
+    fitted_e, fitted_a = f.E, f.A
+    assert fitted_e == pytest.approx(E, rel=1e-6)
+    assert fitted_a == pytest.approx(A, rel=1e-6)
     assert f.alpha == pytest.approx(ALPHA, rel=1e-6)
     assert f.keys == tuple(f"cell{i:02d}" for i in range(9))
 
 
 def test_huber_shrugs_off_outliers_that_pull_least_squares_away() -> None:
-    n, l = noisy(seed=3, sigma=0.003)
-    l[[2, 17, 30]] *= (1.4, 0.75, 1.3)  # diverged / mislabelled cells
-    robust = fit(points(n, l), resamples=0)
-    plain = fit(points(n, l), loss="least_squares", resamples=0)
+    n, obs = noisy(seed=3, sigma=0.003)
+    obs[[2, 17, 30]] *= (1.4, 0.75, 1.3)  # diverged / mislabelled cells
+    robust = fit(points(n, obs), resamples=0)
+    plain = fit(points(n, obs), loss="least_squares", resamples=0)
     assert robust.ok and robust.converged
-    assert robust.E == pytest.approx(E, rel=0.02)
+    fitted_e = robust.E
+    assert fitted_e == pytest.approx(E, rel=0.02)
     assert robust.alpha == pytest.approx(ALPHA, rel=0.05)
     grid = np.geomspace(1e7, 1e11, 50)
     err_robust = max(abs(robust.predict(x) / truth(x) - 1) for x in grid)
@@ -52,20 +58,33 @@ def test_huber_shrugs_off_outliers_that_pull_least_squares_away() -> None:
     assert err_plain > 3 * err_robust
 
 
-def test_least_squares_option_matches_scipy_curve_fit() -> None:
-    from scipy.optimize import curve_fit
+def objective(n: np.ndarray, obs: np.ndarray, e: float, a: float, alpha: float, loss: str) -> float:
+    """The fit's objective, written out here in the caller's units: 0.5 r^2 of L, or Huber of log L."""
+    pred = e + a * n ** -alpha
+    if loss == "least_squares":
+        return float(np.sum(0.5 * (pred - obs) ** 2))
+    r = np.abs(np.log(pred) - np.log(obs))
+    return float(np.sum(np.where(r <= HUBER_DELTA, 0.5 * r * r, HUBER_DELTA * (r - 0.5 * HUBER_DELTA))))
 
-    n, l = noisy(seed=5, sigma=0.01, sizes=9, reps=4)
-    ours = fit(points(n, l), loss="least_squares", resamples=0)
-    theirs, _ = curve_fit(lambda x, e, a, alpha: e + a * x ** -alpha, n, l, p0=[1.5, 1.0e3, 0.3],
-                          ftol=1e-15, xtol=1e-15, gtol=1e-15, maxfev=100_000)
-    assert ours.ok and ours.converged and ours.delta is None
-    np.testing.assert_allclose([ours.E, ours.A, ours.alpha], theirs, rtol=1e-6)
+
+@pytest.mark.parametrize("loss", ["huber", "least_squares"])
+def test_the_fit_is_the_optimum_of_its_objective_in_the_callers_units(loss: Loss) -> None:
+    n, obs = noisy(seed=5, sigma=0.01, sizes=9, reps=4)
+    obs[7] *= 1.3  # an outlier
+    f = fit(points(n, obs), loss=loss, resamples=0)
+    assert f.ok and f.converged and f.at_bounds == () and f.delta == (HUBER_DELTA if loss == "huber" else None)
+    best = objective(n, obs, f.E, f.A, f.alpha, loss)
+    assert f.objective == pytest.approx(best, rel=1e-9)  # A is reported in N's own units, not the fit's scale
+    assert best <= objective(n, obs, E, A, ALPHA, loss)  # no worse than the parameters the data came from
+    for i in range(3):  # and no step away from it is better
+        for step in (1e-4, -1e-4):
+            e, a, alpha = (v * (1 + step) if j == i else v for j, v in enumerate((f.E, f.A, f.alpha)))
+            assert objective(n, obs, e, a, alpha, loss) >= best * (1 - 1e-12)
 
 
 def test_band_contains_the_true_curve_for_well_behaved_data() -> None:
-    n, l = noisy(seed=11, sigma=0.005, sizes=10, reps=4)
-    f = fit(points(n, l), resamples=300, level=0.9, seed=0)
+    n, obs = noisy(seed=11, sigma=0.005, sizes=10, reps=4)
+    f = fit(points(n, obs), resamples=300, level=0.9, seed=0)
     assert f.band is not None and f.band.level == 0.9
     assert f.band.resamples >= 290  # almost no resample has fewer than 3 distinct sizes
     grid = np.array(f.band.n)
@@ -81,8 +100,8 @@ def test_band_covers_the_truth_at_about_its_level_over_many_datasets() -> None:
     # a pointwise 90% band: over several noisy draws the true curve is inside at most grid points, not all
     covered = []
     for seed in range(100, 106):
-        n, l = noisy(seed=seed, sigma=0.005, sizes=10, reps=4)
-        band = fit(points(n, l), resamples=100, band_points=16).band
+        n, obs = noisy(seed=seed, sigma=0.005, sizes=10, reps=4)
+        band = fit(points(n, obs), resamples=100, band_points=16).band
         assert band is not None
         true = truth(np.array(band.n))
         covered.append(np.mean((np.array(band.lo) <= true) & (true <= np.array(band.hi))))
@@ -90,11 +109,38 @@ def test_band_covers_the_truth_at_about_its_level_over_many_datasets() -> None:
     assert 0.8 <= float(np.mean(covered)) < 1.0
 
 
+def test_the_band_is_that_of_each_resample_refitted_by_least_squares() -> None:
+    """The band refits the resamples all at once (numpy); refitting each alone with least_squares, from the same
+    draws, must give the same band."""
+    from scipy.optimize import least_squares
+
+    n, obs = noisy(seed=21, sigma=0.01, sizes=8, reps=3)
+    obs[5] *= 1.2
+    f = fit(points(n, obs), resamples=200, band_points=24, seed=3)
+    assert f.band is not None
+    n0 = float(np.exp(np.mean(np.log(n))))
+    start = [f.E, f.A * n0 ** -f.alpha, f.alpha]
+    curves = []
+    for idx in resample_indices(len(n), 200, 3):
+        x, y = n[idx] / n0, np.log(obs[idx])
+        if len(set(x.tolist())) < 3:
+            continue
+        res = least_squares(lambda t, x=x, y=y: np.log(t[0] + t[1] * x ** -t[2]) - y, start, loss="huber",
+                            f_scale=HUBER_DELTA, bounds=([0, 0, 0.01], [np.inf, np.inf, 2.0]), x_scale="jac",
+                            xtol=1e-12, ftol=1e-12, gtol=1e-12)
+        curves.append(res.x[0] + res.x[1] * (np.array(f.band.n) / n0) ** -res.x[2])
+    assert f.band.resamples == len(curves)
+    lo, hi = np.quantile(np.array(curves), [0.05, 0.95], axis=0)
+    width = hi - lo
+    assert np.all(np.abs(np.array(f.band.lo) - lo) <= 0.05 * width)
+    assert np.all(np.abs(np.array(f.band.hi) - hi) <= 0.05 * width)
+
+
 def test_fit_and_band_are_deterministic_and_follow_the_seed() -> None:
-    n, l = noisy(seed=2, sigma=0.01, sizes=6, reps=3)
-    one = fit(points(n, l), resamples=200, seed=7).as_dict()
-    two = fit(points(n, l), resamples=200, seed=7).as_dict()
-    other = fit(points(n, l), resamples=200, seed=8).as_dict()
+    n, obs = noisy(seed=2, sigma=0.01, sizes=6, reps=3)
+    one = fit(points(n, obs), resamples=200, seed=7).as_dict()
+    two = fit(points(n, obs), resamples=200, seed=7).as_dict()
+    other = fit(points(n, obs), resamples=200, seed=8).as_dict()
     assert one == two
     assert one["band"]["lo"] != other["band"]["lo"]
     assert (one["E"], one["A"], one["alpha"]) == (other["E"], other["A"], other["alpha"])
@@ -113,7 +159,34 @@ def test_bounds_hold_when_loss_rises_with_size() -> None:
     n = np.geomspace(1e8, 1e10, 6)
     f = fit(points(n, 2.0 + 0.01 * np.log10(n)), resamples=0)
     assert f.ok and f.E >= 0 and f.A >= 0 and 0.01 <= f.alpha <= 2.0
-    assert "A" in f.at_bounds  # no decreasing power law fits a rising loss
+    fitted_a = f.A
+    assert "A" in f.at_bounds and fitted_a == pytest.approx(0, abs=1e-9)  # no decreasing power law fits a rising loss
+
+
+def test_an_exponent_beyond_its_bound_stops_on_it_and_says_so() -> None:
+    n = np.geomspace(1e8, 1e9, 8)
+    f = fit(points(n, 1.0 + 1e16 * n ** -2.6), resamples=0)  # alpha 2.6, past the default bound of 2.0
+    assert f.ok and f.alpha == pytest.approx(2.0) and f.at_bounds == ("alpha",)
+    g = fit(points(n, 1.0 + 1e16 * n ** -2.6), alpha_bounds=(0.01, 3.0), resamples=0)
+    assert g.alpha == pytest.approx(2.6, rel=1e-6) and g.at_bounds == ()
+
+
+def test_a_degenerate_recipe_is_reported_not_fitted() -> None:
+    n = np.geomspace(1e8, 1e10, 5)
+    cells = [{"key": f"ok{i}", "state": "completed", "recipe": "good", "params": float(x),
+              "final_loss": float(truth(x))} for i, x in enumerate(n)]
+    # one recipe trained at two sizes only (three cells), another whose cells all failed or carry no loss
+    cells += [{"key": f"two{i}", "state": "completed", "recipe": "two", "params": x, "final_loss": 2.0 + i / 10}
+              for i, x in enumerate((1e8, 1e9, 1e9))]
+    cells += [{"key": "nan", "state": "completed", "recipe": "bad", "params": 1e9, "final_loss": float("nan")},
+              {"key": "zero", "state": "completed", "recipe": "bad", "params": 2e9, "final_loss": 0.0}]
+    fits = {f["recipe"]: f for f in report_fits({"cells": cells}, xs=("params",), resamples=20)}
+    assert set(fits) == {"good", "two"}  # "bad" has no usable point: nothing to say a curve of
+    assert fits["good"]["ok"] and fits["good"]["band"]["resamples"] > 0
+    two = fits["two"]
+    assert not two["ok"] and two["band"] is None and (two["E"], two["A"], two["alpha"]) == (None, None, None)
+    assert two["reason"] == ("3 usable points at 2 distinct N: fitting 3 parameters needs at least 3 distinct N")
+    assert sorted(two["keys"]) == ["two0", "two1", "two2"]
 
 
 def test_report_fits_one_per_recipe_from_completed_cells_only() -> None:
@@ -141,10 +214,11 @@ def test_accuracy_like_scores_are_fitted_as_their_error_and_losses_as_they_are()
     err = 0.2 + 40.0 * n ** -0.25  # 1 - accuracy falls towards 0.2: accuracy rises towards 0.8
     cells = [{"key": f"c{i}", "state": "completed", "recipe": "r", "params": float(x), "final_loss": float(truth(x)),
               "scores": {"mc/acc": {"value": float(1 - e)}, "ppl/bits_per_byte": {"value": float(truth(x)) / 10}}}
-             for i, (x, e) in enumerate(zip(n, err))]
+             for i, (x, e) in enumerate(zip(n, err, strict=True))]
     fits = {f["metric"]: f for f in report_fits({"cells": cells}, xs=("params",), resamples=0)}
     assert set(fits) == {"final_loss", "mc/acc", "ppl/bits_per_byte"}
     acc = fits["mc/acc"]
     assert acc["flip"] is True and acc["ok"]
     assert acc["E"] == pytest.approx(0.2, rel=1e-5) and acc["alpha"] == pytest.approx(0.25, rel=1e-5)
-    assert fits["final_loss"]["flip"] is False and fits["ppl/bits_per_byte"]["flip"] is False  # in [0, 1], but it falls with scale
+    # bits per byte lie in [0, 1], but fall with scale: fitted as they are
+    assert fits["final_loss"]["flip"] is False and fits["ppl/bits_per_byte"]["flip"] is False

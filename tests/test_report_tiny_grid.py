@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.analysis.report import write
+from sft_grid.analysis.page import write
 from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.grid.costs import measured
 from tests.report_cdp import click, errors, names, opened, plot_pixels, requests
@@ -22,7 +22,8 @@ from .conftest import run_sft
 
 pytestmark = pytest.mark.backend
 
-MODELS = {"tiny_llama": "models/tiny-llama3", "tiny_llama_m": "sizes/tiny-llama3-m", "tiny_llama_l": "sizes/tiny-llama3-l"}
+MODELS = {"tiny_llama": "models/tiny-llama3", "tiny_llama_m": "sizes/tiny-llama3-m",
+          "tiny_llama_l": "sizes/tiny-llama3-l"}
 COMMON = ["epochs=2", "global_batch_size=4", "micro_batch_size=2", "sweep_name=tiny_scaling"]
 TOLERANCE = 0.25
 

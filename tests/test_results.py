@@ -12,11 +12,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sft_grid.analysis.scores import parse_metrics, read_files
-from sft_grid.analysis.table import final_loss, final_losses, last_share, read_table
+from sft_grid.analysis.table import final_loss, final_losses, last_share, parse_metrics, read_files, read_table
 from sft_grid.core.paths import REPO_ROOT
 
 from . import grid_fixture as gf
@@ -132,17 +132,26 @@ def test_a_grid_that_is_not_there_is_a_clear_error(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_config_scalars_read_as_yaml_reads_them(make_cells, tmp_path: Path) -> None:
+def test_the_cells_config_is_read_as_yaml_reads_it(make_cells: Any, tmp_path: Path) -> None:
+    """cell.yaml is read by a YAML loader: what the table takes from it (model, size, GPUs, cluster) is what
+    yaml.safe_load says, whatever style the file is written in (block as grid/render.py writes it, or flow)."""
     import yaml
 
-    from sft_grid.analysis.table import config_scalars
-
     cells = make_cells(["model=qwen3_8b", "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under",
-                        "mix.probs=[0.9,0.1]", "+extra.neat_packing=true"], ["model=tiny_delphi", "nodes=2"])
-    for d in gf.render_cells(cells):
-        text = (d / "cell.yaml").read_text()
-        full, mine = yaml.safe_load(text), config_scalars(text)
-        for section in ("model", "cluster"):
-            assert mine[section] == {k: v for k, v in full[section].items() if not isinstance(v, (dict, list))
-                                     or not v}  # and empty ones, written inline ({} and [])
-        assert {k: mine[k] for k in ("nodes", "lr", "sweep_name")} == {k: full[k] for k in ("nodes", "lr", "sweep_name")}
+                        "mix.probs=[0.9,0.1]", "+extra.neat_packing=true", "sweep_name=y"],
+                       ["model=tiny_delphi", "nodes=2", "sweep_name=y"])
+    dirs = gf.render_cells(cells)
+    # the second cell's file rewritten in flow style, its header (the rerun command) kept: the same config
+    header = [line for line in (dirs[1] / "cell.yaml").read_text().splitlines() if line.startswith("#")]
+    config = yaml.safe_load((dirs[1] / "cell.yaml").read_text())
+    (dirs[1] / "cell.yaml").write_text("\n".join(header) + "\n" + yaml.safe_dump(config, default_flow_style=True,
+                                                                                 width=10_000))
+    assert "\nmodel:" not in (dirs[1] / "cell.yaml").read_text()  # one line: nothing to read line by line
+    table = read_table(tmp_path / "runs" / "y")
+    for row, d in zip(table.rows, dirs, strict=True):
+        full = yaml.safe_load((d / "cell.yaml").read_text())
+        model, cluster = full["model"], full["cluster"]
+        assert row.model == model["name"] and row.params == pytest.approx(model["params_b"] * 1e9)
+        assert row.gpus == full["nodes"] * max(1, cluster["gpus_per_node"] or 0) and row.cluster == cluster["name"]
+        assert row.model_source == (model.get("path") or model.get("hub_id") or "")
+    assert table.rows[1].model != table.rows[0].model and table.rows[1].gpus == 2 * table.rows[0].gpus

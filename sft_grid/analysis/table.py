@@ -1,32 +1,45 @@
 """A grid's cells x values table: what `python -m sft_grid.results` prints and the report shows, one module for both.
 
-Read from each cell's own files only (no harness, no backend, no numpy): cell.yaml (its rerun command names its
-swept values; the config gives model, size, GPUs), the ledger and the trainer's output (state, steps, final
-loss: the shared rules of core/state.py and grid/view.py, one sacct for a Slurm grid), the score files
-(analysis/scores.py), estimate.json (what the grid estimated when it queued the cell) and the ledger's run times
-(GPU-hours used: every run's wall time x the cell's GPUs; on a CPU-only node the runs' CPU time, one device).
+Read from each cell's own files only (no harness, no backend, no numpy): cell.yaml (read with PyYAML's C loader: its
+rerun command names the swept values; the config gives model, size, GPUs), the ledger and the trainer's output
+(state, steps, final loss: the shared rules of core/state.py and grid/view.py, one sacct for a Slurm grid), the
+score files, estimate.json (what the grid estimated when it queued the cell) and the ledger's run times (GPU-hours
+used: every run's wall time x the cell's GPUs; on a CPU-only node the runs' CPU time, one device).
 
 Columns: the swept values (the keys whose values differ between the grid's cells), state, steps, final loss
 (the mean training loss logged over the last 10% of the steps, at least the last logged one: a single step's
-loss is noisy), each score, GPU-hours used and estimated. Base models (the evaluation's `_base/`) are rows too, marked `base`.
+loss is noisy), each score, GPU-hours used and estimated. Base models (the evaluation's `_base/`) are rows too,
+marked `base`.
+
+Scores: the evaluation stage writes one file a score, `<cell>/eval/<score_id>.json` (base models: `<sweep>/_base/
+<model slug>-<key>/eval/<score_id>.json`, with "base": true; the format is core/scores.py's). Metrics are read in
+that flat form, and in lm-eval's (`acc,none` / `acc_stderr,none`) and the nested one (`{"acc": {"value",
+"stderr"}}`); a `,none` filter suffix is dropped. A column is `<task>/<metric>`; when one task has several score
+files (its settings changed, so a new score id), the latest (`time`) is shown. A failed evaluation is in the
+ledger: a `stage` event whose stage starts with `eval`, state `failed`, naming its task (`task` or `tasks`; none
+named: every task of the cell without a score). A score the grid's other cells have and this completed cell has
+not is `missing`; one that may still come is `pending`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
-from sft_grid.analysis import scores as sc
-from sft_grid.core.layout import BASE_DIR, CELL_FILE, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE, iter_cell_dirs
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.layout import BASE_DIR, CELL_FILE, EVAL_DIR, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE, iter_cell_dirs
 from sft_grid.core.overrides import overrides_of, swept_values
 from sft_grid.grid.costs import read_estimate, used_seconds
 from sft_grid.grid.view import read_view
 
+# the C loader where PyYAML was built with libyaml: a cell.yaml with a sweep's own tables is several kB
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # a pretraining compute budget in a model's name: delphi-3e18-base -> 3e18 FLOPs
 _BUDGET = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e\+?(1[5-9]|2\d))(?![\w.])")
@@ -34,9 +47,114 @@ _BUDGET = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e\+?(1[5-9]|2\d))(?![\w.])")
 LOG_LOSS = re.compile(r'"current_steps": (\d+)[^\n]*?"loss": ([-0-9.eE+]+)')
 _LOG_TOTAL = re.compile(r'"total_steps": (\d+)')
 FINAL_SHARE = 0.1
+OK, MISSING, FAILED, PENDING = "ok", "missing", "failed", "pending"
+_UNDONE = ("planned", "submitted", "running")  # states whose missing scores may still come: pending
 
 
-@dataclass
+# -- scores ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Score:
+    value: float | None = None
+    stderr: float | None = None
+    status: str = OK  # ok, missing (the cell is done, the score is not there), failed, pending (cell not done)
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "stderr": self.stderr, "status": self.status,
+                **({"reason": self.reason} if self.reason else {})}
+
+
+@dataclass(frozen=True)
+class ScoreFile:
+    task: str
+    metrics: dict[str, Score]
+    time: str
+    model: str
+    model_path: str
+    base: bool
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def _metric_name(key: str) -> str:
+    return key[:-len(",none")] if key.endswith(",none") else key
+
+
+def parse_metrics(metrics: Mapping[str, Any]) -> dict[str, Score]:
+    out = {}
+    for key, v in metrics.items():
+        if isinstance(v, Mapping):
+            out[_metric_name(key)] = Score(_number(v.get("value")), _number(v.get("stderr")))
+            continue
+        metric, _, filt = key.partition(",")
+        if metric.endswith("_stderr") or (isinstance(v, str) and v != "N/A"):  # an alias, a name: not a metric
+            continue
+        err = metrics.get(f"{metric}_stderr,{filt}" if filt else f"{metric}_stderr")
+        out[_metric_name(key)] = Score(_number(v), _number(err))
+    return out
+
+
+def read_files(eval_dir: Path) -> list[ScoreFile]:
+    """The score files of a cell (or a base model), the latest per task; unreadable ones are skipped."""
+    latest: dict[str, ScoreFile] = {}
+    for path in sorted(eval_dir.glob("*.json")) if eval_dir.is_dir() else ():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("metrics"), Mapping):
+            continue
+        f = ScoreFile(str(data.get("task") or path.stem), parse_metrics(data["metrics"]), str(data.get("time") or ""),
+                      str(data.get("model") or ""), str(data.get("model_path") or ""), bool(data.get("base")))
+        if f.task not in latest or f.time >= latest[f.task].time:
+            latest[f.task] = f
+    return list(latest.values())
+
+
+def failed_tasks(history: Sequence[Event]) -> dict[str, str]:
+    """task -> reason of the evaluations the ledger says failed ("" names every task), the latest state winning."""
+    state: dict[str, tuple[str, str]] = {}
+    for e in history:
+        if e.kind is not Kind.STAGE or not e.stage.startswith("eval"):
+            continue
+        tasks = e.details.get("tasks") or [e.details.get("task") or ""]
+        for task in tasks if isinstance(tasks, list) else [tasks]:
+            state[str(task)] = (e.state, e.reason)
+    return {t: why for t, (s, why) in state.items() if s == "failed"}
+
+
+def _score_table(files: Iterable[ScoreFile]) -> dict[str, Score]:
+    return {f"{f.task}/{m}": s for f in files for m, s in f.metrics.items()}
+
+
+def mark(scores: Mapping[str, Score], failed: Mapping[str, str], all_columns: Sequence[str], done: bool,
+         ) -> dict[str, Score]:
+    """A cell's scores with every column of the grid: what is there, else failed (its task's evaluation failed),
+    missing (the cell is done: completed, or failed and never evaluated), pending (it may still come)."""
+    out = {}
+    for col in all_columns:
+        if col in scores:
+            out[col] = scores[col]
+            continue
+        task = col.split("/", 1)[0]
+        why = failed.get(task, failed.get("")) if failed else None
+        if why is not None:
+            out[col] = Score(status=FAILED, reason=why or "the evaluation failed")
+        else:
+            out[col] = Score(status=MISSING if done else PENDING)
+    return out
+
+
+# -- rows -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
 class Row:
     name: str
     dir: Path
@@ -48,7 +166,7 @@ class Row:
     total: int | None = None
     final_loss: float | None = None
     latest_loss: float | None = None
-    scores: dict[str, sc.Score] = field(default_factory=dict)
+    scores: dict[str, Score] = field(default_factory=dict)
     wall_seconds: float | None = None
     gpus: int = 1
     cpu: bool = False  # a CPU-only node: its runs are counted in CPU time (CPU-hours stand in for GPU-hours)
@@ -69,7 +187,7 @@ class Row:
         return float(v) if isinstance(v, (int, float)) else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class GridTable:
     name: str
     sweep_dir: Path
@@ -124,47 +242,31 @@ def final_loss(losses: Sequence[tuple[int, float]]) -> float | None:
     return sum(v for _, v in losses) / len(losses) if losses else None
 
 
-def config_scalars(text: str, sections: Sequence[str] = ("model", "cluster")) -> dict[str, Any]:
-    """The scalar keys of a cell.yaml's top level and of these sections, read from its lines: a sweep's own
-    tables (`vars`) can be most of the file, and the table reads a few scalars of it. cell.yaml is written by
-    grid/render.py with yaml.dump's block style, so each is `key: value` on its line; a value that is not a
-    plain scalar is read by yaml."""
-    out: dict[str, Any] = {s: {} for s in sections}
-    section = None
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        if line[0] != " ":
-            key, _, value = line.partition(":")
-            section = key if key in out and not value.strip() else None
-            if section is None and value.strip():
-                out.setdefault(key, _scalar(value.strip()))
-        elif section is not None and line.startswith("  ") and line[2] != " ":
-            key, _, value = line[2:].partition(":")
-            if value.strip():
-                out[section][key] = _scalar(value.strip())
-    return out
+def read_config(text: str, keys: Sequence[str] = ("model", "cluster", "nodes")) -> dict[str, Any]:
+    """These top-level keys of a cell.yaml (grid/render.py writes it with yaml.dump); {} when it is no mapping.
+    The loader parses the whole document (in C) and builds Python objects of these keys' values only: a sweep's
+    own tables (`vars`) can be most of the file, and the table reads none of them (72 Delphi cells: 0.11 s
+    loaded whole, 0.06 s so)."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if not isinstance(node, yaml.MappingNode):
+            return {}
+        return {k.value: loader.construct_object(v, deep=True) for k, v in node.value
+                if isinstance(k, yaml.ScalarNode) and k.value in keys}
+    finally:
+        loader.dispose()
 
 
-def _scalar(text: str) -> Any:
-    if text in ("null", "~"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    if text in ("true", "false"):
-        return text == "true"
-    if text[0] in "'\"[{":
-        return yaml.load(text, Loader=_Loader)
-    return text
+def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = config.get(name)
+    return value if isinstance(value, Mapping) else {}
 
 
 def _cell_row(cell_dir: Path) -> Row:
     text = (cell_dir / CELL_FILE).read_text()
-    cfg = config_scalars(text)
-    model, cluster = cfg.get("model") or {}, cfg.get("cluster") or {}
+    cfg = read_config(text)
+    model, cluster = _section(cfg, "model"), _section(cfg, "cluster")
     gpus = int(cfg.get("nodes") or 1) * max(1, int(cluster.get("gpus_per_node") or 0))
     cpu = cluster.get("gpu_type") == "CPU" or (not cluster.get("gpus_per_node") and not cluster.get("gpu_type"))
     params = model.get("params_b")
@@ -192,30 +294,29 @@ def _sets_size(rows: Sequence[Row], axis: str) -> bool:
     return all(len(s) == 1 for s in seen.values())
 
 
-def _recipes(rows: list[Row], axes: Sequence[str]) -> None:
-    """A cell's recipe: its values on the axes that do not set the model's size (the Delphi grid: its data)."""
+def _recipe_of(rows: Sequence[Row], axes: Sequence[str]) -> list[str]:
+    """Each cell's recipe: its values on the axes that do not set the model's size (the Delphi grid: its data);
+    "" for every cell when the grid has a single size."""
     if len({r.params for r in rows}) < 2:
-        return
+        return ["" for _ in rows]
     others = [a for a in axes if not _sets_size(rows, a)]
-    for r in rows:
-        r.recipe = ", ".join(str(r.values.get(a, "")).strip("[]") for a in others)
+    return [", ".join(str(r.values.get(a, "")).strip("[]") for a in others) for r in rows]
 
 
 def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
     out = []
     base_root = sweep_dir / BASE_DIR
     for d in sorted(base_root.iterdir()) if base_root.is_dir() else ():
-        files = sc.read_files(d / "eval")
+        files = read_files(d / EVAL_DIR)
         if not files:
             continue
         model, path = files[0].model, files[0].model_path
         like = next((c for c in cells if c.model == model or (path and c.model_source == path)
                      or (model and c.model_source == model)), None)
-        row = Row(d.name, d, state="base", base=True, model=model or (like.model if like else ""),
-                  params=like.params if like else None, compute_budget=like.compute_budget if like else None,
-                  values={a: v for a, v in (like.values.items() if like else ()) if _sets_size(cells, a)})
-        row.scores = {f"{f.task}/{m}": s for f in files for m, s in f.metrics.items()}
-        out.append(row)
+        out.append(Row(d.name, d, state="base", base=True, model=model or (like.model if like else ""),
+                       params=like.params if like else None, compute_budget=like.compute_budget if like else None,
+                       values={a: v for a, v in (like.values.items() if like else ()) if _sets_size(cells, a)},
+                       scores=_score_table(files)))
     return out
 
 
@@ -228,22 +329,18 @@ def read_table(sweep_dir: Path) -> GridTable:
         row = _cell_row(d)
         st = view.state(d)
         history = view.histories[d]
-        row.state, row.reason = st.state.value, st.reason
-        row.step, row.total, row.latest_loss = st.progress.step, st.progress.total, st.progress.loss
-        if st.state.value == "completed":
-            row.final_loss = final_loss(final_losses(d / OUTPUT_DIR))
-        row.wall_seconds = used_seconds(history, st.state.in_flight, row.cpu)
-        row.gpu_hours = None if row.wall_seconds is None else row.wall_seconds * row.gpus / 3600
-        got, bad = sc.cell_scores(d, history)
-        raw.append(got)
-        failed.append(bad)
-        rows.append(row)
+        wall = used_seconds(history, st.state.in_flight, row.cpu)
+        rows.append(replace(row, state=st.state.value, reason=st.reason, step=st.progress.step,
+                            total=st.progress.total, latest_loss=st.progress.loss,
+                            final_loss=final_loss(final_losses(d / OUTPUT_DIR)) if st.state.value == "completed"
+                            else None,
+                            wall_seconds=wall, gpu_hours=None if wall is None else wall * row.gpus / 3600))
+        raw.append(_score_table(read_files(d / EVAL_DIR)))
+        failed.append(failed_tasks(history))
     bases = _base_rows(sweep_dir, rows)
-    columns = sc.columns([*raw, *(b.scores for b in bases)])
-    for row, got, bad in zip(rows, raw, failed):
-        row.scores = sc.mark(got, bad, columns, row.state not in ("planned", "submitted", "running"))
-    for b in bases:
-        b.scores = sc.mark(b.scores, {}, columns, True)
+    columns = sorted({c for t in [*raw, *(b.scores for b in bases)] for c in t})
+    bases = [replace(b, scores=mark(b.scores, {}, columns, True)) for b in bases]
     axes = axes_of(rows)
-    _recipes(rows, axes)
+    rows = [replace(r, recipe=recipe, scores=mark(got, bad, columns, r.state not in _UNDONE))
+            for r, recipe, got, bad in zip(rows, _recipe_of(rows, axes), raw, failed, strict=True)]
     return GridTable(sweep_dir.name, sweep_dir, axes, rows, bases, columns)

@@ -1,10 +1,11 @@
 """sft-grid report GRID [--runs-root DIR]: the grid report, one self-contained HTML page and its data.
 
-Writes <runs root>/<grid>/report.html (opens in any browser with no network: styles, script and data inline;
-the plots are inline SVG) and report.json (every number the page shows). It holds the grid at a glance (cells
-by state, GPU-hours used and estimated, the sweep file and its git revision), a sortable table of the cells,
-the loss curves by step and by tokens seen, the scaling plots with a fit of L(N) = E + A N^-alpha per recipe and
-its 90% bootstrap band, and each completed cell's estimate beside what it took. It works on a partial grid:
+Writes <runs root>/<grid>/report.html (opens in any browser with no network: styles, data and plotly.js inline)
+and report.json (every number the page shows). It holds the grid at a glance (cells by state, GPU-hours used and
+estimated, the sweep file and its git revision), a sortable table of the cells, the loss curves by step and by
+tokens seen, the scaling plots (log axes) with a fit of L(N) = E + A N^-alpha per recipe and its 90% bootstrap
+band, and each completed cell's estimate beside what it took; the plots show the cell and value under the
+pointer, toggle series from their legends, zoom, and export as SVG. It works on a partial grid:
 running, failed and planned cells are shown as such; run it again to refresh it. Read from the cells' files only
 (sft_grid/analysis/).
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no cells under {sweep_dir}: is {args.grid!r} the grid's sweep_name, and --runs-root its runs_root?"
               " Nothing was written.", file=sys.stderr)
         return 1
-    from sft_grid.analysis.report import write
+    from sft_grid.analysis.page import write
 
     html, data = write(sweep_dir, args.resamples)
     print(f"{html}\n{data}")

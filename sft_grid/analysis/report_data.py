@@ -1,4 +1,4 @@
-"""The grid report's data (report.json) from the cells x values table, and the page drawn from it (report.html).
+"""The grid report's data (report.json) from the cells x values table; analysis/page.py draws the page from it.
 
 Everything the page shows is in the data, and the data is written whole as report.json: the grid at a glance
 (cells by state, GPU-hours used and estimated, the sweep file and the git revision that last changed it), each
@@ -12,22 +12,19 @@ completed cells), and what it took (its completing run's wall time x GPUs; CPU t
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from sft_grid.analysis.plots import CURVE_POINTS
-from sft_grid.analysis.svg import decimate_index
+from sft_grid.analysis.figures import CURVE_POINTS, decimate_index
 from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
 from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.grid.costs import measured
 from sft_grid.planning.estimate import Measured, calibrate, leave_one_out
-
-REPORT_HTML, REPORT_JSON = "report.html", "report.json"
 
 
 def _git(*args: str) -> str:
@@ -68,7 +65,7 @@ def grid_facts(table: GridTable) -> dict[str, Any]:
 
 def curve(row: Row) -> list[list[float | None]]:
     """[step, tokens seen, loss] of the logged steps the page draws (at most CURVE_POINTS, each bucket's lowest
-    and highest loss, so spikes survive: analysis/svg.py), from the trainer's per-step log; tokens seen are
+    and highest loss, so spikes survive: decimate_index), from the trainer's per-step log; tokens seen are
     step x the tokens per step the cell's estimate counted."""
     import numpy as np
 
@@ -114,18 +111,16 @@ def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
     table = read_table(sweep_dir)
     ms = {m.cell: m for r in table.rows if r.state == "completed" and (m := measured(r.dir)) is not None}
     per_cell, summary = accuracy(table.rows, ms)
-    cells = []
-    for r in table.rows:
-        cells.append({"name": r.name, "key": r.key, "dir": str(r.dir), "values": r.values, "state": r.state,
-                      "reason": r.reason, "step": r.step, "total_steps": r.total, "final_loss": r.final_loss,
-                      "latest_loss": r.latest_loss,
-                      "scores": {c: s.to_json() for c, s in r.scores.items() if s.status == "ok"},
-                      "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
-                      "wall_seconds": r.wall_seconds, "gpus": r.gpus, "gpu_hours": r.gpu_hours,
-                      "estimate_gpu_hours": r.estimate_gpu_hours,
-                      "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
-                      "params": r.params, "compute_budget": r.compute_budget, "recipe": r.recipe or None,
-                      "model": r.model, "curve": curve(r)})
+    cells = [{"name": r.name, "key": r.key, "dir": str(r.dir), "values": r.values, "state": r.state,
+              "reason": r.reason, "step": r.step, "total_steps": r.total, "final_loss": r.final_loss,
+              "latest_loss": r.latest_loss,
+              "scores": {c: s.to_json() for c, s in r.scores.items() if s.status == "ok"},
+              "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
+              "wall_seconds": r.wall_seconds, "gpus": r.gpus, "gpu_hours": r.gpu_hours,
+              "estimate_gpu_hours": r.estimate_gpu_hours,
+              "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
+              "params": r.params, "compute_budget": r.compute_budget, "recipe": r.recipe or None,
+              "model": r.model, "curve": curve(r)} for r in table.rows]
     bases = [{"name": b.name, "model": b.model, "params": b.params, "compute_budget": b.compute_budget,
               "scores": {c: s.to_json() for c, s in b.scores.items() if s.status == "ok"}} for b in table.bases]
     data: dict[str, Any] = {"grid": grid_facts(table), "axes": table.axes, "columns": table.columns,
@@ -135,17 +130,3 @@ def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
                                                           calibrate(ms.values()).items()}}}
     data["fits"] = report_fits(data, resamples=resamples)
     return data
-
-
-def write(sweep_dir: Path, resamples: int = 300) -> tuple[Path, Path]:
-    """report.html and report.json in the grid's directory (each written whole, then renamed into place)."""
-    from sft_grid.analysis.html import render
-
-    data = build(sweep_dir, resamples)
-    page = render(data)
-    paths = sweep_dir / REPORT_HTML, sweep_dir / REPORT_JSON
-    for path, text in zip(paths, (page, json.dumps(data, separators=(",", ":"), default=str) + "\n")):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    return paths

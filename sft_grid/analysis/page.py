@@ -1,13 +1,15 @@
-"""The grid report: one self-contained HTML page (inline CSS, inline SVG, a little inline JS).
+"""The grid report: one self-contained HTML page (report.html) and its data (report.json), written side by side.
 
-    data["fits"] = scaling.report_fits(data)     # the fits and their bands (numpy)
-    page = html.render(data)                     # then write it as report.html
+    data = report_data.build(sweep_dir)          # the numbers, the fits and their bands (numpy, scipy)
+    page = page.render(data)                     # or write(sweep_dir): both files
 
 `render(data)` is pure: the same data gives the same bytes (nothing timed or random; "generated_at" is the
-caller's). The page opens from disk in any browser with no network: no CDN, no web font, no image file, no
-URL at all but an empty `data:` favicon (which stops browsers asking for /favicon.ico); the only script
-sorts the table (hover text is SVG <title>, no script). Every string from the data is HTML-escaped, in text
-and attributes alike.
+caller's). The page opens from disk in any browser with no network: its styles, its data and plotly.js (the copy
+the plotly package ships, read as a file) are inline; the only URL is an empty `data:` favicon (which stops
+browsers asking for /favicon.ico). The figures are plotly's (analysis/figures.py): hover, legend toggles, zoom,
+log axes, SVG export. The table of the cells sorts by a click on its headers (a little script of its own). Every
+string from the data is HTML-escaped in the page, and the figures' JSON has its `<` escaped, so no string can
+close the script that holds it.
 
 Report data (a JSON-serialisable dict; every key optional unless said; unknown keys are ignored):
 
@@ -15,32 +17,40 @@ Report data (a JSON-serialisable dict; every key optional unless said; unknown k
               "counts": {state: n},          # default: counted from cells
               "gpu_hours_used", "gpu_hours_estimated", "device": "GPU" | "CPU"},
      "axes": [axis, ...],                    # swept keys, in order: table columns, plot grouping
+     "columns": ["<task>/<metric>", ...],    # the score columns of the table (default: every score of the cells)
      "cells": [{"name" (required), "key", "dir",
                 "values": {axis: value},
                 "state": "completed" | "running" | "failed" | "planned" | other,
                 "step", "total_steps", "final_loss",
                 "scores": {"<task>/<metric>": {"value", "stderr"}},
-                "wall_seconds", "gpu_hours", "estimate_gpu_hours",
+                "score_status": {"<task>/<metric>": {"status", "reason"}},  # why a score is not there
+                "wall_seconds", "gpu_hours", "estimate_gpu_hours", "estimate_now_gpu_hours",
                 "params": float,               # x of the scaling plots; its spread picks the plot layout
                 "compute_budget": float | None,  # FLOPs; a second scaling x when >= 2 cells have one
                 "recipe": str,                 # group label: one curve panel and one scaling series each
                 "reason": str,                 # why a failed cell failed
                 "curve": [[step, tokens_seen | None, loss], ...]}],
      "base_models": [{"name", "params", "scores": {...}}],   # reference diamonds in the score plots
+     "estimates": {"summary": {...}, "calibration": {cluster: detail}},
      "fits": [scaling.report_fits(...) entries: {"metric", "x", "recipe", "ok", "reason", "E", "A", "alpha",
               "loss", "converged", "at_bounds", "keys", "band": {"n", "lo", "hi", "level"}}]}
 
-How the figures are laid out, and how missing, running and failed cells show, is in plots.py.
+How the figures are laid out, and how missing, running and failed cells show, is in figures.py.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+from functools import lru_cache
 from html import escape
+from pathlib import Path
 from typing import Any
 
-from sft_grid.analysis import curves, plots
-from sft_grid.analysis.plots import Layout, cell_state, state_colour
+from sft_grid.analysis.figures import Canvas, Layout, cell_state, loss_curves, scaling, state_colour
+
+REPORT_HTML, REPORT_JSON = "report.html", "report.json"
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#222;background:#fafafa}
@@ -55,17 +65,8 @@ th{cursor:pointer;user-select:none;background:#f0f0f0;position:sticky;top:0}th:f
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 .wrap{overflow-x:auto;max-height:70vh}.reason{color:#c62828;font-size:12px;white-space:normal}
 figure{margin:10px 0 18px;background:#fff;border:1px solid #e4e4e4;padding:8px;display:inline-block;
-vertical-align:top}figure.scaling{max-width:480px;margin-right:10px}figcaption{font-weight:600;margin-bottom:4px}
+vertical-align:top}figure.scaling{max-width:560px;margin-right:10px}figcaption{font-weight:600;margin-bottom:4px}
 .plots{display:flex;flex-wrap:wrap;gap:8px}
-svg.plot{font-size:11px;fill:#333}svg.plot text.title{font-size:12px;font-weight:600}
-ul.legend{list-style:none;padding:0;margin:4px 0;display:flex;flex-wrap:wrap;gap:2px 14px;font-size:12px;
-max-width:940px}
-.sw{display:inline-block;width:16px;height:3px;margin:0 5px 3px 0;vertical-align:middle}
-.sw.dash{background:repeating-linear-gradient(90deg,#444 0 5px,transparent 5px 8px)!important}
-.sw.ring{width:7px;height:7px;border:2px solid;border-radius:50%;background:#fff}
-.sw.cross{height:10px;width:10px;background:linear-gradient(45deg,transparent 42%,#c62828 42% 58%,transparent 58%),
-linear-gradient(-45deg,transparent 42%,#c62828 42% 58%,transparent 58%)!important}
-.sw.diamond{width:8px;height:8px;transform:rotate(45deg)}.sw.band{height:10px;opacity:.35}
 .note,.muted{color:#666;font-size:12px;max-width:940px;margin:2px 0}
 td.score-failed{color:#c62828}td.score-missing,td.score-pending{color:#888;font-style:italic}
 """
@@ -113,8 +114,8 @@ def _duration(seconds: Any) -> str:
     s = _num(seconds)
     if s is None:
         return ""
-    s = int(round(s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    t = round(s)
+    return f"{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}"
 
 
 def _td(text: str, sort: Any = None, cls: str = "", extra: str = "") -> str:
@@ -202,21 +203,65 @@ def _estimates(data: dict[str, Any]) -> str:
     return f'<p class="note" id="estimates">{escape(text)}</p>' + (f'<ul class="note">{items}</ul>' if items else "")
 
 
+# Draws each figure of the JSON in script#figures into its element (figures.py's Canvas).
+_DRAW = """
+(function(){var f=JSON.parse(document.getElementById("figures").textContent);
+Object.keys(f).forEach(function(id){Plotly.newPlot(id,f[id].data,f[id].layout,f[id].config);});})();
+"""
+
+
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    """plotly.js as the plotly package ships it, read as a file: importing plotly would cost time for nothing."""
+    spec = importlib.util.find_spec("plotly")  # finds the package without running its __init__
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        path = Path(folder) / "package_data" / "plotly.min.js"
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    raise RuntimeError("the report embeds plotly.js from the plotly package, which is not installed here: "
+                       "pip install plotly (a dependency of sft_grid)")
+
+
+def _script_json(value: Any) -> str:
+    """JSON to hold in a <script>: `<` escaped, so that no string in it can end the element."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+
+
 def render(data: dict[str, Any]) -> str:
     """The whole page for `data` (schema in the module docstring)."""
     layout = Layout(data)
-    ids = plots.id_source()
+    canvas = Canvas()
     title = escape(str((data.get("grid") or {}).get("name") or "grid"))
     body = [_header(data, layout.cells), f"<h2>Cells ({len(layout.cells)})</h2>",
             _table(layout.axes, layout.cells, data.get("columns")) if layout.cells else '<p class="note">No cells.</p>',
             _estimates(data)]
     if layout.cells:
-        body += ['<h2>Loss curves</h2><section id="curves">', curves.loss_curves(data, layout, ids), "</section>"]
-    scaling = plots.scaling(data, layout, ids)
-    if scaling:
-        body += ['<h2>Scaling</h2><section id="scaling">', scaling, "</section>"]
+        body += ['<h2>Loss curves</h2><section id="curves">', loss_curves(layout, canvas), "</section>"]
+    plots = scaling(data, layout, canvas)
+    if plots:
+        body += ['<h2>Scaling</h2><section id="scaling">', plots, "</section>"]
+    scripts = f"<script>{_JS}</script>"
+    if canvas.specs:
+        scripts = (f"<script>{plotly_js()}</script>"
+                   f'<script type="application/json" id="figures">{_script_json(canvas.specs)}</script>'
+                   f"<script>{_DRAW}</script>{scripts}")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             # an empty data: icon, so that no browser goes looking for /favicon.ico
             f"<link rel=\"icon\" href=\"data:,\"><title>{title} report</title><style>{_CSS}</style></head>"
-            f"<body>{''.join(body)}<script>{_JS}</script></body></html>\n")
+            f"<body>{''.join(body)}{scripts}</body></html>\n")
+
+
+def write(sweep_dir: Path, resamples: int = 300) -> tuple[Path, Path]:
+    """report.html and report.json in the grid's directory (each written whole, then renamed into place)."""
+    from sft_grid.analysis.report_data import build
+
+    data = build(sweep_dir, resamples)
+    page = render(data)
+    paths = sweep_dir / REPORT_HTML, sweep_dir / REPORT_JSON
+    for path, text in zip(paths, (page, json.dumps(data, separators=(",", ":"), default=str) + "\n"), strict=True):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return paths

@@ -21,8 +21,6 @@ MAY_IMPORT = {layer: set(LAYERS[: i + 1]) for i, layer in enumerate(LAYERS)}
 MAY_IMPORT["schedulers"] = {"core", "schedulers"}
 # the job side imports what a job needs, never the grid's or the schedulers' code
 MAY_IMPORT["job"] = {"core", "planning", "backends", "checks", "stages", "job"}
-# basenames that two modules shared before the rule (issue 18 renames them); no name may join this list
-SHARED_NAMES_BEFORE = {"assets", "evaluate", "inputs", "post", "report", "requeue", "scores", "submission", "triage"}
 
 
 def module_name(path: Path) -> str:
@@ -140,4 +138,4 @@ def test_no_two_modules_share_a_name():
         if p.stem not in ("__init__", "__main__"):
             by_name.setdefault(p.stem, []).append(str(p.relative_to(REPO_ROOT)))
     shared = {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1}
-    assert set(shared) <= SHARED_NAMES_BEFORE, f"modules that share a name: {shared}"
+    assert not shared, f"modules that share a name: {shared}"

@@ -68,7 +68,7 @@ def test_relock_writes_what_the_scratch_environment_installed(monkeypatch, tmp_p
         stdout = "a==1\nb==2\n"
 
     monkeypatch.setattr(venv_build.subprocess, "run", lambda *a, **k: Frozen())
-    monkeypatch.setattr(venvs, "venvs_dir", lambda: tmp_path / "envs")
+    monkeypatch.setattr(environments, "venvs_dir", lambda: tmp_path / "envs")
     path = venv_build.relock("llamafactory")
     assert path.read_text().splitlines()[1:] == ["a==1", "b==2"]
     assert not (tmp_path / "envs" / ".lock-llamafactory").exists()

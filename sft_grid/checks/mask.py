@@ -32,7 +32,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sft_grid.backends import get as backend_of
 from sft_grid.checks.readable import SAMPLE_ROWS, data_files, locate, read_sample
@@ -64,6 +64,8 @@ class Stats:
 
 
 STATS = Stats()
+# what a long step tells the caller as it goes: (done, total, what)
+Phase = Callable[[int, int, str], None]
 
 
 # -- the checks of a cell ----------------------------------------------------------------------------------
@@ -197,8 +199,9 @@ def _run_probe(python: str, jobs: list[dict[str, Any]], variables: Mapping[str, 
 
 
 def probe(checks: Iterable[Check], variables: Mapping[str, str] | None = None, use_cache: bool = True,
-          ) -> list[Probed]:
-    """The probe's token data for each check (from the cache, else one process per backend venv)."""
+          on_phase: Phase | None = None) -> list[Probed]:
+    """The probe's token data for each check (from the cache, else one process per backend venv). `on_phase` hears
+    (done, total, what) as the processes start and end (only when one runs: a cached answer takes a millisecond)."""
     found = [_locate(c) for c in checks]
     todo: dict[str, list[tuple[Probed, str]]] = {}
     for p in found:
@@ -214,8 +217,14 @@ def probe(checks: Iterable[Check], variables: Mapping[str, str] | None = None, u
             except (OSError, ValueError):
                 pass
         todo.setdefault(p.check.python, []).append((p, key))
+    total, done = sum(len(items) for items in todo.values()), 0
     for python, items in todo.items():
+        if on_phase is not None:
+            on_phase(done, total, f"{items[0][0].check.backend}'s own preprocessing of each source, one process")
         answers = _run_probe(python, [_job(p, key) for p, key in items], variables)
+        done += len(items)
+        if on_phase is not None:
+            on_phase(done, total, f"{items[0][0].check.backend}'s own preprocessing of each source, one process")
         for p, key in items:
             p.result = answers.get(key) or {"error": "the probe gave no answer"}
             STATS.probed += 1
@@ -242,11 +251,12 @@ def verdict_of(p: Probed) -> Verdict:
 
 
 def run_checks(checks: Sequence[Check], variables: Mapping[str, str] | None = None,
-               lengths: dict[Check, tuple[int, ...]] | None = None) -> dict[Check, Verdict]:
+               lengths: dict[Check, tuple[int, ...]] | None = None,
+               on_phase: Phase | None = None) -> dict[Check, Verdict]:
     """Every loss-mask check's verdict; the grid's preflight calls this once with all of them. `lengths`, when
     given, gets each probed check's token counts (the rows the backend kept): the estimates' token sample."""
     outcomes: dict[Check, Verdict] = {}
-    for p in probe(checks, variables):
+    for p in probe(checks, variables, on_phase=on_phase):
         outcome = verdict_of(p)
         if lengths is not None and p.result is not None and p.result.get("rows"):
             lengths[p.check] = tuple(int(r["n_tokens"]) for r in p.result["rows"] if not r.get("dropped"))

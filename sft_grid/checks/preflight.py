@@ -114,9 +114,9 @@ class Preflight:
     passed: dict[str, int] = field(default_factory=dict)
 
 
-def preflight(cells: Iterable[Cell]) -> Preflight:
+def preflight(cells: Iterable[Cell], on_phase: mask.Phase | None = None) -> Preflight:
     """Every check of every cell, each distinct input checked once: checks that differ only in the key they are
-    reported under (a dataset's name) share their verdict."""
+    reported under (a dataset's name) share their verdict. `on_phase` hears the loss-mask probe's progress."""
     verdicts: dict[Check, Verdict] = {}
     problems: list[Problem] = []
     deferred: dict[str, list[Check]] = {}
@@ -126,7 +126,7 @@ def preflight(cells: Iterable[Cell]) -> Preflight:
     masks = list(dict.fromkeys(_input(c) for _, checks in per_cell for c in checks
                                if c.kind == mask.KIND and not waits(c)))
     sampled: dict[Check, tuple[int, ...]] = {}
-    verdicts.update(mask.run_checks(masks, lengths=sampled) if masks else {})
+    verdicts.update(mask.run_checks(masks, lengths=sampled, on_phase=on_phase) if masks else {})
     lengths: dict[str, dict[str, tuple[int, ...]]] = {}
     for cell, checks in per_cell:
         for check in checks:

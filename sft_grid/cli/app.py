@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 
 from sft_grid.cli.present import (
     CHECK_HEADERS,
-    ProgressLine,
     check_rows,
     deferred_lines,
     eval_lines,
@@ -99,38 +98,55 @@ def run_single(cfg: Any) -> Any:
 
 
 def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
+    from sft_grid.cli.live import Live
     from sft_grid.grid import flow
 
-    class Show(flow.Observer):
-        def queued(self, result: Any) -> None:
-            _print_launch(result)
+    live = Live(sys.stderr)
 
-        def local_done(self, job: Any, state: Any) -> None:
-            out(f"  {state.state.value:<9} {job.label}  {progress_text(state)}"
-                + (f"  {state.reason}" if state.reason else ""))
+    class Show(flow.Observer):
+        def planned(self, cells: int, counts: Any) -> None:
+            what = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: kv[0] != "to run"))
+            out(f"grid of {cells} cell(s) ({what}): checking every cell before anything is written or queued")
+
+        def phase(self, name: str, done: int, total: int, detail: str = "") -> None:
+            live.phase(name, done, total, detail)
 
         def staging(self, plan: Any) -> None:
             for line in staging_lines(plan):
                 out(line)
 
-        progress = ProgressLine(sys.stderr)
+        def progress(self, p: Any) -> None:
+            live.transfer(p)
+
+        def queued(self, result: Any) -> None:
+            live.end()
+            _print_launch(result)
+
+        def local_progress(self, running: Any) -> None:
+            live.cells(running)
+
+        def local_done(self, job: Any, state: Any) -> None:
+            live.cell_done(job)
+            out(f"  {state.state.value:<9} {job.label}  {progress_text(state)}"
+                + (f"  {state.reason}" if state.reason else ""))
 
     from sft_grid.stages.staging import StagingStopped, TimeLimitTooShort
 
     try:
         result = flow.run(composed, errors, Show())
     except GridError as exc:
-        Show.progress.end()
+        live.end()
         _fail(exc)
         raise
     except StagingStopped as exc:  # the site's process time limit: a rerun continues where this one stopped
-        Show.progress.end()
+        live.end()
         print(f"staging stopped: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(STAGING_STOPPED) from None
     except TimeLimitTooShort as exc:  # a rerun would stop having done nothing too: not exit 3
-        Show.progress.end()
+        live.end()
         print(f"staging refused: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    live.end()
     if any(c.spec.stage_only for c in result.cells):
         for line in staged_lines(result.staging, len(result.cells), result.dry_run):
             out(line)
@@ -190,8 +206,9 @@ def _print_dry_run(result: Any) -> None:
     if examples is not None and examples.more:
         out(f"  ... {examples.more} more source(s): python -m sft_grid.show <cell dir>")
     out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
+    here = frozenset(c.name for c in cells if c.spec.cluster.executor == "local")
     for line in staging_lines(result.staging) + passed_line(result.passed) + deferred_lines(
-            result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE"))):
+            result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE")), here=here):
         out(line)
     if result.after_staging:
         n = sum(map(len, result.after_staging.values()))
@@ -261,12 +278,16 @@ def _print_launch(result: Any) -> None:
     for d in to_run:
         if d.note:
             out(f"  {d.cell.name}: {d.why}" + (f", avoiding {','.join(d.exclude)}" if d.exclude else ""))
+    here = frozenset(d.cell.name for d in to_run if d.cell.spec.cluster.executor == "local")
     for line in pinned_lines(result.staging) + deferred_lines({d.cell.name: result.deferred[d.cell.name]
-                                                              for d in to_run if d.cell.name in result.deferred}):
+                                                              for d in to_run if d.cell.name in result.deferred},
+                                                             here=here):
         out(line)
     for job in result.plan.local:
         if job.role is Role.PREP:
             out(f"  tokenizer prep of {job.label}: ran here before its cells ({job.target / 'model'})")
+        elif job.role is Role.TOKENIZE:
+            out(f"  tokenized {job.label} here before its cells ({relative(job.target)})")
     for d in result.decisions:
         if result.executed and d.dir in result.executed.prep_failed:
             out(f"  failed    {d.cell.name}  {result.executed.prep_failed[d.dir]}")

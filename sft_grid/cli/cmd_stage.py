@@ -20,7 +20,7 @@ import sys
 
 
 def _one(argv: list[str]) -> int:
-    from sft_grid.cli.present import ProgressLine
+    from sft_grid.cli.live import Live
     from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download, human
 
     parser = argparse.ArgumentParser(prog="sft-grid stage", description=__doc__.splitlines()[0])
@@ -33,19 +33,19 @@ def _one(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     budget = Budget.since_process_start(args.time_limit) if args.time_limit else None
     kind = "dataset" if args.dataset else "model"
-    progress = ProgressLine(sys.stderr)
+    live = Live(sys.stderr)
     try:
         staged = download(args.repo, kind, args.revision, args.cache, budget=budget,  # type: ignore[arg-type]
-                          on_progress=progress)
+                          on_progress=live.transfer)
     except TimeLimitTooShort as exc:
-        progress.end()
+        live.end()
         print(f"staging refused: {exc}", file=sys.stderr)
         return 1
     except HubError as exc:
-        progress.end()
+        live.end()
         print(f"staging {kind} {args.repo} failed: {exc}", file=sys.stderr)
         return 1
-    progress.end()
+    live.end()
     if not staged.complete:
         print(f"staging stopped: {staged.stopped}", file=sys.stderr)
         return 3

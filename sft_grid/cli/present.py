@@ -11,7 +11,7 @@ import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.state import CellState
@@ -128,8 +128,19 @@ def passed_line(passed: Mapping[str, int]) -> list[str]:
     return [f"  checked here before queueing, every one passed ({sum(passed.values())} distinct inputs): {kinds}"]
 
 
-def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False) -> list[str]:
-    """Checks deferred to the jobs' first step, once per kind of check with how many (every one with `full`)."""
+# what a job before the cell builds (staging, the model's prep, the shared tokenization): where the cell runs here,
+# this command builds it itself before the cell, so it is no check "deferred to the job" for a person to wait on
+BUILT_BEFORE = frozenset({"staged", "prepared", "tokenized"})
+
+
+def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False,
+                   here: frozenset[str] = frozenset()) -> list[str]:
+    """Checks deferred to the jobs' first step, once per kind of check with how many (every one with `full`). For
+    the cells in `here` (they run on this machine), what a job before the cell builds is left out: this command
+    builds it before them (the prep and tokenize lines say so)."""
+    deferred = {name: [c for c in checks if not (name in here and c.kind in BUILT_BEFORE)]
+                for name, checks in deferred.items()}
+    deferred = {name: checks for name, checks in deferred.items() if checks}
     if not deferred:
         return []
     if full:
@@ -324,50 +335,6 @@ def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
                              " command queues" if left else "")]
     return lines + [f"  {i.wanted.kind} {i.wanted.repo_id}@{i.pin.sha}: {i.pin.path}" for i in items
                     if i.pin is not None and i.complete]
-
-
-class ProgressLine:
-    """A transfer's progress as one line: rewritten in place on a terminal, else printed every `every_s` seconds
-    and at the end of each file (a log stays readable)."""
-
-    def __init__(self, stream: Any, every_s: float = 5.0) -> None:
-        self.stream, self.every_s = stream, every_s
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self.last = 0.0
-        self.repo = ""
-        self.open = False  # a line is drawn on the terminal and not ended yet
-
-    def __call__(self, p: Any) -> None:
-        import time
-
-        from sft_grid.stages.staging.values import human
-
-        now = time.monotonic()
-        edge = p.repo_id != self.repo or p.files_done == p.files_total  # a repository starts or is complete
-        if not self.tty and not edge and now - self.last < self.every_s:
-            return
-        self.last, self.repo = now, p.repo_id
-        pct = f" ({100 * p.done / p.total:.0f}%)" if p.total else ""
-        rate = f" at {human(p.rate_bps)}/s" if p.rate_bps else ""
-        eta = f", {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d} left" if p.eta_s is not None else ""
-        text = (f"  staging {p.repo_id}: {human(p.done)} / {human(p.total)}{pct}{rate}{eta}, file"
-                f" {p.files_done}/{p.files_total} {p.file}")
-        if self.tty:
-            self.stream.write("\r" + text[:160].ljust(160))
-            self.open = p.files_done != p.files_total
-            if not self.open:
-                self.stream.write("\n")
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-
-    def end(self) -> None:
-        """End a line left open on the terminal, so that what is printed next starts on its own line."""
-        if self.open:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.open = False
 
 
 def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:

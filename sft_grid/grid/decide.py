@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Sequence
 
 from sft_grid.core.events import Event
 from sft_grid.core.failures.cell import REQUEUE_NOTE, requeue_nodes
@@ -31,8 +30,7 @@ from sft_grid.core.submission import Recovery
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.evaluation import BaseTarget, cell_scores
 from sft_grid.schedulers import slurm
-from sft_grid.stages import evaluate
-from sft_grid.stages import post_training
+from sft_grid.stages import evaluate, post_training
 
 
 class Action(str, Enum):

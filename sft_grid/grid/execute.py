@@ -8,12 +8,13 @@ before sbatch and the job id after it. Then (outside the grid's lock) the local 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
+from sft_grid.core.layout import OUTPUT_DIR, progress
 from sft_grid.core.state import CellState, state_of
 from sft_grid.core.submission import LocalJob, Role, SlurmJob, SubmissionPlan
 from sft_grid.grid.render import write_all
@@ -46,8 +47,13 @@ def _first_id(ids: list[str]) -> str:
     return ids[0].split("_")[0]
 
 
-def apply(plan: SubmissionPlan) -> Executed:
-    """Everything of the plan but waiting for local jobs; run under the grid's lock."""
+# what a long step tells the caller as it goes: (phase, done, total, what)
+PhaseTold = Callable[[str, int, int, str], None]
+
+
+def apply(plan: SubmissionPlan, on_phase: PhaseTold = lambda name, done, total, what: None) -> Executed:
+    """Everything of the plan but waiting for local jobs; run under the grid's lock. `on_phase` hears the local
+    model preps' and tokenizations' progress (each runs a backend process here, seconds to minutes)."""
     done = Executed()
     write_all(plan.writes)
     for files in plan.scripts:
@@ -69,9 +75,14 @@ def apply(plan: SubmissionPlan) -> Executed:
                                         " file (the orchestrator died during sbatch): cancelled, to be submitted again"))
     for cell_dir in plan.archives:
         archive_output(cell_dir, "force=true rerun of a completed cell")
+    before = {role: [j for j in plan.local if j.role is role] for role in (Role.PREP, Role.TOKENIZE)}
     for job in plan.local:
         if job.role in (Role.PREP, Role.TOKENIZE):
+            name = "model prep" if job.role is Role.PREP else "tokenizing"
+            peers = before[job.role]
+            on_phase(name, peers.index(job), len(peers), f"{job.label}, here, before the cells")
             why = (prep_stage.run_here if job.role is Role.PREP else tokenize_stage.run_here)(job.target)
+            on_phase(name, peers.index(job) + 1, len(peers), f"{job.label}: " + (f"failed: {why}" if why else "done"))
             if why:
                 for cell in plan.local:
                     waits = cell.after == job.target or plan.tokenized.get(cell.target) == job.target
@@ -129,8 +140,11 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
                                                        prep_job_id=prep_id))
 
 
-def run_local(plan: SubmissionPlan, done: Executed, on_done: Callable[[LocalJob, CellState], None]) -> dict[Path, CellState]:
-    """Run the plan's local cells (the preps ran in `apply`); their final states, when the plan waits."""
+def run_local(plan: SubmissionPlan, done: Executed, on_done: Callable[[LocalJob, CellState], None],
+              on_progress: Callable[[Mapping[LocalJob, CellState]], None] = lambda running: None,
+              ) -> dict[Path, CellState]:
+    """Run the plan's local cells (the preps ran in `apply`); their final states, when the plan waits. `on_progress`
+    hears, about once a second, each running cell's state (its step and loss so far, from its trainer's log)."""
     jobs = [j for j in plan.local if j.role not in (Role.PREP, Role.TOKENIZE) and j.target not in done.prep_failed]
     final: dict[Path, CellState] = {}
 
@@ -144,5 +158,11 @@ def run_local(plan: SubmissionPlan, done: Executed, on_done: Callable[[LocalJob,
         final[job.target] = state_of(job.target)
         on_done(job, final[job.target])
 
-    local.run(jobs, plan.max_parallel, plan.wait, started, ended)
+    def poll(running: Sequence[LocalJob]) -> None:
+        cells = [job for job in running if job.role is Role.TRAIN]
+        if cells:
+            on_progress({job: replace(state_of(job.target), progress=progress(job.target / OUTPUT_DIR))
+                         for job in cells})
+
+    local.run(jobs, plan.max_parallel, plan.wait, started, ended, poll)
     return final

@@ -1,23 +1,32 @@
-"""The grid flow, for every cell at once: plan -> validate -> check -> decide -> render -> submission plan -> schedule.
+"""The grid flow, for every cell at once, as a plan and its execution.
+
+    check(composed)  -> Inputs     compose -> validate -> stage -> preflight -> preps, tokenizations, estimates
+    plan(inputs)     -> GridPlan   each cell's decision, its files and the submission plan: frozen, nothing written
+    execute(plan)    -> Executed   the plan's writes, sbatch calls and local jobs before the cells, and nothing else
+    run(composed)    -> GridResult the three in order, under the grid's lock from the plan to its execution; then the
+                                   local cells, waited for
 
 Called by the command line (sft_grid/cli/app.py) with the cells Hydra composed. Nothing is written or submitted
 unless every cell passes every rule and check (GridError, with every problem). A cell that is completed or in
-flight is never submitted again; failed cells are listed and rerun on request. A dry run builds the same plan a
-real run executes, writes its cells' files and returns; nothing else changes. The flow prints nothing: it
-returns a `GridResult`, and tells an `Observer` when all is queued and as each local cell ends (the command line
-shows progress).
+flight is never submitted again; failed cells are listed and rerun on request. A dry run makes the same plan a
+real run executes and writes its cells' files; nothing else changes. The flow prints nothing: it tells an
+`Observer` what it is doing (the command line shows it: the plan at once, then each phase's progress) and returns a
+`GridResult`.
+
+What planning writes: in a real run, the triage of failures the scheduler ended, recorded once in their ledgers
+(as `status` would record it); staging fetches into the site's Hugging Face cache. Nothing else, in either.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from sft_grid.backends import BACKENDS
 from sft_grid.checks.examples import Examples, first_examples
-from sft_grid.checks.preflight import preflight
+from sft_grid.checks.preflight import Preflight, preflight
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.layout import LOCK_FILE, OUTPUT_DIR, iter_cell_dirs, output_complete
 from sft_grid.core.lock import hold_all
@@ -25,16 +34,16 @@ from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
-from sft_grid.grid import costs as estimates
+from sft_grid.grid import costs as grid_costs
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base, plan_recovery
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.jobs import build
 from sft_grid.grid.render import render, render_base, write_all
 from sft_grid.grid.triage import settle
-from sft_grid.grid.view import read_view
+from sft_grid.grid.view import GridView, read_view
 from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.planning.compose import Composed, CompositionError, composition_problem
-from sft_grid.planning.evaluation import base_targets, merge_eval_axis
+from sft_grid.planning.evaluation import BaseTarget, base_targets, merge_eval_axis
 from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
@@ -47,33 +56,99 @@ from sft_grid.stages.tokenize import Tokenization
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class GridResult:
-    cells: list[Cell]
-    decisions: list[Decision]
-    plan: SubmissionPlan
+class Observer:
+    """What the command line is told while the flow runs (it prints; the flow does not). Every method may be
+    called from the flow's thread only; none may raise."""
+
+    def planned(self, cells: int, counts: Mapping[str, int]) -> None:
+        """The grid's cells, and how many will run or be skipped (by their state), before any check that needs a
+        backend: what a person sees within a second or two."""
+
+    def phase(self, name: str, done: int, total: int, detail: str = "") -> None:
+        """A phase that may take a while (the loss-mask check, model preps, tokenizing, waiting for local cells):
+        `done` of `total` so far; called when it starts (done=0), as it advances, and when it ends."""
+
+    def staging(self, plan: StagingPlan) -> None:
+        """Transfers of the grid's Hub inputs start here."""
+
+    def progress(self, progress: Progress) -> None:
+        """Bytes of a transfer arrived (often: a few times a second)."""
+
+    def queued(self, result: GridResult) -> None:
+        """Everything is submitted or recorded; local cells are about to run."""
+
+    def local_progress(self, running: Mapping[LocalJob, CellState]) -> None:
+        """The local cells that run now, each with its step and loss so far (about once a second)."""
+
+    def local_done(self, job: LocalJob, state: CellState) -> None:
+        """A local job ended."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the checks found, before anything is decided: every cell passed every rule and check."""
+
+    cells: tuple[Cell, ...]
+    dirs: tuple[Path, ...]
+    dry_run: bool
+    staging: StagingPlan
+    checked: Preflight
+    preps: Mapping[Prep, list[Cell]]
+    targets: tuple[BaseTarget, ...]
+    tokens: Mapping[str, Tokenization]
+    costs: grid_costs.GridCosts | None
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    """Everything an invocation will do, decided before anything of it is written or run."""
+
+    cells: tuple[Cell, ...]
+    decisions: tuple[Decision, ...]
+    submission: SubmissionPlan
     dry_run: bool
     # cell name -> checks that could not run here and run as the job's first step
-    deferred: dict[str, list[Check]]
+    deferred: Mapping[str, tuple[Check, ...]]
     # each model prep the grid's cells need, with its cells
-    preps: dict[Prep, list[Cell]]
-    examples: Examples | None = None
+    preps: Mapping[Prep, list[Cell]]
     # the base models the cells' suites evaluate, once per grid
-    bases: list[BaseDecision] = field(default_factory=list)
+    bases: tuple[BaseDecision, ...] = ()
     # what each cell will cost (None: estimates turned off)
-    costs: estimates.GridCosts | None = None
+    costs: grid_costs.GridCosts | None = None
     # the grid's Hub inputs: pinned, staged or to stage, sizes and free space
     staging: StagingPlan | None = None
     # cell dir -> the tokenized dataset it shares (cells that run, tokenize_once)
-    tokenized: dict[Path, Tokenization] = field(default_factory=dict)
+    tokenized: Mapping[Path, Tokenization] = field(default_factory=dict)
     # kind of check -> distinct inputs that passed it before anything was queued
-    passed: dict[str, int] = field(default_factory=dict)
-    # a dry run's checks of inputs a real run stages here first (and then checks before queueing)
-    after_staging: dict[str, list[Check]] = field(default_factory=dict)
+    passed: Mapping[str, int] = field(default_factory=dict)
+    # a dry run's checks of inputs a real run stages on this machine first (and then checks before queueing)
+    after_staging: Mapping[str, tuple[Check, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GridResult:
+    """A plan and what its execution did. The plan's fields read through (result.cells, result.decisions, ...);
+    `result.plan` is its submission plan."""
+
+    grid: GridPlan
     executed: Executed | None = None
     # local cells this invocation ran and waited for: their final state
-    final: dict[Path, CellState] = field(default_factory=dict)
+    final: Mapping[Path, CellState] = field(default_factory=dict)
     refused: SubmitRefused | None = None
+    examples: Examples | None = None  # a dry run's first example of each source
+
+    cells = property(lambda self: self.grid.cells)
+    decisions = property(lambda self: self.grid.decisions)
+    plan = property(lambda self: self.grid.submission)
+    dry_run = property(lambda self: self.grid.dry_run)
+    deferred = property(lambda self: self.grid.deferred)
+    preps = property(lambda self: self.grid.preps)
+    bases = property(lambda self: self.grid.bases)
+    costs = property(lambda self: self.grid.costs)
+    staging = property(lambda self: self.grid.staging)
+    tokenized = property(lambda self: self.grid.tokenized)
+    passed = property(lambda self: self.grid.passed)
+    after_staging = property(lambda self: self.grid.after_staging)
 
     @property
     def states(self) -> list[str]:
@@ -90,12 +165,52 @@ class GridResult:
         return [d.cell.name for d in self.decisions if d.dir in failed and d.action is Action.RUN]
 
 
-def _backend_rules(cell: Cell) -> Iterable[Problem]:
-    backend = BACKENDS.get(cell.spec.backend.name)
-    if backend is None:
-        return [Problem(cell.name, "backend.name", cell.spec.backend.name, "backend-known",
-                        "no such backend in sft_grid/backends", f"use one of {', '.join(sorted(BACKENDS))}")]
-    return backend.problems(cell)
+def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observer: Observer = Observer(),
+        ) -> GridResult:
+    inputs = check(composed, errors, observer)
+    if any(c.spec.stage_only for c in inputs.cells):
+        return GridResult(GridPlan(inputs.cells, (), SubmissionPlan(), inputs.dry_run, {}, {},
+                                   staging=inputs.staging))
+    with hold_all([d / LOCK_FILE for d in sorted({c.sweep_dir for c in inputs.cells})]):
+        grid = plan(inputs)
+        if grid.dry_run:  # a dry run writes nothing but its cells' files
+            write_all(grid.submission.writes)
+            return GridResult(grid, examples=first_examples(list(grid.cells)))
+        try:
+            executed = execute(grid, observer)
+        except SubmitRefused as exc:
+            return GridResult(grid, refused=exc)
+    result = GridResult(grid, executed)
+    observer.queued(result)
+    return replace(result, final=run_local(grid.submission, executed, observer.local_done,
+                                           observer.local_progress))
+
+
+# -- check: every rule and every check, before anything is decided ----------------------------------------------
+
+
+def check(composed: Sequence[Composed], errors: Sequence[CompositionError], observer: Observer) -> Inputs:
+    cells, problems = plan_cells(composed, errors)
+    if problems:
+        raise GridError(problems)
+    dirs = cell_dirs(cells)
+    observer.planned(len(cells), _provisional(cells, dirs))
+    dry_run = any(c.spec.dry_run for c in cells)
+    cells, staged = _stage(cells, dirs, dry_run, observer)
+    if any(c.spec.stage_only for c in cells):
+        return Inputs(tuple(cells), tuple(dirs), dry_run, staged, Preflight([], {}, 0), {}, (), {}, None)
+    checked = preflight(cells, on_phase=lambda done, total, detail: observer.phase("checks", done, total, detail))
+    if checked.problems:
+        raise GridError(checked.problems)
+    costs = None if grid_costs.env_disabled() else grid_costs.estimate(cells, checked.lengths)
+    if costs is not None:
+        # before anything is written: every cell that would train (completed ones are skipped unless forced)
+        too_long = grid_costs.problems(costs, [c for c, d in zip(cells, dirs, strict=True)
+                                               if c.spec.force or not output_complete(d / OUTPUT_DIR)])
+        if too_long:
+            raise GridError(too_long, "the estimates")
+    return Inputs(tuple(cells), tuple(dirs), dry_run, staged, checked, preps(cells), tuple(base_targets(cells)),
+                  tokenize.plan(cells), costs)
 
 
 def plan_cells(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> tuple[list[Cell], list[Problem]]:
@@ -103,6 +218,14 @@ def plan_cells(composed: Sequence[Composed], errors: Sequence[CompositionError])
     cells = [plan_cell(c.overrides, c.config) for c in composed]
     problems += validate(cells, _backend_rules)
     return merge_eval_axis(cells), problems
+
+
+def _backend_rules(cell: Cell) -> Iterable[Problem]:
+    backend = BACKENDS.get(cell.spec.backend.name)
+    if backend is None:
+        return [Problem(cell.name, "backend.name", cell.spec.backend.name, "backend-known",
+                        "no such backend in sft_grid/backends", f"use one of {', '.join(sorted(BACKENDS))}")]
+    return backend.problems(cell)
 
 
 def cell_dirs(cells: Sequence[Cell]) -> list[Path]:
@@ -117,84 +240,16 @@ def cell_dirs(cells: Sequence[Cell]) -> list[Path]:
     return dirs
 
 
-class Observer:
-    """What the command line is told while the flow runs (it prints; the flow does not)."""
-
-    def queued(self, result: "GridResult") -> None:
-        """Everything is submitted or recorded; local cells are about to run."""
-
-    def local_done(self, job: LocalJob, state: CellState) -> None:
-        """A local job ended."""
-
-    def staging(self, plan: StagingPlan) -> None:
-        """Transfers of the grid's Hub inputs start here."""
-
-    def progress(self, progress: Progress) -> None:
-        """Bytes of a transfer arrived (often: a few times a second)."""
-
-
-def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observer: Observer = Observer(),
-        ) -> GridResult:
-    cells, problems = plan_cells(composed, errors)
-    if problems:
-        raise GridError(problems)
-    dirs = cell_dirs(cells)
-    dry_run = any(c.spec.dry_run for c in cells)
-    cells, staged = _stage(cells, dirs, dry_run, observer)
-    if any(c.spec.stage_only for c in cells):
-        return GridResult(cells, [], SubmissionPlan(), dry_run, {}, {}, staging=staged)
-    checked = preflight(cells)
-    if checked.problems:
-        raise GridError(checked.problems)
-    needed = preps(cells)
-    targets = base_targets(cells)
-    tokens = tokenize.plan(cells)
-    costs = None if estimates.env_disabled() else estimates.estimate(cells, checked.lengths)
-    if costs is not None:
-        # before anything is written: every cell that would train (completed ones are skipped unless forced)
-        too_long = estimates.problems(costs, [c for c, d in zip(cells, dirs)
-                                              if c.spec.force or not output_complete(d / OUTPUT_DIR)])
-        if too_long:
-            raise GridError(too_long, "the estimates")
-    with hold_all(d / LOCK_FILE for d in {c.sweep_dir for c in cells}):  # one invocation per sweep at a time
-        work = _stage_work(cells, dirs, staged)
-        view = read_view(dirs, [p.dir for p in needed] + ([work.dir] if work else [])
-                         + sorted({t.dir for t in tokens.values()}), [t.dir for t in targets])
-        if not dry_run:  # a dry run writes nothing but its cells' files
-            settle(view, dirs)
-        decisions = []
-        for cell, cell_dir in zip(cells, dirs):
-            state, recovery = view.state(cell_dir), None
-            if state.recovered:
-                recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])
-            decisions.append(decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery))
-        bases = [decide_base(t, view.histories[t.dir], view.scheduler) for t in targets]
-        decisions, shared = _share_tokenized(decisions, tokens, checked.deferred)
-        writes = [estimates.with_file(render(d.cell, d.dir, checked.deferred.get(d.cell.name, [])), costs,
-                                      d.cell.name if d.action is Action.RUN else None)
-                  for d in decisions if d.touch_files and (dry_run or d.action is not Action.SKIP)]
-        writes += [render_base(b.target) for b in bases if dry_run or b.evaluate]
-        on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
-        on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
-        max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
-        recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
-        plan = replace(build(decisions, view.histories, view.scheduler, max_size, writes, bases, work, shared),
-                       provenance=recorded)
-        result = GridResult(cells, decisions, plan, dry_run, checked.deferred, needed, bases=bases, costs=costs,
-                            staging=staged, passed=checked.passed, tokenized=shared)
-        if dry_run:
-            result.deferred, result.after_staging = _after_staging(checked.deferred, staged)
-            write_all(plan.writes)
-            result.examples = first_examples(cells)
-            return result
-        try:
-            result.executed = apply(plan)
-        except SubmitRefused as exc:
-            result.refused = exc
-            return result
-    observer.queued(result)
-    result.final = run_local(plan, result.executed, observer.local_done)
-    return result
+def _provisional(cells: Sequence[Cell], dirs: Sequence[Path]) -> dict[str, int]:
+    """How many cells will run and how many are skipped, by state, as their files say now (no scheduler query:
+    a cell in flight counts as such; the decisions after the checks are the ones that hold)."""
+    counts: dict[str, int] = {}
+    for cell, cell_dir in zip(cells, dirs, strict=True):
+        done = output_complete(cell_dir / OUTPUT_DIR) and not cell.spec.force
+        seen = (cell_dir / "events.jsonl").is_file()
+        what = "completed" if done else ("to run" if not seen or cell.spec.force else "seen before")
+        counts[what] = counts.get(what, 0) + 1
+    return counts
 
 
 def _stage(cells: list[Cell], dirs: list[Path], dry_run: bool, observer: Observer,
@@ -214,22 +269,68 @@ def _stage(cells: list[Cell], dirs: list[Path], dry_run: bool, observer: Observe
     return cells, staged
 
 
-def _share_tokenized(decisions: list[Decision], tokens: dict[str, Tokenization], deferred: dict[str, list[Check]],
-                     ) -> tuple[list[Decision], dict[Path, Tokenization]]:
-    """The cells that run load their shared tokenized dataset; where it is not built yet, their first step checks
-    that it was (`deferred` gets that check)."""
+# -- plan: each cell's decision, its files, the submission plan ---------------------------------------------------
+
+
+def plan(inputs: Inputs) -> GridPlan:
+    """The frozen plan of this invocation, from the checked inputs and the cells' states now (run under the grid's
+    lock, with `execute` right after it)."""
+    cells, dirs, tokens = inputs.cells, inputs.dirs, inputs.tokens
+    work = _stage_work(cells, dirs, inputs.staging)
+    view = read_view(dirs, [p.dir for p in inputs.preps] + ([work.dir] if work else [])
+                     + sorted({t.dir for t in tokens.values()}), [t.dir for t in inputs.targets])
+    if not inputs.dry_run:  # a dry run records nothing
+        settle(view, list(dirs))
+    decisions = [_decide(cell, cell_dir, view) for cell, cell_dir in zip(cells, dirs, strict=True)]
+    bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
+    decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
+    writes = [grid_costs.with_file(render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))), inputs.costs,
+                                   d.cell.name if d.action is Action.RUN else None)
+              for d in decisions if d.touch_files and (inputs.dry_run or d.action is not Action.SKIP)]
+    writes += [render_base(b.target) for b in bases if inputs.dry_run or b.evaluate]
+    on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
+    on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
+    max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
+    recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
+    submission = build(decisions, view.histories, view.scheduler, max_size, writes, list(bases), work, shared,
+                       provenance=recorded)
+    after: Mapping[str, tuple[Check, ...]] = {}
+    if inputs.dry_run:
+        deferred, after = _after_staging(deferred, inputs.staging)
+    return GridPlan(cells, tuple(decisions), submission, inputs.dry_run, deferred, inputs.preps, bases,
+                    inputs.costs, inputs.staging, shared, inputs.checked.passed, after)
+
+
+def _decide(cell: Cell, cell_dir: Path, view: GridView) -> Decision:
+    state, recovery = view.state(cell_dir), None
+    if state.recovered:
+        recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])
+    return decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery)
+
+
+def _share_tokenized(decisions: Sequence[Decision], tokens: Mapping[str, Tokenization],
+                     deferred: Mapping[str, Sequence[Check]],
+                     ) -> tuple[list[Decision], dict[Path, Tokenization], dict[str, tuple[Check, ...]]]:
+    """The cells that run load their shared tokenized dataset, where one is worth a job of its own (`worth_a_job`: a
+    cell that runs here alone on its data tokenizes in its own job); where it is not built yet (a job before the cell
+    builds it), their first step checks that it was: the deferred checks with that one added."""
+    users: dict[Path, list[Cell]] = {}
+    for d in decisions:
+        if d.action is Action.RUN and d.cell.name in tokens:
+            users.setdefault(tokens[d.cell.name].dir, []).append(d.cell)
     shared: dict[Path, Tokenization] = {}
     out = []
+    checks = {name: tuple(c) for name, c in deferred.items()}
     for d in decisions:
         tok = tokens.get(d.cell.name)
-        if d.action is not Action.RUN or tok is None:
+        if d.action is not Action.RUN or tok is None or not tokenize.worth_a_job(tok, users[tok.dir]):
             out.append(d)
             continue
         shared[d.dir] = tok
         out.append(replace(d, cell=replace(d.cell, tokenized=tok.data)))
         if not tok.data.complete:
-            deferred.setdefault(d.cell.name, []).append(Check("tokenized", "tokenized", str(tok.dir)))
-    return out, shared
+            checks[d.cell.name] = (*checks.get(d.cell.name, ()), Check("tokenized", "tokenized", str(tok.dir)))
+    return out, shared, checks
 
 
 def _stage_work(cells: Sequence[Cell], dirs: Sequence[Path], staged: StagingPlan) -> StageWork | None:
@@ -238,25 +339,36 @@ def _stage_work(cells: Sequence[Cell], dirs: Sequence[Path], staged: StagingPlan
     if not items:
         return None
     users = {cell for i in items for cell, _ in i.users}
-    mine = [(c, d) for c, d in zip(cells, dirs) if c.name in users]
+    mine = [(c, d) for c, d in zip(cells, dirs, strict=True) if c.name in users]
     pins = tuple(i.pin for i in items if i.pin is not None)
     first = mine[0][0]
     return StageWork(stage_dir(first.runs_root, pins), pins, frozenset(d for _, d in mine), first.spec.cluster)
 
 
-def _after_staging(deferred: dict[str, list[Check]], staged: StagingPlan,
-                   ) -> tuple[dict[str, list[Check]], dict[str, list[Check]]]:
+def _after_staging(deferred: Mapping[str, tuple[Check, ...]], staged: StagingPlan,
+                   ) -> tuple[dict[str, tuple[Check, ...]], dict[str, tuple[Check, ...]]]:
     """A dry run's deferred checks split: those still deferred in a real run, and those that read an input a real
     run stages on this machine first (they run then, before anything is queued)."""
     here = tuple(str(i.pin.path) for i in staged.pending if i.here and i.pin is not None)
-    later: dict[str, list[Check]] = {}
-    after: dict[str, list[Check]] = {}
+    later: dict[str, tuple[Check, ...]] = {}
+    after: dict[str, tuple[Check, ...]] = {}
     for name, checks in deferred.items():
-        for check in checks:
-            reads = (check.target, check.model)
+        for check_ in checks:
+            reads = (check_.target, check_.model)
             waits = any(r and (r == h or r.startswith(h + "/")) for r in reads for h in here)
-            (after if waits else later).setdefault(name, []).append(check)
+            target = after if waits else later
+            target[name] = (*target.get(name, ()), check_)
     return later, after
 
 
-__all__ = ["GridResult", "Role", "cell_dirs", "plan_cells", "run"]
+# -- execute ----------------------------------------------------------------------------------------------------
+
+
+def execute(grid: GridPlan, observer: Observer = Observer()) -> Executed:
+    """Everything the plan says, but waiting for its local cells: its writes, the local jobs before the cells (model
+    preps, tokenizations), the cells' submissions. Run under the grid's lock, right after `plan`."""
+    return apply(grid.submission, lambda name, done, total, detail: observer.phase(name, done, total, detail))
+
+
+__all__ = ["GridPlan", "GridResult", "Inputs", "Observer", "Role", "cell_dirs", "check", "execute", "plan",
+           "plan_cells", "run"]

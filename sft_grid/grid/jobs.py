@@ -51,10 +51,12 @@ from sft_grid.stages.tokenize import Tokenization
 
 def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
           max_array_size: int, writes: Sequence[CellFiles] = (), bases: Sequence[BaseDecision] = (),
-          staging: StageWork | None = None, tokenized: Mapping[Path, Tokenization] | None = None) -> SubmissionPlan:
+          staging: StageWork | None = None, tokenized: Mapping[Path, Tokenization] | None = None,
+          provenance: Mapping[Path, Mapping[str, Any]] | None = None) -> SubmissionPlan:
     """The plan of these decisions; `writes`: the cell files to write (rendered by the flow); `bases`: the base
     models' evaluations; `staging`: the staging job the site needs for these cells' inputs; `tokenized`: cell dir
-    -> the tokenized dataset it shares."""
+    -> the tokenized dataset it shares; `provenance`: cell dir -> what its `submitted` event records of its inputs
+    and the checkout."""
     to_run = [d for d in decisions if d.action is Action.RUN]
     post_only = [d for d in decisions if d.action is Action.POST]
     local = [d for d in to_run + post_only if d.cell.spec.cluster.executor == "local"]
@@ -87,6 +89,7 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
         wait=first.cell.spec.cluster.wait if first else True,
         max_array_size=max_array_size,
         tokenized={cell_dir: t.dir for cell_dir, t in tokens.items()},
+        provenance=dict(provenance or {}),
     )
 
 

@@ -20,7 +20,10 @@ POLL_S = 0.5
 
 def run(jobs: Sequence[LocalJob], max_parallel: int, wait: bool,
         on_start: Callable[[LocalJob, str], None] = lambda job, job_id: None,
-        on_done: Callable[[LocalJob], None] = lambda job: None) -> None:
+        on_done: Callable[[LocalJob], None] = lambda job: None,
+        on_poll: Callable[[Sequence[LocalJob]], None] = lambda running: None) -> None:
+    """Run the jobs, at most `max_parallel` at once; `on_poll` hears the jobs that run, each time it looks (every
+    POLL_S), so a caller can show their progress."""
     import submitit
 
     from sft_grid.schedulers.entry import Entry
@@ -40,6 +43,7 @@ def run(jobs: Sequence[LocalJob], max_parallel: int, wait: bool,
         if not wait:
             break
         time.sleep(POLL_S)
+        on_poll([job for job, _ in running])
         for item in list(running):
             job, handle = item
             if handle.done():

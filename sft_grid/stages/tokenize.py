@@ -123,6 +123,16 @@ def plan(cells: Sequence[Cell]) -> dict[str, Tokenization]:
     return out
 
 
+def worth_a_job(tok: Tokenization, users: Sequence[Cell]) -> bool:
+    """Whether the cells that run and need `tok` load it from a job of its own, built before them. Yes when several
+    load it, and where a job before the cells keeps the tokenizing off their nodes (on Slurm: a CPU job, not GPU
+    time; a multi-process cell, whose every rank would tokenize). No for one cell that runs here in one process:
+    nothing would be shared, and the job would only add a backend process's start-up (its imports: seconds) before
+    the cell's first step; that cell tokenizes in its own job. Built already: loaded, whoever needs it."""
+    return tok.data.complete or len(users) > 1 or any(
+        c.spec.cluster.executor != "local" or c.world_size > 1 for c in users)
+
+
 def job_cell(cell: Cell, tok: Tokenization) -> Cell:
     """The cell as its tokenize job renders it: one process on a CPU node, sharing `tok`."""
     s = cell.spec

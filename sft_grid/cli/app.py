@@ -260,6 +260,7 @@ def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:
 def _print_launch(result: Any) -> None:
     from collections import Counter
 
+    from sft_grid.core.state import State
     from sft_grid.core.submission import Role
     from sft_grid.grid.decide import Action
 
@@ -268,7 +269,7 @@ def _print_launch(result: Any) -> None:
     parts = [f"{len(to_run)} to run"] + [f"{n} {what}" for what, n in sorted(skipped.items())]
     out(f"{len(result.cells)} cell(s): " + ", ".join(parts) + ("" if to_run else " - nothing to run."))
     for d in result.decisions:
-        if d.action is not Action.RUN and d.state.state.value not in ("failed", "cancelled") and (
+        if d.action is not Action.RUN and d.state.state not in (State.FAILED, State.CANCELLED) and (
                 not d.why.startswith("completed") or "; " in d.why):
             out(f"  skipped {d.cell.name}: {d.why}")
     stopped = failure_lines([(d.cell.name, d.state) for d in result.decisions if d.action is not Action.RUN])

@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sft_grid.core.layout import OUTPUT_DIR, POST_FILE, iter_cell_dirs, output_complete
+    from sft_grid.stages.post_training import Step, states
     from sft_grid.stages.post_training import run as run_stages
-    from sft_grid.stages.post_training import states
 
     logging.basicConfig(level=logging.ERROR, format="%(message)s")  # each cell's outcome is printed below
     target = Path(args.target).expanduser().resolve()
@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
         st = states(cell_dir)
         print(f"{cell_dir.name}: " + ", ".join(f"{n} {s.state}" for n, s in st.items()))
         for n, s in st.items():
-            if s.state in ("failed", "waiting"):
+            if s.state in (Step.FAILED, Step.WAITING):
                 print(f"  {n}: {s.reason}")
-        failed += any(s.state == "failed" for s in st.values())
+        failed += any(s.state is Step.FAILED for s in st.values())
     return 1 if failed else 0
 

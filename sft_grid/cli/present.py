@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sft_grid.core.cellfiles import Check
-from sft_grid.core.state import CellState
+from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import Role, SlurmJob, SubmissionPlan
 
 if TYPE_CHECKING:  # (annotations only: the results table's formatting need not import the planner's schema)
@@ -263,7 +263,7 @@ def failure_lines(items: Sequence[tuple[str, CellState]], per_class: int = 3) ->
     them what the policy did and what to change (with the exact rerun command)."""
     groups: dict[str, list[tuple[str, CellState]]] = {}
     for name, st in items:
-        if st.state.value in ("failed", "cancelled"):
+        if st.state in (State.FAILED, State.CANCELLED):
             groups.setdefault(st.failure_class.value if st.failure_class else "unclassified", []).append((name, st))
     lines = []
     for klass, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):

@@ -15,7 +15,7 @@ sbatch and recording the job ids finds its jobs again by name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -108,6 +108,14 @@ class LocalJob:
     after: Path | None = None
 
 
+class Rescue(StrEnum):
+    """What to do about a job a killed orchestrator left behind (found by its array's name)."""
+
+    ADOPT = "adopt"  # the job has its submission file: it is the cell's job
+    RESTORE = "restore"  # put the submission file left under its temporary name in place, then adopt
+    CANCEL = "cancel"  # the job never got its file: cancel it, and plan the cell again
+
+
 @dataclass(frozen=True)
 class Recovery:
     """What to do about a job that sbatch queued for a cell while the orchestrator that ran it died before
@@ -116,9 +124,7 @@ class Recovery:
     cell_dir: Path
     job_id: str
     array: str
-    # adopt: the job has its submission file, it is the cell's job; restore: put the submission file left
-    # under its temporary name in place, then adopt; cancel: the job never got it, cancel it and plan again
-    action: str
+    action: Rescue
     orphan: Path | None = None
     target: Path | None = None
 

@@ -26,7 +26,7 @@ from sft_grid.core.failures.cell import REQUEUE_NOTE, requeue_nodes
 from sft_grid.core.failures.policy import RemedyKind
 from sft_grid.core.layout import SUBMITIT_DIR
 from sft_grid.core.state import CellState, SchedulerView, State, slurm_ref
-from sft_grid.core.submission import Recovery
+from sft_grid.core.submission import Recovery, Rescue
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.evaluation import BaseTarget, cell_scores
 from sft_grid.schedulers import slurm
@@ -122,11 +122,11 @@ def plan_recovery(cell_dir: Path, state: CellState, history: Sequence[Event]) ->
     target = slurm.submission_file(folder, state.job_id)
     adopted = replace(state, recovered=False)
     if target.exists():
-        return Recovery(cell_dir, state.job_id, ref.array, "adopt"), adopted
+        return Recovery(cell_dir, state.job_id, ref.array, Rescue.ADOPT), adopted
     if state.state.in_flight:
         orphan = slurm.orphan_for(folder, cell_dir)
         if orphan is not None:
-            return Recovery(cell_dir, state.job_id, ref.array, "restore", orphan, target), adopted
-        return Recovery(cell_dir, state.job_id, ref.array, "cancel"), CellState(State.PLANNED)
+            return Recovery(cell_dir, state.job_id, ref.array, Rescue.RESTORE, orphan, target), adopted
+        return Recovery(cell_dir, state.job_id, ref.array, Rescue.CANCEL), CellState(State.PLANNED)
     # the job ended without ever running the cell (its pickle never arrived): nothing to cancel
     return Recovery(cell_dir, state.job_id, ref.array, "replan"), CellState(State.PLANNED)

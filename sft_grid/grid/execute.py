@@ -16,7 +16,7 @@ from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import OUTPUT_DIR, progress
 from sft_grid.core.state import CellState, state_of
-from sft_grid.core.submission import LocalJob, Role, SlurmJob, SubmissionPlan
+from sft_grid.core.submission import LocalJob, Rescue, Role, SlurmJob, SubmissionPlan
 from sft_grid.grid.render import write_all
 from sft_grid.job.runner import archive_output
 from sft_grid.schedulers import local, slurm
@@ -64,12 +64,12 @@ def apply(plan: SubmissionPlan, on_phase: PhaseTold = lambda name, done, total, 
             else:
                 (files.dir / rel).write_text(text)
     for r in plan.recoveries:
-        if r.action == "restore" and r.orphan is not None and r.target is not None:
+        if r.action is Rescue.RESTORE and r.orphan is not None and r.target is not None:
             r.orphan.rename(r.target)
-        if r.action in ("adopt", "restore"):
+        if r.action in (Rescue.ADOPT, Rescue.RESTORE):
             events.append(r.cell_dir, Event(Kind.JOB, job_id=r.job_id, note="recovered by the array's name"))
             continue
-        if r.action == "cancel":
+        if r.action is Rescue.CANCEL:
             slurm.cancel([r.job_id])
         events.append(r.cell_dir, Event(Kind.PLANNED, note=f"job {r.job_id} of {r.array} never got its submission"
                                         " file (the orchestrator died during sbatch): cancelled, to be submitted again"))

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -46,8 +47,7 @@ from sft_grid.core.provenance import packages_hash
 from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
 from sft_grid.core.templates import effective_template, template_digest
-from sft_grid.stages import evaluate
-from sft_grid.stages import notify
+from sft_grid.stages import evaluate, notify
 from sft_grid.stages.post_training import IN_JOB
 from sft_grid.stages.post_training import run as run_post
 
@@ -61,10 +61,29 @@ class CellFailed(RuntimeError):
     """The cell's training did not complete; the message is the reason recorded in its ledger."""
 
 
+@dataclass(frozen=True)
+class Where:
+    """This job, as the scheduler knows it."""
+
+    job_id: str  # the scheduler's id ("<array>_<task>" for an array's task); "" when run by hand
+    rank: int  # this node's rank in the job: node 0 keeps the ledger
+    on_slurm: bool
+
+
+def where() -> Where:
+    """This job as submitit's own job environment describes it (a job of its Slurm or local executor); run by hand
+    (`python -m sft_grid.job CELL_DIR`), no job at all: node 0 of no scheduler."""
+    import submitit
+
+    try:
+        env = submitit.JobEnvironment()
+    except RuntimeError:  # submitit's "could not figure out which environment the job is running in"
+        return Where("", 0, False)
+    return Where(str(env.job_id), env.global_rank, env.cluster == "slurm")
+
+
 def _job_id() -> str:
-    if os.environ.get("SLURM_ARRAY_JOB_ID"):
-        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}"
-    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or ""
+    return where().job_id
 
 
 def _here(kind: Kind, **fields: object) -> Event:
@@ -102,7 +121,8 @@ def run_cell(cell_dir: str | Path) -> str:
     """
     cell_dir = Path(cell_dir).resolve()
     output = cell_dir / OUTPUT_DIR
-    lead = int(os.environ.get("SLURM_PROCID", "0")) == 0
+    job = where()
+    lead = job.rank == 0
     if output_complete(output):
         if lead:
             events.append(cell_dir, _here(Kind.COMPLETED, note="already complete; nothing run"))
@@ -122,7 +142,7 @@ def run_cell(cell_dir: str | Path) -> str:
     elif lead:
         archive_output(cell_dir, "partial output without a checkpoint")
 
-    log_file = cell_dir / LOGS_DIR / (TRAIN_LOG if lead else f"train.node{os.environ.get('SLURM_PROCID')}.log")
+    log_file = cell_dir / LOGS_DIR / (TRAIN_LOG if lead else f"train.node{job.rank}.log")
     log_file.parent.mkdir(exist_ok=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log_file.open("ab") as fh:
@@ -146,7 +166,7 @@ def run_cell(cell_dir: str | Path) -> str:
         raise CellFailed(f"training was killed by signal {-rc}")
     if not lead:
         if rc:  # node 0 triages the failure for the cell; this node's log is logs/<its log>
-            raise CellFailed(f"node {os.environ.get('SLURM_PROCID')}: backend exited with {rc} (see {log_file})")
+            raise CellFailed(f"node {job.rank}: backend exited with {rc} (see {log_file})")
         return "done"
     if rc == 0 and output_complete(output):
         done = progress(output)
@@ -186,7 +206,7 @@ def _set_aside_verdict(cell_dir: Path) -> None:
 def _requeue(cell_dir: Path) -> None:
     """Submit the cell again through the grid's own code, in a process of its own (the job side never imports
     the grid's); a Slurm cell only (locally, the next invocation of the grid runs it again)."""
-    if not os.environ.get("SLURM_JOB_ID"):
+    if not where().on_slurm:
         return
     proc = subprocess.run([sys.executable, "-m", "sft_grid.requeue", str(cell_dir)], capture_output=True, text=True,
                           check=False)

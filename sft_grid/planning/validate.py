@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy

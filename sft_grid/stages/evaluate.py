@@ -22,6 +22,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -47,8 +48,8 @@ class EvalFailed(RuntimeError):
     """The evaluation could not run at all; the message is the reason recorded for each missing score."""
 
 
-def record(target_dir: Path, state: str, reason: str = "", **fields: Any) -> None:
-    events.append(target_dir, Event.here(Kind.EVAL, state=state, reason=reason, **fields))
+def record(target_dir: Path, state: Ledger, reason: str = "", **fields: Any) -> None:
+    events.append(target_dir, Event.here(Kind.EVAL, state=state.value, reason=reason, **fields))
 
 
 def trained_digest(cell_dir: Path, model: Path) -> str | None:
@@ -165,7 +166,7 @@ def run(target_dir: Path | str) -> bool:
     if plan is None or not todo:
         return True
     (target_dir / LOGS_DIR).mkdir(exist_ok=True)
-    record(target_dir, "running", details={"scores": [s.score_id for s in todo]})
+    record(target_dir, Ledger.RUNNING, details={"scores": [s.score_id for s in todo]})
     started = time.monotonic()
     try:
         digest = served_digest(target_dir, plan, todo)
@@ -177,29 +178,48 @@ def run(target_dir: Path | str) -> bool:
                 why = _score(target_dir, plan, score, results, digest, failure)
                 if why:
                     failed[score.score_id] = why
-                record(target_dir, "failed" if why else "completed", why, score_id=score.score_id, task=score.task)
+                record(target_dir, Ledger.FAILED if why else Ledger.COMPLETED, why, score_id=score.score_id, task=score.task)
     except Exception as exc:  # noqa: BLE001 - whatever stops the stage is its recorded reason, never the cell's
         why = str(exc) if isinstance(exc, EvalFailed) else f"{type(exc).__name__}: {exc}"
         for score in todo:
             if not has_score(target_dir, score.score_id):
-                record(target_dir, "failed", why, score_id=score.score_id, task=score.task)
-        record(target_dir, "failed", why)
+                record(target_dir, Ledger.FAILED, why, score_id=score.score_id, task=score.task)
+        record(target_dir, Ledger.FAILED, why)
         log.warning("%s: evaluation failed: %s", target_dir.name, why, exc_info=not isinstance(exc, EvalFailed))
         return False
     seconds = {"seconds": round(time.monotonic() - started, 1)}
     if failed:
         reason = "; ".join(f"{s.task}: {failed[s.score_id]}" for s in todo if s.score_id in failed)
-        record(target_dir, "failed", f"{len(failed)} of {len(todo)} score(s) failed: {reason}"[:1000], details=seconds)
+        record(target_dir, Ledger.FAILED, f"{len(failed)} of {len(todo)} score(s) failed: {reason}"[:1000], details=seconds)
         return False
-    record(target_dir, "completed", details={**seconds, "scores": len(todo)})
+    record(target_dir, Ledger.COMPLETED, details={**seconds, "scores": len(todo)})
     return True
+
+
+class Evaluation(StrEnum):
+    """A target's evaluation as a whole: its state."""
+
+    NONE = ""  # nothing to evaluate
+    DONE = "done"  # every score it asks for is there
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    FAILED = "failed"
+
+
+class Ledger(StrEnum):
+    """What an `eval` event of the ledger says: the stage started, completed, or failed (a score, or the whole)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
 class EvalState:
     planned: int
     done: int
-    state: str  # "" (nothing to evaluate), done, pending, queued, running, failed
+    state: Evaluation
     reason: str = ""
     job_id: str = ""
 
@@ -207,7 +227,7 @@ class EvalState:
         """The `eval` column of status: what the scores are, in a few words."""
         if not self.planned:
             return ""
-        if self.state == "done":
+        if self.state is Evaluation.DONE:
             return f"done ({self.done})"
         job = f" in job {self.job_id}" if self.job_id else ""
         return f"{self.state}{job} ({self.done}/{self.planned})"
@@ -233,25 +253,25 @@ def state_of(target_dir: Path, history: Sequence[Event] | None = None, view: Sch
         scores = plan.scores if plan is not None else ()
     done = sum(1 for s in scores if has_score(target_dir, s.score_id))
     if done == len(scores):
-        return EvalState(len(scores), done, "done" if scores else "")
+        return EvalState(len(scores), done, Evaluation.DONE if scores else Evaluation.NONE)
     job_id = eval_job_id(history)
     job = view.job(job_id) if view is not None and job_id else None
     if job is not None and job.in_flight:
         running = job.state in ("RUNNING", "COMPLETING")
-        return EvalState(len(scores), done, "running" if running else "queued", job_id=job_id)
+        return EvalState(len(scores), done, Evaluation.RUNNING if running else Evaluation.QUEUED, job_id=job_id)
     last = stage_event(history)
-    if last is not None and last.state == "running":
+    if last is not None and last.state == Ledger.RUNNING:
         if job is not None:
-            return EvalState(len(scores), done, "failed", f"evaluation job {job_id} ended {job.state} during the"
+            return EvalState(len(scores), done, Evaluation.FAILED, f"evaluation job {job_id} ended {job.state} during the"
                              " evaluation", job_id)
         if alive(last) is False:
-            return EvalState(len(scores), done, "failed", f"its process {last.pid} on {last.host} ended during the"
+            return EvalState(len(scores), done, Evaluation.FAILED, f"its process {last.pid} on {last.host} ended during the"
                              " evaluation")
         if alive(last) is True:
-            return EvalState(len(scores), done, "running")
-    if last is not None and last.state == "failed":
-        return EvalState(len(scores), done, "failed", last.reason, job_id)
-    return EvalState(len(scores), done, "pending")
+            return EvalState(len(scores), done, Evaluation.RUNNING)
+    if last is not None and last.state == Ledger.FAILED:
+        return EvalState(len(scores), done, Evaluation.FAILED, last.reason, job_id)
+    return EvalState(len(scores), done, Evaluation.PENDING)
 
 
 @dataclass(frozen=True)
@@ -264,12 +284,12 @@ def todo(target_dir: Path, scores: Sequence[ScoreSpec], history: Sequence[Event]
          view: SchedulerView | None) -> EvalTodo:
     """Whether this invocation must evaluate the target: some score is missing and nothing evaluates it now."""
     st = state_of(target_dir, history, view, scores)
-    if st.state in ("", "done"):
+    if st.state in (Evaluation.NONE, Evaluation.DONE):
         return EvalTodo(False, "")
-    if st.state == "queued" or (st.state == "running" and st.job_id):
+    if st.state is Evaluation.QUEUED or (st.state is Evaluation.RUNNING and st.job_id):
         return EvalTodo(False, f"evaluation waiting in Slurm (job {st.job_id})")
-    if st.state == "running":
+    if st.state is Evaluation.RUNNING:
         return EvalTodo(False, "evaluation running")
     missing = st.planned - st.done
-    again = " again" if st.state == "failed" else ""
+    again = " again" if st.state is Evaluation.FAILED else ""
     return EvalTodo(True, f"evaluation to run{again}: {missing} score(s)")

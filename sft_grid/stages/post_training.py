@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -56,9 +57,19 @@ HUB_STAGES = ("upload", "register")
 IN_JOB, LOGIN = "job", "login"
 
 
+class Step(StrEnum):
+    """A post-training stage's state, as its last `stage` event records it."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"  # an upload that waits for the login node (`sft-grid post`)
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
 @dataclass(frozen=True)
 class StageState:
-    state: str  # pending, running, waiting, completed, failed
+    state: Step
     reason: str = ""
 
 
@@ -133,12 +144,20 @@ def states(cell_dir: Path, history: Sequence[Event] | None = None,
     for name in planned:
         e = last.get(name)
         if e is None:
-            out[name] = StageState("pending")
-        elif e.state == "running" and alive(e) is False:
-            out[name] = StageState("failed", f"its process {e.pid} on {e.host} ended during the stage")
+            out[name] = StageState(Step.PENDING)
+        elif e.state == Step.RUNNING and alive(e) is False:
+            out[name] = StageState(Step.FAILED, f"its process {e.pid} on {e.host} ended during the stage")
         else:
-            out[name] = StageState(e.state, e.reason)
+            out[name] = StageState(_step(e.state), e.reason)
     return out
+
+
+def _step(value: str) -> Step:
+    """A stage's state as the ledger spells it; one this version does not know reads as pending (run again)."""
+    try:
+        return Step(value)
+    except ValueError:
+        return Step.PENDING
 
 
 def post_job(history: Sequence[Event], view: SchedulerView | None) -> JobState | None:
@@ -154,12 +173,12 @@ def summary(cell_dir: Path, history: Sequence[Event] | None = None,
     st = states(cell_dir, history)
     if not st:
         return "", ""
-    if all(s.state == "completed" for s in st.values()):
+    if all(s.state is Step.COMPLETED for s in st.values()):
         return "done", ""
     for name, s in st.items():
-        if s.state != "completed":
+        if s.state is not Step.COMPLETED:
             job = post_job(history, view)
-            if s.state == "pending" and job is not None and job.in_flight:
+            if s.state is Step.PENDING and job is not None and job.in_flight:
                 return f"{name} in post job {job.job_id} ({job.state.lower()})", ""
             return f"{name} {s.state}", s.reason
     return "", ""
@@ -178,14 +197,14 @@ def todo(cell: Cell, cell_dir: Path, history: Sequence[Event], view: SchedulerVi
     node is not one); nothing while its post job is still queued or its stages are running."""
     planned = stages_for(cell.spec)
     current = states(cell_dir, history, planned)
-    left = [n for n in planned if current[n].state != "completed"]
+    left = [n for n in planned if current[n].state is not Step.COMPLETED]
     if not left:
         return Todo((), "")
     job = post_job(history, view)
     if job is not None and job.in_flight:
         return Todo((), f"post stages waiting in Slurm (job {job.job_id})")
     # a stage left `running` by a post job that has ended did not finish: it runs again
-    if job is None and any(current[n].state == "running" for n in left):
+    if job is None and any(current[n].state is Step.RUNNING for n in left):
         return Todo((), "post stages running")
     runnable = []
     for name in left:
@@ -212,8 +231,8 @@ class StageFailed(RuntimeError):
     """A stage did not do its work; the message is the reason recorded in the ledger."""
 
 
-def record(cell_dir: Path, stage: str, state: str, reason: str = "", **details: Any) -> None:
-    events.append(cell_dir, Event.here(Kind.STAGE, stage=stage, state=state, reason=reason, details=details))
+def record(cell_dir: Path, stage: str, state: Step, reason: str = "", **details: Any) -> None:
+    events.append(cell_dir, Event.here(Kind.STAGE, stage=stage, state=state.value, reason=reason, details=details))
 
 
 def run(cell_dir: Path | str, where: str = IN_JOB, only: Sequence[str] = ()) -> bool:
@@ -224,22 +243,22 @@ def run(cell_dir: Path | str, where: str = IN_JOB, only: Sequence[str] = ()) -> 
     if post is None:
         return True
     for name, st in states(cell_dir, planned=post.stages).items():
-        if st.state == "completed":
+        if st.state is Step.COMPLETED:
             continue
         if only and name not in only:
             return False
         if gated(name, where, post.upload_in_job):
-            if st.state != "waiting":
-                record(cell_dir, name, "waiting", reason=waiting_note(cell_dir))
+            if st.state is not Step.WAITING:
+                record(cell_dir, name, Step.WAITING, reason=waiting_note(cell_dir))
             return False
-        record(cell_dir, name, "running")
+        record(cell_dir, name, Step.RUNNING)
         try:
             details = STAGE_RUNNERS[name](cell_dir, post, where) or {}
         except StageFailed as exc:
-            record(cell_dir, name, "failed", reason=str(exc))
+            record(cell_dir, name, Step.FAILED, reason=str(exc))
             log.warning("%s: stage %s failed: %s", cell_dir.name, name, exc)
             return False
-        record(cell_dir, name, "completed", **details)
+        record(cell_dir, name, Step.COMPLETED, **details)
     return True
 
 

@@ -8,10 +8,17 @@
 # pins: a second `make` reuses them.
 PYTHON ?= python3
 
-.PHONY: install setup-demo setup chromium demo test test-fast slurm-up slurm-down
+.PHONY: install lock check setup-demo setup chromium demo test test-fast slurm-up slurm-down
 
+# sft_grid itself, its tests' and checks' tools, exactly as requirements.lock has them (pyproject.toml: the ranges)
 install:
-	$(PYTHON) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(PYTHON) -m pip install -q -c requirements.lock -e '.[test]' --config-settings editable_mode=compat
+
+# write requirements.lock afresh: what '.[test]' resolves to today, in a new environment
+lock:
+	rm -rf .lock-env && $(PYTHON) -m venv .lock-env && .lock-env/bin/pip install -q -e '.[test]' \
+	  && (head -n 2 requirements.lock && .lock-env/bin/pip freeze --exclude-editable | grep -v '^sft.grid') > requirements.lock.new \
+	  && mv requirements.lock.new requirements.lock; rm -rf .lock-env
 
 # what `make demo` needs: LLaMA-Factory's environment (it also builds the tiny models) and the tiny assets
 setup-demo: install

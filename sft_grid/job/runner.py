@@ -37,17 +37,16 @@ from sft_grid.core.layout import (
     LAUNCH_FILE,
     LOGS_DIR,
     OUTPUT_DIR,
-    TRAIN_LOG,
     checkpoints,
     output_complete,
     progress,
+    train_log,
 )
 from sft_grid.core.provenance import packages_hash
 from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
 from sft_grid.core.templates import effective_template, template_digest
-from sft_grid.stages import evaluate
-from sft_grid.stages import notify
+from sft_grid.stages import evaluate, notify
 from sft_grid.stages.post_training import IN_JOB
 from sft_grid.stages.post_training import run as run_post
 
@@ -122,7 +121,7 @@ def run_cell(cell_dir: str | Path) -> str:
     elif lead:
         archive_output(cell_dir, "partial output without a checkpoint")
 
-    log_file = cell_dir / LOGS_DIR / (TRAIN_LOG if lead else f"train.node{os.environ.get('SLURM_PROCID')}.log")
+    log_file = cell_dir / LOGS_DIR / train_log(int(os.environ.get("SLURM_PROCID", "0")))
     log_file.parent.mkdir(exist_ok=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log_file.open("ab") as fh:

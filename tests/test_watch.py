@@ -155,3 +155,31 @@ def test_watch_of_a_local_grid_lasts_while_its_job_runs(tmp_path: Path) -> None:
         job.wait()
     thread.join(30)
     assert not thread.is_alive() and f"{TITLE}: the grid has ended" in out.getvalue()
+
+
+@pytest.mark.slurm
+@pytest.mark.backend
+def test_a_real_slurm_cell_is_watched_and_its_log_followed_until_it_ends(tmp_path: Path, tiny_assets: Path) -> None:
+    """On the local Slurm cluster (about 20 s): `logs -f` prints the training log as the job writes it and ends with
+    the training; `status --watch` ends by itself once the cell and its post job have."""
+    from .conftest import run_sft
+    from .helpers import cancel_jobs_of
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    try:
+        run_sft("model=tiny_llama", "global_batch_size=4", "micro_batch_size=2", "cluster=slurm_local", "max_steps=2",
+                f"runs_root={tmp_path}", check=True)
+        follow = subprocess.Popen([sys.executable, "-m", "sft_grid.logs", "default", "tiny_llama", "-f",
+                                   "--runs-root", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env)
+        watch = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path),
+                                "--watch", "--interval", "1"], capture_output=True, text=True, env=env, timeout=240)
+        out, err = follow.communicate(timeout=120)
+    finally:
+        cancel_jobs_of(tmp_path)
+    assert watch.returncode == 0 and watch.stdout.rstrip().endswith("the grid has ended (nothing queued, running,"
+                                                                    " in post stages or evaluating)"), watch.stderr
+    printed = tables(watch.stdout)
+    assert "1 cell(s): 1 completed" in printed[-1] and len(printed) >= 2  # it saw the cell before it completed
+    assert follow.returncode == 0 and "=== sft_grid: " in out and "train_loss" in out, err
+    assert err.rstrip().endswith("is completed; train.log ends here")

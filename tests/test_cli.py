@@ -16,10 +16,48 @@ def cell_dirs(root: Path, sweep: str = "default") -> list[Path]:
     return sorted(p for p in (root / sweep).glob("*") if (p / "cell.yaml").is_file())
 
 
-def test_help_shows_usage_and_groups():
+def _groups_in_conf(*roots: Path) -> dict[str, set[str]]:
+    """Every config group under these directories (a directory holding .yaml files, symlinks followed: conf/sweep is
+    ../sweeps) and its options, read from the files themselves."""
+    groups: dict[str, set[str]] = {}
+    for root in roots:
+        for path in root.rglob("*.yaml"):
+            if path.parent != root:
+                groups.setdefault(str(path.parent.relative_to(root)), set()).add(path.stem)
+    for target in (p for root in roots for p in root.iterdir() if p.is_symlink() and p.is_dir()):
+        groups.setdefault(target.name, set()).update(p.stem for p in target.resolve().glob("*.yaml"))
+    return groups
+
+
+def _groups_in_help(text: str) -> dict[str, set[str]]:
+    section = text.split("== Configuration groups ==", 1)[1].split("== Config ==", 1)[0]
+    lines = [line for line in section.splitlines()[2:] if line.strip()]
+    return {g: set(o.split(", ")) for g, o in (line.split(": ", 1) for line in lines)}
+
+
+def test_help_lists_every_group_and_option_and_hydras_sections():
     proc = run_sft("--help", check=True)
-    assert "python -m sft_grid -m +sweep=smoke" in proc.stdout
-    assert "model: delphi, qwen3_32b" in proc.stdout and "sweep: " in proc.stdout
+    assert proc.stdout.startswith("sft_grid: declarative SFT experiment grids.")  # conf/config.yaml's header
+    assert "python -m sft_grid -m +sweep=smoke" in proc.stdout and "Run switches: dry_run" in proc.stdout  # footer
+    assert "Compose your configuration from those groups (group=option)" in proc.stdout
+    assert "== Config ==" in proc.stdout and "lr: 1.0e-05" in proc.stdout
+    assert _groups_in_help(proc.stdout) == _groups_in_conf(CONF_DIR)
+
+
+def test_help_shows_an_option_file_added_since(tmp_path):
+    """An option (and a group) added to the search path (--config-dir: Hydra's help lists the groups of the search
+    path it starts with, not of a `hydra.searchpath` override) is in the help of the next invocation."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "zz_added.yaml").write_text("name: zz_added\n")
+    (tmp_path / "extra_group").mkdir()
+    (tmp_path / "extra_group" / "only.yaml").write_text("x: 1\n")
+    proc = run_sft("--help", "--config-dir", str(tmp_path), check=True)
+    expected = _groups_in_conf(CONF_DIR)
+    expected["model"].add("zz_added")
+    expected["extra_group"] = {"only"}
+    assert _groups_in_help(proc.stdout) == expected
+    hydra_help = run_sft("--hydra-help", check=True).stdout
+    assert "hydra/launcher: " in hydra_help and "sft_grid" in hydra_help.split("hydra/launcher: ", 1)[1]
 
 
 def test_cfg_job_prints_a_composed_cell():
@@ -37,7 +75,8 @@ def test_users_command_dry_runs_here_with_hub_checks_deferred(tmp_path, tiny_ass
     delphi, qwen = dirs
     # the data is local; the loss-mask check of its data needs the hub tokenizer too
     # and, first thing in its job, that the grid's shared tokenized dataset (built before it) was built
-    expected = {("template_tokens", "model.template"), ("loss_mask", "dataset.tiny_messages"), ("tokenized", "tokenized")}
+    expected = {("template_tokens", "model.template"), ("loss_mask", "dataset.tiny_messages"),
+                ("tokenized", "tokenized")}
     deferred = json.loads((qwen / "preflight.json").read_text())["deferred"]
     assert {(d["kind"], d["key"]) for d in deferred} == expected
     # a Delphi cell also checks, first thing in its job, that its model's prep (run before it) succeeded

@@ -11,31 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 import hydra
 from omegaconf import DictConfig
 
-from sft_grid.cli.present import (
-    CHECK_HEADERS,
-    check_rows,
-    deferred_lines,
-    eval_lines,
-    example,
-    failure_lines,
-    passed_line,
-    pinned_lines,
-    plan_lines,
-    post_lines,
-    prep_lines,
-    progress_text,
-    relative,
-    staged_lines,
-    staging_lines,
-    table,
-    tokenize_lines,
-)
 from sft_grid.core.paths import CONF_DIR
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.planning.resolvers import register
@@ -58,9 +41,10 @@ def _fail(exc: GridError) -> None:
 
 def fail_empty_axes(axes: Sequence[str]) -> None:
     """Swept axes that expand to no value: the grid would be empty. Named, and nothing runs."""
-    _fail(GridError([Problem("<grid>", axis.split("=", 1)[0], axis.split("=", 1)[1], "axis-empty", "this axis sweeps no value, so the"
-                             " grid has no cell", "glob() matches only options under conf/ (see `python -m sft_grid"
-                             " --help` for them); range(a,b) needs a < b") for axis in axes], "planning"))
+    _fail(GridError([Problem("<grid>", axis.split("=", 1)[0], axis.split("=", 1)[1], "axis-empty",
+                             "this axis sweeps no value, so the grid has no cell",
+                             "glob() matches only options under conf/ (see `python -m sft_grid --help` for them);"
+                             " range(a,b) needs a < b") for axis in axes], "planning"))
 
 
 def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
@@ -99,6 +83,7 @@ def run_single(cfg: Any) -> Any:
 
 def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
     from sft_grid.cli.live import Live
+    from sft_grid.cli.present import failure_lines, progress_text, staged_lines, staging_lines
     from sft_grid.grid import flow
 
     live = Live(sys.stderr)
@@ -184,6 +169,21 @@ def _sbatch_previews(result: Any) -> list[tuple[Any, str]]:
 
 def _print_dry_run(result: Any) -> None:
     from sft_grid.backends import get as backend_of
+    from sft_grid.cli.present import (
+        CHECK_HEADERS,
+        check_rows,
+        deferred_lines,
+        eval_lines,
+        example,
+        passed_line,
+        plan_lines,
+        post_lines,
+        prep_lines,
+        relative,
+        staging_lines,
+        table,
+        tokenize_lines,
+    )
     from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE
 
     cells = result.cells
@@ -260,6 +260,7 @@ def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:
 def _print_launch(result: Any) -> None:
     from collections import Counter
 
+    from sft_grid.cli.present import deferred_lines, failure_lines, pinned_lines, relative
     from sft_grid.core.state import State
     from sft_grid.core.submission import Role
     from sft_grid.grid.decide import Action
@@ -306,8 +307,9 @@ def _print_launch(result: Any) -> None:
             out(f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
                 + (f" (at most {job.throttle} at once)" if job.throttle else ""))
         elif job.role is Role.EVAL:
-            out(f"  evaluation of {len(got)} {'base model' if '/_base/' in str(job.targets[0]) else 'cell'}(s):"
-                f" array {job.name}" + (f", after {job.dependency.kind} {job.dependency.job}" if job.dependency else ""))
+            what = "base model" if "/_base/" in str(job.targets[0]) else "cell"
+            out(f"  evaluation of {len(got)} {what}(s): array {job.name}"
+                + (f", after {job.dependency.kind} {job.dependency.job}" if job.dependency else ""))
         elif job.dependency is not None:
             out(f"  post-training stages of {len(got)} cell(s): array {job.name}, each task after its training")
         else:
@@ -318,6 +320,7 @@ def _print_launch(result: Any) -> None:
 
 def _print_final(result: Any) -> None:
     from sft_grid.cli.cmd_status import HEADERS, rows
+    from sft_grid.cli.present import relative, table
 
     dirs = [d.dir for d in result.decisions]
     out()
@@ -349,12 +352,49 @@ class _KeyHints:
         return getattr(self.stream, name)
 
 
+# Hydra's flags that list every config group and its options: --help (the app's), --hydra-help (Hydra's own)
+HELP_FLAGS = ("--help", "-h", "--hydra-help")
+
+
+@contextmanager
+def _one_repository_copy() -> Iterator[None]:
+    """Hydra's help lists the options of every config group (88 of them here, hydra/ included) by asking its config
+    loader once per group, and each question deep-copies the whole config repository, sft_grid's schema with it
+    (ConfigLoaderImpl.get_group_options): most of what `--help` took (0.56 s, now 0.26 s: benchmarks/README.md).
+    Every question is asked of the same repository with the same search path, so one copy answers them all: the
+    same text, computed once."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.object_type import ObjectType
+
+    original = ConfigLoaderImpl.get_group_options
+    if not hasattr(ConfigLoaderImpl, "_parse_overrides_and_create_caching_repo"):  # another Hydra: as it is
+        yield
+        return
+    copies: dict[tuple[int, str | None, tuple[str, ...]], Any] = {}
+
+    def get_group_options(self: ConfigLoaderImpl, group_name: str,
+                          results_filter: ObjectType | None = ObjectType.CONFIG, config_name: str | None = None,
+                          overrides: list[str] | None = None) -> list[str]:
+        key = (id(self), config_name, tuple(overrides or ()))
+        if key not in copies:
+            copies[key] = self._parse_overrides_and_create_caching_repo(config_name, list(overrides or ()))[1]
+        return list(copies[key].get_group_options(group_name, results_filter))
+
+    ConfigLoaderImpl.get_group_options = get_group_options  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.get_group_options = original  # type: ignore[method-assign]
+
+
 def hydra_app() -> None:
     """`python -m sft_grid`: the Hydra app, with a hint after Hydra's own errors (the valid keys, the closest)."""
     hints = _KeyHints(sys.stderr)
     sys.stderr = hints  # type: ignore[assignment]
+    helping = any(a in HELP_FLAGS for a in sys.argv[1:])
     try:
-        _hydra_main()
+        with _one_repository_copy() if helping else nullcontext():
+            _hydra_main()
     except SystemExit as exc:
         sys.stderr = hints.stream
         if exc.code:

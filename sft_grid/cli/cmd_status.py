@@ -1,60 +1,106 @@
-"""sft-grid status [GRID] [--runs-root DIR]: every cell of a grid, its state and progress.
+"""sft-grid status [GRID] [--runs-root DIR] [--watch [--interval S]]: every cell of a grid, its state and progress.
 
 State comes from each cell's own output and ledger, never from a cache: completed means final weights and
 trainer state are there. Slurm's view of every job comes from one sacct call (plus one squeue) for the grid.
+
+--watch reads the grid again every S seconds, with that one query each time, until nothing of it is under way (no
+cell queued or training, no post-training stage or evaluation queued or running), then prints the final table;
+Ctrl-C leaves at once (the grid goes on). On a terminal the table is redrawn in place; elsewhere (a pipe, a log) a
+table is printed, with the time, each time something other than the elapsed times changed.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import signal
 import sys
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 # post: the post-training chain: "done", or its first unfinished stage and that stage's state; eval: the evaluation,
 # "done (N)" when every score its suites ask for is there, else its state and how many of them are
 # class: a failure's class (core/failures); reason: what its policy did, then the evidence that decided it
 HEADERS = ("cell", "state", "job", "elapsed", "progress", "post", "eval", "class", "reason")
+ELAPSED = HEADERS.index("elapsed")
 BASE_ROW = "base model"  # the state column of a base model's row
+DEFAULT_INTERVAL_S = 10.0
+# the terminal's alternate screen (left on exit, so the final table stays in the scrollback), cursor home, clear
+ALT_ON, ALT_OFF, HOME, CLEAR_EOL, CLEAR_BELOW = "\x1b[?1049h", "\x1b[?1049l", "\x1b[H", "\x1b[K", "\x1b[J"
+
+
+@dataclass(frozen=True)
+class Line:
+    """A row of the table, the cell's state (None: a base model's row) and what of it is still under way."""
+
+    row: tuple[str, ...]
+    state: Any
+    # "train" (its job queued or training), "post" (post-training stages), "eval" (its evaluation), "job" (the
+    # local job, which runs all three, still alive)
+    under_way: frozenset[str] = frozenset()
 
 
 def rows(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tuple[str, ...]]:
     """One row a cell, then one a base model its cells' suites evaluate (`eval` column only)."""
-    return [row for row, _ in read(cell_dirs, base_dirs)]
+    return [line.row for line in read(cell_dirs, base_dirs)]
 
 
-def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tuple[tuple[str, ...], Any]]:
-    """(row, CellState) of each cell, then (row, None) of each base model."""
-    from sft_grid.cli.present import progress_text
-    from sft_grid.core.failures.cell import describe_data_step, open_data_step
-    from sft_grid.core.state import State
+def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[Line]:
+    """Each cell's line, then each base model's: one scheduler query (sacct + squeue) for all of them."""
     from sft_grid.grid.triage import settle
     from sft_grid.grid.view import read_view
-    from sft_grid.stages.evaluate import state_of as eval_state
-    from sft_grid.stages.post_training import summary
 
     dirs, bases = list(cell_dirs), list(base_dirs)
     view = read_view(dirs, base_dirs=bases)
     settle(view, dirs)  # records the class of failures the scheduler ended, once; notifies ends
-    out: list[tuple[tuple[str, ...], Any]] = []
+    return lines_of(view, dirs, bases)
+
+
+def lines_of(view: Any, dirs: Sequence[Path], bases: Sequence[Path] = ()) -> list[Line]:
+    from sft_grid.cli.present import progress_text
+    from sft_grid.core import events
+    from sft_grid.core.events import Kind
+    from sft_grid.core.failures.cell import describe_data_step, open_data_step
+    from sft_grid.core.state import State, alive, slurm_ref
+    from sft_grid.stages.evaluate import state_of as eval_state
+    from sft_grid.stages.post_training import busy, summary
+
+    out: list[Line] = []
     for cell_dir in dirs:
+        history = view.histories[cell_dir]
         st = view.state(cell_dir)
         done = st.state is State.COMPLETED
-        chain, why = summary(cell_dir, view.histories[cell_dir], view.scheduler) if done else ("", "")
-        ev = eval_state(cell_dir, view.histories[cell_dir], view.scheduler) if done else None
+        chain, why = summary(cell_dir, history, view.scheduler) if done else ("", "")
+        ev = eval_state(cell_dir, history, view.scheduler) if done else None
         reason = st.reason or why or (f"eval: {ev.reason}" if ev is not None and ev.reason else "")
         if st.evidence and st.evidence not in reason:
             reason += f" | evidence: {st.evidence}"
         progress = progress_text(st)
         if st.state is State.RUNNING and not progress:  # no step yet: tokenizing or loading its data, maybe
-            step = open_data_step(cell_dir, view.histories[cell_dir])
+            step = open_data_step(cell_dir, history)
             progress = f"data step: {describe_data_step(step)}" if step else ""
-        out.append(((cell_dir.name, st.state.value, st.job_id, st.elapsed, progress, chain,
-                     ev.text() if ev is not None else "", st.failure_class or "", reason), st))
+        under_way = set()
+        if st.state.in_flight:
+            under_way.add("train")
+        if done and busy(cell_dir, history, view.scheduler):
+            under_way.add("post")
+        if ev is not None and ev.state in ("queued", "running"):
+            under_way.add("eval")
+        # a local job records `completed`, then runs the post stages and the evaluation: under way while it lives
+        running = events.last(history, Kind.RUNNING)
+        if slurm_ref(history) is None and running is not None and alive(running) is True:
+            under_way.add("job")
+        row = (cell_dir.name, st.state.value, st.job_id, st.elapsed, progress, chain,
+               ev.text() if ev is not None else "", st.failure_class or "", reason)
+        out.append(Line(row, st, frozenset(under_way)))
     for base in bases:
         ev = eval_state(base, view.histories[base], view.scheduler)
-        out.append(((f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason), None))
+        out.append(Line((f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason), None,
+                        frozenset({"eval"}) if ev.state in ("queued", "running") else frozenset()))
     return out
 
 
@@ -65,31 +111,116 @@ def base_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(p.parent for p in (sweep_dir / BASE_DIR).glob(f"*/{EVAL_FILE}"))
 
 
+def report(found: Sequence[Line]) -> list[str]:
+    """The table, how many cells are in each state, and the failed ones by class."""
+    from sft_grid.cli.present import failure_lines, table
+
+    out = [table(HEADERS, [(*r.row[:-1], r.row[-1][:160]) for r in found])]
+    counts: dict[str, int] = {}
+    cells = [r for r in found if r.state is not None]
+    for r in cells:
+        counts[r.row[1]] = counts.get(r.row[1], 0) + 1
+    out += ["", f"{len(cells)} cell(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
+    failed = failure_lines([(r.row[0], r.state) for r in cells], per_class=len(found))
+    if failed:
+        out += ["", "failed or cancelled, by class:", *failed]
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sft_grid.cli.options import add_grid
 
     add_grid(parser, optional=True)
+    parser.add_argument("--watch", "-w", action="store_true",
+                        help="read the grid again every --interval seconds until nothing of it is under way")
+    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
+                        help=f"seconds between two reads of --watch (default {DEFAULT_INTERVAL_S:g}; one sacct and"
+                             " one squeue each)")
 
 
 def run(args: argparse.Namespace) -> int:
     from sft_grid.cli.options import grid_dir
-    from sft_grid.cli.present import failure_lines, table
     from sft_grid.core.layout import iter_cell_dirs
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
-    read_back = read(iter_cell_dirs(sweep_dir), base_dirs(sweep_dir))
-    found = [row for row, _ in read_back]
-    if not found:
+    if not any(True for _ in iter_cell_dirs(sweep_dir)):
         print(f"no cells under {sweep_dir}", file=sys.stderr)
         return 1
-    print(table(HEADERS, [r[:-1] + (r[-1][:160],) for r in found]))
-    counts: dict[str, int] = {}
-    cells = [r for r in found if r[1] != BASE_ROW]
-    for r in cells:
-        counts[r[1]] = counts.get(r[1], 0) + 1
-    print(f"\n{len(cells)} cell(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    failed = failure_lines([(row[0], st) for row, st in read_back if st is not None], per_class=len(found))
-    if failed:
-        print("\nfailed or cancelled, by class:\n" + "\n".join(failed))
+    if args.watch:
+        if args.interval <= 0:
+            print("--interval must be more than 0 seconds", file=sys.stderr)
+            return 2
+        Watch(sweep_dir, args.interval, sys.stdout, sys.stdout.isatty(), f"sft-grid status {args.grid}").run()
+        return 0
+    print("\n".join(report(read(iter_cell_dirs(sweep_dir), base_dirs(sweep_dir)))))
     return 0
 
+
+class Watch:
+    """`status --watch`: the grid read again every `interval` seconds (one scheduler query each time) until nothing
+    of it is under way, or `stop` is set (Ctrl-C sets it: the read in progress finishes, nothing is left
+    half-written in a ledger; a second Ctrl-C interrupts at once)."""
+
+    def __init__(self, sweep_dir: Path, interval: float, out: TextIO, tty: bool, title: str,
+                 stop: threading.Event | None = None) -> None:
+        self.sweep_dir, self.interval, self.out, self.tty, self.title = sweep_dir, interval, out, tty, title
+        self.stop = stop or threading.Event()
+        self.refreshes = 0  # reads of the grid, each with one scheduler query
+        self.shown: tuple[tuple[str, ...], ...] | None = None  # the rows last printed, elapsed times left out
+        self.last: list[str] = []
+
+    def run(self) -> None:
+        from sft_grid.core.layout import iter_cell_dirs
+
+        # Ctrl-C sets `stop` (then is Python's again), where signals are this thread's to handle
+        mine = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, self._interrupted) if mine else None
+        if self.tty:
+            self.out.write(ALT_ON)
+        ended = False
+        try:
+            while not self.stop.is_set():
+                found = read(iter_cell_dirs(self.sweep_dir), base_dirs(self.sweep_dir))
+                self.refreshes += 1
+                if self.stop.is_set():  # interrupted while reading: Slurm's answer may be cut short, not shown
+                    break
+                ended = not any(line.under_way for line in found)
+                self._show(found)
+                if ended:
+                    break
+                self.stop.wait(self.interval)
+        except KeyboardInterrupt:  # the second Ctrl-C
+            pass
+        finally:
+            if self.tty:
+                self.out.write(ALT_OFF)
+            if mine:
+                signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        if self.tty:  # the last table, on the terminal's own screen
+            self.out.write("\n".join(self.last) + "\n\n")
+        self.out.write(f"{self.title}: the grid has ended (nothing queued, running, in post stages or evaluating)\n"
+                       if ended else f"{self.title}: left the watch; the grid goes on without it\n")
+        self.out.flush()
+
+    def _interrupted(self, signum: int, frame: Any) -> None:
+        self.stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _show(self, found: Sequence[Line]) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.last = report(found)
+        if self.tty:
+            size = shutil.get_terminal_size()
+            head = f"{self.title} --watch: every {self.interval:g} s, last read {stamp}; Ctrl-C leaves"
+            # no line wraps and nothing scrolls, so the next redraw starts from the top again
+            lines = [head, "", *"\n".join(self.last).splitlines()]
+            if len(lines) > size.lines - 1:
+                lines = [*lines[:size.lines - 2], f"... ({len(lines) - size.lines + 2} more lines)"]
+            self.out.write(HOME + "".join(line[:size.columns - 1] + CLEAR_EOL + "\n" for line in lines) + CLEAR_BELOW)
+            self.out.flush()
+            return
+        key = tuple(line.row[:ELAPSED] + line.row[ELAPSED + 1:] for line in found)
+        if key != self.shown:
+            self.shown = key
+            self.out.write(f"== {stamp}\n" + "\n".join(self.last) + "\n\n")
+            self.out.flush()

@@ -2,6 +2,7 @@
 
     sft-grid run -m model=tiny_llama,tiny_qwen3 lr=2e-5     # run a grid (the Hydra app: python -m sft_grid)
     sft-grid status GRID [--watch]                          # every cell's state, job, progress, post, eval
+    sft-grid logs GRID CELL [-f]                             # a cell's training log, followed as it grows
     sft-grid --help                                          # every command, one line each
 
 Each command lives in sft_grid/cli/cmd_<name>.py and gives `add_arguments(parser)` and `run(args) -> exit status`
@@ -20,7 +21,8 @@ from types import ModuleType
 # name -> (module, what it does in one line); the order is the help's
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("sft_grid.cli.app", "run a grid: Hydra's overrides, -m for a grid (as python -m sft_grid)"),
-    "status": ("sft_grid.cli.cmd_status", "each cell's state, job, progress, post, eval and failure class"),
+    "status": ("sft_grid.cli.cmd_status", "each cell's state, job, progress, post, eval and class; --watch: live"),
+    "logs": ("sft_grid.cli.cmd_logs", "a cell's training, evaluation or post-stage log; -f follows it as it grows"),
     "cancel": ("sft_grid.cli.cmd_cancel", "stop a grid's queued and running cells, or some of them"),
     "results": ("sft_grid.cli.cmd_results", "the grid's cells x values and scores: table, csv, json, markdown"),
     "report": ("sft_grid.cli.cmd_report", "the grid report: one self-contained HTML page and its data"),
@@ -49,8 +51,9 @@ def _module(name: str) -> ModuleType:
 def _parser(chosen: str | None) -> argparse.ArgumentParser:
     from sft_grid import __version__
 
+    epilog = "`sft-grid COMMAND --help` says more; python -m sft_grid.COMMAND is the same."
     parser = argparse.ArgumentParser(prog="sft-grid", description=DESCRIPTION, formatter_class=_formatter,
-                                     epilog="`sft-grid COMMAND --help` says more; python -m sft_grid.COMMAND is the same.")
+                                     epilog=epilog)
     parser.add_argument("--version", action="version", version=f"sft_grid {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, (_, line) in [*COMMANDS.items(), *INTERNAL.items()]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 CELL_FILE = "cell.yaml"
 LAUNCH_FILE = "launch.sh"
@@ -19,7 +19,7 @@ POST_FILE = "post.json"
 LEDGER_FILE = "events.jsonl"
 OUTPUT_DIR = "output"
 LOGS_DIR = "logs"
-TRAIN_LOG = "train.log"
+TRAIN_LOG = "train.log"  # node 0's; node N's is train.node<N>.log (train_log)
 # each backend process's data step (its call that tokenizes or loads the training data): one JSON line as it
 # starts and one as it ends, written by in_venv/data_step.py in the directory of the job's script
 DATA_STEP_FILE = "data_step.jsonl"
@@ -45,6 +45,11 @@ WEIGHT_FILES = (
     "adapter_model.safetensors",
     "adapter_model.bin",
 )
+
+
+def train_log(node: int) -> str:
+    """The name of node `node`'s training log in the cell's logs/ (its SLURM_PROCID; node 0 keeps the ledger)."""
+    return TRAIN_LOG if node == 0 else f"train.node{node}.log"
 
 
 def output_complete(output_dir: Path) -> bool:

@@ -38,10 +38,10 @@ from sft_grid.core.layout import (
     LAUNCH_FILE,
     LOGS_DIR,
     OUTPUT_DIR,
-    TRAIN_LOG,
     checkpoints,
     output_complete,
     progress,
+    train_log,
 )
 from sft_grid.core.provenance import packages_hash
 from sft_grid.core.scores import SCORES_DIR, EvalFile
@@ -142,7 +142,7 @@ def run_cell(cell_dir: str | Path) -> str:
     elif lead:
         archive_output(cell_dir, "partial output without a checkpoint")
 
-    log_file = cell_dir / LOGS_DIR / (TRAIN_LOG if lead else f"train.node{job.rank}.log")
+    log_file = cell_dir / LOGS_DIR / train_log(job.rank)
     log_file.parent.mkdir(exist_ok=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log_file.open("ab") as fh:

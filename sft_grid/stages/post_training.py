@@ -34,17 +34,20 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.layout import OUTPUT_DIR, WEIGHT_FILES, checkpoints, output_complete
+from sft_grid.core.layout import LOGS_DIR, OUTPUT_DIR, WEIGHT_FILES, checkpoints, output_complete
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.core.state import JobState, SchedulerView, alive, post_job_id
 from sft_grid.planning.cells import Cell
@@ -55,6 +58,8 @@ STAGES = ("consolidate", "preprocessor_config", "tokenizer", "upload", "register
 HUB_STAGES = ("upload", "register")
 # where a stage runs
 IN_JOB, LOGIN = "job", "login"
+# the chain's log, in the cell's logs/: each run's stages, their states and the output of what they ran
+POST_LOG = "post.log"
 
 
 class Step(StrEnum):
@@ -142,13 +147,13 @@ def states(cell_dir: Path, history: Sequence[Event] | None = None,
             last[e.stage] = e
     out = {}
     for name in planned:
-        e = last.get(name)
-        if e is None:
+        seen = last.get(name)
+        if seen is None:
             out[name] = StageState(Step.PENDING)
-        elif e.state == Step.RUNNING and alive(e) is False:
-            out[name] = StageState(Step.FAILED, f"its process {e.pid} on {e.host} ended during the stage")
+        elif seen.state == Step.RUNNING and alive(seen) is False:
+            out[name] = StageState(Step.FAILED, f"its process {seen.pid} on {seen.host} ended during the stage")
         else:
-            out[name] = StageState(_step(e.state), e.reason)
+            out[name] = StageState(_step(seen.state), seen.reason)
     return out
 
 
@@ -163,6 +168,18 @@ def _step(value: str) -> Step:
 def post_job(history: Sequence[Event], view: SchedulerView | None) -> JobState | None:
     """The scheduler's record of the cell's latest post job, if any."""
     return view.job(post_job_id(history)) if view is not None else None
+
+
+def busy(cell_dir: Path, history: Sequence[Event], view: SchedulerView | None) -> bool:
+    """Whether the chain is under way: its post job queued or running (the job's word decides where there is
+    one: a stage it left `running` on another host is not), else a stage running."""
+    left = [s for s in states(cell_dir, history).values() if s.state != "completed"]
+    if not left:
+        return False
+    job = post_job(history, view)
+    if job is not None:
+        return job.in_flight
+    return any(s.state == "running" for s in left)
 
 
 def summary(cell_dir: Path, history: Sequence[Event] | None = None,
@@ -233,6 +250,26 @@ class StageFailed(RuntimeError):
 
 def record(cell_dir: Path, stage: str, state: Step, reason: str = "", **details: Any) -> None:
     events.append(cell_dir, Event.here(Kind.STAGE, stage=stage, state=state.value, reason=reason, details=details))
+    said = f" {json.dumps(details, default=str)[:2000]}" if details else ""
+    say(cell_dir, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {stage}: {state.value}" + (f": {reason}" if reason else "") + said)
+
+
+def say(cell_dir: Path, text: str) -> None:
+    """Append to the chain's own log (logs/post.log, what `sft-grid logs GRID CELL --post` shows): each stage's
+    states and the output of the processes it ran. The ledger is the record; a log that cannot be written is
+    not a stage's failure."""
+    path = cell_dir / LOGS_DIR / POST_LOG
+    try:
+        path.parent.mkdir(exist_ok=True)
+        with path.open("a") as fh:
+            fh.write(text if text.endswith("\n") else text + "\n")
+    except OSError as exc:
+        log.warning("%s: cannot write %s: %s", cell_dir.name, path, exc)
+
+
+def _said(cell_dir: Path | None, argv: Sequence[str], proc: subprocess.CompletedProcess[str]) -> None:
+    if cell_dir is not None:
+        say(cell_dir, f"--- {' '.join(argv)}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
 
 
 def run(cell_dir: Path | str, where: str = IN_JOB, only: Sequence[str] = ()) -> bool:
@@ -242,11 +279,16 @@ def run(cell_dir: Path | str, where: str = IN_JOB, only: Sequence[str] = ()) -> 
     post = PostFile.load(cell_dir)
     if post is None:
         return True
+    started = False
     for name, st in states(cell_dir, planned=post.stages).items():
         if st.state is Step.COMPLETED:
             continue
         if only and name not in only:
             return False
+        if not started:  # one header per run that has something to do, as train.log and eval.log have
+            say(cell_dir, f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} post-training stages ({where},"
+                          f" pid {os.getpid()} on {socket.gethostname()}): {', '.join(post.stages)}")
+            started = True
         if gated(name, where, post.upload_in_job):
             if st.state is not Step.WAITING:
                 record(cell_dir, name, Step.WAITING, reason=waiting_note(cell_dir))
@@ -263,12 +305,14 @@ def run(cell_dir: Path | str, where: str = IN_JOB, only: Sequence[str] = ()) -> 
 
 
 def _in_venv(post: PostFile, args: Sequence[str], variables: Mapping[str, str], what: str,
-           hint: str = "") -> dict[str, Any]:
+           hint: str = "", cell_dir: Path | None = None) -> dict[str, Any]:
+    """Run a stage's step in the backend's python; `cell_dir`: whose post.log gets its output."""
     python = post.python or sys.executable
     try:
         proc = subprocess.run([python, str(SCRIPT), *args], capture_output=True, text=True, env=dict(variables))
     except OSError as exc:
         raise StageFailed(f"{what}: cannot run the backend's python {python}: {exc}") from None
+    _said(cell_dir, [python, SCRIPT.name, *args], proc)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith('{"ok"'):
             result = json.loads(line)
@@ -307,7 +351,7 @@ def consolidate(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
     env = {**_job_variables(post), "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or str(
         cache_root() / "torch_extensions")}
     result = _in_venv(post, ["consolidate", str(source), str(output)], env,
-                    f"consolidating the ZeRO checkpoint {source}")
+                      f"consolidating the ZeRO checkpoint {source}", cell_dir=cell_dir)
     if not result.get("files"):
         raise StageFailed(f"consolidating {source} wrote no model*.safetensors into {output}")
     return {"source": str(source.relative_to(cell_dir)), "files": result["files"]}
@@ -319,7 +363,7 @@ def preprocessor_config(cell_dir: Path, post: PostFile, where: str) -> dict[str,
     _in_venv(post, ["fetch", base, PREPROCESSOR, str(output)], _job_variables(post),
            f"copying {PREPROCESSOR} from the base model {base} failed",
            f"Offline nodes read it from the Hugging Face cache: download it on the login node first"
-           f" (hf download {base} {PREPROCESSOR}), then rerun: python -m sft_grid.post {cell_dir}")
+           f" (hf download {base} {PREPROCESSOR}), then rerun: python -m sft_grid.post {cell_dir}", cell_dir)
     ckpts = checkpoints(output)
     for ckpt in ckpts:
         shutil.copyfile(output / PREPROCESSOR, ckpt / PREPROCESSOR)
@@ -393,7 +437,7 @@ def upload(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
         post, ["upload", str(output), str(repo), f"sft_grid cell {post.cell}", *UPLOAD_IGNORE],
         _job_variables(post, hub=True), f"upload of {output} to https://huggingface.co/{repo} failed",
         f"Fix the cause (network, HF_TOKEN, rights on the repository) and retry, training is not rerun:"
-        f" python -m sft_grid.post {cell_dir} --stage upload")
+        f" python -m sft_grid.post {cell_dir} --stage upload", cell_dir)
     return {"url": result.get("url"), "commit": result.get("commit"), "verified": result.get("verified")}
 
 
@@ -411,6 +455,7 @@ def register(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=cell_dir, env=_job_variables(post, hub=True))
     except OSError as exc:
         raise StageFailed(f"register: cannot run {argv[0]}: {exc}") from None
+    _said(cell_dir, argv, proc)
     if proc.returncode:
         tail = " ".join((proc.stderr or proc.stdout).split())[-400:]
         raise StageFailed(f"register: {' '.join(argv)} exited {proc.returncode}: {tail}")

@@ -306,6 +306,8 @@ def _print_launch(result: Any) -> None:
         elif job.role is Role.TRAIN:
             out(f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
                 + (f" (at most {job.throttle} at once)" if job.throttle else ""))
+        elif job.role is Role.TOKENIZE:
+            out(f"  tokenize once: {job.label} as {job.name}: jobs {span} (the cells that load them wait for it)")
         elif job.role is Role.EVAL:
             what = "base model" if "/_base/" in str(job.targets[0]) else "cell"
             out(f"  evaluation of {len(got)} {what}(s): array {job.name}"

@@ -2,6 +2,7 @@
 #   make demo   set up what the demo needs, then train the README's grid (two tiny models, LLaMA-Factory, CPU)
 #   make test   set up everything the tests need (both backends, the evaluation harness, the local Slurm cluster),
 #               then run them all
+#   make check  the static checks (ruff, mypy): seconds; make test runs them first
 #   make test-fast   the fast set: no backend, no Slurm, no virtual environment built (~1.5 minutes on 2 cores)
 #   make slurm-up / slurm-down   start / stop a real two-node Slurm cluster on this machine (root, Debian)
 # Virtual environments and tiny assets go to $SFT_GRID_CACHE (default ~/.cache/sft_grid), keyed by their
@@ -39,10 +40,16 @@ chromium:
 demo: setup-demo
 	$(PYTHON) -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5
 
+# the cheap answers first, in seconds: ruff's linter and formatter, mypy (their settings: pyproject.toml)
+check: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
+
 # both sets run on both cores; the backend/Slurm set shares the local cluster between its two workers (tests that
 # take the whole cluster hold it alone: tests/conftest.py), and prints its 25 slowest tests
 FAST = not backend and not slurm and not mirror
-test: setup slurm-up
+test: check setup slurm-up
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup -m "not ($(FAST))" --durations=25
 

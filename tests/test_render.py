@@ -149,3 +149,16 @@ def test_dump_mapping_writes_what_yaml_dump_writes():
         data = {"key": value, "other_key": value}
         assert dump_mapping(data) == dump_yaml(data), value
         assert yaml.safe_load(dump_mapping(data)) == data, value
+
+
+def test_a_gpu_site_names_bf16_and_sdpa_in_llamafactorys_config(make_cells, tmp_path):
+    """What the GPU profiles set: LLaMA-Factory trains in bf16 with torch's sdpa kernels, said in its own config (not
+    left to its `auto`); a CPU site says neither."""
+    from sft_grid.grid.render import render
+
+    gpu, cpu = make_cells(["model=tiny_llama", "cluster.gpus_per_node=4", "cluster.precision=bf16",
+                           "global_batch_size=16"], ["model=tiny_llama"])
+    on_gpu = yaml.safe_load(render(gpu, tmp_path / "g", []).files["train_config.yaml"])
+    on_cpu = yaml.safe_load(render(cpu, tmp_path / "c", []).files["train_config.yaml"])
+    assert (on_gpu["bf16"], on_gpu["flash_attn"]) == (True, "sdpa")
+    assert "bf16" not in on_cpu and "flash_attn" not in on_cpu

@@ -93,6 +93,10 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         cfg["interleave_probs"] = ",".join(repr(float(p)) for p in s.mix.probs or ())
     if s.cluster.precision == "bf16":
         cfg["bf16"] = True
+    if s.cluster.gpus_per_node > 0:
+        # torch's own attention kernels (flash and memory-efficient inside sdpa), as on axolotl: said, not left to
+        # LLaMA-Factory's `auto`, so a GPU cell's config names what it trains with
+        cfg["flash_attn"] = "sdpa"
     if not s.warmup_ratio:
         # transformers 5 deprecates warmup_ratio; zero needs no key at all
         del cfg["warmup_ratio"]

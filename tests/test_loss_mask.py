@@ -140,6 +140,57 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path / "preflight-cache"
 
 
+# every cell the wrong-setting tests below probe, for both backends: probed in one batch by `batched`, one backend
+# process per environment for all of them (a process costs a backend's imports: seconds; axolotl's, ~27 s)
+WRONG = {
+    "assistant_tag": [*SHAREGPT, "dataset.tiny_sharegpt.tags.assistant_tag=assistant"],
+    "template": ["model.template=qwen3"],
+    "user_tag": [*SHAREGPT, "dataset.tiny_sharegpt.tags.user_tag=user"],
+    "prompt": {"llamafactory": ["+extra.train_on_prompt=true"], "axolotl": ["+extra.train_on_inputs=true"]},
+}
+
+
+def wrong(name: str, backend: str) -> list[str]:
+    extra = WRONG[name]
+    return [f"backend={backend}", "model=tiny_llama", *(extra[backend] if isinstance(extra, dict) else extra)]
+
+
+@pytest.fixture(scope="module")
+def batch_cache(tmp_path_factory, tiny_assets, axolotl_env):
+    """A probe cache holding the verdicts of every WRONG cell, probed together; asserts it took one process per
+    backend environment."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sft_grid.core.paths import CONF_DIR
+    from sft_grid.planning.cells import plan_cell
+    from sft_grid.planning.compose import GridComposer
+
+    cache = tmp_path_factory.mktemp("probe-batch")
+    variants = [[*wrong(name, b), f"runs_root={cache / 'runs'}"] for name in WRONG for b in ("llamafactory", "axolotl")]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        composed, errors = GridComposer(GlobalHydra.instance().config_loader(), "config").compose_all(variants)
+    GlobalHydra.instance().clear()
+    assert not errors, errors
+    cells = [plan_cell(c.overrides, c.config) for c in composed]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SFT_GRID_PREFLIGHT_CACHE", str(cache / "preflight"))
+        mp.setattr(mask, "STATS", mask.Stats())
+        mask.run_checks([check for cell in cells for check in mask.checks_for(cell)])
+        assert (mask.STATS.probed, mask.STATS.subprocesses) == (8, 2)
+    return cache / "preflight"
+
+
+@pytest.fixture
+def batched(batch_cache, monkeypatch):
+    """The batch's probe cache: a test's checks are answered from it, and none of them starts a backend process."""
+    monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(batch_cache))
+    monkeypatch.setattr(mask, "STATS", mask.Stats())
+    yield batch_cache
+    assert mask.STATS.subprocesses == 0, "a check was not in the batch"
+
+
 def _mask_problems(problems):
     return [p for p in problems if p.rule == "preflight-loss_mask"]
 
@@ -166,10 +217,10 @@ def test_good_tiny_cells_pass_one_probe_process_per_env_then_the_disk_cache(make
 
 
 @pytest.mark.backend
+@pytest.mark.xdist_group("loss_mask_batch")
 @pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
-def test_wrong_assistant_tag_trains_nothing(make_cells, tiny_assets, backend_env, fresh, backend):
-    (cell,) = make_cells([f"backend={backend}", "model=tiny_llama", *SHAREGPT,
-                          "dataset.tiny_sharegpt.tags.assistant_tag=assistant"])
+def test_wrong_assistant_tag_trains_nothing(make_cells, batched, backend):
+    (cell,) = make_cells(wrong("assistant_tag", backend))
     (check,) = mask.checks_for(cell)
     outcome = mask.run_checks([check])[check]
     assert not outcome.ok and not outcome.unreachable
@@ -181,12 +232,13 @@ def test_wrong_assistant_tag_trains_nothing(make_cells, tiny_assets, backend_env
 
 
 @pytest.mark.backend
+@pytest.mark.xdist_group("loss_mask_batch")
 @pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
-def test_a_wrong_template_is_caught_by_the_mask_itself(make_cells, tiny_assets, backend_env, fresh, backend):
+def test_a_wrong_template_is_caught_by_the_mask_itself(make_cells, batched, backend):
     """ChatML (qwen3) on the Llama-3 tokenizer: the backend's own preprocessing trains template text in
     pieces. The static family rule and the token check stop it first in a grid; here the mask check alone is
     run, to show it does not depend on them."""
-    (cell,) = make_cells([f"backend={backend}", "model=tiny_llama", "model.template=qwen3"])
+    (cell,) = make_cells(wrong("template", backend))
     (check,) = mask.checks_for(cell)
     outcome = mask.run_checks([check])[check]
     assert not outcome.ok and not outcome.unreachable
@@ -197,20 +249,21 @@ def test_a_wrong_template_is_caught_by_the_mask_itself(make_cells, tiny_assets, 
 
 
 @pytest.mark.backend
+@pytest.mark.xdist_group("loss_mask_batch")
 @pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
-def test_wrong_user_tag_is_caught_only_by_the_mask(make_cells, tiny_assets, backend_env, fresh, backend):
+def test_wrong_user_tag_is_caught_only_by_the_mask(make_cells, batched, backend):
     """The static tag check sees assistant turns; only the backend's preprocessing shows the damage."""
-    (cell,) = make_cells([f"backend={backend}", "model=tiny_llama", *SHAREGPT, "dataset.tiny_sharegpt.tags.user_tag=user"])
+    (cell,) = make_cells(wrong("user_tag", backend))
     problems = preflight([cell]).problems
     assert [p.rule for p in problems] == ["preflight-loss_mask"], [p.render() for p in problems]
     assert "'human' match no tag (user_tag='user'" in problems[0].fix
 
 
 @pytest.mark.backend
-@pytest.mark.parametrize("backend, switch", [("llamafactory", "+extra.train_on_prompt=true"),
-                                             ("axolotl", "+extra.train_on_inputs=true")])
-def test_a_config_that_trains_the_prompt_is_caught_only_by_the_mask(make_cells, tiny_assets, backend_env, fresh, backend, switch):
-    (cell,) = make_cells([f"backend={backend}", "model=tiny_llama", switch])
+@pytest.mark.xdist_group("loss_mask_batch")
+@pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
+def test_a_config_that_trains_the_prompt_is_caught_only_by_the_mask(make_cells, batched, backend):
+    (cell,) = make_cells(wrong("prompt", backend))
     problems = preflight([cell]).problems
     assert [p.rule for p in problems] == ["preflight-loss_mask"], [p.render() for p in problems]
     assert "user text trained" in problems[0].message and "train_on_prompt" in problems[0].fix
@@ -221,11 +274,12 @@ def _env(cache: Path) -> dict[str, str]:
 
 
 @pytest.mark.backend
-def test_a_failing_cell_is_reported_before_anything_is_written(tiny_assets, fresh, tmp_path):
+@pytest.mark.xdist_group("loss_mask_batch")
+def test_a_failing_cell_is_reported_before_anything_is_written(batched, tmp_path):
     runs = tmp_path / "runs"
     proc = subprocess.run([sys.executable, "-m", "sft_grid", "model=tiny_llama", *SHAREGPT,
                            "dataset.tiny_sharegpt.tags.user_tag=user", f"runs_root={runs}"],
-                          cwd=REPO_ROOT, env=_env(fresh), capture_output=True, text=True, timeout=300)
+                          cwd=REPO_ROOT, env=_env(batched), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "nothing was submitted" in proc.stderr and "cell tiny_llama_tiny_sharegpt_user_taguser-" in proc.stderr
     assert "dataset.tiny_sharegpt=" in proc.stderr and "[preflight-loss_mask]" in proc.stderr

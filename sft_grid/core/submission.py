@@ -114,6 +114,7 @@ class Rescue(StrEnum):
     ADOPT = "adopt"  # the job has its submission file: it is the cell's job
     RESTORE = "restore"  # put the submission file left under its temporary name in place, then adopt
     CANCEL = "cancel"  # the job never got its file: cancel it, and plan the cell again
+    REPLAN = "replan"  # the job ended without ever running the cell (its pickle never arrived): plan it again
 
 
 @dataclass(frozen=True)

@@ -129,4 +129,4 @@ def plan_recovery(cell_dir: Path, state: CellState, history: Sequence[Event]) ->
             return Recovery(cell_dir, state.job_id, ref.array, Rescue.RESTORE, orphan, target), adopted
         return Recovery(cell_dir, state.job_id, ref.array, Rescue.CANCEL), CellState(State.PLANNED)
     # the job ended without ever running the cell (its pickle never arrived): nothing to cancel
-    return Recovery(cell_dir, state.job_id, ref.array, "replan"), CellState(State.PLANNED)
+    return Recovery(cell_dir, state.job_id, ref.array, Rescue.REPLAN), CellState(State.PLANNED)

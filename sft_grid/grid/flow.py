@@ -28,11 +28,11 @@ from sft_grid.backends import BACKENDS
 from sft_grid.checks.examples import Examples, first_examples
 from sft_grid.checks.preflight import Preflight, preflight
 from sft_grid.core.cellfiles import Check
-from sft_grid.core.layout import LOCK_FILE, OUTPUT_DIR, iter_cell_dirs, output_complete
+from sft_grid.core.layout import LEDGER_FILE, LOCK_FILE, OUTPUT_DIR, iter_cell_dirs, output_complete
 from sft_grid.core.lock import hold_all
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
-from sft_grid.core.state import CellState, State
+from sft_grid.core.state import CellState, State, state_of
 from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
 from sft_grid.grid import costs as grid_costs
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base, plan_recovery
@@ -241,13 +241,12 @@ def cell_dirs(cells: Sequence[Cell]) -> list[Path]:
 
 
 def _provisional(cells: Sequence[Cell], dirs: Sequence[Path]) -> dict[str, int]:
-    """How many cells will run and how many are skipped, by state, as their files say now (no scheduler query:
-    a cell in flight counts as such; the decisions after the checks are the ones that hold)."""
+    """How many cells will run and how many are skipped, by state, as their own files say now (no scheduler query:
+    the decisions after the checks are the ones that hold): a new or planned cell runs, a forced one runs again."""
     counts: dict[str, int] = {}
     for cell, cell_dir in zip(cells, dirs, strict=True):
-        done = output_complete(cell_dir / OUTPUT_DIR) and not cell.spec.force
-        seen = (cell_dir / "events.jsonl").is_file()
-        what = "completed" if done else ("to run" if not seen or cell.spec.force else "seen before")
+        state = state_of(cell_dir).state if (cell_dir / LEDGER_FILE).is_file() else State.PLANNED
+        what = "to run" if state is State.PLANNED or (cell.spec.force and not state.in_flight) else state.value
         counts[what] = counts.get(what, 0) + 1
     return counts
 

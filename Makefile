@@ -51,7 +51,7 @@ check: install
 FAST = not backend and not slurm and not mirror
 test: check setup slurm-up
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
-	$(PYTHON) -m pytest -q -n 2 --dist loadgroup -m "not ($(FAST))" --durations=25
+	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not ($(FAST))" --durations=25
 
 test-fast: install
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"

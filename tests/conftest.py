@@ -17,8 +17,9 @@ Two workers (pytest-xdist, `--dist loadgroup`) share the machine and its local S
 - tests that share a module-scoped fixture are one `xdist_group` (the group runs on one worker, in order);
 - the tests that take the cluster alone, then the time-limit grids (which hold it shared while their legs run,
   minutes) are one group, `cluster_alone`, collected first: one worker runs them, in that order, while the other
-  runs everything else; so no test waits long for the cluster, and a lock is never held across tests by a worker
-  that could ask for it alone later;
+  runs first the tests that need no cluster, then the Slurm tests; so no test waits long for the cluster, and a lock
+  is never held across tests by a worker that could ask for it alone later (xdist keeps this order with
+  `--no-loadscope-reorder`: its default sorts groups by their number of tests);
 - the heaviest tests are collected first (HEAVY_FIRST), so the two workers end close together.
 """
 
@@ -51,10 +52,10 @@ register()
 
 # The files whose tests take longest, heaviest first (measured: `make test` prints the 25 slowest): collected
 # first, so that neither worker is left with a long test at the end. Order only; a file missing here runs after.
-HEAVY_FIRST = ("test_time_limits.py", "test_slurm_faults.py", "test_eval_grid.py", "test_axolotl.py",
-               "test_triage_faults.py", "test_delphi.py", "test_post.py", "test_report_tiny_grid.py",
-               "test_slurm.py", "test_stage_offline.py", "test_stage_train.py", "test_train.py",
-               "test_tokenize_train.py")
+HEAVY_FIRST = ("test_time_limits.py", "test_eval_grid.py", "test_axolotl.py", "test_post.py",
+               "test_report_tiny_grid.py", "test_delphi.py", "test_train.py", "test_tokenize_train.py",
+               "test_triage_faults.py", "test_slurm_faults.py", "test_stage_offline.py", "test_stage_train.py",
+               "test_slurm.py")
 # One lock file for the machine's local Slurm cluster, shared by every test run on it.
 CLUSTER_LOCK = Path(os.environ.get("SFT_GRID_TEST_CLUSTER_LOCK", "/tmp/sft_grid-tests-slurm-cluster.lock"))
 
@@ -69,8 +70,16 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
 
     def order(item: Any) -> tuple[int, int]:
-        alone = 0 if item.get_closest_marker("whole_cluster") else 1 if _group(item) == "cluster_alone" else 2
-        return alone, rank.get(Path(str(item.fspath)).name, len(rank))
+        # the tests that take the cluster alone, then the rest of their group (one worker runs them, in this order,
+        # xdist given --no-loadscope-reorder); meanwhile the other worker runs what needs no cluster, then the
+        # Slurm tests that share it: so neither waits long for the cluster's lock
+        if item.get_closest_marker("whole_cluster"):
+            first = 0
+        elif _group(item) == "cluster_alone":
+            first = 1
+        else:
+            first = 3 if item.get_closest_marker("slurm") else 2
+        return first, rank.get(Path(str(item.fspath)).name, len(rank))
 
     items.sort(key=order)  # stable: the order within a file is kept
 

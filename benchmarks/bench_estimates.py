@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_plan import REPO, SFT_TIMEOUT_S, SHAPES, BenchError, check, timed, write_configs  # noqa: E402
+from bench_plan import REPO, SFT_TIMEOUT_S, SHAPES, BenchError, check, timed, write_configs
 
 TARGET_RATIO = 1.10
 

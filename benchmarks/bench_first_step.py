@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                             raise SystemExit("warm runs follow their cold run")
                         runs = work / f"runs-{name}-{mode}-{i}"
                         times[name][mode].append(timed_run(code, runs, cache))
-                        print(f"{name:8} {mode}: " + ", ".join(f"{k} {v:.1f} s" for k, v in times[name][mode][-1].items()),
-                              flush=True)
+                        last = times[name][mode][-1]
+                        print(f"{name:8} {mode}: " + ", ".join(f"{k} {v:.1f} s" for k, v in last.items()), flush=True)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "baseline")],
                            check=False)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_plan  # noqa: E402  (the same 20 x 50 grid of small test configs)
+import bench_plan  # the same 20 x 50 grid of small test configs
 
 REPO = Path(__file__).resolve().parent.parent
 WRAPPER = """#!/usr/bin/env bash
@@ -81,7 +81,8 @@ def bench_sft_grid(work: Path, conf: Path, env: dict[str, str], counts: dict[str
     try:
         if proc.returncode != 0:
             raise SystemExit(f"sft_grid failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        result = {"queue_s": queue_s, "sbatch_calls": calls(counts, "sbatch"), "tasks_queued": queued_tasks("sft_grid-")}
+        result = {"queue_s": queue_s, "sbatch_calls": calls(counts, "sbatch"),
+                  "tasks_queued": queued_tasks("sft_grid-")}
         reset(counts)
         started = time.perf_counter()
         status = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(runs)],
@@ -114,6 +115,7 @@ def bench_stock(work: Path, conf: Path, n_datasets: int, deadline_s: float) -> d
                 queued_at = time.perf_counter() - started
                 break
             if proc.poll() is not None:
+                assert proc.stderr is not None  # a pipe
                 raise SystemExit(f"stock launcher exited early:\n{proc.stderr.read()[-3000:]}")
             time.sleep(0.5)
         return {"cells": n, "queue_s": queued_at or float("nan"),

@@ -64,9 +64,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -214,7 +215,7 @@ def read_run(backend: str, mode: str, runs_root: Path, wall: float, watcher: Wat
         run.cells[cell.name] = Cell(cell.name, float(done[-1]["cpu_seconds"]), data_step_cpu(cell, cell.name),
                                     watcher.first_at[cell.name] - watcher.start_at[cell.name],
                                     TOKENIZES[backend] in log)
-    built = [d for d in (runs_root / TOKENIZED).iterdir()] if (runs_root / TOKENIZED).is_dir() else []
+    built = list((runs_root / TOKENIZED).iterdir()) if (runs_root / TOKENIZED).is_dir() else []
     if mode == "own" and built:
         raise BenchError(f"{backend} own: tokenize_once=false built {len(built)} tokenized dataset(s)")
     for d in built:
@@ -243,7 +244,8 @@ def write_rows(work: Path, rows: int) -> list[str]:
     conf.mkdir(parents=True, exist_ok=True)
     (conf / "bench_rows.yaml").write_text(
         f"bench_rows:\n  source: {data}\n  formatting: sharegpt\n  messages: messages\n"
-        "  tags: {role_tag: role, content_tag: content, user_tag: user, assistant_tag: assistant, system_tag: system}\n")
+        "  tags: {role_tag: role, content_tag: content, user_tag: user, assistant_tag: assistant,"
+        " system_tag: system}\n")
     return ["dataset=bench_rows", f"hydra.searchpath=[file://{work / 'conf'}]"]
 
 
@@ -290,38 +292,42 @@ def median(values: Sequence[float]) -> float:
 
 
 def table(results: Sequence[Backend]) -> list[str]:
-    rows = [("backend", "cells", "unique tok.", "tokenizing CPU not shared", "shared", "ratio", "bound (pass)", "result",
-             "loading, shared", "start->step 1 before", "after", "tokenized in-cell")]
+    rows = [("backend", "cells", "unique tok.", "tokenizing CPU not shared", "shared", "ratio", "bound (pass)",
+             "result", "loading, shared", "start->step 1 before", "after", "tokenized in-cell")]
     for b in results:
-        assert b.own is not None and b.shared is not None
+        assert b.own is not None and b.shared is not None and b.target is not None  # set by bench_backend
         rows.append((b.name, str(b.cells), str(b.shared.tokenizations), f"{b.tokenizing_own_s:.2f} s",
                      f"{b.tokenizing_shared_s:.2f} s", "-" if b.ratio is None else f"{b.ratio:.2f}x",
-                     f"{b.target:g}x (>= {FLOOR * b.target:g}x)", "PASS" if b.passed else "FAIL", f"{b.loading_shared_s:.2f} s",
+                     f"{b.target:g}x (>= {FLOOR * b.target:g}x)", "PASS" if b.passed else "FAIL",
+                     f"{b.loading_shared_s:.2f} s",
                      f"{median([c.start_to_first_step_s for c in b.own.cells.values()]):.1f} s",
                      f"{median([c.start_to_first_step_s for c in b.shared.cells.values()]):.1f} s",
                      f"{sum(c.tokenized_in_cell for c in b.own.cells.values())}/{b.cells}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     out.insert(1, "  ".join("-" * w for w in widths))
     return out
 
 
 def details(b: Backend) -> list[str]:
-    assert b.own is not None and b.shared is not None
+    assert b.own is not None and b.shared is not None  # and the sums of both, set with them by bench_backend
+    assert b.tokenizing_shared_s is not None and b.loading_shared_s is not None
     lines = [f"{b.name}: per cell, data step CPU without / with sharing, job CPU without / with sharing (difference),"
              " job start to first step without / with sharing"]
     for name, own in b.own.cells.items():
         sh = b.shared.cells[name]
         lines.append(f"  {name}: {own.data_cpu_s:.2f} / {sh.data_cpu_s:.2f} s, {own.cpu_s:.1f} / {sh.cpu_s:.1f} s"
-                     f" ({own.cpu_s - sh.cpu_s:+.1f} s), {own.start_to_first_step_s:.1f} / {sh.start_to_first_step_s:.1f} s")
+                     f" ({own.cpu_s - sh.cpu_s:+.1f} s),"
+                     f" {own.start_to_first_step_s:.1f} / {sh.start_to_first_step_s:.1f} s")
     own_cpu = sum(c.cpu_s for c in b.own.cells.values())
     shared_cpu = sum(c.cpu_s for c in b.shared.cells.values()) + b.shared.tokenize_cpu_s
     lines.append(f"  the tokenize job: {b.shared.tokenize_cpu_s:.1f} s CPU in all, {b.shared.tokenize_data_cpu_s:.2f} s"
                  " of it its data step (the rest: its interpreter, imports, tokenizer load)")
     lines.append(f"  data steps of the whole grid: {b.tokenizing_own_s:.2f} s without sharing, "
-                 f"{b.tokenizing_shared_s + b.loading_shared_s:.2f} s with it (the tokenize job's and the cells' loads)")
-    lines.append(f"  whole processes: the cells' job CPU without sharing minus with it, summed, against the tokenize"
-                 f" job's whole CPU: " + ("-" if b.job_ratio is None else f"{b.job_ratio:.2f}x"))
+                 f"{b.tokenizing_shared_s + b.loading_shared_s:.2f} s with it"
+                 " (the tokenize job's and the cells' loads)")
+    lines.append("  whole processes: the cells' job CPU without sharing minus with it, summed, against the tokenize"
+                 " job's whole CPU: " + ("-" if b.job_ratio is None else f"{b.job_ratio:.2f}x"))
     lines.append(f"  the whole grid: {b.own.wall_s:.0f} s wall, {own_cpu:.1f} s job CPU without sharing;"
                  f" {b.shared.wall_s:.0f} s wall, {shared_cpu:.1f} s job CPU with it (the tokenize job included)")
     return lines
@@ -353,8 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         extra = write_rows(work / "rows", args.rows) if args.rows else []
         try:
-            for backend in backends:
-                results.append(bench_backend(backend, n, work, extra, args.datasets_cache))
+            for backend in backends:  # a loop, not a comprehension: a failing backend keeps the results before it
+                results.append(bench_backend(backend, n, work, extra, args.datasets_cache))  # noqa: PERF401
         except (BenchError, subprocess.TimeoutExpired) as exc:
             error = str(exc)
     print()

@@ -31,10 +31,11 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, cast
 
 import pytest
 from hydra import compose as hydra_compose
@@ -144,7 +145,8 @@ def hydra_loader() -> Iterator[Any]:
 
 def hydra_plain(overrides: Sequence[str]) -> dict[str, Any]:
     """What stock `hydra.compose` gives for these overrides, resolved, without the hydra node."""
-    return OmegaConf.to_container(hydra_compose("config", overrides=list(overrides)), resolve=True)
+    return cast(dict[str, Any], OmegaConf.to_container(hydra_compose("config", overrides=list(overrides)),
+                                                      resolve=True))
 
 
 @pytest.fixture

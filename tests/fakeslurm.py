@@ -13,9 +13,10 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 IN_FLIGHT = {"PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "CONFIGURING", "COMPLETING"}
 COMMANDS = ("sbatch", "sacct", "squeue", "scancel", "scontrol", "srun")

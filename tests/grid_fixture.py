@@ -13,8 +13,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
@@ -61,7 +62,7 @@ def run(cell_dir: Path, state: str, losses: Sequence[tuple[int, float]], total: 
                                       reason=reason or "backend exited with 1: RuntimeError: CUDA out of memory"))
 
 
-def score(cell_dir: Path, task: str, metrics: dict[str, float], score_id: str = "", when: str = "2026-12-01T00:00:00",
+def score(cell_dir: Path, task: str, metrics: dict[str, Any], score_id: str = "", when: str = "2026-12-01T00:00:00",
           base: bool = False, model: str = "", model_path: str = "") -> Path:
     """A score file as the evaluation stage writes it."""
     d = cell_dir / EVAL_DIR
@@ -69,7 +70,8 @@ def score(cell_dir: Path, task: str, metrics: dict[str, float], score_id: str = 
     sid = score_id or f"{task}-{abs(hash((cell_dir.name, task))) % 10**8:08d}"
     data = {"score_id": sid, "task": task, "suite": "tiny", "settings": {"num_fewshot": 0}, "harness": "lm-eval 0.4.13",
             "model": model or cell_dir.name, "model_path": model_path or str(cell_dir / OUTPUT_DIR),
-            "template_digest": "0" * 16, "metrics": metrics, "time": when, "seconds": 12.5, **({"base": True} if base else {})}
+            "template_digest": "0" * 16, "metrics": metrics, "time": when, "seconds": 12.5,
+            **({"base": True} if base else {})}
     path = d / f"{sid}.json"
     path.write_text(json.dumps(data))
     return path

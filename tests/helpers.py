@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 from sft_grid.core import events
 from sft_grid.core.layout import LEDGER_FILE, iter_cell_dirs

@@ -7,8 +7,8 @@ HF_HOME are per test, and no token of the machine's user can leak into a request
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

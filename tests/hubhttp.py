@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 try:
     from tests.hubstore import HubStore, HubStoreError, StoredFile
 except ImportError:  # run as a script: tests/ itself is on sys.path
-    from hubstore import HubStore, HubStoreError, StoredFile  # type: ignore[no-redef]
+    from hubstore import HubStore, HubStoreError, StoredFile  # type: ignore[no-redef, import-not-found]
 
 log = logging.getLogger("hubserver")
 
@@ -182,7 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            parts = []
+            parts: list[bytes] = []
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                 if size == 0:
@@ -352,7 +352,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers |= {"X-Linked-Etag": f"{q}{f.sha256}{q}", "X-Linked-Size": str(f.size)}
         whole = self.server.mode("ignore_range")  # as a mirror or proxy that ignores Range: 200, the whole file
         span = None if whole else _parse_range(rec.range, f.size)
-        if span == "unsatisfiable":
+        if isinstance(span, str):  # "unsatisfiable"
             return self._reply(rec, 416, b"", {**headers, "Content-Range": f"bytes */{f.size}"})
         start, end = span or (0, f.size - 1)
         status = 206 if span else 200

@@ -17,8 +17,9 @@ commit).
 
 Test hooks: faults (throttle bytes/s globally or per file; drop the connection after N body bytes of a file,
 once or every time; answer a path with a server error), modes that answer as a mirror or proxy does (ignore
-Range; unquoted ETags; an unknown revision answered as a missing repository) and a request log (method, path, status, Range, bytes sent, aborted) that is updated while
-a body streams, so a test can act "when the big file is partly sent". Repos and access rules live on disk
+Range; unquoted ETags; an unknown revision answered as a missing repository) and a request log (method, path,
+status, Range, bytes sent, aborted) that is updated while a body streams, so a test can act "when the big file is
+partly sent". Repos and access rules live on disk
 (see ``hubstore``), so a standalone server process and the test process share them; faults and the log live
 in the server process and are reached over ``/_test/*`` when the server runs apart (``spawn``/``RemoteHub``).
 
@@ -29,6 +30,7 @@ listens, and serves until SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -44,8 +46,8 @@ try:
     from tests.hubhttp import HubHTTPServer
     from tests.hubstore import HubStore
 except ImportError:  # run as a script: tests/ itself is on sys.path
-    from hubhttp import HubHTTPServer  # type: ignore[no-redef]
-    from hubstore import HubStore  # type: ignore[no-redef]
+    from hubhttp import HubHTTPServer  # type: ignore[no-redef, import-not-found]
+    from hubstore import HubStore  # type: ignore[no-redef, import-not-found]
 
 log = logging.getLogger("hubserver")
 
@@ -198,10 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(hub.url + "\n")
         os.replace(tmp, args.ready_file)  # readers never see a half-written URL
     log.info("serving %s on %s", args.root, hub.url)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         hub.serve_forever()
-    except KeyboardInterrupt:
-        pass
     hub.server_close()
     return 0
 

@@ -44,7 +44,7 @@ from typing import Self
 try:
     from tests.hubstore import LFS_SUFFIXES
 except ImportError:  # run as a script: tests/ itself is on sys.path
-    from hubstore import LFS_SUFFIXES  # type: ignore[no-redef]
+    from hubstore import LFS_SUFFIXES  # type: ignore[no-redef, import-not-found]
 
 OLAH_VERSION = "0.5.4"
 # What `pip install olah==0.5.4` resolved to on 2026-12 (Python 3.11), pinned so the server under test does not
@@ -205,7 +205,7 @@ class OlahMirror:
                 paths.append(str(p))
             oids = self._git(d, "hash-object", "-w", "--no-filters", "--stdin-paths",
                              input="\n".join(paths) + "\n").split() if paths else []
-            index_lines = [f"100644 {oid}\t{path}" for oid, path in zip(oids, sorted(files))]
+            index_lines = [f"100644 {oid}\t{path}" for oid, path in zip(oids, sorted(files), strict=True)]
             index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             if index_lines:
                 self._git(d, "update-index", "--add", "--index-info", input="\n".join(index_lines) + "\n", env=index)
@@ -301,7 +301,7 @@ class OlahServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
         env.update(HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1",
                    NO_PROXY="*", HF_HOME=str(self.root / "hf-home"))
-        for attempt in range(5):  # the port is free when picked; another process may take it before olah binds
+        for _attempt in range(5):  # the port is free when picked; another process may take it before olah binds
             port = _free_port()
             cfg = self._config(port)
             with open(self.log_path, "ab") as out:

@@ -26,7 +26,7 @@ def grid(sizes: int = 9, mixes: int = 4, recipes: int = 2, steps: int = 2000, st
     60% of their steps, failed ones at 30%, planned ones have no curve)."""
     rng = random.Random(seed)
     states = states or {}
-    cells = []
+    cells: list[dict[str, Any]] = []
     for recipe, e in list(RECIPES.items())[:recipes]:
         for budget, params in DELPHI_SIZES[:sizes]:
             for mix in MIXES[:mixes]:

@@ -110,7 +110,8 @@ def test_layout(built: Path) -> None:
     assert sorted(p.name for p in (built / "sizes").iterdir()) == sorted([".complete", *tiny_assets.SIZES])
     data_files = sorted(p.name for p in (built / "data").iterdir())
     assert data_files == [".complete", "tiny_messages.jsonl", "tiny_sharegpt.jsonl"]
-    assert sorted(p.name for p in (built / "models").iterdir()) == [".complete", "tiny-delphi", "tiny-llama3", "tiny-qwen3"]
+    assert sorted(p.name for p in (built / "models").iterdir()) == [".complete", "tiny-delphi", "tiny-llama3",
+                                                                   "tiny-qwen3"]
     for name in tiny_assets.MODELS:
         model_dir = built / "models" / name
         for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
@@ -177,7 +178,7 @@ def test_messages_dataset(built: Path) -> None:
 def test_sharegpt_dataset(built: Path) -> None:
     rows = _read_jsonl(built / "data" / "tiny_sharegpt.jsonl")
     assert len(rows) == 40
-    senders = set()
+    senders: set[str] = set()
     for row in rows:
         assert list(row) == ["conversations"]
         turns = row["conversations"]
@@ -238,7 +239,7 @@ def test_failed_model_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
         "(d / 'config.json').write_text('{}')\n"
         "sys.exit('boom: half-written')\n"
     )
-    monkeypatch.setattr(assets, "SCRIPT", broken)
+    monkeypatch.setattr(tiny_assets, "SCRIPT", broken)
     dest = tmp_path / "assets"
     with pytest.raises(tiny_assets.AssetBuildError, match="boom: half-written"):
         tiny_assets.build(dest=dest)

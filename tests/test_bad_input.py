@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -122,11 +123,13 @@ def test_a_model_with_no_source_is_refused(make_cells):
 def test_the_same_dataset_twice_is_refused(make_cells):
     (cell,) = make_cells(["dataset=[tiny_messages,tiny_messages]"])
     assert "tiny_messages" in only(validate([cell]), "dataset-twice").message
-    (copy,) = make_cells(["dataset=[magpie,tiny_messages]", "dataset.tiny_messages.source=Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"])
+    (copy,) = make_cells(["dataset=[magpie,tiny_messages]",
+                          "dataset.tiny_messages.source=Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"])
     assert only(validate([copy]), "dataset-twice").key == "dataset.tiny_messages.source"
 
 
-@pytest.mark.parametrize("content, name", [("just some text\n", "notes.txt"), ('{"a": 1}\n["not", "a", "row"]\n', "rows.jsonl"),
+@pytest.mark.parametrize("content, name", [("just some text\n", "notes.txt"),
+                                           ('{"a": 1}\n["not", "a", "row"]\n', "rows.jsonl"),
                                            ("[1, 2, 3]", "numbers.json")])
 def test_a_local_dataset_that_is_not_data_is_refused_here_not_deferred(make_cells, tmp_path, content, name):
     data = tmp_path / name

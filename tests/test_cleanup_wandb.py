@@ -21,7 +21,8 @@ HUB = ["push_to_hub=true", "hub_model_id=org/x"]
 
 
 def test_cleanup_follows_the_upload_unless_the_grid_says_otherwise(make_cells) -> None:
-    up, kept, plain, forced = make_cells(["model=tiny_llama", *HUB], ["model=tiny_llama", *HUB, "cleanup_checkpoints=false"],
+    up, kept, plain, forced = make_cells(["model=tiny_llama", *HUB],
+                                         ["model=tiny_llama", *HUB, "cleanup_checkpoints=false"],
                                          ["model=tiny_llama"], ["model=tiny_llama", "cleanup_checkpoints=true"])
     assert post_training.stages_for(up.spec) == ["tokenizer", "upload", "cleanup"]
     assert post_training.stages_for(kept.spec) == ["tokenizer", "upload"]
@@ -81,7 +82,9 @@ def test_wandb_runs_are_grouped_by_grid_and_named_by_cell(make_cells, tmp_path: 
     config = yaml.safe_load(files[wandb.CONFIG_FILE])
     assert config == {"grid": "grid1", "grid/cell": on.name, "grid/key": on.key, "grid/model": "tiny_llama",
                       "grid/lr": "2e-5", "grid/dataset": "[tiny_messages,tiny_sharegpt]"}
-    exports = "\n".join(line for line in files["launch.sh"].splitlines() if line.startswith("export WANDB"))
+    launch = files["launch.sh"]
+    assert isinstance(launch, str)
+    exports = "\n".join(line for line in launch.splitlines() if line.startswith("export WANDB"))
     seen = {}
     for project in ("", "team-project"):
         env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}

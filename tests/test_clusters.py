@@ -1,6 +1,6 @@
 """The Slurm site profiles in conf/cluster/: they compose with their per-user variables set, carry the site
-facts of the team's cluster definitions (their old launcher's hpc.py), and an unset variable stops the grid with a message that names
-it and says how to set it."""
+facts of the team's cluster definitions (their old launcher's hpc.py), and an unset variable stops the grid with a
+message that names it and says how to set it."""
 
 from __future__ import annotations
 
@@ -140,7 +140,8 @@ def test_one_unset_variable_is_named_alone_and_an_empty_one_counts_as_unset(hydr
 def test_grid_composer_reports_the_unset_variable_for_each_cell(hydra_loader, monkeypatch):
     clear_user_env(monkeypatch)
     composer = GridComposer(hydra_loader, "config")
-    composed, errors = composer.compose_all([["cluster=leonardo", "model=qwen3_8b"], ["cluster=leonardo", "model=delphi"]])
+    composed, errors = composer.compose_all([["cluster=leonardo", "model=qwen3_8b"],
+                                             ["cluster=leonardo", "model=delphi"]])
     assert not composed and len(errors) == 2
     assert all("SFT_GRID_LEONARDO_ACCOUNT" in e.message and "export" in e.message for e in errors)
 

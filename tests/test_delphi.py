@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -47,7 +48,8 @@ def _plan(*overrides: str):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        config = OmegaConf.to_container(compose("config", overrides=["model=tiny_delphi", *overrides]), resolve=True)
+        config = cast(dict[str, Any], OmegaConf.to_container(compose("config", overrides=["model=tiny_delphi",
+                                                                                           *overrides]), resolve=True))
     GlobalHydra.instance().clear()
     config.pop("hydra", None)
     return plan_cell(["model=tiny_delphi", *overrides], config)
@@ -62,8 +64,10 @@ def _cell(make_cells, *overrides: str):
 def prepared(tiny_assets, tmp_path_factory) -> Path:
     """tiny-delphi prepared by the grid's own prep stage (run here, as for a local grid)."""
     cell = _plan(f"runs_root={tmp_path_factory.mktemp('prep')}")
-    assert prep.prepare(inputs.prep_for(cell), cell) is None
-    return inputs.prep_for(cell).model_dir
+    planned = inputs.prep_for(cell)
+    assert planned is not None
+    assert prep.prepare(planned, cell) is None
+    return planned.model_dir
 
 
 def _root(prepared: Path) -> str:
@@ -151,7 +155,8 @@ CONVERSATIONS = [
      {"role": "user", "content": "And one more?"},
      {"role": "assistant", "content": "<|start_think|>\npick a warm one\n<|end_think|>\n\nRed."}],
 ]
-TAGS = ["dataset.tiny_messages.tags.function_tag=function_call", "dataset.tiny_messages.tags.observation_tag=observation"]
+TAGS = ["dataset.tiny_messages.tags.function_tag=function_call",
+        "dataset.tiny_messages.tags.observation_tag=observation"]
 
 
 def _sharegpt(conversation: list[dict]) -> dict:
@@ -191,7 +196,7 @@ def _trained_runs(segments: list) -> list[str]:
 
 def _check_train_equals_serve(rows: list[dict], renders: list[str]) -> None:
     assert len(rows) == len(renders) == len(CONVERSATIONS)
-    for row, render in zip(rows, renders):
+    for row, render in zip(rows, renders, strict=True):
         assert not row["dropped"], row["warnings"]
         assert "".join(s[0] for s in row["segments"]) == render
         # exactly the assistant parts: content (think block and tool call included) and <|eot_id|>
@@ -200,7 +205,8 @@ def _check_train_equals_serve(rows: list[dict], renders: list[str]) -> None:
 
 def _probe_rows(cell) -> list[dict]:
     (probed,) = mask.probe(mask.checks_for(cell), use_cache=False)
-    assert probed.outcome is None and "error" not in probed.result, (probed.outcome, probed.result)
+    assert probed.outcome is None and probed.result is not None and "error" not in probed.result, (probed.outcome,
+                                                                                                  probed.result)
     return probed.result["rows"]
 
 
@@ -302,7 +308,7 @@ def test_unprepared_delphi_tokenizer_without_prep_stage_is_refused(make_cells, t
 @pytest.mark.backend
 def test_prepared_tokenizer_is_what_the_token_check_reads(make_cells, prepared):
     cell = _plan(_root(prepared))
-    (check,) = [c for c in prep_checks(cell)]
+    (check,) = list(prep_checks(cell))
     assert check.target == str(prepared) and set(DELPHI_TOKENS) <= set(check.tokens)
     assert not [p for p in preflight([cell]).problems if p.rule == "preflight-template_tokens"]
 

@@ -57,7 +57,8 @@ def test_the_table_has_the_9_bases_and_27_midtrained_checkpoints():
     axis = sweep["hydra"]["sweeper"]["params"]["vars.model"].split(",")
     assert sorted(axis) == sorted(models) and len(axis) == 36
     assert sorted(n for n in models if n.endswith("-base")) == sorted(f"delphi-{b}-base" for b in BUDGETS)
-    assert sorted(n for n in models if not n.endswith("-base")) == sorted(f"delphi-{b}-{m}" for b in BUDGETS for m in MIXES)
+    assert sorted(n for n in models if not n.endswith("-base")) == sorted(f"delphi-{b}-{m}" for b in BUDGETS
+                                                                          for m in MIXES)
     for name, row in models.items():
         budget = name.split("-")[1]
         base = models[f"delphi-{budget}-base"]
@@ -104,7 +105,8 @@ def test_every_cell_holds_the_grids_rules(dry_run):
         hub = conf["hub_model_id"]
         assert hub == f"laion/{model}-{'-'.join(datasets)}-sft-{key}" and post["hub_model_id"] == hub
         assert conf["push_to_hub"] is True and cfg["push_to_hub"] is False and "hub_model_id" not in cfg
-        assert post["stages"] == ["tokenizer", "upload", "cleanup"] and post["upload_in_job"] is False  # no internet on Leonardo
+        # no internet on Leonardo
+        assert post["stages"] == ["tokenizer", "upload", "cleanup"] and post["upload_in_job"] is False
         assert conf["register_db"] is False and "register" not in post["stages"]
         assert conf["cluster"]["name"] == "leonardo"
         hub_ids.add(hub)

@@ -25,7 +25,7 @@ SOURCES = (Source("long", rows=1000, lengths=(100, 300, 5000)), Source("short", 
 
 
 def plan(**kw) -> CellPlan:
-    base = dict(name="c", model=ONE_B, sources=SOURCES, cutoff_len=1024, global_batch_size=16, epochs=2.0)
+    base = {"name": "c", "model": ONE_B, "sources": SOURCES, "cutoff_len": 1024, "global_batch_size": 16, "epochs": 2.0}
     return CellPlan(**{**base, **kw})
 
 

@@ -28,7 +28,8 @@ def data_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_tokens_come_from_the_sample_scaled_to_the_rows_and_the_mix(make_cells, data_file: Path, tmp_path: Path) -> None:
+def test_tokens_come_from_the_sample_scaled_to_the_rows_and_the_mix(make_cells, data_file: Path,
+                                                                     tmp_path: Path) -> None:
     plain, mixed = make_cells(
         ["model=tiny_llama", f"dataset.tiny_messages.source={data_file}", "cutoff_len=1024", "epochs=2"],
         ["model=tiny_llama", "dataset=[tiny_messages,tiny_sharegpt]", f"dataset.tiny_messages.source={data_file}",
@@ -67,7 +68,7 @@ def test_completed_cells_calibrate_the_next_estimates(make_cells, data_file: Pat
                                f"epochs={ep}"] for m, ep in (("tiny_llama", 1), ("tiny_llama_m", 2),
                                                              ("tiny_llama_l", 1), ("tiny_llama_l", 3))])
     costs = estimates.estimate(done_cells, {c.name: {"tiny_messages": LENGTHS} for c in done_cells})
-    for cell, d in zip(done_cells, gf.render_cells(done_cells)):
+    for cell, d in zip(done_cells, gf.render_cells(done_cells), strict=True):
         (d / "estimate.json").write_text(costs.file_text(cell.name) or "")
         e = costs.estimates[cell.name]
         train = 1e-3 * e.tokens.tokens + 1e-9 * e.flops  # this "machine": 15 s to start, 1 ms a token, 1 GFLOP/s

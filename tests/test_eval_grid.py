@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,7 @@ def grid(root: Path, *extra: str, timeout: float = 1200) -> tuple[subprocess.Com
     return proc, time.monotonic() - started
 
 
-def scores_by_task(target: Path) -> dict[str, dict]:
+def scores_by_task(target: Path) -> dict[tuple[str, Any], dict]:
     return {(s["task"], s["settings"]["limit"]): s for s in read_scores(target).values()}
 
 
@@ -68,7 +69,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone(tmp_path, tiny_assets, harness_env):
     root = tmp_path / "runs"
     one_task = "~eval.tasks.tiny_gen"
-    first, seconds = grid(root, one_task)
+    _first, seconds = grid(root, one_task)
     log.info("train + evaluate (one task) + base model: %.0f s", seconds)
     (cell,) = iter_cell_dirs(root / "default")
     (base,) = base_dirs(root / "default")
@@ -92,7 +93,7 @@ def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone
     assert "nothing to run" in again.stdout and snapshot(root) == before
 
     # the suite's other task added: that task alone, for the cell and for the base model
-    added, seconds = grid(root)
+    _added, seconds = grid(root)
     log.info("one task added, evaluated for the cell and the base model: %.0f s", seconds)
     unchanged = {k: v for k, v in snapshot(root).items() if k in before and "/eval/" in k}
     assert unchanged == {k: v for k, v in before.items() if "/eval/" in k}  # tiny_mc's scores: never again

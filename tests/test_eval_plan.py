@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,17 +41,24 @@ def site_harness(tmp_path: Path) -> str:
     return f"+cluster.backend_venvs.lm_eval={venv}"
 
 
+@pytest.fixture
+def fake_grid(request: pytest.FixtureRequest) -> tuple[Path, Any]:
+    """tests/test_grid_decisions.py's fake Slurm directory and grid (by name: the imports stay unshadowed)."""
+    return request.getfixturevalue("fake"), request.getfixturevalue("grid")
+
+
 # ---- identity -------------------------------------------------------------------------------------------------
 
 
 def test_the_suite_is_not_part_of_a_cells_identity_as_hydra_composes_it(hydra_loader, make_cells):
     variants = [[], ["eval=tiny"], ["eval=reasoning_small"], ["eval=tiny", "eval.tasks.tiny_mc.num_fewshot=2"]]
     hydra = [hydra_plain([*TINY_LLAMA, *v]) for v in variants]
-    assert hydra[1]["eval"]["tasks"]["tiny_mc"]["num_fewshot"] == 0 and hydra[3]["eval"]["tasks"]["tiny_mc"]["num_fewshot"] == 2
+    assert hydra[1]["eval"]["tasks"]["tiny_mc"]["num_fewshot"] == 0
+    assert hydra[3]["eval"]["tasks"]["tiny_mc"]["num_fewshot"] == 2
     assert len({identity_key(c) for c in hydra}) == 1
-    assert len({slug_for([*TINY_LLAMA, *v], c) for v, c in zip(variants, hydra)}) == 1
+    assert len({slug_for([*TINY_LLAMA, *v], c) for v, c in zip(variants, hydra, strict=True)}) == 1
     composed = make_cells(*[[*TINY_LLAMA, *v] for v in variants])
-    for cell, reference in zip(composed, hydra):
+    for cell, reference in zip(composed, hydra, strict=True):
         assert {k: v for k, v in cell.config.items() if k != "runs_root"} == \
                {k: v for k, v in reference.items() if k != "runs_root"}
         assert cell.key == identity_key(reference)
@@ -144,16 +152,17 @@ def test_bad_suites_stop_the_grid_before_anything_is_written(tmp_path):
 # ---- the plan on Slurm, and what a second invocation does ------------------------------------------------------
 
 
-def test_cells_are_evaluated_by_an_array_after_their_post_array_and_base_models_once(fake, grid, site_harness):
-    result = grid("eval=tiny", site_harness)
+def test_cells_are_evaluated_by_an_array_after_their_post_array_and_base_models_once(fake_grid, site_harness):
+    slurm_dir, run_grid = fake_grid
+    result = run_grid("eval=tiny", site_harness)
     assert [j.role.value for j in result.plan.slurm] == ["train", "post", "eval", "eval"]
-    train, post, evaluation, base = result.plan.slurm
-    dirs = cells(grid.runs)
+    _train, post, evaluation, base = result.plan.slurm
+    dirs = cells(run_grid.runs)
     assert evaluation.targets == tuple(dirs) and evaluation.dependency.kind == "aftercorr"
     assert evaluation.dependency.job == post.name and base.dependency is None
     (base_dir,) = base.targets
-    assert base_dir.parent == grid.runs / "default" / BASE_DIR and base_dir.name.startswith("qwen3_8b-")
-    scripts = [c["script"] for c in fakeslurm.calls(fake, "sbatch")]
+    assert base_dir.parent == run_grid.runs / "default" / BASE_DIR and base_dir.name.startswith("qwen3_8b-")
+    scripts = [c["script"] for c in fakeslurm.calls(slurm_dir, "sbatch")]
     assert "#SBATCH --dependency=aftercorr:101" in scripts[2] and "#SBATCH --array=0-2" in scripts[2]
     assert "#SBATCH --cpus-per-task=2" in scripts[2] and "#SBATCH --time=20" in scripts[2]
     assert "--dependency" not in scripts[3] and "--array" not in scripts[3]
@@ -166,65 +175,69 @@ def test_cells_are_evaluated_by_an_array_after_their_post_array_and_base_models_
     assert EvalFile.load(base_dir).base and EvalFile.load(base_dir).model_path == "Qwen/Qwen3-8B"
     assert rows([], [base_dir]) == [(f"_base/{base_dir.name}", "base model", "", "", "", "", "queued in job 103 (0/2)",
                                      "", "")]
-    again = grid("eval=tiny", site_harness)  # everything is queued: nothing is sent twice
-    assert again.plan.slurm == () and len(fakeslurm.calls(fake, "sbatch")) == 4
+    again = run_grid("eval=tiny", site_harness)  # everything is queued: nothing is sent twice
+    assert again.plan.slurm == () and len(fakeslurm.calls(slurm_dir, "sbatch")) == 4
     assert "evaluation waiting in Slurm (job 103)" in again.bases[0].why
 
 
 def _score_all(target: Path) -> None:
-    for spec in EvalFile.load(target).missing(target):
+    plan = EvalFile.load(target)
+    assert plan is not None
+    for spec in plan.missing(target):
         write_score(target, {"score_id": spec.score_id, "task": spec.task, "metrics": {"acc": 1.0}})
 
 
-def test_a_score_is_computed_once_and_a_new_task_or_a_failure_is_evaluated_alone(fake, grid, site_harness):
+def test_a_score_is_computed_once_and_a_new_task_or_a_failure_is_evaluated_alone(fake_grid, site_harness):
+    slurm_dir, run_grid = fake_grid
     one_task = ("eval=tiny", site_harness, "~eval.tasks.tiny_gen")
-    grid(*one_task)
-    dirs = cells(grid.runs)
+    run_grid(*one_task)
+    dirs = cells(run_grid.runs)
     for job in ("100", "101", "102", "103"):
-        fakeslurm.set_state(fake, job, "COMPLETED")
+        fakeslurm.set_state(slurm_dir, job, "COMPLETED")
     for cell in dirs:
         complete(cell)
     # the evaluation jobs ended without their scores: only the evaluations run again, never the training
-    again = grid(*one_task)
+    again = run_grid(*one_task)
     assert [d.action for d in again.decisions] == [Action.POST] * 3
     assert all(d.evaluate and not d.post and "evaluation to run: 1 score(s)" in d.why for d in again.decisions)
     assert [j.role.value for j in again.plan.slurm] == ["eval", "eval"]
     assert all(j.dependency is None for j in again.plan.slurm)
     assert all(events.read(c)[-1].kind is Kind.EVAL_JOB for c in dirs)
     for job in ("104", "105"):
-        fakeslurm.set_state(fake, job, "COMPLETED")
+        fakeslurm.set_state(slurm_dir, job, "COMPLETED")
     for target in [*dirs, again.plan.slurm[1].targets[0]]:
         _score_all(target)
-    sent = len(fakeslurm.calls(fake, "sbatch"))
-    done = grid(*one_task)
+    sent = len(fakeslurm.calls(slurm_dir, "sbatch"))
+    done = run_grid(*one_task)
     assert [d.action for d in done.decisions] == [Action.SKIP] * 3 and done.plan.slurm == ()
-    assert len(fakeslurm.calls(fake, "sbatch")) == sent
+    assert len(fakeslurm.calls(slurm_dir, "sbatch")) == sent
     assert [r[6] for r in rows(dirs)] == ["done (1)"] * 3
     # the suite's other task added: one score per cell (and per base model) to compute, nothing else
-    added = grid("eval=tiny", site_harness)
+    added = run_grid("eval=tiny", site_harness)
     assert [j.role.value for j in added.plan.slurm] == ["eval", "eval"]
     assert [[s.task for s in EvalFile.load(c).missing(c)] for c in dirs] == [["tiny_gen"]] * 3
     assert [r[6] for r in rows(dirs)] == [f"queued in job 106_{i} (1/2)" for i in range(3)]
     # that evaluation fails for one cell: it says why, and the next invocation retries it alone
-    fakeslurm.set_state(fake, "106", "COMPLETED")
-    fakeslurm.set_state(fake, "107", "COMPLETED")
+    fakeslurm.set_state(slurm_dir, "106", "COMPLETED")
+    fakeslurm.set_state(slurm_dir, "107", "COMPLETED")
     for target in [*dirs[1:], added.plan.slurm[1].targets[0]]:
         _score_all(target)
     events.append(dirs[0], Event(Kind.EVAL, state="failed", reason="train == serve: the template differs"))
     assert rows(dirs)[0][6:] == ("failed in job 106_0 (1/2)", "", "eval: train == serve: the template differs")
-    retry = grid("eval=tiny", site_harness)
+    retry = run_grid("eval=tiny", site_harness)
     assert [d.action for d in retry.decisions] == [Action.POST, Action.SKIP, Action.SKIP]
     assert "evaluation to run again: 1 score(s)" in retry.decisions[0].why
     (job,) = retry.plan.slurm
     assert job.role.value == "eval" and job.targets == (dirs[0],)
 
 
-def test_a_cell_that_no_longer_evaluates_loses_its_eval_json_but_keeps_its_scores(fake, grid, site_harness):
-    grid("eval=tiny", site_harness, seeds=(1,))
-    (cell,) = cells(grid.runs)
-    fakeslurm.set_state(fake, "100", "FAILED")
+def test_a_cell_that_no_longer_evaluates_loses_its_eval_json_but_keeps_its_scores(fake_grid, site_harness):
+    slurm_dir, run_grid = fake_grid
+    run_grid("eval=tiny", site_harness, seeds=(1,))
+    (cell,) = cells(run_grid.runs)
+    fakeslurm.set_state(slurm_dir, "100", "FAILED")
     write_score(cell, {"score_id": "0" * 12, "task": "tiny_mc"})
-    grid("rerun_failed=true", site_harness, seeds=(1,))
+    run_grid("rerun_failed=true", site_harness, seeds=(1,))
     assert not (cell / EVAL_FILE).exists() and (cell / "eval" / f"{'0' * 12}.json").is_file()
     assert rows([cell])[0][6] == ""
 

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -61,7 +62,8 @@ def test_tiny_tasks_are_local_lm_eval_configs(tmp_path: Path) -> None:
         config = yaml.safe_load(path.read_text())
         assert config["task"] == name and config["dataset_path"] == "json"
         files = config["dataset_kwargs"]["data_files"]
-        assert set(files) == {"test", "train"} and all(Path(f).is_absolute() and Path(f).is_file() for f in files.values())
+        assert set(files) == {"test", "train"}
+        assert all(Path(f).is_absolute() and Path(f).is_file() for f in files.values())
         assert len(_read_jsonl(files["test"])) == evaluation.TEST_ROWS
         assert len(_read_jsonl(files["train"])) == evaluation.TRAIN_ROWS
     mc = yaml.safe_load(written["tiny_mc"].read_text())
@@ -87,10 +89,12 @@ def test_tiny_tasks_ask_what_the_tiny_models_learn(tmp_path: Path) -> None:
 
 
 def test_tiny_tasks_are_deterministic_and_identified_by_content(tmp_path: Path, monkeypatch) -> None:
-    a, b = evaluation.write_tiny_tasks(tmp_path / "a"), evaluation.write_tiny_tasks(tmp_path / "b")
+    a = evaluation.write_tiny_tasks(tmp_path / "a")
+    evaluation.write_tiny_tasks(tmp_path / "b")
     for name in a:
         for split in ("test", "train"):
-            assert (tmp_path / "a" / f"{name}.{split}.jsonl").read_bytes() == (tmp_path / "b" / f"{name}.{split}.jsonl").read_bytes()
+            file = f"{name}.{split}.jsonl"
+            assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes()
     evaluation.write_tiny_tasks(tmp_path / "a")  # rewriting in place is harmless and leaves no temp files
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(p.name for p in (tmp_path / "b").iterdir())
     before = {n: evaluation.content_digest(n) for n in evaluation.TINY_TASKS}
@@ -163,8 +167,9 @@ def test_every_suite_names_a_harness_and_tasks_with_their_settings() -> None:
 
 
 def _spec(tmp_path: Path, **over: object) -> dict:
-    tasks = [{"name": n, "id": f"id-{n}", "num_fewshot": 0, "limit": None, "gen_kwargs": {},
-              "apply_chat_template": True, "fewshot_as_multiturn": False} for n in evaluation.TINY_TASKS]
+    tasks: list[dict[str, Any]] = [{"name": n, "id": f"id-{n}", "num_fewshot": 0, "limit": None, "gen_kwargs": {},
+                                    "apply_chat_template": True, "fewshot_as_multiturn": False}
+                                   for n in evaluation.TINY_TASKS]
     return {"model": str(tmp_path / "model"), "tasks": tasks, "include_path": [str(tmp_path / "tasks")],
             "engine": "hf", "batch_size": 4, "device": "cpu", "dtype": "float32", "output_dir": str(tmp_path / "out"),
             "seed": 7} | over
@@ -174,7 +179,7 @@ def test_evaluate_spec_parsing_rejects_nonsense(tmp_path: Path) -> None:
     ev = load_evaluate_module()
     spec = ev.EvalSpec.parse(_spec(tmp_path))
     assert [(t.name, t.id) for t in spec.tasks] == [("tiny_mc", "id-tiny_mc"), ("tiny_gen", "id-tiny_gen")]
-    bad = [
+    bad: list[tuple[dict[str, Any], str]] = [
         ({"engine": "tgi"}, "unknown engine"),
         ({"batch_size": 0}, "batch_size"),
         ({"tasks": [{"name": "tiny_mc", "num_fewshot": -1}]}, "num_fewshot"),
@@ -213,7 +218,8 @@ def test_evaluate_fails_in_one_line_before_loading_anything(tmp_path: Path, caps
     path.write_text(json.dumps(_spec(tmp_path)))
     proc = subprocess.run([sys.executable, str(EVALUATE), str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [f"lm_eval_run.py: error: model directory {tmp_path / 'model'} does not exist"]
+    assert proc.stderr.strip().splitlines() == [
+        f"lm_eval_run.py: error: model directory {tmp_path / 'model'} does not exist"]
     ev = load_evaluate_module()
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")

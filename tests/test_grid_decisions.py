@@ -57,7 +57,7 @@ def grid(hydra_loader, tmp_path):
         assert not errors, [e.message for e in errors]
         return flow.run(composed, errors)
 
-    run.runs = runs  # type: ignore[attr-defined]
+    run.runs = runs
     return run
 
 
@@ -76,7 +76,9 @@ def complete(cell: Path, stages_done: bool = True) -> None:
 
 
 def job_of(cell: Path) -> str:
-    return events.last(events.read(cell), Kind.JOB).job_id
+    job = events.last(events.read(cell), Kind.JOB)
+    assert job is not None
+    return job.job_id
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -89,7 +91,7 @@ def test_new_cells_are_queued_as_one_array_and_a_post_array_after_it(fake, grid)
     result = grid()
     sbatches = fakeslurm.calls(fake, "sbatch")
     assert len(sbatches) == 2 and [j.role.value for j in result.plan.slurm] == ["train", "post"]
-    train, post = result.plan.slurm
+    train, _post = result.plan.slurm
     assert f"--job-name={train.name}" in sbatches[0]["script"] and "--array=0-2" in sbatches[0]["script"]
     assert "#SBATCH --dependency=aftercorr:100" in sbatches[1]["script"]
     for index, cell in enumerate(cells(grid.runs)):
@@ -145,7 +147,9 @@ def _node_fails(fake: Path, cell: Path, node: str) -> None:
     """The cell's latest job ends NODE_FAIL, its job log naming the node (as srun writes it)."""
     history = events.read(cell)
     job_id = job_of(cell)
-    array = events.last(history, Kind.SUBMITTED).array
+    submitted = events.last(history, Kind.SUBMITTED)
+    assert submitted is not None
+    array = submitted.array
     log = cell.parent / SUBMITIT_DIR / array / f"{job_id}_0_log.out"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"srun: error: Node failure on {node}\nslurmstepd: error: *** JOB {job_id} ON {node} CANCELLED"
@@ -238,7 +242,7 @@ def test_a_job_that_never_got_its_pickle_is_cancelled_and_the_cell_queued_again(
 
 
 def test_a_dry_run_changes_no_ledger_no_pickle_and_calls_no_sbatch_or_scancel(fake, grid):
-    cell, job_id, target = _killed_mid_submit(fake, grid, "orphan")
+    _cell, _job_id, target = _killed_mid_submit(fake, grid, "orphan")
     grid(seeds=(6, 7))  # two more cells queued, in flight
     before = snapshot(grid.runs)
     sent = len(fakeslurm.calls(fake, "sbatch"))
@@ -265,7 +269,8 @@ def test_a_dry_runs_sbatch_scripts_are_what_the_real_run_sends(fake, grid):
 def test_sbatch_refusal_leaves_the_cells_planned_and_says_how_many(fake, grid, monkeypatch):
     monkeypatch.setenv("FAKE_SLURM_REFUSE", "Batch job submission failed: Invalid partition name specified")
     result = grid()
-    assert result.refused is not None and result.refused.not_queued == 3 and "Invalid partition" in result.refused.detail
+    assert result.refused is not None
+    assert result.refused.not_queued == 3 and "Invalid partition" in result.refused.detail
     monkeypatch.delenv("FAKE_SLURM_REFUSE")
     assert all(kinds(c) == ["submitted"] for c in cells(grid.runs))
     # that process is gone: the cells read as planned, and the next run queues them once

@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.core.lock import Lock, LockTimeout, _read, hold_all
+from sft_grid.core.lock import Holder, Lock, LockTimeout, _read, hold_all
 from tests.hubtools import wait_for
+
+
+def _holder(path: Path) -> Holder:
+    """Who holds the lock file, as it names them (these tests expect it to name someone)."""
+    holder = _read(path)
+    assert holder is not None, f"{path} names no holder"
+    return holder
 
 
 def test_second_taker_waits_until_release(tmp_path: Path):
@@ -55,10 +62,10 @@ def test_lock_of_a_killed_process_on_this_host_is_broken_at_once(tmp_path: Path)
     finally:
         child.kill()
         child.wait(timeout=30)
-    assert _read(path).pid == child.pid  # left behind by kill -9
+    assert _holder(path).pid == child.pid  # left behind by kill -9
     t0 = time.monotonic()
     with Lock(path, timeout_s=30, stale_s=3600) as lock:
-        assert _read(path).token == lock.me.token
+        assert _holder(path).token == lock.me.token
     assert time.monotonic() - t0 < 5  # no waiting for a heartbeat to age
 
 
@@ -70,7 +77,7 @@ def test_lock_from_another_host_is_stale_only_when_its_heartbeat_stopped(tmp_pat
     old = time.time() - 120
     os.utime(path, (old, old))
     with Lock(path, timeout_s=5, stale_s=60) as lock:
-        assert _read(path).token == lock.me.token
+        assert _holder(path).token == lock.me.token
 
 
 def test_holder_notices_when_its_lock_was_taken(tmp_path: Path):
@@ -80,7 +87,7 @@ def test_holder_notices_when_its_lock_was_taken(tmp_path: Path):
     path.write_text(json.dumps({"host": "elsewhere", "pid": 2, "token": "other", "since": time.time()}))
     wait_for(lambda: lock.lost, "the heartbeat to notice the takeover", 10, 0.01)
     lock.release()
-    assert _read(path).token == "other"  # a lost lock is not deleted on release
+    assert _holder(path).token == "other"  # a lost lock is not deleted on release
 
 
 def test_without_a_deadline_a_waiter_waits_as_long_as_the_holder_lives(tmp_path: Path):
@@ -119,7 +126,7 @@ def test_an_old_lock_file_that_names_no_holder_is_taken(tmp_path: Path):
     old = time.time() - 120
     os.utime(path, (old, old))
     with Lock(path, timeout_s=5, stale_s=60) as lock:
-        assert _read(path).token == lock.me.token
+        assert _holder(path).token == lock.me.token
 
 
 def test_a_fresh_lock_taken_while_a_stale_one_is_broken_is_put_back(tmp_path: Path, monkeypatch):
@@ -133,7 +140,7 @@ def test_a_fresh_lock_taken_while_a_stale_one_is_broken_is_put_back(tmp_path: Pa
     path.unlink()  # the first breaker broke it and took the lock: a new file at the same path
     path.write_text(json.dumps({"host": "login02", "pid": 7, "token": "fresh", "since": time.time()}))
     Lock(path, timeout_s=1)._break(judged)  # the second breaker acts on what it judged before
-    assert _read(path).token == "fresh"
+    assert _holder(path).token == "fresh"
 
 
 def test_every_lock_of_sft_grid_is_this_one():

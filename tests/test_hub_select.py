@@ -78,9 +78,9 @@ def test_cache_layout_names():
     assert repo_folder("org/name", "dataset") == "datasets--org--name"
     assert str(snapshot_path("/c", "org/n", "model", "a" * 40)) == f"/c/models--org--n/snapshots/{'a' * 40}"
     with pytest.raises(ValueError, match="kind"):
-        repo_folder("org/name", "space")  # type: ignore[arg-type]
+        repo_folder("org/name", "space")
     with pytest.raises(ValueError, match="kind"):
-        select_files([], "spaces")  # type: ignore[arg-type]
+        select_files([], "spaces")
 
 
 def test_etag_is_the_lfs_sha256_when_there_is_one():

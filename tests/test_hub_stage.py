@@ -11,6 +11,7 @@ held to remember it for the endpoint.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -207,7 +208,7 @@ def test_killed_stager_reruns_without_refetching_finished_files(hub, cache):
 
 @pytest.mark.parametrize("times", [1, None], ids=["once", "every-response"])
 def test_connection_cut_mid_file_is_resumed_in_the_same_run(hub, cache, times):
-    sha, files = _big_repo(hub)
+    sha, _files = _big_repo(hub)
     hub.drop_after(int(2.5 * MiB), path="model.safetensors", times=times)
     staged = download("org/big", "model", "main", cache, endpoint=hub.url)
 
@@ -237,15 +238,15 @@ def test_not_enough_space_is_refused_before_any_transfer(hub, small_fs):
     p = plan(resolve("org/big", endpoint=hub.url), mnt / "cache", reserve_bytes=0)
     assert not p.fits and p.free_bytes < 4 * MiB < p.bytes_to_fetch
     # Space taken by someone else after the check: the write fails, and the error says so.
-    with pytest.raises(NotEnoughSpace, match="filled up while staging model.safetensors"):
+    with pytest.raises(NotEnoughSpace, match=r"filled up while staging model\.safetensors"):
         download("org/big", "model", "main", mnt / "cache", endpoint=hub.url, reserve_bytes=-8 * MiB)
 
 
 def test_missing_repo_and_revision(hub, cache):
     hub.store.commit("org/tiny", model_files())
-    with pytest.raises(RepoNotFound, match="'org/nope'.*check the id"):
+    with pytest.raises(RepoNotFound, match=r"'org/nope'.*check the id"):
         download("org/nope", "model", "main", cache, endpoint=hub.url)
-    with pytest.raises(RevisionNotFound, match="'v9'.*org/tiny"):
+    with pytest.raises(RevisionNotFound, match=r"'v9'.*org/tiny"):
         resolve("org/tiny", "model", "v9", endpoint=hub.url)
     with pytest.raises(RepoNotFound):  # a model id asked for as a dataset
         resolve("org/tiny", "dataset", endpoint=hub.url)
@@ -340,7 +341,7 @@ def test_corrupted_transfer_is_refetched_then_refused(hub, cache):
     weights = hub.store.revision("org/big", sha).files["model.safetensors"]
     obj = hub.store.object_path("org/big", "model", weights.sha256)
     obj.write_bytes(b"\0" * obj.stat().st_size)  # the server now sends other bytes than the listing's sha256
-    with pytest.raises(TransferFailed, match="model.safetensors.*corrupted twice"):
+    with pytest.raises(TransferFailed, match=r"model\.safetensors.*corrupted twice"):
         download("org/big", "model", "main", cache, endpoint=hub.url)
     assert len(hub.downloads("org/big", "model.safetensors")) == 2
     assert not (snapshot_path(cache, "org/big", "model", sha) / "model.safetensors").exists()  # nothing bad kept
@@ -381,7 +382,7 @@ def test_progress_reports_rate_and_eta(hub, cache):
     # the server sends at most 6 MiB/s: the rate measured is below that (with room for a burst), whatever the
     # machine's speed, and every such line has a time left
     assert all(0 < p.rate_bps < 12 * MiB and p.eta_s is not None for p in mid), [p.rate_bps for p in mid]
-    assert all(a.done <= b.done for a, b in zip(seen, seen[1:], strict=False))
+    assert all(a.done <= b.done for a, b in itertools.pairwise(seen))
     assert seen[-1].done == seen[-1].total
 
 

@@ -50,7 +50,7 @@ def test_human_sizes():
 
 def test_unreachable_hub_names_the_fix(hf_env, tmp_path):
     dead = "http://127.0.0.1:9"  # discard port: nothing listens, the connection is refused at once
-    with pytest.raises(HubUnreachable, match="cannot reach http://127.0.0.1:9.*login node"):
+    with pytest.raises(HubUnreachable, match=r"cannot reach http://127\.0\.0\.1:9.*login node"):
         resolve("org/tiny", endpoint=dead)
     with pytest.raises(HubUnreachable):
         download("org/tiny", "model", "main", tmp_path / "cache", endpoint=dead)

@@ -35,7 +35,7 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "hydra_plugins":
         return "cli"
-    if len(parts) == 1 or parts[1] not in LAYERS + ["in_venv"]:
+    if len(parts) == 1 or parts[1] not in [*LAYERS, "in_venv"]:
         return "cli"  # sft_grid itself and its top-level modules are the entry points
     return parts[1]
 
@@ -99,7 +99,7 @@ def test_no_import_cycles():
         state[node] = 1
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt])
+                cycles.append([*stack[stack.index(nxt):], nxt] if nxt in stack else [node, nxt])
             elif not state.get(nxt):
                 visit(nxt, [*stack, nxt])
         state[node] = 2

@@ -40,8 +40,9 @@ def _row(messages, segments, **extra):
 
 LLAMA_OK = _row(
     [("system", "Be brief."), ("user", "What is 2+2?"), ("assistant", "<|start_think|>add<|end_think|>4.")],
-    [("<|begin_of_text|><|start_header_id|>", False, True), ("system", False, False), ("<|end_header_id|>", False, True),
-     ("\n\nBe brief.", False, False), ("<|eot_id|><|start_header_id|>", False, True), ("user", False, False),
+    [("<|begin_of_text|><|start_header_id|>", False, True), ("system", False, False),
+     ("<|end_header_id|>", False, True), ("\n\nBe brief.", False, False),
+     ("<|eot_id|><|start_header_id|>", False, True), ("user", False, False),
      ("<|end_header_id|>", False, True), ("\n\nWhat is 2+2?", False, False),
      ("<|eot_id|><|start_header_id|>", False, True), ("assistant", False, False), ("<|end_header_id|>", False, True),
      ("\n\n", False, False), ("<|start_think|>", True, True), ("add", True, False), ("<|end_think|>", True, True),
@@ -84,7 +85,8 @@ def test_a_trained_role_header_is_template_text():
 
 
 def test_a_masked_think_block_is_caught():
-    segments = [(t, tr and t not in ("<|start_think|>", "add", "<|end_think|>"), m) for t, tr, m in LLAMA_OK["segments"]]
+    segments = [(t, tr and t not in ("<|start_think|>", "add", "<|end_think|>"), m)
+                for t, tr, m in LLAMA_OK["segments"]]
     assert judge_row({**LLAMA_OK, "segments": segments}) == ["the think block of assistant turn 1 is not trained"]
 
 

@@ -1,5 +1,5 @@
-"""The post-training chain (sft_grid/stages/post_training.py): stages planned from the model's needs and the grid, each with its
-state in the cell's ledger; a rerun runs only what is pending or failed, never the training; the tokenizer
+"""The post-training chain (sft_grid/stages/post_training.py): stages planned from the model's needs and the grid,
+each with its state in the cell's ledger; a rerun runs only what is pending or failed, never the training; the tokenizer
 check repairs what transformers 5 writes; the preprocessor copy; the upload's clear, retryable failure with
 the real huggingface_hub (the Hub cannot be reached here); consolidation of a real DeepSpeed ZeRO-3 checkpoint
 trained on the CPU; ZeRO-3 rendered for the models that need it; the environment a model's needs select; and on
@@ -154,7 +154,8 @@ def test_the_database_hook_runs_the_grids_command_and_fails_clearly(tmp_path):
 
     spec = PostFile(cell="c1", stages=("register",), python=sys.executable, hub_model_id="org/m", base_model="base/b",
                     datasets=("magpie", "delphi_warmup"),
-                    register_command=(sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))",
+                    register_command=(sys.executable, "-c",
+                                      "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))",
                                       str(record), "{hub_model_id}", "{base_model}", "{datasets}", "{cell}"))
     post_training.register(tmp_path, spec, post_training.LOGIN)
     assert record.read_text() == "org/m base/b magpie,delphi_warmup c1"
@@ -193,8 +194,8 @@ def test_repaired_tokenizer_loads_the_same_in_transformers_5_6_and_5_16(tmp_path
         assert "extra_special_tokens" not in config and config["chat_template"]
     probe = ("import json, sys; from transformers import AutoTokenizer as A; a, b = A.from_pretrained(sys.argv[1]),"
              " A.from_pretrained(sys.argv[2]); print(json.dumps([a.all_special_tokens == b.all_special_tokens,"
-             " a.chat_template == b.chat_template, a.convert_tokens_to_ids('<|start_think|>'), a('hi <|eot_id|>').input_ids"
-             " == b('hi <|eot_id|>').input_ids]))")
+             " a.chat_template == b.chat_template, a.convert_tokens_to_ids('<|start_think|>'),"
+             " a('hi <|eot_id|>').input_ids == b('hi <|eot_id|>').input_ids]))")
     for backend in ("llamafactory", "axolotl"):
         python = build(backend) / "bin" / "python"
         out = subprocess.run([str(python), "-c", probe, str(model), str(cell / "output" / "checkpoint-2")],
@@ -215,7 +216,8 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
     # the base has no preprocessor_config.json: the first stage fails, and nothing after it runs
     assert post_training.run(cell, post_training.LOGIN) is False
     st = post_training.states(cell)
-    assert st["preprocessor_config"].state == "failed" and "preprocessor_config.json is not in the base" in st["preprocessor_config"].reason
+    assert st["preprocessor_config"].state == "failed"
+    assert "preprocessor_config.json is not in the base" in st["preprocessor_config"].reason
     assert st["tokenizer"].state == "pending" and st["upload"].state == "pending"
     (base / "preprocessor_config.json").write_text('{"processor_class": "X"}')
     assert post_training.run(cell, post_training.LOGIN) is False
@@ -223,7 +225,8 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
     assert st["preprocessor_config"].state == "completed"
     for d in (cell / "output", cell / "output" / "checkpoint-2"):
         assert json.loads((d / "preprocessor_config.json").read_text()) == {"processor_class": "X"}
-    assert st["tokenizer"].state == "failed" and "checkpoint-2/tokenizer_config.json has no chat template" in st["tokenizer"].reason
+    assert st["tokenizer"].state == "failed"
+    assert "checkpoint-2/tokenizer_config.json has no chat template" in st["tokenizer"].reason
     shutil.copy(cell / "output" / "chat_template.jinja", cell / "output" / "checkpoint-2")
     # the Hub: offline here. The real huggingface_hub in the backend environment says why, with the repository
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -283,7 +286,8 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     assert "upload waiting" in status
     proc = subprocess.run([sys.executable, "-m", "sft_grid.post", str(cell)], capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 1 and f"https://huggingface.co/org/tiny_qwen3-sft-{cell.name.rsplit('-', 1)[1]}" in proc.stdout
+    assert proc.returncode == 1
+    assert f"https://huggingface.co/org/tiny_qwen3-sft-{cell.name.rsplit('-', 1)[1]}" in proc.stdout
 
 
 @pytest.mark.backend
@@ -298,12 +302,15 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
     assert json.loads((cell_path / POST_FILE).read_text())["stages"] == ["consolidate", "tokenizer"]
     bin_dir = build("axolotl") / "bin"
     ref = tmp_path / "gathered.safetensors"
-    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
-               "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "sft_grid" / "torch_extensions")}
+    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1",
+               "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+               "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "sft_grid" / "torch_extensions")}
     started = time.perf_counter()
-    proc = subprocess.run([str(bin_dir / "torchrun"), "--nproc_per_node=1", str(Path(__file__).parent / "zero3_tiny_train.py"),
+    proc = subprocess.run([str(bin_dir / "torchrun"), "--nproc_per_node=1",
+                           str(Path(__file__).parent / "zero3_tiny_train.py"),
                            str(tiny_assets / "models" / "tiny-llama3"), str(cell_path / zero.DS_FILE),
-                           str(cell_path / "output"), str(ref)], capture_output=True, text=True, env=run_env, timeout=600)
+                           str(cell_path / "output"), str(ref)],
+                          capture_output=True, text=True, env=run_env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     output = cell_path / "output"
     # ZeRO-3 without gathering: shards named by `latest`, no weights file; training counts as complete
@@ -312,8 +319,10 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
     trained_s = time.perf_counter() - started
     assert post_training.run(cell_path) is True, post_training.states(cell_path)
     assert stage_events(cell_path, "completed") == [("consolidate", "completed"), ("tokenizer", "completed")]
-    compare = ("import sys; from safetensors.torch import load_file; a, b = load_file(sys.argv[1]), load_file(sys.argv[2]);"
-               " assert sorted(a) == sorted(b), (sorted(a), sorted(b)); print(len(a), max((a[k].float() - b[k].float()).abs().max().item() for k in a))")
+    compare = ("import sys; from safetensors.torch import load_file;"
+               " a, b = load_file(sys.argv[1]), load_file(sys.argv[2]);"
+               " assert sorted(a) == sorted(b), (sorted(a), sorted(b));"
+               " print(len(a), max((a[k].float() - b[k].float()).abs().max().item() for k in a))")
     out = subprocess.run([str(bin_dir / "python"), "-c", compare, str(output / "model.safetensors"), str(ref)],
                          capture_output=True, text=True, check=True).stdout.split()
     assert int(out[0]) == 21 and float(out[1]) == 0.0, (out, trained_s)
@@ -327,7 +336,8 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
     waits for training task i (aftercorr). Either is cancelled if the training fails (kill-on-invalid-dep)."""
     root = tmp_path / "runs"
     args = ["-m", "model=tiny_llama", "cluster=slurm_local", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
-            "save_steps=2", "push_to_hub=true", "hub_model_id='org/{model}-sft-{key}'", f"seed={seeds}", f"runs_root={root}"]
+            "save_steps=2", "push_to_hub=true", "hub_model_id='org/{model}-sft-{key}'", f"seed={seeds}",
+            f"runs_root={root}"]
     queued = run_sft(*args, check=True)
     cells = list(iter_cell_dirs(root / "default"))
     assert f"post-training stages of {len(cells)} cell(s): array sft_grid-" in queued.stdout
@@ -338,7 +348,8 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
             post_job = next(e for e in ledger_of(cell) if e["event"] == "post_job")
             jobs += [train_job, str(post_job["post_job_id"])]
             array = train_job.split("_")[0]
-            assert post_job["after"] == array and post_job["index"] == int(train_job.split("_")[1] if "_" in train_job else 0)
+            assert post_job["after"] == array
+            assert post_job["index"] == int(train_job.split("_")[1] if "_" in train_job else 0)
             script = next((root / "default" / ".submitit" / post_job["name"]).glob("*_submission.sh")).read_text()
             assert f"#SBATCH --dependency={kind}:{array}" in script and "#SBATCH --kill-on-invalid-dep=yes" in script
             assert "--gres" not in script and "#SBATCH --nodes=1" in script
@@ -376,13 +387,15 @@ def test_a_zero3_cell_trains_through_the_orchestrator_and_is_consolidated(tmp_pa
     assert rendered["deepspeed"] == str(cell / zero.DS_FILE) and "zero_cpu.GlooPreInit" in rendered["plugins"]
     assert (output / "latest").is_file() and (output / "global_step2").is_dir()
     assert [s for s, _ in stage_events(cell, "completed")] == ["consolidate", "tokenizer"]
-    check = ("import sys, torch; from safetensors.torch import load_file; from transformers import AutoModelForCausalLM;"
+    check = ("import sys, torch; from safetensors.torch import load_file;"
+             " from transformers import AutoModelForCausalLM;"
              " a, b = load_file(sys.argv[1] + '/model.safetensors'), load_file(sys.argv[2] + '/model.safetensors');"
              " assert sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a);"
              " m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); out = m(torch.tensor([[1, 2, 3]])).logits;"
              " print(len(a), sum(int(not torch.equal(a[k], b[k])) for k in a), bool(torch.isfinite(out).all()))")
     python = build("axolotl") / "bin" / "python"
-    n, changed, finite = subprocess.run([str(python), "-c", check, str(output), str(tiny_assets / "models" / "tiny-llama3")],
+    n, changed, finite = subprocess.run([str(python), "-c", check, str(output),
+                                         str(tiny_assets / "models" / "tiny-llama3")],
                                         capture_output=True, text=True, check=True,
                                         env={**os.environ, "HF_HUB_OFFLINE": "1"}).stdout.split()[-3:]
     assert int(n) == 21 and int(changed) > 0 and finite == "True"  # all tensors, trained, loadable

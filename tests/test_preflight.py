@@ -67,16 +67,19 @@ def test_hub_inputs_are_deferred_to_the_job_not_skipped(make_cells, tmp_path, mo
 
 
 def test_hub_inputs_found_in_the_hf_cache_are_checked_here(make_cells, tmp_path, monkeypatch, tiny_assets):
-    snap = tmp_path / "hub" / "datasets--Magpie-Align--Magpie-Llama-3.3-Pro-500K-Filtered" / "snapshots" / "abc" / "data"
+    snap = (tmp_path / "hub" / "datasets--Magpie-Align--Magpie-Llama-3.3-Pro-500K-Filtered" / "snapshots" / "abc"
+            / "data")
     snap.mkdir(parents=True)
     rows = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]
     (snap / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     ok = run(Check("assistant_turns", "dataset.magpie", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered",
-                   column="conversations", tags=(("role_tag", "from"), ("assistant_tag", "gpt"), ("content_tag", "value"))))
+                   column="conversations",
+                   tags=(("role_tag", "from"), ("assistant_tag", "gpt"), ("content_tag", "value"))))
     assert ok.ok
     bad = run(Check("assistant_turns", "dataset.magpie", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered",
-                    column="conversations", tags=(("role_tag", "role"), ("assistant_tag", "assistant"), ("content_tag", "content"))))
+                    column="conversations",
+                    tags=(("role_tag", "role"), ("assistant_tag", "assistant"), ("content_tag", "content"))))
     assert not bad.ok and not bad.unreachable
 
 

@@ -46,7 +46,7 @@ def test_the_plan_is_told_before_any_check(hydra_loader, tmp_path, monkeypatch):
         recorder.calls.append(("planned", cells, dict(counts)))
         seen.append("planned")
 
-    recorder.planned = planned  # type: ignore[method-assign]
+    recorder.planned = planned
     flow.run(composed, errors, recorder)
     assert seen[:2] == ["planned", "preflight"]
     assert recorder.calls[0] == ("planned", 3, {"to run": 3})

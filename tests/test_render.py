@@ -87,7 +87,8 @@ def test_mix_keeps_each_datasets_own_tags(make_cells):
     (cell,) = make_cells(["dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under", "mix.probs=[0.9,0.1]"])
     files = render(cell, Path("/x"), []).files
     info = json.loads(files["dataset_info.json"])
-    assert info["magpie"]["tags"]["assistant_tag"] == "gpt" and info["magpie"]["columns"] == {"messages": "conversations"}
+    assert info["magpie"]["tags"]["assistant_tag"] == "gpt"
+    assert info["magpie"]["columns"] == {"messages": "conversations"}
     assert info["delphi_warmup"]["tags"]["assistant_tag"] == "assistant"
     cfg = yaml.safe_load(files["train_config.yaml"])
     assert cfg["dataset"] == "magpie,delphi_warmup" and cfg["interleave_probs"] == "0.9,0.1"

@@ -23,8 +23,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -112,7 +112,7 @@ def one_task_per_cell(names: set[str], n: int) -> list[tuple[str, str, str]]:
 
 
 def array_id(job_id: str) -> str:
-    return job_id.split("_")[0]
+    return job_id.split("_", maxsplit=1)[0]
 
 
 def fake_sbatch(tmp_path: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -157,9 +157,9 @@ def test_a_restart_is_seen_remembered_and_a_file_too_big_for_a_run_goes_to_a_job
         assert staged.complete and is_complete(cache, repo, "model", sha, checksums=True)
         assert memory.seen(cache, server.url, client_version()).resumes is True
         return
-    with pytest.raises(BudgetExceeded) as e:
+    with pytest.raises(BudgetExceeded) as raised:
         download(repo, "model", "main", cache, endpoint=server.url, budget=budget)
-    msg = str(e.value)
+    msg = str(raised.value)
     assert "model.safetensors" in msg and "restarts from zero" in msg
     # who restarted it, as seen: the server (a client that asks for the rest: huggingface_hub 1.17), or a client that
     # never asks (2.x)
@@ -290,7 +290,8 @@ def test_the_grid_and_its_dry_run_name_a_recorded_commit_the_server_lacks(server
     repository were missing (401/404): the grid and its dry run say the revision is missing, for that cell, without
     a traceback."""
     if server.name == "hub":
-        pytest.skip("the Hub's own answer: test_stage_grid.py::test_a_rerun_keeps_the_commit_it_trained_on_while_main_moves")
+        pytest.skip("the Hub's own answer:"
+                    " test_stage_grid.py::test_a_rerun_keeps_the_commit_it_trained_on_while_main_moves")
     model, data = repo_name(), repo_name()
     model_sha = server.commit(model, model_files(), "model")
     data_sha = server.commit(data, dataset_files(), "dataset")

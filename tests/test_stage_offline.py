@@ -54,7 +54,8 @@ def test_offline_slurm_grid_trains_from_staged_copies_and_uploads_when_the_hub_i
             monkeypatch.setenv(var, value)
         monkeypatch.delenv("HF_HUB_CACHE", raising=False)
         grid = ["-m", "cluster=slurm_local", "backend=llamafactory,axolotl", "model=tiny_llama", "model.path=null",
-                "model.hub_id=org/tiny-llama3", "dataset=tiny_messages", "dataset.tiny_messages.source=org/tiny-messages",
+                "model.hub_id=org/tiny-llama3", "dataset=tiny_messages",
+                "dataset.tiny_messages.source=org/tiny-messages",
                 f"cluster.hf_cache={cache}", f"runs_root={runs_root}", "sweep_name=offline", "max_steps=2",
                 "global_batch_size=2", "cutoff_len=256", "push_to_hub=true", "hub_model_id='org/out-{key}'"]
         staged = subprocess.run([sys.executable, "-m", "sft_grid.stage", *grid], cwd=REPO_ROOT, capture_output=True,

@@ -64,7 +64,8 @@ def test_a_rerun_trains_the_pinned_commit_after_main_moved(hub, cache, tmp_path,
 def test_a_staged_delphi_grid_checks_everything_before_queueing(hub, cache, tmp_path, tiny_assets):
     """A Delphi checkpoint staged from the Hub: the dry run checks its prepared tokenizer (made from the staged
     tokenizer files before any model prep), shows the first example of each source with the think tokens whole,
-    and gives the loss-mask verdict; only the model prep's own success and the shared tokenization wait for their jobs."""
+    and gives the loss-mask verdict; only the model prep's own success and the shared tokenization wait for their
+    jobs."""
     model = {p.name: p.read_bytes() for p in (tiny_assets / "models" / "tiny-delphi").iterdir() if p.is_file()}
     hub.store.commit("org/tiny-delphi", model)
     commit_tiny_assets(hub.store, tiny_assets)

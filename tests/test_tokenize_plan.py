@@ -34,7 +34,8 @@ def test_training_values_share_a_tokenization_and_data_values_do_not(make_cells)
     apart = keys(make_cells, base, [*base, "cutoff_len=256"], [*base, "dataset=tiny_sharegpt"],
                  [*base, "backend=axolotl"], [*base, "model=tiny_qwen3"], [*base, "+extra.packing=true"],
                  [*base, "dataset=[tiny_messages,tiny_sharegpt]"],
-                 [*base, "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under", "mix.probs=[0.5,0.5]"])
+                 [*base, "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under",
+                  "mix.probs=[0.5,0.5]"])
     assert len(set(apart)) == len(apart), apart
 
 

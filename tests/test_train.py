@@ -17,7 +17,8 @@ pytestmark = pytest.mark.backend
 
 
 def cells(root: Path, sweep: str = "default") -> dict[str, Path]:
-    return {p.name.split("_lr")[0].split("-")[0]: p for p in sorted((root / sweep).glob("*")) if (p / "cell.yaml").is_file()}
+    return {p.name.split("_lr")[0].split("-")[0]: p for p in sorted((root / sweep).glob("*"))
+            if (p / "cell.yaml").is_file()}
 
 
 def events(cell: Path) -> list[dict]:
@@ -34,14 +35,15 @@ def test_readme_grid_trains_both_models_then_does_nothing(tmp_path, tiny_assets)
     proc = run_sft("-m", "model=tiny_llama,tiny_qwen3", "lr=2e-5", f"runs_root={tmp_path}", check=True)
     found = cells(tmp_path)
     assert set(found) == {"tiny_llama", "tiny_qwen3"}
-    for name, cell in found.items():
+    for cell in found.values():
         out = cell / "output"
         state = trainer_state(out)
         assert state["global_step"] == 4 and state["max_steps"] == 4  # 60 rows / global batch 16, 1 epoch
         losses = [h["loss"] for h in state["log_history"] if "loss" in h]
         assert len(losses) == 4 and all(loss > 0 for loss in losses)
         assert (out / "model.safetensors").is_file()
-        assert (out / "checkpoint-4" / "optimizer.pt").is_file() and (out / "checkpoint-4" / "trainer_state.json").is_file()
+        assert (out / "checkpoint-4" / "optimizer.pt").is_file()
+        assert (out / "checkpoint-4" / "trainer_state.json").is_file()
         assert [e["event"] for e in events(cell)] == ["submitted", "job", "running", "completed"]
         assert f"completed {cell.name}" in " ".join(proc.stdout.split())
         cfg = (cell / "train_config.yaml").read_text()
@@ -100,7 +102,7 @@ def test_single_cell_rerun_resumes_from_its_checkpoint_and_force_keeps_old_outpu
     archived = list((cell / "attempts").glob("*/output"))
     assert len(archived) == 1 and (archived[0] / "checkpoint-2").is_dir()
     assert trainer_state(out)["global_step"] == 4
-    assert [json.loads(x)["current_steps"] for x in (out / "trainer_log.jsonl").read_text().splitlines()][0] == 1
+    assert json.loads((out / "trainer_log.jsonl").read_text().splitlines()[0])["current_steps"] == 1
 
 
 def test_a_check_deferred_to_the_job_fails_it_before_training(tmp_path, tiny_assets, monkeypatch):

@@ -2,10 +2,11 @@
 the ledger stay readable).
 
 On the local Slurm cluster (scripts/slurm_up.sh: memory is a consumable resource, a step over its --mem is
-killed as cgroups would on a real site): a host out of memory under a memory limit, one rank of a two-node job killed (a transient fault: requeued at once,
-from its checkpoint, and completed), a full disk (a small tmpfs as the runs root) and a user's scancel. The
-node set down mid-job is in test_slurm_faults.py, the time limits in test_time_limits.py. Locally, on both backends: a loss blown up by a huge
-learning rate on a tiny model, stopped by the loss watchdog.
+killed as cgroups would on a real site): a host out of memory under a memory limit, one rank of a two-node job
+killed (a transient fault: requeued at once, from its checkpoint, and completed), a full disk (a small tmpfs as the
+runs root) and a user's scancel. The node set down mid-job is in test_slurm_faults.py, the time limits in
+test_time_limits.py. Locally, on both backends: a loss blown up by a huge learning rate on a tiny model, stopped by
+the loss watchdog.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import pytest
 

@@ -75,7 +75,8 @@ def test_other_rules(make_cells):
     assert "hub_model_id" in p.fix
     # the upload is a post-training stage: no internet on compute nodes is no error (it waits for the login node)
     assert problems_of(make_cells, "push_to_hub=true", "hub_model_id=org/x") == []
-    assert only(problems_of(make_cells, "push_to_hub=true", "hub_model_id='org/{nope}'"), "hub-id").key == "hub_model_id"
+    assert only(problems_of(make_cells, "push_to_hub=true", "hub_model_id='org/{nope}'"),
+                "hub-id").key == "hub_model_id"
     assert only(problems_of(make_cells, "register_db=true", "push_to_hub=true", "hub_model_id=org/x"),
                 "register-command").key == "register_command"
 

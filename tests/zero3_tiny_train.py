@@ -22,9 +22,11 @@ def main(model_dir: str, ds_json: str, output_dir: str, reference: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ds = json.load(open(ds_json))
+    with open(ds_json) as f:
+        ds = json.load(f)
     args = TrainingArguments(
-        output_dir=output_dir, max_steps=2, save_steps=2, per_device_train_batch_size=ds["train_micro_batch_size_per_gpu"],
+        output_dir=output_dir, max_steps=2, save_steps=2,
+        per_device_train_batch_size=ds["train_micro_batch_size_per_gpu"],
         gradient_accumulation_steps=ds["gradient_accumulation_steps"], learning_rate=1e-3, logging_steps=1,
         deepspeed=ds_json, ddp_backend="gloo", report_to=[], use_cpu=False)
     model = AutoModelForCausalLM.from_pretrained(model_dir)

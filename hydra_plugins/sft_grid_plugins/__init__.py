@@ -7,7 +7,6 @@ together (sft_grid/grid/flow.py) and returns as soon as they are queued.
 
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -15,9 +14,9 @@ from hydra.core.config_store import ConfigStore
 @dataclass
 class SftGridSweeperConf:
     _target_: str = "hydra_plugins.sft_grid_plugins.sweeper.SftGridSweeper"
-    max_batch_size: Optional[int] = None
+    max_batch_size: int | None = None
     # the grid's axes, as a sweep file writes them: {key: "a,b,c"} in Hydra's override grammar
-    params: Dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 
 class SftGridLauncher(Launcher):
     def __init__(self) -> None:
-        self.config: Optional[DictConfig] = None
-        self.hydra_context: Optional[HydraContext] = None
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -25,7 +25,8 @@ class SftGridLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         result = run_grid(self.config, [list(o) for o in job_overrides], self.hydra_context.config_loader)
         returns = []
-        for overrides, state in zip(job_overrides, result.states):
+        # not strict: cells that differ only in their evaluation suite (an `eval=a,b` axis) are one cell, one state
+        for overrides, state in zip(job_overrides, result.states, strict=False):
             ret = JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED)
             ret.return_value = state
             returns.append(ret)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import tempfile
-from typing import Any, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.types import Override
@@ -17,7 +18,7 @@ class SftGridSweeper(BasicSweeper):
         return None
 
     @staticmethod
-    def split_arguments(overrides: List[Override], max_batch_size: Optional[int]) -> List[List[List[str]]]:
+    def split_arguments(overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
         # An axis with no value (a glob that matches nothing, an empty range) would make the whole grid empty
         # without saying which axis: it is named, with everything else the user needs, before anything runs.
         empty = [o for o in overrides if o.is_sweep_override() and o.is_discrete_sweep()
@@ -25,10 +26,11 @@ class SftGridSweeper(BasicSweeper):
         if empty:
             from sft_grid.cli.app import fail_empty_axes
 
-            fail_empty_axes([o.input_line for o in empty])
+            # parsed from the command line or a sweep file, every override keeps its text
+            fail_empty_axes([o.input_line for o in empty if o.input_line is not None])
         return BasicSweeper.split_arguments(overrides, max_batch_size)
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         # The basic sweeper saves multirun.yaml into hydra.sweep.dir; a grid's record is its cells'
         # directories, so that file goes to a directory that is removed afterwards.
         assert self.config is not None

@@ -11,8 +11,9 @@ root, as every backend's output must hold it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sft_grid.backends import common, zero
 from sft_grid.backends.base import Backend, MaskSpec
@@ -148,7 +149,8 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "tokenizer_save_jinja_files": False,
         "plugins": plugins(cell),
     })
-    # no hub_model_id: the upload is the cell's post-training stage (sft_grid/stages/post_training.py), never the trainer's
+    # no hub_model_id: the upload is the cell's post-training stage (sft_grid/stages/post_training.py), never the
+    # trainer's
     cfg.update(common.optional_keys(cell, cell_dir))
     cfg.update(s.extra)
     return cfg
@@ -235,7 +237,7 @@ def tokenize_job(cell: Cell, tok_dir: Path, env_bin: Path) -> tuple[dict[str, An
     if cell.tokenized is not None and cell.tokenized.tokenizer_dir is not None:
         config["base_model"] = str(cell.tokenized.tokenizer_dir)
     steps = [[str(env_bin / "python"), str(MIX_SCRIPT), str(tok_dir / MIX_SPEC)]] if interleaved(cell) else []
-    return out, steps + [[str(env_bin / "axolotl"), "preprocess", str(tok_dir / CONFIG_FILE), "--no-download"]]
+    return out, [*steps, [str(env_bin / "axolotl"), "preprocess", str(tok_dir / CONFIG_FILE), "--no-download"]]
 
 
 # axolotl config keys that change what its chat_template strategy trains

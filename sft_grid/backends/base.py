@@ -7,9 +7,10 @@ cannot train (its own validation rules). Nothing outside sft_grid/backends branc
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from sft_grid.core.problems import Problem
 from sft_grid.planning.cells import Cell

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sft_grid.backends import get, wandb
 from sft_grid.core.layout import DATA_STEP_FILE
@@ -55,9 +56,11 @@ def distributed_lines(cell: Cell) -> list[str]:
         "fi",
         # every node of a Slurm job derives the same port from its id; one machine outside Slurm takes a free one,
         # so that two grids (or a grid and a launch.sh run by hand) training several ranks there never collide
-        'if [ -z "${MASTER_PORT:-}" ] && [ -n "${SLURM_JOB_ID:-}" ]; then MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)); fi',
+        'if [ -z "${MASTER_PORT:-}" ] && [ -n "${SLURM_JOB_ID:-}" ];'
+        " then MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)); fi",
         'if [ -z "${MASTER_PORT:-}" ]; then',
-        """  MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')""",
+        """  MASTER_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));"""
+        " print(s.getsockname()[1])')",
         "fi",
         'export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" MASTER_PORT',
     ]
@@ -72,14 +75,16 @@ def watchdog_line(cell: Cell) -> str:
     w = cell.spec.watchdog
     if not w.enabled:
         return "export SFT_GRID_WATCHDOG=off"
-    return f"export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K={w.k:g} SFT_GRID_WATCHDOG_P={w.p} SFT_GRID_WATCHDOG_TOL={w.tol:g}"
+    return (f"export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K={w.k:g} SFT_GRID_WATCHDOG_P={w.p}"
+            f" SFT_GRID_WATCHDOG_TOL={w.tol:g}")
 
 
 def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     s = cell.spec
     backend = get(s.backend.name)
     lines = script_head([
-        f"sft_grid cell {cell.name} of grid {s.sweep_name!r}: {s.model.name} on {'+'.join(s.dataset)} with {s.backend.name}.",
+        f"sft_grid cell {cell.name} of grid {s.sweep_name!r}: {s.model.name} on {'+'.join(s.dataset)}"
+        f" with {s.backend.name}.",
         "Run by hand: bash launch.sh [key=value ...]  (extra arguments go to the backend;",
         "training resumes from the last checkpoint in output/). Secrets come from your environment only.",
     ], cell_dir, s.cluster)

@@ -79,8 +79,8 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
             "adam_beta2": s.adam_beta2,
             "seed": s.seed,
             "report_to": s.report_to,
-            # the upload is the cell's post-training stage (sft_grid/stages/post_training.py), after consolidation and the
-            # tokenizer check, never the trainer's own push (which crashes on offline nodes)
+            # the upload is the cell's post-training stage (sft_grid/stages/post_training.py), after consolidation
+            # and the tokenizer check, never the trainer's own push (which crashes on offline nodes)
             "push_to_hub": False,
         }
     )

@@ -40,5 +40,6 @@ def lines(cell: Cell, cell_dir: Path) -> list[str]:
         return []
     s = cell.spec
     return [f"export WANDB_RUN_GROUP={shlex.quote(s.sweep_name)} WANDB_NAME={shlex.quote(cell.name)}"
-            f" WANDB_TAGS={shlex.quote(','.join(tags(cell)))} WANDB_CONFIG_PATHS={shlex.quote(str(cell_dir / CONFIG_FILE))}",
+            f" WANDB_TAGS={shlex.quote(','.join(tags(cell)))}"
+            f" WANDB_CONFIG_PATHS={shlex.quote(str(cell_dir / CONFIG_FILE))}",
             f"export WANDB_PROJECT=${{WANDB_PROJECT:-{shlex.quote(s.sweep_name)}}}"]

@@ -10,8 +10,8 @@ runs out of memory), so the trainer writes ZeRO shards (global_stepN/) and the c
 The batch keys are explicit rather than "auto": they come from the same cell values as the backend's own
 (micro batch, derived accumulation), and with explicit keys DeepSpeed on CPU/gloo does not trip over
 accelerate's single-process world size (measured: a 2-process ZeRO-3 run on CPU with "auto" batch keys failed
-DeepSpeed's `train_batch_size ... 2 != 2 * 1 * 2` assertion; with explicit keys it trained). No train_batch_size: DeepSpeed
-derives it from the world size it sees.
+DeepSpeed's `train_batch_size ... 2 != 2 * 1 * 2` assertion; with explicit keys it trained). No train_batch_size:
+DeepSpeed derives it from the world size it sees.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ tokenizer: the text and its mask are the template's, only the think/tool tokens 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sft_grid.checks import mask
 from sft_grid.checks.tokenizers import check_tokenizer
@@ -44,11 +45,12 @@ def first_examples(cells: Sequence[Cell], limit: int = 8) -> Examples:
         for check in mask.checks_for(cell):
             if check.key != f"dataset.{name}":
                 continue
+            probed = check
             if source is not None and not source.complete and check.model == str(source.model_dir):
                 # the tokenizer the prep will make (tokenizer files only), else the source's own
                 prepared = check_tokenizer(cell)
-                check = replace(check, model=str(prepared) if prepared is not None else source.source)
-            cell_of.setdefault(check, cell)
+                probed = replace(check, model=str(prepared) if prepared is not None else source.source)
+            cell_of.setdefault(probed, cell)
     shown: list[Example] = []
     unreadable: list[str] = []
     for p in mask.probe(list(cell_of)[:limit]):

@@ -30,9 +30,10 @@ import re
 import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from sft_grid.backends import get as backend_of
 from sft_grid.checks.readable import SAMPLE_ROWS, data_files, locate, read_sample
@@ -82,8 +83,8 @@ def checks_for(cell: Cell) -> list[Check]:
     for name, ds in s.dataset.items():
         tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
         source_spec = {**spec.sources[name], "reader": spec.reader}
-        checks.append(Check(KIND, f"dataset.{name}", dataset_source(cell, name), column=ds.messages, tags=tags, split=ds.split,
-                            backend=s.backend.name, python=python, model=spec.tokenizer,
+        checks.append(Check(KIND, f"dataset.{name}", dataset_source(cell, name), column=ds.messages, tags=tags,
+                            split=ds.split, backend=s.backend.name, python=python, model=spec.tokenizer,
                             spec=json.dumps(source_spec, sort_keys=True, default=str)))
     return checks
 
@@ -146,8 +147,9 @@ def _locate(check: Check) -> Probed:
     """Find the tokenizer, the data and the backend's venv here; otherwise say why the check waits for the job."""
     p = Probed(check)
     if not Path(check.python).is_file():
-        p.outcome = Verdict(False, f"the backend's virtual environment {Path(check.python).parent.parent} is not on this machine;"
-                            " the check runs as the first step of the job, before training", unreachable=True)
+        p.outcome = Verdict(False, f"the backend's virtual environment {Path(check.python).parent.parent} is not on"
+                            " this machine; the check runs as the first step of the job, before training",
+                            unreachable=True)
         return p
     for target, kind, what in ((check.model, "models", "tokenizer"), (check.target, "datasets", "dataset")):
         where = locate(target, kind)
@@ -169,7 +171,8 @@ def _locate(check: Check) -> Probed:
     except ImportError:
         p.outcome = Verdict(False, f"reading {where} needs pyarrow, which this environment lacks", unreachable=True)
     except (OSError, ValueError) as exc:
-        p.outcome = Verdict(False, f"cannot read a sample of {where}: {exc}", "point the dataset's source at a data file")
+        p.outcome = Verdict(False, f"cannot read a sample of {where}: {exc}",
+                            "point the dataset's source at a data file")
     return p
 
 
@@ -194,7 +197,8 @@ def _run_probe(python: str, jobs: list[dict[str, Any]], variables: Mapping[str, 
         proc = subprocess.run([python, str(PROBE), str(batch), str(out)], capture_output=True, text=True, env=run_env)
         if proc.returncode != 0 or not out.is_file():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return {j["id"]: {"id": j["id"], "error": f"the probe failed ({proc.returncode}): {last[:400]}"} for j in jobs}
+            return {j["id"]: {"id": j["id"], "error": f"the probe failed ({proc.returncode}): {last[:400]}"}
+                    for j in jobs}
         return {r["id"]: r for r in json.loads(out.read_text())}
 
 
@@ -288,7 +292,8 @@ def fetch_and_probe(check: Check, python: str, workdir: Path, variables: Mapping
         fetches.append([python, str(FETCHER), "tokenizer", check.model, model])
     if locate(target, "datasets") is None:
         target = str(workdir / f"mask_{check.key.replace('.', '_')}.jsonl")
-        fetches.append([python, str(FETCHER), "rows", check.target, check.split, str(min(SAMPLE_ROWS, MASK_ROWS)), target])
+        fetches.append([python, str(FETCHER), "rows", check.target, check.split, str(min(SAMPLE_ROWS, MASK_ROWS)),
+                        target])
     for argv in fetches:
         proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(variables or {})})
         if proc.returncode != 0:
@@ -335,7 +340,8 @@ def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]
     full = "".join(s[0] for s in segments)
     trained = trained_text(segments)
     problems = []
-    unmatched = list(dict.fromkeys(role for (kind, _), role in zip(row["messages"], row.get("roles") or [])
+    roles = row.get("roles") or []  # not strict: a row without its raw roles names none
+    unmatched = list(dict.fromkeys(role for (kind, _), role in zip(row["messages"], roles, strict=False)
                                    if kind == "other"))
     if unmatched:
         problems.append(f"role(s) {', '.join(map(repr, unmatched))} match no tag of the dataset (the backend renders"
@@ -406,7 +412,8 @@ def judge(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], last_turn_
     zero = sum(1 for r in rows if not r.get("n_trained"))
     kinds = Counter(p.split(":")[0].split(" (")[0] for v in bad for p in v.problems)
     first = bad[0]
-    summary = (f"{zero}/{n} sampled rows train 0 tokens" if zero else f"{len(bad)}/{n} sampled rows are trained wrongly")
+    summary = (f"{zero}/{n} sampled rows train 0 tokens" if zero
+               else f"{len(bad)}/{n} sampled rows are trained wrongly")
     detail = f"row {first.row}: {'; '.join(first.problems)}"
     message = f"{summary} ({', '.join(f'{k}: {c}' for k, c in kinds.most_common(3))}); {detail}"
     return Verdict(False, message, _fix(rows, tags, bad))
@@ -415,7 +422,8 @@ def judge(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], last_turn_
 def _fix(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], bad: Sequence[RowVerdict]) -> str:
     """The likeliest fix, from the role values the rows use and what went wrong."""
     roles = Counter(role for r in rows for role in r.get("roles") or [] if role != "None")
-    unmatched = Counter(role for r in rows for (kind, _), role in zip(r["messages"], r.get("roles") or [])
+    # not strict: a row without its raw roles names none
+    unmatched = Counter(role for r in rows for (kind, _), role in zip(r["messages"], r.get("roles") or [], strict=False)
                         if kind == "other")
     role_tag = tags.get("role_tag", "role")
     assistant_turns = sum(1 for r in rows for kind, _ in r["messages"] if kind == "assistant")
@@ -439,4 +447,5 @@ def _fix(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], bad: Sequen
     if "text trained" in problems:
         return ("the prompt is trained: use the model's own template and do not set train_on_prompt"
                 " (or train_on_inputs / roles_to_train with user or system roles)")
-    return "check the template against the model's tokenizer and `python -m sft_grid.show` the cell to see what is trained"
+    return ("check the template against the model's tokenizer and `python -m sft_grid.show` the cell to see what is"
+            " trained")

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import hydra
 from omegaconf import DictConfig
@@ -54,6 +54,7 @@ def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
     from sft_grid.planning.compose import GridComposer
 
     hydra_overrides = OmegaConf.to_container(master.hydra.overrides.hydra)
+    assert isinstance(hydra_overrides, list)  # hydra.overrides.hydra: Hydra's own list of override strings
     composer = GridComposer(loader, master.hydra.job.config_name, hydra_overrides)
     composed, errors = composer.compose_all(overrides)
     if not overrides:
@@ -78,7 +79,8 @@ def run_single(cfg: Any) -> Any:
         if type(exc).__module__.startswith("omegaconf"):
             _fail(GridError([composition_problem(overrides, str(exc))], "composition"))
         raise
-    return _run([Composed(tuple(overrides), config)], [])
+    assert isinstance(config, dict)  # the composed config: a mapping of its keys (strings) at its root
+    return _run([Composed(tuple(overrides), cast(dict[str, Any], config))], [])
 
 
 def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
@@ -392,7 +394,7 @@ def _one_repository_copy() -> Iterator[None]:
 def hydra_app() -> None:
     """`python -m sft_grid`: the Hydra app, with a hint after Hydra's own errors (the valid keys, the closest)."""
     hints = _KeyHints(sys.stderr)
-    sys.stderr = hints  # type: ignore[assignment]
+    sys.stderr = hints
     helping = any(a in HELP_FLAGS for a in sys.argv[1:])
     try:
         with _one_repository_copy() if helping else nullcontext():

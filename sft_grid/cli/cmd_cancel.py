@@ -9,6 +9,7 @@ rerun_failed=true.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -48,11 +49,10 @@ def run(args: argparse.Namespace) -> int:
             slurm_ids.append(st.job_id)
         else:
             last = next(e for e in reversed(history) if e.pid)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(last.pid or 0), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by python -m sft_grid.cancel", job_id=st.job_id))
+        events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by python -m sft_grid.cancel",
+                                      job_id=st.job_id))
         cancelled.append(cell_dir.name)
     slurm.cancel(slurm_ids)
     for name in cancelled:

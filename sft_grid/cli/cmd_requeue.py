@@ -1,4 +1,5 @@
-"""sft-grid requeue CELL_DIR (python -m sft_grid.requeue, what a job runs): submit a cell again when its failure's policy requeues it.
+"""sft-grid requeue CELL_DIR (python -m sft_grid.requeue, what a job runs): submit a cell again when its failure's
+policy requeues it.
 
 A job runs this when its training failed with a transient fault (a collective timeout, a GPU fault, a failed
 rendezvous) and the policy's budget for that class is not spent; it does nothing for any other cell.

@@ -45,12 +45,9 @@ def headers(table: Any) -> list[str]:
 
 
 def text_rows(table: Any) -> list[list[str]]:
-    out = []
-    for r in [*table.rows, *table.bases]:
-        out.append([r.name, *(r.values.get(a, "") for a in table.axes), r.state, _steps(r), _num(r.final_loss),
-                    *(score_text(r.scores[c]) for c in table.columns), _num(r.gpu_hours, 3),
-                    _num(r.estimate_gpu_hours, 3)])
-    return out
+    return [[r.name, *(r.values.get(a, "") for a in table.axes), r.state, _steps(r), _num(r.final_loss),
+             *(score_text(r.scores[c]) for c in table.columns), _num(r.gpu_hours, 3), _num(r.estimate_gpu_hours, 3)]
+            for r in [*table.rows, *table.bases]]
 
 
 def as_json(table: Any) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def _build_all(names: list[str]) -> int:
         try:
             print(build(name), flush=True)
             return None
-        except Exception as exc:  # noqa: BLE001 (a pip or check failure: reported with its environment)
+        except Exception as exc:  # a pip or check failure: reported with its environment
             return f"building the {name} environment failed: {exc}"
 
     with ThreadPoolExecutor(max_workers=len(names)) as pool:

@@ -68,7 +68,7 @@ def _tags(cell: Cell) -> str:
 
 def check_rows(cells: Sequence[Cell], dirs: Sequence[os.PathLike[str]]) -> list[tuple[object, ...]]:
     return [(c.name, c.spec.model.name, c.spec.model.template, _length(c), f"{c.spec.lr:g}", c.grad_accum, _tags(c),
-             c.spec.push_to_hub, relative(os.path.join(d, "output"))) for c, d in zip(cells, dirs)]
+             c.spec.push_to_hub, relative(os.path.join(d, "output"))) for c, d in zip(cells, dirs, strict=True)]
 
 
 # -- a cell's training text, marked ---------------------------------------------------------------------------
@@ -162,7 +162,7 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False,
         shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
         lines.append(f"  deferred to the job's first step (input not readable here): {_DEFERRED_KIND.get(kind, kind)}:"
                      f" {len(inputs)} input(s) of {len(cells[kind])} cell(s): {shown}")
-    return lines + ["  (every deferred check with its cells: SFT_GRID_VERBOSE=1 before the command)"]
+    return [*lines, "  (every deferred check with its cells: SFT_GRID_VERBOSE=1 before the command)"]
 
 
 def eval_lines(result: Any) -> list[str]:
@@ -234,11 +234,8 @@ def job_line(job: SlurmJob) -> str:
 
 
 def plan_lines(plan: SubmissionPlan) -> list[str]:
-    lines: list[str] = []
-    for r in plan.recoveries:
-        lines.append(f"  recover job {r.job_id} of {r.array} ({r.action}) for {r.cell_dir.name}")
-    for d in plan.archives:
-        lines.append(f"  move {relative(d / 'output')} aside (force=true)")
+    lines = [f"  recover job {r.job_id} of {r.array} ({r.action}) for {r.cell_dir.name}" for r in plan.recoveries]
+    lines += [f"  move {relative(d / 'output')} aside (force=true)" for d in plan.archives]
     if plan.slurm:
         lines.append(f"Slurm: {len(plan.slurm)} sbatch call(s), arrays split at MaxArraySize {plan.max_array_size}:")
         if len(plan.slurm) <= 24:
@@ -327,7 +324,7 @@ def pinned_lines(staging: Any) -> list[str]:
 def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
     """What `python -m sft_grid.stage` (stage_only=true) did; nothing is rendered or queued either way."""
     if dry_run:
-        return staging_lines(staging) + ["dry run: nothing staged"]
+        return [*staging_lines(staging), "dry run: nothing staged"]
     items = staging.items if staging else []
     left = staging.pending if staging else []
     lines = [f"{len(items) - len(left)} of {len(items)} Hub repositories of {cells} cell(s) staged; nothing rendered"
@@ -388,14 +385,14 @@ def hours(h: float | None) -> str:
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "?"
-    s = int(round(seconds))
+    s = round(seconds)
     days, rest = divmod(s, 86400)
     clock = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
     return f"{days}-{clock}" if days else clock
 
 
 def cost_rows(names: Sequence[str], costs: Any) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for name in names:
         e = costs.estimates.get(name)
         if e is None:

@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -133,7 +134,8 @@ class Lock:
                 return
             judged, holder = _identity(self.path), _read(self.path)
             if self._stale(holder):
-                log.warning("breaking a stale lock %s (%s)", self.path, holder.describe() if holder else "no holder named")
+                log.warning("breaking a stale lock %s (%s)", self.path,
+                            holder.describe() if holder else "no holder named")
                 self._break(judged)
                 continue
             waited = time.monotonic() - start
@@ -174,10 +176,9 @@ class Lock:
         except FileNotFoundError:
             return
         if _identity(aside) != judged:
-            try:  # a live lock was taken between our look and the rename: give it back
+            # a live lock was taken between our look and the rename: give it back
+            with contextlib.suppress(FileExistsError):
                 os.link(aside, self.path)
-            except FileExistsError:
-                pass
         aside.unlink(missing_ok=True)
 
     def _heartbeat(self) -> None:
@@ -187,10 +188,8 @@ class Lock:
                 log.error("lock %s was taken over (%s)", self.path, current.describe() if current else "gone")
                 self.lost = True
                 return
-            try:
+            with contextlib.suppress(OSError):
                 os.utime(self.path)
-            except OSError:
-                pass
 
     def release(self) -> None:
         self._stop.set()

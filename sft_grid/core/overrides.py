@@ -5,7 +5,7 @@ and the report."""
 from __future__ import annotations
 
 import shlex
-from typing import Sequence
+from collections.abc import Sequence
 
 RERUN = "# Rerun this cell: python -m sft_grid"
 # overrides that say where or how a grid runs, never which cell of it this is

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,8 @@ class Problem:
     fix: str
 
     def render(self) -> str:
-        head = f"{self.key}={self.value!r}: {self.message} [{self.rule}]" if self.key else f"{self.message} [{self.rule}]"
+        head = (f"{self.key}={self.value!r}: {self.message} [{self.rule}]" if self.key
+                else f"{self.message} [{self.rule}]")
         return f"{head}\n      fix: {self.fix}"
 
 
@@ -30,7 +31,7 @@ class GridError(Exception):
         for p in self.problems:
             by_cell[p.cell].append(p)
         lines = [f"{len(self.problems)} problem(s) in {len(by_cell)} cell(s) found by {what}; nothing was submitted."]
-        for cell, problems in by_cell.items():
+        for cell, found in by_cell.items():
             lines.append(f"  cell {cell}")
-            lines.extend(f"    {p.render()}" for p in problems)
+            lines.extend(f"    {p.render()}" for p in found)
         super().__init__("\n".join(lines))

@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -70,16 +71,16 @@ def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
     """(name, how its value nests: dataclass | mapping | plain, the dataclass it holds, the field) of each field
     of a schema class; what building typed cells and checking unknown keys both walk."""
     hints = typing.get_type_hints(cls)
-    out = []
+    out: list[tuple[str, str, Any, Any]] = []
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        if typing.get_origin(hint) is typing.Union:
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # Optional[X] or X | None
             inner = [a for a in typing.get_args(hint) if a is not type(None)]
             hint = inner[0] if len(inner) == 1 else hint
         args = typing.get_args(hint)
         if dataclasses.is_dataclass(hint):
             out.append((f.name, "dataclass", hint, f))
-        elif typing.get_origin(hint) in (dict, typing.Dict) and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+        elif typing.get_origin(hint) is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
             out.append((f.name, "mapping", args[1], f))
         else:
             out.append((f.name, "plain", None, f))
@@ -118,29 +119,29 @@ EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class EvalTaskConf:
     # the harness's task name; unset: this task's key in the suite (so one task can be listed twice, say 0- and 5-shot)
-    task: Optional[str] = None
+    task: str | None = None
     num_fewshot: int = num(0, 0)
     # score at most this many documents (a count >= 1) or this fraction of them (< 1); null: all
-    limit: Optional[float] = num(None, 0, lo_open=True)
+    limit: float | None = num(None, 0, lo_open=True)
     # generation settings passed to the harness as they are (max_gen_toks, temperature, until, ...)
-    gen_kwargs: Dict[str, Any] = field(default_factory=dict)
+    gen_kwargs: dict[str, Any] = field(default_factory=dict)
     # format prompts with the chat template the cell trained with (train == serve is checked first)
     apply_chat_template: bool = True
     # few-shot examples as earlier turns of the chat (needs apply_chat_template)
     fewshot_as_multiturn: bool = False
     # hub datasets the task reads: staged with the grid's inputs, since evaluation jobs run offline
-    datasets: List[str] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)
 
 
 @dataclass
 class EvalResourcesConf:
     # null: the cluster's partition
-    partition: Optional[str] = None
+    partition: str | None = None
     time: str = "01:00:00"
     # 0: the evaluation runs on the CPU
     gpus: int = num(0, 0)
     cpus: int = num(1, 1)
-    mem_gb: Optional[int] = num(None, 1)
+    mem_gb: int | None = num(None, 1)
 
 
 @dataclass
@@ -153,11 +154,11 @@ class EvalConf:
     dtype: str = one_of("auto", EVAL_DTYPES)
     seed: int = num(1234, 0, SEED_MAX)
     # a directory of the team's own task YAMLs (lm-eval's --include_path); the project's tiny_* tasks need none
-    include_path: Optional[str] = None
+    include_path: str | None = None
     # also score each cell's base model, once per grid, so the table shows what fine-tuning gained
     base_models: bool = False
     # task label -> its settings
-    tasks: Dict[str, EvalTaskConf] = field(default_factory=dict)
+    tasks: dict[str, EvalTaskConf] = field(default_factory=dict)
     resources: EvalResourcesConf = field(default_factory=EvalResourcesConf)
 
 
@@ -166,9 +167,9 @@ class VenvSpecConf:
     """Pinned packages of a managed virtual environment (python -m sft_grid.venv build <backend>)."""
 
     python: str = "python3.11"
-    packages: List[str] = field(default_factory=list)
-    packages_no_deps: List[str] = field(default_factory=list)
-    drop_native_libs: List[str] = field(default_factory=list)
+    packages: list[str] = field(default_factory=list)
+    packages_no_deps: list[str] = field(default_factory=list)
+    drop_native_libs: list[str] = field(default_factory=list)
     check: str = ""
 
 
@@ -176,12 +177,12 @@ class VenvSpecConf:
 class BackendConf:
     name: str = MISSING
     # argv of the backend's CLI, relative to the virtual environment's bin/ directory
-    entrypoint: List[str] = field(default_factory=list)
+    entrypoint: list[str] = field(default_factory=list)
     venv: VenvSpecConf = field(default_factory=VenvSpecConf)
     # keys merged into every rendered backend config; the cell's `extra` wins over them
-    train_defaults: Dict[str, Any] = field(default_factory=dict)
+    train_defaults: dict[str, Any] = field(default_factory=dict)
     # what the managed virtual environment has: model needs it meets (transformers_ge_5_3) and deepspeed
-    provides: List[str] = field(default_factory=list)
+    provides: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -191,14 +192,14 @@ class StagingConf:
     # where the transfers run: login (the machine running the grid, or `python -m sft_grid.stage`) or job (a
     # Slurm job on `partition`, e.g. a transfer partition whose nodes reach the Hub; its cells wait for it)
     where: str = one_of("login", STAGING_WHERE)
-    partition: Optional[str] = None
+    partition: str | None = None
     # shell lines a staging job runs first (a module load, a proxy or tunnel to the Hub); one line of bash each
-    setup: List[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
     # wall time of a staging job, "HH:MM:SS" or "D-HH:MM:SS"
     time: str = "04:00:00"
     # seconds after which the machine running the grid kills a process (Leonardo's login node: about 100);
     # staging there stops cleanly before it, and a rerun continues; null: no limit
-    time_limit_s: Optional[int] = num(None, 10)
+    time_limit_s: int | None = num(None, 10)
     # whether the machine running the grid reads the staged files (mounts the cache's filesystem); false:
     # the checks that read them wait for the jobs' first step
     readable_here: bool = True
@@ -209,51 +210,51 @@ class ClusterConf:
     name: str = MISSING
     # local: submitit's local executor on this machine; slurm: submitit's Slurm executor
     executor: str = one_of("local", EXECUTORS)
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
     # 0 means a CPU-only node: one training process per node
     gpus_per_node: int = num(0, 0)
     # the GPU model, for estimates before launch: A100, H100, GH200, H200, B200 (a name that starts with one, like
     # A100-64GB, counts as it), or CPU for CPU-only nodes; another model needs gpu_peak_tflops
-    gpu_type: Optional[str] = None
+    gpu_type: str | None = None
     # one GPU's dense bf16 peak in TFLOP/s, for a GPU model sft_grid does not know (wins over the table)
-    gpu_peak_tflops: Optional[float] = num(None, 0, lo_open=True)
+    gpu_peak_tflops: float | None = num(None, 0, lo_open=True)
     cpus_per_node: int = num(1, 1)
-    mem_gb: Optional[int] = num(None, 1)
+    mem_gb: int | None = num(None, 1)
     # longest wall time a job may ask for, "HH:MM:SS" or "D-HH:MM:SS"
     max_time: str = "24:00:00"
     cpu_arch: str = one_of("x86_64", CPU_ARCHS)
     internet_on_compute: bool = False
     # shell lines run before training (module loads, virtual environment activation); each is one line of bash
-    setup: List[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
     # environment variables every job of this cluster exports
-    env: Dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     # how multi-node and multi-GPU training is started: torchrun or accelerate
     launcher: str = one_of("torchrun", LAUNCHERS)
     # bf16 on GPU sites; CPU runs train in fp32
     precision: str = one_of("fp32", PRECISIONS)
     runs_root: str = "runs"
     # backend name -> virtual environment (a directory with bin/) on this site; unset: the managed one
-    backend_venvs: Dict[str, str] = field(default_factory=dict)
+    backend_venvs: dict[str, str] = field(default_factory=dict)
     # model need -> backend name -> a virtual environment that meets it, e.g. the team's transformers >= 5.3
     # one for Qwen3.5: need_venvs: {transformers_ge_5_3: {llamafactory: /path/to/venv}}
-    need_venvs: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    need_venvs: dict[str, dict[str, str]] = field(default_factory=dict)
     # deprecated spellings of backend_venvs and need_venvs (earlier versions); read as if they were those
-    backend_envs: Dict[str, str] = field(default_factory=dict)
-    need_envs: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    backend_envs: dict[str, str] = field(default_factory=dict)
+    need_envs: dict[str, dict[str, str]] = field(default_factory=dict)
     # the site's Hugging Face hub cache (HF_HUB_CACHE), a per-user directory on a shared filesystem, e.g.
     # ${user_env:SFT_GRID_LEONARDO_HF_CACHE}; null: HF_HUB_CACHE or HF_HOME/hub of the environment
-    hf_cache: Optional[str] = None
+    hf_cache: str | None = None
     staging: StagingConf = field(default_factory=StagingConf)
     # a partition whose nodes reach the internet: post-training jobs that upload to the Hub run there on a
     # site without internet on compute nodes; unset there: the upload waits for `python -m sft_grid.post`
     # run from the login node
-    post_partition: Optional[str] = None
+    post_partition: str | None = None
     # Slurm: node features (--constraint), nodes to avoid (--exclude), any other sbatch option by name
-    constraint: Optional[str] = None
-    exclude: Optional[str] = None
-    sbatch_extra: Dict[str, Any] = field(default_factory=dict)
+    constraint: str | None = None
+    exclude: str | None = None
+    sbatch_extra: dict[str, Any] = field(default_factory=dict)
     # Slurm: how GPUs are requested: gpus_per_node (--gpus-per-node), gres (--gres=gpu:N) or none (whole nodes)
     gpu_directive: str = one_of("gpus_per_node", GPU_DIRECTIVES)
     # Slurm: how often a cell that hits its time limit or is preempted is requeued before it counts as failed
@@ -268,16 +269,16 @@ class ClusterConf:
 class ModelConf:
     name: str = MISSING
     # a Hugging Face hub id (used on the clusters) ...
-    hub_id: Optional[str] = None
+    hub_id: str | None = None
     # ... or a local directory; when set it is what the backend loads
-    path: Optional[str] = None
+    path: str | None = None
     params_b: float = num(MISSING, 0, lo_open=True)
     # llama3, qwen3, qwen3_5, delphi: which tokenizer the checkpoint carries
     tokenizer_family: str = one_of(MISSING, tuple(TOKENIZER_FAMILIES))
     # the chat template the backend renders with (LLaMA-Factory / axolotl template name)
     template: str = one_of(MISSING, tuple(TEMPLATES))
     # what the model needs, e.g. [zero3, consolidate] for 32B, [transformers_ge_5_3] for Qwen3.5
-    needs: List[str] = one_of([], MODEL_NEEDS)
+    needs: list[str] = one_of([], MODEL_NEEDS)
 
 
 @dataclass
@@ -286,9 +287,9 @@ class DatasetTags:
     content_tag: str = "content"
     user_tag: str = "user"
     assistant_tag: str = "assistant"
-    system_tag: Optional[str] = "system"
-    observation_tag: Optional[str] = None
-    function_tag: Optional[str] = None
+    system_tag: str | None = "system"
+    observation_tag: str | None = None
+    function_tag: str | None = None
 
 
 @dataclass
@@ -307,7 +308,7 @@ class MixConf:
     # concat, interleave_under (stop at the first exhausted source), interleave_over (at the last)
     strategy: str = one_of("concat", MIX_STRATEGIES)
     # one probability per dataset, in the order of `dataset`; interleave strategies only
-    probs: Optional[List[float]] = None
+    probs: list[float] | None = None
 
 
 @dataclass
@@ -328,11 +329,11 @@ class NotifyConf:
     once each, across requeues and reruns."""
 
     # argv of a command; the event goes to its stdin as JSON and into its environment as SFT_GRID_EVENT_*
-    command: List[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
     # a webhook URL without credentials (an HTTP POST of the same JSON) ...
-    webhook: Optional[str] = None
+    webhook: str | None = None
     # ... or the name of an environment variable that holds one (a URL with a token never goes into a file)
-    webhook_env: Optional[str] = None
+    webhook_env: str | None = None
 
 
 @dataclass
@@ -341,18 +342,18 @@ class CellConf:
     backend: BackendConf = MISSING
     model: ModelConf = MISSING
     # dataset name -> its config; several entries make a mix (`dataset=[a,b]`)
-    dataset: Dict[str, DatasetConf] = field(default_factory=dict)
+    dataset: dict[str, DatasetConf] = field(default_factory=dict)
     mix: MixConf = field(default_factory=MixConf)
     # the evaluation suite run after training (conf/eval; not identity): eval=none, the default, runs none
     eval: EvalConf = field(default_factory=EvalConf)
 
     # Values a sweep file defines for its own interpolations, e.g. a table of models and the row a cell
     # trains (sweeps/delphi_scaling.yaml). Not part of a cell's identity: the values they feed into are.
-    vars: Dict[str, Any] = field(default_factory=dict)
+    vars: dict[str, Any] = field(default_factory=dict)
 
     # The grid this cell belongs to: its cells live under <runs_root>/<sweep_name>/.
     sweep_name: str = "default"
-    runs_root: Optional[str] = None
+    runs_root: str | None = None
 
     # training hyperparameters (all part of the cell's identity)
     lr: float = num(1.0e-5, 0, lo_open=True)
@@ -371,38 +372,38 @@ class CellConf:
     adam_beta2: float = num(0.999, 0, 1, hi_open=True)
     finetuning_type: str = one_of("full", FINETUNING)
     # backend config keys passed through as they are (identity-relevant)
-    extra: Dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     # checkpointing and logging (not identity)
     save_steps: int = num(500, 1)
     # checkpoints kept (the oldest are deleted as new ones are saved); null keeps every one
-    save_total_limit: Optional[int] = num(None, 1)
+    save_total_limit: int | None = num(None, 1)
     # delete output/checkpoint-* once the final model is uploaded and verified (a post-training stage);
     # null: on where the cell uploads
-    cleanup_checkpoints: Optional[bool] = None
+    cleanup_checkpoints: bool | None = None
     logging_steps: int = num(10, 1)
     report_to: str = one_of("none", REPORT_TO)
     # upload output/ to the Hub after training (a post-training stage, never the trainer's own push)
     push_to_hub: bool = False
     # the Hub repository; {key} (the identity hash), {name}, {model} and {data} are filled in per cell
-    hub_model_id: Optional[str] = None
+    hub_model_id: str | None = None
     # register the uploaded model in a database: off unless a grid turns it on; the hook runs
     # register_command (argv; {hub_model_id} {base_model} {datasets} {cell} are filled in) after the upload
     register_db: bool = False
-    register_command: List[str] = field(default_factory=list)
+    register_command: list[str] = field(default_factory=list)
 
     # resources and run control (not identity)
     nodes: int = num(1, 1)
     time: str = "04:00:00"
     # the most cells of this grid running at once on Slurm (the job array throttle, %N); null: no limit
-    concurrency: Optional[int] = num(None, 1)
+    concurrency: int | None = num(None, 1)
     dry_run: bool = False
     # rerun cells that are already completed (their old output is moved aside, never deleted)
     force: bool = False
     # rerun cells whose last attempt failed
     rerun_failed: bool = False
     # what happens after a failure, per class (core/failures/policy.py): {node_failure: requeue:3, gpu_oom: stop}
-    failure_policy: Dict[str, Any] = field(default_factory=dict)
+    failure_policy: dict[str, Any] = field(default_factory=dict)
     watchdog: WatchdogConf = field(default_factory=WatchdogConf)
     notify: NotifyConf = field(default_factory=NotifyConf)
     # stage the grid's Hub inputs and stop: nothing is rendered or queued (python -m sft_grid.stage)

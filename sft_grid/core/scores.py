@@ -20,9 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from sft_grid.core.cellfiles import dump_json, read_json
 
@@ -87,7 +88,7 @@ class ScoreSpec:
                 "engine": self.engine, "batch_size": self.batch_size, "device": self.device}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ScoreSpec":
+    def from_json(cls, data: Mapping[str, Any]) -> ScoreSpec:
         return cls(str(data["score_id"]), str(data["suite"]), str(data["task"]), dict(data["settings"]),
                    str(data.get("engine") or "hf"), data.get("batch_size", 1), str(data.get("device") or "cpu"))
 
@@ -114,12 +115,12 @@ class EvalFile:
         return dump_json(data)
 
     @classmethod
-    def load(cls, target_dir: Path) -> "EvalFile | None":
+    def load(cls, target_dir: Path) -> EvalFile | None:
         data = read_json(target_dir, EVAL_FILE)
         return None if data is None else cls.from_json(data, target_dir.name)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], name: str) -> "EvalFile":
+    def from_json(cls, data: Mapping[str, Any], name: str) -> EvalFile:
         return cls(
             target=str(data.get("target") or name), base=bool(data.get("base")),
             model_path=str(data["model_path"]), harness=str(data["harness"]), python=str(data["python"]),

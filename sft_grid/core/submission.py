@@ -14,10 +14,11 @@ sbatch and recording the job ids finds its jobs again by name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 JOB_PREFIX = "sft_grid-"
 
@@ -53,7 +54,7 @@ class SlurmRequest:
         return {k: dict(v) if k == "additional_parameters" else list(v) if isinstance(v, tuple) else v
                 for k, v in self.params}
 
-    def replace(self, drop: tuple[str, ...] = (), **changes: Any) -> "SlurmRequest":
+    def replace(self, drop: tuple[str, ...] = (), **changes: Any) -> SlurmRequest:
         params = {k: v for k, v in self.params if k not in drop}
         params.update(changes)
         return SlurmRequest(tuple(sorted(params.items())), self.max_requeues)

@@ -8,9 +8,9 @@ before sbatch and the job id after it. Then (outside the grid's lock) the local 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
@@ -72,7 +72,8 @@ def apply(plan: SubmissionPlan, on_phase: PhaseTold = lambda name, done, total, 
         if r.action is Rescue.CANCEL:
             slurm.cancel([r.job_id])
         events.append(r.cell_dir, Event(Kind.PLANNED, note=f"job {r.job_id} of {r.array} never got its submission"
-                                        " file (the orchestrator died during sbatch): cancelled, to be submitted again"))
+                                        " file (the orchestrator died during sbatch): cancelled, to be submitted"
+                                        " again"))
     for cell_dir in plan.archives:
         archive_output(cell_dir, "force=true rerun of a completed cell")
     before = {role: [j for j in plan.local if j.role is role] for role in (Role.PREP, Role.TOKENIZE)}
@@ -123,13 +124,14 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
         first_ids[job.name] = _first_id(ids)
         if job.role in (Role.POST, Role.EVAL):
             after = first_ids.get(job.dependency.job, "") if job.dependency else ""
-            for index, (cell_dir, job_id) in enumerate(zip(job.targets, ids)):
+            for index, (cell_dir, job_id) in enumerate(zip(job.targets, ids, strict=True)):
                 # not `job_id`: that field names the cell's training job wherever the ledger is read
-                ids_of = {"post_job_id": job_id} if job.role is Role.POST else {"eval_job_id": job_id}
-                events.append(cell_dir, Event(Kind.POST_JOB if job.role is Role.POST else Kind.EVAL_JOB,
-                                              array=job.name, index=index, after=after, **ids_of))
+                post = job.role is Role.POST
+                events.append(cell_dir, Event(Kind.POST_JOB if post else Kind.EVAL_JOB, array=job.name, index=index,
+                                              after=after, post_job_id=job_id if post else "",
+                                              eval_job_id="" if post else job_id))
             continue
-        for target, job_id in zip(job.targets, ids):
+        for target, job_id in zip(job.targets, ids, strict=True):
             events.append(target, Event(Kind.JOB, job_id=job_id))
             target_ids[target] = job_id
         if job.role is Role.TRAIN:

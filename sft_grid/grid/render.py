@@ -7,14 +7,16 @@ lists with shell quoting (sft_grid/backends/launch.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -154,10 +156,10 @@ def render_base(target: BaseTarget) -> CellFiles:
     return CellFiles(target.dir, {EVAL_FILE: base_eval_file(target).dumps()})
 
 
-def _write_file(path: str, text: str, executable: bool) -> None:
+def _write_file(path: str, content: str | bytes, executable: bool) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755 if executable else 0o644)
     try:
-        os.write(fd, text.encode())
+        os.write(fd, content if isinstance(content, bytes) else content.encode())
     finally:
         os.close(fd)
 
@@ -192,10 +194,8 @@ def write(rendered: CellFiles) -> bool:
         # checks deferred by an earlier rendering (another cluster, a missing venv), or the suites it evaluated, must
         # not outlive it (a cell's eval.json says what this invocation asks; the scores already computed stay)
         if stale not in rendered.files and CELL_FILE in rendered.files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(final, stale))
-            except FileNotFoundError:
-                pass
     return False
 
 

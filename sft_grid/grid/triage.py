@@ -3,8 +3,8 @@
 A job killed by its time limit, the OOM killer, a node failure or scancel leaves nothing in the cell's ledger
 but its `running`: the class, the evidence and the next step come from sacct's record of every leg of the job
 (one call for all such cells of the grid) and the cell's logs (core/failures/cell.py), and are written to its ledger
-once. Then every cell that ended, and the grid when all have, is notified once (stages/notify.py). `requeue` is what a job runs when its
-failure's policy requeues the cell: the cell submitted again from its directory alone.
+once. Then every cell that ended, and the grid when all have, is notified once (stages/notify.py). `requeue` is what
+a job runs when its failure's policy requeues the cell: the cell submitted again from its directory alone.
 """
 
 from __future__ import annotations

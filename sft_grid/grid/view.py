@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import subprocess
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind

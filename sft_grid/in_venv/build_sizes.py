@@ -18,11 +18,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from build_tiny import llama3_model, llama3_tokenizer, recipe_start, save_atomically  # noqa: E402
+from build_tiny import llama3_model, llama3_tokenizer, recipe_start, save_atomically
 
 SIZES = {
-    "m": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4),
-    "l": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4),
+    "m": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4},
+    "l": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4},
 }
 
 

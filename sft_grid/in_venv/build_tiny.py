@@ -6,9 +6,10 @@ which the orchestrator must never import), so it is standalone: it does not impo
 
     <backend env>/bin/python build_tiny.py OUT_DIR
 
-writes OUT_DIR/models/tiny-llama3/, OUT_DIR/models/tiny-qwen3/ and OUT_DIR/models/tiny-delphi/. The recipe, including the order of its
-steps (which fixes the random weights), matters: it was measured to give the same weights and losses on
-every run (byte-level BPE of vocab 1000 on 3,200 synthetic lines; 2-layer models of ~0.2M parameters).
+writes OUT_DIR/models/tiny-llama3/, OUT_DIR/models/tiny-qwen3/ and OUT_DIR/models/tiny-delphi/. The recipe,
+including the order of its steps (which fixes the random weights), matters: it was measured to give the same
+weights and losses on every run (byte-level BPE of vocab 1000 on 3,200 synthetic lines; 2-layer models of ~0.2M
+parameters).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
 
 VOCAB = 1000
 
-WORDS = (
+WORDS = (  # noqa: SIM905 (a word list reads best as the words)
     "the a an tool model data train step loss answer question user assistant system think call result what is how "
     "why when where value number add sum two three four five six seven eight nine ten hello world python function "
     "json list dict file run output input token chat template reason because so first then finally compute check "
@@ -152,8 +153,8 @@ def llama3_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
 
 
 # the size of every tiny model: a few hundred thousand parameters, a training step in milliseconds on CPU
-TINY_SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512)
+TINY_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 512}
 
 
 def llama3_model(tok: PreTrainedTokenizerFast, **overrides: object) -> LlamaForCausalLM:

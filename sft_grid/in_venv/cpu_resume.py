@@ -21,9 +21,8 @@ def patch() -> None:
     load = torch.load
 
     def load_on_cpu(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(map_location, torch.device) and map_location.type == "cpu":
-            map_location = "cpu"
-        elif isinstance(map_location, str) and map_location.startswith("cpu:"):
+        on_cpu = isinstance(map_location, torch.device) and map_location.type == "cpu"
+        if on_cpu or (isinstance(map_location, str) and map_location.startswith("cpu:")):
             map_location = "cpu"
         return load(f, map_location, *args, **kwargs)
 

@@ -23,7 +23,8 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 ENV = "SFT_GRID_DATA_STEP"
 
@@ -78,7 +79,7 @@ def wrap(name: str, modules: tuple[str, ...]) -> None:
 
 def patch_llamafactory() -> None:
     """LLaMA-Factory's get_dataset, where its sft workflow and sft_grid's tokenize call it from."""
-    import llamafactory.data.loader  # noqa: F401  (the modules below bind the name at their import)
+    import llamafactory.data.loader  # the modules below bind the name at their import
     import llamafactory.train.sft.workflow  # noqa: F401
 
     wrap("get_dataset", ("llamafactory.data.loader", "llamafactory.data", "llamafactory.train.sft.workflow"))

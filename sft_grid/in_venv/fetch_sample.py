@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from collections.abc import Callable
 
 
 def tokenizer(target: str, out_dir: str) -> None:
@@ -31,4 +32,5 @@ def rows(target: str, split: str, n: str, out_file: str) -> None:
 
 if __name__ == "__main__":
     kind, *args = sys.argv[1:]
-    {"tokenizer": tokenizer, "rows": rows}[kind](*args)
+    commands: dict[str, Callable[..., None]] = {"tokenizer": tokenizer, "rows": rows}
+    commands[kind](*args)

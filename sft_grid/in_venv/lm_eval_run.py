@@ -69,7 +69,7 @@ class TaskSpec:
     fewshot_as_multiturn: bool
 
     @classmethod
-    def parse(cls, raw: Any) -> "TaskSpec":
+    def parse(cls, raw: Any) -> TaskSpec:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
             raise EvalError(f"each task needs a `name`, got {raw!r}")
         name = raw["name"]
@@ -105,7 +105,7 @@ class EvalSpec:
     model_args: dict[str, Any]
 
     @classmethod
-    def parse(cls, raw: Any) -> "EvalSpec":
+    def parse(cls, raw: Any) -> EvalSpec:
         if not isinstance(raw, dict):
             raise EvalError("the spec must be a JSON object")
         missing = [k for k in ("model", "tasks", "output_dir") if not raw.get(k)]
@@ -262,7 +262,7 @@ def evaluate(spec: EvalSpec) -> list[Path]:
             if results is None:  # not rank 0: the rank that aggregates writes the files
                 continue
             record = task_record(task, results, spec, lm_eval.__version__, time.monotonic() - started)
-        except Exception as err:  # noqa: BLE001 - this task's failure is its own; the others still run
+        except Exception as err:  # this task's failure is its own; the others still run
             traceback.print_exc()
             reason = str(err) if isinstance(err, EvalError) else " ".join(f"{type(err).__name__}: {err}".split())
             write_json(spec.output_dir / f"{task.id}.error.json", {"task": task.name, "error": reason})
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(Path(args[0]))
         check_inputs(spec)
         evaluate(spec)
-    except Exception as err:  # noqa: BLE001 - anything lm-eval raises: keep its trace, end on one line
+    except Exception as err:  # anything lm-eval raises: keep its trace, end on one line
         if not isinstance(err, EvalError):
             traceback.print_exc()
         message = str(err) if isinstance(err, EvalError) else f"{type(err).__name__}: {err}"

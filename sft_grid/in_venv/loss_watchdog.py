@@ -43,7 +43,7 @@ from typing import Any
 try:  # the backend environments have transformers; unit tests of the rules run without it
     from transformers import TrainerCallback
 except ImportError:  # pragma: no cover - depends on the environment
-    TrainerCallback = object  # type: ignore[assignment,misc]
+    TrainerCallback = object
 
 VERDICT_FILE = "watchdog.json"
 EXIT_STATUS = 3
@@ -53,7 +53,7 @@ ENV_PREFIX = "SFT_GRID_WATCHDOG_"
 class _StderrHandler(logging.StreamHandler):
     """Writes to sys.stderr as it is when the line is logged (a launcher or a test may have replaced it)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
@@ -149,6 +149,7 @@ class LossRules:
                            f"for {s.p} logged steps")
         self._uniform = self._uniform + 1 if self.uniform_armed and self._near_uniform(loss) else 0
         if self._uniform >= s.p:
+            assert self.ln_v is not None  # counted only while armed, which needs ln(V)
             return Verdict("diverged", step, loss, "uniform",
                            f"loss {loss:.4g} within {s.tol * self.ln_v:.3g} of ln(V)={self.ln_v:.4g} (a uniform "
                            f"guess: the model collapsed) for {s.p} logged steps")
@@ -175,7 +176,7 @@ def write_verdict(output_dir: str | Path, verdict: Verdict) -> Path:
 
 def _vocab_size(model: Any) -> int | None:
     config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
     size = getattr(text, "vocab_size", None)
     return int(size) if size else None
 

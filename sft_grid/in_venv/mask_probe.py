@@ -63,10 +63,12 @@ def segments(tokenizer: Any, input_ids: list[int], labels: list[int]) -> list[li
     runs: list[list[Any]] = []
     current: list[int] = []
     flags: tuple[bool, bool] | None = None
-    for tok, lab in zip(input_ids, labels):
+    for tok, lab in zip(input_ids, labels, strict=True):
         f = (lab != IGNORE, tok in markup)
         if f != flags and current:
-            runs.append([tokenizer.decode(current, skip_special_tokens=False, clean_up_tokenization_spaces=False), *flags])
+            assert flags is not None  # set with the first token
+            runs.append([tokenizer.decode(current, skip_special_tokens=False, clean_up_tokenization_spaces=False),
+                         *flags])
             current = []
         flags = f
         current.append(tok)
@@ -188,7 +190,8 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(f"usage: {os.path.basename(sys.argv[0])} BATCH.json OUT.json", file=sys.stderr)
         return 2
-    jobs = json.loads(open(argv[0]).read())
+    with open(argv[0]) as f:
+        jobs = json.load(f)
     out = []
     for job in jobs:
         try:

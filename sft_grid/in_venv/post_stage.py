@@ -4,8 +4,8 @@
     python post_stage.py fetch <base model: dir or hub id> <file name> <dest dir>
     python post_stage.py upload <folder> <repo id> <commit message> [<ignore pattern> ...]
 
-sft_grid/stages/post_training.py runs these with the cell's backend python (DeepSpeed, huggingface_hub and transformers are
-installed there, never in the orchestrator). Each prints one JSON line: {"ok": true, ...} or
+sft_grid/stages/post_training.py runs these with the cell's backend python (DeepSpeed, huggingface_hub and
+transformers are installed there, never in the orchestrator). Each prints one JSON line: {"ok": true, ...} or
 {"ok": false, "error": "<exception type>: <message>"}, and exits 0 or 1, so the orchestrator can record a
 reason that names the cause instead of a traceback. Credentials come from the environment only
 (HF_TOKEN or the user's `hf auth login`), never from an argument.
@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 
 
 def consolidate(ckpt_dir: str, out_dir: str) -> dict:
@@ -25,7 +26,7 @@ def consolidate(ckpt_dir: str, out_dir: str) -> dict:
 
     convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, out_dir, safe_serialization=True)
     written = sorted(f for f in os.listdir(out_dir) if f.startswith("model") and
-                     (f.endswith(".safetensors") or f.endswith(".safetensors.index.json")))
+                     f.endswith((".safetensors", ".safetensors.index.json")))
     return {"files": written}
 
 
@@ -72,7 +73,8 @@ def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict:
 def main(argv: list[str]) -> int:
     kind, *args = argv
     try:
-        result = {"consolidate": consolidate, "fetch": fetch, "upload": upload}[kind](*args)
+        stages: dict[str, Callable[..., dict]] = {"consolidate": consolidate, "fetch": fetch, "upload": upload}
+        result = stages[kind](*args)
     except Exception as exc:  # reported as data: the orchestrator writes it into the cell's ledger
         print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"}))
         return 1

@@ -14,7 +14,8 @@ renamed into place, then OUTPUT/prepared.json is written last: its presence mean
 
 Runs inside the backend environment (standalone: it never imports sft_grid).
 
-    python prep_delphi.py --model <hub id or dir> --output <dir> --tokens '{"<|start_think|>": 128002, ...}' [--version V]
+    python prep_delphi.py --model <hub id or dir> --output <dir>
+        --tokens '{"<|start_think|>": 128002, ...}' [--version V]
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def rename_tokens(tok_dir: Path) -> None:
 def mean_init(model: torch.nn.Module) -> None:
     """The new tokens' input and output rows: the mean of the trained BPE rows."""
     if model.config.tie_word_embeddings:
-        raise PrepError("the model ties its input and output embeddings; Delphi checkpoints do not (tie_word_embeddings)")
+        raise PrepError("the model ties its input and output embeddings; Delphi checkpoints do not"
+                        " (tie_word_embeddings)")
     ids = torch.tensor(sorted(TOKENS.values()))
     with torch.no_grad():
         for emb in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):

@@ -68,10 +68,10 @@ def _split_calls(content: str) -> tuple[str, list[dict[str, Any]]]:
     try:
         calls = json.loads(content)
         text = ""
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as err:
         found = _CALL.findall(content)
         if not found:
-            raise ValueError(f"function message is neither JSON nor <|tool_call|>-wrapped: {content[:200]!r}")
+            raise ValueError(f"function message is neither JSON nor <|tool_call|>-wrapped: {content[:200]!r}") from err
         calls = [json.loads(c) for c in found]
         text = _CALL.sub("", content).rstrip("\n")
     return text, calls if isinstance(calls, list) else [calls]

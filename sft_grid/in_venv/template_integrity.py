@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Union
 
-Template = Union[str, dict]
+Template = str | dict
 CONFIG = "tokenizer_config.json"
 DEFAULT_JINJA = "chat_template.jinja"
 MORE_JINJA = "additional_chat_templates"

@@ -1,9 +1,9 @@
 """An axolotl plugin for DeepSpeed ZeRO on a CPU-only node, one process (standalone: runs in the axolotl env).
 
 axolotl 0.19 starts DeepSpeed's process group itself when the world size is 1, and always with NCCL, which a
-CPU build of torch does not have (measured: a 1-process ZeRO-3 run on CPU fails in NCCL's init without this). Starting it first, over gloo, makes
-axolotl's own call a no-op. Used for CPU runs of models that need ZeRO-3 (the tests' tiny ZeRO-3 cells);
-on GPU nodes axolotl's own NCCL start is right and this plugin is not listed.
+CPU build of torch does not have (measured: a 1-process ZeRO-3 run on CPU fails in NCCL's init without this).
+Starting it first, over gloo, makes axolotl's own call a no-op. Used for CPU runs of models that need ZeRO-3 (the
+tests' tiny ZeRO-3 cells); on GPU nodes axolotl's own NCCL start is right and this plugin is not listed.
 
     plugins: [zero_cpu.GlooPreInit]      # with sft_grid/in_venv on PYTHONPATH, as launch.sh sets it
 """

@@ -88,7 +88,7 @@ def _job_id() -> str:
 
 def _here(kind: Kind, **fields: object) -> Event:
     """An event of this job: its process, its host and its job id."""
-    return Event.here(kind, job_id=_job_id(), **fields)  # type: ignore[arg-type]
+    return Event.here(kind, job_id=_job_id(), **fields)
 
 
 def archive_output(cell_dir: Path, why: str) -> Path | None:

@@ -8,13 +8,15 @@ invocation or a single-cell rerun lands in the same directory and is recognised 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sft_grid.core.hubcache import Pin
 from sft_grid.core.schema import CellConf, field_shapes
@@ -150,10 +152,8 @@ def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | N
     key, slug = identity_key(config), slug_for(overrides, config)
     hub = config.get("hub_model_id")
     if hub and "{" in hub:
-        try:
+        with contextlib.suppress(ValueError):  # left as written: validate reports the pattern (rule hub-id)
             config = {**config, "hub_model_id": hub_id_for(hub, config, key, slug)}
-        except ValueError:
-            pass  # left as written: validate reports the pattern (rule hub-id)
     spec = typed(CellConf, config)
     root = Path(os.path.expanduser(config.get("runs_root") or config["cluster"]["runs_root"]))
     if not root.is_absolute():

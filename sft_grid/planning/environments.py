@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -37,7 +38,7 @@ class VenvSpec:
     lock: str = ""  # conf/locks/<name>.txt's text ("" without one)
 
     @classmethod
-    def load(cls, name: str) -> "VenvSpec":
+    def load(cls, name: str) -> VenvSpec:
         """The spec of a backend (conf/backend/<name>.yaml) or of a harness (conf/harness/<name>.yaml)."""
         for group in ("backend", "harness"):
             path = CONF_DIR / group / f"{name}.yaml"
@@ -47,7 +48,7 @@ class VenvSpec:
         raise KeyError(f"unknown virtual environment {name!r}: expected one of {', '.join(known)}")
 
     @classmethod
-    def from_conf(cls, name: str, venv: Any) -> "VenvSpec":
+    def from_conf(cls, name: str, venv: Any) -> VenvSpec:
         data = venv if isinstance(venv, Mapping) else vars(venv)
         return cls(name=name, python=data["python"], packages=tuple(data["packages"]),
                    packages_no_deps=tuple(data.get("packages_no_deps") or ()),
@@ -102,7 +103,7 @@ def select(spec: Any) -> tuple[Path, str | None]:
     """The virtual environment a cell (spec: its CellConf) trains in, and the need it leaves unmet (None: all met)."""
     key = (id(spec.backend), id(spec.cluster), id(spec.model))
     hit = _SELECTED.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], (spec.backend, spec.cluster, spec.model))):
+    if hit is not None and all(a is b for a, b in zip(hit[0], (spec.backend, spec.cluster, spec.model), strict=True)):
         return hit[1]
     found = _select(spec)
     if len(_SELECTED) > 4096:

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 BYTES_PER_WEIGHT = {"bf16": 2, "fp16": 2, "fp32": 4}
 ADAM_MOMENT_BYTES = 8  # exp_avg and exp_avg_sq, fp32
@@ -160,7 +160,7 @@ def mixed_rows(rows: Sequence[float], strategy: str, probs: Sequence[float] | No
     (interleave_over: T = max rows/p, oversampling the others), each source giving p x T rows."""
     if strategy == "concat" or not probs or len(probs) != len(rows):
         return list(rows)
-    ratios = [r / p for r, p in zip(rows, probs) if p > 0]
+    ratios = [r / p for r, p in zip(rows, probs, strict=True) if p > 0]
     if not ratios:
         return list(rows)
     total = min(ratios) if strategy == "interleave_under" else max(ratios)
@@ -328,7 +328,7 @@ def _solve(a: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float] | 
         for r in range(k):
             if r != c:
                 f = m[r][c] / m[c][c]
-                m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+                m[r] = [x - f * y for x, y in zip(m[r], m[c], strict=True)]
     return [m[i][k] / m[i][i] / d[i] for i in range(k)]
 
 
@@ -358,10 +358,10 @@ def _fit(s: Sequence[Sequence[float]], b: Sequence[float], n: int) -> tuple[floa
         if x is None or min(x) < 0:
             continue
         coef = [0.0, 0.0, 0.0]
-        for i, v in zip(idx, x):
+        for i, v in zip(idx, x, strict=True):
             coef[i] = v
         loss = sum(coef[i] * coef[j] * s[i][j] for i in range(3) for j in range(3)) - 2 * sum(
-            c * v for c, v in zip(coef, b)) + n
+            c * v for c, v in zip(coef, b, strict=True)) + n
         if best is None or loss < best[0] * (1 - 1e-6) - 1e-12 * n:
             best = (loss, tuple(coef))
     return best[1] if best is not None else (0.0, 0.0, 0.0)  # type: ignore[return-value]

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sft_grid.core.hubcache import HubRepo, Pin, default_cache
 from sft_grid.planning.cells import is_local

@@ -48,7 +48,8 @@ def _context(node: Any, root: Any) -> tuple[str, str]:
         site = OmegaConf.select(root, "cluster.name", default=None, throw_on_resolution_failure=False)
     except Exception:
         site = None
-    return "the cluster profile", f" for {key}" + (f" of conf/cluster/{site}.yaml" if isinstance(site, str) and site else "")
+    return "the cluster profile", f" for {key}" + (f" of conf/cluster/{site}.yaml" if isinstance(site, str) and site
+                                                   else "")
 
 
 def _also_missing(root: Any, var: str) -> list[str]:
@@ -82,7 +83,8 @@ def user_env(var: str, default: Any = _UNSET, *, _node_: Any = None, _root_: Any
         return default
     who, where = _context(_node_, _root_)
     state = "is empty" if value == "" else "is not set"
-    message = f"environment variable {var} {state}: {who} needs it ({_what(var)[0]}){where}; export {var}={_what(var)[1]}"
+    message = (f"environment variable {var} {state}: {who} needs it ({_what(var)[0]}){where};"
+               f" export {var}={_what(var)[1]}")
     others = _also_missing(_root_, var)
     if others:
         message += "; also unset: " + ", ".join(f"{v} ({_what(v)[0]})" for v in others) + "; export " + " ".join(

@@ -15,8 +15,8 @@ import functools
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
@@ -313,7 +313,8 @@ def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
         elif how == "mapping" and isinstance(value, Mapping):
             for name, sub in value.items():
                 if isinstance(sub, Mapping):
-                    found += _prefixed(f"{key}.{name}.", _cached("keys", held, sub, lambda v=sub, h=held: _unknown(v, h)))
+                    found += _prefixed(f"{key}.{name}.",
+                                       _cached("keys", held, sub, lambda v=sub, h=held: _unknown(v, h)))
     return found
 
 
@@ -324,20 +325,20 @@ def unknown_keys(cell: str, data: Mapping[str, Any], cls: type = CellConf) -> li
 
 def _values(spec: Any) -> list[Finding]:
     found: list[Finding] = []
-    for name, (how, held, rng, choices) in _fields(type(spec)).items():
+    cls: type = type(spec)
+    for name, (how, held, rng, choices) in _fields(cls).items():
         value = getattr(spec, name)
         if isinstance(value, str) and value == MISSING_TEXT:
             found.append((name, None, "required", "has no value, and the cell needs one",
                           "set {key} (in its conf/ file, or as an override {key}=...)"))
             continue
-        if rng is not None and value is not None and not isinstance(value, bool) and isinstance(value, (int, float)):
-            if not rng.admits(value):
-                found.append((name, value, "range", f"must be {rng.text()}", f"set {{key}} to a value {rng.text()}"))
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if rng is not None and numeric and not rng.admits(value):
+            found.append((name, value, "range", f"must be {rng.text()}", f"set {{key}} to a value {rng.text()}"))
         if choices is not None and value is not None:
-            for item in value if isinstance(value, list) else [value]:
-                if item not in choices:
-                    found.append((name, item, "choice", "not a value sft_grid and the backends support",
-                                  f"use one of {', '.join(choices)}{did_you_mean(str(item), choices)}"))
+            found.extend((name, item, "choice", "not a value sft_grid and the backends support",
+                          f"use one of {', '.join(choices)}{did_you_mean(str(item), choices)}")
+                         for item in (value if isinstance(value, list) else [value]) if item not in choices)
         if how == "dataclass" and dataclasses.is_dataclass(value):
             found += _prefixed(f"{name}.", _cached("values", held, value, lambda v=value: _values(v)))
         elif how == "mapping" and isinstance(value, dict):
@@ -377,7 +378,8 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
     if s.register_db and not s.register_command:
         yield Problem(cell.name, "register_command", [], "register-command",
                       "register_db=true but no command registers the model (sft_grid ships no database client)",
-                      "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false")
+                      "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'],"
+                      " or register_db=false")
     if not s.push_to_hub:
         return
     if not s.hub_model_id:

@@ -32,7 +32,8 @@ class Entry:
 
 
 class CheckpointableEntry(Entry, submitit.helpers.Checkpointable):
-    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission | None:
+    # submitit annotates DelayedSubmission, but reads None as "do not requeue" (core/job_environment.py _checkpoint)
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission | None:  # type: ignore[override]
         env = submitit.JobEnvironment()
         if env.global_rank == 0:
             cell_dir = Path(self.target)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sft_grid.core.layout import LOGS_DIR
 from sft_grid.core.submission import ENTRIES, LocalJob

@@ -153,7 +153,7 @@ def orphan_for(folder: Path, target: Path) -> Path | None:
             continue
         try:
             function = DelayedSubmission.load(pickle).function
-        except Exception:  # noqa: BLE001, S112 - a pickle of another version or a torn write: not this target's
+        except Exception:  # a pickle of another version or a torn write: not this target's
             continue
         if Path(getattr(function, "target", "") or getattr(function, "cell_dir", "")) == target:
             return pickle

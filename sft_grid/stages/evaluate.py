@@ -20,11 +20,12 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
@@ -178,8 +179,9 @@ def run(target_dir: Path | str) -> bool:
                 why = _score(target_dir, plan, score, results, digest, failure)
                 if why:
                     failed[score.score_id] = why
-                record(target_dir, Ledger.FAILED if why else Ledger.COMPLETED, why, score_id=score.score_id, task=score.task)
-    except Exception as exc:  # noqa: BLE001 - whatever stops the stage is its recorded reason, never the cell's
+                record(target_dir, Ledger.FAILED if why else Ledger.COMPLETED, why, score_id=score.score_id,
+                       task=score.task)
+    except Exception as exc:  # whatever stops the stage is its recorded reason, never the cell's
         why = str(exc) if isinstance(exc, EvalFailed) else f"{type(exc).__name__}: {exc}"
         for score in todo:
             if not has_score(target_dir, score.score_id):
@@ -190,7 +192,8 @@ def run(target_dir: Path | str) -> bool:
     seconds = {"seconds": round(time.monotonic() - started, 1)}
     if failed:
         reason = "; ".join(f"{s.task}: {failed[s.score_id]}" for s in todo if s.score_id in failed)
-        record(target_dir, Ledger.FAILED, f"{len(failed)} of {len(todo)} score(s) failed: {reason}"[:1000], details=seconds)
+        record(target_dir, Ledger.FAILED, f"{len(failed)} of {len(todo)} score(s) failed: {reason}"[:1000],
+               details=seconds)
         return False
     record(target_dir, Ledger.COMPLETED, details={**seconds, "scores": len(todo)})
     return True
@@ -262,11 +265,11 @@ def state_of(target_dir: Path, history: Sequence[Event] | None = None, view: Sch
     last = stage_event(history)
     if last is not None and last.state == Ledger.RUNNING:
         if job is not None:
-            return EvalState(len(scores), done, Evaluation.FAILED, f"evaluation job {job_id} ended {job.state} during the"
-                             " evaluation", job_id)
+            return EvalState(len(scores), done, Evaluation.FAILED,
+                             f"evaluation job {job_id} ended {job.state} during the evaluation", job_id)
         if alive(last) is False:
-            return EvalState(len(scores), done, Evaluation.FAILED, f"its process {last.pid} on {last.host} ended during the"
-                             " evaluation")
+            return EvalState(len(scores), done, Evaluation.FAILED,
+                             f"its process {last.pid} on {last.host} ended during the evaluation")
         if alive(last) is True:
             return EvalState(len(scores), done, Evaluation.RUNNING)
     if last is not None and last.state == Ledger.FAILED:

@@ -33,7 +33,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -85,7 +85,7 @@ class Notice:
     def payload(self) -> dict[str, Any]:
         return {"kind": self.kind, "grid": self.grid, "cell": self.cell, "outcome": self.outcome,
                 "class": self.failure_class, "summary": self.summary, "attempt": self.attempt, "key": self.key,
-                "details": dict(self.details), "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                "details": dict(self.details), "time": datetime.now(UTC).isoformat(timespec="seconds")}
 
     def environ(self) -> dict[str, str]:
         out = {"KIND": self.kind, "GRID": self.grid, "CELL": self.cell, "OUTCOME": self.outcome,

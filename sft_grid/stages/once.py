@@ -5,15 +5,15 @@ Two grids that need the same one take turns through a lock in its directory; who
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.lock import Lock
 
 
-def run_here(directory: Path, lock_name: str, complete: Callable[[Path], bool], run: Callable[[Path], None],
+def run_here(directory: Path, lock_name: str, complete: Callable[[Path], bool], run: Callable[[Path], object],
              failed: type[Exception]) -> str | None:
     """Run `run(directory)` unless `complete(directory)`; None, or why it failed (the message of `failed`)."""
     directory.mkdir(parents=True, exist_ok=True)

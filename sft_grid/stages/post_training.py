@@ -251,7 +251,8 @@ class StageFailed(RuntimeError):
 def record(cell_dir: Path, stage: str, state: Step, reason: str = "", **details: Any) -> None:
     events.append(cell_dir, Event.here(Kind.STAGE, stage=stage, state=state.value, reason=reason, details=details))
     said = f" {json.dumps(details, default=str)[:2000]}" if details else ""
-    say(cell_dir, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {stage}: {state.value}" + (f": {reason}" if reason else "") + said)
+    say(cell_dir, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {stage}: {state.value}" + (f": {reason}" if reason else "")
+        + said)
 
 
 def say(cell_dir: Path, text: str) -> None:

@@ -65,7 +65,8 @@ def run(prep_dir: Path) -> str:
     with (prep_dir / LOG).open("ab") as fh:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {SCRIPT}\n".encode())
         fh.flush()
-        rc = subprocess.run(["bash", str(prep_dir / SCRIPT)], stdout=fh, stderr=subprocess.STDOUT, cwd=prep_dir).returncode
+        rc = subprocess.run(["bash", str(prep_dir / SCRIPT)], stdout=fh, stderr=subprocess.STDOUT,
+                            cwd=prep_dir).returncode
     if rc == 0 and (prep_dir / MODEL_DIR / MARKER).is_file():
         events.append(prep_dir, Event(Kind.COMPLETED))
         return "completed"

@@ -53,7 +53,7 @@ def _install(spec: VenvSpec, target: Path, locked: bool) -> None:
         pip += ["-c", str(lock_path(spec.name))]
     _run(pip + list(spec.packages))
     if spec.packages_no_deps:
-        _run(pip + ["--no-deps"] + list(spec.packages_no_deps))
+        _run([*pip, "--no-deps", *spec.packages_no_deps])
     for module in spec.drop_native_libs:
         _drop_native_libs(target, module)
     if spec.check:

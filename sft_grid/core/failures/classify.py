@@ -194,8 +194,7 @@ def _loss_findings(lines: Sequence[Line]) -> list[_Finding]:
     for line in lines:
         if m := signs.LOSS_VALUE.search(line.raw):
             losses.append((line, _number(m.group("value"))))
-        for m in signs.SCALE_DOWN.finditer(line.raw):
-            scales.append((line, _number(m.group("to"))))
+        scales.extend((line, _number(s.group("to"))) for s in signs.SCALE_DOWN.finditer(line.raw))
     found = []
     # the last logged loss decides: an early NaN on an all-masked batch that training got past is no failure.
     # The evidence is where the loss became NaN and stayed so (a scaler: where it reached its floor and stayed)

@@ -90,7 +90,7 @@ def read_lines(lines: Sequence[str]) -> list[Line]:
     stripped = [strip_prefix(line) for line in raw]
     out: list[Line] = []
     source = False  # inside a frame's quoted source (it runs on over several lines in Python 3.11+)
-    for i, (line, text) in enumerate(zip(raw, stripped)):
+    for i, (line, text) in enumerate(zip(raw, stripped, strict=True)):
         frame = signs.FRAME.match(text)
         path = (frame.group("path") or frame.group("ipath") or "").replace("\\", "/") if frame else ""
         logical = text

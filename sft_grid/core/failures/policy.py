@@ -101,17 +101,18 @@ class Policy:
     def from_mapping(cls, changes: Mapping[str, Any] | None, keys: OverrideKeys = OverrideKeys()) -> Policy:
         """The defaults with a grid's changes: class -> {"action": requeue|stop, "budget": N} or "requeue:N"."""
         rules = dict(DEFAULT_RULES)
-        for name, spec in (changes or {}).items():
+        for name, given in (changes or {}).items():
             try:
                 klass = FailureClass(name)
             except ValueError:
                 raise ValueError(f"unknown failure class {name!r}; known: {[c.value for c in FailureClass]}") from None
-            if isinstance(spec, str):
-                action, _, budget = spec.partition(":")
+            spec = given
+            if isinstance(given, str):
+                action, _, budget = given.partition(":")
                 spec = {"action": action, **({"budget": budget} if budget else {})}
             if not isinstance(spec, Mapping):
                 # a ValueError like every other bad value: planning/validate.py reports each one as a problem
-                raise ValueError(f"{name}: {spec!r} is neither stop, requeue:N nor a mapping")  # noqa: TRY004
+                raise ValueError(f"{name}: {spec!r} is neither stop, requeue:N nor a mapping")
             try:
                 action = RemedyKind(spec.get("action", rules[klass].kind.value))
             except ValueError:

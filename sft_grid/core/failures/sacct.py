@@ -91,6 +91,5 @@ def expand_hostlist(expr: str) -> list[str]:
             continue
         for part in ranges.split(","):
             lo, _, hi = part.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                names.append(f"{prefix}{i:0{len(lo)}d}{suffix}")
+            names.extend(f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi or lo) + 1))
     return names

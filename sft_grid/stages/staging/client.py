@@ -70,7 +70,8 @@ def hf_client() -> Any:
 
     # the module reads the variable once, at its import: when something imported it before this, the variable set
     # above would not count, and this process would use Xet (which never continues a cut file) after all
-    huggingface_hub.constants.HF_HUB_DISABLE_XET = os.environ["HF_HUB_DISABLE_XET"].upper() in {"1", "ON", "YES", "TRUE"}
+    huggingface_hub.constants.HF_HUB_DISABLE_XET = (os.environ["HF_HUB_DISABLE_XET"].upper()
+                                                    in {"1", "ON", "YES", "TRUE"})
     huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = min(huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
     return huggingface_hub
 
@@ -182,7 +183,7 @@ def _default_answers(repo_id: str, kind: Kind, token: str | None, endpoint: str)
         return "gated"
     except hfe.RepositoryNotFoundError:
         return "missing"
-    except Exception as e:  # noqa: BLE001 (a probe: any failure is an answer)
+    except Exception as e:  # a probe: any failure is an answer
         log.debug("probing %s at %s: %s", repo_id, MAIN, e)
         fresh_connections()
         return "error"
@@ -227,7 +228,7 @@ def translate(e: BaseException, repo_id: str, kind: Kind, revision: str, token: 
     if status == 401 and token and "invalid credentials" in str(e).lower():
         return TokenRequired(f"{endpoint} refused the token given for {what} (invalid credentials). Fix: set HF_TOKEN"
                              " to a valid token (or run `hf auth login`), or unset it for a public repository.")
-    if any(isinstance(n, hfe.RepositoryNotFoundError) for n in chain) or status in (401, 404) and file is None:
+    if any(isinstance(n, hfe.RepositoryNotFoundError) for n in chain) or (status in (401, 404) and file is None):
         answer = _default_answers(repo_id, kind, token, endpoint) if probed else ""
         if answer == "ok":  # the server answered a missing revision as a missing repository
             return revision_missing(f" (it answered {status} as if the repository were missing, but the repository"

@@ -96,9 +96,9 @@ def download(repo_id: str, kind: Kind = "model", revision: str = "main", cache: 
                             "rerun (finished files are not fetched again); a holder that died on another node "
                             f"loses the lock {lock.stale_s:.0f}s after its last heartbeat.") from e
     except OSError as e:  # the first write into the cache: a path that cannot be one
-        raise HubError(f"cannot write into the Hugging Face cache {cache} to stage {kind} '{repo_id}' ({e.strerror or e})."
-                       " Fix: point the cache at a directory you can write (cluster.hf_cache, --cache, or HF_HUB_CACHE)"
-                       ) from e
+        raise HubError(f"cannot write into the Hugging Face cache {cache} to stage {kind} '{repo_id}'"
+                       f" ({e.strerror or e}). Fix: point the cache at a directory you can write (cluster.hf_cache,"
+                       " --cache, or HF_HUB_CACHE)") from e
     try:
         if SHA_RE.match(revision) and is_complete(cache, repo_id, kind, revision, allow=allow):
             return staged_offline(revision)  # the stager we waited for did it
@@ -157,9 +157,9 @@ def stage_here(staging: StagingPlan, budget: Budget | None = None,
             if not done:  # nothing moved in this process: every rerun would end the same way
                 raise
             left = sum(i.bytes_to_fetch for i in staging.pending if i.here)
-            raise StagingStopped(f"stopped before this process's time limit (no time was left for {p.kind} '{p.repo_id}'):"
-                                 f" {human(left)} of the grid's inputs are left to stage; nothing was queued. Run the"
-                                 " same command again to continue.") from e
+            raise StagingStopped(f"stopped before this process's time limit (no time was left for {p.kind}"
+                                 f" '{p.repo_id}'): {human(left)} of the grid's inputs are left to stage; nothing was"
+                                 " queued. Run the same command again to continue.") from e
         except HubError as e:
             item.error = e
             raise StagingFailed(item) from e

@@ -239,13 +239,12 @@ class StagingPlan:
             for cell, key in item.users:
                 out.append(Problem(cell, key, item.wanted.repo_id, f"staging-{_rule(item.error)}", message,
                                    fix or "see the message"))
-        for s in self.space:
-            if not s.fits:
-                out.append(Problem("<grid>", "cluster.hf_cache", str(s.cache), "staging-space",
-                                   f"staging needs {human(s.to_fetch)} more in {s.cache}, but its filesystem has"
-                                   f" {human(s.free)} free (and {human(s.reserve)} is kept in reserve)",
-                                   "free space there, or point the cluster's hf_cache at a filesystem with room"
-                                   " (a project or scratch area, not $HOME)"))
+        out.extend(Problem("<grid>", "cluster.hf_cache", str(s.cache), "staging-space",
+                           f"staging needs {human(s.to_fetch)} more in {s.cache}, but its filesystem has"
+                           f" {human(s.free)} free (and {human(s.reserve)} is kept in reserve)",
+                           "free space there, or point the cluster's hf_cache at a filesystem with room"
+                           " (a project or scratch area, not $HOME)")
+                   for s in self.space if not s.fits)
         return out
 
 
@@ -263,7 +262,7 @@ def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> 
     """What the grid must stage and whether it can (no transfers, no writes)."""
     out = StagingPlan()
     items: dict[Wanted, Item] = {}
-    for cell, cell_dir in zip(cells, dirs):
+    for cell, cell_dir in zip(cells, dirs, strict=True):
         repos = hub_repos(cell)
         if not repos:
             continue
@@ -335,9 +334,9 @@ def _rerun_note(e: HubError, w: Wanted) -> HubError:
     """A recorded sha the Hub no longer has: the cell trained on it before and cannot resume on another."""
     if not (SHA_RE.match(w.revision) and isinstance(e, RevisionNotFound)):
         return e
-    return type(e)(f"{e}".partition(" Fix: ")[0].rstrip(".") + ": the cell's earlier run trained on this commit, so it is"
-                   " resumed from it. Fix: stage it from where it is still kept, or rerun the cell with force=true"
-                   " to train it from the start on the current revision (its old output is moved aside).")
+    return type(e)(f"{e}".partition(" Fix: ")[0].rstrip(".") + ": the cell's earlier run trained on this commit, so"
+                   " it is resumed from it. Fix: stage it from where it is still kept, or rerun the cell with"
+                   " force=true to train it from the start on the current revision (its old output is moved aside).")
 
 
 def _space(items: Iterable[Item]) -> list[Space]:

@@ -244,17 +244,19 @@ class Transfer:
             n = self.budget.runs_for(left / rate)
             runs = f"; about {n} more run(s) at {human(rate)}/s" if n else ""
         return (f"stopped before this process's time limit ({why}): {human(left)} of {self.r.kind} "
-                f"'{self.r.repo_id}' left. Rerun to continue ({self._resume_note()}{runs}), or stage where processes may"
-                " run longer to finish in one go (a staging job on the transfer partition: cluster.staging.where=job).")
+                f"'{self.r.repo_id}' left. Rerun to continue ({self._resume_note()}{runs}), or stage where processes"
+                " may run longer to finish in one go (a staging job on the transfer partition:"
+                " cluster.staging.where=job).")
 
     def _too_big(self, f: RemoteFile, rate: float) -> str:
         assert self.budget is not None
         why = self.seen.why if self.seen and not self.seen.resumes else "as this run was told"
-        command = f"python -m sft_grid.stage --repo {self.r.repo_id}" + (" --dataset" if self.r.kind == "dataset" else "")
+        command = (f"python -m sft_grid.stage --repo {self.r.repo_id}"
+                   + (" --dataset" if self.r.kind == "dataset" else ""))
         return (f"{f.path} of {self.r.kind} '{self.r.repo_id}' is {human(f.size)}: at {human(rate)}/s it needs "
-                f"~{f.size / rate:.0f}s, more than the {self.budget.usable_s:.0f}s a process may run here, and a cut file"
-                f" restarts from zero here ({why}), so reruns would never finish it. Fix: stage it where processes may"
-                " run longer: a staging job on the cluster's transfer partition (cluster.staging.where=job"
+                f"~{f.size / rate:.0f}s, more than the {self.budget.usable_s:.0f}s a process may run here, and a cut"
+                f" file restarts from zero here ({why}), so reruns would never finish it. Fix: stage it where processes"
+                " may run longer: a staging job on the cluster's transfer partition (cluster.staging.where=job"
                 f" cluster.staging.partition=<it>), or `{command}` in a job on a node that reaches the Hub.")
 
     # -- the run ------------------------------------------------------------------------------------------------
@@ -321,7 +323,8 @@ class Transfer:
                                     self.r.repo_id, self.r.kind, self.r.sha, self.token, self.endpoint,
                                     self.plan.cache, file=f.path)
                     raise (err or e) from e
-                delay = 0.0 if attempts == 0 else min(30.0, RETRY_BASE_S * 2 ** (attempts - 1))  # progress: go again now
+                # progress: go again now
+                delay = 0.0 if attempts == 0 else min(30.0, RETRY_BASE_S * 2 ** (attempts - 1))
                 log.info("retrying %s of %s in %.1fs after: %s", f.path, self.r.repo_id, delay, e)
                 if self.budget is not None and delay >= self.budget.left():
                     raise _Stop(self._stop_message(f"a transfer failed ({e})")) from e

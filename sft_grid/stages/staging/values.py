@@ -201,9 +201,9 @@ class Budget:
         spent = self.spent(now)
         return (f"a process time limit of {self.limit_s:g}s leaves no time to transfer here: staging stops"
                 f" {self.margin_s:g}s before the limit (its safety margin), and this process needs {spent:.1f}s before"
-                f" its first transfer, so every run would stop having fetched nothing. Fix: the smallest limit that works"
-                f" here is {self.limit_for(spent + needed_s)}s (--time-limit, or cluster.staging.time_limit_s), or stage"
-                " in a job (cluster.staging.where=job).")
+                " its first transfer, so every run would stop having fetched nothing. Fix: the smallest limit that"
+                f" works here is {self.limit_for(spent + needed_s)}s (--time-limit, or cluster.staging.time_limit_s),"
+                " or stage in a job (cluster.staging.where=job).")
 
 
 @dataclass(frozen=True)

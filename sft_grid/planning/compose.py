@@ -55,6 +55,7 @@ class GridComposer:
         self._groups: dict[str, bool] = {}
         self._subtrees: dict[tuple[str, Any], Any] = {}
         self._layer_cache: dict[str, Any] = {}
+        self._sections: dict[tuple[Any, ...], tuple[Any, list[tuple[str, Any]], Any]] = {}
         self.values = ValueEffects()
         self._ref: Reference | None = None
         self.stats = {"hydra_composes": 0, "fast": 0}
@@ -233,9 +234,32 @@ class GridComposer:
             swapped[g] = sub
         if not ref.context_free:
             return self._resolved_whole(ref, values, swapped)
-        for path, value in self.values.effects_of(ref, values, swapped) if values else ():
-            set_path(config, path, value)
+        by_top: dict[str, list[tuple[str, Any]]] = {}
+        for effect in self.values.effects_of(ref, values, swapped) if values else ():
+            by_top.setdefault(effect[0].split(".", 1)[0], []).append(effect)
+        for top, effects in by_top.items():
+            if all("." in path for path, _ in effects):
+                config[top] = self._section(top, config.get(top), effects)
+            else:  # the key itself is set: in order, as Hydra applies them
+                for path, value in effects:
+                    set_path(config, path, value)
         return config
+
+    def _section(self, top: str, base: Any, effects: list[tuple[str, Any]]) -> Any:
+        """The top-level section `base` with these value overrides in it (in order), built once for every cell
+        that has the same section and overrides (`cluster.cpus_per_node=3` in every cell): the cells then share
+        one object, as they share an unchanged section, and what is derived per section (the typed spec, the
+        environment, the section's YAML) is derived once. Keyed by identity: the effects are ValueEffects'
+        cached objects and the base a shared section; the entry keeps them alive, so an id is not reused."""
+        key = (top, id(base), tuple(id(e) for e in effects))
+        hit = self._sections.get(key)
+        if hit is not None and hit[0] is base and all(a is b for a, b in zip(hit[1], effects, strict=True)):
+            return hit[2]
+        holder: dict[str, Any] = {top: base} if base is not None else {}
+        for path, value in effects:
+            set_path(holder, path, value)
+        self._sections[key] = (base, effects, holder.get(top))
+        return holder.get(top)
 
     def _resolved_whole(self, ref: "Reference", values: list[Override], swapped: dict[str, Any]) -> dict[str, Any] | None:
         """A cell of a grid whose config reads other keys (a sweep file's table: `${vars.models.${vars.model}.hub_id}`):

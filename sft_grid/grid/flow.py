@@ -219,6 +219,7 @@ def _share_tokenized(decisions: list[Decision], tokens: dict[str, Tokenization],
     """The cells that run load their shared tokenized dataset; where it is not built yet, their first step checks
     that it was (`deferred` gets that check)."""
     shared: dict[Path, Tokenization] = {}
+    built: dict[Path, bool] = {}  # each tokenization's marker read once, not once per cell
     out = []
     for d in decisions:
         tok = tokens.get(d.cell.name)
@@ -227,7 +228,9 @@ def _share_tokenized(decisions: list[Decision], tokens: dict[str, Tokenization],
             continue
         shared[d.dir] = tok
         out.append(replace(d, cell=replace(d.cell, tokenized=tok.data)))
-        if not tok.data.complete:
+        if tok.dir not in built:
+            built[tok.dir] = tok.data.complete
+        if not built[tok.dir]:
             deferred.setdefault(d.cell.name, []).append(Check("tokenized", "tokenized", str(tok.dir)))
     return out, shared
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.defaults_list import create_defaults_list
 from hydra.core.default_element import ResultDefault
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -116,8 +117,11 @@ class GridComposer:
         groups, _ = self._split(overrides)
         group_lines = [ov.input_line for ov in groups.values()]
         cfg = self.hydra_compose(group_lines)
-        defaults = self._loader.compute_defaults_list(
-            self._config_name, self._hydra_overrides + group_lines, RunMode.RUN
+        # Hydra's compute_defaults_list, on the grid's repository: it would build a repository of its own and
+        # load every config file again (the search path depends on the Hydra overrides only, which built ours)
+        defaults = create_defaults_list(
+            repo=self._repo, config_name=self._config_name, prepend_hydra=True, skip_missing=False,
+            overrides_list=OverridesParser.create().parse_overrides(self._hydra_overrides + group_lines),
         ).defaults
         group_entries: dict[str, list[int]] = {}
         for i, d in enumerate(defaults):

@@ -8,12 +8,18 @@ enough to run on every edit, whatever the grid sweeps. Targets, on a 2-core mach
     does nothing: benchmarks/noop_app.py), run side by side here;
   * `python -m sft_grid --help`: at most 0.8 s.
 
-Shapes (each 1000 cells):
+Shapes (each 1000 cells, the estimates and the tokenize-once plan on, as by default: every run is checked to
+print both):
 
   groups      20 models x 50 datasets (group options only)
   scalars     2 models x 10 learning rates x 50 seeds (value overrides only)
   sweep_file  a sweep file (`+sweep=bench`) whose params give 10 models x 100 seeds
+  mix         10 models x 10 mixing probabilities x 10 seeds of one data mix (dataset=[tiny_messages,tiny_sharegpt],
+              mix.strategy=interleave_under, mix.probs swept over lists)
   mixed       5 models x 4 datasets x 5 learning rates x 10 seeds, with a nested key and a `+` key set
+
+Each shape is also run again over the cells its first run wrote (the re-invocation: every cell exists, its
+ledger and files are read and its files rewritten).
 
 The models and datasets are small valid configs written into a temporary directory that Hydra's search path gets
 (`hydra.searchpath=[file://DIR]`); they point at the tiny local assets. Each command runs as a subprocess (wall
@@ -70,6 +76,14 @@ def seeds(n: int) -> list[str]:
     return [str(i) for i in range(n)]
 
 
+def probs(n: int) -> list[str]:
+    """n two-source mixing probabilities, each list summing to 1: [0.05,0.95], [0.1,0.9], ..."""
+    return [f"[{(i + 1) / 20:g},{1 - (i + 1) / 20:g}]" for i in range(n)]
+
+
+MIX = ["dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under"]
+
+
 # shape -> (sweep overrides for sft_grid, the same for a 100-cell slice of the stock baseline)
 SHAPES: dict[str, tuple[list[str], list[str]]] = {
     "groups": (["model=" + ",".join(models(20)), "dataset=" + ",".join(datasets(50))],
@@ -77,6 +91,8 @@ SHAPES: dict[str, tuple[list[str], list[str]]] = {
     "scalars": (["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(10)), "seed=" + ",".join(seeds(50))],
                 ["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(1)), "seed=" + ",".join(seeds(50))]),
     "sweep_file": (["+sweep=bench"], ["+sweep=bench_slice"]),
+    "mix": (["model=" + ",".join(models(10)), *MIX, "mix.probs=" + ",".join(probs(10)), "seed=" + ",".join(seeds(10))],
+            ["model=" + ",".join(models(1)), *MIX, "mix.probs=" + ",".join(probs(10)), "seed=" + ",".join(seeds(10))]),
     "mixed": (["model=" + ",".join(models(5)), "dataset=" + ",".join(datasets(4)), "lr=" + ",".join(lrs(5)),
                "seed=" + ",".join(seeds(10)), "cluster.cpus_per_node=3", "+extra.neat_packing=false"],
               ["model=" + ",".join(models(5)), "dataset=" + ",".join(datasets(4)), "lr=" + ",".join(lrs(5)),
@@ -126,8 +142,9 @@ def write_configs(conf_dir: Path) -> None:
             f"tokenizer_family: {family}\ntemplate: {family}\nneeds: []\n")
     for name in datasets(50):
         (conf_dir / "dataset" / f"{name}.yaml").write_text(
-            f"{name}:\n  source: {CACHE}/assets/data/tiny_messages.jsonl\n  formatting: sharegpt\n  messages: messages\n"
-            "  tags: {role_tag: role, content_tag: content, user_tag: user, assistant_tag: assistant, system_tag: system}\n")
+            f"{name}:\n  source: {CACHE}/assets/data/tiny_messages.jsonl\n  formatting: sharegpt\n"
+            "  messages: messages\n  tags: {role_tag: role, content_tag: content, user_tag: user,"
+            " assistant_tag: assistant, system_tag: system}\n")
     for sweep, (n_models, n_seeds) in {"bench": (10, 100), "bench_slice": (1, 100)}.items():
         (conf_dir / "sweep" / f"{sweep}.yaml").write_text(
             "# @package _global_\n"
@@ -136,8 +153,8 @@ def write_configs(conf_dir: Path) -> None:
 
 
 def timed(argv: list[str], cwd: Path, timeout: float, pythonpath: Path | None = None,
-          ) -> tuple[float, subprocess.CompletedProcess[str]]:
-    env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
+          variables: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
+    env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(variables or {})}
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return time.perf_counter() - started, proc
@@ -153,12 +170,17 @@ def run_sft_grid(conf: Path, overrides: list[str], runs_root: Path, cwd: Path, l
                  checkout: Path | None = None) -> float:
     argv = [sys.executable, "-m", "sft_grid", "-m", *overrides, f"hydra.searchpath=[file://{conf}]", "dry_run=true",
             f"runs_root={runs_root}"]
-    seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, checkout)
+    seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, checkout, {"SFT_GRID_ESTIMATES": "1"})
     check(f"sft_grid dry run ({label})", proc)
     sweep = runs_root / "default"
     cells = sum(1 for d in sweep.iterdir() if (d / "cell.yaml").is_file()) if sweep.is_dir() else 0
     if cells != 1000:
         raise BenchError(f"sft_grid dry run ({label}) wrote {cells} cells, expected 1000")
+    # what is measured includes the estimates and the tokenize-once plan (a run without them would be cheaper)
+    if "total of the grid, 1000 of 1000 cell(s) estimated" not in proc.stdout:
+        raise BenchError(f"sft_grid dry run ({label}) did not estimate its 1000 cells")
+    if "tokenize once: " not in proc.stdout:
+        raise BenchError(f"sft_grid dry run ({label}) planned no shared tokenization")
     return seconds
 
 
@@ -170,11 +192,20 @@ def run_stock(conf: Path, overrides: list[str], sweep_dir: Path, cwd: Path) -> f
     return seconds
 
 
+def sweep_values(value: str) -> int:
+    """How many values an override sweeps: its commas outside brackets (`[a,b],[c,d]` is two lists)."""
+    depth, n = 0, 1
+    for ch in value:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        n += ch == "," and depth == 0
+    return n
+
+
 def stock_cells(overrides: list[str]) -> int:
     n = 1
     for o in overrides:
-        if "=" in o and "," in o.split("=", 1)[1]:
-            n *= len(o.split("=", 1)[1].split(","))
+        if "=" in o:
+            n *= sweep_values(o.split("=", 1)[1])
     return n if overrides != ["+sweep=bench_slice"] else 100
 
 
@@ -214,7 +245,8 @@ def bench(args: argparse.Namespace, work: Path, r: Results) -> None:
     r.help_median_s = statistics.median(r.help_runs_s)
     if args.before:
         r.before_help_median_s = statistics.median(
-            timed([sys.executable, "-m", "sft_grid", "--help"], cwd, 60, args.before)[0] for _ in range(args.help_repeats))
+            timed([sys.executable, "-m", "sft_grid", "--help"], cwd, 60, args.before)[0]
+            for _ in range(args.help_repeats))
 
 
 def report(r: Results) -> None:
@@ -231,7 +263,7 @@ def report(r: Results) -> None:
     rows.append(("--help", f"{r.help_median_s:.2f} s", "", before_help, "", "", "PASS" if r.passed["help"] else "FAIL"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for n, row in enumerate(rows):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             print("  ".join("-" * w for w in widths))
     print(f"targets: <= {TARGET_PLAN_S:g} s a shape, >= {TARGET_RATIO:g}x stock Hydra, --help <= {TARGET_HELP_S:g} s")

@@ -186,9 +186,25 @@ def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
         for name in (*TOKENIZER_FILES, "config.json"):
             for where in (source, Path(model_source(cell))):
                 if (where / name).is_file():
-                    out[f"{TOKENIZER_DIR}/{name}"] = (where / name).read_bytes()
+                    out[f"{TOKENIZER_DIR}/{name}"] = _content(where / name)
                     break
     return out
+
+
+# (path, inode, size, mtime) -> a tokenizer file's bytes: the tokenizations of a grid (one per mix, seed, cutoff)
+# copy the same few tokenizers, each file ~10 MB for a real model; read once and shared, not once per tokenization
+_CONTENTS: dict[tuple[str, int, int, int], bytes] = {}
+
+
+def _content(path: Path) -> bytes:
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    data = _CONTENTS.get(key)
+    if data is None:
+        if len(_CONTENTS) > 64:
+            _CONTENTS.clear()
+        data = _CONTENTS[key] = path.read_bytes()
+    return data
 
 
 def run(tok_dir: Path) -> str:

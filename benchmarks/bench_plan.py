@@ -19,13 +19,14 @@ print both):
   mixed       5 models x 4 datasets x 5 learning rates x 10 seeds, with a nested key and a `+` key set
 
 Each shape is also run again over the cells its first run wrote (the re-invocation: every cell exists, its
-ledger and files are read and its files rewritten).
+ledger and files are read, and the files that would change are rewritten).
 
 The models and datasets are small valid configs written into a temporary directory that Hydra's search path gets
 (`hydra.searchpath=[file://DIR]`); they point at the tiny local assets. Each command runs as a subprocess (wall
-time around subprocess.run: interpreter start-up and imports count, as for a user), and every sft_grid run is
-checked to have written its 1000 cell directories. The stock baseline runs a 100-cell slice of each shape with
---quick and is scaled to 1000 cells (labelled as such).
+time around subprocess.run: interpreter start-up and imports count, as for a user), after an os.sync() so that no
+command pays for the writeback of the one before it, and every sft_grid run is checked to have written its 1000
+cell directories. The stock baseline runs a 100-cell slice of each shape with --quick and is scaled to 1000 cells
+(labelled as such).
 
     python benchmarks/bench_plan.py [--quick] [--shapes groups,scalars] [--before CHECKOUT] [--check] [--json out.json]
 
@@ -155,6 +156,9 @@ def write_configs(conf_dir: Path) -> None:
 def timed(argv: list[str], cwd: Path, timeout: float, pythonpath: Path | None = None,
           variables: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
     env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(variables or {})}
+    # every command starts with nothing of the earlier ones left to write back (a stock run writes 1000 job
+    # directories, a dry run 8000 files): else a run pays for its predecessor's writeback, by chance
+    os.sync()
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return time.perf_counter() - started, proc

@@ -234,7 +234,9 @@ def write(rendered: CellFiles, mask: int | None = -1) -> bool:
     for rel in sorted(rendered.files, key=lambda r: r == CELL_FILE):
         target = os.path.join(final, rel)
         executable = rel == LAUNCH_FILE
-        if _unchanged(target, rendered.files[rel].encode(), 0o755 if executable else 0o644, group, mask):
+        text = rendered.files[rel]
+        data = text if isinstance(text, bytes) else text.encode()
+        if _unchanged(target, data, 0o755 if executable else 0o644, group, mask):
             continue
         tmp = os.path.join(final, f".{rel}.{os.getpid()}.tmp")
         _write_file(tmp, rendered.files[rel], executable)

@@ -8,18 +8,25 @@ enough to run on every edit, whatever the grid sweeps. Targets, on a 2-core mach
     does nothing: benchmarks/noop_app.py), run side by side here;
   * `python -m sft_grid --help`: at most 0.5 s (and `sft-grid --help`, the console script's list, for information).
 
-Shapes (each 1000 cells):
+Shapes (each 1000 cells, the estimates and the tokenize-once plan on, as by default: every run is checked to
+print both):
 
   groups      20 models x 50 datasets (group options only)
   scalars     2 models x 10 learning rates x 50 seeds (value overrides only)
   sweep_file  a sweep file (`+sweep=bench`) whose params give 10 models x 100 seeds
+  mix         10 models x 10 mixing probabilities x 10 seeds of one data mix (dataset=[tiny_messages,tiny_sharegpt],
+              mix.strategy=interleave_under, mix.probs swept over lists)
   mixed       5 models x 4 datasets x 5 learning rates x 10 seeds, with a nested key and a `+` key set
+
+Each shape is also run again over the cells its first run wrote (the re-invocation: every cell exists, its
+ledger and files are read, and the files that would change are rewritten).
 
 The models and datasets are small valid configs written into a temporary directory that Hydra's search path gets
 (`hydra.searchpath=[file://DIR]`); they point at the tiny local assets. Each command runs as a subprocess (wall
-time around subprocess.run: interpreter start-up and imports count, as for a user), and every sft_grid run is
-checked to have written its 1000 cell directories. The stock baseline runs a 100-cell slice of each shape with
---quick and is scaled to 1000 cells (labelled as such).
+time around subprocess.run: interpreter start-up and imports count, as for a user), after an os.sync() so that no
+command pays for the writeback of the one before it, and every sft_grid run is checked to have written its 1000
+cell directories. The stock baseline runs a 100-cell slice of each shape with --quick and is scaled to 1000 cells
+(labelled as such).
 
     python benchmarks/bench_plan.py [--quick] [--shapes groups,scalars] [--before CHECKOUT] [--check] [--json out.json]
 
@@ -71,6 +78,14 @@ def seeds(n: int) -> list[str]:
     return [str(i) for i in range(n)]
 
 
+def probs(n: int) -> list[str]:
+    """n two-source mixing probabilities, each list summing to 1: [0.05,0.95], [0.1,0.9], ..."""
+    return [f"[{(i + 1) / 20:g},{1 - (i + 1) / 20:g}]" for i in range(n)]
+
+
+MIX = ["dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under"]
+
+
 # shape -> (sweep overrides for sft_grid, the same for a 100-cell slice of the stock baseline)
 SHAPES: dict[str, tuple[list[str], list[str]]] = {
     "groups": (["model=" + ",".join(models(20)), "dataset=" + ",".join(datasets(50))],
@@ -78,6 +93,8 @@ SHAPES: dict[str, tuple[list[str], list[str]]] = {
     "scalars": (["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(10)), "seed=" + ",".join(seeds(50))],
                 ["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(1)), "seed=" + ",".join(seeds(50))]),
     "sweep_file": (["+sweep=bench"], ["+sweep=bench_slice"]),
+    "mix": (["model=" + ",".join(models(10)), *MIX, "mix.probs=" + ",".join(probs(10)), "seed=" + ",".join(seeds(10))],
+            ["model=" + ",".join(models(1)), *MIX, "mix.probs=" + ",".join(probs(10)), "seed=" + ",".join(seeds(10))]),
     "mixed": (["model=" + ",".join(models(5)), "dataset=" + ",".join(datasets(4)), "lr=" + ",".join(lrs(5)),
                "seed=" + ",".join(seeds(10)), "cluster.cpus_per_node=3", "+extra.neat_packing=false"],
               ["model=" + ",".join(models(5)), "dataset=" + ",".join(datasets(4)), "lr=" + ",".join(lrs(5)),
@@ -142,8 +159,11 @@ def write_configs(conf_dir: Path) -> None:
 
 
 def timed(argv: list[str], cwd: Path, timeout: float, pythonpath: Path | None = None,
-          ) -> tuple[float, subprocess.CompletedProcess[str]]:
-    env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
+          variables: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
+    env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(variables or {})}
+    # every command starts with nothing of the earlier ones left to write back (a stock run writes 1000 job
+    # directories, a dry run 8000 files): else a run pays for its predecessor's writeback, by chance
+    os.sync()
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return time.perf_counter() - started, proc
@@ -159,12 +179,17 @@ def run_sft_grid(conf: Path, overrides: list[str], runs_root: Path, cwd: Path, l
                  checkout: Path | None = None) -> float:
     argv = [sys.executable, "-m", "sft_grid", "-m", *overrides, f"hydra.searchpath=[file://{conf}]", "dry_run=true",
             f"runs_root={runs_root}"]
-    seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, checkout)
+    seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, checkout, {"SFT_GRID_ESTIMATES": "1"})
     check(f"sft_grid dry run ({label})", proc)
     sweep = runs_root / "default"
     cells = sum(1 for d in sweep.iterdir() if (d / "cell.yaml").is_file()) if sweep.is_dir() else 0
     if cells != 1000:
         raise BenchError(f"sft_grid dry run ({label}) wrote {cells} cells, expected 1000")
+    # what is measured includes the estimates and the tokenize-once plan (a run without them would be cheaper)
+    if "total of the grid, 1000 of 1000 cell(s) estimated" not in proc.stdout:
+        raise BenchError(f"sft_grid dry run ({label}) did not estimate its 1000 cells")
+    if "tokenize once: " not in proc.stdout:
+        raise BenchError(f"sft_grid dry run ({label}) planned no shared tokenization")
     return seconds
 
 
@@ -176,11 +201,20 @@ def run_stock(conf: Path, overrides: list[str], sweep_dir: Path, cwd: Path) -> f
     return seconds
 
 
+def sweep_values(value: str) -> int:
+    """How many values an override sweeps: its commas outside brackets (`[a,b],[c,d]` is two lists)."""
+    depth, n = 0, 1
+    for ch in value:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        n += ch == "," and depth == 0
+    return n
+
+
 def stock_cells(overrides: list[str]) -> int:
     n = 1
     for o in overrides:
-        if "=" in o and "," in o.split("=", 1)[1]:
-            n *= len(o.split("=", 1)[1].split(","))
+        if "=" in o:
+            n *= sweep_values(o.split("=", 1)[1])
     return n if overrides != ["+sweep=bench_slice"] else 100
 
 

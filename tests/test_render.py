@@ -133,6 +133,28 @@ def test_files_are_written_cell_yaml_last_and_atomically(make_cells, tmp_path):
     assert write(rendered) is False and sorted(p.name for p in rendered.dir.iterdir()) == names
 
 
+def test_a_rewrite_replaces_only_files_that_differ_from_what_it_would_write(make_cells, tmp_path):
+    """A re-invocation over an existing grid reads each file instead of replacing it when it is already what the
+    replacement would be (content, mode, owner, a single link); anything else is replaced as before."""
+    (cell,) = make_cells([])
+    rendered = render(cell, tmp_path / "c", [])
+    write(rendered)
+    d = rendered.dir
+    inodes = {p.name: p.stat().st_ino for p in d.iterdir()}
+    assert write(rendered) is False and {p.name: p.stat().st_ino for p in d.iterdir()} == inodes
+    (d / "train_config.yaml").write_text("edited by hand\n")  # another content
+    (d / "launch.sh").chmod(0o644)  # another mode
+    os.link(d / "post.json", tmp_path / "elsewhere.json")  # another link: replacing it leaves that one alone
+    (d / "dataset_info.json").unlink()
+    (d / "dataset_info.json").symlink_to(tmp_path / "elsewhere.json")  # a link to another file
+    write(rendered)
+    for rel, text in rendered.files.items():
+        assert (d / rel).read_text() == text and not (d / rel).is_symlink()
+    assert os.access(d / "launch.sh", os.X_OK) and (d / "post.json").stat().st_nlink == 1
+    assert (d / "cell.yaml").stat().st_ino == inodes["cell.yaml"]  # unchanged: left as it was
+    assert {p.name for p in d.iterdir()} == set(inodes)  # no scratch file left
+
+
 def test_dump_mapping_writes_what_yaml_dump_writes():
     """The fast path for plain strings must give yaml.dump's exact text, including for strings YAML reads as
     something else (booleans, nulls, numbers, dates), which it must quote."""

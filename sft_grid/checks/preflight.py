@@ -13,6 +13,7 @@ prepared model or a tokenized dataset built by a job before the cell, the stagin
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections import Counter
@@ -171,8 +172,10 @@ def _not_staged(per_cell: Sequence[tuple[Cell, list[Check]]], verdicts: dict[Che
     return waits
 
 
+@functools.lru_cache(maxsize=4096)
 def _input(check: Check) -> Check:
-    """The check without the key it is reported under: what decides its verdict."""
+    """The check without the key it is reported under: what decides its verdict. (Cached: a grid's cells share
+    their checks, and dataclasses.replace costs more than a lookup; a pure function of a frozen value.)"""
     return replace(check, key="")
 
 

@@ -92,6 +92,10 @@ def read_json(directory: Path, name: str) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+# (deferred checks, python, variables) -> preflight.json's text
+_PREFLIGHT_TEXTS: dict[tuple[Any, ...], str] = {}
+
+
 @dataclass(frozen=True)
 class PreflightFile:
     """preflight.json: the checks deferred to the job's first step, and how to run them there."""
@@ -101,8 +105,15 @@ class PreflightFile:
     variables: Mapping[str, str] = field(default_factory=dict)  # the cluster's environment variables
 
     def dumps(self) -> str:
-        return _dump({"deferred": [c.to_json() for c in self.deferred], "python": self.python,
-                      "variables": dict(self.variables)})
+        # the cells of a grid defer the same checks (a grid's models and sources): each content is made once
+        key = (self.deferred, self.python, tuple(self.variables.items()))
+        text = _PREFLIGHT_TEXTS.get(key)
+        if text is None:
+            if len(_PREFLIGHT_TEXTS) > 4096:
+                _PREFLIGHT_TEXTS.clear()
+            text = _PREFLIGHT_TEXTS[key] = _dump({"deferred": [c.to_json() for c in self.deferred],
+                                                  "python": self.python, "variables": dict(self.variables)})
+        return text
 
     @classmethod
     def load(cls, cell_dir: Path) -> "PreflightFile | None":

@@ -178,6 +178,9 @@ def _cancelled_job(history: Sequence[Event]) -> Event | None:
 
 
 def _state(output_dir: Path, view: SchedulerView | None, history: Sequence[Event]) -> CellState:
+    if not history and not output_dir.is_dir():
+        # nothing ran yet (a new cell of a large grid): one stat, not the trainer's three files looked for
+        return CellState(State.PLANNED)
     last = events.last(history, *STATE_KINDS)
     job_id = next((e.job_id for e in reversed(history) if e.job_id), "")
     done = progress(output_dir)

@@ -39,7 +39,17 @@ class Template:
 
     def jinja_text(self) -> str | None:
         path = self.jinja_path
-        return path.read_text() if path is not None else None
+        if path is None:
+            return None
+        # read once per content, not once per cell that renders it (keyed by its stat: an edit is read again)
+        st = path.stat()
+        key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in _JINJA:
+            _JINJA[key] = path.read_text()
+        return _JINJA[key]
+
+
+_JINJA: dict[tuple[str, int, int, int], str] = {}
 
 
 _LLAMA3 = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")

@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -57,7 +57,7 @@ from sft_grid.planning.estimate import (
     mixed_rows,
     throughput,
 )
-from sft_grid.planning.inputs import source_of
+from sft_grid.planning.inputs import pin_of, source_of
 
 # d_model / n_layers of Llama- and Qwen-shaped models (4096/32, 2048/16, 5120/40): the shape guessed from the
 # size alone, N ~ 12 L d^2, when no config.json is readable here
@@ -80,7 +80,22 @@ class GridCosts:
         est = self.estimates.get(name)
         if est is None:
             return None
-        return json.dumps({**self.inputs[name], **est.to_json()}, indent=1, default=str) + "\n"
+        return _indented({**self.inputs[name], **est.to_json()})
+
+
+# estimate.json names no cell, so the cells of one shape (a sweep of seeds) write the same text: each distinct
+# content (keyed by its compact JSON, from the C encoder) is indented once by the pure-Python encoder
+_TEXTS: dict[str, str] = {}
+
+
+def _indented(data: dict[str, Any]) -> str:
+    key = json.dumps(data, default=str)
+    text = _TEXTS.get(key)
+    if text is None:
+        if len(_TEXTS) > 16384:
+            _TEXTS.clear()
+        text = _TEXTS[key] = json.dumps(data, indent=1, default=str) + "\n"
+    return text
 
 
 def _count_rows(path: Path) -> int | None:
@@ -157,19 +172,44 @@ def gpu_of(cell: Cell) -> str:
     return c.gpu_type or ("CPU" if not c.gpus_per_node else "")
 
 
-def plan_of(cell: Cell, lengths: Mapping[str, Sequence[int]]) -> tuple[CellPlan, str, dict[str, Any]]:
+class _Reads:
+    """What `plan_of` reads here, once per distinct input of a grid (its cells share a few models and sources:
+    locating a source, listing its files and stating them, or resolving a model's path, per cell adds up over
+    1000 cells). One per `estimate` call: a later call sees the files as they are then."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, int | None] = {}
+        self._models: dict[tuple[Any, ...], tuple[Model, str]] = {}
+
+    def rows(self, source: str) -> int | None:
+        if source not in self._rows:
+            self._rows[source] = source_rows(source)
+        return self._rows[source]
+
+    def model(self, cell: Cell) -> tuple[Model, str]:
+        m = cell.spec.model
+        # what _model reads of the cell: the model's size, path or hub id, and that hub id's pin
+        key = (m.params_b, m.path, m.hub_id, pin_of(cell, "model", m.hub_id or ""))
+        if key not in self._models:
+            self._models[key] = _model(cell)
+        return self._models[key]
+
+
+def plan_of(cell: Cell, lengths: Mapping[str, Sequence[int]], reads: _Reads | None = None,
+            ) -> tuple[CellPlan, str, dict[str, Any]]:
     """The estimate's input for a cell, and why it has no token count ("" when it has)."""
     s = cell.spec
+    reads = reads or _Reads()
     rows, why = [], ""
     for name, ds in s.dataset.items():
-        n = source_rows(ds.source)
+        n = reads.rows(ds.source)
         if not lengths.get(name):
             why = why or f"no token sample of dataset {name} ({ds.source}): the loss-mask probe could not read it here"
         elif n is None:
             why = why or f"dataset {name} ({ds.source}) is not readable here to count its rows"
         rows.append(n or 0)
     per_epoch = mixed_rows(rows, s.mix.strategy, s.mix.probs)
-    model, shape_from = _model(cell)
+    model, shape_from = reads.model(cell)
     extra = s.extra or {}
     plan = CellPlan(
         name=cell.name, model=model,
@@ -208,8 +248,12 @@ def estimate(cells: Sequence[Cell], lengths: Mapping[str, Mapping[str, Sequence[
         if free is not None:
             costs.free_bytes[root] = free
     throughputs: dict[tuple[str, str, float | None], Any] = {}
+    reads = _Reads()
+    # cells that differ only in what the estimate does not read (a seed, a learning rate) have one plan but for
+    # its name: each is estimated once (counting a source's sampled lengths is the most of it)
+    shapes: dict[tuple[CellPlan, Any], Estimate] = {}
     for cell in cells:
-        plan, why, inputs = plan_of(cell, lengths.get(cell.name, {}))
+        plan, why, inputs = plan_of(cell, lengths.get(cell.name, {}), reads)
         if why:
             costs.unknown[cell.name] = why
             bound = disk_bound(plan)
@@ -220,7 +264,10 @@ def estimate(cells: Sequence[Cell], lengths: Mapping[str, Mapping[str, Sequence[
         key = (c.name, gpu_of(cell), c.gpu_peak_tflops)
         if key not in throughputs:
             throughputs[key] = throughput(c.name, key[1], costs.calibrations, c.gpu_peak_tflops)
-        costs.estimates[cell.name] = estimate_cell(plan, throughputs[key])
+        shape = (replace(plan, name=""), throughputs[key])
+        if shape not in shapes:
+            shapes[shape] = estimate_cell(plan, throughputs[key])
+        costs.estimates[cell.name] = replace(shapes[shape], cell=cell.name)
         costs.inputs[cell.name] = inputs
     return costs
 

@@ -318,6 +318,7 @@ def _share_tokenized(decisions: Sequence[Decision], tokens: Mapping[str, Tokeniz
         if d.action is Action.RUN and d.cell.name in tokens:
             users.setdefault(tokens[d.cell.name].dir, []).append(d.cell)
     shared: dict[Path, Tokenization] = {}
+    built: dict[Path, bool] = {}  # each tokenization's marker read once, not once per cell
     out = []
     checks = {name: tuple(c) for name, c in deferred.items()}
     for d in decisions:
@@ -327,7 +328,9 @@ def _share_tokenized(decisions: Sequence[Decision], tokens: Mapping[str, Tokeniz
             continue
         shared[d.dir] = tok
         out.append(replace(d, cell=replace(d.cell, tokenized=tok.data)))
-        if not tok.data.complete:
+        if tok.dir not in built:
+            built[tok.dir] = tok.data.complete
+        if not built[tok.dir]:
             checks[d.cell.name] = (*checks.get(d.cell.name, ()), Check("tokenized", "tokenized", str(tok.dir)))
     return out, shared, checks
 

@@ -67,7 +67,9 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
                     for p, d in pending_preps.values())
     work = staging if staging is not None and any(d.dir in staging.cells for d in to_run) else None
     scripts += (CellFiles(work.dir, {STAGE_FILE: work.file()}),) if work is not None else ()
-    tokens = {d.dir: t for d in to_run if (t := (tokenized or {}).get(d.dir)) is not None and not t.data.complete}
+    # each tokenization's marker read once, not once per cell
+    built = {t.dir: t.data.complete for t in {t.dir: t for t in (tokenized or {}).values()}.values()}
+    tokens = {d.dir: t for d in to_run if (t := (tokenized or {}).get(d.dir)) is not None and not built[t.dir]}
     firsts = {t.dir: (t, d) for d in reversed(to_run) if (t := tokens.get(d.dir)) is not None}
     scripts += tuple(CellFiles(t.dir, tokenize_stage.files(t, d.cell)) for t, d in firsts.values())
     local_jobs, submits = _local(local, preps, pending_preps, tokens)
@@ -344,9 +346,12 @@ def tokenize_jobs(runs: Sequence[Decision], tokenized: Mapping[Path, Tokenizatio
     already); each cell -> what it waits for."""
     new: dict[Path, Decision] = {}
     waits: dict[Path, Dependency] = {}
+    built: dict[Path, bool] = {}  # each tokenization's marker read once, not once per cell
     for d in runs:
         tok = tokenized.get(d.dir)
-        if tok is None or tok.data.complete:
+        if tok is not None and tok.dir not in built:
+            built[tok.dir] = tok.data.complete
+        if tok is None or built[tok.dir]:
             continue
         job_id = queued_job(histories.get(tok.dir, ()), view)
         if job_id:

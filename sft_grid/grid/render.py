@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -164,20 +165,59 @@ def _write_file(path: str, content: str | bytes, executable: bool) -> None:
         os.close(fd)
 
 
-def write(rendered: CellFiles) -> bool:
+def umask() -> int | None:
+    """This process's umask, read without setting it (os.umask would, for every thread): Linux's
+    /proc/self/status; None where it cannot be read."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _unchanged(path: str, data: bytes, mode: int, group: int, mask: int | None) -> bool:
+    """Whether the file is already what replacing it would make: a regular file of this content, owned by this
+    process's user and the group a new file gets, with a new file's mode and no other link. Then a re-invocation
+    over an existing grid leaves it as it is (reading a small file costs a tenth of creating and renaming one)."""
+    if mask is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_size != len(data) or st.st_nlink != 1 or st.st_uid != os.geteuid()
+                or st.st_gid != group or stat.S_IMODE(st.st_mode) != mode & ~mask):
+            return False
+        chunks = []
+        while chunk := os.read(fd, len(data) + 1):
+            chunks.append(chunk)
+        return b"".join(chunks) == data
+    finally:
+        os.close(fd)
+
+
+def write(rendered: CellFiles, mask: int | None = -1) -> bool:
     """Write a cell's files so that a cell directory is never half valid; returns whether it is new.
 
     A new cell is written into a scratch directory beside it and renamed into place whole. An existing
-    cell gets each file replaced atomically, cell.yaml last. Its ledger starts when it is submitted.
-    (Plain os calls on str paths: a large dry run writes thousands of small files.)
+    cell gets each file replaced atomically, cell.yaml last, except a file that is already exactly what would
+    replace it (`mask`: the process's umask, -1 to read it; None: replace every file). Its ledger starts when it
+    is submitted. (Plain os calls on str paths: a large dry run writes thousands of small files.)
     """
     final = str(rendered.dir)
     if not os.path.exists(final):  # (the grid creates the sweep directory before writing its cells)
         head, name = os.path.split(final)
-        if not os.path.isdir(head):  # a base model's, under <sweep>/_base/
-            os.makedirs(head, exist_ok=True)
         scratch = os.path.join(head, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        os.mkdir(scratch)
+        try:
+            os.mkdir(scratch)
+        except FileNotFoundError:  # a base model's, under <sweep>/_base/ (not one stat of the sweep per cell)
+            os.makedirs(head, exist_ok=True)
+            os.mkdir(scratch)
         for rel, text in rendered.files.items():
             _write_file(os.path.join(scratch, rel), text, rel == LAUNCH_FILE)
         try:
@@ -185,10 +225,23 @@ def write(rendered: CellFiles) -> bool:
             return True
         except OSError:  # another invocation created it meanwhile: fall through to replacing files
             shutil.rmtree(scratch, ignore_errors=True)
+    mask = umask() if mask == -1 else mask
+    group = -1
+    try:
+        directory = os.stat(final)
+    except OSError:
+        mask = None
+    else:  # the group a new file gets: the directory's where it is setgid, else the process's
+        group = directory.st_gid if directory.st_mode & stat.S_ISGID else os.getegid()
     for rel in sorted(rendered.files, key=lambda r: r == CELL_FILE):
         target = os.path.join(final, rel)
+        executable = rel == LAUNCH_FILE
+        text = rendered.files[rel]
+        data = text if isinstance(text, bytes) else text.encode()
+        if _unchanged(target, data, 0o755 if executable else 0o644, group, mask):
+            continue
         tmp = os.path.join(final, f".{rel}.{os.getpid()}.tmp")
-        _write_file(tmp, rendered.files[rel], rel == LAUNCH_FILE)
+        _write_file(tmp, rendered.files[rel], executable)
         os.replace(tmp, target)
     for stale in (PREFLIGHT_FILE, EVAL_FILE):
         # checks deferred by an earlier rendering (another cluster, a missing venv), or the suites it evaluated, must
@@ -203,5 +256,6 @@ def write_all(rendered: Sequence[CellFiles]) -> None:
     """Write cell directories; a few threads, since small-file syscalls dominate a large dry run."""
     from concurrent.futures import ThreadPoolExecutor
 
+    mask = umask()
     with ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(write, rendered))
+        list(pool.map(lambda files: write(files, mask), rendered))

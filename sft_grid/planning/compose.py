@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.defaults_list import create_defaults_list
 from hydra.core.default_element import ResultDefault
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -55,6 +56,7 @@ class GridComposer:
         self._groups: dict[str, bool] = {}
         self._subtrees: dict[tuple[str, Any], Any] = {}
         self._layer_cache: dict[str, Any] = {}
+        self._sections: dict[tuple[Any, ...], tuple[Any, list[tuple[str, Any]], Any]] = {}
         self.values = ValueEffects()
         self._ref: Reference | None = None
         self.stats = {"hydra_composes": 0, "fast": 0}
@@ -115,8 +117,11 @@ class GridComposer:
         groups, _ = self._split(overrides)
         group_lines = [ov.input_line for ov in groups.values()]
         cfg = self.hydra_compose(group_lines)
-        defaults = self._loader.compute_defaults_list(
-            self._config_name, self._hydra_overrides + group_lines, RunMode.RUN
+        # Hydra's compute_defaults_list, on the grid's repository: it would build a repository of its own and
+        # load every config file again (the search path depends on the Hydra overrides only, which built ours)
+        defaults = create_defaults_list(
+            repo=self._repo, config_name=self._config_name, prepend_hydra=True, skip_missing=False,
+            overrides_list=OverridesParser.create().parse_overrides(self._hydra_overrides + group_lines),
         ).defaults
         group_entries: dict[str, list[int]] = {}
         for i, d in enumerate(defaults):
@@ -233,9 +238,32 @@ class GridComposer:
             swapped[g] = sub
         if not ref.context_free:
             return self._resolved_whole(ref, values, swapped)
-        for path, value in self.values.effects_of(ref, values, swapped) if values else ():
-            set_path(config, path, value)
+        by_top: dict[str, list[tuple[str, Any]]] = {}
+        for effect in self.values.effects_of(ref, values, swapped) if values else ():
+            by_top.setdefault(effect[0].split(".", 1)[0], []).append(effect)
+        for top, effects in by_top.items():
+            if all("." in path for path, _ in effects):
+                config[top] = self._section(top, config.get(top), effects)
+            else:  # the key itself is set: in order, as Hydra applies them
+                for path, value in effects:
+                    set_path(config, path, value)
         return config
+
+    def _section(self, top: str, base: Any, effects: list[tuple[str, Any]]) -> Any:
+        """The top-level section `base` with these value overrides in it (in order), built once for every cell
+        that has the same section and overrides (`cluster.cpus_per_node=3` in every cell): the cells then share
+        one object, as they share an unchanged section, and what is derived per section (the typed spec, the
+        environment, the section's YAML) is derived once. Keyed by identity: the effects are ValueEffects'
+        cached objects and the base a shared section; the entry keeps them alive, so an id is not reused."""
+        key = (top, id(base), tuple(id(e) for e in effects))
+        hit = self._sections.get(key)
+        if hit is not None and hit[0] is base and all(a is b for a, b in zip(hit[1], effects, strict=True)):
+            return hit[2]
+        holder: dict[str, Any] = {top: base} if base is not None else {}
+        for path, value in effects:
+            set_path(holder, path, value)
+        self._sections[key] = (base, effects, holder.get(top))
+        return holder.get(top)
 
     def _resolved_whole(self, ref: "Reference", values: list[Override], swapped: dict[str, Any]) -> dict[str, Any] | None:
         """A cell of a grid whose config reads other keys (a sweep file's table: `${vars.models.${vars.model}.hub_id}`):

@@ -97,8 +97,30 @@ def harness_version(cell: Cell, suite: Any) -> str:
     if not own:
         return _managed(suite.harness)[1]
     dist = package.replace("-", "_")
-    found = sorted(venv.glob(f"lib/python3*/site-packages/{dist}-*.dist-info"))
-    return f"{package}=={found[-1].name[len(dist) + 1:-len('.dist-info')]}" if found else ""
+    # every cell's every suite asks it (three times: its rules, scores and eval.json): the environment is listed
+    # once per state of its site-packages (an install or a removal changes their modification time)
+    key = (str(venv), dist, _site_packages_state(venv))
+    if key not in _VERSIONS:
+        found = sorted(venv.glob(f"lib/python3*/site-packages/{dist}-*.dist-info"))
+        _VERSIONS[key] = f"{package}=={found[-1].name[len(dist) + 1:-len('.dist-info')]}" if found else ""
+    return _VERSIONS[key]
+
+
+_VERSIONS: dict[tuple[Any, ...], str] = {}
+
+
+def _site_packages_state(venv: Path) -> tuple[tuple[str, int], ...]:
+    try:
+        libs = sorted(name for name in os.listdir(venv / "lib") if name.startswith("python3"))
+    except OSError:
+        return ()
+    state = []
+    for name in libs:
+        try:
+            state.append((name, os.stat(venv / "lib" / name / "site-packages").st_mtime_ns))
+        except OSError:
+            continue
+    return tuple(state)
 
 
 # -- scores -------------------------------------------------------------------------------------------------------
@@ -188,6 +210,7 @@ def base_has_template(cell: Cell) -> bool:
 def base_targets(cells: Sequence[Cell]) -> list[BaseTarget]:
     """Each base model the grid's suites ask to evaluate, with every score any of its cells' suites asks of it."""
     found: dict[Path, BaseTarget] = {}
+    templates: dict[Path, bool] = {}  # each base's tokenizer read once, not once per cell that trains from it
     for cell in cells:
         suites = tuple(s for s in suites_of(cell) if s.base_models)
         if not suites or not base_source(cell):
@@ -197,7 +220,9 @@ def base_targets(cells: Sequence[Cell]) -> list[BaseTarget]:
         known = found.get(where)
         merged = known.suites + tuple(s for s in suites if s not in known.suites) if known else suites
         first = known.cell if known else cell
-        scores = scores_for(key, first, merged, base_has_template(first))
+        if where not in templates:
+            templates[where] = base_has_template(first)
+        scores = scores_for(key, first, merged, templates[where])
         found[where] = BaseTarget(cell.spec.model.name, base_source(first), key, where, first, merged, scores)
     return list(found.values())
 
@@ -423,6 +448,12 @@ def _write(path: Path, text: str) -> None:
 
 def content_digest(name: str) -> str:
     """A digest of one task's rows and YAML with its data paths left out: the task's identity wherever it is built."""
+    # every score of every cell asks it, and making the rows is ~0.4 ms: once per what decides them
+    return _content_digest(name, _SEEDS[name], TEST_ROWS, TRAIN_ROWS, GEN_MAX_TOKENS)
+
+
+@functools.cache
+def _content_digest(name: str, *decides: int) -> str:
     splits = _rows(name)
     config = _task_config(name, {split: f"<{split}>" for split in splits})
     blob = json.dumps({"config": config, "rows": splits}, sort_keys=True)

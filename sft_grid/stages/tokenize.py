@@ -11,8 +11,9 @@ The key is a hash of what decides the tokens (`identity`): the backend and its e
 content (checks/tokenizers.py: a digest of its files, for a Delphi checkpoint the prepared tokenizer's, so
 checkpoints that carry the same tokenizer share); the template and its jinja; the backend's data settings and
 each source as rendered, with its pinned commit or, for a local file, its size and modification time; the mix and
-its seed where the backend's data preparation uses it; the cutoff. A change of any of them gives a new key, and so a new tokenized dataset. A tokenizer that
-cannot be read where the grid runs (not staged yet) is keyed by its name and commit instead, and read by the job.
+its seed where the backend's data preparation uses it; the cutoff. A change of any of them gives a new key, and
+so a new tokenized dataset. A tokenizer that cannot be read where the grid runs (not staged yet) is keyed by its
+name and commit instead, and read by the job.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from sft_grid.core.templates import TEMPLATES
 from sft_grid.core.tokenized import MARKER, TOKENIZED, TOKENIZER_DIR, TokenizedData, tokenized_complete
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.environments import bin_dir
-from sft_grid.planning.inputs import PREP_VERSION, hub_variables, model_source, prep_for, source_of
+from sft_grid.planning.inputs import PREP_VERSION, hub_variables, model_source, pin_of, prep_for, source_of
 from sft_grid.stages import once
 
 SCRIPT = "tokenize.sh"
@@ -75,32 +76,64 @@ def _tokenizer(cell: Cell) -> tuple[dict[str, Any], Path | None]:
     return {"name": source_of(cell), "prep": PREP_VERSION if prep is not None else None}, None
 
 
-def _sources(cell: Cell) -> list[Any]:
-    """Each source's revision: its pinned commit, or a local file's size and modification time."""
-    out: list[Any] = []
-    for name, ds in cell.spec.dataset.items():
-        if is_local(ds.source):
-            try:
-                st = Path(ds.source).expanduser().stat()
-                out.append([name, "local", st.st_size, st.st_mtime_ns])
-            except OSError:
-                out.append([name, "local", None])
-        else:
-            out.append([name, "hub", next((p.sha for p in cell.pins if p.repo_id == ds.source), "unpinned")])
-    return out
+def _local_revision(source: str) -> tuple[int, int] | None:
+    try:
+        st = Path(source).expanduser().stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
-def identity(cell: Cell) -> tuple[dict[str, Any], Path | None]:
+class _Reads:
+    """What `identity` reads from the file system, once per distinct input of a grid (its cells share a few
+    models, sources and templates; a digest is ~0.5 ms, a stat or a jinja read per cell adds up over 1000 cells).
+    One per `plan` call: a later call sees files as they are then."""
+
+    def __init__(self) -> None:
+        self._tokenizers: dict[tuple[Any, ...], tuple[dict[str, Any], Path | None]] = {}
+        self._locals: dict[str, tuple[int, int] | None] = {}
+        self._jinja: dict[str, str | None] = {}
+
+    def tokenizer(self, cell: Cell) -> tuple[dict[str, Any], Path | None]:
+        m = cell.spec.model
+        # what _tokenizer reads of the cell: its model, that model's pin, and the runs root its prep lives under
+        key = (m.name, m.path, m.hub_id, tuple(m.needs), pin_of(cell, "model", m.hub_id or ""), cell.runs_root)
+        if key not in self._tokenizers:
+            self._tokenizers[key] = _tokenizer(cell)
+        return self._tokenizers[key]
+
+    def sources(self, cell: Cell) -> list[Any]:
+        """Each source's revision: its pinned commit, or a local file's size and modification time."""
+        out: list[Any] = []
+        for name, ds in cell.spec.dataset.items():
+            if is_local(ds.source):
+                if ds.source not in self._locals:
+                    self._locals[ds.source] = _local_revision(ds.source)
+                revision = self._locals[ds.source]
+                out.append([name, "local", *revision] if revision else [name, "local", None])
+            else:
+                out.append([name, "hub", next((p.sha for p in cell.pins if p.repo_id == ds.source), "unpinned")])
+        return out
+
+    def jinja(self, name: str) -> str | None:
+        """The digest of a template's jinja text (None: a template the backends ship, or an unknown one)."""
+        if name not in self._jinja:
+            template = TEMPLATES.get(name)
+            self._jinja[name] = (hashlib.sha256((template.jinja_text() or "").encode()).hexdigest()[:16]
+                                 if template else None)
+        return self._jinja[name]
+
+
+def identity(cell: Cell, reads: _Reads | None = None) -> tuple[dict[str, Any], Path | None]:
     s = cell.spec
-    template = TEMPLATES.get(s.model.template)
-    tokenizer, where = _tokenizer(cell)
+    reads = reads or _Reads()
+    tokenizer, where = reads.tokenizer(cell)
     ident = {
         "backend": s.backend.name, "env": bin_dir(s).parent.name, "tokenizer": tokenizer,
-        "template": s.model.template,
-        "jinja": hashlib.sha256((template.jinja_text() or "").encode()).hexdigest()[:16] if template else None,
+        "template": s.model.template, "jinja": reads.jinja(s.model.template),
         # the seed counts where the backend's data preparation uses it (its data_spec keeps it then: axolotl
         # shuffles the prepared dataset with it; LLaMA-Factory only interleaves or splits with it)
-        "sources": _sources(cell), "mix": [s.mix.strategy, s.mix.probs], "cutoff_len": s.cutoff_len,
+        "sources": reads.sources(cell), "mix": [s.mix.strategy, s.mix.probs], "cutoff_len": s.cutoff_len,
         "data": backend_of(s.backend.name).data_spec(cell),
     }
     return ident, where
@@ -110,10 +143,11 @@ def plan(cells: Sequence[Cell]) -> dict[str, Tokenization]:
     """cell name -> the tokenization it shares (cells of backends without a tokenize job tokenize themselves)."""
     out: dict[str, Tokenization] = {}
     by_key: dict[Path, Tokenization] = {}
+    reads = _Reads()
     for cell in cells:
         if not cell.spec.tokenize_once or backend_of(cell.spec.backend.name).tokenize_job is None:
             continue
-        ident, where = identity(cell)
+        ident, where = identity(cell, reads)
         key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
         directory = cell.runs_root / TOKENIZED / f"{cell.spec.backend.name}-{key}"
         if directory not in by_key:
@@ -162,9 +196,25 @@ def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
         for name in (*TOKENIZER_FILES, "config.json"):
             for where in (source, Path(model_source(cell))):
                 if (where / name).is_file():
-                    out[f"{TOKENIZER_DIR}/{name}"] = (where / name).read_bytes()
+                    out[f"{TOKENIZER_DIR}/{name}"] = _content(where / name)
                     break
     return out
+
+
+# (path, inode, size, mtime) -> a tokenizer file's bytes: the tokenizations of a grid (one per mix, seed, cutoff)
+# copy the same few tokenizers, each file ~10 MB for a real model; read once and shared, not once per tokenization
+_CONTENTS: dict[tuple[str, int, int, int], bytes] = {}
+
+
+def _content(path: Path) -> bytes:
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    data = _CONTENTS.get(key)
+    if data is None:
+        if len(_CONTENTS) > 64:
+            _CONTENTS.clear()
+        data = _CONTENTS[key] = path.read_bytes()
+    return data
 
 
 def run(tok_dir: Path) -> str:

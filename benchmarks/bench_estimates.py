@@ -33,8 +33,16 @@ TARGET_RATIO = 1.10
 
 
 def dry_run(conf: Path, runs_root: Path, cwd: Path, estimates: bool) -> tuple[float, str]:
-    argv = [sys.executable, "-m", "sft_grid", "-m", *SHAPES["groups"][0], f"hydra.searchpath=[file://{conf}]",
-            "dry_run=true", f"runs_root={runs_root}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "sft_grid",
+        "-m",
+        *SHAPES["groups"][0],
+        f"hydra.searchpath=[file://{conf}]",
+        "dry_run=true",
+        f"runs_root={runs_root}",
+    ]
     os.environ["SFT_GRID_ESTIMATES"] = "1" if estimates else "0"
     try:
         seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, REPO)  # this checkout, whatever pip installed
@@ -77,11 +85,25 @@ def main() -> int:
     for k, v in times.items():
         print(f"  estimates {k:9}: median {med[k]:.2f} s  ({', '.join(f'{s:.2f}' for s in v)})")
     ok = fresh <= TARGET_RATIO and again <= TARGET_RATIO
-    print(f"ratio on/off: fresh runs root {fresh:.3f}, over the grid's existing cells {again:.3f};"
-          f" target <= {TARGET_RATIO:.2f}: {'PASS' if ok else 'FAIL'}")
+    print(
+        f"ratio on/off: fresh runs root {fresh:.3f}, over the grid's existing cells {again:.3f};"
+        f" target <= {TARGET_RATIO:.2f}: {'PASS' if ok else 'FAIL'}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"times": times, "medians": med, "ratio_fresh": fresh, "ratio_again": again,
-                                         "target": TARGET_RATIO, "pass": ok}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "times": times,
+                    "medians": med,
+                    "ratio_fresh": fresh,
+                    "ratio_again": again,
+                    "target": TARGET_RATIO,
+                    "pass": ok,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 1 if args.check and not ok else 0
 
 

@@ -53,8 +53,14 @@ def timed_run(code: Path, runs: Path, cache: Path) -> dict[str, float]:
     started = time.monotonic()
     seen: dict[str, float] = {}
 
-    proc = subprocess.Popen([sys.executable, "-m", "sft_grid", *DEMO, f"runs_root={runs}"], cwd=code, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sft_grid", *DEMO, f"runs_root={runs}"],
+        cwd=code,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     def read() -> None:
         assert proc.stdout is not None
@@ -103,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                         last = times[name][mode][-1]
                         print(f"{name:8} {mode}: " + ", ".join(f"{k} {v:.1f} s" for k, v in last.items()), flush=True)
         finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "baseline")],
-                           check=False)
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "baseline")], check=False
+            )
     print(f"\nload average at the start: {load[0]:.2f}; {args.repeats} run(s) each, medians:")
     print(f"{'':14}{'first line':>12}{'first step':>12}{'end':>8}")
     verdict = True
@@ -116,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         after = statistics.median(r["first step"] for r in times["now"][mode])
         ok = after <= before / 2
         verdict &= ok
-        print(f"  {mode}: first step {before:.1f} s -> {after:.1f} s ({before / after:.2f}x faster;"
-              f" target: at most half): {'PASS' if ok else 'FAIL'}")
+        print(
+            f"  {mode}: first step {before:.1f} s -> {after:.1f} s ({before / after:.2f}x faster;"
+            f" target: at most half): {'PASS' if ok else 'FAIL'}"
+        )
     if args.json:
         args.json.write_text(json.dumps({"load": load[0], "times": times, "pass": verdict}, indent=1) + "\n")
     return 1 if args.check and not verdict else 0

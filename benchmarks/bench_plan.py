@@ -88,17 +88,37 @@ MIX = ["dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under"]
 
 # shape -> (sweep overrides for sft_grid, the same for a 100-cell slice of the stock baseline)
 SHAPES: dict[str, tuple[list[str], list[str]]] = {
-    "groups": (["model=" + ",".join(models(20)), "dataset=" + ",".join(datasets(50))],
-               ["model=" + ",".join(models(2)), "dataset=" + ",".join(datasets(50))]),
-    "scalars": (["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(10)), "seed=" + ",".join(seeds(50))],
-                ["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(1)), "seed=" + ",".join(seeds(50))]),
+    "groups": (
+        ["model=" + ",".join(models(20)), "dataset=" + ",".join(datasets(50))],
+        ["model=" + ",".join(models(2)), "dataset=" + ",".join(datasets(50))],
+    ),
+    "scalars": (
+        ["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(10)), "seed=" + ",".join(seeds(50))],
+        ["model=" + ",".join(models(2)), "lr=" + ",".join(lrs(1)), "seed=" + ",".join(seeds(50))],
+    ),
     "sweep_file": (["+sweep=bench"], ["+sweep=bench_slice"]),
-    "mix": (["model=" + ",".join(models(10)), *MIX, "mix.probs=" + ",".join(probs(10)), "seed=" + ",".join(seeds(10))],
-            ["model=" + ",".join(models(1)), *MIX, "mix.probs=" + ",".join(probs(10)), "seed=" + ",".join(seeds(10))]),
-    "mixed": (["model=" + ",".join(models(5)), "dataset=" + ",".join(datasets(4)), "lr=" + ",".join(lrs(5)),
-               "seed=" + ",".join(seeds(10)), "cluster.cpus_per_node=3", "+extra.neat_packing=false"],
-              ["model=" + ",".join(models(5)), "dataset=" + ",".join(datasets(4)), "lr=" + ",".join(lrs(5)),
-               "seed=0", "cluster.cpus_per_node=3", "+extra.neat_packing=false"]),
+    "mix": (
+        ["model=" + ",".join(models(10)), *MIX, "mix.probs=" + ",".join(probs(10)), "seed=" + ",".join(seeds(10))],
+        ["model=" + ",".join(models(1)), *MIX, "mix.probs=" + ",".join(probs(10)), "seed=" + ",".join(seeds(10))],
+    ),
+    "mixed": (
+        [
+            "model=" + ",".join(models(5)),
+            "dataset=" + ",".join(datasets(4)),
+            "lr=" + ",".join(lrs(5)),
+            "seed=" + ",".join(seeds(10)),
+            "cluster.cpus_per_node=3",
+            "+extra.neat_packing=false",
+        ],
+        [
+            "model=" + ",".join(models(5)),
+            "dataset=" + ",".join(datasets(4)),
+            "lr=" + ",".join(lrs(5)),
+            "seed=0",
+            "cluster.cpus_per_node=3",
+            "+extra.neat_packing=false",
+        ],
+    ),
 }
 
 
@@ -145,21 +165,25 @@ def write_configs(conf_dir: Path) -> None:
         asset, family = TINY_MODELS[i % 2]
         (conf_dir / "model" / f"{name}.yaml").write_text(
             f"name: {name}\nhub_id: null\npath: {CACHE}/assets/models/{asset}\nparams_b: {0.0002 + i * 1e-5:.5f}\n"
-            f"tokenizer_family: {family}\ntemplate: {family}\nneeds: []\n")
+            f"tokenizer_family: {family}\ntemplate: {family}\nneeds: []\n"
+        )
     for name in datasets(50):
         (conf_dir / "dataset" / f"{name}.yaml").write_text(
             f"{name}:\n  source: {CACHE}/assets/data/tiny_messages.jsonl\n  formatting: sharegpt\n"
             "  messages: messages\n  tags: {role_tag: role, content_tag: content, user_tag: user,"
-            " assistant_tag: assistant, system_tag: system}\n")
+            " assistant_tag: assistant, system_tag: system}\n"
+        )
     for sweep, (n_models, n_seeds) in {"bench": (10, 100), "bench_slice": (1, 100)}.items():
         (conf_dir / "sweep" / f"{sweep}.yaml").write_text(
             "# @package _global_\n"
             f"sweep_name: default\nmax_steps: 4\nhydra:\n  sweeper:\n    params:\n"
-            f"      model: {','.join(models(n_models))}\n      seed: {','.join(seeds(n_seeds))}\n")
+            f"      model: {','.join(models(n_models))}\n      seed: {','.join(seeds(n_seeds))}\n"
+        )
 
 
-def timed(argv: list[str], cwd: Path, timeout: float, pythonpath: Path | None = None,
-          variables: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[str]]:
+def timed(
+    argv: list[str], cwd: Path, timeout: float, pythonpath: Path | None = None, variables: dict[str, str] | None = None
+) -> tuple[float, subprocess.CompletedProcess[str]]:
     env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}), **(variables or {})}
     # every command starts with nothing of the earlier ones left to write back (a stock run writes 1000 job
     # directories, a dry run 8000 files): else a run pays for its predecessor's writeback, by chance
@@ -175,10 +199,19 @@ def check(what: str, proc: subprocess.CompletedProcess[str]) -> None:
         raise BenchError(f"{what} exited {proc.returncode}\n{tail(proc.stderr)}\n{tail(proc.stdout)}")
 
 
-def run_sft_grid(conf: Path, overrides: list[str], runs_root: Path, cwd: Path, label: str,
-                 checkout: Path | None = None) -> float:
-    argv = [sys.executable, "-m", "sft_grid", "-m", *overrides, f"hydra.searchpath=[file://{conf}]", "dry_run=true",
-            f"runs_root={runs_root}"]
+def run_sft_grid(
+    conf: Path, overrides: list[str], runs_root: Path, cwd: Path, label: str, checkout: Path | None = None
+) -> float:
+    argv = [
+        sys.executable,
+        "-m",
+        "sft_grid",
+        "-m",
+        *overrides,
+        f"hydra.searchpath=[file://{conf}]",
+        "dry_run=true",
+        f"runs_root={runs_root}",
+    ]
     seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, checkout, {"SFT_GRID_ESTIMATES": "1"})
     check(f"sft_grid dry run ({label})", proc)
     sweep = runs_root / "default"
@@ -194,8 +227,16 @@ def run_sft_grid(conf: Path, overrides: list[str], runs_root: Path, cwd: Path, l
 
 
 def run_stock(conf: Path, overrides: list[str], sweep_dir: Path, cwd: Path) -> float:
-    argv = [sys.executable, str(NOOP_APP), "-m", "hydra/launcher=basic", "hydra/sweeper=basic", *overrides,
-            f"hydra.searchpath=[file://{conf}]", f"hydra.sweep.dir={sweep_dir}"]
+    argv = [
+        sys.executable,
+        str(NOOP_APP),
+        "-m",
+        "hydra/launcher=basic",
+        "hydra/sweeper=basic",
+        *overrides,
+        f"hydra.searchpath=[file://{conf}]",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     seconds, proc = timed(argv, cwd, STOCK_TIMEOUT_S)
     check("stock Hydra multirun", proc)
     return seconds
@@ -232,11 +273,17 @@ def bench(args: argparse.Namespace, work: Path, r: Results) -> None:
             shape.runs_s.append(run_sft_grid(conf, full, work / f"runs-{name}-{i}", cwd, f"{name} run {i + 1}"))
         shape.median_s = statistics.median(shape.runs_s)
         shape.reinvocation_s = run_sft_grid(conf, full, work / f"runs-{name}-0", cwd, f"{name} again")
-        print(f"  {name}: " + ", ".join(f"{s:.2f} s" for s in shape.runs_s)
-              + f"; again over its cells {shape.reinvocation_s:.2f} s", flush=True)
+        print(
+            f"  {name}: "
+            + ", ".join(f"{s:.2f} s" for s in shape.runs_s)
+            + f"; again over its cells {shape.reinvocation_s:.2f} s",
+            flush=True,
+        )
         if args.before:
-            runs = [run_sft_grid(conf, full, work / f"runs-{name}-before-{i}", cwd, f"{name} before {i + 1}",
-                                 args.before) for i in range(args.repeats)]
+            runs = [
+                run_sft_grid(conf, full, work / f"runs-{name}-before-{i}", cwd, f"{name} before {i + 1}", args.before)
+                for i in range(args.repeats)
+            ]
             shape.before_median_s = statistics.median(runs)
             print(f"  {name}, before ({args.before}): " + ", ".join(f"{s:.2f} s" for s in runs), flush=True)
         if args.skip_stock:
@@ -248,8 +295,10 @@ def bench(args: argparse.Namespace, work: Path, r: Results) -> None:
         shape.ratio = shape.stock_1000_s / shape.median_s
         print(f"  {name}, stock Hydra: {shape.stock_measured_s:.1f} s for {shape.stock_cells} cells", flush=True)
     # each help's runs interleaved with the earlier checkout's, so that a busy moment of the machine hits both
-    helps = {"app": [sys.executable, "-m", "sft_grid", "--help"], "cli": [sys.executable, "-m", "sft_grid.cli.main",
-                                                                          "--help"]}
+    helps = {
+        "app": [sys.executable, "-m", "sft_grid", "--help"],
+        "cli": [sys.executable, "-m", "sft_grid.cli.main", "--help"],
+    }
     before: dict[str, list[float]] = {"app": [], "cli": []}
     for _ in range(args.help_repeats):
         for which, argv in helps.items():
@@ -272,8 +321,17 @@ def report(r: Results) -> None:
         ok = s.median_s is not None and s.median_s <= TARGET_PLAN_S and (s.ratio is None or s.ratio >= TARGET_RATIO)
         r.passed[s.name] = ok
         before = "-" if s.before_median_s is None else f"{s.before_median_s:.2f} s"
-        rows.append((s.name, f"{s.median_s:.2f} s", f"{s.reinvocation_s:.2f} s", before, stock,
-                     "-" if s.ratio is None else f"{s.ratio:.0f}x", "PASS" if ok else "FAIL"))
+        rows.append(
+            (
+                s.name,
+                f"{s.median_s:.2f} s",
+                f"{s.reinvocation_s:.2f} s",
+                before,
+                stock,
+                "-" if s.ratio is None else f"{s.ratio:.0f}x",
+                "PASS" if ok else "FAIL",
+            )
+        )
     r.passed["help"] = r.help_median_s is not None and r.help_median_s <= TARGET_HELP_S
     before_help = "-" if r.before_help_median_s is None else f"{r.before_help_median_s:.2f} s"
     rows.append(("--help", f"{r.help_median_s:.2f} s", "", before_help, "", "", "PASS" if r.passed["help"] else "FAIL"))
@@ -298,12 +356,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--help-repeats", type=int, default=5)
     p.add_argument("--skip-stock", action="store_true")
-    p.add_argument("--before", type=Path, metavar="CHECKOUT",
-                   help="also time an earlier checkout of sft_grid (run with PYTHONPATH=CHECKOUT), side by side")
+    p.add_argument(
+        "--before",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also time an earlier checkout of sft_grid (run with PYTHONPATH=CHECKOUT), side by side",
+    )
     args = p.parse_args(argv)
     args.shapes = [s for s in args.shapes.split(",") if s]
-    r = Results(_dt.date.today().isoformat(), {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                                "platform": platform.platform()}, args.quick)
+    r = Results(
+        _dt.date.today().isoformat(),
+        {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        args.quick,
+    )
     failed = False
     with tempfile.TemporaryDirectory(prefix="sft_grid_bench_") as tmp:
         try:

@@ -39,8 +39,12 @@ SPECIAL = {3: "running", 10: "failed", 20: "planned"}  # cell index -> state oth
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "SFT_GRID_LEONARDO_ACCOUNT": "bench",
-            "SFT_GRID_LEONARDO_ENV": "/nonexistent/env"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SFT_GRID_LEONARDO_ACCOUNT": "bench",
+        "SFT_GRID_LEONARDO_ENV": "/nonexistent/env",
+    }
 
 
 def build_grid(work: Path) -> Path:
@@ -49,8 +53,13 @@ def build_grid(work: Path) -> Path:
     from tests import grid_fixture as gf
 
     runs = work / "runs"
-    proc = subprocess.run([sys.executable, "-m", "sft_grid", "-m", "+sweep=delphi_scaling", "dry_run=true"],
-                          cwd=ROOT, capture_output=True, text=True, env={**env(), "SFT_GRID_LEONARDO_RUNS": str(runs)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid", "-m", "+sweep=delphi_scaling", "dry_run=true"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**env(), "SFT_GRID_LEONARDO_RUNS": str(runs)},
+    )
     if proc.returncode:
         raise SystemExit(f"the Delphi dry run failed:\n{proc.stderr[-3000:]}")
     sweep = runs / "delphi_scaling"
@@ -65,20 +74,38 @@ def build_grid(work: Path) -> Path:
         gf.estimate(cell, params, 4.1e7, STEPS, gpus=gpus, cluster="leonardo", gpu="A100-64GB")
         if state == "planned":
             continue
-        floor = (E[recipe] + A * params ** -ALPHA) * math.exp(rng.gauss(0, 0.004))
+        floor = (E[recipe] + A * params**-ALPHA) * math.exp(rng.gauss(0, 0.004))
         losses = [(s, round(v * math.exp(rng.gauss(0, 0.01)), 5)) for s, v in gf.curve(STEPS, floor, start=3.0)]
         steps = {"completed": STEPS, "running": STEPS * 3 // 5, "failed": STEPS * 3 // 10}[state]
         gf.run(cell, state, losses[:steps], STEPS, start=gf.T0 + 3600 * i, seconds=3600 * params / 1e9)
         if state == "completed":  # accuracies whose error falls with size as the loss does
-            gf.score(cell, "gsm8k", {"exact_match,strict-match": 1 - floor / 1.5 * (0.95 if recipe == "magpie" else 1),
-                                     "exact_match_stderr,strict-match": 0.01})
-            gf.score(cell, "ifeval", {"prompt_level_strict_acc": 1 - 0.6 * floor + rng.gauss(0, 0.005),
-                                      "prompt_level_strict_acc_stderr": 0.02})
+            gf.score(
+                cell,
+                "gsm8k",
+                {
+                    "exact_match,strict-match": 1 - floor / 1.5 * (0.95 if recipe == "magpie" else 1),
+                    "exact_match_stderr,strict-match": 0.01,
+                },
+            )
+            gf.score(
+                cell,
+                "ifeval",
+                {
+                    "prompt_level_strict_acc": 1 - 0.6 * floor + rng.gauss(0, 0.005),
+                    "prompt_level_strict_acc_stderr": 0.02,
+                },
+            )
     models = {yaml.safe_load((c / "cell.yaml").read_text())["model"]["name"]: c for c in iter_cell_dirs(sweep)}
     for model in [m for m in models if m.endswith("-base")]:
         cfg = yaml.safe_load((models[model] / "cell.yaml").read_text())
-        gf.base_score(sweep, f"{model}-0000", model, cfg["model"]["hub_id"], "gsm8k",
-                      {"exact_match,strict-match": 0.02, "exact_match_stderr,strict-match": 0.005})
+        gf.base_score(
+            sweep,
+            f"{model}-0000",
+            model,
+            cfg["model"]["hub_id"],
+            "gsm8k",
+            {"exact_match,strict-match": 0.02, "exact_match_stderr,strict-match": 0.005},
+        )
     return runs
 
 
@@ -116,17 +143,21 @@ def main() -> int:
                 times[name].append(timed(argv))
         data = json.loads((runs / "delphi_scaling" / "report.json").read_text())
     points = sum(len(c["curve"]) for c in data["cells"])
-    print(f"{len(data['cells'])} cells ({points} logged steps), {len(data['base_models'])} base models,"
-          f" {len(data['fits'])} fits ({sum(f['ok'] for f in data['fits'])} ok); load {os.getloadavg()[0]:.1f}"
-          f" on {os.cpu_count()} CPUs")
+    print(
+        f"{len(data['cells'])} cells ({points} logged steps), {len(data['base_models'])} base models,"
+        f" {len(data['fits'])} fits ({sum(f['ok'] for f in data['fits'])} ok); load {os.getloadavg()[0]:.1f}"
+        f" on {os.cpu_count()} CPUs"
+    )
     base = statistics.median(w for w, _ in times["status (baseline)"])
     verdicts = {}
     for name, runs_ in times.items():
         wall, cpu = statistics.median(w for w, _ in runs_), statistics.median(c for _, c in runs_)
         target = TARGETS.get(name)
         verdicts[name] = target is None or wall < target
-        print(f"  {name:18} median {wall:5.2f} s wall, {cpu:5.2f} s CPU, {wall / base:4.2f}x the baseline"
-              + (f"; target < {target:g} s: {'PASS' if verdicts[name] else 'FAIL'}" if target else ""))
+        print(
+            f"  {name:18} median {wall:5.2f} s wall, {cpu:5.2f} s CPU, {wall / base:4.2f}x the baseline"
+            + (f"; target < {target:g} s: {'PASS' if verdicts[name] else 'FAIL'}" if target else "")
+        )
     if args.json:
         args.json.write_text(json.dumps({"times": times, "targets": TARGETS, "verdicts": verdicts}, indent=2) + "\n")
     return 1 if args.check and not all(verdicts.values()) else 0

@@ -70,23 +70,45 @@ def queued_tasks(prefix: str) -> int:
 GROUPS = [*bench_plan.SHAPES["groups"][0]]
 
 
-def bench_sft_grid(work: Path, conf: Path, env: dict[str, str], counts: dict[str, Path], label: str = "",
-                   ) -> dict[str, float]:
+def bench_sft_grid(
+    work: Path,
+    conf: Path,
+    env: dict[str, str],
+    counts: dict[str, Path],
+    label: str = "",
+) -> dict[str, float]:
     runs = work / f"runs{label}"
-    argv = [sys.executable, "-m", "sft_grid", "-m", *GROUPS, f"hydra.searchpath=[file://{conf}]",
-            "cluster=slurm_local", "+cluster.sbatch_extra.hold=true", f"runs_root={runs}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "sft_grid",
+        "-m",
+        *GROUPS,
+        f"hydra.searchpath=[file://{conf}]",
+        "cluster=slurm_local",
+        "+cluster.sbatch_extra.hold=true",
+        f"runs_root={runs}",
+    ]
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
     queue_s = time.perf_counter() - started
     try:
         if proc.returncode != 0:
             raise SystemExit(f"sft_grid failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        result = {"queue_s": queue_s, "sbatch_calls": calls(counts, "sbatch"),
-                  "tasks_queued": queued_tasks("sft_grid-")}
+        result = {
+            "queue_s": queue_s,
+            "sbatch_calls": calls(counts, "sbatch"),
+            "tasks_queued": queued_tasks("sft_grid-"),
+        }
         reset(counts)
         started = time.perf_counter()
-        status = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(runs)],
-                                cwd=work, env=env, capture_output=True, text=True)
+        status = subprocess.run(
+            [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(runs)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         result["status_s"] = time.perf_counter() - started
         result["sacct_calls"] = calls(counts, "sacct")
         result["status_cells"] = status.stdout.count("submitted")
@@ -100,12 +122,22 @@ def bench_stock(work: Path, conf: Path, n_datasets: int, deadline_s: float) -> d
     name = "stockbench"
     datasets = bench_plan.datasets(n_datasets)
     n = 20 * len(datasets)
-    argv = [sys.executable, str(REPO / "benchmarks" / "noop_app.py"), "-m", "hydra/launcher=submitit_slurm",
-            "hydra/sweeper=basic", "model=" + ",".join(bench_plan.models(20)), "dataset=" + ",".join(datasets),
-            f"hydra.searchpath=[file://{conf}]",
-            f"hydra.sweep.dir={work / 'stock'}", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=5",
-            f"hydra.launcher.name={name}", "+hydra.launcher.additional_parameters={hold: true}",
-            "hydra.launcher.array_parallelism=1000"]
+    argv = [
+        sys.executable,
+        str(REPO / "benchmarks" / "noop_app.py"),
+        "-m",
+        "hydra/launcher=submitit_slurm",
+        "hydra/sweeper=basic",
+        "model=" + ",".join(bench_plan.models(20)),
+        "dataset=" + ",".join(datasets),
+        f"hydra.searchpath=[file://{conf}]",
+        f"hydra.sweep.dir={work / 'stock'}",
+        "hydra.launcher.partition=debug",
+        "hydra.launcher.timeout_min=5",
+        f"hydra.launcher.name={name}",
+        "+hydra.launcher.additional_parameters={hold: true}",
+        "hydra.launcher.array_parallelism=1000",
+    ]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     queued_at = None
@@ -118,8 +150,12 @@ def bench_stock(work: Path, conf: Path, n_datasets: int, deadline_s: float) -> d
                 assert proc.stderr is not None  # a pipe
                 raise SystemExit(f"stock launcher exited early:\n{proc.stderr.read()[-3000:]}")
             time.sleep(0.5)
-        return {"cells": n, "queue_s": queued_at or float("nan"),
-                "returned": proc.poll() is not None, "deadline_s": deadline_s}
+        return {
+            "cells": n,
+            "queue_s": queued_at or float("nan"),
+            "returned": proc.poll() is not None,
+            "deadline_s": deadline_s,
+        }
     finally:
         proc.kill()
         cancel_named(name)
@@ -129,8 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stock-cells", type=int, default=1000, help="cells for the stock launcher (20 x N/20)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--before", type=Path, metavar="CHECKOUT",
-                        help="also time an earlier checkout of sft_grid (PYTHONPATH) on the same grid, side by side")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also time an earlier checkout of sft_grid (PYTHONPATH) on the same grid, side by side",
+    )
     args = parser.parse_args(argv)
     subprocess.run([sys.executable, "-m", "sft_grid.assets", "build"], cwd=REPO, check=True, capture_output=True)
     before = None
@@ -151,16 +191,29 @@ def main(argv: list[str] | None = None) -> int:
         ("sft_grid: array tasks in squeue", f"{ours['tasks_queued']}", "1000", ours["tasks_queued"] == 1000),
         ("sft_grid: status of 1000 cells", f"{ours['status_s']:.2f} s", "<= 1.5 s", ours["status_s"] <= 1.5),
         ("sft_grid: sacct calls for status", f"{ours['sacct_calls']}", "1", ours["sacct_calls"] == 1),
-        (f"stock submitit launcher: {stock['cells']} cells queued", f"{stock['queue_s']:.1f} s"
-         + (f" (x{scale:g} = {stock['queue_s'] * scale:.0f} s for 1000)" if scale != 1 else ""), "(baseline)", None),
+        (
+            f"stock submitit launcher: {stock['cells']} cells queued",
+            f"{stock['queue_s']:.1f} s"
+            + (f" (x{scale:g} = {stock['queue_s'] * scale:.0f} s for 1000)" if scale != 1 else ""),
+            "(baseline)",
+            None,
+        ),
         ("stock launcher returned after queueing", str(stock["returned"]), "(it blocks)", None),
     ]
     if before is not None:
         rows += [
-            ("before (--before): command to 1000 cells queued", f"{before['queue_s']:.2f} s",
-             f"ratio {ours['queue_s'] / before['queue_s']:.2f}", None),
-            ("before (--before): status of 1000 cells", f"{before['status_s']:.2f} s",
-             f"ratio {ours['status_s'] / before['status_s']:.2f}", None),
+            (
+                "before (--before): command to 1000 cells queued",
+                f"{before['queue_s']:.2f} s",
+                f"ratio {ours['queue_s'] / before['queue_s']:.2f}",
+                None,
+            ),
+            (
+                "before (--before): status of 1000 cells",
+                f"{before['status_s']:.2f} s",
+                f"ratio {ours['status_s'] / before['status_s']:.2f}",
+                None,
+            ),
         ]
     width = max(len(r[0]) for r in rows)
     for label, value, target, ok in rows:

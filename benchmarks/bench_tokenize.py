@@ -175,12 +175,28 @@ def data_step_cpu(directory: Path, what: str) -> float:
     return sum(float(r["cpu_s"]) for r in ends)
 
 
-def grid(backend: str, lrs: Sequence[str], runs_root: Path, shared: bool, env: tuple[dict[str, str], Path],
-         extra: Sequence[str]) -> tuple[float, Watcher, str]:
+def grid(
+    backend: str,
+    lrs: Sequence[str],
+    runs_root: Path,
+    shared: bool,
+    env: tuple[dict[str, str], Path],
+    extra: Sequence[str],
+) -> tuple[float, Watcher, str]:
     """Run one grid to its end, with (its environment, its working directory); (wall seconds, the watcher's times,
     the command's output)."""
-    argv = [sys.executable, "-m", "sft_grid", "-m", f"backend={backend}", *FIXED, "lr=" + ",".join(lrs),
-            f"runs_root={runs_root}", f"tokenize_once={str(shared).lower()}", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "sft_grid",
+        "-m",
+        f"backend={backend}",
+        *FIXED,
+        "lr=" + ",".join(lrs),
+        f"runs_root={runs_root}",
+        f"tokenize_once={str(shared).lower()}",
+        *extra,
+    ]
     watcher = Watcher(runs_root / "default")
     watcher.start()
     started = time.perf_counter()
@@ -212,9 +228,13 @@ def read_run(backend: str, mode: str, runs_root: Path, wall: float, watcher: Wat
         log = (cell / "logs" / "train.log").read_text(errors="replace")
         if mode == "shared" and (RAW[backend] in log or LOADS[backend] not in log):
             raise BenchError(f"{backend} shared: {cell.name} tokenized itself, or did not load the shared dataset")
-        run.cells[cell.name] = Cell(cell.name, float(done[-1]["cpu_seconds"]), data_step_cpu(cell, cell.name),
-                                    watcher.first_at[cell.name] - watcher.start_at[cell.name],
-                                    TOKENIZES[backend] in log)
+        run.cells[cell.name] = Cell(
+            cell.name,
+            float(done[-1]["cpu_seconds"]),
+            data_step_cpu(cell, cell.name),
+            watcher.first_at[cell.name] - watcher.start_at[cell.name],
+            TOKENIZES[backend] in log,
+        )
     built = list((runs_root / TOKENIZED).iterdir()) if (runs_root / TOKENIZED).is_dir() else []
     if mode == "own" and built:
         raise BenchError(f"{backend} own: tokenize_once=false built {len(built)} tokenized dataset(s)")
@@ -228,8 +248,11 @@ def read_run(backend: str, mode: str, runs_root: Path, wall: float, watcher: Wat
 def write_rows(work: Path, rows: int) -> list[str]:
     """A local dataset of `rows` rows, tiny_messages' conversations in turn, each user turn numbered, and its config
     in a search-path directory: the overrides that select it."""
-    src = [json.loads(line) for line in (CACHE / "assets" / "data" / "tiny_messages.jsonl").read_text().splitlines()
-           if line.strip()]
+    src = [
+        json.loads(line)
+        for line in (CACHE / "assets" / "data" / "tiny_messages.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     data = work / "data" / f"bench_rows_{rows}.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     with data.open("w") as fh:
@@ -245,7 +268,8 @@ def write_rows(work: Path, rows: int) -> list[str]:
     (conf / "bench_rows.yaml").write_text(
         f"bench_rows:\n  source: {data}\n  formatting: sharegpt\n  messages: messages\n"
         "  tags: {role_tag: role, content_tag: content, user_tag: user, assistant_tag: assistant,"
-        " system_tag: system}\n")
+        " system_tag: system}\n"
+    )
     return ["dataset=bench_rows", f"hydra.searchpath=[file://{work / 'conf'}]"]
 
 
@@ -260,8 +284,11 @@ def bench_backend(backend: str, n: int, work: Path, extra: Sequence[str], datase
         for d in (cwd, cache):
             shutil.rmtree(d, ignore_errors=True)
         cwd.mkdir(parents=True)
-        return {**os.environ, "PYTHONPATH": str(REPO),
-                "HF_DATASETS_CACHE": "hf_datasets" if datasets_cache == "job" else str(cache)}, cwd
+        return {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "HF_DATASETS_CACHE": "hf_datasets" if datasets_cache == "job" else str(cache),
+        }, cwd
 
     print(f"{backend}: a warm-up cell ...", flush=True)
     shutil.rmtree(work / f"{backend}-warmup", ignore_errors=True)
@@ -292,17 +319,40 @@ def median(values: Sequence[float]) -> float:
 
 
 def table(results: Sequence[Backend]) -> list[str]:
-    rows = [("backend", "cells", "unique tok.", "tokenizing CPU not shared", "shared", "ratio", "bound (pass)",
-             "result", "loading, shared", "start->step 1 before", "after", "tokenized in-cell")]
+    rows = [
+        (
+            "backend",
+            "cells",
+            "unique tok.",
+            "tokenizing CPU not shared",
+            "shared",
+            "ratio",
+            "bound (pass)",
+            "result",
+            "loading, shared",
+            "start->step 1 before",
+            "after",
+            "tokenized in-cell",
+        )
+    ]
     for b in results:
         assert b.own is not None and b.shared is not None and b.target is not None  # set by bench_backend
-        rows.append((b.name, str(b.cells), str(b.shared.tokenizations), f"{b.tokenizing_own_s:.2f} s",
-                     f"{b.tokenizing_shared_s:.2f} s", "-" if b.ratio is None else f"{b.ratio:.2f}x",
-                     f"{b.target:g}x (>= {FLOOR * b.target:g}x)", "PASS" if b.passed else "FAIL",
-                     f"{b.loading_shared_s:.2f} s",
-                     f"{median([c.start_to_first_step_s for c in b.own.cells.values()]):.1f} s",
-                     f"{median([c.start_to_first_step_s for c in b.shared.cells.values()]):.1f} s",
-                     f"{sum(c.tokenized_in_cell for c in b.own.cells.values())}/{b.cells}"))
+        rows.append(
+            (
+                b.name,
+                str(b.cells),
+                str(b.shared.tokenizations),
+                f"{b.tokenizing_own_s:.2f} s",
+                f"{b.tokenizing_shared_s:.2f} s",
+                "-" if b.ratio is None else f"{b.ratio:.2f}x",
+                f"{b.target:g}x (>= {FLOOR * b.target:g}x)",
+                "PASS" if b.passed else "FAIL",
+                f"{b.loading_shared_s:.2f} s",
+                f"{median([c.start_to_first_step_s for c in b.own.cells.values()]):.1f} s",
+                f"{median([c.start_to_first_step_s for c in b.shared.cells.values()]):.1f} s",
+                f"{sum(c.tokenized_in_cell for c in b.own.cells.values())}/{b.cells}",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     out.insert(1, "  ".join("-" * w for w in widths))
@@ -312,24 +362,36 @@ def table(results: Sequence[Backend]) -> list[str]:
 def details(b: Backend) -> list[str]:
     assert b.own is not None and b.shared is not None  # and the sums of both, set with them by bench_backend
     assert b.tokenizing_shared_s is not None and b.loading_shared_s is not None
-    lines = [f"{b.name}: per cell, data step CPU without / with sharing, job CPU without / with sharing (difference),"
-             " job start to first step without / with sharing"]
+    lines = [
+        f"{b.name}: per cell, data step CPU without / with sharing, job CPU without / with sharing (difference),"
+        " job start to first step without / with sharing"
+    ]
     for name, own in b.own.cells.items():
         sh = b.shared.cells[name]
-        lines.append(f"  {name}: {own.data_cpu_s:.2f} / {sh.data_cpu_s:.2f} s, {own.cpu_s:.1f} / {sh.cpu_s:.1f} s"
-                     f" ({own.cpu_s - sh.cpu_s:+.1f} s),"
-                     f" {own.start_to_first_step_s:.1f} / {sh.start_to_first_step_s:.1f} s")
+        lines.append(
+            f"  {name}: {own.data_cpu_s:.2f} / {sh.data_cpu_s:.2f} s, {own.cpu_s:.1f} / {sh.cpu_s:.1f} s"
+            f" ({own.cpu_s - sh.cpu_s:+.1f} s),"
+            f" {own.start_to_first_step_s:.1f} / {sh.start_to_first_step_s:.1f} s"
+        )
     own_cpu = sum(c.cpu_s for c in b.own.cells.values())
     shared_cpu = sum(c.cpu_s for c in b.shared.cells.values()) + b.shared.tokenize_cpu_s
-    lines.append(f"  the tokenize job: {b.shared.tokenize_cpu_s:.1f} s CPU in all, {b.shared.tokenize_data_cpu_s:.2f} s"
-                 " of it its data step (the rest: its interpreter, imports, tokenizer load)")
-    lines.append(f"  data steps of the whole grid: {b.tokenizing_own_s:.2f} s without sharing, "
-                 f"{b.tokenizing_shared_s + b.loading_shared_s:.2f} s with it"
-                 " (the tokenize job's and the cells' loads)")
-    lines.append("  whole processes: the cells' job CPU without sharing minus with it, summed, against the tokenize"
-                 " job's whole CPU: " + ("-" if b.job_ratio is None else f"{b.job_ratio:.2f}x"))
-    lines.append(f"  the whole grid: {b.own.wall_s:.0f} s wall, {own_cpu:.1f} s job CPU without sharing;"
-                 f" {b.shared.wall_s:.0f} s wall, {shared_cpu:.1f} s job CPU with it (the tokenize job included)")
+    lines.append(
+        f"  the tokenize job: {b.shared.tokenize_cpu_s:.1f} s CPU in all, {b.shared.tokenize_data_cpu_s:.2f} s"
+        " of it its data step (the rest: its interpreter, imports, tokenizer load)"
+    )
+    lines.append(
+        f"  data steps of the whole grid: {b.tokenizing_own_s:.2f} s without sharing, "
+        f"{b.tokenizing_shared_s + b.loading_shared_s:.2f} s with it"
+        " (the tokenize job's and the cells' loads)"
+    )
+    lines.append(
+        "  whole processes: the cells' job CPU without sharing minus with it, summed, against the tokenize"
+        " job's whole CPU: " + ("-" if b.job_ratio is None else f"{b.job_ratio:.2f}x")
+    )
+    lines.append(
+        f"  the whole grid: {b.own.wall_s:.0f} s wall, {own_cpu:.1f} s job CPU without sharing;"
+        f" {b.shared.wall_s:.0f} s wall, {shared_cpu:.1f} s job CPU with it (the tokenize job included)"
+    )
     return lines
 
 
@@ -338,10 +400,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="4 cells instead of 8")
     p.add_argument("--cells", type=int, help="cells per grid (default 8, 4 with --quick)")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
-    p.add_argument("--rows", type=int, default=ROWS,
-                   help=f"train on a local copy of tiny_messages grown to this many rows (default {ROWS}; 0: as it is)")
-    p.add_argument("--datasets-cache", choices=("job", "grid"), default="job",
-                   help="an HF datasets cache per job (default), or one per grid run")
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=ROWS,
+        help=f"train on a local copy of tiny_messages grown to this many rows (default {ROWS}; 0: as it is)",
+    )
+    p.add_argument(
+        "--datasets-cache",
+        choices=("job", "grid"),
+        default="job",
+        help="an HF datasets cache per job (default), or one per grid run",
+    )
     p.add_argument("--keep", type=Path, metavar="DIR", help="run in DIR and keep the runs (default: a temporary dir)")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     p.add_argument("--json", type=Path, metavar="PATH")
@@ -364,9 +434,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (BenchError, subprocess.TimeoutExpired) as exc:
             error = str(exc)
     print()
-    print(f"{n} cells a grid, 1 step each, data: " + (f"tiny_messages grown to {args.rows} rows" if args.rows
-          else "tiny_messages (60 rows)") + f", an HF datasets cache per {args.datasets_cache}; {os.cpu_count()}"
-          f" CPUs, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"{n} cells a grid, 1 step each, data: "
+        + (f"tiny_messages grown to {args.rows} rows" if args.rows else "tiny_messages (60 rows)")
+        + f", an HF datasets cache per {args.datasets_cache}; {os.cpu_count()}"
+        f" CPUs, load {os.getloadavg()[0]:.1f}"
+    )
     if results:
         for line in table(results):
             print(line)
@@ -375,11 +448,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error:
         print(f"ERROR: {error}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "date": _dt.date.today().isoformat(), "cells": n, "rows": args.rows, "datasets_cache": args.datasets_cache,
-            "error": error or None,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-            "backends": [asdict(b) for b in results]}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": _dt.date.today().isoformat(),
+                    "cells": n,
+                    "rows": args.rows,
+                    "datasets_cache": args.datasets_cache,
+                    "error": error or None,
+                    "machine": {
+                        "cpus": os.cpu_count(),
+                        "python": platform.python_version(),
+                        "platform": platform.platform(),
+                    },
+                    "backends": [asdict(b) for b in results],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     if error:
         return 2
     return 1 if args.check and not all(b.passed for b in results) else 0

@@ -31,8 +31,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-BIG = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-       "num_key_value_heads": 12}
+BIG = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+}
 BUILD = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -53,8 +58,10 @@ def run(argv: list[str], env: dict[str, str], log: Path) -> None:
     with log.open("w") as fh:
         proc = subprocess.run(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
     if proc.returncode:
-        raise SystemExit(f"{' '.join(argv[:4])} ... failed ({proc.returncode}) after"
-                         f" {time.monotonic() - started:.0f} s; see {log}:\n" + log.read_text()[-3000:])
+        raise SystemExit(
+            f"{' '.join(argv[:4])} ... failed ({proc.returncode}) after"
+            f" {time.monotonic() - started:.0f} s; see {log}:\n" + log.read_text()[-3000:]
+        )
 
 
 def runtime(output: Path) -> tuple[float, int]:
@@ -77,28 +84,73 @@ def main(argv: list[str] | None = None) -> int:
     env_dir = Path(os.environ.get("SFT_GRID_GPU_ENV") or VenvSpec.load("llamafactory").path)
     python = env_dir / "bin" / "python"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    gpu = "CPU" if args.cpu else subprocess.run(
-        [str(python), "-c", "import torch; print(torch.cuda.get_device_name(0).split()[-1])"], capture_output=True,
-        text=True, check=True).stdout.strip()
+    gpu = (
+        "CPU"
+        if args.cpu
+        else subprocess.run(
+            [str(python), "-c", "import torch; print(torch.cuda.get_device_name(0).split()[-1])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     steps = 6 if args.cpu else args.steps
     run([sys.executable, "-m", "sft_grid.assets", "build"], env, out / "assets.log")
     from sft_grid.core.paths import assets_dir
 
     models = out / "models"
-    shape = dict(BIG, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=4) if args.cpu else BIG
-    built = subprocess.run([str(python), "-c", BUILD, str(REPO / "sft_grid" / "in_venv"), str(models),
-                            json.dumps(shape)], capture_output=True, text=True, check=True, env=env).stdout.split()
+    shape = (
+        dict(
+            BIG,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        )
+        if args.cpu
+        else BIG
+    )
+    built = subprocess.run(
+        [str(python), "-c", BUILD, str(REPO / "sft_grid" / "in_venv"), str(models), json.dumps(shape)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout.split()
     cases = {"tiny": (assets_dir() / "models" / "tiny-llama3", 0.0002), "100m": (Path(built[0]), int(built[1]) / 1e9)}
-    site = ["cluster=local", f"cluster.gpus_per_node={0 if args.cpu else 1}", f"cluster.gpu_type={gpu}",
-            f"cluster.precision={'fp32' if args.cpu else 'bf16'}", f"+cluster.backend_envs.llamafactory={env_dir}"]
+    site = [
+        "cluster=local",
+        f"cluster.gpus_per_node={0 if args.cpu else 1}",
+        f"cluster.gpu_type={gpu}",
+        f"cluster.precision={'fp32' if args.cpu else 'bf16'}",
+        f"+cluster.backend_envs.llamafactory={env_dir}",
+    ]
     report: dict[str, dict[str, float]] = {}
     for name, (model, params_b) in cases.items():
         runs = out / f"runs-{name}"
         shutil.rmtree(runs, ignore_errors=True)
-        run([sys.executable, "-m", "sft_grid", "model=tiny_llama", f"model.path={model}", f"model.params_b={params_b}",
-             *site, f"max_steps={steps}", f"save_steps={steps}", "micro_batch_size=8", "global_batch_size=8",
-             "cutoff_len=512", "tokenize_once=false", "epochs=1000", f"runs_root={runs}"], env, out / f"{name}.log")
+        run(
+            [
+                sys.executable,
+                "-m",
+                "sft_grid",
+                "model=tiny_llama",
+                f"model.path={model}",
+                f"model.params_b={params_b}",
+                *site,
+                f"max_steps={steps}",
+                f"save_steps={steps}",
+                "micro_batch_size=8",
+                "global_batch_size=8",
+                "cutoff_len=512",
+                "tokenize_once=false",
+                "epochs=1000",
+                f"runs_root={runs}",
+            ],
+            env,
+            out / f"{name}.log",
+        )
         (cell,) = [d for d in (runs / "default").iterdir() if (d / "cell.yaml").is_file()]
         config = (cell / "train_config.yaml").read_text()
         if not args.cpu:
@@ -109,21 +161,32 @@ def main(argv: list[str] | None = None) -> int:
         (direct / "train_config.yaml").write_text(config.replace(str(cell / "output"), str(direct / "output")))
         import yaml
 
-        site_env = {k: str(v) for k, v in (yaml.safe_load((cell / "cell.yaml").read_text())["cluster"].get("env")
-                                           or {}).items()}  # what the cell's launch.sh exports: the same for both
-        run([str(env_dir / "bin" / "llamafactory-cli"), "train", str(direct / "train_config.yaml")],
-            {**env, **site_env, "DISABLE_VERSION_CHECK": "1"}, out / f"direct-{name}.log")
+        site_env = {
+            k: str(v) for k, v in (yaml.safe_load((cell / "cell.yaml").read_text())["cluster"].get("env") or {}).items()
+        }  # what the cell's launch.sh exports: the same for both
+        run(
+            [str(env_dir / "bin" / "llamafactory-cli"), "train", str(direct / "train_config.yaml")],
+            {**env, **site_env, "DISABLE_VERSION_CHECK": "1"},
+            out / f"direct-{name}.log",
+        )
         (orch_s, orch_n), (dir_s, dir_n) = runtime(cell / "output"), runtime(direct / "output")
-        report[name] = {"orchestrated_step_s": orch_s / orch_n, "direct_step_s": dir_s / dir_n,
-                        "ratio": (orch_s / orch_n) / (dir_s / dir_n)}
-        print(f"{name}: step {1000 * orch_s / orch_n:.1f} ms through sft_grid, {1000 * dir_s / dir_n:.1f} ms direct:"
-              f" {100 * (report[name]['ratio'] - 1):+.1f}% (target within 2%)", flush=True)
+        report[name] = {
+            "orchestrated_step_s": orch_s / orch_n,
+            "direct_step_s": dir_s / dir_n,
+            "ratio": (orch_s / orch_n) / (dir_s / dir_n),
+        }
+        print(
+            f"{name}: step {1000 * orch_s / orch_n:.1f} ms through sft_grid, {1000 * dir_s / dir_n:.1f} ms direct:"
+            f" {100 * (report[name]['ratio'] - 1):+.1f}% (target within 2%)",
+            flush=True,
+        )
     from sft_grid.grid.costs import calibrations
 
     fitted = {key: repr(c) for key, c in calibrations([out / f"runs-{n}" for n in cases]).items()}
     print(f"calibration the next estimates on this {gpu} use: {fitted}")
-    (out / "gpu_check.json").write_text(json.dumps({"gpu": gpu, "steps": steps, "cases": report,
-                                                    "calibration": fitted}, indent=1) + "\n")
+    (out / "gpu_check.json").write_text(
+        json.dumps({"gpu": gpu, "steps": steps, "cases": report, "calibration": fitted}, indent=1) + "\n"
+    )
     return 0 if args.cpu or all(abs(r["ratio"] - 1) <= 0.02 for r in report.values()) else 1
 
 

@@ -53,10 +53,21 @@ register()
 
 # The files whose tests take longest, heaviest first (measured: `make test` prints the 25 slowest): collected
 # first, so that neither worker is left with a long test at the end. Order only; a file missing here runs after.
-HEAVY_FIRST = ("test_time_limits.py", "test_eval_grid.py", "test_axolotl.py", "test_post.py",
-               "test_report_tiny_grid.py", "test_delphi.py", "test_train.py", "test_tokenize_train.py",
-               "test_triage_faults.py", "test_slurm_faults.py", "test_stage_offline.py", "test_stage_train.py",
-               "test_slurm.py")
+HEAVY_FIRST = (
+    "test_time_limits.py",
+    "test_eval_grid.py",
+    "test_axolotl.py",
+    "test_post.py",
+    "test_report_tiny_grid.py",
+    "test_delphi.py",
+    "test_train.py",
+    "test_tokenize_train.py",
+    "test_triage_faults.py",
+    "test_slurm_faults.py",
+    "test_stage_offline.py",
+    "test_stage_train.py",
+    "test_slurm.py",
+)
 # One lock file for the machine's local Slurm cluster, shared by every test run on it.
 CLUSTER_LOCK = Path(os.environ.get("SFT_GRID_TEST_CLUSTER_LOCK", "/tmp/sft_grid-tests-slurm-cluster.lock"))
 
@@ -145,8 +156,9 @@ def hydra_loader() -> Iterator[Any]:
 
 def hydra_plain(overrides: Sequence[str]) -> dict[str, Any]:
     """What stock `hydra.compose` gives for these overrides, resolved, without the hydra node."""
-    return cast(dict[str, Any], OmegaConf.to_container(hydra_compose("config", overrides=list(overrides)),
-                                                      resolve=True))
+    return cast(
+        dict[str, Any], OmegaConf.to_container(hydra_compose("config", overrides=list(overrides)), resolve=True)
+    )
 
 
 @pytest.fixture
@@ -155,21 +167,31 @@ def make_cells(hydra_loader: Any, tmp_path: Path):
 
     def make(*cells: Sequence[str]) -> list[Cell]:
         composer = GridComposer(hydra_loader, "config")
-        composed, errors = composer.compose_all([
-            [*c] if any(o.startswith("runs_root=") for o in c) else [*c, f"runs_root={tmp_path / 'runs'}"]
-            for c in cells])
+        composed, errors = composer.compose_all(
+            [
+                [*c] if any(o.startswith("runs_root=") for o in c) else [*c, f"runs_root={tmp_path / 'runs'}"]
+                for c in cells
+            ]
+        )
         assert not errors, [e.message for e in errors]
         return [plan_cell(c.overrides, c.config) for c in composed]
 
     return make
 
 
-def run_sft(*args: str, cwd: Path | None = None, check: bool = False, timeout: float = 600,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_sft(
+    *args: str, cwd: Path | None = None, check: bool = False, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m sft_grid <args>` as a user runs it (with `env` added to this process's environment)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "sft_grid", *args], cwd=cwd or REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid", *args],
+        cwd=cwd or REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"sft_grid {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -197,9 +219,19 @@ def axolotl_env(tiny_assets: Path) -> Path:
 # tokenize job writes the mix, then `axolotl preprocess`), two cells that share one tokenization, checkpoints every
 # 4 of 8 steps, a constant lr (the lr=1e-3 cell is the parity test's axolotl side). Each axolotl process costs
 # about 27 s of imports on 2 cores: this grid is trained once per run.
-AXOLOTL_MIX = ["backend=axolotl", "model=tiny_llama", "dataset=[tiny_messages,tiny_sharegpt]",
-               "mix.strategy=interleave_under", "mix.probs=[0.7,0.3]", "global_batch_size=4", "micro_batch_size=2",
-               "cutoff_len=128", "max_steps=8", "save_steps=4", "scheduler=constant"]
+AXOLOTL_MIX = [
+    "backend=axolotl",
+    "model=tiny_llama",
+    "dataset=[tiny_messages,tiny_sharegpt]",
+    "mix.strategy=interleave_under",
+    "mix.probs=[0.7,0.3]",
+    "global_batch_size=4",
+    "micro_batch_size=2",
+    "cutoff_len=128",
+    "max_steps=8",
+    "save_steps=4",
+    "scheduler=constant",
+]
 AXOLOTL_MIX_LRS = "lr=1e-3,5e-4"
 
 

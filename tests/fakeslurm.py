@@ -117,7 +117,7 @@ def install(bin_dir: Path) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     for command in COMMANDS:
         wrapper = bin_dir / command
-        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} {command} \"$@\"\n")
+        wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} {command} "$@"\n')
         wrapper.chmod(0o755)
 
 

@@ -48,19 +48,29 @@ def grid_states(root: Path, sweep: str = "default") -> dict[str, CellState]:
 
 def array_names(root: Path) -> set[str]:
     """The name of every Slurm array any invocation submitted (or tried to) for the cells under root."""
-    return {e["name"] for c in root.rglob(LEDGER_FILE) for e in ledger(c.parent)
-            if e.get("event") == "submitted" and e.get("name")}
+    return {
+        e["name"]
+        for c in root.rglob(LEDGER_FILE)
+        for e in ledger(c.parent)
+        if e.get("event") == "submitted" and e.get("name")
+    }
 
 
 def cancel_jobs_of(root: Path) -> None:
     """scancel every job of the cells under root: the training arrays by name (unique to a test; job ids are not,
     across a cluster restart), and the preps and post arrays by their batch script, which lies under root; then
     wait until the queue has none of them left (a bounded wait: cancelling is quick)."""
+
     def ours() -> list[str]:
         names = array_names(root)
         queue = subprocess.run(["squeue", "-h", "-o", "%A|%j|%o"], capture_output=True, text=True, timeout=30).stdout
-        return sorted({row.split("|")[0] for row in queue.splitlines()
-                       if row.count("|") >= 2 and (row.split("|")[1] in names or str(root) in row.split("|", 2)[2])})
+        return sorted(
+            {
+                row.split("|")[0]
+                for row in queue.splitlines()
+                if row.count("|") >= 2 and (row.split("|")[1] in names or str(root) in row.split("|", 2)[2])
+            }
+        )
 
     jobs = ours()
     if jobs:

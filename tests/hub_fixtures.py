@@ -20,8 +20,13 @@ def hf_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """A client environment of its own: tmp HF_HOME and HF_HUB_CACHE, no token, no Xet, no telemetry."""
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
-    env = {"HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_CACHE": str(tmp_path / "cache"),
-           "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = {
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_CACHE": str(tmp_path / "cache"),
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     import huggingface_hub.constants as c  # read at import time by the client: patch what it reads per call
@@ -48,8 +53,9 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "small"
     mnt.mkdir()
     try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True,
-                       capture_output=True, timeout=30)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True, capture_output=True, timeout=30
+        )
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         pytest.skip(f"cannot mount a small tmpfs here (needs root and mount rights): {e}")
     try:

@@ -116,8 +116,9 @@ class HubHTTPServer(ThreadingHTTPServer):
     def failure_for(self, method: str, path: str) -> Fault | None:
         """The failure to answer this request with, if any; consumes one of a counted failure."""
         with self.mutex:
-            fail = next((f for f in self.faults if f.kind == "fail" and f.contains in path
-                         and f.method in (None, method)), None)
+            fail = next(
+                (f for f in self.faults if f.kind == "fail" and f.contains in path and f.method in (None, method)), None
+            )
             if fail is not None and fail.times is not None:
                 fail.times -= 1
                 if fail.times <= 0:
@@ -164,8 +165,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _reply(self, rec: RequestRecord, status: int, body: Any = b"", headers: dict[str, str] | None = None) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
-        hdrs = {"Content-Type": "application/json" if not isinstance(body, bytes) else "text/plain",
-                "Content-Length": str(len(data)), **(headers or {})}
+        hdrs = {
+            "Content-Type": "application/json" if not isinstance(body, bytes) else "text/plain",
+            "Content-Length": str(len(data)),
+            **(headers or {}),
+        }
         for k, v in hdrs.items():
             self.send_header(k, v)
         self.end_headers()
@@ -262,8 +266,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     # -- API ----------------------------------------------------------------------------------------------------
-    def _api(self, rec: RequestRecord, repo: str, kind: str, op: str | None, rest: str,
-             query: dict[str, list[str]], body: bytes) -> None:
+    def _api(
+        self,
+        rec: RequestRecord,
+        repo: str,
+        kind: str,
+        op: str | None,
+        rest: str,
+        query: dict[str, list[str]],
+        body: bytes,
+    ) -> None:
         if not self._check_repo(rec, repo, kind, file=False):
             return
         store = self.server.store
@@ -294,10 +306,22 @@ class _Handler(BaseHTTPRequestHandler):
                     s["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": len(f.lfs_pointer())}
             siblings.append(s)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(rev.created))
-        return {"_id": rev.sha[:24], "id": rev.repo_id, "modelId": rev.repo_id, "sha": rev.sha,
-                "siblings": siblings, "lastModified": stamp, "createdAt": stamp, "private": access.token is not None,
-                "gated": "manual" if access.gated else False, "disabled": False, "downloads": 0, "likes": 0,
-                "tags": [], "author": rev.repo_id.split("/")[0]}
+        return {
+            "_id": rev.sha[:24],
+            "id": rev.repo_id,
+            "modelId": rev.repo_id,
+            "sha": rev.sha,
+            "siblings": siblings,
+            "lastModified": stamp,
+            "createdAt": stamp,
+            "private": access.token is not None,
+            "gated": "manual" if access.gated else False,
+            "disabled": False,
+            "downloads": 0,
+            "likes": 0,
+            "tags": [],
+            "author": rev.repo_id.split("/")[0],
+        }
 
     def _create(self, rec: RequestRecord, body: dict[str, Any]) -> None:
         kind = body.get("type") or "model"
@@ -333,8 +357,16 @@ class _Handler(BaseHTTPRequestHandler):
                 gone.append(value["path"].rstrip("/") + "/")
         sha = store.commit(repo, files, kind, branch=branch, replace=False, delete=tuple(gone), message=summary)
         prefix = "datasets/" if kind == "dataset" else ""
-        self._reply(rec, 200, {"commitOid": sha, "commitUrl": f"{self.server.url}/{prefix}{repo}/commit/{sha}",
-                               "success": True, "hookOutput": ""})
+        self._reply(
+            rec,
+            200,
+            {
+                "commitOid": sha,
+                "commitUrl": f"{self.server.url}/{prefix}{repo}/commit/{sha}",
+                "success": True,
+                "hookOutput": "",
+            },
+        )
 
     # -- files --------------------------------------------------------------------------------------------------
     def _resolve(self, rec: RequestRecord, repo: str, kind: str, rev_name: str, path: str) -> None:
@@ -346,8 +378,12 @@ class _Handler(BaseHTTPRequestHandler):
         if f is None:
             raise HubStoreError("EntryNotFound", f"{path} does not exist at {rev_name}", sha=rev.sha)
         q = "" if self.server.mode("unquoted_etags") else '"'
-        headers = {"X-Repo-Commit": rev.sha, "ETag": f"{q}{f.etag}{q}", "Accept-Ranges": "bytes",
-                   "Content-Type": "application/octet-stream"}
+        headers = {
+            "X-Repo-Commit": rev.sha,
+            "ETag": f"{q}{f.etag}{q}",
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         if f.lfs:
             headers |= {"X-Linked-Etag": f"{q}{f.sha256}{q}", "X-Linked-Size": str(f.size)}
         whole = self.server.mode("ignore_range")  # as a mirror or proxy that ignores Range: 200, the whole file
@@ -362,8 +398,10 @@ class _Handler(BaseHTTPRequestHandler):
         if whole:
             headers.pop("Accept-Ranges")
         self.send_response(status)
-        for k, v in {**headers, **({"Transfer-Encoding": "chunked"} if chunked else
-                                   {"Content-Length": str(end - start + 1)})}.items():
+        for k, v in {
+            **headers,
+            **({"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(end - start + 1)}),
+        }.items():
             self.send_header(k, v)
         self.end_headers()
         rec.status = status
@@ -371,8 +409,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(rec, repo, f, start, end - start + 1, chunked)
         rec.done = True
 
-    def _stream(self, rec: RequestRecord, repo: str, f: StoredFile, start: int, length: int,
-                chunked: bool = False) -> None:
+    def _stream(
+        self, rec: RequestRecord, repo: str, f: StoredFile, start: int, length: int, chunked: bool = False
+    ) -> None:
         rate, drop_at = self.server.faults_for(repo, f.path)
         t0 = time.monotonic()
         with open(self.server.store.object_path(repo, _rec_kind(rec), f.sha256), "rb") as fh:
@@ -419,7 +458,7 @@ def _tree(files: dict[str, StoredFile], sub: str, recursive: bool) -> list[dict[
     for f in files.values():
         if not f.path.startswith(prefix):
             continue
-        rel = f.path[len(prefix):].split("/")
+        rel = f.path[len(prefix) :].split("/")
         for depth in range(1, len(rel)):  # the folders on the way to the file
             d = prefix + "/".join(rel[:depth])
             if recursive or depth == 1:

@@ -62,17 +62,23 @@ class _Control:
         """Send at most ``rate`` bytes/s per response, for one file, one repo, or everything."""
         self._control({"op": "throttle", "rate": rate, "repo": repo, "path": path})
 
-    def drop_after(self, nbytes: int, repo: str | None = None, path: str | None = None,
-                   times: int | None = 1) -> None:
+    def drop_after(self, nbytes: int, repo: str | None = None, path: str | None = None, times: int | None = 1) -> None:
         """Cut the connection after ``nbytes`` body bytes of a response (``times=None``: every response)."""
         self._control({"op": "drop", "after": nbytes, "repo": repo, "path": path, "times": times})
 
-    def fail(self, status: int = 500, contains: str = "", method: str | None = None, times: int | None = None,
-             close: bool = True) -> None:
+    def fail(
+        self,
+        status: int = 500,
+        contains: str = "",
+        method: str | None = None,
+        times: int | None = None,
+        close: bool = True,
+    ) -> None:
         """Answer requests whose path contains ``contains`` with ``status`` and no ``X-Error-Code`` (``times``: that
         many, None: every one); ``close``: then close the connection without saying so, as olah does after a 500."""
-        self._control({"op": "fail", "status": status, "contains": contains, "method": method, "times": times,
-                       "close": close})
+        self._control(
+            {"op": "fail", "status": status, "contains": contains, "method": method, "times": times, "close": close}
+        )
 
     def ignore_range(self, on: bool = True) -> None:
         """Answer every GET of a file with 200 and the whole file, chunked without Content-Length (a mirror or a
@@ -153,8 +159,11 @@ class RemoteHub(_Control):
     def _call(self, path: str, body: dict[str, Any] | None = None) -> Any:
         import httpx  # installed with huggingface_hub
 
-        r = (httpx.post(self.url + path, content=json.dumps(body), timeout=30) if body is not None
-             else httpx.get(self.url + path, timeout=30))
+        r = (
+            httpx.post(self.url + path, content=json.dumps(body), timeout=30)
+            if body is not None
+            else httpx.get(self.url + path, timeout=30)
+        )
         r.raise_for_status()
         return r.json()
 
@@ -174,8 +183,9 @@ def spawn(root: Path, *, timeout: float = 60.0, python: str = sys.executable, po
     """Start ``python tests/hubserver.py`` on a free port (or ``port``: a restart where clients expect it);
     returns once it listens (or raises)."""
     ready = Path(root) / f".ready-{os.getpid()}-{time.monotonic_ns()}"
-    proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--root", str(root), "--ready-file", str(ready),
-                             "--port", str(port)])
+    proc = subprocess.Popen(
+        [python, str(Path(__file__).resolve()), "--root", str(root), "--ready-file", str(ready), "--port", str(port)]
+    )
     deadline = time.monotonic() + timeout
     while not ready.is_file():
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -112,8 +112,16 @@ class HubStore:
         return self.repo_dir(repo_id, kind) / "objects" / sha256
 
     # -- repos and access ---------------------------------------------------------------------------------------
-    def create_repo(self, repo_id: str, kind: str = "model", *, token: str | None = None, gated: bool = False,
-                    granted: tuple[str, ...] = (), exist_ok: bool = False) -> bool:
+    def create_repo(
+        self,
+        repo_id: str,
+        kind: str = "model",
+        *,
+        token: str | None = None,
+        gated: bool = False,
+        granted: tuple[str, ...] = (),
+        exist_ok: bool = False,
+    ) -> bool:
         """Create an empty repo (no commit yet, ``main`` unset); False when it existed and ``exist_ok``."""
         d = self.repo_dir(repo_id, kind)
         with self._lock:
@@ -125,8 +133,15 @@ class HubStore:
             _write_atomic(d / "refs.json", b"{}")
         return True
 
-    def set_access(self, repo_id: str, kind: str = "model", *, token: str | None = None, gated: bool = False,
-                   granted: tuple[str, ...] = ()) -> None:
+    def set_access(
+        self,
+        repo_id: str,
+        kind: str = "model",
+        *,
+        token: str | None = None,
+        gated: bool = False,
+        granted: tuple[str, ...] = (),
+    ) -> None:
         """``token``: the repo is private and only this token reads it. ``gated``: only ``granted`` tokens."""
         body = {"token": token, "gated": gated, "granted": list(granted)}
         _write_atomic(self.repo_dir(repo_id, kind) / "access.json", json.dumps(body).encode())
@@ -168,8 +183,17 @@ class HubStore:
         refs = {k: v for k, v in self.refs(repo_id, kind).items() if v != sha}
         _write_atomic(self.repo_dir(repo_id, kind) / "refs.json", json.dumps(refs).encode())
 
-    def commit(self, repo_id: str, files: dict[str, bytes], kind: str = "model", *, branch: str = "main",
-               replace: bool = True, delete: tuple[str, ...] = (), message: str = "commit") -> str:
+    def commit(
+        self,
+        repo_id: str,
+        files: dict[str, bytes],
+        kind: str = "model",
+        *,
+        branch: str = "main",
+        replace: bool = True,
+        delete: tuple[str, ...] = (),
+        message: str = "commit",
+    ) -> str:
         """Write a new revision and move ``branch`` to it; returns its sha.
 
         ``replace=True``: ``files`` is the whole tree (what tests want: "the repo now holds exactly this").

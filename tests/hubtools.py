@@ -50,8 +50,12 @@ def tokenizer_json() -> bytes:
     vocab = {w: i for i, w in enumerate(["<unk>", "<|im_start|>", "<|im_end|>", "hello", "world", "user"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens([AddedToken(t, special=True) for t in
-                            ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")])
+    tok.add_special_tokens(
+        [
+            AddedToken(t, special=True)
+            for t in ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+        ]
+    )
     return tok.to_str().encode()
 
 
@@ -78,16 +82,25 @@ def model_files(weights_mib: float = 0.25, seed: int = 0) -> dict[str, bytes]:
     }
 
 
-MODEL_NEEDED = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                "chat_template.jinja", "model.safetensors", "README.md"}
+MODEL_NEEDED = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "model.safetensors",
+    "README.md",
+}
 
 
 def dataset_files(rows: int = 20) -> dict[str, bytes]:
-    lines = [json.dumps({"messages": [{"role": "user", "content": f"hello {i}"},
-                                      {"role": "assistant", "content": "world"}]}) for i in range(rows)]
+    lines = [
+        json.dumps({"messages": [{"role": "user", "content": f"hello {i}"}, {"role": "assistant", "content": "world"}]})
+        for i in range(rows)
+    ]
     return {
         "README.md": b"---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
-                     b"    path: data/train.jsonl\n---\n# tiny chat\n",
+        b"    path: data/train.jsonl\n---\n# tiny chat\n",
         "data/train.jsonl": ("\n".join(lines) + "\n").encode(),
         "data/extra.csv": b"prompt,answer\nhello,world\n",
         "tiny_chat.py": b"# a loading script: datasets 4 no longer runs these\n",
@@ -115,8 +128,14 @@ def stage_in_child(hub_url: str, cache: Path, repo_id: str, **kwargs: Any) -> su
     """``download`` in a new process (a stager that can be killed, or run beside another)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_ENDPOINT": hub_url}
     args = {"repo_id": repo_id, "cache": str(cache), "endpoint": hub_url, **kwargs}
-    return subprocess.Popen([sys.executable, "-c", STAGE_CHILD, json.dumps(args)], env=env, cwd=str(REPO_ROOT),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", STAGE_CHILD, json.dumps(args)],
+        env=env,
+        cwd=str(REPO_ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def child_result(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
@@ -142,6 +161,7 @@ def venv_python(backend: str) -> Path:
     """The python of a built backend environment (``envs/<backend>-<pins>``); skips when none is ready."""
     ready = sorted((sft_grid_cache() / "envs").glob(f"{backend}-*/.sft_grid_ready"), key=lambda p: p.stat().st_mtime)
     if not ready:
-        pytest.skip(f"no ready {backend} environment under {sft_grid_cache() / 'envs'} "
-                    f"(python -m sft_grid.env build {backend})")
+        pytest.skip(
+            f"no ready {backend} environment under {sft_grid_cache() / 'envs'} (python -m sft_grid.env build {backend})"
+        )
     return ready[-1].parent / "bin" / "python"

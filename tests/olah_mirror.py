@@ -50,17 +50,58 @@ OLAH_VERSION = "0.5.4"
 # What `pip install olah==0.5.4` resolved to on 2026-12 (Python 3.11), pinned so the server under test does not
 # change under the tests. olah's own huggingface_hub (>=1.27) lives only in this venv, never in the client's.
 OLAH_CONSTRAINTS = (
-    "annotated-doc==0.0.7", "annotated-types==0.8.0", "anyio==4.16.0", "brotli==1.2.1",
-    "certifi==2026.10.19.post1", "charset-normalizer==3.5.3", "click==8.5.1", "fastapi==0.165.0",
-    "fastapi-utils==0.8.0", "filelock==4.3.1", "fsspec==2026.9.0", "gitdb==4.0.12", "GitPython==3.2.1",
-    "h11==0.16.0", "hf-xet==1.8.0", "httpcore==1.0.9", "httpcore2==2.16.2", "httpx==0.28.1", "httpx2==2.16.2",
-    "huggingface_hub==2.4.0", "idna==3.20", "Jinja2==3.1.6", "markdown-it-py==4.3.0", "MarkupSafe==3.0.4",
-    "mdurl==0.1.2", "mypy_extensions==1.2.0", "opentelemetry-api==1.45.2", "packaging==26.4", "peewee==4.5.3",
-    "portalocker==4.4.2", "psutil==5.9.8", "pydantic==2.14.4", "pydantic-settings==2.16.3",
-    "pydantic_core==2.50.5", "Pygments==2.21.0", "python-dotenv==1.2.4", "python-multipart==0.0.34",
-    "pytz==2026.6", "PyYAML==6.0.4", "requests==2.34.2", "rich==15.0.0", "shortuuid==1.0.13", "smmap==5.0.3",
-    "starlette==1.10.0", "tenacity==9.2.1", "toml==0.10.2", "tqdm==4.70.1", "truststore==0.10.5",
-    "typing-inspect==0.9.0", "typing-inspection==0.4.5", "typing_extensions==4.16.0", "urllib3==2.8.0",
+    "annotated-doc==0.0.7",
+    "annotated-types==0.8.0",
+    "anyio==4.16.0",
+    "brotli==1.2.1",
+    "certifi==2026.10.19.post1",
+    "charset-normalizer==3.5.3",
+    "click==8.5.1",
+    "fastapi==0.165.0",
+    "fastapi-utils==0.8.0",
+    "filelock==4.3.1",
+    "fsspec==2026.9.0",
+    "gitdb==4.0.12",
+    "GitPython==3.2.1",
+    "h11==0.16.0",
+    "hf-xet==1.8.0",
+    "httpcore==1.0.9",
+    "httpcore2==2.16.2",
+    "httpx==0.28.1",
+    "httpx2==2.16.2",
+    "huggingface_hub==2.4.0",
+    "idna==3.20",
+    "Jinja2==3.1.6",
+    "markdown-it-py==4.3.0",
+    "MarkupSafe==3.0.4",
+    "mdurl==0.1.2",
+    "mypy_extensions==1.2.0",
+    "opentelemetry-api==1.45.2",
+    "packaging==26.4",
+    "peewee==4.5.3",
+    "portalocker==4.4.2",
+    "psutil==5.9.8",
+    "pydantic==2.14.4",
+    "pydantic-settings==2.16.3",
+    "pydantic_core==2.50.5",
+    "Pygments==2.21.0",
+    "python-dotenv==1.2.4",
+    "python-multipart==0.0.34",
+    "pytz==2026.6",
+    "PyYAML==6.0.4",
+    "requests==2.34.2",
+    "rich==15.0.0",
+    "shortuuid==1.0.13",
+    "smmap==5.0.3",
+    "starlette==1.10.0",
+    "tenacity==9.2.1",
+    "toml==0.10.2",
+    "tqdm==4.70.1",
+    "truststore==0.10.5",
+    "typing-inspect==0.9.0",
+    "typing-inspection==0.4.5",
+    "typing_extensions==4.16.0",
+    "urllib3==2.8.0",
     "uvicorn==0.54.0",
 )
 READY_FILE = ".olah_ready"  # written last, holding the pins: a venv without it (or with other pins) is rebuilt
@@ -109,8 +150,19 @@ def make_olah_venv(version: str = OLAH_VERSION, *, python: str = sys.executable,
         shutil.rmtree(venv, ignore_errors=True)  # half-built or built with other pins
         t0 = time.monotonic()
         constraints = venv / "olah-constraints.txt"
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-input", "--no-compile",
-               "--disable-pip-version-check", "-c", str(constraints), f"olah=={version}"]
+        pip = [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-input",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "-c",
+            str(constraints),
+            f"olah=={version}",
+        ]
         for cmd in ([python, "-m", "venv", str(venv)], pip):
             if cmd is pip:
                 constraints.write_text(_pins(version))
@@ -134,15 +186,15 @@ def make_olah_venv(version: str = OLAH_VERSION, *, python: str = sys.executable,
 def _git_env() -> dict[str, str]:
     """git as these tests need it whatever the machine's configuration: no global or system config, no hooks."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0",
-               LC_ALL="C")
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_TERMINAL_PROMPT="0", LC_ALL="C")
     return env
 
 
 def lfs_pointer(data: bytes) -> bytes:
     """The git-LFS pointer the Hub's git stores for a large file (olah recognises 120-150 byte pointers)."""
-    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
-            f"size {len(data)}\n").encode()
+    return (
+        f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\nsize {len(data)}\n"
+    ).encode()
 
 
 class OlahMirror:
@@ -159,8 +211,15 @@ class OlahMirror:
         return self.root / f"{kind}s" / repo_id
 
     def _git(self, repo: Path, *args: str, input: str | None = None, env: Mapping[str, str] | None = None) -> str:
-        proc = subprocess.run(["git", "-C", str(repo), *args], input=input, check=False, capture_output=True,
-                              text=True, env={**_git_env(), **(env or {})}, timeout=60)
+        proc = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            input=input,
+            check=False,
+            capture_output=True,
+            text=True,
+            env={**_git_env(), **(env or {})},
+            timeout=60,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"git {' '.join(args)} in {repo} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc.stdout.strip()
@@ -175,15 +234,30 @@ class OlahMirror:
             self._git(d, "config", "commit.gpgsign", "false")
         return d
 
-    def add_repo(self, repo_id: str, files: Mapping[str, bytes], kind: str = "model", *,
-                 lfs: bool | Collection[str] = False, message: str = "initial commit") -> str:
+    def add_repo(
+        self,
+        repo_id: str,
+        files: Mapping[str, bytes],
+        kind: str = "model",
+        *,
+        lfs: bool | Collection[str] = False,
+        message: str = "initial commit",
+    ) -> str:
         """A repo whose ``main`` holds exactly ``files``; returns the commit sha (fails if the repo exists)."""
         if (self.repo_dir(repo_id, kind) / ".git").exists():
             raise FileExistsError(f"{kind} repo {repo_id} already exists under {self.root}")
         return self.commit(repo_id, files, kind, lfs=lfs, message=message)
 
-    def commit(self, repo_id: str, files: Mapping[str, bytes], kind: str = "model", *, branch: str = "main",
-               lfs: bool | Collection[str] = False, message: str = "commit") -> str:
+    def commit(
+        self,
+        repo_id: str,
+        files: Mapping[str, bytes],
+        kind: str = "model",
+        *,
+        branch: str = "main",
+        lfs: bool | Collection[str] = False,
+        message: str = "commit",
+    ) -> str:
         """A new commit whose tree is exactly ``files``, on top of ``branch`` (created if new); moves ``branch``
         to it and returns its sha. ``lfs``: True stores files as the Hub's default .gitattributes would (by suffix,
         or 64 KiB and over) as LFS pointers plus objects; a collection names the paths stored so."""
@@ -191,8 +265,11 @@ class OlahMirror:
         with tempfile.TemporaryDirectory(prefix="olah-blobs-") as tmp:
             paths = []
             for i, (path, data) in enumerate(sorted(files.items())):
-                as_lfs = (path in lfs) if not isinstance(lfs, bool) else (
-                    lfs and (len(data) >= 64 * 1024 or path.endswith(LFS_SUFFIXES)))
+                as_lfs = (
+                    (path in lfs)
+                    if not isinstance(lfs, bool)
+                    else (lfs and (len(data) >= 64 * 1024 or path.endswith(LFS_SUFFIXES)))
+                )
                 blob = data
                 if as_lfs:
                     sha256 = hashlib.sha256(data).hexdigest()
@@ -203,8 +280,13 @@ class OlahMirror:
                 p = Path(tmp) / str(i)
                 p.write_bytes(blob)
                 paths.append(str(p))
-            oids = self._git(d, "hash-object", "-w", "--no-filters", "--stdin-paths",
-                             input="\n".join(paths) + "\n").split() if paths else []
+            oids = (
+                self._git(
+                    d, "hash-object", "-w", "--no-filters", "--stdin-paths", input="\n".join(paths) + "\n"
+                ).split()
+                if paths
+                else []
+            )
             index_lines = [f"100644 {oid}\t{path}" for oid, path in zip(oids, sorted(files), strict=True)]
             index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             if index_lines:
@@ -223,8 +305,14 @@ class OlahMirror:
         d = self.repo_dir(repo_id, kind)
         if not (d / ".git").is_dir():
             return None
-        proc = subprocess.run(["git", "-C", str(d), "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"],
-                              check=False, capture_output=True, text=True, env=_git_env(), timeout=60)
+        proc = subprocess.run(
+            ["git", "-C", str(d), "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=_git_env(),
+            timeout=60,
+        )
         return proc.stdout.strip() if proc.returncode == 0 else None
 
     def set_ref(self, repo_id: str, branch: str, sha: str, kind: str = "model") -> None:
@@ -292,22 +380,33 @@ class OlahServer:
             f'mirror-scheme = "http"\nmirror-netloc = "127.0.0.1:{port}"\nmirror-lfs-netloc = "127.0.0.1:{port}"\n'
             f'hf-scheme = "http"\nhf-netloc = "127.0.0.1:{_closed_port()}"\n'
             f'hf-lfs-netloc = "127.0.0.1:{_closed_port()}"\n'
-            "\n[accessibility]\noffline = true\n")
+            "\n[accessibility]\noffline = true\n"
+        )
         return cfg
 
     def start(self, timeout: float = 60.0) -> None:
         cli = self.cli or make_olah_venv(self.version)
         self.root.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
-        env.update(HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1",
-                   NO_PROXY="*", HF_HOME=str(self.root / "hf-home"))
+        env.update(
+            HF_HUB_OFFLINE="1",
+            HF_HUB_DISABLE_TELEMETRY="1",
+            PYTHONUNBUFFERED="1",
+            NO_PROXY="*",
+            HF_HOME=str(self.root / "hf-home"),
+        )
         for _attempt in range(5):  # the port is free when picked; another process may take it before olah binds
             port = _free_port()
             cfg = self._config(port)
             with open(self.log_path, "ab") as out:
-                self.proc = subprocess.Popen([str(cli), "-c", str(cfg), "--log-path", str(self.root / "logs")],
-                                             cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
+                self.proc = subprocess.Popen(
+                    [str(cli), "-c", str(cfg), "--log-path", str(self.root / "logs")],
+                    cwd=self.root,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             self.port, self.url = port, f"http://127.0.0.1:{port}"
             if self._wait_ready(timeout):
                 return
@@ -315,8 +414,10 @@ class OlahServer:
             self.stop()
             if not lost_port:
                 break
-        raise RuntimeError(f"olah {self.version} did not start on {self.url} within {timeout:.0f}s; "
-                           f"its output:\n{self.output()[-3000:]}")
+        raise RuntimeError(
+            f"olah {self.version} did not start on {self.url} within {timeout:.0f}s; "
+            f"its output:\n{self.output()[-3000:]}"
+        )
 
     def _wait_ready(self, timeout: float) -> bool:
         """Poll until olah answers any HTTP request (uvicorn listens only after the app started)."""
@@ -363,8 +464,7 @@ if pytest is not None:
         try:
             cli = make_olah_venv()
         except OlahVenvError as e:
-            pytest.skip(f"olah {OLAH_VERSION}'s virtual environment could not be built under "
-                        f"{olah_venv_dir()}: {e}")
+            pytest.skip(f"olah {OLAH_VERSION}'s virtual environment could not be built under {olah_venv_dir()}: {e}")
         with OlahServer(tmp_path_factory.mktemp("olah"), cli=cli) as server:
             yield server
 

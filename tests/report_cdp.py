@@ -28,9 +28,20 @@ from pathlib import Path
 from typing import Any
 
 # The flags without which headless Chromium tries to reach Google's servers, plus the pipe.
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--no-default-browser-check",
-         "--disable-extensions", "--hide-scrollbars", "--mute-audio", "--remote-debugging-pipe")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--remote-debugging-pipe",
+)
 
 
 def find_chromium() -> str | None:
@@ -67,9 +78,14 @@ class Browser:
             os.dup2(high_w, 4)
 
         self.log = open(profile.parent / "chromium.log", "wb")  # noqa: SIM115 (closed by close(): the browser's life)
-        self.proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                                      "about:blank"], stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
-                                     close_fds=False, preexec_fn=wire)  # noqa: PLW1509 (before the reader thread)
+        self.proc = subprocess.Popen(
+            [exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            close_fds=False,
+            preexec_fn=wire,  # noqa: PLW1509 (before the reader thread)
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -137,8 +153,9 @@ class Browser:
 
     def evaluate(self, session: str, expression: str, wait: bool = False) -> Any:
         """The expression's value in the page; `wait`: a promise's, once it settles."""
-        out = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": wait},
-                        session)
+        out = self.call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": wait}, session
+        )
         if "exceptionDetails" in out:
             raise CDPError(f"page script failed: {out['exceptionDetails']}")
         return out["result"].get("value")
@@ -165,8 +182,8 @@ def decode_png(data: bytes) -> Any:
         raise ValueError("not a PNG")
     pos, idat, width = 8, [], 0
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
             if depth != 8 or colour not in (2, 6) or interlace:
@@ -211,8 +228,9 @@ def opened(page: Path, profile: Path) -> Iterator[tuple[Browser, str]]:
     """The page loaded in a fresh headless Chromium: (browser, session), events recorded from the start."""
     exe = find_chromium()
     if exe is None:
-        raise RuntimeError("headless Chromium is not installed: apt-get update && apt-get install -y chromium"
-                           " (make setup does it)")
+        raise RuntimeError(
+            "headless Chromium is not installed: apt-get update && apt-get install -y chromium (make setup does it)"
+        )
     browser = Browser(exe, profile)
     try:
         s = browser.page()
@@ -227,9 +245,13 @@ def opened(page: Path, profile: Path) -> Iterator[tuple[Browser, str]]:
 
 def errors(browser: Browser) -> list[dict[str, Any]]:
     """Uncaught exceptions, console errors and assertions, and the browser's own error log entries."""
-    return [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"
-            or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
-            or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
+    return [
+        e
+        for e in browser.events
+        if e.get("method") == "Runtime.exceptionThrown"
+        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
 
 
 def requests(browser: Browser) -> list[str]:
@@ -241,14 +263,24 @@ def plot_pixels(browser: Browser, session: str) -> dict[str, int]:
     Data marks are coloured; frame, grid, labels and the modebar's icons are grey: a blank plot has none."""
     import numpy as np
 
-    boxes = browser.evaluate(session, """[...document.querySelectorAll('div.plot')].map(e => {
+    boxes = browser.evaluate(
+        session,
+        """[...document.querySelectorAll('div.plot')].map(e => {
         const r = e.getBoundingClientRect();
         return {x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height, title: e.getAttribute('aria-label')};
-    })""")
+    })""",
+    )
     out: dict[str, int] = {}
     for i, box in enumerate(boxes):
-        shot = browser.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {
-            "x": box["x"], "y": box["y"], "width": box["w"], "height": box["h"], "scale": 1}}, session)
+        shot = browser.call(
+            "Page.captureScreenshot",
+            {
+                "format": "png",
+                "captureBeyondViewport": True,
+                "clip": {"x": box["x"], "y": box["y"], "width": box["w"], "height": box["h"], "scale": 1},
+            },
+            session,
+        )
         px = decode_png(base64.b64decode(shot["data"]))[:, :, :3].astype(np.int32)
         if px.shape[0] < 0.9 * box["h"] or px.shape[1] < 0.9 * box["w"]:
             raise AssertionError(f"plot {box['title']}: screenshot {px.shape} smaller than its box {box}")
@@ -258,15 +290,21 @@ def plot_pixels(browser: Browser, session: str) -> dict[str, int]:
 
 def click(browser: Browser, session: str, header: str) -> None:
     """A real mouse click (pressed + released) on the cells table's header with this text."""
-    box = browser.evaluate(session, f"""(() => {{
+    box = browser.evaluate(
+        session,
+        f"""(() => {{
         const th = [...document.querySelectorAll('#cells th')].find(h => h.textContent === {json.dumps(header)});
         th.scrollIntoView({{block: 'center'}});
         const r = th.getBoundingClientRect();
         return {{x: r.left + r.width / 2, y: r.top + r.height / 2}};
-    }})()""")
+    }})()""",
+    )
     for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
-        browser.call("Input.dispatchMouseEvent", {"type": kind, "x": box["x"], "y": box["y"], "button": "left",
-                                                   "clickCount": 1}, session)
+        browser.call(
+            "Input.dispatchMouseEvent",
+            {"type": kind, "x": box["x"], "y": box["y"], "button": "left", "clickCount": 1},
+            session,
+        )
 
 
 def names(browser: Browser, session: str) -> list[str]:
@@ -278,8 +316,18 @@ def names(browser: Browser, session: str) -> list[str]:
 
 
 def _mouse(browser: Browser, session: str, kind: str, x: float, y: float, buttons: int = 0) -> None:
-    browser.call("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left" if buttons or kind !=
-                                              "mouseMoved" else "none", "buttons": buttons, "clickCount": 1}, session)
+    browser.call(
+        "Input.dispatchMouseEvent",
+        {
+            "type": kind,
+            "x": x,
+            "y": y,
+            "button": "left" if buttons or kind != "mouseMoved" else "none",
+            "buttons": buttons,
+            "clickCount": 1,
+        },
+        session,
+    )
 
 
 def _wait(browser: Browser, session: str, expression: str, timeout: float = 5.0) -> Any:
@@ -295,7 +343,9 @@ def _wait(browser: Browser, session: str, expression: str, timeout: float = 5.0)
 
 def point_at(browser: Browser, session: str, figure: str, trace: int, point: int) -> dict[str, float]:
     """Where a data point of a figure is on the screen (viewport pixels), the figure scrolled into view first."""
-    return browser.evaluate(session, f"""(() => {{
+    return browser.evaluate(
+        session,
+        f"""(() => {{
         const gd = document.getElementById({json.dumps(figure)});
         gd.scrollIntoView({{block: 'center'}});
         const t = gd._fullData[{trace}], xa = gd._fullLayout.xaxis;
@@ -303,7 +353,8 @@ def point_at(browser: Browser, session: str, figure: str, trace: int, point: int
         const r = gd.getBoundingClientRect();
         return {{x: r.left + xa._offset + xa.l2p(xa.d2l(t.x[{point}])),
                  y: r.top + ya._offset + ya.l2p(ya.d2l(t.y[{point}]))}};
-    }})()""")
+    }})()""",
+    )
 
 
 def hover(browser: Browser, session: str, figure: str, trace: int, point: int) -> str:
@@ -312,21 +363,28 @@ def hover(browser: Browser, session: str, figure: str, trace: int, point: int) -
     _mouse(browser, session, "mouseMoved", 1, 1)  # off the figure first, so the next move is a move
     time.sleep(0.1)  # plotly handles one hover per 50 ms (HOVERMINTIME): a move within it is dropped
     _mouse(browser, session, "mouseMoved", at["x"], at["y"])
-    return _wait(browser, session, f"""[...document.getElementById({json.dumps(figure)})
-        .querySelectorAll('.hoverlayer .hovertext')].map(h => h.textContent).join(' | ')""")
+    return _wait(
+        browser,
+        session,
+        f"""[...document.getElementById({json.dumps(figure)})
+        .querySelectorAll('.hoverlayer .hovertext')].map(h => h.textContent).join(' | ')""",
+    )
 
 
 def legend_click(browser: Browser, session: str, figure: str, entry: str) -> list[Any]:
     """A real click on a legend entry (by its text); then the `visible` of each trace of the entry's group, once
     plotly has acted on the click."""
-    box = browser.evaluate(session, f"""(() => {{
+    box = browser.evaluate(
+        session,
+        f"""(() => {{
         const gd = document.getElementById({json.dumps(figure)});
         gd.scrollIntoView({{block: 'center'}});
         const item = [...gd.querySelectorAll('.legend .traces')].find(t =>
             t.querySelector('.legendtext').textContent === {json.dumps(entry)});
         const r = item.getBoundingClientRect();
         return {{x: r.left + 20, y: r.top + r.height / 2}};
-    }})()""")
+    }})()""",
+    )
     group = f"""(() => {{ const gd = document.getElementById({json.dumps(figure)});
         const named = gd._fullData.find(t => t.name === {json.dumps(entry)} && t.showlegend !== false);
         return gd._fullData.filter(t => t.legendgroup === named.legendgroup).map(t => t.visible); }})()"""
@@ -340,12 +398,15 @@ def legend_click(browser: Browser, session: str, figure: str, entry: str) -> lis
 def drag(browser: Browser, session: str, figure: str, start: tuple[float, float], end: tuple[float, float]) -> None:
     """A real mouse drag across a figure's plot area, between two points given as fractions of it (0..1, from the
     top left): plotly's default drag zooms to the box."""
-    area = browser.evaluate(session, f"""(() => {{
+    area = browser.evaluate(
+        session,
+        f"""(() => {{
         const gd = document.getElementById({json.dumps(figure)});
         gd.scrollIntoView({{block: 'center'}});
         const r = gd.getBoundingClientRect(), s = gd._fullLayout._size;
         return {{x: r.left + s.l, y: r.top + s.t, w: s.w, h: s.h}};
-    }})()""")
+    }})()""",
+    )
     (x0, y0), (x1, y1) = ((area["x"] + fx * area["w"], area["y"] + fy * area["h"]) for fx, fy in (start, end))
     _mouse(browser, session, "mouseMoved", x0, y0)
     _mouse(browser, session, "mousePressed", x0, y0, 1)

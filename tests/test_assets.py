@@ -110,8 +110,12 @@ def test_layout(built: Path) -> None:
     assert sorted(p.name for p in (built / "sizes").iterdir()) == sorted([".complete", *tiny_assets.SIZES])
     data_files = sorted(p.name for p in (built / "data").iterdir())
     assert data_files == [".complete", "tiny_messages.jsonl", "tiny_sharegpt.jsonl"]
-    assert sorted(p.name for p in (built / "models").iterdir()) == [".complete", "tiny-delphi", "tiny-llama3",
-                                                                   "tiny-qwen3"]
+    assert sorted(p.name for p in (built / "models").iterdir()) == [
+        ".complete",
+        "tiny-delphi",
+        "tiny-llama3",
+        "tiny-qwen3",
+    ]
     for name in tiny_assets.MODELS:
         model_dir = built / "models" / name
         for file in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):

@@ -61,10 +61,13 @@ def write_cell(cell) -> Path:
 def axolotl_check(configs: list[Path], *site: str) -> dict[str, dict]:
     """axolotl's own validation (in_venv/axolotl_check.py in the axolotl venv): config path -> its result."""
     python = VenvSpec.load("axolotl").path / "bin" / "python"
-    proc = subprocess.run([str(python), str(IN_VENV_DIR / "axolotl_check.py"), *site, *map(str, configs)],
-                          capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin",
-                                                                            "HF_HUB_OFFLINE": "1",
-                                                                            "PYTHONPATH": str(IN_VENV_DIR)})
+    proc = subprocess.run(
+        [str(python), str(IN_VENV_DIR / "axolotl_check.py"), *site, *map(str, configs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(IN_VENV_DIR)},
+    )
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"config"')]
     assert len(results) == len(configs), proc.stdout[-3000:] + proc.stderr[-3000:]
     return {r["config"]: r for r in results}
@@ -156,8 +159,10 @@ def test_template_repair_is_idempotent_and_sorts_keys(tmp_path):
     (tmp_path / "additional_chat_templates").mkdir()
     (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text("old")
     named = {"default": template, "tool_use": "{{ tools }}"}
-    assert template_integrity.repair(tmp_path, named) == ["tokenizer_config.json",
-                                                          "additional_chat_templates/tool_use.jinja"]
+    assert template_integrity.repair(tmp_path, named) == [
+        "tokenizer_config.json",
+        "additional_chat_templates/tool_use.jinja",
+    ]
     assert template_integrity.repair(tmp_path, named) == []
     assert json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"][1]["name"] == "tool_use"
 
@@ -176,8 +181,13 @@ def test_mix_file_is_the_same_interleave_in_both_backend_envs(make_cells, tmp_pa
         spec["output"] = str(tmp_path / backend / "mix.jsonl")
         (tmp_path / f"{backend}.json").write_text(json.dumps(spec))
         python = VenvSpec.load(backend).path / "bin" / "python"
-        subprocess.run([str(python), str(axolotl.MIX_SCRIPT), str(tmp_path / f"{backend}.json")], check=True,
-                       capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HF_DATASETS_OFFLINE": "1"})
+        subprocess.run(
+            [str(python), str(axolotl.MIX_SCRIPT), str(tmp_path / f"{backend}.json")],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            env={"PATH": "/usr/bin:/bin", "HF_DATASETS_OFFLINE": "1"},
+        )
         out[backend] = (tmp_path / backend / "mix.jsonl").read_text()
     # datasets 4.8 (axolotl) and 4.0 (LLaMA-Factory): the same rows in the same order
     assert out["axolotl"] == out["llamafactory"]
@@ -194,8 +204,13 @@ def test_mix_file_is_the_same_interleave_in_both_backend_envs(make_cells, tmp_pa
     # idempotent: a second run keeps the file (same stamp), a changed seed rewrites it
     before = (tmp_path / "axolotl" / "mix.jsonl").stat().st_mtime_ns
     python = VenvSpec.load("axolotl").path / "bin" / "python"
-    again = subprocess.run([str(python), str(axolotl.MIX_SCRIPT), str(tmp_path / "axolotl.json")], check=True,
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [str(python), str(axolotl.MIX_SCRIPT), str(tmp_path / "axolotl.json")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "up to date" in again.stdout and (tmp_path / "axolotl" / "mix.jsonl").stat().st_mtime_ns == before
 
 
@@ -244,8 +259,12 @@ def test_axolotl_cell_killed_after_a_checkpoint_resumes_from_it(tmp_path, axolot
     run_sft(*args, "dry_run=true", check=True)
     (cell,) = cells(tmp_path)
     out = cell / "output"
-    job = subprocess.Popen([sys.executable, "-m", "sft_grid.job", str(cell)], start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "sft_grid.job", str(cell)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 180
     while not (out / "checkpoint-4" / "trainer_state.json").is_file():
         assert job.poll() is None and time.time() < deadline, "no checkpoint-4 before the run ended"
@@ -279,8 +298,11 @@ def test_parity_with_llamafactory_on_the_same_cell(tmp_path, axolotl_mix_grid):
     common = [a for a in AXOLOTL_MIX if not a.startswith("backend=")]
     run_sft("backend=llamafactory", *common, "lr=1e-3", f"runs_root={tmp_path}", check=True)
     (lf_cell,) = cells(tmp_path)
-    (ax_cell,) = [c for c in cells(axolotl_mix_grid.root)
-                  if yaml.safe_load((c / "cell.yaml").read_text())["lr"] == pytest.approx(1e-3)]
+    (ax_cell,) = [
+        c
+        for c in cells(axolotl_mix_grid.root)
+        if yaml.safe_load((c / "cell.yaml").read_text())["lr"] == pytest.approx(1e-3)
+    ]
     final = {}
     for backend, cell in (("llamafactory", lf_cell), ("axolotl", ax_cell)):
         curve = losses(cell / "output")

@@ -21,9 +21,12 @@ HUB = ["push_to_hub=true", "hub_model_id=org/x"]
 
 
 def test_cleanup_follows_the_upload_unless_the_grid_says_otherwise(make_cells) -> None:
-    up, kept, plain, forced = make_cells(["model=tiny_llama", *HUB],
-                                         ["model=tiny_llama", *HUB, "cleanup_checkpoints=false"],
-                                         ["model=tiny_llama"], ["model=tiny_llama", "cleanup_checkpoints=true"])
+    up, kept, plain, forced = make_cells(
+        ["model=tiny_llama", *HUB],
+        ["model=tiny_llama", *HUB, "cleanup_checkpoints=false"],
+        ["model=tiny_llama"],
+        ["model=tiny_llama", "cleanup_checkpoints=true"],
+    )
     assert post_training.stages_for(up.spec) == ["tokenizer", "upload", "cleanup"]
     assert post_training.stages_for(kept.spec) == ["tokenizer", "upload"]
     assert post_training.stages_for(plain.spec) == ["tokenizer"]
@@ -75,13 +78,27 @@ def test_cleanup_never_removes_the_only_copy(tmp_path: Path) -> None:
 
 
 def test_wandb_runs_are_grouped_by_grid_and_named_by_cell(make_cells, tmp_path: Path) -> None:
-    on, off = make_cells(["model=tiny_llama", "report_to=wandb", "sweep_name=grid1", "lr=2e-5",
-                          "dataset=[tiny_messages,tiny_sharegpt]", "runs_root=/srv/runs"],
-                         ["model=tiny_llama", "sweep_name=grid1"])
+    on, off = make_cells(
+        [
+            "model=tiny_llama",
+            "report_to=wandb",
+            "sweep_name=grid1",
+            "lr=2e-5",
+            "dataset=[tiny_messages,tiny_sharegpt]",
+            "runs_root=/srv/runs",
+        ],
+        ["model=tiny_llama", "sweep_name=grid1"],
+    )
     files = render(on, tmp_path / on.name, []).files
     config = yaml.safe_load(files[wandb.CONFIG_FILE])
-    assert config == {"grid": "grid1", "grid/cell": on.name, "grid/key": on.key, "grid/model": "tiny_llama",
-                      "grid/lr": "2e-5", "grid/dataset": "[tiny_messages,tiny_sharegpt]"}
+    assert config == {
+        "grid": "grid1",
+        "grid/cell": on.name,
+        "grid/key": on.key,
+        "grid/model": "tiny_llama",
+        "grid/lr": "2e-5",
+        "grid/dataset": "[tiny_messages,tiny_sharegpt]",
+    }
     launch = files["launch.sh"]
     assert isinstance(launch, str)
     exports = "\n".join(line for line in launch.splitlines() if line.startswith("export WANDB"))
@@ -89,8 +106,9 @@ def test_wandb_runs_are_grouped_by_grid_and_named_by_cell(make_cells, tmp_path: 
     for project in ("", "team-project"):
         env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
         env.update({"WANDB_PROJECT": project} if project else {})
-        out = subprocess.run(["bash", "-c", f"set -eu\n{exports}\nenv"], capture_output=True, text=True, env=env,
-                             check=True).stdout
+        out = subprocess.run(
+            ["bash", "-c", f"set -eu\n{exports}\nenv"], capture_output=True, text=True, env=env, check=True
+        ).stdout
         seen[project] = dict(line.split("=", 1) for line in out.splitlines() if line.startswith("WANDB_"))
     mine = seen[""]
     assert mine["WANDB_RUN_GROUP"] == "grid1" and mine["WANDB_NAME"] == on.name and mine["WANDB_PROJECT"] == "grid1"

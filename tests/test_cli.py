@@ -85,8 +85,15 @@ def test_users_command_dry_runs_here_with_hub_checks_deferred(tmp_path, tiny_ass
 
 
 def test_hydra_sweep_grammar(tmp_path, tiny_assets):
-    proc = run_sft("-m", "model=glob(tiny_*)", "seed=range(1,3)", "lr=choice(1e-4,2e-4)", "dry_run=true",
-                   f"runs_root={tmp_path}", check=True)
+    proc = run_sft(
+        "-m",
+        "model=glob(tiny_*)",
+        "seed=range(1,3)",
+        "lr=choice(1e-4,2e-4)",
+        "dry_run=true",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
     models = len(list((CONF_DIR / "model").glob("tiny_*.yaml")))  # tiny_llama, tiny_qwen3, tiny_delphi
     assert len(cell_dirs(tmp_path)) == models * 4, proc.stdout
     assert f"{models * 4} cell(s) rendered" in proc.stdout
@@ -95,15 +102,31 @@ def test_hydra_sweep_grammar(tmp_path, tiny_assets):
 def test_dry_run_table_has_what_users_check(tmp_path, tiny_assets):
     proc = run_sft("-m", "+sweep=smoke", "dry_run=true", f"runs_root={tmp_path}", check=True)
     header = proc.stdout.splitlines()[0].split()
-    assert header == ["cell", "model", "template", "length", "lr", "grad_acc", "data[role/user/assistant]",
-                      "push_to_hub", "output"]
+    assert header == [
+        "cell",
+        "model",
+        "template",
+        "length",
+        "lr",
+        "grad_acc",
+        "data[role/user/assistant]",
+        "push_to_hub",
+        "output",
+    ]
     assert "tiny_messages:messages[role/user/assistant]" in proc.stdout and "4 steps" in proc.stdout
     assert len(cell_dirs(tmp_path, "smoke")) == 4
 
 
 def test_bad_input_is_refused_with_every_problem_and_nothing_written(tmp_path):
-    proc = run_sft("-m", "model=tiny_llama,delphi", "model.template=qwen3", "global_batch_size=10",
-                   "micro_batch_size=4", "time=30:00:00", f"runs_root={tmp_path}")
+    proc = run_sft(
+        "-m",
+        "model=tiny_llama,delphi",
+        "model.template=qwen3",
+        "global_batch_size=10",
+        "micro_batch_size=4",
+        "time=30:00:00",
+        f"runs_root={tmp_path}",
+    )
     assert proc.returncode == 1
     err = proc.stderr
     assert "problem(s) in 2 cell(s)" in err and "nothing was submitted" in err

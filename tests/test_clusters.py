@@ -140,8 +140,9 @@ def test_one_unset_variable_is_named_alone_and_an_empty_one_counts_as_unset(hydr
 def test_grid_composer_reports_the_unset_variable_for_each_cell(hydra_loader, monkeypatch):
     clear_user_env(monkeypatch)
     composer = GridComposer(hydra_loader, "config")
-    composed, errors = composer.compose_all([["cluster=leonardo", "model=qwen3_8b"],
-                                             ["cluster=leonardo", "model=delphi"]])
+    composed, errors = composer.compose_all(
+        [["cluster=leonardo", "model=qwen3_8b"], ["cluster=leonardo", "model=delphi"]]
+    )
     assert not composed and len(errors) == 2
     assert all("SFT_GRID_LEONARDO_ACCOUNT" in e.message and "export" in e.message for e in errors)
 
@@ -167,8 +168,9 @@ def test_cli_stops_before_anything_is_written_and_names_the_variable(monkeypatch
     assert not any(tmp_path.iterdir())
 
     set_user_env(monkeypatch, "cluster", "leonardo")
-    proc = run_sft("-m", "cluster=leonardo", "model=qwen3_8b,delphi", "dataset=magpie", "dry_run=true",
-                   f"runs_root={tmp_path}")
+    proc = run_sft(
+        "-m", "cluster=leonardo", "model=qwen3_8b,delphi", "dataset=magpie", "dry_run=true", f"runs_root={tmp_path}"
+    )
     assert "SFT_GRID_LEONARDO" not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --partition=boost_usr_prod" in proc.stdout and "#SBATCH --gres=gpu:4" in proc.stdout

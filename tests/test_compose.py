@@ -18,13 +18,36 @@ from .conftest import hydra_plain
 MODELS = ["tiny_llama", "tiny_qwen3", "qwen3_8b", "qwen3_32b", "qwen3_5_9b", "delphi", "searched"]
 TWO_DATASETS = ["[magpie,delphi_warmup]", "[tiny_messages,tiny_sharegpt]", "[wildchat_386k,delphi_warmup]"]
 ONE_DATASET = ["tiny_messages", "tiny_sharegpt", "magpie", "tulu3"]
-SCALARS = ["lr=2e-5", "lr=3e-5", "seed=7", "seed=8", "max_steps=10", "cutoff_len=512", "epochs=2",
-           "global_batch_size=32", "warmup_ratio=0.1", "scheduler=linear", "report_to=wandb"]
-NESTED = ["model.template=llama3", "cluster.cpus_per_node=3", "cluster.env.OMP_NUM_THREADS=2", "model.params_b=1.5",
-          "mix.strategy=interleave_under"]
-ADDED = ["+extra.a.b=1", "+extra.packing=true", "+cluster.env.FOO=bar", "+extra.k=[1,2]",
-         "+cluster.need_venvs.transformers_ge_5_3.llamafactory=/envs/q35", "+cluster.sbatch_extra.hold=true",
-         "+cluster.need_envs.transformers_ge_5_3.llamafactory=/envs/old", "+vars.row.x=3"]
+SCALARS = [
+    "lr=2e-5",
+    "lr=3e-5",
+    "seed=7",
+    "seed=8",
+    "max_steps=10",
+    "cutoff_len=512",
+    "epochs=2",
+    "global_batch_size=32",
+    "warmup_ratio=0.1",
+    "scheduler=linear",
+    "report_to=wandb",
+]
+NESTED = [
+    "model.template=llama3",
+    "cluster.cpus_per_node=3",
+    "cluster.env.OMP_NUM_THREADS=2",
+    "model.params_b=1.5",
+    "mix.strategy=interleave_under",
+]
+ADDED = [
+    "+extra.a.b=1",
+    "+extra.packing=true",
+    "+cluster.env.FOO=bar",
+    "+extra.k=[1,2]",
+    "+cluster.need_venvs.transformers_ge_5_3.llamafactory=/envs/q35",
+    "+cluster.sbatch_extra.hold=true",
+    "+cluster.need_envs.transformers_ge_5_3.llamafactory=/envs/old",
+    "+vars.row.x=3",
+]
 FORCED = ["++lr=4e-5", "++extra.z=1", "++cluster.partition=gpu"]
 DELETED = ["~cluster.env.WANDB_MODE", "~cluster.env.OMP_NUM_THREADS"]
 INTERPOLATED = ["+extra.tag='${model.name}-${lr}'", "+extra.home='${oc.env:HOME}'", "+extra.copy='${seed}'"]
@@ -36,7 +59,8 @@ def searchpath(tmp_path: Path) -> list[str]:
     """A config directory added with hydra.searchpath, holding a model option conf/ does not have."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "searched.yaml").write_text(
-        "name: searched\nhub_id: org/searched\nparams_b: 1.0\ntokenizer_family: llama3\ntemplate: llama3\n")
+        "name: searched\nhub_id: org/searched\nparams_b: 1.0\ntokenizer_family: llama3\ntemplate: llama3\n"
+    )
     return [f"hydra.searchpath=[file://{tmp_path}]"]
 
 
@@ -85,12 +109,25 @@ def test_generated_grids_equal_hydra_compose(hydra_loader, searchpath):
 
 def test_the_cases_that_failed_in_a_multirun_compose(hydra_loader):
     """A list element and new nested keys, in a grid whose other cells set them differently."""
-    grid = [["model=tiny_llama", "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
-             "mix.probs=[0.5,0.5]", "mix.probs.0=0.7"],
-            ["model=tiny_qwen3", "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
-             "mix.probs=[0.5,0.5]", "mix.probs.1=0.2"],
-            ["model=tiny_llama", "+cluster.need_venvs.transformers_ge_5_3.llamafactory=/d"],
-            ["model=tiny_qwen3", "+extra.a.b=1"], ["model=tiny_qwen3", "+extra.a.c=2"]]
+    grid = [
+        [
+            "model=tiny_llama",
+            "dataset=[magpie,delphi_warmup]",
+            "mix.strategy=interleave_under",
+            "mix.probs=[0.5,0.5]",
+            "mix.probs.0=0.7",
+        ],
+        [
+            "model=tiny_qwen3",
+            "dataset=[magpie,delphi_warmup]",
+            "mix.strategy=interleave_under",
+            "mix.probs=[0.5,0.5]",
+            "mix.probs.1=0.2",
+        ],
+        ["model=tiny_llama", "+cluster.need_venvs.transformers_ge_5_3.llamafactory=/d"],
+        ["model=tiny_qwen3", "+extra.a.b=1"],
+        ["model=tiny_qwen3", "+extra.a.c=2"],
+    ]
     composer = GridComposer(hydra_loader, "config")
     composed, errors = composer.compose_all(grid)
     assert not errors, [e.message for e in errors]
@@ -148,8 +185,10 @@ def test_errors_are_hydras(hydra_loader, overrides, expected):
 
 def test_interpolations_that_read_other_keys_are_composed_by_hydra(hydra_loader):
     composer = GridComposer(hydra_loader, "config")
-    cells = [["model=tiny_llama", "lr=1e-4", "+extra.tag='${model.name}-${lr}'"],
-             ["model=qwen3_8b", "lr=2e-4", "+extra.tag='${model.name}-${lr}'"]]
+    cells = [
+        ["model=tiny_llama", "lr=1e-4", "+extra.tag='${model.name}-${lr}'"],
+        ["model=qwen3_8b", "lr=2e-4", "+extra.tag='${model.name}-${lr}'"],
+    ]
     composed, errors = composer.compose_all(cells)
     assert not errors
     assert [c.config["extra"]["tag"] for c in composed] == ["tiny_llama-0.0001", "qwen3_8b-0.0002"]

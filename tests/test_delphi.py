@@ -48,8 +48,10 @@ def _plan(*overrides: str):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        config = cast(dict[str, Any], OmegaConf.to_container(compose("config", overrides=["model=tiny_delphi",
-                                                                                           *overrides]), resolve=True))
+        config = cast(
+            dict[str, Any],
+            OmegaConf.to_container(compose("config", overrides=["model=tiny_delphi", *overrides]), resolve=True),
+        )
     GlobalHydra.instance().clear()
     config.pop("hydra", None)
     return plan_cell(["model=tiny_delphi", *overrides], config)
@@ -76,8 +78,12 @@ def _root(prepared: Path) -> str:
 
 def _py(code: str, *args: str, backend: str = "llamafactory") -> str:
     python = VenvSpec.load(backend).path / "bin" / "python"
-    proc = subprocess.run([str(python), "-c", code, *args], capture_output=True, text=True,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [str(python), "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -127,10 +133,21 @@ def test_prep_renames_reserved_slots_and_mean_initialises_their_rows(prepared, t
 @pytest.mark.backend
 def test_prep_refuses_a_tokenizer_whose_slot_is_not_reserved(tiny_assets, tmp_path):
     python = VenvSpec.load("llamafactory").path / "bin" / "python"
-    proc = subprocess.run([str(python), str(prep.PROBE), "--model", str(tiny_assets / "models" / "tiny-llama3"),
-                           "--output", str(tmp_path / "out"), "--tokens", json.dumps(DELPHI_TOKENS)],
-                          capture_output=True, text=True,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [
+            str(python),
+            str(prep.PROBE),
+            "--model",
+            str(tiny_assets / "models" / "tiny-llama3"),
+            "--output",
+            str(tmp_path / "out"),
+            "--tokens",
+            json.dumps(DELPHI_TOKENS),
+        ],
+        capture_output=True,
+        text=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 1 and "delphi tokenizer prep failed" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "out").exists()
 
@@ -142,21 +159,32 @@ CONVERSATIONS = [
     # no reasoning: no think block at all (LLaMA-Factory's ReasoningTemplate would add an empty one)
     [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello there."}],
     # inline <think>, with a system turn
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 plus 2?"},
-     {"role": "assistant", "content": "<think>two and two make four</think>\n\nIt is 4."}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2 plus 2?"},
+        {"role": "assistant", "content": "<think>two and two make four</think>\n\nIt is 4."},
+    ],
     # a tool call and its result, then the answer
-    [{"role": "user", "content": "Add 2 and 3."},
-     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": CALL}]},
-     {"role": "tool", "content": "5"}, {"role": "assistant", "content": "The sum is 5."}],
+    [
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": CALL}]},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "The sum is 5."},
+    ],
     # multi-turn, reasoning in one turn only, and the Delphi think tokens already inline (canonical data)
-    [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
-     {"role": "user", "content": "Another?"},
-     {"role": "assistant", "content": "<think>not blue again</think>Green."},
-     {"role": "user", "content": "And one more?"},
-     {"role": "assistant", "content": "<|start_think|>\npick a warm one\n<|end_think|>\n\nRed."}],
+    [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "Another?"},
+        {"role": "assistant", "content": "<think>not blue again</think>Green."},
+        {"role": "user", "content": "And one more?"},
+        {"role": "assistant", "content": "<|start_think|>\npick a warm one\n<|end_think|>\n\nRed."},
+    ],
 ]
-TAGS = ["dataset.tiny_messages.tags.function_tag=function_call",
-        "dataset.tiny_messages.tags.observation_tag=observation"]
+TAGS = [
+    "dataset.tiny_messages.tags.function_tag=function_call",
+    "dataset.tiny_messages.tags.observation_tag=observation",
+]
 
 
 def _sharegpt(conversation: list[dict]) -> dict:
@@ -205,8 +233,10 @@ def _check_train_equals_serve(rows: list[dict], renders: list[str]) -> None:
 
 def _probe_rows(cell) -> list[dict]:
     (probed,) = mask.probe(mask.checks_for(cell), use_cache=False)
-    assert probed.outcome is None and probed.result is not None and "error" not in probed.result, (probed.outcome,
-                                                                                                  probed.result)
+    assert probed.outcome is None and probed.result is not None and "error" not in probed.result, (
+        probed.outcome,
+        probed.result,
+    )
     return probed.result["rows"]
 
 
@@ -246,8 +276,10 @@ def test_delphi_cell_renders_its_template_the_prepared_model_and_the_wrapper(mak
     assert f"model_name_or_path: {prep_dir.model_dir}\n" in rendered.files["train_config.yaml"]
     assert "template: delphi\n" in rendered.files["train_config.yaml"]
     assert rendered.files["delphi.jinja"] == JINJA.read_text()
-    assert (f"sft_grid_lf.py --template delphi={tmp_path / 'cell' / 'delphi.jinja'} train "
-            f"{tmp_path / 'cell' / 'train_config.yaml'}") in rendered.files["launch.sh"]
+    assert (
+        f"sft_grid_lf.py --template delphi={tmp_path / 'cell' / 'delphi.jinja'} train "
+        f"{tmp_path / 'cell' / 'train_config.yaml'}"
+    ) in rendered.files["launch.sh"]
     # a template LLaMA-Factory ships registers nothing (the wrapper only adds the loss watchdog), and a model
     # without prep loads its own path
     (llama,) = make_cells(["model=tiny_llama"])
@@ -258,8 +290,11 @@ def test_delphi_cell_renders_its_template_the_prepared_model_and_the_wrapper(mak
 
 
 def test_prep_directory_is_shared_by_cells_of_a_model_and_differs_by_source(make_cells):
-    a, b, other = make_cells(["model=tiny_delphi", "lr=1e-4"], ["model=tiny_delphi", "lr=2e-4"],
-                             ["model=tiny_delphi", "model.path=/elsewhere/tiny-delphi"])
+    a, b, other = make_cells(
+        ["model=tiny_delphi", "lr=1e-4"],
+        ["model=tiny_delphi", "lr=2e-4"],
+        ["model=tiny_delphi", "model.path=/elsewhere/tiny-delphi"],
+    )
     assert inputs.prep_for(a) == inputs.prep_for(b)
     assert inputs.prep_for(other).dir != inputs.prep_for(a).dir
     assert inputs.prep_for(other).source == "/elsewhere/tiny-delphi"
@@ -271,10 +306,12 @@ def test_preps_of_a_grid_are_one_array_its_cells_wait_for(make_cells):
     from sft_grid.grid.decide import Action, Decision
     from sft_grid.grid.jobs import build as build_plan
 
-    cells = make_cells(["model=tiny_delphi", "cluster=slurm_local", "lr=1e-4"],
-                       ["model=tiny_delphi", "cluster=slurm_local", "lr=2e-4"],
-                       ["model=tiny_delphi", "model.name=other_delphi", "cluster=slurm_local"],
-                       ["model=tiny_llama", "cluster=slurm_local"])
+    cells = make_cells(
+        ["model=tiny_delphi", "cluster=slurm_local", "lr=1e-4"],
+        ["model=tiny_delphi", "cluster=slurm_local", "lr=2e-4"],
+        ["model=tiny_delphi", "model.name=other_delphi", "cluster=slurm_local"],
+        ["model=tiny_llama", "cluster=slurm_local"],
+    )
     decisions = [Decision(c, c.sweep_dir / c.name, CellState(State.PLANNED), Action.RUN) for c in cells]
     plan = build_plan(decisions, {}, None, 1001)
     roles = [(j.role.value, len(j.targets)) for j in plan.slurm]
@@ -299,8 +336,9 @@ def test_delphi_model_with_a_chatml_template_is_refused_with_the_delphi_fix(make
 
 @pytest.mark.backend
 def test_unprepared_delphi_tokenizer_without_prep_stage_is_refused(make_cells, tiny_assets):
-    (problem,) = [p for p in preflight([_cell(make_cells, "model.needs=[]")]).problems
-                  if p.rule == "preflight-template_tokens"]
+    (problem,) = [
+        p for p in preflight([_cell(make_cells, "model.needs=[]")]).problems if p.rule == "preflight-template_tokens"
+    ]
     assert "not prepared" in problem.message and "<|start_think|>" in problem.message
     assert inputs.PREP_NEED in problem.fix
 
@@ -347,8 +385,13 @@ def test_local_grid_prepares_once_then_trains_from_the_prepared_copy(tmp_path, t
 @pytest.mark.backend
 def test_failed_prep_fails_its_cells_with_the_reason_and_queues_nothing(tmp_path, tiny_assets):
     # tiny-llama3 has no reserved slots at the Delphi ids: the prep refuses it
-    proc = run_sft(*TINY, f"model.path={tiny_assets / 'models' / 'tiny-llama3'}", "model.tokenizer_family=llama3",
-                   "model.template=llama3", f"runs_root={tmp_path}")
+    proc = run_sft(
+        *TINY,
+        f"model.path={tiny_assets / 'models' / 'tiny-llama3'}",
+        "model.tokenizer_family=llama3",
+        "model.template=llama3",
+        f"runs_root={tmp_path}",
+    )
     assert proc.returncode == 1
     (cell,) = iter_cell_dirs(tmp_path / "default")
     state = states_of([cell])[cell]
@@ -361,8 +404,16 @@ def test_failed_prep_fails_its_cells_with_the_reason_and_queues_nothing(tmp_path
 def test_slurm_prep_job_runs_first_and_the_cells_depend_on_it(tmp_path, tiny_assets):
     # the prep's own dependency (with tokenize once, the cells wait for the tokenize array, which waits for the
     # prep: tests/test_tokenize_plan.py)
-    proc = run_sft("-m", *TINY, "seed=1,2", "model=tiny_delphi,tiny_llama", "cluster=slurm_local",
-                   "tokenize_once=false", f"runs_root={tmp_path}", check=True)
+    proc = run_sft(
+        "-m",
+        *TINY,
+        "seed=1,2",
+        "model=tiny_delphi,tiny_llama",
+        "cluster=slurm_local",
+        "tokenize_once=false",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
     match = re.search(r"tokenizer prep of tiny_delphi: job (\d+)", proc.stdout)
     assert match, proc.stdout
     prep_job = match.group(1)
@@ -386,9 +437,19 @@ def test_slurm_prep_job_runs_first_and_the_cells_depend_on_it(tmp_path, tiny_ass
             break
         time.sleep(2)
     assert {s.state.value for s in states.values()} == {"completed"}, states
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "--format=JobID,Start,End,State", "-j",
-                          ",".join([prep_job, *{job_of[c].split("_")[0] for c in delphi}])],
-                         capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run(
+        [
+            "sacct",
+            "-X",
+            "-n",
+            "-P",
+            "--format=JobID,Start,End,State",
+            "-j",
+            ",".join([prep_job, *{job_of[c].split("_")[0] for c in delphi}]),
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     times = {line.split("|")[0]: line.split("|") for line in out}
     assert times[prep_job][3] == "COMPLETED"
     for c in delphi:
@@ -409,11 +470,20 @@ def _wait(cell: Path, deadline_s: float = 300) -> CellState:
 @pytest.mark.slurm
 @pytest.mark.backend
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
-def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_every_rank(tmp_path, tiny_assets,
-                                                                                      launcher):
-    run_sft("model=tiny_delphi", "max_steps=4", "save_steps=4", "cutoff_len=256", "global_batch_size=4",
-            "micro_batch_size=2", "nodes=2", "cluster=slurm_local", f"cluster.launcher={launcher}",
-            f"runs_root={tmp_path}", check=True)
+def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_every_rank(tmp_path, tiny_assets, launcher):
+    run_sft(
+        "model=tiny_delphi",
+        "max_steps=4",
+        "save_steps=4",
+        "cutoff_len=256",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "nodes=2",
+        "cluster=slurm_local",
+        f"cluster.launcher={launcher}",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
     (cell,) = iter_cell_dirs(tmp_path / "default")
     state = _wait(cell)
     assert state.state is State.COMPLETED, state
@@ -422,7 +492,8 @@ def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_ever
     # (LLaMA-Factory alone would not know the delphi template)
     assert "world size: 2" in lead and "world size: 2" in other
     assert {"Process rank: 0, world size: 2", "Process rank: 1, world size: 2"} <= {
-        line.split(">> ")[-1].split(", device")[0] for line in (lead + other).splitlines() if "world size" in line}
+        line.split(">> ")[-1].split(", device")[0] for line in (lead + other).splitlines() if "world size" in line
+    }
     launch = (cell / "launch.sh").read_text()
     assert "sft_grid_lf.py --template delphi=" in launch
     if launcher == "torchrun":
@@ -432,24 +503,35 @@ def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_ever
     assert (cell / "output" / "checkpoint-4" / "optimizer.pt").is_file()
     saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
     assert saved["eos_token"] == "<|eot_id|>"
-    nodes = subprocess.run(["sacct", "-X", "-n", "-P", "-j", state.job_id, "-o", "NodeList"], capture_output=True,
-                           text=True).stdout.strip()
+    nodes = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", state.job_id, "-o", "NodeList"], capture_output=True, text=True
+    ).stdout.strip()
     assert nodes in ("n[1-2]", "n1,n2"), nodes
 
 
 @pytest.mark.slurm
 @pytest.mark.backend
 def test_slurm_cells_of_a_failed_prep_fail_with_its_reason(tmp_path, tiny_assets):
-    proc = run_sft(*TINY, f"model.path={tiny_assets / 'models' / 'tiny-llama3'}", "model.tokenizer_family=llama3",
-                   "model.template=llama3", "cluster=slurm_local", f"runs_root={tmp_path}", check=True)
+    proc = run_sft(
+        *TINY,
+        f"model.path={tiny_assets / 'models' / 'tiny-llama3'}",
+        "model.tokenizer_family=llama3",
+        "model.template=llama3",
+        "cluster=slurm_local",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
     assert "tokenizer prep of tiny_delphi: job" in proc.stdout
     (cell,) = iter_cell_dirs(tmp_path / "default")
     state = _wait(cell)
     assert state.state is State.FAILED, state
     assert "its model prep failed: tokenizer prep exited with 1" in state.reason, state.reason
     assert not (cell / "output").exists()  # its first step stopped it: nothing was trained
-    status = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
-                            capture_output=True, text=True).stdout
+    status = subprocess.run(
+        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert "its model prep failed" in status
 
 
@@ -458,8 +540,14 @@ def test_dry_run_shows_the_first_example_of_each_source_before_the_prep(tmp_path
     """Before anything is prepared or queued, a Delphi grid's dry run shows the first example of each source
     as LLaMA-Factory trains on it with the delphi template: an instruction turn and a think example, the
     trained text marked; nothing is prepared by a dry run."""
-    proc = run_sft("-m", "model=tiny_delphi", "dataset=[tiny_messages,tiny_sharegpt]", "dry_run=true",
-                   f"runs_root={tmp_path}", check=True)
+    proc = run_sft(
+        "-m",
+        "model=tiny_delphi",
+        "dataset=[tiny_messages,tiny_sharegpt]",
+        "dry_run=true",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
     shown = proc.stdout.split("the first example of each source", 1)[1]
     for source in ("dataset.tiny_messages", "dataset.tiny_sharegpt"):
         assert f"--- {source} of " in shown and "(llamafactory, template delphi)" in shown

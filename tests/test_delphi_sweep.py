@@ -21,8 +21,17 @@ from .conftest import hydra_plain, run_sft
 SWEEP = REPO_ROOT / "sweeps" / "delphi_scaling.yaml"
 BUDGETS = ["3e18", "9e18", "2e19", "3e19", "9e19", "2e20", "3e20", "1e21", "1e22"]
 MIXES = ["p33m67", "p50m50", "p67m33"]
-BASE_SIZES = {"447M": 0.447, "550M": 0.55, "837M": 0.837, "998M": 0.998, "1.4B": 1.4, "1.9B": 1.9, "2.5B": 2.5,
-              "3.4B": 3.4, "9.7B": 9.7}
+BASE_SIZES = {
+    "447M": 0.447,
+    "550M": 0.55,
+    "837M": 0.837,
+    "998M": 0.998,
+    "1.4B": 1.4,
+    "1.9B": 1.9,
+    "2.5B": 2.5,
+    "3.4B": 3.4,
+    "9.7B": 9.7,
+}
 
 
 def nodes_for(params_b: float) -> int:
@@ -57,8 +66,9 @@ def test_the_table_has_the_9_bases_and_27_midtrained_checkpoints():
     axis = sweep["hydra"]["sweeper"]["params"]["vars.model"].split(",")
     assert sorted(axis) == sorted(models) and len(axis) == 36
     assert sorted(n for n in models if n.endswith("-base")) == sorted(f"delphi-{b}-base" for b in BUDGETS)
-    assert sorted(n for n in models if not n.endswith("-base")) == sorted(f"delphi-{b}-{m}" for b in BUDGETS
-                                                                          for m in MIXES)
+    assert sorted(n for n in models if not n.endswith("-base")) == sorted(
+        f"delphi-{b}-{m}" for b in BUDGETS for m in MIXES
+    )
     for name, row in models.items():
         budget = name.split("-")[1]
         base = models[f"delphi-{budget}-base"]
@@ -76,8 +86,10 @@ def test_dry_run_renders_72_cells_without_warnings(dry_run):
     assert "dry run: 72 cell(s) rendered, nothing submitted" in proc.stdout
     assert not re.search(r"warn", proc.stdout + proc.stderr, re.IGNORECASE), proc.stderr
     assert len(cells) == 72 and len({c.name.rsplit("-", 1)[1] for c in cells}) == 72
-    assert ("post-training stages of 72 cell(s): tokenizer, upload, cleanup; the upload waits for the login node:"
-            " python -m sft_grid.post") in proc.stdout
+    assert (
+        "post-training stages of 72 cell(s): tokenizer, upload, cleanup; the upload waits for the login node:"
+        " python -m sft_grid.post"
+    ) in proc.stdout
 
 
 def test_every_cell_holds_the_grids_rules(dry_run):
@@ -131,8 +143,11 @@ def test_the_fast_composer_equals_hydra_for_sampled_cells(hydra_loader, leonardo
     sweep = yaml.safe_load(SWEEP.read_text())
     params = sweep["hydra"]["sweeper"]["params"]
     recipes = ["[magpie,delphi_warmup]", "[wildchat_386k,delphi_warmup]"]
-    grid = [["+sweep=delphi_scaling", f"vars.model={m}", f"dataset={r}"]
-            for m in params["vars.model"].split(",") for r in recipes]
+    grid = [
+        ["+sweep=delphi_scaling", f"vars.model={m}", f"dataset={r}"]
+        for m in params["vars.model"].split(",")
+        for r in recipes
+    ]
     composer = GridComposer(hydra_loader, "config")
     composed, errors = composer.compose_all(grid)
     assert not errors and len(composed) == 72

@@ -29,8 +29,13 @@ def plan(**kw) -> CellPlan:
     return CellPlan(**{**base, **kw})
 
 
-def measured(p: CellPlan, seconds: float | None = None, cluster: str = "leonardo", gpu: str = "A100",
-             machine: tuple[float, float, float] | None = None) -> Measured:
+def measured(
+    p: CellPlan,
+    seconds: float | None = None,
+    cluster: str = "leonardo",
+    gpu: str = "A100",
+    machine: tuple[float, float, float] | None = None,
+) -> Measured:
     """A cell as it ran: `seconds`, or what a machine of (start-up, per-token, per-FLOP) cost takes for it."""
     tok = count_tokens(p)
     dense, attn = training_flops(p.model, tok.tokens, tok.attended)
@@ -114,8 +119,10 @@ def test_calibration_from_one_size_is_a_flop_rate_that_serves_every_size() -> No
 def test_calibration_over_sizes_and_lengths_recovers_start_up_per_token_and_per_flop_costs() -> None:
     # a machine that spends 30 s starting, 2 ms per token and 1e-10 s per FLOP (per GPU)
     machine = (30.0, 2e-3, 1e-10)
-    runs = [measured(plan(name=f"s{i}", model=Model(n, 4, 256), gpus=g, epochs=ep), machine=machine)
-            for i, (n, ep, g) in enumerate(((1e6, 1.0, 1), (4e6, 2.0, 2), (1.6e7, 1.0, 1), (6.4e7, 3.0, 4)))]
+    runs = [
+        measured(plan(name=f"s{i}", model=Model(n, 4, 256), gpus=g, epochs=ep), machine=machine)
+        for i, (n, ep, g) in enumerate(((1e6, 1.0, 1), (4e6, 2.0, 2), (1.6e7, 1.0, 1), (6.4e7, 3.0, 4)))
+    ]
     cal = calibrate(runs)["leonardo"]
     assert cal.sizes == 4
     assert (cal.startup_s, cal.per_token_s, cal.per_flop_s) == pytest.approx(machine, rel=1e-6)
@@ -130,13 +137,16 @@ def test_calibration_over_sizes_and_lengths_recovers_start_up_per_token_and_per_
         alone = calibrate(runs, leave_out=m.cell)["leonardo"]
         assert loo[m.cell].cells == alone.cells
         assert (loo[m.cell].startup_s, loo[m.cell].per_token_s, loo[m.cell].per_flop_s) == pytest.approx(
-            (alone.startup_s, alone.per_token_s, alone.per_flop_s), rel=1e-9, abs=1e-15)
+            (alone.startup_s, alone.per_token_s, alone.per_flop_s), rel=1e-9, abs=1e-15
+        )
 
 
 def test_cells_of_one_data_length_calibrate_start_up_and_flop_rate() -> None:
     machine = (20.0, 0.0, 1e-10)
-    runs = [measured(plan(name=f"s{i}", model=Model(n, 4, 256), gpus=1), machine=machine)
-            for i, n in enumerate((1e6, 4e6, 1.6e7))]
+    runs = [
+        measured(plan(name=f"s{i}", model=Model(n, 4, 256), gpus=1), machine=machine)
+        for i, n in enumerate((1e6, 4e6, 1.6e7))
+    ]
     cal = calibrate(runs)["leonardo"]  # the same tokens everywhere: start-up and per-token cost look alike
     assert cal.per_token_s == 0 and cal.startup_s == pytest.approx(20.0) and cal.per_flop_s == pytest.approx(1e-10)
     assert "start-up + per-FLOP cost" in cal.throughput().detail

@@ -28,15 +28,25 @@ def data_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_tokens_come_from_the_sample_scaled_to_the_rows_and_the_mix(make_cells, data_file: Path,
-                                                                     tmp_path: Path) -> None:
+def test_tokens_come_from_the_sample_scaled_to_the_rows_and_the_mix(
+    make_cells, data_file: Path, tmp_path: Path
+) -> None:
     plain, mixed = make_cells(
         ["model=tiny_llama", f"dataset.tiny_messages.source={data_file}", "cutoff_len=1024", "epochs=2"],
-        ["model=tiny_llama", "dataset=[tiny_messages,tiny_sharegpt]", f"dataset.tiny_messages.source={data_file}",
-         f"dataset.tiny_sharegpt.source={data_file}", "mix.strategy=interleave_under", "mix.probs=[0.9,0.1]",
-         "cutoff_len=1024"])
-    lengths = {plain.name: {"tiny_messages": LENGTHS},
-               mixed.name: {"tiny_messages": LENGTHS, "tiny_sharegpt": (10,) * 8}}
+        [
+            "model=tiny_llama",
+            "dataset=[tiny_messages,tiny_sharegpt]",
+            f"dataset.tiny_messages.source={data_file}",
+            f"dataset.tiny_sharegpt.source={data_file}",
+            "mix.strategy=interleave_under",
+            "mix.probs=[0.9,0.1]",
+            "cutoff_len=1024",
+        ],
+    )
+    lengths = {
+        plain.name: {"tiny_messages": LENGTHS},
+        mixed.name: {"tiny_messages": LENGTHS, "tiny_sharegpt": (10,) * 8},
+    }
     costs = estimates.estimate([plain, mixed], lengths)
     mean = statistics.fmean(min(n, 1024) for n in LENGTHS)
     e = costs.estimates[plain.name]
@@ -64,22 +74,33 @@ def test_a_cell_without_a_token_sample_has_no_estimate_but_a_disk_bound(make_cel
 
 
 def test_completed_cells_calibrate_the_next_estimates(make_cells, data_file: Path, tmp_path: Path) -> None:
-    done_cells = make_cells(*[[f"model={m}", f"dataset.tiny_messages.source={data_file}", "sweep_name=first",
-                               f"epochs={ep}"] for m, ep in (("tiny_llama", 1), ("tiny_llama_m", 2),
-                                                             ("tiny_llama_l", 1), ("tiny_llama_l", 3))])
+    done_cells = make_cells(
+        *[
+            [f"model={m}", f"dataset.tiny_messages.source={data_file}", "sweep_name=first", f"epochs={ep}"]
+            for m, ep in (("tiny_llama", 1), ("tiny_llama_m", 2), ("tiny_llama_l", 1), ("tiny_llama_l", 3))
+        ]
+    )
     costs = estimates.estimate(done_cells, {c.name: {"tiny_messages": LENGTHS} for c in done_cells})
     for cell, d in zip(done_cells, gf.render_cells(done_cells), strict=True):
         (d / "estimate.json").write_text(costs.file_text(cell.name) or "")
         e = costs.estimates[cell.name]
         train = 1e-3 * e.tokens.tokens + 1e-9 * e.flops  # this "machine": 15 s to start, 1 ms a token, 1 GFLOP/s
-        gf.run(d, "completed", gf.curve(19, 2.0), 19, seconds=round(train) + 15, train_runtime=train,
-               cpu_seconds=train + 15)
+        gf.run(
+            d,
+            "completed",
+            gf.curve(19, 2.0),
+            19,
+            seconds=round(train) + 15,
+            train_runtime=train,
+            cpu_seconds=train + 15,
+        )
         assert measured(d) is not None
     cal = calibrations([tmp_path / "runs"])["local"]
     assert cal.sizes == 3 and len(cal.cells) == 4
     assert (cal.startup_s, cal.per_token_s, cal.per_flop_s) == pytest.approx((15, 1e-3, 1e-9), rel=1e-6)
-    (new,) = make_cells(["model=tiny_llama_m", f"dataset.tiny_messages.source={data_file}", "epochs=3",
-                         "sweep_name=second"])
+    (new,) = make_cells(
+        ["model=tiny_llama_m", f"dataset.tiny_messages.source={data_file}", "epochs=3", "sweep_name=second"]
+    )
     e = estimates.estimate([new], {new.name: {"tiny_messages": LENGTHS}}).estimates[new.name]
     assert e.throughput is not None and e.throughput.source == "calibration"
     assert "fitted to the CPU time of 4 completed cell(s) of 3 size(s) on local" in e.throughput.detail
@@ -88,9 +109,16 @@ def test_completed_cells_calibrate_the_next_estimates(make_cells, data_file: Pat
 
 def test_a_cell_that_cannot_finish_in_its_wall_time_is_a_problem(make_cells, data_file: Path) -> None:
     short, fine = make_cells(
-        ["model=tiny_llama", "cluster=slurm_local", f"dataset.tiny_messages.source={data_file}", "epochs=1000",
-         "time=00:01:00", "cluster.max_requeues=1"],
-        ["model=tiny_llama", "cluster=slurm_local", f"dataset.tiny_messages.source={data_file}"])
+        [
+            "model=tiny_llama",
+            "cluster=slurm_local",
+            f"dataset.tiny_messages.source={data_file}",
+            "epochs=1000",
+            "time=00:01:00",
+            "cluster.max_requeues=1",
+        ],
+        ["model=tiny_llama", "cluster=slurm_local", f"dataset.tiny_messages.source={data_file}"],
+    )
     costs = estimates.estimate([short, fine], {c.name: {"tiny_messages": LENGTHS} for c in (short, fine)})
     (problem,) = estimates.problems(costs, [short, fine])
     assert problem.cell == short.name and problem.rule == "estimate-wall-time" and problem.key == "time"
@@ -101,8 +129,14 @@ def test_a_cell_that_cannot_finish_in_its_wall_time_is_a_problem(make_cells, dat
 
 @pytest.mark.backend
 def test_the_dry_run_prints_the_estimates_and_checks_the_wall_time(tmp_path: Path, tiny_assets: Path) -> None:
-    proc = run_sft("-m", "model=tiny_llama,tiny_llama_l", "dataset=tiny_messages", "dry_run=true",
-                   f"runs_root={tmp_path}", check=True)
+    proc = run_sft(
+        "-m",
+        "model=tiny_llama,tiny_llama_l",
+        "dataset=tiny_messages",
+        "dry_run=true",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
     out = proc.stdout
     assert "estimates (tokens: the backend's own tokenisation" in out and "total of the grid, 2 of 2 cell(s)" in out
     assert "throughput (default): MFU 0.005 (the default) x CPU" in out
@@ -114,7 +148,13 @@ def test_the_dry_run_prints_the_estimates_and_checks_the_wall_time(tmp_path: Pat
         assert est["tokens"] > 60 * 10 and est["steps"] == 4 and est["shape_from"] == "config.json"
         assert f"{cell.name}  " in out
     # on Slurm with a wall time it can never meet: refused before anything is written or queued
-    bad = run_sft("-m", "model=tiny_llama", "cluster=slurm_local", "epochs=100000", "time=00:01:00",
-                  f"runs_root={tmp_path / 'slurm'}")
+    bad = run_sft(
+        "-m",
+        "model=tiny_llama",
+        "cluster=slurm_local",
+        "epochs=100000",
+        "time=00:01:00",
+        f"runs_root={tmp_path / 'slurm'}",
+    )
     assert bad.returncode == 1 and "[estimate-wall-time]" in bad.stderr and "raise `time`" in bad.stderr
     assert not (tmp_path / "slurm").exists()

@@ -36,8 +36,19 @@ log = logging.getLogger(__name__)
 pytestmark = pytest.mark.backend
 
 TINY = ["model=tiny_llama", "max_steps=4", "global_batch_size=4", "micro_batch_size=2", "eval=tiny"]
-CONTRACT = {"score_id", "task", "suite", "settings", "harness", "model", "model_path", "template_digest", "metrics",
-            "time", "seconds"}
+CONTRACT = {
+    "score_id",
+    "task",
+    "suite",
+    "settings",
+    "harness",
+    "model",
+    "model_path",
+    "template_digest",
+    "metrics",
+    "time",
+    "seconds",
+}
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +73,11 @@ def scores_by_task(target: Path) -> dict[tuple[str, Any], dict]:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and (p.name == LEDGER_FILE or p.parent.name == "eval")}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and (p.name == LEDGER_FILE or p.parent.name == "eval")
+    }
 
 
 def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone(tmp_path, tiny_assets, harness_env):
@@ -78,8 +92,12 @@ def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone
     for target, model in ((cell, cell.name), (base, "tiny_llama")):
         (score,) = read_scores(target).values()
         assert set(score) == CONTRACT | ({"base"} if target == base else set())
-        assert (score["task"], score["suite"], score["model"], score["harness"]) == ("tiny_mc", "tiny", model,
-                                                                                     "lm-eval==0.4.13")
+        assert (score["task"], score["suite"], score["model"], score["harness"]) == (
+            "tiny_mc",
+            "tiny",
+            model,
+            "lm-eval==0.4.13",
+        )
         assert 0 <= score["metrics"]["acc"] <= 1 and 0 < score["metrics"]["acc_stderr"] < 0.5
         assert score["settings"]["apply_chat_template"] is True and score["template_digest"] == trained
     assert read_scores(base)[next(iter(read_scores(base)))]["base"] is True
@@ -103,8 +121,12 @@ def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone
         last_run = [e for e in events.read(target) if e.kind is Kind.EVAL and e.state == "running"][-1]
         assert last_run.details["scores"] == [scored[("tiny_gen", None)]["score_id"]]
     gen = scores_by_task(cell)[("tiny_gen", None)]["metrics"]
-    assert set(gen) == {"exact_match/strict-match", "exact_match/strict-match_stderr",
-                        "exact_match/flexible-extract", "exact_match/flexible-extract_stderr"}
+    assert set(gen) == {
+        "exact_match/strict-match",
+        "exact_match/strict-match_stderr",
+        "exact_match/flexible-extract",
+        "exact_match/flexible-extract_stderr",
+    }
     assert kinds(cell).count("running") == 1
 
     # the saved tokenizer's template changed: train == serve fails the evaluation of a new setting, not the cell
@@ -129,19 +151,29 @@ def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone
 
 
 def _arrays(root: Path) -> set[str]:
-    return {e["name"] for p in root.rglob(LEDGER_FILE) for e in ledger(p.parent)
-            if e.get("event") in ("submitted", "post_job", "eval_job") and e.get("name")}
+    return {
+        e["name"]
+        for p in root.rglob(LEDGER_FILE)
+        for e in ledger(p.parent)
+        if e.get("event") in ("submitted", "post_job", "eval_job") and e.get("name")
+    }
 
 
 def _sacct(job_ids: list[str]) -> dict[str, tuple[str, str, str]]:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "--format=JobID,State,Start,End", f"--jobs={','.join(job_ids)}"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--format=JobID,State,Start,End", f"--jobs={','.join(job_ids)}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     return {p[0]: (p[1], p[2], p[3]) for p in (line.split("|") for line in out.splitlines()) if len(p) >= 4}
 
 
 @pytest.mark.slurm
-def test_on_slurm_each_cell_is_evaluated_by_an_array_after_its_post_and_training_tasks(tmp_path, tiny_assets,
-                                                                                      harness_env):
+def test_on_slurm_each_cell_is_evaluated_by_an_array_after_its_post_and_training_tasks(
+    tmp_path, tiny_assets, harness_env
+):
     root = tmp_path / "runs"
     try:
         queued, _ = grid(root, "lr=1e-3,5e-4", "cluster=slurm_local", timeout=300)
@@ -151,8 +183,10 @@ def test_on_slurm_each_cell_is_evaluated_by_an_array_after_its_post_and_training
         (base,) = base_dirs(root / "default")
         deadline = time.monotonic() + 1200
         eval_jobs = [events.last(events.read(t), Kind.EVAL_JOB).eval_job_id for t in (*cells, base)]
-        while not (all(len(read_scores(t)) == 2 for t in (*cells, base))
-                   and all(state == "COMPLETED" for state, _, _ in _sacct(eval_jobs).values())):
+        while not (
+            all(len(read_scores(t)) == 2 for t in (*cells, base))
+            and all(state == "COMPLETED" for state, _, _ in _sacct(eval_jobs).values())
+        ):
             failed = [r for r in rows(cells, [base]) if r[1] in ("failed", "cancelled") or r[6].startswith("failed")]
             assert not failed and time.monotonic() < deadline, rows(cells, [base])
             time.sleep(2)
@@ -178,14 +212,17 @@ def test_on_slurm_each_cell_is_evaluated_by_an_array_after_its_post_and_training
             subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
 
 
-def test_an_eval_axis_on_the_command_line_renders_one_cell_in_the_directory_of_the_cell_without_it(tmp_path,
-                                                                                                   tiny_assets):
+def test_an_eval_axis_on_the_command_line_renders_one_cell_in_the_directory_of_the_cell_without_it(
+    tmp_path, tiny_assets
+):
     plain = run_sft("-m", "model=tiny_llama", "dry_run=true", f"runs_root={tmp_path / 'a'}", timeout=600)
-    axis = run_sft("-m", "model=tiny_llama", "eval=tiny,none", "dry_run=true", f"runs_root={tmp_path / 'b'}",
-                   timeout=600)
+    axis = run_sft(
+        "-m", "model=tiny_llama", "eval=tiny,none", "dry_run=true", f"runs_root={tmp_path / 'b'}", timeout=600
+    )
     assert plain.returncode == axis.returncode == 0, axis.stderr[-3000:]
     ((one,), (other,)) = (list(iter_cell_dirs(tmp_path / r / "default")) for r in ("a", "b"))
     assert one.name == other.name and "dry run: 1 cell(s) rendered" in axis.stdout
-    assert not (one / "eval.json").exists() and [s["task"] for s in json.loads((other / "eval.json").read_text())[
-        "scores"]] == ["tiny_mc", "tiny_gen"]
+    assert not (one / "eval.json").exists() and [
+        s["task"] for s in json.loads((other / "eval.json").read_text())["scores"]
+    ] == ["tiny_mc", "tiny_gen"]
     assert "evaluation suite tiny: 1 cell(s) x 2 task(s)" in axis.stdout and "evaluation" not in plain.stdout

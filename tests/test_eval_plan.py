@@ -59,8 +59,9 @@ def test_the_suite_is_not_part_of_a_cells_identity_as_hydra_composes_it(hydra_lo
     assert len({slug_for([*TINY_LLAMA, *v], c) for v, c in zip(variants, hydra, strict=True)}) == 1
     composed = make_cells(*[[*TINY_LLAMA, *v] for v in variants])
     for cell, reference in zip(composed, hydra, strict=True):
-        assert {k: v for k, v in cell.config.items() if k != "runs_root"} == \
-               {k: v for k, v in reference.items() if k != "runs_root"}
+        assert {k: v for k, v in cell.config.items() if k != "runs_root"} == {
+            k: v for k, v in reference.items() if k != "runs_root"
+        }
         assert cell.key == identity_key(reference)
     # what does change the identity still does
     assert identity_key(hydra_plain([*TINY_LLAMA, "eval=tiny", "lr=1e-3"])) != identity_key(hydra[1])
@@ -72,18 +73,26 @@ def test_a_sweep_file_names_its_suite_and_the_command_line_overrides_it(make_cel
     (smoke,) = make_cells(["+sweep=smoke"])
     assert [s.name for s in suites_of(named)] == ["tiny"] and suites_of(overridden) == ()
     assert named.key == overridden.key and named.spec.sweep_name == "smoke_eval"
-    assert {k: v for k, v in named.config.items() if k not in ("eval", "sweep_name")} == \
-           {k: v for k, v in smoke.config.items() if k not in ("eval", "sweep_name")}
+    assert {k: v for k, v in named.config.items() if k not in ("eval", "sweep_name")} == {
+        k: v for k, v in smoke.config.items() if k not in ("eval", "sweep_name")
+    }
 
 
 def test_an_eval_axis_is_one_cell_evaluated_with_each_suite(make_cells):
-    tiny, reasoning, none = make_cells([*TINY_LLAMA, "eval=tiny"], [*TINY_LLAMA, "eval=reasoning_small"],
-                                       [*TINY_LLAMA, "eval=none"])
+    tiny, reasoning, none = make_cells(
+        [*TINY_LLAMA, "eval=tiny"], [*TINY_LLAMA, "eval=reasoning_small"], [*TINY_LLAMA, "eval=none"]
+    )
     assert [p.rule for p in validate([tiny, reasoning, none]) if p.rule == "identity-unique"] == []
     (merged,) = merge_eval_axis([tiny, reasoning, none])
     assert merged.key == tiny.key and [s.name for s in suites_of(merged)] == ["tiny", "reasoning_small"]
-    assert {s.task for s in cell_scores(merged)} == {"tiny_mc", "tiny_gen", "gsm8k", "arc_challenge", "mmlu_stem",
-                                                     "ifeval"}
+    assert {s.task for s in cell_scores(merged)} == {
+        "tiny_mc",
+        "tiny_gen",
+        "gsm8k",
+        "arc_challenge",
+        "mmlu_stem",
+        "ifeval",
+    }
     # cells that differ in something else that is not identity (nodes, the cluster) are still one model twice
     one, two = make_cells([*TINY_LLAMA, "eval=tiny"], [*TINY_LLAMA, "eval=none", "micro_batch_size=2"])
     assert len(merge_eval_axis([one, two])) == 2
@@ -92,8 +101,10 @@ def test_an_eval_axis_is_one_cell_evaluated_with_each_suite(make_cells):
 
 def test_a_score_is_identified_by_cell_task_settings_and_harness(make_cells, site_harness, tmp_path):
     base, fewshot, relabelled = make_cells(
-        [*TINY_LLAMA, "eval=tiny"], [*TINY_LLAMA, "eval=tiny", "eval.tasks.tiny_gen.num_fewshot=2"],
-        [*TINY_LLAMA, "eval=tiny", "eval.name=renamed", "eval.batch_size=2", "eval.resources.cpus=1"])
+        [*TINY_LLAMA, "eval=tiny"],
+        [*TINY_LLAMA, "eval=tiny", "eval.tasks.tiny_gen.num_fewshot=2"],
+        [*TINY_LLAMA, "eval=tiny", "eval.name=renamed", "eval.batch_size=2", "eval.resources.cpus=1"],
+    )
     ids = {s.task: s.score_id for s in cell_scores(base)}
     changed = {s.task: s.score_id for s in cell_scores(fewshot)}
     assert changed["tiny_mc"] == ids["tiny_mc"] and changed["tiny_gen"] != ids["tiny_gen"]
@@ -116,20 +127,26 @@ def test_a_score_is_identified_by_cell_task_settings_and_harness(make_cells, sit
 # ---- bad input ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("override, key, value, fix", [
-    ("eval.tasks.tiny_mc.num_fewshot=-1", "eval.tasks.tiny_mc.num_fewshot", -1, ">= 0"),
-    ("eval.tasks.tiny_mc.limit=2.5", "eval.tasks.tiny_mc.limit", 2.5, "eval.tasks.tiny_mc.limit=2"),
-    ("eval.tasks.tiny_mc.fewshot_as_multiturn=true eval.tasks.tiny_mc.apply_chat_template=false",
-     "eval.tasks.tiny_mc.fewshot_as_multiturn", True,
-     "apply_chat_template=true"),
-    ("+eval.tasks.tiny_mc.shots=2", "eval.tasks.tiny_mc.shots", 2, "num_fewshot"),
-    ("eval.tasks.tiny_mc.task=tiny_nope", "eval.tasks.tiny_mc.task", "tiny_nope", "tiny_mc, tiny_gen"),
-    ("eval.batch_size=0", "eval.batch_size", 0, "eval.batch_size=auto"),
-    ("eval.engine=vllm", "eval.engine", "vllm", "cluster.backend_venvs.lm_eval"),
-    ("eval.dtype=fp8", "eval.dtype", "fp8", "float32"),
-    ("eval.resources.gpus=1", "eval.resources.gpus", 1, "eval.resources.gpus=0"),
-    ("eval.resources.time=48:00:00", "eval.resources.time", "48:00:00", "24:00:00"),
-])
+@pytest.mark.parametrize(
+    "override, key, value, fix",
+    [
+        ("eval.tasks.tiny_mc.num_fewshot=-1", "eval.tasks.tiny_mc.num_fewshot", -1, ">= 0"),
+        ("eval.tasks.tiny_mc.limit=2.5", "eval.tasks.tiny_mc.limit", 2.5, "eval.tasks.tiny_mc.limit=2"),
+        (
+            "eval.tasks.tiny_mc.fewshot_as_multiturn=true eval.tasks.tiny_mc.apply_chat_template=false",
+            "eval.tasks.tiny_mc.fewshot_as_multiturn",
+            True,
+            "apply_chat_template=true",
+        ),
+        ("+eval.tasks.tiny_mc.shots=2", "eval.tasks.tiny_mc.shots", 2, "num_fewshot"),
+        ("eval.tasks.tiny_mc.task=tiny_nope", "eval.tasks.tiny_mc.task", "tiny_nope", "tiny_mc, tiny_gen"),
+        ("eval.batch_size=0", "eval.batch_size", 0, "eval.batch_size=auto"),
+        ("eval.engine=vllm", "eval.engine", "vllm", "cluster.backend_venvs.lm_eval"),
+        ("eval.dtype=fp8", "eval.dtype", "fp8", "float32"),
+        ("eval.resources.gpus=1", "eval.resources.gpus", 1, "eval.resources.gpus=0"),
+        ("eval.resources.time=48:00:00", "eval.resources.time", "48:00:00", "24:00:00"),
+    ],
+)
 def test_a_bad_task_setting_names_the_cell_the_key_the_value_and_the_fix(make_cells, override, key, value, fix):
     (cell,) = make_cells([*TINY_LLAMA, "eval=tiny", "dry_run=true", *override.split()])
     found = [p for p in validate([cell]) if p.key == key]
@@ -139,10 +156,13 @@ def test_a_bad_task_setting_names_the_cell_the_key_the_value_and_the_fix(make_ce
 
 def test_bad_suites_stop_the_grid_before_anything_is_written(tmp_path):
     proc = run_sft("-m", *TINY_LLAMA, "eval=tiny,reasoning_smal", f"runs_root={tmp_path}")
-    assert proc.returncode == 1 and "eval is one of none, reasoning_small, tiny (did you mean 'reasoning_small'?)" \
-        in proc.stderr
-    proc = run_sft("-m", *TINY_LLAMA, "eval=tiny", "eval.tasks.tiny_gen.limit=0", "eval.engine=vllm",
-                   f"runs_root={tmp_path}")
+    assert (
+        proc.returncode == 1
+        and "eval is one of none, reasoning_small, tiny (did you mean 'reasoning_small'?)" in proc.stderr
+    )
+    proc = run_sft(
+        "-m", *TINY_LLAMA, "eval=tiny", "eval.tasks.tiny_gen.limit=0", "eval.engine=vllm", f"runs_root={tmp_path}"
+    )
     assert proc.returncode == 1
     for words in ("eval.tasks.tiny_gen.limit", "must be > 0", "eval.engine", "(suite tiny)"):
         assert words in proc.stderr, proc.stderr
@@ -173,8 +193,9 @@ def test_cells_are_evaluated_by_an_array_after_their_post_array_and_base_models_
         assert plan is not None and not plan.in_train_job and plan.model_path == str(cell / "output")
         assert [s.task for s in plan.scores] == ["tiny_mc", "tiny_gen"] and plan.harness == "lm-eval==0.4.13"
     assert EvalFile.load(base_dir).base and EvalFile.load(base_dir).model_path == "Qwen/Qwen3-8B"
-    assert rows([], [base_dir]) == [(f"_base/{base_dir.name}", "base model", "", "", "", "", "queued in job 103 (0/2)",
-                                     "", "")]
+    assert rows([], [base_dir]) == [
+        (f"_base/{base_dir.name}", "base model", "", "", "", "", "queued in job 103 (0/2)", "", "")
+    ]
     again = run_grid("eval=tiny", site_harness)  # everything is queued: nothing is sent twice
     assert again.plan.slurm == () and len(fakeslurm.calls(slurm_dir, "sbatch")) == 4
     assert "evaluation waiting in Slurm (job 103)" in again.bases[0].why

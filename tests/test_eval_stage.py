@@ -112,8 +112,9 @@ OTHER = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}"
 def _model_dir(tmp_path: Path, jinja: str | None = None, config: object = None) -> Path:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
-    (model / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64} | (
-        {"chat_template": config} if config is not None else {})))
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({"model_max_length": 64} | ({"chat_template": config} if config is not None else {}))
+    )
     if jinja is not None:
         (model / "chat_template.jinja").write_text(jinja)
     return model
@@ -167,12 +168,29 @@ def test_every_suite_names_a_harness_and_tasks_with_their_settings() -> None:
 
 
 def _spec(tmp_path: Path, **over: object) -> dict:
-    tasks: list[dict[str, Any]] = [{"name": n, "id": f"id-{n}", "num_fewshot": 0, "limit": None, "gen_kwargs": {},
-                                    "apply_chat_template": True, "fewshot_as_multiturn": False}
-                                   for n in evaluation.TINY_TASKS]
-    return {"model": str(tmp_path / "model"), "tasks": tasks, "include_path": [str(tmp_path / "tasks")],
-            "engine": "hf", "batch_size": 4, "device": "cpu", "dtype": "float32", "output_dir": str(tmp_path / "out"),
-            "seed": 7} | over
+    tasks: list[dict[str, Any]] = [
+        {
+            "name": n,
+            "id": f"id-{n}",
+            "num_fewshot": 0,
+            "limit": None,
+            "gen_kwargs": {},
+            "apply_chat_template": True,
+            "fewshot_as_multiturn": False,
+        }
+        for n in evaluation.TINY_TASKS
+    ]
+    return {
+        "model": str(tmp_path / "model"),
+        "tasks": tasks,
+        "include_path": [str(tmp_path / "tasks")],
+        "engine": "hf",
+        "batch_size": 4,
+        "device": "cpu",
+        "dtype": "float32",
+        "output_dir": str(tmp_path / "out"),
+        "seed": 7,
+    } | over
 
 
 def test_evaluate_spec_parsing_rejects_nonsense(tmp_path: Path) -> None:
@@ -196,18 +214,40 @@ def test_evaluate_spec_parsing_rejects_nonsense(tmp_path: Path) -> None:
 def test_evaluate_turns_lm_eval_results_into_flat_metrics(tmp_path: Path) -> None:
     ev = load_evaluate_module()
     spec = ev.EvalSpec.parse(_spec(tmp_path))
-    results = {"results": {"tiny_gen": {"alias": "tiny_gen", "exact_match,strict-match": 0.25,
-                                        "exact_match_stderr,strict-match": 0.07, "exact_match,flexible-extract": 0.5,
-                                        "exact_match_stderr,flexible-extract": "N/A"}},
-               "n-samples": {"tiny_gen": {"original": 40, "effective": 40}}}
+    results = {
+        "results": {
+            "tiny_gen": {
+                "alias": "tiny_gen",
+                "exact_match,strict-match": 0.25,
+                "exact_match_stderr,strict-match": 0.07,
+                "exact_match,flexible-extract": 0.5,
+                "exact_match_stderr,flexible-extract": "N/A",
+            }
+        },
+        "n-samples": {"tiny_gen": {"original": 40, "effective": 40}},
+    }
     record = ev.task_record(spec.tasks[1], results, spec, "0.4.13", 1.23456)
-    assert record == {"task": "tiny_gen", "n_samples": 40, "harness_version": "0.4.13", "seconds": 1.235, "metrics": {
-        "exact_match/strict-match": 0.25, "exact_match/strict-match_stderr": 0.07,
-        "exact_match/flexible-extract": 0.5, "exact_match/flexible-extract_stderr": None}}
+    assert record == {
+        "task": "tiny_gen",
+        "n_samples": 40,
+        "harness_version": "0.4.13",
+        "seconds": 1.235,
+        "metrics": {
+            "exact_match/strict-match": 0.25,
+            "exact_match/strict-match_stderr": 0.07,
+            "exact_match/flexible-extract": 0.5,
+            "exact_match/flexible-extract_stderr": None,
+        },
+    }
     assert ev.task_metrics({"acc,none": 0.5, "acc_stderr,none": 0.1}) == {"acc": 0.5, "acc_stderr": 0.1}
     with pytest.raises(ev.EvalError, match="ran tiny_gen 0-shot, not the 3-shot"):
-        ev.task_record(ev.TaskSpec.parse({"name": "tiny_gen", "num_fewshot": 3}), results | {"n-shot": {"tiny_gen": 0}},
-                       spec, "0.4.13", 1.0)
+        ev.task_record(
+            ev.TaskSpec.parse({"name": "tiny_gen", "num_fewshot": 3}),
+            results | {"n-shot": {"tiny_gen": 0}},
+            spec,
+            "0.4.13",
+            1.0,
+        )
     with pytest.raises(ev.EvalError, match="no metrics"):
         ev.task_record(spec.tasks[0], {"results": {"tiny_mc": {"alias": "x"}}}, spec, "0.4.13", 1.0)
 
@@ -219,7 +259,8 @@ def test_evaluate_fails_in_one_line_before_loading_anything(tmp_path: Path, caps
     proc = subprocess.run([sys.executable, str(EVALUATE), str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"lm_eval_run.py: error: model directory {tmp_path / 'model'} does not exist"]
+        f"lm_eval_run.py: error: model directory {tmp_path / 'model'} does not exist"
+    ]
     ev = load_evaluate_module()
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
@@ -235,7 +276,7 @@ def test_evaluate_fails_in_one_line_before_loading_anything(tmp_path: Path, caps
 # ---- the stage runner, against a stand-in harness --------------------------------------------------------------
 
 # Writes what in_venv/lm_eval_run.py writes: one result per task id, or (task "tiny_gen") that task's own error.
-STAND_IN = textwrap.dedent('''\
+STAND_IN = textwrap.dedent("""\
     import json, sys
     from pathlib import Path
     spec = json.loads(Path(sys.argv[1]).read_text())
@@ -249,12 +290,21 @@ STAND_IN = textwrap.dedent('''\
         (out / f"{task['id']}.json").write_text(json.dumps(record))
     print("lm_eval_run.py: error: 1 of 2 task(s) failed", file=sys.stderr)
     sys.exit(1)
-''')
+""")
 
 
 def _settings(task: str, chat: bool = True) -> dict:
-    return {"task": task, "num_fewshot": 0, "limit": None, "gen_kwargs": {}, "apply_chat_template": chat,
-            "fewshot_as_multiturn": False, "dtype": "float32", "seed": 1, "version": None}
+    return {
+        "task": task,
+        "num_fewshot": 0,
+        "limit": None,
+        "gen_kwargs": {},
+        "apply_chat_template": chat,
+        "fewshot_as_multiturn": False,
+        "dtype": "float32",
+        "seed": 1,
+        "version": None,
+    }
 
 
 def _target(tmp_path: Path, template: str | None = TRAINED) -> tuple[Path, EvalFile]:
@@ -268,11 +318,19 @@ def _target(tmp_path: Path, template: str | None = TRAINED) -> tuple[Path, EvalF
     harness = tmp_path / "harness.py"
     harness.write_text(STAND_IN)
     launcher = tmp_path / "python"
-    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {harness} \"$2\"\n")
+    launcher.write_text(f'#!/bin/sh\nexec {sys.executable} {harness} "$2"\n')
     launcher.chmod(0o755)
-    plan = EvalFile("cell-abc", False, str(model), "lm-eval==0.4.13", str(launcher),
-                    scores=(ScoreSpec("aaaaaaaaaaaa", "tiny", "tiny_mc", _settings("tiny_mc")),
-                            ScoreSpec("bbbbbbbbbbbb", "tiny", "tiny_gen", _settings("tiny_gen"))))
+    plan = EvalFile(
+        "cell-abc",
+        False,
+        str(model),
+        "lm-eval==0.4.13",
+        str(launcher),
+        scores=(
+            ScoreSpec("aaaaaaaaaaaa", "tiny", "tiny_mc", _settings("tiny_mc")),
+            ScoreSpec("bbbbbbbbbbbb", "tiny", "tiny_gen", _settings("tiny_gen")),
+        ),
+    )
     (cell / "eval.json").write_text(plan.dumps())
     return cell, plan
 
@@ -283,10 +341,25 @@ def test_the_stage_writes_each_score_file_and_fails_only_the_task_that_failed(tm
     scores = read_scores(cell)
     assert list(scores) == ["aaaaaaaaaaaa"] and not score_path(cell, "bbbbbbbbbbbb").exists()
     score = scores["aaaaaaaaaaaa"]
-    assert set(score) == {"score_id", "task", "suite", "settings", "harness", "model", "model_path",
-                          "template_digest", "metrics", "time", "seconds"}
-    assert (score["task"], score["suite"], score["harness"], score["model"]) == ("tiny_mc", "tiny", "lm-eval==0.4.13",
-                                                                                 "cell-abc")
+    assert set(score) == {
+        "score_id",
+        "task",
+        "suite",
+        "settings",
+        "harness",
+        "model",
+        "model_path",
+        "template_digest",
+        "metrics",
+        "time",
+        "seconds",
+    }
+    assert (score["task"], score["suite"], score["harness"], score["model"]) == (
+        "tiny_mc",
+        "tiny",
+        "lm-eval==0.4.13",
+        "cell-abc",
+    )
     assert score["settings"] == _settings("tiny_mc") and score["template_digest"] == template_digest(TRAINED)
     assert score["metrics"] == {"acc": 0.5, "acc_stderr": 0.1} and score["model_path"] == plan.model_path
     outcomes = {(e.score_id, e.state, e.reason) for e in events.read(cell) if e.kind is Kind.EVAL and e.score_id}
@@ -331,8 +404,13 @@ def test_the_real_harness_fails_in_one_line(tmp_path: Path) -> None:
     def last_line(**over: object) -> str:
         path = tmp_path / f"spec-{time.monotonic_ns()}.json"
         path.write_text(json.dumps(_spec(tmp_path, **over)))
-        proc = subprocess.run([str(python), str(EVALUATE), str(path)], capture_output=True, text=True, timeout=900,
-                              env={"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf_home")})
+        proc = subprocess.run(
+            [str(python), str(EVALUATE), str(path)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf_home")},
+        )
         assert proc.returncode == 1, proc.stderr[-3000:]
         return proc.stderr.strip().splitlines()[-1]
 
@@ -357,15 +435,20 @@ def test_a_forced_rerun_moves_the_scores_aside_with_the_output_they_belong_to(tm
 
 def test_whatever_stops_the_stage_is_recorded_as_its_reason(tmp_path: Path) -> None:
     cell, _ = _target(tmp_path)
-    (tmp_path / "harness.py").write_text(textwrap.dedent('''\
+    (tmp_path / "harness.py").write_text(
+        textwrap.dedent("""\
         import json, sys
         from pathlib import Path
         spec = json.loads(Path(sys.argv[1]).read_text())
         out = Path(spec["output_dir"]); out.mkdir(parents=True)
         (out / f"{spec['tasks'][0]['id']}.json").write_text("{torn")
-    '''))
+    """)
+    )
     assert stage.run(cell) is False and read_scores(cell) == {}
     st = state_of(cell)
     assert st.state == "failed" and st.reason.startswith("JSONDecodeError: ")
-    assert {e.score_id for e in events.read(cell) if e.kind is Kind.EVAL and e.state == "failed"} == \
-           {"", "aaaaaaaaaaaa", "bbbbbbbbbbbb"}
+    assert {e.score_id for e in events.read(cell) if e.kind is Kind.EVAL and e.state == "failed"} == {
+        "",
+        "aaaaaaaaaaaa",
+        "bbbbbbbbbbbb",
+    }

@@ -31,9 +31,15 @@ from .helpers import kinds, ledger
 
 # compute nodes with internet: inputs this machine cannot stage (no Hub here) are left to the jobs; each cell
 # tokenizes in its own job (the decisions here are about cells; tokenize-once plans: tests/test_tokenize_plan.py)
-BASE = ["cluster=slurm_local", "model=qwen3_8b", "dataset=magpie", "max_steps=2",
-        "+cluster.backend_venvs.llamafactory=/nonexistent/venv", "cluster.internet_on_compute=true",
-        "tokenize_once=false"]
+BASE = [
+    "cluster=slurm_local",
+    "model=qwen3_8b",
+    "dataset=magpie",
+    "max_steps=2",
+    "+cluster.backend_venvs.llamafactory=/nonexistent/venv",
+    "cluster.internet_on_compute=true",
+    "tokenize_once=false",
+]
 
 
 @pytest.fixture
@@ -152,8 +158,10 @@ def _node_fails(fake: Path, cell: Path, node: str) -> None:
     array = submitted.array
     log = cell.parent / SUBMITIT_DIR / array / f"{job_id}_0_log.out"
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"srun: error: Node failure on {node}\nslurmstepd: error: *** JOB {job_id} ON {node} CANCELLED"
-                   " AT 2026-11-30T10:00:00 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n")
+    log.write_text(
+        f"srun: error: Node failure on {node}\nslurmstepd: error: *** JOB {job_id} ON {node} CANCELLED"
+        " AT 2026-11-30T10:00:00 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n"
+    )
     fakeslurm.set_state(fake, job_id, "NODE_FAIL", "NodeDown")
 
 

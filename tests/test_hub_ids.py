@@ -17,9 +17,36 @@ from sft_grid.planning.validate import validate
 from .conftest import run_sft
 
 SAMPLES = [
-    "Qwen/Qwen3-8B", "gpt2", "a/b", "org/x.y_z-1", "bad id", "a/b/c", "/abs", "org/", "/name", "-org/x", "org/x-",
-    "org/.x", "org/x.", "org/x--y", "org/x..y", "org/x.git", "org/" + "n" * 96, "org/" + "n" * 97, "o" * 200 + "/n",
-    "", "ü/ß", "org/x y", "org\\x", "org/x\n", "org/x:y", "org/ab", "_/_", "a.b/c.d", "org/x.gitx", "datasets/org/x",
+    "Qwen/Qwen3-8B",
+    "gpt2",
+    "a/b",
+    "org/x.y_z-1",
+    "bad id",
+    "a/b/c",
+    "/abs",
+    "org/",
+    "/name",
+    "-org/x",
+    "org/x-",
+    "org/.x",
+    "org/x.",
+    "org/x--y",
+    "org/x..y",
+    "org/x.git",
+    "org/" + "n" * 96,
+    "org/" + "n" * 97,
+    "o" * 200 + "/n",
+    "",
+    "ü/ß",
+    "org/x y",
+    "org\\x",
+    "org/x\n",
+    "org/x:y",
+    "org/ab",
+    "_/_",
+    "a.b/c.d",
+    "org/x.gitx",
+    "datasets/org/x",
 ]
 ALPHABET = "aZ9-_./ ü:"
 
@@ -40,12 +67,15 @@ def test_the_rule_is_the_clients_own():
         assert (repo_id_problem(repo_id) is None) == _client_accepts(repo_id), repr(repo_id)
 
 
-@pytest.mark.parametrize("overrides, key, value", [
-    (["model=qwen3_8b", "model.hub_id='bad id'"], "model.hub_id", "bad id"),
-    (["model=qwen3_8b", "model.hub_id=a/b/c"], "model.hub_id", "a/b/c"),
-    (["dataset=magpie", "dataset.magpie.source=data.jsonl/x/y"], "dataset.magpie.source", "data.jsonl/x/y"),
-    (["dataset=magpie", "dataset.magpie.source=org/x--y"], "dataset.magpie.source", "org/x--y"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, value",
+    [
+        (["model=qwen3_8b", "model.hub_id='bad id'"], "model.hub_id", "bad id"),
+        (["model=qwen3_8b", "model.hub_id=a/b/c"], "model.hub_id", "a/b/c"),
+        (["dataset=magpie", "dataset.magpie.source=data.jsonl/x/y"], "dataset.magpie.source", "data.jsonl/x/y"),
+        (["dataset=magpie", "dataset.magpie.source=org/x--y"], "dataset.magpie.source", "org/x--y"),
+    ],
+)
 def test_a_bad_hub_id_is_a_problem_of_its_cell_and_key(make_cells, overrides, key, value):
     (cell,) = make_cells(overrides)
     (problem,) = [p for p in validate([cell]) if p.rule == "hub-repo-id"]
@@ -75,8 +105,12 @@ def test_the_stage_command_refuses_a_bad_id_in_one_line(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.stage", "--repo", "bad id", "--cache", str(tmp_path / "c")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.stage", "--repo", "bad id", "--cache", str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "'bad id' is not a Hub repository id" in proc.stderr and "Fix:" in proc.stderr
     assert not (tmp_path / "c").exists()

@@ -52,11 +52,17 @@ def test_timeout_names_the_holder(tmp_path: Path):
 
 def test_lock_of_a_killed_process_on_this_host_is_broken_at_once(tmp_path: Path):
     path = tmp_path / "repo.lock"
-    code = ("import sys, time; from sft_grid.core.lock import Lock; "
-            "Lock(__import__('pathlib').Path(sys.argv[1]), timeout_s=5).acquire(); print('held', flush=True); "
-            "time.sleep(60)")
-    child = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    code = (
+        "import sys, time; from sft_grid.core.lock import Lock; "
+        "Lock(__import__('pathlib').Path(sys.argv[1]), timeout_s=5).acquire(); print('held', flush=True); "
+        "time.sleep(60)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "held"
     finally:

@@ -16,17 +16,41 @@ def _kept(paths: list[str], kind: str = "model", allow: list[str] | None = None)
 
 
 def test_model_keeps_safetensors_and_everything_small_training_reads():
-    paths = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-             "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
-             "additional_chat_templates/tool.jinja", "modeling_custom.py", "README.md", "LICENSE",
-             "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    paths = [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+        "chat_template.json",
+        "additional_chat_templates/tool.jinja",
+        "modeling_custom.py",
+        "README.md",
+        "LICENSE",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
     assert _kept(paths) == set(paths)
 
 
 def test_model_drops_duplicate_weights_beside_safetensors():
-    dupes = ["pytorch_model.bin", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json",
-             "consolidated.00.pth", "original/consolidated.00.pth", "model.pt", "tf_model.h5", "flax_model.msgpack",
-             "onnx/model.onnx", "model.gguf"]
+    dupes = [
+        "pytorch_model.bin",
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model.bin.index.json",
+        "consolidated.00.pth",
+        "original/consolidated.00.pth",
+        "model.pt",
+        "tf_model.h5",
+        "flax_model.msgpack",
+        "onnx/model.onnx",
+        "model.gguf",
+    ]
     selection = select_files(_files("model.safetensors", "config.json", *dupes), "model")
     assert {f.path for f in selection.keep} == {"model.safetensors", "config.json"}
     reasons = dict(selection.skipped)
@@ -40,10 +64,19 @@ def test_model_without_safetensors_keeps_torch_weights_only():
 
 
 def test_model_drops_training_state_and_checkpoints():
-    state = ["optimizer.pt", "scheduler.pt", "rng_state.pth", "rng_state_3.pth", "training_args.bin", "scaler.pt",
-             "checkpoint-500/model.safetensors", "checkpoint-500/optimizer.pt",
-             "global_step500/mp_rank_00_model_states.pt",
-             "runs/checkpoint-10/config.json", ".gitattributes"]
+    state = [
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "rng_state_3.pth",
+        "training_args.bin",
+        "scaler.pt",
+        "checkpoint-500/model.safetensors",
+        "checkpoint-500/optimizer.pt",
+        "global_step500/mp_rank_00_model_states.pt",
+        "runs/checkpoint-10/config.json",
+        ".gitattributes",
+    ]
     assert _kept(["model.safetensors", "config.json", *state]) == {"model.safetensors", "config.json"}
 
 
@@ -52,9 +85,20 @@ def test_safetensors_only_inside_checkpoints_do_not_hide_the_torch_weights():
 
 
 def test_dataset_keeps_data_files_and_the_card():
-    data = ["data/train-00000-of-00002.parquet", "data/train.jsonl", "data/test.json", "data/x.csv", "data/y.tsv",
-            "data/z.jsonl.gz", "data/w.jsonl.zst", "data-00000-of-00001.arrow", "dataset_info.json", "state.json",
-            "README.md", "LICENSE"]
+    data = [
+        "data/train-00000-of-00002.parquet",
+        "data/train.jsonl",
+        "data/test.json",
+        "data/x.csv",
+        "data/y.tsv",
+        "data/z.jsonl.gz",
+        "data/w.jsonl.zst",
+        "data-00000-of-00001.arrow",
+        "dataset_info.json",
+        "state.json",
+        "README.md",
+        "LICENSE",
+    ]
     other = ["loader.py", "images/a.png", ".gitattributes", "notes.txt", "sub/README.md"]
     selection = select_files(_files(*data, *other), "dataset")
     assert {f.path for f in selection.keep} == set(data)

@@ -99,15 +99,22 @@ def test_client_sees_revisions_listing_and_typed_errors(hub, cache):
     assert set(tree) == {"config.json", "sub", "sub/dir", "sub/dir/w.safetensors"}
     assert tree["sub/dir/w.safetensors"].lfs.sha256 and tree["config.json"].lfs is None
     assert [e.path for e in api.list_repo_tree("org/m", revision=old)] == ["config.json", "sub"]
-    read = lambda rev: Path(hf_hub_download("org/m", "config.json", revision=rev, cache_dir=cache,  # noqa: E731
-                                            endpoint=hub.url)).read_text()
+
+    def read(rev: str) -> str:
+        return Path(
+            hf_hub_download("org/m", "config.json", revision=rev, cache_dir=cache, endpoint=hub.url)
+        ).read_text()
+
     assert (read(old), read(new), read("main")) == ("1", "2", "2")
 
     hub.store.create_repo("org/gated", gated=True)
     hub.store.commit("org/gated", {"a": b"x"})
-    for exc, repo, name, rev in [(RepositoryNotFoundError, "org/none", "a", None),
-                                 (RevisionNotFoundError, "org/m", "a", "v9"),
-                                 (EntryNotFoundError, "org/m", "nope", None), (GatedRepoError, "org/gated", "a", None)]:
+    for exc, repo, name, rev in [
+        (RepositoryNotFoundError, "org/none", "a", None),
+        (RevisionNotFoundError, "org/m", "a", "v9"),
+        (EntryNotFoundError, "org/m", "nope", None),
+        (GatedRepoError, "org/gated", "a", None),
+    ]:
         with pytest.raises(exc):
             hf_hub_download(repo, name, revision=rev, cache_dir=cache, endpoint=hub.url)
     hub.store.set_ref("org/m", "main", old)  # main moved back (a revert)
@@ -122,8 +129,7 @@ def test_upload_folder_with_this_client(hub, tmp_path, monkeypatch):
 
     folder = tmp_path / "out"
     (folder / "sub").mkdir(parents=True)
-    files = {"README.md": b"---\nlicense: mit\n---\n", "model.safetensors": os.urandom(200_000),
-             "sub/c.json": b"{}"}
+    files = {"README.md": b"---\nlicense: mit\n---\n", "model.safetensors": os.urandom(200_000), "sub/c.json": b"{}"}
     for p, data in files.items():
         (folder / p).write_bytes(data)
     api = HfApi(endpoint=hub.url, token="dummy")
@@ -156,8 +162,11 @@ def test_throttle_drop_and_request_log(hub):
         _http(f"{url}/x.bin")
     assert _http(f"{url}/x.bin")[2] == data  # once only
     log = hub.requests("/x.bin", "GET")
-    assert [(r["status"], r["bytes_sent"], r["aborted"]) for r in log] == [(200, MiB, False), (200, 1000, True),
-                                                                           (200, MiB, False)]
+    assert [(r["status"], r["bytes_sent"], r["aborted"]) for r in log] == [
+        (200, MiB, False),
+        (200, 1000, True),
+        (200, MiB, False),
+    ]
     assert hub.requests("/w.bin", "GET")[0]["bytes_sent"] == MiB
 
 

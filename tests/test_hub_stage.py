@@ -86,8 +86,9 @@ def test_model_is_staged_without_junk_and_loads_offline(hub, cache):
 
     tok = Tokenizer.from_file(hf_hub_download("org/tiny", "tokenizer.json", cache_dir=cache, local_files_only=True))
     assert tok.encode("hello world").ids == [3, 4]
-    config = json.loads(Path(hf_hub_download("org/tiny", "config.json", cache_dir=cache,
-                                             local_files_only=True)).read_text())
+    config = json.loads(
+        Path(hf_hub_download("org/tiny", "config.json", cache_dir=cache, local_files_only=True)).read_text()
+    )
     assert config["model_type"] == "llama"
     weights = staged.path / "model.safetensors"
     assert safetensors_header(weights)["w"]["dtype"] == "F32"
@@ -178,8 +179,12 @@ def test_killed_stager_reruns_without_refetching_finished_files(hub, cache):
         def partly_sent() -> bool:
             assert child.poll() is None, f"the stager ended early:\n{child.communicate()[1][-3000:]}"
             sent = [r["bytes_sent"] for r in hub.downloads("org/big", "model.safetensors", live=True)]
-            return (any(n >= 2 * MiB for n in sent) and all((snapshot / p).is_file() for p in others)
-                    and (cache / "models--org--big" / "blobs").is_dir() and _partial(cache) >= 2 * MiB)
+            return (
+                any(n >= 2 * MiB for n in sent)
+                and all((snapshot / p).is_file() for p in others)
+                and (cache / "models--org--big" / "blobs").is_dir()
+                and _partial(cache) >= 2 * MiB
+            )
 
         wait_for(partly_sent, "the weights to be partly downloaded", 60, 0.01)
     finally:
@@ -252,11 +257,18 @@ def test_missing_repo_and_revision(hub, cache):
         resolve("org/tiny", "dataset", endpoint=hub.url)
 
 
-@pytest.mark.parametrize("access, anonymous, other_token", [
-    ({"token": "granted"}, (TokenRequired, "'org/closed'.*HF_TOKEN"), (RepoNotFound, "token")),
-    ({"gated": True, "granted": ("granted",)}, (GatedRepo, "gated and no token was given.*request access"),
-     (GatedRepo, "not been granted")),
-], ids=["private", "gated"])
+@pytest.mark.parametrize(
+    "access, anonymous, other_token",
+    [
+        ({"token": "granted"}, (TokenRequired, "'org/closed'.*HF_TOKEN"), (RepoNotFound, "token")),
+        (
+            {"gated": True, "granted": ("granted",)},
+            (GatedRepo, "gated and no token was given.*request access"),
+            (GatedRepo, "not been granted"),
+        ),
+    ],
+    ids=["private", "gated"],
+)
 def test_private_and_gated_repos_name_the_fix(hub, cache, access, anonymous, other_token):
     hub.store.create_repo("org/closed", **access)
     hub.store.commit("org/closed", model_files())
@@ -298,8 +310,9 @@ def test_budget_stops_cleanly_and_reruns_finish_the_file(hub, cache):
         before = _partial(cache)
         gets = len(hub.downloads("org/big", "model.safetensors"))
         try:
-            staged = download("org/big", "model", "main", cache, endpoint=hub.url,
-                              budget=Budget.from_now(0.8, margin_s=0.2))
+            staged = download(
+                "org/big", "model", "main", cache, endpoint=hub.url, budget=Budget.from_now(0.8, margin_s=0.2)
+            )
         except BudgetExceeded as e:  # a client that starts a cut file again (2.x): seen at the next start, and said
             seen = memory.seen(cache, hub.url, client_version())
             assert runs and seen is not None and not seen.resumes and "this client" in str(e)
@@ -331,8 +344,15 @@ def test_file_that_cannot_finish_within_a_run_is_reported_not_retried(hub, cache
 
     hub.clear_log()
     with pytest.raises(BudgetExceeded):  # the next run knows the rate: it does not even start the file
-        download("org/big", "model", "main", cache, endpoint=hub.url, budget=Budget.from_now(2.0, margin_s=0.2),
-                 resumable=False)
+        download(
+            "org/big",
+            "model",
+            "main",
+            cache,
+            endpoint=hub.url,
+            budget=Budget.from_now(2.0, margin_s=0.2),
+            resumable=False,
+        )
     assert hub.downloads("org/big", "model.safetensors") == []
 
 
@@ -391,8 +411,9 @@ def _commit_tiny_assets(hub) -> tuple[dict[str, bytes], bytes]:
     model = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
     rows = tiny_asset("data/tiny_messages.jsonl").read_bytes()
     hub.store.commit("org/tiny-llama3", model)
-    hub.store.commit("org/tiny-messages", {"data/train.jsonl": rows, "README.md": b"---\nlicense: mit\n---\n"},
-                     kind="dataset")
+    hub.store.commit(
+        "org/tiny-messages", {"data/train.jsonl": rows, "README.md": b"---\nlicense: mit\n---\n"}, kind="dataset"
+    )
     return model, rows
 
 
@@ -433,10 +454,21 @@ def test_backend_env_loads_staged_repos_offline(hub, cache, tmp_path, backend):
     model = download("org/tiny-llama3", "model", "main", cache, endpoint=hub.url)
     data = download("org/tiny-messages", "dataset", "main", cache, endpoint=hub.url)
     hub.stop()  # nothing may come from the network
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_ENDPOINT": "http://127.0.0.1:9",
-           "HF_HOME": str(tmp_path / "hf-home"), "HF_DATASETS_CACHE": str(tmp_path / "datasets")}
-    proc = subprocess.run([str(python), "-c", OFFLINE_LOAD, "org/tiny-llama3", model.sha, str(data.path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_CACHE": str(cache),
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
+    }
+    proc = subprocess.run(
+        [str(python), "-c", OFFLINE_LOAD, "org/tiny-llama3", model.sha, str(data.path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     config = json.loads((model.path / "config.json").read_text())
@@ -466,15 +498,23 @@ def test_upload_folder_from_backend_env(tmp_path, hf_env, backend):
     python = venv_python(backend)
     folder = tmp_path / "output"
     (folder / "sub").mkdir(parents=True)
-    files = {"README.md": b"---\nlicense: mit\n---\n# trained\n", "sub/trainer_state.json": b'{"step": 4}',
-             **{k: v for k, v in model_files(weights_mib=0.5).items() if k in MODEL_NEEDED - {"README.md"}}}
+    files = {
+        "README.md": b"---\nlicense: mit\n---\n# trained\n",
+        "sub/trainer_state.json": b'{"step": 4}',
+        **{k: v for k, v in model_files(weights_mib=0.5).items() if k in MODEL_NEEDED - {"README.md"}},
+    }
     for p, data in files.items():
         (folder / p).write_bytes(data)
     remote = spawn(tmp_path / "hub")
     try:
         env = {**os.environ, "HF_ENDPOINT": remote.url, "HF_TOKEN": "dummy", "HF_HUB_DISABLE_XET": "1"}
-        proc = subprocess.run([str(python), "-c", UPLOAD, f"org/{backend}-run", str(folder)], env=env,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [str(python), "-c", UPLOAD, f"org/{backend}-run", str(folder)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         for kind in ("model", "dataset"):

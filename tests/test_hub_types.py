@@ -27,10 +27,18 @@ def test_budget_counts_from_the_process_start_and_keeps_a_margin():
 
 
 def test_budget_since_process_start_counts_the_time_already_spent():
-    code = ("import time; time.sleep(0.5); from sft_grid.stages.staging.values import Budget; "
-            "print(Budget.since_process_start(100.0, margin_s=10.0).left())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout
+    code = (
+        "import time; time.sleep(0.5); from sft_grid.stages.staging.values import Budget; "
+        "print(Budget.since_process_start(100.0, margin_s=10.0).left())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    ).stdout
     assert 60.0 < float(out) <= 89.5  # the half second slept (and the start-up) is already gone
 
 

@@ -99,7 +99,7 @@ def test_no_import_cycles():
         state[node] = 1
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt):], nxt] if nxt in stack else [node, nxt])
+                cycles.append([*stack[stack.index(nxt) :], nxt] if nxt in stack else [node, nxt])
             elif not state.get(nxt):
                 visit(nxt, [*stack, nxt])
         state[node] = 2

@@ -25,8 +25,9 @@ def append(cell_dir, kind: str, **fields) -> None:
 def finish(output: Path, steps: int = 4) -> None:
     output.mkdir(parents=True, exist_ok=True)
     (output / "model.safetensors").write_bytes(b"w")
-    (output / "trainer_state.json").write_text(json.dumps(
-        {"global_step": steps, "max_steps": steps, "log_history": [{"loss": 2.5, "step": steps}]}))
+    (output / "trainer_state.json").write_text(
+        json.dumps({"global_step": steps, "max_steps": steps, "log_history": [{"loss": 2.5, "step": steps}]})
+    )
 
 
 def dead_pid() -> int:
@@ -80,8 +81,11 @@ def test_torn_last_line_is_ignored(cell_dir):
 def test_progress_from_the_trainer_log(cell_dir):
     out = cell_dir / "output"
     out.mkdir()
-    lines = [{"current_steps": 1, "total_steps": 8, "loss": 3.0}, {"current_steps": 2, "total_steps": 8, "loss": 2.0},
-             {"current_steps": 2, "total_steps": 8}]
+    lines = [
+        {"current_steps": 1, "total_steps": 8, "loss": 3.0},
+        {"current_steps": 2, "total_steps": 8, "loss": 2.0},
+        {"current_steps": 2, "total_steps": 8},
+    ]
     (out / "trainer_log.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     assert progress(out) == Progress(2, 8, 2.0)
 
@@ -115,8 +119,10 @@ def test_rerun_decisions(make_cells, state, switches, runs):
 
 
 def test_elapsed_from_the_ledger(cell_dir):
-    lines = [{"time": "2026-11-29T10:00:00+0000", "event": "running", "pid": 1, "host": "elsewhere"},
-             {"time": "2026-11-29T11:02:03+0000", "event": "failed", "reason": "x"}]
+    lines = [
+        {"time": "2026-11-29T10:00:00+0000", "event": "running", "pid": 1, "host": "elsewhere"},
+        {"time": "2026-11-29T11:02:03+0000", "event": "failed", "reason": "x"},
+    ]
     (cell_dir / LEDGER_FILE).write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert state_of(cell_dir).elapsed == "01:02:03"
 
@@ -128,14 +134,17 @@ def test_a_failed_cell_is_triaged_from_its_log_the_childs_error_not_the_launcher
 
     cell_dir = tmp_path / "cell"
     (cell_dir / "logs").mkdir(parents=True)
-    (cell_dir / "cell.yaml").write_text("# Rerun this cell: python -m sft_grid model=tiny_llama lr=1e-05\n"
-                                        "lr: 1.0e-05\nmicro_batch_size: 2\ncluster:\n  max_requeues: 3\n")
+    (cell_dir / "cell.yaml").write_text(
+        "# Rerun this cell: python -m sft_grid model=tiny_llama lr=1e-05\n"
+        "lr: 1.0e-05\nmicro_batch_size: 2\ncluster:\n  max_requeues: 3\n"
+    )
     launcher = "subprocess.CalledProcessError: Command '['torchrun', ...]' returned non-zero exit status 1.\n"
     (cell_dir / "logs" / "train.log").write_text(
         "step 1\nTraceback (most recent call last):\n"
         '  File "/envs/lf/lib/python3.11/site-packages/llamafactory/hparams/parser.py", line 301, in get_train_args\n'
         '    raise ValueError("Output directory already exists and is not empty.")\n'
-        "ValueError: Output directory already exists and is not empty.\n" + launcher)
+        "ValueError: Output directory already exists and is not empty.\n" + launcher
+    )
     history = [Event(Kind.SUBMITTED, executor="local"), Event(Kind.RUNNING)]
     failure, remedy = triage(cell_dir, history)
     assert failure.klass is FailureClass.BACKEND_ERROR  # raised by the backend's argument parsing: its config

@@ -58,8 +58,12 @@ def test_a_unique_part_of_a_name_picks_the_cell_and_its_logs(runs, capsys):
 
 
 def test_python_m_sft_grid_logs_is_the_command(runs, capsys):
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.logs", "default", "qwen3", "--lines", "1", "--runs-root",
-                           str(runs)], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.logs", "default", "qwen3", "--lines", "1", "--runs-root", str(runs)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert proc.returncode == 0 and proc.stdout == f"{NAMES[2]} node 0 line 5\n", proc.stderr
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -89,8 +93,9 @@ def test_the_post_stages_write_their_log(runs, capsys, monkeypatch):
     (cell / "output").mkdir()
     (cell / "output" / "model.safetensors").write_bytes(b"w")
     (cell / "output" / "trainer_state.json").write_text("{}")
-    (cell / POST_FILE).write_text(PostFile(NAMES[0], ("upload",), python="/nonexistent/python",
-                                           hub_model_id="org/x").dumps())
+    (cell / POST_FILE).write_text(
+        PostFile(NAMES[0], ("upload",), python="/nonexistent/python", hub_model_id="org/x").dumps()
+    )
 
     def upload(cell_dir: Path, post: PostFile, where: str) -> dict[str, str]:
         post_training.say(cell_dir, "uploading 1 file")
@@ -137,8 +142,9 @@ def running(cell: Path, job: subprocess.Popen[bytes]) -> None:
 def start(cell: Path, which: str, lines: int | None = None) -> tuple[io.StringIO, threading.Thread, list]:
     out, outcome = io.StringIO(), []
     tail = Tail(log_path(cell, which), out, lines)
-    thread = threading.Thread(target=lambda: outcome.append(follow(tail, cell, which, poll_s=0.02, state_s=0.05)),
-                              daemon=True)
+    thread = threading.Thread(
+        target=lambda: outcome.append(follow(tail, cell, which, poll_s=0.02, state_s=0.05)), daemon=True
+    )
     thread.start()
     return out, thread, outcome
 
@@ -156,8 +162,12 @@ def test_follow_prints_a_growing_log_across_a_rewrite_until_the_training_ends(ru
         fh.write("ss 2.4 \u2713\n")
     wait_for(lambda: out.getvalue().endswith("step 2 loss 2.4 \u2713\n"), "the rest of the line", 30, 0.02)
     log.write_text("=== the next leg\n")  # shorter than what was read: rewritten
-    wait_for(lambda: out.getvalue().endswith("train.log was rewritten; from its start:\n=== the next leg\n"),
-             "the rewritten log", 30, 0.02)
+    wait_for(
+        lambda: out.getvalue().endswith("train.log was rewritten; from its start:\n=== the next leg\n"),
+        "the rewritten log",
+        30,
+        0.02,
+    )
     assert thread.is_alive()
     (cell / "output").mkdir()
     (cell / "output" / "model.safetensors").write_bytes(b"w")

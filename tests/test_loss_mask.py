@@ -23,8 +23,13 @@ from sft_grid.checks.preflight import preflight
 from sft_grid.cli.present import DIM, GREEN, RESET
 from sft_grid.core.paths import REPO_ROOT
 
-TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
-        "system_tag": "system"}
+TAGS = {
+    "role_tag": "role",
+    "content_tag": "content",
+    "user_tag": "user",
+    "assistant_tag": "assistant",
+    "system_tag": "system",
+}
 SHAREGPT = ["dataset=tiny_sharegpt"]
 
 
@@ -34,19 +39,40 @@ SHAREGPT = ["dataset=tiny_sharegpt"]
 def _row(messages, segments, **extra):
     roles = [{"assistant": "assistant", "user": "user", "system": "system"}.get(k, "gpt") for k, _ in messages]
     trained = sum(len(t) for t, tr, _ in segments if tr)  # a stand-in count: non-zero when anything is trained
-    return {"messages": [list(m) for m in messages], "roles": roles, "warnings": [], "dropped": False,
-            "segments": [list(s) for s in segments], "n_tokens": 10, "n_trained": trained, **extra}
+    return {
+        "messages": [list(m) for m in messages],
+        "roles": roles,
+        "warnings": [],
+        "dropped": False,
+        "segments": [list(s) for s in segments],
+        "n_tokens": 10,
+        "n_trained": trained,
+        **extra,
+    }
 
 
 LLAMA_OK = _row(
     [("system", "Be brief."), ("user", "What is 2+2?"), ("assistant", "<|start_think|>add<|end_think|>4.")],
-    [("<|begin_of_text|><|start_header_id|>", False, True), ("system", False, False),
-     ("<|end_header_id|>", False, True), ("\n\nBe brief.", False, False),
-     ("<|eot_id|><|start_header_id|>", False, True), ("user", False, False),
-     ("<|end_header_id|>", False, True), ("\n\nWhat is 2+2?", False, False),
-     ("<|eot_id|><|start_header_id|>", False, True), ("assistant", False, False), ("<|end_header_id|>", False, True),
-     ("\n\n", False, False), ("<|start_think|>", True, True), ("add", True, False), ("<|end_think|>", True, True),
-     ("4.", True, False), ("<|eot_id|>", True, True)])
+    [
+        ("<|begin_of_text|><|start_header_id|>", False, True),
+        ("system", False, False),
+        ("<|end_header_id|>", False, True),
+        ("\n\nBe brief.", False, False),
+        ("<|eot_id|><|start_header_id|>", False, True),
+        ("user", False, False),
+        ("<|end_header_id|>", False, True),
+        ("\n\nWhat is 2+2?", False, False),
+        ("<|eot_id|><|start_header_id|>", False, True),
+        ("assistant", False, False),
+        ("<|end_header_id|>", False, True),
+        ("\n\n", False, False),
+        ("<|start_think|>", True, True),
+        ("add", True, False),
+        ("<|end_think|>", True, True),
+        ("4.", True, False),
+        ("<|eot_id|>", True, True),
+    ],
+)
 
 
 def test_a_right_mask_passes_think_block_and_end_of_turn_included():
@@ -55,11 +81,23 @@ def test_a_right_mask_passes_think_block_and_end_of_turn_included():
 
 
 def test_an_empty_think_block_added_by_the_template_is_markup_not_a_leak():
-    row = _row([("user", "hi"), ("assistant", "hello")],
-               [("<|im_start|>", False, True), ("user\nhi", False, False), ("<|im_end|>", False, True),
-                ("\n", False, False), ("<|im_start|>", False, True), ("assistant\n", False, False),
-                ("<think>", True, True), ("\n\n", True, False), ("</think>", True, True), ("\n\nhello", True, False),
-                ("<|im_end|>", True, True), ("\n", True, False)])
+    row = _row(
+        [("user", "hi"), ("assistant", "hello")],
+        [
+            ("<|im_start|>", False, True),
+            ("user\nhi", False, False),
+            ("<|im_end|>", False, True),
+            ("\n", False, False),
+            ("<|im_start|>", False, True),
+            ("assistant\n", False, False),
+            ("<think>", True, True),
+            ("\n\n", True, False),
+            ("</think>", True, True),
+            ("\n\nhello", True, False),
+            ("<|im_end|>", True, True),
+            ("\n", True, False),
+        ],
+    )
     assert judge_row(row) == []
 
 
@@ -85,22 +123,36 @@ def test_a_trained_role_header_is_template_text():
 
 
 def test_a_masked_think_block_is_caught():
-    segments = [(t, tr and t not in ("<|start_think|>", "add", "<|end_think|>"), m)
-                for t, tr, m in LLAMA_OK["segments"]]
+    segments = [
+        (t, tr and t not in ("<|start_think|>", "add", "<|end_think|>"), m) for t, tr, m in LLAMA_OK["segments"]
+    ]
     assert judge_row({**LLAMA_OK, "segments": segments}) == ["the think block of assistant turn 1 is not trained"]
 
 
 def test_a_masked_earlier_turn_fails_unless_only_the_last_turn_is_trained_on_purpose():
-    row = _row([("user", "a"), ("assistant", "first answer"), ("user", "b"), ("assistant", "second answer")],
-               [("a", False, False), ("first answer", False, False), ("<|eot_id|>", False, True), ("b", False, False),
-                ("second answer", True, False), ("<|eot_id|>", True, True)])
+    row = _row(
+        [("user", "a"), ("assistant", "first answer"), ("user", "b"), ("assistant", "second answer")],
+        [
+            ("a", False, False),
+            ("first answer", False, False),
+            ("<|eot_id|>", False, True),
+            ("b", False, False),
+            ("second answer", True, False),
+            ("<|eot_id|>", True, True),
+        ],
+    )
     assert judge_row(row) == ["assistant turn 1 is masked (not trained): 'first answer'"]
     assert judge_row(row, last_turn_only=True) == []
 
 
 def test_dropped_rows_and_unmatched_roles_give_a_fix_naming_the_tag():
-    row = {**_row([("user", "a"), ("other", "b")], []), "roles": ["human", "gpt"], "dropped": True,
-           "warnings": ["Invalid role tag in [...]"], "n_trained": 0}
+    row = {
+        **_row([("user", "a"), ("other", "b")], []),
+        "roles": ["human", "gpt"],
+        "dropped": True,
+        "warnings": ["Invalid role tag in [...]"],
+        "n_trained": 0,
+    }
     outcome = judge([row] * 8, TAGS)
     assert not outcome.ok and outcome.message.startswith("8/8 sampled rows train 0 tokens")
     assert "Invalid role tag" in outcome.message
@@ -109,8 +161,11 @@ def test_dropped_rows_and_unmatched_roles_give_a_fix_naming_the_tag():
 
 def test_a_role_no_tag_matches_fails_even_when_the_mask_looks_right():
     # axolotl renders an unmapped role (here 'human' with user_tag=user) as it is: masked, but a wrong prompt
-    row = {**LLAMA_OK, "messages": [["system", "Be brief."], ["other", "What is 2+2?"], LLAMA_OK["messages"][2]],
-           "roles": ["system", "human", "assistant"]}
+    row = {
+        **LLAMA_OK,
+        "messages": [["system", "Be brief."], ["other", "What is 2+2?"], LLAMA_OK["messages"][2]],
+        "roles": ["system", "human", "assistant"],
+    }
     (problem,) = judge_row(row)
     assert problem.startswith("role(s) 'human' match no tag")
     assert "'human' match no tag (user_tag='user'" in judge([row], TAGS).fix
@@ -199,9 +254,13 @@ def _mask_problems(problems):
 
 @pytest.mark.backend
 def test_good_tiny_cells_pass_one_probe_process_per_env_then_the_disk_cache(make_cells, axolotl_env, fresh):
-    cells = make_cells(*[["model=tiny_llama", f"lr={lr}"] for lr in (1e-3, 2e-3, 3e-3)], ["model=tiny_qwen3"],
-                       ["model=tiny_llama", *SHAREGPT], ["backend=axolotl", "model=tiny_llama", *SHAREGPT],
-                       ["backend=axolotl", "model=tiny_qwen3"])
+    cells = make_cells(
+        *[["model=tiny_llama", f"lr={lr}"] for lr in (1e-3, 2e-3, 3e-3)],
+        ["model=tiny_qwen3"],
+        ["model=tiny_llama", *SHAREGPT],
+        ["backend=axolotl", "model=tiny_llama", *SHAREGPT],
+        ["backend=axolotl", "model=tiny_qwen3"],
+    )
     started = time.perf_counter()
     result = preflight(cells)
     first = time.perf_counter() - started
@@ -279,9 +338,22 @@ def _env(cache: Path) -> dict[str, str]:
 @pytest.mark.xdist_group("loss_mask_batch")
 def test_a_failing_cell_is_reported_before_anything_is_written(batched, tmp_path):
     runs = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-m", "sft_grid", "model=tiny_llama", *SHAREGPT,
-                           "dataset.tiny_sharegpt.tags.user_tag=user", f"runs_root={runs}"],
-                          cwd=REPO_ROOT, env=_env(batched), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sft_grid",
+            "model=tiny_llama",
+            *SHAREGPT,
+            "dataset.tiny_sharegpt.tags.user_tag=user",
+            f"runs_root={runs}",
+        ],
+        cwd=REPO_ROOT,
+        env=_env(batched),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "nothing was submitted" in proc.stderr and "cell tiny_llama_tiny_sharegpt_user_taguser-" in proc.stderr
     assert "dataset.tiny_sharegpt=" in proc.stderr and "[preflight-loss_mask]" in proc.stderr
@@ -296,8 +368,14 @@ def _trained_spans(text: str) -> list[str]:
 @pytest.mark.backend
 @pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
 def test_show_marks_exactly_the_assistant_turns(tiny_assets, backend_env, fresh, backend):
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.show", f"backend={backend}", "model=tiny_llama", *SHAREGPT],
-                          cwd=REPO_ROOT, env=_env(fresh), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.show", f"backend={backend}", "model=tiny_llama", *SHAREGPT],
+        cwd=REPO_ROOT,
+        env=_env(fresh),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first = json.loads((tiny_assets / "data" / "tiny_sharegpt.jsonl").read_text().splitlines()[0])
     answers = [m["value"] for m in first["conversations"] if m["from"] == "gpt"]
@@ -312,13 +390,26 @@ def test_show_marks_exactly_the_assistant_turns(tiny_assets, backend_env, fresh,
 @pytest.mark.backend
 def test_show_a_rendered_cell_dir_in_colour_from_the_cache(tiny_assets, fresh, tmp_path):
     runs = tmp_path / "runs"
-    subprocess.run([sys.executable, "-m", "sft_grid", "model=tiny_qwen3", "dry_run=true", f"runs_root={runs}"],
-                   cwd=REPO_ROOT, env=_env(fresh), capture_output=True, text=True, timeout=300, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "sft_grid", "model=tiny_qwen3", "dry_run=true", f"runs_root={runs}"],
+        cwd=REPO_ROOT,
+        env=_env(fresh),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     (cell_dir,) = [p for p in (runs / "default").iterdir() if p.is_dir()]
     cached = set(fresh.glob("*.json"))
     assert len(cached) == 1
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.show", str(cell_dir), "--color", "always"],
-                          cwd=REPO_ROOT, env=_env(fresh), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.show", str(cell_dir), "--color", "always"],
+        cwd=REPO_ROOT,
+        env=_env(fresh),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     green = re.findall(re.escape(GREEN) + r"(.*?)" + re.escape(RESET), proc.stdout, re.DOTALL)
     assert "<|start_think|>I add 25 and 49.<|end_think|>The answer is 74.<|im_end|>" in green[0]
@@ -327,8 +418,9 @@ def test_show_a_rendered_cell_dir_in_colour_from_the_cache(tiny_assets, fresh, t
 
 
 @pytest.mark.backend
-def test_inputs_not_readable_here_are_deferred_and_run_by_the_job(make_cells, tiny_assets, fresh, tmp_path,
-                                                                  monkeypatch):
+def test_inputs_not_readable_here_are_deferred_and_run_by_the_job(
+    make_cells, tiny_assets, fresh, tmp_path, monkeypatch
+):
     """A hub model is deferred to the job's first step, where the same probe runs on what the backend's
     own loaders fetch (here: local copies named as if they were hub ids, since no hub is reachable)."""
     from dataclasses import replace
@@ -346,11 +438,27 @@ def test_inputs_not_readable_here_are_deferred_and_run_by_the_job(make_cells, ti
     (tmp_path / "org" / "data" / "train.jsonl").write_text((tiny_assets / "data" / "tiny_sharegpt.jsonl").read_text())
     (tmp_path / "org" / "tok").symlink_to(tiny_assets / "models" / "tiny-qwen3")
     stand_in = replace(check, model="org/tok", target="org/data")
-    good = replace(stand_in, tags=(("role_tag", "from"), ("content_tag", "value"), ("user_tag", "human"),
-                                   ("assistant_tag", "gpt"), ("system_tag", "system")))
-    (_, outcome), = run_deferred([good], check.python, tmp_path / "work")
+    good = replace(
+        stand_in,
+        tags=(
+            ("role_tag", "from"),
+            ("content_tag", "value"),
+            ("user_tag", "human"),
+            ("assistant_tag", "gpt"),
+            ("system_tag", "system"),
+        ),
+    )
+    ((_, outcome),) = run_deferred([good], check.python, tmp_path / "work")
     assert outcome.ok, outcome.message
-    wrong = replace(good, tags=(("role_tag", "from"), ("content_tag", "value"), ("user_tag", "user"),
-                                ("assistant_tag", "gpt"), ("system_tag", "system")))
-    (_, outcome), = run_deferred([wrong], check.python, tmp_path / "work")
+    wrong = replace(
+        good,
+        tags=(
+            ("role_tag", "from"),
+            ("content_tag", "value"),
+            ("user_tag", "user"),
+            ("assistant_tag", "gpt"),
+            ("system_tag", "system"),
+        ),
+    )
+    ((_, outcome),) = run_deferred([wrong], check.python, tmp_path / "work")
     assert not outcome.ok and "role(s) 'human' match no tag" in outcome.message

@@ -21,8 +21,17 @@ TOKEN = "s3cretT0kenValue42"
 
 
 def event(outcome: str = "failed", attempt: int = 1) -> n.Notice:
-    return n.cell_event("smoke", "tiny_llama_lr2e-5-ab12", outcome, attempt, failure_class="gpu_oom",
-                        summary="GPU out of memory, at step 12 of 300", step=12, total=300, job_id="55_3")
+    return n.cell_event(
+        "smoke",
+        "tiny_llama_lr2e-5-ab12",
+        outcome,
+        attempt,
+        failure_class="gpu_oom",
+        summary="GPU out of memory, at step 12 of 300",
+        step=12,
+        total=300,
+        job_id="55_3",
+    )
 
 
 def config(**kw) -> n.NotifyConfig:
@@ -90,13 +99,18 @@ def test_userinfo_becomes_basic_auth_and_never_reaches_the_logs(receiver, caplog
     assert TOKEN not in caplog.text and "bot:" not in caplog.text and "***@127.0.0.1" in caplog.text
 
 
-@pytest.mark.parametrize("url,shown", [
-    ("https://user:pw@hooks.example.org/notify?token=abc#frag", "https://***@hooks.example.org/notify?***#***"),
-    ("https://hooks.slack.com/services/T0AB12CD3/B0AB12CD3/AbCdEfGhIjKlMnOpQrStUvWx",
-     "https://hooks.slack.com/services/***/***/***"),
-    ("http://127.0.0.1:8080/hook", "http://127.0.0.1:8080/hook"),
-    ("http://[::1]:9/x?k=v", "http://[::1]:9/x?***"),
-])
+@pytest.mark.parametrize(
+    "url,shown",
+    [
+        ("https://user:pw@hooks.example.org/notify?token=abc#frag", "https://***@hooks.example.org/notify?***#***"),
+        (
+            "https://hooks.slack.com/services/T0AB12CD3/B0AB12CD3/AbCdEfGhIjKlMnOpQrStUvWx",
+            "https://hooks.slack.com/services/***/***/***",
+        ),
+        ("http://127.0.0.1:8080/hook", "http://127.0.0.1:8080/hook"),
+        ("http://[::1]:9/x?k=v", "http://[::1]:9/x?***"),
+    ],
+)
 def test_redact_url(url, shown):
     assert n.redact_url(url) == shown
 
@@ -136,8 +150,10 @@ def test_command_failures_are_reported_not_raised(tmp_path):
 
 def test_both_channels_are_used(receiver, tmp_path):
     out = tmp_path / "events.log"
-    deliveries = n.send(n.grid_event("smoke", {"completed": 3, "failed": 1}), config(command=append_command(out),
-                                                                                    webhook=receiver.url()))
+    deliveries = n.send(
+        n.grid_event("smoke", {"completed": 3, "failed": 1}),
+        config(command=append_command(out), webhook=receiver.url()),
+    )
     assert [d.channel for d in deliveries] == ["command", "webhook"] and all(d.ok for d in deliveries)
     body = json.loads(receiver.requests[0]["body"])
     assert body["kind"] == "grid" and body["summary"] == "grid smoke done: 3 completed, 1 failed"
@@ -158,8 +174,17 @@ def test_dedup_across_requeues_and_reruns(receiver):
 def test_dedup_key_is_pure():
     k = n.dedup_key("smoke/cell", "failed", 1)
     assert k == n.dedup_key("smoke/cell", "failed", 1)
-    assert len({k, n.dedup_key("smoke/cell", "failed", 2), n.dedup_key("smoke/cell", "completed", 1),
-                n.dedup_key("smoke/other", "failed", 1)}) == 4
+    assert (
+        len(
+            {
+                k,
+                n.dedup_key("smoke/cell", "failed", 2),
+                n.dedup_key("smoke/cell", "completed", 1),
+                n.dedup_key("smoke/other", "failed", 1),
+            }
+        )
+        == 4
+    )
     assert n.should_send(k, set()) and not n.should_send(k, {k})
 
 

@@ -20,9 +20,19 @@ def test_a_grid_notifies_each_cell_and_its_end_once(tmp_path, tiny_assets, recei
     script = tmp_path / "notify.py"
     script.write_text("import sys\nopen(sys.argv[1], 'a').write(sys.stdin.read().strip() + '\\n')\n")
     root = tmp_path / "runs"
-    grid = ["-m", "model=tiny_llama", "lr=2e-5,1e4", "max_steps=12", "save_steps=4", "global_batch_size=2",
-            "micro_batch_size=2", "scheduler=constant", f"runs_root={root}", "notify.webhook_env=SFT_GRID_TEST_HOOK",
-            f"notify.command=[{sys.executable},{script},{sink}]"]
+    grid = [
+        "-m",
+        "model=tiny_llama",
+        "lr=2e-5,1e4",
+        "max_steps=12",
+        "save_steps=4",
+        "global_batch_size=2",
+        "micro_batch_size=2",
+        "scheduler=constant",
+        f"runs_root={root}",
+        "notify.webhook_env=SFT_GRID_TEST_HOOK",
+        f"notify.command=[{sys.executable},{script},{sink}]",
+    ]
     first = run_sft(*grid)
     assert first.returncode == 1, first.stdout + first.stderr  # the lr 1e4 cell failed
 
@@ -39,8 +49,12 @@ def test_a_grid_notifies_each_cell_and_its_end_once(tmp_path, tiny_assets, recei
 
     again = run_sft(*grid)
     assert "0 to run" in again.stdout, again.stdout
-    status = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
-                            capture_output=True, text=True, timeout=300)
+    status = subprocess.run(
+        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert status.returncode == 0, status.stderr
     assert len(receiver.requests) == 3 and len(sink.read_text().splitlines()) == 3  # nothing sent twice
 

@@ -47,8 +47,9 @@ def _first_line(e: BaseException) -> str:
 
 
 @pytest.fixture
-def client(olah: OlahServer, hf_env: dict[str, str], tmp_path: Path,
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+def client(
+    olah: OlahServer, hf_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SimpleNamespace]:
     """The installed client pointed at olah, with every request and answer it exchanges logged.
 
     The client reads HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_DISABLE_XET once, at import: the calls pass the endpoint
@@ -66,9 +67,17 @@ def client(olah: OlahServer, hf_env: dict[str, str], tmp_path: Path,
 
     def factory() -> httpx.Client:
         http = hf_http.default_client_factory()
-        http.event_hooks["request"].append(lambda r: log.append(
-            {"method": r.method, "path": r.url.path, "range": r.headers.get("range"),
-             "auth": r.headers.get("authorization"), "status": None}))
+        http.event_hooks["request"].append(
+            lambda r: log.append(
+                {
+                    "method": r.method,
+                    "path": r.url.path,
+                    "range": r.headers.get("range"),
+                    "auth": r.headers.get("authorization"),
+                    "status": None,
+                }
+            )
+        )
         http.event_hooks["response"].append(lambda r: log[-1].update(status=r.status_code))
         return http
 
@@ -96,8 +105,9 @@ def test_olah_is_the_pinned_release(olah):
     cli = olah_cli()
     assert cli is not None and olah.url.startswith("http://127.0.0.1:")
     probe = "import importlib.metadata as m; print(m.version('olah'))"
-    version = subprocess.run([str(cli.parent / "python"), "-c", probe], check=False, capture_output=True, text=True,
-                             timeout=30).stdout.strip()
+    version = subprocess.run(
+        [str(cli.parent / "python"), "-c", probe], check=False, capture_output=True, text=True, timeout=30
+    ).stdout.strip()
     assert version == OLAH_VERSION
 
 
@@ -123,7 +133,8 @@ def test_client_resolves_lists_and_downloads(olah, client):
     assert set(tree) == {"config.json", "w.dat", "sub", "sub/dir", "sub/dir/t.txt"}
     assert isinstance(tree["sub/dir"], RepoFolder) and isinstance(tree["w.dat"], RepoFile)
     assert {p: (tree[p].size, tree[p].blob_id) for p in old_files} == {
-        p: (len(d), git_blob_oid(d)) for p, d in old_files.items()}
+        p: (len(d), git_blob_oid(d)) for p, d in old_files.items()
+    }
     assert [e.path for e in api.list_repo_tree("org/client", revision="main")] == ["config.json", "w.dat"]
 
     assert _download(client, "org/client", "config.json", revision=old).read_bytes() == b'{"v": 1}'
@@ -133,8 +144,10 @@ def test_client_resolves_lists_and_downloads(olah, client):
 
     ds = olah.add_repo("org/client-data", {"data/train.jsonl": b'{"text": "a"}\n'}, kind="dataset")
     assert api.dataset_info("org/client-data", revision="main").sha == ds
-    assert _download(client, "org/client-data", "data/train.jsonl", revision=ds,
-                     repo_type="dataset").read_bytes() == b'{"text": "a"}\n'
+    assert (
+        _download(client, "org/client-data", "data/train.jsonl", revision=ds, repo_type="dataset").read_bytes()
+        == b'{"text": "a"}\n'
+    )
 
     # Surprise: offline, olah answers the repo-info route without a revision only from its proxy cache, never
     # from a local mirror: `repo_info(repo)` fails, `repo_info(repo, revision="main")` works.
@@ -194,24 +207,31 @@ def test_unknown_branch(olah, client):
     from huggingface_hub.errors import RepositoryNotFoundError
 
     olah.add_repo("org/branch", {"config.json": b"{}"})
-    for method, path in [("HEAD", "/org/branch/resolve/nope/config.json"),
-                         ("GET", "/org/branch/resolve/nope/config.json"),
-                         ("GET", "/api/models/org/branch/revision/nope")]:
+    for method, path in [
+        ("HEAD", "/org/branch/resolve/nope/config.json"),
+        ("GET", "/org/branch/resolve/nope/config.json"),
+        ("GET", "/api/models/org/branch/revision/nope"),
+    ]:
         r = _http(method, olah.url + path)
         # 401 RepoNotFound (the Hub: 404 RevisionNotFound): offline, olah looks a branch up in its proxy cache only
         assert (r.status_code, r.headers.get("X-Error-Code"), r.headers.get("X-Error-Message")) == (
-            401, "RepoNotFound", REPO_NOT_FOUND), (method, path)
+            401,
+            "RepoNotFound",
+            REPO_NOT_FOUND,
+        ), (method, path)
 
     # so the client raises RepositoryNotFoundError, not RevisionNotFoundError
     with pytest.raises(RepositoryNotFoundError) as e:
         _download(client, "org/branch", "config.json", revision="nope")
     assert type(e.value) is RepositoryNotFoundError and e.value.response.status_code == 401
-    assert str(e.value).startswith(f"401 Client Error.\n\nRepository Not Found for url: "
-                                   f"{olah.url}/org/branch/resolve/nope/config.json.\n")
+    assert str(e.value).startswith(
+        f"401 Client Error.\n\nRepository Not Found for url: {olah.url}/org/branch/resolve/nope/config.json.\n"
+    )
     with pytest.raises(RepositoryNotFoundError) as e:
         client.api.repo_info("org/branch", revision="nope")
-    assert str(e.value).startswith(f"401 Client Error.\n\nRepository Not Found for url: "
-                                   f"{olah.url}/api/models/org/branch/revision/nope.\n")
+    assert str(e.value).startswith(
+        f"401 Client Error.\n\nRepository Not Found for url: {olah.url}/api/models/org/branch/revision/nope.\n"
+    )
 
 
 def test_unknown_sha(olah, client, monkeypatch):
@@ -220,9 +240,11 @@ def test_unknown_sha(olah, client, monkeypatch):
 
     olah.add_repo("org/sha", {"config.json": b"{}"})
     # GitPython raises on a sha the repo lacks, and olah answers a bare 500 (no X-Error-Code) to file and API
-    for method, path in [("HEAD", f"/org/sha/resolve/{UNKNOWN_SHA}/config.json"),
-                         ("GET", f"/org/sha/resolve/{UNKNOWN_SHA}/config.json"),
-                         ("GET", f"/api/models/org/sha/revision/{UNKNOWN_SHA}")]:
+    for method, path in [
+        ("HEAD", f"/org/sha/resolve/{UNKNOWN_SHA}/config.json"),
+        ("GET", f"/org/sha/resolve/{UNKNOWN_SHA}/config.json"),
+        ("GET", f"/api/models/org/sha/revision/{UNKNOWN_SHA}"),
+    ]:
         r = _http(method, olah.url + path)
         assert r.status_code == 500 and "X-Error-Code" not in r.headers, (method, path)
         assert r.content == (b"" if method == "HEAD" else b"Internal Server Error")
@@ -241,8 +263,9 @@ def test_unknown_sha(olah, client, monkeypatch):
     with pytest.raises(HfHubHTTPError) as e:
         client.api.repo_info("org/sha", revision=UNKNOWN_SHA)
     assert type(e.value) is HfHubHTTPError and e.value.response.status_code == 500
-    assert _first_line(e.value) == (f"Server error '500 Internal Server Error' for url "
-                                    f"'{olah.url}/api/models/org/sha/revision/{UNKNOWN_SHA}'")
+    assert _first_line(e.value) == (
+        f"Server error '500 Internal Server Error' for url '{olah.url}/api/models/org/sha/revision/{UNKNOWN_SHA}'"
+    )
     # The client's next request on that kept-alive connection would mostly fail with httpx.ReadError
     # ("[Errno 104] Connection reset by peer"; a race, not asserted): start a new session after each 500.
     close_session()
@@ -265,22 +288,29 @@ def test_unknown_sha(olah, client, monkeypatch):
     statuses = [r["status"] for r in client.log]
     assert {r["method"] for r in client.log} == {"HEAD"} and len(statuses) == 7
     assert statuses[0] == 500 and statuses[1] in (500, None) and statuses[2:] == [500] * 5
-    assert str(e.value).startswith("An error happened while trying to locate the file on the Hub and we cannot "
-                                   "find the requested files in the local cache.")
+    assert str(e.value).startswith(
+        "An error happened while trying to locate the file on the Hub and we cannot "
+        "find the requested files in the local cache."
+    )
 
 
 def test_unknown_repo(olah, client):
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    for method, path in [("HEAD", "/org/none/resolve/main/config.json"), ("GET", "/org/none/resolve/main/config.json"),
-                         ("GET", "/api/models/org/none/revision/main"), ("GET", "/api/models/org/none"),
-                         ("GET", "/api/datasets/org/none/revision/main")]:
+    for method, path in [
+        ("HEAD", "/org/none/resolve/main/config.json"),
+        ("GET", "/org/none/resolve/main/config.json"),
+        ("GET", "/api/models/org/none/revision/main"),
+        ("GET", "/api/models/org/none"),
+        ("GET", "/api/datasets/org/none/revision/main"),
+    ]:
         r = _http(method, olah.url + path)
         assert (r.status_code, r.headers.get("X-Error-Code")) == (401, "RepoNotFound"), (method, path)  # Hub: 401 too
     with pytest.raises(RepositoryNotFoundError) as e:
         _download(client, "org/none", "config.json")
-    assert str(e.value).startswith(f"401 Client Error.\n\nRepository Not Found for url: "
-                                   f"{olah.url}/org/none/resolve/main/config.json.\n")
+    assert str(e.value).startswith(
+        f"401 Client Error.\n\nRepository Not Found for url: {olah.url}/org/none/resolve/main/config.json.\n"
+    )
     with pytest.raises(RepositoryNotFoundError):
         client.api.repo_info("org/none", revision="main")
 

@@ -20,9 +20,19 @@ def test_identity_ignores_where_and_how_a_cell_runs(make_cells, tmp_path):
 @pytest.mark.parametrize(
     "change",
     [
-        "lr=3e-5", "seed=1", "global_batch_size=32", "epochs=2", "cutoff_len=2048", "model=qwen3_32b",
-        "model.template=qwen3_nothink", "dataset=magpie", "dataset=[tiny_messages,magpie]", "+extra.packing=true",
-        "scheduler=linear", "warmup_ratio=0.1", "max_steps=10",
+        "lr=3e-5",
+        "seed=1",
+        "global_batch_size=32",
+        "epochs=2",
+        "cutoff_len=2048",
+        "model=qwen3_32b",
+        "model.template=qwen3_nothink",
+        "dataset=magpie",
+        "dataset=[tiny_messages,magpie]",
+        "+extra.packing=true",
+        "scheduler=linear",
+        "warmup_ratio=0.1",
+        "max_steps=10",
     ],
 )
 def test_identity_changes_with_what_determines_the_model(make_cells, change):

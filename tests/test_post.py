@@ -37,8 +37,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def stage_events(cell: Path, state: str | None = None) -> list[tuple[str, str]]:
-    return [(e["stage"], e["state"]) for e in ledger_of(cell) if e["event"] == "stage"
-            and (state is None or e["state"] == state)]
+    return [
+        (e["stage"], e["state"])
+        for e in ledger_of(cell)
+        if e["event"] == "stage" and (state is None or e["state"] == state)
+    ]
 
 
 def cell_dir(root: Path, sweep: str = "default") -> Path:
@@ -51,10 +54,18 @@ def cell_dir(root: Path, sweep: str = "default") -> Path:
 
 def test_stages_follow_the_models_needs_and_the_grid(make_cells):
     big, hybrid, small, registered, big_lf = make_cells(
-        ["model=qwen3_32b", "backend=axolotl"], ["model=qwen3_5_27b", "backend=axolotl"],
+        ["model=qwen3_32b", "backend=axolotl"],
+        ["model=qwen3_5_27b", "backend=axolotl"],
         ["model=tiny_llama", "push_to_hub=true", "hub_model_id='org/{model}-{data}-sft-{key}'"],
-        ["model=tiny_llama", "push_to_hub=true", "hub_model_id=org/x", "register_db=true",
-         "register_command=[echo,'{hub_model_id}']"], ["model=qwen3_32b"])
+        [
+            "model=tiny_llama",
+            "push_to_hub=true",
+            "hub_model_id=org/x",
+            "register_db=true",
+            "register_command=[echo,'{hub_model_id}']",
+        ],
+        ["model=qwen3_32b"],
+    )
     assert post_training.stages_for(big.spec) == ["consolidate", "tokenizer"]
     assert post_training.stages_for(hybrid.spec) == ["consolidate", "preprocessor_config", "tokenizer"]
     assert post_training.stages_for(small.spec) == ["tokenizer", "upload", "cleanup"]
@@ -111,7 +122,8 @@ def test_qwen3_5_needs_an_environment_with_transformers_5_3(make_cells, monkeypa
     # ... naming one selects it for Qwen3.5 and only for Qwen3.5 (the deprecated spelling need_envs still works)
     qwen35, qwen3 = make_cells(
         ["model=qwen3_5_9b", "cluster=leonardo", "+cluster.need_envs.transformers_ge_5_3={llamafactory:/envs/qwen35}"],
-        ["model=qwen3_8b", "cluster=leonardo", "+cluster.need_envs.transformers_ge_5_3={llamafactory:/envs/qwen35}"])
+        ["model=qwen3_8b", "cluster=leonardo", "+cluster.need_envs.transformers_ge_5_3={llamafactory:/envs/qwen35}"],
+    )
     assert [p for p in validate([qwen35, qwen3]) if p.rule == "venv-need"] == []
     assert environments.select(qwen35.spec) == (Path("/envs/qwen35"), None)
     assert environments.select(qwen3.spec) == (Path("/x/env"), None)
@@ -130,8 +142,11 @@ def test_tokenizer_check_repairs_the_list_and_fails_without_a_template(tmp_path)
     model = tmp_path / "m"
     model.mkdir()
     (model / "tokenizer.json").write_text("{}")
-    config = {"extra_special_tokens": ["<a>", "<b>"], "additional_special_tokens": ["<b>"],
-              "tokenizer_class": "TokenizersBackend"}
+    config = {
+        "extra_special_tokens": ["<a>", "<b>"],
+        "additional_special_tokens": ["<b>"],
+        "tokenizer_class": "TokenizersBackend",
+    }
     (model / "chat_template.jinja").write_text("{{ messages }}")
     fixed, changes = post_training.tokenizer_problems(config, model)
     assert "extra_special_tokens" not in fixed and fixed["additional_special_tokens"] == ["<b>", "<a>"]
@@ -152,19 +167,34 @@ def test_the_database_hook_runs_the_grids_command_and_fails_clearly(tmp_path):
     record = tmp_path / "registered.txt"
     from dataclasses import replace
 
-    spec = PostFile(cell="c1", stages=("register",), python=sys.executable, hub_model_id="org/m", base_model="base/b",
-                    datasets=("magpie", "delphi_warmup"),
-                    register_command=(sys.executable, "-c",
-                                      "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))",
-                                      str(record), "{hub_model_id}", "{base_model}", "{datasets}", "{cell}"))
+    spec = PostFile(
+        cell="c1",
+        stages=("register",),
+        python=sys.executable,
+        hub_model_id="org/m",
+        base_model="base/b",
+        datasets=("magpie", "delphi_warmup"),
+        register_command=(
+            sys.executable,
+            "-c",
+            "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))",
+            str(record),
+            "{hub_model_id}",
+            "{base_model}",
+            "{datasets}",
+            "{cell}",
+        ),
+    )
     post_training.register(tmp_path, spec, post_training.LOGIN)
     assert record.read_text() == "org/m base/b magpie,delphi_warmup c1"
     with pytest.raises(post_training.StageFailed, match="register_command is empty"):
         post_training.register(tmp_path, replace(spec, register_command=()), post_training.LOGIN)
     with pytest.raises(post_training.StageFailed, match="exited 1: no endpoint"):
-        post_training.register(tmp_path, replace(spec, register_command=(sys.executable, "-c",
-                                                                     "import sys; sys.exit('no endpoint')")),
-                          post_training.LOGIN)
+        post_training.register(
+            tmp_path,
+            replace(spec, register_command=(sys.executable, "-c", "import sys; sys.exit('no endpoint')")),
+            post_training.LOGIN,
+        )
 
 
 # -- real: the backend environments, the orchestrator ----------------------------------------------------
@@ -177,8 +207,9 @@ def _fake_completed_cell(root: Path, model: Path, stages: list[str], python: Pat
     shutil.copytree(model, output)
     shutil.copytree(model, output / "checkpoint-2")
     (output / "trainer_state.json").write_text(json.dumps({"global_step": 2, "max_steps": 2, "log_history": []}))
-    (cell / POST_FILE).write_text(json.dumps({"cell": "cell", "stages": stages, "python": str(python),
-                                                   "env": {}, "in_train_job": True, **fields}))
+    (cell / POST_FILE).write_text(
+        json.dumps({"cell": "cell", "stages": stages, "python": str(python), "env": {}, "in_train_job": True, **fields})
+    )
     (cell / "cell.yaml").write_text("{}\n")
     return cell
 
@@ -192,14 +223,21 @@ def test_repaired_tokenizer_loads_the_same_in_transformers_5_6_and_5_16(tmp_path
     for d in (cell / "output", cell / "output" / "checkpoint-2"):
         config = json.loads((d / "tokenizer_config.json").read_text())
         assert "extra_special_tokens" not in config and config["chat_template"]
-    probe = ("import json, sys; from transformers import AutoTokenizer as A; a, b = A.from_pretrained(sys.argv[1]),"
-             " A.from_pretrained(sys.argv[2]); print(json.dumps([a.all_special_tokens == b.all_special_tokens,"
-             " a.chat_template == b.chat_template, a.convert_tokens_to_ids('<|start_think|>'),"
-             " a('hi <|eot_id|>').input_ids == b('hi <|eot_id|>').input_ids]))")
+    probe = (
+        "import json, sys; from transformers import AutoTokenizer as A; a, b = A.from_pretrained(sys.argv[1]),"
+        " A.from_pretrained(sys.argv[2]); print(json.dumps([a.all_special_tokens == b.all_special_tokens,"
+        " a.chat_template == b.chat_template, a.convert_tokens_to_ids('<|start_think|>'),"
+        " a('hi <|eot_id|>').input_ids == b('hi <|eot_id|>').input_ids]))"
+    )
     for backend in ("llamafactory", "axolotl"):
         python = build(backend) / "bin" / "python"
-        out = subprocess.run([str(python), "-c", probe, str(model), str(cell / "output" / "checkpoint-2")],
-                             capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
+        out = subprocess.run(
+            [str(python), "-c", probe, str(model), str(cell / "output" / "checkpoint-2")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            check=True,
+        )
         same_tokens, same_template, think_id, same_ids = json.loads(out.stdout.strip().splitlines()[-1])
         assert same_tokens and same_template and same_ids and think_id == 7, backend
 
@@ -209,9 +247,15 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
     base = tmp_path / "base"
     base.mkdir()
     python = build("llamafactory") / "bin" / "python"
-    cell = _fake_completed_cell(tmp_path, tiny_assets / "models" / "tiny-qwen3",
-                                ["preprocessor_config", "tokenizer", "upload"], python, base_model=str(base),
-                                hub_model_id="org/tiny-sft", upload_in_job=False)
+    cell = _fake_completed_cell(
+        tmp_path,
+        tiny_assets / "models" / "tiny-qwen3",
+        ["preprocessor_config", "tokenizer", "upload"],
+        python,
+        base_model=str(base),
+        hub_model_id="org/tiny-sft",
+        upload_in_job=False,
+    )
     (cell / "output" / "checkpoint-2" / "chat_template.jinja").unlink()  # a checkpoint without its template
     # the base has no preprocessor_config.json: the first stage fails, and nothing after it runs
     assert post_training.run(cell, post_training.LOGIN) is False
@@ -239,8 +283,12 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
     # an unreachable endpoint: the cause is the connection
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.post", str(cell), "--stage", "upload"],
-                          capture_output=True, text=True, env={**os.environ})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.post", str(cell), "--stage", "upload"],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+    )
     assert proc.returncode == 1 and "upload failed" in proc.stdout and "Connection refused" in proc.stdout
     # each rerun ran only what had not completed
     runs = [s for s, state in stage_events(cell, "running")]
@@ -252,9 +300,18 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
 def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_stages(tmp_path, tiny_assets):
     base = tmp_path / "tiny-qwen3"
     shutil.copytree(tiny_assets / "models" / "tiny-qwen3", base)
-    args = ["model=tiny_qwen3", f"model.path={base}", "model.needs=[preprocessor_config]", "max_steps=2",
-            "global_batch_size=4", "micro_batch_size=2", "save_steps=2", "push_to_hub=true",
-            "hub_model_id='org/{model}-sft-{key}'", f"runs_root={tmp_path / 'runs'}"]
+    args = [
+        "model=tiny_qwen3",
+        f"model.path={base}",
+        "model.needs=[preprocessor_config]",
+        "max_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "save_steps=2",
+        "push_to_hub=true",
+        "hub_model_id='org/{model}-sft-{key}'",
+        f"runs_root={tmp_path / 'runs'}",
+    ]
     run_sft(*args, check=True)
     cell = cell_dir(tmp_path / "runs")
     state = json.loads((cell / "output" / "trainer_state.json").read_text())
@@ -264,8 +321,12 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     st = post_training.states(cell)
     assert st["preprocessor_config"].state == "failed"  # the tiny model has none
     assert st["tokenizer"].state == "pending" and st["upload"].state == "pending"
-    status = subprocess.run([sys.executable, "-m", "sft_grid.status", "--runs-root", str(tmp_path / "runs")],
-                            capture_output=True, text=True, check=True).stdout
+    status = subprocess.run(
+        [sys.executable, "-m", "sft_grid.status", "--runs-root", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "preprocessor_config failed" in status
     # fixed at the base; the grid's rerun runs the stages only: no training, the same trainer state
     (base / "preprocessor_config.json").write_text("{}")
@@ -281,11 +342,19 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     # the upload waits for the login node: the grid does not queue it again
     third = run_sft(*args, check=True)
     assert "nothing to run" in third.stdout and f"upload waits: python -m sft_grid.post {cell}" in third.stdout
-    status = subprocess.run([sys.executable, "-m", "sft_grid.status", "--runs-root", str(tmp_path / "runs")],
-                            capture_output=True, text=True, check=True).stdout
+    status = subprocess.run(
+        [sys.executable, "-m", "sft_grid.status", "--runs-root", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "upload waiting" in status
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.post", str(cell)], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.post", str(cell)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 1
     assert f"https://huggingface.co/org/tiny_qwen3-sft-{cell.name.rsplit('-', 1)[1]}" in proc.stdout
 
@@ -294,23 +363,45 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
 def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tmp_path, tiny_assets, make_cells):
     """A tiny model trained with DeepSpeed ZeRO-3 on the CPU (HF Trainer, one process over gloo, the DeepSpeed
     JSON sft_grid renders for the cell), then the cell's consolidate stage."""
-    (cell,) = make_cells(["model=tiny_llama", "model.needs=[zero3,consolidate]", "backend=axolotl",
-                          "global_batch_size=4", "micro_batch_size=2"])
+    (cell,) = make_cells(
+        [
+            "model=tiny_llama",
+            "model.needs=[zero3,consolidate]",
+            "backend=axolotl",
+            "global_batch_size=4",
+            "micro_batch_size=2",
+        ]
+    )
     rendered = render(cell, tmp_path / "cell", [])
     write(rendered)
     cell_path = rendered.dir
     assert json.loads((cell_path / POST_FILE).read_text())["stages"] == ["consolidate", "tokenizer"]
     bin_dir = build("axolotl") / "bin"
     ref = tmp_path / "gathered.safetensors"
-    run_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HF_HUB_OFFLINE": "1",
-               "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
-               "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "sft_grid" / "torch_extensions")}
+    run_env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "OMP_NUM_THREADS": "1",
+        "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "sft_grid" / "torch_extensions"),
+    }
     started = time.perf_counter()
-    proc = subprocess.run([str(bin_dir / "torchrun"), "--nproc_per_node=1",
-                           str(Path(__file__).parent / "zero3_tiny_train.py"),
-                           str(tiny_assets / "models" / "tiny-llama3"), str(cell_path / zero.DS_FILE),
-                           str(cell_path / "output"), str(ref)],
-                          capture_output=True, text=True, env=run_env, timeout=600)
+    proc = subprocess.run(
+        [
+            str(bin_dir / "torchrun"),
+            "--nproc_per_node=1",
+            str(Path(__file__).parent / "zero3_tiny_train.py"),
+            str(tiny_assets / "models" / "tiny-llama3"),
+            str(cell_path / zero.DS_FILE),
+            str(cell_path / "output"),
+            str(ref),
+        ],
+        capture_output=True,
+        text=True,
+        env=run_env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     output = cell_path / "output"
     # ZeRO-3 without gathering: shards named by `latest`, no weights file; training counts as complete
@@ -319,12 +410,18 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
     trained_s = time.perf_counter() - started
     assert post_training.run(cell_path) is True, post_training.states(cell_path)
     assert stage_events(cell_path, "completed") == [("consolidate", "completed"), ("tokenizer", "completed")]
-    compare = ("import sys; from safetensors.torch import load_file;"
-               " a, b = load_file(sys.argv[1]), load_file(sys.argv[2]);"
-               " assert sorted(a) == sorted(b), (sorted(a), sorted(b));"
-               " print(len(a), max((a[k].float() - b[k].float()).abs().max().item() for k in a))")
-    out = subprocess.run([str(bin_dir / "python"), "-c", compare, str(output / "model.safetensors"), str(ref)],
-                         capture_output=True, text=True, check=True).stdout.split()
+    compare = (
+        "import sys; from safetensors.torch import load_file;"
+        " a, b = load_file(sys.argv[1]), load_file(sys.argv[2]);"
+        " assert sorted(a) == sorted(b), (sorted(a), sorted(b));"
+        " print(len(a), max((a[k].float() - b[k].float()).abs().max().item() for k in a))"
+    )
+    out = subprocess.run(
+        [str(bin_dir / "python"), "-c", compare, str(output / "model.safetensors"), str(ref)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert int(out[0]) == 21 and float(out[1]) == 0.0, (out, trained_s)
 
 
@@ -335,9 +432,19 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
     """One cell: its post job waits for its training job (afterok). A job array: the post array's task i
     waits for training task i (aftercorr). Either is cancelled if the training fails (kill-on-invalid-dep)."""
     root = tmp_path / "runs"
-    args = ["-m", "model=tiny_llama", "cluster=slurm_local", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
-            "save_steps=2", "push_to_hub=true", "hub_model_id='org/{model}-sft-{key}'", f"seed={seeds}",
-            f"runs_root={root}"]
+    args = [
+        "-m",
+        "model=tiny_llama",
+        "cluster=slurm_local",
+        "max_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "save_steps=2",
+        "push_to_hub=true",
+        "hub_model_id='org/{model}-sft-{key}'",
+        f"seed={seeds}",
+        f"runs_root={root}",
+    ]
     queued = run_sft(*args, check=True)
     cells = list(iter_cell_dirs(root / "default"))
     assert f"post-training stages of {len(cells)} cell(s): array sft_grid-" in queued.stdout
@@ -379,25 +486,39 @@ def test_a_zero3_cell_trains_through_the_orchestrator_and_is_consolidated(tmp_pa
     plugin, sft_grid/in_venv/zero_cpu.py, in place of the NCCL start-up axolotl does on GPUs) with nothing but the
     model's needs set: the cell's output holds ZeRO shards only, training counts as complete, and its job
     consolidates them into model.safetensors right after."""
-    run_sft("model=tiny_llama", "model.needs=[zero3,consolidate]", "backend=axolotl", "max_steps=2",
-            "global_batch_size=4", "micro_batch_size=2", "save_steps=2", f"runs_root={tmp_path}", check=True)
+    run_sft(
+        "model=tiny_llama",
+        "model.needs=[zero3,consolidate]",
+        "backend=axolotl",
+        "max_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "save_steps=2",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
     cell = cell_dir(tmp_path)
     output = cell / "output"
     rendered = yaml.safe_load((cell / "axolotl_config.yaml").read_text())
     assert rendered["deepspeed"] == str(cell / zero.DS_FILE) and "zero_cpu.GlooPreInit" in rendered["plugins"]
     assert (output / "latest").is_file() and (output / "global_step2").is_dir()
     assert [s for s, _ in stage_events(cell, "completed")] == ["consolidate", "tokenizer"]
-    check = ("import sys, torch; from safetensors.torch import load_file;"
-             " from transformers import AutoModelForCausalLM;"
-             " a, b = load_file(sys.argv[1] + '/model.safetensors'), load_file(sys.argv[2] + '/model.safetensors');"
-             " assert sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a);"
-             " m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); out = m(torch.tensor([[1, 2, 3]])).logits;"
-             " print(len(a), sum(int(not torch.equal(a[k], b[k])) for k in a), bool(torch.isfinite(out).all()))")
+    check = (
+        "import sys, torch; from safetensors.torch import load_file;"
+        " from transformers import AutoModelForCausalLM;"
+        " a, b = load_file(sys.argv[1] + '/model.safetensors'), load_file(sys.argv[2] + '/model.safetensors');"
+        " assert sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a);"
+        " m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); out = m(torch.tensor([[1, 2, 3]])).logits;"
+        " print(len(a), sum(int(not torch.equal(a[k], b[k])) for k in a), bool(torch.isfinite(out).all()))"
+    )
     python = build("axolotl") / "bin" / "python"
-    n, changed, finite = subprocess.run([str(python), "-c", check, str(output),
-                                         str(tiny_assets / "models" / "tiny-llama3")],
-                                        capture_output=True, text=True, check=True,
-                                        env={**os.environ, "HF_HUB_OFFLINE": "1"}).stdout.split()[-3:]
+    n, changed, finite = subprocess.run(
+        [str(python), "-c", check, str(output), str(tiny_assets / "models" / "tiny-llama3")],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    ).stdout.split()[-3:]
     assert int(n) == 21 and int(changed) > 0 and finite == "True"  # all tensors, trained, loadable
 
 
@@ -405,14 +526,23 @@ def test_a_zero3_cell_trains_through_the_orchestrator_and_is_consolidated(tmp_pa
 @pytest.mark.backend
 def test_on_slurm_a_failed_training_cancels_its_post_job(tmp_path, tiny_assets):
     root = tmp_path / "runs"
-    run_sft("model=tiny_llama", "cluster=slurm_local", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
-            f"+cluster.backend_envs.llamafactory={tmp_path}/no-env", f"runs_root={root}", check=True)
+    run_sft(
+        "model=tiny_llama",
+        "cluster=slurm_local",
+        "max_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        f"+cluster.backend_envs.llamafactory={tmp_path}/no-env",
+        f"runs_root={root}",
+        check=True,
+    )
     cell = cell_dir(root)
     post_job = str(next(e for e in ledger_of(cell) if e["event"] == "post_job")["post_job_id"])
     deadline = time.time() + 120
     while True:
-        state = subprocess.run(["sacct", "-X", "-n", "-P", "-j", post_job, "-o", "State"], capture_output=True,
-                               text=True).stdout.split()
+        state = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", post_job, "-o", "State"], capture_output=True, text=True
+        ).stdout.split()
         if state and state[0] not in ("PENDING", "RUNNING"):
             break
         assert time.time() < deadline, state
@@ -428,8 +558,16 @@ def test_on_slurm_a_rerun_queues_only_the_failed_stages(tmp_path, tiny_assets):
     base = tmp_path / "tiny-qwen3"
     shutil.copytree(tiny_assets / "models" / "tiny-qwen3", base)
     root = tmp_path / "runs"
-    args = ["model=tiny_qwen3", f"model.path={base}", "model.needs=[preprocessor_config]", "cluster=slurm_local",
-            "max_steps=2", "global_batch_size=4", "micro_batch_size=2", f"runs_root={root}"]
+    args = [
+        "model=tiny_qwen3",
+        f"model.path={base}",
+        "model.needs=[preprocessor_config]",
+        "cluster=slurm_local",
+        "max_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        f"runs_root={root}",
+    ]
 
     def wait_stage(cell: Path, stage: str, states: set[str]) -> None:
         deadline = time.time() + 240

@@ -25,8 +25,13 @@ def test_chatml_template_on_the_tiny_llama3_tokenizer_is_caught_by_its_tokenizer
 
 
 def test_wrong_role_tags_give_zero_assistant_turns(make_cells, tiny_assets):
-    (cell,) = make_cells(["dataset=tiny_sharegpt", "dataset.tiny_sharegpt.tags.role_tag=role",
-                          "dataset.tiny_sharegpt.tags.assistant_tag=assistant"])
+    (cell,) = make_cells(
+        [
+            "dataset=tiny_sharegpt",
+            "dataset.tiny_sharegpt.tags.role_tag=role",
+            "dataset.tiny_sharegpt.tags.assistant_tag=assistant",
+        ]
+    )
     (problem,) = preflight([cell]).problems
     assert problem.key == "dataset.tiny_sharegpt" and problem.rule == "preflight-assistant_turns"
     assert "0 assistant turns in 40 sampled rows" in problem.message
@@ -49,16 +54,20 @@ def test_missing_local_path(make_cells, tmp_path):
 
 def test_hub_inputs_are_deferred_to_the_job_not_skipped(make_cells, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    cells = make_cells(["model=qwen3_8b", "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
-                        "mix.probs=[0.9,0.1]"], ["model=qwen3_8b", "dataset=magpie", "lr=3e-5"])
+    cells = make_cells(
+        ["model=qwen3_8b", "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under", "mix.probs=[0.9,0.1]"],
+        ["model=qwen3_8b", "dataset=magpie", "lr=3e-5"],
+    )
     result = preflight(cells)
     assert result.problems == []
     kinds = {(c.kind, c.target) for c in result.deferred[cells[0].name]}
-    assert kinds == {("template_tokens", "Qwen/Qwen3-8B"),
-                     ("assistant_turns", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"),
-                     ("assistant_turns", "laion/llama-nemotron-science-reasoning-on-le3000tok-100k-canonical-think"),
-                     ("loss_mask", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"),
-                     ("loss_mask", "laion/llama-nemotron-science-reasoning-on-le3000tok-100k-canonical-think")}
+    assert kinds == {
+        ("template_tokens", "Qwen/Qwen3-8B"),
+        ("assistant_turns", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"),
+        ("assistant_turns", "laion/llama-nemotron-science-reasoning-on-le3000tok-100k-canonical-think"),
+        ("loss_mask", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered"),
+        ("loss_mask", "laion/llama-nemotron-science-reasoning-on-le3000tok-100k-canonical-think"),
+    }
     # deduplicated: the second cell shares the tokenizer, magpie and magpie loss-mask checks
     assert result.unique_checks == 5
     # at job time the same check runs again and an input still unreadable fails the job
@@ -67,34 +76,51 @@ def test_hub_inputs_are_deferred_to_the_job_not_skipped(make_cells, tmp_path, mo
 
 
 def test_hub_inputs_found_in_the_hf_cache_are_checked_here(make_cells, tmp_path, monkeypatch, tiny_assets):
-    snap = (tmp_path / "hub" / "datasets--Magpie-Align--Magpie-Llama-3.3-Pro-500K-Filtered" / "snapshots" / "abc"
-            / "data")
+    snap = (
+        tmp_path / "hub" / "datasets--Magpie-Align--Magpie-Llama-3.3-Pro-500K-Filtered" / "snapshots" / "abc" / "data"
+    )
     snap.mkdir(parents=True)
     rows = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}]
     (snap / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    ok = run(Check("assistant_turns", "dataset.magpie", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered",
-                   column="conversations",
-                   tags=(("role_tag", "from"), ("assistant_tag", "gpt"), ("content_tag", "value"))))
+    ok = run(
+        Check(
+            "assistant_turns",
+            "dataset.magpie",
+            "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered",
+            column="conversations",
+            tags=(("role_tag", "from"), ("assistant_tag", "gpt"), ("content_tag", "value")),
+        )
+    )
     assert ok.ok
-    bad = run(Check("assistant_turns", "dataset.magpie", "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered",
-                    column="conversations",
-                    tags=(("role_tag", "role"), ("assistant_tag", "assistant"), ("content_tag", "content"))))
+    bad = run(
+        Check(
+            "assistant_turns",
+            "dataset.magpie",
+            "Magpie-Align/Magpie-Llama-3.3-Pro-500K-Filtered",
+            column="conversations",
+            tags=(("role_tag", "role"), ("assistant_tag", "assistant"), ("content_tag", "content")),
+        )
+    )
     assert not bad.ok and not bad.unreachable
 
 
-@pytest.mark.parametrize("rows, ok", [
-    ([{"m": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], True),
-    ([{"m": [{"role": "user", "content": "a"}]}], False),
-    ([], False),
-])
+@pytest.mark.parametrize(
+    "rows, ok",
+    [
+        ([{"m": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], True),
+        ([{"m": [{"role": "user", "content": "a"}]}], False),
+        ([], False),
+    ],
+)
 def test_assistant_turn_counting(rows, ok):
     assert assistant_turns(rows, "m", {"role_tag": "role", "assistant_tag": "assistant"}).ok is ok
 
 
 def test_check_round_trips_through_preflight_json():
-    check = Check("template_tokens", "model.template", "Qwen/Qwen3-8B", tokens=("<|im_start|>",),
-                  tags=(("role_tag", "role"),))
+    check = Check(
+        "template_tokens", "model.template", "Qwen/Qwen3-8B", tokens=("<|im_start|>",), tags=(("role_tag", "role"),)
+    )
     assert Check.from_json(json.loads(json.dumps(check.to_json()))) == check
 
 
@@ -109,15 +135,29 @@ def test_job_side_fetch_uses_the_backends_loaders(tiny_assets, tmp_path):
     data = tmp_path / "repo"
     data.mkdir()
     (data / "train.jsonl").write_text((tiny_assets / "data" / "tiny_sharegpt.jsonl").read_text())
-    good = Check("assistant_turns", "dataset.x", str(data), column="conversations",
-                 tags=(("role_tag", "from"), ("assistant_tag", "gpt"), ("content_tag", "value")))
+    good = Check(
+        "assistant_turns",
+        "dataset.x",
+        str(data),
+        column="conversations",
+        tags=(("role_tag", "from"), ("assistant_tag", "gpt"), ("content_tag", "value")),
+    )
     assert fetch_and_run(good, python, tmp_path / "work").ok
     assert len((tmp_path / "work" / "dataset_x.jsonl").read_text().splitlines()) == 40
-    wrong = Check("assistant_turns", "dataset.x", str(data), column="conversations",
-                  tags=(("role_tag", "role"), ("assistant_tag", "assistant"), ("content_tag", "content")))
+    wrong = Check(
+        "assistant_turns",
+        "dataset.x",
+        str(data),
+        column="conversations",
+        tags=(("role_tag", "role"), ("assistant_tag", "assistant"), ("content_tag", "content")),
+    )
     assert "0 assistant turns" in fetch_and_run(wrong, python, tmp_path / "work").message
-    chatml = Check("template_tokens", "model.template", str(tiny_assets / "models" / "tiny-llama3"),
-                   tokens=("<|im_start|>", "<|im_end|>"))
+    chatml = Check(
+        "template_tokens",
+        "model.template",
+        str(tiny_assets / "models" / "tiny-llama3"),
+        tokens=("<|im_start|>", "<|im_end|>"),
+    )
     outcome = fetch_and_run(chatml, python, tmp_path / "work")
     assert not outcome.ok and "not single tokens" in outcome.message
     missing = Check("template_tokens", "model.template", "no-such-org/no-such-model", tokens=("<|im_start|>",))

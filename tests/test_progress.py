@@ -35,11 +35,13 @@ def test_the_plan_is_told_before_any_check(hydra_loader, tmp_path, monkeypatch):
 
     seen: list[str] = []
     real = flow_module.preflight
-    monkeypatch.setattr(flow_module, "preflight", lambda cells, on_phase=None: seen.append("preflight") or
-                        real([], on_phase))
+    monkeypatch.setattr(
+        flow_module, "preflight", lambda cells, on_phase=None: seen.append("preflight") or real([], on_phase)
+    )
     composer = GridComposer(hydra_loader, "config")
-    composed, errors = composer.compose_all([["model=tiny_llama", f"seed={s}", f"runs_root={tmp_path / 'runs'}",
-                                              "dry_run=true"] for s in (1, 2, 3)])
+    composed, errors = composer.compose_all(
+        [["model=tiny_llama", f"seed={s}", f"runs_root={tmp_path / 'runs'}", "dry_run=true"] for s in (1, 2, 3)]
+    )
     recorder = Recorder()
 
     def planned(cells, counts):
@@ -59,15 +61,21 @@ def test_a_log_gets_one_line_per_step_and_a_terminal_line_is_left_alone():
     live.phase("tokenizing", 1, 2, "a: done")
     live.phase("tokenizing", 2, 2, "b: done")
     lines = stream.getvalue().splitlines()
-    assert [line.split(" (")[0] for line in lines] == ["  tokenizing: 0/2 a", "  tokenizing: 1/2 a: done",
-                                                        "  tokenizing: 2/2 b: done"]
+    assert [line.split(" (")[0] for line in lines] == [
+        "  tokenizing: 0/2 a",
+        "  tokenizing: 1/2 a: done",
+        "  tokenizing: 2/2 b: done",
+    ]
     assert all(line.endswith(" s)") for line in lines)  # the time so far
     job = LocalJob(Role.TRAIN, Path("/x/c1"), "c1", 60)
     for step, loss in ((None, None), (1, 6.9), (1, 6.9), (2, 6.8)):
         live.cells({job: CellState(State.RUNNING, progress=Progress(step, 4, loss))})
     cell_lines = stream.getvalue().splitlines()[3:]
     assert [line.split(" (")[0] for line in cell_lines] == [
-        "  training c1: no step yet starting", "  training c1: step 1/4 loss 6.9", "  training c1: step 2/4 loss 6.8"]
+        "  training c1: no step yet starting",
+        "  training c1: step 1/4 loss 6.9",
+        "  training c1: step 2/4 loss 6.8",
+    ]
 
 
 def test_a_local_cell_alone_on_its_data_tokenizes_in_its_own_job(make_cells):

@@ -24,15 +24,38 @@ def fixed_cache(monkeypatch):
 
 
 CASES = {
-    "qwen3_8b_delphi_mix": ["model=qwen3_8b", "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
-                            "mix.probs=[0.9,0.1]", "lr=2e-5", "max_steps=100", "save_total_limit=2"],
-    "tiny_llama_sharegpt": ["model=tiny_llama", "dataset=tiny_sharegpt", "global_batch_size=4", "micro_batch_size=2",
-                            "warmup_ratio=0.1", "+extra.gradient_checkpointing=false"],
+    "qwen3_8b_delphi_mix": [
+        "model=qwen3_8b",
+        "dataset=[magpie,delphi_warmup]",
+        "mix.strategy=interleave_under",
+        "mix.probs=[0.9,0.1]",
+        "lr=2e-5",
+        "max_steps=100",
+        "save_total_limit=2",
+    ],
+    "tiny_llama_sharegpt": [
+        "model=tiny_llama",
+        "dataset=tiny_sharegpt",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "warmup_ratio=0.1",
+        "+extra.gradient_checkpointing=false",
+    ],
     # axolotl: its own config, the interleaved mix's data step, the delphi jinja inline, two nodes on Leonardo-like GPUs
-    "axolotl_delphi_mix_2_nodes": ["backend=axolotl", "model=delphi", "dataset=[magpie,delphi_warmup]",
-                                   "mix.strategy=interleave_under", "mix.probs=[0.9,0.1]", "cluster=slurm_local",
-                                   "cluster.gpus_per_node=4", "cluster.precision=bf16", "nodes=2",
-                                   "cluster.launcher=accelerate", "lr=2e-5", "save_total_limit=3"],
+    "axolotl_delphi_mix_2_nodes": [
+        "backend=axolotl",
+        "model=delphi",
+        "dataset=[magpie,delphi_warmup]",
+        "mix.strategy=interleave_under",
+        "mix.probs=[0.9,0.1]",
+        "cluster=slurm_local",
+        "cluster.gpus_per_node=4",
+        "cluster.precision=bf16",
+        "nodes=2",
+        "cluster.launcher=accelerate",
+        "lr=2e-5",
+        "save_total_limit=3",
+    ],
 }
 
 
@@ -42,6 +65,7 @@ def test_golden(make_cells, fixed_cache, monkeypatch, case):
     (cell,) = make_cells(CASES[case])
     rendered = render(cell, Path("/srv/runs/grid") / cell.name, [])
     golden_dir = GOLDEN / case
+
     def portable(text: str) -> str:  # the same on any machine and in any clone
         return text.replace(str(cell.runs_root), "<runs_root>").replace(str(REPO_ROOT), "<repo>")
 
@@ -52,7 +76,8 @@ def test_golden(make_cells, fixed_cache, monkeypatch, case):
     for rel, text in rendered.files.items():
         expected = (golden_dir / rel).read_text()
         assert portable(text) == expected, (
-            f"{case}/{rel} differs from its golden copy; if the change is intended, regenerate: {REGEN}")
+            f"{case}/{rel} differs from its golden copy; if the change is intended, regenerate: {REGEN}"
+        )
 
 
 def test_the_sbatch_scripts_of_a_prep_train_post_plan_are_golden(make_cells, fixed_cache, monkeypatch):
@@ -66,12 +91,23 @@ def test_the_sbatch_scripts_of_a_prep_train_post_plan_are_golden(make_cells, fix
     from sft_grid.schedulers import slurm
 
     monkeypatch.setenv("HOME", "/home/user")
-    cells = make_cells(*[[f"model={m}", f"seed={s}", "cluster=slurm_local", "concurrency=2", "runs_root=/srv/runs"]
-                         for m in ("tiny_delphi", "tiny_llama") for s in (1, 2)])
-    plan = build([Decision(c, c.sweep_dir / c.name, CellState(State.PLANNED), Action.RUN) for c in cells], {}, None,
-                 1001)
-    assert [(j.role.value, len(j.targets)) for j in plan.slurm] == [("prep", 1), ("train", 2), ("post", 2),
-                                                                     ("train", 2), ("post", 2)]
+    cells = make_cells(
+        *[
+            [f"model={m}", f"seed={s}", "cluster=slurm_local", "concurrency=2", "runs_root=/srv/runs"]
+            for m in ("tiny_delphi", "tiny_llama")
+            for s in (1, 2)
+        ]
+    )
+    plan = build(
+        [Decision(c, c.sweep_dir / c.name, CellState(State.PLANNED), Action.RUN) for c in cells], {}, None, 1001
+    )
+    assert [(j.role.value, len(j.targets)) for j in plan.slurm] == [
+        ("prep", 1),
+        ("train", 2),
+        ("post", 2),
+        ("train", 2),
+        ("post", 2),
+    ]
     golden_dir = GOLDEN / "sbatch_prep_train_post"
     for n, job in enumerate(plan.slurm):
         script = slurm.sbatch_script(job, job.dependency.text() if job.dependency else None)
@@ -105,15 +141,24 @@ def test_launch_script_quotes_config_values_when_run(make_cells, tmp_path):
     cli.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$OUT_FILE"\nprintf "%s" "$TRICKY" >> "$OUT_FILE"\n')
     cli.chmod(0o755)
     tricky = 'a b; echo pwned $(touch /tmp/sft_grid_pwned) "q" `x` && | > <'
-    (cell,) = make_cells([f"+cluster.backend_envs.llamafactory='{env_dir}'", f"+cluster.env.TRICKY='{tricky}'",
-                          f"+cluster.env.OUT_FILE='{tmp_path}/out.txt'"])
+    (cell,) = make_cells(
+        [
+            f"+cluster.backend_envs.llamafactory='{env_dir}'",
+            f"+cluster.env.TRICKY='{tricky}'",
+            f"+cluster.env.OUT_FILE='{tmp_path}/out.txt'",
+        ]
+    )
     rendered = render(cell, tmp_path / "cell dir", [])
     write(rendered)
     proc = subprocess.run(["bash", str(rendered.dir / "launch.sh"), "max_steps=1"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     lines = (tmp_path / "out.txt").read_text().split("\n")
-    assert lines[:4] == [str(REPO_ROOT / "sft_grid" / "in_venv" / "sft_grid_lf.py"), "train",
-                         str(rendered.dir / "train_config.yaml"), "max_steps=1"]
+    assert lines[:4] == [
+        str(REPO_ROOT / "sft_grid" / "in_venv" / "sft_grid_lf.py"),
+        "train",
+        str(rendered.dir / "train_config.yaml"),
+        "max_steps=1",
+    ]
     assert lines[4] == tricky
     assert not Path("/tmp/sft_grid_pwned").exists()
 
@@ -126,8 +171,10 @@ def test_files_are_written_cell_yaml_last_and_atomically(make_cells, tmp_path):
     assert names == ["cell.yaml", "dataset_info.json", "launch.sh", "post.json", "train_config.yaml"]
     assert os.access(rendered.dir / "launch.sh", os.X_OK)
     # the resolved config; the deprecated spellings of cluster keys only where a profile sets them
-    expected = {**cell.config, "cluster": {k: v for k, v in cell.config["cluster"].items()
-                                           if v or k not in ("backend_envs", "need_envs")}}
+    expected = {
+        **cell.config,
+        "cluster": {k: v for k, v in cell.config["cluster"].items() if v or k not in ("backend_envs", "need_envs")},
+    }
     assert yaml.safe_load((rendered.dir / "cell.yaml").read_text()) == expected
     # rewriting an existing cell replaces its files in place and reports it is not new
     assert write(rendered) is False and sorted(p.name for p in rendered.dir.iterdir()) == names
@@ -162,9 +209,42 @@ def test_dump_mapping_writes_what_yaml_dump_writes():
 
     from sft_grid.grid.render import dump_mapping, dump_yaml
 
-    edge = ["yes", "No", "on", "OFF", "null", "~", "1e-5", "1.0e-5", "2e-5", "0x1F", "0o17", "017", "1_000",
-            "2026-11-30", "12:30", ".inf", ".nan", "=", "a,b", "org/model-1.5B", "path/to/x.yaml", "_x", "1",
-            "3.14", "+1", "-1", "a=b", "x@y", "Qwen/Qwen3-8B", "true", "False", "Y", "n", "a" * 300]
+    edge = [
+        "yes",
+        "No",
+        "on",
+        "OFF",
+        "null",
+        "~",
+        "1e-5",
+        "1.0e-5",
+        "2e-5",
+        "0x1F",
+        "0o17",
+        "017",
+        "1_000",
+        "2026-11-30",
+        "12:30",
+        ".inf",
+        ".nan",
+        "=",
+        "a,b",
+        "org/model-1.5B",
+        "path/to/x.yaml",
+        "_x",
+        "1",
+        "3.14",
+        "+1",
+        "-1",
+        "a=b",
+        "x@y",
+        "Qwen/Qwen3-8B",
+        "true",
+        "False",
+        "Y",
+        "n",
+        "a" * 300,
+    ]
     rng = random.Random(7)
     alphabet = "abcXYZ019_./+=@,-eE:"
     generated = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(2000)]
@@ -179,8 +259,10 @@ def test_a_gpu_site_names_bf16_and_sdpa_in_llamafactorys_config(make_cells, tmp_
     left to its `auto`); a CPU site says neither."""
     from sft_grid.grid.render import render
 
-    gpu, cpu = make_cells(["model=tiny_llama", "cluster.gpus_per_node=4", "cluster.precision=bf16",
-                           "global_batch_size=16"], ["model=tiny_llama"])
+    gpu, cpu = make_cells(
+        ["model=tiny_llama", "cluster.gpus_per_node=4", "cluster.precision=bf16", "global_batch_size=16"],
+        ["model=tiny_llama"],
+    )
     on_gpu = yaml.safe_load(render(gpu, tmp_path / "g", []).files["train_config.yaml"])
     on_cpu = yaml.safe_load(render(cpu, tmp_path / "c", []).files["train_config.yaml"])
     assert (on_gpu["bf16"], on_gpu["flash_attn"]) == (True, "sdpa")

@@ -28,11 +28,16 @@ PER_TOKEN, PER_FLOP, STARTUP = 2e-3, 2e-9, 20  # the "machine" the fixture's cel
 
 
 def law(params: float, e: float) -> float:
-    return e + A * params ** -ALPHA
+    return e + A * params**-ALPHA
 
 
-def make_grid(make_cells: Any, sweep: str, states: dict[tuple[str, str], str] | None = None,
-              models: tuple[str, ...] = tuple(SIZES), datasets: tuple[str, ...] = tuple(RECIPES)) -> list[Path]:
+def make_grid(
+    make_cells: Any,
+    sweep: str,
+    states: dict[tuple[str, str], str] | None = None,
+    models: tuple[str, ...] = tuple(SIZES),
+    datasets: tuple[str, ...] = tuple(RECIPES),
+) -> list[Path]:
     """Cells of model x dataset whose final losses follow the law, whose times follow the machine, with an
     accuracy that rises with size; `states` makes some of them running, failed or planned (never run)."""
     cells = make_cells(*[[f"model={m}", f"dataset={d}", f"sweep_name={sweep}"] for m in models for d in datasets])
@@ -47,17 +52,30 @@ def make_grid(make_cells: Any, sweep: str, states: dict[tuple[str, str], str] | 
         train = round(PER_TOKEN * tokens + PER_FLOP * est["flops"])  # whole seconds, as the ledger has them
         losses = gf.curve(20, law(params, e))
         steps = {"completed": 20, "running": 12, "failed": 5}[state]
-        gf.run(d, state, losses[:steps], 20, start=gf.T0 + 1000 * i, seconds=train + STARTUP, train_runtime=train,
-               cpu_seconds=train + STARTUP)
+        gf.run(
+            d,
+            state,
+            losses[:steps],
+            20,
+            start=gf.T0 + 1000 * i,
+            seconds=train + STARTUP,
+            train_runtime=train,
+            cpu_seconds=train + STARTUP,
+        )
         if state == "completed":
             gf.score(d, "tiny_mc", {"acc": 0.95 - law(params, e - 0.9) / 4, "acc_stderr": 0.01})  # rises with size
     return dirs
 
 
 def report(runs_root: Path, sweep: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sft_grid.report", sweep, "--runs-root", str(runs_root),
-                           "--resamples", "60"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "sft_grid.report", sweep, "--runs-root", str(runs_root), "--resamples", "60"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
 
 
 def test_report_of_a_grid_over_size_and_data(make_cells, tmp_path: Path) -> None:
@@ -97,8 +115,11 @@ def test_report_of_a_grid_over_size_and_data(make_cells, tmp_path: Path) -> None
 
 
 def test_a_partial_grid_shows_each_cell_as_it_is(make_cells, tmp_path: Path) -> None:
-    states = {("tiny_llama_l", "tiny_messages"): "running", ("tiny_llama_m", "tiny_sharegpt"): "failed",
-              ("tiny_llama_l", "tiny_sharegpt"): "planned"}
+    states = {
+        ("tiny_llama_l", "tiny_messages"): "running",
+        ("tiny_llama_m", "tiny_sharegpt"): "failed",
+        ("tiny_llama_l", "tiny_sharegpt"): "planned",
+    }
     make_grid(make_cells, "part", states)
     data = build(tmp_path / "runs" / "part", resamples=20)
     assert data["grid"]["counts"] == {"completed": 3, "running": 1, "failed": 1, "planned": 1}
@@ -131,8 +152,11 @@ def test_a_grid_over_one_axis_gets_the_plots_that_make_sense(make_cells, tmp_pat
     page = render(one)
     assert one["axes"] == ["lr"] and 'id="scaling"' not in page and "vs parameters" not in page
     assert own(page).count("<figure") == 1
-    assert [t["name"] for t in titled(page)["loss vs step"]["data"] if t["x"] == [None]] == ["lr=1e-5", "lr=2e-5",
-                                                                                               "lr=5e-5"]
+    assert [t["name"] for t in titled(page)["loss vs step"]["data"] if t["x"] == [None]] == [
+        "lr=1e-5",
+        "lr=2e-5",
+        "lr=5e-5",
+    ]
     assert all(not f["ok"] for f in one["fits"])
 
 
@@ -140,6 +164,10 @@ def test_bad_input_writes_nothing(tmp_path: Path) -> None:
     proc = report(tmp_path, "nope")
     assert proc.returncode == 1 and "no cells under" in proc.stderr and "Nothing was written" in proc.stderr
     assert not (tmp_path / "nope").exists()
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.report", "x", "--resamples", "-1"], capture_output=True,
-                          text=True, cwd=REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.report", "x", "--resamples", "-1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     assert proc.returncode == 2 and "--resamples" in proc.stderr and "must be >= 0" in proc.stderr

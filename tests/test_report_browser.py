@@ -64,14 +64,18 @@ def test_synthetic_report_sorts_and_draws(tmp_path: Path) -> None:
         browser.call("Page.reload", {}, s)
         browser.wait_event("Page.loadEventFired", s, since=mark)
         numeric = sorted(all_names, key=lambda n: est[n])
-        natural = sorted(all_names, key=lambda n: [int(t) if t.isdigit() else t
-                                                   for t in re.split(r"(\d+)", repr(est[n]))])
+        natural = sorted(
+            all_names, key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", repr(est[n]))]
+        )
         assert numeric not in (all_names, natural)
         click(browser, s, "est. GPU-h")
         assert names(browser, s) == numeric
-        assert browser.evaluate(s, "[...document.querySelectorAll('#cells th')].filter(h => "
-                                   "h.getAttribute('aria-sort')).map(h => h.textContent + ':' + "
-                                   "h.getAttribute('aria-sort'))") == ["est. GPU-h:ascending"]
+        assert browser.evaluate(
+            s,
+            "[...document.querySelectorAll('#cells th')].filter(h => "
+            "h.getAttribute('aria-sort')).map(h => h.textContent + ':' + "
+            "h.getAttribute('aria-sort'))",
+        ) == ["est. GPU-h:ascending"]
         click(browser, s, "cell")
         assert names(browser, s) == sorted(all_names)
         assert_clean(browser, report)
@@ -86,8 +90,11 @@ def figure_of(browser: object, s: str, title: str) -> str:
 
 
 def trace_of(browser: object, s: str, figure: str, name: str, mode: str) -> int:
-    return browser.evaluate(s, f"document.getElementById('{figure}')._fullData.findIndex(t => "  # type: ignore[attr-defined]
-                               f"t.name === {json.dumps(name)} && t.mode === '{mode}')")
+    return browser.evaluate(  # type: ignore[attr-defined]
+        s,
+        f"document.getElementById('{figure}')._fullData.findIndex(t => "
+        f"t.name === {json.dumps(name)} && t.mode === '{mode}')",
+    )
 
 
 def test_the_plots_answer_the_mouse(tmp_path: Path) -> None:
@@ -116,13 +123,21 @@ def test_the_plots_answer_the_mouse(tmp_path: Path) -> None:
         loss = {s: v for s, _, v in cells["delphi-3e19-base__magpie"]["curve"]}[int(shown[1])]
         assert shown[2] == f"{loss:.4g}", (label, loss)
         # the scaling plots' x axes are logarithmic, the curves' linear
-        types = browser.evaluate(s, "Object.fromEntries([...document.querySelectorAll('div.plot')].map(d => "
-                                    "[d.getAttribute('aria-label'), d._fullLayout.xaxis.type]))")
-        assert types == {"loss vs step": "linear", "loss vs tokens seen": "linear",
-                         "final loss vs parameters": "log", "final loss vs compute budget (FLOPs)": "log",
-                         "gsm8k/exact_match vs parameters": "log", "ifeval/prompt_strict vs parameters": "log",
-                         "gsm8k/exact_match vs compute budget (FLOPs)": "log",
-                         "ifeval/prompt_strict vs compute budget (FLOPs)": "log"}
+        types = browser.evaluate(
+            s,
+            "Object.fromEntries([...document.querySelectorAll('div.plot')].map(d => "
+            "[d.getAttribute('aria-label'), d._fullLayout.xaxis.type]))",
+        )
+        assert types == {
+            "loss vs step": "linear",
+            "loss vs tokens seen": "linear",
+            "final loss vs parameters": "log",
+            "final loss vs compute budget (FLOPs)": "log",
+            "gsm8k/exact_match vs parameters": "log",
+            "ifeval/prompt_strict vs parameters": "log",
+            "gsm8k/exact_match vs compute budget (FLOPs)": "log",
+            "ifeval/prompt_strict vs compute budget (FLOPs)": "log",
+        }
         # a click on a legend entry hides its series: the recipe's points, its fit and its band, off the screen too
         before = plot_pixels(browser, s)
         key = next(k for k in before if k.endswith(": final loss vs parameters"))
@@ -133,12 +148,14 @@ def test_the_plots_answer_the_mouse(tmp_path: Path) -> None:
         assert set(legend_click(browser, s, curves, "998M")) == {"legendonly"}
         # each figure's modebar downloads it as SVG, and the export is the figure: its title, its points (5 completed
         # cells, a running one, a failed and a planned one on the x axis)
-        buttons = browser.evaluate(s, "[...document.querySelectorAll('div.plot')].map(d => [d._context"
-                                      ".toImageButtonOptions.format, !!d.querySelector('.modebar-btn[data-title="
-                                      "\"Download plot\"]')])")
+        buttons = browser.evaluate(
+            s,
+            "[...document.querySelectorAll('div.plot')].map(d => [d._context"
+            ".toImageButtonOptions.format, !!d.querySelector('.modebar-btn[data-title="
+            '"Download plot"]\')])',
+        )
         assert buttons == [["svg", True]] * len(buttons) and len(buttons) == 10
-        svg = browser.evaluate(s, f"Plotly.toImage(document.getElementById('{scaling}'), {{format: 'svg'}})",
-                               wait=True)
+        svg = browser.evaluate(s, f"Plotly.toImage(document.getElementById('{scaling}'), {{format: 'svg'}})", wait=True)
         assert svg.startswith("data:image/svg+xml,")
         text = urllib.parse.unquote(svg.split(",", 1)[1])
         points = sum(g.count("<path") for g in re.findall(r'<g class="points">(.*?)</g>', text))
@@ -156,8 +173,13 @@ def test_the_plots_answer_the_mouse(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("shape", ["complete", "partial", "one_axis"])
 def test_grid_reports_in_chromium(make_cells, tmp_path: Path, shape: str) -> None:
-    states = {"partial": {("tiny_llama_l", "tiny_messages"): "running", ("tiny_llama_m", "tiny_sharegpt"): "failed",
-                          ("tiny_llama_l", "tiny_sharegpt"): "planned"}}.get(shape)
+    states = {
+        "partial": {
+            ("tiny_llama_l", "tiny_messages"): "running",
+            ("tiny_llama_m", "tiny_sharegpt"): "failed",
+            ("tiny_llama_l", "tiny_sharegpt"): "planned",
+        }
+    }.get(shape)
     datasets = ("tiny_messages",) if shape == "one_axis" else ("tiny_messages", "tiny_sharegpt")
     make_grid(make_cells, shape, states, datasets=datasets)
     page, data_file = write(tmp_path / "runs" / shape, resamples=50)
@@ -169,14 +191,19 @@ def test_grid_reports_in_chromium(make_cells, tmp_path: Path, shape: str) -> Non
         assert len(pixels) == 2 * panels + scaling, pixels
         assert min(pixels.values()) >= DRAWN, pixels
         assert sorted(names(browser, s)) == sorted(c["name"] for c in data["cells"])
-        states_shown = browser.evaluate(s, "[...document.querySelectorAll('#cells tbody tr')]"
-                                           ".map(r => r.dataset.state)")
+        states_shown = browser.evaluate(
+            s, "[...document.querySelectorAll('#cells tbody tr')].map(r => r.dataset.state)"
+        )
         assert sorted(states_shown) == sorted(c["state"] for c in data["cells"])
         click(browser, s, "GPU-h")
-        used = [c["gpu_hours"] for c in sorted(data["cells"],
-                                               key=lambda c: (c["gpu_hours"] is None, c["gpu_hours"] or 0))]
-        shown = browser.evaluate(s, "[...document.querySelectorAll('#cells tbody tr')].map(r => r.cells[[...document"
-                                    ".querySelectorAll('#cells th')].findIndex(h => h.textContent === 'GPU-h')]"
-                                    ".getAttribute('data-v'))")
+        used = [
+            c["gpu_hours"] for c in sorted(data["cells"], key=lambda c: (c["gpu_hours"] is None, c["gpu_hours"] or 0))
+        ]
+        shown = browser.evaluate(
+            s,
+            "[...document.querySelectorAll('#cells tbody tr')].map(r => r.cells[[...document"
+            ".querySelectorAll('#cells th')].findIndex(h => h.textContent === 'GPU-h')]"
+            ".getAttribute('data-v'))",
+        )
         assert [float(v) if v else None for v in shown] == pytest.approx(used)
         assert_clean(browser, page)

@@ -16,8 +16,11 @@ from sft_grid.analysis.scaling import report_fits
 from tests.report_synthetic import grid
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
-PARTIAL = {"delphi-2e19-base__magpie": "running", "delphi-3e18-base__wildchat_386k": "failed",
-           "delphi-9e18-base__magpie": "planned"}
+PARTIAL = {
+    "delphi-2e19-base__magpie": "running",
+    "delphi-3e18-base__wildchat_386k": "failed",
+    "delphi-9e18-base__magpie": "planned",
+}
 
 
 class Page(HTMLParser):
@@ -106,12 +109,32 @@ def drawn_fits(data: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for recipe in sorted({c["recipe"] for c in data["cells"]}):
         e = RECIPES[recipe]
-        mid = [e + COEF * x ** -ALPHA for x in n]
-        out.append({"metric": "final_loss", "x": "params", "recipe": recipe, "ok": True, "reason": "", "E": e,
-                    "A": COEF, "alpha": ALPHA, "loss": "huber", "delta": 1e-3, "objective": 0.0, "converged": True,
-                    "at_bounds": [], "keys": [c["key"] for c in data["cells"] if c["recipe"] == recipe],
-                    "band": {"n": n, "lo": [m - 0.01 for m in mid], "hi": [m + 0.01 for m in mid], "level": 0.9,
-                             "resamples": 300}})
+        mid = [e + COEF * x**-ALPHA for x in n]
+        out.append(
+            {
+                "metric": "final_loss",
+                "x": "params",
+                "recipe": recipe,
+                "ok": True,
+                "reason": "",
+                "E": e,
+                "A": COEF,
+                "alpha": ALPHA,
+                "loss": "huber",
+                "delta": 1e-3,
+                "objective": 0.0,
+                "converged": True,
+                "at_bounds": [],
+                "keys": [c["key"] for c in data["cells"] if c["recipe"] == recipe],
+                "band": {
+                    "n": n,
+                    "lo": [m - 0.01 for m in mid],
+                    "hi": [m + 0.01 for m in mid],
+                    "level": 0.9,
+                    "resamples": 300,
+                },
+            }
+        )
     return out
 
 
@@ -179,8 +202,9 @@ def test_the_figures_offer_what_plots_are_expected_to() -> None:
             assert fig["layout"]["xaxis"]["type"] == "linear"
             # a legend entry per model size, which toggles its cells' lines (their legend group)
             entries = [t for t in fig["data"] if t["x"] == [None]]
-            assert [t["name"] for t in entries] == sorted({t["name"] for t in entries}, key=lambda n: float(
-                n[:-1]) * {"M": 1e6, "B": 1e9}[n[-1]])
+            assert [t["name"] for t in entries] == sorted(
+                {t["name"] for t in entries}, key=lambda n: float(n[:-1]) * {"M": 1e6, "B": 1e9}[n[-1]]
+            )
             assert {t["legendgroup"] for t in shown} == {t["legendgroup"] for t in entries}
             assert all(t["showlegend"] is False for t in shown)
         else:
@@ -270,8 +294,12 @@ def test_a_grid_over_model_size_alone_gets_one_panel_and_its_scaling_plots() -> 
     data["axes"] = ["model"]
     page = render(data)
     assert page.count('class="panel"') == 1
-    assert list(titled(page)) == ["loss vs step", "loss vs tokens seen", "final loss vs parameters",
-                                  "final loss vs compute budget (FLOPs)"]  # no score, no score plot
+    assert list(titled(page)) == [
+        "loss vs step",
+        "loss vs tokens seen",
+        "final loss vs parameters",
+        "final loss vs compute budget (FLOPs)",
+    ]  # no score, no score plot
 
 
 def test_no_compute_plot_without_compute_budgets() -> None:
@@ -350,7 +378,7 @@ def test_no_cells_and_no_curves_render_without_empty_panels() -> None:
     planned = dict.fromkeys(("delphi-3e18-base__magpie", "delphi-9e18-base__magpie"), "planned")
     data = grid(sizes=2, mixes=1, recipes=1, steps=10, states=planned, scores=False)
     page = render(data)
-    assert "No logged steps yet." in page and "<figure" not in page and "<div class=\"plot\"" not in page
+    assert "No logged steps yet." in page and "<figure" not in page and '<div class="plot"' not in page
     assert "Plotly" not in page and len(page) < 20_000  # no figure: no plotly.js either
     assert "2 planned" in page
 

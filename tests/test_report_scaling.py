@@ -60,7 +60,7 @@ def test_huber_shrugs_off_outliers_that_pull_least_squares_away() -> None:
 
 def objective(n: np.ndarray, obs: np.ndarray, e: float, a: float, alpha: float, loss: str) -> float:
     """The fit's objective, written out here in the caller's units: 0.5 r^2 of L, or Huber of log L."""
-    pred = e + a * n ** -alpha
+    pred = e + a * n**-alpha
     if loss == "least_squares":
         return float(np.sum(0.5 * (pred - obs) ** 2))
     r = np.abs(np.log(pred) - np.log(obs))
@@ -119,15 +119,23 @@ def test_the_band_is_that_of_each_resample_refitted_by_least_squares() -> None:
     f = fit(points(n, obs), resamples=200, band_points=24, seed=3)
     assert f.band is not None
     n0 = float(np.exp(np.mean(np.log(n))))
-    start = [f.E, f.A * n0 ** -f.alpha, f.alpha]
+    start = [f.E, f.A * n0**-f.alpha, f.alpha]
     curves = []
     for idx in resample_indices(len(n), 200, 3):
         x, y = n[idx] / n0, np.log(obs[idx])
         if len(set(x.tolist())) < 3:
             continue
-        res = least_squares(lambda t, x=x, y=y: np.log(t[0] + t[1] * x ** -t[2]) - y, start, loss="huber",
-                            f_scale=HUBER_DELTA, bounds=([0, 0, 0.01], [np.inf, np.inf, 2.0]), x_scale="jac",
-                            xtol=1e-12, ftol=1e-12, gtol=1e-12)
+        res = least_squares(
+            lambda t, x=x, y=y: np.log(t[0] + t[1] * x ** -t[2]) - y,
+            start,
+            loss="huber",
+            f_scale=HUBER_DELTA,
+            bounds=([0, 0, 0.01], [np.inf, np.inf, 2.0]),
+            x_scale="jac",
+            xtol=1e-12,
+            ftol=1e-12,
+            gtol=1e-12,
+        )
         curves.append(res.x[0] + res.x[1] * (np.array(f.band.n) / n0) ** -res.x[2])
     assert f.band.resamples == len(curves)
     lo, hi = np.quantile(np.array(curves), [0.05, 0.95], axis=0)
@@ -165,21 +173,27 @@ def test_bounds_hold_when_loss_rises_with_size() -> None:
 
 def test_an_exponent_beyond_its_bound_stops_on_it_and_says_so() -> None:
     n = np.geomspace(1e8, 1e9, 8)
-    f = fit(points(n, 1.0 + 1e16 * n ** -2.6), resamples=0)  # alpha 2.6, past the default bound of 2.0
+    f = fit(points(n, 1.0 + 1e16 * n**-2.6), resamples=0)  # alpha 2.6, past the default bound of 2.0
     assert f.ok and f.alpha == pytest.approx(2.0) and f.at_bounds == ("alpha",)
-    g = fit(points(n, 1.0 + 1e16 * n ** -2.6), alpha_bounds=(0.01, 3.0), resamples=0)
+    g = fit(points(n, 1.0 + 1e16 * n**-2.6), alpha_bounds=(0.01, 3.0), resamples=0)
     assert g.alpha == pytest.approx(2.6, rel=1e-6) and g.at_bounds == ()
 
 
 def test_a_degenerate_recipe_is_reported_not_fitted() -> None:
     n = np.geomspace(1e8, 1e10, 5)
-    cells = [{"key": f"ok{i}", "state": "completed", "recipe": "good", "params": float(x),
-              "final_loss": float(truth(x))} for i, x in enumerate(n)]
+    cells = [
+        {"key": f"ok{i}", "state": "completed", "recipe": "good", "params": float(x), "final_loss": float(truth(x))}
+        for i, x in enumerate(n)
+    ]
     # one recipe trained at two sizes only (three cells), another whose cells all failed or carry no loss
-    cells += [{"key": f"two{i}", "state": "completed", "recipe": "two", "params": x, "final_loss": 2.0 + i / 10}
-              for i, x in enumerate((1e8, 1e9, 1e9))]
-    cells += [{"key": "nan", "state": "completed", "recipe": "bad", "params": 1e9, "final_loss": float("nan")},
-              {"key": "zero", "state": "completed", "recipe": "bad", "params": 2e9, "final_loss": 0.0}]
+    cells += [
+        {"key": f"two{i}", "state": "completed", "recipe": "two", "params": x, "final_loss": 2.0 + i / 10}
+        for i, x in enumerate((1e8, 1e9, 1e9))
+    ]
+    cells += [
+        {"key": "nan", "state": "completed", "recipe": "bad", "params": 1e9, "final_loss": float("nan")},
+        {"key": "zero", "state": "completed", "recipe": "bad", "params": 2e9, "final_loss": 0.0},
+    ]
     fits = {f["recipe"]: f for f in report_fits({"cells": cells}, xs=("params",), resamples=20)}
     assert set(fits) == {"good", "two"}  # "bad" has no usable point: nothing to say a curve of
     assert fits["good"]["ok"] and fits["good"]["band"]["resamples"] > 0
@@ -194,14 +208,25 @@ def test_report_fits_one_per_recipe_from_completed_cells_only() -> None:
     cells = []
     for recipe, shift in (("magpie", 0.0), ("wildchat", 0.2)):
         for i, x in enumerate(n):
-            cells.append({"key": f"{recipe}-{i}", "name": f"{recipe}-{i}", "state": "completed", "recipe": recipe,
-                          "params": float(x), "compute_budget": None, "final_loss": float(truth(x)) + shift,
-                          "scores": {"gsm8k/err": {"value": 0.5, "stderr": 0.01}}})
+            cells.append(
+                {
+                    "key": f"{recipe}-{i}",
+                    "name": f"{recipe}-{i}",
+                    "state": "completed",
+                    "recipe": recipe,
+                    "params": float(x),
+                    "compute_budget": None,
+                    "final_loss": float(truth(x)) + shift,
+                    "scores": {"gsm8k/err": {"value": 0.5, "stderr": 0.01}},
+                }
+            )
     cells.append({"key": "magpie-run", "state": "running", "recipe": "magpie", "params": 5e9, "final_loss": 9.0})
     cells.append({"key": "wildchat-fail", "state": "failed", "recipe": "wildchat", "params": 5e9})
     fits = report_fits({"cells": cells}, metrics=["final_loss"], resamples=50)
     assert [(f["metric"], f["x"], f["recipe"]) for f in fits] == [
-        ("final_loss", "params", "magpie"), ("final_loss", "params", "wildchat")]
+        ("final_loss", "params", "magpie"),
+        ("final_loss", "params", "wildchat"),
+    ]
     magpie, wildchat = fits
     assert magpie["ok"] and magpie["E"] == pytest.approx(E, rel=1e-4)
     assert wildchat["E"] == pytest.approx(E + 0.2, rel=1e-4)
@@ -211,10 +236,18 @@ def test_report_fits_one_per_recipe_from_completed_cells_only() -> None:
 
 def test_accuracy_like_scores_are_fitted_as_their_error_and_losses_as_they_are() -> None:
     n = np.geomspace(1e8, 1e10, 6)
-    err = 0.2 + 40.0 * n ** -0.25  # 1 - accuracy falls towards 0.2: accuracy rises towards 0.8
-    cells = [{"key": f"c{i}", "state": "completed", "recipe": "r", "params": float(x), "final_loss": float(truth(x)),
-              "scores": {"mc/acc": {"value": float(1 - e)}, "ppl/bits_per_byte": {"value": float(truth(x)) / 10}}}
-             for i, (x, e) in enumerate(zip(n, err, strict=True))]
+    err = 0.2 + 40.0 * n**-0.25  # 1 - accuracy falls towards 0.2: accuracy rises towards 0.8
+    cells = [
+        {
+            "key": f"c{i}",
+            "state": "completed",
+            "recipe": "r",
+            "params": float(x),
+            "final_loss": float(truth(x)),
+            "scores": {"mc/acc": {"value": float(1 - e)}, "ppl/bits_per_byte": {"value": float(truth(x)) / 10}},
+        }
+        for i, (x, e) in enumerate(zip(n, err, strict=True))
+    ]
     fits = {f["metric"]: f for f in report_fits({"cells": cells}, xs=("params",), resamples=0)}
     assert set(fits) == {"final_loss", "mc/acc", "ppl/bits_per_byte"}
     acc = fits["mc/acc"]

@@ -22,8 +22,11 @@ from .conftest import run_sft
 
 pytestmark = pytest.mark.backend
 
-MODELS = {"tiny_llama": "models/tiny-llama3", "tiny_llama_m": "sizes/tiny-llama3-m",
-          "tiny_llama_l": "sizes/tiny-llama3-l"}
+MODELS = {
+    "tiny_llama": "models/tiny-llama3",
+    "tiny_llama_m": "sizes/tiny-llama3-m",
+    "tiny_llama_l": "sizes/tiny-llama3-l",
+}
 COMMON = ["epochs=2", "global_batch_size=4", "micro_batch_size=2", "sweep_name=tiny_scaling"]
 TOLERANCE = 0.25
 
@@ -45,7 +48,7 @@ def check_page(page: Path, profile: Path, data: dict, plots: int) -> None:
         click(browser, s, "final loss")
         losses = {c["name"]: c["final_loss"] for c in data["cells"]}
         done = sorted((n for n in shown if losses[n] is not None), key=lambda n: losses[n])
-        assert names(browser, s)[:len(done)] == done
+        assert names(browser, s)[: len(done)] == done
         assert not errors(browser), errors(browser)
         assert all(u == page.as_uri() or u.startswith("data:") for u in requests(browser)), requests(browser)
 
@@ -89,8 +92,10 @@ def test_report_of_a_tiny_grid_trained_here(tmp_path: Path, tiny_assets: Path) -
         m = measured(cell)
         assert m is not None and m.train_seconds
         ratio = est["wall_seconds"] / m.seconds
-        lines.append(f"{cell.name}: {est['throughput']['source']} estimate {est['wall_seconds']:.1f} s, took"
-                     f" {m.seconds:.1f} s of CPU (training loop {m.train_seconds:.1f} s wall): {ratio - 1:+.0%}")
+        lines.append(
+            f"{cell.name}: {est['throughput']['source']} estimate {est['wall_seconds']:.1f} s, took"
+            f" {m.seconds:.1f} s of CPU (training loop {m.train_seconds:.1f} s wall): {ratio - 1:+.0%}"
+        )
         if "tiny_sharegpt" in cell.name:
             assert est["throughput"]["source"] == "calibration"
             assert "CPU time of 3 completed cell(s) of 3 size(s) on local" in est["throughput"]["detail"]
@@ -99,5 +104,7 @@ def test_report_of_a_tiny_grid_trained_here(tmp_path: Path, tiny_assets: Path) -
             assert est["throughput"]["source"] == "default"
     print("\n".join(lines))
     summary = data["estimates"]["summary"]
-    print(f"median |error|: at launch {summary['median_abs_error_at_launch']:.1%},"
-          f" leave-one-out now {summary['median_abs_error_now']:.1%}")
+    print(
+        f"median |error|: at launch {summary['median_abs_error_at_launch']:.1%},"
+        f" leave-one-out now {summary['median_abs_error_now']:.1%}"
+    )

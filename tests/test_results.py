@@ -25,8 +25,14 @@ MODELS = ("tiny_llama", "tiny_llama_m", "tiny_llama_l")
 
 
 def results(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sft_grid.results", *args], capture_output=True, text=True,
-                          cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sft_grid.results", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -104,17 +110,20 @@ def test_final_loss_is_the_mean_over_the_last_tenth_of_the_steps(partial_grid: P
 
 
 def test_it_reads_files_only_and_answers_fast(partial_grid: Path) -> None:
-    code = ("import sys; from sft_grid.analysis.table import read_table; from pathlib import Path;"
-            f" t = read_table(Path({str(partial_grid / 'g')!r}));"
-            " print(len(t.rows), sorted(m for m in ('numpy', 'scipy', 'torch', 'lm_eval', 'transformers')"
-            " if m in sys.modules))")
+    code = (
+        "import sys; from sft_grid.analysis.table import read_table; from pathlib import Path;"
+        f" t = read_table(Path({str(partial_grid / 'g')!r}));"
+        " print(len(t.rows), sorted(m for m in ('numpy', 'scipy', 'torch', 'lm_eval', 'transformers')"
+        " if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
     assert out.stdout.split() == ["4", "[]"]
 
 
 def test_score_files_in_each_form_and_the_latest_per_task(tmp_path: Path) -> None:
     assert parse_metrics({"acc,none": 0.5, "acc_stderr,none": 0.1, "alias": "x"}) == parse_metrics(
-        {"acc": 0.5, "acc_stderr": 0.1})
+        {"acc": 0.5, "acc_stderr": 0.1}
+    )
     assert parse_metrics({"em": {"value": 0.2, "stderr": None}})["em"].value == 0.2
     assert parse_metrics({"acc": "N/A"})["acc"].value is None
     cell = tmp_path / "c"
@@ -137,15 +146,24 @@ def test_the_cells_config_is_read_as_yaml_reads_it(make_cells: Any, tmp_path: Pa
     yaml.safe_load says, whatever style the file is written in (block as grid/render.py writes it, or flow)."""
     import yaml
 
-    cells = make_cells(["model=qwen3_8b", "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under",
-                        "mix.probs=[0.9,0.1]", "+extra.neat_packing=true", "sweep_name=y"],
-                       ["model=tiny_delphi", "nodes=2", "sweep_name=y"])
+    cells = make_cells(
+        [
+            "model=qwen3_8b",
+            "dataset=[tiny_messages,tiny_sharegpt]",
+            "mix.strategy=interleave_under",
+            "mix.probs=[0.9,0.1]",
+            "+extra.neat_packing=true",
+            "sweep_name=y",
+        ],
+        ["model=tiny_delphi", "nodes=2", "sweep_name=y"],
+    )
     dirs = gf.render_cells(cells)
     # the second cell's file rewritten in flow style, its header (the rerun command) kept: the same config
     header = [line for line in (dirs[1] / "cell.yaml").read_text().splitlines() if line.startswith("#")]
     config = yaml.safe_load((dirs[1] / "cell.yaml").read_text())
-    (dirs[1] / "cell.yaml").write_text("\n".join(header) + "\n" + yaml.safe_dump(config, default_flow_style=True,
-                                                                                 width=10_000))
+    (dirs[1] / "cell.yaml").write_text(
+        "\n".join(header) + "\n" + yaml.safe_dump(config, default_flow_style=True, width=10_000)
+    )
     assert "\nmodel:" not in (dirs[1] / "cell.yaml").read_text()  # one line: nothing to read line by line
     table = read_table(tmp_path / "runs" / "y")
     for row, d in zip(table.rows, dirs, strict=True):

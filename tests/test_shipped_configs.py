@@ -37,8 +37,11 @@ def test_every_option_composes_and_validates(hydra_loader, monkeypatch, group, o
     assert validate([cell]) == []
 
 
-@pytest.mark.parametrize("path", sorted(CONF_DIR.rglob("*.yaml")) + sorted((REPO_ROOT / "sweeps").glob("*.yaml")),
-                         ids=lambda p: str(p.relative_to(REPO_ROOT)))
+@pytest.mark.parametrize(
+    "path",
+    sorted(CONF_DIR.rglob("*.yaml")) + sorted((REPO_ROOT / "sweeps").glob("*.yaml")),
+    ids=lambda p: str(p.relative_to(REPO_ROOT)),
+)
 def test_every_yaml_opens_with_what_it_is_and_how_to_run_it(path):
     text = path.read_text()
     assert text.startswith("#"), f"{path} must open with a comment"

@@ -26,8 +26,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.backend]
 
 TINY = ["model=tiny_llama", "global_batch_size=4", "micro_batch_size=2", "cluster=slurm_local"]
 # long enough to be caught mid-training (~20 s of steps on this machine), checkpointing every 20 steps
-SLOW = ["model=tiny_llama", "max_steps=300", "save_steps=20", "global_batch_size=16", "micro_batch_size=1",
-        "cluster=slurm_local"]
+SLOW = [
+    "model=tiny_llama",
+    "max_steps=300",
+    "save_steps=20",
+    "global_batch_size=16",
+    "micro_batch_size=1",
+    "cluster=slurm_local",
+]
 
 
 def cell_dirs(root: Path, sweep: str = "default") -> list[Path]:
@@ -73,8 +79,9 @@ def events(cell: Path) -> list[dict]:
     return [e for e in ledger_of(cell) if e["event"] not in ("stage", "post_job")]
 
 
-def test_grid_is_one_throttled_array_then_skipped_and_status_asks_sacct_once(tmp_path, tiny_assets, cleanup_jobs,
-                                                                            monkeypatch):
+def test_grid_is_one_throttled_array_then_skipped_and_status_asks_sacct_once(
+    tmp_path, tiny_assets, cleanup_jobs, monkeypatch
+):
     cleanup_jobs.append(tmp_path)
     queued = run_sft("-m", *TINY, "max_steps=2", "seed=1,2,3", "concurrency=2", f"runs_root={tmp_path}", check=True)
     assert "queued 3 cell(s) as sft_grid-" in queued.stdout and "at most 2 at once" in queued.stdout
@@ -84,8 +91,11 @@ def test_grid_is_one_throttled_array_then_skipped_and_status_asks_sacct_once(tmp
     assert len(arrays) == 1  # one sbatch for the grid
     # the training array's script: it waits for the grid's tokenize-once job (afterany), and the post-training
     # array waits for it task by task (aftercorr)
-    (script,) = [t for t in (p.read_text() for p in (tmp_path / "default" / ".submitit").rglob("*_submission.sh"))
-                 if "aftercorr" not in t]
+    (script,) = [
+        t
+        for t in (p.read_text() for p in (tmp_path / "default" / ".submitit").rglob("*_submission.sh"))
+        if "aftercorr" not in t
+    ]
     assert "#SBATCH --array=0-2%2" in script and "#SBATCH --requeue" in script
     assert "--dependency=afterany:" in script
     for cell in cell_dirs(tmp_path):
@@ -105,8 +115,11 @@ def test_grid_is_one_throttled_array_then_skipped_and_status_asks_sacct_once(tmp
     table = rows(cell_dirs(tmp_path))
     assert [c[0] for c in calls] == ["sacct", "squeue"]
     assert len(table) == 3 and all(r[1] == "completed" and r[2] for r in table)
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert "3 cell(s): 3 completed" in proc.stdout
 
 
@@ -114,13 +127,16 @@ def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
     cleanup_jobs.append(tmp_path)
     run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
     wait_until(tmp_path, {"running"}, deadline_s=60)
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.cancel", "default", "--runs-root", str(tmp_path)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.cancel", "default", "--runs-root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "1 cell(s) cancelled" in proc.stdout
     (cell,) = cell_dirs(tmp_path)
     job_id = states(tmp_path)[cell.name].job_id
-    wait_for(lambda: any(j.job_id == job_id and j.state == "CANCELLED" for j in slurm.query([job_id])), 30,
-             "CANCELLED")
+    wait_for(lambda: any(j.job_id == job_id and j.state == "CANCELLED" for j in slurm.query([job_id])), 30, "CANCELLED")
     st = states(tmp_path)[cell.name]
     assert st.state is State.CANCELLED
     skipped = run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
@@ -140,8 +156,9 @@ def _assert_resumed(cell: Path, total: int = 300) -> None:
     step = int(resumed[-1]["checkpoint"].split("-")[1])
     # the trainer itself says where it picked up: the checkpoint's step, not step 0
     train_log = (cell / "logs" / "train.log").read_text()
-    assert re.search(rf"Resuming training from checkpoint with epoch \d+ and global step {step}\b", train_log), \
+    assert re.search(rf"Resuming training from checkpoint with epoch \d+ and global step {step}\b", train_log), (
         train_log[-2000:]
+    )
     steps = _logged_steps(cell / "output" / "trainer_log.jsonl")
     assert steps[-1] == total and step + 1 in steps, steps
     assert json.loads((cell / "output" / "trainer_state.json").read_text())["global_step"] == total
@@ -156,15 +173,20 @@ def test_preempted_cell_is_requeued_and_resumes_from_its_checkpoint(tmp_path, ti
     wait_for(lambda: checkpoints(cell / "output"), 90, "a first checkpoint")
     job_id = states(tmp_path)[cell.name].job_id
     # a job in the `high` partition that needs every CPU of both nodes preempts the cell's job
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null",
-                           "--wrap", "sleep 1"], capture_output=True, text=True, check=True).stdout.strip()
+    high = subprocess.run(
+        ["sbatch", "--parsable", "-p", "high", "-N", "2", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     try:
         (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=240).values()
     finally:
         subprocess.run(["scancel", high], check=False)
     assert st.state is State.COMPLETED, st
-    history = subprocess.run(["sacct", "--duplicates", "-X", "-n", "-P", "-j", job_id, "-o", "State"],
-                             capture_output=True, text=True).stdout.split()
+    history = subprocess.run(
+        ["sacct", "--duplicates", "-X", "-n", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
+    ).stdout.split()
     assert "PREEMPTED" in history or "REQUEUED" in history, history
     _assert_resumed(cell)
 

@@ -77,21 +77,28 @@ class Jobs:
 
     def sbatch(self, *args: str, output: str = "%j.out") -> str:
         """Submit; the job's output goes to tmp_path/<output> (an sbatch filename pattern)."""
-        out = slurm("sbatch", "--parsable", f"--job-name={self.name}", f"--chdir={self.dir}",
-                    f"--output={self.dir / output}", *args, timeout=min(30, self.deadline.left()))
+        out = slurm(
+            "sbatch",
+            "--parsable",
+            f"--job-name={self.name}",
+            f"--chdir={self.dir}",
+            f"--output={self.dir / output}",
+            *args,
+            timeout=min(30, self.deadline.left()),
+        )
         return out.strip().split(";")[0]  # "<id>[;<cluster>]"
 
     def srun(self, *args: str) -> str:
-        return slurm("srun", f"--job-name={self.name}", f"--chdir={self.dir}", *args,
-                     timeout=self.deadline.left())
+        return slurm("srun", f"--job-name={self.name}", f"--chdir={self.dir}", *args, timeout=self.deadline.left())
 
     def cancel_all(self) -> None:
         """scancel by name (it catches sruns killed by a timeout too), then wait a little for the queue."""
         subprocess.run(["scancel", f"--name={self.name}"], capture_output=True, timeout=15, env=SLURM_ENV)
         end = time.monotonic() + CLEANUP_WAIT_S
         while time.monotonic() < end:
-            queued = subprocess.run(["squeue", "-h", f"--name={self.name}"], capture_output=True, text=True,
-                                    timeout=15, env=SLURM_ENV)
+            queued = subprocess.run(
+                ["squeue", "-h", f"--name={self.name}"], capture_output=True, text=True, timeout=15, env=SLURM_ENV
+            )
             if queued.returncode == 0 and not queued.stdout.strip():
                 return
             time.sleep(0.2)
@@ -106,8 +113,11 @@ def cluster_up() -> None:
     else:
         why = "scontrol ping: controller not UP"
     if not up:
-        pytest.fail(f"no local Slurm cluster ({why.strip()}): run `make slurm-up` first, "
-                    "or deselect these tests with -m 'not slurm'", pytrace=False)
+        pytest.fail(
+            f"no local Slurm cluster ({why.strip()}): run `make slurm-up` first, "
+            "or deselect these tests with -m 'not slurm'",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

@@ -50,8 +50,17 @@ def run_with(env: dict[str, str], *args: str, timeout: float = 300) -> subproces
 
 
 def test_the_real_run_sends_the_dry_runs_sbatch_scripts(runs_root, tmp_path):
-    grid = ["-m", "model=tiny_delphi,tiny_llama", "seed=1,2", "max_steps=2", "global_batch_size=2", "cutoff_len=256",
-            "cluster=slurm_local", "+cluster.sbatch_extra.hold=true", f"runs_root={runs_root}"]
+    grid = [
+        "-m",
+        "model=tiny_delphi,tiny_llama",
+        "seed=1,2",
+        "max_steps=2",
+        "global_batch_size=2",
+        "cutoff_len=256",
+        "cluster=slurm_local",
+        "+cluster.sbatch_extra.hold=true",
+        f"runs_root={runs_root}",
+    ]
     dry = run_sft(*grid, "dry_run=true", check=True)
     previews = {p.stem: p.read_text() for p in (runs_root / "default" / ".dry_run").glob("*.sbatch")}
     roles = re.findall(r"sft_grid-[0-9a-f]+: (model prep|tokenize once|training|post-training stages)", dry.stdout)
@@ -69,26 +78,40 @@ def test_the_real_run_sends_the_dry_runs_sbatch_scripts(runs_root, tmp_path):
 
 def snapshot(runs_root: Path) -> dict[str, str]:
     """squeue's view of every job, and every ledger and every file of every submitit folder, by content."""
-    files = [*runs_root.rglob(LEDGER_FILE), *[p for p in runs_root.rglob("*") if p.is_file() and (
-        SUBMITIT_DIR in p.parts or "submitit" in p.parts)]]
+    files = [
+        *runs_root.rglob(LEDGER_FILE),
+        *[p for p in runs_root.rglob("*") if p.is_file() and (SUBMITIT_DIR in p.parts or "submitit" in p.parts)],
+    ]
     out = {str(p.relative_to(runs_root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(files)}
     # the queue's view of this grid's jobs only (other tests share the cluster): every job its ledgers name
     names = {e["name"] for p in runs_root.rglob(LEDGER_FILE) for e in ledger(p.parent) if e.get("name")}
-    queue = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%j|%T|%r"], capture_output=True, text=True,
-                           timeout=30).stdout
-    out["squeue"] = "".join(line + "\n" for line in queue.splitlines() if line.split("|")[1:2] and
-                            line.split("|")[1] in names)
+    queue = subprocess.run(
+        ["squeue", "-h", "-r", "-o", "%i|%j|%T|%r"], capture_output=True, text=True, timeout=30
+    ).stdout
+    out["squeue"] = "".join(
+        line + "\n" for line in queue.splitlines() if line.split("|")[1:2] and line.split("|")[1] in names
+    )
     return out
 
 
 def test_a_dry_run_of_a_grid_in_flight_after_a_crash_changes_nothing(runs_root, tmp_path):
     # (the training array is the first sbatch: no tokenize-once job before it)
-    base = ["-m", "model=tiny_llama", "max_steps=2", "global_batch_size=4", "micro_batch_size=2", "tokenize_once=false",
-            "cluster=slurm_local", "+cluster.sbatch_extra.hold=true", f"runs_root={runs_root}"]
+    base = [
+        "-m",
+        "model=tiny_llama",
+        "max_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "tokenize_once=false",
+        "cluster=slurm_local",
+        "+cluster.sbatch_extra.hold=true",
+        f"runs_root={runs_root}",
+    ]
     run_sft(*base, "seed=1,2", check=True)  # queued (held), ids recorded
     # a second invocation dies right after sbatch: its jobs are queued, their ids and pickles not in place
-    killed = run_with(fake_sbatch(tmp_path, 'out=$("$REAL" "$@"); rc=$?; echo "$out"; kill -9 $PPID; exit $rc\n'),
-                      *base, "seed=3,4")
+    killed = run_with(
+        fake_sbatch(tmp_path, 'out=$("$REAL" "$@"); rc=$?; echo "$out"; kill -9 $PPID; exit $rc\n'), *base, "seed=3,4"
+    )
     assert killed.returncode != 0
     before = snapshot(runs_root)
     assert before["squeue"].count("sft_grid-") == 4 + 2  # four training tasks, the first grid's two post tasks

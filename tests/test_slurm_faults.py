@@ -41,8 +41,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.backend]
 
 
 # the training array is the grid's first sbatch (no tokenize-once job before it): what these faults are about
-TINY = ["cluster=slurm_local", "model=tiny_llama", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
-        "tokenize_once=false"]
+TINY = [
+    "cluster=slurm_local",
+    "model=tiny_llama",
+    "max_steps=2",
+    "global_batch_size=4",
+    "micro_batch_size=2",
+    "tokenize_once=false",
+]
 SEEDS = "seed=1,2"
 N_CELLS = 2
 FINAL = {"completed", "failed", "cancelled"}
@@ -82,28 +88,43 @@ def wait_final(root: Path, n: int, sweep: str = "default", deadline_s: float = W
     try:
         return wait_for(probe, f"{n} cells to finish", deadline_s, interval=2)
     except AssertionError:
-        status = subprocess.run([sys.executable, "-m", "sft_grid.status", sweep, "--runs-root", str(root)],
-                                capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            [sys.executable, "-m", "sft_grid.status", sweep, "--runs-root", str(root)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         raise AssertionError(f"cells not finished after {deadline_s} s:\n{status.stdout}{status.stderr}") from None
 
 
 def events(cell: Path, kind: str | None = None) -> list[dict]:
     """The cell's training events (the post-training chain's own are tested in test_post.py)."""
-    return [e for e in ledger_of(cell) if (kind is None or e.get("event") == kind)
-            and e.get("event") not in ("stage", "post_job")]
+    return [
+        e
+        for e in ledger_of(cell)
+        if (kind is None or e.get("event") == kind) and e.get("event") not in ("stage", "post_job")
+    ]
 
 
 def sacct_by_name(names: set[str]) -> list[tuple[str, str, str]]:
     """(job id, name, state) of every job with one of these names, from accounting (-X: one line a task)."""
     if not names:
         return []
-    out = cmd("sacct", "-X", "-n", "-P", "--starttime=now-1days", "--name=" + ",".join(sorted(names)),
-              "--format=JobID,JobName,State")
+    out = cmd(
+        "sacct",
+        "-X",
+        "-n",
+        "-P",
+        "--starttime=now-1days",
+        "--name=" + ",".join(sorted(names)),
+        "--format=JobID,JobName,State",
+    )
     return [tuple(line.split("|")[:3]) for line in out.splitlines() if line.count("|") >= 2]  # type: ignore[misc]
 
 
 def one_task_per_cell(names: set[str], n: int) -> list[tuple[str, str, str]]:
     """sacct's tasks of these arrays once each has its own record (not a pending `<id>_[a-b]` line)."""
+
     def probe() -> list[tuple[str, str, str]] | None:
         rows = sacct_by_name(names)
         return rows if rows and not any("[" in r[0] for r in rows) and len(rows) >= n else None
@@ -124,8 +145,7 @@ def fake_sbatch(tmp_path: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> P
     script.write_text(
         "#!/usr/bin/env bash\n"
         f"REAL={REAL_SBATCH}\nCOUNTER={counter}\n"
-        'n=$(( $(cat "$COUNTER" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$COUNTER"\n'
-        + body
+        'n=$(( $(cat "$COUNTER" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$COUNTER"\n' + body
     )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -171,16 +191,18 @@ def cluster_up() -> None:
 SECRETS = {"HF_TOKEN": "hf_secret_TEST123", "WANDB_API_KEY": "wandb_secret_TEST456"}
 
 
-def test_transient_sbatch_failure_is_retried_and_queues_each_cell_once_and_no_secret_is_written(runs_root, tmp_path,
-                                                                                                 monkeypatch):
+def test_transient_sbatch_failure_is_retried_and_queues_each_cell_once_and_no_secret_is_written(
+    runs_root, tmp_path, monkeypatch
+):
     """The grid's secrets are in the orchestrator's environment: none of them reaches a file under runs_root (the
     cells' files, submitit's pickles and logs, the training logs)."""
     for key, value in SECRETS.items():
         monkeypatch.setenv(key, value)
-    counter = fake_sbatch(tmp_path, (
-        f'if [ "$n" -eq 1 ]; then echo "{TRANSIENT_ERROR}" >&2; exit 1; fi\n'
-        'exec "$REAL" "$@"\n'
-    ), monkeypatch)
+    counter = fake_sbatch(
+        tmp_path,
+        (f'if [ "$n" -eq 1 ]; then echo "{TRANSIENT_ERROR}" >&2; exit 1; fi\nexec "$REAL" "$@"\n'),
+        monkeypatch,
+    )
     started = time.monotonic()
     proc = run_sft(*grid(runs_root), timeout=120)
     took = time.monotonic() - started
@@ -191,8 +213,9 @@ def test_transient_sbatch_failure_is_retried_and_queues_each_cell_once_and_no_se
     assert_queued_once_then_completed(runs_root)
     files = [p for p in runs_root.rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(".submitit" in p.parts for p in files) and any(p.name == "train.log" for p in files)
-    leaks = {str(p.relative_to(runs_root)): [k for k, v in SECRETS.items() if v.encode() in p.read_bytes()]
-             for p in files}
+    leaks = {
+        str(p.relative_to(runs_root)): [k for k, v in SECRETS.items() if v.encode() in p.read_bytes()] for p in files
+    }
     assert not {p: ks for p, ks in leaks.items() if ks}, leaks
 
 
@@ -206,8 +229,13 @@ KILL_AFTER_SBATCH = (
 )
 
 
-def _killed_after_sbatch(runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, *args: str,
-                         ) -> set[str]:
+def _killed_after_sbatch(
+    runs_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    body: str,
+    *args: str,
+) -> set[str]:
     fake_sbatch(tmp_path, body, monkeypatch)
     killed = run_sft(*args, timeout=120)
     assert killed.returncode != 0, killed.stdout + killed.stderr
@@ -261,8 +289,7 @@ def test_killed_after_sbatch_rerun_while_the_array_is_pending_recovers_by_name(r
 
 
 def test_killed_after_sbatch_one_cell_rerun_recovers_by_name(runs_root, tmp_path, monkeypatch):
-    names = _killed_after_sbatch(runs_root, tmp_path, monkeypatch, KILL_AFTER_SBATCH,
-                                 *grid(runs_root, seeds="seed=1"))
+    names = _killed_after_sbatch(runs_root, tmp_path, monkeypatch, KILL_AFTER_SBATCH, *grid(runs_root, seeds="seed=1"))
     wait_for(lambda: [r for r in sacct_by_name(names) if r[2] in ("RUNNING", "COMPLETED")], "the job to run", 90)
     rerun_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     rerun = run_sft(*grid(runs_root, seeds="seed=1"), timeout=120)
@@ -276,8 +303,12 @@ def test_killed_before_sbatch_rerun_submits_the_planned_cells_once(runs_root, tm
     assert counter.read_text().strip() == "1"
     monkeypatch.undo()
     (dead_name,) = array_names(runs_root)
-    status = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(runs_root)],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(runs_root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert f"{N_CELLS} cell(s): {N_CELLS} planned" in status.stdout, status.stdout + status.stderr
     rerun = run_sft(*grid(runs_root), timeout=120)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
@@ -298,8 +329,10 @@ def test_killed_before_sbatch_rerun_submits_the_planned_cells_once(runs_root, tm
 def test_two_invocations_at_once_queue_each_cell_once(runs_root):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     argv = [sys.executable, "-m", "sft_grid", *grid(runs_root)]
-    procs = [subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = []
     for p in procs:
         try:
@@ -316,8 +349,14 @@ def test_two_invocations_at_once_queue_each_cell_once(runs_root):
 
 # ~17 steps/s here: 600 steps is ~35 s of training, a checkpoint every 100 steps
 SLOW_STEPS = 600
-SLOW = ["cluster=slurm_local", "model=tiny_llama", f"max_steps={SLOW_STEPS}", "save_steps=100",
-        "global_batch_size=16", "micro_batch_size=1"]
+SLOW = [
+    "cluster=slurm_local",
+    "model=tiny_llama",
+    f"max_steps={SLOW_STEPS}",
+    "save_steps=100",
+    "global_batch_size=16",
+    "micro_batch_size=1",
+]
 
 
 def node_state(node: str) -> str:
@@ -359,8 +398,13 @@ def _node_loss(root: Path) -> dict:
         job_id = wait_for(training, "the cell RUNNING with a trainer log and a first checkpoint", 120)
         node = cmd("squeue", "-h", "-j", job_id, "-o", "%N").strip()
         assert node in ("n1", "n2"), node
-        seen.update(job_id=job_id, node=node, first_pid=int(events(cell, "running")[-1]["pid"]),
-                    step=progress(out).step, checkpoint=checkpoints(out)[-1].name)
+        seen.update(
+            job_id=job_id,
+            node=node,
+            first_pid=int(events(cell, "running")[-1]["pid"]),
+            step=progress(out).step,
+            checkpoint=checkpoints(out)[-1].name,
+        )
         cmd("scontrol", "update", f"nodename={node}", "state=down", "reason=sftgrid-test")
         # the moment accounting says NODE_FAIL: what sft_grid makes of that record, and what the controller says
         end = time.monotonic() + 30
@@ -378,9 +422,11 @@ def _node_loss(root: Path) -> dict:
 
         seen["final"] = wait_for(gone_and_final, "the job out of the queue and the cell finished", WAIT_S, 2)
         seen["history"] = cmd("sacct", "--duplicates", "-X", "-n", "-P", "-j", job_id, "-o", "State,NodeList").split()
-        print(f"\nnode {node} lost at step {seen['step']} ({seen['checkpoint']} saved); at NODE_FAIL "
-              f"sft_grid/squeue said {seen.get('snapshot')}; sacct --duplicates: {seen['history']}; "
-              f"ledger: {[e['event'] for e in events(cell)]}; final: {seen['final']}")
+        print(
+            f"\nnode {node} lost at step {seen['step']} ({seen['checkpoint']} saved); at NODE_FAIL "
+            f"sft_grid/squeue said {seen.get('snapshot')}; sacct --duplicates: {seen['history']}; "
+            f"ledger: {[e['event'] for e in events(cell)]}; final: {seen['final']}"
+        )
     except Exception as exc:  # the tests below report it
         seen["error"] = exc
     finally:
@@ -440,7 +486,7 @@ def hydra_quoted(value: str) -> str:
 
 def test_paths_with_spaces_quotes_and_shell_syntax_train_on_slurm(runs_root, tmp_path, tiny_assets):
     marker = f"PWNED_{uuid.uuid4().hex[:8]}"
-    model_dir = tmp_path / "my model's dir \"x\""
+    model_dir = tmp_path / 'my model\'s dir "x"'
     shutil.copytree(tiny_assets / "models" / "tiny-llama3", model_dir)
     data_src = tiny_assets / "data" / "tiny_messages.jsonl"
     data_dir = tmp_path / f"data dir; $(touch {marker}) `touch {marker}b` & x"
@@ -448,8 +494,13 @@ def test_paths_with_spaces_quotes_and_shell_syntax_train_on_slurm(runs_root, tmp
     data_file = data_dir / f"tiny; $(touch {marker}c).jsonl"
     shutil.copy(data_src, data_file)
     run_sft(*TINY, f"model.path={hydra_quoted(str(model_dir))}", f"runs_root={runs_root}", check=True, timeout=120)
-    run_sft(*TINY, f"dataset.tiny_messages.source={hydra_quoted(str(data_file))}", f"runs_root={runs_root}",
-            check=True, timeout=120)
+    run_sft(
+        *TINY,
+        f"dataset.tiny_messages.source={hydra_quoted(str(data_file))}",
+        f"runs_root={runs_root}",
+        check=True,
+        timeout=120,
+    )
     final = wait_final(runs_root, 2)
     assert_all_completed(final)
     configs = "\n".join((c / "train_config.yaml").read_text() + (c / "dataset_info.json").read_text() for c in final)

@@ -12,23 +12,53 @@ from sft_grid.schedulers import slurm
 def request(**cluster) -> SlurmRequest:
     spec = type("Spec", (), {})()
     spec.nodes = cluster.pop("nodes", 1)
-    spec.cluster = type("Cluster", (), {
-        "cpus_per_node": 8, "sbatch_extra": {}, "partition": "gpu", "account": None, "qos": None,
-        "constraint": None, "exclude": None, "mem_gb": None, "gpus_per_node": 4, "gpu_directive": "gpus_per_node",
-        "max_requeues": 3, **cluster})()
+    spec.cluster = type(
+        "Cluster",
+        (),
+        {
+            "cpus_per_node": 8,
+            "sbatch_extra": {},
+            "partition": "gpu",
+            "account": None,
+            "qos": None,
+            "constraint": None,
+            "exclude": None,
+            "mem_gb": None,
+            "gpus_per_node": 4,
+            "gpu_directive": "gpus_per_node",
+            "max_requeues": 3,
+            **cluster,
+        },
+    )()
     return request_for(spec, timeout_min=600)
 
 
 def job(targets, req, throttle=None, dependency=None) -> SlurmJob:
-    return SlurmJob("sft_grid-abc", Role.TRAIN, tuple(targets), req, Path("/r/.submitit/sft_grid-abc"), throttle,
-                    dependency, checkpointable=True)
+    return SlurmJob(
+        "sft_grid-abc",
+        Role.TRAIN,
+        tuple(targets),
+        req,
+        Path("/r/.submitit/sft_grid-abc"),
+        throttle,
+        dependency,
+        checkpointable=True,
+    )
 
 
 def test_sbatch_script_of_an_array():
     script = slurm.sbatch_script(job([Path(f"/r/c{i}") for i in range(3)], request(gpu_directive="gres"), 2), None)
-    for line in ("#SBATCH --array=0-2%2", "#SBATCH --gres=gpu:4", "#SBATCH --partition=gpu", "#SBATCH --requeue",
-                 "#SBATCH --time=600", "#SBATCH --signal=USR2@120", "#SBATCH --ntasks-per-node=1",
-                 "#SBATCH --job-name=sft_grid-abc", "--kill-on-bad-exit=1"):
+    for line in (
+        "#SBATCH --array=0-2%2",
+        "#SBATCH --gres=gpu:4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --requeue",
+        "#SBATCH --time=600",
+        "#SBATCH --signal=USR2@120",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --job-name=sft_grid-abc",
+        "--kill-on-bad-exit=1",
+    ):
         assert line in script, line
     assert "--gpus-per-node" not in script
 

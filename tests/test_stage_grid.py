@@ -38,9 +38,17 @@ pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hub (the loopback server, H
 def cell_args(cache: Path, runs: Path, model: str = "org/tiny", data: str = "org/chat") -> list[str]:
     """A cell on the synthetic repos of tests/hubtools.py; its backend environment is not on this machine, so the
     checks that need one wait for the job (the fast set starts no backend)."""
-    return ["model=tiny_llama", "model.path=null", f"model.hub_id={model}", "dataset=tiny_messages",
-            f"dataset.tiny_messages.source={data}", f"cluster.hf_cache={cache}", f"runs_root={runs}", "max_steps=2",
-            f"+cluster.backend_venvs.llamafactory={runs.parent / 'no-venv'}"]
+    return [
+        "model=tiny_llama",
+        "model.path=null",
+        f"model.hub_id={model}",
+        "dataset=tiny_messages",
+        f"dataset.tiny_messages.source={data}",
+        f"cluster.hf_cache={cache}",
+        f"runs_root={runs}",
+        "max_steps=2",
+        f"+cluster.backend_venvs.llamafactory={runs.parent / 'no-venv'}",
+    ]
 
 
 def stage_cmd(*args: str) -> list[str]:
@@ -54,8 +62,9 @@ def run_stage(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[s
 
 def popen_stage(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.Popen(stage_cmd(*args), cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        stage_cmd(*args), cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def fetched(hub, repo: str) -> list[str]:
@@ -63,8 +72,10 @@ def fetched(hub, repo: str) -> list[str]:
 
 
 def commit_inputs(hub, weights_mib: float = 0.25) -> tuple[str, str]:
-    return (hub.store.commit("org/tiny", model_files(weights_mib=weights_mib)),
-            hub.store.commit("org/chat", dataset_files(), kind="dataset"))
+    return (
+        hub.store.commit("org/tiny", model_files(weights_mib=weights_mib)),
+        hub.store.commit("org/chat", dataset_files(), kind="dataset"),
+    )
 
 
 def test_dry_run_says_what_must_be_staged_and_stages_nothing(hub, cache, tmp_path):
@@ -142,8 +153,10 @@ def test_not_enough_space_is_refused_before_any_transfer(hub, small_fs, tmp_path
 
 def _earlier_run(cell_dir: Path, model_sha: str, data_sha: str) -> None:
     """The ledger of a cell whose first run trained on these commits and failed."""
-    inputs = [{"kind": "model", "repo": "org/tiny", "revision": "main", "sha": model_sha},
-              {"kind": "dataset", "repo": "org/chat", "revision": "main", "sha": data_sha}]
+    inputs = [
+        {"kind": "model", "repo": "org/tiny", "revision": "main", "sha": model_sha},
+        {"kind": "dataset", "repo": "org/chat", "revision": "main", "sha": data_sha},
+    ]
     events.append(cell_dir, Event(Kind.SUBMITTED, executor="local", details={"inputs": inputs}))
     events.append(cell_dir, Event(Kind.FAILED, reason="node failure"))
 
@@ -226,9 +239,11 @@ def test_the_unreachable_hub_line_reads_cleanly(hub, cache, tmp_path, monkeypatc
     proc = run_sft(*cell_args(cache, tmp_path / "runs"), "dry_run=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("staging:")]
-    assert line == ("staging: the Hub cannot be reached from here: cannot reach http://127.0.0.1:9 to stage model repo"
-                    " 'org/tiny' ([Errno 111] Connection refused); 2 of 2 Hub repositories for 1 cell(s) are not"
-                    " staged, sizes unknown")
+    assert line == (
+        "staging: the Hub cannot be reached from here: cannot reach http://127.0.0.1:9 to stage model repo"
+        " 'org/tiny' ([Errno 111] Connection refused); 2 of 2 Hub repositories for 1 cell(s) are not"
+        " staged, sizes unknown"
+    )
 
 
 def test_killed_stage_command_loses_no_finished_file(hub, cache, tmp_path):
@@ -237,9 +252,12 @@ def test_killed_stage_command_loses_no_finished_file(hub, cache, tmp_path):
     runs = tmp_path / "runs"
     child = popen_stage(*cell_args(cache, runs))
     try:
-        wait_for(lambda: any(r["bytes_sent"] >= MiB for r in hub.downloads("org/tiny", "model.safetensors",
-                                                                            live=True)),
-                 "the weights to be partly sent", 120, 0.01)
+        wait_for(
+            lambda: any(r["bytes_sent"] >= MiB for r in hub.downloads("org/tiny", "model.safetensors", live=True)),
+            "the weights to be partly sent",
+            120,
+            0.01,
+        )
     finally:
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=60)

@@ -73,8 +73,9 @@ class Server:
 
 
 @pytest.fixture(params=["hub", "hub-as-mirror", "hub-as-proxy", "olah"])
-def server(request: pytest.FixtureRequest, hf_env: dict[str, str], tmp_path: Path,
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+def server(
+    request: pytest.FixtureRequest, hf_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Server]:
     # retries of a failing server: short here (the entry points in subprocesses keep the real waits)
     monkeypatch.setattr("sft_grid.stages.staging.client.RETRY_WAITS_S", (0.05, 0.05, 0.05))
     monkeypatch.setattr("sft_grid.stages.staging.transfer.RETRY_BASE_S", 0.05)
@@ -89,8 +90,13 @@ def server(request: pytest.FixtureRequest, hf_env: dict[str, str], tmp_path: Pat
             hub.ignore_range()
             hub.unquoted_etags()
             hub.unknown_revision(401 if request.param == "hub-as-mirror" else 404)
-        yield Server(request.param, hub.url, lambda repo, files, kind: hub.store.commit(repo, files, kind),
-                     request.param != "hub", hub)
+        yield Server(
+            request.param,
+            hub.url,
+            lambda repo, files, kind: hub.store.commit(repo, files, kind),
+            request.param != "hub",
+            hub,
+        )
 
 
 def repo_name() -> str:
@@ -107,14 +113,28 @@ def weights_repo(server: Server, size: int = 300_000) -> tuple[str, str, dict[st
 def stage_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`python -m sft_grid.stage` as a user runs it (HF_ENDPOINT and the client's environment from the test's)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "sft_grid.stage", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "sft_grid.stage", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def run_grid(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "sft_grid", *args], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "sft_grid", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def one_line(text: str) -> str:
@@ -226,16 +246,21 @@ def test_an_unknown_commit_answered_with_a_server_error_names_the_revision(serve
             assert len(tries) == 4  # tried again after each wait
 
 
-@pytest.mark.parametrize("where, status", [("the repository", 503), ("the repository", 429), ("a file", 520),
-                                           ("a file", 500)])
+@pytest.mark.parametrize(
+    "where, status", [("the repository", 503), ("the repository", 429), ("a file", 520), ("a file", 500)]
+)
 def test_a_transient_server_error_is_retried(hf_env, cache, tmp_path, monkeypatch, where, status):
     """Any 5xx (a proxy's own ones too: 520) and 429, on the repository's revision or on a file's bytes."""
     monkeypatch.setattr("sft_grid.stages.staging.client.RETRY_WAITS_S", (0.05, 0.05, 0.05))
     monkeypatch.setattr("sft_grid.stages.staging.transfer.RETRY_BASE_S", 0.05)
     with HubServer(tmp_path / "hub") as hub:
         sha = hub.store.commit("org/m", model_files())
-        hub.fail(status, contains="/api/models/org/m/revision/main" if where == "the repository" else
-                 "/resolve/", method="GET", times=2)
+        hub.fail(
+            status,
+            contains="/api/models/org/m/revision/main" if where == "the repository" else "/resolve/",
+            method="GET",
+            times=2,
+        )
         staged = download("org/m", "model", "main", cache, endpoint=hub.url)
         assert staged.complete and staged.sha == sha and is_complete(cache, "org/m", "model", sha, checksums=True)
         assert [r["status"] for r in hub.requests("", "GET") if r["status"] == status] == [status, status]
@@ -290,19 +315,30 @@ def test_the_grid_and_its_dry_run_name_a_recorded_commit_the_server_lacks(server
     repository were missing (401/404): the grid and its dry run say the revision is missing, for that cell, without
     a traceback."""
     if server.name == "hub":
-        pytest.skip("the Hub's own answer:"
-                    " test_stage_grid.py::test_a_rerun_keeps_the_commit_it_trained_on_while_main_moves")
+        pytest.skip(
+            "the Hub's own answer: test_stage_grid.py::test_a_rerun_keeps_the_commit_it_trained_on_while_main_moves"
+        )
     model, data = repo_name(), repo_name()
     model_sha = server.commit(model, model_files(), "model")
     data_sha = server.commit(data, dataset_files(), "dataset")
     runs = tmp_path / "runs"
-    cell_args = ["model=tiny_llama", "model.path=null", f"model.hub_id={model}", "dataset=tiny_messages",
-                 f"dataset.tiny_messages.source={data}", f"cluster.hf_cache={cache}", f"runs_root={runs}",
-                 "max_steps=2", f"+cluster.backend_venvs.llamafactory={tmp_path / 'no-venv'}"]
+    cell_args = [
+        "model=tiny_llama",
+        "model.path=null",
+        f"model.hub_id={model}",
+        "dataset=tiny_messages",
+        f"dataset.tiny_messages.source={data}",
+        f"cluster.hf_cache={cache}",
+        f"runs_root={runs}",
+        "max_steps=2",
+        f"+cluster.backend_venvs.llamafactory={tmp_path / 'no-venv'}",
+    ]
     assert run_grid(*cell_args, "dry_run=true").returncode == 0  # renders the cell
     (cell,) = iter_cell_dirs(runs / "default")
-    inputs = [{"kind": "model", "repo": model, "revision": "main", "sha": UNKNOWN_SHA},
-              {"kind": "dataset", "repo": data, "revision": "main", "sha": data_sha}]
+    inputs = [
+        {"kind": "model", "repo": model, "revision": "main", "sha": UNKNOWN_SHA},
+        {"kind": "dataset", "repo": data, "revision": "main", "sha": data_sha},
+    ]
     events.append(cell, Event(Kind.SUBMITTED, executor="local", details={"inputs": inputs}))
     events.append(cell, Event(Kind.FAILED, reason="node failure"))
     if server.name == "hub-as-mirror":  # a 500, as olah; the proxy keeps its 404 RepoNotFound
@@ -316,6 +352,9 @@ def test_the_grid_and_its_dry_run_name_a_recorded_commit_the_server_lacks(server
         assert f"cell {cell.name}" in err and f"model.hub_id='{model}': revision '{UNKNOWN_SHA}'" in err
         assert "'main'): the cell's earlier run trained on this commit" in err and "force=true" in err
         assert "token" not in err.lower()
-        assert ("answered 404 as if the repository were missing" if server.name == "hub-as-proxy"
-                else "500 Internal Server Error to each of 4 tries") in err
+        assert (
+            "answered 404 as if the repository were missing"
+            if server.name == "hub-as-proxy"
+            else "500 Internal Server Error to each of 4 tries"
+        ) in err
     assert not (cache / f"models--{model.replace('/', '--')}" / "snapshots" / model_sha).exists()

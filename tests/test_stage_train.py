@@ -25,9 +25,19 @@ pytestmark = pytest.mark.backend
 
 
 def cell(cache: Path, runs: Path, *extra: str) -> list[str]:
-    return ["model=tiny_llama", "model.path=null", "model.hub_id=org/tiny-llama3", "dataset=tiny_messages",
-            "dataset.tiny_messages.source=org/tiny-messages", f"cluster.hf_cache={cache}", f"runs_root={runs}",
-            "max_steps=2", "global_batch_size=2", "cutoff_len=256", *extra]
+    return [
+        "model=tiny_llama",
+        "model.path=null",
+        "model.hub_id=org/tiny-llama3",
+        "dataset=tiny_messages",
+        "dataset.tiny_messages.source=org/tiny-messages",
+        f"cluster.hf_cache={cache}",
+        f"runs_root={runs}",
+        "max_steps=2",
+        "global_batch_size=2",
+        "cutoff_len=256",
+        *extra,
+    ]
 
 
 def trained_on(cell_dir: Path) -> str:
@@ -57,8 +67,10 @@ def test_a_rerun_trains_the_pinned_commit_after_main_moved(hub, cache, tmp_path,
     old_dir = snapshot_path(cache, "org/tiny-llama3", "model", first_sha)
     log = (cell_dir / "logs" / "train.log").read_text()
     assert f"{old_dir}/config.json" in log and new_sha not in log  # LLaMA-Factory loaded the pinned snapshot
-    assert f"{snapshot_path(cache, 'org/tiny-llama3', 'model', new_sha)}/config.json" in (
-        new_cell / "logs" / "train.log").read_text()
+    assert (
+        f"{snapshot_path(cache, 'org/tiny-llama3', 'model', new_sha)}/config.json"
+        in (new_cell / "logs" / "train.log").read_text()
+    )
 
 
 def test_a_staged_delphi_grid_checks_everything_before_queueing(hub, cache, tmp_path, tiny_assets):
@@ -70,8 +82,16 @@ def test_a_staged_delphi_grid_checks_everything_before_queueing(hub, cache, tmp_
     hub.store.commit("org/tiny-delphi", model)
     commit_tiny_assets(hub.store, tiny_assets)
     runs = tmp_path / "runs"
-    args = ["-m", "model=tiny_delphi", "model.path=null", "model.hub_id=org/tiny-delphi", "dataset=tiny_messages",
-            "dataset.tiny_messages.source=org/tiny-messages", f"cluster.hf_cache={cache}", f"runs_root={runs}"]
+    args = [
+        "-m",
+        "model=tiny_delphi",
+        "model.path=null",
+        "model.hub_id=org/tiny-delphi",
+        "dataset=tiny_messages",
+        "dataset.tiny_messages.source=org/tiny-messages",
+        f"cluster.hf_cache={cache}",
+        f"runs_root={runs}",
+    ]
     staged = run_sft(*args, "stage_only=true")
     assert staged.returncode == 0, staged.stdout + staged.stderr
     proc = run_sft(*args, "dry_run=true")

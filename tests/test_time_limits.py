@@ -35,8 +35,15 @@ from .helpers import cancel_jobs_of, ledger, triaged_states, wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.backend, pytest.mark.xdist_group("cluster_alone")]
 
 # a tiny Llama that trains far longer than any leg (a checkpoint every 10 steps; slurm_local's env: one thread)
-LONG = ["model=tiny_llama", "max_steps=3000", "save_steps=10", "global_batch_size=16", "micro_batch_size=1",
-        "scheduler=constant", "cluster=slurm_local"]
+LONG = [
+    "model=tiny_llama",
+    "max_steps=3000",
+    "save_steps=10",
+    "global_batch_size=16",
+    "micro_batch_size=1",
+    "scheduler=constant",
+    "cluster=slurm_local",
+]
 GRIDS = {
     "none": ([*LONG, "time=00:02:00", "cluster.max_requeues=0"], {"SFT_GRID_ESTIMATES": "0"}),
     "one": ([*LONG, "time=00:02:00", "cluster.max_requeues=1"], {"SFT_GRID_ESTIMATES": "0"}),
@@ -81,8 +88,12 @@ def final(root: Path) -> CellState:
 
 
 def status_text(root: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -98,8 +109,9 @@ def test_a_time_limit_with_its_budget_spent_says_where_it_stopped_and_what_to_ch
     cell = the_cell(root)
     assert st.state is State.FAILED and st.failure_class is FailureClass.TIME_LIMIT, st
     assert st.action is RemedyKind.STOP, st
-    expected = "time limit reached, at step" if budget == "none" else \
-        "time limit reached after 1 requeue (budget 1), at step"
+    expected = (
+        "time limit reached, at step" if budget == "none" else "time limit reached after 1 requeue (budget 1), at step"
+    )
     assert expected in st.reason, st
     assert re.search(r"TIMEOUT|DUE TO TIME LIMIT|timed-out", st.evidence), st.evidence
     # what to change: more legs, more time or more nodes, and the exact rerun command
@@ -125,10 +137,14 @@ def test_a_timed_out_cell_is_requeued_and_its_next_leg_resumes_from_the_checkpoi
     step = int(resumed[-1]["checkpoint"].split("-")[1])
     # the trainer itself says where it picked up: the checkpoint's step, not step 0
     train_log = (cell / "logs" / "train.log").read_text()
-    assert re.search(rf"Resuming training from checkpoint with epoch \d+ and global step {step}\b", train_log), \
+    assert re.search(rf"Resuming training from checkpoint with epoch \d+ and global step {step}\b", train_log), (
         train_log[-2000:]
-    logged = [r["current_steps"] for r in map(json.loads, (cell / "output" / "trainer_log.jsonl").read_text()
-                                              .splitlines()) if "loss" in r]
+    )
+    logged = [
+        r["current_steps"]
+        for r in map(json.loads, (cell / "output" / "trainer_log.jsonl").read_text().splitlines())
+        if "loss" in r
+    ]
     assert step + 1 in logged and logged[-1] > step, logged
 
 

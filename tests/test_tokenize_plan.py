@@ -28,22 +28,43 @@ def keys(make_cells, *variants) -> list[str]:
 
 def test_training_values_share_a_tokenization_and_data_values_do_not(make_cells):
     base = ["model=tiny_llama", "dataset=tiny_messages", "max_steps=2"]
-    shared = keys(make_cells, base, [*base, "lr=2e-5"], [*base, "micro_batch_size=2"], [*base, "save_steps=7"],
-                  [*base, "global_batch_size=32"], [*base, "epochs=3"], [*base, "seed=7"])
+    shared = keys(
+        make_cells,
+        base,
+        [*base, "lr=2e-5"],
+        [*base, "micro_batch_size=2"],
+        [*base, "save_steps=7"],
+        [*base, "global_batch_size=32"],
+        [*base, "epochs=3"],
+        [*base, "seed=7"],
+    )
     assert len(set(shared)) == 1  # LLaMA-Factory's concatenated sources tokenize the same whatever the seed
-    apart = keys(make_cells, base, [*base, "cutoff_len=256"], [*base, "dataset=tiny_sharegpt"],
-                 [*base, "backend=axolotl"], [*base, "model=tiny_qwen3"], [*base, "+extra.packing=true"],
-                 [*base, "dataset=[tiny_messages,tiny_sharegpt]"],
-                 [*base, "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under",
-                  "mix.probs=[0.5,0.5]"])
+    apart = keys(
+        make_cells,
+        base,
+        [*base, "cutoff_len=256"],
+        [*base, "dataset=tiny_sharegpt"],
+        [*base, "backend=axolotl"],
+        [*base, "model=tiny_qwen3"],
+        [*base, "+extra.packing=true"],
+        [*base, "dataset=[tiny_messages,tiny_sharegpt]"],
+        [*base, "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under", "mix.probs=[0.5,0.5]"],
+    )
     assert len(set(apart)) == len(apart), apart
 
 
-@pytest.mark.parametrize("variant", [
-    ["backend=axolotl"],  # axolotl shuffles the prepared dataset with the seed
-    ["dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under", "mix.probs=[0.5,0.5]"],  # interleaved
-    ["+extra.val_size=0.1"],  # LLaMA-Factory splits a validation set off with it
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ["backend=axolotl"],  # axolotl shuffles the prepared dataset with the seed
+        [
+            "dataset=[tiny_messages,tiny_sharegpt]",
+            "mix.strategy=interleave_under",
+            "mix.probs=[0.5,0.5]",
+        ],  # interleaved
+        ["+extra.val_size=0.1"],  # LLaMA-Factory splits a validation set off with it
+    ],
+)
 def test_the_seed_counts_where_the_backends_data_preparation_uses_it(make_cells, variant):
     base = ["model=tiny_llama", "dataset=tiny_messages", "max_steps=2", *variant]
     one, other = keys(make_cells, base, [*base, "seed=7"])
@@ -87,8 +108,16 @@ def test_two_delphi_checkpoints_carry_one_prepared_tokenizer(make_cells, tmp_pat
 
 @pytest.mark.parametrize("backend, loads", [("llamafactory", "tokenized_path"), ("axolotl", "dataset_prepared_path")])
 def test_slurm_plan_tokenizes_once_on_a_cpu_node_before_the_cells(tmp_path, backend, loads):
-    proc = run_sft("-m", "cluster=slurm_local", f"backend={backend}", "model=tiny_llama", "lr=1e-5,2e-5,3e-5",
-                   "max_steps=2", f"runs_root={tmp_path}", "dry_run=true")
+    proc = run_sft(
+        "-m",
+        "cluster=slurm_local",
+        f"backend={backend}",
+        "model=tiny_llama",
+        "lr=1e-5,2e-5,3e-5",
+        "max_steps=2",
+        f"runs_root={tmp_path}",
+        "dry_run=true",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "tokenize once: 1 tokenized dataset(s) for 3 cell(s)" in out

@@ -43,15 +43,29 @@ def assert_one_tokenization_loaded_by_every_cell(root: Path, backend: str, mixed
 
 
 def test_cells_on_the_same_data_load_one_tokenization_llamafactory(tmp_path, tiny_assets):
-    proc = run_sft("-m", "model=tiny_llama", "lr=1e-5,2e-5", "max_steps=2", "global_batch_size=2", "cutoff_len=256",
-                   f"runs_root={tmp_path}")
+    proc = run_sft(
+        "-m",
+        "model=tiny_llama",
+        "lr=1e-5,2e-5",
+        "max_steps=2",
+        "global_batch_size=2",
+        "cutoff_len=256",
+        f"runs_root={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_one_tokenization_loaded_by_every_cell(tmp_path, "llamafactory", mixed=False)
     # a change of what decides the tokens builds a new one beside it; the old one is kept for its cells (the key is
     # the same code for both backends: tests/test_tokenize_plan.py)
     # (two new cells: a tokenization only one local cell needs is done in that cell's own job)
-    again = run_sft("-m", "model=tiny_llama", "lr=1e-5,2e-5", "max_steps=2", "global_batch_size=2", "cutoff_len=128",
-                    f"runs_root={tmp_path}")
+    again = run_sft(
+        "-m",
+        "model=tiny_llama",
+        "lr=1e-5,2e-5",
+        "max_steps=2",
+        "global_batch_size=2",
+        "cutoff_len=128",
+        f"runs_root={tmp_path}",
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(list((tmp_path / "_tokenized").iterdir())) == 2
 

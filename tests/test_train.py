@@ -17,14 +17,18 @@ pytestmark = pytest.mark.backend
 
 
 def cells(root: Path, sweep: str = "default") -> dict[str, Path]:
-    return {p.name.split("_lr")[0].split("-")[0]: p for p in sorted((root / sweep).glob("*"))
-            if (p / "cell.yaml").is_file()}
+    return {
+        p.name.split("_lr")[0].split("-")[0]: p for p in sorted((root / sweep).glob("*")) if (p / "cell.yaml").is_file()
+    }
 
 
 def events(cell: Path) -> list[dict]:
     """The cell's training events (the post-training chain's own are tested in test_post.py)."""
-    return [e for e in map(json.loads, (cell / "events.jsonl").read_text().splitlines())
-            if e["event"] not in ("stage", "post_job")]
+    return [
+        e
+        for e in map(json.loads, (cell / "events.jsonl").read_text().splitlines())
+        if e["event"] not in ("stage", "post_job")
+    ]
 
 
 def trainer_state(output: Path) -> dict:
@@ -78,8 +82,14 @@ def test_failed_cell_is_reported_skipped_then_rerun_on_request(tmp_path, tiny_as
 
 
 def test_single_cell_rerun_resumes_from_its_checkpoint_and_force_keeps_old_output(tmp_path, tiny_assets):
-    args = ["model=tiny_qwen3", "max_steps=4", "save_steps=2", "global_batch_size=4", "micro_batch_size=2",
-            f"runs_root={tmp_path}"]
+    args = [
+        "model=tiny_qwen3",
+        "max_steps=4",
+        "save_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        f"runs_root={tmp_path}",
+    ]
     run_sft(*args, check=True)
     (cell,) = cells(tmp_path).values()
     out = cell / "output"
@@ -109,8 +119,13 @@ def test_a_check_deferred_to_the_job_fails_it_before_training(tmp_path, tiny_ass
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
     # a site whose compute nodes reach the Hub (nothing must be staged first) and each cell tokenizing in its own
     # job: the data's checks, unreadable here, are the job's first step, and fail it before training
-    proc = run_sft("model=tiny_llama", "dataset=magpie", "cluster.internet_on_compute=true", "tokenize_once=false",
-                   f"runs_root={tmp_path}")
+    proc = run_sft(
+        "model=tiny_llama",
+        "dataset=magpie",
+        "cluster.internet_on_compute=true",
+        "tokenize_once=false",
+        f"runs_root={tmp_path}",
+    )
     assert "deferred to the job's first step" in proc.stdout
     assert proc.returncode == 1
     (cell,) = cells(tmp_path).values()
@@ -122,9 +137,17 @@ def test_a_check_deferred_to_the_job_fails_it_before_training(tmp_path, tiny_ass
 
 
 def test_mixed_schema_interleave_trains_on_both_sources(tmp_path, tiny_assets):
-    proc = run_sft("model=tiny_llama", "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under",
-                   "mix.probs=[0.7,0.3]", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
-                   f"runs_root={tmp_path}", check=True)
+    proc = run_sft(
+        "model=tiny_llama",
+        "dataset=[tiny_messages,tiny_sharegpt]",
+        "mix.strategy=interleave_under",
+        "mix.probs=[0.7,0.3]",
+        "max_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
     (cell,) = cells(tmp_path).values()
     assert trainer_state(cell / "output")["global_step"] == 2
     log = (cell / "logs" / "train.log").read_text()
@@ -142,10 +165,17 @@ def test_a_second_invocation_while_the_grid_runs_queues_nothing_twice(tmp_path, 
     import sys
     import time
 
-    args = ["-m", "model=tiny_llama,tiny_qwen3", "max_steps=2", "global_batch_size=4", "micro_batch_size=2",
-            f"runs_root={tmp_path}"]
-    first = subprocess.Popen([sys.executable, "-m", "sft_grid", *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    args = [
+        "-m",
+        "model=tiny_llama,tiny_qwen3",
+        "max_steps=2",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        f"runs_root={tmp_path}",
+    ]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "sft_grid", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 60
     while time.time() < deadline:  # both cells queued by the first invocation (local: one at a time)
         found = cells(tmp_path)

@@ -46,8 +46,15 @@ def lines(*texts: str) -> str:
 
 def run_case(case: dict) -> Failure:
     legs = parse_sacct("\n".join(case.get("sacct", [])))
-    return classify(legs, case_log(case), case.get("watchdog"), case.get("requeues_used"),
-                    case.get("requeue_budget", 0), case.get("step"), case.get("total"))
+    return classify(
+        legs,
+        case_log(case),
+        case.get("watchdog"),
+        case.get("requeues_used"),
+        case.get("requeue_budget", 0),
+        case.get("step"),
+        case.get("total"),
+    )
 
 
 def test_corpus_shape():
@@ -101,13 +108,15 @@ def test_the_misleading_begintime_record_becomes_a_time_limit_with_progress():
 
 
 def test_sacct_parsing_keeps_every_leg_and_step_in_order():
-    text = ("JobID|State|ExitCode|Reason|NodeList|Elapsed|Start|End\n"
-            "55_3|REQUEUED|0:0|BeginTime|n1|01:00:00|s|e\n"
-            "55_3.batch|CANCELLED|0:15||n1|01:00:00|s|e\n"
-            "55_3|TIMEOUT|0:0|None|n[2-3]|01:00:00|s|e\n"
-            "55_4|CANCELLED by 1000|0:0|Dependency|None assigned|00:00:00|None|e\n"
-            "\n"
-            "garbage line\n")
+    text = (
+        "JobID|State|ExitCode|Reason|NodeList|Elapsed|Start|End\n"
+        "55_3|REQUEUED|0:0|BeginTime|n1|01:00:00|s|e\n"
+        "55_3.batch|CANCELLED|0:15||n1|01:00:00|s|e\n"
+        "55_3|TIMEOUT|0:0|None|n[2-3]|01:00:00|s|e\n"
+        "55_4|CANCELLED by 1000|0:0|Dependency|None assigned|00:00:00|None|e\n"
+        "\n"
+        "garbage line\n"
+    )
     legs = parse_sacct(text)
     assert [leg.job_id for leg in legs] == ["55_3", "55_3.batch", "55_3", "55_4"]
     assert legs[1].is_step and legs[1].allocation == "55_3" and legs[1].base_state == "CANCELLED"
@@ -124,27 +133,37 @@ def test_sacct_argv_lists_duplicates_steps_and_the_parsed_format():
     assert argv[-1] == "--jobs=55,56_2"
 
 
-@pytest.mark.parametrize("expr,names", [
-    ("n1", ["n1"]), ("n[1-3]", ["n1", "n2", "n3"]),
-    ("gpu[007-009,12],login1", ["gpu007", "gpu008", "gpu009", "gpu12", "login1"]),
-    ("a[1-2]-ib", ["a1-ib", "a2-ib"]),
-])
+@pytest.mark.parametrize(
+    "expr,names",
+    [
+        ("n1", ["n1"]),
+        ("n[1-3]", ["n1", "n2", "n3"]),
+        ("gpu[007-009,12],login1", ["gpu007", "gpu008", "gpu009", "gpu12", "login1"]),
+        ("a[1-2]-ib", ["a1-ib", "a2-ib"]),
+    ],
+)
 def test_hostlists_expand_as_slurm_writes_them(expr, names):
     assert expand_hostlist(expr) == names
 
 
 def test_logs_split_into_attempts_at_restart_and_requeue_markers():
-    log = lines("a", "submitit INFO (x) - Requeued job 5 (2 remaining timeouts)", "b",
-                "=== sft_grid: 2026 bash launch.sh", "c")
-    assert split_attempts(log) == [["a", "submitit INFO (x) - Requeued job 5 (2 remaining timeouts)"], ["b"],
-                                   ["=== sft_grid: 2026 bash launch.sh", "c"]]
+    log = lines(
+        "a", "submitit INFO (x) - Requeued job 5 (2 remaining timeouts)", "b", "=== sft_grid: 2026 bash launch.sh", "c"
+    )
+    assert split_attempts(log) == [
+        ["a", "submitit INFO (x) - Requeued job 5 (2 remaining timeouts)"],
+        ["b"],
+        ["=== sft_grid: 2026 bash launch.sh", "c"],
+    ]
     assert split_attempts("") == [[]]
 
 
 def test_wrappers_and_pending_reasons_alone_decide_nothing():
     legs = parse_sacct("7|FAILED|1:0|Dependency|n1|00:01:00|s|e")
-    log = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
-           "subprocess.CalledProcessError: Command 'x'")
+    log = (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "subprocess.CalledProcessError: Command 'x'"
+    )
     failure = classify(legs, log)
     assert failure.klass is F.UNKNOWN and "Dependency" not in failure.summary
 
@@ -156,20 +175,32 @@ def test_several_logs_each_contribute_their_last_attempt():
 
 
 def test_summary_wording():
-    assert summarize(F.GPU_OOM, "torch.OutOfMemoryError: CUDA out of memory.", (), 0, 0, 12, 300) == \
-        "GPU out of memory, at step 12 of 300: torch.OutOfMemoryError: CUDA out of memory."
+    assert (
+        summarize(F.GPU_OOM, "torch.OutOfMemoryError: CUDA out of memory.", (), 0, 0, 12, 300)
+        == "GPU out of memory, at step 12 of 300: torch.OutOfMemoryError: CUDA out of memory."
+    )
     assert summarize(F.PREEMPTED, "x", (), 1, 5, None, None) == "preempted by the scheduler after 1 requeue (budget 5)"
     assert len(summarize(F.BACKEND_ERROR, "E" * 1000, (), 0, 0, None, None)) < 300
 
 
 # ---------------------------------------------------------------- the rules of issue 19
 
-TRACEBACK = ['Traceback (most recent call last):', '  File "/envs/x/bin/train.py", line 8, in <module>', '    launch()']
+TRACEBACK = ["Traceback (most recent call last):", '  File "/envs/x/bin/train.py", line 8, in <module>', "    launch()"]
 
 
-@pytest.mark.parametrize("prefix", ["[rank3]: ", "[rank3]:", "[default0]:", "0: ", "[1,0]<stderr>:", "work-1: ",
-                                    "2026-11-30 10:00:01,123 - trainer - ERROR - ",
-                                    "E1130 10:00:01.123000 4242 torch/distributed/elastic/api.py:732] "])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "[rank3]: ",
+        "[rank3]:",
+        "[default0]:",
+        "0: ",
+        "[1,0]<stderr>:",
+        "work-1: ",
+        "2026-11-30 10:00:01,123 - trainer - ERROR - ",
+        "E1130 10:00:01.123000 4242 torch/distributed/elastic/api.py:732] ",
+    ],
+)
 def test_an_exception_behind_a_launchers_label_is_found(prefix):
     log = "\n".join(prefix + line for line in [*TRACEBACK, "RuntimeError: the reader lost its place"])
     failure = classify([], log)
@@ -186,50 +217,68 @@ def test_spliced_ranks_are_read_apart():
         'raise ValueError("Undefined dataset {} in {}.".format(name, DATA_CONFIG))ValueError',
         ": Undefined dataset alpaca.json in dataset_info.json.ValueError",
         ": Undefined dataset alpaca.json in dataset_info.json.",
-        "    launch()")
+        "    launch()",
+    )
     failure = classify([], log)
     assert failure.klass is F.BACKEND_ERROR
     assert failure.evidence.startswith("ValueError: Undefined dataset alpaca.json in dataset_info.json.")
 
 
 def test_terminate_and_what_lines_are_an_exception():
-    log = lines("terminate called after throwing an instance of 'c10::Error'",
-                "  what():  the allocator's bookkeeping went wrong",
-                "Exception raised from free at ../c10/cuda/CUDACachingAllocator.cpp:1 (most recent call first):",
-                "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x42 (0x1 in libc10.so)")
+    log = lines(
+        "terminate called after throwing an instance of 'c10::Error'",
+        "  what():  the allocator's bookkeeping went wrong",
+        "Exception raised from free at ../c10/cuda/CUDACachingAllocator.cpp:1 (most recent call first):",
+        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x42 (0x1 in libc10.so)",
+    )
     failure = classify([], log)
     assert failure.klass is F.UNKNOWN and "what():  the allocator's bookkeeping went wrong" in failure.evidence
-    timeout = classify([], "terminate called after throwing an instance of 'c10::DistBackendError'\n  what():  [PG 0 "
-                           "Rank 1] Process group watchdog thread terminated with exception: [Rank 1] Watchdog caught "
-                           "collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600001 "
-                           "milliseconds before timing out.")
+    timeout = classify(
+        [],
+        "terminate called after throwing an instance of 'c10::DistBackendError'\n  what():  [PG 0 "
+        "Rank 1] Process group watchdog thread terminated with exception: [Rank 1] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600001 "
+        "milliseconds before timing out.",
+    )
     assert timeout.klass is F.COLLECTIVE_TIMEOUT
 
 
-@pytest.mark.parametrize("log", [
-    "RuntimeError: the reader lost its place",
-    lines(*TRACEBACK, "KeyError: 'a'"),  # a KeyError raised from the user's own code, not the backend's data
-    "OSError: [Errno 5] Input/output error: '/scratch/run/samples'",
-    "ValueError: too many values to unpack (expected 2)",
-])
+@pytest.mark.parametrize(
+    "log",
+    [
+        "RuntimeError: the reader lost its place",
+        lines(*TRACEBACK, "KeyError: 'a'"),  # a KeyError raised from the user's own code, not the backend's data
+        "OSError: [Errno 5] Input/output error: '/scratch/run/samples'",
+        "ValueError: too many values to unpack (expected 2)",
+    ],
+)
 def test_no_backend_error_without_positive_evidence(log):
     failure = classify([], log)
     assert failure.klass is F.UNKNOWN and failure.evidence == log.splitlines()[-1]
     assert "read " in decide(failure, Policy(), 0, CellContext(log="logs/train.log")).message
 
 
-@pytest.mark.parametrize("log", [
-    "ValueError: Some keys are not used by the HfArgumentParser: ['lr']",
-    "pydantic_core._pydantic_core.ValidationError: 1 validation error for AxolotlConfigWCapabilities",
-    "train.py: error: unrecognized arguments: --learning-rate 1e-5",
-    "datasets.exceptions.DatasetGenerationError: An error occurred while generating the dataset",
-    lines("Traceback (most recent call last):",
-          '  File "/envs/lf/lib/python3.11/site-packages/llamafactory/data/converter.py", line 9, in __call__',
-          '    prompt = example["instruction"]', "KeyError: 'instruction'"),
-    lines("Traceback (most recent call last):",
-          '  File "/envs/x/lib/python3.9/site-packages/transformers/training_args.py", line 1180, in __post_init__',
-          "    raise ValueError(", "ValueError: --load_best_model_at_end requires the save and eval strategy to match"),
-])
+@pytest.mark.parametrize(
+    "log",
+    [
+        "ValueError: Some keys are not used by the HfArgumentParser: ['lr']",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for AxolotlConfigWCapabilities",
+        "train.py: error: unrecognized arguments: --learning-rate 1e-5",
+        "datasets.exceptions.DatasetGenerationError: An error occurred while generating the dataset",
+        lines(
+            "Traceback (most recent call last):",
+            '  File "/envs/lf/lib/python3.11/site-packages/llamafactory/data/converter.py", line 9, in __call__',
+            '    prompt = example["instruction"]',
+            "KeyError: 'instruction'",
+        ),
+        lines(
+            "Traceback (most recent call last):",
+            '  File "/envs/x/lib/python3.9/site-packages/transformers/training_args.py", line 1180, in __post_init__',
+            "    raise ValueError(",
+            "ValueError: --load_best_model_at_end requires the save and eval strategy to match",
+        ),
+    ],
+)
 def test_backend_error_on_positive_evidence(log):
     failure = classify([], log)
     assert failure.klass is F.BACKEND_ERROR and failure.evidence == log.splitlines()[-1]
@@ -245,16 +294,21 @@ def test_submitits_preempted_label_alone_decides_nothing():
     assert classify([], f"{label}\n{stepd}").klass is F.PREEMPTED
     assert classify(parse_sacct("9|TIMEOUT|0:0|None|n7|04:00:00|s|e"), label).klass is F.TIME_LIMIT
     # a preemption the scheduler requeued, then the next run's own failure: the later run decides
-    later = ("submitit ERROR (2026-11-30 15:10:00,000) - Submitted job triggered an exception\n"
-             "RuntimeError: Timed out initializing process group in store based barrier on rank: 0")
+    later = (
+        "submitit ERROR (2026-11-30 15:10:00,000) - Submitted job triggered an exception\n"
+        "RuntimeError: Timed out initializing process group in store based barrier on rank: 0"
+    )
     assert classify([], f"{label}\n{stepd}\n{later}").klass is F.RENDEZVOUS
 
 
-@pytest.mark.parametrize("log", [
-    "RuntimeError: CUDA error: an illegal memory access was encountered",
-    "gpu031:3456:3512 [1] NCCL WARN Cuda failure 'an illegal memory access was encountered'",
-    "terminate called after throwing an instance of 'c10::CUDAError'\n  what():  CUDA error: unknown error",
-])
+@pytest.mark.parametrize(
+    "log",
+    [
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "gpu031:3456:3512 [1] NCCL WARN Cuda failure 'an illegal memory access was encountered'",
+        "terminate called after throwing an instance of 'c10::CUDAError'\n  what():  CUDA error: unknown error",
+    ],
+)
 def test_a_cuda_fault_without_a_hardware_sign_is_software_and_excludes_no_node(log):
     legs = parse_sacct("5|FAILED|1:0|None|gpu031|00:10:00|s|e")
     failure = classify(legs, log)
@@ -267,16 +321,20 @@ def test_a_cuda_fault_without_a_hardware_sign_is_software_and_excludes_no_node(l
 
 def test_an_echo_on_other_ranks_does_not_outrank_the_named_failure():
     data = "[rank0]: ValueError: Undefined dataset tulu in dataset_info.json."
-    echo = ("[rank1]: torch.distributed.DistBackendError: [1] is setting up NCCL communicator and retrieving "
-            "ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: Connection "
-            "reset by peer")
+    echo = (
+        "[rank1]: torch.distributed.DistBackendError: [1] is setting up NCCL communicator and retrieving "
+        "ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: Connection "
+        "reset by peer"
+    )
     assert classify([], f"{data}\n{echo}").klass is F.BACKEND_ERROR
     assert classify([], echo).klass is F.RENDEZVOUS
 
 
 def test_nccl_connection_failures_are_a_rendezvous_at_set_up_and_a_collective_once_running():
-    refused = "n1:12:34 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.0.0.2<4321> failed : " \
-              "Connection refused"
+    refused = (
+        "n1:12:34 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.0.0.2<4321> failed : "
+        "Connection refused"
+    )
     assert classify([], refused).klass is F.RENDEZVOUS
     assert classify([], "{'loss': 2.1, 'epoch': 0.5}\n" + refused).klass is F.COLLECTIVE_TIMEOUT
 
@@ -292,8 +350,14 @@ def failure(klass: FailureClass, nodes: tuple[str, ...] = (), **kw) -> Failure:
 
 
 def test_time_limit_with_budget_spent_says_where_it_stopped_what_to_change_and_the_rerun_command():
-    f = failure(F.TIME_LIMIT, step=297, total=300, requeues=3, requeue_budget=3,
-                summary="time limit reached after 3 requeues (budget 3), at step 297 of 300")
+    f = failure(
+        F.TIME_LIMIT,
+        step=297,
+        total=300,
+        requeues=3,
+        requeue_budget=3,
+        summary="time limit reached after 3 requeues (budget 3), at step 297 of 300",
+    )
     remedy = decide(f, Policy(), attempts_so_far=3, cell=CellContext(rerun=RERUN, time="04:00:00", nodes=2))
     assert remedy.kind is RemedyKind.STOP
     assert remedy.overrides == ("cluster.max_requeues=4",)
@@ -328,8 +392,10 @@ def test_gpu_oom_at_micro_batch_one_suggests_other_fixes():
     assert remedy.overrides == () and "cutoff_len" in remedy.message
 
 
-@pytest.mark.parametrize("klass,budget", [(F.PREEMPTED, 5), (F.NODE_FAILURE, 2), (F.GPU_HARDWARE, 2),
-                                          (F.COLLECTIVE_TIMEOUT, 2), (F.RENDEZVOUS, 2)])
+@pytest.mark.parametrize(
+    "klass,budget",
+    [(F.PREEMPTED, 5), (F.NODE_FAILURE, 2), (F.GPU_HARDWARE, 2), (F.COLLECTIVE_TIMEOUT, 2), (F.RENDEZVOUS, 2)],
+)
 def test_transient_classes_requeue_within_their_budget_then_stop(klass, budget):
     nodes = ("gpu042",) if klass in (F.NODE_FAILURE, F.GPU_HARDWARE) else ()
     first = decide(failure(klass, nodes), Policy(), 0)
@@ -340,12 +406,19 @@ def test_transient_classes_requeue_within_their_budget_then_stop(klass, budget):
     assert last.kind is RemedyKind.STOP and f"requeue budget {budget} spent" in last.message
 
 
-@pytest.mark.parametrize("klass,fix", [
-    (F.NAN_LOSS, "lower the learning rate"), (F.DIVERGED, "lower the learning rate"),
-    (F.BACKEND_ERROR, "fix what the evidence names"), (F.DISK_FULL, "free space or raise the quota"),
-    (F.OFFLINE_HUB, "no internet"), (F.CANCELLED, "nothing to fix"), (F.HOST_OOM, "host memory"),
-    (F.UNKNOWN, "read the cell's log (logs/train.log)"),
-])
+@pytest.mark.parametrize(
+    "klass,fix",
+    [
+        (F.NAN_LOSS, "lower the learning rate"),
+        (F.DIVERGED, "lower the learning rate"),
+        (F.BACKEND_ERROR, "fix what the evidence names"),
+        (F.DISK_FULL, "free space or raise the quota"),
+        (F.OFFLINE_HUB, "no internet"),
+        (F.CANCELLED, "nothing to fix"),
+        (F.HOST_OOM, "host memory"),
+        (F.UNKNOWN, "read the cell's log (logs/train.log)"),
+    ],
+)
 def test_stopping_classes_keep_checkpoints_and_say_how_to_fix(klass, fix):
     remedy = decide(failure(klass), Policy(), 0, CellContext(rerun=RERUN))
     assert remedy.kind is RemedyKind.STOP and remedy.exclude_nodes == ()
@@ -360,8 +433,14 @@ def test_loss_failures_suggest_a_lower_learning_rate_when_it_is_known():
 
 
 def test_a_grid_changes_the_policy_with_a_plain_mapping():
-    policy = Policy.from_mapping({"preempted": {"action": "requeue", "budget": 8}, "gpu_oom": "stop",
-                                  "node_failure": "requeue:1", "collective_timeout": "stop"})
+    policy = Policy.from_mapping(
+        {
+            "preempted": {"action": "requeue", "budget": 8},
+            "gpu_oom": "stop",
+            "node_failure": "requeue:1",
+            "collective_timeout": "stop",
+        }
+    )
     assert policy.rule(F.PREEMPTED) == Rule(RemedyKind.REQUEUE, 8)
     assert policy.rule(F.NODE_FAILURE) == Rule(RemedyKind.REQUEUE, 1)
     assert decide(failure(F.COLLECTIVE_TIMEOUT), policy, 0).kind is RemedyKind.STOP
@@ -371,8 +450,9 @@ def test_a_grid_changes_the_policy_with_a_plain_mapping():
     assert decide(failure(F.DISK_FULL), Policy.from_mapping({"disk_full": "requeue:1"}), 0).kind is RemedyKind.REQUEUE
 
 
-@pytest.mark.parametrize("changes", [{"nosuch": "stop"}, {"gpu_oom": "retry"}, {"preempted": {"budget": -1}},
-                                     {"preempted": "requeue:two"}])
+@pytest.mark.parametrize(
+    "changes", [{"nosuch": "stop"}, {"gpu_oom": "retry"}, {"preempted": {"budget": -1}}, {"preempted": "requeue:two"}]
+)
 def test_bad_policy_changes_are_refused(changes):
     with pytest.raises(ValueError):
         Policy.from_mapping(changes)
@@ -403,18 +483,23 @@ def _leg_history(*starts: str) -> list:
     return out
 
 
-@pytest.mark.parametrize("starts, saved, stuck", [
-    (("", "checkpoint-20"), ["checkpoint-20", "checkpoint-40"], False),  # the second leg saved one: progress
-    (("checkpoint-20", "checkpoint-20"), ["checkpoint-20"], True),  # two legs from the same, nothing newer
-    (("", ""), [], True),  # two legs that never reached the first checkpoint
-    (("checkpoint-20",), ["checkpoint-20"], False),  # one leg alone: a preemption can end a leg early
-    (("checkpoint-20", "checkpoint-20"), ["checkpoint-20", "checkpoint-40"], False),  # the last leg saved one
-])
+@pytest.mark.parametrize(
+    "starts, saved, stuck",
+    [
+        (("", "checkpoint-20"), ["checkpoint-20", "checkpoint-40"], False),  # the second leg saved one: progress
+        (("checkpoint-20", "checkpoint-20"), ["checkpoint-20"], True),  # two legs from the same, nothing newer
+        (("", ""), [], True),  # two legs that never reached the first checkpoint
+        (("checkpoint-20",), ["checkpoint-20"], False),  # one leg alone: a preemption can end a leg early
+        (("checkpoint-20", "checkpoint-20"), ["checkpoint-20", "checkpoint-40"], False),  # the last leg saved one
+    ],
+)
 def test_a_requeue_is_refused_when_two_legs_in_a_row_saved_nothing(tmp_path, starts, saved, stuck):
     from sft_grid.core.failures.cell import stalled
 
-    (tmp_path / "cell.yaml").write_text("# Rerun this cell: python -m sft_grid model=m save_steps=20 time=00:10:00\n"
-                                        "save_steps: 20\ntime: '00:10:00'\ncluster: {max_requeues: 9}\n")
+    (tmp_path / "cell.yaml").write_text(
+        "# Rerun this cell: python -m sft_grid model=m save_steps=20 time=00:10:00\n"
+        "save_steps: 20\ntime: '00:10:00'\ncluster: {max_requeues: 9}\n"
+    )
     for name in saved:
         (tmp_path / "output" / name).mkdir(parents=True)
     event = stalled(tmp_path, _leg_history(*starts), "7")

@@ -35,8 +35,14 @@ slurm = pytest.mark.slurm
 
 T = TypeVar("T")
 # a tiny Llama that trains long enough to be caught (checkpoints every 10 steps)
-LONG = ["model=tiny_llama", "max_steps=3000", "save_steps=10", "global_batch_size=16", "micro_batch_size=1",
-        "scheduler=constant"]
+LONG = [
+    "model=tiny_llama",
+    "max_steps=3000",
+    "save_steps=10",
+    "global_batch_size=16",
+    "micro_batch_size=1",
+    "scheduler=constant",
+]
 WAIT_S = 1800  # CI's shared 2-core machine can be several times slower than a workstation
 
 
@@ -67,8 +73,12 @@ def final(root: Path, deadline_s: float = WAIT_S) -> CellState:
 
 
 def status_text(root: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -81,6 +91,7 @@ def assert_nothing_lost(cell: Path, expect_checkpoints: bool = True) -> None:
 
 def training(root: Path) -> CellState:
     """Wait until the cell's training runs and has written a checkpoint."""
+
     def probe() -> CellState | None:
         cells = list(iter_cell_dirs(root / "default"))
         if not cells:
@@ -128,8 +139,12 @@ def _rank_pid(cell: Path, rank: str) -> int | None:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and str(cell).encode() in cmdline and b"sft_grid_lf.py" in cmdline \
-                and b"LOCAL_RANK=0" in env:
+        if (
+            f"RANK={rank}".encode() in env
+            and str(cell).encode() in cmdline
+            and b"sft_grid_lf.py" in cmdline
+            and b"LOCAL_RANK=0" in env
+        ):
             return int(pid)
     return None
 
@@ -139,9 +154,19 @@ def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_c
     root = roots("rank")
     # the peers' collective timeout bounded (the Trainer's ddp_timeout, 1800 s by default): whether the surviving
     # rank learns of the loss from srun ending the step or from its own collective timing out, the cell ends soon
-    run_sft("model=tiny_llama", "max_steps=120", "save_steps=10", "global_batch_size=8", "micro_batch_size=1",
-            "scheduler=constant", "nodes=2", "+extra.ddp_timeout=120", "cluster=slurm_local", f"runs_root={root}",
-            check=True)
+    run_sft(
+        "model=tiny_llama",
+        "max_steps=120",
+        "save_steps=10",
+        "global_batch_size=8",
+        "micro_batch_size=1",
+        "scheduler=constant",
+        "nodes=2",
+        "+extra.ddp_timeout=120",
+        "cluster=slurm_local",
+        f"runs_root={root}",
+        check=True,
+    )
     training(root)
     cell = the_cell(root)
     pid = wait_for(lambda: _rank_pid(cell, "1"), "rank 1's training process", 120)
@@ -154,7 +179,7 @@ def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_c
     requeued = [e for e in history if e["event"] == "submitted" and e.get("note", "").startswith("requeue: ")]
     assert requeued, history  # submitted again by the policy, not by a person
     assert st.state is State.COMPLETED, (st, [e["event"] for e in history])
-    assert any(e["event"] == "resumed" for e in history[history.index(requeued[0]):]), history
+    assert any(e["event"] == "resumed" for e in history[history.index(requeued[0]) :]), history
 
 
 @slurm
@@ -166,8 +191,16 @@ def test_a_full_disk_stops_the_cell_and_keeps_what_it_wrote(roots, tmp_path):
         root = mount / "runs"
         root.mkdir()
         # a checkpoint every step: the tmpfs fills after a few
-        run_sft("model=tiny_llama", "max_steps=400", "save_steps=1", "global_batch_size=4", "micro_batch_size=2",
-                "cluster=slurm_local", f"runs_root={root}", check=True)
+        run_sft(
+            "model=tiny_llama",
+            "max_steps=400",
+            "save_steps=1",
+            "global_batch_size=4",
+            "micro_batch_size=2",
+            "cluster=slurm_local",
+            f"runs_root={root}",
+            check=True,
+        )
         st = final(root, 900)
         assert st.state is State.FAILED and st.failure_class == "disk_full", st
         # torch.save's own error (its stream failed) or, where the log could not grow either, the file system's
@@ -198,8 +231,17 @@ def test_a_diverging_loss_is_stopped_by_the_watchdog_in_both_backends(tmp_path, 
     if backend == "axolotl":
         request.getfixturevalue("axolotl_env")
     root = tmp_path / "runs"
-    proc = run_sft("model=tiny_llama", f"backend={backend}", "lr=1e4", "max_steps=40", "save_steps=1",
-                   "global_batch_size=2", "micro_batch_size=2", "scheduler=constant", f"runs_root={root}")
+    proc = run_sft(
+        "model=tiny_llama",
+        f"backend={backend}",
+        "lr=1e4",
+        "max_steps=40",
+        "save_steps=1",
+        "global_batch_size=2",
+        "micro_batch_size=2",
+        "scheduler=constant",
+        f"runs_root={root}",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     cell = the_cell(root)
     st = triaged_states([cell])[cell]

@@ -59,8 +59,14 @@ def test_the_uniform_rule_spares_runs_that_start_there_or_only_pass_through():
 
 
 def test_settings_from_the_environment_and_their_bounds():
-    s = wd.WatchdogSettings.from_env({"SFT_GRID_WATCHDOG_K": "8", "SFT_GRID_WATCHDOG_P": "5",
-                                      "SFT_GRID_WATCHDOG_TOL": "0.01", "SFT_GRID_WATCHDOG_VOCAB": "32000"})
+    s = wd.WatchdogSettings.from_env(
+        {
+            "SFT_GRID_WATCHDOG_K": "8",
+            "SFT_GRID_WATCHDOG_P": "5",
+            "SFT_GRID_WATCHDOG_TOL": "0.01",
+            "SFT_GRID_WATCHDOG_VOCAB": "32000",
+        }
+    )
     assert s == wd.WatchdogSettings(k=8.0, p=5, tol=0.01, vocab_size=32000)
     assert wd.WatchdogSettings.from_env({"SFT_GRID_WATCHDOG_K": "8"}, k=2.5).k == 2.5
     assert wd.WatchdogSettings.from_env({}) == wd.WatchdogSettings()
@@ -84,8 +90,13 @@ def test_the_callback_writes_the_verdict_prints_one_line_and_exits_non_zero(tmp_
         cb.on_log(args, fake_state(2), None, logs={"loss": float("nan")})
     assert stop.value.code == wd.EXIT_STATUS != 0
     verdict = json.loads((tmp_path / "output" / wd.VERDICT_FILE).read_text())
-    assert verdict == {"class": "nan_loss", "step": 2, "loss": "nan", "rule": "non_finite",
-                       "detail": "loss is nan at step 2"}
+    assert verdict == {
+        "class": "nan_loss",
+        "step": 2,
+        "loss": "nan",
+        "rule": "non_finite",
+        "detail": "loss is nan at step 2",
+    }
     assert [p.name for p in (tmp_path / "output").iterdir()] == [wd.VERDICT_FILE]  # no temp file left
     lines = [x for x in capsys.readouterr().err.splitlines() if "sft_grid watchdog" in x]
     assert len(lines) == 1 and lines[0].startswith("sft_grid watchdog: nan_loss at step 2")

@@ -29,17 +29,25 @@ def test_global_batch_must_divide_by_ranks_and_micro_batch(make_cells):
     p = only(problems_of(make_cells, "global_batch_size=10", "micro_batch_size=4"), "batch-divisible")
     assert p.key == "global_batch_size" and p.value == 10
     assert "1 x 1 x 4 = 4" in p.message and "multiple of 4" in p.fix
-    p = only(problems_of(make_cells, "global_batch_size=96", "cluster.gpus_per_node=4", "nodes=5",
-                         "cluster.executor=slurm"), "batch-divisible")
+    p = only(
+        problems_of(make_cells, "global_batch_size=96", "cluster.gpus_per_node=4", "nodes=5", "cluster.executor=slurm"),
+        "batch-divisible",
+    )
     assert "5 x 4 x 1 = 20" in p.message
 
 
 def test_interleave_probabilities_must_match_the_datasets(make_cells):
-    p = only(problems_of(make_cells, "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
-                         "mix.probs=[0.9]"), "mix-probs")
+    p = only(
+        problems_of(make_cells, "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under", "mix.probs=[0.9]"),
+        "mix-probs",
+    )
     assert "2 dataset(s) (magpie, delphi_warmup), 1 given" in p.message
-    p = only(problems_of(make_cells, "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under",
-                         "mix.probs=[0.9,0.2]"), "mix-probs")
+    p = only(
+        problems_of(
+            make_cells, "dataset=[magpie,delphi_warmup]", "mix.strategy=interleave_under", "mix.probs=[0.9,0.2]"
+        ),
+        "mix-probs",
+    )
     assert "sum to 1" in p.message
     p = only(problems_of(make_cells, "dataset=[magpie,delphi_warmup]", "mix.probs=[0.5,0.5]"), "mix-probs")
     assert "only used by interleave" in p.message
@@ -75,15 +83,21 @@ def test_other_rules(make_cells):
     assert "hub_model_id" in p.fix
     # the upload is a post-training stage: no internet on compute nodes is no error (it waits for the login node)
     assert problems_of(make_cells, "push_to_hub=true", "hub_model_id=org/x") == []
-    assert only(problems_of(make_cells, "push_to_hub=true", "hub_model_id='org/{nope}'"),
-                "hub-id").key == "hub_model_id"
-    assert only(problems_of(make_cells, "register_db=true", "push_to_hub=true", "hub_model_id=org/x"),
-                "register-command").key == "register_command"
+    assert (
+        only(problems_of(make_cells, "push_to_hub=true", "hub_model_id='org/{nope}'"), "hub-id").key == "hub_model_id"
+    )
+    assert (
+        only(
+            problems_of(make_cells, "register_db=true", "push_to_hub=true", "hub_model_id=org/x"), "register-command"
+        ).key
+        == "register_command"
+    )
 
 
 def test_all_problems_of_all_cells_are_reported_at_once(make_cells):
-    cells = make_cells(["global_batch_size=3", "micro_batch_size=2", "time=99:00:00"],
-                       ["model=delphi", "model.template=qwen3"])
+    cells = make_cells(
+        ["global_batch_size=3", "micro_batch_size=2", "time=99:00:00"], ["model=delphi", "model.template=qwen3"]
+    )
     problems = validate(cells)
     assert {p.rule for p in problems} == {"batch-divisible", "time-max", "template-tokenizer"}
     text = str(GridError(problems))
@@ -99,14 +113,19 @@ def test_duplicate_identity_in_one_grid(make_cells):
 
 
 def test_unknown_key_lists_the_valid_keys():
-    p = composition_problem(["model.templat=qwen3"], "Could not override 'model.templat'.\n"
-                            "Key 'templat' not in 'ModelConf'\n    full_key: model.templat\n    object_type=ModelConf")
+    p = composition_problem(
+        ["model.templat=qwen3"],
+        "Could not override 'model.templat'.\n"
+        "Key 'templat' not in 'ModelConf'\n    full_key: model.templat\n    object_type=ModelConf",
+    )
     assert p.key == "templat" and p.cell == "model.templat=qwen3"
     assert "valid keys of ModelConf: name, hub_id, path" in p.fix and "did you mean 'template'" in p.fix
 
 
-@pytest.mark.parametrize("key, bad", [("model.name", "my model"), ("model.name", "x;rm -rf ~"),
-                                      ("sweep_name", "it's"), ("model.name", 'a"b')])
+@pytest.mark.parametrize(
+    "key, bad",
+    [("model.name", "my model"), ("model.name", "x;rm -rf ~"), ("sweep_name", "it's"), ("model.name", 'a"b')],
+)
 def test_unsafe_names_are_rejected(make_cells, key, bad):
     (cell,) = make_cells([f"{key}='{bad}'" if "'" not in bad else f'{key}="{bad}"'])
     p = only(validate([cell]), "safe-name")

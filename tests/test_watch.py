@@ -114,9 +114,23 @@ def test_watch_waits_for_the_post_stages_then_a_stop_leaves_it(fake_grid):
 def test_ctrl_c_leaves_the_watch_cleanly(fake_grid):
     _, run_grid = fake_grid
     run_grid(seeds=(1,))
-    proc = subprocess.Popen([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(run_grid.runs),
-                             "--watch", "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sft_grid.status",
+            "default",
+            "--runs-root",
+            str(run_grid.runs),
+            "--watch",
+            "--interval",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert proc.stdout is not None and proc.stderr is not None
     try:
         seen = ""
@@ -167,18 +181,45 @@ def test_a_real_slurm_cell_is_watched_and_its_log_followed_until_it_ends(tmp_pat
 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     try:
-        run_sft("model=tiny_llama", "global_batch_size=4", "micro_batch_size=2", "cluster=slurm_local", "max_steps=2",
-                f"runs_root={tmp_path}", check=True)
-        follow = subprocess.Popen([sys.executable, "-m", "sft_grid.logs", "default", "tiny_llama", "-f",
-                                   "--runs-root", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=env)
-        watch = subprocess.run([sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path),
-                                "--watch", "--interval", "1"], capture_output=True, text=True, env=env, timeout=240)
+        run_sft(
+            "model=tiny_llama",
+            "global_batch_size=4",
+            "micro_batch_size=2",
+            "cluster=slurm_local",
+            "max_steps=2",
+            f"runs_root={tmp_path}",
+            check=True,
+        )
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "sft_grid.logs", "default", "tiny_llama", "-f", "--runs-root", str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        watch = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sft_grid.status",
+                "default",
+                "--runs-root",
+                str(tmp_path),
+                "--watch",
+                "--interval",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+        )
         out, err = follow.communicate(timeout=120)
     finally:
         cancel_jobs_of(tmp_path)
-    assert watch.returncode == 0 and watch.stdout.rstrip().endswith("the grid has ended (nothing queued, running,"
-                                                                    " in post stages or evaluating)"), watch.stderr
+    assert watch.returncode == 0 and watch.stdout.rstrip().endswith(
+        "the grid has ended (nothing queued, running, in post stages or evaluating)"
+    ), watch.stderr
     printed = tables(watch.stdout)
     assert "1 cell(s): 1 completed" in printed[-1] and len(printed) >= 2  # it saw the cell before it completed
     assert follow.returncode == 0 and "=== sft_grid: " in out and "train_loss" in out, err

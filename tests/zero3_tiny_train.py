@@ -25,10 +25,18 @@ def main(model_dir: str, ds_json: str, output_dir: str, reference: str) -> None:
     with open(ds_json) as f:
         ds = json.load(f)
     args = TrainingArguments(
-        output_dir=output_dir, max_steps=2, save_steps=2,
+        output_dir=output_dir,
+        max_steps=2,
+        save_steps=2,
         per_device_train_batch_size=ds["train_micro_batch_size_per_gpu"],
-        gradient_accumulation_steps=ds["gradient_accumulation_steps"], learning_rate=1e-3, logging_steps=1,
-        deepspeed=ds_json, ddp_backend="gloo", report_to=[], use_cpu=False)
+        gradient_accumulation_steps=ds["gradient_accumulation_steps"],
+        learning_rate=1e-3,
+        logging_steps=1,
+        deepspeed=ds_json,
+        ddp_backend="gloo",
+        report_to=[],
+        use_cpu=False,
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     torch.manual_seed(0)
     rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, len(tok) - 1, (16, 12)).tolist()]

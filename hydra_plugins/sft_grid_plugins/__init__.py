@@ -5,7 +5,6 @@ launchers run the task once per cell; sft_grid instead plans, validates, renders
 together (sft_grid/grid/flow.py) and returns as soon as they are queued.
 """
 
-
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore

@@ -31,5 +31,3 @@ class SftGridLauncher(Launcher):
             ret.return_value = state
             returns.append(ret)
         return returns
-
-

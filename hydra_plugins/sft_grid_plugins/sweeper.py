@@ -21,8 +21,11 @@ class SftGridSweeper(BasicSweeper):
     def split_arguments(overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
         # An axis with no value (a glob that matches nothing, an empty range) would make the whole grid empty
         # without saying which axis: it is named, with everything else the user needs, before anything runs.
-        empty = [o for o in overrides if o.is_sweep_override() and o.is_discrete_sweep()
-                 and not list(o.sweep_string_iterator())]
+        empty = [
+            o
+            for o in overrides
+            if o.is_sweep_override() and o.is_discrete_sweep() and not list(o.sweep_string_iterator())
+        ]
         if empty:
             from sft_grid.cli.app import fail_empty_axes
 

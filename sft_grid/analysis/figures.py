@@ -30,11 +30,20 @@ from itertools import pairwise
 from typing import Any
 
 STATE_COLOURS = {"completed": "#2e7d32", "running": "#1565c0", "failed": "#c62828", "planned": "#757575"}
-CATEGORICAL = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-               "#9c755f", "#bab0ac")
+CATEGORICAL = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
 # A viridis-like ramp, stopped short of its pale yellow end, which vanishes on white.
-_RAMP = ((0.0, (68, 1, 84)), (0.25, (59, 82, 139)), (0.5, (33, 145, 140)), (0.75, (94, 201, 98)),
-         (1.0, (190, 208, 30)))
+_RAMP = ((0.0, (68, 1, 84)), (0.25, (59, 82, 139)), (0.5, (33, 145, 140)), (0.75, (94, 201, 98)), (1.0, (190, 208, 30)))
 WIDTH = 540  # pixels; a curve figure is 340 high (its legend at the right), a scaling one 430 (its legend below)
 CURVE_POINTS = 240  # per line, after decimation: enough for a line 500 pixels wide
 # the modebar: no plotly logo (a link), no box or lasso select (nothing in the page reads a selection); the wheel
@@ -57,7 +66,7 @@ def ramp(t: float) -> str:
 
 
 def _rgba(colour: str, alpha: float) -> str:
-    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
     return f"rgba({r},{g},{b},{alpha})"
 
 
@@ -103,8 +112,9 @@ def _curve(cell: dict[str, Any]) -> Any:
             raise ValueError("not rows of three")
     except (TypeError, ValueError):
         rows = [r for r in raw if isinstance(r, (list, tuple)) and len(r) >= 3]
-        a = np.array([[_num(v) if _num(v) is not None else math.nan for v in r[:3]] for r in rows],
-                     dtype=float).reshape(-1, 3)
+        a = np.array(
+            [[_num(v) if _num(v) is not None else math.nan for v in r[:3]] for r in rows], dtype=float
+        ).reshape(-1, 3)
     a = a[:, :3]
     a = a[np.isfinite(a[:, 2])]
     return a if len(a) else None
@@ -125,7 +135,6 @@ def decimate_index(y: Any, max_points: int) -> Any:
     base = np.arange(buckets) * size + 1
     keep = np.unique(np.clip(np.concatenate([base + padded.argmin(axis=1), base + padded.argmax(axis=1)]), 1, n - 2))
     return np.concatenate([[0], keep, [n - 1]])
-
 
 
 def _names(cells: list[dict[str, Any]], limit: int = 8) -> str:
@@ -208,29 +217,61 @@ class Canvas:
         # a long title goes on two lines: on one it would run under the modebar, at the figure's top right
         text = escape(title).replace(" vs ", "<br>vs ", 1) if len(title) > 40 else escape(title)
         top = 52 if "<br>" in text else 34
-        self.specs[ident] = {"data": data, "layout": {"title": {"text": text, "x": 0.02, "y": 0.99, "yanchor": "top",
-                                                                "font": {"size": 13}},
-                                                      **layout, "margin": {**layout["margin"], "t": top}},
-                             "config": {**CONFIG, "toImageButtonOptions": {"format": "svg", "filename": filename}}}
-        return (f'<div class="plot" id="{ident}" role="img" aria-label="{escape(title)}" '
-                f'style="width:{layout["width"]}px;height:{layout["height"]}px"></div>')
+        self.specs[ident] = {
+            "data": data,
+            "layout": {
+                "title": {"text": text, "x": 0.02, "y": 0.99, "yanchor": "top", "font": {"size": 13}},
+                **layout,
+                "margin": {**layout["margin"], "t": top},
+            },
+            "config": {**CONFIG, "toImageButtonOptions": {"format": "svg", "filename": filename}},
+        }
+        return (
+            f'<div class="plot" id="{ident}" role="img" aria-label="{escape(title)}" '
+            f'style="width:{layout["width"]}px;height:{layout["height"]}px"></div>'
+        )
 
 
 def _layout(x_title: str, y_title: str, height: int, **x_axis: Any) -> dict[str, Any]:
-    return {"width": WIDTH, "height": height, "margin": {"l": 58, "r": 10, "t": 34, "b": 44},
-            "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 11},
-            "hovermode": "closest", "paper_bgcolor": "#fff", "plot_bgcolor": "#fff",
-            "xaxis": {"title": {"text": escape(x_title)}, "gridcolor": "#eee", "linecolor": "#999", "mirror": True,
-                      "zeroline": False, **x_axis},
-            "yaxis": {"title": {"text": escape(y_title)}, "gridcolor": "#eee", "linecolor": "#999", "mirror": True,
-                      "zeroline": False},
-            "legend": {"font": {"size": 10}, "tracegroupgap": 2}}
+    return {
+        "width": WIDTH,
+        "height": height,
+        "margin": {"l": 58, "r": 10, "t": 34, "b": 44},
+        "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 11},
+        "hovermode": "closest",
+        "paper_bgcolor": "#fff",
+        "plot_bgcolor": "#fff",
+        "xaxis": {
+            "title": {"text": escape(x_title)},
+            "gridcolor": "#eee",
+            "linecolor": "#999",
+            "mirror": True,
+            "zeroline": False,
+            **x_axis,
+        },
+        "yaxis": {
+            "title": {"text": escape(y_title)},
+            "gridcolor": "#eee",
+            "linecolor": "#999",
+            "mirror": True,
+            "zeroline": False,
+        },
+        "legend": {"font": {"size": 10}, "tracegroupgap": 2},
+    }
 
 
 def _legend_only(name: str, group: str, colour: str) -> dict[str, Any]:
     """A trace with no points: the legend entry of a group of traces (clicking it hides or shows them all)."""
-    return {"type": "scatter", "mode": "lines", "x": [None], "y": [None], "name": escape(name), "legendgroup": group,
-            "line": {"color": colour, "width": 3}, "hoverinfo": "skip"}
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": [None],
+        "y": [None],
+        "name": escape(name),
+        "legendgroup": group,
+        "line": {"color": colour, "width": 3},
+        "hoverinfo": "skip",
+    }
 
 
 def loss_curves(layout: Layout, canvas: Canvas) -> str:
@@ -257,10 +298,14 @@ def loss_curves(layout: Layout, canvas: Canvas) -> str:
         if any(np.isfinite(layout.curve(c)[:, 1]).any() for c in cells):
             figs.append(_curve_figure(name, cells, layout, canvas, 1, y_range))
         title = escape(name) if name else "all cells"
-        out.append(f'<figure class="panel"><figcaption>{title} <span class="muted">({len(cells)} cells)'
-                   f'</span></figcaption><div class="plots">{"".join(figs)}</div></figure>')
-    styles = ('<p class="note">Solid: completed; dashed: running (ring: its latest loss); cross: a failed cell\'s last'
-              " logged step. Click a legend entry to hide or show its cells, drag to zoom, double-click to reset.</p>")
+        out.append(
+            f'<figure class="panel"><figcaption>{title} <span class="muted">({len(cells)} cells)'
+            f'</span></figcaption><div class="plots">{"".join(figs)}</div></figure>'
+        )
+    styles = (
+        '<p class="note">Solid: completed; dashed: running (ring: its latest loss); cross: a failed cell\'s last'
+        " logged step. Click a legend entry to hide or show its cells, drag to zoom, double-click to reset.</p>"
+    )
     without = [c for c in layout.cells if layout.curve(c) is None]
     return "".join(out) + styles + missing_note(without, "no logged steps")
 
@@ -270,8 +315,9 @@ _CURVE_HOVER = "%{fullData.name} (%{meta[0]})<br>%{meta[1]} %{x:,}<br>loss %{y:.
 _LAST_HOVER = "%{fullData.name} (%{meta[0]})<br>latest loss %{y:.4g}<br>%{meta[2]}<extra></extra>"
 
 
-def _curve_figure(panel: str, cells: list[dict[str, Any]], layout: Layout, canvas: Canvas, xi: int,
-                  y_range: list[float]) -> str:
+def _curve_figure(
+    panel: str, cells: list[dict[str, Any]], layout: Layout, canvas: Canvas, xi: int, y_range: list[float]
+) -> str:
     import numpy as np
 
     what = "step" if xi == 0 else "tokens seen"
@@ -286,16 +332,40 @@ def _curve_figure(panel: str, cells: list[dict[str, Any]], layout: Layout, canva
         state, name = cell_state(c), escape(str(c.get("name")))
         order, label, colour = layout.group(c)
         groups[label] = (order, colour)
-        common = {"type": "scatter", "name": name, "legendgroup": label, "showlegend": False,
-                  "meta": [escape(state), what, escape(str(c.get("reason") or ""))]}
-        traces.append({**common, "mode": "lines", "x": a[:, xi].tolist(), "y": a[:, 2].tolist(),
-                       "line": {"color": colour, "width": 1.4, "dash": "dash" if state == "running" else "solid"},
-                       "opacity": 0.65 if state == "failed" else 1.0, "hovertemplate": _CURVE_HOVER})
+        common = {
+            "type": "scatter",
+            "name": name,
+            "legendgroup": label,
+            "showlegend": False,
+            "meta": [escape(state), what, escape(str(c.get("reason") or ""))],
+        }
+        traces.append(
+            {
+                **common,
+                "mode": "lines",
+                "x": a[:, xi].tolist(),
+                "y": a[:, 2].tolist(),
+                "line": {"color": colour, "width": 1.4, "dash": "dash" if state == "running" else "solid"},
+                "opacity": 0.65 if state == "failed" else 1.0,
+                "hovertemplate": _CURVE_HOVER,
+            }
+        )
         if state in ("running", "failed"):
-            mark = ({"symbol": "circle-open", "size": 9, "color": colour, "line": {"width": 2}} if state == "running"
-                    else {"symbol": "x", "size": 9, "color": state_colour("failed")})
-            traces.append({**common, "mode": "markers", "x": [float(a[-1, xi])], "y": [float(a[-1, 2])],
-                           "marker": mark, "hovertemplate": _LAST_HOVER})
+            mark = (
+                {"symbol": "circle-open", "size": 9, "color": colour, "line": {"width": 2}}
+                if state == "running"
+                else {"symbol": "x", "size": 9, "color": state_colour("failed")}
+            )
+            traces.append(
+                {
+                    **common,
+                    "mode": "markers",
+                    "x": [float(a[-1, xi])],
+                    "y": [float(a[-1, 2])],
+                    "marker": mark,
+                    "hovertemplate": _LAST_HOVER,
+                }
+            )
     legend = [_legend_only(label, label, colour) for label, (_, colour) in sorted(groups.items(), key=lambda g: g[1])]
     fig = _layout(what, "loss", 340, type="linear")
     fig["yaxis"]["range"] = y_range
@@ -319,25 +389,46 @@ def scaling(data: dict[str, Any], layout: Layout, canvas: Canvas) -> str:
     fits = [f for f in data.get("fits") or [] if isinstance(f, dict)]
     metrics = ["final_loss", *sorted({k for c in cells + bases for k in (c.get("scores") or {})})]
     series = {r: categorical(i) for i, r in enumerate(layout.recipes)}
-    return "".join(_scaling_figure(layout, bases if x[0] == "params" else [], fits, series, metric, x, canvas)
-                   for x in _SCALING_X if len({v for c in cells if (v := pos(c.get(x[0]))) is not None}) >= 2
-                   for metric in metrics)
+    return "".join(
+        _scaling_figure(layout, bases if x[0] == "params" else [], fits, series, metric, x, canvas)
+        for x in _SCALING_X
+        if len({v for c in cells if (v := pos(c.get(x[0]))) is not None}) >= 2
+        for metric in metrics
+    )
 
 
-def _scaling_figure(layout: Layout, bases: list[dict[str, Any]], fits: list[dict[str, Any]], series: dict[str, str],
-                    metric: str, axis: tuple[str, str, str, str], canvas: Canvas) -> str:
+def _scaling_figure(
+    layout: Layout,
+    bases: list[dict[str, Any]],
+    fits: list[dict[str, Any]],
+    series: dict[str, str],
+    metric: str,
+    axis: tuple[str, str, str, str],
+    canvas: Canvas,
+) -> str:
     field, label, fmt, exponent = axis
     cells = layout.cells
-    done = [(c, x, y) for c in cells if (x := pos(c.get(field))) is not None
-            and c.get("state") == "completed" and (y := _metric_value(c, metric)) is not None]
-    ref = [(b, x, y) for b in bases if (x := pos(b.get("params"))) is not None
-           and (y := _metric_value(b, metric)) is not None]
+    done = [
+        (c, x, y)
+        for c in cells
+        if (x := pos(c.get(field))) is not None
+        and c.get("state") == "completed"
+        and (y := _metric_value(c, metric)) is not None
+    ]
+    ref = [
+        (b, x, y)
+        for b in bases
+        if (x := pos(b.get("params"))) is not None and (y := _metric_value(b, metric)) is not None
+    ]
     if not done and not ref:
         return ""
     latest = []
     if metric == "final_loss":
-        latest = [(c, x, float(layout.curve(c)[-1, 2])) for c in cells if c.get("state") == "running"
-                  and (x := pos(c.get(field))) is not None and layout.curve(c) is not None]
+        latest = [
+            (c, x, float(layout.curve(c)[-1, 2]))
+            for c in cells
+            if c.get("state") == "running" and (x := pos(c.get(field))) is not None and layout.curve(c) is not None
+        ]
     shown = {id(c) for c, _, _ in done + latest}
     rest = [c for c in cells if id(c) not in shown]
     my_fits = [f for f in fits if f.get("metric") == metric and f.get("x") == field]
@@ -350,21 +441,43 @@ def _scaling_figure(layout: Layout, bases: list[dict[str, Any]], fits: list[dict
         if not (f.get("ok") and band.get("n")):
             continue
         n, e, a, alpha = band["n"], f["E"], f["A"], f["alpha"]
-        mid = [e + a * v ** -alpha for v in n]
+        mid = [e + a * v**-alpha for v in n]
         lo, hi = list(band.get("lo") or []), list(band.get("hi") or [])
         if f.get("flip"):  # an accuracy-like score: its error 1 - score was fitted
             mid, lo, hi = [1.0 - v for v in mid], [1.0 - v for v in hi], [1.0 - v for v in lo]
         recipe = str(f.get("recipe") or "")
         colour = series.get(recipe, categorical(0))
         level = round(100 * (band.get("level") or 0.9))
-        traces.append({"type": "scatter", "mode": "lines", "x": [*n, *n[::-1]], "y": [*hi, *lo[::-1]],
-                       "fill": "toself", "fillcolor": _rgba(colour, 0.18), "line": {"width": 0},
-                       "name": escape(f"{recipe or 'all cells'}: {level}% band"), "legendgroup": recipe,
-                       "showlegend": False, "hoverinfo": "skip"})
-        traces.append({"type": "scatter", "mode": "lines", "x": n, "y": mid, "line": {"color": colour, "width": 1.6},
-                       "name": escape(f"{recipe or 'all cells'}: fit"), "legendgroup": recipe, "showlegend": False,
-                       "meta": meta, "hovertemplate": f"%{{fullData.name}}<br>%{{meta[1]}} %{{x:{fmt}}}<br>"
-                                                      "%{meta[0]} %{y:.4g}<extra></extra>"})
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": [*n, *n[::-1]],
+                "y": [*hi, *lo[::-1]],
+                "fill": "toself",
+                "fillcolor": _rgba(colour, 0.18),
+                "line": {"width": 0},
+                "name": escape(f"{recipe or 'all cells'}: {level}% band"),
+                "legendgroup": recipe,
+                "showlegend": False,
+                "hoverinfo": "skip",
+            }
+        )
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": n,
+                "y": mid,
+                "line": {"color": colour, "width": 1.6},
+                "name": escape(f"{recipe or 'all cells'}: fit"),
+                "legendgroup": recipe,
+                "showlegend": False,
+                "meta": meta,
+                "hovertemplate": f"%{{fullData.name}}<br>%{{meta[1]}} %{{x:{fmt}}}<br>"
+                "%{meta[0]} %{y:.4g}<extra></extra>",
+            }
+        )
     for recipe in sorted(series):
         pts = [(c, x, y) for c, x, y in done if str(c.get("recipe") or "") == recipe]
         running = [(c, x, y) for c, x, y in latest if str(c.get("recipe") or "") == recipe]
@@ -373,23 +486,52 @@ def _scaling_figure(layout: Layout, bases: list[dict[str, Any]], fits: list[dict
             dot = {"symbol": "circle", "size": 7, "color": colour, "line": {"color": "#fff", "width": 1}}
             traces.append(_points(pts, escape(recipe or "all cells"), recipe, meta, hover, dot))
         if running:
-            traces.append(_points(running, escape(f"{recipe or 'all cells'}: running"), recipe, meta,
-                                  hover.replace("<br>%{meta[0]}", " (running)<br>latest %{meta[0]}"),
-                                  {"symbol": "circle-open", "size": 9, "color": colour, "line": {"width": 2}},
-                                  legend=not pts))
+            traces.append(
+                _points(
+                    running,
+                    escape(f"{recipe or 'all cells'}: running"),
+                    recipe,
+                    meta,
+                    hover.replace("<br>%{meta[0]}", " (running)<br>latest %{meta[0]}"),
+                    {"symbol": "circle-open", "size": 9, "color": colour, "line": {"width": 2}},
+                    legend=not pts,
+                )
+            )
     if ref:
-        traces.append(_points(ref, "base model", "base models", meta, hover,
-                              {"symbol": "diamond", "size": 9, "color": "#222", "line": {"color": "#fff", "width": 1}},
-                              legend=True))
+        traces.append(
+            _points(
+                ref,
+                "base model",
+                "base models",
+                meta,
+                hover,
+                {"symbol": "diamond", "size": 9, "color": "#222", "line": {"color": "#fff", "width": 1}},
+                legend=True,
+            )
+        )
     for state in sorted({cell_state(c) for c in rest}):
         marks = [(c, x, 0.04) for c in rest if cell_state(c) == state and (x := pos(c.get(field))) is not None]
         if marks:  # on a hidden second y axis, so they sit on the x axis whatever the zoom of y
             symbol = "x" if state == "failed" else "line-ns-open"
-            traces.append({**_points(marks, escape(f"{state}: no value (on the x axis)"), f"state {state}", meta,
-                                     f"%{{customdata}} ({escape(state)})<br>%{{meta[1]}} %{{x:{fmt}}}<extra></extra>",
-                                     {"symbol": symbol, "size": 10, "color": state_colour(state),
-                                      "line": {"color": state_colour(state), "width": 2}}, legend=True),
-                           "yaxis": "y2"})
+            traces.append(
+                {
+                    **_points(
+                        marks,
+                        escape(f"{state}: no value (on the x axis)"),
+                        f"state {state}",
+                        meta,
+                        f"%{{customdata}} ({escape(state)})<br>%{{meta[1]}} %{{x:{fmt}}}<extra></extra>",
+                        {
+                            "symbol": symbol,
+                            "size": 10,
+                            "color": state_colour(state),
+                            "line": {"color": state_colour(state), "width": 2},
+                        },
+                        legend=True,
+                    ),
+                    "yaxis": "y2",
+                }
+            )
     fig = _layout(label, name, 430, type="log", exponentformat=exponent)
     # below the plot: recipe names are long, and a legend at the right would take half the figure's width
     fig["legend"].update(orientation="h", x=0, xanchor="left", y=-0.18, yanchor="top")
@@ -397,16 +539,35 @@ def _scaling_figure(layout: Layout, bases: list[dict[str, Any]], fits: list[dict
     div = canvas.add(f"{name} vs {label}", traces, fig)
     var = "N" if field == "params" else "C"
     notes = "".join(f'<p class="note">{escape(fit_text(f, var))}</p>' for f in my_fits)
-    return (f'<figure class="scaling">{div}{notes}'
-            f"{missing_note(rest, 'not on the plot (marks on the x axis: tick planned/running, cross failed)')}"
-            "</figure>")
+    return (
+        f'<figure class="scaling">{div}{notes}'
+        f"{missing_note(rest, 'not on the plot (marks on the x axis: tick planned/running, cross failed)')}"
+        "</figure>"
+    )
 
 
-def _points(pts: list[tuple[dict[str, Any], float, float]], name: str, group: str, meta: list[str], hover: str,
-            marker: dict[str, Any], legend: bool = True) -> dict[str, Any]:
-    return {"type": "scatter", "mode": "markers", "x": [x for _, x, _ in pts], "y": [y for _, _, y in pts],
-            "customdata": [escape(str(c.get("name"))) for c, _, _ in pts], "name": name, "legendgroup": group,
-            "showlegend": legend, "marker": marker, "meta": meta, "hovertemplate": hover}
+def _points(
+    pts: list[tuple[dict[str, Any], float, float]],
+    name: str,
+    group: str,
+    meta: list[str],
+    hover: str,
+    marker: dict[str, Any],
+    legend: bool = True,
+) -> dict[str, Any]:
+    return {
+        "type": "scatter",
+        "mode": "markers",
+        "x": [x for _, x, _ in pts],
+        "y": [y for _, _, y in pts],
+        "customdata": [escape(str(c.get("name"))) for c, _, _ in pts],
+        "name": name,
+        "legendgroup": group,
+        "showlegend": legend,
+        "marker": marker,
+        "meta": meta,
+        "hovertemplate": hover,
+    }
 
 
 def fit_text(f: dict[str, Any], var: str) -> str:
@@ -416,5 +577,7 @@ def fit_text(f: dict[str, Any], var: str) -> str:
     flags = "" if f.get("converged") else ", NOT converged"
     flags += f", at bound: {', '.join(f['at_bounds'])}" if f.get("at_bounds") else ""
     lhs = f"1 - {f.get('metric')}" if f.get("flip") else "L"
-    return (f"{who}: {lhs}({var}) = {f['E']:.4g} + {f['A']:.4g} {var}^-{f['alpha']:.3g} ({f.get('loss')}, "
-            f"{len(f.get('keys') or [])} cells{flags})")
+    return (
+        f"{who}: {lhs}({var}) = {f['E']:.4g} + {f['A']:.4g} {var}^-{f['alpha']:.3g} ({f.get('loss')}, "
+        f"{len(f.get('keys') or [])} cells{flags})"
+    )

@@ -131,8 +131,12 @@ def _header(data: dict[str, Any], cells: list[dict[str, Any]]) -> str:
     if not counts:
         for c in cells:
             counts[cell_state(c)] = counts.get(cell_state(c), 0) + 1
-    rows = [("sweep file", g.get("sweep_file")), ("generated", g.get("generated_at")),
-            ("runs root", g.get("runs_root")), ("device", g.get("device"))]
+    rows = [
+        ("sweep file", g.get("sweep_file")),
+        ("generated", g.get("generated_at")),
+        ("runs root", g.get("runs_root")),
+        ("device", g.get("device")),
+    ]
     rev = escape(str(g.get("git_revision") or "unknown"))
     rev += ' <span class="badge dirty">dirty</span>' if g.get("git_dirty") else ""
     used, est = _hours(g.get("gpu_hours_used")), _hours(g.get("gpu_hours_estimated"))
@@ -140,20 +144,41 @@ def _header(data: dict[str, Any], cells: list[dict[str, Any]]) -> str:
     meta = "".join(f"<dt>{k}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v not in (None, ""))
     meta += f"<dt>git revision</dt><dd><code>{rev}</code></dd><dt>GPU-hours</dt><dd>{escape(hours)}</dd>"
     total = sum(n for n in counts.values() if isinstance(n, int)) or 1
-    badges = "".join(f'<span class="badge" style="background:{state_colour(s)}">{escape(str(s))}: {n}</span>'
-                     for s, n in counts.items())
-    bar = "".join(f'<span title="{escape(str(s))}: {n}" style="flex:{n / total:.4f};background:{state_colour(s)}">'
-                  f"</span>" for s, n in counts.items() if isinstance(n, int) and n > 0)
-    return (f"<header><h1>{escape(str(g.get('name') or 'grid'))}</h1><div>{badges}</div>"
-            f'<div class="bar" id="state-bar">{bar}</div><dl class="meta">{meta}</dl></header>')
+    badges = "".join(
+        f'<span class="badge" style="background:{state_colour(s)}">{escape(str(s))}: {n}</span>'
+        for s, n in counts.items()
+    )
+    bar = "".join(
+        f'<span title="{escape(str(s))}: {n}" style="flex:{n / total:.4f};background:{state_colour(s)}"></span>'
+        for s, n in counts.items()
+        if isinstance(n, int) and n > 0
+    )
+    return (
+        f"<header><h1>{escape(str(g.get('name') or 'grid'))}</h1><div>{badges}</div>"
+        f'<div class="bar" id="state-bar">{bar}</div><dl class="meta">{meta}</dl></header>'
+    )
 
 
 def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     scores = columns if columns is not None else sorted({k for c in cells for k in (c.get("scores") or {})})
-    heads = ["cell", *axes, "state", "step", "final loss", *scores, "wall", "GPU-h", "est. GPU-h", "est. now",
-             "directory"]
-    out = ['<div class="wrap"><table class="sortable" id="cells"><thead><tr>',
-           "".join(f'<th tabindex="0" scope="col">{escape(h)}</th>' for h in heads), "</tr></thead><tbody>"]
+    heads = [
+        "cell",
+        *axes,
+        "state",
+        "step",
+        "final loss",
+        *scores,
+        "wall",
+        "GPU-h",
+        "est. GPU-h",
+        "est. now",
+        "directory",
+    ]
+    out = [
+        '<div class="wrap"><table class="sortable" id="cells"><thead><tr>',
+        "".join(f'<th tabindex="0" scope="col">{escape(h)}</th>' for h in heads),
+        "</tr></thead><tbody>",
+    ]
     for c in cells:
         state = cell_state(c)
         step, total = _num(c.get("step")), _num(c.get("total_steps"))
@@ -161,8 +186,10 @@ def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | No
         reason = f'<div class="reason">{escape(str(c["reason"]))}</div>' if c.get("reason") else ""
         row = [_td(str(c.get("name", "")), cls="name")]
         row += [_td("" if (v := (c.get("values") or {}).get(a)) is None else str(v)) for a in axes]
-        row.append(f'<td data-v="{escape(state)}"><span class="badge" style="background:{state_colour(state)}">'
-                   f"{escape(state)}</span>{reason}</td>")
+        row.append(
+            f'<td data-v="{escape(state)}"><span class="badge" style="background:{state_colour(state)}">'
+            f"{escape(state)}</span>{reason}</td>"
+        )
         row.append(_td(steps, "" if step is None else step, "n"))
         row.append(_td(_g(c.get("final_loss")), _g(c.get("final_loss"), 17), "n"))
         for k in scores:
@@ -179,7 +206,7 @@ def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | No
         row.append(_td(_hours(c.get("gpu_hours")), _g(c.get("gpu_hours"), 17), "n"))
         row.append(_td(_hours(c.get("estimate_gpu_hours")), _g(c.get("estimate_gpu_hours"), 17), "n"))
         row.append(_td(_hours(c.get("estimate_now_gpu_hours")), _g(c.get("estimate_now_gpu_hours"), 17), "n"))
-        row.append(f'<td><code>{escape(str(c.get("dir") or ""))}</code></td>')
+        row.append(f"<td><code>{escape(str(c.get('dir') or ''))}</code></td>")
         out.append(f'<tr data-state="{escape(state)}">{"".join(row)}</tr>')
     out.append("</tbody></table></div>")
     return "".join(out)
@@ -196,9 +223,11 @@ def _estimates(data: dict[str, Any]) -> str:
         f = _num(v)
         return "?" if f is None else f"{100 * f:.0f}%"
 
-    text = (f"{summary.get('cells', 0)} completed cell(s) measured: median |estimate / measured - 1| "
-            f"{pct(summary.get('median_abs_error_at_launch'))} for the estimate made when each was queued (est. GPU-h),"
-            f" {pct(summary.get('median_abs_error_now'))} for today's calibration without the cell (est. now).")
+    text = (
+        f"{summary.get('cells', 0)} completed cell(s) measured: median |estimate / measured - 1| "
+        f"{pct(summary.get('median_abs_error_at_launch'))} for the estimate made when each was queued (est. GPU-h),"
+        f" {pct(summary.get('median_abs_error_now'))} for today's calibration without the cell (est. now)."
+    )
     items = "".join(f"<li>{escape(str(k))}: {escape(str(v))}</li>" for k, v in sorted(cal.items()))
     return f'<p class="note" id="estimates">{escape(text)}</p>' + (f'<ul class="note">{items}</ul>' if items else "")
 
@@ -219,8 +248,10 @@ def plotly_js() -> str:
         path = Path(folder) / "package_data" / "plotly.min.js"
         if path.is_file():
             return path.read_text(encoding="utf-8")
-    raise RuntimeError("the report embeds plotly.js from the plotly package, which is not installed here: "
-                       "pip install plotly (a dependency of sft_grid)")
+    raise RuntimeError(
+        "the report embeds plotly.js from the plotly package, which is not installed here: "
+        "pip install plotly (a dependency of sft_grid)"
+    )
 
 
 def _script_json(value: Any) -> str:
@@ -233,9 +264,12 @@ def render(data: dict[str, Any]) -> str:
     layout = Layout(data)
     canvas = Canvas()
     title = escape(str((data.get("grid") or {}).get("name") or "grid"))
-    body = [_header(data, layout.cells), f"<h2>Cells ({len(layout.cells)})</h2>",
-            _table(layout.axes, layout.cells, data.get("columns")) if layout.cells else '<p class="note">No cells.</p>',
-            _estimates(data)]
+    body = [
+        _header(data, layout.cells),
+        f"<h2>Cells ({len(layout.cells)})</h2>",
+        _table(layout.axes, layout.cells, data.get("columns")) if layout.cells else '<p class="note">No cells.</p>',
+        _estimates(data),
+    ]
     if layout.cells:
         body += ['<h2>Loss curves</h2><section id="curves">', loss_curves(layout, canvas), "</section>"]
     plots = scaling(data, layout, canvas)
@@ -243,14 +277,18 @@ def render(data: dict[str, Any]) -> str:
         body += ['<h2>Scaling</h2><section id="scaling">', plots, "</section>"]
     scripts = f"<script>{_JS}</script>"
     if canvas.specs:
-        scripts = (f"<script>{plotly_js()}</script>"
-                   f'<script type="application/json" id="figures">{_script_json(canvas.specs)}</script>'
-                   f"<script>{_DRAW}</script>{scripts}")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            # an empty data: icon, so that no browser goes looking for /favicon.ico
-            f"<link rel=\"icon\" href=\"data:,\"><title>{title} report</title><style>{_CSS}</style></head>"
-            f"<body>{''.join(body)}{scripts}</body></html>\n")
+        scripts = (
+            f"<script>{plotly_js()}</script>"
+            f'<script type="application/json" id="figures">{_script_json(canvas.specs)}</script>'
+            f"<script>{_DRAW}</script>{scripts}"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        # an empty data: icon, so that no browser goes looking for /favicon.ico
+        f'<link rel="icon" href="data:,"><title>{title} report</title><style>{_CSS}</style></head>'
+        f"<body>{''.join(body)}{scripts}</body></html>\n"
+    )
 
 
 def write(sweep_dir: Path, resamples: int = 300) -> tuple[Path, Path]:

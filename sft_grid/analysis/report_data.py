@@ -29,8 +29,9 @@ from sft_grid.planning.estimate import Measured, calibrate, leave_one_out
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
-                              timeout=20).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -56,11 +57,18 @@ def grid_facts(table: GridTable) -> dict[str, Any]:
     dirty = bool(_git("status", "--porcelain", "--", rel)) if rel else False
     est = [r.estimate_gpu_hours for r in table.rows if r.estimate_gpu_hours is not None]
     cpu = bool(table.rows) and all(r.cpu for r in table.rows)
-    return {"name": table.name, "sweep_file": rel, "git_revision": revision or None, "git_dirty": dirty,
-            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs_root": str(table.sweep_dir.parent),
-            "counts": counts, "gpu_hours_used": sum(r.gpu_hours or 0.0 for r in table.rows),
-            "gpu_hours_estimated": sum(est) if est else None,
-            "device": "CPU (CPU-hours stand in for GPU-hours)" if cpu else "GPU"}
+    return {
+        "name": table.name,
+        "sweep_file": rel,
+        "git_revision": revision or None,
+        "git_dirty": dirty,
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs_root": str(table.sweep_dir.parent),
+        "counts": counts,
+        "gpu_hours_used": sum(r.gpu_hours or 0.0 for r in table.rows),
+        "gpu_hours_estimated": sum(est) if est else None,
+        "device": "CPU (CPU-hours stand in for GPU-hours)" if cpu else "GPU",
+    }
 
 
 def curve(row: Row) -> list[list[float | None]]:
@@ -92,16 +100,23 @@ def accuracy(rows: Sequence[Row], ms: dict[str, Measured]) -> tuple[dict[str, di
         took = m.seconds * m.gpus / 3600
         cal = others.get(r.name)
         now = cal.throughput(r.name).seconds(m.tokens, m.flops, m.gpus) * m.gpus / 3600 if cal else None
-        out[r.name] = {"measured_gpu_hours": took, "at_launch": r.estimate_gpu_hours, "now": now,
-                       "at_launch_error": None if r.estimate_gpu_hours is None else r.estimate_gpu_hours / took - 1,
-                       "now_error": None if now is None else now / took - 1}
+        out[r.name] = {
+            "measured_gpu_hours": took,
+            "at_launch": r.estimate_gpu_hours,
+            "now": now,
+            "at_launch_error": None if r.estimate_gpu_hours is None else r.estimate_gpu_hours / took - 1,
+            "now_error": None if now is None else now / took - 1,
+        }
 
     def med(kind: str) -> float | None:
         errs = [abs(v[kind]) for v in out.values() if v[kind] is not None]
         return statistics.median(errs) if errs else None
 
-    return out, {"cells": len(out), "median_abs_error_at_launch": med("at_launch_error"),
-                 "median_abs_error_now": med("now_error")}
+    return out, {
+        "cells": len(out),
+        "median_abs_error_at_launch": med("at_launch_error"),
+        "median_abs_error_now": med("now_error"),
+    }
 
 
 def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
@@ -111,22 +126,54 @@ def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
     table = read_table(sweep_dir)
     ms = {m.cell: m for r in table.rows if r.state == "completed" and (m := measured(r.dir)) is not None}
     per_cell, summary = accuracy(table.rows, ms)
-    cells = [{"name": r.name, "key": r.key, "dir": str(r.dir), "values": r.values, "state": r.state,
-              "reason": r.reason, "step": r.step, "total_steps": r.total, "final_loss": r.final_loss,
-              "latest_loss": r.latest_loss,
-              "scores": {c: s.to_json() for c, s in r.scores.items() if s.status == "ok"},
-              "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
-              "wall_seconds": r.wall_seconds, "gpus": r.gpus, "gpu_hours": r.gpu_hours,
-              "estimate_gpu_hours": r.estimate_gpu_hours,
-              "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
-              "params": r.params, "compute_budget": r.compute_budget, "recipe": r.recipe or None,
-              "model": r.model, "curve": curve(r)} for r in table.rows]
-    bases = [{"name": b.name, "model": b.model, "params": b.params, "compute_budget": b.compute_budget,
-              "scores": {c: s.to_json() for c, s in b.scores.items() if s.status == "ok"}} for b in table.bases]
-    data: dict[str, Any] = {"grid": grid_facts(table), "axes": table.axes, "columns": table.columns,
-                            "cells": cells, "base_models": bases,
-                            "estimates": {"cells": per_cell, "summary": summary,
-                                          "calibration": {k: c.throughput().detail for k, c in
-                                                          calibrate(ms.values()).items()}}}
+    cells = [
+        {
+            "name": r.name,
+            "key": r.key,
+            "dir": str(r.dir),
+            "values": r.values,
+            "state": r.state,
+            "reason": r.reason,
+            "step": r.step,
+            "total_steps": r.total,
+            "final_loss": r.final_loss,
+            "latest_loss": r.latest_loss,
+            "scores": {c: s.to_json() for c, s in r.scores.items() if s.status == "ok"},
+            "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
+            "wall_seconds": r.wall_seconds,
+            "gpus": r.gpus,
+            "gpu_hours": r.gpu_hours,
+            "estimate_gpu_hours": r.estimate_gpu_hours,
+            "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
+            "params": r.params,
+            "compute_budget": r.compute_budget,
+            "recipe": r.recipe or None,
+            "model": r.model,
+            "curve": curve(r),
+        }
+        for r in table.rows
+    ]
+    bases = [
+        {
+            "name": b.name,
+            "model": b.model,
+            "params": b.params,
+            "compute_budget": b.compute_budget,
+            "scores": {c: s.to_json() for c, s in b.scores.items() if s.status == "ok"},
+        }
+        for b in table.bases
+    ]
+    data: dict[str, Any] = {
+        "grid": grid_facts(table),
+        "axes": table.axes,
+        "columns": table.columns,
+        "cells": cells,
+        "base_models": bases,
+        "estimates": {
+            "cells": per_cell,
+            "summary": summary,
+            "calibration": {k: c.throughput().detail for k, c in calibrate(ms.values()).items()},
+        },
+    }
     data["fits"] = report_fits(data, resamples=resamples)
     return data

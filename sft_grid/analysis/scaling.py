@@ -88,9 +88,20 @@ class Fit:
         if self.band is not None:
             b = self.band
             band = {"n": list(b.n), "lo": list(b.lo), "hi": list(b.hi), "level": b.level, "resamples": b.resamples}
-        return {"ok": self.ok, "reason": self.reason, "E": num(self.E), "A": num(self.A), "alpha": num(self.alpha),
-                "loss": self.loss, "delta": self.delta, "objective": num(self.objective), "keys": list(self.keys),
-                "converged": self.converged, "at_bounds": list(self.at_bounds), "band": band}
+        return {
+            "ok": self.ok,
+            "reason": self.reason,
+            "E": num(self.E),
+            "A": num(self.A),
+            "alpha": num(self.alpha),
+            "loss": self.loss,
+            "delta": self.delta,
+            "objective": num(self.objective),
+            "keys": list(self.keys),
+            "converged": self.converged,
+            "at_bounds": list(self.at_bounds),
+            "band": band,
+        }
 
 
 @dataclass(frozen=True)
@@ -142,9 +153,19 @@ class _Problem:
             return self.residuals(th[None], lx, yy)[1][0]
 
         huber = self.loss == "huber"
-        return least_squares(fun, np.clip(start, self.lower, self.upper), jac=jac, bounds=(self.lower, self.upper),
-                             loss="huber" if huber else "linear", f_scale=self.delta if huber else 1.0,
-                             x_scale="jac", xtol=_TOL, ftol=_TOL, gtol=_TOL, max_nfev=2000)
+        return least_squares(
+            fun,
+            np.clip(start, self.lower, self.upper),
+            jac=jac,
+            bounds=(self.lower, self.upper),
+            loss="huber" if huber else "linear",
+            f_scale=self.delta if huber else 1.0,
+            x_scale="jac",
+            xtol=_TOL,
+            ftol=_TOL,
+            gtol=_TOL,
+            max_nfev=2000,
+        )
 
     def starts(self, l_arr: Any) -> Any:
         """The grid of starts, best (lowest objective) first."""
@@ -156,7 +177,7 @@ class _Problem:
         for frac in _E_FRACTIONS:
             e = frac * float(l_arr.min())
             for alpha in alphas:
-                basis = x ** -alpha
+                basis = x**-alpha
                 rows.append((e, max(float(np.dot(l_arr - e, basis) / np.dot(basis, basis)), 1e-6), alpha))
         grid = np.array(rows)
         r, _ = self.residuals(grid, self.logx[None], self.y[None])
@@ -213,9 +234,18 @@ def resample_indices(m: int, resamples: int, seed: int) -> Any:
     return np.random.default_rng(seed).integers(0, m, size=(resamples, m))
 
 
-def fit(points: Sequence[tuple[float, float, str]], *, loss: Loss = "huber", delta: float = HUBER_DELTA,
-        alpha_bounds: tuple[float, float] = ALPHA_BOUNDS, band_n: Sequence[float] | None = None,
-        band_points: int = 64, resamples: int = 300, level: float = 0.9, seed: int = 0) -> Fit:
+def fit(
+    points: Sequence[tuple[float, float, str]],
+    *,
+    loss: Loss = "huber",
+    delta: float = HUBER_DELTA,
+    alpha_bounds: tuple[float, float] = ALPHA_BOUNDS,
+    band_n: Sequence[float] | None = None,
+    band_points: int = 64,
+    resamples: int = 300,
+    level: float = 0.9,
+    seed: int = 0,
+) -> Fit:
     """Fit L(N) = E + A N^-alpha to (N, L, cell_key) points; see the module docstring for the method.
 
     Points with a non-finite or non-positive N or L are left out (their keys are not in Fit.keys).
@@ -231,13 +261,24 @@ def fit(points: Sequence[tuple[float, float, str]], *, loss: Loss = "huber", del
     keys = [k for _, _, k in good]
     distinct = len({n for n, _, _ in good})
     if distinct < N_PARAMS:
-        return _no_fit(f"{len(good)} usable points at {distinct} distinct N: fitting {N_PARAMS} parameters needs"
-                       f" at least {N_PARAMS} distinct N", loss, d, keys)
+        return _no_fit(
+            f"{len(good)} usable points at {distinct} distinct N: fitting {N_PARAMS} parameters needs"
+            f" at least {N_PARAMS} distinct N",
+            loss,
+            d,
+            keys,
+        )
     n_arr = np.array([p[0] for p in good])
     l_arr = np.array([p[1] for p in good])
     n0 = float(np.exp(np.mean(np.log(n_arr))))
-    prob = _Problem(np.log(n_arr / n0), np.log(l_arr) if loss == "huber" else l_arr, loss, delta,
-                    np.array([0.0, 0.0, alpha_bounds[0]]), np.array([np.inf, np.inf, alpha_bounds[1]]))
+    prob = _Problem(
+        np.log(n_arr / n0),
+        np.log(l_arr) if loss == "huber" else l_arr,
+        loss,
+        delta,
+        np.array([0.0, 0.0, alpha_bounds[0]]),
+        np.array([np.inf, np.inf, alpha_bounds[1]]),
+    )
     best = None
     for start in prob.starts(l_arr)[:_SOLVED_STARTS]:
         res = prob.solve(start)
@@ -250,11 +291,15 @@ def fit(points: Sequence[tuple[float, float, str]], *, loss: Loss = "huber", del
     at_bounds = tuple(name for name, active in zip(("E", "A", "alpha"), best.active_mask, strict=True) if active)
     band = None
     if resamples > 0:
-        grid = (np.asarray(band_n, dtype=float) if band_n is not None
-                else np.geomspace(n_arr.min(), n_arr.max(), band_points))
+        grid = (
+            np.asarray(band_n, dtype=float)
+            if band_n is not None
+            else np.geomspace(n_arr.min(), n_arr.max(), band_points)
+        )
         band = _bootstrap_band(prob, best.x, grid, n0, resample_indices(len(good), resamples, seed), level)
-    return Fit(True, "", e, a_norm * n0 ** alpha, alpha, loss, d, float(best.cost), tuple(keys), best.status > 0,
-               at_bounds, band)
+    return Fit(
+        True, "", e, a_norm * n0**alpha, alpha, loss, d, float(best.cost), tuple(keys), best.status > 0, at_bounds, band
+    )
 
 
 def _bootstrap_band(prob: _Problem, best: Any, grid: Any, n0: float, draws: Any, level: float) -> Band | None:
@@ -276,12 +321,15 @@ def _bootstrap_band(prob: _Problem, best: Any, grid: Any, n0: float, draws: Any,
     curves = theta[:, :1] + theta[:, 1:2] * x[None, :] ** (-theta[:, 2:3])
     q = (1.0 - level) / 2.0
     lo, hi = np.quantile(curves, [q, 1.0 - q], axis=0)
-    return Band(tuple(float(v) for v in grid), tuple(float(v) for v in lo), tuple(float(v) for v in hi),
-                level, len(y))
+    return Band(tuple(float(v) for v in grid), tuple(float(v) for v in lo), tuple(float(v) for v in hi), level, len(y))
 
 
-def report_fits(data: dict[str, Any], metrics: Sequence[str] | None = None,
-                xs: Sequence[str] = ("params", "compute_budget"), **kw: Any) -> list[dict[str, Any]]:
+def report_fits(
+    data: dict[str, Any],
+    metrics: Sequence[str] | None = None,
+    xs: Sequence[str] = ("params", "compute_budget"),
+    **kw: Any,
+) -> list[dict[str, Any]]:
     """The report's "fits": one fit per (metric, x, recipe) from the completed cells of `data`.
 
     metric "final_loss" reads cell["final_loss"]; any other name reads cell["scores"][name]["value"] (default:
@@ -299,14 +347,24 @@ def report_fits(data: dict[str, Any], metrics: Sequence[str] | None = None,
     recipes = sorted({c.get("recipe") or "" for c in cells})
     for metric in metrics:
         values = [v for c in cells if isinstance(v := _metric(c, metric), (int, float))]
-        flip = metric != "final_loss" and bool(values) and all(0 <= v <= 1 for v in values) and \
-            not any(w in metric.lower() for w in _FALLING)
+        flip = (
+            metric != "final_loss"
+            and bool(values)
+            and all(0 <= v <= 1 for v in values)
+            and not any(w in metric.lower() for w in _FALLING)
+        )
         for x in xs:
             for recipe in recipes:
-                pts = [(c.get(x), _metric(c, metric), str(c.get("key") or c.get("name")))
-                       for c in cells if (c.get("recipe") or "") == recipe]
-                pts = [(n, 1.0 - v if flip else v, k) for n, v, k in pts if _finite_positive(n)
-                       and isinstance(v, (int, float)) and not isinstance(v, bool)]
+                pts = [
+                    (c.get(x), _metric(c, metric), str(c.get("key") or c.get("name")))
+                    for c in cells
+                    if (c.get("recipe") or "") == recipe
+                ]
+                pts = [
+                    (n, 1.0 - v if flip else v, k)
+                    for n, v, k in pts
+                    if _finite_positive(n) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                ]
                 pts = [p for p in pts if _finite_positive(p[1])]
                 if pts:
                     out.append({"metric": metric, "x": x, "recipe": recipe, "flip": flip, **fit(pts, **kw).as_dict()})

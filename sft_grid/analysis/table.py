@@ -62,8 +62,12 @@ class Score:
     reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"value": self.value, "stderr": self.stderr, "status": self.status,
-                **({"reason": self.reason} if self.reason else {})}
+        return {
+            "value": self.value,
+            "stderr": self.stderr,
+            "status": self.status,
+            **({"reason": self.reason} if self.reason else {}),
+        }
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def _number(v: Any) -> float | None:
 
 
 def _metric_name(key: str) -> str:
-    return key[:-len(",none")] if key.endswith(",none") else key
+    return key[: -len(",none")] if key.endswith(",none") else key
 
 
 def parse_metrics(metrics: Mapping[str, Any]) -> dict[str, Score]:
@@ -110,8 +114,14 @@ def read_files(eval_dir: Path) -> list[ScoreFile]:
             continue
         if not isinstance(data, dict) or not isinstance(data.get("metrics"), Mapping):
             continue
-        f = ScoreFile(str(data.get("task") or path.stem), parse_metrics(data["metrics"]), str(data.get("time") or ""),
-                      str(data.get("model") or ""), str(data.get("model_path") or ""), bool(data.get("base")))
+        f = ScoreFile(
+            str(data.get("task") or path.stem),
+            parse_metrics(data["metrics"]),
+            str(data.get("time") or ""),
+            str(data.get("model") or ""),
+            str(data.get("model_path") or ""),
+            bool(data.get("base")),
+        )
         if f.task not in latest or f.time >= latest[f.task].time:
             latest[f.task] = f
     return list(latest.values())
@@ -133,8 +143,12 @@ def _score_table(files: Iterable[ScoreFile]) -> dict[str, Score]:
     return {f"{f.task}/{m}": s for f in files for m, s in f.metrics.items()}
 
 
-def mark(scores: Mapping[str, Score], failed: Mapping[str, str], all_columns: Sequence[str], done: bool,
-         ) -> dict[str, Score]:
+def mark(
+    scores: Mapping[str, Score],
+    failed: Mapping[str, str],
+    all_columns: Sequence[str],
+    done: bool,
+) -> dict[str, Score]:
     """A cell's scores with every column of the grid: what is there, else failed (its task's evaluation failed),
     missing (the cell is done: completed, or failed and never evaluated), pending (it may still come)."""
     out = {}
@@ -208,8 +222,11 @@ def state_losses(output: Path) -> list[tuple[int, float]]:
         data = json.loads((output / TRAINER_STATE).read_text())
     except (OSError, ValueError):
         return []
-    return [(int(h.get("step") or 0), float(h["loss"])) for h in data.get("log_history") or ()
-            if isinstance(h.get("loss"), (int, float))]
+    return [
+        (int(h.get("step") or 0), float(h["loss"]))
+        for h in data.get("log_history") or ()
+        if isinstance(h.get("loss"), (int, float))
+    ]
 
 
 def final_losses(output: Path) -> list[tuple[int, float]]:
@@ -252,8 +269,11 @@ def read_config(text: str, keys: Sequence[str] = ("model", "cluster", "nodes")) 
         node = loader.get_single_node()
         if not isinstance(node, yaml.MappingNode):
             return {}
-        return {k.value: loader.construct_object(v, deep=True) for k, v in node.value
-                if isinstance(k, yaml.ScalarNode) and k.value in keys}
+        return {
+            k.value: loader.construct_object(v, deep=True)
+            for k, v in node.value
+            if isinstance(k, yaml.ScalarNode) and k.value in keys
+        }
     finally:
         loader.dispose()
 
@@ -271,12 +291,21 @@ def _cell_row(cell_dir: Path) -> Row:
     cpu = cluster.get("gpu_type") == "CPU" or (not cluster.get("gpus_per_node") and not cluster.get("gpu_type"))
     params = model.get("params_b")
     overrides = overrides_of(text)
-    return Row(cell_dir.name, cell_dir, key=cell_dir.name.rsplit("-", 1)[-1], overrides=overrides,
-               values=swept_values(overrides), gpus=gpus, cpu=cpu, model=str(model.get("name") or ""),
-               model_source=str(model.get("path") or model.get("hub_id") or ""),
-               params=float(params) * 1e9 if isinstance(params, (int, float)) else None,
-               compute_budget=budget_of(str(model.get("name") or "")), cluster=str(cluster.get("name") or ""),
-               estimate=read_estimate(cell_dir))
+    return Row(
+        cell_dir.name,
+        cell_dir,
+        key=cell_dir.name.rsplit("-", 1)[-1],
+        overrides=overrides,
+        values=swept_values(overrides),
+        gpus=gpus,
+        cpu=cpu,
+        model=str(model.get("name") or ""),
+        model_source=str(model.get("path") or model.get("hub_id") or ""),
+        params=float(params) * 1e9 if isinstance(params, (int, float)) else None,
+        compute_budget=budget_of(str(model.get("name") or "")),
+        cluster=str(cluster.get("name") or ""),
+        estimate=read_estimate(cell_dir),
+    )
 
 
 def axes_of(rows: Sequence[Row]) -> list[str]:
@@ -311,12 +340,27 @@ def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
         if not files:
             continue
         model, path = files[0].model, files[0].model_path
-        like = next((c for c in cells if c.model == model or (path and c.model_source == path)
-                     or (model and c.model_source == model)), None)
-        out.append(Row(d.name, d, state="base", base=True, model=model or (like.model if like else ""),
-                       params=like.params if like else None, compute_budget=like.compute_budget if like else None,
-                       values={a: v for a, v in (like.values.items() if like else ()) if _sets_size(cells, a)},
-                       scores=_score_table(files)))
+        like = next(
+            (
+                c
+                for c in cells
+                if c.model == model or (path and c.model_source == path) or (model and c.model_source == model)
+            ),
+            None,
+        )
+        out.append(
+            Row(
+                d.name,
+                d,
+                state="base",
+                base=True,
+                model=model or (like.model if like else ""),
+                params=like.params if like else None,
+                compute_budget=like.compute_budget if like else None,
+                values={a: v for a, v in (like.values.items() if like else ()) if _sets_size(cells, a)},
+                scores=_score_table(files),
+            )
+        )
     return out
 
 
@@ -330,17 +374,27 @@ def read_table(sweep_dir: Path) -> GridTable:
         st = view.state(d)
         history = view.histories[d]
         wall = used_seconds(history, st.state.in_flight, row.cpu)
-        rows.append(replace(row, state=st.state.value, reason=st.reason, step=st.progress.step,
-                            total=st.progress.total, latest_loss=st.progress.loss,
-                            final_loss=final_loss(final_losses(d / OUTPUT_DIR)) if st.state.value == "completed"
-                            else None,
-                            wall_seconds=wall, gpu_hours=None if wall is None else wall * row.gpus / 3600))
+        rows.append(
+            replace(
+                row,
+                state=st.state.value,
+                reason=st.reason,
+                step=st.progress.step,
+                total=st.progress.total,
+                latest_loss=st.progress.loss,
+                final_loss=final_loss(final_losses(d / OUTPUT_DIR)) if st.state.value == "completed" else None,
+                wall_seconds=wall,
+                gpu_hours=None if wall is None else wall * row.gpus / 3600,
+            )
+        )
         raw.append(_score_table(read_files(d / EVAL_DIR)))
         failed.append(failed_tasks(history))
     bases = _base_rows(sweep_dir, rows)
     columns = sorted({c for t in [*raw, *(b.scores for b in bases)] for c in t})
     bases = [replace(b, scores=mark(b.scores, {}, columns, True)) for b in bases]
     axes = axes_of(rows)
-    rows = [replace(r, recipe=recipe, scores=mark(got, bad, columns, r.state not in _UNDONE))
-            for r, recipe, got, bad in zip(rows, _recipe_of(rows, axes), raw, failed, strict=True)]
+    rows = [
+        replace(r, recipe=recipe, scores=mark(got, bad, columns, r.state not in _UNDONE))
+        for r, recipe, got, bad in zip(rows, _recipe_of(rows, axes), raw, failed, strict=True)
+    ]
     return GridTable(sweep_dir.name, sweep_dir, axes, rows, bases, columns)

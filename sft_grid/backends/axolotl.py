@@ -90,19 +90,26 @@ def mix_spec(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     sources = []
     for name, ds in s.dataset.items():
         local = is_local(ds.source)
-        sources.append({
-            "name": name,
-            "source": dataset_source(cell, name),
-            "local": local,
-            "split": ds.split,
-            "messages": ds.messages,
-            "role_tag": ds.tags.role_tag,
-            "content_tag": ds.tags.content_tag,
-            # value in the data -> role
-            "roles": {value: role for role, values in role_map(ds.tags).items() for value in values},
-        })
-    return {"sources": sources, "probs": [float(p) for p in s.mix.probs or ()], "seed": s.seed,
-            "stopping_strategy": STOPPING[s.mix.strategy], "output": str(cell_dir / MIX_DATA)}
+        sources.append(
+            {
+                "name": name,
+                "source": dataset_source(cell, name),
+                "local": local,
+                "split": ds.split,
+                "messages": ds.messages,
+                "role_tag": ds.tags.role_tag,
+                "content_tag": ds.tags.content_tag,
+                # value in the data -> role
+                "roles": {value: role for role, values in role_map(ds.tags).items() for value in values},
+            }
+        )
+    return {
+        "sources": sources,
+        "probs": [float(p) for p in s.mix.probs or ()],
+        "seed": s.seed,
+        "stopping_strategy": STOPPING[s.mix.strategy],
+        "output": str(cell_dir / MIX_DATA),
+    }
 
 
 def datasets(cell: Cell, cell_dir: Path) -> list[dict[str, Any]]:
@@ -118,37 +125,39 @@ def datasets(cell: Cell, cell_dir: Path) -> list[dict[str, Any]]:
 def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     s = cell.spec
     cfg: dict[str, Any] = dict(s.backend.train_defaults)
-    cfg.update({
-        # a prepared copy where the model needs one (the Delphi tokenizer prep), as for every backend
-        "base_model": model_source(cell),
-        **chat_template(cell),
-        "datasets": datasets(cell, cell_dir),
-        "dataset_prepared_path": str(cell.tokenized.prepared_dir if cell.tokenized else cell_dir / PREPARED_DIR),
-        **shared_tokenizer(cell),
-        "output_dir": str(cell_dir / "output"),
-        "sequence_len": s.cutoff_len,
-        "micro_batch_size": s.micro_batch_size,
-        "gradient_accumulation_steps": cell.grad_accum,
-        "learning_rate": s.lr,
-        "num_epochs": s.epochs,
-        "lr_scheduler": s.scheduler,
-        "warmup_ratio": s.warmup_ratio,
-        "weight_decay": s.weight_decay,
-        "adam_beta1": s.adam_beta1,
-        "adam_beta2": s.adam_beta2,
-        "max_grad_norm": s.max_grad_norm,
-        "seed": s.seed,
-        "logging_steps": s.logging_steps,
-        "save_steps": s.save_steps,
-        "auto_resume_from_checkpoints": True,
-        "attn_implementation": attention(cell),
-        **precision(cell),
-        **reporting(cell),
-        **finetuning(cell),
-        # the template goes into tokenizer_config.json (serving stacks read only that), never a side file
-        "tokenizer_save_jinja_files": False,
-        "plugins": plugins(cell),
-    })
+    cfg.update(
+        {
+            # a prepared copy where the model needs one (the Delphi tokenizer prep), as for every backend
+            "base_model": model_source(cell),
+            **chat_template(cell),
+            "datasets": datasets(cell, cell_dir),
+            "dataset_prepared_path": str(cell.tokenized.prepared_dir if cell.tokenized else cell_dir / PREPARED_DIR),
+            **shared_tokenizer(cell),
+            "output_dir": str(cell_dir / "output"),
+            "sequence_len": s.cutoff_len,
+            "micro_batch_size": s.micro_batch_size,
+            "gradient_accumulation_steps": cell.grad_accum,
+            "learning_rate": s.lr,
+            "num_epochs": s.epochs,
+            "lr_scheduler": s.scheduler,
+            "warmup_ratio": s.warmup_ratio,
+            "weight_decay": s.weight_decay,
+            "adam_beta1": s.adam_beta1,
+            "adam_beta2": s.adam_beta2,
+            "max_grad_norm": s.max_grad_norm,
+            "seed": s.seed,
+            "logging_steps": s.logging_steps,
+            "save_steps": s.save_steps,
+            "auto_resume_from_checkpoints": True,
+            "attn_implementation": attention(cell),
+            **precision(cell),
+            **reporting(cell),
+            **finetuning(cell),
+            # the template goes into tokenizer_config.json (serving stacks read only that), never a side file
+            "tokenizer_save_jinja_files": False,
+            "plugins": plugins(cell),
+        }
+    )
     # no hub_model_id: the upload is the cell's post-training stage (sft_grid/stages/post_training.py), never the
     # trainer's
     cfg.update(common.optional_keys(cell, cell_dir))
@@ -208,14 +217,50 @@ def shared_tokenizer(cell: Cell) -> dict[str, Any]:
 
 # keys that steer training, never the tokens: left out of a tokenized dataset's identity (every other key counts,
 # the cell's `extra` included)
-TRAIN_ONLY = ("base_model", "tokenizer_config", "dataset_prepared_path", "output_dir", "micro_batch_size",
-              "gradient_accumulation_steps", "learning_rate", "num_epochs", "lr_scheduler", "warmup_ratio",
-              "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "logging_steps", "save_steps",
-              "save_total_limit", "auto_resume_from_checkpoints", "attn_implementation", "bf16", "bfloat16", "fp16",
-              "tf32", "use_wandb", "wandb_project", "wandb_name", "wandb_mode", "use_tensorboard", "adapter", "lora_r",
-              "lora_alpha", "lora_dropout", "lora_target_linear", "tokenizer_save_jinja_files", "plugins", "deepspeed",
-              "max_steps", "optimizer", "save_strategy", "save_safetensors", "gradient_checkpointing",
-              "dataloader_num_workers")
+TRAIN_ONLY = (
+    "base_model",
+    "tokenizer_config",
+    "dataset_prepared_path",
+    "output_dir",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "num_epochs",
+    "lr_scheduler",
+    "warmup_ratio",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "max_grad_norm",
+    "logging_steps",
+    "save_steps",
+    "save_total_limit",
+    "auto_resume_from_checkpoints",
+    "attn_implementation",
+    "bf16",
+    "bfloat16",
+    "fp16",
+    "tf32",
+    "use_wandb",
+    "wandb_project",
+    "wandb_name",
+    "wandb_mode",
+    "use_tensorboard",
+    "adapter",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_linear",
+    "tokenizer_save_jinja_files",
+    "plugins",
+    "deepspeed",
+    "max_steps",
+    "optimizer",
+    "save_strategy",
+    "save_safetensors",
+    "gradient_checkpointing",
+    "dataloader_num_workers",
+)
 
 
 def data_spec(cell: Cell) -> dict[str, Any]:
@@ -241,31 +286,52 @@ def tokenize_job(cell: Cell, tok_dir: Path, env_bin: Path) -> tuple[dict[str, An
 
 
 # axolotl config keys that change what its chat_template strategy trains
-MASK_KEYS = ("chat_template", "chat_template_jinja", "chat_template_kwargs", "train_on_inputs", "eot_tokens",
-             "tokenizer_use_mistral_common")
+MASK_KEYS = (
+    "chat_template",
+    "chat_template_jinja",
+    "chat_template_kwargs",
+    "train_on_inputs",
+    "eot_tokens",
+    "tokenizer_use_mistral_common",
+)
 
 
 def mask_spec(cell: Cell) -> MaskSpec:
     """axolotl's chat_template strategy: the config keys that decide the mask and each source's own entry."""
     config = train_config(cell, Path("."))
     cfg = {k: config[k] for k in MASK_KEYS if k in config}
-    return MaskSpec(str(config["base_model"] or ""), "axolotl",
-                    {name: {"dataset": dataset_entry(ds, dataset_source(cell, name)), "cfg": cfg}
-                     for name, ds in cell.spec.dataset.items()})
+    return MaskSpec(
+        str(config["base_model"] or ""),
+        "axolotl",
+        {
+            name: {"dataset": dataset_entry(ds, dataset_source(cell, name)), "cfg": cfg}
+            for name, ds in cell.spec.dataset.items()
+        },
+    )
 
 
 def problems(cell: Cell) -> Iterator[Problem]:
     """What axolotl cannot express is an error before queueing, never a silently different run."""
     s = cell.spec
     if s.finetuning_type == "freeze":
-        yield Problem(cell.name, "finetuning_type", s.finetuning_type, "axolotl-finetuning",
-                      "axolotl has no freeze fine-tuning (LLaMA-Factory's freeze_trainable_layers)",
-                      "finetuning_type=full or finetuning_type=lora, or backend=llamafactory")
+        yield Problem(
+            cell.name,
+            "finetuning_type",
+            s.finetuning_type,
+            "axolotl-finetuning",
+            "axolotl has no freeze fine-tuning (LLaMA-Factory's freeze_trainable_layers)",
+            "finetuning_type=full or finetuning_type=lora, or backend=llamafactory",
+        )
     template = TEMPLATES.get(s.model.template)
     if template is not None and not (template.axolotl or template.jinja):
-        yield Problem(cell.name, "model.template", s.model.template, "axolotl-template",
-                      "axolotl has no template of this name and sft_grid ships no jinja for it",
-                      "add its axolotl name (or a jinja file) to sft_grid/core/templates.py, or backend=llamafactory")
+        yield Problem(
+            cell.name,
+            "model.template",
+            s.model.template,
+            "axolotl-template",
+            "axolotl has no template of this name and sft_grid ships no jinja for it",
+            "add its axolotl name (or a jinja file) to sft_grid/core/templates.py, or backend=llamafactory",
+        )
 
 
 def _resume_args(checkpoint: Path) -> list[str]:
@@ -274,17 +340,30 @@ def _resume_args(checkpoint: Path) -> list[str]:
     return []
 
 
-BACKEND = Backend(name=NAME, config_file=CONFIG_FILE, files=files, command=_command, problems=problems,
-                  mask_spec=mask_spec, resume_args=_resume_args, variables=_variables, pre_commands=_pre_commands,
-                  data_spec=data_spec, tokenize_job=tokenize_job)
+BACKEND = Backend(
+    name=NAME,
+    config_file=CONFIG_FILE,
+    files=files,
+    command=_command,
+    problems=problems,
+    mask_spec=mask_spec,
+    resume_args=_resume_args,
+    variables=_variables,
+    pre_commands=_pre_commands,
+    data_spec=data_spec,
+    tokenize_job=tokenize_job,
+)
 
 
 def chat_template(cell: Cell) -> dict[str, Any]:
     """axolotl's template of the same name, or sft_grid's own jinja text inline (`chat_template: jinja`)."""
     template = TEMPLATES[cell.spec.model.template]
     if template.jinja:
-        return {"chat_template": "jinja", "chat_template_jinja": template.jinja_text(),
-                **({"eot_tokens": [template.eot]} if template.eot else {})}
+        return {
+            "chat_template": "jinja",
+            "chat_template_jinja": template.jinja_text(),
+            **({"eot_tokens": [template.eot]} if template.eot else {}),
+        }
     return {"chat_template": template.axolotl}
 
 
@@ -311,8 +390,12 @@ def reporting(cell: Cell) -> dict[str, Any]:
     launch.sh (WANDB_RUN_ID), so a requeued job continues the same run."""
     s = cell.spec
     if s.report_to == "wandb":
-        return {"use_wandb": True, "wandb_project": s.sweep_name, "wandb_name": cell.name,
-                "wandb_mode": s.cluster.env.get("WANDB_MODE", "online")}
+        return {
+            "use_wandb": True,
+            "wandb_project": s.sweep_name,
+            "wandb_name": cell.name,
+            "wandb_mode": s.cluster.env.get("WANDB_MODE", "online"),
+        }
     out: dict[str, Any] = {"use_wandb": False, "wandb_mode": "disabled"}
     if s.report_to == "tensorboard":
         out["use_tensorboard"] = True

@@ -29,12 +29,25 @@ def optional_keys(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 def accelerate(env_bin: Path) -> list[str]:
     """`accelerate launch` on each node, before the module or script it starts."""
-    return [str(env_bin / "accelerate"), "launch", "--multi_gpu", "--num_machines=${NNODES}",
-            "--machine_rank=${NODE_RANK}", "--main_process_ip=${MASTER_ADDR}", "--main_process_port=${MASTER_PORT}",
-            "--num_processes=${WORLD_SIZE}"]
+    return [
+        str(env_bin / "accelerate"),
+        "launch",
+        "--multi_gpu",
+        "--num_machines=${NNODES}",
+        "--machine_rank=${NODE_RANK}",
+        "--main_process_ip=${MASTER_ADDR}",
+        "--main_process_port=${MASTER_PORT}",
+        "--num_processes=${WORLD_SIZE}",
+    ]
 
 
 def torchrun(env_bin: Path) -> list[str]:
     """torchrun on each node, rendezvous at the first node of the allocation."""
-    return [str(env_bin / "torchrun"), "--nnodes=${NNODES}", "--nproc_per_node=${NPROC_PER_NODE}",
-            "--node_rank=${NODE_RANK}", "--master_addr=${MASTER_ADDR}", "--master_port=${MASTER_PORT}"]
+    return [
+        str(env_bin / "torchrun"),
+        "--nnodes=${NNODES}",
+        "--nproc_per_node=${NPROC_PER_NODE}",
+        "--node_rank=${NODE_RANK}",
+        "--master_addr=${MASTER_ADDR}",
+        "--master_port=${MASTER_PORT}",
+    ]

@@ -75,19 +75,25 @@ def watchdog_line(cell: Cell) -> str:
     w = cell.spec.watchdog
     if not w.enabled:
         return "export SFT_GRID_WATCHDOG=off"
-    return (f"export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K={w.k:g} SFT_GRID_WATCHDOG_P={w.p}"
-            f" SFT_GRID_WATCHDOG_TOL={w.tol:g}")
+    return (
+        f"export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K={w.k:g} SFT_GRID_WATCHDOG_P={w.p}"
+        f" SFT_GRID_WATCHDOG_TOL={w.tol:g}"
+    )
 
 
 def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     s = cell.spec
     backend = get(s.backend.name)
-    lines = script_head([
-        f"sft_grid cell {cell.name} of grid {s.sweep_name!r}: {s.model.name} on {'+'.join(s.dataset)}"
-        f" with {s.backend.name}.",
-        "Run by hand: bash launch.sh [key=value ...]  (extra arguments go to the backend;",
-        "training resumes from the last checkpoint in output/). Secrets come from your environment only.",
-    ], cell_dir, s.cluster)
+    lines = script_head(
+        [
+            f"sft_grid cell {cell.name} of grid {s.sweep_name!r}: {s.model.name} on {'+'.join(s.dataset)}"
+            f" with {s.backend.name}.",
+            "Run by hand: bash launch.sh [key=value ...]  (extra arguments go to the backend;",
+            "training resumes from the last checkpoint in output/). Secrets come from your environment only.",
+        ],
+        cell_dir,
+        s.cluster,
+    )
     # one W&B run per cell: a requeued or rerun job continues it instead of starting another
     lines.append(f"export WANDB_RUN_ID={shlex.quote(f'{s.sweep_name}-{cell.key}')} WANDB_RESUME=allow")
     lines += [watchdog_line(cell), data_step_line(cell_dir)]
@@ -95,7 +101,7 @@ def launch_script(cell: Cell, cell_dir: Path, bin_dir: Path) -> str:
     lines += list(s.cluster.setup)
     if cell.world_size > 1:
         lines += distributed_lines(cell)
-    lines.append(f"export PATH={shlex.quote(str(bin_dir))}:\"$PATH\"")
+    lines.append(f'export PATH={shlex.quote(str(bin_dir))}:"$PATH"')
     # the Hub's variables (the staged cache, offline mode) and the backend's own (the cluster's env wins), then
     # the backend's steps before training
     own = {**hub_variables(cell), **backend.variables(cell)}

@@ -23,8 +23,15 @@ DATASET_INFO = "dataset_info.json"
 # Runs LLaMA-Factory with sft_grid's own jinja templates registered in each training process
 WRAPPER = IN_VENV_DIR / "sft_grid_lf.py"
 # LLaMA-Factory data arguments that change what is trained (the rest of train_config does not)
-MASK_KEYS = ("template", "train_on_prompt", "mask_history", "tool_format", "default_system", "enable_thinking",
-             "preserve_thinking")
+MASK_KEYS = (
+    "template",
+    "train_on_prompt",
+    "mask_history",
+    "tool_format",
+    "default_system",
+    "enable_thinking",
+    "preserve_thinking",
+)
 
 
 def template_file(cell: Cell) -> str | None:
@@ -131,25 +138,55 @@ def mask_spec(cell: Cell) -> MaskSpec:
     """LLaMA-Factory's template and data arguments, and each dataset's dataset_info entry: what its
     SupervisedDatasetProcessor needs to reproduce training's mask."""
     config = train_config(cell, Path("."))
-    shared: dict[str, Any] = {"data_args": {k: config[k] for k in MASK_KEYS if k in config},
-                              # mask_history trains only the last assistant turn, on purpose
-                              "last_turn_only": bool(config.get("mask_history"))}
+    shared: dict[str, Any] = {
+        "data_args": {k: config[k] for k in MASK_KEYS if k in config},
+        # mask_history trains only the last assistant turn, on purpose
+        "last_turn_only": bool(config.get("mask_history")),
+    }
     template = TEMPLATES.get(cell.spec.model.template)
     if template is not None and template.jinja_path is not None:
         # sft_grid's own template (delphi), registered in LLaMA-Factory's process as training does
         shared["templates"] = {template.name: str(template.jinja_path)}
     info = dataset_info(cell)
-    return MaskSpec(str(config["model_name_or_path"] or ""), "llamafactory",
-                    {name: {**shared, "dataset_info": info[name]} for name in info})
+    return MaskSpec(
+        str(config["model_name_or_path"] or ""),
+        "llamafactory",
+        {name: {**shared, "dataset_info": info[name]} for name in info},
+    )
 
 
 # keys that steer training, never the tokens: left out of a tokenized dataset's identity (every other key counts,
 # the cell's `extra` included, so an unknown data key never makes two cells share what differs)
-TRAIN_ONLY = ("model_name_or_path", "dataset_dir", "output_dir", "run_name", "logging_steps", "save_steps",
-              "save_total_limit", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
-              "num_train_epochs", "lr_scheduler_type", "warmup_ratio", "weight_decay", "max_grad_norm", "adam_beta1",
-              "adam_beta2", "report_to", "push_to_hub", "max_steps", "deepspeed", "bf16", "finetuning_type",
-              "dataloader_num_workers", "plot_loss", "do_train", "tokenized_path", "overwrite_cache")
+TRAIN_ONLY = (
+    "model_name_or_path",
+    "dataset_dir",
+    "output_dir",
+    "run_name",
+    "logging_steps",
+    "save_steps",
+    "save_total_limit",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "num_train_epochs",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "weight_decay",
+    "max_grad_norm",
+    "adam_beta1",
+    "adam_beta2",
+    "report_to",
+    "push_to_hub",
+    "max_steps",
+    "deepspeed",
+    "bf16",
+    "finetuning_type",
+    "dataloader_num_workers",
+    "plot_loss",
+    "do_train",
+    "tokenized_path",
+    "overwrite_cache",
+)
 
 
 def data_spec(cell: Cell) -> dict[str, Any]:
@@ -187,5 +224,14 @@ def _resume_args(checkpoint: Path) -> list[str]:
 
 # no variables of its own (it reads what the cluster profile exports), no pre-commands (it interleaves mixes
 # itself), and nothing it cannot train that the shared rules do not catch
-BACKEND = Backend(name=NAME, config_file=CONFIG_FILE, files=files, command=_command, problems=lambda cell: iter(()),
-                  mask_spec=mask_spec, resume_args=_resume_args, data_spec=data_spec, tokenize_job=tokenize_job)
+BACKEND = Backend(
+    name=NAME,
+    config_file=CONFIG_FILE,
+    files=files,
+    command=_command,
+    problems=lambda cell: iter(()),
+    mask_spec=mask_spec,
+    resume_args=_resume_args,
+    data_spec=data_spec,
+    tokenize_job=tokenize_job,
+)

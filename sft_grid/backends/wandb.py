@@ -31,15 +31,19 @@ def files(cell: Cell) -> dict[str, Any]:
 
 def tags(cell: Cell) -> list[str]:
     """W&B tags: at most 64 characters each, and no comma (WANDB_TAGS is a comma-separated list)."""
-    return [_TAG_UNSAFE.sub("+", f"{k}={v}".replace("[", "").replace("]", ""))[:64]
-            for k, v in swept_values(cell.overrides).items()]
+    return [
+        _TAG_UNSAFE.sub("+", f"{k}={v}".replace("[", "").replace("]", ""))[:64]
+        for k, v in swept_values(cell.overrides).items()
+    ]
 
 
 def lines(cell: Cell, cell_dir: Path) -> list[str]:
     if cell.spec.report_to != "wandb":
         return []
     s = cell.spec
-    return [f"export WANDB_RUN_GROUP={shlex.quote(s.sweep_name)} WANDB_NAME={shlex.quote(cell.name)}"
-            f" WANDB_TAGS={shlex.quote(','.join(tags(cell)))}"
-            f" WANDB_CONFIG_PATHS={shlex.quote(str(cell_dir / CONFIG_FILE))}",
-            f"export WANDB_PROJECT=${{WANDB_PROJECT:-{shlex.quote(s.sweep_name)}}}"]
+    return [
+        f"export WANDB_RUN_GROUP={shlex.quote(s.sweep_name)} WANDB_NAME={shlex.quote(cell.name)}"
+        f" WANDB_TAGS={shlex.quote(','.join(tags(cell)))}"
+        f" WANDB_CONFIG_PATHS={shlex.quote(str(cell_dir / CONFIG_FILE))}",
+        f"export WANDB_PROJECT=${{WANDB_PROJECT:-{shlex.quote(s.sweep_name)}}}",
+    ]

@@ -50,8 +50,14 @@ KIND = "loss_mask"
 MASK_ROWS = 8
 PROBE = IN_VENV_DIR / "mask_probe.py"
 FETCHER = IN_VENV_DIR / "fetch_sample.py"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                    "added_tokens.json", "tokenizer.model")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "added_tokens.json",
+    "tokenizer.model",
+)
 
 
 @dataclass
@@ -83,9 +89,20 @@ def checks_for(cell: Cell) -> list[Check]:
     for name, ds in s.dataset.items():
         tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
         source_spec = {**spec.sources[name], "reader": spec.reader}
-        checks.append(Check(KIND, f"dataset.{name}", dataset_source(cell, name), column=ds.messages, tags=tags,
-                            split=ds.split, backend=s.backend.name, python=python, model=spec.tokenizer,
-                            spec=json.dumps(source_spec, sort_keys=True, default=str)))
+        checks.append(
+            Check(
+                KIND,
+                f"dataset.{name}",
+                dataset_source(cell, name),
+                column=ds.messages,
+                tags=tags,
+                split=ds.split,
+                backend=s.backend.name,
+                python=python,
+                model=spec.tokenizer,
+                spec=json.dumps(source_spec, sort_keys=True, default=str),
+            )
+        )
     return checks
 
 
@@ -128,8 +145,13 @@ def _venv_marker(python: str) -> Path:
 def cache_key(p: Probed) -> str:
     check = p.check
     # the key a check is reported under (a dataset's name) does not change what the backend does with its input
-    parts: list[Any] = [replace(check, key="").to_json(), MASK_ROWS, _stat(PROBE), _stat(_venv_marker(check.python)),
-                        _stat(Path(check.python))]
+    parts: list[Any] = [
+        replace(check, key="").to_json(),
+        MASK_ROWS,
+        _stat(PROBE),
+        _stat(_venv_marker(check.python)),
+        _stat(Path(check.python)),
+    ]
     assert p.model_dir is not None and p.data_file is not None
     parts += [_stat(p.model_dir / f) for f in _TOKENIZER_FILES]
     parts.append(_stat(p.data_file))
@@ -147,9 +169,12 @@ def _locate(check: Check) -> Probed:
     """Find the tokenizer, the data and the backend's venv here; otherwise say why the check waits for the job."""
     p = Probed(check)
     if not Path(check.python).is_file():
-        p.outcome = Verdict(False, f"the backend's virtual environment {Path(check.python).parent.parent} is not on"
-                            " this machine; the check runs as the first step of the job, before training",
-                            unreachable=True)
+        p.outcome = Verdict(
+            False,
+            f"the backend's virtual environment {Path(check.python).parent.parent} is not on"
+            " this machine; the check runs as the first step of the job, before training",
+            unreachable=True,
+        )
         return p
     for target, kind, what in ((check.model, "models", "tokenizer"), (check.target, "datasets", "dataset")):
         where = locate(target, kind)
@@ -158,8 +183,12 @@ def _locate(check: Check) -> Probed:
             return p
         if where is None:
             # a hub id, or a tokenizer the job prepares first (a missing model.path has its own path check)
-            p.outcome = Verdict(False, f"{what} {target!r} is not readable from this machine; the check runs as"
-                                " the first step of the job, before training", unreachable=True)
+            p.outcome = Verdict(
+                False,
+                f"{what} {target!r} is not readable from this machine; the check runs as"
+                " the first step of the job, before training",
+                unreachable=True,
+            )
             return p
         if kind == "models":
             p.model_dir = where
@@ -171,39 +200,62 @@ def _locate(check: Check) -> Probed:
     except ImportError:
         p.outcome = Verdict(False, f"reading {where} needs pyarrow, which this environment lacks", unreachable=True)
     except (OSError, ValueError) as exc:
-        p.outcome = Verdict(False, f"cannot read a sample of {where}: {exc}",
-                            "point the dataset's source at a data file")
+        p.outcome = Verdict(
+            False, f"cannot read a sample of {where}: {exc}", "point the dataset's source at a data file"
+        )
     return p
 
 
 def _job(p: Probed, job_id: str) -> dict[str, Any]:
     c = p.check
     spec = json.loads(c.spec or "{}")
-    return {"id": job_id, "reader": spec.get("reader", c.backend), "model": str(p.model_dir), "rows": p.rows,
-            "column": c.column, "tags": dict(c.tags), "spec": spec}
+    return {
+        "id": job_id,
+        "reader": spec.get("reader", c.backend),
+        "model": str(p.model_dir),
+        "rows": p.rows,
+        "column": c.column,
+        "tags": dict(c.tags),
+        "spec": spec,
+    }
 
 
-def _run_probe(python: str, jobs: list[dict[str, Any]], variables: Mapping[str, str] | None = None,
-               ) -> dict[str, dict[str, Any]]:
+def _run_probe(
+    python: str,
+    jobs: list[dict[str, Any]],
+    variables: Mapping[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
     """One process of the backend's environment answers every job given."""
     with tempfile.TemporaryDirectory(prefix="sft_grid_mask_") as tmp:
         batch, out = Path(tmp) / "batch.json", Path(tmp) / "out.json"
         batch.write_text(json.dumps(jobs, default=str))
-        run_env = {**os.environ, **(variables or {}), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                   "TRANSFORMERS_OFFLINE": "1", "AXOLOTL_DO_NOT_TRACK": "1", "WANDB_MODE": "disabled",
-                   "TOKENIZERS_PARALLELISM": "false"}
+        run_env = {
+            **os.environ,
+            **(variables or {}),
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "AXOLOTL_DO_NOT_TRACK": "1",
+            "WANDB_MODE": "disabled",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         run_env["PATH"] = f"{Path(python).parent}:{run_env.get('PATH', '')}"
         STATS.subprocesses += 1
         proc = subprocess.run([python, str(PROBE), str(batch), str(out)], capture_output=True, text=True, env=run_env)
         if proc.returncode != 0 or not out.is_file():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return {j["id"]: {"id": j["id"], "error": f"the probe failed ({proc.returncode}): {last[:400]}"}
-                    for j in jobs}
+            return {
+                j["id"]: {"id": j["id"], "error": f"the probe failed ({proc.returncode}): {last[:400]}"} for j in jobs
+            }
         return {r["id"]: r for r in json.loads(out.read_text())}
 
 
-def probe(checks: Iterable[Check], variables: Mapping[str, str] | None = None, use_cache: bool = True,
-          on_phase: Phase | None = None) -> list[Probed]:
+def probe(
+    checks: Iterable[Check],
+    variables: Mapping[str, str] | None = None,
+    use_cache: bool = True,
+    on_phase: Phase | None = None,
+) -> list[Probed]:
     """The probe's token data for each check (from the cache, else one process per backend venv). `on_phase` hears
     (done, total, what) as the processes start and end (only when one runs: a cached answer takes a millisecond)."""
     found = [_locate(c) for c in checks]
@@ -249,14 +301,20 @@ def verdict_of(p: Probed) -> Verdict:
     if p.outcome is not None:
         return p.outcome
     if "error" in (p.result or {}):
-        return Verdict(False, f"the backend could not preprocess it: {p.result['error']}",  # type: ignore[index]
-                       "fix the cell's template, tokenizer or dataset fields so the backend reads the rows")
+        return Verdict(
+            False,
+            f"the backend could not preprocess it: {p.result['error']}",  # type: ignore[index]
+            "fix the cell's template, tokenizer or dataset fields so the backend reads the rows",
+        )
     return verdict(p.check, p.result["rows"])  # type: ignore[index]
 
 
-def run_checks(checks: Sequence[Check], variables: Mapping[str, str] | None = None,
-               lengths: dict[Check, tuple[int, ...]] | None = None,
-               on_phase: Phase | None = None) -> dict[Check, Verdict]:
+def run_checks(
+    checks: Sequence[Check],
+    variables: Mapping[str, str] | None = None,
+    lengths: dict[Check, tuple[int, ...]] | None = None,
+    on_phase: Phase | None = None,
+) -> dict[Check, Verdict]:
     """Every loss-mask check's verdict; the grid's preflight calls this once with all of them. `lengths`, when
     given, gets each probed check's token counts (the rows the backend kept): the estimates' token sample."""
     outcomes: dict[Check, Verdict] = {}
@@ -265,8 +323,10 @@ def run_checks(checks: Sequence[Check], variables: Mapping[str, str] | None = No
         if lengths is not None and p.result is not None and p.result.get("rows"):
             lengths[p.check] = tuple(int(r["n_tokens"]) for r in p.result["rows"] if not r.get("dropped"))
         if p.result is not None and "rows" in p.result and not outcome.ok:
-            outcome = replace(outcome, message=f"{p.check.backend}'s own preprocessing of {len(p.result['rows'])}"
-                              f" rows: {outcome.message}")
+            outcome = replace(
+                outcome,
+                message=f"{p.check.backend}'s own preprocessing of {len(p.result['rows'])} rows: {outcome.message}",
+            )
         outcomes[p.check] = outcome
     STATS.checks += len(checks)
     return outcomes
@@ -278,12 +338,19 @@ def verdict(check: Check, rows: Sequence[Mapping[str, Any]]) -> Verdict:
     return judge(rows, dict(check.tags), bool(spec.get("last_turn_only")))
 
 
-def fetch_and_probe(check: Check, python: str, workdir: Path, variables: Mapping[str, str] | None = None,
-                    ) -> Verdict:
+def fetch_and_probe(
+    check: Check,
+    python: str,
+    workdir: Path,
+    variables: Mapping[str, str] | None = None,
+) -> Verdict:
     """Job side: fetch what is not on disk with the backend's loaders, then run the same check on it."""
     if not Path(python).is_file():
-        return Verdict(False, f"the backend's virtual environment has no python at {python} on this node",
-                       f"point cluster.backend_envs.{check.backend} at an environment of this site, or unset it")
+        return Verdict(
+            False,
+            f"the backend's virtual environment has no python at {python} on this node",
+            f"point cluster.backend_envs.{check.backend} at an environment of this site, or unset it",
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     model, target = check.model, check.target
     fetches = []
@@ -292,19 +359,24 @@ def fetch_and_probe(check: Check, python: str, workdir: Path, variables: Mapping
         fetches.append([python, str(FETCHER), "tokenizer", check.model, model])
     if locate(target, "datasets") is None:
         target = str(workdir / f"mask_{check.key.replace('.', '_')}.jsonl")
-        fetches.append([python, str(FETCHER), "rows", check.target, check.split, str(min(SAMPLE_ROWS, MASK_ROWS)),
-                        target])
+        fetches.append(
+            [python, str(FETCHER), "rows", check.target, check.split, str(min(SAMPLE_ROWS, MASK_ROWS)), target]
+        )
     for argv in fetches:
         proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(variables or {})})
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return Verdict(False, f"could not read {argv[3]!r} from this node either: {last[:300]}",
-                           "make the input reachable from compute nodes (hub access, or a local copy in the HF cache)")
+            return Verdict(
+                False,
+                f"could not read {argv[3]!r} from this node either: {last[:300]}",
+                "make the input reachable from compute nodes (hub access, or a local copy in the HF cache)",
+            )
     fetched = replace(check, model=model, target=target, python=python)
     return run_checks([fetched], variables)[fetched]
 
 
 _THINK = re.compile(r"(<think>.*?</think>|<\|start_think\|>.*?<\|end_think\|>)", re.DOTALL)
+
 
 @dataclass(frozen=True)
 class RowVerdict:
@@ -341,11 +413,14 @@ def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]
     trained = trained_text(segments)
     problems = []
     roles = row.get("roles") or []  # not strict: a row without its raw roles names none
-    unmatched = list(dict.fromkeys(role for (kind, _), role in zip(row["messages"], roles, strict=False)
-                                   if kind == "other"))
+    unmatched = list(
+        dict.fromkeys(role for (kind, _), role in zip(row["messages"], roles, strict=False) if kind == "other")
+    )
     if unmatched:
-        problems.append(f"role(s) {', '.join(map(repr, unmatched))} match no tag of the dataset (the backend renders"
-                        " them as they are, never as the template's user or assistant)")
+        problems.append(
+            f"role(s) {', '.join(map(repr, unmatched))} match no tag of the dataset (the backend renders"
+            " them as they are, never as the template's user or assistant)"
+        )
     if any("not trainable" in w for w in row.get("warnings") or []):
         problems.append("the backend skipped the last turn as not trainable" + said)
     rest = trained
@@ -383,7 +458,7 @@ def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]
 def _ends_trained(rest: str, text: str) -> bool:
     """Whether the trained run holding an assistant turn goes on past its content: the end-of-turn token
     (or the tool call after it) is trained with it."""
-    after = rest[rest.index(text) + len(text):]
+    after = rest[rest.index(text) + len(text) :]
     return bool(after.split("\x00", 1)[0].strip())
 
 
@@ -412,8 +487,7 @@ def judge(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], last_turn_
     zero = sum(1 for r in rows if not r.get("n_trained"))
     kinds = Counter(p.split(":")[0].split(" (")[0] for v in bad for p in v.problems)
     first = bad[0]
-    summary = (f"{zero}/{n} sampled rows train 0 tokens" if zero
-               else f"{len(bad)}/{n} sampled rows are trained wrongly")
+    summary = f"{zero}/{n} sampled rows train 0 tokens" if zero else f"{len(bad)}/{n} sampled rows are trained wrongly"
     detail = f"row {first.row}: {'; '.join(first.problems)}"
     message = f"{summary} ({', '.join(f'{k}: {c}' for k, c in kinds.most_common(3))}); {detail}"
     return Verdict(False, message, _fix(rows, tags, bad))
@@ -423,29 +497,44 @@ def _fix(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], bad: Sequen
     """The likeliest fix, from the role values the rows use and what went wrong."""
     roles = Counter(role for r in rows for role in r.get("roles") or [] if role != "None")
     # not strict: a row without its raw roles names none
-    unmatched = Counter(role for r in rows for (kind, _), role in zip(r["messages"], r.get("roles") or [], strict=False)
-                        if kind == "other")
+    unmatched = Counter(
+        role
+        for r in rows
+        for (kind, _), role in zip(r["messages"], r.get("roles") or [], strict=False)
+        if kind == "other"
+    )
     role_tag = tags.get("role_tag", "role")
     assistant_turns = sum(1 for r in rows for kind, _ in r["messages"] if kind == "assistant")
     seen = ", ".join(repr(k) for k, _ in roles.most_common(6))
     if not roles:
-        return (f"no message of the rows has a {role_tag!r} key: set this dataset's `messages:` column and"
-                " tags.role_tag/content_tag to the rows' own keys")
+        return (
+            f"no message of the rows has a {role_tag!r} key: set this dataset's `messages:` column and"
+            " tags.role_tag/content_tag to the rows' own keys"
+        )
     if not assistant_turns:
-        return (f"role tag {role_tag!r} values seen: {seen}; none equals assistant_tag {tags.get('assistant_tag')!r}:"
-                " set tags.assistant_tag (and user_tag) of this dataset to the values its rows use")
+        return (
+            f"role tag {role_tag!r} values seen: {seen}; none equals assistant_tag {tags.get('assistant_tag')!r}:"
+            " set tags.assistant_tag (and user_tag) of this dataset to the values its rows use"
+        )
     if unmatched:
         values = ", ".join(repr(k) for k in unmatched)
-        return (f"role value(s) {values} match no tag (user_tag={tags.get('user_tag')!r},"
-                f" assistant_tag={tags.get('assistant_tag')!r}, system_tag={tags.get('system_tag')!r}): set the"
-                " matching tag of this dataset to them")
+        return (
+            f"role value(s) {values} match no tag (user_tag={tags.get('user_tag')!r},"
+            f" assistant_tag={tags.get('assistant_tag')!r}, system_tag={tags.get('system_tag')!r}): set the"
+            " matching tag of this dataset to them"
+        )
     problems = " ".join(p for v in bad for p in v.problems)
     if "template text trained" in problems and "user" not in problems and "system" not in problems:
-        return ("the template writes markup the tokenizer does not have as special tokens, or the backend trains"
-                " template text: use the template of the model's own family (llama3 for Llama-3/Delphi, qwen3 for"
-                " ChatML tokenizers)")
+        return (
+            "the template writes markup the tokenizer does not have as special tokens, or the backend trains"
+            " template text: use the template of the model's own family (llama3 for Llama-3/Delphi, qwen3 for"
+            " ChatML tokenizers)"
+        )
     if "text trained" in problems:
-        return ("the prompt is trained: use the model's own template and do not set train_on_prompt"
-                " (or train_on_inputs / roles_to_train with user or system roles)")
-    return ("check the template against the model's tokenizer and `python -m sft_grid.show` the cell to see what is"
-            " trained")
+        return (
+            "the prompt is trained: use the model's own template and do not set train_on_prompt"
+            " (or train_on_inputs / roles_to_train with user or system roles)"
+        )
+    return (
+        "check the template against the model's tokenizer and `python -m sft_grid.show` the cell to see what is trained"
+    )

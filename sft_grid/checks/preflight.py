@@ -17,9 +17,10 @@ import functools
 import os
 import subprocess
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from sft_grid.checks import mask
 from sft_grid.checks.readable import SAMPLE_ROWS, NotData, hub_cache, locate, read_sample
@@ -51,10 +52,16 @@ def checks_for(cell: Cell) -> list[Check]:
     s = cell.spec
     sections = (s.model, s.backend, s.cluster, s.extra, *s.dataset.values())
     model_prep = prep_for(cell)
-    key = (tuple(map(id, sections)), tuple(s.dataset), s.model.template, str(cell.runs_root),
-           model_prep is not None and model_prep.complete, cell.pins)
+    key = (
+        tuple(map(id, sections)),
+        tuple(s.dataset),
+        s.model.template,
+        str(cell.runs_root),
+        model_prep is not None and model_prep.complete,
+        cell.pins,
+    )
     hit = _CHECKS.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], sections)):
+    if hit is not None and all(a is b for a, b in zip(hit[0], sections, strict=True)):
         return hit[1]
     found = _checks_for(cell)
     if len(_CHECKS) > 4096:
@@ -94,9 +101,21 @@ def _checks_for(cell: Cell) -> list[Check]:
     for name, ds in s.dataset.items():
         if is_local(ds.source):
             checks.append(Check("path", f"dataset.{name}.source", ds.source))
-        tags = (("role_tag", ds.tags.role_tag), ("assistant_tag", ds.tags.assistant_tag), ("content_tag", ds.tags.content_tag))
-        checks.append(Check("assistant_turns", f"dataset.{name}", dataset_source(cell, name), column=ds.messages,
-                            tags=tags, split=ds.split))
+        tags = (
+            ("role_tag", ds.tags.role_tag),
+            ("assistant_tag", ds.tags.assistant_tag),
+            ("content_tag", ds.tags.content_tag),
+        )
+        checks.append(
+            Check(
+                "assistant_turns",
+                f"dataset.{name}",
+                dataset_source(cell, name),
+                column=ds.messages,
+                tags=tags,
+                split=ds.split,
+            )
+        )
     masks = mask.checks_for(cell)
     if prepared is not None and model_prep is not None:
         masks = [replace(c, model=str(prepared)) if c.model == str(model_prep.model_dir) else c for c in masks]
@@ -124,8 +143,9 @@ def preflight(cells: Iterable[Cell], on_phase: mask.Phase | None = None) -> Pref
     per_cell = [(cell, checks_for(cell)) for cell in cells]
     waits = _not_staged(per_cell, verdicts)
     # loss-mask checks run as one batch: one backend process per virtual environment for the whole grid
-    masks = list(dict.fromkeys(_input(c) for _, checks in per_cell for c in checks
-                               if c.kind == mask.KIND and not waits(c)))
+    masks = list(
+        dict.fromkeys(_input(c) for _, checks in per_cell for c in checks if c.kind == mask.KIND and not waits(c))
+    )
     sampled: dict[Check, tuple[int, ...]] = {}
     verdicts.update(mask.run_checks(masks, lengths=sampled, on_phase=on_phase) if masks else {})
     lengths: dict[str, dict[str, tuple[int, ...]]] = {}
@@ -143,14 +163,17 @@ def preflight(cells: Iterable[Cell], on_phase: mask.Phase | None = None) -> Pref
             if verdict.unreachable:
                 deferred.setdefault(cell.name, []).append(check)
             elif not verdict.ok:
-                problems.append(Problem(cell.name, check.key, check.target, f"preflight-{check.kind}",
-                                        verdict.message, verdict.fix))
+                problems.append(
+                    Problem(cell.name, check.key, check.target, f"preflight-{check.kind}", verdict.message, verdict.fix)
+                )
     passed = Counter(c.kind for c, v in verdicts.items() if v.ok and not v.unreachable)
     return Preflight(mask.root_causes(problems), deferred, len(verdicts), lengths=lengths, passed=dict(passed))
 
 
-def _not_staged(per_cell: Sequence[tuple[Cell, list[Check]]], verdicts: dict[Check, Verdict],
-                ) -> Callable[[Check], bool]:
+def _not_staged(
+    per_cell: Sequence[tuple[Cell, list[Check]]],
+    verdicts: dict[Check, Verdict],
+) -> Callable[[Check], bool]:
     """Whether a check reads a Hub input that cannot be read here: not staged yet (its staging job runs first),
     or the cluster says this machine does not mount the cache (`cluster.staging.readable_here: false`). Such a
     check waits for the job's first step, like the input's own `staged` check."""
@@ -160,8 +183,11 @@ def _not_staged(per_cell: Sequence[tuple[Cell, list[Check]]], verdicts: dict[Che
             if check.kind != "staged":
                 continue
             if not cell.spec.cluster.staging.readable_here:
-                verdicts[_input(check)] = Verdict(False, f"{check.target} is not readable from this machine"
-                                                  " (cluster.staging.readable_here is false)", unreachable=True)
+                verdicts[_input(check)] = Verdict(
+                    False,
+                    f"{check.target} is not readable from this machine (cluster.staging.readable_here is false)",
+                    unreachable=True,
+                )
             verdict = verdicts.get(_input(check)) or verdicts.setdefault(_input(check), run(_input(check)))
             if verdict.unreachable:
                 pending.add(check.target)
@@ -199,13 +225,20 @@ def fetch_and_run(check: Check, python: str, workdir: Path, variables: Mapping[s
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(variables or {})})
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Verdict(False, f"could not read {check.target!r} from this node either: {last[:300]}",
-                       "make the input reachable from compute nodes (hub access, or a local copy in the HF cache)")
+        return Verdict(
+            False,
+            f"could not read {check.target!r} from this node either: {last[:300]}",
+            "make the input reachable from compute nodes (hub access, or a local copy in the HF cache)",
+        )
     return run(replace(check, target=str(dest)))
 
 
-def run_deferred(checks: Iterable[Check], python: str | None = None, workdir: Path | None = None,
-                 variables: Mapping[str, str] | None = None) -> Iterator[tuple[Check, Verdict]]:
+def run_deferred(
+    checks: Iterable[Check],
+    python: str | None = None,
+    workdir: Path | None = None,
+    variables: Mapping[str, str] | None = None,
+) -> Iterator[tuple[Check, Verdict]]:
     """Every deferred check must now pass. An input still not on disk is fetched with the backend's loaders
     when a backend python is given; otherwise it fails the job."""
     for check in checks:
@@ -227,8 +260,11 @@ def _unreachable(target: str, what: str) -> Verdict:
 def check_path(check: Check) -> Verdict:
     if Path(os.path.expanduser(check.target)).exists():
         return Verdict(True)
-    return Verdict(False, "no such file or directory",
-                   "fix the path; tiny local assets are built by `python -m sft_grid.assets build`")
+    return Verdict(
+        False,
+        "no such file or directory",
+        "fix the path; tiny local assets are built by `python -m sft_grid.assets build`",
+    )
 
 
 def _find(check: Check, kind: str, what: str) -> Path | Verdict:
@@ -258,19 +294,28 @@ def template_tokens_at(model_dir: Path, tokens: Iterable[str]) -> Verdict:
         return Verdict(True)
     detail = ", ".join(f"{t} -> {n} tokens" for t, n in broken.items())
     if set(broken) <= set(DELPHI_TOKENS):
-        return Verdict(False, f"the Delphi think/tool tokens are not single tokens of this tokenizer ({detail}):"
-                       " it is not prepared, and the model has no prep stage",
-                       f"add `needs: [{PREP_NEED}]` to the model's conf/model/<name>.yaml (the grid then prepares"
-                       " it once, before its cells), or point model.path at a prepared checkpoint")
-    return Verdict(False, f"the template's special tokens are not single tokens of this tokenizer: {detail}",
-                   "use the template of the model's family (llama3 for Llama-3/Delphi tokenizers, qwen3 for ChatML)")
+        return Verdict(
+            False,
+            f"the Delphi think/tool tokens are not single tokens of this tokenizer ({detail}):"
+            " it is not prepared, and the model has no prep stage",
+            f"add `needs: [{PREP_NEED}]` to the model's conf/model/<name>.yaml (the grid then prepares"
+            " it once, before its cells), or point model.path at a prepared checkpoint",
+        )
+    return Verdict(
+        False,
+        f"the template's special tokens are not single tokens of this tokenizer: {detail}",
+        "use the template of the model's family (llama3 for Llama-3/Delphi tokenizers, qwen3 for ChatML)",
+    )
 
 
 def assistant_turns(rows: list[dict[str, Any]], column: str, tags: Mapping[str, str]) -> Verdict:
     role_tag, assistant_tag = tags["role_tag"], tags["assistant_tag"]
     if rows and all(column not in r for r in rows):
-        return Verdict(False, f"no column {column!r} in the data (columns: {', '.join(sorted(rows[0]))})",
-                       f"set `messages:` of this dataset to the conversation column, e.g. {sorted(rows[0])[0]}")
+        return Verdict(
+            False,
+            f"no column {column!r} in the data (columns: {', '.join(sorted(rows[0]))})",
+            f"set `messages:` of this dataset to the conversation column, e.g. {sorted(rows[0])[0]}",
+        )
     turns: Counter[Any] = Counter()
     keys: Counter[str] = Counter()
     for row in rows:
@@ -301,11 +346,19 @@ def check_assistant_turns(check: Check) -> Verdict:
     try:
         rows = read_sample(where, check.column, split=check.split)
     except ImportError:
-        return Verdict(False, f"reading parquet needs pyarrow, which this environment lacks ({where})",
-                       "the job runs it", unreachable=True)
+        return Verdict(
+            False,
+            f"reading parquet needs pyarrow, which this environment lacks ({where})",
+            "the job runs it",
+            unreachable=True,
+        )
     except NotData as exc:
-        return Verdict(False, str(exc), "point the dataset's source at a .jsonl, .json or .parquet file (or a"
-                       " directory of them) with one conversation a row")
+        return Verdict(
+            False,
+            str(exc),
+            "point the dataset's source at a .jsonl, .json or .parquet file (or a"
+            " directory of them) with one conversation a row",
+        )
     except (OSError, ValueError) as exc:
         return Verdict(False, f"cannot read a sample of {where}: {exc}", "point the dataset's source at a data file")
     if not rows:
@@ -327,9 +380,13 @@ def _built_before(directory: Path, complete: bool, failed_as: str, fix: str, not
 def check_prepared(check: Check) -> Verdict:
     """The model's prepared copy is there; if its prep failed, why."""
     prep_dir = Path(check.target)
-    return _built_before(prep_dir, prep_complete(prep_dir), "its model prep failed",
-                         f"fix the prep (its log: {prep_dir}/prep.log)",
-                         f"the model's prepared copy {prep_dir / 'model'} is not there yet; the prep runs before the cell")
+    return _built_before(
+        prep_dir,
+        prep_complete(prep_dir),
+        "its model prep failed",
+        f"fix the prep (its log: {prep_dir}/prep.log)",
+        f"the model's prepared copy {prep_dir / 'model'} is not there yet; the prep runs before the cell",
+    )
 
 
 def check_staged(check: Check) -> Verdict:
@@ -343,19 +400,30 @@ def check_staged(check: Check) -> Verdict:
         return Verdict(True)
     failed = staging_failure(cache, repo_id, kind, sha)
     if failed:
-        return Verdict(False, f"staging {kind} {repo_id}@{sha[:12]} failed: {failed}",
-                       "fix the cause, stage it again (python -m sft_grid.stage, or the grid command) and run the"
-                       " grid again with rerun_failed=true")
-    return Verdict(False, f"{kind} {repo_id}@{sha[:12]} is not staged in {cache} yet; staging runs before the cell",
-                   "", unreachable=True)
+        return Verdict(
+            False,
+            f"staging {kind} {repo_id}@{sha[:12]} failed: {failed}",
+            "fix the cause, stage it again (python -m sft_grid.stage, or the grid command) and run the"
+            " grid again with rerun_failed=true",
+        )
+    return Verdict(
+        False,
+        f"{kind} {repo_id}@{sha[:12]} is not staged in {cache} yet; staging runs before the cell",
+        "",
+        unreachable=True,
+    )
 
 
 def check_tokenized(check: Check) -> Verdict:
     """The grid's shared tokenized dataset of the cell is built; if its tokenize job failed, why."""
     tok_dir = Path(check.target)
-    return _built_before(tok_dir, tokenized_complete(tok_dir), "its tokenized dataset was not built",
-                         f"fix the cause (its log: {tok_dir}/tokenize.log)",
-                         f"the tokenized dataset {tok_dir} is not built yet; it is built before the cell")
+    return _built_before(
+        tok_dir,
+        tokenized_complete(tok_dir),
+        "its tokenized dataset was not built",
+        f"fix the cause (its log: {tok_dir}/tokenize.log)",
+        f"the tokenized dataset {tok_dir} is not built yet; it is built before the cell",
+    )
 
 
 RUNNERS: dict[str, Callable[[Check], Verdict]] = {

@@ -45,8 +45,10 @@ def data_files(where: Path, split: str = "train") -> list[Path]:
         if where.suffix not in DATA_SUFFIXES:
             raise NotData(f"{where} is not a data file (expected {', '.join(DATA_SUFFIXES)})")
         return [where]
-    files = sorted((p for p in where.rglob("*") if p.suffix in DATA_SUFFIXES),
-                   key=lambda p: (split not in p.relative_to(where).as_posix(), p))
+    files = sorted(
+        (p for p in where.rglob("*") if p.suffix in DATA_SUFFIXES),
+        key=lambda p: (split not in p.relative_to(where).as_posix(), p),
+    )
     if not files:
         raise NotData(f"no {', '.join(DATA_SUFFIXES)} file in {where}")
     return files

@@ -21,8 +21,9 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from sft_grid.checks.mask import cache_dir
 from sft_grid.checks.readable import locate
@@ -31,8 +32,14 @@ from sft_grid.core.templates import DELPHI_TOKENS
 from sft_grid.in_venv.delphi_tokens import PrepError, rename_tokens
 from sft_grid.planning.inputs import PREP_VERSION, pin_of, prep_for
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+)
 # where a file came from, not what it tokenizes
 _PROVENANCE_KEYS = ("name_or_path", "tokenizer_file", "_commit_hash")
 
@@ -76,8 +83,9 @@ def tokenizer_digest(model_dir: Path) -> str:
     return digest
 
 
-def prepared_tokenizer(source_dir: Path, tokens: Mapping[str, int] = DELPHI_TOKENS,
-                       version: str = PREP_VERSION) -> Path:
+def prepared_tokenizer(
+    source_dir: Path, tokens: Mapping[str, int] = DELPHI_TOKENS, version: str = PREP_VERSION
+) -> Path:
     """The source's tokenizer with the Delphi tokens in their reserved slots (made once, in the preflight cache).
     Raises PrepError when the source is not a Llama-3 tokenizer or a token does not encode as its one id."""
     dest = cache_dir() / "tokenizers" / f"{tokenizer_digest(source_dir)}-prep{version}"

@@ -41,10 +41,23 @@ def _fail(exc: GridError) -> None:
 
 def fail_empty_axes(axes: Sequence[str]) -> None:
     """Swept axes that expand to no value: the grid would be empty. Named, and nothing runs."""
-    _fail(GridError([Problem("<grid>", axis.split("=", 1)[0], axis.split("=", 1)[1], "axis-empty",
-                             "this axis sweeps no value, so the grid has no cell",
-                             "glob() matches only options under conf/ (see `python -m sft_grid --help` for them);"
-                             " range(a,b) needs a < b") for axis in axes], "planning"))
+    _fail(
+        GridError(
+            [
+                Problem(
+                    "<grid>",
+                    axis.split("=", 1)[0],
+                    axis.split("=", 1)[1],
+                    "axis-empty",
+                    "this axis sweeps no value, so the grid has no cell",
+                    "glob() matches only options under conf/ (see `python -m sft_grid --help` for them);"
+                    " range(a,b) needs a < b",
+                )
+                for axis in axes
+            ],
+            "planning",
+        )
+    )
 
 
 def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
@@ -58,8 +71,21 @@ def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
     composer = GridComposer(loader, master.hydra.job.config_name, hydra_overrides)
     composed, errors = composer.compose_all(overrides)
     if not overrides:
-        _fail(GridError([Problem("<grid>", "", None, "grid-empty", "the sweep expanded to no cells",
-                                 "check the swept values; glob() matches only options under conf/")], "planning"))
+        _fail(
+            GridError(
+                [
+                    Problem(
+                        "<grid>",
+                        "",
+                        None,
+                        "grid-empty",
+                        "the sweep expanded to no cells",
+                        "check the swept values; glob() matches only options under conf/",
+                    )
+                ],
+                "planning",
+            )
+        )
     return _run(composed, errors)
 
 
@@ -114,8 +140,10 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
 
         def local_done(self, job: Any, state: Any) -> None:
             live.cell_done(job)
-            out(f"  {state.state.value:<9} {job.label}  {progress_text(state)}"
-                + (f"  {state.reason}" if state.reason else ""))
+            out(
+                f"  {state.state.value:<9} {job.label}  {progress_text(state)}"
+                + (f"  {state.reason}" if state.reason else "")
+            )
 
     from sft_grid.stages.staging import StagingStopped, TimeLimitTooShort
 
@@ -144,17 +172,31 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
     if result.refused is not None:
         _print_launch(result)
         r = result.refused
-        print(f"sbatch refused array {r.job.name} ({len(r.job.targets)} {r.job.role.value} target(s)): {r.detail}\n"
-              f"{r.not_queued} cell(s) were not queued and read as planned; {r.queued} were. Fix the cause and run"
-              " the grid again.", file=sys.stderr, flush=True)
+        print(
+            f"sbatch refused array {r.job.name} ({len(r.job.targets)} {r.job.role.value} target(s)): {r.detail}\n"
+            f"{r.not_queued} cell(s) were not queued and read as planned; {r.queued} were. Fix the cause and run"
+            " the grid again.",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(1)
     if result.final:
         _print_final(result)
     if result.failed:
-        failed = [(d.cell.name, result.final.get(d.dir) or d.state) for d in result.decisions
-                  if d.cell.name in result.failed]
-        print("\n".join([f"{len(result.failed)} cell(s) failed, by class (<cell>/events.jsonl has each triage,"
-                         " <cell>/logs/ the logs):", *failure_lines(failed)]), file=sys.stderr, flush=True)
+        failed = [
+            (d.cell.name, result.final.get(d.dir) or d.state) for d in result.decisions if d.cell.name in result.failed
+        ]
+        print(
+            "\n".join(
+                [
+                    f"{len(result.failed)} cell(s) failed, by class (<cell>/events.jsonl has each triage,"
+                    " <cell>/logs/ the logs):",
+                    *failure_lines(failed),
+                ]
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(1)
     return result
 
@@ -165,8 +207,9 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
 def _sbatch_previews(result: Any) -> list[tuple[Any, str]]:
     from sft_grid.schedulers import slurm
 
-    return [(job, slurm.sbatch_script(job, job.dependency.text() if job.dependency else None))
-            for job in result.plan.slurm]
+    return [
+        (job, slurm.sbatch_script(job, job.dependency.text() if job.dependency else None)) for job in result.plan.slurm
+    ]
 
 
 def _print_dry_run(result: Any) -> None:
@@ -194,28 +237,39 @@ def _print_dry_run(result: Any) -> None:
     out(table(CHECK_HEADERS, check_rows(cells, dirs)))
     out()
     configs = sorted({backend_of(c.spec.backend.name).config_file for c in cells})
-    out(f"dry run: {len(cells)} cell(s) rendered, nothing submitted. Each cell's files: <cell dir>/"
-        f"{{{','.join([CELL_FILE, *configs, LAUNCH_FILE])}}}")
+    out(
+        f"dry run: {len(cells)} cell(s) rendered, nothing submitted. Each cell's files: <cell dir>/"
+        f"{{{','.join([CELL_FILE, *configs, LAUNCH_FILE])}}}"
+    )
     examples = result.examples
     if examples is not None and examples.shown:
-        out("\nthe first example of each source, as the backend trains on it (trained text "
-            + ("in green):" if color else "in [[ ]]):"))
+        out(
+            "\nthe first example of each source, as the backend trains on it (trained text "
+            + ("in green):" if color else "in [[ ]]):")
+        )
         for e in examples.shown:
             out(example(e.label, e.row, 0, color))
     if examples is not None and examples.unreadable:
-        out(f"  first examples not shown, their inputs are not readable here (the job's preflight checks them):"
-            f" {', '.join(examples.unreadable)}")
+        out(
+            f"  first examples not shown, their inputs are not readable here (the job's preflight checks them):"
+            f" {', '.join(examples.unreadable)}"
+        )
     if examples is not None and examples.more:
         out(f"  ... {examples.more} more source(s): python -m sft_grid.show <cell dir>")
     out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
     here = frozenset(c.name for c in cells if c.spec.cluster.executor == "local")
-    for line in staging_lines(result.staging) + passed_line(result.passed) + deferred_lines(
-            result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE")), here=here):
+    for line in (
+        staging_lines(result.staging)
+        + passed_line(result.passed)
+        + deferred_lines(result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE")), here=here)
+    ):
         out(line)
     if result.after_staging:
         n = sum(map(len, result.after_staging.values()))
-        out(f"  {n} check(s) of {len(result.after_staging)} cell(s) read inputs not staged yet: a real run stages"
-            " them here first, then runs these checks before anything is queued")
+        out(
+            f"  {n} check(s) of {len(result.after_staging)} cell(s) read inputs not staged yet: a real run stages"
+            " them here first, then runs these checks before anything is queued"
+        )
     for line in prep_lines(result) + tokenize_lines(result.tokenized) + post_lines(cells) + eval_lines(result):
         out(line)
     for d in result.decisions:
@@ -230,8 +284,11 @@ def _print_dry_run(result: Any) -> None:
     previews = _sbatch_previews(result)
     if previews:
         folder = cells[0].sweep_dir / PREVIEW_DIR
-        shown = previews if len(previews) <= 8 else [p for i, p in enumerate(previews)
-                                                     if p[0].role not in {q[0].role for q in previews[:i]}]
+        shown = (
+            previews
+            if len(previews) <= 8
+            else [p for i, p in enumerate(previews) if p[0].role not in {q[0].role for q in previews[:i]}]
+        )
         for job, script in shown:
             out(f"\n# sbatch script of {job.name} ({job.role.value}, {len(job.targets)} target(s)):")
             out(script)
@@ -272,8 +329,11 @@ def _print_launch(result: Any) -> None:
     parts = [f"{len(to_run)} to run"] + [f"{n} {what}" for what, n in sorted(skipped.items())]
     out(f"{len(result.cells)} cell(s): " + ", ".join(parts) + ("" if to_run else " - nothing to run."))
     for d in result.decisions:
-        if d.action is not Action.RUN and d.state.state not in (State.FAILED, State.CANCELLED) and (
-                not d.why.startswith("completed") or "; " in d.why):
+        if (
+            d.action is not Action.RUN
+            and d.state.state not in (State.FAILED, State.CANCELLED)
+            and (not d.why.startswith("completed") or "; " in d.why)
+        ):
             out(f"  skipped {d.cell.name}: {d.why}")
     stopped = failure_lines([(d.cell.name, d.state) for d in result.decisions if d.action is not Action.RUN])
     if stopped:
@@ -283,9 +343,9 @@ def _print_launch(result: Any) -> None:
         if d.note:
             out(f"  {d.cell.name}: {d.why}" + (f", avoiding {','.join(d.exclude)}" if d.exclude else ""))
     here = frozenset(d.cell.name for d in to_run if d.cell.spec.cluster.executor == "local")
-    for line in pinned_lines(result.staging) + deferred_lines({d.cell.name: result.deferred[d.cell.name]
-                                                              for d in to_run if d.cell.name in result.deferred},
-                                                             here=here):
+    for line in pinned_lines(result.staging) + deferred_lines(
+        {d.cell.name: result.deferred[d.cell.name] for d in to_run if d.cell.name in result.deferred}, here=here
+    ):
         out(line)
     for job in result.plan.local:
         if job.role is Role.PREP:
@@ -306,14 +366,18 @@ def _print_launch(result: Any) -> None:
         elif job.role is Role.STAGE:
             out(f"  staging of {job.label}: job {got[0]} -> {job.targets[0]} (the cells that need them wait for it)")
         elif job.role is Role.TRAIN:
-            out(f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
-                + (f" (at most {job.throttle} at once)" if job.throttle else ""))
+            out(
+                f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
+                + (f" (at most {job.throttle} at once)" if job.throttle else "")
+            )
         elif job.role is Role.TOKENIZE:
             out(f"  tokenize once: {job.label} as {job.name}: jobs {span} (the cells that load them wait for it)")
         elif job.role is Role.EVAL:
             what = "base model" if "/_base/" in str(job.targets[0]) else "cell"
-            out(f"  evaluation of {len(got)} {what}(s): array {job.name}"
-                + (f", after {job.dependency.kind} {job.dependency.job}" if job.dependency else ""))
+            out(
+                f"  evaluation of {len(got)} {what}(s): array {job.name}"
+                + (f", after {job.dependency.kind} {job.dependency.job}" if job.dependency else "")
+            )
         elif job.dependency is not None:
             out(f"  post-training stages of {len(got)} cell(s): array {job.name}, each task after its training")
         else:
@@ -330,6 +394,7 @@ def _print_final(result: Any) -> None:
     out()
     out(table(HEADERS, rows(dirs, [b.target.dir for b in result.bases])))
     out(f"outputs: <cell>/output/ under {relative(dirs[0].parent)}/")
+
 
 # -- the Hydra app -------------------------------------------------------------------------------------------------
 
@@ -376,9 +441,13 @@ def _one_repository_copy() -> Iterator[None]:
         return
     copies: dict[tuple[int, str | None, tuple[str, ...]], Any] = {}
 
-    def get_group_options(self: ConfigLoaderImpl, group_name: str,
-                          results_filter: ObjectType | None = ObjectType.CONFIG, config_name: str | None = None,
-                          overrides: list[str] | None = None) -> list[str]:
+    def get_group_options(
+        self: ConfigLoaderImpl,
+        group_name: str,
+        results_filter: ObjectType | None = ObjectType.CONFIG,
+        config_name: str | None = None,
+        overrides: list[str] | None = None,
+    ) -> list[str]:
         key = (id(self), config_name, tuple(overrides or ()))
         if key not in copies:
             copies[key] = self._parse_overrides_and_create_caching_repo(config_name, list(overrides or ()))[1]

@@ -25,4 +25,3 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(tiny_assets.build(force=args.force) if args.action == "build" else assets_dir())
     return 0
-

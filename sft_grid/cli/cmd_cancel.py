@@ -35,8 +35,12 @@ def run(args: argparse.Namespace) -> int:
     every = list(iter_cell_dirs(sweep_dir))
     dirs = [d for d in every if not args.cells or any(c in d.name for c in args.cells)]
     if not dirs:
-        print(f"no cells under {sweep_dir}" if not every else
-              f"no cell under {sweep_dir} has {' or '.join(map(repr, args.cells))} in its name", file=sys.stderr)
+        print(
+            f"no cells under {sweep_dir}"
+            if not every
+            else f"no cell under {sweep_dir} has {' or '.join(map(repr, args.cells))} in its name",
+            file=sys.stderr,
+        )
         return 1
     view = read_view(dirs)
     slurm_ids, cancelled = [], []
@@ -51,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
             last = next(e for e in reversed(history) if e.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(last.pid or 0), signal.SIGTERM)
-        events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by python -m sft_grid.cancel",
-                                      job_id=st.job_id))
+        events.append(
+            cell_dir, Event(Kind.CANCELLED, reason="cancelled by python -m sft_grid.cancel", job_id=st.job_id)
+        )
         cancelled.append(cell_dir.name)
     slurm.cancel(slurm_ids)
     for name in cancelled:
         print(f"cancelled {name}")
     print(f"{len(cancelled)} cell(s) cancelled" + ("" if cancelled else f" (none in flight under {sweep_dir})"))
     return 0
-

@@ -34,8 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--node", type=int, default=0, metavar="N", help="node N's training log (default: node 0's)")
     which.add_argument("--eval", action="store_true", help="the evaluation's log (logs/eval.log)")
     which.add_argument("--post", action="store_true", help="the post-training stages' log (logs/post.log)")
-    parser.add_argument("-f", "--follow", action="store_true",
-                        help="print what is added as it is written, until that part of the cell ends (or Ctrl-C)")
+    parser.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="print what is added as it is written, until that part of the cell ends (or Ctrl-C)",
+    )
     parser.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines (default: all)")
 
 
@@ -53,14 +57,19 @@ def run(args: argparse.Namespace) -> int:
     tail = Tail(path, sys.stdout, args.lines)
     if not args.follow:
         if not path.is_file():
-            print(f"{cell_dir.name}: {describe(which, args.node)} is not written yet: it will be {path}"
-                  f" ({state_line(cell_dir)}); -f waits for it", file=sys.stderr)
+            print(
+                f"{cell_dir.name}: {describe(which, args.node)} is not written yet: it will be {path}"
+                f" ({state_line(cell_dir)}); -f waits for it",
+                file=sys.stderr,
+            )
             return 1
         tail.read()
         return 0
     if not path.is_file():
-        print(f"{cell_dir.name}: waiting for {describe(which, args.node)}, {path} ({state_line(cell_dir)})",
-              file=sys.stderr)
+        print(
+            f"{cell_dir.name}: waiting for {describe(which, args.node)}, {path} ({state_line(cell_dir)})",
+            file=sys.stderr,
+        )
     try:
         outcome = follow(tail, cell_dir, which)
     except KeyboardInterrupt:
@@ -79,11 +88,14 @@ def find_cell(cells: Sequence[Path], part: str, sweep_dir: Path) -> tuple[Path |
     if len(matches) == 1:
         return matches[0], ""
     if not matches:
-        names = ", ".join(d.name for d in cells[:SHOWN]) + (f", ... ({len(cells)} in all)" if len(cells) > SHOWN
-                                                              else "")
+        names = ", ".join(d.name for d in cells[:SHOWN]) + (
+            f", ... ({len(cells)} in all)" if len(cells) > SHOWN else ""
+        )
         return None, f"no cell of {sweep_dir} has {part!r} in its name; its cells: {names}"
-    return None, (f"{part!r} is in the names of {len(matches)} cells of {sweep_dir}; give more of one:\n"
-                  + "\n".join(f"  {d.name}" for d in matches))
+    return None, (
+        f"{part!r} is in the names of {len(matches)} cells of {sweep_dir}; give more of one:\n"
+        + "\n".join(f"  {d.name}" for d in matches)
+    )
 
 
 def log_path(cell_dir: Path, which: str, node: int = 0) -> Path:
@@ -96,8 +108,9 @@ def log_path(cell_dir: Path, which: str, node: int = 0) -> Path:
 
 
 def describe(which: str, node: int) -> str:
-    return {"eval": "the evaluation's log", "post": "the post-training stages' log"}.get(which, f"node {node}'s"
-                                                                                             " training log")
+    return {"eval": "the evaluation's log", "post": "the post-training stages' log"}.get(
+        which, f"node {node}'s training log"
+    )
 
 
 def state_line(cell_dir: Path) -> str:
@@ -166,8 +179,14 @@ class Followed:
     note: str  # what to say once the log is no longer followed ("" when stopped from outside)
 
 
-def follow(tail: Tail, cell_dir: Path, which: str, stop: threading.Event | None = None, poll_s: float = POLL_S,
-           state_s: float = STATE_S) -> Followed:
+def follow(
+    tail: Tail,
+    cell_dir: Path,
+    which: str,
+    stop: threading.Event | None = None,
+    poll_s: float = POLL_S,
+    state_s: float = STATE_S,
+) -> Followed:
     """Print the log as it grows until that part of the cell is no longer under way (read every `state_s` seconds,
     with one scheduler query for a Slurm cell) or `stop` is set; what it gained last is printed before leaving."""
     import time

@@ -18,8 +18,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sft_grid.stages.post_training import IN_JOB, LOGIN, STAGES
 
     parser.add_argument("target", help="a cell directory, or a grid's directory (<runs_root>/<sweep>)")
-    parser.add_argument("--stage", action="append", choices=STAGES, default=[],
-                        help="run only this stage (repeatable); the stages before it must be completed")
+    parser.add_argument(
+        "--stage",
+        action="append",
+        choices=STAGES,
+        default=[],
+        help="run only this stage (repeatable); the stages before it must be completed",
+    )
     parser.add_argument("--where", choices=(LOGIN, IN_JOB), default=LOGIN, help=argparse.SUPPRESS)
 
 
@@ -30,8 +35,9 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.ERROR, format="%(message)s")  # each cell's outcome is printed below
     target = Path(args.target).expanduser().resolve()
-    cells = [target] if (target / POST_FILE).is_file() else [
-        d for d in iter_cell_dirs(target) if (d / POST_FILE).is_file()]
+    cells = (
+        [target] if (target / POST_FILE).is_file() else [d for d in iter_cell_dirs(target) if (d / POST_FILE).is_file()]
+    )
     if not cells:
         print(f"no cell with post-training stages under {target}", file=sys.stderr)
         return 1
@@ -49,4 +55,3 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {n}: {s.reason}")
         failed += any(s.state is Step.FAILED for s in st.values())
     return 1 if failed else 0
-

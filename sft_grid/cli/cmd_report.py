@@ -38,12 +38,14 @@ def run(args: argparse.Namespace) -> int:
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
     if not any(True for _ in iter_cell_dirs(sweep_dir)):
-        print(f"no cells under {sweep_dir}: is {args.grid!r} the grid's sweep_name, and --runs-root its runs_root?"
-              " Nothing was written.", file=sys.stderr)
+        print(
+            f"no cells under {sweep_dir}: is {args.grid!r} the grid's sweep_name, and --runs-root its runs_root?"
+            " Nothing was written.",
+            file=sys.stderr,
+        )
         return 1
     from sft_grid.analysis.page import write
 
     html, data = write(sweep_dir, args.resamples)
     print(f"{html}\n{data}")
     return 0
-

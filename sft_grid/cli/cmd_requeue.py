@@ -26,4 +26,3 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(requeue(Path(args.cell_dir)))
     return 0
-

@@ -45,36 +45,88 @@ def headers(table: Any) -> list[str]:
 
 
 def text_rows(table: Any) -> list[list[str]]:
-    return [[r.name, *(r.values.get(a, "") for a in table.axes), r.state, _steps(r), _num(r.final_loss),
-             *(score_text(r.scores[c]) for c in table.columns), _num(r.gpu_hours, 3), _num(r.estimate_gpu_hours, 3)]
-            for r in [*table.rows, *table.bases]]
+    return [
+        [
+            r.name,
+            *(r.values.get(a, "") for a in table.axes),
+            r.state,
+            _steps(r),
+            _num(r.final_loss),
+            *(score_text(r.scores[c]) for c in table.columns),
+            _num(r.gpu_hours, 3),
+            _num(r.estimate_gpu_hours, 3),
+        ]
+        for r in [*table.rows, *table.bases]
+    ]
 
 
 def as_json(table: Any) -> dict[str, Any]:
     def row(r: Any) -> dict[str, Any]:
-        return {"name": r.name, "dir": str(r.dir), "base": r.base, "values": r.values, "state": r.state,
-                "reason": r.reason, "step": r.step, "total_steps": r.total, "final_loss": r.final_loss,
-                "latest_loss": r.latest_loss, "scores": {c: s.to_json() for c, s in r.scores.items()},
-                "wall_seconds": r.wall_seconds, "gpus": r.gpus, "gpu_hours": r.gpu_hours,
-                "estimate_gpu_hours": r.estimate_gpu_hours, "model": r.model, "params": r.params}
+        return {
+            "name": r.name,
+            "dir": str(r.dir),
+            "base": r.base,
+            "values": r.values,
+            "state": r.state,
+            "reason": r.reason,
+            "step": r.step,
+            "total_steps": r.total,
+            "final_loss": r.final_loss,
+            "latest_loss": r.latest_loss,
+            "scores": {c: s.to_json() for c, s in r.scores.items()},
+            "wall_seconds": r.wall_seconds,
+            "gpus": r.gpus,
+            "gpu_hours": r.gpu_hours,
+            "estimate_gpu_hours": r.estimate_gpu_hours,
+            "model": r.model,
+            "params": r.params,
+        }
 
-    return {"grid": table.name, "dir": str(table.sweep_dir), "axes": table.axes, "columns": table.columns,
-            "cells": [row(r) for r in table.rows], "base_models": [row(r) for r in table.bases]}
+    return {
+        "grid": table.name,
+        "dir": str(table.sweep_dir),
+        "axes": table.axes,
+        "columns": table.columns,
+        "cells": [row(r) for r in table.rows],
+        "base_models": [row(r) for r in table.bases],
+    }
 
 
 def as_csv(table: Any) -> str:
     """One column per value and one per standard error; a score that is not there has its status as value."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["cell", *table.axes, "state", "step", "total_steps", "final_loss",
-                *(h for c in table.columns for h in (c, f"{c}_stderr")), "gpu_hours", "estimate_gpu_hours"])
+    w.writerow(
+        [
+            "cell",
+            *table.axes,
+            "state",
+            "step",
+            "total_steps",
+            "final_loss",
+            *(h for c in table.columns for h in (c, f"{c}_stderr")),
+            "gpu_hours",
+            "estimate_gpu_hours",
+        ]
+    )
     for r in [*table.rows, *table.bases]:
         scores = []
         for c in table.columns:
             s = r.scores[c]
             scores += [s.value if s.status == "ok" else s.status, "" if s.stderr is None else s.stderr]
-        w.writerow([r.name, *(r.values.get(a, "") for a in table.axes), r.state, r.step, r.total, r.final_loss,
-                    *scores, r.gpu_hours, r.estimate_gpu_hours])
+        w.writerow(
+            [
+                r.name,
+                *(r.values.get(a, "") for a in table.axes),
+                r.state,
+                r.step,
+                r.total,
+                r.final_loss,
+                *scores,
+                r.gpu_hours,
+                r.estimate_gpu_hours,
+            ]
+        )
     return buf.getvalue()
 
 
@@ -94,10 +146,14 @@ def summary(table: Any) -> str:
         counts[r.state] = counts.get(r.state, 0) + 1
     used = sum(r.gpu_hours or 0 for r in table.rows)
     est = [r.estimate_gpu_hours for r in table.rows if r.estimate_gpu_hours is not None]
-    marks = {s: sum(1 for r in table.rows for c in table.columns if r.scores[c].status == s)
-             for s in ("failed", "missing")}
-    text = (f"{len(table.rows)} cell(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-            + f"; {len(table.bases)} base model(s); {used:.3g} GPU-hours used")
+    marks = {
+        s: sum(1 for r in table.rows for c in table.columns if r.scores[c].status == s) for s in ("failed", "missing")
+    }
+    text = (
+        f"{len(table.rows)} cell(s): "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + f"; {len(table.bases)} base model(s); {used:.3g} GPU-hours used"
+    )
     text += f", {sum(est):.3g} estimated for {len(est)} cell(s)" if est else ""
     text += "".join(f"; {n} score(s) {s}" for s, n in marks.items() if n)
     return text
@@ -129,9 +185,10 @@ def run(args: argparse.Namespace) -> int:
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
     if not any(True for _ in iter_cell_dirs(sweep_dir)):
-        print(f"no cells under {sweep_dir}: is {args.grid!r} the grid's sweep_name, and --runs-root its runs_root?",
-              file=sys.stderr)
+        print(
+            f"no cells under {sweep_dir}: is {args.grid!r} the grid's sweep_name, and --runs-root its runs_root?",
+            file=sys.stderr,
+        )
         return 1
     sys.stdout.write(render(read_table(sweep_dir), args.format))
     return 0
-

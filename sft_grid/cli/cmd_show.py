@@ -54,8 +54,10 @@ def show(cell: Any, rows: int = 1, color: bool = False, use_cache: bool = True) 
     checks = mask.checks_for(cell)
     if not checks:
         return f"{cell.name}: no loss-mask probe for backend {cell.spec.backend.name!r}", True
-    lines = [f"cell {cell.name}: {cell.spec.model.name} ({cell.spec.model.template}) with {cell.spec.backend.name}"
-             + ("" if color else f"; trained text is in {OPEN} {CLOSE}")]
+    lines = [
+        f"cell {cell.name}: {cell.spec.model.name} ({cell.spec.model.template}) with {cell.spec.backend.name}"
+        + ("" if color else f"; trained text is in {OPEN} {CLOSE}")
+    ]
     all_ok = True
     for p in mask.probe(checks, use_cache=use_cache):
         name = p.check.key
@@ -69,8 +71,10 @@ def show(cell: Any, rows: int = 1, color: bool = False, use_cache: bool = True) 
             lines.append(example(name, row, i, color))
         total = sum(r.get("n_tokens", 0) for r in sample)
         trained = sum(r.get("n_trained", 0) for r in sample)
-        lines.append(f"--- {name}: {len(sample)} sampled rows, {total} tokens, {trained} trained; loss mask "
-                     + ("ok" if verdict.ok else f"WRONG: {verdict.message}; fix: {verdict.fix}"))
+        lines.append(
+            f"--- {name}: {len(sample)} sampled rows, {total} tokens, {trained} trained; loss mask "
+            + ("ok" if verdict.ok else f"WRONG: {verdict.message}; fix: {verdict.fix}")
+        )
     return "\n".join(lines), all_ok
 
 
@@ -86,4 +90,3 @@ def run(args: argparse.Namespace) -> int:
     text, ok = show(load_cell(args.cell), args.rows, color, use_cache=not args.no_cache)
     print(text)
     return 0 if ok else 1
-

@@ -28,15 +28,24 @@ def _one(argv: list[str]) -> int:
     parser.add_argument("--dataset", action="store_true", help="a dataset repository (default: a model)")
     parser.add_argument("--revision", default="main", help="a branch, tag or commit sha (default: main)")
     parser.add_argument("--cache", help="the Hugging Face hub cache (default: HF_HUB_CACHE or HF_HOME/hub)")
-    parser.add_argument("--time-limit", type=float, help="seconds this process may run here (a login node's"
-                        " limit): it stops cleanly before, and a rerun continues")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        help="seconds this process may run here (a login node's limit): it stops cleanly before, and a rerun continues",
+    )
     args = parser.parse_args(argv)
     budget = Budget.since_process_start(args.time_limit) if args.time_limit else None
     kind = "dataset" if args.dataset else "model"
     live = Live(sys.stderr)
     try:
-        staged = download(args.repo, kind, args.revision, args.cache, budget=budget,  # type: ignore[arg-type]
-                          on_progress=live.transfer)
+        staged = download(
+            args.repo,
+            kind,  # type: ignore[arg-type]
+            args.revision,
+            args.cache,
+            budget=budget,
+            on_progress=live.transfer,
+        )
     except TimeLimitTooShort as exc:
         live.end()
         print(f"staging refused: {exc}", file=sys.stderr)
@@ -49,8 +58,10 @@ def _one(argv: list[str]) -> int:
     if not staged.complete:
         print(f"staging stopped: {staged.stopped}", file=sys.stderr)
         return 3
-    print(f"{kind} {args.repo}@{staged.sha}: {staged.path} ({len(staged.fetched)} file(s),"
-          f" {human(staged.fetched_bytes)} fetched{', already staged' if staged.offline else ''})")
+    print(
+        f"{kind} {args.repo}@{staged.sha}: {staged.path} ({len(staged.fetched)} file(s),"
+        f" {human(staged.fetched_bytes)} fetched{', already staged' if staged.offline else ''})"
+    )
     return 0
 
 

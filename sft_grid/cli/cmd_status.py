@@ -94,13 +94,27 @@ def lines_of(view: Any, dirs: Sequence[Path], bases: Sequence[Path] = ()) -> lis
         running = events.last(history, Kind.RUNNING)
         if slurm_ref(history) is None and running is not None and alive(running) is True:
             under_way.add("job")
-        row = (cell_dir.name, st.state.value, st.job_id, st.elapsed, progress, chain,
-               ev.text() if ev is not None else "", st.failure_class or "", reason)
+        row = (
+            cell_dir.name,
+            st.state.value,
+            st.job_id,
+            st.elapsed,
+            progress,
+            chain,
+            ev.text() if ev is not None else "",
+            st.failure_class or "",
+            reason,
+        )
         out.append(Line(row, st, frozenset(under_way)))
     for base in bases:
         ev = eval_state(base, view.histories[base], view.scheduler)
-        out.append(Line((f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason), None,
-                        frozenset({"eval"}) if ev.state in ("queued", "running") else frozenset()))
+        out.append(
+            Line(
+                (f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason),
+                None,
+                frozenset({"eval"}) if ev.state in ("queued", "running") else frozenset(),
+            )
+        )
     return out
 
 
@@ -131,11 +145,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sft_grid.cli.options import add_grid
 
     add_grid(parser, optional=True)
-    parser.add_argument("--watch", "-w", action="store_true",
-                        help="read the grid again every --interval seconds until nothing of it is under way")
-    parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, metavar="S",
-                        help=f"seconds between two reads of --watch (default {DEFAULT_INTERVAL_S:g}; one sacct and"
-                             " one squeue each)")
+    parser.add_argument(
+        "--watch",
+        "-w",
+        action="store_true",
+        help="read the grid again every --interval seconds until nothing of it is under way",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between two reads of --watch (default {DEFAULT_INTERVAL_S:g}; one sacct and one squeue each)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -161,8 +183,9 @@ class Watch:
     of it is under way, or `stop` is set (Ctrl-C sets it: the read in progress finishes, nothing is left
     half-written in a ledger; a second Ctrl-C interrupts at once)."""
 
-    def __init__(self, sweep_dir: Path, interval: float, out: TextIO, tty: bool, title: str,
-                 stop: threading.Event | None = None) -> None:
+    def __init__(
+        self, sweep_dir: Path, interval: float, out: TextIO, tty: bool, title: str, stop: threading.Event | None = None
+    ) -> None:
         self.sweep_dir, self.interval, self.out, self.tty, self.title = sweep_dir, interval, out, tty, title
         self.stop = stop or threading.Event()
         self.refreshes = 0  # reads of the grid, each with one scheduler query
@@ -198,8 +221,11 @@ class Watch:
                 signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
         if self.tty:  # the last table, on the terminal's own screen
             self.out.write("\n".join(self.last) + "\n\n")
-        self.out.write(f"{self.title}: the grid has ended (nothing queued, running, in post stages or evaluating)\n"
-                       if ended else f"{self.title}: left the watch; the grid goes on without it\n")
+        self.out.write(
+            f"{self.title}: the grid has ended (nothing queued, running, in post stages or evaluating)\n"
+            if ended
+            else f"{self.title}: left the watch; the grid goes on without it\n"
+        )
         self.out.flush()
 
     def _interrupted(self, signum: int, frame: Any) -> None:
@@ -215,11 +241,11 @@ class Watch:
             # no line wraps and nothing scrolls, so the next redraw starts from the top again
             lines = [head, "", *"\n".join(self.last).splitlines()]
             if len(lines) > size.lines - 1:
-                lines = [*lines[:size.lines - 2], f"... ({len(lines) - size.lines + 2} more lines)"]
-            self.out.write(HOME + "".join(line[:size.columns - 1] + CLEAR_EOL + "\n" for line in lines) + CLEAR_BELOW)
+                lines = [*lines[: size.lines - 2], f"... ({len(lines) - size.lines + 2} more lines)"]
+            self.out.write(HOME + "".join(line[: size.columns - 1] + CLEAR_EOL + "\n" for line in lines) + CLEAR_BELOW)
             self.out.flush()
             return
-        key = tuple(line.row[:ELAPSED] + line.row[ELAPSED + 1:] for line in found)
+        key = tuple(line.row[:ELAPSED] + line.row[ELAPSED + 1 :] for line in found)
         if key != self.shown:
             self.shown = key
             self.out.write(f"== {stamp}\n" + "\n".join(self.last) + "\n\n")

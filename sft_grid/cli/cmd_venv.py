@@ -19,8 +19,12 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["build", "path", "key", "lock"])
-    parser.add_argument("names", nargs="+", metavar="name",
-                        help="a backend (conf/backend) or an evaluation harness (conf/harness); build takes several")
+    parser.add_argument(
+        "names",
+        nargs="+",
+        metavar="name",
+        help="a backend (conf/backend) or an evaluation harness (conf/harness); build takes several",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,4 +72,3 @@ def _build_all(names: list[str]) -> int:
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0
-

@@ -61,8 +61,10 @@ class Live:
                 pct = f" ({100 * p.done / p.total:.0f}%)" if p.total else ""
                 rate = f" at {human(p.rate_bps)}/s" if p.rate_bps else ""
                 eta = f", {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d} left" if p.eta_s is not None else ""
-                self._line(f"  {key}: {human(p.done)} / {human(p.total)}{pct}{rate}{eta}, file"
-                           f" {p.files_done}/{p.files_total} {p.file}")
+                self._line(
+                    f"  {key}: {human(p.done)} / {human(p.total)}{pct}{rate}{eta}, file"
+                    f" {p.files_done}/{p.files_total} {p.file}"
+                )
                 self.printed[key] = (p.done, time.monotonic())
         if p.files_done == p.files_total:
             self._close(key)
@@ -106,9 +108,17 @@ class Live:
 
             scale = unit == "B"
             width = shutil.get_terminal_size((100, 20)).columns or 100  # 0 where the terminal's size is unknown
-            bar = tqdm(total=total or None, desc=f"  {key}", file=self.stream, unit=unit or "it", unit_scale=scale,
-                       leave=True, ncols=min(width, 140), mininterval=0.2,
-                       bar_format="{desc}: {n_fmt}/{total_fmt} {bar:20} {elapsed}{postfix}" if not scale else None)
+            bar = tqdm(
+                total=total or None,
+                desc=f"  {key}",
+                file=self.stream,
+                unit=unit or "it",
+                unit_scale=scale,
+                leave=True,
+                ncols=min(width, 140),
+                mininterval=0.2,
+                bar_format="{desc}: {n_fmt}/{total_fmt} {bar:20} {elapsed}{postfix}" if not scale else None,
+            )
             self.bars[key] = bar
         elif total and bar.total != total:
             bar.total = total

@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "post": ("sft_grid.cli.cmd_post", "run a cell's pending or failed post-training stages (the upload)"),
     "venv": ("sft_grid.cli.cmd_venv", "build, lock or locate the backends' virtual environments"),
     "assets": ("sft_grid.cli.cmd_assets", "build or locate the tiny local models and datasets"),
-    "completion": ("sft_grid.cli.main", "bash completion: eval \"$(sft-grid completion bash)\""),
+    "completion": ("sft_grid.cli.main", 'bash completion: eval "$(sft-grid completion bash)"'),
 }
 # run by jobs, not people: not in the help
 INTERNAL: dict[str, tuple[str, str]] = {
@@ -52,13 +52,15 @@ def _parser(chosen: str | None) -> argparse.ArgumentParser:
     from sft_grid import __version__
 
     epilog = "`sft-grid COMMAND --help` says more; python -m sft_grid.COMMAND is the same."
-    parser = argparse.ArgumentParser(prog="sft-grid", description=DESCRIPTION, formatter_class=_formatter,
-                                     epilog=epilog)
+    parser = argparse.ArgumentParser(
+        prog="sft-grid", description=DESCRIPTION, formatter_class=_formatter, epilog=epilog
+    )
     parser.add_argument("--version", action="version", version=f"sft_grid {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, (_, line) in [*COMMANDS.items(), *INTERNAL.items()]:
-        p = sub.add_parser(name, help=line if name in COMMANDS else argparse.SUPPRESS, description=line,
-                           formatter_class=_formatter)
+        p = sub.add_parser(
+            name, help=line if name in COMMANDS else argparse.SUPPRESS, description=line, formatter_class=_formatter
+        )
         if name == chosen:
             module = _module(name)
             module.add_arguments(p)
@@ -95,10 +97,13 @@ def run(args: argparse.Namespace) -> int:
 
 def completion_script() -> str:
     """bash completion of the commands and each command's options, read from the parsers themselves."""
-    lines = ["# sft-grid's bash completion: eval \"$(sft-grid completion bash)\"", "_sft_grid() {",
-             '    local cur=${COMP_WORDS[COMP_CWORD]} opts=""',
-             "    if [ \"$COMP_CWORD\" -eq 1 ]; then opts=\"" + " ".join(COMMANDS) + " --help --version\"; else",
-             "    case ${COMP_WORDS[1]} in"]
+    lines = [
+        '# sft-grid\'s bash completion: eval "$(sft-grid completion bash)"',
+        "_sft_grid() {",
+        '    local cur=${COMP_WORDS[COMP_CWORD]} opts=""',
+        '    if [ "$COMP_CWORD" -eq 1 ]; then opts="' + " ".join(COMMANDS) + ' --help --version"; else',
+        "    case ${COMP_WORDS[1]} in",
+    ]
     for name in COMMANDS:
         module = _module(name)
         if not hasattr(module, "add_arguments"):
@@ -107,9 +112,13 @@ def completion_script() -> str:
         module.add_arguments(p)
         options = sorted({s for a in p._actions for s in a.option_strings})
         choices = sorted({str(c) for a in p._actions if not a.option_strings and a.choices for c in a.choices})
-        lines.append(f"        {name}) opts=\"{' '.join(options + choices)}\";;")
-    lines += ["    esac; fi", '    COMPREPLY=($(compgen -W "$opts" -- "$cur"))', "}",
-              "complete -o default -F _sft_grid sft-grid"]
+        lines.append(f'        {name}) opts="{" ".join(options + choices)}";;')
+    lines += [
+        "    esac; fi",
+        '    COMPREPLY=($(compgen -W "$opts" -- "$cur"))',
+        "}",
+        "complete -o default -F _sft_grid sft-grid",
+    ]
     return "\n".join(lines)
 
 

@@ -52,8 +52,17 @@ def progress_text(state: CellState) -> str:
 
 # -- the dry run's check table ------------------------------------------------------------------------------
 
-CHECK_HEADERS = ("cell", "model", "template", "length", "lr", "grad_acc", "data[role/user/assistant]", "push_to_hub",
-                 "output")
+CHECK_HEADERS = (
+    "cell",
+    "model",
+    "template",
+    "length",
+    "lr",
+    "grad_acc",
+    "data[role/user/assistant]",
+    "push_to_hub",
+    "output",
+)
 
 
 def _length(cell: Cell) -> str:
@@ -62,13 +71,27 @@ def _length(cell: Cell) -> str:
 
 
 def _tags(cell: Cell) -> str:
-    return "; ".join(f"{name}:{ds.messages}[{ds.tags.role_tag}/{ds.tags.user_tag}/{ds.tags.assistant_tag}]"
-                     for name, ds in cell.spec.dataset.items())
+    return "; ".join(
+        f"{name}:{ds.messages}[{ds.tags.role_tag}/{ds.tags.user_tag}/{ds.tags.assistant_tag}]"
+        for name, ds in cell.spec.dataset.items()
+    )
 
 
 def check_rows(cells: Sequence[Cell], dirs: Sequence[os.PathLike[str]]) -> list[tuple[object, ...]]:
-    return [(c.name, c.spec.model.name, c.spec.model.template, _length(c), f"{c.spec.lr:g}", c.grad_accum, _tags(c),
-             c.spec.push_to_hub, relative(os.path.join(d, "output"))) for c, d in zip(cells, dirs, strict=True)]
+    return [
+        (
+            c.name,
+            c.spec.model.name,
+            c.spec.model.template,
+            _length(c),
+            f"{c.spec.lr:g}",
+            c.grad_accum,
+            _tags(c),
+            c.spec.push_to_hub,
+            relative(os.path.join(d, "output")),
+        )
+        for c, d in zip(cells, dirs, strict=True)
+    ]
 
 
 # -- a cell's training text, marked ---------------------------------------------------------------------------
@@ -133,13 +156,15 @@ def passed_line(passed: Mapping[str, int]) -> list[str]:
 BUILT_BEFORE = frozenset({"staged", "prepared", "tokenized"})
 
 
-def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False,
-                   here: frozenset[str] = frozenset()) -> list[str]:
+def deferred_lines(
+    deferred: Mapping[str, Sequence[Check]], full: bool = False, here: frozenset[str] = frozenset()
+) -> list[str]:
     """Checks deferred to the jobs' first step, once per kind of check with how many (every one with `full`). For
     the cells in `here` (they run on this machine), what a job before the cell builds is left out: this command
     builds it before them (the prep and tokenize lines say so)."""
-    deferred = {name: [c for c in checks if not (name in here and c.kind in BUILT_BEFORE)]
-                for name, checks in deferred.items()}
+    deferred = {
+        name: [c for c in checks if not (name in here and c.kind in BUILT_BEFORE)] for name, checks in deferred.items()
+    }
     deferred = {name: checks for name, checks in deferred.items() if checks}
     if not deferred:
         return []
@@ -148,8 +173,11 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False,
         for name, checks in deferred.items():
             for check in checks:
                 by_check[check.describe()].append(name)
-        return [f"  deferred to the job's first step (input not readable here): {what}: {len(names)} cell(s):"
-                f" {', '.join(names)}" for what, names in by_check.items()]
+        return [
+            f"  deferred to the job's first step (input not readable here): {what}: {len(names)} cell(s):"
+            f" {', '.join(names)}"
+            for what, names in by_check.items()
+        ]
     kinds: dict[str, set[tuple[str, str]]] = defaultdict(set)
     cells: dict[str, set[str]] = defaultdict(set)
     for name, checks in deferred.items():
@@ -160,8 +188,10 @@ def deferred_lines(deferred: Mapping[str, Sequence[Check]], full: bool = False,
     for kind, inputs in kinds.items():
         targets = sorted({target for _, target in inputs})
         shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
-        lines.append(f"  deferred to the job's first step (input not readable here): {_DEFERRED_KIND.get(kind, kind)}:"
-                     f" {len(inputs)} input(s) of {len(cells[kind])} cell(s): {shown}")
+        lines.append(
+            f"  deferred to the job's first step (input not readable here): {_DEFERRED_KIND.get(kind, kind)}:"
+            f" {len(inputs)} input(s) of {len(cells[kind])} cell(s): {shown}"
+        )
     return [*lines, "  (every deferred check with its cells: SFT_GRID_VERBOSE=1 before the command)"]
 
 
@@ -173,19 +203,27 @@ def eval_lines(result: Any) -> list[str]:
     for cell in result.cells:
         for suite in suites_of(cell):
             suites.setdefault(suite.name, [0, len(suite.tasks)])[0] += 1
-    lines = [f"  evaluation suite {name}: {n} cell(s) x {tasks} task(s), after the post-training stages"
-             for name, (n, tasks) in suites.items()]
+    lines = [
+        f"  evaluation suite {name}: {n} cell(s) x {tasks} task(s), after the post-training stages"
+        for name, (n, tasks) in suites.items()
+    ]
     scored = sum(len(cell_scores(c)) for c in result.cells)
     if scored:
-        lines.append(f"  {scored} cell score(s) in all; scores already computed (<cell>/eval/<score id>.json) are"
-                     " not computed again")
-    lines += [f"  base model {b.target.name}: {len(b.target.scores)} score(s) under {relative(b.target.dir)}"
-              f" ({'to evaluate' if b.evaluate else b.why})" for b in result.bases]
+        lines.append(
+            f"  {scored} cell score(s) in all; scores already computed (<cell>/eval/<score id>.json) are"
+            " not computed again"
+        )
+    lines += [
+        f"  base model {b.target.name}: {len(b.target.scores)} score(s) under {relative(b.target.dir)}"
+        f" ({'to evaluate' if b.evaluate else b.why})"
+        for b in result.bases
+    ]
     return lines
 
 
 def prep_lines(result: Any) -> list[str]:
     """One line per model prep (one in all when there are many): done, or to run before its cells."""
+
     def state(prep: Any, users: Sequence[Any]) -> str:
         if prep.complete:
             return "done"
@@ -198,10 +236,14 @@ def prep_lines(result: Any) -> list[str]:
         for prep, users in preps.items():
             counts[state(prep, users)] = counts.get(state(prep, users), 0) + 1
         root = next(iter(preps)).dir.parent
-        return [f"  tokenizer prep of {len(preps)} models for {sum(map(len, preps.values()))} cell(s), under"
-                f" {relative(root)}: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
-    return [f"  tokenizer prep of {prep.model} for {len(users)} cell(s): {prep.model_dir} ({state(prep, users)})"
-            for prep, users in preps.items()]
+        return [
+            f"  tokenizer prep of {len(preps)} models for {sum(map(len, preps.values()))} cell(s), under"
+            f" {relative(root)}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+        ]
+    return [
+        f"  tokenizer prep of {prep.model} for {len(users)} cell(s): {prep.model_dir} ({state(prep, users)})"
+        for prep, users in preps.items()
+    ]
 
 
 def post_lines(cells: Sequence[Any]) -> list[str]:
@@ -215,8 +257,11 @@ def post_lines(cells: Sequence[Any]) -> list[str]:
     for stages, members in groups.items():
         line = f"  post-training stages of {len(members)} cell(s): {', '.join(stages)}"
         if "upload" in stages:
-            line += ("; the upload runs in the post job" if upload_in_job(members[0].spec) else
-                     f"; the upload waits for the login node: python -m sft_grid.post {members[0].sweep_dir}")
+            line += (
+                "; the upload runs in the post job"
+                if upload_in_job(members[0].spec)
+                else f"; the upload waits for the login node: python -m sft_grid.post {members[0].sweep_dir}"
+            )
         lines.append(line)
     return lines
 
@@ -225,8 +270,14 @@ def post_lines(cells: Sequence[Any]) -> list[str]:
 
 
 def job_line(job: SlurmJob) -> str:
-    what = {Role.STAGE: "staging of the Hub inputs", Role.PREP: "model prep", Role.TOKENIZE: "tokenize once",
-            Role.TRAIN: "training", Role.POST: "post-training stages", Role.EVAL: "evaluation"}[job.role]
+    what = {
+        Role.STAGE: "staging of the Hub inputs",
+        Role.PREP: "model prep",
+        Role.TOKENIZE: "tokenize once",
+        Role.TRAIN: "training",
+        Role.POST: "post-training stages",
+        Role.EVAL: "evaluation",
+    }[job.role]
     tasks = f"{len(job.targets)} task(s)" if len(job.targets) > 1 else "1 job"
     throttle = f", at most {job.throttle} at once" if job.throttle else ""
     after = f", after {job.dependency.text()}" if job.dependency else ""
@@ -245,8 +296,11 @@ def plan_lines(plan: SubmissionPlan) -> list[str]:
             lines += [f"  {n} {role.value} job(s)" for role, n in count.items()]
     if plan.local:
         roles = Counter(j.role for j in plan.local)
-        lines.append("local: " + ", ".join(f"{n} {role.value}" for role, n in roles.items())
-                     + f" (at most {plan.max_parallel} at once)")
+        lines.append(
+            "local: "
+            + ", ".join(f"{n} {role.value}" for role, n in roles.items())
+            + f" (at most {plan.max_parallel} at once)"
+        )
     return lines
 
 
@@ -286,22 +340,33 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
     pending = staging.pending
     if staging.unreachable:
         unresolved = [i for i in staging.items if i.pin is None]
-        head = (f"staging: the Hub cannot be reached from here: {staging.unreachable.rstrip('.')}; "
-                + (f"{len(unresolved)} of {len(staging.items)} Hub repositories for {len(users)} cell(s) are not"
-                   " staged, sizes unknown" if unresolved else
-                   f"all {len(staging.items)} Hub repositories for {len(users)} cell(s) are taken as staged"))
-        return [head] + [f"  {i.text()}" for i in (unresolved or staging.items)[:limit]] + (
-            [f"  ... and {len(unresolved) - limit} more"] if len(unresolved) > limit else [])
+        head = f"staging: the Hub cannot be reached from here: {staging.unreachable.rstrip('.')}; " + (
+            f"{len(unresolved)} of {len(staging.items)} Hub repositories for {len(users)} cell(s) are not"
+            " staged, sizes unknown"
+            if unresolved
+            else f"all {len(staging.items)} Hub repositories for {len(users)} cell(s) are taken as staged"
+        )
+        return (
+            [head]
+            + [f"  {i.text()}" for i in (unresolved or staging.items)[:limit]]
+            + ([f"  ... and {len(unresolved) - limit} more"] if len(unresolved) > limit else [])
+        )
     needed = sum(i.bytes_needed for i in staging.items)
-    lines = [(f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
-              f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)")]
+    lines = [
+        (
+            f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
+            f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)"
+        )
+    ]
     shown = pending if len(pending) <= limit else pending[:limit]
     lines += [f"  {i.text()}" for i in (shown or staging.items[:limit])]
     if len(pending) > limit:
         lines.append(f"  ... and {len(pending) - limit} more to stage")
     for s in staging.space:
-        lines.append(f"  {human(s.to_fetch)} to fetch into {s.cache}: {human(s.free)} free there"
-                     + (" (fits)" if s.fits else " (does NOT fit)"))
+        lines.append(
+            f"  {human(s.to_fetch)} to fetch into {s.cache}: {human(s.free)} free there"
+            + (" (fits)" if s.fits else " (does NOT fit)")
+        )
     where = {i.here for i in pending}
     if True in where:
         lines.append("  transfers run here, before anything is queued (cluster.staging.where=login)")
@@ -317,8 +382,12 @@ def pinned_lines(staging: Any) -> list[str]:
     if staging.unreachable:
         return staging_lines(staging)[:1]
     done = [i for i in staging.items if i.complete]
-    return [(f"  {len(done)} of {len(staging.items)} Hub repositories staged and pinned (each cell's ledger records"
-             " the commits it trains on)")]
+    return [
+        (
+            f"  {len(done)} of {len(staging.items)} Hub repositories staged and pinned (each cell's ledger records"
+            " the commits it trains on)"
+        )
+    ]
 
 
 def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
@@ -327,11 +396,20 @@ def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
         return [*staging_lines(staging), "dry run: nothing staged"]
     items = staging.items if staging else []
     left = staging.pending if staging else []
-    lines = [f"{len(items) - len(left)} of {len(items)} Hub repositories of {cells} cell(s) staged; nothing rendered"
-             " or queued" + (f"; {len(left)} left for a staging job (cluster.staging.where=job), which the grid"
-                             " command queues" if left else "")]
-    return lines + [f"  {i.wanted.kind} {i.wanted.repo_id}@{i.pin.sha}: {i.pin.path}" for i in items
-                    if i.pin is not None and i.complete]
+    lines = [
+        f"{len(items) - len(left)} of {len(items)} Hub repositories of {cells} cell(s) staged; nothing rendered"
+        " or queued"
+        + (
+            f"; {len(left)} left for a staging job (cluster.staging.where=job), which the grid command queues"
+            if left
+            else ""
+        )
+    ]
+    return lines + [
+        f"  {i.wanted.kind} {i.wanted.repo_id}@{i.pin.sha}: {i.pin.path}"
+        for i in items
+        if i.pin is not None and i.complete
+    ]
 
 
 def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
@@ -340,8 +418,12 @@ def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
         return []
     groups = Counter(t.dir for t in tokenized.values())
     toks = {t.dir: t for t in tokenized.values()}
-    lines = [(f"  tokenize once: {len(groups)} tokenized dataset(s) for {len(tokenized)} cell(s), each built once"
-              " before its cells:")]
+    lines = [
+        (
+            f"  tokenize once: {len(groups)} tokenized dataset(s) for {len(tokenized)} cell(s), each built once"
+            " before its cells:"
+        )
+    ]
     for directory, n in list(groups.items())[:limit]:
         tok = toks[directory]
         ident = tok.identity
@@ -349,10 +431,13 @@ def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
         sources = "+".join(f"{s[0]}@{str(s[2])[:12]}" if s[1] == "hub" else s[0] for s in ident["sources"])
         state = "built" if tok.data.complete else "to build"
         seed = ident["data"].get("config", {}).get("seed")
-        lines.append(f"    {tok.backend} {tok.data.key}: {n} cell(s), tokenizer {tokenizer}, template"
-                     f" {ident['template']}, {sources}, mix {ident['mix'][0]}"
-                     + (f", seed {seed}" if seed is not None else "") + f", cutoff"
-                     f" {ident['cutoff_len']} ({state}: {relative(tok.dir)})")
+        lines.append(
+            f"    {tok.backend} {tok.data.key}: {n} cell(s), tokenizer {tokenizer}, template"
+            f" {ident['template']}, {sources}, mix {ident['mix'][0]}"
+            + (f", seed {seed}" if seed is not None else "")
+            + f", cutoff"
+            f" {ident['cutoff_len']} ({state}: {relative(tok.dir)})"
+        )
     if len(groups) > limit:
         lines.append(f"    ... and {len(groups) - limit} more")
     return lines
@@ -400,9 +485,18 @@ def cost_rows(names: Sequence[str], costs: Any) -> list[tuple[str, ...]]:
             rows.append((name, "?", "?", "?", "", "?", "?", "?" if bound is None else f"<= {size(bound)}"))
             continue
         gpus = costs.inputs[name]["gpus"]
-        rows.append((name, count(e.tokens.tokens), str(e.tokens.steps), f"{e.flops:.2g}", str(gpus),
-                     hours(e.gpu_hours), duration(e.wall_seconds),
-                     f"{size(e.disk_bytes)} ({e.checkpoints_kept} ckpt)"))
+        rows.append(
+            (
+                name,
+                count(e.tokens.tokens),
+                str(e.tokens.steps),
+                f"{e.flops:.2g}",
+                str(gpus),
+                hours(e.gpu_hours),
+                duration(e.wall_seconds),
+                f"{size(e.disk_bytes)} ({e.checkpoints_kept} ckpt)",
+            )
+        )
     return rows
 
 
@@ -412,16 +506,21 @@ def cost_lines(names: Sequence[str], to_run: Sequence[str], costs: Any) -> list[
     if costs is None:
         return []
     known = [costs.estimates[n] for n in names if n in costs.estimates]
-    lines = ["", "estimates (tokens: the backend's own tokenisation of each source's sample rows, scaled to its",
-             "rows and epochs; FLOPs: 6ND + attention; disk: the checkpoints kept and the final model):",
-             table(COST_HEADERS, cost_rows(names, costs))]
+    lines = [
+        "",
+        "estimates (tokens: the backend's own tokenisation of each source's sample rows, scaled to its",
+        "rows and epochs; FLOPs: 6ND + attention; disk: the checkpoints kept and the final model):",
+        table(COST_HEADERS, cost_rows(names, costs)),
+    ]
 
     def totals(which: Sequence[str]) -> str:
         es = [costs.estimates[n] for n in which if n in costs.estimates]
         h = [e.gpu_hours for e in es if e.gpu_hours is not None]
-        return (f"{len(es)} of {len(which)} cell(s) estimated: {count(sum(e.tokens.tokens for e in es))} tokens, "
-                f"{sum(e.flops for e in es):.3g} FLOPs, {hours(sum(h)) if h else '?'} GPU-hours, "
-                f"disk {size(sum(e.disk_bytes for e in es))}")
+        return (
+            f"{len(es)} of {len(which)} cell(s) estimated: {count(sum(e.tokens.tokens for e in es))} tokens, "
+            f"{sum(e.flops for e in es):.3g} FLOPs, {hours(sum(h)) if h else '?'} GPU-hours, "
+            f"disk {size(sum(e.disk_bytes for e in es))}"
+        )
 
     lines.append(f"total of the grid, {totals(names)}")
     if list(to_run) != list(names):
@@ -432,8 +531,10 @@ def cost_lines(names: Sequence[str], to_run: Sequence[str], costs: Any) -> list[
             sources.setdefault(e.throughput.source + ": " + e.throughput.detail, "")
     lines += [f"  throughput ({s.split(': ', 1)[0]}): {s.split(': ', 1)[1]}" for s in sources]
     if known and any(e.throughput is None for e in known):
-        lines.append("  no GPU-hours for cells whose cluster names no known gpu_type: set cluster.gpu_type (or"
-                     " cluster.gpu_peak_tflops)")
+        lines.append(
+            "  no GPU-hours for cells whose cluster names no known gpu_type: set cluster.gpu_type (or"
+            " cluster.gpu_peak_tflops)"
+        )
     why = Counter(costs.unknown[n] for n in names if n in costs.unknown)
     for reason, n in why.most_common(3):
         lines.append(f"  no estimate for {n} cell(s): {reason}")

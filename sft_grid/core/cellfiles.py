@@ -12,9 +12,10 @@ types, so the job never re-composes from conf/ and never guesses at keys.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from sft_grid.core.layout import POST_FILE, PREFLIGHT_FILE
 
@@ -53,9 +54,10 @@ class Check:
         return {k: v for k, v in asdict(self).items() if v or k not in ("backend", "python", "model", "spec")}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Check":
-        return cls(**{**data, "tokens": tuple(data.get("tokens", ())),
-                      "tags": tuple(tuple(t) for t in data.get("tags", ()))})
+    def from_json(cls, data: Mapping[str, Any]) -> Check:
+        return cls(
+            **{**data, "tokens": tuple(data.get("tokens", ())), "tags": tuple(tuple(t) for t in data.get("tags", ()))}
+        )
 
 
 @dataclass(frozen=True)
@@ -111,17 +113,25 @@ class PreflightFile:
         if text is None:
             if len(_PREFLIGHT_TEXTS) > 4096:
                 _PREFLIGHT_TEXTS.clear()
-            text = _PREFLIGHT_TEXTS[key] = _dump({"deferred": [c.to_json() for c in self.deferred],
-                                                  "python": self.python, "variables": dict(self.variables)})
+            text = _PREFLIGHT_TEXTS[key] = _dump(
+                {
+                    "deferred": [c.to_json() for c in self.deferred],
+                    "python": self.python,
+                    "variables": dict(self.variables),
+                }
+            )
         return text
 
     @classmethod
-    def load(cls, cell_dir: Path) -> "PreflightFile | None":
+    def load(cls, cell_dir: Path) -> PreflightFile | None:
         data = read_json(cell_dir, PREFLIGHT_FILE)
         if data is None:
             return None
-        return cls(tuple(Check.from_json(c) for c in data.get("deferred", ())), str(data.get("python") or ""),
-                   dict(data.get("variables", data.get("env")) or {}))
+        return cls(
+            tuple(Check.from_json(c) for c in data.get("deferred", ())),
+            str(data.get("python") or ""),
+            dict(data.get("variables", data.get("env")) or {}),
+        )
 
 
 @dataclass(frozen=True)
@@ -144,11 +154,12 @@ class PostFile:
 
     def dumps(self) -> str:
         data = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "cell"}
-        return _dump({k: list(v) if isinstance(v, tuple) else dict(v) if k == "variables" else v
-                      for k, v in data.items()})
+        return _dump(
+            {k: list(v) if isinstance(v, tuple) else dict(v) if k == "variables" else v for k, v in data.items()}
+        )
 
     @classmethod
-    def load(cls, cell_dir: Path) -> "PostFile | None":
+    def load(cls, cell_dir: Path) -> PostFile | None:
         data = read_json(cell_dir, POST_FILE)
         if data is None:
             return None

@@ -49,11 +49,34 @@ KINDS: tuple[str, ...] = ("model", "dataset")
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
 # Weight formats a model repo may carry; training loads safetensors, or torch pickles when that is all there is.
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".h5", ".msgpack", ".onnx", ".onnx_data",
-                   ".gguf", ".tflite", ".ot", ".mlmodel", ".keras", ".pb", ".npz")
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pth",
+    ".pt",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+    ".onnx_data",
+    ".gguf",
+    ".tflite",
+    ".ot",
+    ".mlmodel",
+    ".keras",
+    ".pb",
+    ".npz",
+)
 TORCH_SUFFIXES = (".bin", ".pth", ".pt")
-TRAINING_STATE = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "training_args.bin",
-                  "rng_state*.pth", "random_states_*.pkl")
+TRAINING_STATE = (
+    "optimizer.pt",
+    "optimizer.bin",
+    "scheduler.pt",
+    "scaler.pt",
+    "training_args.bin",
+    "rng_state*.pth",
+    "random_states_*.pkl",
+)
 CHECKPOINT_DIRS = ("checkpoint-*", "global_step*")
 DATA_SUFFIXES = (".parquet", ".json", ".jsonl", ".arrow", ".csv", ".tsv")
 COMPRESSED = ("", ".gz", ".zst", ".bz2", ".xz")
@@ -125,15 +148,22 @@ def select_files(files: Iterable[RemoteFile], kind: Kind, allow: Iterable[str] |
     patterns = tuple(allow or ())
     has_st = False
     if kind == "model":
-        state = {f.path for f in files if _model_skip(f.path, False) in ("training checkpoint folder",
-                                                                         "optimizer/scheduler/rng state")}
+        state = {
+            f.path
+            for f in files
+            if _model_skip(f.path, False) in ("training checkpoint folder", "optimizer/scheduler/rng state")
+        }
         has_st = any(f.path.endswith(".safetensors") and f.path not in state for f in files)
     keep: list[RemoteFile] = []
     skipped: list[tuple[str, str]] = []
     for f in files:
         why = _model_skip(f.path, has_st) if kind == "model" else _dataset_skip(f.path)
-        if (why is None and patterns and f.path not in CARD_FILES
-                and not any(fnmatch.fnmatch(f.path, pat) for pat in patterns)):
+        if (
+            why is None
+            and patterns
+            and f.path not in CARD_FILES
+            and not any(fnmatch.fnmatch(f.path, pat) for pat in patterns)
+        ):
             why = "not matched by the allow patterns"
         if why is None:
             keep.append(f)
@@ -247,8 +277,15 @@ def read_listing(cache: Path | str, repo_id: str, kind: Kind, sha: str) -> tuple
     return tuple(RemoteFile(**f) for f in body["files"])
 
 
-def is_complete(cache: Path | str, repo_id: str, kind: Kind, sha: str, *, allow: Iterable[str] | None = None,
-                checksums: bool = False) -> bool:
+def is_complete(
+    cache: Path | str,
+    repo_id: str,
+    kind: Kind,
+    sha: str,
+    *,
+    allow: Iterable[str] | None = None,
+    checksums: bool = False,
+) -> bool:
     """Every file training needs from commit ``sha`` is in the cache with its size (and checksum if asked).
 
     False when the commit was never listed here: completeness cannot be known without the listing.
@@ -326,8 +363,10 @@ def repo_id_problem(repo_id: str) -> str | None:
     if repo_id.count("/") > 1:
         return "more than one '/': a repository id is <name> or <org>/<name>"
     if not _REPO_ID.match(repo_id):
-        return ("letters, digits, '-', '_' and '.' only, neither starting nor ending with '-' or '.', and a name of at"
-                " most 96 characters")
+        return (
+            "letters, digits, '-', '_' and '.' only, neither starting nor ending with '-' or '.', and a name of at"
+            " most 96 characters"
+        )
     if "--" in repo_id or ".." in repo_id:
         return "'--' and '..' are not allowed in it"
     if repo_id.endswith(".git"):

@@ -101,9 +101,16 @@ class Lock:
     called when waiting starts and about every 10 s after. ``lost`` turns true if another process broke this lock.
     """
 
-    def __init__(self, path: Path | str, *, timeout_s: float | None = None, stale_s: float = 60.0,
-                 heartbeat_s: float = 5.0, poll_s: float = 0.05,
-                 on_wait: Callable[[Holder | None, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        timeout_s: float | None = None,
+        stale_s: float = 60.0,
+        heartbeat_s: float = 5.0,
+        poll_s: float = 0.05,
+        on_wait: Callable[[Holder | None, float], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.timeout_s, self.stale_s, self.heartbeat_s, self.poll_s = timeout_s, stale_s, heartbeat_s, poll_s
         self.on_wait = on_wait
@@ -128,14 +135,16 @@ class Lock:
             if self._try_create():
                 self.waited_s = time.monotonic() - start
                 self._stop.clear()
-                self._beat = threading.Thread(target=self._heartbeat, name=f"lock-heartbeat {self.path.name}",
-                                              daemon=True)
+                self._beat = threading.Thread(
+                    target=self._heartbeat, name=f"lock-heartbeat {self.path.name}", daemon=True
+                )
                 self._beat.start()
                 return
             judged, holder = _identity(self.path), _read(self.path)
             if self._stale(holder):
-                log.warning("breaking a stale lock %s (%s)", self.path,
-                            holder.describe() if holder else "no holder named")
+                log.warning(
+                    "breaking a stale lock %s (%s)", self.path, holder.describe() if holder else "no holder named"
+                )
                 self._break(judged)
                 continue
             waited = time.monotonic() - start

@@ -27,7 +27,7 @@ def overrides_of(cell_yaml: str) -> list[str]:
     for line in cell_yaml.splitlines()[:6]:
         if line.startswith(RERUN):
             try:
-                return shlex.split(line[len(RERUN):])
+                return shlex.split(line[len(RERUN) :])
             except ValueError:
-                return line[len(RERUN):].split()
+                return line[len(RERUN) :].split()
     return []

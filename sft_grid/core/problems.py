@@ -17,8 +17,9 @@ class Problem:
     fix: str
 
     def render(self) -> str:
-        head = (f"{self.key}={self.value!r}: {self.message} [{self.rule}]" if self.key
-                else f"{self.message} [{self.rule}]")
+        head = (
+            f"{self.key}={self.value!r}: {self.message} [{self.rule}]" if self.key else f"{self.message} [{self.rule}]"
+        )
         return f"{head}\n      fix: {self.fix}"
 
 

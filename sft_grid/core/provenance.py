@@ -28,8 +28,12 @@ def checkout(root: Path = REPO_ROOT) -> dict[str, Any]:
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
         if rev.returncode == 0:
-            status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=60)
+            status = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             git = {"revision": rev.stdout.strip(), "dirty": bool(status.stdout.strip())}
     except (OSError, subprocess.SubprocessError):
         pass
@@ -40,9 +44,14 @@ def packages_hash(python: Path | str) -> dict[str, Any]:
     """A hash of the distributions (name==version) installed in the environment of this python, read from its
     site-packages' metadata directories (no process started); {} when there is none to read."""
     env = Path(python).parent.parent
-    found = sorted({d.name.rsplit(".", 1)[0].lower() for d in env.glob("lib/python*/site-packages/*.dist-info")}
-                   | {d.name.rsplit(".", 1)[0].lower() for d in env.glob("lib/python*/site-packages/*.egg-info")})
+    found = sorted(
+        {d.name.rsplit(".", 1)[0].lower() for d in env.glob("lib/python*/site-packages/*.dist-info")}
+        | {d.name.rsplit(".", 1)[0].lower() for d in env.glob("lib/python*/site-packages/*.egg-info")}
+    )
     if not found:
         return {}
-    return {"packages": hashlib.sha256("\n".join(found).encode()).hexdigest()[:16], "package_count": len(found),
-            "env": str(env)}
+    return {
+        "packages": hashlib.sha256("\n".join(found).encode()).hexdigest()[:16],
+        "package_count": len(found),
+        "env": str(env),
+    }

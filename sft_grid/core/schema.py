@@ -53,8 +53,9 @@ class Range:
         return " and ".join(p for p in (lo, hi) if p)
 
 
-def num(default: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
-        hi_open: bool = False) -> Any:
+def num(
+    default: Any, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False, hi_open: bool = False
+) -> Any:
     """A numeric key with its range."""
     return field(default=default, metadata={"range": Range(lo, hi, lo_open, hi_open)})
 
@@ -98,13 +99,26 @@ FINETUNING = ("full", "lora", "freeze")
 REPORT_TO = ("none", "wandb", "tensorboard")
 # transformers' SchedulerType values that both backends pass on and that need no extra arguments
 # (cosine_with_min_lr and warmup_stable_decay need scheduler kwargs; reduce_lr_on_plateau needs evaluation)
-SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-              "inverse_sqrt")
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
 # LLaMA-Factory's dataset formatting that carries conversations with per-dataset role tags (axolotl reads the
 # same rows through its chat_template strategy)
 FORMATTINGS = ("sharegpt",)
-MODEL_NEEDS = ("delphi_tokenizer_prep", "zero3", "zero3_offload", "consolidate", "preprocessor_config",
-               "transformers_ge_5_3")
+MODEL_NEEDS = (
+    "delphi_tokenizer_prep",
+    "zero3",
+    "zero3_offload",
+    "consolidate",
+    "preprocessor_config",
+    "transformers_ge_5_3",
+)
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds are 32-bit
 # where a site's Hub transfers run: the machine running the grid (a login node), or a Slurm job
 STAGING_WHERE = ("login", "job")

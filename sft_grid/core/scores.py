@@ -84,13 +84,27 @@ class ScoreSpec:
     device: str = "cpu"
 
     def to_json(self) -> dict[str, Any]:
-        return {"score_id": self.score_id, "suite": self.suite, "task": self.task, "settings": dict(self.settings),
-                "engine": self.engine, "batch_size": self.batch_size, "device": self.device}
+        return {
+            "score_id": self.score_id,
+            "suite": self.suite,
+            "task": self.task,
+            "settings": dict(self.settings),
+            "engine": self.engine,
+            "batch_size": self.batch_size,
+            "device": self.device,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScoreSpec:
-        return cls(str(data["score_id"]), str(data["suite"]), str(data["task"]), dict(data["settings"]),
-                   str(data.get("engine") or "hf"), data.get("batch_size", 1), str(data.get("device") or "cpu"))
+        return cls(
+            str(data["score_id"]),
+            str(data["suite"]),
+            str(data["task"]),
+            dict(data["settings"]),
+            str(data.get("engine") or "hf"),
+            data.get("batch_size", 1),
+            str(data.get("device") or "cpu"),
+        )
 
 
 @dataclass(frozen=True)
@@ -110,8 +124,11 @@ class EvalFile:
 
     def dumps(self) -> str:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        data.update(include_paths=list(self.include_paths), variables=dict(self.variables),
-                    scores=[s.to_json() for s in self.scores])
+        data.update(
+            include_paths=list(self.include_paths),
+            variables=dict(self.variables),
+            scores=[s.to_json() for s in self.scores],
+        )
         return dump_json(data)
 
     @classmethod
@@ -122,10 +139,14 @@ class EvalFile:
     @classmethod
     def from_json(cls, data: Mapping[str, Any], name: str) -> EvalFile:
         return cls(
-            target=str(data.get("target") or name), base=bool(data.get("base")),
-            model_path=str(data["model_path"]), harness=str(data["harness"]), python=str(data["python"]),
+            target=str(data.get("target") or name),
+            base=bool(data.get("base")),
+            model_path=str(data["model_path"]),
+            harness=str(data["harness"]),
+            python=str(data["python"]),
             include_paths=tuple(data.get("include_paths") or ()),
-            variables=dict(data.get("variables") or {}), in_train_job=bool(data.get("in_train_job")),
+            variables=dict(data.get("variables") or {}),
+            in_train_job=bool(data.get("in_train_job")),
             scores=tuple(ScoreSpec.from_json(s) for s in data.get("scores") or ()),
         )
 

@@ -58,8 +58,22 @@ class CellState:
 # -- the scheduler's view ------------------------------------------------------------------------------------
 
 # sacct/squeue states in which a job may still run the cell
-IN_FLIGHT = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED",
-                       "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "PREEMPTED"})
+IN_FLIGHT = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "REQUEUED",
+        "RESIZING",
+        "SUSPENDED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "PREEMPTED",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -130,7 +144,7 @@ def slurm_ref(history: Sequence[Event]) -> SlurmRef | None:
         if e.kind is Kind.SUBMITTED:
             if e.executor != "slurm":
                 return None
-            later = [x.job_id for x in history[i + 1:] if x.kind is Kind.JOB and x.job_id]
+            later = [x.job_id for x in history[i + 1 :] if x.kind is Kind.JOB and x.job_id]
             return SlurmRef(later[-1] if later else "", e.array, e.index or 0)
     return None
 
@@ -173,7 +187,7 @@ def _cancelled_job(history: Sequence[Event]) -> Event | None:
     """A cancel of the latest submission's job: it wins over that job's own `running`, which can land after it
     (a cancel racing the job's start)."""
     start = max((i for i, e in enumerate(history) if e.kind is Kind.SUBMITTED), default=-1)
-    cancels = [e for e in history[start + 1:] if e.kind is Kind.CANCELLED and e.job_id]
+    cancels = [e for e in history[start + 1 :] if e.kind is Kind.CANCELLED and e.job_id]
     return cancels[-1] if cancels else None
 
 
@@ -196,16 +210,31 @@ def _state(output_dir: Path, view: SchedulerView | None, history: Sequence[Event
         if ref is not None:
             return _slurm_state(ref, State(kind.value), last, view, done)
         if alive(last) is False:
-            return CellState(State.FAILED, f"its process {last.pid} on {last.host} ended without recording an"
-                             " outcome (killed, or out of memory?)", job_id, done)
+            return CellState(
+                State.FAILED,
+                f"its process {last.pid} on {last.host} ended without recording an outcome (killed, or out of memory?)",
+                job_id,
+                done,
+            )
         return CellState(State(kind.value), job_id=job_id, progress=done)
     if kind is Kind.COMPLETED:
-        return CellState(State.FAILED, "the ledger says completed but the output has no final weights and"
-                         " trainer_state.json (deleted or moved?)", job_id)
+        return CellState(
+            State.FAILED,
+            "the ledger says completed but the output has no final weights and trainer_state.json (deleted or moved?)",
+            job_id,
+        )
     if kind in (Kind.FAILED, Kind.CANCELLED):
         assert last is not None
-        return CellState(State(kind.value), last.reason, job_id, done, failure_class=last.failure_class,
-                         evidence=last.evidence, action=last.action, advice=last.note if last.failure_class else "")
+        return CellState(
+            State(kind.value),
+            last.reason,
+            job_id,
+            done,
+            failure_class=last.failure_class,
+            evidence=last.evidence,
+            action=last.action,
+            advice=last.note if last.failure_class else "",
+        )
     return CellState(State.PLANNED)
 
 
@@ -213,8 +242,12 @@ def _slurm_state(ref: SlurmRef, state: State, last: Event, view: SchedulerView |
     job = view.find(ref) if view is not None else None
     if job is not None and ref.array and job.name and job.name != ref.array:
         # the id now names another job (the cluster's job ids were reset): this cell's job is gone
-        return CellState(State.FAILED, f"Slurm job {ref.job_id} is no longer this cell's job ({ref.array});"
-                         " the cluster's job ids were reset", ref.job_id, done)
+        return CellState(
+            State.FAILED,
+            f"Slurm job {ref.job_id} is no longer this cell's job ({ref.array}); the cluster's job ids were reset",
+            ref.job_id,
+            done,
+        )
     job_id = ref.job_id or (job.job_id if job is not None else "")
     if job is None:
         if ref.job_id or view is None or not view.available or alive(last) is not False:
@@ -224,8 +257,13 @@ def _slurm_state(ref: SlurmRef, state: State, last: Event, view: SchedulerView |
     recovered = not ref.job_id
     if job.in_flight:
         running = job.state in ("RUNNING", "COMPLETING") or state is State.RUNNING
-        return CellState(State.RUNNING if running else State.SUBMITTED, job_id=job_id, progress=done,
-                         recovered=recovered, elapsed=job.elapsed)
+        return CellState(
+            State.RUNNING if running else State.SUBMITTED,
+            job_id=job_id,
+            progress=done,
+            recovered=recovered,
+            elapsed=job.elapsed,
+        )
     if job.state == "CANCELLED":
         return CellState(State.CANCELLED, "cancelled in Slurm", job_id, done, recovered)
     why = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")
@@ -250,8 +288,11 @@ def _elapsed(history: Sequence[Event], state: State) -> str:
     if not starts:
         return ""
     begin = parse_time(history[starts[-1]].time)
-    ends = [e for e in history[starts[-1] + 1:]
-            if e.kind in (Kind.COMPLETED, Kind.FAILED, Kind.CANCELLED, Kind.INTERRUPTED)]
+    ends = [
+        e
+        for e in history[starts[-1] + 1 :]
+        if e.kind in (Kind.COMPLETED, Kind.FAILED, Kind.CANCELLED, Kind.INTERRUPTED)
+    ]
     end = parse_time(ends[0].time) if ends else (time.time() if state.in_flight else None)
     if begin is None or end is None:
         return ""

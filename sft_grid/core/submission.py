@@ -51,8 +51,10 @@ class SlurmRequest:
     max_requeues: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: dict(v) if k == "additional_parameters" else list(v) if isinstance(v, tuple) else v
-                for k, v in self.params}
+        return {
+            k: dict(v) if k == "additional_parameters" else list(v) if isinstance(v, tuple) else v
+            for k, v in self.params
+        }
 
     def replace(self, drop: tuple[str, ...] = (), **changes: Any) -> SlurmRequest:
         params = {k: v for k, v in self.params if k not in drop}

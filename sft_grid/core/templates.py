@@ -69,7 +69,7 @@ TEMPLATES = {
     for t in (
         Template("llama3", "llama3", _LLAMA3, axolotl="llama3"),
         Template("delphi", "llama3", _LLAMA3 + tuple(DELPHI_TOKENS), jinja="delphi.jinja", eot="<|eot_id|>"),
-        Template("qwen3", "chatml", _CHATML + ("<think>", "</think>"), axolotl="qwen3"),
+        Template("qwen3", "chatml", (*_CHATML, "<think>", "</think>"), axolotl="qwen3"),
         # plain ChatML: LLaMA-Factory's qwen3_nothink writes no think block either
         Template("qwen3_nothink", "chatml", _CHATML, axolotl="chatml"),
         Template("qwen", "chatml", _CHATML, axolotl="qwen_25"),
@@ -129,7 +129,8 @@ def template_digest(text: str) -> str:
 
 
 def template_matches(model_dir: str | Path, trained_digest: str) -> tuple[bool, str]:
-    """Whether every template copy saved with the model is the trained one; the message says what differs and the fix."""
+    """Whether every template copy saved with the model is the trained one; the message says what differs, and the
+    fix."""
     model_dir = Path(model_dir)
     copies = {
         model_dir / CHAT_TEMPLATE_FILE: _jinja_template(model_dir),
@@ -137,17 +138,23 @@ def template_matches(model_dir: str | Path, trained_digest: str) -> tuple[bool, 
     }
     present = {path: text for path, text in copies.items() if text is not None}
     if not present:
-        return False, (f"{model_dir} has no chat template (neither {CHAT_TEMPLATE_FILE} nor a `chat_template` in"
-                       f" {TOKENIZER_CONFIG}), but it was trained with one (digest {trained_digest[:12]}):"
-                       " an evaluation would format prompts unlike training. Fix: save the template the cell trained with"
-                       f" as {model_dir / CHAT_TEMPLATE_FILE} (or retrain the cell), or evaluate without"
-                       " apply_chat_template")
+        return False, (
+            f"{model_dir} has no chat template (neither {CHAT_TEMPLATE_FILE} nor a `chat_template` in"
+            f" {TOKENIZER_CONFIG}), but it was trained with one (digest {trained_digest[:12]}):"
+            " an evaluation would format prompts unlike training. Fix: save the template the cell trained with"
+            f" as {model_dir / CHAT_TEMPLATE_FILE} (or retrain the cell), or evaluate without"
+            " apply_chat_template"
+        )
     wrong = {path: template_digest(text) for path, text in present.items() if template_digest(text) != trained_digest}
     if not wrong:
         names = " and ".join(path.name for path in present)
         return True, f"{model_dir}: {names} carry the trained chat template (digest {trained_digest[:12]})"
     parts = [f"{path.name} has digest {digest[:12]}" for path, digest in wrong.items()]
-    return False, (f"{model_dir}: chat template differs from the one trained with (digest {trained_digest[:12]}): "
-                   + "; ".join(parts) + ". An evaluation would format prompts unlike training. Fix: write the template"
-                   " the cell trained with into " + " and ".join(str(path) for path in wrong)
-                   + " (or retrain the cell), then evaluate again")
+    return False, (
+        f"{model_dir}: chat template differs from the one trained with (digest {trained_digest[:12]}): "
+        + "; ".join(parts)
+        + ". An evaluation would format prompts unlike training. Fix: write the template"
+        " the cell trained with into "
+        + " and ".join(str(path) for path in wrong)
+        + " (or retrain the cell), then evaluate again"
+    )

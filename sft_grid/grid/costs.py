@@ -23,9 +23,10 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from sft_grid.checks.readable import data_files, locate
 from sft_grid.core import events
@@ -195,8 +196,11 @@ class _Reads:
         return self._models[key]
 
 
-def plan_of(cell: Cell, lengths: Mapping[str, Sequence[int]], reads: _Reads | None = None,
-            ) -> tuple[CellPlan, str, dict[str, Any]]:
+def plan_of(
+    cell: Cell,
+    lengths: Mapping[str, Sequence[int]],
+    reads: _Reads | None = None,
+) -> tuple[CellPlan, str, dict[str, Any]]:
     """The estimate's input for a cell, and why it has no token count ("" when it has)."""
     s = cell.spec
     reads = reads or _Reads()
@@ -212,18 +216,33 @@ def plan_of(cell: Cell, lengths: Mapping[str, Sequence[int]], reads: _Reads | No
     model, shape_from = reads.model(cell)
     extra = s.extra or {}
     plan = CellPlan(
-        name=cell.name, model=model,
-        sources=tuple(Source(n, r, tuple(lengths.get(n, ()))) for n, r in zip(s.dataset, per_epoch)),
-        cutoff_len=s.cutoff_len, global_batch_size=s.global_batch_size, epochs=s.epochs,
-        max_steps=max(0, s.max_steps), packing=bool(extra.get("packing") or extra.get("sample_packing")),
-        gpus=cell.world_size, precision=s.cluster.precision, save_steps=s.save_steps,
-        save_total_limit=s.save_total_limit, save_optimizer=not extra.get("save_only_model"),
+        name=cell.name,
+        model=model,
+        sources=tuple(Source(n, r, tuple(lengths.get(n, ()))) for n, r in zip(s.dataset, per_epoch, strict=True)),
+        cutoff_len=s.cutoff_len,
+        global_batch_size=s.global_batch_size,
+        epochs=s.epochs,
+        max_steps=max(0, s.max_steps),
+        packing=bool(extra.get("packing") or extra.get("sample_packing")),
+        gpus=cell.world_size,
+        precision=s.cluster.precision,
+        save_steps=s.save_steps,
+        save_total_limit=s.save_total_limit,
+        save_optimizer=not extra.get("save_only_model"),
         max_time_s=parse_minutes(s.time) * 60 if s.cluster.executor == "slurm" else None,
-        requeues=s.cluster.max_requeues if s.cluster.executor == "slurm" else 0)
-    inputs = {"cluster": s.cluster.name, "gpu": gpu_of(cell), "gpus": cell.world_size, "params": model.params,
-              "n_layers": model.n_layers, "d_attn": model.d_attn, "shape_from": shape_from,
-              "rows": dict(zip(s.dataset, per_epoch)),
-              "sampled_rows": {n: len(lengths.get(n, ())) for n in s.dataset}}
+        requeues=s.cluster.max_requeues if s.cluster.executor == "slurm" else 0,
+    )
+    inputs = {
+        "cluster": s.cluster.name,
+        "gpu": gpu_of(cell),
+        "gpus": cell.world_size,
+        "params": model.params,
+        "n_layers": model.n_layers,
+        "d_attn": model.d_attn,
+        "shape_from": shape_from,
+        "rows": dict(zip(s.dataset, per_epoch, strict=True)),
+        "sampled_rows": {n: len(lengths.get(n, ())) for n in s.dataset},
+    }
     return plan, why, inputs
 
 
@@ -279,10 +298,17 @@ def problems(costs: GridCosts, to_run: Sequence[Cell]) -> list[Problem]:
         est = costs.estimates.get(cell.name)
         if est is not None and est.exceeds_wall:
             assert est.throughput is not None
-            out.append(Problem(cell.name, "time", cell.spec.time, "estimate-wall-time",
-                               f"{est.notes[-1]} ({est.throughput.detail})",
-                               "raise `time` (up to cluster.max_time) or cluster.max_requeues, give the cell more nodes,"
-                               " or shorten it (epochs, max_steps)"))
+            out.append(
+                Problem(
+                    cell.name,
+                    "time",
+                    cell.spec.time,
+                    "estimate-wall-time",
+                    f"{est.notes[-1]} ({est.throughput.detail})",
+                    "raise `time` (up to cluster.max_time) or cluster.max_requeues, give the cell more nodes,"
+                    " or shorten it (epochs, max_steps)",
+                )
+            )
     return out
 
 
@@ -310,7 +336,7 @@ def run_intervals(history: Sequence[Event], now: float | None = None) -> list[tu
         if e.kind is not Kind.RUNNING:
             continue
         start = parse_time(e.time)
-        end_event = next((x for x in history[i + 1:] if x.kind in _ENDS or x.kind is Kind.RUNNING), None)
+        end_event = next((x for x in history[i + 1 :] if x.kind in _ENDS or x.kind is Kind.RUNNING), None)
         if end_event is not None and end_event.kind is Kind.RUNNING:
             continue
         end = parse_time(end_event.time) if end_event is not None else now
@@ -326,12 +352,12 @@ def run_seconds(history: Sequence[Event], cpu: bool, now: float | None = None) -
     for i, e in enumerate(history):
         if e.kind is not Kind.RUNNING:
             continue
-        end = next((x for x in history[i + 1:] if x.kind in _ENDS or x.kind is Kind.RUNNING), None)
+        end = next((x for x in history[i + 1 :] if x.kind in _ENDS or x.kind is Kind.RUNNING), None)
         spent = end.details.get("cpu_seconds") if cpu and end is not None and end.kind is not Kind.RUNNING else None
         if isinstance(spent, (int, float)):
             out.append(float(spent))
             continue
-        runs = run_intervals(history[i:i + 1] + ([end] if end is not None else []), now)
+        runs = run_intervals([*history[i : i + 1], *([end] if end is not None else [])], now)
         out += [b - a for a, b in runs]
     return out
 
@@ -380,14 +406,23 @@ def measured(cell_dir: Path, history: Sequence[Event] | None = None) -> Measured
     seconds = train_runtime(output)
     history = events.read(cell_dir) if history is None else history
     starts = [i for i, e in enumerate(history) if e.kind is Kind.RUNNING]
-    if not starts or any(e.kind is Kind.RESUMED for e in history[starts[-1]:]):
+    if not starts or any(e.kind is Kind.RESUMED for e in history[starts[-1] :]):
         return None
-    took = run_seconds(history[starts[-1]:], est.get("gpu") == "CPU")
+    took = run_seconds(history[starts[-1] :], est.get("gpu") == "CPU")
     if not took or took[0] <= 0:
         return None
     try:
-        return Measured(cell_dir.name, str(est["cluster"]), str(est["gpu"]), int(est["gpus"]), float(est["params"]),
-                        took[0], float(est["tokens"]), float(est["flops"]), train_seconds=seconds)
+        return Measured(
+            cell_dir.name,
+            str(est["cluster"]),
+            str(est["gpu"]),
+            int(est["gpus"]),
+            float(est["params"]),
+            took[0],
+            float(est["tokens"]),
+            float(est["flops"]),
+            train_seconds=seconds,
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -401,8 +436,11 @@ def cell_dirs_under(runs_root: Path) -> list[Path]:
         return []
     for grid in grids:
         try:
-            found += [Path(e.path) for e in os.scandir(grid) if not e.name.startswith((".", "_"))
-                      and os.path.isfile(os.path.join(e.path, CELL_FILE))]
+            found += [
+                Path(e.path)
+                for e in os.scandir(grid)
+                if not e.name.startswith((".", "_")) and os.path.isfile(os.path.join(e.path, CELL_FILE))
+            ]
         except OSError:
             continue
     return sorted(found)

@@ -79,24 +79,55 @@ def _requeued(state: CellState) -> bool:
     return state.state is State.FAILED and state.action is RemedyKind.REQUEUE
 
 
-def decide(cell: Cell, cell_dir: Path, state: CellState, history: Sequence[Event], view: SchedulerView | None,
-           recovery: Recovery | None = None) -> Decision:
+def decide(
+    cell: Cell,
+    cell_dir: Path,
+    state: CellState,
+    history: Sequence[Event],
+    view: SchedulerView | None,
+    recovery: Recovery | None = None,
+) -> Decision:
     why = skip_reason(cell, state)
     scores = cell_scores(cell)
     if why is None and _requeued(state) and not cell.spec.rerun_failed:
-        return Decision(cell, cell_dir, state, Action.RUN, f"requeued after {state.failure_class}", recovery=recovery,
-                        exclude=requeue_nodes(history), note=f"{REQUEUE_NOTE}{state.failure_class}", post=True,
-                        evaluate=bool(scores))
+        return Decision(
+            cell,
+            cell_dir,
+            state,
+            Action.RUN,
+            f"requeued after {state.failure_class}",
+            recovery=recovery,
+            exclude=requeue_nodes(history),
+            note=f"{REQUEUE_NOTE}{state.failure_class}",
+            post=True,
+            evaluate=bool(scores),
+        )
     if why is None:
-        return Decision(cell, cell_dir, state, Action.RUN, archive=state.state is State.COMPLETED, recovery=recovery,
-                        post=True, evaluate=bool(scores))
+        return Decision(
+            cell,
+            cell_dir,
+            state,
+            Action.RUN,
+            archive=state.state is State.COMPLETED,
+            recovery=recovery,
+            post=True,
+            evaluate=bool(scores),
+        )
     if state.state is State.COMPLETED:
         todo = post_training.todo(cell, cell_dir, history, view)
         evaluation = evaluate.todo(cell_dir, scores, history, view)
         why += "".join(f"; {note}" for note in (todo.note, evaluation.note) if note)
         if todo.stages or evaluation.needed:
-            return Decision(cell, cell_dir, state, Action.POST, why, recovery=recovery, post=bool(todo.stages),
-                            evaluate=evaluation.needed)
+            return Decision(
+                cell,
+                cell_dir,
+                state,
+                Action.POST,
+                why,
+                recovery=recovery,
+                post=bool(todo.stages),
+                evaluate=evaluation.needed,
+            )
     return Decision(cell, cell_dir, state, Action.SKIP, why, recovery=recovery)
 
 

@@ -71,9 +71,15 @@ def apply(plan: SubmissionPlan, on_phase: PhaseTold = lambda name, done, total, 
             continue
         if r.action is Rescue.CANCEL:
             slurm.cancel([r.job_id])
-        events.append(r.cell_dir, Event(Kind.PLANNED, note=f"job {r.job_id} of {r.array} never got its submission"
-                                        " file (the orchestrator died during sbatch): cancelled, to be submitted"
-                                        " again"))
+        events.append(
+            r.cell_dir,
+            Event(
+                Kind.PLANNED,
+                note=f"job {r.job_id} of {r.array} never got its submission"
+                " file (the orchestrator died during sbatch): cancelled, to be submitted"
+                " again",
+            ),
+        )
     for cell_dir in plan.archives:
         archive_output(cell_dir, "force=true rerun of a completed cell")
     before = {role: [j for j in plan.local if j.role is role] for role in (Role.PREP, Role.TOKENIZE)}
@@ -94,8 +100,15 @@ def apply(plan: SubmissionPlan, on_phase: PhaseTold = lambda name, done, total, 
         if cell_dir not in done.prep_failed:
             # before the job can start, so the job's own `running` comes after it; until then this process stands
             # for the cell: if it dies first, the cell reads as failed, not in flight
-            events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="local", note=plan.notes.get(cell_dir, ""),
-                                               details=plan.provenance.get(cell_dir, {})))
+            events.append(
+                cell_dir,
+                Event.here(
+                    Kind.SUBMITTED,
+                    executor="local",
+                    note=plan.notes.get(cell_dir, ""),
+                    details=plan.provenance.get(cell_dir, {}),
+                ),
+            )
     _submit_slurm(plan, done)
     return done
 
@@ -108,9 +121,17 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
         if job.role is Role.TRAIN:
             for index, cell_dir in enumerate(job.targets):
                 # before sbatch: a crash after sbatch but before the job id is recorded is recovered by name
-                events.append(cell_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index,
-                                                   note=plan.notes.get(cell_dir, ""),
-                                                   details=plan.provenance.get(cell_dir, {})))
+                events.append(
+                    cell_dir,
+                    Event.here(
+                        Kind.SUBMITTED,
+                        executor="slurm",
+                        array=job.name,
+                        index=index,
+                        note=plan.notes.get(cell_dir, ""),
+                        details=plan.provenance.get(cell_dir, {}),
+                    ),
+                )
         elif job.role in (Role.PREP, Role.STAGE, Role.TOKENIZE):
             for index, prep_dir in enumerate(job.targets):
                 events.append(prep_dir, Event.here(Kind.SUBMITTED, executor="slurm", array=job.name, index=index))
@@ -127,9 +148,17 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
             for index, (cell_dir, job_id) in enumerate(zip(job.targets, ids, strict=True)):
                 # not `job_id`: that field names the cell's training job wherever the ledger is read
                 post = job.role is Role.POST
-                events.append(cell_dir, Event(Kind.POST_JOB if post else Kind.EVAL_JOB, array=job.name, index=index,
-                                              after=after, post_job_id=job_id if post else "",
-                                              eval_job_id="" if post else job_id))
+                events.append(
+                    cell_dir,
+                    Event(
+                        Kind.POST_JOB if post else Kind.EVAL_JOB,
+                        array=job.name,
+                        index=index,
+                        after=after,
+                        post_job_id=job_id if post else "",
+                        eval_job_id="" if post else job_id,
+                    ),
+                )
             continue
         for target, job_id in zip(job.targets, ids, strict=True):
             events.append(target, Event(Kind.JOB, job_id=job_id))
@@ -138,13 +167,18 @@ def _submit_slurm(plan: SubmissionPlan, done: Executed) -> None:
             for wait in plan.waits:
                 if wait.cell_dir in job.targets:
                     prep_id = target_ids.get(wait.prepared.parent, "") if wait.job.planned else wait.job.job
-                    events.append(wait.cell_dir, Event(Kind.PREP, model=wait.model, prepared=str(wait.prepared),
-                                                       prep_job_id=prep_id))
+                    events.append(
+                        wait.cell_dir,
+                        Event(Kind.PREP, model=wait.model, prepared=str(wait.prepared), prep_job_id=prep_id),
+                    )
 
 
-def run_local(plan: SubmissionPlan, done: Executed, on_done: Callable[[LocalJob, CellState], None],
-              on_progress: Callable[[Mapping[LocalJob, CellState]], None] = lambda running: None,
-              ) -> dict[Path, CellState]:
+def run_local(
+    plan: SubmissionPlan,
+    done: Executed,
+    on_done: Callable[[LocalJob, CellState], None],
+    on_progress: Callable[[Mapping[LocalJob, CellState]], None] = lambda running: None,
+) -> dict[Path, CellState]:
     """Run the plan's local cells (the preps ran in `apply`); their final states, when the plan waits. `on_progress`
     hears, about once a second, each running cell's state (its step and loss so far, from its trainer's log)."""
     jobs = [j for j in plan.local if j.role not in (Role.PREP, Role.TOKENIZE) and j.target not in done.prep_failed]
@@ -163,8 +197,9 @@ def run_local(plan: SubmissionPlan, done: Executed, on_done: Callable[[LocalJob,
     def poll(running: Sequence[LocalJob]) -> None:
         cells = [job for job in running if job.role is Role.TRAIN]
         if cells:
-            on_progress({job: replace(state_of(job.target), progress=progress(job.target / OUTPUT_DIR))
-                         for job in cells})
+            on_progress(
+                {job: replace(state_of(job.target), progress=progress(job.target / OUTPUT_DIR)) for job in cells}
+            )
 
     local.run(jobs, plan.max_parallel, plan.wait, started, ended, poll)
     return final

@@ -154,8 +154,10 @@ class GridResult:
     def states(self) -> list[str]:
         """The state of each requested cell, in request order, after this invocation."""
         failed = self.executed.prep_failed if self.executed else {}
-        return [State.FAILED.value if d.dir in failed else (self.final.get(d.dir) or d.state).state.value
-                for d in self.decisions]
+        return [
+            State.FAILED.value if d.dir in failed else (self.final.get(d.dir) or d.state).state.value
+            for d in self.decisions
+        ]
 
     @property
     def failed(self) -> list[str]:
@@ -165,12 +167,15 @@ class GridResult:
         return [d.cell.name for d in self.decisions if d.dir in failed and d.action is Action.RUN]
 
 
-def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observer: Observer = Observer(),
-        ) -> GridResult:
+def run(
+    composed: Sequence[Composed],
+    errors: Sequence[CompositionError],
+    observer: Observer | None = None,
+) -> GridResult:
+    observer = observer or Observer()
     inputs = check(composed, errors, observer)
     if any(c.spec.stage_only for c in inputs.cells):
-        return GridResult(GridPlan(inputs.cells, (), SubmissionPlan(), inputs.dry_run, {}, {},
-                                   staging=inputs.staging))
+        return GridResult(GridPlan(inputs.cells, (), SubmissionPlan(), inputs.dry_run, {}, {}, staging=inputs.staging))
     with hold_all([d / LOCK_FILE for d in sorted({c.sweep_dir for c in inputs.cells})]):
         grid = plan(inputs)
         if grid.dry_run:  # a dry run writes nothing but its cells' files
@@ -182,8 +187,7 @@ def run(composed: Sequence[Composed], errors: Sequence[CompositionError], observ
             return GridResult(grid, refused=exc)
     result = GridResult(grid, executed)
     observer.queued(result)
-    return replace(result, final=run_local(grid.submission, executed, observer.local_done,
-                                           observer.local_progress))
+    return replace(result, final=run_local(grid.submission, executed, observer.local_done, observer.local_progress))
 
 
 # -- check: every rule and every check, before anything is decided ----------------------------------------------
@@ -205,12 +209,22 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
     costs = None if grid_costs.env_disabled() else grid_costs.estimate(cells, checked.lengths)
     if costs is not None:
         # before anything is written: every cell that would train (completed ones are skipped unless forced)
-        too_long = grid_costs.problems(costs, [c for c, d in zip(cells, dirs, strict=True)
-                                               if c.spec.force or not output_complete(d / OUTPUT_DIR)])
+        too_long = grid_costs.problems(
+            costs, [c for c, d in zip(cells, dirs, strict=True) if c.spec.force or not output_complete(d / OUTPUT_DIR)]
+        )
         if too_long:
             raise GridError(too_long, "the estimates")
-    return Inputs(tuple(cells), tuple(dirs), dry_run, staged, checked, preps(cells), tuple(base_targets(cells)),
-                  tokenize.plan(cells), costs)
+    return Inputs(
+        tuple(cells),
+        tuple(dirs),
+        dry_run,
+        staged,
+        checked,
+        preps(cells),
+        tuple(base_targets(cells)),
+        tokenize.plan(cells),
+        costs,
+    )
 
 
 def plan_cells(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> tuple[list[Cell], list[Problem]]:
@@ -223,8 +237,16 @@ def plan_cells(composed: Sequence[Composed], errors: Sequence[CompositionError])
 def _backend_rules(cell: Cell) -> Iterable[Problem]:
     backend = BACKENDS.get(cell.spec.backend.name)
     if backend is None:
-        return [Problem(cell.name, "backend.name", cell.spec.backend.name, "backend-known",
-                        "no such backend in sft_grid/backends", f"use one of {', '.join(sorted(BACKENDS))}")]
+        return [
+            Problem(
+                cell.name,
+                "backend.name",
+                cell.spec.backend.name,
+                "backend-known",
+                "no such backend in sft_grid/backends",
+                f"use one of {', '.join(sorted(BACKENDS))}",
+            )
+        ]
     return backend.problems(cell)
 
 
@@ -251,8 +273,12 @@ def _provisional(cells: Sequence[Cell], dirs: Sequence[Path]) -> dict[str, int]:
     return counts
 
 
-def _stage(cells: list[Cell], dirs: list[Path], dry_run: bool, observer: Observer,
-           ) -> tuple[list[Cell], StagingPlan]:
+def _stage(
+    cells: list[Cell],
+    dirs: list[Path],
+    dry_run: bool,
+    observer: Observer,
+) -> tuple[list[Cell], StagingPlan]:
     """Pin every Hub input of the grid, and stage what must be staged here (not in a dry run): the cells as they
     then load their inputs. Problems (a missing repository, too little space, a failed transfer) are raised."""
     staged = plan_staging(cells, dirs, dry_run)
@@ -276,28 +302,50 @@ def plan(inputs: Inputs) -> GridPlan:
     lock, with `execute` right after it)."""
     cells, dirs, tokens = inputs.cells, inputs.dirs, inputs.tokens
     work = _stage_work(cells, dirs, inputs.staging)
-    view = read_view(dirs, [p.dir for p in inputs.preps] + ([work.dir] if work else [])
-                     + sorted({t.dir for t in tokens.values()}), [t.dir for t in inputs.targets])
+    view = read_view(
+        dirs,
+        [p.dir for p in inputs.preps] + ([work.dir] if work else []) + sorted({t.dir for t in tokens.values()}),
+        [t.dir for t in inputs.targets],
+    )
     if not inputs.dry_run:  # a dry run records nothing
         settle(view, list(dirs))
     decisions = [_decide(cell, cell_dir, view) for cell, cell_dir in zip(cells, dirs, strict=True)]
     bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
     decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
-    writes = [grid_costs.with_file(render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))), inputs.costs,
-                                   d.cell.name if d.action is Action.RUN else None)
-              for d in decisions if d.touch_files and (inputs.dry_run or d.action is not Action.SKIP)]
+    writes = [
+        grid_costs.with_file(
+            render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))),
+            inputs.costs,
+            d.cell.name if d.action is Action.RUN else None,
+        )
+        for d in decisions
+        if d.touch_files and (inputs.dry_run or d.action is not Action.SKIP)
+    ]
     writes += [render_base(b.target) for b in bases if inputs.dry_run or b.evaluate]
     on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
     on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
     max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
     recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
-    submission = build(decisions, view.histories, view.scheduler, max_size, writes, list(bases), work, shared,
-                       provenance=recorded)
+    submission = build(
+        decisions, view.histories, view.scheduler, max_size, writes, list(bases), work, shared, provenance=recorded
+    )
     after: Mapping[str, tuple[Check, ...]] = {}
     if inputs.dry_run:
         deferred, after = _after_staging(deferred, inputs.staging)
-    return GridPlan(cells, tuple(decisions), submission, inputs.dry_run, deferred, inputs.preps, bases,
-                    inputs.costs, inputs.staging, shared, inputs.checked.passed, after)
+    return GridPlan(
+        cells,
+        tuple(decisions),
+        submission,
+        inputs.dry_run,
+        deferred,
+        inputs.preps,
+        bases,
+        inputs.costs,
+        inputs.staging,
+        shared,
+        inputs.checked.passed,
+        after,
+    )
 
 
 def _decide(cell: Cell, cell_dir: Path, view: GridView) -> Decision:
@@ -307,9 +355,11 @@ def _decide(cell: Cell, cell_dir: Path, view: GridView) -> Decision:
     return decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery)
 
 
-def _share_tokenized(decisions: Sequence[Decision], tokens: Mapping[str, Tokenization],
-                     deferred: Mapping[str, Sequence[Check]],
-                     ) -> tuple[list[Decision], dict[Path, Tokenization], dict[str, tuple[Check, ...]]]:
+def _share_tokenized(
+    decisions: Sequence[Decision],
+    tokens: Mapping[str, Tokenization],
+    deferred: Mapping[str, Sequence[Check]],
+) -> tuple[list[Decision], dict[Path, Tokenization], dict[str, tuple[Check, ...]]]:
     """The cells that run load their shared tokenized dataset, where one is worth a job of its own (`worth_a_job`: a
     cell that runs here alone on its data tokenizes in its own job); where it is not built yet (a job before the cell
     builds it), their first step checks that it was: the deferred checks with that one added."""
@@ -347,8 +397,10 @@ def _stage_work(cells: Sequence[Cell], dirs: Sequence[Path], staged: StagingPlan
     return StageWork(stage_dir(first.runs_root, pins), pins, frozenset(d for _, d in mine), first.spec.cluster)
 
 
-def _after_staging(deferred: Mapping[str, tuple[Check, ...]], staged: StagingPlan,
-                   ) -> tuple[dict[str, tuple[Check, ...]], dict[str, tuple[Check, ...]]]:
+def _after_staging(
+    deferred: Mapping[str, tuple[Check, ...]],
+    staged: StagingPlan,
+) -> tuple[dict[str, tuple[Check, ...]], dict[str, tuple[Check, ...]]]:
     """A dry run's deferred checks split: those still deferred in a real run, and those that read an input a real
     run stages on this machine first (they run then, before anything is queued)."""
     here = tuple(str(i.pin.path) for i in staged.pending if i.here and i.pin is not None)
@@ -366,11 +418,22 @@ def _after_staging(deferred: Mapping[str, tuple[Check, ...]], staged: StagingPla
 # -- execute ----------------------------------------------------------------------------------------------------
 
 
-def execute(grid: GridPlan, observer: Observer = Observer()) -> Executed:
+def execute(grid: GridPlan, observer: Observer | None = None) -> Executed:
     """Everything the plan says, but waiting for its local cells: its writes, the local jobs before the cells (model
     preps, tokenizations), the cells' submissions. Run under the grid's lock, right after `plan`."""
-    return apply(grid.submission, lambda name, done, total, detail: observer.phase(name, done, total, detail))
+    return apply(grid.submission, (observer or Observer()).phase)
 
 
-__all__ = ["GridPlan", "GridResult", "Inputs", "Observer", "Role", "cell_dirs", "check", "execute", "plan",
-           "plan_cells", "run"]
+__all__ = [
+    "GridPlan",
+    "GridResult",
+    "Inputs",
+    "Observer",
+    "Role",
+    "cell_dirs",
+    "check",
+    "execute",
+    "plan",
+    "plan_cells",
+    "run",
+]

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
@@ -38,7 +39,6 @@ from sft_grid.core.submission import (
     SubmissionPlan,
 )
 from sft_grid.core.timefmt import parse_minutes
-from sft_grid.grid import jobs as before
 from sft_grid.grid.decide import Action, BaseDecision, Decision
 from sft_grid.planning.evaluation import suites_of
 from sft_grid.planning.inputs import Prep, prep_for
@@ -49,10 +49,17 @@ from sft_grid.stages.staging.in_job import STAGE_FILE, StageWork
 from sft_grid.stages.tokenize import Tokenization
 
 
-def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
-          max_array_size: int, writes: Sequence[CellFiles] = (), bases: Sequence[BaseDecision] = (),
-          staging: StageWork | None = None, tokenized: Mapping[Path, Tokenization] | None = None,
-          provenance: Mapping[Path, Mapping[str, Any]] | None = None) -> SubmissionPlan:
+def build(
+    decisions: Sequence[Decision],
+    histories: Mapping[Path, Sequence[Event]],
+    view: SchedulerView | None,
+    max_array_size: int,
+    writes: Sequence[CellFiles] = (),
+    bases: Sequence[BaseDecision] = (),
+    staging: StageWork | None = None,
+    tokenized: Mapping[Path, Tokenization] | None = None,
+    provenance: Mapping[Path, Mapping[str, Any]] | None = None,
+) -> SubmissionPlan:
     """The plan of these decisions; `writes`: the cell files to write (rendered by the flow); `bases`: the base
     models' evaluations; `staging`: the staging job the site needs for these cells' inputs; `tokenized`: cell dir
     -> the tokenized dataset it shares; `provenance`: cell dir -> what its `submitted` event records of its inputs
@@ -63,8 +70,9 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
     on_slurm = [d for d in to_run + post_only if d.cell.spec.cluster.executor != "local"]
     preps = {d.dir: prep_for(d.cell) for d in to_run}
     pending_preps = {p.dir: (p, d) for d in to_run if (p := preps[d.dir]) is not None and not p.complete}
-    scripts = tuple(CellFiles(p.dir, {prep_stage.SCRIPT: prep_stage.script(p, d.cell)})
-                    for p, d in pending_preps.values())
+    scripts = tuple(
+        CellFiles(p.dir, {prep_stage.SCRIPT: prep_stage.script(p, d.cell)}) for p, d in pending_preps.values()
+    )
     work = staging if staging is not None and any(d.dir in staging.cells for d in to_run) else None
     scripts += (CellFiles(work.dir, {STAGE_FILE: work.file()}),) if work is not None else ()
     # each tokenization's marker read once, not once per cell
@@ -76,7 +84,7 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
     slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size, work, tokens)
     local_jobs += tuple(local_base_jobs([b for b in bases if b.target.cell.spec.cluster.executor == "local"]))
     slurm_jobs += tuple(base_eval_jobs([b for b in bases if b.target.cell.spec.cluster.executor != "local"], histories))
-    first = (local or [None])[0]
+    first = local[0] if local else None
     return SubmissionPlan(
         writes=tuple(writes),
         recoveries=tuple(d.recovery for d in decisions if d.recovery is not None),
@@ -95,9 +103,12 @@ def build(decisions: Sequence[Decision], histories: Mapping[Path, Sequence[Event
     )
 
 
-def _local(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
-           pending: Mapping[Path, tuple[Prep, Decision]], tokens: Mapping[Path, Tokenization],
-           ) -> tuple[tuple[LocalJob, ...], tuple[Path, ...]]:
+def _local(
+    decisions: Sequence[Decision],
+    preps: Mapping[Path, Prep | None],
+    pending: Mapping[Path, tuple[Prep, Decision]],
+    tokens: Mapping[Path, Tokenization],
+) -> tuple[tuple[LocalJob, ...], tuple[Path, ...]]:
     """The preps, then the tokenizations, then the cells, then completed cells' pending stages."""
     jobs: list[LocalJob] = []
     seen: set[Path] = set()
@@ -114,18 +125,24 @@ def _local(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
     runs = [d for d in decisions if d.action is Action.RUN]
     for d in runs:
         p = preps.get(d.dir)
-        jobs.append(LocalJob(Role.TRAIN, d.dir, d.cell.name, minutes(d),
-                             after=p.dir if p is not None and p.dir in pending else None))
-    for d in decisions:
-        if d.action is Action.POST:
-            jobs.append(LocalJob(Role.POST, d.dir, d.cell.name, POST_TIME_MIN))
+        jobs.append(
+            LocalJob(
+                Role.TRAIN, d.dir, d.cell.name, minutes(d), after=p.dir if p is not None and p.dir in pending else None
+            )
+        )
+    jobs += [LocalJob(Role.POST, d.dir, d.cell.name, POST_TIME_MIN) for d in decisions if d.action is Action.POST]
     return tuple(jobs), tuple(d.dir for d in runs)
 
 
-def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
-           histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None, max_array_size: int,
-           work: StageWork | None, tokens: Mapping[Path, Tokenization],
-           ) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
+def _slurm(
+    decisions: Sequence[Decision],
+    preps: Mapping[Path, Prep | None],
+    histories: Mapping[Path, Sequence[Event]],
+    view: SchedulerView | None,
+    max_array_size: int,
+    work: StageWork | None,
+    tokens: Mapping[Path, Tokenization],
+) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
     runs = [d for d in decisions if d.action is Action.RUN]
     jobs: list[SlurmJob] = []
     # the chain before training: staging -> preps -> tokenizations; a cell waits for the last it needs
@@ -135,7 +152,7 @@ def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
     wait_of = {w.cell_dir: w.job for w in waits}
     if after_staging is not None and work is not None:  # cells without a prep of their own wait for the staging
         wait_of.update({d.dir: after_staging for d in runs if d.dir in work.cells and d.dir not in wait_of})
-    wait_of.update(before.tokenize_jobs(runs, tokens, histories, view, jobs, prep_array or after_staging))
+    wait_of.update(tokenize_jobs(runs, tokens, histories, view, jobs, prep_array or after_staging))
     concurrency = [d.cell.spec.concurrency for d in runs if d.cell.spec.concurrency]
     throttle = min(concurrency) if concurrency else None
     groups: dict[tuple[Any, ...], list[Decision]] = {}
@@ -144,12 +161,22 @@ def _slurm(decisions: Sequence[Decision], preps: Mapping[Path, Prep | None],
         groups.setdefault((request, d.dir.parent, wait_of.get(d.dir)), []).append(d)
     for (request, sweep_dir, dependency), members in groups.items():
         for i in range(0, len(members), max_array_size):
-            chunk = members[i:i + max_array_size]
+            chunk = members[i : i + max_array_size]
             dirs = [d.dir for d in chunk]
             attempts = [count(histories.get(p, ()), Kind.SUBMITTED) for p in dirs]
             name = job_name(Role.TRAIN, dirs, request, dependency, attempts)
-            jobs.append(SlurmJob(name, Role.TRAIN, tuple(dirs), request, sweep_dir / SUBMITIT_DIR / name, throttle,
-                                 dependency, checkpointable=True))
+            jobs.append(
+                SlurmJob(
+                    name,
+                    Role.TRAIN,
+                    tuple(dirs),
+                    request,
+                    sweep_dir / SUBMITIT_DIR / name,
+                    throttle,
+                    dependency,
+                    checkpointable=True,
+                )
+            )
             after = Dependency("aftercorr" if len(dirs) > 1 else "afterok", name)
             post = _post_job(chunk, after, histories)
             jobs += [post, *cell_eval_jobs(chunk, post, histories, throttle)]
@@ -173,8 +200,9 @@ def _avoiding(request: SlurmRequest, nodes: Sequence[str]) -> SlurmRequest:
     return request.replace(exclude=",".join(dict.fromkeys([*have, *nodes])))
 
 
-def _post_job(cells: Sequence[Decision], after: Dependency | None,
-              histories: Mapping[Path, Sequence[Event]]) -> SlurmJob:
+def _post_job(
+    cells: Sequence[Decision], after: Dependency | None, histories: Mapping[Path, Sequence[Event]]
+) -> SlurmJob:
     needs_hub = any("upload" in stages_for(d.cell.spec) for d in cells)
     request = post_request_for(cells[0].cell.spec, needs_hub)
     dirs = [d.dir for d in cells]
@@ -229,8 +257,11 @@ def prep_request(request: SlurmRequest) -> SlurmRequest:
     (it loads one checkpoint on one process; partitions may insist on one), never requeued."""
     params = dict(request.params)
     extra = tuple(sorted((k, v) for k, v in dict(params.get("additional_parameters", ())).items() if k != "requeue"))
-    changes: dict[str, Any] = {"nodes": 1, "time": min(prep_stage.TIME_MIN, int(params["time"])),
-                               "additional_parameters": extra}
+    changes: dict[str, Any] = {
+        "nodes": 1,
+        "time": min(prep_stage.TIME_MIN, int(params["time"])),
+        "additional_parameters": extra,
+    }
     if params.get("gpus_per_node"):
         changes["gpus_per_node"] = 1
     if params.get("gres"):
@@ -242,8 +273,12 @@ def stage_request(cluster: Any) -> SlurmRequest:
     """The staging job: one node of the transfer partition (the cluster's own when it names none), a few cores, no
     GPU, the staging wall time, the staging setup lines first; never requeued."""
     st = cluster.staging
-    params: dict[str, Any] = {"time": int(parse_minutes(st.time)), "nodes": 1, "ntasks_per_node": 1,
-                              "cpus_per_task": max(1, min(2, cluster.cpus_per_node))}
+    params: dict[str, Any] = {
+        "time": int(parse_minutes(st.time)),
+        "nodes": 1,
+        "ntasks_per_node": 1,
+        "cpus_per_task": max(1, min(2, cluster.cpus_per_node)),
+    }
     for key in ("account", "qos"):
         if getattr(cluster, key):
             params[key] = getattr(cluster, key)
@@ -254,8 +289,9 @@ def stage_request(cluster: Any) -> SlurmRequest:
     return SlurmRequest(tuple(sorted(params.items())), 0)
 
 
-def job_name(role: Role, targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None,
-             attempts: Sequence[int]) -> str:
+def job_name(
+    role: Role, targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None, attempts: Sequence[int]
+) -> str:
     """`sft_grid-<hash>` of what the job runs and how often its targets were submitted before: a dry run and
     the real run that follows it name it alike; the next submission of the same targets gets a new name."""
     blob = json.dumps([role.value, [str(t) for t in targets], repr(request), repr(dependency), list(attempts)])
@@ -274,12 +310,14 @@ def tokenize_request(spec: Any) -> SlurmRequest:
     """A tokenize-once job: one CPU task on one node of the cluster's partition, all its cores (the backend's
     preprocessing uses them), no GPU, never requeued."""
     request = request_for(spec, tokenize_stage.TIME_MIN)
-    return SlurmRequest(request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), nodes=1,
-                                        additional_parameters=()).params, 0)
+    return SlurmRequest(
+        request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), nodes=1, additional_parameters=()).params, 0
+    )
 
 
-def stage_job(work: StageWork | None, histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None,
-              jobs: list[SlurmJob]) -> Dependency | None:
+def stage_job(
+    work: StageWork | None, histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None, jobs: list[SlurmJob]
+) -> Dependency | None:
     """What the cells that need the staging wait for: the staging job (appended to `jobs`), or the one an earlier
     invocation queued while it is still queued or running."""
     if work is None:
@@ -289,13 +327,27 @@ def stage_job(work: StageWork | None, histories: Mapping[Path, Sequence[Event]],
         return Dependency("afterany", earlier, planned=False)
     request = stage_request(work.cluster)
     name = job_name(Role.STAGE, [work.dir], request, None, [count(histories.get(work.dir, ()), Kind.SUBMITTED)])
-    jobs.append(SlurmJob(name, Role.STAGE, (work.dir,), request, work.dir / SUBMITIT_DIR / name,
-                         label=f"{len(work.pins)} Hub repositories"))
+    jobs.append(
+        SlurmJob(
+            name,
+            Role.STAGE,
+            (work.dir,),
+            request,
+            work.dir / SUBMITIT_DIR / name,
+            label=f"{len(work.pins)} Hub repositories",
+        )
+    )
     return Dependency("afterany", name)
 
 
-def prep_jobs(runs: Sequence[Decision], preps: Mapping[Path, Prep | None], histories: Mapping[Path, Sequence[Event]],
-              view: SchedulerView | None, jobs: list[SlurmJob], after: Dependency | None = None) -> list[PrepWait]:
+def prep_jobs(
+    runs: Sequence[Decision],
+    preps: Mapping[Path, Prep | None],
+    histories: Mapping[Path, Sequence[Event]],
+    view: SchedulerView | None,
+    jobs: list[SlurmJob],
+    after: Dependency | None = None,
+) -> list[PrepWait]:
     """The model preps these cells wait for: one array of every prep not done and not already queued (a task
     per model), and the cells' dependency on it. A cell waits for the preps to end, not to succeed (afterany):
     its job's first step finds whether its own model's prep succeeded, so one broken checkpoint never cancels
@@ -319,14 +371,24 @@ def prep_jobs(runs: Sequence[Decision], preps: Mapping[Path, Prep | None], histo
         request = prep_request(request_for(new[targets[0]][1].cell.spec, minutes(new[targets[0]][1])))
         attempts = [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
         name = job_name(Role.PREP, targets, request, None, attempts)
-        jobs.append(SlurmJob(name, Role.PREP, tuple(targets), request, targets[0].parent / SUBMITIT_DIR / name,
-                             dependency=after, label=", ".join(new[t][0].model for t in targets)))
+        jobs.append(
+            SlurmJob(
+                name,
+                Role.PREP,
+                tuple(targets),
+                request,
+                targets[0].parent / SUBMITIT_DIR / name,
+                dependency=after,
+                label=", ".join(new[t][0].model for t in targets),
+            )
+        )
     for d in runs:
         p = preps.get(d.dir)
         if p is None or p.complete:
             continue
-        dependency = (Dependency("afterany", queued[p.dir], planned=False) if p.dir in queued
-                      else Dependency("afterany", name))
+        dependency = (
+            Dependency("afterany", queued[p.dir], planned=False) if p.dir in queued else Dependency("afterany", name)
+        )
         waits.append(PrepWait(d.dir, p.model, p.model_dir, dependency))
     return waits
 
@@ -339,9 +401,15 @@ def queued_job(history: Sequence[Event], view: SchedulerView | None) -> str:
     job = view.job(queued.job_id)
     return queued.job_id if job is not None and job.in_flight else ""
 
-def tokenize_jobs(runs: Sequence[Decision], tokenized: Mapping[Path, Tokenization],
-             histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None, jobs: list[SlurmJob],
-             after: Dependency | None) -> dict[Path, Dependency]:
+
+def tokenize_jobs(
+    runs: Sequence[Decision],
+    tokenized: Mapping[Path, Tokenization],
+    histories: Mapping[Path, Sequence[Event]],
+    view: SchedulerView | None,
+    jobs: list[SlurmJob],
+    after: Dependency | None,
+) -> dict[Path, Dependency]:
     """One array of the tokenizations these cells share that are not built (a task each, unless one is queued
     already); each cell -> what it waits for."""
     new: dict[Path, Decision] = {}
@@ -362,9 +430,20 @@ def tokenize_jobs(runs: Sequence[Decision], tokenized: Mapping[Path, Tokenizatio
         return waits
     targets = sorted(new)
     request = tokenize_request(new[targets[0]].cell.spec)
-    name = job_name(Role.TOKENIZE, targets, request, None, [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets])
-    jobs.append(SlurmJob(name, Role.TOKENIZE, tuple(targets), request, targets[0].parent / SUBMITIT_DIR / name,
-                         dependency=after, label=f"{len(targets)} tokenized dataset(s)"))
+    name = job_name(
+        Role.TOKENIZE, targets, request, None, [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
+    )
+    jobs.append(
+        SlurmJob(
+            name,
+            Role.TOKENIZE,
+            tuple(targets),
+            request,
+            targets[0].parent / SUBMITIT_DIR / name,
+            dependency=after,
+            label=f"{len(targets)} tokenized dataset(s)",
+        )
+    )
     for d in runs:
         tok = tokenized.get(d.dir)
         if tok is not None and tok.dir in new:
@@ -398,8 +477,13 @@ def eval_request(spec: Any, suites: Sequence[Any]) -> SlurmRequest:
     return SlurmRequest(request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), **changes).params, 0)
 
 
-def _array(targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None,
-           histories: Mapping[Path, Sequence[Event]], throttle: int | None) -> SlurmJob:
+def _array(
+    targets: Sequence[Path],
+    request: SlurmRequest,
+    dependency: Dependency | None,
+    histories: Mapping[Path, Sequence[Event]],
+    throttle: int | None,
+) -> SlurmJob:
     dirs = list(targets)
     attempts = [count(histories.get(p, ()), Kind.EVAL_JOB) for p in dirs]
     name = job_name(Role.EVAL, dirs, request, dependency, attempts)
@@ -415,15 +499,21 @@ def _after(dirs: Sequence[Path], post: SlurmJob | None) -> Dependency | None:
     return Dependency("afterany", post.name)
 
 
-def cell_eval_jobs(cells: Sequence[Decision], post: SlurmJob | None, histories: Mapping[Path, Sequence[Event]],
-                   throttle: int | None = None) -> list[SlurmJob]:
+def cell_eval_jobs(
+    cells: Sequence[Decision],
+    post: SlurmJob | None,
+    histories: Mapping[Path, Sequence[Event]],
+    throttle: int | None = None,
+) -> list[SlurmJob]:
     """The evaluation arrays of cells that evaluate (one per distinct request), each after their post array."""
     groups: dict[SlurmRequest, list[Decision]] = {}
     for d in cells:
         if d.evaluate:
             groups.setdefault(eval_request(d.cell.spec, suites_of(d.cell)), []).append(d)
-    return [_array([d.dir for d in members], request, _after([d.dir for d in members], post), histories, throttle)
-            for request, members in groups.items()]
+    return [
+        _array([d.dir for d in members], request, _after([d.dir for d in members], post), histories, throttle)
+        for request, members in groups.items()
+    ]
 
 
 def base_eval_jobs(bases: Sequence[BaseDecision], histories: Mapping[Path, Sequence[Event]]) -> list[SlurmJob]:
@@ -437,5 +527,13 @@ def base_eval_jobs(bases: Sequence[BaseDecision], histories: Mapping[Path, Seque
 
 
 def local_base_jobs(bases: Sequence[BaseDecision]) -> list[LocalJob]:
-    return [LocalJob(Role.EVAL, b.target.dir, f"base model {b.target.name}",
-                     eval_minutes(b.target.suites, b.target.cell.spec.cluster)) for b in bases if b.evaluate]
+    return [
+        LocalJob(
+            Role.EVAL,
+            b.target.dir,
+            f"base model {b.target.name}",
+            eval_minutes(b.target.suites, b.target.cell.spec.cluster),
+        )
+        for b in bases
+        if b.evaluate
+    ]

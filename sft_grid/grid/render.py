@@ -55,8 +55,10 @@ _RESOLVER = yaml.resolver.Resolver()
 
 def plain_string(value: str) -> bool:
     """Whether yaml.dump writes this string unquoted (then `key: value` is its dump, with no call to yaml)."""
-    return bool(_PLAIN.fullmatch(value)) and _RESOLVER.resolve(yaml.ScalarNode, value, (True, False)) == \
-        "tag:yaml.org,2002:str"
+    return (
+        bool(_PLAIN.fullmatch(value))
+        and _RESOLVER.resolve(yaml.ScalarNode, value, (True, False)) == "tag:yaml.org,2002:str"
+    )
 
 
 def dump_mapping(data: Mapping[str, Any]) -> str:
@@ -190,8 +192,14 @@ def _unchanged(path: str, data: bytes, mode: int, group: int, mask: int | None) 
         return False
     try:
         st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_size != len(data) or st.st_nlink != 1 or st.st_uid != os.geteuid()
-                or st.st_gid != group or stat.S_IMODE(st.st_mode) != mode & ~mask):
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_size != len(data)
+            or st.st_nlink != 1
+            or st.st_uid != os.geteuid()
+            or st.st_gid != group
+            or stat.S_IMODE(st.st_mode) != mode & ~mask
+        ):
             return False
         chunks = []
         while chunk := os.read(fd, len(data) + 1):

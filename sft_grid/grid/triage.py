@@ -42,7 +42,7 @@ def _unrecorded(view: GridView, cell_dir: Path) -> bool:
     history = view.histories[cell_dir]
     start = max((i for i, e in enumerate(history) if e.kind is Kind.SUBMITTED), default=None)
     outcomes = (Kind.FAILED, Kind.CANCELLED, Kind.COMPLETED)
-    return start is not None and not any(e.kind in outcomes for e in history[start + 1:])
+    return start is not None and not any(e.kind in outcomes for e in history[start + 1 :])
 
 
 def settle(view: GridView, cell_dirs: Sequence[Path]) -> None:
@@ -109,8 +109,9 @@ def requeue(cell_dir: Path) -> str:
         if d.action is not Action.RUN or not d.note:
             return f"{cell_dir.name}: not requeued ({d.why or d.state.state.value})"
         on_slurm = cell.spec.cluster.executor == "slurm"
-        plan = build([d], view.histories, view.scheduler,
-                     slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE)
+        plan = build(
+            [d], view.histories, view.scheduler, slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
+        )
         if not on_slurm:
             return f"{cell_dir.name}: a local cell runs again with the next invocation of the grid"
         executed = apply(plan)

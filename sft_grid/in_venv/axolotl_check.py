@@ -26,8 +26,7 @@ def check(path: str, gpu: str | None, world_size: int) -> dict[str, Any]:
     with open(path, encoding="utf-8") as fh:
         cfg = DictDefault(yaml.safe_load(fh))
     known = set(cfg)
-    capabilities = {"bf16": bool(gpu), "fp8": False, "tf32": bool(gpu), "n_gpu": world_size,
-                    "compute_capability": gpu}
+    capabilities = {"bf16": bool(gpu), "fp8": False, "tf32": bool(gpu), "n_gpu": world_size, "compute_capability": gpu}
     env = {"torch_version": str(torch.__version__).split("+", maxsplit=1)[0]}
     try:
         prepare_plugins(cfg)
@@ -36,11 +35,14 @@ def check(path: str, gpu: str | None, world_size: int) -> dict[str, Any]:
     except Exception as exc:  # the report names the config and axolotl's own message
         return {"config": path, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {
-        "config": path, "ok": True,
+        "config": path,
+        "ok": True,
         # keys of the file that validation dropped (axolotl drops unknown keys silently)
         "dropped": sorted(k for k in known if k not in valid),
-        "torch_dtype": str(valid.torch_dtype), "bf16": valid.bf16,
-        "attn_implementation": valid.attn_implementation, "chat_template": str(valid.chat_template),
+        "torch_dtype": str(valid.torch_dtype),
+        "bf16": valid.bf16,
+        "attn_implementation": valid.attn_implementation,
+        "chat_template": str(valid.chat_template),
         "datasets": [dict(d) for d in valid.datasets or []],
     }
 

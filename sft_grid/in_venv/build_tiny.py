@@ -153,8 +153,14 @@ def llama3_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
 
 
 # the size of every tiny model: a few hundred thousand parameters, a training step in milliseconds on CPU
-TINY_SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 512}
+TINY_SIZES = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
 
 
 def llama3_model(tok: PreTrainedTokenizerFast, **overrides: object) -> LlamaForCausalLM:
@@ -203,8 +209,12 @@ def delphi_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     trained = Tokenizer(models.BPE())
     trained.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
-    trained.train_from_iterator(lines, trainers.BpeTrainer(
-        vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    trained.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        ),
+    )
     state = json.loads(trained.to_str())["model"]
     vocab = dict(state["vocab"])
     for i in range(len(vocab), LLAMA3_BPE_SIZE):
@@ -214,11 +224,16 @@ def delphi_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in llama3_specials()])
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
-                                      special_tokens=[("<|begin_of_text|>", LLAMA3_BPE_SIZE)]),
-    ])
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single="<|begin_of_text|> $A",
+                pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                special_tokens=[("<|begin_of_text|>", LLAMA3_BPE_SIZE)],
+            ),
+        ]
+    )
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|begin_of_text|>",

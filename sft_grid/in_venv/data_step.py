@@ -49,8 +49,12 @@ def timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
         path = os.environ.get(ENV)
         if not path:
             return fn(*args, **kwargs)
-        who = {"what": what, "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid(),
-               "job": os.environ.get("SLURM_JOB_ID", "")}
+        who = {
+            "what": what,
+            "rank": int(os.environ.get("RANK", "0")),
+            "pid": os.getpid(),
+            "job": os.environ.get("SLURM_JOB_ID", ""),
+        }
         _append(path, {"event": "start", **who, "time": round(time.time(), 3)})
         wall, cpu, ok = time.monotonic(), _cpu(), False
         try:
@@ -58,8 +62,17 @@ def timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
             ok = True
             return result
         finally:
-            _append(path, {"event": "end", **who, "time": round(time.time(), 3), "ok": ok,
-                           "wall_s": round(time.monotonic() - wall, 3), "cpu_s": round(_cpu() - cpu, 3)})
+            _append(
+                path,
+                {
+                    "event": "end",
+                    **who,
+                    "time": round(time.time(), 3),
+                    "ok": ok,
+                    "wall_s": round(time.monotonic() - wall, 3),
+                    "cpu_s": round(_cpu() - cpu, 3),
+                },
+            )
 
     step.sft_grid_data_step = True  # type: ignore[attr-defined]
     return step

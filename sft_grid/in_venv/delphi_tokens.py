@@ -31,8 +31,9 @@ def rename_tokens(tok_dir: Path, tokens: Mapping[str, int]) -> None:
         if entry["content"] == token:
             continue  # prepared before: idempotent
         if not entry["content"].startswith(RESERVED_PREFIX):
-            raise PrepError(f"id {token_id} is {entry['content']!r}, not a reserved Llama-3 slot:"
-                            " refusing to rename it")
+            raise PrepError(
+                f"id {token_id} is {entry['content']!r}, not a reserved Llama-3 slot: refusing to rename it"
+            )
         entry["content"], entry["special"] = token, True
     path.write_text(json.dumps(data, ensure_ascii=False, indent=2))
     config_path = tok_dir / "tokenizer_config.json"

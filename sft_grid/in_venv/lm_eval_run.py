@@ -48,8 +48,13 @@ from typing import Any
 
 ENGINES = ("hf", "vllm")
 # Compute nodes have no network, and a hub lookup that cannot fail fast hangs until the job's time limit.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 log = logging.getLogger("evaluate")
 
@@ -122,16 +127,24 @@ class EvalSpec:
             raise EvalError(f"unknown engine {engine!r}: expected one of {list(ENGINES)}")
         batch_size = raw.get("batch_size", 1)
         if batch_size != "auto" and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
-            raise EvalError(f"batch_size must be a positive integer or \"auto\", got {batch_size!r}")
+            raise EvalError(f'batch_size must be a positive integer or "auto", got {batch_size!r}')
         seed = raw.get("seed", 1234)
         if type(seed) is not int:
             raise EvalError(f"seed must be an integer, got {seed!r}")
         include = raw.get("include_path") or []
         include = [include] if isinstance(include, str) else include
-        return cls(model=Path(raw["model"]), tasks=tasks, include_paths=tuple(Path(p) for p in include),
-                   engine=engine, batch_size=batch_size, device=str(raw.get("device", "cpu")),
-                   dtype=str(raw.get("dtype", "auto")), output_dir=Path(raw["output_dir"]), seed=seed,
-                   model_args=dict(raw.get("model_args") or {}))
+        return cls(
+            model=Path(raw["model"]),
+            tasks=tasks,
+            include_paths=tuple(Path(p) for p in include),
+            engine=engine,
+            batch_size=batch_size,
+            device=str(raw.get("device", "cpu")),
+            dtype=str(raw.get("dtype", "auto")),
+            output_dir=Path(raw["output_dir"]),
+            seed=seed,
+            model_args=dict(raw.get("model_args") or {}),
+        )
 
 
 def load_spec(path: Path) -> EvalSpec:
@@ -160,14 +173,17 @@ def check_inputs(spec: EvalSpec) -> None:
         raise EvalError(f"{spec.model} is not a saved model: it has no config.json")
     chat = [t.name for t in spec.tasks if t.apply_chat_template]
     if chat and not hub_id and not has_chat_template(spec.model):
-        raise EvalError(f"apply_chat_template is set for {', '.join(chat)}, but {spec.model} has no chat template"
-                        " (no chat_template.jinja, no `chat_template` in tokenizer_config.json): evaluate a base"
-                        " model without it, or save the template it was trained with into its tokenizer")
+        raise EvalError(
+            f"apply_chat_template is set for {', '.join(chat)}, but {spec.model} has no chat template"
+            " (no chat_template.jinja, no `chat_template` in tokenizer_config.json): evaluate a base"
+            " model without it, or save the template it was trained with into its tokenizer"
+        )
     for path in spec.include_paths:
         if not path.is_dir():
             raise EvalError(f"include_path {path} is not a directory")
     if spec.engine == "vllm":
         import importlib.util
+
         if importlib.util.find_spec("vllm") is None:
             raise EvalError(f"engine vllm is not installed in {sys.prefix}: use engine hf, or an environment with vllm")
 
@@ -202,12 +218,19 @@ def task_record(task: TaskSpec, results: dict[str, Any], spec: EvalSpec, version
     shots = results.get("n-shot", {}).get(task.name)
     if isinstance(shots, int) and shots != task.num_fewshot:
         # lm-eval keeps a YAML's `num_fewshot: 0` over the one asked for: such a score would carry false settings.
-        raise EvalError(f"lm-eval ran {task.name} {shots}-shot, not the {task.num_fewshot}-shot asked for (its task"
-                        " YAML fixes num_fewshot): ask for what the task allows")
+        raise EvalError(
+            f"lm-eval ran {task.name} {shots}-shot, not the {task.num_fewshot}-shot asked for (its task"
+            " YAML fixes num_fewshot): ask for what the task allows"
+        )
     # One requested name per run, so every counted sample belongs to it (a group's subtasks included).
     n_samples = sum(int(c.get("effective", 0)) for c in results.get("n-samples", {}).values())
-    return {"task": task.name, "metrics": metrics, "n_samples": n_samples, "harness_version": version,
-            "seconds": round(seconds, 3)}
+    return {
+        "task": task.name,
+        "metrics": metrics,
+        "n_samples": n_samples,
+        "harness_version": version,
+        "seconds": round(seconds, 3),
+    }
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -253,10 +276,18 @@ def evaluate(spec: EvalSpec) -> list[Path]:
         started = time.monotonic()
         try:
             results = lm_eval.simple_evaluate(
-                model=lm, tasks=[task.name], num_fewshot=task.num_fewshot, limit=task.limit,
-                gen_kwargs=task.gen_kwargs or None, apply_chat_template=task.apply_chat_template,
-                fewshot_as_multiturn=task.fewshot_as_multiturn, task_manager=manager, log_samples=False,
-                random_seed=spec.seed, numpy_random_seed=spec.seed, torch_random_seed=spec.seed,
+                model=lm,
+                tasks=[task.name],
+                num_fewshot=task.num_fewshot,
+                limit=task.limit,
+                gen_kwargs=task.gen_kwargs or None,
+                apply_chat_template=task.apply_chat_template,
+                fewshot_as_multiturn=task.fewshot_as_multiturn,
+                task_manager=manager,
+                log_samples=False,
+                random_seed=spec.seed,
+                numpy_random_seed=spec.seed,
+                torch_random_seed=spec.seed,
                 fewshot_random_seed=spec.seed,
             )
             if results is None:  # not rank 0: the rank that aggregates writes the files

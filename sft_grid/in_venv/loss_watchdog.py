@@ -108,8 +108,10 @@ class Verdict:
 
     def line(self, path: Path | None = None) -> str:
         where = f"; see {path}" if path else ""
-        return (f"sft_grid watchdog: {self.klass} at step {self.step}: {self.detail} (rule {self.rule}); "
-                f"stopping without a final model, checkpoints kept{where}")
+        return (
+            f"sft_grid watchdog: {self.klass} at step {self.step}: {self.detail} (rule {self.rule}); "
+            f"stopping without a final model, checkpoints kept{where}"
+        )
 
 
 class LossRules:
@@ -144,15 +146,24 @@ class LossRules:
         assert self.start is not None
         self._above = self._above + 1 if loss > s.k * self.start else 0
         if self._above >= s.p:
-            return Verdict("diverged", step, loss, "above_k",
-                           f"loss {loss:.4g} above {s.k:g} x its starting value {self.start:.4g} "
-                           f"for {s.p} logged steps")
+            return Verdict(
+                "diverged",
+                step,
+                loss,
+                "above_k",
+                f"loss {loss:.4g} above {s.k:g} x its starting value {self.start:.4g} for {s.p} logged steps",
+            )
         self._uniform = self._uniform + 1 if self.uniform_armed and self._near_uniform(loss) else 0
         if self._uniform >= s.p:
             assert self.ln_v is not None  # counted only while armed, which needs ln(V)
-            return Verdict("diverged", step, loss, "uniform",
-                           f"loss {loss:.4g} within {s.tol * self.ln_v:.3g} of ln(V)={self.ln_v:.4g} (a uniform "
-                           f"guess: the model collapsed) for {s.p} logged steps")
+            return Verdict(
+                "diverged",
+                step,
+                loss,
+                "uniform",
+                f"loss {loss:.4g} within {s.tol * self.ln_v:.3g} of ln(V)={self.ln_v:.4g} (a uniform "
+                f"guess: the model collapsed) for {s.p} logged steps",
+            )
         return None
 
 
@@ -217,8 +228,9 @@ class WatchdogCallback(TrainerCallback):
         raise SystemExit(EXIT_STATUS)
 
 
-def llamafactory_callbacks(k: float | None = None, p: int | None = None, tol: float | None = None,
-                           vocab_size: int | None = None) -> list[Any]:
+def llamafactory_callbacks(
+    k: float | None = None, p: int | None = None, tol: float | None = None, vocab_size: int | None = None
+) -> list[Any]:
     """The callbacks to pass to llamafactory.train.tuner.run_exp(args, callbacks=...); arguments left None
     come from SFT_GRID_WATCHDOG_* or the defaults."""
     return [WatchdogCallback(WatchdogSettings.from_env(k=k, p=p, tol=tol, vocab_size=vocab_size))]

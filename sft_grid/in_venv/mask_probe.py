@@ -43,8 +43,13 @@ class _Captured(logging.Handler):
 
 def conversation(row: dict[str, Any], column: str, tags: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
     """The row's turns as the cell's tags read them: [kind, content] and the raw role values."""
-    kinds = {tags.get("observation_tag"): "tool", tags.get("function_tag"): "function",
-             tags.get("assistant_tag"): "assistant", tags.get("user_tag"): "user", tags.get("system_tag"): "system"}
+    kinds = {
+        tags.get("observation_tag"): "tool",
+        tags.get("function_tag"): "function",
+        tags.get("assistant_tag"): "assistant",
+        tags.get("user_tag"): "user",
+        tags.get("system_tag"): "system",
+    }
     kinds.pop(None, None)
     turns, raw = [], []
     for msg in row.get(column) or []:
@@ -67,8 +72,9 @@ def segments(tokenizer: Any, input_ids: list[int], labels: list[int]) -> list[li
         f = (lab != IGNORE, tok in markup)
         if f != flags and current:
             assert flags is not None  # set with the first token
-            runs.append([tokenizer.decode(current, skip_special_tokens=False, clean_up_tokenization_spaces=False),
-                         *flags])
+            runs.append(
+                [tokenizer.decode(current, skip_special_tokens=False, clean_up_tokenization_spaces=False), *flags]
+            )
             current = []
         flags = f
         current.append(tok)
@@ -77,15 +83,25 @@ def segments(tokenizer: Any, input_ids: list[int], labels: list[int]) -> list[li
     return runs
 
 
-def row_result(tokenizer: Any, raw: dict[str, Any], job: dict[str, Any], input_ids: list[int] | None,
-               labels: list[int] | None, warnings: list[str]) -> dict[str, Any]:
+def row_result(
+    tokenizer: Any,
+    raw: dict[str, Any],
+    job: dict[str, Any],
+    input_ids: list[int] | None,
+    labels: list[int] | None,
+    warnings: list[str],
+) -> dict[str, Any]:
     turns, roles = conversation(raw, job["column"], job["tags"])
     out: dict[str, Any] = {"messages": turns, "roles": roles, "warnings": warnings[:5]}
     if input_ids is None or labels is None:
         out.update(dropped=True, segments=[], n_tokens=0, n_trained=0)
     else:
-        out.update(dropped=False, segments=segments(tokenizer, input_ids, labels), n_tokens=len(input_ids),
-                   n_trained=sum(1 for lab in labels if lab != IGNORE))
+        out.update(
+            dropped=False,
+            segments=segments(tokenizer, input_ids, labels),
+            n_tokens=len(input_ids),
+            n_trained=sum(1 for lab in labels if lab != IGNORE),
+        )
     return out
 
 
@@ -124,8 +140,9 @@ def llamafactory(job: dict[str, Any]) -> list[dict[str, Any]]:
     attr = DatasetAttr("file", dataset_name=job["id"])
     attr.join(spec["dataset_info"])
     converter = get_dataset_converter(attr.formatting, attr, data_args)
-    processor = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer,
-                                           processor=tok_module.get("processor"), data_args=data_args)
+    processor = SupervisedDatasetProcessor(
+        template=template, tokenizer=tokenizer, processor=tok_module.get("processor"), data_args=data_args
+    )
     captured = _Captured()
     lf_logging.add_handler(captured)
     results = []

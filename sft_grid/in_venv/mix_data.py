@@ -49,8 +49,9 @@ def mix(spec: dict[str, Any]) -> Any:
     from datasets import interleave_datasets
 
     parts = [normalise(load(s), s) for s in spec["sources"]]
-    return interleave_datasets(parts, probabilities=spec["probs"], seed=spec["seed"],
-                               stopping_strategy=spec["stopping_strategy"])
+    return interleave_datasets(
+        parts, probabilities=spec["probs"], seed=spec["seed"], stopping_strategy=spec["stopping_strategy"]
+    )
 
 
 def main(spec_file: str) -> int:
@@ -69,8 +70,10 @@ def main(spec_file: str) -> int:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     tmp.replace(out)
     marker.write_text(key + "\n")
-    print(f"mix_data: wrote {len(mixed)} rows to {out} ({spec['stopping_strategy']}, probs {spec['probs']},"
-          f" seed {spec['seed']})")
+    print(
+        f"mix_data: wrote {len(mixed)} rows to {out} ({spec['stopping_strategy']}, probs {spec['probs']},"
+        f" seed {spec['seed']})"
+    )
     return 0
 
 

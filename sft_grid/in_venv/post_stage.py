@@ -25,8 +25,11 @@ def consolidate(ckpt_dir: str, out_dir: str) -> dict:
     from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
     convert_zero_checkpoint_to_fp32_state_dict(ckpt_dir, out_dir, safe_serialization=True)
-    written = sorted(f for f in os.listdir(out_dir) if f.startswith("model") and
-                     f.endswith((".safetensors", ".safetensors.index.json")))
+    written = sorted(
+        f
+        for f in os.listdir(out_dir)
+        if f.startswith("model") and f.endswith((".safetensors", ".safetensors.index.json"))
+    )
     return {"files": written}
 
 
@@ -52,8 +55,13 @@ def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict:
 
     api = HfApi()
     api.create_repo(repo_id, repo_type="model", exist_ok=True)
-    commit = api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="model", commit_message=message,
-                               ignore_patterns=list(ignore) or None)
+    commit = api.upload_folder(
+        folder_path=folder,
+        repo_id=repo_id,
+        repo_type="model",
+        commit_message=message,
+        ignore_patterns=list(ignore) or None,
+    )
     oid = getattr(commit, "oid", None) or str(commit)
     local = {}
     for root, _, files in os.walk(folder):
@@ -64,8 +72,10 @@ def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict:
     remote = {f.path: getattr(f, "size", None) for f in api.list_repo_tree(repo_id, revision=oid, recursive=True)}
     wrong = sorted(p for p in sent if remote.get(p) != local[p])
     if wrong:
-        raise RuntimeError(f"uploaded to {repo_id} at {oid}, but {len(wrong)} file(s) are missing there or differ in"
-                           f" size: {', '.join(wrong[:5])}")
+        raise RuntimeError(
+            f"uploaded to {repo_id} at {oid}, but {len(wrong)} file(s) are missing there or differ in"
+            f" size: {', '.join(wrong[:5])}"
+        )
     # the Hub the client talks to (HF_ENDPOINT where a site or a test sets one)
     return {"url": f"{api.endpoint}/{repo_id}", "commit": oid, "verified": len(sent)}
 

@@ -47,8 +47,9 @@ def rename_tokens(tok_dir: Path) -> None:
 def mean_init(model: torch.nn.Module) -> None:
     """The new tokens' input and output rows: the mean of the trained BPE rows."""
     if model.config.tie_word_embeddings:
-        raise PrepError("the model ties its input and output embeddings; Delphi checkpoints do not"
-                        " (tie_word_embeddings)")
+        raise PrepError(
+            "the model ties its input and output embeddings; Delphi checkpoints do not (tie_word_embeddings)"
+        )
     ids = torch.tensor(sorted(TOKENS.values()))
     with torch.no_grad():
         for emb in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
@@ -103,8 +104,9 @@ def prepare(source: str, output: Path, version: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     # the marker goes last: its presence is the promise that everything before it was written
-    (output / MARKER).write_text(json.dumps({"source": source, "version": version, "vocab_size": vocab_size,
-                                             "tokens": ids}, indent=2) + "\n")
+    (output / MARKER).write_text(
+        json.dumps({"source": source, "version": version, "vocab_size": vocab_size, "tokens": ids}, indent=2) + "\n"
+    )
 
 
 def main(argv: list[str]) -> int:

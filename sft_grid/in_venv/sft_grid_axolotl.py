@@ -32,8 +32,14 @@ from transformers import TrainerCallback
 # every axolotl process that loads these plugins (train and preprocess) records its data step (data_step.py)
 data_step.patch_axolotl()
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
 
 
 def _rank0() -> bool:
@@ -54,8 +60,10 @@ def carry_template(directory: Path, tokenizer: Any) -> list[str]:
         tokenizer.save_pretrained(str(directory), save_jinja_files=False)
     changed = template_integrity.repair(directory, template)
     if changed:
-        print(f"[sft_grid] template_integrity: wrote the chat template into {', '.join(changed)} in {directory}",
-              flush=True)
+        print(
+            f"[sft_grid] template_integrity: wrote the chat template into {', '.join(changed)} in {directory}",
+            flush=True,
+        )
     return changed
 
 

@@ -51,8 +51,16 @@ def _lf_to_openai(messages: list[dict[str, str]], system: str | None) -> list[di
         role, content = message["role"], message["content"]
         if role == "function":
             text, calls = _split_calls(content)
-            out.append({"role": "assistant", "content": text, "tool_calls": [
-                {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]})
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": text,
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                        for c in calls
+                    ],
+                }
+            )
         elif role == "observation":
             out.append({"role": "tool", "content": content})
         else:
@@ -77,21 +85,26 @@ def _split_calls(content: str) -> tuple[str, list[dict[str, Any]]]:
     return text, calls if isinstance(calls, list) else [calls]
 
 
-def _segments(tokenizer: Any, template: str, conversation: list[dict[str, Any]], first: int,
-              tools: list[Any] | None) -> list[str]:
+def _segments(
+    tokenizer: Any, template: str, conversation: list[dict[str, Any]], first: int, tools: list[Any] | None
+) -> list[str]:
     """The text each message adds to the render: prompts end with the generation prompt."""
+
     def render(upto: int, prompt: bool) -> str:
-        return tokenizer.apply_chat_template(conversation[:upto], chat_template=template, tools=tools,
-                                             tokenize=False, add_generation_prompt=prompt)
+        return tokenizer.apply_chat_template(
+            conversation[:upto], chat_template=template, tools=tools, tokenize=False, add_generation_prompt=prompt
+        )
 
     texts, done = [], ""
     for i in range(first, len(conversation)):
         prompt = (i - first) % 2 == 0
         text = render(i + 1, prompt)
         if not text.startswith(done):
-            raise ValueError("the chat template does not render a conversation as a prefix of its continuation;"
-                             f" cannot split it into trained turns:\n{done!r}\n{text!r}")
-        texts.append(text[len(done):])
+            raise ValueError(
+                "the chat template does not render a conversation as a prefix of its continuation;"
+                f" cannot split it into trained turns:\n{done!r}\n{text!r}"
+            )
+        texts.append(text[len(done) :])
         done = text
     return texts
 
@@ -110,13 +123,16 @@ def register(name: str, jinja_file: str) -> None:
     class JinjaTemplate(Template):
         sft_grid_jinja = jinja
 
-        def _encode(self, tokenizer: Any, messages: list[dict[str, str]], system: str | None,
-                    tools: str | None) -> list[list[int]]:
+        def _encode(
+            self, tokenizer: Any, messages: list[dict[str, str]], system: str | None, tools: str | None
+        ) -> list[list[int]]:
             conversation = _lf_to_openai(messages, system or self.default_system)
             first = len(conversation) - len(messages)
             tool_list = json.loads(tools) if tools else None
-            return [tokenizer.encode(text, add_special_tokens=False)
-                    for text in _segments(tokenizer, jinja, conversation, first, tool_list)]
+            return [
+                tokenizer.encode(text, add_special_tokens=False)
+                for text in _segments(tokenizer, jinja, conversation, first, tool_list)
+            ]
 
         def _get_jinja_template(self, tokenizer: Any) -> str:
             return jinja  # saved with the model: what serving renders is what was trained
@@ -125,8 +141,12 @@ def register(name: str, jinja_file: str) -> None:
     # through _encode above. Plain Template, not ReasoningTemplate: no empty think block is ever added.
     register_template(
         name=name,
-        format_user=StringFormatter(slots=["<|start_header_id|>user<|end_header_id|>\n\n{{content}}<|eot_id|>"
-                                           "<|start_header_id|>assistant<|end_header_id|>\n\n"]),
+        format_user=StringFormatter(
+            slots=[
+                "<|start_header_id|>user<|end_header_id|>\n\n{{content}}<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n"
+            ]
+        ),
         format_assistant=StringFormatter(slots=["{{content}}<|eot_id|>"]),
         format_system=StringFormatter(slots=["<|start_header_id|>system<|end_header_id|>\n\n{{content}}<|eot_id|>"]),
         format_prefix=EmptyFormatter(slots=[{"bos_token"}]),
@@ -166,6 +186,8 @@ def add_watchdog() -> None:
         return run_exp(args, [*(callbacks or []), *loss_watchdog.llamafactory_callbacks()])
 
     tuner.run_exp = with_watchdog
+
+
 def tokenize(argv: list[str]) -> int:
     """LLaMA-Factory's own preprocessing of an sft run, started as run_sft starts it, then stop: with
     `tokenized_path` set it saves the tokenized dataset there (0.9.5 does not stop by itself; it would go on to

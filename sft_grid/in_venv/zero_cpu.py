@@ -19,8 +19,13 @@ class GlooPreInit(BasePlugin):
     def register(self, cfg: dict) -> None:  # runs before axolotl's DeepSpeed setup
         if not cfg.get("deepspeed") or int(os.environ.get("WORLD_SIZE", "1")) != 1:
             return
-        for key, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
-                           ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
+        for key, value in (
+            ("WORLD_SIZE", "1"),
+            ("RANK", "0"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", str(29500 + os.getpid() % 1000)),
+        ):
             os.environ.setdefault(key, value)
         import deepspeed.comm as dist
 

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 # --kill-on-bad-exit), not because the scheduler ended the job (time limit, preemption, scancel, memory)
 IN_JOB_REQUEUE = frozenset({FailureClass.COLLECTIVE_TIMEOUT, FailureClass.RENDEZVOUS, FailureClass.GPU_HARDWARE})
 
+
 class CellFailed(RuntimeError):
     """The cell's training did not complete; the message is the reason recorded in its ledger."""
 
@@ -148,8 +149,9 @@ def run_cell(cell_dir: str | Path) -> str:
     with log_file.open("ab") as fh:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
         fh.flush()
-        rc = subprocess.run(["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT,
-                            cwd=cell_dir, check=False).returncode
+        rc = subprocess.run(
+            ["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT, cwd=cell_dir, check=False
+        ).returncode
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/costs.py)
     used = {"cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
@@ -208,8 +210,9 @@ def _requeue(cell_dir: Path) -> None:
     the grid's); a Slurm cell only (locally, the next invocation of the grid runs it again)."""
     if not where().on_slurm:
         return
-    proc = subprocess.run([sys.executable, "-m", "sft_grid.requeue", str(cell_dir)], capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sft_grid.requeue", str(cell_dir)], capture_output=True, text=True, check=False
+    )
     if proc.returncode:
         log.error("requeue of %s failed: %s", cell_dir.name, (proc.stderr or proc.stdout).strip()[-2000:])
 
@@ -255,12 +258,21 @@ def _run_deferred_checks(cell_dir: Path) -> None:
     pre = PreflightFile.load(cell_dir)
     if pre is None:
         return
-    for check, verdict in run_deferred(pre.deferred, pre.python or None, cell_dir / LOGS_DIR / "preflight",
-                                       pre.variables):
+    for check, verdict in run_deferred(
+        pre.deferred, pre.python or None, cell_dir / LOGS_DIR / "preflight", pre.variables
+    ):
         if not verdict.ok:
             reason = f"preflight: {check.describe()}: {verdict.message}"
             # a deferred check refusing the cell's inputs is positive evidence on its config or data
-            events.append(cell_dir, _here(Kind.FAILED, reason=reason, failure_class=FailureClass.BACKEND_ERROR,
-                                          evidence=verdict.message[:500], action=RemedyKind.STOP))
+            events.append(
+                cell_dir,
+                _here(
+                    Kind.FAILED,
+                    reason=reason,
+                    failure_class=FailureClass.BACKEND_ERROR,
+                    evidence=verdict.message[:500],
+                    action=RemedyKind.STOP,
+                ),
+            )
             _ended(cell_dir)
             raise CellFailed(reason)

@@ -25,10 +25,32 @@ from sft_grid.core.tokenized import TokenizedData
 # Top-level keys that describe where and how a cell runs, not what it trains.
 NOT_IDENTITY = frozenset(
     {
-        "cluster", "runs_root", "sweep_name", "nodes", "time", "micro_batch_size", "dry_run", "force",
-        "rerun_failed", "save_steps", "save_total_limit", "logging_steps", "report_to", "push_to_hub",
-        "hub_model_id", "concurrency", "register_db", "register_command", "vars", "failure_policy", "watchdog",
-        "notify", "eval", "cleanup_checkpoints", "stage_only", "tokenize_once",
+        "cluster",
+        "runs_root",
+        "sweep_name",
+        "nodes",
+        "time",
+        "micro_batch_size",
+        "dry_run",
+        "force",
+        "rerun_failed",
+        "save_steps",
+        "save_total_limit",
+        "logging_steps",
+        "report_to",
+        "push_to_hub",
+        "hub_model_id",
+        "concurrency",
+        "register_db",
+        "register_command",
+        "vars",
+        "failure_policy",
+        "watchdog",
+        "notify",
+        "eval",
+        "cleanup_checkpoints",
+        "stage_only",
+        "tokenize_once",
     }
 )
 # Keys of sub-configs that are about the machine, not the model.
@@ -139,13 +161,18 @@ def hub_id_for(template: str, config: Mapping[str, Any], key: str, slug: str) ->
     """A cell's hub repository from a pattern: {key} (the identity hash), {name} (slug-key), {model} and
     {data} (the dataset names joined by '-'). So each cell of a grid gets its own repository, derived from
     what it trains, and a rerun of the same cell uploads to the same one."""
-    fields = {"key": key, "name": f"{slug}-{key}", "model": str(config["model"]["name"]),
-              "data": "-".join(config.get("dataset") or ())}
+    fields = {
+        "key": key,
+        "name": f"{slug}-{key}",
+        "model": str(config["model"]["name"]),
+        "data": "-".join(config.get("dataset") or ()),
+    }
     try:
         return template.format_map(fields)
     except (KeyError, IndexError, ValueError) as exc:
-        raise ValueError(f"hub_model_id {template!r}: unknown placeholder {exc}; use {{key}}, {{name}},"
-                         " {model} or {data}") from None
+        raise ValueError(
+            f"hub_model_id {template!r}: unknown placeholder {exc}; use {{key}}, {{name}}, {{model}} or {{data}}"
+        ) from None
 
 
 def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | None = None) -> Cell:

@@ -25,8 +25,9 @@ import copy
 import difflib
 import logging
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.defaults_list import create_defaults_list
@@ -41,6 +42,12 @@ from sft_grid.core.paths import CONF_DIR
 from sft_grid.core.problems import Problem
 
 log = logging.getLogger(__name__)
+
+
+def _line(override: Override) -> str:
+    """The override as the command line gave it (a parsed override always has its line)."""
+    return override.input_line or ""
+
 
 class GridComposer:
     """Composes cells of one grid. Build it once per grid; call :meth:`compose_all`."""
@@ -112,15 +119,18 @@ class GridComposer:
             raise CompositionError(overrides, error_text(exc)) from exc
 
     # -- the reference cell ----------------------------------------------------------------------------
-    def _reference(self, overrides: Sequence[str]) -> "Reference":
+    def _reference(self, overrides: Sequence[str]) -> Reference:
         # Only the group choices: every cell, this one included, gets its value overrides applied on top.
         groups, _ = self._split(overrides)
-        group_lines = [ov.input_line for ov in groups.values()]
+        group_lines = [_line(ov) for ov in groups.values()]
         cfg = self.hydra_compose(group_lines)
         # Hydra's compute_defaults_list, on the grid's repository: it would build a repository of its own and
         # load every config file again (the search path depends on the Hydra overrides only, which built ours)
         defaults = create_defaults_list(
-            repo=self._repo, config_name=self._config_name, prepend_hydra=True, skip_missing=False,
+            repo=self._repo,
+            config_name=self._config_name,
+            prepend_hydra=True,
+            skip_missing=False,
             overrides_list=OverridesParser.create().parse_overrides(self._hydra_overrides + group_lines),
         ).defaults
         group_entries: dict[str, list[int]] = {}
@@ -130,7 +140,7 @@ class GridComposer:
         with Open(cfg):
             del cfg["hydra"]
         return Reference(
-            groups={k: v.input_line for k, v in groups.items()},
+            groups={k: _line(v) for k, v in groups.items()},
             cfg=cfg,
             plain=plain(cfg, resolve=True),
             defaults=defaults,
@@ -151,7 +161,7 @@ class GridComposer:
         return not loaded.defaults_list and package in (None, "", "_group_")
 
     # -- per-option subtrees ---------------------------------------------------------------------------
-    def _layers(self, ref: "Reference", group: str) -> tuple[list[Any], list[Any]] | None:
+    def _layers(self, ref: Reference, group: str) -> tuple[list[Any], list[Any]] | None:
         """The group's part of every other config in the reference's defaults list (the schema, the primary
         config, a sweep file), split at the group's own entries: Hydra merges them in this order."""
         if group not in self._layer_cache:
@@ -168,12 +178,12 @@ class GridComposer:
                     break
                 loaded = self._repo.load_config(d.config_path) if d.config_path else None
                 # keys(), not `in`: the schema's group nodes are MISSING, and `in` skips missing values
-                if loaded is not None and group in loaded.config.keys():
+                if loaded is not None and group in cast(DictConfig, loaded.config).keys():  # noqa: SIM118 (MISSING)
                     (before if i < first else after).append(loaded.config._get_node(group))
             self._layer_cache[group] = result
         return self._layer_cache[group]
 
-    def _subtree(self, ref: "Reference", group: str, override: Override) -> Any:
+    def _subtree(self, ref: Reference, group: str, override: Override) -> Any:
         """(plain resolved data, config node) of the group's package for this choice, or None when the
         fast path does not apply. It is the same merge Hydra does, restricted to the group's package."""
         choice = override.value()
@@ -183,12 +193,19 @@ class GridComposer:
         options = choice if isinstance(choice, list) else [choice]
         result: Any = None
         layers = self._layers(ref, group)
-        entries = [ResultDefault(config_path=f"{group}/{opt}", package=group) for opt in options if isinstance(opt, str)]
-        loaded = [self._repo.load_config(d.config_path) for d in entries]
-        if layers is not None and len(entries) == len(options) and all(loaded) and all(map(self._simple_option, entries)):
+        entries = [
+            ResultDefault(config_path=f"{group}/{opt}", package=group) for opt in options if isinstance(opt, str)
+        ]
+        loaded = [self._repo.load_config(f"{group}/{opt}") for opt in options if isinstance(opt, str)]
+        if (
+            layers is not None
+            and len(entries) == len(options)
+            and all(loaded)
+            and all(map(self._simple_option, entries))
+        ):
             before, after = layers
             try:
-                node = OmegaConf.merge(*before, *(x.config for x in loaded), *after)
+                node = OmegaConf.merge(*before, *(x.config for x in loaded if x is not None), *after)
                 if not has_non_env_interpolation(plain(node, resolve=False)):
                     result = (plain(node, resolve=True), node)
             except Exception:  # let the full compose report it, with Hydra's message for this cell
@@ -196,7 +213,7 @@ class GridComposer:
         self._subtrees[key] = result
         return result
 
-    def _entry_owners(self, ref: "Reference") -> list[tuple[str | None, int]]:
+    def _entry_owners(self, ref: Reference) -> list[tuple[str | None, int]]:
         """(owning group or None, index) of each non-Hydra entry of the reference's defaults list."""
         owner = {i: g for g, idx in ref.group_entries.items() for i in idx}
         return [(owner.get(i), i) for i, d in enumerate(ref.defaults) if not (d.package or "").startswith("hydra")]
@@ -217,7 +234,7 @@ class GridComposer:
         self.stats["fast"] += 1
         return Composed(tuple(overrides), config)
 
-    def _fast(self, ref: "Reference", overrides: Sequence[str]) -> dict[str, Any] | None:
+    def _fast(self, ref: Reference, overrides: Sequence[str]) -> dict[str, Any] | None:
         groups, values = self._split(overrides)
         if set(groups) - set(ref.groups) and any(g not in ref.fast_groups for g in set(groups) - set(ref.groups)):
             return None
@@ -265,7 +282,7 @@ class GridComposer:
         self._sections[key] = (base, effects, holder.get(top))
         return holder.get(top)
 
-    def _resolved_whole(self, ref: "Reference", values: list[Override], swapped: dict[str, Any]) -> dict[str, Any] | None:
+    def _resolved_whole(self, ref: Reference, values: list[Override], swapped: dict[str, Any]) -> dict[str, Any] | None:
         """A cell of a grid whose config reads other keys (a sweep file's table: `${vars.models.${vars.model}.hub_id}`):
         the reference's unresolved config with this cell's group subtrees swapped in and its value overrides
         applied by Hydra's own code, then resolved as a whole, as Hydra resolves a composed config. What it
@@ -411,14 +428,18 @@ class ValueEffects:
         self._scratches: dict[tuple[Any, ...], DictConfig] = {}
         self.applications = 0  # distinct (overrides, swapped groups) applied by Hydra's code
 
-    def effects_of(self, ref: "Reference", values: list[Override], swapped: dict[str, Any]) -> list[tuple[str, Any]]:
+    def effects_of(self, ref: Reference, values: list[Override], swapped: dict[str, Any]) -> list[tuple[str, Any]]:
         """(path, final value) of each value override, applied by Hydra's own code on the reference with the
         cell's group subtrees. Overrides on disjoint paths are applied one by one and cached alone (a sweep of
         10 lrs x 50 seeds is 60 applications, not 1000); overrides on overlapping paths (`mix.probs=[..]` with
         `mix.probs.0=0.7`) are applied together, in order, as Hydra applies them."""
         paths = [v.key_or_group for v in values]
-        overlapping = {i for i, a in enumerate(paths) for j, b in enumerate(paths)
-                       if i != j and (a == b or a.startswith(b + ".") or b.startswith(a + "."))}
+        overlapping = {
+            i
+            for i, a in enumerate(paths)
+            for j, b in enumerate(paths)
+            if i != j and (a == b or a.startswith(b + ".") or b.startswith(a + "."))
+        }
         effects: list[tuple[str, Any]] = []
         together = [v for i, v in enumerate(values) if i in overlapping]
         for i, ov in enumerate(values):
@@ -428,7 +449,7 @@ class ValueEffects:
             effects += self._effects_cached(ref, together, swapped)
         return effects
 
-    def _effects_cached(self, ref: "Reference", values: list[Override], swapped: dict[str, Any]) -> list[tuple[str, Any]]:
+    def _effects_cached(self, ref: Reference, values: list[Override], swapped: dict[str, Any]) -> list[tuple[str, Any]]:
         owners = {v.key_or_group.split(".", 1)[0] for v in values}
         touched = {g: t for g, t in swapped.items() if g in owners}
         groups = tuple(sorted((g, id(t)) for g, t in touched.items()))
@@ -441,14 +462,17 @@ class ValueEffects:
         # a new nested key or a list element: the value that changed is the nearest node the cell has
         paths = [effective_path(before, ov.key_or_group) for ov in values]
         if any(ov.is_delete() or ov.is_add() or ov.is_force_add() for ov in values) or any(
-                isinstance(get_path(before, p), Mapping) for p in paths):
+            isinstance(get_path(before, p), Mapping) for p in paths
+        ):
             scratch = applied(ref, values, touched)
         else:  # assignments to existing leaves: on a kept copy, put back afterwards (a deep copy costs ~10 ms)
             scratch = self._scratches.get(groups) or self._scratches.setdefault(groups, applied(ref, [], touched))
             saved = {p: plain(OmegaConf.select(scratch, p, throw_on_missing=False), resolve=False) for p in paths}
             try:
                 apply_overrides(values, scratch)
-                effects = [(p, plain(OmegaConf.select(scratch, p, throw_on_missing=False), resolve=True)) for p in paths]
+                effects = [
+                    (p, plain(OmegaConf.select(scratch, p, throw_on_missing=False), resolve=True)) for p in paths
+                ]
             except Exception:
                 self._scratches.pop(groups, None)  # left half-changed: never used again
                 raise
@@ -456,14 +480,17 @@ class ValueEffects:
                 OmegaConf.update(scratch, p, old, merge=False)
             self._effects[key] = effects
             return effects
-        effects = [(ov.key_or_group, DELETED) if ov.is_delete() else
-                   (p, plain(OmegaConf.select(scratch, p, throw_on_missing=False), resolve=True))
-                   for ov, p in zip(values, paths)]
+        effects = [
+            (ov.key_or_group, DELETED)
+            if ov.is_delete()
+            else (p, plain(OmegaConf.select(scratch, p, throw_on_missing=False), resolve=True))
+            for ov, p in zip(values, paths, strict=True)
+        ]
         self._effects[key] = effects
         return effects
 
 
-def applied(ref: "Reference", values: list[Override], swapped: dict[str, Any]) -> DictConfig:
+def applied(ref: Reference, values: list[Override], swapped: dict[str, Any]) -> DictConfig:
     """A copy of the reference's config with these group subtrees and value overrides (Hydra's own code)."""
     scratch = copy.deepcopy(ref.cfg)
     with Open(scratch):
@@ -528,8 +555,10 @@ def malformed_override(argv: Sequence[str]) -> str | None:
             parser.parse_override(arg)
         except Exception as exc:
             detail = " ".join(str(exc).split())[:200]
-            return (f"the override {arg!r} is malformed ({detail}): write key=value, a sweep as key=a,b, a list as"
-                    f" key=[a,b] (quoted in the shell: 'key=[a,b]'), a new key as +key=value")
+            return (
+                f"the override {arg!r} is malformed ({detail}): write key=value, a sweep as key=a,b, a list as"
+                f" key=[a,b] (quoted in the shell: 'key=[a,b]'), a new key as +key=value"
+            )
     return None
 
 
@@ -538,10 +567,16 @@ def composition_problem(overrides: Sequence[str], message: str) -> Problem:
     match = _NOT_IN.search(message)
     key = match.group("key") if match else ""
     env = _ENV_UNSET.search(message)
-    fix = (key_hint(message) or (f"export {env.group('var')}=<value> (and any other variable named above)" if env else "")
-           or "check the override against `python -m sft_grid --cfg job` and the options in conf/")
+    fix = (
+        key_hint(message)
+        or (f"export {env.group('var')}=<value> (and any other variable named above)" if env else "")
+        or "check the override against `python -m sft_grid --cfg job` and the options in conf/"
+    )
     first, _, rest = message.partition("\n")
-    detail = " ".join(line.strip() for line in rest.splitlines() if line.strip() and "search path" not in line.lower()
-                      and not line.strip().startswith("provider="))
+    detail = " ".join(
+        line.strip()
+        for line in rest.splitlines()
+        if line.strip() and "search path" not in line.lower() and not line.strip().startswith("provider=")
+    )
     text = first + (f" ({detail})" if detail else "")
     return Problem(" ".join(overrides) or "<defaults>", key, None, "compose", text, fix)

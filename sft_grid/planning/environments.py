@@ -50,10 +50,15 @@ class VenvSpec:
     @classmethod
     def from_conf(cls, name: str, venv: Any) -> VenvSpec:
         data = venv if isinstance(venv, Mapping) else vars(venv)
-        return cls(name=name, python=data["python"], packages=tuple(data["packages"]),
-                   packages_no_deps=tuple(data.get("packages_no_deps") or ()),
-                   drop_native_libs=tuple(data.get("drop_native_libs") or ()), check=data.get("check") or "",
-                   lock=lock_text(name))
+        return cls(
+            name=name,
+            python=data["python"],
+            packages=tuple(data["packages"]),
+            packages_no_deps=tuple(data.get("packages_no_deps") or ()),
+            drop_native_libs=tuple(data.get("drop_native_libs") or ()),
+            check=data.get("check") or "",
+            lock=lock_text(name),
+        )
 
     @property
     def key(self) -> str:

@@ -108,13 +108,24 @@ class Estimate:
 
     def to_json(self) -> dict[str, object]:
         tp = self.throughput
-        return {"tokens": self.tokens.tokens, "sequences": self.tokens.sequences, "steps": self.tokens.steps,
-                "attended": self.tokens.attended, "flops": self.flops, "flops_dense": self.flops_dense,
-                "flops_attention": self.flops_attention, "gpu_hours": self.gpu_hours,
-                "wall_seconds": self.wall_seconds, "throughput": None if tp is None else tp.to_json(),
-                "checkpoint_bytes": self.checkpoint_bytes, "checkpoints_kept": self.checkpoints_kept,
-                "disk_bytes": self.disk_bytes, "wall_budget_seconds": self.wall_budget_seconds,
-                "exceeds_wall": self.exceeds_wall, "notes": list(self.notes)}
+        return {
+            "tokens": self.tokens.tokens,
+            "sequences": self.tokens.sequences,
+            "steps": self.tokens.steps,
+            "attended": self.tokens.attended,
+            "flops": self.flops,
+            "flops_dense": self.flops_dense,
+            "flops_attention": self.flops_attention,
+            "gpu_hours": self.gpu_hours,
+            "wall_seconds": self.wall_seconds,
+            "throughput": None if tp is None else tp.to_json(),
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "checkpoints_kept": self.checkpoints_kept,
+            "disk_bytes": self.disk_bytes,
+            "wall_budget_seconds": self.wall_budget_seconds,
+            "exceeds_wall": self.exceeds_wall,
+            "notes": list(self.notes),
+        }
 
 
 def count_tokens(plan: CellPlan) -> Tokens:
@@ -171,8 +182,9 @@ def checkpoint_bytes(plan: CellPlan) -> float:
     try:
         weight = BYTES_PER_WEIGHT[plan.precision]
     except KeyError:
-        raise ValueError(f"{plan.name}: precision {plan.precision!r} is not one of "
-                         f"{sorted(BYTES_PER_WEIGHT)}") from None
+        raise ValueError(
+            f"{plan.name}: precision {plan.precision!r} is not one of {sorted(BYTES_PER_WEIGHT)}"
+        ) from None
     optim = (ADAM_MOMENT_BYTES + (MASTER_WEIGHT_BYTES if weight < 4 else 0)) if plan.save_optimizer else 0
     return plan.model.params * (weight + optim)
 
@@ -205,10 +217,26 @@ def estimate_cell(plan: CellPlan, throughput: Throughput | None) -> Estimate:
     exceeds = wall is not None and budget is not None and wall > budget
     if exceeds:
         assert wall is not None and budget is not None and plan.max_time_s
-        notes.append(f"estimated {wall / 3600:.1f} h exceeds the wall time {plan.max_time_s / 3600:.1f} h "
-                     f"x (1 + {plan.requeues} requeue(s)) = {budget / 3600:.1f} h")
-    return Estimate(plan.name, tok, flops, dense, attn, throughput, gpu_hours, wall, ckpt, kept, kept * ckpt + final,
-                    budget, exceeds, tuple(notes))
+        notes.append(
+            f"estimated {wall / 3600:.1f} h exceeds the wall time {plan.max_time_s / 3600:.1f} h "
+            f"x (1 + {plan.requeues} requeue(s)) = {budget / 3600:.1f} h"
+        )
+    return Estimate(
+        plan.name,
+        tok,
+        flops,
+        dense,
+        attn,
+        throughput,
+        gpu_hours,
+        wall,
+        ckpt,
+        kept,
+        kept * ckpt + final,
+        budget,
+        exceeds,
+        tuple(notes),
+    )
 
 
 def total_hours(estimates: Iterable[Estimate]) -> float:
@@ -252,8 +280,13 @@ class Throughput:
         return 1.0 / cost if cost > 0 else math.inf
 
     def to_json(self) -> dict[str, object]:
-        return {"per_token_s": self.per_token_s, "per_flop_s": self.per_flop_s, "startup_s": self.startup_s,
-                "source": self.source, "detail": self.detail}
+        return {
+            "per_token_s": self.per_token_s,
+            "per_flop_s": self.per_flop_s,
+            "startup_s": self.startup_s,
+            "source": self.source,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)
@@ -287,18 +320,31 @@ class Calibration:
         return 1.0 / self.per_flop_s if self.per_flop_s > 0 else math.inf
 
     def throughput(self, leave_out: str = "") -> Throughput:
-        terms = [name for name, v in (("start-up", self.startup_s), ("per-token", self.per_token_s),
-                                      ("per-FLOP", self.per_flop_s)) if v > 0]
+        terms = [
+            name
+            for name, v in (
+                ("start-up", self.startup_s),
+                ("per-token", self.per_token_s),
+                ("per-FLOP", self.per_flop_s),
+            )
+            if v > 0
+        ]
         mfu = f", MFU {self.flops_per_gpu_s / self.peak:.2g}" if self.peak and self.per_flop_s > 0 else ""
-        rate = f"{self.flops_per_gpu_s / 1e12:.3g} TFLOP/s per {self.gpu}{mfu}" if self.per_flop_s > 0 else \
-            "no FLOP rate"
+        rate = (
+            f"{self.flops_per_gpu_s / 1e12:.3g} TFLOP/s per {self.gpu}{mfu}" if self.per_flop_s > 0 else "no FLOP rate"
+        )
         token = f", {self.per_token_s * 1e3:.3g} ms a token" if self.per_token_s > 0 else ""
         what = "CPU time" if self.gpu == "CPU" else "wall time"
-        return Throughput(self.per_token_s, self.per_flop_s, self.startup_s, "calibration",
-                          f"{' + '.join(terms) or 'no'} cost fitted to the {what} of {len(self.cells)} completed"
-                          f" cell(s) of {self.sizes} size(s) on {self.cluster}"
-                          f"{' (without ' + leave_out + ')' if leave_out else ''}: {rate}{token},"
-                          f" start-up {self.startup_s:.0f} s")
+        return Throughput(
+            self.per_token_s,
+            self.per_flop_s,
+            self.startup_s,
+            "calibration",
+            f"{' + '.join(terms) or 'no'} cost fitted to the {what} of {len(self.cells)} completed"
+            f" cell(s) of {self.sizes} size(s) on {self.cluster}"
+            f"{' (without ' + leave_out + ')' if leave_out else ''}: {rate}{token},"
+            f" start-up {self.startup_s:.0f} s",
+        )
 
 
 def peak_flops(gpu: str, override_tflops: float | None = None) -> tuple[str, float] | None:
@@ -342,8 +388,9 @@ def _rows(ms: Sequence[Measured]) -> list[tuple[float, float, float]]:
 
 
 def _sums(rows: Sequence[Sequence[float]]) -> tuple[list[list[float]], list[float]]:
-    return [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)], [sum(r[i] for r in rows)
-                                                                                   for i in range(3)]
+    return [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)], [
+        sum(r[i] for r in rows) for i in range(3)
+    ]
 
 
 def _fit(s: Sequence[Sequence[float]], b: Sequence[float], n: int) -> tuple[float, float, float]:
@@ -360,8 +407,11 @@ def _fit(s: Sequence[Sequence[float]], b: Sequence[float], n: int) -> tuple[floa
         coef = [0.0, 0.0, 0.0]
         for i, v in zip(idx, x, strict=True):
             coef[i] = v
-        loss = sum(coef[i] * coef[j] * s[i][j] for i in range(3) for j in range(3)) - 2 * sum(
-            c * v for c, v in zip(coef, b, strict=True)) + n
+        loss = (
+            sum(coef[i] * coef[j] * s[i][j] for i in range(3) for j in range(3))
+            - 2 * sum(c * v for c, v in zip(coef, b, strict=True))
+            + n
+        )
         if best is None or loss < best[0] * (1 - 1e-6) - 1e-12 * n:
             best = (loss, tuple(coef))
     return best[1] if best is not None else (0.0, 0.0, 0.0)  # type: ignore[return-value]
@@ -388,13 +438,18 @@ def calibrate(cells: Iterable[Measured], leave_out: str = "") -> dict[str, Calib
     return out
 
 
-def _calibration(cluster: str, ms: Sequence[Measured], rows: Sequence[Sequence[float]],
-                 sums: tuple[list[list[float]], list[float]] | None = None) -> Calibration:
+def _calibration(
+    cluster: str,
+    ms: Sequence[Measured],
+    rows: Sequence[Sequence[float]],
+    sums: tuple[list[list[float]], list[float]] | None = None,
+) -> Calibration:
     gpu = statistics.mode(m.gpu for m in ms)
     startup, a, b = _fit(*(sums or _sums(rows)), len(rows))
     peak = peak_flops(gpu)
-    return Calibration(cluster, gpu, startup, a, b, tuple(m.cell for m in ms), _sizes(m.params for m in ms),
-                       peak[1] if peak else None)
+    return Calibration(
+        cluster, gpu, startup, a, b, tuple(m.cell for m in ms), _sizes(m.params for m in ms), peak[1] if peak else None
+    )
 
 
 def leave_one_out(cells: Iterable[Measured]) -> dict[str, Calibration]:
@@ -412,14 +467,19 @@ def leave_one_out(cells: Iterable[Measured]) -> dict[str, Calibration]:
                 continue
             r = rows[i]
             sub = ([[s[p][q] - r[p] * r[q] for q in range(3)] for p in range(3)], [b[p] - r[p] for p in range(3)])
-            others = ms[:i] + ms[i + 1:]
-            out[m.cell] = _calibration(cluster, others, rows[:i] + rows[i + 1:], sub)
+            others = ms[:i] + ms[i + 1 :]
+            out[m.cell] = _calibration(cluster, others, rows[:i] + rows[i + 1 :], sub)
     return out
 
 
-def throughput(cluster: str, gpu: str, calibrations: Mapping[str, Calibration] | None = None,
-               peak_tflops: float | None = None, default_mfu: float | None = None,
-               leave_out: str = "") -> Throughput | None:
+def throughput(
+    cluster: str,
+    gpu: str,
+    calibrations: Mapping[str, Calibration] | None = None,
+    peak_tflops: float | None = None,
+    default_mfu: float | None = None,
+    leave_out: str = "",
+) -> Throughput | None:
     """The cluster's calibration if it has one, else default MFU (argument, else the GPU type's entry in
     DEFAULT_MFU_BY_GPU, else DEFAULT_MFU) x the GPU type's peak; None when the type is unknown too."""
     cal = (calibrations or {}).get(cluster)
@@ -430,6 +490,11 @@ def throughput(cluster: str, gpu: str, calibrations: Mapping[str, Calibration] |
         return None
     key, value = peak
     mfu = default_mfu if default_mfu is not None else DEFAULT_MFU_BY_GPU.get(key, DEFAULT_MFU)
-    return Throughput(0.0, 1.0 / (mfu * value), 0.0, "default",
-                      f"MFU {mfu:.3g} (the default) x {key} dense bf16 peak {value / 1e12:.4g} TFLOP/s"
-                      f" (no completed cell on {cluster} yet; start-up not counted)")
+    return Throughput(
+        0.0,
+        1.0 / (mfu * value),
+        0.0,
+        "default",
+        f"MFU {mfu:.3g} (the default) x {key} dense bf16 peak {value / 1e12:.4g} TFLOP/s"
+        f" (no completed cell on {cluster} yet; start-up not counted)",
+    )

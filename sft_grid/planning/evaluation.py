@@ -21,9 +21,10 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from sft_grid.core.layout import OUTPUT_DIR
 from sft_grid.core.problems import Problem
@@ -50,8 +51,9 @@ def _without_eval(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def same_training(a: Cell, b: Cell) -> bool:
     """Two cells of one grid that differ only in their evaluation suite: one trained model."""
-    return (a.key == b.key and a.spec.sweep_name == b.spec.sweep_name
-            and _without_eval(a.config) == _without_eval(b.config))
+    return (
+        a.key == b.key and a.spec.sweep_name == b.spec.sweep_name and _without_eval(a.config) == _without_eval(b.config)
+    )
 
 
 def merge_eval_axis(cells: Sequence[Cell]) -> list[Cell]:
@@ -90,7 +92,7 @@ def harness_venv(cell: Cell, suite: Any) -> tuple[Path, bool]:
 
 
 def harness_version(cell: Cell, suite: Any) -> str:
-    """"lm-eval==0.4.13": the managed environment's pin, or what a site's environment has installed ("" when it
+    """ "lm-eval==0.4.13": the managed environment's pin, or what a site's environment has installed ("" when it
     cannot be read here)."""
     package = HARNESS_PACKAGES[suite.harness]
     venv, own = harness_venv(cell, suite)
@@ -102,7 +104,7 @@ def harness_version(cell: Cell, suite: Any) -> str:
     key = (str(venv), dist, _site_packages_state(venv))
     if key not in _VERSIONS:
         found = sorted(venv.glob(f"lib/python3*/site-packages/{dist}-*.dist-info"))
-        _VERSIONS[key] = f"{package}=={found[-1].name[len(dist) + 1:-len('.dist-info')]}" if found else ""
+        _VERSIONS[key] = f"{package}=={found[-1].name[len(dist) + 1 : -len('.dist-info')]}" if found else ""
     return _VERSIONS[key]
 
 
@@ -133,10 +135,17 @@ def task_settings(suite: Any, label: str, task: Any, chat_template: bool = True)
     if limit is not None and float(limit).is_integer():
         limit = int(limit)
     chat = bool(task.apply_chat_template and chat_template)
-    return {"task": name, "num_fewshot": task.num_fewshot, "limit": limit, "gen_kwargs": dict(task.gen_kwargs),
-            "apply_chat_template": chat, "fewshot_as_multiturn": bool(task.fewshot_as_multiturn and chat),
-            "dtype": suite.dtype, "seed": suite.seed,
-            "version": content_digest(name) if name in TINY_TASKS else None}
+    return {
+        "task": name,
+        "num_fewshot": task.num_fewshot,
+        "limit": limit,
+        "gen_kwargs": dict(task.gen_kwargs),
+        "apply_chat_template": chat,
+        "fewshot_as_multiturn": bool(task.fewshot_as_multiturn and chat),
+        "dtype": suite.dtype,
+        "seed": suite.seed,
+        "version": content_digest(name) if name in TINY_TASKS else None,
+    }
 
 
 def device_of(suite: Any) -> str:
@@ -151,8 +160,12 @@ def scores_for(key: str, cell: Cell, suites: Sequence[Any], chat_template: bool 
         for label, task in suite.tasks.items():
             settings = task_settings(suite, label, task, chat_template)
             sid = score_id(key, settings, harness)
-            out.setdefault(sid, ScoreSpec(sid, suite.name, settings["task"], settings, suite.engine,
-                                          suite.batch_size, device_of(suite)))
+            out.setdefault(
+                sid,
+                ScoreSpec(
+                    sid, suite.name, settings["task"], settings, suite.engine, suite.batch_size, device_of(suite)
+                ),
+            )
     return tuple(out.values())
 
 
@@ -230,14 +243,22 @@ def base_targets(cells: Sequence[Cell]) -> list[BaseTarget]:
 # -- eval.json ------------------------------------------------------------------------------------------------------
 
 
-def _eval_file(cell: Cell, target: str, base: bool, model_path: str, suites: Sequence[Any],
-               scores: Sequence[ScoreSpec]) -> EvalFile:
+def _eval_file(
+    cell: Cell, target: str, base: bool, model_path: str, suites: Sequence[Any], scores: Sequence[ScoreSpec]
+) -> EvalFile:
     first = suites[0]
     includes = tuple(dict.fromkeys(str(Path(s.include_path).expanduser()) for s in suites if s.include_path))
-    return EvalFile(target=target, base=base, model_path=model_path, harness=harness_version(cell, first),
-                    python=str(harness_venv(cell, first)[0] / "bin" / "python"), include_paths=includes,
-                    variables=dict(cell.spec.cluster.env), in_train_job=cell.spec.cluster.executor == "local",
-                    scores=tuple(scores))
+    return EvalFile(
+        target=target,
+        base=base,
+        model_path=model_path,
+        harness=harness_version(cell, first),
+        python=str(harness_venv(cell, first)[0] / "bin" / "python"),
+        include_paths=includes,
+        variables=dict(cell.spec.cluster.env),
+        in_train_job=cell.spec.cluster.executor == "local",
+        scores=tuple(scores),
+    )
 
 
 def cell_eval_file(cell: Cell, cell_dir: Path) -> EvalFile | None:
@@ -273,48 +294,91 @@ def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: 
 def _batch_size(cell: Cell, value: Any) -> Iterator[Problem]:
     if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return
-    yield _problem(cell, "batch_size", value, "eval-batch-size", "must be a count >= 1 or \"auto\"",
-                   "set eval.batch_size=8 (say), or eval.batch_size=auto")
+    yield _problem(
+        cell,
+        "batch_size",
+        value,
+        "eval-batch-size",
+        'must be a count >= 1 or "auto"',
+        "set eval.batch_size=8 (say), or eval.batch_size=auto",
+    )
 
 
 def _tasks(cell: Cell, suite: Any) -> Iterator[Problem]:
     for label, task in suite.tasks.items():
         name = task.task or label
         if task.limit is not None and task.limit >= 1 and not float(task.limit).is_integer():
-            yield _problem(cell, f"tasks.{label}.limit", task.limit, "eval-limit",
-                           "a limit is a count of documents (a whole number >= 1) or a fraction of them (< 1)",
-                           f"set eval.tasks.{label}.limit={int(task.limit)}, or a fraction such as 0.5")
+            yield _problem(
+                cell,
+                f"tasks.{label}.limit",
+                task.limit,
+                "eval-limit",
+                "a limit is a count of documents (a whole number >= 1) or a fraction of them (< 1)",
+                f"set eval.tasks.{label}.limit={int(task.limit)}, or a fraction such as 0.5",
+            )
         if task.fewshot_as_multiturn and not task.apply_chat_template:
-            yield _problem(cell, f"tasks.{label}.fewshot_as_multiturn", True, "eval-multiturn",
-                           "few-shot examples as chat turns need the chat template",
-                           f"set eval.tasks.{label}.apply_chat_template=true, or fewshot_as_multiturn=false")
+            yield _problem(
+                cell,
+                f"tasks.{label}.fewshot_as_multiturn",
+                True,
+                "eval-multiturn",
+                "few-shot examples as chat turns need the chat template",
+                f"set eval.tasks.{label}.apply_chat_template=true, or fewshot_as_multiturn=false",
+            )
         if name.startswith("tiny_") and name not in TINY_TASKS:
-            yield _problem(cell, f"tasks.{label}.task" if task.task else "tasks", name, "eval-task",
-                           "not one of the project's tiny tasks", f"use one of {', '.join(TINY_TASKS)}")
+            yield _problem(
+                cell,
+                f"tasks.{label}.task" if task.task else "tasks",
+                name,
+                "eval-task",
+                "not one of the project's tiny tasks",
+                f"use one of {', '.join(TINY_TASKS)}",
+            )
 
 
 def _harness(cell: Cell, suite: Any) -> Iterator[Problem]:
     venv, own = harness_venv(cell, suite)
     cluster = cell.spec.cluster.name
     if suite.engine == "vllm" and not own:
-        yield _problem(cell, "engine", "vllm", "eval-engine",
-                       f"the managed {suite.harness} environment has no vllm, and cluster {cluster!r} names no"
-                       f" {suite.harness} environment of its own",
-                       f"name the site's environment with vllm: cluster.backend_venvs.{suite.harness}=<venv dir>"
-                       f" (in conf/cluster/{cluster}.yaml), or eval.engine=hf")
+        yield _problem(
+            cell,
+            "engine",
+            "vllm",
+            "eval-engine",
+            f"the managed {suite.harness} environment has no vllm, and cluster {cluster!r} names no"
+            f" {suite.harness} environment of its own",
+            f"name the site's environment with vllm: cluster.backend_venvs.{suite.harness}=<venv dir>"
+            f" (in conf/cluster/{cluster}.yaml), or eval.engine=hf",
+        )
     if own and not harness_version(cell, suite):
-        yield _problem(cell, "harness", suite.harness, "eval-harness-version",
-                       f"cannot read which version of the harness {venv} has (no dist-info of it there); the version"
-                       " is part of every score's identity",
-                       f"install the harness in {venv}, or drop cluster.backend_venvs.{suite.harness}")
+        yield _problem(
+            cell,
+            "harness",
+            suite.harness,
+            "eval-harness-version",
+            f"cannot read which version of the harness {venv} has (no dist-info of it there); the version"
+            " is part of every score's identity",
+            f"install the harness in {venv}, or drop cluster.backend_venvs.{suite.harness}",
+        )
     if not own and not cell.spec.dry_run and not is_ready(venv):
-        yield _problem(cell, "harness", suite.harness, "eval-venv",
-                       f"the {suite.harness} environment is not built ({venv})",
-                       f"build it once: python -m sft_grid.venv build {suite.harness}")
+        yield _problem(
+            cell,
+            "harness",
+            suite.harness,
+            "eval-venv",
+            f"the {suite.harness} environment is not built ({venv})",
+            f"build it once: python -m sft_grid.venv build {suite.harness}",
+        )
     include = suite.include_path
     if include and cell.spec.cluster.executor == "local" and not Path(include).expanduser().is_dir():
-        yield _problem(cell, "include_path", include, "eval-include-path", "is not a directory here",
-                       "point eval.include_path at a directory of lm-eval task YAMLs, or set it to null")
+        yield _problem(
+            cell,
+            "include_path",
+            include,
+            "eval-include-path",
+            "is not a directory here",
+            "point eval.include_path at a directory of lm-eval task YAMLs, or set it to null",
+        )
 
 
 def _resources(cell: Cell, suite: Any) -> Iterator[Problem]:
@@ -322,18 +386,34 @@ def _resources(cell: Cell, suite: Any) -> Iterator[Problem]:
     try:
         too_long = parse_minutes(res.time) > parse_minutes(cluster.max_time)
     except ValueError as exc:
-        yield _problem(cell, "resources.time", res.time, "time-format", str(exc),
-                       "write it as HH:MM:SS, e.g. eval.resources.time=01:00:00")
+        yield _problem(
+            cell,
+            "resources.time",
+            res.time,
+            "time-format",
+            str(exc),
+            "write it as HH:MM:SS, e.g. eval.resources.time=01:00:00",
+        )
         return
     if too_long:
-        yield _problem(cell, "resources.time", res.time, "time-max",
-                       f"over cluster {cluster.name!r}'s maximum wall time {cluster.max_time}",
-                       f"ask for at most eval.resources.time={cluster.max_time}")
+        yield _problem(
+            cell,
+            "resources.time",
+            res.time,
+            "time-max",
+            f"over cluster {cluster.name!r}'s maximum wall time {cluster.max_time}",
+            f"ask for at most eval.resources.time={cluster.max_time}",
+        )
     if res.gpus > cluster.gpus_per_node:
-        yield _problem(cell, "resources.gpus", res.gpus, "eval-gpus",
-                       f"cluster {cluster.name!r} has {cluster.gpus_per_node} GPU(s) per node",
-                       f"eval.resources.gpus={cluster.gpus_per_node} (0: the CPU), or a suite for this cluster"
-                       " (eval=tiny runs on the CPU)")
+        yield _problem(
+            cell,
+            "resources.gpus",
+            res.gpus,
+            "eval-gpus",
+            f"cluster {cluster.name!r} has {cluster.gpus_per_node} GPU(s) per node",
+            f"eval.resources.gpus={cluster.gpus_per_node} (0: the CPU), or a suite for this cluster"
+            " (eval=tiny runs on the CPU)",
+        )
 
 
 def eval_suite(cell: Cell) -> Iterator[Problem]:
@@ -404,8 +484,13 @@ def _task_config(name: str, data: dict[str, str]) -> dict[str, Any]:
         "metadata": {"version": 1.0},
     }
     if name == "tiny_mc":
-        return {**common, "output_type": "multiple_choice", "doc_to_choice": "{{choices}}", "doc_to_target": "label",
-                "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}
+        return {
+            **common,
+            "output_type": "multiple_choice",
+            "doc_to_choice": "{{choices}}",
+            "doc_to_target": "label",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        }
     number = r"(-?[0-9]+)"
     return {
         **common,
@@ -414,12 +499,20 @@ def _task_config(name: str, data: dict[str, str]) -> dict[str, Any]:
         "generation_kwargs": {"until": ["\n"], "max_gen_toks": GEN_MAX_TOKENS, "do_sample": False},
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
         "filter_list": [
-            {"name": "strict-match", "filter": [
-                {"function": "regex", "regex_pattern": r"The answer is " + number + r"\."},
-                {"function": "take_first"}]},
-            {"name": "flexible-extract", "filter": [
-                {"function": "regex", "regex_pattern": number, "group_select": 0},
-                {"function": "take_first"}]},
+            {
+                "name": "strict-match",
+                "filter": [
+                    {"function": "regex", "regex_pattern": r"The answer is " + number + r"\."},
+                    {"function": "take_first"},
+                ],
+            },
+            {
+                "name": "flexible-extract",
+                "filter": [
+                    {"function": "regex", "regex_pattern": number, "group_select": 0},
+                    {"function": "take_first"},
+                ],
+            },
         ],
     }
 

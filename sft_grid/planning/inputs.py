@@ -131,8 +131,11 @@ def prep_for(cell: Any) -> Prep | None:
         return None
     named = source_of(cell)
     digest = hashlib.sha256(f"{named}\n{PREP_VERSION}".encode()).hexdigest()[:8]
-    return Prep(cell.spec.model.name, named if cell.spec.model.path else tokenizer_source(cell),
-                cell.runs_root / PREPARED / f"{cell.spec.model.name}-{digest}")
+    return Prep(
+        cell.spec.model.name,
+        named if cell.spec.model.path else tokenizer_source(cell),
+        cell.runs_root / PREPARED / f"{cell.spec.model.name}-{digest}",
+    )
 
 
 def model_source(cell: Any) -> str:

@@ -48,8 +48,9 @@ def _context(node: Any, root: Any) -> tuple[str, str]:
         site = OmegaConf.select(root, "cluster.name", default=None, throw_on_resolution_failure=False)
     except Exception:
         site = None
-    return "the cluster profile", f" for {key}" + (f" of conf/cluster/{site}.yaml" if isinstance(site, str) and site
-                                                   else "")
+    return "the cluster profile", f" for {key}" + (
+        f" of conf/cluster/{site}.yaml" if isinstance(site, str) and site else ""
+    )
 
 
 def _also_missing(root: Any, var: str) -> list[str]:
@@ -83,12 +84,17 @@ def user_env(var: str, default: Any = _UNSET, *, _node_: Any = None, _root_: Any
         return default
     who, where = _context(_node_, _root_)
     state = "is empty" if value == "" else "is not set"
-    message = (f"environment variable {var} {state}: {who} needs it ({_what(var)[0]}){where};"
-               f" export {var}={_what(var)[1]}")
+    message = (
+        f"environment variable {var} {state}: {who} needs it ({_what(var)[0]}){where}; export {var}={_what(var)[1]}"
+    )
     others = _also_missing(_root_, var)
     if others:
-        message += "; also unset: " + ", ".join(f"{v} ({_what(v)[0]})" for v in others) + "; export " + " ".join(
-            f"{v}={_what(v)[1]}" for v in others)
+        message += (
+            "; also unset: "
+            + ", ".join(f"{v} ({_what(v)[0]})" for v in others)
+            + "; export "
+            + " ".join(f"{v}={_what(v)[1]}" for v in others)
+        )
     raise ValueError(message)
 
 
@@ -106,8 +112,6 @@ def by_size(size: float, *steps: Any) -> Any:
         if float(size) <= float(steps[i]):
             return steps[i + 1]
     return steps[-1]
-
-
 
 
 def variables(text: str) -> list[str]:

@@ -46,7 +46,10 @@ def batch_divisible(cell: Cell) -> Iterator[Problem]:
         return  # a batch size or node count below 1 is a range problem, reported once by the schema's range rule
     if s.global_batch_size % per_step:
         yield _problem(
-            cell, "global_batch_size", s.global_batch_size, "batch-divisible",
+            cell,
+            "global_batch_size",
+            s.global_batch_size,
+            "batch-divisible",
             f"not divisible by nodes x ranks_per_node x micro_batch_size = {s.nodes} x {cell.ranks_per_node}"
             f" x {s.micro_batch_size} = {per_step}; gradient accumulation is derived from it, never set by hand",
             f"use a global_batch_size that is a multiple of {per_step}, or change nodes/micro_batch_size",
@@ -56,29 +59,48 @@ def batch_divisible(cell: Cell) -> Iterator[Problem]:
 def mix_matches(cell: Cell) -> Iterator[Problem]:
     mix, n = cell.spec.mix, len(cell.spec.dataset)
     if n == 0:
-        yield _problem(cell, "dataset", [], "dataset-empty", "the cell trains on no dataset",
-                       "pick one: dataset=<name>, or a mix: dataset=[a,b]")
+        yield _problem(
+            cell,
+            "dataset",
+            [],
+            "dataset-empty",
+            "the cell trains on no dataset",
+            "pick one: dataset=<name>, or a mix: dataset=[a,b]",
+        )
         return
     if mix.strategy == "concat":
         if mix.probs is not None:
-            yield _problem(cell, "mix.probs", mix.probs, "mix-probs",
-                           "probabilities are only used by interleave strategies",
-                           "drop mix.probs (mix.probs=null) or set mix.strategy=interleave_under")
+            yield _problem(
+                cell,
+                "mix.probs",
+                mix.probs,
+                "mix-probs",
+                "probabilities are only used by interleave strategies",
+                "drop mix.probs (mix.probs=null) or set mix.strategy=interleave_under",
+            )
         return
     if mix.strategy not in ("interleave_under", "interleave_over"):
         return  # an unknown strategy is a choice problem (the schema's value rule)
     if mix.probs is None or len(mix.probs) != n:
         got = "none" if mix.probs is None else str(len(mix.probs))
         yield _problem(
-            cell, "mix.probs", mix.probs, "mix-probs",
+            cell,
+            "mix.probs",
+            mix.probs,
+            "mix-probs",
             f"{mix.strategy} needs one probability per dataset: {n} dataset(s) ({', '.join(cell.spec.dataset)}),"
             f" {got} given",
             f"give {n} probabilities in dataset order, e.g. mix.probs=[{','.join(['%.2g' % (1 / n)] * n)}]",
         )
     elif any(p <= 0 for p in mix.probs) or abs(sum(mix.probs) - 1.0) > 1e-6:
-        yield _problem(cell, "mix.probs", mix.probs, "mix-probs",
-                       f"probabilities must be > 0 and sum to 1 (they sum to {sum(mix.probs):.6g})",
-                       "rescale them so they sum to 1, e.g. mix.probs=[0.9,0.1]")
+        yield _problem(
+            cell,
+            "mix.probs",
+            mix.probs,
+            "mix-probs",
+            f"probabilities must be > 0 and sum to 1 (they sum to {sum(mix.probs):.6g})",
+            "rescale them so they sum to 1, e.g. mix.probs=[0.9,0.1]",
+        )
 
 
 def wall_time(cell: Cell) -> Iterator[Problem]:
@@ -86,8 +108,14 @@ def wall_time(cell: Cell) -> Iterator[Problem]:
     try:
         limit = parse_minutes(s.cluster.max_time)
     except ValueError as exc:
-        yield _problem(cell, "cluster.max_time", s.cluster.max_time, "time-format", str(exc),
-                       f"fix max_time in conf/cluster/{s.cluster.name}.yaml")
+        yield _problem(
+            cell,
+            "cluster.max_time",
+            s.cluster.max_time,
+            "time-format",
+            str(exc),
+            f"fix max_time in conf/cluster/{s.cluster.name}.yaml",
+        )
         return
     try:
         asked = parse_minutes(s.time)
@@ -95,10 +123,14 @@ def wall_time(cell: Cell) -> Iterator[Problem]:
         yield _problem(cell, "time", s.time, "time-format", str(exc), "write time as HH:MM:SS, e.g. time=04:00:00")
         return
     if asked > limit:
-        yield _problem(cell, "time", s.time, "time-max",
-                       f"over cluster {s.cluster.name!r}'s maximum wall time {s.cluster.max_time}",
-                       f"ask for at most time={s.cluster.max_time}; a longer run resumes from its checkpoint when"
-                       " rerun")
+        yield _problem(
+            cell,
+            "time",
+            s.time,
+            "time-max",
+            f"over cluster {s.cluster.name!r}'s maximum wall time {s.cluster.max_time}",
+            f"ask for at most time={s.cluster.max_time}; a longer run resumes from its checkpoint when rerun",
+        )
 
 
 def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
@@ -108,11 +140,17 @@ def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
     if template is None or family is None:
         return  # an unknown template or family is a choice problem (the schema's value rule)
     if family != template.family:
-        delphi = (" (Delphi checkpoints carry the Llama-3 tokenizer with think/tool tokens in its reserved slots;"
-                  " they train with the delphi template: Llama-3 turns plus those tokens)"
-                  if model.tokenizer_family == "delphi" else "")
+        delphi = (
+            " (Delphi checkpoints carry the Llama-3 tokenizer with think/tool tokens in its reserved slots;"
+            " they train with the delphi template: Llama-3 turns plus those tokens)"
+            if model.tokenizer_family == "delphi"
+            else ""
+        )
         yield _problem(
-            cell, "model.template", model.template, "template-tokenizer",
+            cell,
+            "model.template",
+            model.template,
+            "template-tokenizer",
             f"writes {template.family} tokens ({', '.join(template.special_tokens[:2])}, ...) but model"
             f" {model.name!r} has a"
             f" {model.tokenizer_family} tokenizer: every example would be split into pieces of those strings{delphi}",
@@ -123,11 +161,23 @@ def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
 def resources(cell: Cell) -> Iterator[Problem]:
     s = cell.spec
     if s.cluster.executor == "local" and s.nodes != 1:
-        yield _problem(cell, "nodes", s.nodes, "local-one-node", "the local executor runs a cell on this one machine",
-                       "nodes=1, or a Slurm cluster (cluster=<site>)")
+        yield _problem(
+            cell,
+            "nodes",
+            s.nodes,
+            "local-one-node",
+            "the local executor runs a cell on this one machine",
+            "nodes=1, or a Slurm cluster (cluster=<site>)",
+        )
     if s.max_steps <= 0 and s.epochs <= 0:
-        yield _problem(cell, "epochs", s.epochs, "length", "neither epochs nor max_steps is positive",
-                       "set epochs (e.g. epochs=1) or max_steps (e.g. max_steps=100)")
+        yield _problem(
+            cell,
+            "epochs",
+            s.epochs,
+            "length",
+            "neither epochs nor max_steps is positive",
+            "set epochs (e.g. epochs=1) or max_steps (e.g. max_steps=100)",
+        )
 
 
 def staging_site(cell: Cell) -> Iterator[Problem]:
@@ -136,54 +186,92 @@ def staging_site(cell: Cell) -> Iterator[Problem]:
     c = cell.spec.cluster
     st = c.staging
     if st.where == "job" and c.executor != "slurm":
-        yield _problem(cell, "cluster.staging.where", st.where, "staging-where",
-                       "a staging job is a Slurm job, and this cluster runs cells with the local executor",
-                       "cluster.staging.where=login (stage on this machine), or a Slurm cluster")
+        yield _problem(
+            cell,
+            "cluster.staging.where",
+            st.where,
+            "staging-where",
+            "a staging job is a Slurm job, and this cluster runs cells with the local executor",
+            "cluster.staging.where=login (stage on this machine), or a Slurm cluster",
+        )
     if st.where == "login" and not st.readable_here:
-        yield _problem(cell, "cluster.staging.readable_here", st.readable_here, "staging-where",
-                       "the machine running the grid would stage into a cache it cannot read",
-                       "cluster.staging.where=job (a transfer job on a partition that mounts the cache), or"
-                       " readable_here=true")
+        yield _problem(
+            cell,
+            "cluster.staging.readable_here",
+            st.readable_here,
+            "staging-where",
+            "the machine running the grid would stage into a cache it cannot read",
+            "cluster.staging.where=job (a transfer job on a partition that mounts the cache), or readable_here=true",
+        )
     try:
         parse_minutes(st.time)
     except ValueError as exc:
-        yield _problem(cell, "cluster.staging.time", st.time, "time-format", str(exc),
-                       f"fix staging.time in conf/cluster/{c.name}.yaml, e.g. 04:00:00")
+        yield _problem(
+            cell,
+            "cluster.staging.time",
+            st.time,
+            "time-format",
+            str(exc),
+            f"fix staging.time in conf/cluster/{c.name}.yaml, e.g. 04:00:00",
+        )
     cache = os.path.expanduser(c.hf_cache) if c.hf_cache else None
     if cache is not None and not os.path.isabs(cache):
-        yield _problem(cell, "cluster.hf_cache", c.hf_cache, "hf-cache",
-                       "a relative path: the jobs run in their own directories, where it would name another cache",
-                       "an absolute path (or one starting with ~), e.g. cluster.hf_cache=${oc.env:HOME}/hf_cache")
+        yield _problem(
+            cell,
+            "cluster.hf_cache",
+            c.hf_cache,
+            "hf-cache",
+            "a relative path: the jobs run in their own directories, where it would name another cache",
+            "an absolute path (or one starting with ~), e.g. cluster.hf_cache=${oc.env:HOME}/hf_cache",
+        )
     elif cache is not None and os.path.exists(cache) and not os.path.isdir(cache):
-        yield _problem(cell, "cluster.hf_cache", c.hf_cache, "hf-cache", "exists and is not a directory",
-                       "name a directory for the Hugging Face cache (it is created when missing)")
+        yield _problem(
+            cell,
+            "cluster.hf_cache",
+            c.hf_cache,
+            "hf-cache",
+            "exists and is not a directory",
+            "name a directory for the Hugging Face cache (it is created when missing)",
+        )
 
 
 def inputs_named(cell: Cell) -> Iterator[Problem]:
     """A model must say where it comes from; a dataset is listed once per cell."""
     model = cell.spec.model
     if not model.hub_id and not model.path:
-        yield _problem(cell, "model.hub_id", None, "model-source",
-                       f"model {model.name!r} has neither a hub id nor a local path: the backend would have nothing"
-                       " to load",
-                       f"set hub_id: <org>/<name> or path: <directory> in conf/model/{model.name}.yaml"
-                       " (or model.hub_id=... on the command line)")
+        yield _problem(
+            cell,
+            "model.hub_id",
+            None,
+            "model-source",
+            f"model {model.name!r} has neither a hub id nor a local path: the backend would have nothing to load",
+            f"set hub_id: <org>/<name> or path: <directory> in conf/model/{model.name}.yaml"
+            " (or model.hub_id=... on the command line)",
+        )
     for line in cell.overrides:
         key, _, value = line.lstrip("+~").partition("=")
         names = [v.strip(" '\"") for v in value.strip("[]").split(",")] if key == "dataset" else []
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            yield _problem(cell, "dataset", value, "dataset-twice",
-                           f"lists {', '.join(twice)} more than once: the cell would train on it once, not twice",
-                           "list each dataset once (to weight a source more, use mix.strategy=interleave_* with"
-                           " mix.probs)")
+            yield _problem(
+                cell,
+                "dataset",
+                value,
+                "dataset-twice",
+                f"lists {', '.join(twice)} more than once: the cell would train on it once, not twice",
+                "list each dataset once (to weight a source more, use mix.strategy=interleave_* with mix.probs)",
+            )
     seen: dict[str, str] = {}
     for name, ds in cell.spec.dataset.items():
         if ds.source in seen:
-            yield _problem(cell, f"dataset.{name}.source", ds.source, "dataset-twice",
-                           f"the same data as dataset {seen[ds.source]!r}: the cell would train on it twice",
-                           "list each dataset once (to weight a source more, use mix.strategy=interleave_* with"
-                           " mix.probs)")
+            yield _problem(
+                cell,
+                f"dataset.{name}.source",
+                ds.source,
+                "dataset-twice",
+                f"the same data as dataset {seen[ds.source]!r}: the cell would train on it twice",
+                "list each dataset once (to weight a source more, use mix.strategy=interleave_* with mix.probs)",
+            )
         seen.setdefault(ds.source, name)
 
 
@@ -192,19 +280,27 @@ def venv_meets_needs(cell: Cell) -> Iterator[Problem]:
     path, unmet = environments.select(s)
     if unmet:
         yield _problem(
-            cell, f"cluster.need_venvs.{unmet}.{s.backend.name}", None, "venv-need",
+            cell,
+            f"cluster.need_venvs.{unmet}.{s.backend.name}",
+            None,
+            "venv-need",
             f"model {s.model.name!r} needs {environments.VENV_NEEDS[unmet]}, and cluster {s.cluster.name!r} names no"
             f" {s.backend.name} virtual environment that has it (its environment {path} is not declared to)",
             f"name one in conf/cluster/{s.cluster.name}.yaml: need_venvs: {{{unmet}: {{{s.backend.name}: <venv dir>}}}}"
-            f" (or '+cluster.need_venvs.{unmet}={{{s.backend.name}:<venv dir>}}' on the command line)")
+            f" (or '+cluster.need_venvs.{unmet}={{{s.backend.name}:<venv dir>}}' on the command line)",
+        )
     if "zero3" in s.model.needs and path == environments.managed_for(s) and "deepspeed" not in s.backend.provides:
         # a site's own environment is the site's business; the managed one is known not to have DeepSpeed
         yield _problem(
-            cell, "backend", s.backend.name, "venv-deepspeed",
+            cell,
+            "backend",
+            s.backend.name,
+            "venv-deepspeed",
             f"model {s.model.name!r} trains with DeepSpeed ZeRO-3 (needs: zero3), and the managed {s.backend.name}"
             f" virtual environment {path} has no DeepSpeed",
             "backend=axolotl (its managed environment has DeepSpeed), or name a site environment with DeepSpeed:"
-            f" cluster.backend_venvs.{s.backend.name}=<venv dir>")
+            f" cluster.backend_venvs.{s.backend.name}=<venv dir>",
+        )
 
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -218,9 +314,14 @@ def safe_names(cell: Cell) -> Iterator[Problem]:
     named += [(f"dataset.{name}", name) for name in s.dataset]
     for key, name in named:
         if not _SAFE_NAME.match(name):
-            yield _problem(cell, key, name, "safe-name",
-                           "names may hold only letters, digits and . _ + - (no spaces, quotes, ; or commas)",
-                           f"rename it, e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', name).strip('_') or 'name'}")
+            yield _problem(
+                cell,
+                key,
+                name,
+                "safe-name",
+                "names may hold only letters, digits and . _ + - (no spaces, quotes, ; or commas)",
+                f"rename it, e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', name).strip('_') or 'name'}",
+            )
 
 
 def failure_policy(cell: Cell) -> Iterator[Problem]:
@@ -229,9 +330,15 @@ def failure_policy(cell: Cell) -> Iterator[Problem]:
         try:
             Policy.from_mapping({name: spec})
         except (ValueError, TypeError, AttributeError) as exc:
-            yield _problem(cell, f"failure_policy.{name}", spec, "failure-policy", str(exc).split(";")[0],
-                           f"classes: {', '.join(c.value for c in FailureClass)}; a value: stop, requeue:N,"
-                           " or {action: requeue, budget: N}")
+            yield _problem(
+                cell,
+                f"failure_policy.{name}",
+                spec,
+                "failure-policy",
+                str(exc).split(";")[0],
+                f"classes: {', '.join(c.value for c in FailureClass)}; a value: stop, requeue:N,"
+                " or {action: requeue, budget: N}",
+            )
 
 
 def notify_targets(cell: Cell) -> Iterator[Problem]:
@@ -239,19 +346,41 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
     written into cell.yaml), and the variable named for a webhook that has one is set."""
     n = cell.spec.notify
     if n.command and shutil.which(n.command[0]) is None:
-        yield _problem(cell, "notify.command", n.command, "notify-command", f"{n.command[0]!r} is not a command here",
-                       "give an argv list whose first item is on PATH or an absolute path")
+        yield _problem(
+            cell,
+            "notify.command",
+            n.command,
+            "notify-command",
+            f"{n.command[0]!r} is not a command here",
+            "give an argv list whose first item is on PATH or an absolute path",
+        )
     if n.webhook and not re.match(r"https?://[^/\s]+", n.webhook):
-        yield _problem(cell, "notify.webhook", redact_url(n.webhook), "notify-webhook", "not an http(s) URL",
-                       "notify.webhook=https://host/path")
+        yield _problem(
+            cell,
+            "notify.webhook",
+            redact_url(n.webhook),
+            "notify-webhook",
+            "not an http(s) URL",
+            "notify.webhook=https://host/path",
+        )
     elif n.webhook and carries_secret(n.webhook):
-        yield _problem(cell, "notify.webhook", redact_url(n.webhook), "notify-secret",
-                       "the URL carries a token (user info, a query or a token-like path), and cell.yaml would hold it",
-                       "export it in a variable and name that: notify.webhook_env=MY_WEBHOOK_URL")
+        yield _problem(
+            cell,
+            "notify.webhook",
+            redact_url(n.webhook),
+            "notify-secret",
+            "the URL carries a token (user info, a query or a token-like path), and cell.yaml would hold it",
+            "export it in a variable and name that: notify.webhook_env=MY_WEBHOOK_URL",
+        )
     if n.webhook_env and not os.environ.get(n.webhook_env):
-        yield _problem(cell, "notify.webhook_env", n.webhook_env, "notify-webhook-env",
-                       "names a variable that is not set here; the jobs read it from the environment they inherit",
-                       f"export {n.webhook_env}=<the webhook URL> before running the grid")
+        yield _problem(
+            cell,
+            "notify.webhook_env",
+            n.webhook_env,
+            "notify-webhook-env",
+            "names a variable that is not set here; the jobs read it from the environment they inherit",
+            f"export {n.webhook_env}=<the webhook URL> before running the grid",
+        )
 
 
 MISSING_TEXT = "???"
@@ -262,8 +391,10 @@ Finding = tuple[str, Any, str, str, str]
 @functools.cache
 def _fields(cls: type) -> dict[str, tuple[str, Any, Range | None, tuple[str, ...] | None]]:
     """name -> (how its value nests, the dataclass it holds, its range, its values)."""
-    return {name: (how, held, f.metadata.get("range"), f.metadata.get("choices"))
-            for name, how, held, f in field_shapes(cls)}
+    return {
+        name: (how, held, f.metadata.get("range"), f.metadata.get("choices"))
+        for name, how, held, f in field_shapes(cls)
+    }
 
 
 # checked sections: (kind, class, id) -> (the section, its findings); an entry keeps the section alive
@@ -291,8 +422,13 @@ def _prefixed(prefix: str, found: list[Finding]) -> Iterator[Finding]:
             yield full, value, rule, message, fix
             continue
         section = full.rsplit(".", 1)[0] if "." in full else "the cell"
-        yield (full, value, rule, message.replace("{where}", section).replace("{key}", full),
-               fix.replace("{where}", section).replace("{key}", full))
+        yield (
+            full,
+            value,
+            rule,
+            message.replace("{where}", section).replace("{key}", full),
+            fix.replace("{where}", section).replace("{key}", full),
+        )
 
 
 def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
@@ -301,11 +437,17 @@ def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
     for key, value in data.items():
         if key not in fields:
             valid = sorted(fields)
-            found.append((key, value, "unknown-key",
-                          f"{{where}} has no key {key!r} ({cls.__name__}); nothing reads it, so it would change nothing"
-                          " (Hydra lets a key added with `+` through)",
-                          f"use a key of {{where}}{did_you_mean(key, valid)}: {', '.join(valid)}; backend keys sft_grid"
-                          " does not model go under extra, e.g. +extra.packing=true"))
+            found.append(
+                (
+                    key,
+                    value,
+                    "unknown-key",
+                    f"{{where}} has no key {key!r} ({cls.__name__}); nothing reads it, so it would change nothing"
+                    " (Hydra lets a key added with `+` through)",
+                    f"use a key of {{where}}{did_you_mean(key, valid)}: {', '.join(valid)}; backend keys sft_grid"
+                    " does not model go under extra, e.g. +extra.packing=true",
+                )
+            )
             continue
         how, held, _, _ = fields[key]
         if how == "dataclass" and isinstance(value, Mapping):
@@ -313,8 +455,9 @@ def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
         elif how == "mapping" and isinstance(value, Mapping):
             for name, sub in value.items():
                 if isinstance(sub, Mapping):
-                    found += _prefixed(f"{key}.{name}.",
-                                       _cached("keys", held, sub, lambda v=sub, h=held: _unknown(v, h)))
+                    found += _prefixed(
+                        f"{key}.{name}.", _cached("keys", held, sub, lambda v=sub, h=held: _unknown(v, h))
+                    )
     return found
 
 
@@ -329,16 +472,31 @@ def _values(spec: Any) -> list[Finding]:
     for name, (how, held, rng, choices) in _fields(cls).items():
         value = getattr(spec, name)
         if isinstance(value, str) and value == MISSING_TEXT:
-            found.append((name, None, "required", "has no value, and the cell needs one",
-                          "set {key} (in its conf/ file, or as an override {key}=...)"))
+            found.append(
+                (
+                    name,
+                    None,
+                    "required",
+                    "has no value, and the cell needs one",
+                    "set {key} (in its conf/ file, or as an override {key}=...)",
+                )
+            )
             continue
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if rng is not None and numeric and not rng.admits(value):
             found.append((name, value, "range", f"must be {rng.text()}", f"set {{key}} to a value {rng.text()}"))
         if choices is not None and value is not None:
-            found.extend((name, item, "choice", "not a value sft_grid and the backends support",
-                          f"use one of {', '.join(choices)}{did_you_mean(str(item), choices)}")
-                         for item in (value if isinstance(value, list) else [value]) if item not in choices)
+            found.extend(
+                (
+                    name,
+                    item,
+                    "choice",
+                    "not a value sft_grid and the backends support",
+                    f"use one of {', '.join(choices)}{did_you_mean(str(item), choices)}",
+                )
+                for item in (value if isinstance(value, list) else [value])
+                if item not in choices
+            )
         if how == "dataclass" and dataclasses.is_dataclass(value):
             found += _prefixed(f"{name}.", _cached("values", held, value, lambda v=value: _values(v)))
         elif how == "mapping" and isinstance(value, dict):
@@ -362,9 +520,15 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
         why = repo_id_problem(repo.repo_id)
         if why:
             what = "model" if repo.kind == "model" else "dataset source"
-            yield Problem(cell.name, key, repo.repo_id, "hub-repo-id", f"not a Hub repository id: {why}",
-                          f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
-                          " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""))
+            yield Problem(
+                cell.name,
+                key,
+                repo.repo_id,
+                "hub-repo-id",
+                f"not a Hub repository id: {why}",
+                f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
+                " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""),
+            )
 
 
 def hub_upload(cell: Cell) -> Iterator[Problem]:
@@ -372,33 +536,68 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
     nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
     s = cell.spec
     if s.register_db and not s.push_to_hub:
-        yield Problem(cell.name, "register_db", True, "register-needs-upload",
-                      "database registration names the uploaded Hub repository, and this cell uploads nothing",
-                      "push_to_hub=true with a hub_model_id, or register_db=false")
+        yield Problem(
+            cell.name,
+            "register_db",
+            True,
+            "register-needs-upload",
+            "database registration names the uploaded Hub repository, and this cell uploads nothing",
+            "push_to_hub=true with a hub_model_id, or register_db=false",
+        )
     if s.register_db and not s.register_command:
-        yield Problem(cell.name, "register_command", [], "register-command",
-                      "register_db=true but no command registers the model (sft_grid ships no database client)",
-                      "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'],"
-                      " or register_db=false")
+        yield Problem(
+            cell.name,
+            "register_command",
+            [],
+            "register-command",
+            "register_db=true but no command registers the model (sft_grid ships no database client)",
+            "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false",
+        )
     if not s.push_to_hub:
         return
     if not s.hub_model_id:
-        yield Problem(cell.name, "hub_model_id", s.hub_model_id, "hub-id", "push_to_hub=true needs a hub repository id",
-                      "set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false")
+        yield Problem(
+            cell.name,
+            "hub_model_id",
+            s.hub_model_id,
+            "hub-id",
+            "push_to_hub=true needs a hub repository id",
+            "set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false",
+        )
         return
-    why = ("it has a placeholder sft_grid does not fill" if "{" in s.hub_model_id
-           else "an upload names its organisation or user: <org>/<name>" if "/" not in s.hub_model_id
-           else repo_id_problem(s.hub_model_id))
+    why = (
+        "it has a placeholder sft_grid does not fill"
+        if "{" in s.hub_model_id
+        else "an upload names its organisation or user: <org>/<name>"
+        if "/" not in s.hub_model_id
+        else repo_id_problem(s.hub_model_id)
+    )
     if why:
-        yield Problem(cell.name, "hub_model_id", s.hub_model_id, "hub-id",
-                      f"not a Hub repository id <org>/<name>: {why} (the placeholders are {PLACEHOLDERS})",
-                      "e.g. hub_model_id=laion/{model}-sft-{key}")
+        yield Problem(
+            cell.name,
+            "hub_model_id",
+            s.hub_model_id,
+            "hub-id",
+            f"not a Hub repository id <org>/<name>: {why} (the placeholders are {PLACEHOLDERS})",
+            "e.g. hub_model_id=laion/{model}-sft-{key}",
+        )
 
 
 RULES: tuple[Rule, ...] = (
-    safe_names, inputs_named, hub_ids, staging_site,
-    batch_divisible, mix_matches, wall_time, template_fits_tokenizer, resources, hub_upload, venv_meets_needs,
-    failure_policy, notify_targets, eval_suite,
+    safe_names,
+    inputs_named,
+    hub_ids,
+    staging_site,
+    batch_divisible,
+    mix_matches,
+    wall_time,
+    template_fits_tokenizer,
+    resources,
+    hub_upload,
+    venv_meets_needs,
+    failure_policy,
+    notify_targets,
+    eval_suite,
 )
 
 
@@ -409,12 +608,18 @@ def duplicate_identities(cells: Sequence[Cell]) -> list[Problem]:
         first = seen.setdefault((cell.spec.sweep_name, cell.key), cell)
         # cells that differ only in their evaluation suite (an `eval=a,b` axis) are one cell, evaluated twice
         if first is not cell and not same_training(first, cell):
-            problems.append(Problem(
-                cell.name, "", None, "identity-unique",
-                f"trains the same model as cell {first.name} ({' '.join(first.overrides)}): they differ only in"
-                " where or how they run (nodes, micro batch, time, cluster), which is not part of a cell's identity",
-                "sweep over a training value instead, or drop the duplicate axis",
-            ))
+            problems.append(
+                Problem(
+                    cell.name,
+                    "",
+                    None,
+                    "identity-unique",
+                    f"trains the same model as cell {first.name} ({' '.join(first.overrides)}): they differ only in"
+                    " where or how they run (nodes, micro batch, time, cluster), which is not part of a cell's"
+                    " identity",
+                    "sweep over a training value instead, or drop the duplicate axis",
+                )
+            )
     return problems
 
 

@@ -19,10 +19,14 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 
 
-def run(jobs: Sequence[LocalJob], max_parallel: int, wait: bool,
-        on_start: Callable[[LocalJob, str], None] = lambda job, job_id: None,
-        on_done: Callable[[LocalJob], None] = lambda job: None,
-        on_poll: Callable[[Sequence[LocalJob]], None] = lambda running: None) -> None:
+def run(
+    jobs: Sequence[LocalJob],
+    max_parallel: int,
+    wait: bool,
+    on_start: Callable[[LocalJob, str], None] = lambda job, job_id: None,
+    on_done: Callable[[LocalJob], None] = lambda job: None,
+    on_poll: Callable[[Sequence[LocalJob]], None] = lambda running: None,
+) -> None:
     """Run the jobs, at most `max_parallel` at once; `on_poll` hears the jobs that run, each time it looks (every
     POLL_S), so a caller can show their progress."""
     import submitit

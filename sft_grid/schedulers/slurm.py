@@ -26,8 +26,14 @@ from sft_grid.core.submission import SlurmJob
 log = logging.getLogger(__name__)
 
 SUBMIT_RETRIES = 5
-TRANSIENT = ("Socket timed out", "Unable to contact slurm controller", "Slurm temporarily unable",
-             "Resource temporarily unavailable", "Connection refused", "Transport endpoint")
+TRANSIENT = (
+    "Socket timed out",
+    "Unable to contact slurm controller",
+    "Slurm temporarily unable",
+    "Resource temporarily unavailable",
+    "Connection refused",
+    "Transport endpoint",
+)
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default
 
 
@@ -88,8 +94,11 @@ def executor_params(job: SlurmJob, dependency: str | None) -> dict[str, Any]:
     params = job.request.as_dict()
     if dependency:
         # cancelled, not left pending forever, when what it waits for fails
-        params["additional_parameters"] = {**params.get("additional_parameters", {}), "dependency": dependency,
-                                           "kill_on_invalid_dep": "yes"}
+        params["additional_parameters"] = {
+            **params.get("additional_parameters", {}),
+            "dependency": dependency,
+            "kill_on_invalid_dep": "yes",
+        }
     params["job_name"] = job.name
     params["array_parallelism"] = job.throttle or len(job.targets)
     params["stderr_to_stdout"] = True
@@ -102,8 +111,12 @@ def sbatch_script(job: SlurmJob, dependency: str | None) -> str:
 
     # submitit's own command line (SlurmExecutor._submitit_command_str)
     command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(job.folder))])
-    return _make_sbatch_string(command=command, folder=job.folder, map_count=len(job.targets) if len(job.targets) > 1
-                               else None, **executor_params(job, dependency))
+    return _make_sbatch_string(
+        command=command,
+        folder=job.folder,
+        map_count=len(job.targets) if len(job.targets) > 1 else None,
+        **executor_params(job, dependency),
+    )
 
 
 def submit(job: SlurmJob, dependency: str | None) -> list[str]:

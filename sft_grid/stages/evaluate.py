@@ -73,15 +73,19 @@ def served_digest(target_dir: Path, plan: EvalFile, todo: Sequence[ScoreSpec]) -
         text = effective_template(model) if model.is_dir() else None
         return template_digest(text) if text is not None else None
     if not (model / "config.json").is_file():
-        raise EvalFailed(f"{model} holds no saved model (no config.json): did training complete, and did the"
-                         " post-training stages (consolidate) finish?")
+        raise EvalFailed(
+            f"{model} holds no saved model (no config.json): did training complete, and did the"
+            " post-training stages (consolidate) finish?"
+        )
     trained = trained_digest(target_dir, model)
     if not any(s.settings.get("apply_chat_template") for s in todo):
         return trained
     if trained is None:
-        raise EvalFailed(f"no record of the chat template {target_dir.name} trained with (no `completed` event with"
-                         f" one, no checkpoint with a template): retrain it (force=true), or evaluate it with"
-                         " apply_chat_template=false")
+        raise EvalFailed(
+            f"no record of the chat template {target_dir.name} trained with (no `completed` event with"
+            f" one, no checkpoint with a template): retrain it (force=true), or evaluate it with"
+            " apply_chat_template=false"
+        )
     ok, message = template_matches(model, trained)
     if not ok:
         raise EvalFailed(f"train == serve: {message}")
@@ -108,29 +112,48 @@ def _harness(target_dir: Path, plan: EvalFile, group: Sequence[ScoreSpec], paths
     first = group[0]
     run_dir = target_dir / LOGS_DIR / "eval" / f"{time.strftime('%Y%m%d-%H%M%S')}-{first.score_id}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"model": plan.model_path, "tasks": [_task(s) for s in group], "include_path": list(paths),
-            "engine": first.engine, "batch_size": first.batch_size, "device": first.device,
-            "dtype": first.settings["dtype"], "seed": first.settings["seed"], "output_dir": str(run_dir / "results")}
+    spec = {
+        "model": plan.model_path,
+        "tasks": [_task(s) for s in group],
+        "include_path": list(paths),
+        "engine": first.engine,
+        "batch_size": first.batch_size,
+        "device": first.device,
+        "dtype": first.settings["dtype"],
+        "seed": first.settings["seed"],
+        "output_dir": str(run_dir / "results"),
+    }
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
     env = {**os.environ, **{k: str(v) for k, v in plan.variables.items()}, **OFFLINE}
     log_file = target_dir / LOGS_DIR / EVAL_LOG
     with log_file.open("ab") as fh:
-        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} {plan.python} {SCRIPT} {run_dir}/spec.json\n"
-                 .encode())
+        fh.write(
+            f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} {plan.python} {SCRIPT}"
+            f" {run_dir}/spec.json\n".encode()
+        )
         fh.flush()
         try:
-            rc = subprocess.run([plan.python, str(SCRIPT), str(run_dir / "spec.json")], stdout=fh,
-                                stderr=subprocess.STDOUT, env=env, cwd=target_dir).returncode
+            rc = subprocess.run(
+                [plan.python, str(SCRIPT), str(run_dir / "spec.json")],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=target_dir,
+            ).returncode
         except OSError as exc:
-            raise EvalFailed(f"cannot run the harness's python {plan.python}: {exc} (build the environment:"
-                             " python -m sft_grid.venv build lm_eval)") from None
-    said = [line.removeprefix("lm_eval_run.py: error: ") for line in tail_lines(log_file, 16384)
-            if line.startswith("lm_eval_run.py: error:")]
+            raise EvalFailed(
+                f"cannot run the harness's python {plan.python}: {exc} (build the environment:"
+                " python -m sft_grid.venv build lm_eval)"
+            ) from None
+    said = [
+        line.removeprefix("lm_eval_run.py: error: ")
+        for line in tail_lines(log_file, 16384)
+        if line.startswith("lm_eval_run.py: error:")
+    ]
     return run_dir / "results", ((said[-1] if said else f"the harness exited {rc}") if rc else "")
 
 
-def _score(target_dir: Path, plan: EvalFile, score: ScoreSpec, results: Path, digest: str | None,
-           failure: str) -> str:
+def _score(target_dir: Path, plan: EvalFile, score: ScoreSpec, results: Path, digest: str | None, failure: str) -> str:
     """Turn one task's result into its score file; returns why it failed ("" when it did not)."""
     result, error = results / f"{score.score_id}.json", results / f"{score.score_id}.error.json"
     if error.is_file():
@@ -140,12 +163,23 @@ def _score(target_dir: Path, plan: EvalFile, score: ScoreSpec, results: Path, di
     data = json.loads(result.read_text())
     version = plan.harness.partition("==")[2]
     if version and data.get("harness_version") != version:
-        return (f"the harness environment has version {data.get('harness_version')}, and the score's identity says"
-                f" {plan.harness}: rebuild it (python -m sft_grid.venv build lm_eval)")
-    record_ = {"score_id": score.score_id, "task": score.task, "suite": score.suite, "settings": dict(score.settings),
-               "harness": plan.harness, "model": plan.target, "model_path": plan.model_path,
-               "template_digest": digest, "metrics": data["metrics"],
-               "time": datetime.now().astimezone().isoformat(timespec="seconds"), "seconds": data.get("seconds")}
+        return (
+            f"the harness environment has version {data.get('harness_version')}, and the score's identity says"
+            f" {plan.harness}: rebuild it (python -m sft_grid.venv build lm_eval)"
+        )
+    record_ = {
+        "score_id": score.score_id,
+        "task": score.task,
+        "suite": score.suite,
+        "settings": dict(score.settings),
+        "harness": plan.harness,
+        "model": plan.target,
+        "model_path": plan.model_path,
+        "template_digest": digest,
+        "metrics": data["metrics"],
+        "time": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "seconds": data.get("seconds"),
+    }
     write_score(target_dir, {**record_, "base": True} if plan.base else record_)
     return ""
 
@@ -179,8 +213,13 @@ def run(target_dir: Path | str) -> bool:
                 why = _score(target_dir, plan, score, results, digest, failure)
                 if why:
                     failed[score.score_id] = why
-                record(target_dir, Ledger.FAILED if why else Ledger.COMPLETED, why, score_id=score.score_id,
-                       task=score.task)
+                record(
+                    target_dir,
+                    Ledger.FAILED if why else Ledger.COMPLETED,
+                    why,
+                    score_id=score.score_id,
+                    task=score.task,
+                )
     except Exception as exc:  # whatever stops the stage is its recorded reason, never the cell's
         why = str(exc) if isinstance(exc, EvalFailed) else f"{type(exc).__name__}: {exc}"
         for score in todo:
@@ -192,8 +231,9 @@ def run(target_dir: Path | str) -> bool:
     seconds = {"seconds": round(time.monotonic() - started, 1)}
     if failed:
         reason = "; ".join(f"{s.task}: {failed[s.score_id]}" for s in todo if s.score_id in failed)
-        record(target_dir, Ledger.FAILED, f"{len(failed)} of {len(todo)} score(s) failed: {reason}"[:1000],
-               details=seconds)
+        record(
+            target_dir, Ledger.FAILED, f"{len(failed)} of {len(todo)} score(s) failed: {reason}"[:1000], details=seconds
+        )
         return False
     record(target_dir, Ledger.COMPLETED, details={**seconds, "scores": len(todo)})
     return True
@@ -247,8 +287,12 @@ def stage_event(history: Sequence[Event]) -> Event | None:
     return next((e for e in reversed(history) if e.kind is Kind.EVAL and not e.score_id), None)
 
 
-def state_of(target_dir: Path, history: Sequence[Event] | None = None, view: SchedulerView | None = None,
-             scores: Sequence[ScoreSpec] | None = None) -> EvalState:
+def state_of(
+    target_dir: Path,
+    history: Sequence[Event] | None = None,
+    view: SchedulerView | None = None,
+    scores: Sequence[ScoreSpec] | None = None,
+) -> EvalState:
     """The evaluation's state; `scores`: those the grid asks for now (default: the target's eval.json)."""
     history = events.read(target_dir) if history is None else history
     if scores is None:
@@ -265,11 +309,20 @@ def state_of(target_dir: Path, history: Sequence[Event] | None = None, view: Sch
     last = stage_event(history)
     if last is not None and last.state == Ledger.RUNNING:
         if job is not None:
-            return EvalState(len(scores), done, Evaluation.FAILED,
-                             f"evaluation job {job_id} ended {job.state} during the evaluation", job_id)
+            return EvalState(
+                len(scores),
+                done,
+                Evaluation.FAILED,
+                f"evaluation job {job_id} ended {job.state} during the evaluation",
+                job_id,
+            )
         if alive(last) is False:
-            return EvalState(len(scores), done, Evaluation.FAILED,
-                             f"its process {last.pid} on {last.host} ended during the evaluation")
+            return EvalState(
+                len(scores),
+                done,
+                Evaluation.FAILED,
+                f"its process {last.pid} on {last.host} ended during the evaluation",
+            )
         if alive(last) is True:
             return EvalState(len(scores), done, Evaluation.RUNNING)
     if last is not None and last.state == Ledger.FAILED:
@@ -283,8 +336,9 @@ class EvalTodo:
     note: str  # for the skip message
 
 
-def todo(target_dir: Path, scores: Sequence[ScoreSpec], history: Sequence[Event],
-         view: SchedulerView | None) -> EvalTodo:
+def todo(
+    target_dir: Path, scores: Sequence[ScoreSpec], history: Sequence[Event], view: SchedulerView | None
+) -> EvalTodo:
     """Whether this invocation must evaluate the target: some score is missing and nothing evaluates it now."""
     st = state_of(target_dir, history, view, scores)
     if st.state in (Evaluation.NONE, Evaluation.DONE):

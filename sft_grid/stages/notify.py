@@ -83,21 +83,39 @@ class Notice:
         return dedup_key(self.identity, self.outcome, self.attempt)
 
     def payload(self) -> dict[str, Any]:
-        return {"kind": self.kind, "grid": self.grid, "cell": self.cell, "outcome": self.outcome,
-                "class": self.failure_class, "summary": self.summary, "attempt": self.attempt, "key": self.key,
-                "details": dict(self.details), "time": datetime.now(UTC).isoformat(timespec="seconds")}
+        return {
+            "kind": self.kind,
+            "grid": self.grid,
+            "cell": self.cell,
+            "outcome": self.outcome,
+            "class": self.failure_class,
+            "summary": self.summary,
+            "attempt": self.attempt,
+            "key": self.key,
+            "details": dict(self.details),
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
 
     def environ(self) -> dict[str, str]:
-        out = {"KIND": self.kind, "GRID": self.grid, "CELL": self.cell, "OUTCOME": self.outcome,
-               "CLASS": self.failure_class, "SUMMARY": self.summary, "ATTEMPT": str(self.attempt), "KEY": self.key}
+        out = {
+            "KIND": self.kind,
+            "GRID": self.grid,
+            "CELL": self.cell,
+            "OUTCOME": self.outcome,
+            "CLASS": self.failure_class,
+            "SUMMARY": self.summary,
+            "ATTEMPT": str(self.attempt),
+            "KEY": self.key,
+        }
         for name, value in self.details.items():
             if isinstance(value, (str, int, float, bool)) and re.fullmatch(r"[A-Za-z_]\w*", name):
                 out.setdefault(name.upper(), str(value))
         return {ENV_PREFIX + k: v.replace("\0", "") for k, v in out.items()}
 
 
-def cell_event(grid: str, cell: str, outcome: str, attempt: int = 1, failure_class: str = "",
-               summary: str = "", **details: Any) -> Notice:
+def cell_event(
+    grid: str, cell: str, outcome: str, attempt: int = 1, failure_class: str = "", summary: str = "", **details: Any
+) -> Notice:
     return Notice("cell", grid, outcome, cell, attempt, failure_class, summary or f"{cell}: {outcome}", details)
 
 
@@ -121,8 +139,13 @@ class NotifyConfig:
         command = m.get("command") or ()
         if isinstance(command, str):
             raise ValueError("notify.command must be an argv list, not a shell string")
-        return cls(tuple(str(a) for a in command), m.get("webhook") or None, float(m.get("timeout_s", 10.0)),
-                   int(m.get("retries", 2)), float(m.get("backoff_s", 1.0)))
+        return cls(
+            tuple(str(a) for a in command),
+            m.get("webhook") or None,
+            float(m.get("timeout_s", 10.0)),
+            int(m.get("retries", 2)),
+            float(m.get("backoff_s", 1.0)),
+        )
 
     @property
     def enabled(self) -> bool:
@@ -161,8 +184,9 @@ def _target(url: str) -> tuple[str, tuple[str, str] | None]:
     return bare, (unquote(parts.username), unquote(parts.password or ""))
 
 
-def post_webhook(url: str, payload: Mapping[str, Any], timeout_s: float = 10.0, retries: int = 2,
-                 backoff_s: float = 1.0) -> Delivery:
+def post_webhook(
+    url: str, payload: Mapping[str, Any], timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 1.0
+) -> Delivery:
     """POST the payload as JSON; retried on connection errors, timeouts, 429 and 5xx."""
     import httpx
 
@@ -200,8 +224,14 @@ def post_webhook(url: str, payload: Mapping[str, Any], timeout_s: float = 10.0, 
 def run_command(argv: Sequence[str], event: Notice, timeout_s: float = 10.0) -> Delivery:
     """Run the grid's command with the event as JSON on stdin and in SFT_GRID_EVENT_* variables."""
     try:
-        proc = subprocess.run(list(argv), input=json.dumps(event.payload(), default=str), text=True,
-                              capture_output=True, timeout=timeout_s, env={**os.environ, **event.environ()})
+        proc = subprocess.run(
+            list(argv),
+            input=json.dumps(event.payload(), default=str),
+            text=True,
+            capture_output=True,
+            timeout=timeout_s,
+            env={**os.environ, **event.environ()},
+        )
     except subprocess.TimeoutExpired:
         return Delivery("command", False, 1, f"{argv[0]}: no exit within {timeout_s:g} s (killed)")
     except OSError as e:
@@ -219,8 +249,9 @@ def send(event: Notice, config: NotifyConfig) -> list[Delivery]:
         channels.append(("command", lambda: run_command(config.command, event, config.timeout_s)))
     if config.webhook:
         url = config.webhook
-        channels.append(("webhook", lambda: post_webhook(url, event.payload(), config.timeout_s, config.retries,
-                                                         config.backoff_s)))
+        channels.append(
+            ("webhook", lambda: post_webhook(url, event.payload(), config.timeout_s, config.retries, config.backoff_s))
+        )
     out = []
     for channel, deliver in channels:
         try:
@@ -228,8 +259,14 @@ def send(event: Notice, config: NotifyConfig) -> list[Delivery]:
         except Exception as e:  # a notification never breaks the caller
             out.append(Delivery(channel, False, 1, _scrub(f"{type(e).__name__}: {e}", config.webhook or "")))
     for d in out:
-        (log.info if d.ok else log.warning)("notify %s via %s: %s (%d tr%s)", event.key, d.channel, d.detail,
-                                            d.attempts, "y" if d.attempts == 1 else "ies")
+        (log.info if d.ok else log.warning)(
+            "notify %s via %s: %s (%d tr%s)",
+            event.key,
+            d.channel,
+            d.detail,
+            d.attempts,
+            "y" if d.attempts == 1 else "ies",
+        )
     return out
 
 
@@ -280,8 +317,9 @@ def _ended(state: CellState) -> bool:
     return state.state in ENDED and not (state.state is State.FAILED and state.action is RemedyKind.REQUEUE)
 
 
-def cell_ended(cell_dir: Path, state: CellState, history: Sequence[Event] | None = None,
-               settings: NotifyConfig | None = None) -> bool:
+def cell_ended(
+    cell_dir: Path, state: CellState, history: Sequence[Event] | None = None, settings: NotifyConfig | None = None
+) -> bool:
     """Notify the end of a cell once; True when this call sent it."""
     if not _ended(state):
         return False
@@ -289,9 +327,17 @@ def cell_ended(cell_dir: Path, state: CellState, history: Sequence[Event] | None
     if not settings.enabled:
         return False
     history = events.read(cell_dir) if history is None else history
-    event = cell_event(cell_dir.parent.name, cell_dir.name, state.state.value, run_number(history),
-                              state.failure_class or "", _summary(cell_dir, state), job_id=state.job_id,
-                              step=state.progress.step, total=state.progress.total)
+    event = cell_event(
+        cell_dir.parent.name,
+        cell_dir.name,
+        state.state.value,
+        run_number(history),
+        state.failure_class or "",
+        _summary(cell_dir, state),
+        job_id=state.job_id,
+        step=state.progress.step,
+        total=state.progress.total,
+    )
     if not _take(cell_dir / LOGS_DIR / MARKERS, event.key):
         return False
     send(event, settings)
@@ -308,16 +354,19 @@ def _summary(cell_dir: Path, state: CellState) -> str:
     return f"{text}: {state.reason}" if state.reason else text
 
 
-def grid_ended(sweep_dir: Path, states: Mapping[Path, CellState],
-               histories: Mapping[Path, Sequence[Event]] | None = None) -> bool:
+def grid_ended(
+    sweep_dir: Path, states: Mapping[Path, CellState], histories: Mapping[Path, Sequence[Event]] | None = None
+) -> bool:
     """Notify once that every cell of the grid has ended (after any of its cells ran again, once more)."""
     if not states or not all(_ended(st) for st in states.values()):
         return False
     settings = settings_for(next(iter(states)))
     if not settings.enabled:
         return False
-    runs = sorted(f"{d.name}:{run_number((histories or {}).get(d) or events.read(d))}:{st.state.value}"
-                  for d, st in states.items())
+    runs = sorted(
+        f"{d.name}:{run_number((histories or {}).get(d) or events.read(d))}:{st.state.value}"
+        for d, st in states.items()
+    )
     counts: dict[str, int] = {}
     for st in states.values():
         counts[st.state.value] = counts.get(st.state.value, 0) + 1

@@ -13,8 +13,13 @@ from sft_grid.core.events import Event, Kind
 from sft_grid.core.lock import Lock
 
 
-def run_here(directory: Path, lock_name: str, complete: Callable[[Path], bool], run: Callable[[Path], object],
-             failed: type[Exception]) -> str | None:
+def run_here(
+    directory: Path,
+    lock_name: str,
+    complete: Callable[[Path], bool],
+    run: Callable[[Path], object],
+    failed: type[Exception],
+) -> str | None:
     """Run `run(directory)` unless `complete(directory)`; None, or why it failed (the message of `failed`)."""
     directory.mkdir(parents=True, exist_ok=True)
     with Lock(directory / lock_name):

@@ -86,14 +86,18 @@ def stages_for(spec: Any) -> list[str]:
     needs = set(spec.model.needs)
     upload = bool(spec.push_to_hub and spec.hub_model_id)
     cleanup = upload if spec.cleanup_checkpoints is None else bool(spec.cleanup_checkpoints)
-    return [s for s, on in (
-        ("consolidate", "consolidate" in needs),
-        ("preprocessor_config", "preprocessor_config" in needs),
-        ("tokenizer", True),
-        ("upload", upload),
-        ("register", bool(spec.register_db)),
-        ("cleanup", cleanup),
-    ) if on]
+    return [
+        s
+        for s, on in (
+            ("consolidate", "consolidate" in needs),
+            ("preprocessor_config", "preprocessor_config" in needs),
+            ("tokenizer", True),
+            ("upload", upload),
+            ("register", bool(spec.register_db)),
+            ("cleanup", cleanup),
+        )
+        if on
+    ]
 
 
 def upload_in_job(spec: Any) -> bool:
@@ -125,15 +129,18 @@ def gated(stage: str, where: str, upload_in_job: bool) -> bool:
 
 
 def waiting_note(cell_dir: Path) -> str:
-    return (f"the cluster's compute nodes have no internet (cluster.internet_on_compute false, no"
-            f" cluster.post_partition): run `python -m sft_grid.post {cell_dir} --stage upload` from the login node")
+    return (
+        f"the cluster's compute nodes have no internet (cluster.internet_on_compute false, no"
+        f" cluster.post_partition): run `python -m sft_grid.post {cell_dir} --stage upload` from the login node"
+    )
 
 
 # -- state, from the ledger -----------------------------------------------------------------------------------
 
 
-def states(cell_dir: Path, history: Sequence[Event] | None = None,
-           planned: Sequence[str] | None = None) -> dict[str, StageState]:
+def states(
+    cell_dir: Path, history: Sequence[Event] | None = None, planned: Sequence[str] | None = None
+) -> dict[str, StageState]:
     """Each planned stage's state: its last stage event (a `running` whose process is gone is failed).
     Events before the last training run belong to an older output and do not count."""
     history = events.read(cell_dir) if history is None else history
@@ -142,7 +149,7 @@ def states(cell_dir: Path, history: Sequence[Event] | None = None,
         planned = post.stages if post is not None else ()
     start = max((i for i, e in enumerate(history) if e.kind is Kind.RUNNING), default=-1)
     last: dict[str, Event] = {}
-    for e in history[start + 1:]:
+    for e in history[start + 1 :]:
         if e.kind is Kind.STAGE:
             last[e.stage] = e
     out = {}
@@ -182,8 +189,9 @@ def busy(cell_dir: Path, history: Sequence[Event], view: SchedulerView | None) -
     return any(s.state == "running" for s in left)
 
 
-def summary(cell_dir: Path, history: Sequence[Event] | None = None,
-            view: SchedulerView | None = None) -> tuple[str, str]:
+def summary(
+    cell_dir: Path, history: Sequence[Event] | None = None, view: SchedulerView | None = None
+) -> tuple[str, str]:
     """(the chain's state in a few words, the reason of a failed or waiting stage) for status tables; `view`:
     the scheduler's, in which the cell's post job may be waiting."""
     history = events.read(cell_dir) if history is None else history
@@ -240,8 +248,16 @@ PREPROCESSOR = "preprocessor_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 # never uploaded: resumable training state, ZeRO shards (consolidated into model*.safetensors first)
-UPLOAD_IGNORE = ("checkpoint-*", "global_step*", "latest", "zero_to_fp32.py", "optimizer.pt", "scheduler.pt",
-                 "rng_state*.pth", "*.lock")
+UPLOAD_IGNORE = (
+    "checkpoint-*",
+    "global_step*",
+    "latest",
+    "zero_to_fp32.py",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state*.pth",
+    "*.lock",
+)
 
 
 class StageFailed(RuntimeError):
@@ -251,8 +267,10 @@ class StageFailed(RuntimeError):
 def record(cell_dir: Path, stage: str, state: Step, reason: str = "", **details: Any) -> None:
     events.append(cell_dir, Event.here(Kind.STAGE, stage=stage, state=state.value, reason=reason, details=details))
     said = f" {json.dumps(details, default=str)[:2000]}" if details else ""
-    say(cell_dir, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {stage}: {state.value}" + (f": {reason}" if reason else "")
-        + said)
+    say(
+        cell_dir,
+        f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {stage}: {state.value}" + (f": {reason}" if reason else "") + said,
+    )
 
 
 def say(cell_dir: Path, text: str) -> None:
@@ -287,8 +305,11 @@ def run(cell_dir: Path | str, where: str = IN_JOB, only: Sequence[str] = ()) -> 
         if only and name not in only:
             return False
         if not started:  # one header per run that has something to do, as train.log and eval.log have
-            say(cell_dir, f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} post-training stages ({where},"
-                          f" pid {os.getpid()} on {socket.gethostname()}): {', '.join(post.stages)}")
+            say(
+                cell_dir,
+                f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} post-training stages ({where},"
+                f" pid {os.getpid()} on {socket.gethostname()}): {', '.join(post.stages)}",
+            )
             started = True
         if gated(name, where, post.upload_in_job):
             if st.state is not Step.WAITING:
@@ -305,8 +326,14 @@ def run(cell_dir: Path | str, where: str = IN_JOB, only: Sequence[str] = ()) -> 
     return True
 
 
-def _in_venv(post: PostFile, args: Sequence[str], variables: Mapping[str, str], what: str,
-           hint: str = "", cell_dir: Path | None = None) -> dict[str, Any]:
+def _in_venv(
+    post: PostFile,
+    args: Sequence[str],
+    variables: Mapping[str, str],
+    what: str,
+    hint: str = "",
+    cell_dir: Path | None = None,
+) -> dict[str, Any]:
     """Run a stage's step in the backend's python; `cell_dir`: whose post.log gets its output."""
     python = post.python or sys.executable
     try:
@@ -345,14 +372,23 @@ def consolidate(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
     if not sources:
         if any((output / w).is_file() for w in WEIGHT_FILES):
             return {"note": "output/ already holds final weights; nothing to consolidate"}
-        raise StageFailed(f"no ZeRO checkpoint (a `latest` file naming global_stepN/) in {output} or its"
-                          " checkpoints: was the cell trained with DeepSpeed ZeRO-3?")
+        raise StageFailed(
+            f"no ZeRO checkpoint (a `latest` file naming global_stepN/) in {output} or its"
+            " checkpoints: was the cell trained with DeepSpeed ZeRO-3?"
+        )
     source = sources[0]
     # DeepSpeed builds its ops once, with g++: under the cache root, not in each job's home
-    env = {**_job_variables(post), "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or str(
-        cache_root() / "torch_extensions")}
-    result = _in_venv(post, ["consolidate", str(source), str(output)], env,
-                      f"consolidating the ZeRO checkpoint {source}", cell_dir=cell_dir)
+    env = {
+        **_job_variables(post),
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_root() / "torch_extensions"),
+    }
+    result = _in_venv(
+        post,
+        ["consolidate", str(source), str(output)],
+        env,
+        f"consolidating the ZeRO checkpoint {source}",
+        cell_dir=cell_dir,
+    )
     if not result.get("files"):
         raise StageFailed(f"consolidating {source} wrote no model*.safetensors into {output}")
     return {"source": str(source.relative_to(cell_dir)), "files": result["files"]}
@@ -361,10 +397,15 @@ def consolidate(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
 def preprocessor_config(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
     output = cell_dir / OUTPUT_DIR
     base = post.base_model
-    _in_venv(post, ["fetch", base, PREPROCESSOR, str(output)], _job_variables(post),
-           f"copying {PREPROCESSOR} from the base model {base} failed",
-           f"Offline nodes read it from the Hugging Face cache: download it on the login node first"
-           f" (hf download {base} {PREPROCESSOR}), then rerun: python -m sft_grid.post {cell_dir}", cell_dir)
+    _in_venv(
+        post,
+        ["fetch", base, PREPROCESSOR, str(output)],
+        _job_variables(post),
+        f"copying {PREPROCESSOR} from the base model {base} failed",
+        f"Offline nodes read it from the Hugging Face cache: download it on the login node first"
+        f" (hf download {base} {PREPROCESSOR}), then rerun: python -m sft_grid.post {cell_dir}",
+        cell_dir,
+    )
     ckpts = checkpoints(output)
     for ckpt in ckpts:
         shutil.copyfile(output / PREPROCESSOR, ckpt / PREPROCESSOR)
@@ -390,18 +431,22 @@ def tokenizer_problems(config: dict[str, Any], model_dir: Path) -> tuple[dict[st
         del fixed["extra_special_tokens"]
         changes.append("extra_special_tokens list -> additional_special_tokens")
     elif extra is not None and not isinstance(extra, dict):
-        raise StageFailed(f"{model_dir / TOKENIZER_CONFIG}: extra_special_tokens is a {type(extra).__name__},"
-                          " neither a dict nor a list")
+        raise StageFailed(
+            f"{model_dir / TOKENIZER_CONFIG}: extra_special_tokens is a {type(extra).__name__},"
+            " neither a dict nor a list"
+        )
     if fixed.get("tokenizer_class") == "TokenizersBackend" and (model_dir / "tokenizer.json").is_file():
         fixed["tokenizer_class"] = "PreTrainedTokenizerFast"
         changes.append("tokenizer_class TokenizersBackend -> PreTrainedTokenizerFast")
     if not fixed.get("chat_template"):
         jinja = model_dir / CHAT_TEMPLATE_FILE
         if not jinja.is_file() or not jinja.read_text().strip():
-            raise StageFailed(f"{model_dir / TOKENIZER_CONFIG} has no chat template (no `chat_template` key and"
-                              f" no {CHAT_TEMPLATE_FILE}): a served model would format prompts unlike training."
-                              " Save the training template into the tokenizer (the backend's template setting) and"
-                              " run the stage again")
+            raise StageFailed(
+                f"{model_dir / TOKENIZER_CONFIG} has no chat template (no `chat_template` key and"
+                f" no {CHAT_TEMPLATE_FILE}): a served model would format prompts unlike training."
+                " Save the training template into the tokenizer (the backend's template setting) and"
+                " run the stage again"
+            )
         fixed["chat_template"] = jinja.read_text()
         changes.append(f"chat template from {CHAT_TEMPLATE_FILE} inlined")
     return fixed, changes
@@ -414,8 +459,9 @@ def tokenizer(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
     for model_dir in model_dirs:
         path = model_dir / TOKENIZER_CONFIG
         if not path.is_file():
-            raise StageFailed(f"{path} is missing: every saved model (output/ and each checkpoint-*) needs its"
-                              " tokenizer")
+            raise StageFailed(
+                f"{path} is missing: every saved model (output/ and each checkpoint-*) needs its tokenizer"
+            )
         try:
             config = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
@@ -435,10 +481,14 @@ def upload(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
         raise StageFailed("upload: the cell has no hub_model_id")
     output = cell_dir / OUTPUT_DIR
     result = _in_venv(
-        post, ["upload", str(output), str(repo), f"sft_grid cell {post.cell}", *UPLOAD_IGNORE],
-        _job_variables(post, hub=True), f"upload of {output} to https://huggingface.co/{repo} failed",
+        post,
+        ["upload", str(output), str(repo), f"sft_grid cell {post.cell}", *UPLOAD_IGNORE],
+        _job_variables(post, hub=True),
+        f"upload of {output} to https://huggingface.co/{repo} failed",
         f"Fix the cause (network, HF_TOKEN, rights on the repository) and retry, training is not rerun:"
-        f" python -m sft_grid.post {cell_dir} --stage upload", cell_dir)
+        f" python -m sft_grid.post {cell_dir} --stage upload",
+        cell_dir,
+    )
     return {"url": result.get("url"), "commit": result.get("commit"), "verified": result.get("verified")}
 
 
@@ -447,10 +497,16 @@ def register(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
     command that registers a model (e.g. the team's manual_db_push.py); it runs after the upload."""
     command = list(post.register_command)
     if not command:
-        raise StageFailed("register_db is on but register_command is empty: name the command that registers a"
-                          " model, e.g. register_command=[python,manual_db_push.py,--hf-model-id,{hub_model_id}]")
-    fields = {"hub_model_id": post.hub_model_id, "base_model": post.base_model, "datasets": ",".join(post.datasets),
-              "cell": post.cell}
+        raise StageFailed(
+            "register_db is on but register_command is empty: name the command that registers a"
+            " model, e.g. register_command=[python,manual_db_push.py,--hf-model-id,{hub_model_id}]"
+        )
+    fields = {
+        "hub_model_id": post.hub_model_id,
+        "base_model": post.base_model,
+        "datasets": ",".join(post.datasets),
+        "cell": post.cell,
+    }
     argv = [arg.format_map(fields) for arg in command]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=cell_dir, env=_job_variables(post, hub=True))
@@ -468,8 +524,10 @@ def cleanup(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
     verification) in the chain, and only while output/ holds the final model."""
     output = cell_dir / OUTPUT_DIR
     if not output_complete(output):
-        raise StageFailed(f"{output} holds no final model (weights and trainer_state.json): its checkpoints are"
-                          " all there is, so none is removed")
+        raise StageFailed(
+            f"{output} holds no final model (weights and trainer_state.json): its checkpoints are"
+            " all there is, so none is removed"
+        )
     removed, freed = [], 0
     for ckpt in checkpoints(output):
         freed += sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())

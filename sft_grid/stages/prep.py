@@ -41,13 +41,28 @@ class PrepFailed(RuntimeError):
 def script(prep: Prep, cell: Cell) -> str:
     """prep.sh: the cluster's variables and setup, then the prep in the backend's virtual environment."""
     c = cell.spec.cluster
-    lines = script_head([
-        f"sft_grid: Delphi tokenizer prep of model {prep.model} ({prep.source}), shared by every cell that trains it.",
-        f"Writes {MODEL_DIR}/ with {MODEL_DIR}/{MARKER} last. Run by hand: bash {SCRIPT}",
-    ], prep.dir, c)
+    lines = script_head(
+        [
+            f"sft_grid: Delphi tokenizer prep of model {prep.model} ({prep.source}),"
+            " shared by every cell that trains it.",
+            f"Writes {MODEL_DIR}/ with {MODEL_DIR}/{MARKER} last. Run by hand: bash {SCRIPT}",
+        ],
+        prep.dir,
+        c,
+    )
     lines += list(c.setup)
-    argv = [str(bin_dir(cell.spec) / "python"), str(PROBE), "--model", prep.source, "--output", str(prep.model_dir),
-            "--tokens", json.dumps(DELPHI_TOKENS), "--version", PREP_VERSION]
+    argv = [
+        str(bin_dir(cell.spec) / "python"),
+        str(PROBE),
+        "--model",
+        prep.source,
+        "--output",
+        str(prep.model_dir),
+        "--tokens",
+        json.dumps(DELPHI_TOKENS),
+        "--version",
+        PREP_VERSION,
+    ]
     lines.append("exec " + command_line(argv))
     return "\n".join(lines) + "\n"
 
@@ -65,8 +80,9 @@ def run(prep_dir: Path) -> str:
     with (prep_dir / LOG).open("ab") as fh:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {SCRIPT}\n".encode())
         fh.flush()
-        rc = subprocess.run(["bash", str(prep_dir / SCRIPT)], stdout=fh, stderr=subprocess.STDOUT,
-                            cwd=prep_dir).returncode
+        rc = subprocess.run(
+            ["bash", str(prep_dir / SCRIPT)], stdout=fh, stderr=subprocess.STDOUT, cwd=prep_dir
+        ).returncode
     if rc == 0 and (prep_dir / MODEL_DIR / MARKER).is_file():
         events.append(prep_dir, Event(Kind.COMPLETED))
         return "completed"

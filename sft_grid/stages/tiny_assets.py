@@ -187,9 +187,7 @@ def _run_builder(script: Path, staging: Path, part: str, names: tuple[str, ...])
     log.info("$ %s", " ".join(argv))
     proc = subprocess.run(argv, env=proc_env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise AssetBuildError(
-            f"{script.name} failed with exit code {proc.returncode}:\n{proc.stderr[-4000:]}"
-        )
+        raise AssetBuildError(f"{script.name} failed with exit code {proc.returncode}:\n{proc.stderr[-4000:]}")
     missing = [name for name in names if not (staging / part / name / "config.json").is_file()]
     if missing:
         raise AssetBuildError(f"{script.name} exited 0 but did not write {missing} under {staging / part}")

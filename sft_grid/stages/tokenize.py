@@ -25,9 +25,10 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import yaml
 
@@ -119,8 +120,9 @@ class _Reads:
         """The digest of a template's jinja text (None: a template the backends ship, or an unknown one)."""
         if name not in self._jinja:
             template = TEMPLATES.get(name)
-            self._jinja[name] = (hashlib.sha256((template.jinja_text() or "").encode()).hexdigest()[:16]
-                                 if template else None)
+            self._jinja[name] = (
+                hashlib.sha256((template.jinja_text() or "").encode()).hexdigest()[:16] if template else None
+            )
         return self._jinja[name]
 
 
@@ -129,11 +131,16 @@ def identity(cell: Cell, reads: _Reads | None = None) -> tuple[dict[str, Any], P
     reads = reads or _Reads()
     tokenizer, where = reads.tokenizer(cell)
     ident = {
-        "backend": s.backend.name, "env": bin_dir(s).parent.name, "tokenizer": tokenizer,
-        "template": s.model.template, "jinja": reads.jinja(s.model.template),
+        "backend": s.backend.name,
+        "env": bin_dir(s).parent.name,
+        "tokenizer": tokenizer,
+        "template": s.model.template,
+        "jinja": reads.jinja(s.model.template),
         # the seed counts where the backend's data preparation uses it (its data_spec keeps it then: axolotl
         # shuffles the prepared dataset with it; LLaMA-Factory only interleaves or splits with it)
-        "sources": reads.sources(cell), "mix": [s.mix.strategy, s.mix.probs], "cutoff_len": s.cutoff_len,
+        "sources": reads.sources(cell),
+        "mix": [s.mix.strategy, s.mix.probs],
+        "cutoff_len": s.cutoff_len,
         "data": backend_of(s.backend.name).data_spec(cell),
     }
     return ident, where
@@ -151,8 +158,9 @@ def plan(cells: Sequence[Cell]) -> dict[str, Tokenization]:
         key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
         directory = cell.runs_root / TOKENIZED / f"{cell.spec.backend.name}-{key}"
         if directory not in by_key:
-            by_key[directory] = Tokenization(TokenizedData(directory, key, where is not None), cell.spec.backend.name,
-                                             ident, where)
+            by_key[directory] = Tokenization(
+                TokenizedData(directory, key, where is not None), cell.spec.backend.name, ident, where
+            )
         out[cell.name] = by_key[directory]
     return out
 
@@ -163,8 +171,11 @@ def worth_a_job(tok: Tokenization, users: Sequence[Cell]) -> bool:
     time; a multi-process cell, whose every rank would tokenize). No for one cell that runs here in one process:
     nothing would be shared, and the job would only add a backend process's start-up (its imports: seconds) before
     the cell's first step; that cell tokenizes in its own job. Built already: loaded, whoever needs it."""
-    return tok.data.complete or len(users) > 1 or any(
-        c.spec.cluster.executor != "local" or c.world_size > 1 for c in users)
+    return (
+        tok.data.complete
+        or len(users) > 1
+        or any(c.spec.cluster.executor != "local" or c.world_size > 1 for c in users)
+    )
 
 
 def job_cell(cell: Cell, tok: Tokenization) -> Cell:
@@ -180,12 +191,23 @@ def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
     env_bin = bin_dir(tcell.spec)
     structured, steps = backend_of(cell.spec.backend.name).tokenize_job(tcell, tok.dir, env_bin)  # type: ignore[misc]
     out: dict[str, str | bytes] = {
-        rel: data if isinstance(data, str) else dump_json(data) if rel.endswith(".json")
-        else yaml.dump(data, Dumper=_DUMPER, sort_keys=False, width=120) for rel, data in structured.items()}
+        rel: data
+        if isinstance(data, str)
+        else dump_json(data)
+        if rel.endswith(".json")
+        else yaml.dump(data, Dumper=_DUMPER, sort_keys=False, width=120)
+        for rel, data in structured.items()
+    }
     c = tcell.spec.cluster
-    lines = script_head([f"sft_grid: the tokenized dataset of {tok.backend} key {tok.data.key}, shared by every cell"
-                         " whose data tokenizes the same. Run by hand: bash tokenize.sh"], tok.dir, c)
-    lines += [data_step_line(tok.dir), *c.setup, f"export PATH={command_line([str(env_bin)])}:\"$PATH\""]
+    lines = script_head(
+        [
+            f"sft_grid: the tokenized dataset of {tok.backend} key {tok.data.key}, shared by every cell"
+            " whose data tokenizes the same. Run by hand: bash tokenize.sh"
+        ],
+        tok.dir,
+        c,
+    )
+    lines += [data_step_line(tok.dir), *c.setup, f'export PATH={command_line([str(env_bin)])}:"$PATH"']
     own = {**hub_variables(tcell), **backend_of(cell.spec.backend.name).variables(tcell)}
     lines += [f"export {k}={command_line([v])}" for k, v in sorted(own.items()) if k not in c.env]
     lines += [command_line(step) for step in steps[:-1]] + ["exec " + command_line(steps[-1])]
@@ -240,8 +262,10 @@ def run(tok_dir: Path) -> str:
         return "completed"
     lines = tail_lines(tok_dir / LOG, 16384)
     errors = [line.strip() for line in lines if "Error" in line or "error" in line]
-    reason = (f"tokenize job exited with {proc.returncode}: {(errors or lines or ['no output'])[-1][:300]}"
-              f" (log: {tok_dir / LOG})")
+    reason = (
+        f"tokenize job exited with {proc.returncode}: {(errors or lines or ['no output'])[-1][:300]}"
+        f" (log: {tok_dir / LOG})"
+    )
     events.append(tok_dir, Event(Kind.FAILED, reason=reason))
     raise TokenizeFailed(reason)
 

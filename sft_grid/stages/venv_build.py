@@ -68,14 +68,19 @@ def relock(name: str) -> Path:
     shutil.rmtree(scratch, ignore_errors=True)
     try:
         _install(spec, scratch, locked=False)
-        frozen = subprocess.run([str(scratch / "bin" / "python"), "-m", "pip", "freeze", "--disable-pip-version-check"],
-                                check=True, capture_output=True, text=True).stdout
+        frozen = subprocess.run(
+            [str(scratch / "bin" / "python"), "-m", "pip", "freeze", "--disable-pip-version-check"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     path = lock_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# {name}: every package of a verified build of its pins (python -m sft_grid.venv lock {name})\n"
-                    + frozen)
+    path.write_text(
+        f"# {name}: every package of a verified build of its pins (python -m sft_grid.venv lock {name})\n" + frozen
+    )
     return path
 
 

@@ -31,7 +31,29 @@ from sft_grid.core.failures.policy import (
 )
 from sft_grid.core.failures.sacct import SACCT_FORMAT, SacctLeg, expand_hostlist, group_legs, parse_sacct, sacct_argv
 
-__all__ = ["DEFAULT_RULES", "DESCRIPTION", "NODE_CLASSES", "SACCT_FORMAT", "CellContext", "Failure", "FailureClass",
-           "OverrideKeys", "Policy", "Remedy", "RemedyKind", "Rule", "SacctLeg", "classify", "decide",
-           "expand_hostlist", "format_time", "group_legs", "parse_sacct", "parse_time", "sacct_argv",
-           "split_attempts", "summarize", "with_overrides"]
+__all__ = [
+    "DEFAULT_RULES",
+    "DESCRIPTION",
+    "NODE_CLASSES",
+    "SACCT_FORMAT",
+    "CellContext",
+    "Failure",
+    "FailureClass",
+    "OverrideKeys",
+    "Policy",
+    "Remedy",
+    "RemedyKind",
+    "Rule",
+    "SacctLeg",
+    "classify",
+    "decide",
+    "expand_hostlist",
+    "format_time",
+    "group_legs",
+    "parse_sacct",
+    "parse_time",
+    "sacct_argv",
+    "split_attempts",
+    "summarize",
+    "with_overrides",
+]

@@ -98,8 +98,10 @@ def disk_note(cell_dir: Path) -> str:
         return ""
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
     if total and free < max(1 << 20, total // 1000):
-        return (f"sft_grid: No space left on device: {free} bytes free of {total / 2**20:.0f} MiB on the file system"
-                f" of {cell_dir}")
+        return (
+            f"sft_grid: No space left on device: {free} bytes free of {total / 2**20:.0f} MiB on the file system"
+            f" of {cell_dir}"
+        )
     return ""
 
 
@@ -114,7 +116,7 @@ def watchdog_verdict(cell_dir: Path) -> dict[str, Any] | None:
 
 def _since_submitted(history: Sequence[Event]) -> Sequence[Event]:
     start = max((i for i, e in enumerate(history) if e.kind is Kind.SUBMITTED), default=-1)
-    return history[start + 1:]
+    return history[start + 1 :]
 
 
 def cell_config(cell_dir: Path) -> dict[str, Any]:
@@ -131,7 +133,7 @@ def rerun_argv(cell_dir: Path) -> tuple[str, ...]:
         with (cell_dir / CELL_FILE).open() as fh:
             for line in fh:
                 if line.startswith(RERUN_PREFIX):
-                    return (*shlex.split(line[len(RERUN_PREFIX):]), "rerun_failed=true")
+                    return (*shlex.split(line[len(RERUN_PREFIX) :]), "rerun_failed=true")
                 if not line.startswith("#"):
                     break
     except OSError:
@@ -145,10 +147,17 @@ def policy_of(config: dict[str, Any]) -> Policy:
 
 def context_of(cell_dir: Path, config: dict[str, Any], log: str = "") -> CellContext:
     cluster = config.get("cluster") or {}
-    return CellContext(rerun=rerun_argv(cell_dir), micro_batch_size=config.get("micro_batch_size"),
-                       global_batch_size=config.get("global_batch_size"), lr=config.get("lr"),
-                       time=config.get("time"), nodes=config.get("nodes"),
-                       max_requeues=cluster.get("max_requeues"), mem_gb=cluster.get("mem_gb"), log=log)
+    return CellContext(
+        rerun=rerun_argv(cell_dir),
+        micro_batch_size=config.get("micro_batch_size"),
+        global_batch_size=config.get("global_batch_size"),
+        lr=config.get("lr"),
+        time=config.get("time"),
+        nodes=config.get("nodes"),
+        max_requeues=cluster.get("max_requeues"),
+        mem_gb=cluster.get("mem_gb"),
+        log=log,
+    )
 
 
 def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = ()) -> tuple[Failure, Remedy]:
@@ -163,16 +172,23 @@ def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = 
     tails = log_tails(cell_dir, history)
     note = disk_note(cell_dir)
     texts = list(tails.values())
-    failure = classify(legs, [*texts, note] if note else texts, verdict,
-                               requeues_used=max(0, sum(e.kind is Kind.RUNNING for e in latest) - 1),
-                               requeue_budget=budget,
-                               step=None if verdict else done.step, total=done.total)
+    failure = classify(
+        legs,
+        [*texts, note] if note else texts,
+        verdict,
+        requeues_used=max(0, sum(e.kind is Kind.RUNNING for e in latest) - 1),
+        requeue_budget=budget,
+        step=None if verdict else done.step,
+        total=done.total,
+    )
     failure = in_data_step(failure, cell_dir, latest)
     if failure.klass is FailureClass.TIME_LIMIT:
         spent = failure.requeues  # submitit requeued the job itself until its budget was spent
     else:  # the policy's own requeues of this class, over the cell's life
-        spent = sum(e.kind is Kind.FAILED and e.failure_class is failure.klass and e.action is RemedyKind.REQUEUE
-                    for e in history)
+        spent = sum(
+            e.kind is Kind.FAILED and e.failure_class is failure.klass and e.action is RemedyKind.REQUEUE
+            for e in history
+        )
     log = evidence_log(cell_dir, tails, failure.evidence)
     return failure, decide(failure, policy_of(config), spent, context_of(cell_dir, config, log))
 
@@ -212,16 +228,25 @@ def in_data_step(failure: Failure, cell_dir: Path, history: Sequence[Event]) -> 
     step = open_data_step(cell_dir, history)
     if step is None:
         return failure
-    return dataclasses.replace(failure, summary=f"{failure.summary}, in its data step ({describe_data_step(step)},"
-                               " never finished)")
+    return dataclasses.replace(
+        failure, summary=f"{failure.summary}, in its data step ({describe_data_step(step)}, never finished)"
+    )
 
 
 def failed_event(failure: Failure, remedy: Remedy, **fields: Any) -> Event:
     """The ledger's record of a triaged failure: its one-line summary as the reason, the policy's message (what
     was done, what to change, the rerun command) as the note."""
-    return Event(Kind.FAILED, reason=failure.summary, note=remedy.message, failure_class=failure.klass,
-                 evidence=failure.evidence[:500], nodes=",".join(remedy.exclude_nodes or failure.nodes),
-                 action=remedy.kind, step=failure.step, **fields)
+    return Event(
+        Kind.FAILED,
+        reason=failure.summary,
+        note=remedy.message,
+        failure_class=failure.klass,
+        evidence=failure.evidence[:500],
+        nodes=",".join(remedy.exclude_nodes or failure.nodes),
+        action=remedy.kind,
+        step=failure.step,
+        **fields,
+    )
 
 
 def triaged(history: Sequence[Event]) -> bool:
@@ -265,10 +290,20 @@ def stalled(cell_dir: Path, history: Sequence[Event], job_id: str = "") -> Event
     since = f"from {newest}" if newest else "with no checkpoint"
     evidence = f"the last {len(starts[-2:])} legs each started {since} and ended before saving the next one"
     rerun = with_overrides(ctx.rerun, overrides) if ctx.rerun else ()
-    note = (f"time limit reached with no progress: {evidence}. Not requeued (every further leg would end the same"
-            f" way): save checkpoints more often or give each leg more time"
-            + (f" ({', '.join(overrides)})" if overrides else "") + "."
-            + (f" Rerun: {shlex.join(rerun)}" if rerun else ""))
-    return Event(Kind.FAILED, reason=f"time limit reached with no progress since {newest or 'the start'}", note=note,
-                 failure_class=FailureClass.TIME_LIMIT, evidence=evidence, action=RemedyKind.STOP,
-                 step=done.step, job_id=job_id)
+    note = (
+        f"time limit reached with no progress: {evidence}. Not requeued (every further leg would end the same"
+        f" way): save checkpoints more often or give each leg more time"
+        + (f" ({', '.join(overrides)})" if overrides else "")
+        + "."
+        + (f" Rerun: {shlex.join(rerun)}" if rerun else "")
+    )
+    return Event(
+        Kind.FAILED,
+        reason=f"time limit reached with no progress since {newest or 'the start'}",
+        note=note,
+        failure_class=FailureClass.TIME_LIMIT,
+        evidence=evidence,
+        action=RemedyKind.STOP,
+        step=done.step,
+        job_id=job_id,
+    )

@@ -91,8 +91,15 @@ def _leg_findings(records: Sequence[SacctLeg]) -> list[_Finding]:
         elif leg.base_state == "CANCELLED":
             found.append(_Finding(F.CANCELLED, signs.SCHEDULER, i - 2000, leg.describe()))
         elif leg.reason in _REASONS:
-            found.append(_Finding(_REASONS[leg.reason], signs.SCHEDULER, i - 2000,
-                                  f"{leg.job_id} Reason={leg.reason}", tuple(leg.node_names())))
+            found.append(
+                _Finding(
+                    _REASONS[leg.reason],
+                    signs.SCHEDULER,
+                    i - 2000,
+                    f"{leg.job_id} Reason={leg.reason}",
+                    tuple(leg.node_names()),
+                )
+            )
     return found
 
 
@@ -119,13 +126,14 @@ def _sign_findings(lines: Sequence[Line]) -> list[_Finding]:
     running = False  # the process group is up: a lost connection is a failed collective from here on
     for line in lines:
         running = running or bool(signs.GROUP_RUNNING.search(line.raw))
-        hit = _best_sign(line, lines[:line.index])
+        hit = _best_sign(line, lines[: line.index])
         if hit is not None:
             sign, text = hit
             klass = sign.running if sign.running is not None and running else sign.klass
             named = sign.tier == signs.EXCEPTION
-            found.append(_Finding(klass, sign.tier, line.index, text[:500], _nodes_in(line.raw), line.code,
-                                  sign.rank, named))
+            found.append(
+                _Finding(klass, sign.tier, line.index, text[:500], _nodes_in(line.raw), line.code, sign.rank, named)
+            )
         running = running or bool(signs.GROUP_RUNNING.search(line.raw) or signs.LOSS_VALUE.search(line.raw))
     return found
 
@@ -205,8 +213,9 @@ def _loss_findings(lines: Sequence[Line]) -> list[_Finding]:
             start = len(series) - 1
             while start and bad(series[start - 1][1]):
                 start -= 1
-            found.append(_Finding(F.NAN_LOSS, signs.LOSS, series[start][0].index, series[start][0].raw[:500],
-                                  rank=rank))
+            found.append(
+                _Finding(F.NAN_LOSS, signs.LOSS, series[start][0].index, series[start][0].raw[:500], rank=rank)
+            )
     spike = _spike(losses)
     if spike is not None:
         found.append(_Finding(F.DIVERGED, SPIKE, spike.index, spike.raw[:500]))
@@ -311,11 +320,18 @@ def _progress(lines: Iterable[str]) -> tuple[int | None, int | None]:
 
 
 def _short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def summarize(klass: FailureClass, evidence: str, nodes: Sequence[str], requeues: int, budget: int,
-              step: int | None, total: int | None) -> str:
+def summarize(
+    klass: FailureClass,
+    evidence: str,
+    nodes: Sequence[str],
+    requeues: int,
+    budget: int,
+    step: int | None,
+    total: int | None,
+) -> str:
     """One line, e.g. "time limit reached after 3 requeues (budget 3), at step 297 of 300"."""
     text = DESCRIPTION[klass]
     if requeues or (budget and klass in (F.TIME_LIMIT, F.PREEMPTED)):
@@ -329,9 +345,15 @@ def summarize(klass: FailureClass, evidence: str, nodes: Sequence[str], requeues
     return text
 
 
-def classify(legs: Sequence[SacctLeg], log_tail: str | Sequence[str], watchdog: Mapping[str, Any] | None = None,
-             requeues_used: int | None = None, requeue_budget: int = 0, step: int | None = None,
-             total: int | None = None) -> Failure:
+def classify(
+    legs: Sequence[SacctLeg],
+    log_tail: str | Sequence[str],
+    watchdog: Mapping[str, Any] | None = None,
+    requeues_used: int | None = None,
+    requeue_budget: int = 0,
+    step: int | None = None,
+    total: int | None = None,
+) -> Failure:
     """The failure of one cell (legs: its allocation's records in sacct's order; log_tail: one log or
     several, each in time order), with the summary a user reads."""
     texts = [log_tail] if isinstance(log_tail, str) else list(log_tail)
@@ -339,16 +361,21 @@ def classify(legs: Sequence[SacctLeg], log_tail: str | Sequence[str], watchdog: 
     log_step, log_total = _progress(all_lines)
     allocs = [leg for leg in legs if not leg.is_step]
     # the caller's count where it keeps one (a ledger); else the legs sacct kept, or the attempts the logs show
-    requeues = requeues_used if requeues_used is not None else max(
-        [len(allocs) - 1, *(len(split_attempts(t)) - 1 for t in texts), 0])
+    requeues = (
+        requeues_used
+        if requeues_used is not None
+        else max([len(allocs) - 1, *(len(split_attempts(t)) - 1 for t in texts), 0])
+    )
 
     chosen: _Finding | None = None
     pool_lines: list[str] = []
     pool_records: list[SacctLeg] = []
     verdict = dict(watchdog or {})
     if verdict.get("class") in (F.NAN_LOSS.value, F.DIVERGED.value):
-        evidence = (f"watchdog.json: rule={verdict.get('rule')} step={verdict.get('step')} "
-                    f"loss={verdict.get('loss')}: {verdict.get('detail', '')}").strip()
+        evidence = (
+            f"watchdog.json: rule={verdict.get('rule')} step={verdict.get('step')} "
+            f"loss={verdict.get('loss')}: {verdict.get('detail', '')}"
+        ).strip()
         chosen = _Finding(F(verdict["class"]), signs.WATCHDOG, -3000, evidence)
         step = step if step is not None else verdict.get("step")
         pool_lines, pool_records = all_lines, list(legs)

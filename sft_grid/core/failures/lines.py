@@ -19,7 +19,8 @@ from datetime import datetime
 from sft_grid.core.failures import signs
 
 # A launcher's or logger's prefix, taken off a line's start (repeatedly: `[80746] [rank0]:[E321 ...]`).
-PREFIX = re.compile(r"""^(?:
+PREFIX = re.compile(
+    r"""^(?:
     \[(?:rank|default)\d+\]:\s?                         # torchrun --tee / torch >= 2.2 ranks, elastic's local ranks
   | \d{1,5}:\s                                          # srun --label
   | \[\d+,\d+\]<(?:stdout|stderr)>:\s?                  # mpirun --tag-output
@@ -29,7 +30,9 @@ PREFIX = re.compile(r"""^(?:
   | [IWEF]\d{4}\s\d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+:\d+\]\s*  # glog (torch's C++ and torchrun's E-level lines)
   | \[[^\]\n]{1,80}\]:?\s*                              # a bracketed tag: [INFO], [E socket.cpp:793], [uuid]
   | [“”"'`>]+\s*                                         # quotes and a Markdown quote around a pasted message
-)""", re.VERBOSE)
+)""",
+    re.VERBOSE,
+)
 # A rank's label in the middle of a line: another rank's text spliced after this one's (a progress bar's).
 MID_RANK = re.compile(r"(?<=\S)(?=\[rank\d+\]:)")
 # A line that is source code a traceback quotes: a `raise` (also spliced after other text), an IPython listing.
@@ -71,7 +74,7 @@ def strip_prefix(text: str) -> str:
         m = PREFIX.match(text)
         if not m or not m.group(0):
             return text
-        text = text[m.end():].lstrip()
+        text = text[m.end() :].lstrip()
 
 
 def physical_lines(lines: Sequence[str]) -> list[str]:

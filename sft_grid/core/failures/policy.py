@@ -76,20 +76,22 @@ DEFAULT_RULES: Mapping[FailureClass, Rule] = {
 
 FIX = {
     F.NAN_LOSS: "the loss became NaN/inf: lower the learning rate or add warmup; checkpoints are kept, but "
-                "the newest may already hold bad weights",
+    "the newest may already hold bad weights",
     F.DIVERGED: "the loss diverged: lower the learning rate or add warmup, check the data; checkpoints are kept",
     F.BACKEND_ERROR: "the backend refused its config or data: fix what the evidence names, then rerun",
     F.DISK_FULL: "free space or raise the quota where the cell's output and caches live; the rerun resumes "
-                 "from the last complete checkpoint",
+    "from the last complete checkpoint",
     F.OFFLINE_HUB: "the Hub was out of reach and the files were not in the cache (compute nodes often have no "
-                   "internet): stage the model and data on a node that has it (python -m sft_grid.stage, or point "
-                   "the model at a local copy) and keep HF_HUB_OFFLINE=1 for training",
+    "internet): stage the model and data on a node that has it (python -m sft_grid.stage, or point "
+    "the model at a local copy) and keep HF_HUB_OFFLINE=1 for training",
     F.CANCELLED: "cancelled by a user: nothing to fix; a rerun resumes from the last checkpoint",
     F.HOST_OOM: "the node ran out of host memory: ask for more memory per node or use fewer data workers",
 }
 # unknown: nothing says whose fault it is, so nothing is blamed; the log and its telling line are named
-UNKNOWN_FIX = ("no rule recognises this failure as the machine's, the scheduler's or the config's or data's: read "
-               "{log} around the line quoted above, and rerun once the cause is known")
+UNKNOWN_FIX = (
+    "no rule recognises this failure as the machine's, the scheduler's or the config's or data's: read "
+    "{log} around the line quoted above, and rerun once the cause is known"
+)
 
 
 @dataclass(frozen=True)
@@ -185,11 +187,15 @@ def _stop(failure: Failure, ctx: CellContext, keys: OverrideKeys, why: str) -> R
         if mbs and mbs > 1:
             overrides = (f"{keys.micro_batch_size}={mbs // 2}",)
             gbs = f" ({ctx.global_batch_size})" if ctx.global_batch_size else ""
-            text = (f"out of GPU memory: halve {keys.micro_batch_size} ({mbs} -> {mbs // 2}); the global batch"
-                    f"{gbs} stays, gradient accumulation doubles to make it up")
+            text = (
+                f"out of GPU memory: halve {keys.micro_batch_size} ({mbs} -> {mbs // 2}); the global batch"
+                f"{gbs} stays, gradient accumulation doubles to make it up"
+            )
         else:
-            text = (f"out of GPU memory with {keys.micro_batch_size}=1: shorten cutoff_len, shard the model "
-                    "(ZeRO-3) or use more GPUs")
+            text = (
+                f"out of GPU memory with {keys.micro_batch_size}=1: shorten cutoff_len, shard the model "
+                "(ZeRO-3) or use more GPUs"
+            )
     elif failure.klass in (F.NAN_LOSS, F.DIVERGED) and ctx.lr:
         overrides = (f"{keys.lr}={ctx.lr / 10:g}",)
     elif failure.klass is F.HOST_OOM and ctx.mem_gb:
@@ -225,8 +231,9 @@ def _time_limit_advice(failure: Failure, ctx: CellContext, keys: OverrideKeys) -
     return overrides, f"{where}; checkpoints are kept and a rerun resumes; change " + " or ".join(options)
 
 
-def decide(failure: Failure, policy: Policy | None = None, attempts_so_far: int = 0,
-           cell: CellContext | None = None) -> Remedy:
+def decide(
+    failure: Failure, policy: Policy | None = None, attempts_so_far: int = 0, cell: CellContext | None = None
+) -> Remedy:
     """The next step for a failed cell. attempts_so_far: requeues already spent on this class (for a time
     limit, the job's requeues)."""
     policy, ctx = policy or Policy(), cell or CellContext()
@@ -235,8 +242,10 @@ def decide(failure: Failure, policy: Policy | None = None, attempts_so_far: int 
     if rule.kind is RemedyKind.REQUEUE and attempts_so_far < budget:
         exclude = failure.nodes  # only node failures and GPU faults name nodes (failures.NODE_CLASSES)
         where = f", excluding {','.join(exclude)}" if exclude else ""
-        message = (f"{failure.summary}. Requeued from the last checkpoint{where} "
-                   f"(requeue {attempts_so_far + 1} of {budget} for {failure.klass.value}).")
+        message = (
+            f"{failure.summary}. Requeued from the last checkpoint{where} "
+            f"(requeue {attempts_so_far + 1} of {budget} for {failure.klass.value})."
+        )
         return Remedy(RemedyKind.REQUEUE, message, (), tuple(exclude))
     if rule.kind is RemedyKind.REQUEUE:
         why = f"requeue budget {budget} spent"

@@ -21,8 +21,14 @@ SACCT_FORMAT = ",".join(SACCT_FIELDS)
 
 def sacct_argv(job_ids: Iterable[str]) -> list[str]:
     """The sacct call whose output parse_sacct reads (one call for any number of jobs)."""
-    return ["sacct", "--duplicates", "--parsable2", "--noheader", f"--format={SACCT_FORMAT}",
-            "--jobs=" + ",".join(job_ids)]
+    return [
+        "sacct",
+        "--duplicates",
+        "--parsable2",
+        "--noheader",
+        f"--format={SACCT_FORMAT}",
+        "--jobs=" + ",".join(job_ids),
+    ]
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ def parse_sacct(text: str) -> list[SacctLeg]:
         parts = line.rstrip("\n").split("|")
         if len(parts) < len(SACCT_FIELDS) or parts[0] in ("", "JobID"):
             continue
-        legs.append(SacctLeg(*(p.strip() for p in parts[:len(SACCT_FIELDS)])))
+        legs.append(SacctLeg(*(p.strip() for p in parts[: len(SACCT_FIELDS)])))
     return legs
 
 

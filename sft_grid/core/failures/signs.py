@@ -50,22 +50,26 @@ class Sign:
 
 
 def _sign(klass: F, tier: int, regex: str, rank: int = 0, running: F | None = None, unless_after: str = "") -> Sign:
-    return Sign(klass, tier, re.compile(regex, re.IGNORECASE), rank, running,
-                re.compile(unless_after, re.IGNORECASE) if unless_after else None)
+    return Sign(
+        klass,
+        tier,
+        re.compile(regex, re.IGNORECASE),
+        rank,
+        running,
+        re.compile(unless_after, re.IGNORECASE) if unless_after else None,
+    )
 
 
 SIGNS: tuple[Sign, ...] = (
     # the loss watchdog (sft_grid/in_venv/loss_watchdog.py) prints exactly one such line when it stops a run
     _sign(F.NAN_LOSS, WATCHDOG, r"sft_grid watchdog: nan_loss\b"),
     _sign(F.DIVERGED, WATCHDOG, r"sft_grid watchdog: diverged\b"),
-
     # -- GPU memory: torch >= 2.5 raises torch.OutOfMemoryError, 1.13-2.4 torch.cuda.OutOfMemoryError, older a
     # RuntimeError ("CUDA out of memory. Tried to allocate"); NCCL and raw CUDA calls report it as a CUDA failure
     _sign(F.GPU_OOM, ROOT, r"\b(CUDA|HIP) out of memory\b"),
     _sign(F.GPU_OOM, ROOT, r"\bOutOfMemoryError\b"),
     _sign(F.GPU_OOM, ROOT, r"CUDA error: out of memory|Cuda failure '?out of memory|cudaErrorMemoryAllocation"),
     _sign(F.GPU_OOM, ROOT, r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"),
-
     # -- host memory. Slurm's cgroup OOM killer as slurmstepd writes it (<= 21.08 "oom-kill event(s) in step X
     # cgroup", >= 22.05 "oom_kill event(s) in StepId=X") and srun ("task 0:", "tasks 1-3:")
     _sign(F.HOST_OOM, ROOT, r"Detected \d+ oom[-_]kill event"),
@@ -82,17 +86,23 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.HOST_OOM, ROOT, r"^\s*(\[\w+\]:\s*|\d+:\s*)?MemoryError\b|\bstd::bad_alloc\b"),
     _sign(F.HOST_OOM, ROOT, r"Cannot allocate memory \(errno 12\)|\[Errno 12\] Cannot allocate memory"),
     _sign(F.HOST_OOM, ROOT, r"DefaultCPUAllocator: (can't allocate memory|not enough memory)"),
-
     # -- GPU hardware: the driver's Xid events (kernel log), ECC (torch 1.x THC "cuda runtime error (39)",
     # torch 2.x "CUDA error: uncorrectable ECC error encountered", CUDA_ERROR_ECC_UNCORRECTABLE from TF/JAX), a
     # GPU off the bus or lost, and a device that is unusable at start-up (THC "error=46", torch 2.x "is/are busy")
     _sign(F.GPU_HARDWARE, ROOT, r"\bXid\b[^\n]{0,40}\d"),
-    _sign(F.GPU_HARDWARE, ROOT, r"uncorrectable ECC error|ECC error encountered|ECC_UNCORRECTABLE|"
-                                r"cudaErrorECCUncorrectable|uncorrectable NVLink error"),
+    _sign(
+        F.GPU_HARDWARE,
+        ROOT,
+        r"uncorrectable ECC error|ECC error encountered|ECC_UNCORRECTABLE|"
+        r"cudaErrorECCUncorrectable|uncorrectable NVLink error",
+    ),
     _sign(F.GPU_HARDWARE, ROOT, r"fallen off the bus|GPU is lost|No CUDA GPUs are available|RmInitAdapter failed"),
-    _sign(F.GPU_HARDWARE, ROOT, r"CUDA-capable device\(s\) is/are busy or unavailable|"
-                                r"all CUDA-capable devices are busy or unavailable|cudaErrorDevicesUnavailable"),
-
+    _sign(
+        F.GPU_HARDWARE,
+        ROOT,
+        r"CUDA-capable device\(s\) is/are busy or unavailable|"
+        r"all CUDA-capable devices are busy or unavailable|cudaErrorDevicesUnavailable",
+    ),
     # -- disk: ENOSPC and EDQUOT as Python, Rust (safetensors) and Windows say them, and the symptoms of a short
     # write: torch.save's zip writer (1.6+: "unexpected pos", 1.10+: "PytorchStreamWriter failed writing"), its
     # stream (measured: a tmpfs filled by checkpoints; the rest of the traceback is often lost, since the log
@@ -105,7 +115,6 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.DISK_FULL, ROOT, r"\bwrite\(\): fd \d+ failed with|write error: wrote \d+ blocks instead of \d+"),
     # datasets checks free space before it prepares a cache; huggingface_hub before a download
     _sign(F.DISK_FULL, ROOT, r"Not enough disk space\. Needed|Not enough free disk space to download"),
-
     # -- the Hub out of reach: huggingface_hub (OfflineModeIsEnabled, LocalEntryNotFoundError in
     # utils._errors (0.x) and errors (0.2x, 1.x), both wordings), transformers (2.x-4.2x "Connection error,
     # and we cannot find the requested files in the cached path", 4.2x+ "We couldn't connect to '<endpoint>'",
@@ -116,19 +125,30 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.OFFLINE_HUB, ROOT, r"We couldn[’']t connect to [‘'][^’']+[’'] to load"),
     _sign(F.OFFLINE_HUB, ROOT, r"Connection error, and we cannot find the requested files in the cached path"),
     _sign(F.OFFLINE_HUB, ROOT, r"Couldn[’']t reach server at '[^']+' to download"),
-    _sign(F.OFFLINE_HUB, ROOT, r"\bLocalEntryNotFoundError\b|outgoing traffic has been disabled|"
-                               r"We have no connection or you passed local_files_only"),
+    _sign(
+        F.OFFLINE_HUB,
+        ROOT,
+        r"\bLocalEntryNotFoundError\b|outgoing traffic has been disabled|"
+        r"We have no connection or you passed local_files_only",
+    ),
     _sign(F.OFFLINE_HUB, ROOT, r"Couldn[’']t reach ([‘'][^’']+[’'] on the Hub|the Hugging Face Hub|https?://)"),
-    _sign(F.OFFLINE_HUB, ROOT, r"host='?(huggingface\.co|hf\.co|[\w-]+\.hf\.co|hf-mirror\.com)'?.*"
-                               r"(Max retries exceeded|Failed to establish|Name or service not known|timed out"
-                               r"|Temporary failure in name resolution|Network is unreachable)"),
+    _sign(
+        F.OFFLINE_HUB,
+        ROOT,
+        r"host='?(huggingface\.co|hf\.co|[\w-]+\.hf\.co|hf-mirror\.com)'?.*"
+        r"(Max retries exceeded|Failed to establish|Name or service not known|timed out"
+        r"|Temporary failure in name resolution|Network is unreachable)",
+    ),
     # transformers' "Can't load tokenizer/config for '<id>'" (every 4.x): none of the files it names could be
     # fetched or found in the cache. For a Hub id that is the Hub out of reach; for a local path (./x, /x, a
     # backslash) it is a directory that lacks them, which no sign decides
-    _sign(F.OFFLINE_HUB, ROOT, r"Can[’']t load (the )?(tokenizer|config(uration)?|feature extractor|image processor"
-                               r"|processor|weights|model) (of |for )[‘'](?![./~])[\w.-]+(/[\w.-]+)?[’']"),
+    _sign(
+        F.OFFLINE_HUB,
+        ROOT,
+        r"Can[’']t load (the )?(tokenizer|config(uration)?|feature extractor|image processor"
+        r"|processor|weights|model) (of |for )[‘'](?![./~])[\w.-]+(/[\w.-]+)?[’']",
+    ),
     _sign(F.OFFLINE_HUB, ROOT, r"We assumed '(?![./~])[\w.-]+(/[\w.-]+)?' was a path, a model identifier, or url"),
-
     # -- the scheduler's end, as slurmstepd, srun/salloc and submitit write it in the job's own log (Slurm 20-24);
     # slurmstepd's line is the scheduler's own record, srun's a launcher's echo of it (rank 1)
     _sign(F.TIME_LIMIT, SCHEDULER, r"CANCELLED AT \S+ DUE TO TIME LIMIT"),
@@ -149,9 +169,13 @@ SIGNS: tuple[Sign, ...] = (
     # so is a STEP's, unless srun first said a task failed: then srun ended the step itself (--kill-on-bad-exit,
     # measured on the local cluster), and the task's failure is what to explain
     _sign(F.CANCELLED, SCHEDULER, r"\*\*\* JOB \S+ (ON \S+ )?CANCELLED AT \S+( by \S+)? \*\*\*"),
-    _sign(F.CANCELLED, SCHEDULER, r"\*\*\* STEP \S+ (ON \S+ )?CANCELLED AT \S+( by \S+)? \*\*\*", rank=1,
-          unless_after=r"srun: error: \S+: tasks? [\d,-]+: (?!Out Of Memory)|Exited with exit code [1-9]"),
-
+    _sign(
+        F.CANCELLED,
+        SCHEDULER,
+        r"\*\*\* STEP \S+ (ON \S+ )?CANCELLED AT \S+( by \S+)? \*\*\*",
+        rank=1,
+        unless_after=r"srun: error: \S+: tasks? [\d,-]+: (?!Out Of Memory)|Exited with exit code [1-9]",
+    ),
     # -- collectives that never completed or lost a peer mid-run: NCCL's watchdog (torch 1.x "[E
     # ProcessGroupNCCL.cpp:N] [Rank r] Watchdog caught collective operation timeout", 2.x with [rankN]:, PG ids,
     # terminate/what()), the heartbeat monitor (2.3+), NCCL's remote error (2.12+) and InfiniBand completions
@@ -169,10 +193,13 @@ SIGNS: tuple[Sign, ...] = (
     # its own timeout (transport tcp, and uv on Windows/macOS; torch 1.x and 2.x paths)
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"Timed out waiting \d+ms for (recv|send) operation"),
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"This is typically caused by a remote worker (crashing|hanging)"),
-    _sign(F.COLLECTIVE_TIMEOUT, COMM, r"gloo/transport/\w+/\w+\.cc:\d+\].*(Connection (closed|reset) by peer|"
-                                      r"Read error|Write error|Timed out|timeout)"),
+    _sign(
+        F.COLLECTIVE_TIMEOUT,
+        COMM,
+        r"gloo/transport/\w+/\w+\.cc:\d+\].*(Connection (closed|reset) by peer|"
+        r"Read error|Write error|Timed out|timeout)",
+    ),
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"Application timeout caused pair closure"),
-
     # -- rendezvous and ports: torchrun/c10d stores and their client sockets (torch 1.x "connect() timed out",
     # "Socket Timeout"; 2.x "The client socket has timed out after Ns while trying to connect to (host, port)",
     # DistStoreError "wait timeout after Nms, keys"), the store-based barrier (1.8-2.x), the elastic agent's
@@ -192,60 +219,93 @@ SIGNS: tuple[Sign, ...] = (
     # refused", "Call to connect returned ..., retrying"; 2.12+ "socketStartConnect: Connect to X failed",
     # "Net : Connection closed by remote peer") and its system errors (torch "unhandled system error",
     # ncclSystemError): a node or the network, not the user's
-    _sign(F.RENDEZVOUS, COMM, r"NCCL WARN .*\bConnect to \S+ failed|Call to connect returned \w+|socketStartConnect",
-          running=F.COLLECTIVE_TIMEOUT),
-    _sign(F.RENDEZVOUS, COMM, r"NCCL WARN .*(Connection (closed by remote peer|refused|reset by peer)|Bootstrap)",
-          running=F.COLLECTIVE_TIMEOUT),
+    _sign(
+        F.RENDEZVOUS,
+        COMM,
+        r"NCCL WARN .*\bConnect to \S+ failed|Call to connect returned \w+|socketStartConnect",
+        running=F.COLLECTIVE_TIMEOUT,
+    ),
+    _sign(
+        F.RENDEZVOUS,
+        COMM,
+        r"NCCL WARN .*(Connection (closed by remote peer|refused|reset by peer)|Bootstrap)",
+        running=F.COLLECTIVE_TIMEOUT,
+    ),
     _sign(F.RENDEZVOUS, COMM, r"unhandled system error|\bncclSystemError\b", running=F.COLLECTIVE_TIMEOUT),
-
     # -- the loss: DeepSpeed's fp16 scaler gives up once gradients overflow at every scale (0.3+: "Current loss
     # scale already at minimum"), fairseq's at its own floor; a scaler pushed to its floor is in classify.py
     _sign(F.NAN_LOSS, LOSS, r"Current loss scale already at minimum|Minimum loss scale reached"),
-
     # -- the backend refusing its config or data: positive evidence only (an unmatched exception is `unknown`).
     # Argument parsing (argparse; transformers' HfArgumentParser, 4.x-5.x wordings), config validation
     # (pydantic v1/v2, DeepSpeed's config, Megatron's arguments against a checkpoint), the model it names
-    _sign(F.BACKEND_ERROR, EXCEPTION, r"\S: error: (unrecognized arguments:|argument \S+|the following arguments "
-                                      r"are required:|too few arguments)"),
+    _sign(
+        F.BACKEND_ERROR,
+        EXCEPTION,
+        r"\S: error: (unrecognized arguments:|argument \S+|the following arguments "
+        r"are required:|too few arguments)",
+    ),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"Some (specified arguments|keys) are not used by the HfArgumentParser"),
     # transformers' TrainingArguments refusing a combination (4.x-5.x __post_init__), with or without its frame
-    _sign(F.BACKEND_ERROR, EXCEPTION, r"--load_best_model_at_end requires|requires the saving steps to be a round "
-                                      r"multiple of the evaluation steps"),
+    _sign(
+        F.BACKEND_ERROR,
+        EXCEPTION,
+        r"--load_best_model_at_end requires|requires the saving steps to be a round "
+        r"multiple of the evaluation steps",
+    ),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"ValidationError: \d+ validation errors? for \w+"),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"\bDeepSpeedConfigError\b|Check batch related parameters\. train_batch_size"),
-    _sign(F.BACKEND_ERROR, EXCEPTION, r"class input value .* and checkpoint ?value .* do not match|"
-                                      r"value from checkpoint \(.*\) is not equal to the input argument value"),
+    _sign(
+        F.BACKEND_ERROR,
+        EXCEPTION,
+        r"class input value .* and checkpoint ?value .* do not match|"
+        r"value from checkpoint \(.*\) is not equal to the input argument value",
+    ),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"is not a local folder and is not a valid model identifier"),
     # LLaMA-Factory (and LLaMA-Efficient-Tuning, llmtuner) on its dataset_info and template
     _sign(F.BACKEND_ERROR, EXCEPTION, r"Undefined dataset \S+ in \S+|Cannot open \S*dataset_info\S* due to"),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"Template \S+ does not exist|Cannot find valid samples"),
     # datasets (1.x-4.x) failing on the data: generation and cast errors, files that are not there, parse errors
     _sign(F.BACKEND_ERROR, EXCEPTION, r"DatasetGeneration(Cast)?Error|An error occurred while generating the dataset"),
-    _sign(F.BACKEND_ERROR, EXCEPTION, r"\bCastError\b|Couldn[’']t cast\b|\bSchemaInferenceError\b|"
-                                      r"\bNonMatchingSplitsSizesError\b"),
+    _sign(
+        F.BACKEND_ERROR,
+        EXCEPTION,
+        r"\bCastError\b|Couldn[’']t cast\b|\bSchemaInferenceError\b|"
+        r"\bNonMatchingSplitsSizesError\b",
+    ),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"\bDataFilesNotFoundError\b|\bEmptyDatasetError\b|No \(supported\) data files"),
-    _sign(F.BACKEND_ERROR, EXCEPTION, r"FileNotFoundError: Unable to find '|Couldn[’']t find (a dataset script|"
-                                      r"any data file) at|BuilderConfig \S+ not found"),
+    _sign(
+        F.BACKEND_ERROR,
+        EXCEPTION,
+        r"FileNotFoundError: Unable to find '|Couldn[’']t find (a dataset script|"
+        r"any data file) at|BuilderConfig \S+ not found",
+    ),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"\bArrowInvalid\b|\bArrowTypeError\b"),
     # a chat template refusing the data's turns (jinja2 through tokenizer.apply_chat_template)
     _sign(F.BACKEND_ERROR, EXCEPTION, r"Conversation roles must alternate|jinja2\.exceptions\.\w+"),
     # CUDA device-side asserts are data (a label or token id outside the vocabulary)
     _sign(F.BACKEND_ERROR, EXCEPTION, r"device-side assert(ion)? triggered"),
-
     # -- software faults the log names but no rule can pin on the user or the machine: class unknown, with the
     # fault's own line as evidence (not a later echo). An illegal memory access or a launch failure without an
     # Xid or ECC line is a kernel's bug until proven otherwise; CUDA's "unknown error" (999) and NCCL's
     # "unhandled cuda error" likewise (reported from NCCL's threads as terminate ... what())
-    _sign(F.UNKNOWN, EXCEPTION, r"an illegal memory access was encountered|unspecified launch failure|"
-                                r"misaligned address|an illegal instruction was encountered"),
+    _sign(
+        F.UNKNOWN,
+        EXCEPTION,
+        r"an illegal memory access was encountered|unspecified launch failure|"
+        r"misaligned address|an illegal instruction was encountered",
+    ),
     _sign(F.UNKNOWN, EXCEPTION, r"CUDA error: unknown error|Cuda failure (999 )?'unknown error'|cudaErrorUnknown"),
     _sign(F.UNKNOWN, EXCEPTION, r"unhandled cuda error|\bncclUnhandledCudaError\b|NCCL WARN Cuda failure"),
     _sign(F.UNKNOWN, EXCEPTION, r"CUBLAS_STATUS_EXECUTION_FAILED|CUBLAS_STATUS_INTERNAL_ERROR"),
     # torch's DataLoader saying how a worker died (its signal handler in the worker, then the main process):
     # a bus error blames shared memory, which says nothing certain about the node or the data
-    _sign(F.UNKNOWN, EXCEPTION, r"Unexpected (bus error|segmentation fault|floating-point exception) encountered in "
-                                r"worker|DataLoader worker \(pids?\(?s?\)? [\d, ]+\) (is killed by signal|exited "
-                                r"unexpectedly)"),
+    _sign(
+        F.UNKNOWN,
+        EXCEPTION,
+        r"Unexpected (bus error|segmentation fault|floating-point exception) encountered in "
+        r"worker|DataLoader worker \(pids?\(?s?\)? [\d, ]+\) (is killed by signal|exited "
+        r"unexpectedly)",
+    ),
 )
 
 # Exception types a value in the config or the data raises; with a frame of the backend's argument parsing,
@@ -254,13 +314,15 @@ SIGNS: tuple[Sign, ...] = (
 VALUE_ERRORS = re.compile(
     r"(^|\.)(ValueError|KeyError|TypeError|IndexError|AssertionError|AttributeError|FileNotFoundError|"
     r"IsADirectoryError|NotADirectoryError|JSONDecodeError|UnicodeDecodeError|ArrowInvalid|ArrowTypeError|"
-    r"ValidationError|TemplateError|UndefinedError|ArgumentError|ArgumentTypeError)$")
+    r"ValidationError|TemplateError|UndefinedError|ArgumentError|ArgumentTypeError)$"
+)
 CONFIG_DATA_FRAME = re.compile(
     r"(^|/)(transformers/(hf_argparser|training_args\w*)\.py|(llamafactory|llmtuner)/(hparams|data)/|"
     r"llmtuner/tuner/core/parser\.py|axolotl/utils/(config|data|schemas|dict)|axolotl/(cli/config|"
     r"prompt_strategies|prompters|datasets)|datasets/(load|builder|arrow_dataset|data_files|table|features|info|"
     r"iterable_dataset|dataset_dict|packaged_modules)|pyarrow/_(json|csv)|swift/llm/(dataset|argument)|"
-    r"deepspeed/runtime/config|megatron/(training/)?arguments\.py|argparse\.py)")
+    r"deepspeed/runtime/config|megatron/(training/)?arguments\.py|argparse\.py)"
+)
 
 # A traceback frame: `File "<path>", line N` (Python), or IPython's `File <path>:N, in f`.
 FRAME = re.compile(r"""^File (?:"(?P<path>[^"]+)", line \d+|(?P<ipath>\S+):\d+, in )""")
@@ -274,29 +336,38 @@ TERMINATE = re.compile(r"terminate called after throwing an instance of")
 WHAT = re.compile(r"^what\(\):\s*(?P<msg>.*)$")
 
 # Python's words between the exceptions of one chain (raise ... from ..., or an error while handling one).
-CHAINED = re.compile(r"The above exception was the direct cause of the following exception|"
-                     r"During handling of the above exception, another exception occurred")
+CHAINED = re.compile(
+    r"The above exception was the direct cause of the following exception|"
+    r"During handling of the above exception, another exception occurred"
+)
 
 # Exceptions that only re-raise a child's failure: never the cause themselves.
 WRAPPERS = re.compile(
     r"ChildFailedError|CalledProcessError|FailedJobError|UncompletedJobError|CellFailed|SignalException"
     r"|ProcessRaisedException|ProcessExitedException|RemoteTraceback|RayTaskError|terminated with the following"
-    r"|torch\.distributed\.elastic|subprocess\.|\bSystemExit\b|KeyboardInterrupt")
+    r"|torch\.distributed\.elastic|subprocess\.|\bSystemExit\b|KeyboardInterrupt"
+)
 # NCCL's name of a result code, printed under the error that carries it ("ncclUnhandledCudaError: Call to CUDA
 # function failed."): part of that error's message, not an exception of its own
 NCCL_RESULT = re.compile(
-    r"^(nccl)?(UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote|InProgress)Error\b")
+    r"^(nccl)?(UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote|InProgress)Error\b"
+)
 
 # A logged loss: HF Trainer's print (Python dict), trainer_log.jsonl (JSON), Megatron's "lm loss: 6.4E+00" and a
 # plain "loss: x" / "loss=x". The key is exactly loss (not train_loss, eval_loss, avg_loss, train/loss).
-LOSS_VALUE = re.compile(r"""(?:['"]loss['"]\s*:\s*['"]?|(?<![\w/.-])loss\s*[:=]\s*)"""
-                        r"(?P<value>[-+]?(?:nan|inf(?:inity)?|\d[\d.]*(?:e[-+]?\d+)?))(?![\w.])", re.IGNORECASE)
+LOSS_VALUE = re.compile(
+    r"""(?:['"]loss['"]\s*:\s*['"]?|(?<![\w/.-])loss\s*[:=]\s*)"""
+    r"(?P<value>[-+]?(?:nan|inf(?:inity)?|\d[\d.]*(?:e[-+]?\d+)?))(?![\w.])",
+    re.IGNORECASE,
+)
 # A loss scaler halving its scale after an overflow: DeepSpeed (0.3-0.5 "[deepscale] OVERFLOW! ... Attempted loss
 # scale: 1, reducing to 1", later "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4, reducing
 # to 2") and apex ("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 1.0")
-SCALE_DOWN = re.compile(r"(overflow!?.*?Attempted loss scale: [\d.e+]+,? reducing to|Gradient overflow\.\s+"
-                        r"Skipping step, (?:loss scaler \d+ )?reducing loss scale to) (?P<to>[\d.]+(?:e[-+]?\d+)?)",
-                        re.IGNORECASE)
+SCALE_DOWN = re.compile(
+    r"(overflow!?.*?Attempted loss scale: [\d.e+]+,? reducing to|Gradient overflow\.\s+"
+    r"Skipping step, (?:loss scaler \d+ )?reducing loss scale to) (?P<to>[\d.]+(?:e[-+]?\d+)?)",
+    re.IGNORECASE,
+)
 # The scale a scaler stops at by default (DeepSpeed's min_loss_scale is 1): one halving above it, every step
 # overflows and the loss or its gradients are no longer finite
 SCALE_FLOOR = 2.0
@@ -311,16 +382,20 @@ ATTEMPT_START = re.compile(r"^=== sft_grid: |submitit INFO \(.*\) - Starting wit
 ATTEMPT_END = re.compile(r"Requeued job \S+ \(\d+ remaining timeouts\)|DUE TO JOB REQUEUE")
 # The scheduler ending a job at a time; a line logged well after it comes from the job's next run (Slurm kills
 # what is left after KillWait, 30 s by default, and preemption's GraceTime, minutes at most)
-SCHEDULER_END = re.compile(r"CANCELLED AT (?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) DUE TO "
-                           r"(PREEMPTION|TIME LIMIT|NODE FAIL|JOB REQUEUE)")
+SCHEDULER_END = re.compile(
+    r"CANCELLED AT (?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) DUE TO "
+    r"(PREEMPTION|TIME LIMIT|NODE FAIL|JOB REQUEUE)"
+)
 TIMESTAMP = re.compile(r"(?<!\d)(?P<time>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?!\d)")
 KILL_GRACE_S = 300
 
 # With no sign and no exception, the most telling line left, by rank: a crash, a kill, an exit status, an error.
 UNKNOWN_HINTS = (
-    re.compile(r"Segmentation fault|\bSIGSEGV\b|Fatal Python error|Bus error|\bSIGBUS\b|\bSIGABRT\b|\bAborted\b|"
-               r"core dumped|Illegal instruction|\bSIGILL\b|terminate called|signal: \w+|NCCL WARN|NCCL error in",
-               re.IGNORECASE),
+    re.compile(
+        r"Segmentation fault|\bSIGSEGV\b|Fatal Python error|Bus error|\bSIGBUS\b|\bSIGABRT\b|\bAborted\b|"
+        r"core dumped|Illegal instruction|\bSIGILL\b|terminate called|signal: \w+|NCCL WARN|NCCL error in",
+        re.IGNORECASE,
+    ),
     re.compile(r"\bKilled\b|已杀死|\bSIGKILL\b|signal 9\b|exit code 137", re.IGNORECASE),
     re.compile(r"[Ee]xit(ed with exit)? code [1-9]|exit status [1-9]|exitcode\s*:\s*-?[1-9]", re.IGNORECASE),
     re.compile(r"\berror\b", re.IGNORECASE),

@@ -70,8 +70,12 @@ def hf_client() -> Any:
 
     # the module reads the variable once, at its import: when something imported it before this, the variable set
     # above would not count, and this process would use Xet (which never continues a cut file) after all
-    huggingface_hub.constants.HF_HUB_DISABLE_XET = (os.environ["HF_HUB_DISABLE_XET"].upper()
-                                                    in {"1", "ON", "YES", "TRUE"})
+    huggingface_hub.constants.HF_HUB_DISABLE_XET = os.environ["HF_HUB_DISABLE_XET"].upper() in {
+        "1",
+        "ON",
+        "YES",
+        "TRUE",
+    }
     huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = min(huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
     return huggingface_hub
 
@@ -190,8 +194,18 @@ def _default_answers(repo_id: str, kind: Kind, token: str | None, endpoint: str)
     return "ok"
 
 
-def translate(e: BaseException, repo_id: str, kind: Kind, revision: str, token: str | None, endpoint: str,
-              cache: Path | None = None, *, file: str | None = None, probe: bool = True) -> HubError | None:
+def translate(
+    e: BaseException,
+    repo_id: str,
+    kind: Kind,
+    revision: str,
+    token: str | None,
+    endpoint: str,
+    cache: Path | None = None,
+    *,
+    file: str | None = None,
+    probe: bool = True,
+) -> HubError | None:
     """The client's exception as ours, with the fix; None for an error that is not about the Hub (a bug).
 
     ``file``: the error came while fetching that file (a revision already resolved). ``probe``: a revision that
@@ -214,62 +228,84 @@ def translate(e: BaseException, repo_id: str, kind: Kind, revision: str, token: 
         return RevisionNotFound(
             f"revision '{revision}' of {what} does not exist on {endpoint}{where}{seen}. Fix: use an existing branch,"
             " tag or commit sha of the repository on that server (a mirror has only the commits it holds); a pinned sha"
-            " disappears when the repo's history is rewritten, so pin its current commit instead.")
+            " disappears when the repo's history is rewritten, so pin its current commit instead."
+        )
 
     def gated() -> GatedRepo:
         who = "no token was given" if not token else "the token's account has not been granted access"
-        return GatedRepo(f"{what} is gated and {who}. Fix: request access at {page} with your account, then "
-                         "set HF_TOKEN to a token of that account (or run `hf auth login`).")
+        return GatedRepo(
+            f"{what} is gated and {who}. Fix: request access at {page} with your account, then "
+            "set HF_TOKEN to a token of that account (or run `hf auth login`)."
+        )
 
     if any(isinstance(n, hfe.GatedRepoError) for n in chain):
         return gated()
     if any(isinstance(n, hfe.RevisionNotFoundError) for n in chain):
         return revision_missing("")
     if status == 401 and token and "invalid credentials" in str(e).lower():
-        return TokenRequired(f"{endpoint} refused the token given for {what} (invalid credentials). Fix: set HF_TOKEN"
-                             " to a valid token (or run `hf auth login`), or unset it for a public repository.")
+        return TokenRequired(
+            f"{endpoint} refused the token given for {what} (invalid credentials). Fix: set HF_TOKEN"
+            " to a valid token (or run `hf auth login`), or unset it for a public repository."
+        )
     if any(isinstance(n, hfe.RepositoryNotFoundError) for n in chain) or (status in (401, 404) and file is None):
         answer = _default_answers(repo_id, kind, token, endpoint) if probed else ""
         if answer == "ok":  # the server answered a missing revision as a missing repository
-            return revision_missing(f" (it answered {status} as if the repository were missing, but the repository"
-                                    f" answers at '{MAIN}')")
+            return revision_missing(
+                f" (it answered {status} as if the repository were missing, but the repository answers at '{MAIN}')"
+            )
         if answer == "gated":
             return gated()
         if status == 401 and not token:  # the Hub answers 401 to anonymous requests for private repos
-            return TokenRequired(f"{endpoint} refused {what} without a token: it is private or gated, or does not"
-                                 " exist. Fix: check the id, and set HF_TOKEN (or run `hf auth login`) with an account"
-                                 " that can read it.")
-        return RepoNotFound(f"{what} was not found on {endpoint}, or the token cannot read it. Fix: check the id"
-                            f" (org/name) and that it is a {kind}; for a private repo use a token with access.")
+            return TokenRequired(
+                f"{endpoint} refused {what} without a token: it is private or gated, or does not"
+                " exist. Fix: check the id, and set HF_TOKEN (or run `hf auth login`) with an account"
+                " that can read it."
+            )
+        return RepoNotFound(
+            f"{what} was not found on {endpoint}, or the token cannot read it. Fix: check the id"
+            f" (org/name) and that it is a {kind}; for a private repo use a token with access."
+        )
     refused = http_errors("ConnectError", "ConnectTimeout", "UnsupportedProtocol")
     if any(isinstance(n, (*refused, hfe.OfflineModeIsEnabled)) for n in chain):
         reason = first_line(e).rstrip(".")
-        return HubUnreachable(f"cannot reach {endpoint} to stage {what} ({reason}). Fix: stage where the Hub is "
-                              "reachable (a login node, or the cluster profile's transfer partition), not on a "
-                              "compute node, and unset HF_HUB_OFFLINE for the staging.")
+        return HubUnreachable(
+            f"cannot reach {endpoint} to stage {what} ({reason}). Fix: stage where the Hub is "
+            "reachable (a login node, or the cluster profile's transfer partition), not on a "
+            "compute node, and unset HF_HUB_OFFLINE for the staging."
+        )
     answered = f"answered {status}{_reason(status)}" + (
-        f" to each of {tries} tries" if tries > 1 else " to each of the client's own tries" if tries == 0 else "")
+        f" to each of {tries} tries" if tries > 1 else " to each of the client's own tries" if tries == 0 else ""
+    )
     if server_error(status):
         if file is not None:
-            return HubServerError(f"{endpoint} {answered} for {file} of {at}. Fix: the server is failing: run the"
-                                  " same command again later (finished files are kept), or stage from another"
-                                  " endpoint (HF_ENDPOINT).")
+            return HubServerError(
+                f"{endpoint} {answered} for {file} of {at}. Fix: the server is failing: run the"
+                " same command again later (finished files are kept), or stage from another"
+                " endpoint (HF_ENDPOINT)."
+            )
         answer = _default_answers(repo_id, kind, token, endpoint) if probed else ""
         if answer == "ok":
             return revision_missing(f" ({endpoint} {answered} for it, and answers for the repository at '{MAIN}')")
-        return HubServerError(f"{endpoint} {answered} for {at}" + (f", and fails for '{MAIN}' too" if probed else "")
-                              + ". Fix: the server is failing: run the same command again later, or stage from another"
-                              " endpoint (HF_ENDPOINT); on a mirror, check that it holds the repository.")
+        return HubServerError(
+            f"{endpoint} {answered} for {at}"
+            + (f", and fails for '{MAIN}' too" if probed else "")
+            + ". Fix: the server is failing: run the same command again later, or stage from another"
+            " endpoint (HF_ENDPOINT); on a mirror, check that it holds the repository."
+        )
     if status is not None:
         subject = f"{file} of {at}" if file else at
-        return HubError(f"{endpoint} answered {status}{_reason(status)} for {subject} ({first_line(e)}). Fix: check"
-                        " the repository id, revision and token; if they are right, the server refuses them: ask its"
-                        " operator, or stage from another endpoint (HF_ENDPOINT).")
+        return HubError(
+            f"{endpoint} answered {status}{_reason(status)} for {subject} ({first_line(e)}). Fix: check"
+            " the repository id, revision and token; if they are right, the server refuses them: ask its"
+            " operator, or stage from another endpoint (HF_ENDPOINT)."
+        )
     if any(isinstance(n, http_errors("TransportError")) for n in chain):
         subject = f"{file} of {at}" if file else at
-        return TransferFailed(f"the connection to {endpoint} kept failing for {subject} ({tries} tries, the last:"
-                              f" {first_line(e)}). Fix: check this node's route to the server (proxy, firewall) and"
-                              " run the same command again; finished files are kept.")
+        return TransferFailed(
+            f"the connection to {endpoint} kept failing for {subject} ({tries} tries, the last:"
+            f" {first_line(e)}). Fix: check this node's route to the server (proxy, firewall) and"
+            " run the same command again; finished files are kept."
+        )
     return None
 
 

@@ -53,11 +53,24 @@ from sft_grid.stages.staging.values import Budget, HubError, Progress, Staged, S
 log = logging.getLogger(__name__)
 
 
-def download(repo_id: str, kind: Kind = "model", revision: str = "main", cache: Path | str | None = None, *,
-             token: str | None = None, endpoint: str | None = None, allow: Iterable[str] | None = None,
-             on_progress: Callable[[Progress], None] | None = None, budget: Budget | None = None,
-             lock_timeout_s: float = 3600.0, reserve_bytes: int = DEFAULT_RESERVE, verify: bool = True,
-             retries: int = 5, resumable: bool | None = None, ref: str | None = None) -> Staged:
+def download(
+    repo_id: str,
+    kind: Kind = "model",
+    revision: str = "main",
+    cache: Path | str | None = None,
+    *,
+    token: str | None = None,
+    endpoint: str | None = None,
+    allow: Iterable[str] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    budget: Budget | None = None,
+    lock_timeout_s: float = 3600.0,
+    reserve_bytes: int = DEFAULT_RESERVE,
+    verify: bool = True,
+    retries: int = 5,
+    resumable: bool | None = None,
+    ref: str | None = None,
+) -> Staged:
     """Stage the files training needs from ``repo_id`` at ``revision`` into the HF cache ``cache``.
 
     Returns ``Staged``; ``complete=False`` with ``stopped`` set when the time budget ended the run (rerun to
@@ -69,36 +82,60 @@ def download(repo_id: str, kind: Kind = "model", revision: str = "main", cache: 
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     why = repo_id_problem(repo_id)  # the client's own rule (core/hubcache.py), before any lock, request or file
     if why:
-        raise HubError(f"{repo_id!r} is not a Hub repository id ({why}). Fix: name the {kind} as org/name, or give"
-                       " a local path")
+        raise HubError(
+            f"{repo_id!r} is not a Hub repository id ({why}). Fix: name the {kind} as org/name, or give a local path"
+        )
     t0 = time.monotonic()
     allow = tuple(allow or ())
     cache = Path(cache) if cache is not None else Path(hf_client().constants.HF_HUB_CACHE)
 
     def staged_offline(sha: str) -> Staged:
-        return Staged(repo_id, kind, revision, sha, snapshot_path(cache, repo_id, kind, sha), True, (), 0, 0,
-                      time.monotonic() - t0, None, offline=True)
+        return Staged(
+            repo_id,
+            kind,
+            revision,
+            sha,
+            snapshot_path(cache, repo_id, kind, sha),
+            True,
+            (),
+            0,
+            0,
+            time.monotonic() - t0,
+            None,
+            offline=True,
+        )
 
     if SHA_RE.match(revision) and is_complete(cache, repo_id, kind, revision, allow=allow):
         return staged_offline(revision)
     wait_s = min(lock_timeout_s, budget.left()) if budget else lock_timeout_s
 
     def waiting(holder: Any, waited: float) -> None:
-        log.info("waiting for another stager of %s (%s), %.0fs so far", repo_id,
-                 holder.describe() if holder else "starting", waited)
+        log.info(
+            "waiting for another stager of %s (%s), %.0fs so far",
+            repo_id,
+            holder.describe() if holder else "starting",
+            waited,
+        )
 
-    lock = Lock(cache / ".locks" / "sft_grid" / f"{repo_folder(repo_id, kind)}.lock", timeout_s=max(0.0, wait_s),
-                on_wait=waiting)
+    lock = Lock(
+        cache / ".locks" / "sft_grid" / f"{repo_folder(repo_id, kind)}.lock",
+        timeout_s=max(0.0, wait_s),
+        on_wait=waiting,
+    )
     try:
         lock.acquire()
     except LockTimeout as e:
-        raise StagingLocked(f"another process is staging {kind} '{repo_id}' ({e}). Fix: let it finish and "
-                            "rerun (finished files are not fetched again); a holder that died on another node "
-                            f"loses the lock {lock.stale_s:.0f}s after its last heartbeat.") from e
+        raise StagingLocked(
+            f"another process is staging {kind} '{repo_id}' ({e}). Fix: let it finish and "
+            "rerun (finished files are not fetched again); a holder that died on another node "
+            f"loses the lock {lock.stale_s:.0f}s after its last heartbeat."
+        ) from e
     except OSError as e:  # the first write into the cache: a path that cannot be one
-        raise HubError(f"cannot write into the Hugging Face cache {cache} to stage {kind} '{repo_id}'"
-                       f" ({e.strerror or e}). Fix: point the cache at a directory you can write (cluster.hf_cache,"
-                       " --cache, or HF_HUB_CACHE)") from e
+        raise HubError(
+            f"cannot write into the Hugging Face cache {cache} to stage {kind} '{repo_id}'"
+            f" ({e.strerror or e}). Fix: point the cache at a directory you can write (cluster.hf_cache,"
+            " --cache, or HF_HUB_CACHE)"
+        ) from e
     try:
         if SHA_RE.match(revision) and is_complete(cache, repo_id, kind, revision, allow=allow):
             return staged_offline(revision)  # the stager we waited for did it
@@ -111,9 +148,19 @@ def download(repo_id: str, kind: Kind = "model", revision: str = "main", cache: 
             if too_short:
                 raise TimeLimitTooShort(too_short)
         log.debug("staging %s", p.describe())
-        transfer = Transfer(p, token=token or hf_client().get_token(), endpoint=endpoint_of(endpoint), budget=budget,
-                            on_progress=on_progress, verify=verify, retries=retries, resumable=resumable,
-                            rate_hint=memory.last_rate(cache), lock=lock, waited_s=lock.waited_s)
+        transfer = Transfer(
+            p,
+            token=token or hf_client().get_token(),
+            endpoint=endpoint_of(endpoint),
+            budget=budget,
+            on_progress=on_progress,
+            verify=verify,
+            retries=retries,
+            resumable=resumable,
+            rate_hint=memory.last_rate(cache),
+            lock=lock,
+            waited_s=lock.waited_s,
+        )
         try:
             result = transfer.run()
         finally:  # a run that ended in BudgetExceeded measured the rate too: the next run decides up front
@@ -141,8 +188,9 @@ class StagingFailed(RuntimeError):
         return StagingPlan([self.item]).problems()
 
 
-def stage_here(staging: StagingPlan, budget: Budget | None = None,
-               on_progress: Callable[[Progress], None] | None = None) -> list[Staged]:
+def stage_here(
+    staging: StagingPlan, budget: Budget | None = None, on_progress: Callable[[Progress], None] | None = None
+) -> list[Staged]:
     """Fetch every pending item here, smallest first (a short run finishes as many as it can). Raises
     ``StagingStopped`` when the time budget ends a run, ``TimeLimitTooShort`` when it leaves no time to stage
     anything at all, ``StagingFailed`` (with the cells that need it) otherwise."""
@@ -151,22 +199,33 @@ def stage_here(staging: StagingPlan, budget: Budget | None = None,
         assert item.pin is not None
         p = item.pin
         try:
-            staged = download(p.repo_id, p.kind, p.sha, p.cache, budget=budget, on_progress=on_progress,  # type: ignore[arg-type]
-                              ref=None if SHA_RE.match(p.revision) else p.revision)
+            staged = download(
+                p.repo_id,
+                p.kind,  # type: ignore[arg-type]
+                p.sha,
+                p.cache,
+                budget=budget,
+                on_progress=on_progress,
+                ref=None if SHA_RE.match(p.revision) else p.revision,
+            )
         except TimeLimitTooShort as e:
             if not done:  # nothing moved in this process: every rerun would end the same way
                 raise
             left = sum(i.bytes_to_fetch for i in staging.pending if i.here)
-            raise StagingStopped(f"stopped before this process's time limit (no time was left for {p.kind}"
-                                 f" '{p.repo_id}'): {human(left)} of the grid's inputs are left to stage; nothing was"
-                                 " queued. Run the same command again to continue.") from e
+            raise StagingStopped(
+                f"stopped before this process's time limit (no time was left for {p.kind}"
+                f" '{p.repo_id}'): {human(left)} of the grid's inputs are left to stage; nothing was"
+                " queued. Run the same command again to continue."
+            ) from e
         except HubError as e:
             item.error = e
             raise StagingFailed(item) from e
         done.append(staged)
         if not staged.complete:
             left = sum(i.bytes_to_fetch for i in staging.pending if i.here and i is not item) + staged.remaining_bytes
-            raise StagingStopped(f"{staged.stopped} In all, {human(left)} of the grid's inputs are left to stage;"
-                                 " nothing was queued. Run the same command again to continue.")
+            raise StagingStopped(
+                f"{staged.stopped} In all, {human(left)} of the grid's inputs are left to stage;"
+                " nothing was queued. Run the same command again to continue."
+            )
         item.plan = None
     return done

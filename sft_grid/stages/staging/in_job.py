@@ -64,8 +64,9 @@ def run(target: Path) -> str:
     failed = []
     for p in pins:
         try:
-            staged = download(p["repo"], p["kind"], p["sha"], p["cache"],
-                                  ref=None if SHA_RE.match(p["revision"]) else p["revision"])
+            staged = download(
+                p["repo"], p["kind"], p["sha"], p["cache"], ref=None if SHA_RE.match(p["revision"]) else p["revision"]
+            )
             reason = None if staged.complete else staged.stopped or "stopped before it completed"
         except HubError as exc:
             reason = str(exc)

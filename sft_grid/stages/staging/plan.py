@@ -68,8 +68,16 @@ DEFAULT_RESERVE = 256 << 20  # leave the filesystem some room: other users and t
 
 
 # -- one repository ---------------------------------------------------------------------------------------------
-def resolve(repo_id: str, kind: HubKind = "model", revision: str = MAIN, token: str | None = None, *,
-            endpoint: str | None = None, cache: Path | None = None, budget: Budget | None = None) -> Resolved:
+def resolve(
+    repo_id: str,
+    kind: HubKind = "model",
+    revision: str = MAIN,
+    token: str | None = None,
+    *,
+    endpoint: str | None = None,
+    cache: Path | None = None,
+    budget: Budget | None = None,
+) -> Resolved:
     """The commit ``revision`` names, and every file of it. Raises a ``HubError`` naming the repo and fix (a
     transient failure is tried again first; see ``client``)."""
     if kind not in KINDS:
@@ -84,8 +92,11 @@ def resolve(repo_id: str, kind: HubKind = "model", revision: str = MAIN, token: 
         # the revision always named: a mirror may answer a repository without one only from its upstream (olah)
         info = api.repo_info(repo_id, repo_type=kind, revision=revision, token=token)
         entries = api.list_repo_tree(repo_id, repo_type=kind, revision=info.sha, recursive=True, token=token)
-        files = tuple(RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
-                      for e in entries if isinstance(e, RepoFile))  # the listing is paged: read it within the try
+        files = tuple(
+            RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
+            for e in entries
+            if isinstance(e, RepoFile)
+        )  # the listing is paged: read it within the try
         if getattr(info, "gated", False) and files:  # listing is public on a gated repo; the files are not
             url = hf.hf_hub_url(repo_id, files[0].path, repo_type=kind, revision=info.sha, endpoint=api.endpoint)
             hf.get_hf_file_metadata(url, token=token)
@@ -101,8 +112,15 @@ def resolve(repo_id: str, kind: HubKind = "model", revision: str = MAIN, token: 
     return Resolved(repo_id, kind, revision, sha, files)
 
 
-def resolve_pinned(repo_id: str, kind: HubKind, revision: str, token: str | None, endpoint: str | None, cache: Path,
-                   budget: Budget | None = None) -> Resolved:
+def resolve_pinned(
+    repo_id: str,
+    kind: HubKind,
+    revision: str,
+    token: str | None,
+    endpoint: str | None,
+    cache: Path,
+    budget: Budget | None = None,
+) -> Resolved:
     """``resolve``, except that a sha listed in the cache needs no request (its listing cannot change)."""
     if SHA_RE.match(revision):
         files = read_listing(cache, repo_id, kind, revision)
@@ -117,8 +135,15 @@ def _free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def plan(resolved: Resolved, cache: Path | str, *, allow: Iterable[str] | None = None,
-         reserve_bytes: int = DEFAULT_RESERVE, resumable: bool | None = None, endpoint: str | None = None) -> Plan:
+def plan(
+    resolved: Resolved,
+    cache: Path | str,
+    *,
+    allow: Iterable[str] | None = None,
+    reserve_bytes: int = DEFAULT_RESERVE,
+    resumable: bool | None = None,
+    endpoint: str | None = None,
+) -> Plan:
     """What staging ``resolved`` into ``cache`` will transfer, and whether it fits (see ``check_space``).
 
     ``resumable``: whether a partial file counts as partly fetched; None: as last seen for the endpoint (``memory``:
@@ -137,8 +162,17 @@ def plan(resolved: Resolved, cache: Path | str, *, allow: Iterable[str] | None =
         else:
             fetch.append(f)
     partial = sum(partial_bytes(cache, r.repo_id, r.kind, f) for f in fetch) if resumable else 0
-    return Plan(r, cache, selection, tuple(cached), tuple(link), tuple(fetch),
-                sum(f.size for f in fetch) - partial, _free_bytes(cache), reserve_bytes)
+    return Plan(
+        r,
+        cache,
+        selection,
+        tuple(cached),
+        tuple(link),
+        tuple(fetch),
+        sum(f.size for f in fetch) - partial,
+        _free_bytes(cache),
+        reserve_bytes,
+    )
 
 
 def check_space(p: Plan) -> None:
@@ -148,7 +182,8 @@ def check_space(p: Plan) -> None:
             f"staging {r.kind} '{r.repo_id}'@{r.sha[:12]} needs {human(p.bytes_to_fetch)} more in {p.cache}, but "
             f"its filesystem has {human(p.free_bytes)} free (and {human(p.reserve_bytes)} is kept in reserve). "
             "Fix: free space there, or point the cluster profile's HF cache (HF_HUB_CACHE) at a filesystem with "
-            "room (a project or scratch area, not $HOME).")
+            "room (a project or scratch area, not $HOME)."
+        )
 
 
 # -- a grid's inputs --------------------------------------------------------------------------------------------
@@ -192,10 +227,11 @@ class Item:
         if self.plan is None:
             return f"{w.kind} {w.repo_id}{sha}: " + ("staged" if self.pin else "not resolved")
         p = self.plan
-        return (f"{w.kind} {w.repo_id}{sha}: {len(p.selection.keep)} files, {human(p.bytes_needed)}"
-                + (f", {human(p.bytes_to_fetch)} to fetch" if not self.complete else ", staged")
-                + (f" ({len(p.selection.skipped)} files not needed for training left out)" if p.selection.skipped
-                   else ""))
+        return (
+            f"{w.kind} {w.repo_id}{sha}: {len(p.selection.keep)} files, {human(p.bytes_needed)}"
+            + (f", {human(p.bytes_to_fetch)} to fetch" if not self.complete else ", staged")
+            + (f" ({len(p.selection.skipped)} files not needed for training left out)" if p.selection.skipped else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -237,14 +273,30 @@ class StagingPlan:
                 continue
             message, _, fix = str(item.error).partition(" Fix: ")
             for cell, key in item.users:
-                out.append(Problem(cell, key, item.wanted.repo_id, f"staging-{_rule(item.error)}", message,
-                                   fix or "see the message"))
-        out.extend(Problem("<grid>", "cluster.hf_cache", str(s.cache), "staging-space",
-                           f"staging needs {human(s.to_fetch)} more in {s.cache}, but its filesystem has"
-                           f" {human(s.free)} free (and {human(s.reserve)} is kept in reserve)",
-                           "free space there, or point the cluster's hf_cache at a filesystem with room"
-                           " (a project or scratch area, not $HOME)")
-                   for s in self.space if not s.fits)
+                out.append(
+                    Problem(
+                        cell,
+                        key,
+                        item.wanted.repo_id,
+                        f"staging-{_rule(item.error)}",
+                        message,
+                        fix or "see the message",
+                    )
+                )
+        out.extend(
+            Problem(
+                "<grid>",
+                "cluster.hf_cache",
+                str(s.cache),
+                "staging-space",
+                f"staging needs {human(s.to_fetch)} more in {s.cache}, but its filesystem has"
+                f" {human(s.free)} free (and {human(s.reserve)} is kept in reserve)",
+                "free space there, or point the cluster's hf_cache at a filesystem with room"
+                " (a project or scratch area, not $HOME)",
+            )
+            for s in self.space
+            if not s.fits
+        )
         return out
 
 
@@ -334,9 +386,11 @@ def _rerun_note(e: HubError, w: Wanted) -> HubError:
     """A recorded sha the Hub no longer has: the cell trained on it before and cannot resume on another."""
     if not (SHA_RE.match(w.revision) and isinstance(e, RevisionNotFound)):
         return e
-    return type(e)(f"{e}".partition(" Fix: ")[0].rstrip(".") + ": the cell's earlier run trained on this commit, so"
-                   " it is resumed from it. Fix: stage it from where it is still kept, or rerun the cell with"
-                   " force=true to train it from the start on the current revision (its old output is moved aside).")
+    return type(e)(
+        f"{e}".partition(" Fix: ")[0].rstrip(".") + ": the cell's earlier run trained on this commit, so"
+        " it is resumed from it. Fix: stage it from where it is still kept, or rerun the cell with"
+        " force=true to train it from the start on the current revision (its old output is moved aside)."
+    )
 
 
 def _space(items: Iterable[Item]) -> list[Space]:
@@ -344,8 +398,10 @@ def _space(items: Iterable[Item]) -> list[Space]:
     for item in items:
         if item.plan is not None:
             by_fs.setdefault(_device(item.wanted.cache), []).append(item)
-    return [Space(group[0].wanted.cache, sum(i.bytes_to_fetch for i in group), group[0].plan.free_bytes)  # type: ignore[union-attr]
-            for group in by_fs.values()]
+    return [
+        Space(group[0].wanted.cache, sum(i.bytes_to_fetch for i in group), group[0].plan.free_bytes)  # type: ignore[union-attr]
+        for group in by_fs.values()
+    ]
 
 
 def _device(path: Path) -> int:
@@ -363,7 +419,9 @@ def provenance(pins: Sequence[Pin], checkout: dict[str, Any]) -> dict[str, Any]:
 def budget_for(cells: Iterable[Cell]) -> Budget | None:
     """The time a process may run where the grid stages (the shortest `staging.time_limit_s` of its clusters that
     stage there), counted from this process's start, as the site's process killer counts it."""
-    limits = [c.spec.cluster.staging.time_limit_s for c in cells
-              if c.spec.cluster.staging.where == "login" and c.spec.cluster.staging.time_limit_s]
+    limits = [
+        c.spec.cluster.staging.time_limit_s
+        for c in cells
+        if c.spec.cluster.staging.where == "login" and c.spec.cluster.staging.time_limit_s
+    ]
     return Budget.since_process_start(float(min(limits))) if limits else None
-

@@ -83,9 +83,21 @@ class Transfer:
     restart was seen). ``waited_s``: how long this run waited for another stager's lock (not this run's overhead).
     """
 
-    def __init__(self, plan: Plan, *, token: str | None, endpoint: str, budget: Budget | None,
-                 on_progress: Callable[[Progress], None] | None, verify: bool, retries: int, resumable: bool | None,
-                 rate_hint: float | None, lock: Lock | None, waited_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        token: str | None,
+        endpoint: str,
+        budget: Budget | None,
+        on_progress: Callable[[Progress], None] | None,
+        verify: bool,
+        retries: int,
+        resumable: bool | None,
+        rate_hint: float | None,
+        lock: Lock | None,
+        waited_s: float = 0.0,
+    ) -> None:
         self.plan, self.r = plan, plan.resolved
         self.token, self.budget, self.on_progress = token, budget, on_progress
         self.verify, self.retries = verify, retries
@@ -124,8 +136,20 @@ class Transfer:
         f, rate = self.current, self.measured_rate()
         done = self.base + self.file_done
         eta = (self.plan.bytes_needed - done) / rate if rate else None
-        self.on_progress(Progress(self.r.repo_id, f.path if f else "", self.file_done, f.size if f else 0, done,
-                                  self.plan.bytes_needed, rate, eta, self.files_done, len(self.plan.selection.keep)))
+        self.on_progress(
+            Progress(
+                self.r.repo_id,
+                f.path if f else "",
+                self.file_done,
+                f.size if f else 0,
+                done,
+                self.plan.bytes_needed,
+                rate,
+                eta,
+                self.files_done,
+                len(self.plan.selection.keep),
+            )
+        )
 
     def _bar(self, f: RemoteFile) -> type:
         """A stand-in for tqdm that the client drives: it reports progress and enforces the budget."""
@@ -173,9 +197,13 @@ class Transfer:
         except FileNotFoundError:
             now = 0
         emptied = self.partial.get(own, 0) > 0 and now == 0
-        self._observe(False, f"{self.endpoint} ignores Range requests: it answered one for the rest of a partial file"
-                      " with the whole file" if emptied else f"this client, huggingface_hub {self.client}, starts a"
-                      " file cut in an earlier run anew")
+        self._observe(
+            False,
+            f"{self.endpoint} ignores Range requests: it answered one for the rest of a partial file"
+            " with the whole file"
+            if emptied
+            else f"this client, huggingface_hub {self.client}, starts a file cut in an earlier run anew",
+        )
         self._check_fits(f)  # known now, before this run spends itself on the file
 
     def _observe(self, resumes: bool, why: str) -> None:
@@ -189,8 +217,11 @@ class Transfer:
     def _advance(self, f: RemoteFile, n: int) -> None:
         """Called by the client with each chunk before it writes it: raising here keeps the chunk out."""
         if n < 0:  # the client rolls its count back: a retry of its own got the whole file instead of the rest
-            self._observe(False, f"{self.endpoint} ignores Range requests: it answered one for the rest of a cut"
-                          " file with the whole file")
+            self._observe(
+                False,
+                f"{self.endpoint} ignores Range requests: it answered one for the rest of a cut"
+                " file with the whole file",
+            )
             self.file_done = max(0, self.file_done + n)
             return
         now = time.monotonic()
@@ -226,15 +257,20 @@ class Transfer:
     def _remaining(self) -> int:
         """Bytes still to transfer, read from the cache: what the next run will really fetch."""
         c, r = self.plan.cache, self.r
-        return sum(f.size - (partial_bytes(c, r.repo_id, r.kind, f) if self.resumes else 0)
-                   for f in self.plan.selection.keep if not file_ok(c, r.repo_id, r.kind, r.sha, f))
+        return sum(
+            f.size - (partial_bytes(c, r.repo_id, r.kind, f) if self.resumes else 0)
+            for f in self.plan.selection.keep
+            if not file_ok(c, r.repo_id, r.kind, r.sha, f)
+        )
 
     def _resume_note(self) -> str:
         if not self.resumes:
             return f"a cut file restarts from zero here: {self.seen.why if self.seen else 'not resumable'}"
         if self.seen is None:
-            return (f"partial files resume where they stopped if {self.endpoint} honours Range requests, which the next"
-                    " run will show")
+            return (
+                f"partial files resume where they stopped if {self.endpoint} honours Range requests, which the next"
+                " run will show"
+            )
         return "partial files resume where they stopped"
 
     def _stop_message(self, why: str) -> str:
@@ -243,21 +279,26 @@ class Transfer:
         if rate and self.budget:
             n = self.budget.runs_for(left / rate)
             runs = f"; about {n} more run(s) at {human(rate)}/s" if n else ""
-        return (f"stopped before this process's time limit ({why}): {human(left)} of {self.r.kind} "
-                f"'{self.r.repo_id}' left. Rerun to continue ({self._resume_note()}{runs}), or stage where processes"
-                " may run longer to finish in one go (a staging job on the transfer partition:"
-                " cluster.staging.where=job).")
+        return (
+            f"stopped before this process's time limit ({why}): {human(left)} of {self.r.kind} "
+            f"'{self.r.repo_id}' left. Rerun to continue ({self._resume_note()}{runs}), or stage where processes"
+            " may run longer to finish in one go (a staging job on the transfer partition:"
+            " cluster.staging.where=job)."
+        )
 
     def _too_big(self, f: RemoteFile, rate: float) -> str:
         assert self.budget is not None
         why = self.seen.why if self.seen and not self.seen.resumes else "as this run was told"
-        command = (f"python -m sft_grid.stage --repo {self.r.repo_id}"
-                   + (" --dataset" if self.r.kind == "dataset" else ""))
-        return (f"{f.path} of {self.r.kind} '{self.r.repo_id}' is {human(f.size)}: at {human(rate)}/s it needs "
-                f"~{f.size / rate:.0f}s, more than the {self.budget.usable_s:.0f}s a process may run here, and a cut"
-                f" file restarts from zero here ({why}), so reruns would never finish it. Fix: stage it where processes"
-                " may run longer: a staging job on the cluster's transfer partition (cluster.staging.where=job"
-                f" cluster.staging.partition=<it>), or `{command}` in a job on a node that reaches the Hub.")
+        command = f"python -m sft_grid.stage --repo {self.r.repo_id}" + (
+            " --dataset" if self.r.kind == "dataset" else ""
+        )
+        return (
+            f"{f.path} of {self.r.kind} '{self.r.repo_id}' is {human(f.size)}: at {human(rate)}/s it needs "
+            f"~{f.size / rate:.0f}s, more than the {self.budget.usable_s:.0f}s a process may run here, and a cut"
+            f" file restarts from zero here ({why}), so reruns would never finish it. Fix: stage it where processes"
+            " may run longer: a staging job on the cluster's transfer partition (cluster.staging.where=job"
+            f" cluster.staging.partition=<it>), or `{command}` in a job on a node that reaches the Hub."
+        )
 
     # -- the run ------------------------------------------------------------------------------------------------
     def run(self) -> Staged:
@@ -271,8 +312,10 @@ class Transfer:
         stopped = None
         for f in order:
             if self.lock is not None and self.lock.lost:
-                raise TransferFailed(f"another process took the staging lock of '{self.r.repo_id}' (this one "
-                                     "looked dead: paused, or clocks apart). Fix: rerun once it has finished.")
+                raise TransferFailed(
+                    f"another process took the staging lock of '{self.r.repo_id}' (this one "
+                    "looked dead: paused, or clocks apart). Fix: rerun once it has finished."
+                )
             try:
                 self._before(f)
                 self._fetch(f)
@@ -282,10 +325,20 @@ class Transfer:
                 if self.current is not None and self.file_done > 0:  # the next run sees whether it continues
                     memory.record_cut(self.plan.cache, self._blob(self.current), self.file_done)
                 break
-        return Staged(self.r.repo_id, self.r.kind, self.r.revision, self.r.sha,
-                      snapshot_path(self.plan.cache, self.r.repo_id, self.r.kind, self.r.sha),
-                      stopped is None, tuple(f.path for f in self.fetched), sum(f.size for f in self.fetched),
-                      self._remaining(), time.monotonic() - t0, self.measured_rate(), stopped)
+        return Staged(
+            self.r.repo_id,
+            self.r.kind,
+            self.r.revision,
+            self.r.sha,
+            snapshot_path(self.plan.cache, self.r.repo_id, self.r.kind, self.r.sha),
+            stopped is None,
+            tuple(f.path for f in self.fetched),
+            sum(f.size for f in self.fetched),
+            self._remaining(),
+            time.monotonic() - t0,
+            self.measured_rate(),
+            stopped,
+        )
 
     def _before(self, f: RemoteFile) -> None:
         """Raise ``_Stop`` when this run should not start ``f``."""
@@ -307,21 +360,39 @@ class Transfer:
             self.cut = memory.cut_at(self.plan.cache, self._blob(f))
             before, t_try = self.moved, time.monotonic()
             try:
-                path = Path(self.hf.hf_hub_download(
-                    self.r.repo_id, f.path, repo_type=self.r.kind, revision=self.r.sha,
-                    cache_dir=str(self.plan.cache), token=self.token, endpoint=self.endpoint, tqdm_class=self._bar(f)))
+                path = Path(
+                    self.hf.hf_hub_download(
+                        self.r.repo_id,
+                        f.path,
+                        repo_type=self.r.kind,
+                        revision=self.r.sha,
+                        cache_dir=str(self.plan.cache),
+                        token=self.token,
+                        endpoint=self.endpoint,
+                        tqdm_class=self._bar(f),
+                    )
+                )
             except (_Stop, HubError):
                 raise
             except Exception as e:
                 if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                    raise NotEnoughSpace(f"the filesystem of {self.plan.cache} filled up while staging {f.path} "
-                                         f"of '{self.r.repo_id}'. Fix: free space there and rerun.") from e
+                    raise NotEnoughSpace(
+                        f"the filesystem of {self.plan.cache} filled up while staging {f.path} "
+                        f"of '{self.r.repo_id}'. Fix: free space there and rerun."
+                    ) from e
                 attempts = 0 if self.moved > before else attempts + 1
                 retried = self.moved == before and time.monotonic() - t_try >= CLIENT_RETRIED_S
                 if not transient(e) or retried or attempts > self.retries:
-                    err = translate(GaveUp(e, attempts + 1 if not retried else 0) if transient(e) else e,
-                                    self.r.repo_id, self.r.kind, self.r.sha, self.token, self.endpoint,
-                                    self.plan.cache, file=f.path)
+                    err = translate(
+                        GaveUp(e, attempts + 1 if not retried else 0) if transient(e) else e,
+                        self.r.repo_id,
+                        self.r.kind,
+                        self.r.sha,
+                        self.token,
+                        self.endpoint,
+                        self.plan.cache,
+                        file=f.path,
+                    )
                     raise (err or e) from e
                 # progress: go again now
                 delay = 0.0 if attempts == 0 else min(30.0, RETRY_BASE_S * 2 ** (attempts - 1))
@@ -336,8 +407,10 @@ class Transfer:
                 blob_path(self.plan.cache, self.r.repo_id, self.r.kind, f).unlink(missing_ok=True)
                 path.unlink(missing_ok=True)
                 if bad_sums >= 2:
-                    raise TransferFailed(f"{f.path} of '{self.r.repo_id}' arrived corrupted twice (checksum "
-                                         "mismatch). Fix: rerun later; if it persists, report it to the repo owner.")
+                    raise TransferFailed(
+                        f"{f.path} of '{self.r.repo_id}' arrived corrupted twice (checksum "
+                        "mismatch). Fix: rerun later; if it persists, report it to the repo owner."
+                    )
                 log.warning("checksum mismatch on %s of %s: fetching it again", f.path, self.r.repo_id)
                 continue
             if self.cut:  # finished without a body (already complete on disk): nothing to see

@@ -111,9 +111,11 @@ class Plan:
 
     def describe(self) -> str:
         r = self.resolved
-        return (f"{r.kind} {r.repo_id}@{r.sha[:12]}: {len(self.selection.keep)} files, {human(self.bytes_needed)}"
-                f" needed, {human(self.bytes_to_fetch)} to fetch ({len(self.to_fetch)} files),"
-                f" {human(self.free_bytes)} free in {self.cache}")
+        return (
+            f"{r.kind} {r.repo_id}@{r.sha[:12]}: {len(self.selection.keep)} files, {human(self.bytes_needed)}"
+            f" needed, {human(self.bytes_to_fetch)} to fetch ({len(self.to_fetch)} files),"
+            f" {human(self.free_bytes)} free in {self.cache}"
+        )
 
 
 @dataclass(frozen=True)
@@ -199,11 +201,13 @@ class Budget:
 
         What this process spent so far (starting up, resolving) is counted: a rerun spends it again."""
         spent = self.spent(now)
-        return (f"a process time limit of {self.limit_s:g}s leaves no time to transfer here: staging stops"
-                f" {self.margin_s:g}s before the limit (its safety margin), and this process needs {spent:.1f}s before"
-                " its first transfer, so every run would stop having fetched nothing. Fix: the smallest limit that"
-                f" works here is {self.limit_for(spent + needed_s)}s (--time-limit, or cluster.staging.time_limit_s),"
-                " or stage in a job (cluster.staging.where=job).")
+        return (
+            f"a process time limit of {self.limit_s:g}s leaves no time to transfer here: staging stops"
+            f" {self.margin_s:g}s before the limit (its safety margin), and this process needs {spent:.1f}s before"
+            " its first transfer, so every run would stop having fetched nothing. Fix: the smallest limit that"
+            f" works here is {self.limit_for(spent + needed_s)}s (--time-limit, or cluster.staging.time_limit_s),"
+            " or stage in a job (cluster.staging.where=job)."
+        )
 
 
 @dataclass(frozen=True)

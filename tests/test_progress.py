@@ -93,7 +93,9 @@ def test_a_local_dry_run_plans_no_tokenize_job_for_a_cell_alone_and_says_nothing
     proc = run_sft("-m", "model=tiny_llama,tiny_qwen3", "lr=4e-5", "dry_run=true", f"runs_root={tmp_path}", check=True)
     assert "local: 2 train" in proc.stdout and "tokenize" not in proc.stdout.split("submission plan", 1)[1]
     assert "deferred to the job's first step" not in proc.stdout
-    assert proc.stdout.splitlines()[0].startswith("grid of 2 cell(s) (2 to run)")
+    # said first, on stderr with the other progress lines: stdout is the plan alone
+    assert proc.stderr.splitlines()[0].startswith("grid of 2 cell(s) (2 to run)")
+    assert "grid of" not in proc.stdout and proc.stdout.startswith("cell ")
     shared = run_sft("-m", "model=tiny_llama", "seed=1,2", "dry_run=true", f"runs_root={tmp_path / 'b'}", check=True)
     assert "local: 1 tokenize, 2 train" in shared.stdout
     # what a job builds before the cells is built by this command here: not a check "deferred to the job"

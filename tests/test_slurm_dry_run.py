@@ -88,8 +88,8 @@ def snapshot(runs_root: Path) -> dict[str, str]:
     queue = subprocess.run(
         ["squeue", "-h", "-r", "-o", "%i|%j|%T|%r"], capture_output=True, text=True, timeout=30
     ).stdout
-    out["squeue"] = "".join(
-        line + "\n" for line in queue.splitlines() if line.split("|")[1:2] and line.split("|")[1] in names
+    out["squeue"] = "".join(  # sorted: squeue's own order among equals is not stable
+        sorted(line + "\n" for line in queue.splitlines() if line.split("|")[1:2] and line.split("|")[1] in names)
     )
     return out
 

@@ -226,9 +226,9 @@ def test_a_time_limit_too_short_to_transfer_anything_is_refused_in_one_line(hub,
         hub.fail(503, contains=api, method="GET", times=3)
     proc = run_sft(*cell_args(cache, tmp_path / "runs"), "cluster.staging.time_limit_s=10")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stdout + proc.stderr
-    (line,) = lines
+    # stderr: the progress line that says what the command is about to do, then the refusal in one line
+    progress, line = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert progress.startswith("grid of 1 cell(s)"), proc.stdout + proc.stderr
     assert line.startswith("staging refused: a process time limit of 10s") and "smallest limit that works" in line
     assert hub.requests("/resolve/", "GET") == [] and not (tmp_path / "runs").exists()
 

@@ -119,7 +119,8 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
     class Show(flow.Observer):
         def planned(self, cells: int, counts: Any) -> None:
             what = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: kv[0] != "to run"))
-            out(f"grid of {cells} cell(s) ({what}): checking every cell before anything is written or queued")
+            # progress, not a result: on stderr with the live lines, so stdout stays the table or plan alone
+            live.note(f"grid of {cells} cell(s) ({what}): checking every cell before anything is written or sent")
 
         def phase(self, name: str, done: int, total: int, detail: str = "") -> None:
             live.phase(name, done, total, detail)

@@ -27,6 +27,15 @@ class Live:
         self.started: dict[str, float] = {}
         self.printed: dict[str, tuple[Any, float]] = {}  # what a log was last told of each line, and when
 
+    def note(self, text: str) -> None:
+        """One line said once (what the command is about to do), above any live line still drawn."""
+        if self.bars:
+            from tqdm import tqdm
+
+            tqdm.write(text, file=self.stream)
+        else:
+            self._line(text)
+
     # -- phases --------------------------------------------------------------------------------------------------
 
     def phase(self, name: str, done: int, total: int, detail: str = "") -> None:

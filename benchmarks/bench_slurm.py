@@ -1,8 +1,8 @@
 """Benchmark: a 1000-cell grid to the local Slurm cluster, and its status, against Hydra's stock submitit launcher.
 
-Targets (issue "Slurm for real"): at most 2 `sbatch` invocations and at most 5 s from command to all jobs
-queued; status of the 1000-cell grid in at most 1.5 s with one `sacct` call. Side by side: Hydra's stock
-submitit launcher on the same grid (it composes every cell, submits, then blocks until the jobs finish).
+Targets: at most 2 `sbatch` invocations and at most 5 s from command to all jobs queued; status of the 1000-cell
+grid in at most 0.5 s (interpreter start-up included) with one `sacct` call. Side by side: Hydra's stock submitit
+launcher on the same grid (it composes every cell, submits, then blocks until the jobs finish).
 
 The jobs are submitted held (`--hold`): the benchmark measures queueing, not training, and cancels every
 job it queued. `sbatch` and `sacct` are counted by wrappers put first on PATH that exec the real ones.
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         ("sft_grid: command to 1000 cells queued", f"{ours['queue_s']:.2f} s", "<= 5 s", ours["queue_s"] <= 5),
         ("sft_grid: sbatch invocations", f"{ours['sbatch_calls']}", "<= 2", ours["sbatch_calls"] <= 2),
         ("sft_grid: array tasks in squeue", f"{ours['tasks_queued']}", "1000", ours["tasks_queued"] == 1000),
-        ("sft_grid: status of 1000 cells", f"{ours['status_s']:.2f} s", "<= 1.5 s", ours["status_s"] <= 1.5),
+        ("sft_grid: status of 1000 cells", f"{ours['status_s']:.2f} s", "<= 0.5 s", ours["status_s"] <= 0.5),
         ("sft_grid: sacct calls for status", f"{ours['sacct_calls']}", "1", ours["sacct_calls"] == 1),
         (
             f"stock submitit launcher: {stock['cells']} cells queued",

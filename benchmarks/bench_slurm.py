@@ -1,6 +1,8 @@
 """Benchmark: a 1000-cell grid to the local Slurm cluster, and its status, against Hydra's stock submitit launcher.
 
-Targets: at most 2 `sbatch` invocations and at most 5 s from command to all jobs queued; status of the 1000-cell
+Targets: one `sbatch` invocation per job of the grid's plan (the tokenize-once array, the training array, the
+post-training array: 3), the 1000 cells as the training array's 1000 tasks, and at most 5 s from command to all
+jobs queued; status of the 1000-cell
 grid in at most 0.5 s (interpreter start-up included) with one `sacct` call. Side by side: Hydra's stock submitit
 launcher on the same grid (it composes every cell, submits, then blocks until the jobs finish).
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -67,6 +70,12 @@ def queued_tasks(prefix: str) -> int:
     return sum(1 for name in out if name.startswith(prefix))
 
 
+def train_job(output: str) -> str:
+    """The training array's name, from the command's line `queued N cell(s) as sft_grid-<hash>: ...`."""
+    found = re.search(r"queued \d+ cell\(s\) as (sft_grid-[0-9a-f]{12})", output)
+    return found.group(1) if found else "(no training array announced)"
+
+
 GROUPS = [*bench_plan.SHAPES["groups"][0]]
 
 
@@ -98,7 +107,9 @@ def bench_sft_grid(
         result = {
             "queue_s": queue_s,
             "sbatch_calls": calls(counts, "sbatch"),
-            "tasks_queued": queued_tasks("sft_grid-"),
+            # the plan's jobs, as the command announces each: "<what> ... as sft_grid-<hash>" or "array sft_grid-..."
+            "jobs_planned": len(set(re.findall(r"\b(sft_grid-[0-9a-f]{12})\b", proc.stdout + proc.stderr))),
+            "tasks_queued": queued_tasks(train_job(proc.stdout + proc.stderr)),
         }
         reset(counts)
         started = time.perf_counter()
@@ -187,8 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     scale = 1000 / stock["cells"]
     rows = [
         ("sft_grid: command to 1000 cells queued", f"{ours['queue_s']:.2f} s", "<= 5 s", ours["queue_s"] <= 5),
-        ("sft_grid: sbatch invocations", f"{ours['sbatch_calls']}", "<= 2", ours["sbatch_calls"] <= 2),
-        ("sft_grid: array tasks in squeue", f"{ours['tasks_queued']}", "1000", ours["tasks_queued"] == 1000),
+        (
+            "sft_grid: sbatch invocations",
+            f"{ours['sbatch_calls']}",
+            f"one per job planned ({ours['jobs_planned']})",
+            ours["sbatch_calls"] == ours["jobs_planned"] <= 3,
+        ),
+        ("sft_grid: training array tasks in squeue", f"{ours['tasks_queued']}", "1000", ours["tasks_queued"] == 1000),
         ("sft_grid: status of 1000 cells", f"{ours['status_s']:.2f} s", "<= 0.5 s", ours["status_s"] <= 0.5),
         ("sft_grid: sacct calls for status", f"{ours['sacct_calls']}", "1", ours["sacct_calls"] == 1),
         (

@@ -93,6 +93,31 @@ def test_an_offline_site_uploads_from_its_post_partition_when_it_names_one(make_
     assert dict(post_request_for(plain.spec, needs_hub=True).params)["partition"] == "debug"
 
 
+def test_jobs_without_gpus_keep_the_clusters_own_sbatch_options_but_not_its_gpu_requests(make_cells):
+    """cluster.sbatch_extra holds what every job of the site must carry (capella's file-system licenses, a
+    reservation, a hold) and, on sites whose GPU request names a type, the request itself (empireai's
+    `gres: gpu:b200:4`): the tokenize-once and post-training jobs keep the first and drop the second."""
+    from sft_grid.grid.jobs import post_request_for, request_for, tokenize_request
+
+    extra = {"licenses": "walrus:1", "gres": "gpu:b200:4", "gpus-per-task": 1, "reservation": "r1"}
+    (cell,) = make_cells(
+        [
+            "model=tiny_llama",
+            "cluster=slurm_local",
+            *(f"+cluster.sbatch_extra.{k}={v}" for k, v in extra.items()),
+        ]
+    )
+    train = dict(dict(request_for(cell.spec, 60).params)["additional_parameters"])
+    assert train == {"requeue": True, **extra}
+    kept = {"licenses": "walrus:1", "reservation": "r1"}
+    assert dict(dict(tokenize_request(cell.spec).params)["additional_parameters"]) == kept  # never requeued
+    post = dict(post_request_for(cell.spec, needs_hub=False).params)
+    assert dict(post["additional_parameters"]) == {"requeue": True, **kept} and "gres" not in post
+    # a gres that is no GPU (a licence-like resource) is kept
+    (nvme,) = make_cells(["model=tiny_llama", "cluster=slurm_local", "+cluster.sbatch_extra.gres=nvme:1"])
+    assert dict(dict(tokenize_request(nvme.spec).params)["additional_parameters"]) == {"gres": "nvme:1"}
+
+
 def test_zero3_models_get_a_deepspeed_config_in_both_backends(make_cells, tmp_path):
     big, small = make_cells(["model=qwen3_32b", "micro_batch_size=2"], ["model=qwen3_8b"])
     files = render(big, tmp_path / "big", []).files

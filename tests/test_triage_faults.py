@@ -120,8 +120,16 @@ def roots(tmp_path: Path, tiny_assets: Path) -> Iterator[Callable[[str], Path]]:
 @slurm
 def test_host_out_of_memory_under_a_memory_limit(roots):
     root = roots("oom")
-    # 200 MB: less than a python with torch imported holds, so the training step goes over it at once
-    run_sft(*LONG, "cluster=slurm_local", "+cluster.sbatch_extra.mem=200M", f"runs_root={root}", check=True)
+    # 200 MB: less than a python with torch imported holds, so the cell's job goes over it at once. sbatch_extra is
+    # every job's (a tokenize-once job would be killed first, and the cell never start): the cell tokenizes itself
+    run_sft(
+        *LONG,
+        "cluster=slurm_local",
+        "+cluster.sbatch_extra.mem=200M",
+        "tokenize_once=false",
+        f"runs_root={root}",
+        check=True,
+    )
     st = final(root, 600)
     assert st.state is State.FAILED and st.failure_class == "host_oom", st
     assert "memory limit" in st.evidence, st.evidence

@@ -249,7 +249,20 @@ def post_request_for(spec: Any, needs_hub: bool) -> SlurmRequest:
     if needs_hub and not spec.cluster.internet_on_compute and spec.cluster.post_partition:
         changes["partition"] = spec.cluster.post_partition
     # a few cores: consolidation and uploads are bound by memory and network, and training needs the rest
+    changes["additional_parameters"] = _without_gpus(request)
     return SlurmRequest(request.replace(drop=("gpus_per_node", "gres"), **changes).params, 0)
+
+
+def _asks_for_gpus(option: str, value: Any) -> bool:
+    name = option.replace("-", "_")
+    return name.startswith(("gpu", "gres")) and (name != "gres" or "gpu" in str(value))
+
+
+def _without_gpus(request: SlurmRequest) -> tuple[tuple[str, Any], ...]:
+    """The cell's own sbatch options (cluster.sbatch_extra: licenses, a reservation, a hold, ...) for a job that
+    needs no GPU: every option but those that ask for GPUs (a typed `gres: gpu:b200:4`, `gpus`, ...)."""
+    extra = dict(dict(request.params).get("additional_parameters", ()))
+    return tuple(sorted((k, v) for k, v in extra.items() if not _asks_for_gpus(k, v)))
 
 
 def prep_request(request: SlurmRequest) -> SlurmRequest:
@@ -308,10 +321,12 @@ def minutes(decision: Decision) -> int:
 
 def tokenize_request(spec: Any) -> SlurmRequest:
     """A tokenize-once job: one CPU task on one node of the cluster's partition, all its cores (the backend's
-    preprocessing uses them), no GPU, never requeued."""
+    preprocessing uses them), no GPU, never requeued; the cluster's other sbatch options as its cells have them."""
     request = request_for(spec, tokenize_stage.TIME_MIN)
+    extra = tuple((k, v) for k, v in _without_gpus(request) if k != "requeue")
     return SlurmRequest(
-        request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), nodes=1, additional_parameters=()).params, 0
+        request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), nodes=1, additional_parameters=extra).params,
+        0,
     )
 
 

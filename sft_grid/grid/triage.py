@@ -14,22 +14,23 @@ import logging
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sft_grid.core import events
 from sft_grid.core.events import Kind
-from sft_grid.core.failures.cell import cell_config, failed_event, rerun_argv, triage
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.sacct import SacctLeg, group_legs
 from sft_grid.core.layout import LOCK_FILE, iter_cell_dirs
-from sft_grid.core.lock import Lock
 from sft_grid.core.state import State
-from sft_grid.grid.decide import Action, decide
-from sft_grid.grid.execute import apply
-from sft_grid.grid.jobs import build
 from sft_grid.grid.view import GridView, read_view
-from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.schedulers import slurm
-from sft_grid.stages import notify
+
+if TYPE_CHECKING:
+    from sft_grid.planning.cells import Cell
+
+# `status` reads a grid through `settle`: what only a failure to triage, a notification or a requeue needs (the
+# logs' rules, the planning and submission layers) is imported where it is used, so status of 1000 cells stays
+# well under half a second
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,14 @@ def _unrecorded(view: GridView, cell_dir: Path) -> bool:
 def settle(view: GridView, cell_dirs: Sequence[Path]) -> None:
     """Triage the failures nobody recorded and notify ends; the view's histories get the new events."""
     todo = [d for d in cell_dirs if _unrecorded(view, d)]
+    if todo:
+        _triage(view, todo)
+    _notify(view, cell_dirs)
+
+
+def _triage(view: GridView, todo: Sequence[Path]) -> None:
+    from sft_grid.core.failures.cell import failed_event, triage
+
     ids = {d: view.state(d).job_id for d in todo}
     legs = {}
     if any(ids.values()) and view.scheduler is not None and view.scheduler.available:
@@ -69,10 +78,11 @@ def settle(view: GridView, cell_dirs: Sequence[Path]) -> None:
         except OSError as exc:  # a full disk, say: shown now, recorded by the next reader that can write
             log.warning("%s: could not record its triage (%s)", cell_dir.name, exc)
         history.append(event)
-    _notify(view, cell_dirs)
 
 
 def _notify(view: GridView, cell_dirs: Sequence[Path]) -> None:
+    from sft_grid.stages import notify
+
     by_sweep: dict[Path, list[Path]] = {}
     for d in cell_dirs:
         by_sweep.setdefault(d.parent, []).append(d)
@@ -91,6 +101,9 @@ def _notify(view: GridView, cell_dirs: Sequence[Path]) -> None:
 
 
 def cell_from_dir(cell_dir: Path) -> Cell:
+    from sft_grid.core.failures.cell import cell_config, rerun_argv
+    from sft_grid.planning.cells import plan_cell
+
     config = cell_config(cell_dir)
     if not config:
         raise FileNotFoundError(f"{cell_dir} holds no readable cell.yaml")
@@ -101,6 +114,11 @@ def cell_from_dir(cell_dir: Path) -> Cell:
 
 def requeue(cell_dir: Path) -> str:
     """What was done, in one line."""
+    from sft_grid.core.lock import Lock
+    from sft_grid.grid.decide import Action, decide
+    from sft_grid.grid.execute import apply
+    from sft_grid.grid.jobs import build
+
     cell_dir = cell_dir.resolve()
     cell = cell_from_dir(cell_dir)
     with Lock(cell_dir.parent / LOCK_FILE):  # one invocation decides and submits for a sweep at a time

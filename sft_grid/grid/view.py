@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sft_grid.core import events
@@ -20,12 +20,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GridView:
+    """One reading of the grid: its ledgers and the scheduler's jobs. Each cell's state is derived once from them
+    (again only when its history grew, as `settle` appends the triage it records)."""
+
     histories: dict[Path, list[Event]]
     # None: nothing of these cells went to Slurm
     scheduler: SchedulerView | None
+    _states: dict[Path, tuple[int, CellState]] = field(default_factory=dict, repr=False, compare=False)
 
     def state(self, cell_dir: Path) -> CellState:
-        return state_of(cell_dir, self.scheduler, self.histories[cell_dir])
+        history = self.histories[cell_dir]
+        known = self._states.get(cell_dir)
+        if known is None or known[0] != len(history):
+            known = self._states[cell_dir] = (len(history), state_of(cell_dir, self.scheduler, history))
+        return known[1]
 
 
 def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = (), base_dirs: Sequence[Path] = ()) -> GridView:

@@ -34,7 +34,6 @@ from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.core.scores import EvalFile, ScoreSpec, has_score, write_score
 from sft_grid.core.state import SchedulerView, alive
 from sft_grid.core.templates import effective_template, template_digest, template_matches
-from sft_grid.planning.evaluation import TINY_TASKS, tasks_digest, write_tiny_tasks
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +93,8 @@ def served_digest(target_dir: Path, plan: EvalFile, todo: Sequence[ScoreSpec]) -
 
 def include_paths(plan: EvalFile, todo: Sequence[ScoreSpec]) -> list[str]:
     """The task directories the harness reads: the suite's own, and the project's tiny tasks written here."""
+    from sft_grid.planning.evaluation import TINY_TASKS, tasks_digest, write_tiny_tasks  # status reads no plan
+
     paths = list(plan.include_paths)
     if any(s.task in TINY_TASKS for s in todo):
         where = cache_root() / "eval_tasks" / f"tiny-{tasks_digest()}"

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile
@@ -50,8 +50,6 @@ from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LOGS_DIR, OUTPUT_DIR, WEIGHT_FILES, checkpoints, output_complete
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.core.state import JobState, SchedulerView, alive, post_job_id
-from sft_grid.planning.cells import Cell
-from sft_grid.planning.environments import bin_dir
 
 STAGES = ("consolidate", "preprocessor_config", "tokenizer", "upload", "register", "cleanup")
 # stages that reach the Hub: they run in a job only where its nodes have internet
@@ -108,6 +106,8 @@ def upload_in_job(spec: Any) -> bool:
 
 def post_file(cell: Cell) -> PostFile:
     """post.json: what the job (or the login-node command) needs to run the chain without conf/."""
+    from sft_grid.planning.environments import bin_dir
+
     s = cell.spec
     return PostFile(
         cell=cell.name,
@@ -240,6 +240,9 @@ def todo(cell: Cell, cell_dir: Path, history: Sequence[Event], view: SchedulerVi
         return Todo(tuple(runnable), f"post stages to run: {', '.join(runnable)}")
     return Todo((), f"{left[0]} waits: python -m sft_grid.post {cell_dir}")
 
+
+if TYPE_CHECKING:  # status reads the chain's state without the planning layer
+    from sft_grid.planning.cells import Cell
 
 log = logging.getLogger(__name__)
 

@@ -165,3 +165,38 @@ def venv_python(backend: str) -> Path:
             f"no ready {backend} environment under {sft_grid_cache() / 'envs'} (python -m sft_grid.env build {backend})"
         )
     return ready[-1].parent / "bin" / "python"
+
+
+# -- a cell on the synthetic repos, and `python -m sft_grid.stage` as a user runs it -----------------------
+
+
+def cell_args(cache: Path, runs: Path, model: str = "org/tiny", data: str = "org/chat") -> list[str]:
+    """A cell on the synthetic repos of tests/hubtools.py; its backend environment is not on this machine, so the
+    checks that need one wait for the job (the fast set starts no backend)."""
+    return [
+        "model=tiny_llama",
+        "model.path=null",
+        f"model.hub_id={model}",
+        "dataset=tiny_messages",
+        f"dataset.tiny_messages.source={data}",
+        f"cluster.hf_cache={cache}",
+        f"runs_root={runs}",
+        "max_steps=2",
+        f"+cluster.backend_venvs.llamafactory={runs.parent / 'no-venv'}",
+    ]
+
+
+def stage_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sft_grid.stage", *args]
+
+
+def run_stage(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run(stage_cmd(*args), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def popen_stage(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(
+        stage_cmd(*args), cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )

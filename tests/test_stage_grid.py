@@ -14,10 +14,7 @@ staging one repository fetch each file once. (Servers that differ from the Hub: 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,44 +24,21 @@ from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.hubcache import is_complete, snapshot_path
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.core.paths import REPO_ROOT
-from tests.hubtools import DATASET_NEEDED, MODEL_NEEDED, MiB, dataset_files, model_files, wait_for
+from tests.hubtools import (
+    DATASET_NEEDED,
+    MODEL_NEEDED,
+    MiB,
+    cell_args,
+    dataset_files,
+    model_files,
+    popen_stage,
+    run_stage,
+    wait_for,
+)
 
 from .conftest import run_sft
 
 pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hub (the loopback server, HF_ENDPOINT set), cache, hf_env
-
-
-def cell_args(cache: Path, runs: Path, model: str = "org/tiny", data: str = "org/chat") -> list[str]:
-    """A cell on the synthetic repos of tests/hubtools.py; its backend environment is not on this machine, so the
-    checks that need one wait for the job (the fast set starts no backend)."""
-    return [
-        "model=tiny_llama",
-        "model.path=null",
-        f"model.hub_id={model}",
-        "dataset=tiny_messages",
-        f"dataset.tiny_messages.source={data}",
-        f"cluster.hf_cache={cache}",
-        f"runs_root={runs}",
-        "max_steps=2",
-        f"+cluster.backend_venvs.llamafactory={runs.parent / 'no-venv'}",
-    ]
-
-
-def stage_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sft_grid.stage", *args]
-
-
-def run_stage(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(stage_cmd(*args), cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def popen_stage(*args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.Popen(
-        stage_cmd(*args), cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
 
 
 def fetched(hub, repo: str) -> list[str]:

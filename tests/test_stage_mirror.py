@@ -20,8 +20,6 @@ starts servers (marker ``mirror``); every test stops by itself within seconds (w
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,12 +45,13 @@ from sft_grid.stages.staging import (
 )
 from sft_grid.stages.staging.client import client_version
 from tests.hubserver import HubServer
-from tests.hubtools import MiB, dataset_files, model_files
+from tests.hubtools import MiB, cell_args, dataset_files, model_files, run_stage
+
+from .conftest import run_sft
 
 pytest_plugins = ["tests.hub_fixtures", "tests.olah_mirror"]  # fixtures: hf_env, cache; olah
 pytestmark = pytest.mark.mirror
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 UNKNOWN_SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -108,33 +107,6 @@ def weights_repo(server: Server, size: int = 300_000) -> tuple[str, str, dict[st
     files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(size)}
     repo = repo_name()
     return repo, server.commit(repo, files, "model"), files
-
-
-def stage_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`python -m sft_grid.stage` as a user runs it (HF_ENDPOINT and the client's environment from the test's)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "sft_grid.stage", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def run_grid(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "sft_grid", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def one_line(text: str) -> str:
@@ -210,7 +182,7 @@ def test_time_limited_runs_behind_a_server_that_ignores_range_end_instead_of_loo
     repo, _, files = weights_repo(server, size=6 * MiB if server.hub else 300_000)
     if server.hub is not None:  # 1 MiB/s: the first run moves part of the file and stops before its limit
         server.hub.throttle(1 * MiB, path="model.safetensors")
-        first = stage_cli("--repo", repo, "--cache", str(cache), "--time-limit", "9")
+        first = run_stage("--repo", repo, "--cache", str(cache), "--time-limit", "9")
         assert first.returncode == 3, first.stdout + first.stderr
         out = first.stdout + first.stderr
         assert out.count("stopped before this process's time limit") == 1  # printed once
@@ -221,11 +193,11 @@ def test_time_limited_runs_behind_a_server_that_ignores_range_end_instead_of_loo
         partial.parent.mkdir(parents=True)
         partial.write_bytes(files["model.safetensors"][:100_000])
         memory.keep_rate(cache, 20_000)
-    second = stage_cli("--repo", repo, "--cache", str(cache), "--time-limit", "9")
+    second = run_stage("--repo", repo, "--cache", str(cache), "--time-limit", "9")
     assert second.returncode == 1, second.stdout + second.stderr
     line = one_line(second.stderr)
     assert "restarts from zero" in line and "cluster.staging.where=job" in line and "partial files resume" not in line
-    third = stage_cli("--repo", repo, "--cache", str(cache), "--time-limit", "9")
+    third = run_stage("--repo", repo, "--cache", str(cache), "--time-limit", "9")
     assert third.returncode == 1 and "cluster.staging.where=job" in one_line(third.stderr)
 
 
@@ -301,10 +273,10 @@ def test_the_stage_command_says_which_thing_is_missing_in_one_line(server, cache
         pytest.skip("the entry point is the same for every server: run it where the answers differ most")
     repo, _, _ = weights_repo(server)
     server.fail_unknown_sha()
-    branch = stage_cli("--repo", repo, "--revision", "nope", "--cache", str(cache))
+    branch = run_stage("--repo", repo, "--revision", "nope", "--cache", str(cache))
     assert branch.returncode == 1
     assert f"revision 'nope' of model repo '{repo}' does not exist" in one_line(branch.stderr)
-    sha = stage_cli("--repo", repo, "--revision", UNKNOWN_SHA, "--cache", str(cache))
+    sha = run_stage("--repo", repo, "--revision", UNKNOWN_SHA, "--cache", str(cache))
     assert sha.returncode == 1
     line = one_line(sha.stderr)
     assert f"revision '{UNKNOWN_SHA}' of model repo '{repo}'" in line and "500" in line and " Fix: " in line
@@ -322,18 +294,8 @@ def test_the_grid_and_its_dry_run_name_a_recorded_commit_the_server_lacks(server
     model_sha = server.commit(model, model_files(), "model")
     data_sha = server.commit(data, dataset_files(), "dataset")
     runs = tmp_path / "runs"
-    cell_args = [
-        "model=tiny_llama",
-        "model.path=null",
-        f"model.hub_id={model}",
-        "dataset=tiny_messages",
-        f"dataset.tiny_messages.source={data}",
-        f"cluster.hf_cache={cache}",
-        f"runs_root={runs}",
-        "max_steps=2",
-        f"+cluster.backend_venvs.llamafactory={tmp_path / 'no-venv'}",
-    ]
-    assert run_grid(*cell_args, "dry_run=true").returncode == 0  # renders the cell
+    argv = cell_args(cache, runs, model, data)
+    assert run_sft(*argv, "dry_run=true").returncode == 0  # renders the cell
     (cell,) = iter_cell_dirs(runs / "default")
     inputs = [
         {"kind": "model", "repo": model, "revision": "main", "sha": UNKNOWN_SHA},
@@ -345,7 +307,7 @@ def test_the_grid_and_its_dry_run_name_a_recorded_commit_the_server_lacks(server
         server.fail_unknown_sha()
 
     for extra in (["dry_run=true"], []):
-        proc = run_grid(*cell_args, "rerun_failed=true", *extra)
+        proc = run_sft(*argv, "rerun_failed=true", *extra)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         err = proc.stderr
         assert "Traceback" not in err + proc.stdout and "found by staging; nothing was submitted" in err

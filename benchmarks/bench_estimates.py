@@ -27,27 +27,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_plan import REPO, SFT_TIMEOUT_S, SHAPES, BenchError, check, timed, write_configs
+from bench_plan import REPO, SFT_TIMEOUT_S, SHAPES, BenchError, check, grid_argv, timed, write_configs
 
 TARGET_RATIO = 1.10
 
 
 def dry_run(conf: Path, runs_root: Path, cwd: Path, estimates: bool) -> tuple[float, str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "sft_grid",
-        "-m",
-        *SHAPES["groups"][0],
-        f"hydra.searchpath=[file://{conf}]",
-        "dry_run=true",
-        f"runs_root={runs_root}",
-    ]
-    os.environ["SFT_GRID_ESTIMATES"] = "1" if estimates else "0"
-    try:
-        seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, REPO)  # this checkout, whatever pip installed
-    finally:
-        del os.environ["SFT_GRID_ESTIMATES"]
+    argv = grid_argv(conf, SHAPES["groups"][0], runs_root, "dry_run=true")
+    # this checkout, whatever pip installed
+    seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, REPO, {"SFT_GRID_ESTIMATES": "1" if estimates else "0"})
     check(f"dry run, estimates {'on' if estimates else 'off'}", proc)
     cells = [d for d in (runs_root / "default").iterdir() if (d / "cell.yaml").is_file()]
     if len(cells) != 1000:

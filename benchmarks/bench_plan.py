@@ -199,19 +199,25 @@ def check(what: str, proc: subprocess.CompletedProcess[str]) -> None:
         raise BenchError(f"{what} exited {proc.returncode}\n{tail(proc.stderr)}\n{tail(proc.stdout)}")
 
 
-def run_sft_grid(
-    conf: Path, overrides: list[str], runs_root: Path, cwd: Path, label: str, checkout: Path | None = None
-) -> float:
-    argv = [
+def grid_argv(conf: Path, overrides: list[str], runs_root: Path, *settings: str) -> list[str]:
+    """`python -m sft_grid -m OVERRIDES SETTINGS` on the benchmark's configs (`conf` on Hydra's search path), into
+    `runs_root`: the command each benchmark times."""
+    return [
         sys.executable,
         "-m",
         "sft_grid",
         "-m",
         *overrides,
         f"hydra.searchpath=[file://{conf}]",
-        "dry_run=true",
+        *settings,
         f"runs_root={runs_root}",
     ]
+
+
+def run_sft_grid(
+    conf: Path, overrides: list[str], runs_root: Path, cwd: Path, label: str, checkout: Path | None = None
+) -> float:
+    argv = grid_argv(conf, overrides, runs_root, "dry_run=true")
     seconds, proc = timed(argv, cwd, SFT_TIMEOUT_S, checkout, {"SFT_GRID_ESTIMATES": "1"})
     check(f"sft_grid dry run ({label})", proc)
     sweep = runs_root / "default"

@@ -87,17 +87,7 @@ def bench_sft_grid(
     label: str = "",
 ) -> dict[str, float]:
     runs = work / f"runs{label}"
-    argv = [
-        sys.executable,
-        "-m",
-        "sft_grid",
-        "-m",
-        *GROUPS,
-        f"hydra.searchpath=[file://{conf}]",
-        "cluster=slurm_local",
-        "+cluster.sbatch_extra.hold=true",
-        f"runs_root={runs}",
-    ]
+    argv = bench_plan.grid_argv(conf, GROUPS, runs, "cluster=slurm_local", "+cluster.sbatch_extra.hold=true")
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
     queue_s = time.perf_counter() - started

@@ -128,27 +128,13 @@ def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
     per_cell, summary = accuracy(table.rows, ms)
     cells = [
         {
-            "name": r.name,
+            **r.to_json(),
             "key": r.key,
-            "dir": str(r.dir),
-            "values": r.values,
-            "state": r.state,
-            "reason": r.reason,
-            "step": r.step,
-            "total_steps": r.total,
-            "final_loss": r.final_loss,
-            "latest_loss": r.latest_loss,
             "scores": {c: s.to_json() for c, s in r.scores.items() if s.status == "ok"},
             "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
-            "wall_seconds": r.wall_seconds,
-            "gpus": r.gpus,
-            "gpu_hours": r.gpu_hours,
-            "estimate_gpu_hours": r.estimate_gpu_hours,
             "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
-            "params": r.params,
             "compute_budget": r.compute_budget,
             "recipe": r.recipe or None,
-            "model": r.model,
             "curve": curve(r),
         }
         for r in table.rows

@@ -200,6 +200,26 @@ class Row:
         v = (self.estimate or {}).get("gpu_hours")
         return float(v) if isinstance(v, (int, float)) else None
 
+    def to_json(self) -> dict[str, Any]:
+        """What `results --format json` and the report's data both say of a row; each adds its own keys."""
+        return {
+            "name": self.name,
+            "dir": str(self.dir),
+            "values": self.values,
+            "state": self.state,
+            "reason": self.reason,
+            "step": self.step,
+            "total_steps": self.total,
+            "final_loss": self.final_loss,
+            "latest_loss": self.latest_loss,
+            "wall_seconds": self.wall_seconds,
+            "gpus": self.gpus,
+            "gpu_hours": self.gpu_hours,
+            "estimate_gpu_hours": self.estimate_gpu_hours,
+            "model": self.model,
+            "params": self.params,
+        }
+
 
 @dataclass(frozen=True)
 class GridTable:

@@ -62,25 +62,7 @@ def text_rows(table: Any) -> list[list[str]]:
 
 def as_json(table: Any) -> dict[str, Any]:
     def row(r: Any) -> dict[str, Any]:
-        return {
-            "name": r.name,
-            "dir": str(r.dir),
-            "base": r.base,
-            "values": r.values,
-            "state": r.state,
-            "reason": r.reason,
-            "step": r.step,
-            "total_steps": r.total,
-            "final_loss": r.final_loss,
-            "latest_loss": r.latest_loss,
-            "scores": {c: s.to_json() for c, s in r.scores.items()},
-            "wall_seconds": r.wall_seconds,
-            "gpus": r.gpus,
-            "gpu_hours": r.gpu_hours,
-            "estimate_gpu_hours": r.estimate_gpu_hours,
-            "model": r.model,
-            "params": r.params,
-        }
+        return {**r.to_json(), "base": r.base, "scores": {c: s.to_json() for c, s in r.scores.items()}}
 
     return {
         "grid": table.name,

@@ -15,6 +15,30 @@ from sft_grid.grid.view import read_view
 
 T = TypeVar("T")
 
+# a tiny Llama that trains far longer than any test waits or any time-limit leg lasts (a checkpoint every 10 steps)
+LONG_TRAINING = [
+    "model=tiny_llama",
+    "max_steps=3000",
+    "save_steps=10",
+    "global_batch_size=16",
+    "micro_batch_size=1",
+    "scheduler=constant",
+]
+# the keys of a score file (the score's contract with the report, results and the next evaluation)
+SCORE_KEYS = {
+    "score_id",
+    "task",
+    "suite",
+    "settings",
+    "harness",
+    "model",
+    "model_path",
+    "template_digest",
+    "metrics",
+    "time",
+    "seconds",
+}
+
 
 def ledger(cell_dir: Path) -> list[dict[str, Any]]:
     """The cell's events as the file holds them (one dict a line)."""

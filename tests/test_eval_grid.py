@@ -29,26 +29,13 @@ from sft_grid.core.scores import BASE_DIR, read_scores
 from sft_grid.stages.evaluate import TRAINED_TEMPLATE
 
 from .conftest import run_sft
-from .helpers import kinds, ledger
+from .helpers import SCORE_KEYS, kinds, ledger
 
 log = logging.getLogger(__name__)
 
 pytestmark = pytest.mark.backend
 
 TINY = ["model=tiny_llama", "max_steps=4", "global_batch_size=4", "micro_batch_size=2", "eval=tiny"]
-CONTRACT = {
-    "score_id",
-    "task",
-    "suite",
-    "settings",
-    "harness",
-    "model",
-    "model_path",
-    "template_digest",
-    "metrics",
-    "time",
-    "seconds",
-}
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +78,7 @@ def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone
     trained = events.last(events.read(cell), Kind.COMPLETED).details[TRAINED_TEMPLATE]
     for target, model in ((cell, cell.name), (base, "tiny_llama")):
         (score,) = read_scores(target).values()
-        assert set(score) == CONTRACT | ({"base"} if target == base else set())
+        assert set(score) == SCORE_KEYS | ({"base"} if target == base else set())
         assert (score["task"], score["suite"], score["model"], score["harness"]) == (
             "tiny_mc",
             "tiny",

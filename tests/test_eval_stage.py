@@ -29,6 +29,8 @@ from sft_grid.planning import evaluation
 from sft_grid.stages import evaluate as stage
 from sft_grid.stages.evaluate import state_of
 
+from .helpers import SCORE_KEYS
+
 EVALUATE = IN_VENV_DIR / "lm_eval_run.py"
 
 
@@ -341,19 +343,7 @@ def test_the_stage_writes_each_score_file_and_fails_only_the_task_that_failed(tm
     scores = read_scores(cell)
     assert list(scores) == ["aaaaaaaaaaaa"] and not score_path(cell, "bbbbbbbbbbbb").exists()
     score = scores["aaaaaaaaaaaa"]
-    assert set(score) == {
-        "score_id",
-        "task",
-        "suite",
-        "settings",
-        "harness",
-        "model",
-        "model_path",
-        "template_digest",
-        "metrics",
-        "time",
-        "seconds",
-    }
+    assert set(score) == SCORE_KEYS
     assert (score["task"], score["suite"], score["harness"], score["model"]) == (
         "tiny_mc",
         "tiny",

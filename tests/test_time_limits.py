@@ -30,20 +30,12 @@ from sft_grid.core.layout import checkpoints, iter_cell_dirs
 from sft_grid.core.state import CellState, State
 
 from .conftest import holding_cluster, run_sft
-from .helpers import cancel_jobs_of, ledger, triaged_states, wait_for
+from .helpers import LONG_TRAINING, cancel_jobs_of, ledger, triaged_states, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend, pytest.mark.xdist_group("cluster_alone")]
 
-# a tiny Llama that trains far longer than any leg (a checkpoint every 10 steps; slurm_local's env: one thread)
-LONG = [
-    "model=tiny_llama",
-    "max_steps=3000",
-    "save_steps=10",
-    "global_batch_size=16",
-    "micro_batch_size=1",
-    "scheduler=constant",
-    "cluster=slurm_local",
-]
+# on the local cluster (its env: one thread a process)
+LONG = [*LONG_TRAINING, "cluster=slurm_local"]
 GRIDS = {
     "none": ([*LONG, "time=00:02:00", "cluster.max_requeues=0"], {"SFT_GRID_ESTIMATES": "0"}),
     "one": ([*LONG, "time=00:02:00", "cluster.max_requeues=1"], {"SFT_GRID_ESTIMATES": "0"}),

@@ -28,21 +28,13 @@ from sft_grid.core.layout import checkpoints, iter_cell_dirs
 from sft_grid.core.state import CellState, State
 
 from .conftest import run_sft
-from .helpers import cancel_jobs_of, ledger, triaged_states
+from .helpers import LONG_TRAINING, cancel_jobs_of, ledger, triaged_states
 
 pytestmark = [pytest.mark.backend]
 slurm = pytest.mark.slurm
 
 T = TypeVar("T")
-# a tiny Llama that trains long enough to be caught (checkpoints every 10 steps)
-LONG = [
-    "model=tiny_llama",
-    "max_steps=3000",
-    "save_steps=10",
-    "global_batch_size=16",
-    "micro_batch_size=1",
-    "scheduler=constant",
-]
+LONG = LONG_TRAINING  # long enough to be caught
 WAIT_S = 1800  # CI's shared 2-core machine can be several times slower than a workstation
 
 

@@ -21,22 +21,57 @@ from .conftest import hydra_plain, run_sft
 SWEEP = REPO_ROOT / "sweeps" / "delphi_scaling.yaml"
 BUDGETS = ["3e18", "9e18", "2e19", "3e19", "9e19", "2e20", "3e20", "1e21", "1e22"]
 MIXES = ["p33m67", "p50m50", "p67m33"]
-BASE_SIZES = {
-    "447M": 0.447,
-    "550M": 0.55,
-    "837M": 0.837,
-    "998M": 0.998,
-    "1.4B": 1.4,
-    "1.9B": 1.9,
-    "2.5B": 2.5,
-    "3.4B": 3.4,
-    "9.7B": 9.7,
+# marin's canonical Delphi registry, as published (marin-community/marin at 5afac0bdf8202b7f908a48d87af65fe41b60cc54,
+# experiments/delphi_models.py: ALL_DELPHI_MODELS and DELPHI_HF_REVISIONS): budget -> (repo, pinned Hub commit, hidden
+# size, layers, batch, trainer steps)
+REGISTRY = {
+    "3e18": ("delphi-3e18-447Mparams-1.2Btokens", "d39dd26109500de83cb3a7b79d73420785139246", 1024, 11, 8, 37335),
+    "9e18": ("delphi-9e18-550Mparams-2.9Btokens", "24722a6b925deaa9b51d9cb59373a2edf42e959e", 1152, 12, 16, 44096),
+    "2e19": ("delphi-2e19-837Mparams-3.6Btokens", "513d4b7333233fa3a63f24430d7ac78237d9db36", 1408, 15, 16, 54915),
+    "3e19": ("delphi-3e19-998Mparams-5Btokens", "b1648396f93f50daf561208b3e4cfe080b9d5e2c", 1536, 16, 32, 38014),
+    "9e19": ("delphi-9e19-1.4Bparams-10.6Btokens", "d5712937fe6d6666d7205107539b9ec6dc801fa7", 1792, 18, 64, 40163),
+    "2e20": ("delphi-2e20-1.9Bparams-14.8Btokens", "6c7305b56385327c60eecbab6482201477c8172d", 2048, 21, 64, 56392),
+    "3e20": ("delphi-3e20-2.5Bparams-18.6Btokens", "b585d913d6f72cf86482a7adc71cc77af4b910f3", 2304, 23, 128, 35510),
+    "1e21": ("delphi-1e21-3.4Bparams-46.3Btokens", "586f00015fed3a11a72db392c1236d9947e8b652", 2560, 26, 512, 22057),
+    "1e22": ("delphi-1e22-9.7Bparams-160Btokens", "ca7b0e7c0a6b9ea8e3a4bbe847efa8b53f793902", 3840, 37, 1024, 38235),
 }
+# the midtrained ids #6279's consolidated model map (checked live by its authors) and the team's launch scripts show;
+# and the one whose commit marin's own SFT config pins (experiments/sft/configs/delphi_1e22.py)
+CONFIRMED_MIDTRAINED = {
+    *(f"delphi-{b}-{m}" for b in ("3e18", "9e18", "2e19") for m in MIXES),
+    "delphi-3e19-p33m67",
+    "delphi-9e19-p33m67",
+    "delphi-2e20-p33m67",
+    "delphi-1e22-p33m67",
+}
+PINNED_MIDTRAINED = {"delphi-1e22-p33m67": "56cc5aaf65cd59d6632962cee636a0423abfbf66"}
 
 
-def nodes_for(params_b: float) -> int:
-    """The issue's rule: 1 node up to ~1B parameters, 2 for 1.4-2.5B, 4 above."""
-    return 1 if params_b <= 1.0 else 2 if params_b <= 2.5 else 4
+def exact_params(d: int, layers: int, vocab: int = 128256, head_dim: int = 128) -> int:
+    """A Delphi checkpoint's parameters from its shape: embeddings in and out, per layer q/k/v/o (4d^2) and the
+    SwiGLU of 4d (12d^2), two RMSNorms and the q- and k-norms of one head each, the final norm."""
+    return 2 * vocab * d + layers * (16 * d * d + 2 * d + 2 * head_dim) + d
+
+
+def planned_tokens(budget: float, d: int, layers: int, vocab: int = 128256, seq: int = 4096) -> float:
+    """The tokens a Delphi run's name carries: its compute over Levanter's FLOPs a token,
+    3 x (L x (32 d^2 + 4 seq d) + 2 d V)."""
+    return budget / (3 * (layers * (32 * d * d + 4 * seq * d) + 2 * d * vocab))
+
+
+def name_label(x: float, unit: str) -> str:
+    """Delphi's naming: below 1B whole millions ("447M"); else billions to one decimal without ".0" ("5B",
+    "46.3B"), whole from 100B ("160B")."""
+    if x < 1e9:
+        return f"{round(x / 1e6)}M{unit}"
+    b = x / 1e9
+    text = f"{round(b)}" if b >= 100 else f"{b:.1f}".removesuffix(".0")
+    return f"{text}B{unit}"
+
+
+def nodes_for(params: int) -> int:
+    """The grid's rule: 1 node up to ~1B parameters, 2 up to the 2.5B of 3e20 (2.545B exactly), 4 above."""
+    return 1 if params <= 1.0e9 else 2 if params <= 2.6e9 else 4
 
 
 @pytest.fixture
@@ -60,25 +95,46 @@ def dry_run(tmp_path_factory):
     return proc, cells
 
 
-def test_the_table_has_the_9_bases_and_27_midtrained_checkpoints():
+def test_the_table_is_the_real_suite():
+    """Every base row is the registry's repository at the registry's commit, with its shape, the exact parameter
+    count that shape gives, and a name whose size and token count agree with both (the old guesses divided the
+    budget by 6N and missed by up to 10%); every midtrained row has its base's shape and a real-pattern id, and is
+    marked unconfirmed unless a public record shows it."""
     sweep = yaml.safe_load(SWEEP.read_text())
     models = sweep["vars"]["models"]
     axis = sweep["hydra"]["sweeper"]["params"]["vars.model"].split(",")
-    assert sorted(axis) == sorted(models) and len(axis) == 36
-    assert sorted(n for n in models if n.endswith("-base")) == sorted(f"delphi-{b}-base" for b in BUDGETS)
-    assert sorted(n for n in models if not n.endswith("-base")) == sorted(
-        f"delphi-{b}-{m}" for b in BUDGETS for m in MIXES
-    )
-    for name, row in models.items():
-        budget = name.split("-")[1]
+    assert len(axis) == 36 and set(axis) == set(models) - {"delphi-1e23-base"}
+    for budget, (repo, sha, d, layers, batch, steps) in REGISTRY.items():
+        row = models[f"delphi-{budget}-base"]
+        params = exact_params(d, layers)
+        assert row["hub_id"] == f"marin-community/{repo}" and row["revision"] == sha
+        assert (row["hidden_size"], row["num_layers"], row["num_heads"]) == (d, layers, d // 128)
+        assert row["params"] == params and abs(row["params_b"] * 1e9 - params) < 0.001 * params
+        tokens = planned_tokens(row["compute_budget"], d, layers)
+        assert repo == f"delphi-{budget}-{name_label(params, 'params')}-{name_label(tokens, 'tokens')}"
+        # and the registry's trainer schedule ran those tokens, to within 1%
+        assert abs(steps * batch * 4096 - tokens) < 0.01 * tokens
+        assert row.get("confirmed", True) is True
+    # the "2e19" and "2e20" buckets are 1.8e19 and 1.8e20 FLOPs
+    assert [models[f"delphi-{b}-base"]["compute_budget"] for b in ("2e19", "2e20")] == [1.8e19, 1.8e20]
+    for budget in BUDGETS:
         base = models[f"delphi-{budget}-base"]
-        assert row["params_b"] == base["params_b"]  # a midtrained checkpoint has its base's size
-        if name.endswith("-base"):
-            assert re.fullmatch(rf"marin-community/delphi-{budget}-[0-9.]+[MB]params-[0-9.]+Btokens", row["hub_id"])
-        else:
-            assert row["hub_id"] == f"laion/{name}"
-    assert sorted(models[f"delphi-{b}-base"]["params_b"] for b in BUDGETS) == sorted(BASE_SIZES.values())
-    assert models["delphi-3e18-base"]["hub_id"] == "marin-community/delphi-3e18-447Mparams-1.2Btokens"
+        for mix in MIXES:
+            name = f"delphi-{budget}-{mix}"
+            row = models[name]
+            assert {k: row[k] for k in ("params", "num_layers", "hidden_size", "num_heads")} == {
+                k: base[k] for k in ("params", "num_layers", "hidden_size", "num_heads")
+            }
+            assert re.fullmatch(
+                rf"laion/delphi-{budget}-{mix}-(k0p20-lr83-a00[123]|[0-9p]+b-lr[0-9.]+-[0-9a-f]+)", row["hub_id"]
+            )
+            assert row.get("confirmed", True) is (name in CONFIRMED_MIDTRAINED), name
+            assert row["revision"] == PINNED_MIDTRAINED.get(name)
+    # the optional 25B: documented and pinned, trained like the 32B (ZeRO-3, consolidated before the upload)
+    big = models["delphi-1e23-base"]
+    assert big["revision"] == "e175dd1b9f30639b476c7b6c41972f62a4064c31"
+    assert {"zero3", "consolidate", "delphi_tokenizer_prep"} <= set(big["needs"])
+    assert big["params"] == exact_params(big["hidden_size"], big["num_layers"])
 
 
 def test_dry_run_renders_72_cells_without_warnings(dry_run):
@@ -100,11 +156,11 @@ def test_every_cell_holds_the_grids_rules(dry_run):
         conf = yaml.safe_load((cell / "cell.yaml").read_text())
         post = json.loads((cell / "post.json").read_text())
         key = cell.name.rsplit("-", 1)[1]
-        model, params_b = conf["model"]["name"], conf["model"]["params_b"]
+        model, params = conf["model"]["name"], conf["model"]["params"]
         per_model.setdefault(model, []).append(cell)
         assert cfg["learning_rate"] == 2e-5 and cfg["cutoff_len"] == 4096 and cfg["num_train_epochs"] == 1.0
         assert conf["global_batch_size"] == 16 and cfg["per_device_train_batch_size"] == 1
-        nodes = nodes_for(params_b)
+        nodes = nodes_for(params)
         assert conf["nodes"] == nodes and cfg["gradient_accumulation_steps"] == 16 // (nodes * 4)
         assert f"#SBATCH --nodes={nodes}" in proc.stdout
         datasets = cfg["dataset"].split(",")
@@ -154,3 +210,20 @@ def test_the_fast_composer_equals_hydra_for_sampled_cells(hydra_loader, leonardo
     assert composer.stats["hydra_composes"] <= 3  # the reference, not one a cell
     for cell in random.Random(5).sample(composed, 6):
         assert cell.config == hydra_plain(cell.overrides), cell.overrides
+
+
+def test_the_dry_run_shows_the_commit_each_model_trains(dry_run):
+    proc, _ = dry_run
+    lines = {line.split(":", 1)[0].strip(): line for line in proc.stdout.splitlines() if line.startswith("  delphi-")}
+    for budget, (repo, sha, d, layers, *_) in REGISTRY.items():
+        line = lines[f"delphi-{budget}-base"]
+        assert f"marin-community/{repo}@{sha}" in line and f"{exact_params(d, layers):,} parameters, float32" in line
+    sweep = yaml.safe_load(SWEEP.read_text())
+    for name, row in sweep["vars"]["models"].items():
+        if name.endswith("-base"):
+            continue
+        line = lines[name]
+        assert f"{row['hub_id']}@{row['revision'] or 'main'}" in line
+        assert ("id unconfirmed: queued only once resolved" in line) is (name not in CONFIRMED_MIDTRAINED), line
+    # float32 on disk: 4 bytes a parameter to stage (447,244,032 x 4 = 1.79 GB)
+    assert "(1.79 GB as stored)" in lines["delphi-3e18-base"]

@@ -231,6 +231,14 @@ class GridTable:
     columns: list[str]  # score columns, <task>/<metric>
 
 
+def _budget(model: Mapping[str, Any]) -> float | None:
+    """The model's stated pretraining compute, else the budget its name carries."""
+    stated = model.get("compute_budget")
+    if isinstance(stated, (int, float)) and stated > 0:
+        return float(stated)
+    return budget_of(str(model.get("name") or ""))
+
+
 def budget_of(model: str) -> float | None:
     m = _BUDGET.search(model)
     return float(m.group(1)) if m else None
@@ -309,7 +317,10 @@ def _cell_row(cell_dir: Path) -> Row:
     model, cluster = _section(cfg, "model"), _section(cfg, "cluster")
     gpus = int(cfg.get("nodes") or 1) * max(1, int(cluster.get("gpus_per_node") or 0))
     cpu = cluster.get("gpu_type") == "CPU" or (not cluster.get("gpus_per_node") and not cluster.get("gpu_type"))
-    params = model.get("params_b")
+    # the exact count where the model gives it (the Delphi table does), else its size in billions
+    exact, params = model.get("params"), model.get("params_b")
+    if isinstance(exact, int) and exact > 0:
+        params = exact / 1e9
     overrides = overrides_of(text)
     return Row(
         cell_dir.name,
@@ -322,7 +333,7 @@ def _cell_row(cell_dir: Path) -> Row:
         model=str(model.get("name") or ""),
         model_source=str(model.get("path") or model.get("hub_id") or ""),
         params=float(params) * 1e9 if isinstance(params, (int, float)) else None,
-        compute_budget=budget_of(str(model.get("name") or "")),
+        compute_budget=_budget(model),
         cluster=str(cluster.get("name") or ""),
         estimate=read_estimate(cell_dir),
     )

@@ -22,7 +22,7 @@ from sft_grid.core.problems import Problem
 from sft_grid.core.schema import DatasetConf, DatasetTags
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.inputs import dataset_source, model_source
+from sft_grid.planning.inputs import dataset_source, hub_revision, model_source
 
 NAME = "axolotl"
 CONFIG_FILE = "axolotl_config.yaml"
@@ -161,6 +161,8 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     # no hub_model_id: the upload is the cell's post-training stage (sft_grid/stages/post_training.py), never the
     # trainer's
     cfg.update(common.optional_keys(cell, cell_dir))
+    if hub_revision(cell) and model_source(cell) == s.model.hub_id:
+        cfg["revision_of_model"] = hub_revision(cell)  # a job that fetches the model itself fetches the pinned commit
     cfg.update(s.extra)
     return cfg
 

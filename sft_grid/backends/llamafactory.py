@@ -15,7 +15,7 @@ from sft_grid.backends.base import Backend, MaskSpec
 from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.inputs import dataset_source, model_source
+from sft_grid.planning.inputs import dataset_source, hub_revision, model_source
 
 NAME = "llamafactory"
 CONFIG_FILE = "train_config.yaml"
@@ -92,6 +92,8 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         }
     )
     cfg.update(common.optional_keys(cell, cell_dir))
+    if hub_revision(cell) and model_source(cell) == s.model.hub_id:
+        cfg["model_revision"] = hub_revision(cell)  # a job that fetches the model itself fetches the pinned commit
     if cell.tokenized is not None:
         # the grid's shared tokenized dataset: LLaMA-Factory loads it and ignores its other data arguments
         cfg["tokenized_path"] = str(cell.tokenized.data_dir)

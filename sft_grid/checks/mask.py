@@ -40,6 +40,7 @@ from sft_grid.checks.readable import SAMPLE_ROWS, data_files, locate, read_sampl
 from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.core.problems import Problem
+from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.environments import READY_MARKER, bin_dir
 from sft_grid.planning.inputs import dataset_source
@@ -89,6 +90,9 @@ def checks_for(cell: Cell) -> list[Check]:
     for name, ds in s.dataset.items():
         tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
         source_spec = {**spec.sources[name], "reader": spec.reader}
+        template = TEMPLATES.get(s.model.template)
+        if template is not None:
+            source_spec["end_of_turn"] = template.end_of_turn
         checks.append(
             Check(
                 KIND,
@@ -335,7 +339,7 @@ def run_checks(
 def verdict(check: Check, rows: Sequence[Mapping[str, Any]]) -> Verdict:
     """The check's verdict from the probe's rows; a backend may train only the last assistant turn on purpose."""
     spec = json.loads(check.spec or "{}")
-    return judge(rows, dict(check.tags), bool(spec.get("last_turn_only")))
+    return judge(rows, dict(check.tags), bool(spec.get("last_turn_only")), spec.get("end_of_turn"))
 
 
 def fetch_and_probe(
@@ -401,8 +405,10 @@ def trained_text(segments: Sequence[Sequence[Any]]) -> str:
     return "".join(parts)
 
 
-def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]:
-    """What is wrong with one row's mask, from the probe's token data (empty: nothing)."""
+def judge_row(row: Mapping[str, Any], last_turn_only: bool = False, end_of_turn: str | None = None) -> list[str]:
+    """What is wrong with one row's mask, from the probe's token data (empty: nothing). With `end_of_turn`, the
+    trained run that holds each assistant turn must go on to that token (after a tool call the turn renders, if
+    any): a pad token equal to it would mask it."""
     said = f" (backend said: {'; '.join(w[:100] for w in row['warnings'][:2])})" if row.get("warnings") else ""
     if row.get("dropped"):
         return ["dropped by the backend" + said]
@@ -433,6 +439,11 @@ def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]
         if text in rest:
             if content in required and not _ends_trained(rest, text):
                 problems.append(f"the end of assistant turn {i + 1} is not trained (the model never learns to stop)")
+            elif content in required and end_of_turn and end_of_turn not in _after(rest, text):
+                problems.append(
+                    f"the end-of-turn token {end_of_turn} of assistant turn {i + 1} is not trained (the model never"
+                    " learns to stop; a pad token equal to it masks it)"
+                )
             rest = rest.replace(text, "\x00", 1)
             continue
         plain = _strip_think(text)
@@ -455,11 +466,15 @@ def judge_row(row: Mapping[str, Any], last_turn_only: bool = False) -> list[str]
     return problems
 
 
+def _after(rest: str, text: str) -> str:
+    """The trained text that follows an assistant turn's content in the same run."""
+    return rest[rest.index(text) + len(text) :].split("\x00", 1)[0]
+
+
 def _ends_trained(rest: str, text: str) -> bool:
     """Whether the trained run holding an assistant turn goes on past its content: the end-of-turn token
     (or the tool call after it) is trained with it."""
-    after = rest[rest.index(text) + len(text) :]
-    return bool(after.split("\x00", 1)[0].strip())
+    return bool(_after(rest, text).strip())
 
 
 def _leak(rest: str, markup: Sequence[str]) -> str:
@@ -475,11 +490,16 @@ def _short(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def judge(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], last_turn_only: bool = False) -> Verdict:
+def judge(
+    rows: Sequence[Mapping[str, Any]],
+    tags: Mapping[str, str],
+    last_turn_only: bool = False,
+    end_of_turn: str | None = None,
+) -> Verdict:
     """The verdict of a loss-mask check from the probe's rows: every row must pass."""
     if not rows:
         return Verdict(False, "the sample has no rows", "point the dataset at non-empty data")
-    verdicts = [RowVerdict(i, tuple(judge_row(r, last_turn_only))) for i, r in enumerate(rows)]
+    verdicts = [RowVerdict(i, tuple(judge_row(r, last_turn_only, end_of_turn))) for i, r in enumerate(rows)]
     bad = [v for v in verdicts if v.problems]
     if not bad:
         return Verdict(True)

@@ -29,7 +29,7 @@ from sft_grid.checks.mask import cache_dir
 from sft_grid.checks.readable import locate
 from sft_grid.core.hubcache import is_complete
 from sft_grid.core.templates import DELPHI_TOKENS
-from sft_grid.in_venv.delphi_tokens import PrepError, rename_tokens
+from sft_grid.in_venv.delphi_tokens import PrepError, prepare_files
 from sft_grid.planning.inputs import PREP_VERSION, pin_of, prep_for
 
 TOKENIZER_FILES = (
@@ -99,7 +99,7 @@ def prepared_tokenizer(
                 shutil.copyfile(source_dir / name, tmp / name)
         if not (tmp / "tokenizer.json").is_file():
             raise PrepError(f"no tokenizer.json in {source_dir}")
-        rename_tokens(tmp, tokens)
+        prepare_files(tmp, tokens)
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))

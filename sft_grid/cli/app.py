@@ -163,6 +163,21 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
         print(f"staging refused: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     live.end()
+    if any(c.spec.check_only for c in result.cells):
+        from sft_grid.cli.present import check_table
+
+        text, ok = check_table(result.staging)
+        out(text)
+        n = len(result.staging.items) if result.staging else 0
+        out(
+            f"\n{n} Hub repositories of {len(result.cells)} cell(s): "
+            + ("every one found; nothing written, staged or queued" if ok else "NOT all found (the verdicts above)")
+        )
+        if result.staging and result.staging.unreachable:
+            out(f"the Hub cannot be reached from here: {result.staging.unreachable}")
+        if not ok:
+            raise SystemExit(1)
+        return result
     if any(c.spec.stage_only for c in result.cells):
         for line in staged_lines(result.staging, len(result.cells), result.dry_run):
             out(line)
@@ -221,6 +236,7 @@ def _print_dry_run(result: Any) -> None:
         deferred_lines,
         eval_lines,
         example,
+        model_lines,
         passed_line,
         plan_lines,
         post_lines,
@@ -260,7 +276,8 @@ def _print_dry_run(result: Any) -> None:
     out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
     here = frozenset(c.name for c in cells if c.spec.cluster.executor == "local")
     for line in (
-        staging_lines(result.staging)
+        model_lines(cells, result.staging)
+        + staging_lines(result.staging)
         + passed_line(result.passed)
         + deferred_lines(result.deferred, full=bool(os.environ.get("SFT_GRID_VERBOSE")), here=here)
     ):

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "results": ("sft_grid.cli.cmd_results", "the grid's cells x values and scores: table, csv, json, markdown"),
     "report": ("sft_grid.cli.cmd_report", "the grid report: one self-contained HTML page and its data"),
     "show": ("sft_grid.cli.cmd_show", "what a cell trains on, token by token, as its backend renders it"),
+    "check": ("sft_grid.cli.cmd_check", "resolve a grid's Hub models and datasets on the site's Hub: one table"),
     "stage": ("sft_grid.cli.cmd_stage", "stage a grid's Hub models and datasets ahead of time"),
     "post": ("sft_grid.cli.cmd_post", "run a cell's pending or failed post-training stages (the upload)"),
     "venv": ("sft_grid.cli.cmd_venv", "build, lock or locate the backends' virtual environments"),

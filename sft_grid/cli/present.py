@@ -375,6 +375,72 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
     return lines
 
 
+def model_lines(cells: Sequence[Cell], staging: Any) -> list[str]:
+    """Each checkpoint the grid trains, once: where it comes from, the commit it trains (as the model's conf pins
+    it, and as staging resolved it here), its size and what its weights weigh as stored (what staging fetches and
+    the tokenizer prep writes again)."""
+    from sft_grid.core.schema import exact_params, weights_bytes
+    from sft_grid.planning.inputs import pin_of
+
+    seen: dict[tuple[str, str | None, str | None], list[Cell]] = {}
+    for cell in cells:
+        m = cell.spec.model
+        seen.setdefault((m.name, m.hub_id, m.path), []).append(cell)
+    resolved = {(i.wanted.repo_id, i.wanted.revision): i.pin.sha for i in getattr(staging, "items", ()) if i.pin}
+    lines = [f"models: {len(seen)} checkpoint(s), each at the commit it trains:"]
+    for (name, hub_id, path), users in seen.items():
+        m, first = users[0].spec.model, users[0]
+        if path:
+            where = f"{path} (a local directory)"
+        else:
+            asked = m.revision or "main"
+            pin = pin_of(first, "model", hub_id or "")
+            sha = pin.sha if pin else resolved.get((hub_id or "", asked))
+            shown = asked if m.revision else "main"
+            where = f"{hub_id}@{shown}" + (
+                f" (resolved here: {sha[:12]})" if sha and sha != asked else "" if sha else " (not resolved here)"
+            )
+            if not m.confirmed:
+                where += "; id unconfirmed: queued only once resolved on the site's Hub"
+        params = exact_params(m)
+        lines.append(
+            f"  {name}: {where}; {params:,} parameters, {m.weights_dtype}"
+            f" ({size(weights_bytes(m))} as stored); {len(users)} cell(s)"
+        )
+    return lines
+
+
+CHECK_HEADERS = ("kind", "repository", "asked", "resolves to", "main now", "files", "size", "cells", "verdict")
+
+
+def check_table(staging: Any) -> tuple[str, bool]:
+    """`sft-grid check`'s table: each Hub input of the grid as the site's Hub answers for it, and whether all were
+    found."""
+    from sft_grid.stages.staging.values import human
+
+    rows, ok = [], True
+    for item in staging.items if staging else ():
+        w = item.wanted
+        asked = w.revision[:12] if len(w.revision) == 40 else w.revision
+        sha = item.pin.sha[:12] if item.pin else "-"
+        head = staging.heads.get((w.kind, w.repo_id), "")
+        main = head[:12] if len(head) == 40 else head or "-"
+        if item.pin and len(head) == 40 and head != item.pin.sha:
+            main += " (moved on)"
+        files = item.plan.resolved.files if item.plan else ()
+        count, total = (str(len(files)), human(sum(f.size or 0 for f in files))) if files else ("-", "-")
+        if item.error is not None:
+            verdict, ok = str(item.error).partition(" Fix: ")[0], False
+        elif item.pin is None:
+            verdict, ok = "not resolved: the Hub cannot be reached from here (below)", False
+        else:
+            verdict = "found" + (", staged here" if item.plan is None or item.complete else "")
+            if item.unconfirmed:
+                verdict += " (an unconfirmed id: now resolved)"
+        rows.append((w.kind, w.repo_id, asked, sha, main, count, total, len({c for c, _ in item.users}), verdict))
+    return table(CHECK_HEADERS, rows), ok
+
+
 def pinned_lines(staging: Any) -> list[str]:
     """A real run's word on its inputs: the Hub could not be asked (taken as staged), or how many are pinned."""
     if staging is None or not staging.items:

@@ -92,6 +92,10 @@ def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
 EXECUTORS = ("local", "slurm")
 LAUNCHERS = ("torchrun", "accelerate")
 PRECISIONS = ("fp32", "bf16")
+# the dtypes of checkpoints on disk, as config.json names them (torch_dtype)
+WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
+# bytes a parameter of each
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 CPU_ARCHS = ("x86_64", "aarch64")
 GPU_DIRECTIVES = ("gpus_per_node", "gres", "none")
 MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
@@ -286,13 +290,43 @@ class ModelConf:
     hub_id: str | None = None
     # ... or a local directory; when set it is what the backend loads
     path: str | None = None
+    # the Hub revision to train (a branch, tag or 40-hex commit); null: the repository's `main` as staging finds it.
+    # Part of the cell's identity when set: another commit is another model.
+    revision: str | None = None
+    # False: the hub id is not confirmed by its publisher's records (a name that follows the pattern of the confirmed
+    # ones); its cells are queued only once staging (or `sft-grid check`) has resolved it on the site's Hub
+    confirmed: bool = True
+    # the size in billions of parameters: node sizing, the FLOPs and time estimates, the scaling fit's x-axis
     params_b: float = num(MISSING, 0, lo_open=True)
+    # the exact parameter count, where the publisher gives it (or its shape determines it); wins over params_b
+    # where an exact count matters (the FLOPs estimate, the scaling fit)
+    params: int | None = num(None, 1)
+    # the shape, where the publisher gives it: informative, and checked against the checkpoint's config.json
+    num_layers: int | None = num(None, 1)
+    hidden_size: int | None = num(None, 1)
+    num_heads: int | None = num(None, 1)
+    # the pretraining compute in FLOPs, where the publisher gives it (Delphi's "2e19" bucket is really 1.8e19): the
+    # report's compute axis; unset, it is read from a name like delphi-3e18-...
+    compute_budget: float | None = num(None, 0, lo_open=True)
+    # how the weights are stored on the Hub: the download and the prepared copy weigh this many bytes a parameter
+    # (Delphi checkpoints are float32: 4 bytes a parameter); training loads them in the cluster's precision
+    weights_dtype: str = one_of("bfloat16", WEIGHT_DTYPES)
     # llama3, qwen3, qwen3_5, delphi: which tokenizer the checkpoint carries
     tokenizer_family: str = one_of(MISSING, tuple(TOKENIZER_FAMILIES))
     # the chat template the backend renders with (LLaMA-Factory / axolotl template name)
     template: str = one_of(MISSING, tuple(TEMPLATES))
     # what the model needs, e.g. [zero3, consolidate] for 32B, [transformers_ge_5_3] for Qwen3.5
     needs: list[str] = one_of([], MODEL_NEEDS)
+
+
+def exact_params(model: ModelConf) -> int:
+    """The model's parameter count: the exact one where it is given, else its size in billions."""
+    return int(model.params) if model.params else round(model.params_b * 1e9)
+
+
+def weights_bytes(model: ModelConf) -> int:
+    """What the checkpoint's weights weigh as stored (a download, a prepared copy): its dtype's bytes a parameter."""
+    return exact_params(model) * DTYPE_BYTES[model.weights_dtype]
 
 
 @dataclass
@@ -422,6 +456,8 @@ class CellConf:
     notify: NotifyConf = field(default_factory=NotifyConf)
     # stage the grid's Hub inputs and stop: nothing is rendered or queued (python -m sft_grid.stage)
     stage_only: bool = False
+    # `sft-grid check`: resolve every Hub input of the grid on the site's Hub or mirror and report; nothing else
+    check_only: bool = False
     # cells whose data tokenizes the same share one tokenized dataset, built once before them (stages/tokenize.py);
     # false: each cell tokenizes in its own job
     tokenize_once: bool = True

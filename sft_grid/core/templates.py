@@ -34,6 +34,11 @@ class Template:
     eot: str | None = None
 
     @property
+    def end_of_turn(self) -> str:
+        """The token that ends an assistant turn, which training must teach (the loss-mask check asserts it)."""
+        return self.eot or END_OF_TURN[self.family]
+
+    @property
     def jinja_path(self) -> Path | None:
         return JINJA_DIR / self.jinja if self.jinja else None
 
@@ -52,6 +57,8 @@ class Template:
 _JINJA: dict[tuple[str, int, int, int], str] = {}
 
 
+# the end of every turn in each template family
+END_OF_TURN = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>"}
 _LLAMA3 = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 _CHATML = ("<|im_start|>", "<|im_end|>")
 # Delphi's think and tool tokens, renamed into Llama-3's reserved slots by the tokenizer prep (sft_grid/stages/prep.py)

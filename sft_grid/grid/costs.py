@@ -41,6 +41,7 @@ from sft_grid.core.layout import (
     tail_lines,
 )
 from sft_grid.core.problems import Problem
+from sft_grid.core.schema import exact_params
 from sft_grid.core.state import parse_time
 from sft_grid.core.submission import CellFiles
 from sft_grid.core.timefmt import parse_minutes
@@ -160,10 +161,14 @@ def model_shape(target: str) -> tuple[int, int] | None:
 
 
 def _model(cell: Cell) -> tuple[Model, str]:
-    params = cell.spec.model.params_b * 1e9
+    m = cell.spec.model
+    params = float(exact_params(m))
     shape = model_shape(source_of(cell))
     if shape is not None:
         return Model(params, *shape), "config.json"
+    if m.num_layers and m.hidden_size:
+        # the publisher's shape (every model the tables name has heads x head_dim = hidden size)
+        return Model(params, m.num_layers, m.hidden_size), "the model's stated shape"
     d = (params * _ASPECT / 12) ** (1 / 3)
     return Model(params, max(1, round(d / _ASPECT)), round(d)), f"shape guessed from its size (d = {_ASPECT} layers)"
 
@@ -190,7 +195,15 @@ class _Reads:
     def model(self, cell: Cell) -> tuple[Model, str]:
         m = cell.spec.model
         # what _model reads of the cell: the model's size, path or hub id, and that hub id's pin
-        key = (m.params_b, m.path, m.hub_id, pin_of(cell, "model", m.hub_id or ""))
+        key = (
+            m.params_b,
+            m.params,
+            m.num_layers,
+            m.hidden_size,
+            m.path,
+            m.hub_id,
+            pin_of(cell, "model", m.hub_id or ""),
+        )
         if key not in self._models:
             self._models[key] = _model(cell)
         return self._models[key]

@@ -50,6 +50,7 @@ from sft_grid.schedulers import slurm
 from sft_grid.stages import tokenize
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 from sft_grid.stages.staging.in_job import StageWork, stage_dir
+from sft_grid.stages.staging.plan import check_inputs
 from sft_grid.stages.staging.values import Progress
 from sft_grid.stages.tokenize import Tokenization
 
@@ -174,7 +175,7 @@ def run(
 ) -> GridResult:
     observer = observer or Observer()
     inputs = check(composed, errors, observer)
-    if any(c.spec.stage_only for c in inputs.cells):
+    if any(c.spec.stage_only or c.spec.check_only for c in inputs.cells):
         return GridResult(GridPlan(inputs.cells, (), SubmissionPlan(), inputs.dry_run, {}, {}, staging=inputs.staging))
     with hold_all([d / LOCK_FILE for d in sorted({c.sweep_dir for c in inputs.cells})]):
         grid = plan(inputs)
@@ -200,6 +201,10 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
     dirs = cell_dirs(cells)
     observer.planned(len(cells), _provisional(cells, dirs))
     dry_run = any(c.spec.dry_run for c in cells)
+    if any(c.spec.check_only for c in cells):  # `sft-grid check`: the Hub's answers for every input, nothing else
+        return Inputs(
+            tuple(cells), tuple(dirs), True, check_inputs(cells, dirs), Preflight([], {}, 0), {}, (), {}, None
+        )
     cells, staged = _stage(cells, dirs, dry_run, observer)
     if any(c.spec.stage_only for c in cells):
         return Inputs(tuple(cells), tuple(dirs), dry_run, staged, Preflight([], {}, 0), {}, (), {}, None)

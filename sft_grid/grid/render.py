@@ -34,7 +34,7 @@ from sft_grid.planning.evaluation import BaseTarget, base_eval_file, cell_eval_f
 from sft_grid.stages.post_training import post_file
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-RUN_SWITCHES = ("dry_run", "force", "rerun_failed", "stage_only")
+RUN_SWITCHES = ("dry_run", "force", "rerun_failed", "stage_only", "check_only")
 
 
 def dump_yaml(data: Any, header: str = "") -> str:

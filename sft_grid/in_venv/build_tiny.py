@@ -6,7 +6,8 @@ which the orchestrator must never import), so it is standalone: it does not impo
 
     <backend env>/bin/python build_tiny.py OUT_DIR
 
-writes OUT_DIR/models/tiny-llama3/, OUT_DIR/models/tiny-qwen3/ and OUT_DIR/models/tiny-delphi/. The recipe,
+writes OUT_DIR/models/tiny-llama3/, OUT_DIR/models/tiny-qwen3/ and OUT_DIR/models/tiny-delphi/ (a Delphi
+checkpoint in miniature: a Qwen3 architecture with Llama-3.1's tokenizer layout, as every real one is). The recipe,
 including the order of its steps (which fixes the random weights), matters: it was measured to give the same
 weights and losses on every run (byte-level BPE of vocab 1000 on 3,200 synthetic lines; 2-layer models of ~0.2M
 parameters).
@@ -243,19 +244,53 @@ def delphi_tokenizer(lines: list[str]) -> PreTrainedTokenizerFast:
     )
 
 
-def delphi_model(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    # hidden 32: the 128256-row embeddings (untied, as in Delphi) are most of its ~8M parameters
-    return llama3_model(tok, hidden_size=32, intermediate_size=64, rope_theta=500000.0)
+# Delphi's RoPE: theta 500000 with Llama-3's frequency scaling, the same at every size (the models' cards)
+DELPHI_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
-def save_atomically(models_dir: Path, name: str, tok: PreTrainedTokenizerFast, model: torch.nn.Module) -> Path:
-    """Write into a sibling temp dir and rename it into place, so a killed build never leaves a dir that looks whole."""
+def delphi_model(tok: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
+    """A Delphi checkpoint in miniature: Qwen3ForCausalLM (QK-norm, no biases), heads of 128/8 = 16 with as many
+    key-value heads (no GQA), an SwiGLU of 4 x hidden, untied embeddings over Llama-3.1's 128,256 ids, bos 128000,
+    eos 128001 and no pad token, float32. Hidden 32: the two embedding matrices are most of its ~8M parameters."""
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_parameters=dict(DELPHI_ROPE),
+        attention_bias=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    return Qwen3ForCausalLM(cfg).to(torch.float32)
+
+
+def save_atomically(
+    models_dir: Path, name: str, tok: PreTrainedTokenizerFast, model: torch.nn.Module, shard: str | None = None
+) -> Path:
+    """Write into a sibling temp dir and rename it into place, so a killed build never leaves a dir that looks whole.
+    `shard`: the largest weights file (a size like "20MB"): the weights in shards with their index, as every Delphi
+    checkpoint above 447M is stored."""
     models_dir.mkdir(parents=True, exist_ok=True)
     final = models_dir / name
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models_dir))
     try:
         tok.save_pretrained(tmp)
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({"max_shard_size": shard} if shard else {}))
         _share(tmp)
         old = None
         if final.exists():
@@ -307,7 +342,7 @@ def main(argv: list[str]) -> int:
     # last, so that the two models above keep their weights; seeded on its own
     torch.manual_seed(1)
     delphi_tok = delphi_tokenizer(lines)
-    print(save_atomically(models_dir, "tiny-delphi", delphi_tok, delphi_model(delphi_tok)))
+    print(save_atomically(models_dir, "tiny-delphi", delphi_tok, delphi_model(delphi_tok), shard="20MB"))
     return 0
 
 

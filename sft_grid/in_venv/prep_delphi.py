@@ -8,8 +8,10 @@ does not grow and no embedding is resized (as the team's prepare_delphi_tokenize
     <|tool_call_end|> 128011 <|tool_result|> 128012 <|tool_result_end|> 128013
 
 Each target id must really be a reserved token. Those input and output embedding rows are set to the mean
-of the trained BPE rows (ids below 128000). The result is saved, reloaded and checked: vocab size unchanged,
-each new token one id, the expected one, and the rows as set. The model is written beside OUTPUT and
+of the trained BPE rows (ids below 128000). A tokenizer without a pad token (every Delphi checkpoint) gets
+Llama-3.1's padding token, <|finetune_right_pad_id|> 128004, as its pad, in the tokenizer files and the
+model's config: never eos or <|eot_id|>, which padding would mask. The result is saved, reloaded and checked:
+vocab size unchanged, each new token one id, the expected one, and the rows as set. The model is written beside OUTPUT and
 renamed into place, then OUTPUT/prepared.json is written last: its presence means the prep is complete.
 
 Runs inside the backend environment (standalone: it never imports sft_grid).
@@ -29,8 +31,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from delphi_tokens import PrepError
-from delphi_tokens import rename_tokens as _rename
+from delphi_tokens import PAD_ID, PrepError, prepare_files
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 # token -> reserved id, given by the orchestrator (sft_grid.templates.DELPHI_TOKENS, --tokens)
@@ -40,8 +41,9 @@ MARKER = "prepared.json"
 
 
 def rename_tokens(tok_dir: Path) -> None:
-    """The reserved slots renamed in the saved tokenizer files (delphi_tokens.py, shared with the orchestrator)."""
-    _rename(tok_dir, TOKENS)
+    """The reserved slots renamed and the pad named in the saved tokenizer files (delphi_tokens.py, shared with the
+    orchestrator, which prepares a checkpoint's tokenizer alone for its checks)."""
+    prepare_files(tok_dir, TOKENS)
 
 
 def mean_init(model: torch.nn.Module) -> None:
@@ -60,6 +62,8 @@ def verify(out: Path, vocab_size: int) -> dict[str, int]:
     tok = AutoTokenizer.from_pretrained(out)
     if len(tok) != vocab_size:
         raise PrepError(f"vocab size changed: {vocab_size} -> {len(tok)}")
+    if tok.pad_token_id in (tok.eos_token_id, tok.convert_tokens_to_ids("<|eot_id|>")):
+        raise PrepError(f"the pad token {tok.pad_token!r} is an end token: padding would mask where turns end")
     for token, token_id in TOKENS.items():
         got = tok.convert_tokens_to_ids(token)
         ids = tok.encode(token, add_special_tokens=False)
@@ -83,16 +87,21 @@ def _share(tree: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def prepare(source: str, output: Path, version: str) -> None:
+def prepare(source: str, output: Path, version: str, revision: str | None = None) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
-        tok = AutoTokenizer.from_pretrained(source)
+        tok = AutoTokenizer.from_pretrained(source, revision=revision)
         vocab_size = len(tok)
         tok.save_pretrained(staging)
         rename_tokens(staging)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
+        model = AutoModelForCausalLM.from_pretrained(source, dtype="auto", revision=revision)
         mean_init(model)
+        if model.config.pad_token_id is None and tok.pad_token is None:
+            # the tokenizer files name it (prepare_files); the model's config and generation config say the same
+            model.config.pad_token_id = PAD_ID
+            if model.generation_config is not None:
+                model.generation_config.pad_token_id = PAD_ID
         model.save_pretrained(staging)
         del model  # a 10B checkpoint: never two copies in memory
         ids = verify(staging, vocab_size)
@@ -115,10 +124,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--output", required=True, type=Path)
     parser.add_argument("--tokens", required=True, help="JSON: each new token -> the reserved id it takes")
     parser.add_argument("--version", default="1", help="the prep version, recorded in the marker")
+    parser.add_argument("--revision", help="the Hub commit of --model (a hub id) to prepare; default: main")
     args = parser.parse_args(argv)
     TOKENS.update(json.loads(args.tokens))
     try:
-        prepare(args.model, args.output, args.version)
+        prepare(args.model, args.output, args.version, args.revision)
     except PrepError as exc:
         print(f"delphi tokenizer prep failed: {exc}", file=sys.stderr)
         return 1

@@ -50,11 +50,26 @@ NOT_IDENTITY = frozenset(
         "eval",
         "cleanup_checkpoints",
         "stage_only",
+        "check_only",
         "tokenize_once",
     }
 )
-# Keys of sub-configs that are about the machine, not the model.
-_MODEL_NOT_IDENTITY = frozenset({"path", "needs", "params_b"})
+# Keys of sub-configs that are about the machine, or describe the model rather than choose it (its size and shape,
+# how it is stored, whether its id is confirmed): none changes what is trained.
+_MODEL_NOT_IDENTITY = frozenset(
+    {
+        "path",
+        "needs",
+        "params_b",
+        "params",
+        "num_layers",
+        "hidden_size",
+        "num_heads",
+        "weights_dtype",
+        "confirmed",
+        "compute_budget",
+    }
+)
 _BACKEND_IDENTITY = ("name",)
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
@@ -119,6 +134,8 @@ def identity(config: Mapping[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in config.items() if k not in NOT_IDENTITY and k not in ("model", "dataset", "backend")}
     model = config["model"]
     ident["model"] = {k: v for k, v in model.items() if k not in _MODEL_NOT_IDENTITY}
+    if ident["model"].get("revision") is None:
+        ident["model"].pop("revision", None)  # unpinned: the key it had before revisions could be pinned
     if not model.get("hub_id") and model.get("path"):
         # a local checkpoint has no hub id: its directory name stands for it, not the machine's path
         ident["model"]["path"] = Path(str(model["path"])).name

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sft_grid.core.hubcache import HubRepo, Pin, default_cache
+from sft_grid.core.hubcache import MAIN, HubRepo, Pin, default_cache
 from sft_grid.planning.cells import is_local
 
 PREP_NEED = "delphi_tokenizer_prep"
 # Bump when the prep changes what it writes: every model is then prepared again, in a new directory
-PREP_VERSION = "1"
+# (2: the prepared tokenizer names Llama-3.1's padding token as its pad)
+PREP_VERSION = "2"
 PREPARED = "_prepared"
 MODEL_DIR = "model"
 MARKER = "prepared.json"
@@ -67,7 +68,7 @@ def hub_repos(cell: Any) -> list[tuple[str, HubRepo]]:
     s = cell.spec
     out = []
     if s.model.hub_id and not s.model.path:
-        out.append(("model.hub_id", HubRepo("model", s.model.hub_id)))
+        out.append(("model.hub_id", HubRepo("model", s.model.hub_id, s.model.revision or MAIN)))
     for name, ds in s.dataset.items():
         if ds.source and not is_local(ds.source):
             out.append((f"dataset.{name}.source", HubRepo("dataset", ds.source)))
@@ -113,6 +114,16 @@ def tokenizer_source(cell: Any) -> str:
         return model.path
     pin = pin_of(cell, "model", model.hub_id or "")
     return str(pin.path) if pin else str(model.hub_id or "")
+
+
+def hub_revision(cell: Any) -> str | None:
+    """The revision a job asks the Hub for when it loads the model by its hub id (not staged here: a site whose
+    compute nodes fetch it themselves); None when it loads a local directory or a pinned snapshot, or the model
+    names no revision (`main`)."""
+    model = cell.spec.model
+    if model.path or not model.hub_id or pin_of(cell, "model", model.hub_id):
+        return None
+    return model.revision or None
 
 
 def dataset_source(cell: Any, name: str) -> str:

@@ -531,6 +531,46 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
             )
 
 
+# a revision as the Hub takes it: a branch or tag name, or a commit sha
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+
+
+def model_facts(cell: Cell) -> Iterator[Problem]:
+    """What a model's conf says of its checkpoint agrees with itself: a revision names a Hub commit of a hub id,
+    and the exact parameter count and the size in billions are the same size (both feed the estimates)."""
+    m = cell.spec.model
+    if m.revision is not None:
+        if m.path or not m.hub_id:
+            yield Problem(
+                cell.name,
+                "model.revision",
+                m.revision,
+                "revision-needs-hub-id",
+                "a revision names a commit of a Hub repository, and this model is "
+                + (f"the local directory {m.path}" if m.path else "no hub id"),
+                "drop model.revision (a local checkpoint is what its directory holds), or name model.hub_id",
+            )
+        elif not _REVISION.fullmatch(str(m.revision)):
+            yield Problem(
+                cell.name,
+                "model.revision",
+                m.revision,
+                "revision",
+                "not a branch, tag or commit sha",
+                "a 40-character commit sha from the repository's history (or a branch or tag name)",
+            )
+    if m.params and m.params_b and abs(m.params_b * 1e9 - m.params) > 0.01 * m.params:
+        yield Problem(
+            cell.name,
+            "model.params_b",
+            m.params_b,
+            "params-agree",
+            f"disagrees with model.params={m.params} (the exact count is {m.params / 1e9:.3f} billion): node sizing"
+            " and the estimates read params_b, the FLOPs and the scaling fit the exact count",
+            f"model.params_b={m.params / 1e9:.3f}",
+        )
+
+
 def hub_upload(cell: Cell) -> Iterator[Problem]:
     """The upload is a post-training stage (sft_grid/stages/post_training.py), so a site without internet on its compute
     nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
@@ -587,6 +627,7 @@ RULES: tuple[Rule, ...] = (
     safe_names,
     inputs_named,
     hub_ids,
+    model_facts,
     staging_site,
     batch_divisible,
     mix_matches,

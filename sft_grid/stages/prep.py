@@ -23,7 +23,7 @@ from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.templates import DELPHI_TOKENS
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.environments import bin_dir
-from sft_grid.planning.inputs import MARKER, MODEL_DIR, PREP_VERSION, Prep, prep_complete
+from sft_grid.planning.inputs import MARKER, MODEL_DIR, PREP_VERSION, Prep, hub_revision, prep_complete
 from sft_grid.stages import once
 
 SCRIPT = "prep.sh"
@@ -63,6 +63,9 @@ def script(prep: Prep, cell: Cell) -> str:
         "--version",
         PREP_VERSION,
     ]
+    revision = hub_revision(cell)
+    if revision and prep.source == cell.spec.model.hub_id:
+        argv += ["--revision", revision]
     lines.append("exec " + command_line(argv))
     return "\n".join(lines) + "\n"
 

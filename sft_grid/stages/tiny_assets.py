@@ -9,8 +9,10 @@ virtual environment. Everything lands under the cache root (``sft_grid.paths.ass
     data/tiny_sharegpt.jsonl      40 conversations, ``conversations`` column with from/value
     models/tiny-llama3/           Llama-3-style tokenizer + 2-layer LlamaForCausalLM (vocab 1000)
     models/tiny-qwen3/            ChatML tokenizer + 2-layer Qwen3ForCausalLM (vocab 1000)
-    models/tiny-delphi/           Llama-3-layout tokenizer (128000 BPE ids, then Llama-3's 256 specials with its
-                                  reserved slots), no chat template, untied 2-layer LlamaForCausalLM (hidden 32)
+    models/tiny-delphi/           a Delphi checkpoint in miniature: Llama-3.1's tokenizer layout (128000 BPE ids,
+                                  then its 256 specials with the reserved slots; bos 128000, eos 128001, no pad,
+                                  no chat template) on an untied 2-layer Qwen3ForCausalLM (hidden 32), float32,
+                                  in two safetensors shards with their index
     sizes/tiny-llama3-m/, -l/     tiny-llama3's tokenizer, 4-layer LlamaForCausalLM of hidden 128 and 256 (0.85M
                                   and 2.9M parameters; tiny-llama3 is 0.2M): a grid over model size
 
@@ -42,7 +44,7 @@ from sft_grid.stages.venv_build import build as build_venv
 log = logging.getLogger(__name__)
 
 # Bump to rebuild every existing asset dir (e.g. after changing the datasets or build_tiny.py).
-ASSETS_VERSION = "2"
+ASSETS_VERSION = "3"
 MARKER = ".complete"
 BACKEND = "llamafactory"
 SCRIPT = IN_VENV_DIR / "build_tiny.py"

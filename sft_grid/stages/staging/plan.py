@@ -61,6 +61,7 @@ from sft_grid.stages.staging.values import (
     Plan,
     Resolved,
     RevisionNotFound,
+    UnconfirmedId,
     human,
 )
 
@@ -208,6 +209,8 @@ class Item:
     error: HubError | None = None
     here: bool = False  # a cell's cluster stages on the machine running the grid (else in a staging job)
     offline: bool = False  # a cell's cluster has no internet on compute nodes: its jobs cannot fetch it themselves
+    # a cell's model table marks the id unconfirmed: it is queued only once resolved on the site's Hub
+    unconfirmed: bool = False
 
     @property
     def complete(self) -> bool:
@@ -256,6 +259,8 @@ class StagingPlan:
     space: list[Space] = field(default_factory=list)
     # a dry run where the Hub could not be reached: inputs are known by name only
     unreachable: str = ""
+    # `sft-grid check`: (kind, repo id) -> the commit its `main` names now, or why it could not be read
+    heads: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def pending(self) -> list[Item]:
@@ -333,6 +338,7 @@ def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> 
             item.users.append((cell.name, key))
             item.here |= cell.spec.cluster.staging.where == "login"
             item.offline |= not cell.spec.cluster.internet_on_compute
+            item.unconfirmed |= repo.kind == "model" and not cell.spec.model.confirmed
         out.pins[cell.name] = tuple(mine)
     _resolve(list(items.values()), dry_run, out)
     out.items = list(items.values())
@@ -359,7 +365,7 @@ def _resolve(items: list[Item], dry_run: bool, into: StagingPlan) -> None:
             resolved = resolve_pinned(w.repo_id, w.kind, w.revision, None, None, w.cache)  # type: ignore[arg-type]
         except HubUnreachable as e:
             down = e
-            into.unreachable = str(e).partition(" Fix: ")[0].rstrip(".")
+            into.unreachable = _summary(e)
             _staged_before(item, down, dry_run)
             continue
         except HubError as e:
@@ -380,6 +386,17 @@ def _staged_before(item: Item, down: HubError, dry_run: bool) -> None:
         item.pin = Pin(w.kind, w.repo_id, w.revision, sha, w.cache)
     elif not dry_run and item.offline:
         item.error = down
+    elif not dry_run and item.unconfirmed:
+        item.error = UnconfirmedId(
+            f"{w.kind} {w.repo_id}: its id is not confirmed by its publisher's records (confirmed: false in the"
+            f" model table), and the Hub cannot be reached from here to resolve it ({_summary(down)}), so no job may"
+            " find out instead. Fix: run `sft-grid check` with the same overrides where the site's Hub or mirror"
+            " answers (or stage it there: `sft-grid stage`); once resolved, its commit is pinned and the cells queue"
+        )
+
+
+def _summary(e: HubError) -> str:
+    return str(e).partition(" Fix: ")[0].rstrip(".")
 
 
 def _rerun_note(e: HubError, w: Wanted) -> HubError:
@@ -425,3 +442,22 @@ def budget_for(cells: Iterable[Cell]) -> Budget | None:
         if c.spec.cluster.staging.where == "login" and c.spec.cluster.staging.time_limit_s
     ]
     return Budget.since_process_start(float(min(limits))) if limits else None
+
+
+def check_inputs(cells: Sequence[Cell], dirs: Sequence[Path]) -> StagingPlan:
+    """`sft-grid check`: every Hub input resolved as a real run resolves it (the same verdicts), and for each one
+    that is found, what its `main` points at now (a pinned commit the branch has since moved past shows there)."""
+    plan = plan_staging(cells, dirs, dry_run=True)
+    for item in plan.items:
+        w = item.wanted
+        if item.pin is None or w.revision == MAIN:
+            if item.pin is not None:
+                plan.heads[(w.kind, w.repo_id)] = item.pin.sha
+            continue
+        try:
+            head = resolve(w.repo_id, w.kind, MAIN, None, cache=w.cache)  # type: ignore[arg-type]
+        except HubError as e:
+            plan.heads[(w.kind, w.repo_id)] = f"? ({_summary(e)})"
+        else:
+            plan.heads[(w.kind, w.repo_id)] = head.sha
+    return plan

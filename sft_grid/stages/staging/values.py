@@ -52,6 +52,10 @@ class HubUnreachable(HubError):
     pass
 
 
+class UnconfirmedId(HubError):
+    """A hub id the model table marks unconfirmed (`confirmed: false`), which could not be resolved from here."""
+
+
 class HubServerError(HubError):
     """The server kept answering with a server error (5xx) after the retries, and was failing for the repository
     at its default revision too (otherwise the revision is the missing thing: ``RevisionNotFound``)."""

@@ -11,8 +11,8 @@ Each target id must really be a reserved token. Those input and output embedding
 of the trained BPE rows (ids below 128000). A tokenizer without a pad token (every Delphi checkpoint) gets
 Llama-3.1's padding token, <|finetune_right_pad_id|> 128004, as its pad, in the tokenizer files and the
 model's config: never eos or <|eot_id|>, which padding would mask. The result is saved, reloaded and checked:
-vocab size unchanged, each new token one id, the expected one, and the rows as set. The model is written beside OUTPUT and
-renamed into place, then OUTPUT/prepared.json is written last: its presence means the prep is complete.
+vocab size unchanged, each new token one id, the expected one, and the rows as set. The model is written beside
+OUTPUT and renamed into place, then OUTPUT/prepared.json is written last: its presence means the prep is complete.
 
 Runs inside the backend environment (standalone: it never imports sft_grid).
 

@@ -1,6 +1,7 @@
 """Delphi: the tokenizer prep as a grid stage, the delphi chat template (one jinja for both backends) and its
-guards. The model is tiny-delphi, built locally by project code with Llama-3's layout (128000 BPE ids, then
-Llama-3's 256 specials with the reserved slots the prep renames).
+guards. The model is tiny-delphi, built locally by project code like a real Delphi checkpoint: a Qwen3ForCausalLM
+(QK-norm, untied, float32, sharded) carrying Llama-3.1's tokenizer layout (128000 BPE ids, then its 256 specials
+with the reserved slots the prep renames; no pad token, no chat template).
 
 Train == serve: for sample conversations, the text each backend trains on (LLaMA-Factory through the
 template sft_grid registers in its process, axolotl through its chat_template strategy with the jinja) is
@@ -10,6 +11,7 @@ the jinja's own render, and the trained tokens are exactly the assistant parts.
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -100,7 +102,9 @@ m, m0 = AutoModelForCausalLM.from_pretrained(out), AutoModelForCausalLM.from_pre
 res = {"vocab": len(tok), "vocab_before": len(before), "tied": m.config.tie_word_embeddings,
        "names_before": before.convert_ids_to_tokens(ids), "names": tok.convert_ids_to_tokens(ids),
        "encoded": {t: tok.encode(t, add_special_tokens=False) for t in tok.convert_ids_to_tokens(ids)},
-       "chat_template": tok.chat_template}
+       "chat_template": tok.chat_template, "pad": tok.pad_token, "pad_id": tok.pad_token_id,
+       "pad_before": before.pad_token, "eos_id": tok.eos_token_id, "eot_id": tok.convert_tokens_to_ids("<|eot_id|>"),
+       "config_pad": m.config.pad_token_id, "dtype": str(m.dtype), "dtype_before": str(m0.dtype)}
 for key, w, w0 in (("in", m.get_input_embeddings().weight, m0.get_input_embeddings().weight),
                    ("out", m.get_output_embeddings().weight, m0.get_output_embeddings().weight)):
     mean = w0[:128000].mean(0)
@@ -126,8 +130,74 @@ def test_prep_renames_reserved_slots_and_mean_initialises_their_rows(prepared, t
         assert got[f"{side}_rows_are_mean"] and not got[f"{side}_rows_were_mean"]
         assert got[f"{side}_others_same"]
     assert got["chat_template"] is None  # the template comes from the cell, never from the prep
+    # a Delphi tokenizer has no pad: the prep names Llama-3.1's padding token, never eos or the turn's end
+    assert got["pad_before"] is None and got["pad"] == "<|finetune_right_pad_id|>" and got["pad_id"] == 128004
+    assert got["pad_id"] not in (got["eos_id"], got["eot_id"]) and got["config_pad"] == 128004
+    # float32 as stored, kept float32 in the prepared copy (training loads it in the cluster's precision)
+    assert got["dtype_before"] == got["dtype"] == "torch.float32"
     marker = json.loads((prepared / inputs.MARKER).read_text())
     assert marker["version"] == inputs.PREP_VERSION and marker["source"] == str(source)
+
+
+@pytest.mark.backend
+def test_the_stand_in_is_built_like_a_delphi_checkpoint(tiny_assets):
+    """tiny-delphi as the real ones are (marin's registry and the models' cards): a Qwen3ForCausalLM with QK-norm
+    and no GQA, untied embeddings, float32 safetensors in shards with their index, Llama-3.1's tokenizer layout with
+    no pad token and no chat template; its parameter count is the one Delphi's shape formula gives."""
+    from tests.hubtools import safetensors_header
+
+    model = tiny_assets / "models" / "tiny-delphi"
+    cfg = json.loads((model / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["model_type"] == "qwen3"
+    assert cfg["tie_word_embeddings"] is False and (cfg.get("dtype") or cfg.get("torch_dtype")) == "float32"
+    assert cfg["vocab_size"] == 128256 and (cfg["bos_token_id"], cfg["eos_token_id"]) == (128000, 128001)
+    assert cfg.get("pad_token_id") is None and cfg["num_attention_heads"] == cfg["num_key_value_heads"]
+    rope = cfg.get("rope_parameters") or {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta")}
+    assert rope["rope_type"] == "llama3" and rope["rope_theta"] == 500000.0 and rope["factor"] == 8.0
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) == 2
+    tensors = {k: v for shard in shards for k, v in safetensors_header(model / shard).items() if k != "__metadata__"}
+    assert {v["dtype"] for v in tensors.values()} == {"F32"} and set(tensors) == set(index["weight_map"])
+    layers, d, head_dim = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["head_dim"]
+    for i in range(layers):
+        assert tensors[f"model.layers.{i}.self_attn.q_norm.weight"]["shape"] == [head_dim]
+        assert tensors[f"model.layers.{i}.self_attn.k_norm.weight"]["shape"] == [head_dim]
+    assert "lm_head.weight" in tensors and "model.embed_tokens.weight" in tensors
+    counted = sum(math.prod(v["shape"]) for v in tensors.values())
+    assert cfg["num_attention_heads"] * head_dim == d and cfg["intermediate_size"] == 4 * d
+    assert counted == 2 * 128256 * d + layers * (16 * d * d + 2 * d + 2 * head_dim) + d
+    tok = json.loads((model / "tokenizer.json").read_text())
+    specials = {t["id"]: t["content"] for t in tok["added_tokens"]}
+    assert sorted(specials) == list(range(128000, 128256))
+    assert [specials[i] for i in (128000, 128001, 128002, 128004, 128009, 128011)] == [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|reserved_special_token_0|>",
+        "<|finetune_right_pad_id|>",
+        "<|eot_id|>",
+        "<|reserved_special_token_3|>",
+    ]
+    tok_cfg = json.loads((model / "tokenizer_config.json").read_text())
+    assert not tok_cfg.get("chat_template") and not tok_cfg.get("pad_token")
+    assert not (model / "chat_template.jinja").exists()
+
+
+@pytest.mark.backend
+def test_the_template_follows_the_tokenizer_not_the_architecture(tiny_assets, tmp_path):
+    """A Qwen3ForCausalLM that carries Llama-3's tokenizer: told it is a qwen3 model with the qwen3 template, the
+    check reads the tokenizer itself and refuses before anything is written, naming the key and the fix."""
+    runs = tmp_path / "runs"
+    proc = run_sft(*TINY, "model.tokenizer_family=qwen3", "model.template=qwen3", f"runs_root={runs}")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "model.template" in err and "<|im_start|>" in err, err
+    assert "model.template=delphi model.tokenizer_family=delphi" in err, err
+    assert "the template follows the tokenizer, not the model's architecture" in err
+    assert not any(runs.rglob("cell.yaml")) and not any(runs.rglob("launch.sh"))
+    # told nothing, the same checkpoint trains with the delphi template of its model conf
+    (cell,) = [_plan(f"runs_root={runs}")]
+    assert cell.spec.model.template == "delphi"
 
 
 @pytest.mark.backend

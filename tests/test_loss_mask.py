@@ -108,6 +108,22 @@ def test_an_untrained_end_of_turn_is_caught():
     assert problem == "the end of assistant turn 1 is not trained (the model never learns to stop)"
 
 
+def test_the_turns_own_end_token_must_be_trained_not_just_something_after_the_answer():
+    """A pad equal to the turn's end (what LLaMA-Factory picks for a tokenizer without a pad: pad = eos =
+    <|eot_id|>) masked by a collator: the answer is trained and so is a token after it, but not <|eot_id|>. Only the
+    template's end-of-turn token teaches the model to stop."""
+    segments = [
+        s if s[0] != "<|eot_id|>" or not s[1] else ("<|end_of_text|>", True, True) for s in LLAMA_OK["segments"]
+    ]
+    row = {**LLAMA_OK, "segments": segments}
+    assert judge_row(row) == []  # something is trained after the answer: the generic check is satisfied
+    (problem,) = judge_row(row, end_of_turn="<|eot_id|>")
+    assert problem.startswith("the end-of-turn token <|eot_id|> of assistant turn 1 is not trained")
+    assert judge_row(LLAMA_OK, end_of_turn="<|eot_id|>") == []
+    verdict = judge([row] * 4, TAGS, end_of_turn="<|eot_id|>")
+    assert not verdict.ok and "4/4 sampled rows are trained wrongly" in verdict.message
+
+
 def test_trained_prompt_is_caught_and_named():
     segments = [(t, True, m) for t, _, m in LLAMA_OK["segments"]]
     problems = judge_row({**LLAMA_OK, "segments": segments})

@@ -301,11 +301,49 @@ def template_tokens_at(model_dir: Path, tokens: Iterable[str]) -> Verdict:
             f"add `needs: [{PREP_NEED}]` to the model's conf/model/<name>.yaml (the grid then prepares"
             " it once, before its cells), or point model.path at a prepared checkpoint",
         )
+    family = content_family(tok)
+    if family is None:
+        return Verdict(
+            False,
+            f"the template's special tokens are not single tokens of this tokenizer: {detail}",
+            "use the template of the model's family (llama3 for Llama-3/Delphi tokenizers, qwen3 for ChatML)",
+        )
+    # the tokenizer's own tokens decide, never the architecture: a Delphi checkpoint is a Qwen3ForCausalLM that
+    # carries Llama-3's tokenizer, and a template chosen by model_type (qwen3) would shred every example
+    fix = {
+        "delphi": "model.template=delphi model.tokenizer_family=delphi",
+        "llama3": "model.template=llama3 model.tokenizer_family=llama3 (a Delphi checkpoint, which carries this"
+        " tokenizer: model.template=delphi model.tokenizer_family=delphi, with its tokenizer prep)",
+        "qwen3": "model.template=qwen3 model.tokenizer_family=qwen3",
+    }[family]
     return Verdict(
         False,
-        f"the template's special tokens are not single tokens of this tokenizer: {detail}",
-        "use the template of the model's family (llama3 for Llama-3/Delphi tokenizers, qwen3 for ChatML)",
+        f"the template's special tokens are not single tokens of this tokenizer: {detail}; its own turn tokens"
+        f" are {_FAMILY_MARKS[family]}: the template follows the tokenizer, not the model's architecture",
+        fix,
     )
+
+
+# what shows a tokenizer's family in its own vocabulary
+_FAMILY_MARKS = {
+    "delphi": "Llama-3's, with the Delphi think token <|start_think|> at 128002",
+    "llama3": "Llama-3's (<|start_header_id|>, <|eot_id|>)",
+    "qwen3": "ChatML's (<|im_start|>, <|im_end|>)",
+}
+
+
+def content_family(tok: Any) -> str | None:
+    """The tokenizer family its own vocabulary shows, whatever the model's architecture: delphi (Llama-3's turn
+    tokens and the prepared think token), llama3 (Llama-3's turn tokens), qwen3 (ChatML's), or None."""
+
+    def single(token: str) -> bool:
+        return len(tok.encode(token, add_special_tokens=False).ids) == 1
+
+    if single("<|start_header_id|>") and single("<|eot_id|>"):
+        return "delphi" if tok.id_to_token(128002) == "<|start_think|>" else "llama3"
+    if single("<|im_start|>") and single("<|im_end|>"):
+        return "qwen3"
+    return None
 
 
 def assistant_turns(rows: list[dict[str, Any]], column: str, tags: Mapping[str, str]) -> Verdict:

@@ -616,8 +616,13 @@ def disk_lines(to_run: Sequence[str], costs: Any) -> list[str]:
     unbounded = sum(1 for n in to_run if n not in costs.estimates and n not in costs.disk_bounds)
     what = size(need) if not bound else f"<= {size(need + bound)}"
     what += f" (and {unbounded} cell(s) that keep every checkpoint, steps unknown)" if unbounded else ""
+    prepared = sum(costs.prepared_bytes.values())
+    if prepared:
+        what += (
+            f", and {len(costs.prepared_bytes)} prepared model copies {size(prepared)} (as the checkpoints are stored)"
+        )
     out = []
     for root, free in costs.free_bytes.items():
-        verdict = "NOT ENOUGH: lower save_total_limit or free space" if need + bound > free else "enough"
+        verdict = "NOT ENOUGH: lower save_total_limit or free space" if need + bound + prepared > free else "enough"
         out.append(f"  disk: the cells to run keep {what}; {size(free)} free under {root} ({verdict})")
     return out

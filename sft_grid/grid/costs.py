@@ -41,7 +41,7 @@ from sft_grid.core.layout import (
     tail_lines,
 )
 from sft_grid.core.problems import Problem
-from sft_grid.core.schema import exact_params
+from sft_grid.core.schema import exact_params, weights_bytes
 from sft_grid.core.state import parse_time
 from sft_grid.core.submission import CellFiles
 from sft_grid.core.timefmt import parse_minutes
@@ -59,7 +59,7 @@ from sft_grid.planning.estimate import (
     mixed_rows,
     throughput,
 )
-from sft_grid.planning.inputs import pin_of, source_of
+from sft_grid.planning.inputs import pin_of, preps, source_of
 
 # d_model / n_layers of Llama- and Qwen-shaped models (4096/32, 2048/16, 5120/40): the shape guessed from the
 # size alone, N ~ 12 L d^2, when no config.json is readable here
@@ -76,6 +76,9 @@ class GridCosts:
     calibrations: dict[str, Calibration] = field(default_factory=dict)
     free_bytes: dict[Path, int] = field(default_factory=dict)  # runs root -> free space there
     notes: list[str] = field(default_factory=list)
+    # each model prep still to run -> what its prepared copy weighs: the checkpoint rewritten in the dtype it is
+    # stored in (a Delphi checkpoint: float32, 4 bytes a parameter), under the runs root
+    prepared_bytes: dict[Path, float] = field(default_factory=dict)
 
     def file_text(self, name: str) -> str | None:
         """estimate.json of a cell: the estimate and what it was made from (the calibration reads it back)."""
@@ -279,6 +282,9 @@ def estimate(cells: Sequence[Cell], lengths: Mapping[str, Mapping[str, Sequence[
         free = free_space(root)
         if free is not None:
             costs.free_bytes[root] = free
+    for prep, users in preps(cells).items():
+        if not prep.complete:
+            costs.prepared_bytes[prep.dir] = float(weights_bytes(users[0].spec.model))
     throughputs: dict[tuple[str, str, float | None], Any] = {}
     reads = _Reads()
     # cells that differ only in what the estimate does not read (a seed, a learning rate) have one plan but for

@@ -359,6 +359,33 @@ def test_delphi_cell_renders_its_template_the_prepared_model_and_the_wrapper(mak
     assert not any(f.endswith(".jinja") for f in plain.files) and inputs.model_source(llama) == llama.spec.model.path
 
 
+def test_a_float32_checkpoint_trains_in_the_sites_precision_and_is_counted_at_4_bytes(
+    make_cells, tmp_path, monkeypatch
+):
+    """Delphi is stored in float32. On a bf16 GPU site both backends train it in bf16 (axolotl loads the weights
+    in bf16: no fp32 master copy, as the users' guide asks for an 8B on 96 GiB); nothing tells a backend to keep
+    float32. What is staged and prepared weighs 4 bytes a parameter; the kept checkpoints, saved in the training
+    precision, 2 bytes a weight."""
+    import yaml
+
+    from sft_grid.core.schema import weights_bytes
+    from sft_grid.grid import costs, render
+
+    for var in ("ACCOUNT", "RUNS", "ENV"):
+        monkeypatch.setenv(f"SFT_GRID_JUPITER_{var}", str(tmp_path / var.lower()))
+    for backend, name in (("llamafactory", "train_config.yaml"), ("axolotl", "axolotl_config.yaml")):
+        (cell,) = make_cells(["model=delphi", f"backend={backend}", "cluster=jupiter", "global_batch_size=64"])
+        assert cell.spec.model.weights_dtype == "float32" and cell.spec.cluster.precision == "bf16"
+        cfg = yaml.safe_load(render.render(cell, tmp_path / backend, []).files[name])
+        assert cfg["bf16"] is True and not cfg.get("fp16") and "torch_dtype" not in cfg and "pure_bf16" not in cfg
+        if backend == "axolotl":
+            assert cfg["bfloat16"] is True  # the weights themselves in bf16
+    assert weights_bytes(cell.spec.model) == 447_244_032 * 4
+    plan, _, _ = costs.plan_of(cell, {})
+    assert plan.model.params == 447_244_032 and plan.precision == "bf16"
+    assert costs.estimate([cell], {}).prepared_bytes == {inputs.prep_for(cell).dir: 447_244_032 * 4}
+
+
 def test_prep_directory_is_shared_by_cells_of_a_model_and_differs_by_source(make_cells):
     a, b, other = make_cells(
         ["model=tiny_delphi", "lr=1e-4"],
@@ -555,7 +582,7 @@ def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_ever
         check=True,
     )
     (cell,) = iter_cell_dirs(tmp_path / "default")
-    state = _wait(cell)
+    state = _wait(cell, deadline_s=1200)
     assert state.state is State.COMPLETED, state
     lead, other = (cell / "logs" / "train.log").read_text(), (cell / "logs" / "train.node1.log").read_text()
     # one rank on each node (with c10d rendezvous either node may get global rank 0), each through the wrapper
@@ -572,7 +599,39 @@ def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_ever
         assert "accelerate launch --multi_gpu" in launch
     assert (cell / "output" / "checkpoint-4" / "optimizer.pt").is_file()
     saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
-    assert saved["eos_token"] == "<|eot_id|>"
+    # the turn's end is LLaMA-Factory's stop word; the pad stays the prepared one, never that end token
+    assert saved["eos_token"] == "<|eot_id|>" and saved["pad_token"] == "<|finetune_right_pad_id|>"
+    nodes = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", state.job_id, "-o", "NodeList"], capture_output=True, text=True
+    ).stdout.strip()
+    assert nodes in ("n[1-2]", "n1,n2"), nodes
+
+
+@pytest.mark.slurm
+@pytest.mark.backend
+def test_two_node_delphi_cell_trains_with_axolotl_across_both_nodes(tmp_path, axolotl_env):
+    """axolotl on the stand-in, through the prep, one rank on each node of the local cluster."""
+    run_sft(
+        "backend=axolotl",
+        "model=tiny_delphi",
+        "max_steps=4",
+        "save_steps=4",
+        "cutoff_len=256",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "nodes=2",
+        "cluster=slurm_local",
+        f"runs_root={tmp_path}",
+        check=True,
+    )
+    (cell,) = iter_cell_dirs(tmp_path / "default")
+    state = _wait(cell, deadline_s=1200)
+    assert state.state is State.COMPLETED, (state, (cell / "logs" / "train.log").read_text()[-3000:])
+    assert (cell / "logs" / "train.node1.log").stat().st_size > 0
+    assert (cell / "output" / "checkpoint-4").is_dir()
+    saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
+    # trained from the prepared copy: its pad, and the delphi jinja saved with the model (train == serve)
+    assert saved["pad_token"] == "<|finetune_right_pad_id|>" and "<|start_header_id|>" in saved["chat_template"]
     nodes = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-j", state.job_id, "-o", "NodeList"], capture_output=True, text=True
     ).stdout.strip()

@@ -173,3 +173,27 @@ def test_the_cells_config_is_read_as_yaml_reads_it(make_cells: Any, tmp_path: Pa
         assert row.gpus == full["nodes"] * max(1, cluster["gpus_per_node"] or 0) and row.cluster == cluster["name"]
         assert row.model_source == (model.get("path") or model.get("hub_id") or "")
     assert table.rows[1].model != table.rows[0].model and table.rows[1].gpus == 2 * table.rows[0].gpus
+
+
+def test_the_scaling_axes_read_the_exact_parameter_count_and_the_stated_budget(make_cells, tmp_path):
+    """A model that states its exact size (the Delphi table: 447,244,032, not 0.447e9) and its pretraining compute
+    (the "2e19" bucket is 1.8e19 FLOPs) is placed on the fit's axes by those, not by its rounded size or its name."""
+    cells = make_cells(
+        [
+            "model=delphi",
+            "model.name=delphi-2e19-base",
+            "model.params=837007744",
+            "model.params_b=0.837",
+            "model.compute_budget=1.8e19",
+            "sweep_name=z",
+        ],
+        ["model=delphi", "model.name=delphi-3e18-base", "sweep_name=z"],
+        ["model=tiny_llama", "sweep_name=z"],
+    )
+    gf.render_cells(cells)
+    rows = {r.model: r for r in read_table(tmp_path / "runs" / "z").rows}
+    assert rows["delphi-2e19-base"].params == 837_007_744 and rows["delphi-2e19-base"].compute_budget == 1.8e19
+    assert rows["delphi-3e18-base"].params == 447_244_032 and rows["delphi-3e18-base"].compute_budget == 3e18
+    # a model without an exact count: its size in billions; no stated budget and none in its name: none
+    assert rows["tiny_llama"].params == pytest.approx(cells[2].spec.model.params_b * 1e9)
+    assert rows["tiny_llama"].compute_budget is None

@@ -171,3 +171,26 @@ def test_bad_input_writes_nothing(tmp_path: Path) -> None:
         cwd=REPO_ROOT,
     )
     assert proc.returncode == 2 and "--resamples" in proc.stderr and "must be >= 0" in proc.stderr
+
+
+def test_the_grids_revision_is_what_its_cells_ledgers_recorded(make_cells, tmp_path: Path) -> None:
+    """A grid launched from the command line names no sweep file; its cells' submissions recorded the checkout
+    they were launched from, and the report says that revision (each, when cells were launched from several)."""
+    from sft_grid.analysis.report_data import grid_facts
+    from sft_grid.analysis.table import read_table
+    from sft_grid.core import events
+    from sft_grid.core.events import Event, Kind
+
+    dirs = gf.render_cells(make_cells(*[[f"model={m}", "sweep_name=cli"] for m in ("tiny_llama", "tiny_qwen3")]))
+    assert grid_facts(read_table(tmp_path / "runs" / "cli"))["git_revision"] is None  # nothing recorded yet
+    first, second = "1a2b3c4d5e6f" + "0" * 28, "99887766554433221100" * 2
+    for d, rev in zip(dirs, (first, first), strict=True):
+        events.append(d, Event(Kind.SUBMITTED, executor="local", details={"git": {"revision": rev, "dirty": False}}))
+    facts = grid_facts(read_table(tmp_path / "runs" / "cli"))
+    assert facts["git_revision"] == first[:12] and facts["git_dirty"] is False
+    # the second cell launched again from another, dirty checkout: both revisions, and dirty
+    events.append(
+        dirs[1], Event(Kind.SUBMITTED, executor="local", details={"git": {"revision": second, "dirty": True}})
+    )
+    facts = grid_facts(read_table(tmp_path / "runs" / "cli"))
+    assert facts["git_revision"] == f"{first[:12]}, {second[:12]}" and facts["git_dirty"] is True

@@ -21,6 +21,8 @@ from typing import Any
 
 from sft_grid.analysis.figures import CURVE_POINTS, decimate_index
 from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
+from sft_grid.core import events
+from sft_grid.core.events import Kind
 from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.grid.costs import measured
@@ -47,14 +49,31 @@ def sweep_file(rows: Sequence[Row]) -> Path | None:
     return None
 
 
+def launched_from(rows: Sequence[Row]) -> set[tuple[str, bool]]:
+    """The (git revision, dirty) of the checkout each cell's latest submission was made from, as its ledger
+    records it (a revision of "unknown": launched from outside a git checkout, left out)."""
+    out = set()
+    for r in rows:
+        sub = events.last(events.read(r.dir), Kind.SUBMITTED)
+        git = (sub.details or {}).get("git") if sub is not None else None
+        if isinstance(git, dict) and git.get("revision") not in (None, "", "unknown"):
+            out.add((str(git["revision"]), bool(git.get("dirty"))))
+    return out
+
+
 def grid_facts(table: GridTable) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for r in table.rows:
         counts[r.state] = counts.get(r.state, 0) + 1
     sweep = sweep_file(table.rows)
     rel = str(sweep.relative_to(REPO_ROOT)) if sweep else None
-    revision = _git("log", "-1", "--format=%h", "--", rel) if rel else ""
-    dirty = bool(_git("status", "--porcelain", "--", rel)) if rel else False
+    launched = launched_from(table.rows)
+    if launched:  # what each cell's submission recorded: the grid's revision wherever it was launched from
+        revision = ", ".join(sorted({rev[:12] for rev, _ in launched}))
+        dirty = any(d for _, d in launched)
+    else:  # cells never submitted: the sweep file's last commit here
+        revision = _git("log", "-1", "--format=%h", "--", rel) if rel else ""
+        dirty = bool(_git("status", "--porcelain", "--", rel)) if rel else False
     est = [r.estimate_gpu_hours for r in table.rows if r.estimate_gpu_hours is not None]
     cpu = bool(table.rows) and all(r.cpu for r in table.rows)
     return {

@@ -7,7 +7,12 @@ Safe to call concurrently: a lock per environment, and the second builder finds 
 was interrupted is started over; the ready marker is written last, so a half-built environment is never used.
 pip gets the lock file as constraints: every package at the version of the verified build, so its resolver
 has one candidate each and nothing to search (without one, axolotl's 240 packages kept pip's resolver busy for
-minutes). Bytecode is not compiled at install (--no-compile): Python compiles what is imported, when it is.
+minutes). pip installs without compiling (--no-compile, one file at a time); the whole environment is then compiled
+in one parallel `compileall`, and the ready marker says so (`"bytecode": true`). Without it, where
+PYTHONDONTWRITEBYTECODE=1 is set (common on shared systems, and on this project's CI machines) no process ever
+writes bytecode, so every backend process compiles its libraries again: importing LLaMA-Factory's trainer measured
+16.8 s without bytecode and 8.3 s with it, and array tasks starting at once on a shared filesystem each did it.
+An environment built before this is compiled once, on its next `build`.
 """
 
 from __future__ import annotations
@@ -37,12 +42,34 @@ def build(name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with Lock(target.parent / f".{target.name}.lock"):
         if is_ready(target):
+            record = json.loads((target / READY_MARKER).read_text() or "{}")
+            if not record.get("bytecode"):  # built before environments carried their bytecode
+                _compile(target)
+                (target / READY_MARKER).write_text(json.dumps({**record, "bytecode": True}))
             return target
         if target.exists():  # an interrupted build: start over
             shutil.rmtree(target)
         _install(spec, target, locked=bool(spec.lock))
-        (target / READY_MARKER).write_text(json.dumps({"packages": spec.packages + spec.packages_no_deps}))
+        _compile(target)
+        record = {"packages": spec.packages + spec.packages_no_deps, "bytecode": True}
+        (target / READY_MARKER).write_text(json.dumps(record))
     return target
+
+
+_TESTS = r"/(tests?|testing)/"
+
+
+def _compile(target: Path) -> None:
+    """Every module of the environment compiled to bytecode by its own interpreter, on every core. A file that does
+    not compile (a package's Python 2 example, a template with a .py name) is left as it is: compileall says so and
+    goes on, and no import of it would work either."""
+    for site in sorted((target / "lib").glob("python3*/site-packages")):
+        # packages' own test suites are never imported by a job: left out, a third of torch's files
+        argv = [str(target / "bin" / "python"), "-m", "compileall", "-q", "-j", "0", "-x", _TESTS, str(site)]
+        log.info("$ %s", " ".join(argv))
+        rc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+        if rc:
+            log.info("compileall: some files of %s do not compile (exit %d); the rest are compiled", site, rc)
 
 
 def _install(spec: VenvSpec, target: Path, locked: bool) -> None:

@@ -247,9 +247,15 @@ def test_terminate_and_what_lines_are_an_exception():
     "log",
     [
         "RuntimeError: the reader lost its place",
-        lines(*TRACEBACK, "KeyError: 'a'"),  # a KeyError raised from the user's own code, not the backend's data
+        # a KeyError from the training loop (after the first step: no rule pins it on the config or the data)
+        lines(
+            "Traceback (most recent call last):",
+            '  File "/envs/x/lib/python3.11/site-packages/transformers/trainer.py", line 2548, in _inner_training_loop',
+            "    tr_loss_step = self.training_step(model, inputs)",
+            "KeyError: 'a'",
+        ),
         "OSError: [Errno 5] Input/output error: '/scratch/run/samples'",
-        "ValueError: too many values to unpack (expected 2)",
+        lines("{'loss': 2.31, 'grad_norm': 1.2, 'epoch': 0.1}", "ValueError: too many values to unpack (expected 2)"),
     ],
 )
 def test_no_backend_error_without_positive_evidence(log):

@@ -19,10 +19,14 @@ Rules, in order (the first that yields a class decides):
    what()): the run's failure is its last exception, or the first of its chain (raise ... from ...). It is
    `backend_error` only on positive evidence that the backend refused its config or data: a sign of that
    (signs.py), or a value error raised from the backend's argument parsing, config validation or data
-   loading (a frame of those in its traceback). Any other exception is `unknown`, with itself as evidence.
+   loading (a frame of those in its traceback); or that the user's own code or config failed before the
+   first step: a plain exception (signs.PLAIN_ERRORS) outside the training loop, before any loss was
+   logged, with no sign of anything else in the attempt. Any other exception is `unknown`, with itself as
+   evidence.
 5. The loss: the last logged loss not finite, a loss scaler pushed to its floor (nan_loss); a loss that jumped
    and never came back decides only when nothing else in the log does (diverged).
 6. Nothing at all: `unknown`, with the most telling line left (a crash, a kill, an exit status) as evidence.
+submitit's account of a signal's timing weighs as a launcher's reading of the scheduler (below its record).
 Ignored on purpose: pending reasons (BeginTime, Dependency, ...: a wait, not an end), step records CANCELLED
 by a time limit or preemption, wrapper exceptions (ChildFailedError, CalledProcessError, ...), which only
 re-raise a child's error, and another tool's label the scheduler's record does not back (signs.py).

@@ -451,7 +451,14 @@ def test_the_early_exception_rule_never_blames_the_user_for_the_machine_or_a_run
         ("Training: 2023-03-14 09:08:43,293-Speed 2178.40 samples/sec   Loss nan   LearningRate 0.001000", "Loss nan"),
         # a backend's own key (bytedance/byteps#411) and accelerate scripts' epoch loss
         ("Epoch[1] Batch[6] Speed: 136.34 samples/sec,  IDLoss=70.405,\nEpoch[1] Batch[7]  IDLoss=nan,", "IDLoss=nan"),
-        ("epoch=0: train_ppl=tensor(5.1) train_epoch_loss=tensor(1.63)\nepoch=1: train_epoch_loss=nan", "loss=nan"),
+        # PEFT's examples print f"{epoch=}: {train_ppl=} {train_epoch_loss=} {eval_ppl=} {eval_epoch_loss=}"
+        (
+            "epoch=0: train_ppl=tensor(5.1023, device='cuda:0') train_epoch_loss=tensor(1.6297, device='cuda:0') "
+            "eval_ppl=tensor(4.9, device='cuda:0') eval_epoch_loss=tensor(1.59, device='cuda:0')\n"
+            "epoch=1: train_ppl=tensor(nan, device='cuda:0') train_epoch_loss=tensor(nan, device='cuda:0') "
+            "eval_ppl=tensor(nan, device='cuda:0') eval_epoch_loss=tensor(nan, device='cuda:0')",
+            "epoch=1: train_ppl=tensor(nan",
+        ),
         # perplexity as the loss's exponential (harvardnlp/data2text#9's format)
         ("Epoch 1 ; Iter 50/213 ; PPL 8226.52 ;\nEpoch 1 ; Iter 100/213 ; PPL nan ;", "PPL nan"),
         # "diverged with loss = NaN" raised inside a traceback (melonwan/denseReg#21): the message, not the source

@@ -460,13 +460,14 @@ NCCL_RESULT = re.compile(
 # insightface's "Loss nan   LearningRate"). The key is exactly loss (not train_loss, eval_loss, avg_loss, train/loss,
 # "val loss"); the number may end a sentence ("loss = NaN.").
 _NOT_EVAL = r"(?<!val )(?<!eval )(?<!test )(?<!valid )(?<!validation )"
-_NUMBER = r"(?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?))(?!\w|\.\d)"
+_NUMBER = r"(?:tensor\()?(?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?))(?!\w|\.\d)"
 LOSS_VALUE = re.compile(
     r"""(?:['"]loss['"]\s*:\s*['"]?|(?<![\w/.-])""" + _NOT_EVAL + r"""loss(?:\s*[:=]\s*|\s+))""" + _NUMBER,
     re.IGNORECASE,
 )
-# Another training loss's key, read only where a line has no plain loss: backends' and scripts' own names
-# ("train_epoch_loss=nan", "step_loss=nan", MXNet's "IDLoss=nan", DG-Net's "DLoss:nan"), never an evaluation's
+# Another training loss's key, read only where a line has no plain loss: backends' and scripts' own names (PEFT's
+# examples' "train_epoch_loss=tensor(nan, device='cuda:0')", "step_loss=nan", MXNet's "IDLoss=nan", DG-Net's
+# "DLoss:nan"), never an evaluation's; a value may be printed as a tensor
 _NOT_EVAL_KEY = r"(?!(?:eval|val|valid|validation|test)_)"
 OTHER_LOSS_VALUE = re.compile(r"(?<![\w/.-])" + _NOT_EVAL_KEY + r"\w+loss\s*[:=]\s*" + _NUMBER, re.IGNORECASE)
 # Perplexity, the exponential of the loss ("PPL 311.73", "train_perplexity=25.47", "'perplexity': inf"): read as

@@ -581,6 +581,10 @@ def test_launchers_words_for_a_memory_kill(line):
     # a SIGKILL says nothing of memory where a scheduler's end explains it: the scheduler's record decides
     limit = "slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-11-30T01:00:00 DUE TO TIME LIMIT ***"
     assert classify([], f"{limit}\n{line}").klass is F.TIME_LIMIT
+    # nor where the peers' collective failed: one rank killed from outside is a transient fault to requeue
+    # (test_triage_faults kills a rank of a two-node job)
+    watchdog = "[rank0]:[E ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout"
+    assert classify([], f"{line}\n{watchdog}").klass is F.COLLECTIVE_TIMEOUT
     # the kubelet naming memory is the memory's own word, like the kernel's OOM killer (kubeflow/kubeflow#1261)
     assert classify([], f"{limit}\nThe node was low on resource: memory.").klass is F.HOST_OOM
 

@@ -11,9 +11,11 @@ Design:
   then the earliest line (the first failure observed is the cause, later ones its echo):
       0  the loss watchdog's own line: the run stopped itself on purpose
       1  root causes: GPU/host out of memory, GPU hardware, disk full, the Hub out of reach
-      2  the scheduler's end: node failure, preemption, time limit, a user's cancel; then (rank 3) a launcher saying
-         a process died of SIGKILL that no scheduler line explains: the kernel's memory kill (host_oom)
-      3  communication: collective failures and rendezvous failures (often the echo of a tier 1 cause)
+      2  the scheduler's end: node failure, preemption, time limit, a user's cancel
+      3  communication: collective failures and rendezvous failures (often the echo of a tier 1 cause); then
+         (rank 3) a launcher saying a process died of SIGKILL that nothing above explains: the kernel's memory
+         kill (host_oom). Below a failed collective on purpose: a rank killed from outside (a person, a health
+         check) leaves its peers' collectives failing, a transient fault to requeue (test_triage_faults)
       4  the loss: NaN/inf, a loss scaler at its floor (the last logged loss decides, see classify.py)
       5  named failures of the run itself: the backend refusing its config or data (backend_error, only on
          such positive evidence) and software faults no rule pins on the user or the machine (unknown)
@@ -191,26 +193,6 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.TIME_LIMIT, SCHEDULER, r"Caught signal (SIG)?USR2\b", rank=2),
     # Lightning's SLURM plugin, warned the same way (--signal=SIGUSR1@90), before it requeues the job itself
     _sign(F.TIME_LIMIT, SCHEDULER, r"Handling auto-requeue signal: \d+", rank=2),
-    # a launcher's word that a process died of SIGKILL: with no scheduler line (a time limit, a cancel) to explain
-    # it, that is the kernel's OOM killer (the usual sender; Slurm's own kills come with its lines, which outrank
-    # this). torchrun (1.9+ "failed (exitcode: -9)", its summary "exitcode : -9", 2.x "Signal 9 (SIGKILL) received
-    # by PID"), DeepSpeed's launcher ("exits with return code = -9"), subprocess and mp.spawn, a DataLoader worker,
-    # MPICH ("EXIT CODE: 9"), an IDE ("exit code 137 (interrupted by signal 9: SIGKILL)") and the shell's job
-    # report ("Killed" alone on its line or after a progress bar, "line N: PID Killed cmd", a Chinese locale's)
-    _sign(
-        F.HOST_OOM,
-        SCHEDULER,
-        r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received by PID|exits with return code = -9\b|"
-        r"died with <Signals\.SIGKILL: 9>|terminated with signal SIGKILL|is killed by signal: Killed\b|"
-        r"\bEXIT CODE: 9\s*$|exit (code|status) 137\b|\(interrupted by signal 9: SIGKILL\)",
-        rank=3,
-    ),
-    _sign(
-        F.HOST_OOM,
-        SCHEDULER,
-        r"(^|[\]*>\s])(?-i:Killed)\**\s*$|\bline \d+:\s+\d+ (?-i:Killed)\s|(^|\s)已杀死\s*$",
-        rank=3,
-    ),
     # a plain "*** JOB 12 ON n1 CANCELLED AT <time> ***" (no DUE TO ...) is a scancel (Slurm <= 17 wrote no ON n1);
     # so is a STEP's, unless srun first said a task failed: then srun ended the step itself (--kill-on-bad-exit,
     # measured on the local cluster), and the task's failure is what to explain
@@ -246,6 +228,27 @@ SIGNS: tuple[Sign, ...] = (
         r"Read error|Write error|Timed out|timeout)",
     ),
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"Application timeout caused pair closure"),
+    # -- a launcher's word that a process died of SIGKILL: with no scheduler line (a time limit, a cancel) and no
+    # failed collective to explain it, that is the kernel's OOM killer (the usual sender; Slurm's own kills come
+    # with its lines, which outrank this). torchrun (1.9+ "failed (exitcode: -9)", its summary "exitcode : -9",
+    # 2.x "Signal 9 (SIGKILL) received by PID"), DeepSpeed's launcher ("exits with return code = -9"), subprocess
+    # and mp.spawn, a DataLoader worker, MPICH ("EXIT CODE: 9"), an IDE ("exit code 137 (interrupted by signal 9:
+    # SIGKILL)") and the shell's job report ("Killed" alone on its line or after a progress bar, "line N: PID
+    # Killed cmd", a Chinese locale's)
+    _sign(
+        F.HOST_OOM,
+        COMM,
+        r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received by PID|exits with return code = -9\b|"
+        r"died with <Signals\.SIGKILL: 9>|terminated with signal SIGKILL|is killed by signal: Killed\b|"
+        r"\bEXIT CODE: 9\s*$|exit (code|status) 137\b|\(interrupted by signal 9: SIGKILL\)",
+        rank=3,
+    ),
+    _sign(
+        F.HOST_OOM,
+        COMM,
+        r"(^|[\]*>\s])(?-i:Killed)\**\s*$|\bline \d+:\s+\d+ (?-i:Killed)\s|(^|\s)已杀死\s*$",
+        rank=3,
+    ),
     # -- rendezvous and ports: torchrun/c10d stores and their client sockets (torch 1.x "connect() timed out",
     # "Socket Timeout"; 2.x "The client socket has timed out after Ns while trying to connect to (host, port)",
     # DistStoreError "wait timeout after Nms, keys"), the store-based barrier (1.8-2.x), the elastic agent's

@@ -413,6 +413,7 @@ def test_an_early_plain_exception_is_the_users_with_its_line_as_evidence(log):
             "MASTER_ADDR expected, but not set",
             F.UNKNOWN,
         ),
+        ("KeyError: 'LOCAL_RANK'", F.UNKNOWN),  # what the launcher sets, not the user's config
         # raised inside the training loop (zhou13/lcnn#17), or after a loss was logged: training had started
         (
             lines(

@@ -404,7 +404,7 @@ CONFIG_DATA_FRAME = re.compile(
 # config names, a key or file it lacks, a module it asks for, a script that does not compile), raised before any
 # loss was logged and outside the training loop's frames, with no infrastructure sign in the attempt, is the
 # user's (classify.py). Their messages must not name the machine's side (a shared library, the driver, CUDA/NCCL,
-# the network or the rendezvous), which an ImportError or a ValueError can also carry.
+# the network, the rendezvous or what the launcher sets), which an ImportError or a ValueError can also carry.
 PLAIN_ERRORS = re.compile(
     r"(^|\.)(ValueError|KeyError|TypeError|IndexError|AttributeError|NameError|UnboundLocalError|SyntaxError|"
     r"IndentationError|TabError|ModuleNotFoundError|ImportError|FileNotFoundError|NotADirectoryError|"
@@ -414,7 +414,8 @@ PLAIN_ERRORS = re.compile(
 )
 MACHINE_WORDS = re.compile(
     r"\.so\b|\.so\.\d|shared object|undefined symbol|GLIBC|\bCUDA\b|\bNCCL\b|cuDNN|\bdriver\b|\bGPUs?\b|"
-    r"rendezvous|MASTER_(ADDR|PORT)|WORLD_SIZE|init_process_group|out of memory|\[Errno (?!2\])\d+\]|"
+    r"rendezvous|MASTER_(ADDR|PORT)|WORLD_SIZE|LOCAL_RANK|SLURM_\w+|init_process_group|process group|"
+    r"out of memory|\[Errno (?!2\])\d+\]|"
     r"connection|timed? ?out\b|timeout|network|socket",
     re.IGNORECASE,
 )

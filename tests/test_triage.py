@@ -1,8 +1,10 @@
 """Failure triage: the labelled corpus (tests/triage_corpus: real Slurm/PyTorch/NCCL/gloo/CUDA/kernel/Hub/backend
 messages, in a main split and a holdout split its signs were not written from) is classified 100% right, the
 corpus has the shape issue 19 asks for, the rules hold on the cases they exist for (interleaved ranks, no
-backend_error without positive evidence, hardware only on the hardware's word), and each class's policy says
-and suggests the right thing. Pure and fast: no process, no file but the corpus."""
+backend_error without positive evidence, hardware only on the hardware's word), issue 29's families hold on real
+lines in several wordings (the user's code or config failing before the first step, loss formats, torch 2.x store
+and NCCL wordings wrapped or glued, submitit's words, launchers' words for a memory kill or a lost node), and each
+class's policy says and suggests the right thing. Pure and fast: no process, no file but the corpus."""
 
 from __future__ import annotations
 

@@ -155,8 +155,10 @@ def test_a_failed_cell_is_triaged_from_its_log_the_childs_error_not_the_launcher
     assert event.to_json()["class"] == "backend_error" and event.to_json()["action"] == "stop"
     assert Event.from_json(event.to_json()) == event  # typed in memory, the same values in the file
 
-    # the same exception from the user's own code: no evidence that the backend refused anything
-    (cell_dir / "logs" / "train.log").write_text("step 1\nValueError: Output directory is not empty\n" + launcher)
+    # the same exception from the user's own code once training ran (a loss logged): nothing says whose fault it is
+    (cell_dir / "logs" / "train.log").write_text(
+        "step 1\n{'loss': 1.93, 'epoch': 0.5}\nValueError: Output directory is not empty\n" + launcher
+    )
     failure, remedy = triage(cell_dir, history)
     assert failure.klass is FailureClass.UNKNOWN and failure.evidence == "ValueError: Output directory is not empty"
     assert "read logs/train.log around the line quoted above" in remedy.message

@@ -2,8 +2,9 @@
 
 A class says whose fault a failure is and so what helps: the scheduler's end of a job (time limit, preemption,
 cancel), the machine (a node, a GPU, the network between ranks, a full disk, a node without the Hub), the run
-itself (its loss), the backend refusing its config or data, or nothing the log can tell (`unknown`). Only
-`backend_error` blames the user's config or data, and only on positive evidence (see classify.py).
+itself (its loss), the backend refusing its config or data (or the user's code or config failing before the
+first step), or nothing the log can tell (`unknown`). Only `backend_error` blames the user, and only on positive
+evidence (see classify.py).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ DESCRIPTION = {
     FailureClass.OFFLINE_HUB: "Hugging Face Hub not reachable (offline node or files not cached)",
     FailureClass.NAN_LOSS: "loss became NaN or infinite",
     FailureClass.DIVERGED: "loss diverged",
-    FailureClass.BACKEND_ERROR: "the backend refused its config or data",
+    FailureClass.BACKEND_ERROR: "the backend refused its config or data, or the run's code failed before training",
     FailureClass.CANCELLED: "cancelled by the user",
     FailureClass.UNKNOWN: "failed for a reason sft_grid does not recognise",
 }

@@ -19,10 +19,14 @@ Rules, in order (the first that yields a class decides):
    what()): the run's failure is its last exception, or the first of its chain (raise ... from ...). It is
    `backend_error` only on positive evidence that the backend refused its config or data: a sign of that
    (signs.py), or a value error raised from the backend's argument parsing, config validation or data
-   loading (a frame of those in its traceback). Any other exception is `unknown`, with itself as evidence.
+   loading (a frame of those in its traceback); or that the user's own code or config failed before the
+   first step: a plain exception (signs.PLAIN_ERRORS) outside the training loop, before any loss was
+   logged, with no sign of anything else in the attempt. Any other exception is `unknown`, with itself as
+   evidence.
 5. The loss: the last logged loss not finite, a loss scaler pushed to its floor (nan_loss); a loss that jumped
    and never came back decides only when nothing else in the log does (diverged).
 6. Nothing at all: `unknown`, with the most telling line left (a crash, a kill, an exit status) as evidence.
+submitit's account of a signal's timing weighs as a launcher's reading of the scheduler (below its record).
 Ignored on purpose: pending reasons (BeginTime, Dependency, ...: a wait, not an end), step records CANCELLED
 by a time limit or preemption, wrapper exceptions (ChildFailedError, CalledProcessError, ...), which only
 re-raise a child's error, and another tool's label the scheduler's record does not back (signs.py).
@@ -134,7 +138,7 @@ def _sign_findings(lines: Sequence[Line]) -> list[_Finding]:
             found.append(
                 _Finding(klass, sign.tier, line.index, text[:500], _nodes_in(line.raw), line.code, sign.rank, named)
             )
-        running = running or bool(signs.GROUP_RUNNING.search(line.raw) or signs.LOSS_VALUE.search(line.raw))
+        running = running or bool(signs.GROUP_RUNNING.search(line.raw) or _loss_in(line.raw) is not None)
     return found
 
 
@@ -143,16 +147,20 @@ class _Exception:
     line: Line
     kind: str  # the exception's type ("" for C++'s what())
     frames: tuple[str, ...]  # the traceback's frames since the exception before it
+    functions: tuple[str, ...] = ()  # the functions of those frames
 
 
 def _exceptions(lines: Sequence[Line]) -> list[list[_Exception]]:
     """The exceptions of the log in chains (raise ... from, or raised while handling another), oldest first."""
     chains: list[list[_Exception]] = []
     frames: list[str] = []
+    functions: list[str] = []
     linked = False  # a chain marker since the last exception
     for line in lines:
         if line.frame:
             frames.append(line.frame)
+            if m := signs.FRAME_FUNCTION.search(line.text):
+                functions.append(m.group("func"))
         if signs.CHAINED.search(line.text):
             linked = True
         if line.code:
@@ -161,12 +169,12 @@ def _exceptions(lines: Sequence[Line]) -> list[list[_Exception]]:
         exc = signs.EXCEPTION_LINE.match(line.text)
         if what is None and (exc is None or signs.WRAPPERS.search(line.text) or signs.NCCL_RESULT.match(line.text)):
             continue
-        found = _Exception(line, exc.group("type") if exc and not what else "", tuple(frames))
+        found = _Exception(line, exc.group("type") if exc and not what else "", tuple(frames), tuple(functions))
         if linked and chains:
             chains[-1].append(found)
         else:
             chains.append([found])
-        frames, linked = [], False
+        frames, functions, linked = [], [], False
     return chains
 
 
@@ -181,6 +189,23 @@ def _positive(chain: Sequence[_Exception], named: set[int]) -> bool:
     return False
 
 
+def _early_user_error(chain: Sequence[_Exception], lines: Sequence[Line], sign_found: Sequence[_Finding]) -> bool:
+    """Whether a chain is the user's own code or config failing before the first training step: a plain exception
+    (signs.PLAIN_ERRORS, its message naming nothing of the machine's) raised outside the training loop, before any
+    loss or step was logged, in an attempt with no sign of anything else (an infrastructure fault, a crash)."""
+    cause = chain[0]
+    if not signs.PLAIN_ERRORS.search(cause.kind) or signs.MACHINE_WORDS.search(cause.line.text):
+        return False
+    if any(signs.TRAINING_LOOP_FUNCTION.fullmatch(f.rsplit(".", 1)[-1]) for e in chain for f in e.functions):
+        return False
+    if any(f.klass is not F.BACKEND_ERROR for f in sign_found):
+        return False
+    if any(signs.UNKNOWN_HINTS[0].search(x.raw) for x in lines):
+        return False  # a crash (a segfault, an abort, NCCL's warning) besides it
+    before = [x for x in lines[: cause.line.index] if not x.code]
+    return not any(_loss_in(x.raw) is not None or signs.TRAINING_STEP.search(x.raw) for x in before)
+
+
 def _exception_findings(lines: Sequence[Line], sign_found: Sequence[_Finding]) -> list[_Finding]:
     refused = {f.order for f in sign_found if f.klass is F.BACKEND_ERROR}
     chains = _exceptions(lines)
@@ -191,17 +216,39 @@ def _exception_findings(lines: Sequence[Line], sign_found: Sequence[_Finding]) -
         if _positive(chain, refused):
             found.append(_Finding(F.BACKEND_ERROR, signs.EXCEPTION, cause.index, evidence, named=True))
         elif i == len(chains) - 1:
-            # the run's last exception and nothing says whose fault it is: not the user's
-            found.append(_Finding(F.UNKNOWN, signs.EXCEPTION, cause.index, evidence))
+            # the run's last exception: the user's if it is their code or config failing before training started
+            # (issue 29's rule), else nothing says whose fault it is: not the user's
+            if _early_user_error(chain, lines, sign_found):
+                found.append(_Finding(F.BACKEND_ERROR, signs.EXCEPTION, cause.index, evidence, named=True))
+            else:
+                found.append(_Finding(F.UNKNOWN, signs.EXCEPTION, cause.index, evidence))
     return found
+
+
+def _loss_in(text: str) -> float | None:
+    """The loss a line logs, in any of the formats signs.py names (perplexity as its logarithm), or None. A step
+    whose gradient norm is NaN while its loss shows 0.0 (fp16 overflow as the HF Trainer logs it), or that ESPnet
+    skipped for a NaN norm, logs a loss that is not finite."""
+    m = signs.LOSS_VALUE.search(text) or signs.OTHER_LOSS_VALUE.search(text)
+    value = _number(m.group("value")) if m else None
+    if value is None and (p := signs.PERPLEXITY_VALUE.search(text)):
+        ppl = _number(p.group("value"))
+        value = math.log(ppl) if math.isfinite(ppl) and ppl > 0 else math.nan
+    if (value is None or value == 0.0) and signs.GRAD_NORM_NAN.search(text):
+        value = math.nan
+    return value
 
 
 def _loss_findings(lines: Sequence[Line]) -> list[_Finding]:
     losses: list[tuple[Line, float]] = []
     scales: list[tuple[Line, float]] = []
     for line in lines:
-        if m := signs.LOSS_VALUE.search(line.raw):
-            losses.append((line, _number(m.group("value"))))
+        if line.code:
+            continue  # a traceback's quoted source ("assert not np.isnan(loss), 'diverged with loss = NaN'")
+        if (value := _loss_in(line.raw)) is not None:
+            if value == 0.0 and losses and math.isnan(losses[-1][1]):
+                value = math.nan  # the same overflowed step logged again without its gradient norm (a callback's)
+            losses.append((line, value))
         scales.extend((line, _number(s.group("to"))) for s in signs.SCALE_DOWN.finditer(line.raw))
     found = []
     # the last logged loss decides: an early NaN on an all-masked batch that training got past is no failure.
@@ -257,9 +304,22 @@ def _choose(found: Sequence[_Finding]) -> _Finding:
     return best
 
 
+def _timing_findings(lines: Sequence[Line]) -> list[_Finding]:
+    """submitit's account of when a signal came (signs.SUBMITIT_TIMING): far from the time limit (submitit's "has
+    not timed out": before 80% of it and more than 10 minutes from it), a preemption; else the limit's warning. A
+    launcher's reading of the scheduler's signal: below the scheduler's record and submitit's own verdicts."""
+    found = []
+    for line in lines:
+        if m := signs.SUBMITIT_TIMING.search(line.raw):
+            early = int(m.group("asked")) - int(m.group("ran")) > signs.WARNING_MARGIN_MIN
+            klass = F.PREEMPTED if early and " not " in m.group(0) else F.TIME_LIMIT
+            found.append(_Finding(klass, signs.SCHEDULER, line.index, line.raw[:500], rank=2))
+    return found
+
+
 def _findings(records: Sequence[SacctLeg], text_lines: Sequence[str]) -> list[_Finding]:
     lines = read_lines(text_lines)
-    signed = _sign_findings(lines)
+    signed = _sign_findings(lines) + _timing_findings(lines)
     return _leg_findings(records) + signed + _exception_findings(lines, signed) + _loss_findings(lines)
 
 

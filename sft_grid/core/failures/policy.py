@@ -7,7 +7,8 @@ Design:
   names, within a bounded budget; a time limit is requeued within the grid's own max_requeues; everything else
   stops, keeping checkpoints, because running it again unchanged fails the same way.
 - Stopping says what helps, and whose move it is: only `backend_error` (positive evidence that the backend
-  refused its config or data) asks the user to fix the config or data; `unknown` asks them to read the log it
+  refused its config or data, or that the user's code or config failed before the first step) asks the user to
+  fix what the evidence names; `unknown` asks them to read the log it
   names, at the line the evidence quotes, and blames no one.
 - A grid changes the defaults with a plain mapping: {"preempted": {"action": "requeue", "budget": 8},
   "gpu_oom": "stop", "node_failure": "requeue:1"}.
@@ -78,7 +79,8 @@ FIX = {
     F.NAN_LOSS: "the loss became NaN/inf: lower the learning rate or add warmup; checkpoints are kept, but "
     "the newest may already hold bad weights",
     F.DIVERGED: "the loss diverged: lower the learning rate or add warmup, check the data; checkpoints are kept",
-    F.BACKEND_ERROR: "the backend refused its config or data: fix what the evidence names, then rerun",
+    F.BACKEND_ERROR: "the backend refused its config or data, or the run's own code or config failed before "
+    "training: fix what the evidence names, then rerun",
     F.DISK_FULL: "free space or raise the quota where the cell's output and caches live; the rerun resumes "
     "from the last complete checkpoint",
     F.OFFLINE_HUB: "the Hub was out of reach and the files were not in the cache (compute nodes often have no "

@@ -12,7 +12,10 @@ Design:
       0  the loss watchdog's own line: the run stopped itself on purpose
       1  root causes: GPU/host out of memory, GPU hardware, disk full, the Hub out of reach
       2  the scheduler's end: node failure, preemption, time limit, a user's cancel
-      3  communication: collective failures and rendezvous failures (often the echo of a tier 1 cause)
+      3  communication: collective failures and rendezvous failures (often the echo of a tier 1 cause); then
+         (rank 3) a launcher saying a process died of SIGKILL that nothing above explains: the kernel's memory
+         kill (host_oom). Below a failed collective on purpose: a rank killed from outside (a person, a health
+         check) leaves its peers' collectives failing, a transient fault to requeue (test_triage_faults)
       4  the loss: NaN/inf, a loss scaler at its floor (the last logged loss decides, see classify.py)
       5  named failures of the run itself: the backend refusing its config or data (backend_error, only on
          such positive evidence) and software faults no rule pins on the user or the machine (unknown)
@@ -25,7 +28,9 @@ Design:
   CalledProcessError, submitit's FailedJobError, sft_grid's own CellFailed, mp.spawn's): they never decide a
   class by themselves, though a sign inside their message still counts.
 - Another tool's label decides nothing unless the scheduler's record agrees: submitit's "this job is
-  preempted" is its guess from a signal's timing, so it is no sign (slurmstepd's DUE TO PREEMPTION is).
+  preempted" is its guess from a signal's timing (80% of the time limit), so it is no sign (slurmstepd's DUE TO
+  PREEMPTION is). The timing itself is: a signal many minutes before the time limit cannot be the limit's
+  warning (SUBMITIT_TIMING, weighed in classify.py).
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.HOST_OOM, ROOT, r"^\s*(\[\w+\]:\s*|\d+:\s*)?MemoryError\b|\bstd::bad_alloc\b"),
     _sign(F.HOST_OOM, ROOT, r"Cannot allocate memory \(errno 12\)|\[Errno 12\] Cannot allocate memory"),
     _sign(F.HOST_OOM, ROOT, r"DefaultCPUAllocator: (can't allocate memory|not enough memory)"),
+    # Kubernetes: the kubelet evicting a pod for memory, a container's OOMKilled reason
+    _sign(F.HOST_OOM, ROOT, r"The node was low on resource: memory|\bOOMKilled\b"),
     # -- GPU hardware: the driver's Xid events (kernel log), ECC (torch 1.x THC "cuda runtime error (39)",
     # torch 2.x "CUDA error: uncorrectable ECC error encountered", CUDA_ERROR_ECC_UNCORRECTABLE from TF/JAX), a
     # GPU off the bus or lost, and a device that is unusable at start-up (THC "error=46", torch 2.x "is/are busy")
@@ -102,6 +109,15 @@ SIGNS: tuple[Sign, ...] = (
         ROOT,
         r"CUDA-capable device\(s\) is/are busy or unavailable|"
         r"all CUDA-capable devices are busy or unavailable|cudaErrorDevicesUnavailable",
+    ),
+    # CUDA that cannot even initialise on the node (the driver's state or version: torch's "CUDA unknown error -
+    # this may be due to an incorrectly set up environment", "Unexpected error from cudaGetDeviceCount()", the CUDA
+    # samples' "cudaGetDeviceCount returned 999"): a node's fault at start-up, unlike a kernel's fault mid-run
+    _sign(
+        F.GPU_HARDWARE,
+        ROOT,
+        r"CUDA unknown error - this may be due to an incorrectly set up environment|"
+        r"Unexpected error from cudaGetDeviceCount\(\)|cudaGetDeviceCount returned \d+",
     ),
     # -- disk: ENOSPC and EDQUOT as Python, Rust (safetensors) and Windows say them, and the symptoms of a short
     # write: torch.save's zip writer (1.6+: "unexpected pos", 1.10+: "PytorchStreamWriter failed writing"), its
@@ -152,7 +168,9 @@ SIGNS: tuple[Sign, ...] = (
     # -- the scheduler's end, as slurmstepd, srun/salloc and submitit write it in the job's own log (Slurm 20-24);
     # slurmstepd's line is the scheduler's own record, srun's a launcher's echo of it (rank 1)
     _sign(F.TIME_LIMIT, SCHEDULER, r"CANCELLED AT \S+ DUE TO TIME LIMIT"),
-    _sign(F.TIME_LIMIT, SCHEDULER, r"Job not requeued because: timed-out too many times", rank=1),
+    # submitit giving up after a time limit: "timed-out too many times" (its requeue budget spent), "timed-out and
+    # not checkpointable" (1.1+, raised as UncompletedJobError)
+    _sign(F.TIME_LIMIT, SCHEDULER, r"Job not requeued because: timed-out\b", rank=1),
     _sign(F.TIME_LIMIT, SCHEDULER, r"this job is timed-out\b", rank=1),
     _sign(F.PREEMPTED, SCHEDULER, r"CANCELLED AT \S+ DUE TO PREEMPTION"),
     _sign(F.NODE_FAILURE, SCHEDULER, r"CANCELLED AT \S+ DUE TO NODE FAIL"),
@@ -160,6 +178,16 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.NODE_FAILURE, SCHEDULER, r"\b(srun|salloc|sbatch)(: error)?: Node failure on \S+", rank=1),
     _sign(F.NODE_FAILURE, SCHEDULER, r"Prolog (error|failure) on node|launch failed requeued held", rank=1),
     _sign(F.NODE_FAILURE, SCHEDULER, r"Task launch for \S+ failed on node \S+", rank=1),
+    # other launchers losing a node: Ray's GCS (0.x "monitor", 1.x+ "detector" missed its heartbeats; 2.5x task
+    # errors), Open MPI's ORTE losing its daemon on a node
+    _sign(
+        F.NODE_FAILURE,
+        SCHEDULER,
+        r"has been marked dead because the (monitor|detector) has missed too many heartbeats|"
+        r"Task failed because the node it was running on is dead|"
+        r"ORTE has lost communication with (its|a remote) daemon",
+        rank=1,
+    ),
     # Slurm's warning signal before the time limit (submitit asks for --signal=USR2@90): submitit may call it
     # "preempted" (its guess from the timing), but only the scheduler's record says preemption, which outranks it
     _sign(F.TIME_LIMIT, SCHEDULER, r"Caught signal (SIG)?USR2\b", rank=2),
@@ -181,7 +209,7 @@ SIGNS: tuple[Sign, ...] = (
     # terminate/what()), the heartbeat monitor (2.3+), NCCL's remote error (2.12+) and InfiniBand completions
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"Watchdog caught collective operation timeout"),
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"\bWorkNCCL\(.*\) ran for \d+ milliseconds before timing out"),
-    _sign(F.COLLECTIVE_TIMEOUT, COMM, r"Heartbeat monitor timed out"),
+    _sign(F.COLLECTIVE_TIMEOUT, COMM, r"Heartbeat monitor timed out|ProcessGroupNCCL's watchdog got stuck for \d+"),
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"Some NCCL operations have failed or timed out"),
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"remote process exited or there was a network error|\bncclRemoteError\b"),
     # NCCL's socket to a peer failing on an open connection (a peer gone mid-run: 2.12+ "Net : Call to recv from X
@@ -200,6 +228,27 @@ SIGNS: tuple[Sign, ...] = (
         r"Read error|Write error|Timed out|timeout)",
     ),
     _sign(F.COLLECTIVE_TIMEOUT, COMM, r"Application timeout caused pair closure"),
+    # -- a launcher's word that a process died of SIGKILL: with no scheduler line (a time limit, a cancel) and no
+    # failed collective to explain it, that is the kernel's OOM killer (the usual sender; Slurm's own kills come
+    # with its lines, which outrank this). torchrun (1.9+ "failed (exitcode: -9)", its summary "exitcode : -9",
+    # 2.x "Signal 9 (SIGKILL) received by PID"), DeepSpeed's launcher ("exits with return code = -9"), subprocess
+    # and mp.spawn, a DataLoader worker, MPICH ("EXIT CODE: 9"), an IDE ("exit code 137 (interrupted by signal 9:
+    # SIGKILL)") and the shell's job report ("Killed" alone on its line or after a progress bar, "line N: PID
+    # Killed cmd", a Chinese locale's)
+    _sign(
+        F.HOST_OOM,
+        COMM,
+        r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\) received by PID|exits with return code = -9\b|"
+        r"died with <Signals\.SIGKILL: 9>|terminated with signal SIGKILL|is killed by signal: Killed\b|"
+        r"\bEXIT CODE: 9\s*$|exit (code|status) 137\b|\(interrupted by signal 9: SIGKILL\)",
+        rank=3,
+    ),
+    _sign(
+        F.HOST_OOM,
+        COMM,
+        r"(^|[\]*>\s])(?-i:Killed)\**\s*$|\bline \d+:\s+\d+ (?-i:Killed)\s|(^|\s)已杀死\s*$",
+        rank=3,
+    ),
     # -- rendezvous and ports: torchrun/c10d stores and their client sockets (torch 1.x "connect() timed out",
     # "Socket Timeout"; 2.x "The client socket has timed out after Ns while trying to connect to (host, port)",
     # DistStoreError "wait timeout after Nms, keys"), the store-based barrier (1.8-2.x), the elastic agent's
@@ -213,7 +262,17 @@ SIGNS: tuple[Sign, ...] = (
     # (torch 2.0-2.1 spelt it "retreiving")
     _sign(F.RENDEZVOUS, COMM, r"retr(ie|ei)ving ncclUniqueId .* via c10d key-value store"),
     _sign(F.RENDEZVOUS, COMM, r"Timed out initializing process group in store based barrier"),
-    _sign(F.RENDEZVOUS, COMM, r"Timed out after \d+ seconds waiting for clients"),
+    _sign(F.RENDEZVOUS, COMM, r"Timed out after \d+ seconds waiting for (clients|workers)"),
+    # the TCPStore client in torch 2.x's C++ wording: a connect that keeps failing (2.3+ "TCP client failed to
+    # connect/validate to host"), and the store's server gone under a client waiting on a key (2.4+ "recvValue
+    # failed on SocketImpl(...)", "sendBytes failed on SocketImpl(...): Broken pipe")
+    _sign(F.RENDEZVOUS, COMM, r"TCP client failed to connect/validate to host"),
+    _sign(
+        F.RENDEZVOUS,
+        COMM,
+        r"TCPStore\.cpp:\d+\].*\b(recvValue\w*|recvBytes|sendBytes) failed on SocketImpl",
+        running=F.COLLECTIVE_TIMEOUT,
+    ),
     _sign(F.RENDEZVOUS, COMM, r"on port `?\d+`?, but another process is utilizing it"),  # accelerate
     # NCCL's own sockets: a refused or dropped connection to a peer (2.4-2.10 "Connect to X failed : Connection
     # refused", "Call to connect returned ..., retrying"; 2.12+ "socketStartConnect: Connect to X failed",
@@ -235,6 +294,15 @@ SIGNS: tuple[Sign, ...] = (
     # -- the loss: DeepSpeed's fp16 scaler gives up once gradients overflow at every scale (0.3+: "Current loss
     # scale already at minimum"), fairseq's at its own floor; a scaler pushed to its floor is in classify.py
     _sign(F.NAN_LOSS, LOSS, r"Current loss scale already at minimum|Minimum loss scale reached"),
+    # trainers stopping on a NaN loss themselves: TensorFlow's NanTensorHook (1.x "Model diverged with loss = NaN",
+    # NanLossDuringTrainingError), scripts' own asserts and raises in the same words, timm/DETR's "Loss is nan,
+    # stopping training", scikit-neuralnetwork's "Training diverged and returned NaN"
+    _sign(
+        F.NAN_LOSS,
+        LOSS,
+        r"diverged with loss = NaN|\bNanLossDuringTrainingError\b|\bNaN loss during training|"
+        r"\bLoss is (nan|inf)\b|Training diverged and returned NaN",
+    ),
     # -- the backend refusing its config or data: positive evidence only (an unmatched exception is `unknown`).
     # Argument parsing (argparse; transformers' HfArgumentParser, 4.x-5.x wordings), config validation
     # (pydantic v1/v2, DeepSpeed's config, Megatron's arguments against a checkpoint), the model it names
@@ -280,6 +348,14 @@ SIGNS: tuple[Sign, ...] = (
         r"any data file) at|BuilderConfig \S+ not found",
     ),
     _sign(F.BACKEND_ERROR, EXCEPTION, r"\bArrowInvalid\b|\bArrowTypeError\b"),
+    # a YAML file that does not parse (PyYAML's scanner and parser, also as Snakemake or an IDE report them): the
+    # config or data file the user wrote
+    _sign(
+        F.BACKEND_ERROR,
+        EXCEPTION,
+        r"mapping values are not allowed here|could not find expected ':'|while scanning a simple key|"
+        r"found character .* that cannot start any token|\byaml\.(scanner|parser)\.\w+Error\b",
+    ),
     # a chat template refusing the data's turns (jinja2 through tokenizer.apply_chat_template)
     _sign(F.BACKEND_ERROR, EXCEPTION, r"Conversation roles must alternate|jinja2\.exceptions\.\w+"),
     # CUDA device-side asserts are data (a label or token id outside the vocabulary)
@@ -303,7 +379,7 @@ SIGNS: tuple[Sign, ...] = (
         F.UNKNOWN,
         EXCEPTION,
         r"Unexpected (bus error|segmentation fault|floating-point exception) encountered in "
-        r"worker|DataLoader worker \(pids?\(?s?\)? [\d, ]+\) (is killed by signal|exited "
+        r"worker|DataLoader worker \(pids?\(?s?\)? [\d, ]+\) (is killed by signal: (?!Killed)|exited "
         r"unexpectedly)",
     ),
 )
@@ -323,6 +399,36 @@ CONFIG_DATA_FRAME = re.compile(
     r"iterable_dataset|dataset_dict|packaged_modules)|pyarrow/_(json|csv)|swift/llm/(dataset|argument)|"
     r"deepspeed/runtime/config|megatron/(training/)?arguments\.py|argparse\.py)"
 )
+
+# The user's own code or config failing before the first training step: an exception of these types (a value the
+# config names, a key or file it lacks, a module it asks for, a script that does not compile), raised before any
+# loss was logged and outside the training loop's frames, with no infrastructure sign in the attempt, is the
+# user's (classify.py). Their messages must not name the machine's side (a shared library, the driver, CUDA/NCCL,
+# the network, the rendezvous or what the launcher sets), which an ImportError or a ValueError can also carry.
+PLAIN_ERRORS = re.compile(
+    r"(^|\.)(ValueError|KeyError|TypeError|IndexError|AttributeError|NameError|UnboundLocalError|SyntaxError|"
+    r"IndentationError|TabError|ModuleNotFoundError|ImportError|FileNotFoundError|NotADirectoryError|"
+    r"IsADirectoryError|AssertionError|NotImplementedError|JSONDecodeError|UnicodeDecodeError|ZeroDivisionError|"
+    r"\w*Config\w*(Error|Exception)|ScannerError|ParserError|ConstructorError|ComposerError|ValidationError|"
+    r"ArgumentError|ArgumentTypeError|InstantiationException|HFValidationError)$"
+)
+MACHINE_WORDS = re.compile(
+    r"\.so\b|\.so\.\d|shared object|undefined symbol|GLIBC|\bCUDA\b|\bNCCL\b|cuDNN|\bdriver\b|\bGPUs?\b|"
+    r"rendezvous|MASTER_(ADDR|PORT)|WORLD_SIZE|LOCAL_RANK|SLURM_\w+|init_process_group|process group|"
+    r"out of memory|\[Errno (?!2\])\d+\]|"
+    r"connection|timed? ?out\b|timeout|network|socket",
+    re.IGNORECASE,
+)
+# Functions of a training loop (HF Trainer, Lightning, DeepSpeed, scripts' own loops): an exception raised under
+# one of them came after training started
+TRAINING_LOOP_FUNCTION = re.compile(
+    r"_?inner_training_loop|training_step|train_step|train_one_epoch|_?train_epoch|run_epoch|compute_loss|"
+    r"_?backward|optimizer_step|step|fit_loop|run_training_epoch|run_training_batch|advance|validate|"
+    r"validation_step|evaluate|evaluation_loop|prediction_step|_maybe_log_save_evaluate"
+)
+FRAME_FUNCTION = re.compile(r", in (?P<func>[\w.<>]+)\s*$")
+# Progress lines that show training steps ran even where no loss is logged
+TRAINING_STEP = re.compile(r"current_steps|\biteration\s+\d+/")
 
 # A traceback frame: `File "<path>", line N` (Python), or IPython's `File <path>:N, in f`.
 FRAME = re.compile(r"""^File (?:"(?P<path>[^"]+)", line \d+|(?P<ipath>\S+):\d+, in )""")
@@ -353,13 +459,31 @@ NCCL_RESULT = re.compile(
     r"^(nccl)?(UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote|InProgress)Error\b"
 )
 
-# A logged loss: HF Trainer's print (Python dict), trainer_log.jsonl (JSON), Megatron's "lm loss: 6.4E+00" and a
-# plain "loss: x" / "loss=x". The key is exactly loss (not train_loss, eval_loss, avg_loss, train/loss).
+# A logged loss: HF Trainer's print (Python dict), trainer_log.jsonl (JSON), Megatron's "lm loss: 6.4E+00", a plain
+# "loss: x" / "loss=x" / "loss = x" (TF-slim, DeepLab) and "loss x" / "Loss x" (nanoGPT's "iter 3010: loss nan",
+# insightface's "Loss nan   LearningRate"). The key is exactly loss (not train_loss, eval_loss, avg_loss, train/loss,
+# "val loss"); the number may end a sentence ("loss = NaN.").
+_NOT_EVAL = r"(?<!val )(?<!eval )(?<!test )(?<!valid )(?<!validation )"
+_NUMBER = r"(?:tensor\()?(?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?))(?!\w|\.\d)"
 LOSS_VALUE = re.compile(
-    r"""(?:['"]loss['"]\s*:\s*['"]?|(?<![\w/.-])loss\s*[:=]\s*)"""
-    r"(?P<value>[-+]?(?:nan|inf(?:inity)?|\d[\d.]*(?:e[-+]?\d+)?))(?![\w.])",
+    r"""(?:['"]loss['"]\s*:\s*['"]?|(?<![\w/.-])""" + _NOT_EVAL + r"""loss(?:\s*[:=]\s*|\s+))""" + _NUMBER,
     re.IGNORECASE,
 )
+# Another training loss's key, read only where a line has no plain loss: backends' and scripts' own names (PEFT's
+# examples' "train_epoch_loss=tensor(nan, device='cuda:0')", "step_loss=nan", MXNet's "IDLoss=nan", DG-Net's
+# "DLoss:nan"), never an evaluation's; a value may be printed as a tensor
+_NOT_EVAL_KEY = r"(?!(?:eval|val|valid|validation|test)_)"
+OTHER_LOSS_VALUE = re.compile(r"(?<![\w/.-])" + _NOT_EVAL_KEY + r"\w+loss\s*[:=]\s*" + _NUMBER, re.IGNORECASE)
+# Perplexity, the exponential of the loss ("PPL 311.73", "train_perplexity=25.47", "'perplexity': inf"): read as
+# its logarithm where a line logs no loss
+PERPLEXITY_VALUE = re.compile(
+    r"(?<![\w/.-])" + _NOT_EVAL + _NOT_EVAL_KEY + r"""(?:\w+_)?(?:ppl|perplexity)['"]?(?:\s*[:=]\s*|\s+)""" + _NUMBER,
+    re.IGNORECASE,
+)
+# fp16 overflow as the HF Trainer logs it: a NaN gradient norm while the loss it logs is 0.0 ({'loss': 0.0,
+# 'grad_norm': nan}), and ESPnet's "The grad norm is nan. Skipping updating the model": the step's loss is not
+# finite, whatever number the line shows
+GRAD_NORM_NAN = re.compile(r"""['"]?grad_norm['"]?\s*[:=]\s*['"]?(?:nan|inf)\b|\bgrad norm is (?:nan|inf)\b""", re.I)
 # A loss scaler halving its scale after an overflow: DeepSpeed (0.3-0.5 "[deepscale] OVERFLOW! ... Attempted loss
 # scale: 1, reducing to 1", later "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4, reducing
 # to 2") and apex ("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 1.0")
@@ -375,6 +499,15 @@ SCALE_FLOOR = 2.0
 # Lines that show the process group running (so a lost connection is a failed collective, not a rendezvous): NCCL's
 # init done, training progress, or a collective that the failing line itself names.
 GROUP_RUNNING = re.compile(r"NCCL INFO .*Init COMPLETE|current_steps|\biteration\s+\d+/|WorkNCCL\(SeqNum=\d+, OpType=")
+
+# submitit's own account of a signal's timing (1.2+, before "Caught signal ...: this job is preempted/timed-out"):
+# how long the job ran of what it asked for. Slurm warns a job a set time before its limit (submitit asks
+# --signal=USR2@90 by default; sites and users set a few minutes): a signal further from the limit than
+# WARNING_MARGIN_MIN is no time limit's warning, so the scheduler preempted the job
+SUBMITIT_TIMING = re.compile(
+    r"Job has (?:not )?timed out\. Ran (?P<ran>\d+) minutes out of requested (?P<asked>\d+) minutes"
+)
+WARNING_MARGIN_MIN = 10
 
 # Lines that start a new attempt of the cell (sft_grid's runner marker; submitit starting a job) and lines
 # that end one (a requeue). A requeued cell's log holds every attempt, oldest first.

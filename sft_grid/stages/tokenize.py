@@ -44,7 +44,15 @@ from sft_grid.core.templates import TEMPLATES
 from sft_grid.core.tokenized import MARKER, TOKENIZED, TOKENIZER_DIR, TokenizedData, tokenized_complete
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.environments import bin_dir
-from sft_grid.planning.inputs import PREP_VERSION, hub_variables, model_source, pin_of, prep_for, source_of
+from sft_grid.planning.inputs import (
+    PREP_VERSION,
+    hub_variables,
+    model_source,
+    pin_of,
+    prep_for,
+    source_of,
+    tokenizer_source,
+)
 from sft_grid.stages import once
 
 SCRIPT = "tokenize.sh"
@@ -215,8 +223,10 @@ def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
     out[IDENTITY] = json.dumps({"key": tok.data.key, **tok.identity}, indent=2, default=str) + "\n"
     if tok.tokenizer_from is not None:
         source = tok.tokenizer_from
+        # config.json too (axolotl reads the model's type from it): from the prepared copy when it is made, else
+        # from the checkpoint it is made from (the prep changes no architecture and no vocabulary)
         for name in (*TOKENIZER_FILES, "config.json"):
-            for where in (source, Path(model_source(cell))):
+            for where in (source, Path(model_source(cell)), Path(tokenizer_source(cell))):
                 if (where / name).is_file():
                     out[f"{TOKENIZER_DIR}/{name}"] = _content(where / name)
                     break

@@ -22,6 +22,9 @@ And, for what staging must survive, variants of these that real proxies produce 
   ``Content-Length`` replaced);
 - ``no_query``: the query string dropped on the way to the hub (``proxy_pass`` with a variable URI), so
   ``?recursive=true`` never arrives and the tree listing shows folders without their files;
+- ``flat``: ``no_query``, and a listing of a folder by its path answered with the top of the tree (a rewrite that
+  cuts the path of listings): folders stay without their files whichever way they are asked for;
+- ``strip``: the Hub's ``X-Repo-Commit`` header removed from every answer (a proxy that passes no unknown headers);
 - ``stall``: after the first 64 KiB of a response, one byte per second (``limit_rate``): the bytes all but stop.
 
 Fixture: ``nginx_front`` (per test) yields an ``NginxFront`` over a running ``HubServer``; the test is skipped,
@@ -45,7 +48,7 @@ import pytest
 
 from tests.hubserver import HubServer
 
-SETUPS = ("prefix", "cache", "refused", "wrong_size", "no_query", "stall", "cdn")
+SETUPS = ("prefix", "cache", "refused", "wrong_size", "no_query", "flat", "strip", "stall", "cdn")
 PREFIX = "/hf"
 LARGE = r"\.(safetensors|bin|parquet)$"
 PORTAL = (
@@ -137,6 +140,17 @@ http {{
     server {{
         listen 127.0.0.1:{ports["no_query"]};
         location / {{ proxy_pass {up}$uri; }}
+    }}
+    server {{
+        listen 127.0.0.1:{ports["flat"]};
+        location / {{
+            rewrite ^(/api/[a-z]+s/[^/]+/[^/]+/tree/[^/]+)/.+$ $1 break;
+            proxy_pass {up}$uri;
+        }}
+    }}
+    server {{
+        listen 127.0.0.1:{ports["strip"]};
+        location / {{ proxy_pass {up}; proxy_hide_header X-Repo-Commit; }}
     }}
     server {{
         listen 127.0.0.1:{ports["stall"]};

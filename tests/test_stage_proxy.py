@@ -16,6 +16,8 @@ loopback hub (``tests/hubserver.py``). How each differs from the Hub, and what s
   repository, before anything is fetched;
 - ``no_query``: the query string dropped, so the recursive listing shows folders without their files: each folder is
   listed by path and the stage is complete (never exit 0 with files missing);
+- ``flat``: folders stay without files even when listed by path: refused in one line, nothing staged;
+- ``strip``: the Hub's ``X-Repo-Commit`` header stripped from file answers: one line naming the URL and the header;
 - ``stall``: after 64 KiB, one byte per second: ``--time-limit`` still ends the run before the limit (exit 3, rerun).
 
 Every case runs the real command (``python -m sft_grid.stage``) and checks its exit status and its one line.
@@ -58,7 +60,7 @@ def repos(nginx_front):
 
 
 def test_prefix_gzip_and_a_file_host_stage_as_from_the_hub(repos, tmp_path, monkeypatch):
-    hub, ng, model, data = repos
+    _, ng, model, data = repos
     # the setup really differs from the Hub: the API answers gzip-compressed and chunked under the prefix
     req = urllib.request.Request(f"{ng.url('prefix')}/api/models/org/tiny", headers={"Accept-Encoding": "gzip"})
     with urllib.request.urlopen(req, timeout=30) as r:
@@ -126,6 +128,25 @@ def test_a_listing_without_its_query_string_is_listed_by_folder(repos, tmp_path,
     assert all((snapshot / p).is_file() for p in DATASET_NEEDED)  # the folder's files too, not the README alone
     assert "ignores recursive=true" in r.stderr  # the server's fault is said, with the URL
     assert f"{ng.url('no_query')}/api/datasets/org/chat/tree/" in r.stderr
+
+
+def test_a_listing_that_stays_without_files_is_refused(repos, tmp_path, monkeypatch):
+    _, ng, _, data = repos
+    r = stage(ng.url("flat"), tmp_path / "c", "org/chat", "--dataset", monkeypatch=monkeypatch)
+    line = one_line(r.stderr)
+    assert r.returncode == 1, r.stderr
+    assert f"from {ng.url('flat')}/api/datasets/org/chat/tree/{data}" in line and "is incomplete" in line
+    assert "data" in line and "recursive=true" in line
+    assert not list((tmp_path / "c").glob("datasets--org--chat/snapshots/*/README.md"))  # nothing staged
+
+
+def test_a_proxy_stripping_the_hub_headers_is_named(repos, tmp_path, monkeypatch):
+    _, ng, model, _ = repos
+    r = stage(ng.url("strip"), tmp_path / "c", "org/tiny", monkeypatch=monkeypatch)
+    line = one_line(r.stderr)
+    assert r.returncode == 1, r.stderr
+    assert f"{ng.url('strip')}/org/tiny/resolve/{model}/" in line and "answered HEAD 200" in line
+    assert "without X-Repo-Commit" in line and "Fix: ask the proxy's operator" in line
 
 
 def test_a_stalled_download_ends_before_the_time_limit(repos, tmp_path, monkeypatch):

@@ -135,6 +135,7 @@ def _listing(api: Any, repo_id: str, kind: HubKind, info: Any, token: str | None
     folders: set[str] = set()
     listed: set[str | None] = set()
     queue: list[str | None] = [None]  # None: the whole commit, recursively
+    root = None
     while queue and len(listed) < MAX_LISTINGS:
         where = queue.pop()
         listed.add(where)
@@ -145,29 +146,29 @@ def _listing(api: Any, repo_id: str, kind: HubKind, info: Any, token: str | None
                 files[e.path] = RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
             elif isinstance(e, RepoFolder):
                 folders.add(e.path)
-        empty = sorted(d for d in folders - listed if d not in queue and not _has_files(d, files))
-        if where is None and empty:
-            tree = watch.last("GET", "/tree/")
-            log.warning(
-                "the tree listing of %s %s (%s) shows folders without their files (%s): the server ignores"
-                " recursive=true (a proxy dropping the query string?); listing each folder by its path",
-                kind,
-                repo_id,
-                tree.url if tree else api.endpoint,
-                ", ".join(empty[:3]),
-            )
-        queue += empty
+        if where is None:
+            root = watch.last("GET", "/tree/")  # the listing to name: the one that came without its files
+        queue += sorted(d for d in folders - listed if d not in queue and not _has_files(d, files))
     missing = sorted(d for d in folders if not _has_files(d, files))
     named = [s.rfilename for s in (getattr(info, "siblings", None) or []) if getattr(s, "rfilename", None)]
     missing += sorted(p for p in named if p not in files and not any(p.startswith(d + "/") for d in missing))
+    url = root.url if root else api.endpoint
     if missing:
-        tree = watch.last("GET", "/tree/")
         raise IncompleteListing(
-            f"the file listing of {kind} '{repo_id}'@{info.sha[:12]} from"
-            f" {tree.url if tree else api.endpoint} is incomplete: {len(missing)} folder(s) or file(s) the"
-            f" repository has are not in it, even listed by path ({', '.join(missing[:3])}): staging it would leave"
-            " files the cells load out. Fix: ask the operator of the proxy or mirror to pass the query string"
-            " (recursive=true) of /api/.../tree/ requests through, or stage from another endpoint (HF_ENDPOINT)."
+            f"the file listing of {kind} '{repo_id}'@{info.sha[:12]} from {url} is incomplete: {len(missing)}"
+            f" folder(s) or file(s) the repository has are not in it, even listed by path ({', '.join(missing[:3])}):"
+            " staging it would leave files the cells load out. Fix: ask the operator of the proxy or mirror to pass"
+            " the query string (recursive=true) of /api/.../tree/ requests through, or stage from another endpoint"
+            " (HF_ENDPOINT)."
+        )
+    if len(listed) > 1:
+        log.warning(
+            "the tree listing of %s %s (%s) showed folders without their files: the server ignores recursive=true"
+            " (a proxy dropping the query string?); each folder was listed by its path (%d listings)",
+            kind,
+            repo_id,
+            url,
+            len(listed),
         )
     return tuple(files.values())
 

@@ -452,7 +452,8 @@ class Transfer:
     def _stalled(self, f: RemoteFile, e: BaseException) -> str:
         url = failed_url(e) or self._url(f)
         since = f" nothing came for the last {time.monotonic() - self.tick:.0f}s," if self.tick else ""
-        return f"the time limit came while waiting for {url}:{since} {human(self.file_done)} of {f.path} had been written"
+        done = human(self.file_done)
+        return f"the time limit came while waiting for {url}:{since} {done} of {f.path} had been written"
 
     def _link(self, f: RemoteFile) -> None:
         """Point this snapshot at a blob another commit brought in (what the client would do after a HEAD)."""

@@ -153,7 +153,9 @@ def download(
             return staged_offline(revision)  # the stager we waited for did it
         with watch.watch(budget):
             return _locked(repo_id, kind, revision, cache, lock, **options)
-    except watch.TimeUp as e:  # resolving took the whole budget (a server that stalled): nothing moved yet
+    except watch.TimeUp as e:  # the limit came while resolving: nothing moved yet
+        if budget is not None and not watch.stalled() and lock.waited_s < 1.0:  # no server to blame: every rerun
+            raise TimeLimitTooShort(budget.refusal()) from e  # would end the same way
         return Staged(repo_id, kind, revision, "", cache, False, (), 0, 0, time.monotonic() - t0, None, str(e))
     finally:
         lock.release()

@@ -384,8 +384,10 @@ class Transfer:
             except (_Stop, HubError):
                 raise
             except Exception as e:
-                if self.budget is not None and watch.time_up(e):  # a server that stalled: stop, whatever it was
-                    raise _Stop(self._stop_message(self._stalled(f, e))) from e
+                if self.budget is not None and watch.time_up(e):  # the limit came while the client waited
+                    if not watch.stalled():
+                        self._stop_or_refuse(MIN_TRANSFER_S, "the time budget is spent")
+                    raise _Stop(self._stop_message(self._stalled(f, e))) from e  # a server that stalled
                 if isinstance(e, OSError) and e.errno == errno.ENOSPC:
                     raise NotEnoughSpace(
                         f"the filesystem of {self.plan.cache} filled up while staging {f.path} "

@@ -77,6 +77,9 @@ class _State:
     answers: deque[Answer] = field(default_factory=lambda: deque(maxlen=KEEP))
     expect: tuple[str, int] | None = None  # (a file's path in the repo, its size in the listing)
     cut: bool = False  # the timer fired: the sockets were shut at the limit
+    current: Any = None  # the request last sent (staging asks one thing at a time)
+    done: bool = True  # whether its answer was read to the end (or it failed)
+    stalled: bool = False  # the limit came while a request was waiting for its answer or its body
     mutex: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -112,6 +115,7 @@ def _on_request(request: Any) -> None:
     left = budget.left()
     if left <= 0:
         raise TimeUp(f"the time budget was spent before {request.method} {request.url}")
+    _STATE.current, _STATE.done = request, False
     timeouts = dict(request.extensions.get("timeout") or {})
     for k in ("connect", "read", "write", "pool"):
         timeouts[k] = min(left, timeouts.get(k) or left)
@@ -130,7 +134,30 @@ def _on_response(response: Any) -> None:
             sock = stream.get_extra_info("socket") if stream is not None else None
             if isinstance(sock, socket.socket):
                 _STATE.sockets.append(sock)
+            if request is _STATE.current:  # its body is read next: done when the stream closes
+                response.stream = _body_stream(response.stream, request)
     _check_size(answer)
+
+
+def _body_stream(inner: Any, request: Any) -> Any:
+    """``inner``, an answer's body stream, that says when it was read to the end or closed (an ``httpx`` stream
+    class, made here: httpx is imported only once the client is)."""
+    import httpx
+
+    class _Body(httpx.SyncByteStream):
+        def __iter__(self) -> Iterator[bytes]:
+            yield from inner
+            self._done()
+
+        def close(self) -> None:
+            self._done()
+            inner.close()
+
+        def _done(self) -> None:
+            if _STATE.current is request:
+                _STATE.done = True
+
+    return _Body()
 
 
 def _check_size(a: Answer) -> None:
@@ -159,6 +186,7 @@ def _shut() -> None:
     """At the limit: end every read in flight (a blocked recv returns at once), and refuse new requests."""
     with _STATE.mutex:
         _STATE.cut = True
+        _STATE.stalled = _STATE.current is not None and not _STATE.done
         for sock in _STATE.sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -175,7 +203,8 @@ def watch(budget: Budget | None) -> Iterator[None]:
     timer.daemon = True
     with _STATE.mutex:
         outer = _STATE.budget, _STATE.timer
-        _STATE.budget, _STATE.timer, _STATE.cut = budget, timer, False
+        _STATE.budget, _STATE.timer, _STATE.cut, _STATE.stalled = budget, timer, False, False
+        _STATE.current, _STATE.done = None, True
     timer.start()
     try:
         yield
@@ -184,7 +213,8 @@ def watch(budget: Budget | None) -> Iterator[None]:
         with _STATE.mutex:
             _STATE.budget, _STATE.timer = outer
             _STATE.sockets.clear()
-            _STATE.cut = False
+            _STATE.cut = _STATE.stalled = False
+            _STATE.current = None
 
 
 def time_up(e: BaseException | None = None) -> bool:
@@ -196,6 +226,12 @@ def time_up(e: BaseException | None = None) -> bool:
         node = node.__cause__ or node.__context__
     budget = _STATE.budget
     return _STATE.cut or (budget is not None and budget.left() <= 0)
+
+
+def stalled() -> bool:
+    """The limit came while a request was still waiting for its answer or its body (a server that stalled), not
+    between requests (a limit too short for what this process does)."""
+    return _STATE.stalled
 
 
 @contextlib.contextmanager

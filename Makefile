@@ -9,7 +9,7 @@
 # pins: a second `make` reuses them.
 PYTHON ?= python3
 
-.PHONY: install lock check setup-demo setup chromium demo test test-fast slurm-up slurm-down
+.PHONY: install lock check setup-demo setup chromium nginx demo test test-fast slurm-up slurm-down
 
 # sft_grid itself, its tests' and checks' tools, exactly as requirements.lock has them (pyproject.toml: the ranges)
 install:
@@ -29,13 +29,18 @@ setup-demo: install
 # what the tests need besides: axolotl's environment, the evaluation harness's (lm-eval), and headless Chromium
 # for the report's browser tests; the three environments are built side by side (pip waits on downloads and
 # disks as much as on the CPU), each from its lock (conf/locks)
-setup: install chromium
+setup: install chromium nginx
 	$(PYTHON) -m sft_grid.venv build llamafactory axolotl lm_eval
 	$(PYTHON) -m sft_grid.assets build
 
 # Debian's Chromium (root): the report page is opened in it, offline, by tests/test_report_browser.py
 chromium:
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+
+# Debian's nginx (root): the staging tests put it in front of the loopback hub (tests/test_stage_proxy.py); the tests
+# start their own nginx processes, so the package's own service is left as it is
+nginx:
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx)
 
 demo: setup-demo
 	$(PYTHON) -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5
@@ -48,7 +53,7 @@ check: install
 
 # both sets run on both cores; the backend/Slurm set shares the local cluster between its two workers (tests that
 # take the whole cluster hold it alone: tests/conftest.py), and prints its 25 slowest tests
-FAST = not backend and not slurm and not mirror
+FAST = not backend and not slurm and not mirror and not proxy
 test: check setup slurm-up
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not ($(FAST))" --durations=25

@@ -3,8 +3,9 @@
 Tests marked `backend` use a real backend's virtual environment or the tiny local assets (built on first use by
 project code: `python -m sft_grid.venv build llamafactory`, `python -m sft_grid.assets build`; the tiny models
 are written by LLaMA-Factory's environment). A test that asks for the `tiny_assets` or `axolotl_env` fixture is
-marked `backend` here, whatever its file says, so the fast set (`-m "not backend and not slurm and not mirror"`)
-never builds a virtual environment. Everything else is pure or reads only small local files.
+marked `backend` here, whatever its file says, so the fast set
+(`-m "not backend and not slurm and not mirror and not proxy"`) never builds a virtual environment. Everything else
+is pure or reads only small local files.
 
 Two workers (pytest-xdist, `--dist loadgroup`) share the machine and its local Slurm cluster:
 - a test marked `slurm` holds the cluster shared: its jobs carry names of their own (content hashes of cells

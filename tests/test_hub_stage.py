@@ -31,6 +31,7 @@ from sft_grid.stages.staging import (
     RevisionNotFound,
     TokenRequired,
     TransferFailed,
+    UnexpectedAnswer,
     download,
     is_complete,
     last_rate,
@@ -255,6 +256,18 @@ def test_missing_repo_and_revision(hub, cache):
         resolve("org/tiny", "model", "v9", endpoint=hub.url)
     with pytest.raises(RepoNotFound):  # a model id asked for as a dataset
         resolve("org/tiny", "dataset", endpoint=hub.url)
+
+
+def test_an_answer_that_is_not_json_is_one_error_with_its_url(hub, cache):
+    """What no real server here does on its own: a 200 whose body is not JSON where the API promises it."""
+    hub.store.commit("org/m", {"config.json": b"{}"}, "model")
+    hub.fail(200, contains="/api/models/org/m/revision", close=False)
+    with pytest.raises(UnexpectedAnswer) as e:
+        download("org/m", cache=cache, endpoint=hub.url)
+    assert f"{hub.url}/api/models/org/m/revision/main answered 200 with a body that is not JSON (text/plain" in str(
+        e.value
+    )
+    assert "Fix: run the same command again" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -220,8 +220,8 @@ def test_the_unreachable_hub_line_reads_cleanly(hub, cache, tmp_path, monkeypatc
     (line,) = [line for line in proc.stdout.splitlines() if line.startswith("staging:")]
     assert line == (
         "staging: the Hub cannot be reached from here: cannot reach http://127.0.0.1:9 to stage model repo"
-        " 'org/tiny' ([Errno 111] Connection refused); 2 of 2 Hub repositories for 1 cell(s) are not"
-        " staged, sizes unknown"
+        " 'org/tiny' (http://127.0.0.1:9/api/models/org/tiny/revision/main: [Errno 111] Connection refused);"
+        " 2 of 2 Hub repositories for 1 cell(s) are not staged, sizes unknown"
     )
 
 

@@ -5,8 +5,12 @@ The modules, each by what it is about:
 
 - `values`: the value types (`Resolved`, `Plan`, `Progress`, `Budget`, `Staged`) and the errors, each one line with
   its fix (stdlib only);
-- `client`: the huggingface_hub client: its setup, its requests retried on server errors, its errors as ours, and
-  the probe that says whether the repository, the revision or access is missing;
+- `client`: the huggingface_hub client: its setup, its requests retried on server errors, its errors as ours (each
+  naming the URL and host that failed), and the probe that says whether the repository, the revision or access is
+  missing;
+- `watch`: what the server answered, seen on the client's session: requests bounded by the time budget (a stalled
+  server ends the run at the limit), the last answers kept for the errors, a file's announced size held against
+  the listing;
 - `memory`: what the cache remembers between runs: the last transfer rate, and whether each endpoint continues a
   partial file (seen, not assumed from the client's version);
 - `plan`: one repository resolved and weighed (`resolve`, `plan`), and a grid's inputs as one plan (`plan_staging`);
@@ -37,10 +41,12 @@ from sft_grid.stages.staging.plan import (
 from sft_grid.stages.staging.values import (
     Budget,
     BudgetExceeded,
+    FileHostUnreachable,
     GatedRepo,
     HubError,
     HubServerError,
     HubUnreachable,
+    IncompleteListing,
     NotEnoughSpace,
     Plan,
     Progress,
@@ -52,6 +58,7 @@ from sft_grid.stages.staging.values import (
     TimeLimitTooShort,
     TokenRequired,
     TransferFailed,
+    UnexpectedAnswer,
     human,
 )
 
@@ -60,10 +67,12 @@ __all__ = [
     "MAIN",
     "Budget",
     "BudgetExceeded",
+    "FileHostUnreachable",
     "GatedRepo",
     "HubError",
     "HubServerError",
     "HubUnreachable",
+    "IncompleteListing",
     "Item",
     "NotEnoughSpace",
     "Plan",
@@ -79,6 +88,7 @@ __all__ = [
     "TimeLimitTooShort",
     "TokenRequired",
     "TransferFailed",
+    "UnexpectedAnswer",
     "blob_path",
     "budget_for",
     "check_space",

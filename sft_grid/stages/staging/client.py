@@ -20,14 +20,17 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sft_grid.core.hubcache import MAIN, SHA_RE, Kind
+from sft_grid.stages.staging import watch
 from sft_grid.stages.staging.values import (
     Budget,
+    FileHostUnreachable,
     GatedRepo,
     HubError,
     HubServerError,
@@ -36,6 +39,7 @@ from sft_grid.stages.staging.values import (
     RevisionNotFound,
     TokenRequired,
     TransferFailed,
+    UnexpectedAnswer,
 )
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,7 @@ def hf_client() -> Any:
         "TRUE",
     }
     huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = min(huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
+    watch.install(huggingface_hub)
     return huggingface_hub
 
 
@@ -265,21 +270,30 @@ def translate(
             f"{what} was not found on {endpoint}, or the token cannot read it. Fix: check the id"
             f" (org/name) and that it is a {kind}; for a private repo use a token with access."
         )
+    url = failed_url(e)
     refused = http_errors("ConnectError", "ConnectTimeout", "UnsupportedProtocol")
     if any(isinstance(n, (*refused, hfe.OfflineModeIsEnabled)) for n in chain):
         reason = first_line(e).rstrip(".")
+        if url and watch.host_of(url) != watch.host_of(endpoint):
+            return file_host_unreachable(e, url, endpoint, f"{file} of {at}" if file else at)
         return HubUnreachable(
-            f"cannot reach {endpoint} to stage {what} ({reason}). Fix: stage where the Hub is "
-            "reachable (a login node, or the cluster profile's transfer partition), not on a "
-            "compute node, and unset HF_HUB_OFFLINE for the staging."
+            f"cannot reach {endpoint} to stage {what} ({f'{url}: ' if url else ''}{reason}). Fix: stage where the"
+            " Hub is reachable (a login node, or the cluster profile's transfer partition), not on a compute node,"
+            " and unset HF_HUB_OFFLINE for the staging."
         )
+    if any(isinstance(n, hfe.FileMetadataError) for n in chain):
+        return missing_headers(e, endpoint, f"{file} of {at}" if file else at)
+    if status is None and any(isinstance(n, (ValueError, KeyError, TypeError)) for n in chain):
+        not_api = unexpected_answer(e, endpoint, at)
+        if not_api is not None:
+            return not_api
     answered = f"answered {status}{_reason(status)}" + (
         f" to each of {tries} tries" if tries > 1 else " to each of the client's own tries" if tries == 0 else ""
     )
     if server_error(status):
         if file is not None:
             return HubServerError(
-                f"{endpoint} {answered} for {file} of {at}. Fix: the server is failing: run the"
+                f"{_host_url(url, endpoint)} {answered} for {file} of {at}. Fix: the server is failing: run the"
                 " same command again later (finished files are kept), or stage from another"
                 " endpoint (HF_ENDPOINT)."
             )
@@ -295,18 +309,110 @@ def translate(
     if status is not None:
         subject = f"{file} of {at}" if file else at
         return HubError(
-            f"{endpoint} answered {status}{_reason(status)} for {subject} ({first_line(e)}). Fix: check"
+            f"{_host_url(url, endpoint)} answered {status}{_reason(status)} for {subject} ({first_line(e)}). Fix: check"
             " the repository id, revision and token; if they are right, the server refuses them: ask its"
             " operator, or stage from another endpoint (HF_ENDPOINT)."
         )
     if any(isinstance(n, http_errors("TransportError")) for n in chain):
         subject = f"{file} of {at}" if file else at
         return TransferFailed(
-            f"the connection to {endpoint} kept failing for {subject} ({tries} tries, the last:"
+            f"the connection to {_host_url(url, endpoint)} kept failing for {subject} ({tries} tries, the last:"
             f" {first_line(e)}). Fix: check this node's route to the server (proxy, firewall) and"
             " run the same command again; finished files are kept."
         )
     return None
+
+
+def failed_url(e: BaseException) -> str | None:
+    """The URL whose request failed (a redirect target, not the endpoint, when the redirect failed), or None."""
+    for node in _chain(e):
+        url = getattr(getattr(node, "response", None), "url", None)
+        if url is not None:
+            return str(url)
+        try:
+            request = getattr(node, "request", None)  # httpx raises when an error carries none
+        except RuntimeError:
+            request = None
+        url = getattr(request, "url", None)
+        if url is not None:
+            return str(url)
+    return None
+
+
+def _host_url(url: str | None, endpoint: str) -> str:
+    """Who answered: the endpoint, or the other host a request went to (with the URL)."""
+    if url is None or watch.host_of(url) == watch.host_of(endpoint):
+        return endpoint + (f" ({url})" if url else "")
+    return f"{watch.host_of(url)} ({url}, where {endpoint} sent the request)"
+
+
+def file_host_unreachable(e: BaseException, url: str, endpoint: str, subject: str) -> FileHostUnreachable:
+    """The endpoint answered and sent the download elsewhere (the Hub: its CDN), and that host cannot be reached."""
+    host = watch.host_of(url)
+    did = (
+        "did not answer in time"
+        if any(isinstance(n, http_errors("ConnectTimeout")) for n in _chain(e))
+        else ("refused the connection")
+    )
+    return FileHostUnreachable(
+        f"{endpoint} answers, but the file host it sends downloads to, {host}, {did} ({url}, for {subject}):"
+        f" at a site this usually means a firewall or proxy that lets this node reach the Hub's API"
+        f" ({watch.host_of(endpoint)}) but not its file host (the Hub sends files to its CDN, e.g. cdn-lfs.hf.co,"
+        f" cas-bridge.xethub.hf.co). Fix: ask the site to allow {host} as well (or set HTTPS_PROXY to a proxy that"
+        " reaches it), then run the same command again (finished files are kept)."
+    )
+
+
+def missing_headers(e: BaseException, endpoint: str, subject: str) -> HubError:
+    """A HEAD of a file answered without the headers the Hub sends (a proxy stripping them)."""
+    head = watch.last("HEAD", "/resolve/")
+    needed = {
+        "X-Repo-Commit": ("x-repo-commit",),
+        "ETag or X-Linked-Etag": ("etag", "x-linked-etag"),
+        "Content-Length or X-Linked-Size": ("content-length", "x-linked-size"),
+    }
+    lacking = [name for name, keys in needed.items() if head and not any(k in head.headers for k in keys)]
+    where = f"{head.url} answered HEAD {head.status}" if head else f"a HEAD request to {endpoint} was answered"
+    return UnexpectedAnswer(
+        f"{where} for {subject} without {', '.join(lacking) or 'the headers the Hub sends'} (the client"
+        f" said: {first_line(e)}): something between this node and the Hub strips them (a proxy or a portal"
+        " answering in its place). Fix: ask the proxy's operator to pass the Hub's X-* headers, ETag and"
+        " Content-Length through for /resolve/ requests, or stage from another endpoint (HF_ENDPOINT)."
+    )
+
+
+def unexpected_answer(e: BaseException, endpoint: str, subject: str) -> HubError | None:
+    """An answer that is not the Hub API's JSON (an HTML page, a body cut short or rewritten), or None when no
+    recorded answer explains the error."""
+    import json
+
+    doc = next((n.doc for n in _chain(e) if isinstance(n, json.JSONDecodeError)), None)
+    answer = watch.last("GET")
+    if answer is None:
+        return None
+    ctype = answer.content_type or "no Content-Type"
+    head = (doc or "").lstrip()[:512].lower()
+    if "html" in ctype or head.startswith(("<!doctype html", "<html")):
+        title = re.search(r"<title[^>]*>([^<]{1,80})", doc or "", re.IGNORECASE)
+        page = f"an HTML page{f' titled {title.group(1).strip()!r}' if title else ''} ({ctype})"
+        return UnexpectedAnswer(
+            f"{answer.url} answered {answer.status} with {page} instead of the Hub API's JSON, for {subject}: at a"
+            f" site this usually means {endpoint} is not the root of the Hub API but a web page of the proxy or"
+            " portal in front of it (a path prefix missing or cut short). Fix: set HF_ENDPOINT to the full URL"
+            f" under which <endpoint>/api/models/<org>/<name> answers JSON (the prefix the site gives, e.g."
+            f" {endpoint}/<prefix>)."
+        )
+    if doc is not None:
+        what = f"a body that is not JSON ({ctype}, {len(doc)} characters" + (
+            ", cut short)" if doc.lstrip().startswith(("{", "[")) else ")"
+        )
+    else:
+        what = f"JSON that is not what the Hub API answers ({first_line(e)})"
+    return UnexpectedAnswer(
+        f"{answer.url} answered {answer.status} with {what}, for {subject}: something between this node and the"
+        " Hub cut or rewrote the answer (a proxy, a portal, a mirror that is not Hub-compatible). Fix: run the same"
+        " command again; if it persists, ask the proxy's operator, or stage from another endpoint (HF_ENDPOINT)."
+    )
 
 
 def _reason(status: int | None) -> str:

@@ -44,7 +44,7 @@ from sft_grid.core.hubcache import (
 )
 from sft_grid.core.lock import Lock, LockTimeout
 from sft_grid.core.problems import Problem
-from sft_grid.stages.staging import memory
+from sft_grid.stages.staging import memory, watch
 from sft_grid.stages.staging.client import endpoint_of, hf_client
 from sft_grid.stages.staging.plan import DEFAULT_RESERVE, Item, StagingPlan, check_space, plan, resolve_pinned
 from sft_grid.stages.staging.transfer import Transfer
@@ -136,41 +136,80 @@ def download(
             f" ({e.strerror or e}). Fix: point the cache at a directory you can write (cluster.hf_cache,"
             " --cache, or HF_HUB_CACHE)"
         ) from e
+    options: dict[str, Any] = {
+        "token": token,
+        "endpoint": endpoint,
+        "allow": allow,
+        "on_progress": on_progress,
+        "budget": budget,
+        "reserve_bytes": reserve_bytes,
+        "verify": verify,
+        "retries": retries,
+        "resumable": resumable,
+        "ref": ref,
+    }
     try:
         if SHA_RE.match(revision) and is_complete(cache, repo_id, kind, revision, allow=allow):
             return staged_offline(revision)  # the stager we waited for did it
-        resolved = resolve_pinned(repo_id, kind, revision, token, endpoint, cache, budget)
-        p = plan(resolved, cache, allow=allow, reserve_bytes=reserve_bytes, resumable=resumable, endpoint=endpoint)
-        check_space(p)
-        write_listing(cache, repo_id, kind, resolved.sha, resolved.files)
-        if budget is not None and p.to_fetch and lock.waited_s < 1.0:
-            too_short = budget.too_short()
-            if too_short:
-                raise TimeLimitTooShort(too_short)
-        log.debug("staging %s", p.describe())
-        transfer = Transfer(
-            p,
-            token=token or hf_client().get_token(),
-            endpoint=endpoint_of(endpoint),
-            budget=budget,
-            on_progress=on_progress,
-            verify=verify,
-            retries=retries,
-            resumable=resumable,
-            rate_hint=memory.last_rate(cache),
-            lock=lock,
-            waited_s=lock.waited_s,
-        )
-        try:
-            result = transfer.run()
-        finally:  # a run that ended in BudgetExceeded measured the rate too: the next run decides up front
-            memory.keep_rate(cache, transfer.measured_rate())
-        branch = ref or (None if SHA_RE.match(revision) else revision)
-        if result.complete and branch:
-            write_ref(cache, repo_id, kind, branch, resolved.sha)
-        return result
+        with watch.watch(budget):
+            return _locked(repo_id, kind, revision, cache, lock, **options)
+    except watch.TimeUp as e:  # the limit came while resolving: nothing moved yet
+        if budget is not None and not watch.stalled() and lock.waited_s < 1.0:  # no server to blame: every rerun
+            raise TimeLimitTooShort(budget.refusal()) from e  # would end the same way
+        return Staged(repo_id, kind, revision, "", cache, False, (), 0, 0, time.monotonic() - t0, None, str(e))
     finally:
         lock.release()
+
+
+def _locked(
+    repo_id: str,
+    kind: Kind,
+    revision: str,
+    cache: Path,
+    lock: Lock,
+    *,
+    token: str | None,
+    endpoint: str | None,
+    allow: tuple[str, ...],
+    on_progress: Callable[[Progress], None] | None,
+    budget: Budget | None,
+    reserve_bytes: int,
+    verify: bool,
+    retries: int,
+    resumable: bool | None,
+    ref: str | None,
+) -> Staged:
+    """``download`` once its lock is held, under the watch of its time budget."""
+    resolved = resolve_pinned(repo_id, kind, revision, token, endpoint, cache, budget)
+    p = plan(resolved, cache, allow=allow, reserve_bytes=reserve_bytes, resumable=resumable, endpoint=endpoint)
+    check_space(p)
+    write_listing(cache, repo_id, kind, resolved.sha, resolved.files)
+    if budget is not None and p.to_fetch and lock.waited_s < 1.0:
+        too_short = budget.too_short()
+        if too_short:
+            raise TimeLimitTooShort(too_short)
+    log.debug("staging %s", p.describe())
+    transfer = Transfer(
+        p,
+        token=token or hf_client().get_token(),
+        endpoint=endpoint_of(endpoint),
+        budget=budget,
+        on_progress=on_progress,
+        verify=verify,
+        retries=retries,
+        resumable=resumable,
+        rate_hint=memory.last_rate(cache),
+        lock=lock,
+        waited_s=lock.waited_s,
+    )
+    try:
+        result = transfer.run()
+    finally:  # a run that ended in BudgetExceeded measured the rate too: the next run decides up front
+        memory.keep_rate(cache, transfer.measured_rate())
+    branch = ref or (None if SHA_RE.match(revision) else revision)
+    if result.complete and branch:
+        write_ref(cache, repo_id, kind, branch, resolved.sha)
+    return result
 
 
 class StagingStopped(RuntimeError):

@@ -22,6 +22,7 @@ Slurm job on the transfer partition (`in_job`, `where: job`).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Iterable, Sequence
@@ -51,12 +52,13 @@ from sft_grid.core.layout import OUTPUT_DIR, output_complete
 from sft_grid.core.problems import Problem
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import hf_cache, hub_repos
-from sft_grid.stages.staging import memory
+from sft_grid.stages.staging import memory, watch
 from sft_grid.stages.staging.client import client_version, endpoint_of, hf_client, translate, with_retries
 from sft_grid.stages.staging.values import (
     Budget,
     HubError,
     HubUnreachable,
+    IncompleteListing,
     NotEnoughSpace,
     Plan,
     Resolved,
@@ -64,6 +66,8 @@ from sft_grid.stages.staging.values import (
     UnconfirmedId,
     human,
 )
+
+log = logging.getLogger(__name__)
 
 DEFAULT_RESERVE = 256 << 20  # leave the filesystem some room: other users and the training job write there too
 
@@ -84,7 +88,6 @@ def resolve(
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     hf = hf_client()
-    from huggingface_hub.hf_api import RepoFile
 
     api = hf.HfApi(endpoint=endpoint)
     token = token or hf.get_token()
@@ -92,12 +95,7 @@ def resolve(
     def ask() -> tuple[str, tuple[RemoteFile, ...]]:
         # the revision always named: a mirror may answer a repository without one only from its upstream (olah)
         info = api.repo_info(repo_id, repo_type=kind, revision=revision, token=token)
-        entries = api.list_repo_tree(repo_id, repo_type=kind, revision=info.sha, recursive=True, token=token)
-        files = tuple(
-            RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
-            for e in entries
-            if isinstance(e, RepoFile)
-        )  # the listing is paged: read it within the try
+        files = _listing(api, repo_id, kind, info, token)
         if getattr(info, "gated", False) and files:  # listing is public on a gated repo; the files are not
             url = hf.hf_hub_url(repo_id, files[0].path, repo_type=kind, revision=info.sha, endpoint=api.endpoint)
             hf.get_hf_file_metadata(url, token=token)
@@ -105,12 +103,84 @@ def resolve(
 
     try:
         sha, files = with_retries(ask, f"resolving {kind} {repo_id}@{revision}", budget)
+    except HubError:
+        raise
     except Exception as e:
+        if budget is not None and watch.time_up(e):
+            raise watch.TimeUp(
+                f"stopped before this process's time limit (the time budget ran out while resolving {kind}"
+                f" '{repo_id}'@{revision} on {api.endpoint.rstrip('/')}; the last request:"
+                f" {_last_request()}). Rerun to continue, or stage where processes may run longer"
+                " (a staging job on the transfer partition: cluster.staging.where=job)."
+            ) from e
         err = translate(e, repo_id, kind, revision, token, api.endpoint.rstrip("/"), cache)
         if err is None:
             raise
         raise err from e
     return Resolved(repo_id, kind, revision, sha, files)
+
+
+MAX_LISTINGS = 10_000  # folders listed one by one, at most: a bound on a server whose listing never converges
+
+
+def _listing(api: Any, repo_id: str, kind: HubKind, info: Any, token: str | None) -> tuple[RemoteFile, ...]:
+    """Every file of the commit: the recursive tree listing, checked against itself and the repository's file list.
+
+    A server that ignores ``recursive=true`` (a proxy that drops the query string) lists a folder without its files:
+    each such folder is listed by its path, and so on down. A folder that stays without files, or a file the
+    repository's own list names that no listing shows, makes staging refuse: a stage that exits 0 with files missing
+    is found only when the grid fails later."""
+    from huggingface_hub.hf_api import RepoFile, RepoFolder
+
+    files: dict[str, RemoteFile] = {}
+    folders: set[str] = set()
+    listed: set[str | None] = set()
+    queue: list[str | None] = [None]  # None: the whole commit, recursively
+    root = None
+    while queue and len(listed) < MAX_LISTINGS:
+        where = queue.pop()
+        listed.add(where)
+        for e in api.list_repo_tree(
+            repo_id, path_in_repo=where, repo_type=kind, revision=info.sha, recursive=True, token=token
+        ):  # the listing is paged: read within the caller's retries
+            if isinstance(e, RepoFile):
+                files[e.path] = RemoteFile(e.path, e.size, e.blob_id, e.lfs.sha256 if e.lfs else None)
+            elif isinstance(e, RepoFolder):
+                folders.add(e.path)
+        if where is None:
+            root = watch.last("GET", "/tree/")  # the listing to name: the one that came without its files
+        queue += sorted(d for d in folders - listed if d not in queue and not _has_files(d, files))
+    missing = sorted(d for d in folders if not _has_files(d, files))
+    named = [s.rfilename for s in (getattr(info, "siblings", None) or []) if getattr(s, "rfilename", None)]
+    missing += sorted(p for p in named if p not in files and not any(p.startswith(d + "/") for d in missing))
+    url = root.url if root else api.endpoint
+    if missing:
+        raise IncompleteListing(
+            f"the file listing of {kind} '{repo_id}'@{info.sha[:12]} from {url} is incomplete: {len(missing)}"
+            f" folder(s) or file(s) the repository has are not in it, even listed by path ({', '.join(missing[:3])}):"
+            " staging it would leave files the cells load out. Fix: ask the operator of the proxy or mirror to pass"
+            " the query string (recursive=true) of /api/.../tree/ requests through, or stage from another endpoint"
+            " (HF_ENDPOINT)."
+        )
+    if len(listed) > 1:
+        log.warning(
+            "the tree listing of %s %s (%s) showed folders without their files: the server ignores recursive=true"
+            " (a proxy dropping the query string?); each folder was listed by its path (%d listings)",
+            kind,
+            repo_id,
+            url,
+            len(listed),
+        )
+    return tuple(files.values())
+
+
+def _has_files(folder: str, files: dict[str, RemoteFile]) -> bool:
+    return any(p.startswith(folder + "/") for p in files)
+
+
+def _last_request() -> str:
+    a = watch.last()
+    return f"{a.method} {a.url}" if a else "none answered"
 
 
 def resolve_pinned(

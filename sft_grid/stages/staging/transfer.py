@@ -46,8 +46,16 @@ from sft_grid.core.hubcache import (
     snapshot_path,
 )
 from sft_grid.core.lock import Lock
-from sft_grid.stages.staging import memory
-from sft_grid.stages.staging.client import GaveUp, client_version, fresh_connections, hf_client, transient, translate
+from sft_grid.stages.staging import memory, watch
+from sft_grid.stages.staging.client import (
+    GaveUp,
+    client_version,
+    failed_url,
+    fresh_connections,
+    hf_client,
+    transient,
+    translate,
+)
 from sft_grid.stages.staging.values import (
     MIN_TRANSFER_S,
     Budget,
@@ -360,21 +368,26 @@ class Transfer:
             self.cut = memory.cut_at(self.plan.cache, self._blob(f))
             before, t_try = self.moved, time.monotonic()
             try:
-                path = Path(
-                    self.hf.hf_hub_download(
-                        self.r.repo_id,
-                        f.path,
-                        repo_type=self.r.kind,
-                        revision=self.r.sha,
-                        cache_dir=str(self.plan.cache),
-                        token=self.token,
-                        endpoint=self.endpoint,
-                        tqdm_class=self._bar(f),
+                with watch.expecting(f.path, f.size):
+                    path = Path(
+                        self.hf.hf_hub_download(
+                            self.r.repo_id,
+                            f.path,
+                            repo_type=self.r.kind,
+                            revision=self.r.sha,
+                            cache_dir=str(self.plan.cache),
+                            token=self.token,
+                            endpoint=self.endpoint,
+                            tqdm_class=self._bar(f),
+                        )
                     )
-                )
             except (_Stop, HubError):
                 raise
             except Exception as e:
+                if self.budget is not None and watch.time_up(e):  # the limit came while the client waited
+                    if not watch.stalled():
+                        self._stop_or_refuse(MIN_TRANSFER_S, "the time budget is spent")
+                    raise _Stop(self._stop_message(self._stalled(f, e))) from e  # a server that stalled
                 if isinstance(e, OSError) and e.errno == errno.ENOSPC:
                     raise NotEnoughSpace(
                         f"the filesystem of {self.plan.cache} filled up while staging {f.path} "
@@ -382,7 +395,9 @@ class Transfer:
                     ) from e
                 attempts = 0 if self.moved > before else attempts + 1
                 retried = self.moved == before and time.monotonic() - t_try >= CLIENT_RETRIED_S
-                if not transient(e) or retried or attempts > self.retries:
+                elsewhere = (url := failed_url(e)) is not None and watch.host_of(url) != watch.host_of(self.endpoint)
+                refused = elsewhere and not transient(e, connect=False)  # another host refused: tries do not help
+                if not transient(e) or retried or refused or attempts > self.retries:
                     err = translate(
                         GaveUp(e, attempts + 1 if not retried else 0) if transient(e) else e,
                         self.r.repo_id,
@@ -404,12 +419,21 @@ class Transfer:
                 continue
             if self.verify and not checksum_ok(path, f):
                 bad_sums += 1
+                got = path.stat().st_size
                 blob_path(self.plan.cache, self.r.repo_id, self.r.kind, f).unlink(missing_ok=True)
                 path.unlink(missing_ok=True)
-                if bad_sums >= 2:
+                if got != f.size:  # a transfer fault (cut, padded or rewritten on the way), not the repository's
                     raise TransferFailed(
-                        f"{f.path} of '{self.r.repo_id}' arrived corrupted twice (checksum "
-                        "mismatch). Fix: rerun later; if it persists, report it to the repo owner."
+                        f"{f.path} of '{self.r.repo_id}' arrived with {got} bytes from {self._url(f)}, but the"
+                        f" listing says {f.size}: it was cut or rewritten on the way (a proxy or cache between),"
+                        " and was deleted. Fix: run the same command again; if it persists, ask the proxy's"
+                        " operator, or stage from another endpoint (HF_ENDPOINT)."
+                    )
+                if bad_sums >= 2:  # complete, of the right size, twice: the content itself is wrong
+                    raise TransferFailed(
+                        f"{f.path} of '{self.r.repo_id}' arrived corrupted twice: complete and of the listed size, but"
+                        f" its checksum does not match the listing (from {self._url(f)}). Fix: rerun later; if it"
+                        " persists, report it to the repo owner."
                     )
                 log.warning("checksum mismatch on %s of %s: fetching it again", f.path, self.r.repo_id)
                 continue
@@ -421,6 +445,17 @@ class Transfer:
             self.current, self.file_done = None, 0
             self._emit()
             return
+
+    def _url(self, f: RemoteFile) -> str:
+        """Where the bytes of ``f`` came from (the last answer for it: a redirect target, or the endpoint)."""
+        a = watch.last("GET", f"/{f.path}")
+        return a.url if a else self.endpoint
+
+    def _stalled(self, f: RemoteFile, e: BaseException) -> str:
+        url = failed_url(e) or self._url(f)
+        since = f" nothing came for the last {time.monotonic() - self.tick:.0f}s," if self.tick else ""
+        done = human(self.file_done)
+        return f"the time limit came while waiting for {url}:{since} {done} of {f.path} had been written"
 
     def _link(self, f: RemoteFile) -> None:
         """Point this snapshot at a blob another commit brought in (what the client would do after a HEAD)."""

@@ -56,6 +56,18 @@ class UnconfirmedId(HubError):
     """A hub id the model table marks unconfirmed (`confirmed: false`), which could not be resolved from here."""
 
 
+class FileHostUnreachable(HubError):
+    """The endpoint answered and sent a download to another host (the Hub: its CDN), which cannot be reached."""
+
+
+class UnexpectedAnswer(HubError):
+    """An answer that is not what the Hub API promises (an HTML page, a body cut short, headers missing)."""
+
+
+class IncompleteListing(HubError):
+    """The server's listing shows folders without their files, even when each is listed by its path."""
+
+
 class HubServerError(HubError):
     """The server kept answering with a server error (5xx) after the retries, and was failing for the repository
     at its default revision too (otherwise the revision is the missing thing: ``RevisionNotFound``)."""

@@ -610,10 +610,13 @@ def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_ever
 @pytest.mark.slurm
 @pytest.mark.backend
 def test_two_node_delphi_cell_trains_with_axolotl_across_both_nodes(tmp_path, axolotl_env):
-    """axolotl on the stand-in, through the prep, one rank on each node of the local cluster."""
+    """axolotl on the stand-in, through the prep, one rank on each node of the local cluster. Under DeepSpeed
+    ZeRO-3: axolotl 0.19 gives every rank of a multi-process run the device map {"": LOCAL_RANK}, an accelerator
+    index a CPU node does not have (its model load fails), and passes no device map under ZeRO-3."""
     run_sft(
         "backend=axolotl",
         "model=tiny_delphi",
+        "model.needs=[delphi_tokenizer_prep,zero3]",
         "max_steps=4",
         "save_steps=4",
         "cutoff_len=256",

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from sft_grid.core.paths import CONF_DIR
 from sft_grid.core.problems import GridError, Problem
+from sft_grid.planning.conf_files import YAML_ERROR
 from sft_grid.planning.resolvers import register
 
 register()  # the cell schema and sft_grid's resolvers, before Hydra composes anything
@@ -415,6 +416,8 @@ class _KeyHints:
         self.seen: list[str] = []
 
     def write(self, text: str) -> int:
+        if "HYDRA_FULL_ERROR" in text and any(YAML_ERROR in seen for seen in self.seen):
+            return len(text)  # a file that is not YAML is named by its line: no stack trace to ask for
         self.seen.append(text)
         return self.stream.write(text)
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from sft_grid.planning import conf_files
+
 NAME = "user_env"
 
 # The last part of a variable's name -> (what it is, a placeholder for the export line)
@@ -127,5 +129,6 @@ def register() -> None:
     from sft_grid.core.schema import CellConf
 
     ConfigStore.instance().store(name="base_config", node=CellConf)
+    conf_files.install()
     OmegaConf.register_new_resolver(NAME, user_env, replace=True)
     OmegaConf.register_new_resolver("by_size", by_size, replace=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import re
 import shutil
@@ -373,12 +374,13 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
             "export it in a variable and name that: notify.webhook_env=MY_WEBHOOK_URL",
         )
     if n.webhook_env and not os.environ.get(n.webhook_env):
+        state = "is set but empty" if n.webhook_env in os.environ else "is not set"
         yield _problem(
             cell,
             "notify.webhook_env",
             n.webhook_env,
             "notify-webhook-env",
-            "names a variable that is not set here; the jobs read it from the environment they inherit",
+            f"names a variable that {state} here; the jobs read it from the environment they inherit",
             f"export {n.webhook_env}=<the webhook URL> before running the grid",
         )
 
@@ -483,8 +485,16 @@ def _values(spec: Any) -> list[Finding]:
             )
             continue
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        infinite = [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, float)]
+        infinite = [v for v in infinite if not math.isfinite(v)]
+        if infinite and (rng is None or not numeric):
+            # a number no key gives a range to (a probability list, ...): finite all the same
+            found.append((name, value, "finite", f"holds {infinite[0]}: not a number", "set {key} to finite numbers"))
         if rng is not None and numeric and not rng.admits(value):
-            found.append((name, value, "range", f"must be {rng.text()}", f"set {{key}} to a value {rng.text()}"))
+            finite = "" if math.isfinite(value) else "a finite number "
+            found.append(
+                (name, value, "range", f"must be {finite}{rng.text()}", f"set {{key}} to a value {rng.text()}")
+            )
         if choices is not None and value is not None:
             found.extend(
                 (
@@ -623,6 +633,45 @@ def duplicate_identities(cells: Sequence[Cell]) -> list[Problem]:
     return problems
 
 
+def shared_outputs(cells: Sequence[Cell]) -> list[Problem]:
+    """No two cells of a grid write to one place: one cell directory (its output/), or, after its placeholders are
+    filled in, one Hub repository (ids are case-insensitive on the Hub): each would overwrite the other."""
+    problems = []
+    dirs: dict[str, Cell] = {}
+    repos: dict[str, Cell] = {}
+    for cell in cells:
+        first = dirs.setdefault(str(cell.sweep_dir / cell.name), cell)
+        if first is not cell and first.key != cell.key:
+            problems.append(
+                Problem(
+                    cell.name,
+                    "sweep_name",
+                    cell.spec.sweep_name,
+                    "output-shared",
+                    f"writes its output to the same directory as cell {first.name} ({' '.join(first.overrides)})",
+                    "give the grid's cells their own directories (a distinct sweep_name or runs_root)",
+                )
+            )
+        hub = cell.spec.hub_model_id
+        if not (cell.spec.push_to_hub and hub) or "{" in hub:
+            continue  # no upload, or a pattern sft_grid could not fill (rule hub-id)
+        first = repos.setdefault(hub.lower(), cell)
+        if first is not cell and first.key != cell.key:  # one identity twice: rule identity-unique
+            problems.append(
+                Problem(
+                    cell.name,
+                    "hub_model_id",
+                    hub,
+                    "output-shared",
+                    f"uploads to the same Hub repository as cell {first.name} ({' '.join(first.overrides)}):"
+                    " each upload would overwrite the other's model",
+                    "put a placeholder that differs per cell in it: hub_model_id=<org>/{model}-sft-{key} ({key} is"
+                    " the cell's identity hash; {name}, {model} and {data} are filled in too)",
+                )
+            )
+    return problems
+
+
 def validate(cells: Sequence[Cell], backend_rules: Callable[[Cell], Iterable[Problem]] = lambda c: ()) -> list[Problem]:
     """Every problem of every cell: the schema's rules, the rules above, the backend's own (`backend_rules`,
     given by the caller, which knows the backends), and the grid's (no two cells train the same model)."""
@@ -633,4 +682,4 @@ def validate(cells: Sequence[Cell], backend_rules: Callable[[Cell], Iterable[Pro
         # (the rules below leave a value the schema's rules refuse to them: one problem, one fix)
         problems += [p for rule in RULES for p in rule(cell)]
         problems += backend_rules(cell)
-    return problems + duplicate_identities(cells)
+    return problems + duplicate_identities(cells) + shared_outputs(cells)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-
 YAML_ERROR = ": not valid YAML: "
 
 

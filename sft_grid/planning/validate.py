@@ -10,13 +10,17 @@ that need a tokenizer or data are in sft_grid/checks and report through the same
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import math
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from sft_grid.core.failures.classes import FailureClass
@@ -593,7 +597,76 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
         )
 
 
+def _where_unusable(path: Path) -> str | None:
+    """Why `path` cannot be (or become) a directory sft_grid writes into, or None: the first of its ancestors that
+    exists must be a directory this user may write into; a symlink loop or a file on the way is named."""
+    loop = None
+    for part in (path, *path.parents):
+        try:
+            st = os.stat(part)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                loop = part  # the link itself is the topmost part that loops
+                continue
+            if exc.errno == errno.ENOTDIR:
+                continue  # a file further up: named when the walk reaches it
+            if exc.errno == errno.ENAMETOOLONG:
+                return f"a part of it is longer than the file system allows ({exc.strerror})"
+            return f"{part} cannot be read: {exc.strerror}"
+        if loop is not None:
+            return f"{loop} is a symbolic link loop (it points, through links, back at itself)"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{part} is a file, not a directory" if part == path else f"{part} (a part of it) is a file"
+        if part != path and not os.access(part, os.W_OK | os.X_OK):
+            return f"it cannot be created: {part} is not writable by this user"
+        if part == path and not os.access(part, os.W_OK | os.X_OK):
+            return "it is a directory this user cannot write into"
+        return None
+    return None
+
+
+_USABLE: dict[str, str | None] = {}
+
+
+def paths_usable(cell: Cell) -> Iterator[Problem]:
+    """The cell's directory can be made: the runs root is (or can become) a writable directory, and the sweep's
+    and cell's names fit in a file name. Checked once per runs root."""
+    s = cell.spec
+    name_max = 255
+    with contextlib.suppress(OSError, ValueError):
+        existing = next(p for p in (cell.runs_root, *cell.runs_root.parents) if p.is_dir())
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+    for key, name in (("sweep_name", s.sweep_name), ("", cell.name)):
+        if len(name.encode()) > name_max:
+            yield _problem(
+                cell,
+                key,
+                name if key else None,
+                "name-too-long",
+                f"{'the sweep name' if key else 'the cell directory name ' + name[:40] + '...'} has"
+                f" {len(name.encode())} bytes, and a file name may have at most {name_max} here",
+                "use a shorter sweep_name" if key else "shorten the swept values that name the cell (or its model)",
+            )
+            return
+    root = str(cell.runs_root)
+    if root not in _USABLE:
+        _USABLE[root] = _where_unusable(cell.runs_root)
+    why = _USABLE[root]
+    if why:
+        yield _problem(
+            cell,
+            "runs_root",
+            root,
+            "runs-root",
+            f"the cells' directory cannot be made: {why}",
+            "runs_root=<a directory you can write into> (or --runs-root / $SFT_GRID_RUNS), e.g. runs_root=./runs",
+        )
+
+
 RULES: tuple[Rule, ...] = (
+    paths_usable,
     safe_names,
     inputs_named,
     hub_ids,

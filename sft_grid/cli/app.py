@@ -321,7 +321,7 @@ def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:
 def _print_launch(result: Any) -> None:
     from collections import Counter
 
-    from sft_grid.cli.present import deferred_lines, failure_lines, pinned_lines, relative
+    from sft_grid.cli.present import deferred_lines, failure_lines, no_throughput_lines, pinned_lines, relative
     from sft_grid.core.state import State
     from sft_grid.core.submission import Role
     from sft_grid.grid.decide import Action
@@ -345,6 +345,8 @@ def _print_launch(result: Any) -> None:
         if d.note:
             out(f"  {d.cell.name}: {d.why}" + (f", avoiding {','.join(d.exclude)}" if d.exclude else ""))
     here = frozenset(d.cell.name for d in to_run if d.cell.spec.cluster.executor == "local")
+    for line in no_throughput_lines([d.cell.name for d in to_run], result.costs):
+        out(line)
     for line in pinned_lines(result.staging) + deferred_lines(
         {d.cell.name: result.deferred[d.cell.name] for d in to_run if d.cell.name in result.deferred}, here=here
     ):

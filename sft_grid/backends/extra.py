@@ -22,7 +22,22 @@ from sft_grid.planning.cells import Cell
 # sections of the cell whose scalar keys are probed, besides the cell's own
 _SECTIONS = ("model", "cluster", "mix")
 # keys that say where or how sft_grid runs, or what it passes through: never probed
-_SKIP = frozenset({"extra", "vars", "backend", "dataset", "eval", "notify", "failure_policy", "watchdog", "dry_run"})
+# (sweep_name and runs_root place the cell's directory, which sft_grid derives whole: output_dir is its own)
+_SKIP = frozenset(
+    {
+        "extra",
+        "vars",
+        "backend",
+        "dataset",
+        "eval",
+        "notify",
+        "failure_policy",
+        "watchdog",
+        "dry_run",
+        "sweep_name",
+        "runs_root",
+    }
+)
 
 
 def _bare(cell: Cell, spec: Any) -> Cell:

@@ -649,7 +649,7 @@ def paths_usable(cell: Cell) -> Iterator[Problem]:
                 f" {len(name.encode())} bytes, and a file name may have at most {name_max} here",
                 "use a shorter sweep_name" if key else "shorten the swept values that name the cell (or its model)",
             )
-            return
+            break
     root = str(cell.runs_root)
     if root not in _USABLE:
         _USABLE[root] = _where_unusable(cell.runs_root)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -594,3 +595,25 @@ def test_a_webhook_variable_set_but_empty_is_called_empty(make_cells, monkeypatc
     assert "is set but empty here" in only(validate([cell]), "notify-webhook-env").message
     monkeypatch.delenv("SFT_GRID_HOOK_EMPTY")
     assert "is not set here" in only(validate([cell]), "notify-webhook-env").message
+
+
+@pytest.mark.backend
+def test_a_real_run_on_an_unknown_gpu_type_says_once_what_it_cannot_estimate(tiny_assets, tmp_path):
+    """The dry run's estimates warn; a real run (queued on a fake Slurm) says the same, once for the grid, and
+    queues the cells: it is not an error."""
+    from . import fakeslurm
+
+    fakeslurm.install(tmp_path / "bin")
+    (tmp_path / "fake").mkdir()
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "FAKE_SLURM": str(tmp_path / "fake")}
+    grid = ["cluster=slurm_local", "cluster.gpus_per_node=1", "model=tiny_llama", "max_steps=2", "lr=1e-3,2e-3"]
+    proc = run_sft("-m", *grid, "cluster.gpu_type=Z9000", f"runs_root={tmp_path / 'runs'}", env=env, check=True)
+    line = (
+        "no GPU-hours or wall-time estimate for 2 cell(s), so no check that they finish within `time`: cluster"
+        " 'slurm_local' names no known gpu_type (it says 'Z9000'); set cluster.gpu_type (one of A100,"
+    )
+    assert proc.stdout.count(line) == 1 and "queued 2 cell(s)" in proc.stdout, proc.stdout
+    assert len(fakeslurm.calls(tmp_path / "fake", "sbatch")) >= 1
+    # a known type: no such line
+    known = run_sft("-m", *grid, "cluster.gpu_type=H100", f"runs_root={tmp_path / 'runs2'}", env=env, check=True)
+    assert "no GPU-hours or wall-time estimate" not in known.stdout

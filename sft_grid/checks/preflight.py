@@ -84,7 +84,8 @@ def _checks_for(cell: Cell) -> list[Check]:
     python = str(bin_dir(s) / "python")
     if s.model.path:
         checks.append(Check("path", "model.path", s.model.path))
-    if tokenizer:
+    if tokenizer and is_local(tokenizer):
+        # a local directory or a pinned snapshot (a hub id nobody staged is the backend's own download)
         checks.append(Check("model", "model.path" if s.model.path else "model.hub_id", tokenizer, python=python))
     if s.report_to in INTEGRATIONS:
         checks.append(Check("integration", "report_to", s.report_to, python=python))

@@ -1,5 +1,5 @@
 """What a backend's virtual environment can load: its transformers' model types and architectures, and whether an
-integration (`report_to`) is importable. Asked of the environment itself (in_venv/venv_facts.py, one process of its
+integration (`report_to`) is importable. Asked of the environment itself (in_venv/env_facts.py, one process of its
 python, ~3 s for transformers' import) rather than recorded when it was built: a site's own environment was never
 built by sft_grid, and an environment changed by hand (pip install wandb) answers as it is now. The answer is cached
 under the preflight cache, keyed by the environment's python and its ready marker (rebuilt: asked again).
@@ -18,7 +18,7 @@ from typing import Any
 from sft_grid.checks.mask import _stat, _venv_marker, cache_dir
 from sft_grid.core.paths import IN_VENV_DIR
 
-SCRIPT = IN_VENV_DIR / "venv_facts.py"
+SCRIPT = IN_VENV_DIR / "env_facts.py"
 # report_to -> the module transformers' integration imports
 INTEGRATIONS = {"wandb": "wandb", "tensorboard": "tensorboard"}
 

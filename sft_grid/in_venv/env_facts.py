@@ -1,6 +1,6 @@
 """What a backend's environment can load (standalone: runs with the environment's python, never imports sft_grid).
 
-    <backend env>/bin/python venv_facts.py OUT.json [--transformers] MODULE...
+    <backend env>/bin/python env_facts.py OUT.json [--transformers] MODULE...
 
 OUT.json: {"modules": {MODULE: importable}} (found, not imported: milliseconds), and with --transformers also
 {"transformers": version, "model_types": [...], "architectures": [...]}: the model types transformers' AutoConfig

@@ -13,7 +13,10 @@ OUT.json holds, per job, either {"id", "error"} or {"id", "rows": [...]} where e
 conversation as the cell's tags read it (`messages`: [kind, content], kind user/assistant/system/tool/
 function, or other for a role no tag matches; plus the raw role values), whether the backend dropped it
 (and the warnings it logged), and `segments`:
-[text, trained, markup] runs of consecutive tokens (markup: an added/special token of the tokenizer).
+[text, trained, markup] runs of consecutive tokens (markup: an added/special token of the tokenizer). The mask is
+judged on the whole row; with the cell's `cutoff_len` in the job's spec, each row also has `n_trained_cut`: the
+tokens it still trains once the backend truncates it there as the job will (LLaMA-Factory's processor at that
+cutoff; axolotl's own handling of a longer sequence, dropped or truncated).
 Deciding whether that mask is right is the orchestrator's job (sft_grid/checks/mask.py), so the logic stays
 pure and testable; this file only asks the backend.
 """
@@ -168,10 +171,13 @@ def llamafactory(job: dict[str, Any]) -> list[dict[str, Any]]:
             labs = encoded.get("labels") or [None]
             cut = None
             if cutoff and ids[0] is not None:
-                cut_labels = (
-                    cut_processor.preprocess_dataset({k: [v] for k, v in aligned.items()}).get("labels") or [[]]
-                )[0]
-                cut = sum(1 for lab in cut_labels if lab != IGNORE)
+                try:
+                    cut_labels = (
+                        cut_processor.preprocess_dataset({k: [v] for k, v in aligned.items()}).get("labels") or [[]]
+                    )[0]
+                    cut = sum(1 for lab in cut_labels if lab != IGNORE)
+                except Exception as exc:  # the whole row encoded: its truncation is left unjudged, said why
+                    captured.lines.append(f"at cutoff_len {cutoff}: {type(exc).__name__}: {exc}"[:300])
             results.append(row_result(tokenizer, raw, job, ids[0], labs[0], list(captured.lines), cut))
     finally:
         lf_logging.remove_handler(captured)

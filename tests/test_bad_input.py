@@ -1,13 +1,25 @@
 """Bad input a new user types is refused before anything is written, naming the cell, the key, the value and the
 fix: a misspelled key added with `+`, every out-of-range number and every value outside a key's fixed set (the
 whole schema, read from its metadata), a model with no source, a local dataset that is not data, a dataset
-listed twice, an axis that sweeps nothing, an override Hydra's grammar refuses."""
+listed twice, an axis that sweeps nothing, an override Hydra's grammar refuses.
+
+The second round (issue 27), by class, each input read as what it is: a config file that is not YAML (file, line,
+column, one line); paths that cannot hold the cells (too long, a file, a symlink loop); a model directory that
+cannot load (no config, config not JSON, no weights, a missing shard, a vocabulary smaller than its tokenizer);
+a data file whose split, encoding or line is wrong; numbers that are not finite or a zero wall time; two cells
+writing to one place; an `extra` key sft_grid derives; an integration the backend's environment lacks; a variable
+set but empty. Each is refused with nothing written."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -255,3 +267,353 @@ def test_the_other_commands_refuse_what_is_not_there_in_one_line(tmp_path, argv,
     )
     assert proc.returncode == rc and says.format(tmp=tmp_path) in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and sorted(tmp_path.rglob("*")) == before
+
+
+# -- round 2 (issue 27): every file read as what it is ---------------------------------------------------------
+
+
+def tree(root: Path) -> list[tuple[str, int]]:
+    """What is under root (names and sizes): a refused run leaves it as it was."""
+    return sorted((str(p.relative_to(root)), p.stat().st_size if p.is_file() else -1) for p in root.rglob("*"))
+
+
+def refused_cleanly(proc: subprocess.CompletedProcess[str], *says: str) -> str:
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr, proc.stderr
+    for text in says:
+        assert text in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+BROKEN_YAML = {
+    "syntax": ("sweep_name: x\nlr: [1e-5, 2e-5\nseed: 3\n", ":3:5: not valid YAML: expected ',' or ']'", "syntax"),
+    "tab": ("sweep_name: x\nhydra:\n\tsweeper: {}\n", ":3:1: not valid YAML: found character '\\t'", "not tabs"),
+    "duplicate": (
+        "sweep_name: x\nlr: 1e-5\nseed: 1\nlr: 2e-5\n",
+        ":4:1: not valid YAML: found duplicate key lr",
+        "keep",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN_YAML))
+def test_a_sweep_file_that_is_not_yaml_is_one_line_with_its_file_line_and_column(tmp_path, kind):
+    text, says, fix = BROKEN_YAML[kind]
+    (tmp_path / "conf" / "sweep").mkdir(parents=True)
+    (tmp_path / "conf" / "sweep" / "broken.yaml").write_text(text)
+    runs = tmp_path / "runs"
+    before = tree(tmp_path)
+    proc = run_sft("--config-dir", str(tmp_path / "conf"), "-m", "+sweep=broken", "dry_run=true", f"runs_root={runs}")
+    err = refused_cleanly(proc, f"{tmp_path / 'conf' / 'sweep' / 'broken.yaml'}{says}", fix)
+    assert len(err.strip().splitlines()) == 1 and tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (
+            "name: my_model\npath: /models/x\nparams_b: 1.0\nname: other\n",
+            ":4:1: not valid YAML: found duplicate key name",
+        ),
+        ("name: my_model\nhub_id: 'org/x\nparams_b: 1.0\n", "(while scanning a quoted scalar at line 2, column 9)"),
+    ],
+    ids=["duplicated-key", "unclosed-quote"],
+)
+def test_a_conf_group_file_that_is_not_yaml_is_one_line_too(tmp_path, text, says):
+    """A group option (here a model file) is read by Hydra the same way as a sweep file, once per grid and in the
+    grid composer (the second cell of a grid is composed there): both name the file by its line."""
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    mine = tmp_path / "conf" / "model" / "mine.yaml"
+    mine.write_text(text)
+    runs = tmp_path / "runs"
+    for models in ("mine", "qwen3_8b,mine"):
+        proc = run_sft(
+            "--config-dir", str(tmp_path / "conf"), "-m", f"model={models}", "dry_run=true", f"runs_root={runs}"
+        )
+        refused_cleanly(proc, str(mine), says)
+    assert not runs.exists()
+
+
+def test_paths_that_cannot_hold_the_cells_are_named(make_cells, tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    cases = {
+        str(a_file): f"{a_file} is a file, not a directory",
+        str(a_file / "runs"): f"{a_file} (a part of it) is a file",
+        str(loop / "runs"): f"{loop} is a symbolic link loop",
+    }
+    before = tree(tmp_path)
+    for root, says in cases.items():
+        (cell,) = make_cells(["model=qwen3_8b", f"runs_root={root}"])
+        p = only(validate([cell]), "runs-root")
+        assert p.key == "runs_root" and p.value == root and says in p.message and "runs_root=" in p.fix
+    (cell,) = make_cells(["model=qwen3_8b", f"sweep_name={'s' * 300}"])
+    p = only(validate([cell]), "name-too-long")
+    assert p.key == "sweep_name" and "300 bytes" in p.message and "at most 255" in p.message
+    assert tree(tmp_path) == before
+
+
+def test_a_sweep_name_too_long_and_a_runs_root_that_is_a_file_stop_the_command_in_one_line(tmp_path):
+    a_file = tmp_path / "runs"
+    a_file.write_text("not a directory")
+    proc = run_sft(
+        "-m", "model=qwen3_8b", "lr=1e-5,2e-5", "dry_run=true", f"runs_root={a_file}", f"sweep_name={'n' * 256}"
+    )
+    refused_cleanly(proc, "[name-too-long]", "[runs-root]", "is a file, not a directory")
+    assert a_file.read_text() == "not a directory" and sorted(tmp_path.iterdir()) == [a_file]
+
+
+# model directories, built by hand (no backend): each cell's loss-mask probe waits for a venv not on this machine
+NO_VENV = "+cluster.backend_venvs.llamafactory=/nonexistent/venv"
+
+
+def tokenizer_json(n: int) -> dict[str, Any]:
+    """A word-level tokenizer.json of n ids (the `tokenizers` library's own format), two of them added tokens."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    tok = Tokenizer(WordLevel({f"w{i}": i for i in range(n - 2)}, unk_token="w0"))
+    tok.add_special_tokens(["<|added_a|>", "<|added_b|>"])
+    return dict(json.loads(tok.to_str()))
+
+
+def model_dir(
+    root: Path, config: Any = None, weights: tuple[str, ...] = ("model.safetensors",), vocab: int = 32
+) -> Path:
+    root.mkdir(parents=True)
+    if config is not None:
+        (root / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    for w in weights:
+        (root / w).write_bytes(b"\0" * 8)
+    (root / "tokenizer.json").write_text(json.dumps(tokenizer_json(vocab)))
+    return root
+
+
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 32}
+SHARDS = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+
+
+@pytest.mark.parametrize(
+    "build, says",
+    [
+        (lambda d: model_dir(d), "no config.json in"),
+        (
+            lambda d: model_dir(d, '{"model_type": llama}'),
+            "the model's config cannot be read: {d}/config.json is not JSON",
+        ),
+        (lambda d: model_dir(d, [1, 2]), "config.json is not a JSON object"),
+        (lambda d: model_dir(d, LLAMA, weights=()), "no weights (model.safetensors, pytorch_model.bin"),
+        (
+            lambda d: (
+                model_dir(d, LLAMA, weights=("model-00001-of-00002.safetensors",)),
+                (d / "model.safetensors.index.json").write_text(json.dumps(SHARDS)),
+            ),
+            "model.safetensors.index.json names 2 shard(s) and 1 are missing: model-00002-of-00002.safetensors",
+        ),
+        (
+            lambda d: model_dir(d, {**LLAMA, "vocab_size": 30}, vocab=34),
+            "vocab_size is 30, and the tokenizer has ids up to 33",
+        ),
+    ],
+    ids=["no-config", "config-not-json", "config-not-object", "no-weights", "missing-shard", "vocab-too-small"],
+)
+def test_a_model_directory_that_cannot_load_is_refused_as_the_model(make_cells, tmp_path, build, says):
+    d = tmp_path / "model"
+    build(d)
+    (cell,) = make_cells(["model=tiny_llama", f"model.path={d}", NO_VENV])
+    before = tree(tmp_path)
+    result = preflight([cell])
+    p = only(result.problems, "preflight-model")
+    assert p.key == "model.path" and p.value == str(d) and says.format(d=d) in p.message and p.fix
+    # the model is the cause, never the data: no dataset problem is reported for it
+    assert not [q for q in result.problems if q.key.startswith("dataset")]
+    assert tree(tmp_path) == before
+
+
+def test_a_sound_model_directory_passes(make_cells, tmp_path):
+    d = model_dir(tmp_path / "model", LLAMA, vocab=32)
+    (cell,) = make_cells(["model=tiny_llama", f"model.path={d}", NO_VENV])
+    assert [p for p in preflight([cell]).problems if p.rule == "preflight-model"] == []
+
+
+def data_file(tmp_path: Path, name: str, content: bytes) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+ROW = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+
+
+@pytest.mark.parametrize(
+    "name, content, split, says, fix",
+    [
+        ("one.jsonl", ROW * 3, "test", "split 'test' asked of one file", "split=train"),
+        (
+            "snap/data/train.jsonl",
+            ROW,
+            "validation",
+            "no file of split 'validation' in {d} (splits its files name: train)",
+            "split=train",
+        ),
+        (
+            "latin1.jsonl",
+            ROW + '{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("latin-1"),
+            "train",
+            "line 2 of {f} is not UTF-8 text (byte 0xe9",
+            "UTF-8",
+        ),
+        ("bad.jsonl", ROW * 2 + b'{"messages": [}\n' + ROW, "train", "line 3 of {f} is not JSON", "fix that line"),
+        (
+            "rows.json",
+            b'[{"messages": []},\n {"messages": [] ]',
+            "train",
+            "{f} is not JSON: Expecting ',' delimiter at line 2, column 18",
+            "fix that line",
+        ),
+    ],
+    ids=["split-of-one-file", "split-not-in-snapshot", "not-utf8", "bad-json-line", "bad-json-file"],
+)
+def test_a_data_file_is_read_as_what_it_is(make_cells, tmp_path, name, content, split, says, fix):
+    f = data_file(tmp_path, name, content)
+    source = tmp_path / "snap" if name.startswith("snap/") else f
+    (cell,) = make_cells(
+        ["model=qwen3_8b", f"dataset.tiny_messages.source={source}", f"dataset.tiny_messages.split={split}"]
+    )
+    before = tree(tmp_path)
+    p = only(preflight([cell]).problems, "preflight-assistant_turns")
+    assert p.key == "dataset.tiny_messages" and says.format(f=f, d=source) in p.message and fix in p.fix, p.render()
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "override, key, says",
+    [
+        ("lr=inf", "lr", "must be a finite number > 0"),
+        ("lr=nan", "lr", "must be a finite number > 0"),
+        ("max_grad_norm=inf", "max_grad_norm", "must be a finite number >= 0"),
+        ("+mix.probs=[nan,0.5]", "mix.probs", "holds nan: not a number"),
+    ],
+)
+def test_numbers_are_finite(make_cells, override, key, says):
+    overrides = [override, "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under"]
+    (cell,) = make_cells(overrides if key == "mix.probs" else [override])
+    found = [p for p in validate([cell]) if p.key == key]
+    assert len(found) == 1 and says in found[0].message and key in found[0].fix, [p.render() for p in found]
+
+
+@pytest.mark.parametrize("value", ["00:00:00", "0", "0:0", "0-00:00:00"])
+def test_a_zero_wall_time_is_not_no_limit(make_cells, value):
+    (cell,) = make_cells([f"time='{value}'"])
+    p = only(validate([cell]), "time-format")
+    assert p.key == "time" and "Slurm reads as no time limit" in p.message and "time=04:00:00" in p.fix
+
+
+def test_two_cells_never_upload_to_one_hub_repository(make_cells):
+    a, b = make_cells(
+        ["model=qwen3_8b", "lr=1e-5", "push_to_hub=true", "hub_model_id=org/my-model"],
+        ["model=qwen3_8b", "lr=2e-5", "push_to_hub=true", "hub_model_id=Org/My-Model"],
+    )
+    p = only(validate([a, b]), "output-shared")
+    assert p.cell == b.name and p.key == "hub_model_id" and a.name in p.message and "{key}" in p.fix
+    # a placeholder that differs per cell: each its own repository
+    c, d = make_cells(
+        *[["model=qwen3_8b", f"lr={lr}", "push_to_hub=true", "hub_model_id='org/{model}-{key}'"] for lr in (1e-5, 2e-5)]
+    )
+    assert c.spec.hub_model_id != d.spec.hub_model_id and not [p for p in validate([c, d]) if p.rule == "output-shared"]
+
+
+@pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
+@pytest.mark.parametrize(
+    "key, value, instead",
+    [
+        ("gradient_accumulation_steps", 4, "global_batch_size"),
+        ("max_steps", 3, "max_steps"),
+        ("warmup_ratio", 0.1, "warmup_ratio"),
+        ("output_dir", "/elsewhere", None),
+    ],
+)
+def test_an_extra_key_sft_grid_derives_is_refused_with_the_modelled_key(make_cells, backend, key, value, instead):
+    from sft_grid.grid.flow import plan_cells
+    from sft_grid.planning.compose import Composed
+
+    (cell,) = make_cells([f"backend={backend}", "model=qwen3_8b", f"+extra.{key}={value}", "+extra.packing=true"])
+    _, problems = plan_cells([Composed(cell.overrides, dict(cell.config))], [])
+    p = only(problems, "extra-derived")  # packing is the backend's own key: passed through
+    assert p.key == f"extra.{key}" and p.value == value and f"drop extra.{key}" in p.fix
+    assert (f"set {instead}" in p.fix or f"/ {instead}" in p.fix) if instead else "sft_grid derives itself" in p.message
+
+
+def fake_venv(root: Path) -> Path:
+    """A virtual environment directory whose python is this one (which has neither wandb nor tensorboard)."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to(sys.executable)
+    (root / ".sft_grid_ready").write_text("")
+    return root
+
+
+@pytest.mark.parametrize("integration", ["wandb", "tensorboard"])
+def test_report_to_an_integration_the_backend_environment_lacks(make_cells, tmp_path, monkeypatch, integration):
+    import importlib.util
+
+    assert importlib.util.find_spec(integration) is None  # this python, the fake environment's, lacks it
+    monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(tmp_path / "preflight"))
+    venv = fake_venv(tmp_path / "venv")
+    (cell,) = make_cells(["model=qwen3_8b", f"report_to={integration}", f"+cluster.backend_venvs.llamafactory={venv}"])
+    p = only(preflight([cell]).problems, "preflight-integration")
+    assert p.key == "report_to" and f"needs the {integration} package" in p.message and str(venv) in p.message
+    assert f"{venv}/bin/pip install {integration}" in p.fix and "report_to=none" in p.fix
+
+
+def test_an_empty_variable_is_named_empty_not_unset(tmp_path):
+    runs = tmp_path / "runs"
+    proc = run_sft("-m", "model=tiny_llama", "dry_run=true", f"runs_root={runs}", env={"SFT_GRID_CACHE": ""})
+    refused_cleanly(proc, "environment variable SFT_GRID_CACHE is empty", "unset SFT_GRID_CACHE")
+    assert "build" not in proc.stderr and not runs.exists()  # never "missing assets, build them"
+    proc = run_sft(
+        "-m",
+        "cluster=leonardo",
+        "model=qwen3_8b",
+        "dry_run=true",
+        f"runs_root={runs}",
+        env={
+            "SFT_GRID_LEONARDO_ACCOUNT": "",
+            "SFT_GRID_LEONARDO_RUNS": str(runs),
+            "SFT_GRID_LEONARDO_ENV": str(tmp_path),
+        },
+    )
+    refused_cleanly(proc, "SFT_GRID_LEONARDO_ACCOUNT is empty", "fix: export SFT_GRID_LEONARDO_ACCOUNT=")
+    assert not runs.exists()
+
+
+def test_a_webhook_variable_set_but_empty_is_called_empty(make_cells, monkeypatch):
+    monkeypatch.setenv("SFT_GRID_HOOK_EMPTY", "")
+    (cell,) = make_cells(["notify.webhook_env=SFT_GRID_HOOK_EMPTY"])
+    assert "is set but empty here" in only(validate([cell]), "notify-webhook-env").message
+    monkeypatch.delenv("SFT_GRID_HOOK_EMPTY")
+    assert "is not set here" in only(validate([cell]), "notify-webhook-env").message
+
+
+@pytest.mark.backend
+def test_a_real_run_on_an_unknown_gpu_type_says_once_what_it_cannot_estimate(tiny_assets, tmp_path):
+    """The dry run's estimates warn; a real run (queued on a fake Slurm) says the same, once for the grid, and
+    queues the cells: it is not an error."""
+    from . import fakeslurm
+
+    fakeslurm.install(tmp_path / "bin")
+    (tmp_path / "fake").mkdir()
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "FAKE_SLURM": str(tmp_path / "fake")}
+    grid = ["cluster=slurm_local", "cluster.gpus_per_node=1", "model=tiny_llama", "max_steps=2", "lr=1e-3,2e-3"]
+    proc = run_sft("-m", *grid, "cluster.gpu_type=Z9000", f"runs_root={tmp_path / 'runs'}", env=env, check=True)
+    line = (
+        "no GPU-hours or wall-time estimate for 2 cell(s), so no check that they finish within `time`: cluster"
+        " 'slurm_local' names no known gpu_type (it says 'Z9000'); set cluster.gpu_type (one of A100,"
+    )
+    assert proc.stdout.count(line) == 1 and "queued 2 cell(s)" in proc.stdout, proc.stdout
+    assert len(fakeslurm.calls(tmp_path / "fake", "sbatch")) >= 1
+    # a known type: no such line
+    known = run_sft("-m", *grid, "cluster.gpu_type=H100", f"runs_root={tmp_path / 'runs2'}", env=env, check=True)
+    assert "no GPU-hours or wall-time estimate" not in known.stdout

@@ -220,6 +220,9 @@ WRONG = {
     "template": ["model.template=qwen3"],
     "user_tag": [*SHAREGPT, "dataset.tiny_sharegpt.tags.user_tag=user"],
     "prompt": {"llamafactory": ["+extra.train_on_prompt=true"], "axolotl": ["+extra.train_on_inputs=true"]},
+    # a cutoff that cuts the answers away, each backend truncating its own way: LLaMA-Factory shares the cutoff
+    # between prompt and answer (2 tokens leave the answer none), axolotl drops a row longer than it (all are)
+    "cutoff": {"llamafactory": ["cutoff_len=2"], "axolotl": ["cutoff_len=16"]},
 }
 
 
@@ -251,7 +254,7 @@ def batch_cache(tmp_path_factory, tiny_assets, axolotl_env):
         mp.setenv("SFT_GRID_PREFLIGHT_CACHE", str(cache / "preflight"))
         mp.setattr(mask, "STATS", mask.Stats())
         mask.run_checks([check for cell in cells for check in mask.checks_for(cell)])
-        assert (mask.STATS.probed, mask.STATS.subprocesses) == (8, 2)
+        assert (mask.STATS.probed, mask.STATS.subprocesses) == (2 * len(WRONG), 2)
     return cache / "preflight"
 
 
@@ -344,6 +347,20 @@ def test_a_config_that_trains_the_prompt_is_caught_only_by_the_mask(make_cells, 
     problems = preflight([cell]).problems
     assert [p.rule for p in problems] == ["preflight-loss_mask"], [p.render() for p in problems]
     assert "user text trained" in problems[0].message and "train_on_prompt" in problems[0].fix
+
+
+@pytest.mark.backend
+@pytest.mark.xdist_group("loss_mask_batch")
+@pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
+def test_a_cutoff_that_cuts_the_answers_away_is_refused(make_cells, batched, backend):
+    """The probe truncates each row as the job will, at the cell's cutoff_len: most rows training nothing is refused,
+    saying how many; the default cutoff (4096) keeps every answer of the same rows."""
+    (cell,) = make_cells(wrong("cutoff", backend))
+    problems = preflight([cell]).problems
+    assert [p.rule for p in problems] == ["preflight-loss_mask"], [p.render() for p in problems]
+    cutoff = cell.spec.cutoff_len
+    assert f"cutoff_len={cutoff} leaves 8 of 8 sampled rows with no trained token" in problems[0].message
+    assert "raise cutoff_len" in problems[0].fix
 
 
 def _env(cache: Path) -> dict[str, str]:

@@ -163,3 +163,66 @@ def test_job_side_fetch_uses_the_backends_loaders(tiny_assets, tmp_path):
     missing = Check("template_tokens", "model.template", "no-such-org/no-such-model", tokens=("<|im_start|>",))
     outcome = fetch_and_run(missing, python, tmp_path / "work", {"HF_HUB_OFFLINE": "1"})
     assert not outcome.ok and "from this node either" in outcome.message
+
+
+# -- a model directory and report_to, asked of the backends' own environments (issue 27) --------------------------
+
+
+def _tiny_copy(tiny_assets, tmp_path, **config):
+    """The tiny Llama-3 model, copied, with its config.json changed."""
+    import shutil
+
+    d = tmp_path / "model"
+    shutil.copytree(tiny_assets / "models" / "tiny-llama3", d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, **config}))
+    return d
+
+
+def _python(make_cells, backend):
+    from sft_grid.planning.environments import bin_dir
+
+    (cell,) = make_cells([f"backend={backend}", "model=qwen3_8b"])
+    return str(bin_dir(cell.spec) / "python")
+
+
+@pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
+def test_an_architecture_the_backends_transformers_does_not_know_is_refused(
+    make_cells, tiny_assets, axolotl_env, tmp_path, monkeypatch, backend
+):
+    monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(tmp_path / "preflight"))
+    python = _python(make_cells, backend)
+    good = run(Check("model", "model.path", str(tiny_assets / "models" / "tiny-llama3"), python=python))
+    assert good.ok, good.message
+    unknown_type = _tiny_copy(tiny_assets, tmp_path / "a", model_type="llama_nope")
+    verdict = run(Check("model", "model.path", str(unknown_type), python=python))
+    assert not verdict.ok and "model_type 'llama_nope' is not one transformers 5." in verdict.message
+    assert "of the backend's environment" in verdict.message and "cluster.backend_venvs" in verdict.fix
+    unknown_arch = _tiny_copy(tiny_assets, tmp_path / "b", architectures=["LlamaNopeForCausalLM"])
+    verdict = run(Check("model", "model.path", str(unknown_arch), python=python))
+    assert not verdict.ok and "architectures ['LlamaNopeForCausalLM'] are not classes" in verdict.message
+
+
+def test_report_to_is_checked_against_the_backends_own_environment(
+    make_cells, tiny_assets, axolotl_env, tmp_path, monkeypatch
+):
+    """The managed LLaMA-Factory environment has no wandb (refused, with the install line); axolotl's has it."""
+    monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(tmp_path / "preflight"))
+    lf = run(Check("integration", "report_to", "wandb", python=_python(make_cells, "llamafactory")))
+    assert not lf.ok and "needs the wandb package" in lf.message and "bin/pip install wandb" in lf.fix
+    assert run(Check("integration", "report_to", "wandb", python=_python(make_cells, "axolotl"))).ok
+
+
+def test_a_config_that_is_not_json_is_the_models_problem_not_the_datasets(
+    make_cells, tiny_assets, tmp_path, monkeypatch
+):
+    """The backend's own preprocessing fails on such a model too (the loss-mask probe): reported once, as the
+    model's config, never as the dataset failing to preprocess."""
+    monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(tmp_path / "preflight"))
+    d = _tiny_copy(tiny_assets, tmp_path)
+    (d / "config.json").write_text('{"model_type": "llama",,}')
+    (cell,) = make_cells(["model=tiny_llama", f"model.path={d}"])
+    problems = preflight([cell]).problems
+    assert [p.rule for p in problems if p.key.startswith("dataset")] == [], [p.render() for p in problems]
+    (p,) = [p for p in problems if p.rule == "preflight-model"]
+    assert p.key == "model.path" and "config.json is not JSON" in p.message and "line 1, column 24" in p.message

@@ -295,6 +295,9 @@ MASK_KEYS = (
     "train_on_inputs",
     "eot_tokens",
     "tokenizer_use_mistral_common",
+    # what axolotl does with a row longer than sequence_len (drop, truncate): the probe truncates as the job does
+    "excess_length_strategy",
+    "min_sample_len",
 )
 
 

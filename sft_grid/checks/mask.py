@@ -89,7 +89,8 @@ def checks_for(cell: Cell) -> list[Check]:
     checks = []
     for name, ds in s.dataset.items():
         tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
-        source_spec = {**spec.sources[name], "reader": spec.reader}
+        # the cell's cutoff_len: the probe also truncates each row as the job will
+        source_spec = {**spec.sources[name], "reader": spec.reader, "cutoff_len": s.cutoff_len}
         template = TEMPLATES.get(s.model.template)
         if template is not None:
             source_spec["end_of_turn"] = template.end_of_turn
@@ -112,10 +113,12 @@ def checks_for(cell: Cell) -> list[Check]:
 
 def root_causes(problems: Sequence[Problem]) -> list[Problem]:
     """A loss-mask problem is left out where a cheaper check of the same cell already names its cause (the
-    tags or column of the same dataset, or a template the tokenizer cannot render): one problem, one fix."""
+    tags or column of the same dataset, a template the tokenizer cannot render, a model directory that cannot load):
+    one problem, one fix."""
     rule = f"preflight-{KIND}"
     causes = {(p.cell, p.key) for p in problems if p.rule != rule}
-    causes |= {(p.cell, "*") for p in problems if p.rule == "preflight-template_tokens"}
+    # a template the tokenizer cannot render, or a model directory that cannot load: every source's probe fails
+    causes |= {(p.cell, "*") for p in problems if p.rule in ("preflight-template_tokens", "preflight-model")}
     return [p for p in problems if p.rule != rule or not ({(p.cell, p.key), (p.cell, "*")} & causes)]
 
 
@@ -339,7 +342,24 @@ def run_checks(
 def verdict(check: Check, rows: Sequence[Mapping[str, Any]]) -> Verdict:
     """The check's verdict from the probe's rows; a backend may train only the last assistant turn on purpose."""
     spec = json.loads(check.spec or "{}")
-    return judge(rows, dict(check.tags), bool(spec.get("last_turn_only")), spec.get("end_of_turn"))
+    judged = judge(rows, dict(check.tags), bool(spec.get("last_turn_only")), spec.get("end_of_turn"))
+    return cutoff_verdict(rows, spec.get("cutoff_len")) if judged.ok else judged
+
+
+def cutoff_verdict(rows: Sequence[Mapping[str, Any]], cutoff: int | None) -> Verdict:
+    """Most rows must still train a token once the backend truncates them at the cell's cutoff_len (the probe's
+    `n_trained_cut`): a cutoff that cuts the answers away trains on nothing, or on a handful of rows."""
+    cut = [r for r in rows if "n_trained_cut" in r]
+    empty = [r for r in cut if not r["n_trained_cut"]]
+    if not cutoff or len(empty) * 2 <= len(cut):
+        return Verdict(True)
+    longest = max(int(r.get("n_tokens") or 0) for r in cut)
+    return Verdict(
+        False,
+        f"cutoff_len={cutoff} leaves {len(empty)} of {len(cut)} sampled rows with no trained token (truncated as the"
+        f" job truncates them, their answers are cut away or the rows dropped; the longest row has {longest} tokens)",
+        f"raise cutoff_len (e.g. cutoff_len={1 << max(longest - 1, 1).bit_length()}), or train on shorter rows",
+    )
 
 
 def fetch_and_probe(

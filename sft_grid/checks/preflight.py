@@ -14,6 +14,7 @@ prepared model or a tokenized dataset built by a job before the cell, the stagin
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 from collections import Counter
@@ -22,9 +23,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sft_grid.checks import mask
-from sft_grid.checks.readable import SAMPLE_ROWS, NotData, hub_cache, locate, read_sample
+from sft_grid.checks import mask, venv_facts
+from sft_grid.checks.readable import SAMPLE_ROWS, NoSplit, NotData, hub_cache, locate, read_sample
 from sft_grid.checks.tokenizers import check_tokenizer
+from sft_grid.checks.venv_facts import INTEGRATIONS
 from sft_grid.core import events
 from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.events import Kind
@@ -33,6 +35,7 @@ from sft_grid.core.problems import Problem
 from sft_grid.core.templates import DELPHI_TOKENS, TEMPLATES
 from sft_grid.core.tokenized import tokenized_complete
 from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.environments import bin_dir
 from sft_grid.planning.inputs import (
     PREP_NEED,
     dataset_source,
@@ -78,8 +81,14 @@ def _checks_for(cell: Cell) -> list[Check]:
         if pin is not None:  # first: while it is not staged, the checks that read it wait (see preflight)
             checks.append(Check("staged", key, str(pin.path)))
     tokenizer = tokenizer_source(cell)
+    python = str(bin_dir(s) / "python")
     if s.model.path:
         checks.append(Check("path", "model.path", s.model.path))
+    if tokenizer and is_local(tokenizer):
+        # a local directory or a pinned snapshot (a hub id nobody staged is the backend's own download)
+        checks.append(Check("model", "model.path" if s.model.path else "model.hub_id", tokenizer, python=python))
+    if s.report_to in INTEGRATIONS:
+        checks.append(Check("integration", "report_to", s.report_to, python=python))
     template = TEMPLATES.get(s.model.template)
     model_prep = prep_for(cell)
     # a Delphi checkpoint before its prep: its tokenizer as the prep makes it (prepared here, tokenizer files only)
@@ -276,6 +285,118 @@ def _find(check: Check, kind: str, what: str) -> Path | Verdict:
     return Verdict(True) if is_local(check.target) else _unreachable(check.target, what)
 
 
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _json_file(file: Path) -> Any:
+    """A JSON file's content; raises ValueError naming the file, the line and the column."""
+    try:
+        return json.loads(file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{file} is not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{file} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+
+
+def _weights_problem(model_dir: Path) -> str | None:
+    """Why the directory's weights cannot load (none, or shards its index names that are not there), or None."""
+    for index in WEIGHT_INDEXES:
+        if (model_dir / index).is_file():
+            weight_map = _json_file(model_dir / index).get("weight_map") or {}
+            shards = sorted(set(weight_map.values()))
+            missing = [f for f in shards if not (model_dir / f).is_file()]
+            if not shards:
+                return f"{index} names no shard (no weight_map)"
+            if missing:
+                return f"{index} names {len(shards)} shard(s) and {len(missing)} are missing: {', '.join(missing[:3])}"
+            return None
+    if any((model_dir / w).is_file() for w in WEIGHTS):
+        return None
+    return f"no weights ({', '.join(WEIGHTS)}, or shards with their {' or '.join(WEIGHT_INDEXES)})"
+
+
+def model_dir_at(model_dir: Path, python: str = "") -> Verdict:
+    """A model directory as the backend loads it: its config.json (JSON, with the model's vocabulary size), its
+    weights (one file, or every shard its index names), a vocabulary that covers every id of its tokenizer (added
+    tokens included: a larger id indexes past the embedding, an IndexError in the first forward pass), and a model
+    type and architecture that the transformers of the backend's environment knows (`python`: that environment)."""
+    if not model_dir.is_dir():
+        return Verdict(
+            False,
+            f"{model_dir} is a file; a model is a directory (config.json, weights, tokenizer)",
+            "point model.path at the model's directory",
+        )
+    hf = "point model.path at a Hugging Face model directory (save_pretrained writes config.json and the weights)"
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        return Verdict(False, f"no config.json in {model_dir}: the backend cannot tell which model to build", hf)
+    try:
+        config = _json_file(config_file)
+        weights = _weights_problem(model_dir)
+    except (OSError, ValueError, AttributeError) as exc:
+        return Verdict(False, f"the model's config cannot be read: {exc}", f"fix or replace the file; {hf}")
+    if not isinstance(config, dict):
+        return Verdict(False, f"{config_file} is not a JSON object (a model config)", hf)
+    if weights:
+        return Verdict(False, f"{model_dir}: {weights}", f"copy the model's weights there too; {hf}")
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    tokenizer_file = model_dir / "tokenizer.json"
+    if isinstance(vocab, int) and tokenizer_file.is_file():
+        from tokenizers import Tokenizer  # light (a Rust extension), but only needed here
+
+        ids = Tokenizer.from_file(str(tokenizer_file)).get_vocab(with_added_tokens=True)
+        top = max(ids.values(), default=-1)
+        if top >= vocab:
+            return Verdict(
+                False,
+                f"config.json's vocab_size is {vocab}, and the tokenizer has ids up to {top} ({len(ids)} tokens with"
+                f" the added ones): every id from {vocab} on indexes past the embedding (an IndexError in the"
+                " forward pass)",
+                "resize the model's embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)),"
+                " then save_pretrained), or use the tokenizer the model was trained with",
+            )
+    known = venv_facts.facts(python, transformers=True) if python else None
+    if known and known.get("model_types"):
+        kind, archs = config.get("model_type"), list(config.get("architectures") or [])
+        version = f"transformers {known.get('transformers')} of the backend's environment {Path(python).parent.parent}"
+        fix = (
+            "a model this transformers supports, or an environment whose transformers does (a site environment:"
+            " cluster.backend_venvs.<backend>=<venv dir>)"
+        )
+        if kind not in known["model_types"]:
+            return Verdict(False, f"config.json's model_type {kind!r} is not one {version} knows", fix)
+        if archs and not set(archs) & set(known["architectures"]):
+            return Verdict(False, f"config.json's architectures {archs} are not classes {version} has", fix)
+    return Verdict(True)
+
+
+def check_model(check: Check) -> Verdict:
+    where = _find(check, "models", "model")
+    return where if isinstance(where, Verdict) else model_dir_at(where, check.python)
+
+
+def check_integration(check: Check) -> Verdict:
+    """The `report_to` integration is importable in the backend's environment (the trainer imports it at start)."""
+    known = venv_facts.facts(check.python)
+    venv = Path(check.python).parent.parent
+    if known is None:
+        return Verdict(
+            False,
+            f"the backend's virtual environment {venv} is not on this machine; the job checks it first",
+            unreachable=True,
+        )
+    module = venv_facts.INTEGRATIONS[check.target]
+    if known["modules"].get(module):
+        return Verdict(True)
+    return Verdict(
+        False,
+        f"report_to={check.target} needs the {module} package, and the backend's environment {venv} does not have"
+        " it: the trainer would fail as it starts",
+        f"install it there ({venv}/bin/pip install {module}), or report_to=none",
+    )
+
+
 def check_template_tokens(check: Check) -> Verdict:
     where = _find(check, "models", "tokenizer")
     return where if isinstance(where, Verdict) else template_tokens_at(where, check.tokens)
@@ -390,15 +511,30 @@ def check_assistant_turns(check: Check) -> Verdict:
             "the job runs it",
             unreachable=True,
         )
+    except NoSplit as exc:
+        return Verdict(
+            False,
+            str(exc),
+            "set the dataset's split to one its files have (dataset.<name>.split=train), or point its source at"
+            " the split's own file",
+        )
     except NotData as exc:
         return Verdict(
             False,
             str(exc),
-            "point the dataset's source at a .jsonl, .json or .parquet file (or a"
+            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            if "UTF-8" in str(exc)
+            else "point the dataset's source at a .jsonl, .json or .parquet file (or a"
             " directory of them) with one conversation a row",
         )
     except (OSError, ValueError) as exc:
-        return Verdict(False, f"cannot read a sample of {where}: {exc}", "point the dataset's source at a data file")
+        return Verdict(
+            False,
+            f"cannot read a sample of {where}: {exc}",
+            "fix that line (one JSON object a line)"
+            if "line " in str(exc)
+            else "point the dataset's source at a data file",
+        )
     if not rows:
         return Verdict(False, f"{where} has no rows", "point the dataset's source at a file with conversations")
     return assistant_turns(rows, check.column, dict(check.tags))
@@ -469,6 +605,8 @@ RUNNERS: dict[str, Callable[[Check], Verdict]] = {
     "tokenized": check_tokenized,
     "prepared": check_prepared,
     "path": check_path,
+    "model": check_model,
+    "integration": check_integration,
     "template_tokens": check_template_tokens,
     "assistant_turns": check_assistant_turns,
     "loss_mask": lambda check: mask.run_checks([check])[check],

@@ -39,11 +39,22 @@ class NotData(ValueError):
     """A local dataset source that holds no data file sft_grid or the backends read."""
 
 
+class NoSplit(NotData):
+    """A dataset `split` its source does not have: the backend would train on another one instead."""
+
+
 def data_files(where: Path, split: str = "train") -> list[Path]:
-    """The data file, or the data files of a directory (a staged snapshot: those of the split first) in name order."""
+    """The data file, or the data files of a directory (a staged snapshot: those of the split first) in name order.
+    A split other than train must be there: one file is the split `train` to both backends (the split would be
+    dropped and the whole file trained), and a directory names its splits in its files' paths."""
     if where.is_file():
         if where.suffix not in DATA_SUFFIXES:
             raise NotData(f"{where} is not a data file (expected {', '.join(DATA_SUFFIXES)})")
+        if split != "train":
+            raise NoSplit(
+                f"split {split!r} asked of one file, which the backends read whole as the split 'train' (the cell"
+                " would train on all of it)"
+            )
         return [where]
     files = sorted(
         (p for p in where.rglob("*") if p.suffix in DATA_SUFFIXES),
@@ -51,7 +62,17 @@ def data_files(where: Path, split: str = "train") -> list[Path]:
     )
     if not files:
         raise NotData(f"no {', '.join(DATA_SUFFIXES)} file in {where}")
+    if split != "train" and split not in files[0].relative_to(where).as_posix():
+        named = sorted({s for s in SPLIT_NAMES for p in files if s in p.relative_to(where).as_posix()})
+        raise NoSplit(
+            f"no file of split {split!r} in {where} (splits its files name: {', '.join(named) or 'none'}): the"
+            " backend would train on another split"
+        )
     return files
+
+
+# the split names the datasets library recognises in file names
+SPLIT_NAMES = ("train", "validation", "valid", "dev", "test", "eval")
 
 
 def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS, split: str = "train") -> list[dict[str, Any]]:
@@ -60,8 +81,15 @@ def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS, split: str =
     file = data_files(where, split)[0]
     if file.suffix == ".jsonl":
         rows = []
-        with file.open() as fh:
-            for n, line in enumerate(fh, 1):
+        with file.open("rb") as fh:
+            for n, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise NotData(
+                        f"line {n} of {file} is not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1});"
+                        " the backends read JSON lines as UTF-8"
+                    ) from None
                 if line.strip():
                     try:
                         row = json.loads(line)
@@ -74,7 +102,12 @@ def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS, split: str =
                     break
         return rows
     if file.suffix == ".json":
-        data = json.loads(file.read_text())
+        try:
+            data = json.loads(file.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise NotData(f"{file} is not UTF-8 text (byte {exc.start}); the backends read JSON as UTF-8") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{file} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
         rows = list(data[:limit]) if isinstance(data, list) else [data]
         if not all(isinstance(r, dict) for r in rows):
             raise NotData(f"{file} holds no list of JSON objects (rows)")

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from sft_grid.core.paths import CONF_DIR
 from sft_grid.core.problems import GridError, Problem
+from sft_grid.planning.conf_files import YAML_ERROR
 from sft_grid.planning.resolvers import register
 
 register()  # the cell schema and sft_grid's resolvers, before Hydra composes anything
@@ -337,7 +338,7 @@ def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:
 def _print_launch(result: Any) -> None:
     from collections import Counter
 
-    from sft_grid.cli.present import deferred_lines, failure_lines, pinned_lines, relative
+    from sft_grid.cli.present import deferred_lines, failure_lines, no_throughput_lines, pinned_lines, relative
     from sft_grid.core.state import State
     from sft_grid.core.submission import Role
     from sft_grid.grid.decide import Action
@@ -361,6 +362,8 @@ def _print_launch(result: Any) -> None:
         if d.note:
             out(f"  {d.cell.name}: {d.why}" + (f", avoiding {','.join(d.exclude)}" if d.exclude else ""))
     here = frozenset(d.cell.name for d in to_run if d.cell.spec.cluster.executor == "local")
+    for line in no_throughput_lines([d.cell.name for d in to_run], result.costs):
+        out(line)
     for line in pinned_lines(result.staging) + deferred_lines(
         {d.cell.name: result.deferred[d.cell.name] for d in to_run if d.cell.name in result.deferred}, here=here
     ):
@@ -432,6 +435,8 @@ class _KeyHints:
         self.seen: list[str] = []
 
     def write(self, text: str) -> int:
+        if "HYDRA_FULL_ERROR" in text and any(YAML_ERROR in seen for seen in self.seen):
+            return len(text)  # a file that is not YAML is named by its line: no stack trace to ask for
         self.seen.append(text)
         return self.stream.write(text)
 

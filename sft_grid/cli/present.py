@@ -596,11 +596,7 @@ def cost_lines(names: Sequence[str], to_run: Sequence[str], costs: Any) -> list[
         if e.throughput is not None:
             sources.setdefault(e.throughput.source + ": " + e.throughput.detail, "")
     lines += [f"  throughput ({s.split(': ', 1)[0]}): {s.split(': ', 1)[1]}" for s in sources]
-    if known and any(e.throughput is None for e in known):
-        lines.append(
-            "  no GPU-hours for cells whose cluster names no known gpu_type: set cluster.gpu_type (or"
-            " cluster.gpu_peak_tflops)"
-        )
+    lines += no_throughput_lines(names, costs)
     why = Counter(costs.unknown[n] for n in names if n in costs.unknown)
     for reason, n in why.most_common(3):
         lines.append(f"  no estimate for {n} cell(s): {reason}")
@@ -608,6 +604,27 @@ def cost_lines(names: Sequence[str], to_run: Sequence[str], costs: Any) -> list[
         lines.append(f"  ... and {sum(why.values()) - sum(n for _, n in why.most_common(3))} more without one")
     lines += disk_lines(to_run, costs)
     return lines
+
+
+def no_throughput_lines(names: Sequence[str], costs: Any) -> list[str]:
+    """What the estimates cannot say for cells whose cluster names no GPU type of the peak table (no calibration
+    either): the same line in the dry run's estimates and in a real run's launch summary, once per cluster."""
+    if costs is None:
+        return []
+    by_cluster: dict[tuple[str, str], int] = Counter()
+    for n in names:
+        e = costs.estimates.get(n)
+        if e is not None and e.throughput is None:
+            inputs = costs.inputs.get(n, {})
+            by_cluster[(str(inputs.get("cluster", "?")), str(inputs.get("gpu") or "none"))] += 1
+    from sft_grid.planning.estimate import PEAK_FLOPS
+
+    return [
+        f"  no GPU-hours or wall-time estimate for {k} cell(s), so no check that they finish within `time`: cluster"
+        f" {cluster!r} names no known gpu_type (it says {gpu!r}); set cluster.gpu_type (one of"
+        f" {', '.join(PEAK_FLOPS)}) or cluster.gpu_peak_tflops"
+        for (cluster, gpu), k in by_cluster.items()
+    ]
 
 
 def disk_lines(to_run: Sequence[str], costs: Any) -> list[str]:

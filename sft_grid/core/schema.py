@@ -38,7 +38,7 @@ class Range:
     hi_open: bool = False
 
     def admits(self, x: float) -> bool:
-        if isinstance(x, float) and math.isnan(x):
+        if not math.isfinite(x):  # nan compares false with everything, and no key means infinity
             return False
         above = x > self.lo if self.lo_open else x >= self.lo
         below = x < self.hi if self.hi_open else x <= self.hi

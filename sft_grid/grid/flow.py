@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sft_grid.backends import BACKENDS
+from sft_grid.backends import BACKENDS, extra
 from sft_grid.checks.examples import Examples, first_examples
 from sft_grid.checks.preflight import Preflight, preflight
 from sft_grid.core.cellfiles import Check
@@ -252,7 +252,7 @@ def _backend_rules(cell: Cell) -> Iterable[Problem]:
                 f"use one of {', '.join(sorted(BACKENDS))}",
             )
         ]
-    return backend.problems(cell)
+    return [*backend.problems(cell), *extra.collisions(backend, cell)]
 
 
 def cell_dirs(cells: Sequence[Cell]) -> list[Path]:

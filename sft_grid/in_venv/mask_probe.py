@@ -13,7 +13,10 @@ OUT.json holds, per job, either {"id", "error"} or {"id", "rows": [...]} where e
 conversation as the cell's tags read it (`messages`: [kind, content], kind user/assistant/system/tool/
 function, or other for a role no tag matches; plus the raw role values), whether the backend dropped it
 (and the warnings it logged), and `segments`:
-[text, trained, markup] runs of consecutive tokens (markup: an added/special token of the tokenizer).
+[text, trained, markup] runs of consecutive tokens (markup: an added/special token of the tokenizer). The mask is
+judged on the whole row; with the cell's `cutoff_len` in the job's spec, each row also has `n_trained_cut`: the
+tokens it still trains once the backend truncates it there as the job will (LLaMA-Factory's processor at that
+cutoff; axolotl's own handling of a longer sequence, dropped or truncated).
 Deciding whether that mask is right is the orchestrator's job (sft_grid/checks/mask.py), so the logic stays
 pure and testable; this file only asks the backend.
 """
@@ -90,9 +93,12 @@ def row_result(
     input_ids: list[int] | None,
     labels: list[int] | None,
     warnings: list[str],
+    trained_cut: int | None = None,
 ) -> dict[str, Any]:
     turns, roles = conversation(raw, job["column"], job["tags"])
     out: dict[str, Any] = {"messages": turns, "roles": roles, "warnings": warnings[:5]}
+    if trained_cut is not None:  # the tokens it trains as the job truncates it, at the cell's cutoff_len
+        out["n_trained_cut"] = trained_cut
     if input_ids is None or labels is None:
         out.update(dropped=True, segments=[], n_tokens=0, n_trained=0)
     else:
@@ -143,6 +149,12 @@ def llamafactory(job: dict[str, Any]) -> list[dict[str, Any]]:
     processor = SupervisedDatasetProcessor(
         template=template, tokenizer=tokenizer, processor=tok_module.get("processor"), data_args=data_args
     )
+    # and as the job truncates it: the same processor at the cell's cutoff_len
+    cutoff = spec.get("cutoff_len")
+    cut_args = DataArguments(**{**spec.get("data_args", {}), "cutoff_len": cutoff or 10**7})
+    cut_processor = SupervisedDatasetProcessor(
+        template=template, tokenizer=tokenizer, processor=tok_module.get("processor"), data_args=cut_args
+    )
     captured = _Captured()
     lf_logging.add_handler(captured)
     results = []
@@ -157,7 +169,16 @@ def llamafactory(job: dict[str, Any]) -> list[dict[str, Any]]:
                 encoded = {}
             ids = encoded.get("input_ids") or [None]
             labs = encoded.get("labels") or [None]
-            results.append(row_result(tokenizer, raw, job, ids[0], labs[0], list(captured.lines)))
+            cut = None
+            if cutoff and ids[0] is not None:
+                try:
+                    cut_labels = (
+                        cut_processor.preprocess_dataset({k: [v] for k, v in aligned.items()}).get("labels") or [[]]
+                    )[0]
+                    cut = sum(1 for lab in cut_labels if lab != IGNORE)
+                except Exception as exc:  # the whole row encoded: its truncation is left unjudged, said why
+                    captured.lines.append(f"at cutoff_len {cutoff}: {type(exc).__name__}: {exc}"[:300])
+            results.append(row_result(tokenizer, raw, job, ids[0], labs[0], list(captured.lines), cut))
     finally:
         lf_logging.remove_handler(captured)
     return results
@@ -182,6 +203,7 @@ def axolotl(job: dict[str, Any]) -> list[dict[str, Any]]:
     captured = _Captured()
     logging.getLogger("axolotl").addHandler(captured)
     results = []
+    encoded_rows: list[tuple[list[int], list[int]] | None] = []
     try:
         for raw in job["rows"]:
             captured.lines = []
@@ -194,9 +216,33 @@ def axolotl(job: dict[str, Any]) -> list[dict[str, Any]]:
                 captured.lines.append(f"{type(exc).__name__}: {exc}"[:300])
                 ids = labs = None
             results.append(row_result(tokenizer, raw, job, ids, labs, list(captured.lines)))
+            encoded_rows.append((ids, labs) if ids is not None and labs is not None else None)
     finally:
         logging.getLogger("axolotl").removeHandler(captured)
+    cutoff = spec.get("cutoff_len")
+    if cutoff:
+        for row, trained in zip(results, _axolotl_cut(encoded_rows, cfg, cutoff), strict=True):
+            row["n_trained_cut"] = trained
     return results
+
+
+def _axolotl_cut(encoded: list[tuple[list[int], list[int]] | None], cfg: Any, cutoff: int) -> list[int]:
+    """The trained tokens each row keeps after axolotl's own handling of sequences longer than sequence_len
+    (excess_length_strategy: dropped by default, or truncated)."""
+    from axolotl.utils.data.utils import handle_long_seq_in_dataset
+    from datasets import Dataset
+
+    kept = [(i, e) for i, e in enumerate(encoded) if e is not None]
+    trained = [0] * len(encoded)
+    if not kept:
+        return trained
+    data = Dataset.from_list(
+        [{"row": i, "input_ids": ids, "labels": labs, "attention_mask": [1] * len(ids)} for i, (ids, labs) in kept]
+    )
+    handled = handle_long_seq_in_dataset(data, cutoff, cfg)
+    for item in handled:
+        trained[item["row"]] = sum(1 for lab in item["labels"] if lab != IGNORE)
+    return trained
 
 
 # the reader a backend names in its mask spec (sft_grid/backends/*.py mask_spec)

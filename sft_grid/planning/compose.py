@@ -302,7 +302,7 @@ class GridComposer:
 
 
 # An interpolation that reads only the environment resolves the same way in any cell.
-_NON_ENV_INTERPOLATION = re.compile(r"\$\{(?!oc\.env:|user_env:)")
+_NON_ENV_INTERPOLATION = re.compile(r"\$\{(?!oc\.env:|user_env:|sft_grid_cache:)")
 DELETED = object()
 
 
@@ -508,7 +508,7 @@ def apply_overrides(values: list[Override], scratch: DictConfig) -> None:
 
 
 _NOT_IN = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<type>\w+)'")
-_ENV_UNSET = re.compile(r"environment variable (?P<var>\w+) is not set")
+_ENV_UNSET = re.compile(r"environment variable (?P<var>\w+) is (?:not set|empty)")
 _NOT_FOUND = re.compile(r"Could not find '(?P<group>[^'/]+)/(?P<option>[^']+)'")
 
 

@@ -21,6 +21,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from sft_grid.core.paths import cache_root
+from sft_grid.planning import conf_files
+
 NAME = "user_env"
 
 # The last part of a variable's name -> (what it is, a placeholder for the export line)
@@ -90,7 +93,7 @@ def user_env(var: str, default: Any = _UNSET, *, _node_: Any = None, _root_: Any
     others = _also_missing(_root_, var)
     if others:
         message += (
-            "; also unset: "
+            "; also unset or empty: "
             + ", ".join(f"{v} ({_what(v)[0]})" for v in others)
             + "; export "
             + " ".join(f"{v}={_what(v)[1]}" for v in others)
@@ -100,6 +103,22 @@ def user_env(var: str, default: Any = _UNSET, *, _node_: Any = None, _root_: Any
 
 def _what(var: str) -> tuple[str, str]:
     return KINDS.get(var.rsplit("_", 1)[-1], ("a value that differs from user to user", "<value>"))
+
+
+CACHE_VAR = "SFT_GRID_CACHE"
+
+
+def sft_grid_cache() -> str:
+    """``${sft_grid_cache:}``: sft_grid's cache directory (core/paths.py: $SFT_GRID_CACHE, else ~/.cache/sft_grid),
+    where the tiny assets are. A variable set but empty is an error naming it: it would otherwise put every
+    asset path at the file system's root, reported as missing assets."""
+    if os.environ.get(CACHE_VAR) == "":
+        raise ValueError(
+            f"environment variable {CACHE_VAR} is empty: it names sft_grid's cache (virtual environments, tiny"
+            f" assets), and an empty one would put them at /; `unset {CACHE_VAR}` to use ~/.cache/sft_grid, or"
+            f" export {CACHE_VAR}=<directory>"
+        )
+    return str(cache_root())
 
 
 def by_size(size: float, *steps: Any) -> Any:
@@ -127,5 +146,7 @@ def register() -> None:
     from sft_grid.core.schema import CellConf
 
     ConfigStore.instance().store(name="base_config", node=CellConf)
+    conf_files.install()
     OmegaConf.register_new_resolver(NAME, user_env, replace=True)
     OmegaConf.register_new_resolver("by_size", by_size, replace=True)
+    OmegaConf.register_new_resolver("sft_grid_cache", sft_grid_cache, replace=True)

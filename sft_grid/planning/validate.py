@@ -10,12 +10,17 @@ that need a tokenizer or data are in sft_grid/checks and report through the same
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
+import math
 import os
 import re
 import shutil
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from sft_grid.core.failures.classes import FailureClass
@@ -373,12 +378,13 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
             "export it in a variable and name that: notify.webhook_env=MY_WEBHOOK_URL",
         )
     if n.webhook_env and not os.environ.get(n.webhook_env):
+        state = "is set but empty" if n.webhook_env in os.environ else "is not set"
         yield _problem(
             cell,
             "notify.webhook_env",
             n.webhook_env,
             "notify-webhook-env",
-            "names a variable that is not set here; the jobs read it from the environment they inherit",
+            f"names a variable that {state} here; the jobs read it from the environment they inherit",
             f"export {n.webhook_env}=<the webhook URL> before running the grid",
         )
 
@@ -483,8 +489,16 @@ def _values(spec: Any) -> list[Finding]:
             )
             continue
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        infinite = [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, float)]
+        infinite = [v for v in infinite if not math.isfinite(v)]
+        if infinite and (rng is None or not numeric):
+            # a number no key gives a range to (a probability list, ...): finite all the same
+            found.append((name, value, "finite", f"holds {infinite[0]}: not a number", "set {key} to finite numbers"))
         if rng is not None and numeric and not rng.admits(value):
-            found.append((name, value, "range", f"must be {rng.text()}", f"set {{key}} to a value {rng.text()}"))
+            finite = "" if math.isfinite(value) else "a finite number "
+            found.append(
+                (name, value, "range", f"must be {finite}{rng.text()}", f"set {{key}} to a value {rng.text()}")
+            )
         if choices is not None and value is not None:
             found.extend(
                 (
@@ -623,7 +637,76 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
         )
 
 
+def _where_unusable(path: Path) -> str | None:
+    """Why `path` cannot be (or become) a directory sft_grid writes into, or None: the first of its ancestors that
+    exists must be a directory this user may write into; a symlink loop or a file on the way is named."""
+    loop = None
+    for part in (path, *path.parents):
+        try:
+            st = os.stat(part)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                loop = part  # the link itself is the topmost part that loops
+                continue
+            if exc.errno == errno.ENOTDIR:
+                continue  # a file further up: named when the walk reaches it
+            if exc.errno == errno.ENAMETOOLONG:
+                return f"a part of it is longer than the file system allows ({exc.strerror})"
+            return f"{part} cannot be read: {exc.strerror}"
+        if loop is not None:
+            return f"{loop} is a symbolic link loop (it points, through links, back at itself)"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{part} is a file, not a directory" if part == path else f"{part} (a part of it) is a file"
+        if part != path and not os.access(part, os.W_OK | os.X_OK):
+            return f"it cannot be created: {part} is not writable by this user"
+        if part == path and not os.access(part, os.W_OK | os.X_OK):
+            return "it is a directory this user cannot write into"
+        return None
+    return None
+
+
+_USABLE: dict[str, str | None] = {}
+
+
+def paths_usable(cell: Cell) -> Iterator[Problem]:
+    """The cell's directory can be made: the runs root is (or can become) a writable directory, and the sweep's
+    and cell's names fit in a file name. Checked once per runs root."""
+    s = cell.spec
+    name_max = 255
+    with contextlib.suppress(OSError, ValueError):
+        existing = next(p for p in (cell.runs_root, *cell.runs_root.parents) if p.is_dir())
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+    for key, name in (("sweep_name", s.sweep_name), ("", cell.name)):
+        if len(name.encode()) > name_max:
+            yield _problem(
+                cell,
+                key,
+                name if key else None,
+                "name-too-long",
+                f"{'the sweep name' if key else 'the cell directory name ' + name[:40] + '...'} has"
+                f" {len(name.encode())} bytes, and a file name may have at most {name_max} here",
+                "use a shorter sweep_name" if key else "shorten the swept values that name the cell (or its model)",
+            )
+            break
+    root = str(cell.runs_root)
+    if root not in _USABLE:
+        _USABLE[root] = _where_unusable(cell.runs_root)
+    why = _USABLE[root]
+    if why:
+        yield _problem(
+            cell,
+            "runs_root",
+            root,
+            "runs-root",
+            f"the cells' directory cannot be made: {why}",
+            "runs_root=<a directory you can write into> (or --runs-root / $SFT_GRID_RUNS), e.g. runs_root=./runs",
+        )
+
+
 RULES: tuple[Rule, ...] = (
+    paths_usable,
     safe_names,
     inputs_named,
     hub_ids,
@@ -664,6 +747,45 @@ def duplicate_identities(cells: Sequence[Cell]) -> list[Problem]:
     return problems
 
 
+def shared_outputs(cells: Sequence[Cell]) -> list[Problem]:
+    """No two cells of a grid write to one place: one cell directory (its output/), or, after its placeholders are
+    filled in, one Hub repository (ids are case-insensitive on the Hub): each would overwrite the other."""
+    problems = []
+    dirs: dict[str, Cell] = {}
+    repos: dict[str, Cell] = {}
+    for cell in cells:
+        first = dirs.setdefault(str(cell.sweep_dir / cell.name), cell)
+        if first is not cell and first.key != cell.key:
+            problems.append(
+                Problem(
+                    cell.name,
+                    "sweep_name",
+                    cell.spec.sweep_name,
+                    "output-shared",
+                    f"writes its output to the same directory as cell {first.name} ({' '.join(first.overrides)})",
+                    "give the grid's cells their own directories (a distinct sweep_name or runs_root)",
+                )
+            )
+        hub = cell.spec.hub_model_id
+        if not (cell.spec.push_to_hub and hub) or "{" in hub:
+            continue  # no upload, or a pattern sft_grid could not fill (rule hub-id)
+        first = repos.setdefault(hub.lower(), cell)
+        if first is not cell and first.key != cell.key:  # one identity twice: rule identity-unique
+            problems.append(
+                Problem(
+                    cell.name,
+                    "hub_model_id",
+                    hub,
+                    "output-shared",
+                    f"uploads to the same Hub repository as cell {first.name} ({' '.join(first.overrides)}):"
+                    " each upload would overwrite the other's model",
+                    "put a placeholder that differs per cell in it: hub_model_id=<org>/{model}-sft-{key} ({key} is"
+                    " the cell's identity hash; {name}, {model} and {data} are filled in too)",
+                )
+            )
+    return problems
+
+
 def validate(cells: Sequence[Cell], backend_rules: Callable[[Cell], Iterable[Problem]] = lambda c: ()) -> list[Problem]:
     """Every problem of every cell: the schema's rules, the rules above, the backend's own (`backend_rules`,
     given by the caller, which knows the backends), and the grid's (no two cells train the same model)."""
@@ -674,4 +796,4 @@ def validate(cells: Sequence[Cell], backend_rules: Callable[[Cell], Iterable[Pro
         # (the rules below leave a value the schema's rules refuse to them: one problem, one fix)
         problems += [p for rule in RULES for p in rule(cell)]
         problems += backend_rules(cell)
-    return problems + duplicate_identities(cells)
+    return problems + duplicate_identities(cells) + shared_outputs(cells)

@@ -1,0 +1,64 @@
+"""A config file Hydra cannot read (a sweep file, a conf group option) as one line: the file, line and column.
+
+Hydra loads each YAML file with OmegaConf (PyYAML with a loader that refuses duplicated keys). A file that does
+not parse (a syntax error, a tab where YAML wants spaces, the same key twice in one mapping) raises PyYAML's
+error from deep inside Hydra's composition, and Hydra prints it under a full stack trace. `install` makes
+Hydra's file config source raise it as a composition error instead, which Hydra prints as its one line (and
+the grid composer reports like any other cell that cannot be composed).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+YAML_ERROR = ": not valid YAML: "
+
+
+def yaml_error_line(exc: Any, path: str) -> str:
+    """`<file>:<line>:<column>: <what>` of a PyYAML error (MarkedYAMLError: 0-based marks), with the fix."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    context = getattr(exc, "context", None)
+    start = getattr(exc, "context_mark", None)
+    if context and start is not None and start is not mark:
+        problem += f" ({context} at line {start.line + 1}, column {start.column + 1})"
+    if "duplicate key" in problem:
+        fix = "keep one of the two entries (a later one would silently replace the first)"
+    elif "'\\t'" in problem or "\\t" in problem:
+        fix = "indent with spaces, not tabs"
+    else:
+        fix = "fix the YAML syntax there (a quote, bracket or indentation)"
+    return f"{where}{YAML_ERROR}{problem}; {fix}"
+
+
+def install() -> None:
+    """Hydra's file config source raises a YAML error as one line naming the file (once per process)."""
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+    from hydra.errors import ConfigCompositionException
+
+    # Hydra's plugin scan executes its core plugins' modules again (new classes): the class to wrap is the one
+    # the scan registered, so the scan runs first (once per process; Hydra would run it at its first use anyway)
+    Plugins.instance()
+    FileConfigSource: Any = SourcesRegistry.instance().resolve("file")
+    original = FileConfigSource.load_config
+    if getattr(original, "_sft_grid_yaml_lines", False):
+        return
+
+    @functools.wraps(original)
+    def load_config(self: Any, config_path: str) -> Any:
+        import os
+
+        import yaml
+
+        try:
+            return original(self, config_path)
+        except yaml.YAMLError as exc:
+            path = os.path.join(self.path.split("://", 1)[-1], self._normalize_file_name(config_path))
+            shown = os.path.relpath(path) if os.path.abspath(path).startswith(os.getcwd() + os.sep) else path
+            raise ConfigCompositionException(yaml_error_line(exc, shown)) from None
+
+    load_config._sft_grid_yaml_lines = True  # type: ignore[attr-defined]
+    FileConfigSource.load_config = load_config

@@ -158,3 +158,29 @@ def test_a_hang_is_requeued_from_its_checkpoint_by_default_within_its_budget():
     assert first.kind is RemedyKind.REQUEUE and "Requeued from the last checkpoint" in first.message
     spent = decide(failure, attempts_so_far=2)
     assert spent.kind is RemedyKind.STOP and "check the cluster's health" in spent.message
+
+
+def test_the_runner_ends_a_hung_training_and_records_a_hang_to_requeue(tmp_path):
+    """run_cell (python -m sft_grid.job) on a cell whose launch.sh starts a process that prints a line, then hangs:
+    the job ends it at the bound, and the ledger says `hang`, with its evidence and the requeue."""
+    import yaml
+
+    from sft_grid.job.runner import CellFailed, run_cell
+
+    from .helpers import ledger
+
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    # a bound below the schema's floor (10 s), which only a cell written by hand can hold: the test stays short
+    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "max_requeues": 3}}
+    (cell / "cell.yaml").write_text(yaml.safe_dump(config))
+    pid_file = tmp_path / "sleeper.pid"
+    (cell / "launch.sh").write_text(f"echo 'loading the model'\nsleep 3600 &\necho $! > {pid_file}\nwait\n")
+    with pytest.raises(CellFailed, match=r"^hang: no training progress"):
+        run_cell(cell)
+    (failed,) = [e for e in ledger(cell) if e["event"] == "failed"]
+    assert failed["class"] == "hang" and failed["action"] == "requeue", failed
+    assert "node 0 (logs/train.log): 'loading the model'" in failed["evidence"], failed["evidence"]
+    assert "no step logged" in failed["evidence"] and failed["bound_s"] == 1, failed
+    assert "Requeued from the last checkpoint (requeue 1 of 2 for hang)" in failed["note"], failed
+    wait_for(lambda: not _alive(int(pid_file.read_text())), "the hung process to be gone", 60)

@@ -228,11 +228,10 @@ def _record_hang(cell_dir: Path, hung: hang.Hung, rc: int, used: dict[str, float
     history = events.read(cell_dir)
     done = progress(cell_dir / OUTPUT_DIR)
     evidence, details = hang.evidence(cell_dir, hung)
-    budget = int((cell_config(cell_dir).get("cluster") or {}).get("max_requeues") or 0)
-    spent = requeues_spent(history, FailureClass.HANG)
-    summary = summarize(FailureClass.HANG, "", (), spent, budget, done.step, done.total)
+    spent = requeues_spent(history, FailureClass.HANG)  # its budget is the policy's (2 by default)
+    summary = summarize(FailureClass.HANG, "", (), spent, 0, done.step, done.total)
     summary += f": silent for {hung.silent_s:.0f} s (bound {hung.bound_s:.0f} s)"
-    failure = Failure(FailureClass.HANG, evidence, (), summary, done.step, done.total, spent, budget)
+    failure = Failure(FailureClass.HANG, evidence, (), summary, done.step, done.total, spent)
     _record_and_requeue(cell_dir, failure, next_step(cell_dir, history, failure), rc, {**details, **used})
 
 

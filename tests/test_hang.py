@@ -48,7 +48,7 @@ def test_a_silent_training_is_ended_whole_past_its_bound(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", SILENT_TREE, str(pid_file)])
     try:
         rank = int(wait_for(lambda: pid_file.is_file() and pid_file.read_text(), "the rank to start", 120))
-        hung = hang.wait(proc, cell, hang.Bound(floor_s=1.0))
+        hung = hang.wait(proc, cell, hang.Bound(floor_s=1.0, startup_s=1.0))
     finally:
         hang.kill_tree(proc.pid)
     assert hung is not None and hung.silent_s > hung.bound_s == 1.0, hung
@@ -85,7 +85,7 @@ def _append(path: Path, text: str) -> None:
 
 def test_every_kind_of_progress_restarts_the_silence(tmp_path, clock):
     cell = _cell(tmp_path)
-    watch = hang.Watch(cell, hang.Bound(floor_s=60.0))
+    watch = hang.Watch(cell, hang.Bound(floor_s=60.0, startup_s=60.0))
     clock[0] += 59
     assert not watch.poll()
     clock[0] += 2
@@ -109,8 +109,8 @@ def test_every_kind_of_progress_restarts_the_silence(tmp_path, clock):
 
 def test_the_bound_grows_with_the_cells_own_time_between_logged_steps(tmp_path, clock):
     cell = _cell(tmp_path)
-    watch = hang.Watch(cell, hang.Bound(floor_s=60.0, multiple=10.0))
-    assert watch.limit() == 60.0  # no step yet: the site's floor
+    watch = hang.Watch(cell, hang.Bound(floor_s=60.0, multiple=10.0, startup_s=120.0))
+    assert watch.limit() == 120.0  # no step yet: the start-up bound
     for step in (10, 20, 30, 40):  # the first record is left out (it includes the start): gaps of 100 s after it
         _record(cell, step)
         watch.poll()
@@ -119,29 +119,48 @@ def test_the_bound_grows_with_the_cells_own_time_between_logged_steps(tmp_path, 
     assert watch.limit() == 1000.0  # 10 x 100 s, above the floor
     clock[0] += 900
     assert not watch.poll(), "silent for 1000 s, within 10 x its own 100 s between logged steps"
-    assert hang.Watch(cell, hang.Bound(floor_s=60.0), factor=2.0).limit() == 120.0  # the other nodes' backstop
+    assert hang.Watch(cell, hang.Bound(floor_s=60.0), factor=2.0).limit() == 3600.0  # the other nodes' backstop
+
+
+def test_before_the_legs_first_step_the_startup_bound_holds(tmp_path, clock):
+    cell = _cell(tmp_path)
+    _record(cell, 30)  # an earlier leg's last record: this leg resumes from its checkpoint
+    watch = hang.Watch(cell, hang.Bound(floor_s=60.0, startup_s=600.0))
+    (cell / "logs" / "train.log").write_text("loading the model\n")
+    clock[0] += 1
+    assert not watch.poll() and watch.limit() == 600.0  # the earlier leg's step is no step of this one
+    clock[0] += 599
+    assert not watch.poll(), "600 s of silence at start-up is within its bound"
+    clock[0] += 2
+    assert watch.poll(), "past the start-up bound"
+    _record(cell, 31)  # this leg's first step: from now on the floor
+    assert not watch.poll() and watch.started() and watch.limit() == 60.0
+    clock[0] += 61
+    assert watch.poll()
 
 
 def test_the_bound_from_a_cells_config():
-    assert hang.Bound.of({"cluster": {"hang_after_s": 120, "hang_multiple": 4}}) == hang.Bound(120.0, 4.0)
-    assert hang.Bound.of({}) == hang.Bound(900.0, 10.0)  # a cell rendered before the keys existed
+    given = {"cluster": {"hang_after_s": 120, "hang_multiple": 4, "hang_startup_s": 300}}
+    assert hang.Bound.of(given) == hang.Bound(120.0, 4.0, 300.0)
+    assert hang.Bound.of({}) == hang.Bound(900.0, 10.0, 1800.0)  # a cell rendered before the keys existed
     off = hang.Bound.of({"cluster": {"hang_after_s": None}})
     assert off.seconds(100.0) is None  # null: no watch
 
 
 def test_the_evidence_names_the_last_step_and_each_nodes_last_line(tmp_path):
     cell = _cell(tmp_path)
-    bar = "\r".join(f" {i}/120 [00:{i:02d}<01:40,  1.2it/s]" for i in range(1, 18))
-    (cell / "logs" / "train.log").write_text(f"[INFO] loading\n{{'loss': 2.31, 'epoch': 0.1}}\n{bar}")
+    bar = "\r".join(f" {i}/100 [00:{i:02d}<01:40,  1.2it/s]" for i in range(1, 18))
+    shards = "Writing model shards: 100%|##########| 1/1 [00:00<00:00, 83.74it/s]"  # a bar, but not the training's
+    (cell / "logs" / "train.log").write_text(f"[INFO] loading\n{{'loss': 2.31, 'epoch': 0.1}}\n{bar}\n{shards}\n")
     (cell / "logs" / "train.node1.log").write_text("[INFO|trainer.py] ***** Running training *****\n\n")
     _record(cell, 10)
     text, details = hang.evidence(cell, hang.Hung(silent_s=125.4, bound_s=120.0))
     assert text.startswith("no training step, log line or checkpoint file for 125 s (bound 120 s)"), text
     assert "last logged step 10 of 100" in text
-    assert "node 0 (logs/train.log, bar at step 17): '17/120 [00:17<01:40,  1.2it/s]'" in text, text
+    assert f"node 0 (logs/train.log, bar at step 17): {shards!r}" in text, text
     assert "node 1 (logs/train.node1.log): '[INFO|trainer.py] ***** Running training *****'" in text, text
     assert details["ranks"] == [
-        {"node": 0, "log": "logs/train.log", "last_line": "17/120 [00:17<01:40,  1.2it/s]", "step": 17},
+        {"node": 0, "log": "logs/train.log", "last_line": shards, "step": 17},
         {
             "node": 1,
             "log": "logs/train.node1.log",
@@ -172,7 +191,7 @@ def test_the_runner_ends_a_hung_training_and_records_a_hang_to_requeue(tmp_path)
     cell = tmp_path / "cell"
     cell.mkdir()
     # a bound below the schema's floor (10 s), which only a cell written by hand can hold: the test stays short
-    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "max_requeues": 3}}
+    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "hang_startup_s": 1}}
     (cell / "cell.yaml").write_text(yaml.safe_dump(config))
     pid_file = tmp_path / "sleeper.pid"
     (cell / "launch.sh").write_text(f"echo 'loading the model'\nsleep 3600 &\necho $! > {pid_file}\nwait\n")

@@ -280,6 +280,9 @@ class ClusterConf:
     hang_after_s: int | None = num(900, 10)
     # ... or this many times the cell's own time between two logged steps, once it has logged some, when longer
     hang_multiple: float = num(10.0, 1)
+    # ... and before a job's training logs its first step (imports from a cold shared file system, loading a large
+    # model, the rendezvous), this long at least
+    hang_startup_s: int = num(1800, 10)
     # local executor: cells trained at once on this machine
     max_parallel: int = num(1, 1)
     # local executor: block until the grid is done and print its final states

@@ -11,9 +11,11 @@ the training writes, the same for both backends and every launcher:
 
 When none of them changed for longer than the bound, the training's whole process tree is killed (torchrun
 starts its ranks in sessions of their own, so one process group is not enough). The bound is the site's
-`cluster.hang_after_s` (900 s by default: longer than the longest silence of a healthy run, loading a large
-model or saving a ZeRO-3 checkpoint), or `cluster.hang_multiple` (10) times the cell's own time between two
-logged steps as this watch saw them, when that is longer (a slow cell logging rarely is not hung). Node 0
+`cluster.hang_after_s` (900 s by default: longer than the longest silence of a healthy run between its steps,
+saving a ZeRO-3 checkpoint), or `cluster.hang_multiple` (10) times the cell's own time between two logged steps
+as this watch saw them, when that is longer (a slow cell logging rarely is not hung). Before the leg's first
+step, `cluster.hang_startup_s` (1800 s): imports from a cold shared file system, loading a large model and the
+rendezvous print little (measured on the local cluster, busy: 72 s of silence while LLaMA-Factory imports). Node 0
 then records the failure `hang` with its evidence (how long it was silent, the last step, each node's last
 line and the step its progress bar last showed) and the policy's next step (a requeue from the last checkpoint
 by default). The other nodes watch too, with twice the bound, as a backstop: when node 0's task fails, srun
@@ -58,18 +60,28 @@ class Bound:
 
     floor_s: float | None  # None: no watch
     multiple: float = 10.0
+    startup_s: float = 1800.0  # before the training's first step of this leg
 
     @classmethod
     def of(cls, cell_config: dict[str, Any]) -> Bound:
-        """From cell.yaml's cluster section (cluster.hang_after_s, cluster.hang_multiple); a cell rendered by an
-        earlier version has neither and gets the schema's defaults."""
+        """From cell.yaml's cluster section (cluster.hang_after_s, hang_multiple, hang_startup_s); a cell rendered
+        by an earlier version has none of them and gets the schema's defaults."""
         cluster = cell_config.get("cluster") or {}
         floor = cluster.get("hang_after_s", 900)
-        return cls(None if floor is None else float(floor), float(cluster.get("hang_multiple") or 10.0))
+        return cls(
+            None if floor is None else float(floor),
+            float(cluster.get("hang_multiple") or 10.0),
+            float(cluster.get("hang_startup_s") or 1800.0),
+        )
 
-    def seconds(self, step_interval: float | None) -> float | None:
+    def seconds(self, step_interval: float | None, started: bool = True) -> float | None:
+        """The bound once the leg logged a step (a multiple of its time between logged steps, at least the floor),
+        or before it (imports from a cold shared file system, loading the model, the rendezvous: at least
+        startup_s)."""
         if self.floor_s is None:
             return None
+        if not started:
+            return max(self.floor_s, self.startup_s)
         return max(self.floor_s, self.multiple * step_interval) if step_interval else self.floor_s
 
 
@@ -114,6 +126,8 @@ class Watch:
         self.last = signature(self.cell_dir)
         self.changed = time.monotonic()
         self.steps: list[tuple[float, int]] = []  # (when this watch first saw it, the trainer's logged step)
+        # a resumed leg's trainer log already holds the earlier legs' steps: this leg starts at its first new one
+        self.resumed_at = progress(self.cell_dir / OUTPUT_DIR).step
 
     def step_interval(self) -> float | None:
         """The median time between two logged steps this watch saw (the first one seen is left out: it includes
@@ -121,8 +135,11 @@ class Watch:
         gaps = [b[0] - a[0] for a, b in zip(self.steps[1:], self.steps[2:], strict=False)]
         return statistics.median(gaps) if gaps else None
 
+    def started(self) -> bool:
+        return any(step != self.resumed_at for _, step in self.steps)
+
     def limit(self) -> float | None:
-        seconds = self.bound.seconds(self.step_interval())
+        seconds = self.bound.seconds(self.step_interval(), self.started())
         return None if seconds is None else seconds * self.factor
 
     def silent(self, now: float | None = None) -> float:
@@ -211,19 +228,20 @@ def _last_line(text: str) -> str:
     return last if len(last) <= LINE_CHARS else last[: LINE_CHARS - 3] + "..."
 
 
-def ranks(cell_dir: Path) -> list[dict[str, Any]]:
-    """Each node's last line and the step its progress bar last showed (node 0's; torch's other ranks draw none)."""
+def ranks(cell_dir: Path, total: int | None) -> list[dict[str, Any]]:
+    """Each node's last line and the step its training's progress bar last showed: a bar of `total` steps, not one
+    of the data's, a checkpoint's shards or the weights loading (node 0's; the Trainer draws none on other ranks)."""
     out = []
     for path in node_logs(cell_dir):
-        text = "\n".join(tail_lines(path, 16384))
-        bars = _BAR.findall(text)
+        text = "\n".join(tail_lines(path, 65536))
+        steps = [int(done) for done, of in _BAR.findall(text) if total and int(of) == total]
         node = int(re.sub(r"\D", "", path.name) or 0)
         out.append(
             {
                 "node": node,
                 "log": str(path.relative_to(cell_dir)),
                 "last_line": _last_line(text),
-                "step": int(bars[-1][0]) if bars else None,
+                "step": steps[-1] if steps else None,
             }
         )
     return out
@@ -232,7 +250,7 @@ def ranks(cell_dir: Path) -> list[dict[str, Any]]:
 def evidence(cell_dir: Path, hung: Hung) -> tuple[str, dict[str, Any]]:
     """One line (what the ledger and `sft-grid status` show) and the whole record (the failed event's details)."""
     done = progress(cell_dir / OUTPUT_DIR)
-    nodes = ranks(cell_dir)
+    nodes = ranks(cell_dir, done.total)
     step = (
         "no step logged"
         if done.step is None

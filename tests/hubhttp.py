@@ -72,6 +72,7 @@ class RequestRecord:
     bytes_sent: int = 0
     aborted: bool = False
     done: bool = False
+    rate: int = 0  # bytes/s the response was paced at (a throttle fault); 0: as fast as the connection goes
     started: float = field(default_factory=time.time)
 
 
@@ -413,6 +414,7 @@ class _Handler(BaseHTTPRequestHandler):
         self, rec: RequestRecord, repo: str, f: StoredFile, start: int, length: int, chunked: bool = False
     ) -> None:
         rate, drop_at = self.server.faults_for(repo, f.path)
+        rec.rate = rate
         t0 = time.monotonic()
         with open(self.server.store.object_path(repo, _rec_kind(rec), f.sha256), "rb") as fh:
             fh.seek(start)

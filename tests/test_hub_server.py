@@ -154,8 +154,9 @@ def test_throttle_drop_and_request_log(hub):
     t0 = time.monotonic()
     assert _http(f"{url}/w.bin")[2] == data
     assert time.monotonic() - t0 >= 0.45  # 1 MiB at 2 MiB/s, paced over the whole response
-    t0 = time.monotonic()
-    assert _http(f"{url}/x.bin")[2] == data and time.monotonic() - t0 < 0.45  # other files unthrottled
+    assert _http(f"{url}/x.bin")[2] == data
+    # other files unthrottled: the server's own record, not a duration (a busy machine is slow either way)
+    assert [r["rate"] for r in hub.requests("/org/m/resolve/main/", "GET")] == [2 * MiB, 0]
 
     hub.drop_after(1000, path="x.bin")
     with pytest.raises(http.client.IncompleteRead):  # the body ends short of its Content-Length

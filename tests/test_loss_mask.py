@@ -292,8 +292,9 @@ def test_good_tiny_cells_pass_one_probe_process_per_env_then_the_disk_cache(make
     second = time.perf_counter() - started
     assert (mask.STATS.cached, mask.STATS.subprocesses) == (5, 0)
     assert len(list(fresh.glob("*.json"))) == 5
+    # the counters above say the second preflight ran no probe and no process; its speed-up is a figure to read,
+    # not to assert (a busy machine stretches either run)
     print(f"mask preflight of 7 cells: first {first:.1f} s, second (cached) {second:.2f} s")
-    assert second < first / 5
 
 
 @pytest.mark.backend

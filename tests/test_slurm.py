@@ -45,7 +45,7 @@ def states(root: Path, sweep: str = "default") -> dict[str, CellState]:
     return {d.name: s for d, s in states_of(dirs).items()}
 
 
-def wait_until(root: Path, done: set[str], sweep: str = "default", deadline_s: float = 240) -> dict[str, CellState]:
+def wait_until(root: Path, done: set[str], sweep: str = "default", deadline_s: float = 1200) -> dict[str, CellState]:
     deadline = time.time() + deadline_s
     while True:
         found = states(root, sweep)
@@ -126,7 +126,7 @@ def test_grid_is_one_throttled_array_then_skipped_and_status_asks_sacct_once(
 def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
     cleanup_jobs.append(tmp_path)
     run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
-    wait_until(tmp_path, {"running"}, deadline_s=60)
+    wait_until(tmp_path, {"running"}, deadline_s=600)
     proc = subprocess.run(
         [sys.executable, "-m", "sft_grid.cancel", "default", "--runs-root", str(tmp_path)],
         capture_output=True,
@@ -136,7 +136,9 @@ def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
     assert "1 cell(s) cancelled" in proc.stdout
     (cell,) = cell_dirs(tmp_path)
     job_id = states(tmp_path)[cell.name].job_id
-    wait_for(lambda: any(j.job_id == job_id and j.state == "CANCELLED" for j in slurm.query([job_id])), 30, "CANCELLED")
+    wait_for(
+        lambda: any(j.job_id == job_id and j.state == "CANCELLED" for j in slurm.query([job_id])), 120, "CANCELLED"
+    )
     st = states(tmp_path)[cell.name]
     assert st.state is State.CANCELLED
     skipped = run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
@@ -170,7 +172,7 @@ def test_preempted_cell_is_requeued_and_resumes_from_its_checkpoint(tmp_path, ti
     cleanup_jobs.append(tmp_path)
     run_sft(*SLOW, f"runs_root={tmp_path}", check=True)
     (cell,) = cell_dirs(tmp_path)
-    wait_for(lambda: checkpoints(cell / "output"), 90, "a first checkpoint")
+    wait_for(lambda: checkpoints(cell / "output"), 600, "a first checkpoint")
     job_id = states(tmp_path)[cell.name].job_id
     # a job in the `high` partition that needs every CPU of both nodes preempts the cell's job
     high = subprocess.run(
@@ -180,7 +182,7 @@ def test_preempted_cell_is_requeued_and_resumes_from_its_checkpoint(tmp_path, ti
         check=True,
     ).stdout.strip()
     try:
-        (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=240).values()
+        (st,) = wait_until(tmp_path, {"completed", "failed"}, deadline_s=1200).values()
     finally:
         subprocess.run(["scancel", high], check=False)
     assert st.state is State.COMPLETED, st

@@ -176,11 +176,12 @@ def test_a_second_invocation_while_the_grid_runs_queues_nothing_twice(tmp_path, 
     first = subprocess.Popen(
         [sys.executable, "-m", "sft_grid", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    deadline = time.time() + 60
-    while time.time() < deadline:  # both cells queued by the first invocation (local: one at a time)
+    deadline = time.time() + 600
+    while True:  # both cells queued by the first invocation (local: one at a time)
         found = cells(tmp_path)
         if len(found) == 2 and all((c / "events.jsonl").exists() for c in found.values()):
             break
+        assert time.time() < deadline and first.poll() is None, "the first invocation never queued both cells"
         time.sleep(0.2)
     second = run_sft(*args, check=True)
     first_out, _ = first.communicate(timeout=300)

@@ -65,7 +65,8 @@ def test_corpus_shape():
     everything = CASES + HOLDOUT
     assert len(everything) >= 150
     counts = Counter(case["expect"]["class"] for _, case in everything)
-    assert set(counts) == {c.value for c in FailureClass}
+    # every class but `hang`, which the job's own watch decides (sft_grid/job/hang.py, tests/test_hang.py), not a log
+    assert set(counts) == {c.value for c in FailureClass} - {FailureClass.HANG.value}
     assert all(n >= 5 for n in counts.values()), counts
     real = [(name, case) for name, case in everything if is_real(name, case)]
     versions: dict[str, list[str]] = defaultdict(list)

@@ -3,17 +3,20 @@ the ledger stay readable).
 
 On the local Slurm cluster (scripts/slurm_up.sh: memory is a consumable resource, a step over its --mem is
 killed as cgroups would on a real site): a host out of memory under a memory limit, one rank of a two-node job
-killed (a transient fault: requeued at once, from its checkpoint, and completed), a full disk (a small tmpfs as the
-runs root) and a user's scancel. The node set down mid-job is in test_slurm_faults.py, the time limits in
-test_time_limits.py. Locally, on both backends: a loss blown up by a huge learning rate on a tiny model, stopped by
-the loss watchdog.
+killed (a transient fault: requeued at once, from its checkpoint, and completed), one rank of a two-node job that
+stops making progress (a hang: ended by the job's runner at its bound, requeued and completed), a full disk (a
+small tmpfs as the runs root) and a user's scancel. The node set down mid-job is in test_slurm_faults.py, the time
+limits in test_time_limits.py. Locally, on both backends: a loss blown up by a huge learning rate on a tiny model,
+stopped by the loss watchdog.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +39,10 @@ slurm = pytest.mark.slurm
 T = TypeVar("T")
 LONG = LONG_TRAINING  # long enough to be caught
 WAIT_S = 1800  # CI's shared 2-core machine can be several times slower than a workstation
+# the hang test's bound once the leg trains (its steps take well under a second; a checkpoint's files count as
+# progress); before its first step the start-up bound (cluster.hang_startup_s, 1800 s) covers the imports (72 s
+# of silence measured here, busy)
+HANG_AFTER_S = 120
 
 
 def wait_for(probe: Callable[[], T | None], what: str, deadline_s: float = WAIT_S) -> T:
@@ -180,6 +187,57 @@ def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_c
     assert requeued, history  # submitted again by the policy, not by a person
     assert st.state is State.COMPLETED, (st, [e["event"] for e in history])
     assert any(e["event"] == "resumed" for e in history[history.index(requeued[0]) :]), history
+
+
+@slurm
+def test_a_rank_that_hangs_is_ended_as_a_hang_and_requeued_from_its_checkpoint_and_completes(roots):
+    root = roots("hang")
+    # a small bound for the test (the site's default is 900 s); the Trainer's own collective timeout (LLaMA-Factory:
+    # 180000000 s) never fires
+    run_sft(
+        "model=tiny_llama",
+        "max_steps=120",
+        "save_steps=10",
+        "global_batch_size=8",
+        "micro_batch_size=1",
+        "scheduler=constant",
+        "nodes=2",
+        "cluster=slurm_local",
+        f"cluster.hang_after_s={HANG_AFTER_S}",
+        f"runs_root={root}",
+        check=True,
+    )
+    training(root)
+    cell = the_cell(root)
+    pid = wait_for(lambda: _rank_pid(cell, "1"), "rank 1's training process", 120)
+    # rank 1 stops making progress (frozen, as a rank stuck in a read or a kernel is): rank 0 waits in its next
+    # collective, and neither writes a line or a step again
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        hung = wait_for(lambda: [e for e in ledger(cell) if e["event"] == "failed"], "the hang to be recorded")
+        st = final(root)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    history = ledger(cell)
+    first = hung[0]
+    assert first["class"] == "hang" and first["action"] == "requeue", first
+    assert first["silent_s"] >= first["bound_s"] >= HANG_AFTER_S, first
+    # the evidence: how long it was silent, the last step the trainer logged, each node's last line
+    assert first["evidence"].startswith("no training step, log line or checkpoint file for "), first["evidence"]
+    assert first["step"] >= 10 and f"last logged step {first['step']} of 120" in first["evidence"], first
+    # node 0's training bar: at or past the last step the trainer logged (it logs every logging_steps)
+    bar = re.search(r"node 0 \(logs/train\.log, bar at step (\d+)\)", first["evidence"])
+    assert bar and int(bar[1]) == first["ranks"][0]["step"] >= first["step"], first
+    assert "node 1 (logs/train.node1.log" in first["evidence"], first["evidence"]
+    assert [r["node"] for r in first["ranks"]] == [0, 1] and all(r["last_line"] for r in first["ranks"]), first
+    assert "Requeued from the last checkpoint" in first["note"], first
+    # the job ended by the watch, not by its time limit (4 h): submitted again by the policy, resumed, completed
+    requeued = [e for e in history if e["event"] == "submitted" and e.get("note", "").startswith("requeue: ")]
+    assert requeued, history
+    assert st.state is State.COMPLETED, (st, [e["event"] for e in history])
+    assert any(e["event"] == "resumed" for e in history[history.index(requeued[0]) :]), history
+    assert not any(e["event"] == "failed" and e.get("class") == "time_limit" for e in history), history
 
 
 @slurm

@@ -277,6 +277,16 @@ class ClusterConf:
     gpu_directive: str = one_of("gpus_per_node", GPU_DIRECTIVES)
     # Slurm: how often a cell that hits its time limit or is preempted is requeued before it counts as failed
     max_requeues: int = num(3, 0)
+    # a running cell whose training writes no step, no log line and no checkpoint file for this many seconds is
+    # hung: its job's runner ends it with the failure `hang` and the policy's next step (a requeue from the last
+    # checkpoint). Longer than the longest healthy silence (loading a large model, a ZeRO-3 checkpoint save);
+    # null: no watch
+    hang_after_s: int | None = num(900, 10)
+    # ... or this many times the cell's own time between two logged steps, once it has logged some, when longer
+    hang_multiple: float = num(10.0, 1)
+    # ... and before a job's training logs its first step (imports from a cold shared file system, loading a large
+    # model, the rendezvous), this long at least
+    hang_startup_s: int = num(1800, 10)
     # local executor: cells trained at once on this machine
     max_parallel: int = num(1, 1)
     # local executor: block until the grid is done and print its final states

@@ -2,6 +2,7 @@
 
 - `runner`: run one rendered cell: record it, run its deferred checks, resume or start training, record the
   outcome, then its post-training stages where they run in the training job;
+- `hang`: the watch over a running training that ends it when it hangs (no step, no log line past a bound);
 - `entries`: the functions a scheduler's job calls, one per role (prep, train, post).
 
 It never re-composes from conf/: what was rendered is what runs. Imports sft_grid.core, backends, checks and

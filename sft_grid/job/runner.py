@@ -2,12 +2,14 @@
 
 Steps: record `running`; stop if the output is already complete; run the checks deferred by preflight (failing
 the job with their message); resume from the last checkpoint, or move a partial output aside (never delete it);
-run launch.sh; record `completed` only when the output holds final weights and trainer state, else `failed` with
-its triage (class, evidence, next step: core/failures/cell.py); then the post-training stages where they run in this job
-(the local executor). A failure its policy requeues (a collective timeout, a GPU fault) is submitted again at
-once, from its checkpoint, avoiding the nodes the evidence names (`python -m sft_grid.requeue`); a killed
-training (time limit, preemption, the OOM killer) is left to the scheduler's record, which the grid triages.
-The end of the cell (and of the grid, when this was its last cell) is notified once (stages/notify.py).
+run launch.sh, watching it for a hang (job/hang.py: a training silent past its bound is ended, recorded as the
+failure `hang` with each node's last line, and requeued); record `completed` only when the output holds final
+weights and trainer state, else `failed` with its triage (class, evidence, next step: core/failures/cell.py);
+then the post-training stages where they run in this job (the local executor). A failure its policy requeues (a
+collective timeout, a GPU fault, a hang) is submitted again at once, from its checkpoint, avoiding the nodes the
+evidence names (`python -m sft_grid.requeue`); a killed training (time limit, preemption, the OOM killer) is left
+to the scheduler's record, which the grid triages. The end of the cell (and of the grid, when this was its last
+cell) is notified once (stages/notify.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -29,8 +32,16 @@ from sft_grid.checks.preflight import run_deferred
 from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile, PreflightFile
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.failures.cell import WATCHDOG_FILE, failed_event, triage
+from sft_grid.core.failures.cell import (
+    WATCHDOG_FILE,
+    cell_config,
+    failed_event,
+    next_step,
+    requeues_spent,
+    triage,
+)
 from sft_grid.core.failures.classes import Failure, FailureClass
+from sft_grid.core.failures.classify import summarize
 from sft_grid.core.failures.policy import Remedy, RemedyKind
 from sft_grid.core.layout import (
     ATTEMPTS_DIR,
@@ -47,6 +58,7 @@ from sft_grid.core.provenance import packages_hash
 from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
 from sft_grid.core.templates import effective_template, template_digest
+from sft_grid.job import hang
 from sft_grid.stages import evaluate, notify
 from sft_grid.stages.post_training import IN_JOB
 from sft_grid.stages.post_training import run as run_post
@@ -149,12 +161,23 @@ def run_cell(cell_dir: str | Path) -> str:
     with log_file.open("ab") as fh:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
         fh.flush()
-        rc = subprocess.run(
-            ["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT, cwd=cell_dir, check=False
-        ).returncode
+        proc = subprocess.Popen(
+            ["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT, cwd=cell_dir
+        )
+        try:  # node 0 ends a hung training at its bound; the other nodes at twice it, should srun not end theirs
+            hung = hang.wait(proc, cell_dir, hang.Bound.of(cell_config(cell_dir)), 1.0 if lead else 2.0)
+        except BaseException:  # as subprocess.run does: the training never outlives its runner
+            hang.kill_tree(proc.pid)
+            proc.wait()
+            raise
+        rc = proc.returncode
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/costs.py)
     used = {"cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
+    if hung is not None:
+        if lead:
+            _record_hang(cell_dir, hung, rc, used)
+        raise CellFailed(f"hang: no training progress for {hung.silent_s:.0f} s (bound {hung.bound_s:.0f} s)")
     if rc < 0:
         # killed by a signal: Slurm cancelling, requeueing or timing the job out, the OOM killer, or srun ending
         # the step because a task on another node failed. Only that last one is this job's to triage (a rank
@@ -188,14 +211,28 @@ def run_cell(cell_dir: str | Path) -> str:
     raise CellFailed(f"{failure.klass.value}: {remedy.message}")
 
 
-def _record_and_requeue(cell_dir: Path, failure: Failure, remedy: Remedy, rc: int) -> None:
+def _record_and_requeue(
+    cell_dir: Path, failure: Failure, remedy: Remedy, rc: int, details: dict[str, Any] | None = None
+) -> None:
     try:
-        events.append(cell_dir, failed_event(failure, remedy, job_id=_job_id(), rc=rc))
+        events.append(cell_dir, failed_event(failure, remedy, job_id=_job_id(), rc=rc, details=details or {}))
     except OSError as exc:  # a full disk: the grid triages the job's end again when it reads the cell
         raise CellFailed(f"{failure.klass.value}: {remedy.message} (not recorded: {exc})") from exc
     if remedy.kind is RemedyKind.REQUEUE:
         _requeue(cell_dir)
     _ended(cell_dir)
+
+
+def _record_hang(cell_dir: Path, hung: hang.Hung, rc: int, used: dict[str, float]) -> None:
+    """The failure `hang` with its evidence, and its policy's next step (a requeue from the checkpoint)."""
+    history = events.read(cell_dir)
+    done = progress(cell_dir / OUTPUT_DIR)
+    evidence, details = hang.evidence(cell_dir, hung)
+    spent = requeues_spent(history, FailureClass.HANG)  # its budget is the policy's (2 by default)
+    summary = summarize(FailureClass.HANG, "", (), spent, 0, done.step, done.total)
+    summary += f": silent for {hung.silent_s:.0f} s (bound {hung.bound_s:.0f} s)"
+    failure = Failure(FailureClass.HANG, evidence, (), summary, done.step, done.total, spent)
+    _record_and_requeue(cell_dir, failure, next_step(cell_dir, history, failure), rc, {**details, **used})
 
 
 def _set_aside_verdict(cell_dir: Path) -> None:

@@ -182,15 +182,25 @@ def triage(cell_dir: Path, history: Sequence[Event], legs: Sequence[SacctLeg] = 
         total=done.total,
     )
     failure = in_data_step(failure, cell_dir, latest)
+    return failure, next_step(cell_dir, history, failure, tails)
+
+
+def requeues_spent(history: Sequence[Event], klass: FailureClass) -> int:
+    """The failure policy's own requeues of this class, over the cell's life."""
+    return sum(e.kind is Kind.FAILED and e.failure_class is klass and e.action is RemedyKind.REQUEUE for e in history)
+
+
+def next_step(
+    cell_dir: Path, history: Sequence[Event], failure: Failure, tails: dict[Path, str] | None = None
+) -> Remedy:
+    """What the cell's policy does next about this failure (also one its job decided itself: a hang)."""
+    config = cell_config(cell_dir)
     if failure.klass is FailureClass.TIME_LIMIT:
         spent = failure.requeues  # submitit requeued the job itself until its budget was spent
-    else:  # the policy's own requeues of this class, over the cell's life
-        spent = sum(
-            e.kind is Kind.FAILED and e.failure_class is failure.klass and e.action is RemedyKind.REQUEUE
-            for e in history
-        )
-    log = evidence_log(cell_dir, tails, failure.evidence)
-    return failure, decide(failure, policy_of(config), spent, context_of(cell_dir, config, log))
+    else:
+        spent = requeues_spent(history, failure.klass)
+    log = evidence_log(cell_dir, log_tails(cell_dir, history) if tails is None else tails, failure.evidence)
+    return decide(failure, policy_of(config), spent, context_of(cell_dir, config, log))
 
 
 def open_data_step(cell_dir: Path, history: Sequence[Event]) -> dict[str, Any] | None:

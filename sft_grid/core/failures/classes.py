@@ -1,10 +1,10 @@
 """What a failure is: its classes, what each means in a sentence, and the record triage returns (`Failure`).
 
 A class says whose fault a failure is and so what helps: the scheduler's end of a job (time limit, preemption,
-cancel), the machine (a node, a GPU, the network between ranks, a full disk, a node without the Hub), the run
-itself (its loss), the backend refusing its config or data (or the user's code or config failing before the
-first step), or nothing the log can tell (`unknown`). Only `backend_error` blames the user, and only on positive
-evidence (see classify.py).
+cancel), the machine (a node, a GPU, the network between ranks, a full disk, a node without the Hub, a rank that
+hangs), the run itself (its loss), the backend refusing its config or data (or the user's code or config failing
+before the first step), or nothing the log can tell (`unknown`). Only `backend_error` blames the user, and only on
+positive evidence (see classify.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ class FailureClass(StrEnum):
     RENDEZVOUS = "rendezvous"
     GPU_HARDWARE = "gpu_hardware"
     DISK_FULL = "disk_full"
+    # no training step, log line or checkpoint file for longer than the site's bound: the job's runner ended it
+    # (job/hang.py); the evidence is each node's last line and the last step
+    HANG = "hang"
     OFFLINE_HUB = "offline_hub"
     NAN_LOSS = "nan_loss"
     DIVERGED = "diverged"
@@ -50,6 +53,7 @@ DESCRIPTION = {
     FailureClass.RENDEZVOUS: "distributed rendezvous failed",
     FailureClass.GPU_HARDWARE: "GPU hardware error",
     FailureClass.DISK_FULL: "disk full or quota exceeded",
+    FailureClass.HANG: "hung: no training step or log line for longer than the site's bound",
     FailureClass.OFFLINE_HUB: "Hugging Face Hub not reachable (offline node or files not cached)",
     FailureClass.NAN_LOSS: "loss became NaN or infinite",
     FailureClass.DIVERGED: "loss diverged",

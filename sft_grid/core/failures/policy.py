@@ -3,9 +3,10 @@
 Design:
 - A Policy maps each FailureClass to a Rule (remedy kind + budget). The defaults: transient faults of the
   machine (preemption, node failure, GPU hardware, a failed collective, a rendezvous that never formed: the
-  network or a node between ranks) are requeued from the last checkpoint, excluding the nodes the evidence
-  names, within a bounded budget; a time limit is requeued within the grid's own max_requeues; everything else
-  stops, keeping checkpoints, because running it again unchanged fails the same way.
+  network or a node between ranks; a rank that hung, which the job's runner ended) are requeued from the last
+  checkpoint, excluding the nodes the evidence names, within a bounded budget; a time limit is requeued within
+  the grid's own max_requeues; everything else stops, keeping checkpoints, because running it again unchanged
+  fails the same way.
 - Stopping says what helps, and whose move it is: only `backend_error` (positive evidence that the backend
   refused its config or data, or that the user's code or config failed before the first step) asks the user to
   fix what the evidence names; `unknown` asks them to read the log it
@@ -64,7 +65,7 @@ class OverrideKeys:
     mem_gb: str = "cluster.mem_gb"
 
 
-TRANSIENT = (F.PREEMPTED, F.NODE_FAILURE, F.COLLECTIVE_TIMEOUT, F.GPU_HARDWARE, F.RENDEZVOUS)
+TRANSIENT = (F.PREEMPTED, F.NODE_FAILURE, F.COLLECTIVE_TIMEOUT, F.GPU_HARDWARE, F.RENDEZVOUS, F.HANG)
 DEFAULT_RULES: Mapping[FailureClass, Rule] = {
     **{c: Rule(RemedyKind.STOP) for c in FailureClass},
     F.PREEMPTED: Rule(RemedyKind.REQUEUE, 5),
@@ -72,6 +73,7 @@ DEFAULT_RULES: Mapping[FailureClass, Rule] = {
     F.GPU_HARDWARE: Rule(RemedyKind.REQUEUE, 2),
     F.COLLECTIVE_TIMEOUT: Rule(RemedyKind.REQUEUE, 2),
     F.RENDEZVOUS: Rule(RemedyKind.REQUEUE, 2),
+    F.HANG: Rule(RemedyKind.REQUEUE, 2),
     F.TIME_LIMIT: Rule(RemedyKind.REQUEUE, None),
 }
 

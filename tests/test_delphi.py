@@ -564,10 +564,9 @@ def _wait(cell: Path, deadline_s: float = 1800) -> CellState:
         time.sleep(2)
 
 
-@pytest.mark.slurm
-@pytest.mark.backend
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
-def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_every_rank(tmp_path, tiny_assets, launcher):
+def _two_node_cell(tmp_path: Path, *overrides: str) -> Path:
+    """A tiny Delphi cell trained on both nodes of the local cluster (4 steps, a checkpoint at the last): its
+    directory once it completed, its one job having run on both nodes."""
     run_sft(
         "model=tiny_delphi",
         "max_steps=4",
@@ -577,13 +576,26 @@ def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_ever
         "micro_batch_size=2",
         "nodes=2",
         "cluster=slurm_local",
-        f"cluster.launcher={launcher}",
         f"runs_root={tmp_path}",
+        *overrides,
         check=True,
     )
     (cell,) = iter_cell_dirs(tmp_path / "default")
     state = _wait(cell, deadline_s=1200)
-    assert state.state is State.COMPLETED, state
+    log = cell / "logs" / "train.log"
+    assert state.state is State.COMPLETED, (state, log.read_text()[-3000:] if log.is_file() else "no train.log")
+    nodes = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", state.job_id, "-o", "NodeList"], capture_output=True, text=True
+    ).stdout.strip()
+    assert nodes in ("n[1-2]", "n1,n2"), nodes
+    return cell
+
+
+@pytest.mark.slurm
+@pytest.mark.backend
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_every_rank(tmp_path, tiny_assets, launcher):
+    cell = _two_node_cell(tmp_path, f"cluster.launcher={launcher}")
     lead, other = (cell / "logs" / "train.log").read_text(), (cell / "logs" / "train.node1.log").read_text()
     # one rank on each node (with c10d rendezvous either node may get global rank 0), each through the wrapper
     # (LLaMA-Factory alone would not know the delphi template)
@@ -601,10 +613,6 @@ def test_two_node_delphi_cell_trains_across_both_nodes_with_the_template_in_ever
     saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
     # the turn's end is LLaMA-Factory's stop word; the pad stays the prepared one, never that end token
     assert saved["eos_token"] == "<|eot_id|>" and saved["pad_token"] == "<|finetune_right_pad_id|>"
-    nodes = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", state.job_id, "-o", "NodeList"], capture_output=True, text=True
-    ).stdout.strip()
-    assert nodes in ("n[1-2]", "n1,n2"), nodes
 
 
 @pytest.mark.slurm
@@ -613,32 +621,12 @@ def test_two_node_delphi_cell_trains_with_axolotl_across_both_nodes(tmp_path, ax
     """axolotl on the stand-in, through the prep, one rank on each node of the local cluster. Under DeepSpeed
     ZeRO-3: axolotl 0.19 gives every rank of a multi-process run the device map {"": LOCAL_RANK}, an accelerator
     index a CPU node does not have (its model load fails), and passes no device map under ZeRO-3."""
-    run_sft(
-        "backend=axolotl",
-        "model=tiny_delphi",
-        "model.needs=[delphi_tokenizer_prep,zero3]",
-        "max_steps=4",
-        "save_steps=4",
-        "cutoff_len=256",
-        "global_batch_size=4",
-        "micro_batch_size=2",
-        "nodes=2",
-        "cluster=slurm_local",
-        f"runs_root={tmp_path}",
-        check=True,
-    )
-    (cell,) = iter_cell_dirs(tmp_path / "default")
-    state = _wait(cell, deadline_s=1200)
-    assert state.state is State.COMPLETED, (state, (cell / "logs" / "train.log").read_text()[-3000:])
+    cell = _two_node_cell(tmp_path, "backend=axolotl", "model.needs=[delphi_tokenizer_prep,zero3]")
     assert (cell / "logs" / "train.node1.log").stat().st_size > 0
     assert (cell / "output" / "checkpoint-4").is_dir()
     saved = json.loads((cell / "output" / "tokenizer_config.json").read_text())
     # trained from the prepared copy: its pad, and the delphi jinja saved with the model (train == serve)
     assert saved["pad_token"] == "<|finetune_right_pad_id|>" and "<|start_header_id|>" in saved["chat_template"]
-    nodes = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-j", state.job_id, "-o", "NodeList"], capture_output=True, text=True
-    ).stdout.strip()
-    assert nodes in ("n[1-2]", "n1,n2"), nodes
 
 
 @pytest.mark.slurm

@@ -410,7 +410,7 @@ def model_lines(cells: Sequence[Cell], staging: Any) -> list[str]:
     return lines
 
 
-CHECK_HEADERS = ("kind", "repository", "asked", "resolves to", "main now", "files", "size", "cells", "verdict")
+HUB_HEADERS = ("kind", "repository", "asked", "resolves to", "main now", "files", "size", "cells", "verdict")
 
 
 def check_table(staging: Any) -> tuple[str, bool]:
@@ -438,7 +438,7 @@ def check_table(staging: Any) -> tuple[str, bool]:
             if item.unconfirmed:
                 verdict += " (an unconfirmed id: now resolved)"
         rows.append((w.kind, w.repo_id, asked, sha, main, count, total, len({c for c, _ in item.users}), verdict))
-    return table(CHECK_HEADERS, rows), ok
+    return table(HUB_HEADERS, rows), ok
 
 
 def pinned_lines(staging: Any) -> list[str]:

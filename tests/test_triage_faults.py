@@ -157,11 +157,9 @@ def _rank_pid(cell: Path, rank: str) -> int | None:
     return None
 
 
-@slurm
-def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_completes(roots):
-    root = roots("rank")
-    # the peers' collective timeout bounded (the Trainer's ddp_timeout, 1800 s by default): whether the surviving
-    # rank learns of the loss from srun ending the step or from its own collective timing out, the cell ends soon
+def _two_node_cell_training(root: Path, *overrides: str) -> tuple[Path, int]:
+    """A tiny two-node cell (120 steps, a checkpoint every 10) queued on the local cluster and training: its
+    directory, and the pid of rank 1's training process (on the second node) to fault."""
     run_sft(
         "model=tiny_llama",
         "max_steps=120",
@@ -170,14 +168,22 @@ def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_c
         "micro_batch_size=1",
         "scheduler=constant",
         "nodes=2",
-        "+extra.ddp_timeout=120",
         "cluster=slurm_local",
         f"runs_root={root}",
+        *overrides,
         check=True,
     )
     training(root)
     cell = the_cell(root)
-    pid = wait_for(lambda: _rank_pid(cell, "1"), "rank 1's training process", 120)
+    return cell, wait_for(lambda: _rank_pid(cell, "1"), "rank 1's training process", 600)
+
+
+@slurm
+def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_completes(roots):
+    root = roots("rank")
+    # the peers' collective timeout bounded (the Trainer's ddp_timeout, 1800 s by default): whether the surviving
+    # rank learns of the loss from srun ending the step or from its own collective timing out, the cell ends soon
+    cell, pid = _two_node_cell_training(root, "+extra.ddp_timeout=120")
     os.kill(pid, 9)
     st = final(root)
     history = ledger(cell)
@@ -195,22 +201,7 @@ def test_a_rank_that_hangs_is_ended_as_a_hang_and_requeued_from_its_checkpoint_a
     root = roots("hang")
     # a small bound for the test (the site's default is 900 s); the Trainer's own collective timeout (LLaMA-Factory:
     # 180000000 s) never fires
-    run_sft(
-        "model=tiny_llama",
-        "max_steps=120",
-        "save_steps=10",
-        "global_batch_size=8",
-        "micro_batch_size=1",
-        "scheduler=constant",
-        "nodes=2",
-        "cluster=slurm_local",
-        f"cluster.hang_after_s={HANG_AFTER_S}",
-        f"runs_root={root}",
-        check=True,
-    )
-    training(root)
-    cell = the_cell(root)
-    pid = wait_for(lambda: _rank_pid(cell, "1"), "rank 1's training process", 120)
+    cell, pid = _two_node_cell_training(root, f"cluster.hang_after_s={HANG_AFTER_S}")
     # rank 1 stops making progress (frozen, as a rank stuck in a read or a kernel is): rank 0 waits in its next
     # collective, and neither writes a line or a step again
     os.kill(pid, signal.SIGSTOP)

@@ -23,15 +23,15 @@ lock:
 
 # what `make demo` needs: LLaMA-Factory's environment (it also builds the tiny models) and the tiny assets
 setup-demo: install
-	$(PYTHON) -m sft_grid.venv build llamafactory
-	$(PYTHON) -m sft_grid.assets build
+	$(PYTHON) -m sft_grid venv build llamafactory
+	$(PYTHON) -m sft_grid assets build
 
 # what the tests need besides: axolotl's environment, the evaluation harness's (lm-eval), and headless Chromium
 # for the report's browser tests; the three environments are built side by side (pip waits on downloads and
 # disks as much as on the CPU), each from its lock (conf/locks)
 setup: install chromium nginx
-	$(PYTHON) -m sft_grid.venv build llamafactory axolotl lm_eval
-	$(PYTHON) -m sft_grid.assets build
+	$(PYTHON) -m sft_grid venv build llamafactory axolotl lm_eval
+	$(PYTHON) -m sft_grid assets build
 
 # Debian's Chromium (root): the report page is opened in it, offline, by tests/test_report_browser.py
 chromium:

@@ -91,7 +91,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, metavar="PATH")
     p.add_argument("--accuracy", action="store_true", help="the calibrated estimates against what tiny cells took")
     args = p.parse_args()
-    subprocess.run([sys.executable, "-m", "sft_grid.assets", "build"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "sft_grid", "assets", "build"], cwd=REPO, check=True, capture_output=True)
     if args.accuracy:
         with tempfile.TemporaryDirectory(prefix="sft_grid_bench_acc_") as tmp:
             print(f"calibrated estimates of the tiny grid, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

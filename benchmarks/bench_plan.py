@@ -270,7 +270,7 @@ def bench(args: argparse.Namespace, work: Path, r: Results) -> None:
     cwd.mkdir()
     write_configs(conf)
     print("building the tiny assets (no-op when built) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "sft_grid.assets", "build"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "sft_grid", "assets", "build"], cwd=REPO, check=True, capture_output=True)
     for name in args.shapes:
         full, slice_ = SHAPES[name]
         shape = Shape(name)

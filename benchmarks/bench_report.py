@@ -2,8 +2,8 @@
 
 Why: a report is rebuilt whenever someone looks at a grid, and the results table answers as a command line does.
 Targets on a 2-core machine, cold (a fresh `python -m` each time: interpreter start-up and imports counted):
-`python -m sft_grid.report` under 3 s, `python -m sft_grid.results` under 1 s. Baseline, side by side in the
-same run over the same cells: `python -m sft_grid.status`, which reads each cell's ledger and progress too.
+`sft-grid report` under 3 s, `sft-grid results` under 1 s. Baseline, side by side in the
+same run over the same cells: `sft-grid status`, which reads each cell's ledger and progress too.
 
 The grid: sweeps/delphi_scaling.yaml rendered by its own dry run (72 cells: 36 checkpoints x 2 recipes, Leonardo),
 then every cell given what a run leaves (tests/grid_fixture.py): a ledger, trainer_state.json with 2000 logged
@@ -133,9 +133,17 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         runs = build_grid(work)
         commands = {
-            "status (baseline)": [sys.executable, "-m", "sft_grid.status", "delphi_scaling", "--runs-root", str(runs)],
-            "results": [sys.executable, "-m", "sft_grid.results", "delphi_scaling", "--runs-root", str(runs)],
-            "report": [sys.executable, "-m", "sft_grid.report", "delphi_scaling", "--runs-root", str(runs)],
+            "status (baseline)": [
+                sys.executable,
+                "-m",
+                "sft_grid",
+                "status",
+                "delphi_scaling",
+                "--runs-root",
+                str(runs),
+            ],
+            "results": [sys.executable, "-m", "sft_grid", "results", "delphi_scaling", "--runs-root", str(runs)],
+            "report": [sys.executable, "-m", "sft_grid", "report", "delphi_scaling", "--runs-root", str(runs)],
         }
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in commands}
         for _ in range(args.repeats):  # interleaved: the same machine state for each

@@ -104,7 +104,7 @@ def bench_sft_grid(
         reset(counts)
         started = time.perf_counter()
         status = subprocess.run(
-            [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(runs)],
+            [sys.executable, "-m", "sft_grid", "status", "default", "--runs-root", str(runs)],
             cwd=work,
             env=env,
             capture_output=True,
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also time an earlier checkout of sft_grid (PYTHONPATH) on the same grid, side by side",
     )
     args = parser.parse_args(argv)
-    subprocess.run([sys.executable, "-m", "sft_grid.assets", "build"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "sft_grid", "assets", "build"], cwd=REPO, check=True, capture_output=True)
     before = None
     with tempfile.TemporaryDirectory(prefix="bench_slurm-") as tmp:
         work = Path(tmp)

@@ -13,7 +13,7 @@ own preprocessing before them (stages/tokenize.py). Targets, for a grid of 8 cel
 
 What it runs: for each backend, a warm-up cell, then the same grid twice through the orchestrator, locally
 (cluster=local: the cells run one at a time, nothing else runs beside them), on the tiny local assets
-(`python -m sft_grid.assets build`, a no-op when built), each run in a fresh runs root:
+(`sft-grid assets build`, a no-op when built), each run in a fresh runs root:
 
     python -m sft_grid -m backend=B model=tiny_llama lr=1e-05,2e-05,..,8e-05 max_steps=1 global_batch_size=2
         cutoff_len=256 runs_root=TMP/B-{own,shared} tokenize_once={false,true} dataset=bench_rows
@@ -421,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown or n < 2:
         p.error(f"unknown backend(s) {unknown}" if unknown else "--cells must be at least 2")
-    subprocess.run([sys.executable, "-m", "sft_grid.assets", "build"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "sft_grid", "assets", "build"], cwd=REPO, check=True, capture_output=True)
     results: list[Backend] = []
     error = ""
     with tempfile.TemporaryDirectory(prefix="sft_grid_bench_tok_") as tmp:

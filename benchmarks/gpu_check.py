@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout.strip()
     )
     steps = 6 if args.cpu else args.steps
-    run([sys.executable, "-m", "sft_grid.assets", "build"], env, out / "assets.log")
+    run([sys.executable, "-m", "sft_grid", "assets", "build"], env, out / "assets.log")
     from sft_grid.core.paths import assets_dir
 
     models = out / "models"

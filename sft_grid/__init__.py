@@ -13,9 +13,8 @@ function-local ones included):
     schedulers  sft_grid.schedulers  execute a plan's jobs (local, Slurm) and read the queue; imports core only
     grid        sft_grid.grid        plan -> validate -> check -> decide -> render -> SubmissionPlan -> execute
     analysis    sft_grid.analysis    a grid's results read back: the cells x values table, scaling fits, the report
-    cli         sft_grid.<module>    the entry points: python -m sft_grid (the Hydra app), .status, .cancel,
-                                     .show, .post, .venv, .assets, .results, .report; and
-                                     hydra_plugins/sft_grid_plugins
+    cli         sft_grid.cli         the entry points: sft-grid COMMAND (python -m sft_grid COMMAND), the
+                                     Hydra app (sft-grid run), and hydra_plugins/sft_grid_plugins
 
 `sft_grid.in_venv` is beside them: scripts and plugins that run with a backend's python, importing nothing of
 sft_grid.

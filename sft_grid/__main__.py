@@ -1,14 +1,15 @@
-"""python -m sft_grid: compose, validate, render and run a grid of SFT cells (a Hydra app; sft_grid/cli/app.py).
+"""python -m sft_grid: the same program as the `sft-grid` console script (sft_grid/cli/main.py: `module_main`).
 
-    python -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5     # a grid from the command line
-    python -m sft_grid -m +sweep=smoke                             # a grid from sweeps/smoke.yaml
-    python -m sft_grid -m +sweep=smoke dry_run=true                # render only, print the check table and plan
-    python -m sft_grid model=tiny_llama lr=2e-5                    # one cell (a rerun)
+    python -m sft_grid status GRID                                 # a command first: sft-grid status GRID
+    python -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5      # otherwise the Hydra app: sft-grid run -m ...
+    python -m sft_grid --help                                      # the Hydra app's help (its groups and options)
 
-`sft-grid run ...` is the same; `sft-grid --help` lists the other commands.
+A bare first word that names no command is refused with the commands' names, never taken as a Hydra override.
 """
 
-from sft_grid.cli.app import hydra_app
+import sys
+
+from sft_grid.cli.main import module_main
 
 if __name__ == "__main__":
-    hydra_app()
+    sys.exit(module_main())

@@ -1,7 +1,7 @@
 """Shared fixtures, and how the backend/Slurm set runs on two workers (tests/README.md: the suite's shape).
 
 Tests marked `backend` use a real backend's virtual environment or the tiny local assets (built on first use by
-project code: `python -m sft_grid.venv build llamafactory`, `python -m sft_grid.assets build`; the tiny models
+project code: `sft-grid venv build llamafactory`, `sft-grid assets build`; the tiny models
 are written by LLaMA-Factory's environment). A test that asks for the `tiny_assets` or `axolotl_env` fixture is
 marked `backend` here, whatever its file says, so the fast set
 (`-m "not backend and not slurm and not mirror and not proxy"`) never builds a virtual environment. Everything else

@@ -150,10 +150,10 @@ def sft_grid_cache() -> Path:
 
 
 def tiny_asset(rel: str) -> Path:
-    """A tiny asset built by ``python -m sft_grid.assets build``; skips the test when it is not there."""
+    """A tiny asset built by ``sft-grid assets build``; skips the test when it is not there."""
     path = sft_grid_cache() / "assets" / rel
     if not path.exists():
-        pytest.skip(f"tiny asset {path} not built (python -m sft_grid.assets build)")
+        pytest.skip(f"tiny asset {path} not built (sft-grid assets build)")
     return path
 
 
@@ -161,13 +161,11 @@ def venv_python(backend: str) -> Path:
     """The python of a built backend environment (``envs/<backend>-<pins>``); skips when none is ready."""
     ready = sorted((sft_grid_cache() / "envs").glob(f"{backend}-*/.sft_grid_ready"), key=lambda p: p.stat().st_mtime)
     if not ready:
-        pytest.skip(
-            f"no ready {backend} environment under {sft_grid_cache() / 'envs'} (python -m sft_grid.env build {backend})"
-        )
+        pytest.skip(f"no ready {backend} environment under {sft_grid_cache() / 'envs'} (sft-grid venv build {backend})")
     return ready[-1].parent / "bin" / "python"
 
 
-# -- a cell on the synthetic repos, and `python -m sft_grid.stage` as a user runs it -----------------------
+# -- a cell on the synthetic repos, and `sft-grid stage` as a user runs it -----------------------
 
 
 def cell_args(cache: Path, runs: Path, model: str = "org/tiny", data: str = "org/chat") -> list[str]:
@@ -187,7 +185,7 @@ def cell_args(cache: Path, runs: Path, model: str = "org/tiny", data: str = "org
 
 
 def stage_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "sft_grid.stage", *args]
+    return [sys.executable, "-m", "sft_grid", "stage", *args]
 
 
 def run_stage(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

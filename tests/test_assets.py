@@ -254,6 +254,6 @@ def test_failed_model_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.M
 
 def test_cli_path() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.assets", "path"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "sft_grid", "assets", "path"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert proc.stdout.strip() == str(assets_dir())

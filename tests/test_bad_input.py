@@ -246,10 +246,10 @@ def test_a_staging_site_that_cannot_work_is_refused(make_cells, overrides, key, 
     [
         (["sft_grid.job", "{tmp}/missing"], "{tmp}/missing is not a directory", 2),
         (["sft_grid.job", "{tmp}"], "is not a cell's directory (it has no cell.yaml)", 2),
-        (["sft_grid.requeue", "{tmp}"], "is not a cell's directory (it has no cell.yaml)", 2),
-        (["sft_grid.cancel", "nope", "--runs-root", "{tmp}"], "no cells under {tmp}/nope", 1),
+        (["sft_grid", "requeue", "{tmp}"], "is not a cell's directory (it has no cell.yaml)", 2),
+        (["sft_grid", "cancel", "nope", "--runs-root", "{tmp}"], "no cells under {tmp}/nope", 1),
         (
-            ["sft_grid.stage", "--repo", "org/x--y", "--cache", "{tmp}/cache"],
+            ["sft_grid", "stage", "--repo", "org/x--y", "--cache", "{tmp}/cache"],
             "'org/x--y' is not a Hub repository id",
             1,
         ),

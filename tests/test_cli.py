@@ -38,7 +38,7 @@ def _groups_in_help(text: str) -> dict[str, set[str]]:
 def test_help_lists_every_group_and_option_and_hydras_sections():
     proc = run_sft("--help", check=True)
     assert proc.stdout.startswith("sft_grid: declarative SFT experiment grids.")  # conf/config.yaml's header
-    assert "python -m sft_grid -m +sweep=smoke" in proc.stdout and "Run switches: dry_run" in proc.stdout  # footer
+    assert "sft-grid run -m +sweep=smoke" in proc.stdout and "Run switches: dry_run" in proc.stdout  # footer
     assert "Compose your configuration from those groups (group=option)" in proc.stdout
     assert "== Config ==" in proc.stdout and "lr: 1.0e-05" in proc.stdout
     assert _groups_in_help(proc.stdout) == _groups_in_conf(CONF_DIR)

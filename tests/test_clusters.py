@@ -66,7 +66,7 @@ def test_site_composes_validates_and_reads_its_variables(hydra_loader, monkeypat
 def test_header_says_what_the_site_is_how_to_run_it_and_what_to_export(site):
     text = (CONF_DIR / "cluster" / f"{site}.yaml").read_text()
     header = text.split("\nname:", 1)[0]
-    assert f"python -m sft_grid -m +sweep=<grid> cluster={site}" in header
+    assert f"sft-grid run -m +sweep=<grid> cluster={site}" in header
     assert "internet" in header.lower() and re.search(r"GPU|GH200|B200|A100|H100", header)
     for name in resolvers.variables(text):
         assert re.fullmatch(rf"SFT_GRID_{site.upper()}_({'|'.join(KINDS)})", name), name

@@ -648,7 +648,7 @@ def test_slurm_cells_of_a_failed_prep_fail_with_its_reason(tmp_path, tiny_assets
     assert "its model prep failed: tokenizer prep exited with 1" in state.reason, state.reason
     assert not (cell / "output").exists()  # its first step stopped it: nothing was trained
     status = subprocess.run(
-        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
+        [sys.executable, "-m", "sft_grid", "status", "default", "--runs-root", str(tmp_path)],
         capture_output=True,
         text=True,
     ).stdout

@@ -144,7 +144,7 @@ def test_dry_run_renders_72_cells_without_warnings(dry_run):
     assert len(cells) == 72 and len({c.name.rsplit("-", 1)[1] for c in cells}) == 72
     assert (
         "post-training stages of 72 cell(s): tokenizer, upload, cleanup; the upload waits for the login node:"
-        " python -m sft_grid.post"
+        " sft-grid post"
     ) in proc.stdout
 
 

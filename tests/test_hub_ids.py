@@ -1,6 +1,6 @@
 """Hub ids a cell names are checked with the Hub client's own rule before anything is staged or queued: the rule
 (core/hubcache.py repo_id_problem) against huggingface_hub's validate_repo_id as the oracle, the cells' problems
-(which cell, which key, what value, the fix), and the grid command and `python -m sft_grid.stage`, which refuse a
+(which cell, which key, what value, the fix), and the grid command and `sft-grid stage`, which refuse a
 bad id in one clear line, never with a traceback, and write nothing."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_the_stage_command_refuses_a_bad_id_in_one_line(tmp_path):
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.stage", "--repo", "bad id", "--cache", str(tmp_path / "c")],
+        [sys.executable, "-m", "sft_grid", "stage", "--repo", "bad id", "--cache", str(tmp_path / "c")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -216,9 +216,9 @@ def test_a_010_failed_cell_keeps_its_state_and_reason(tmp_path):
 
 
 def test_a_cancel_wins_over_the_running_its_job_writes_after_it(cell_dir):
-    """`python -m sft_grid.cancel` and the job's own start can cross: the cancel names the job, and wins."""
+    """`sft-grid cancel` and the job's own start can cross: the cancel names the job, and wins."""
     append(cell_dir, "submitted", executor="local", pid=os.getpid(), host=socket.gethostname())
-    append(cell_dir, "cancelled", reason="cancelled by python -m sft_grid.cancel", job_id="7")
+    append(cell_dir, "cancelled", reason="cancelled by sft-grid cancel", job_id="7")
     append(cell_dir, "running", pid=os.getpid(), host=socket.gethostname(), job_id="7")
     assert state_of(cell_dir).state is State.CANCELLED
     # a later submission's running is that submission's: the old cancel does not apply to it

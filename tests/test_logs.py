@@ -59,7 +59,7 @@ def test_a_unique_part_of_a_name_picks_the_cell_and_its_logs(runs, capsys):
 
 def test_python_m_sft_grid_logs_is_the_command(runs, capsys):
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.logs", "default", "qwen3", "--lines", "1", "--runs-root", str(runs)],
+        [sys.executable, "-m", "sft_grid", "logs", "default", "qwen3", "--lines", "1", "--runs-root", str(runs)],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},

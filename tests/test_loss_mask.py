@@ -1,4 +1,4 @@
-"""The loss-mask preflight (sft_grid/checks/mask.py) and `python -m sft_grid.show`.
+"""The loss-mask preflight (sft_grid/checks/mask.py) and `sft-grid show`.
 
 Tests marked `backend` run each backend's own preprocessing in its real environment (LLaMA-Factory,
 axolotl) on the tiny local models and datasets. The others are unit tests of the pure pass/fail logic on
@@ -403,7 +403,7 @@ def _trained_spans(text: str) -> list[str]:
 @pytest.mark.parametrize("backend", ["llamafactory", "axolotl"])
 def test_show_marks_exactly_the_assistant_turns(tiny_assets, backend_env, fresh, backend):
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.show", f"backend={backend}", "model=tiny_llama", *SHAREGPT],
+        [sys.executable, "-m", "sft_grid", "show", f"backend={backend}", "model=tiny_llama", *SHAREGPT],
         cwd=REPO_ROOT,
         env=_env(fresh),
         capture_output=True,
@@ -437,7 +437,7 @@ def test_show_a_rendered_cell_dir_in_colour_from_the_cache(tiny_assets, fresh, t
     cached = set(fresh.glob("*.json"))
     assert len(cached) == 1
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.show", str(cell_dir), "--color", "always"],
+        [sys.executable, "-m", "sft_grid", "show", str(cell_dir), "--color", "always"],
         cwd=REPO_ROOT,
         env=_env(fresh),
         capture_output=True,

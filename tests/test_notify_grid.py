@@ -50,7 +50,7 @@ def test_a_grid_notifies_each_cell_and_its_end_once(tmp_path, tiny_assets, recei
     again = run_sft(*grid)
     assert "0 to run" in again.stdout, again.stdout
     status = subprocess.run(
-        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
+        [sys.executable, "-m", "sft_grid", "status", "default", "--runs-root", str(root)],
         capture_output=True,
         text=True,
         timeout=300,

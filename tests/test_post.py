@@ -304,12 +304,12 @@ def test_stages_record_states_and_a_rerun_runs_only_the_failed_ones(tmp_path, ti
     assert st["tokenizer"].state == "completed" and st["upload"].state == "failed"
     reason = st["upload"].reason
     assert "https://huggingface.co/org/tiny-sft" in reason and "OfflineModeIsEnabled" in reason
-    assert f"python -m sft_grid.post {cell} --stage upload" in reason
+    assert f"sft-grid post {cell} --stage upload" in reason
     # an unreachable endpoint: the cause is the connection
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.post", str(cell), "--stage", "upload"],
+        [sys.executable, "-m", "sft_grid", "post", str(cell), "--stage", "upload"],
         capture_output=True,
         text=True,
         env={**os.environ},
@@ -347,7 +347,7 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     assert st["preprocessor_config"].state == "failed"  # the tiny model has none
     assert st["tokenizer"].state == "pending" and st["upload"].state == "pending"
     status = subprocess.run(
-        [sys.executable, "-m", "sft_grid.status", "--runs-root", str(tmp_path / "runs")],
+        [sys.executable, "-m", "sft_grid", "status", "--runs-root", str(tmp_path / "runs")],
         capture_output=True,
         text=True,
         check=True,
@@ -366,16 +366,16 @@ def test_local_grid_runs_the_stages_after_training_and_a_rerun_runs_only_the_sta
     assert st["upload"].state == "waiting" and "from the login node" in st["upload"].reason
     # the upload waits for the login node: the grid does not queue it again
     third = run_sft(*args, check=True)
-    assert "nothing to run" in third.stdout and f"upload waits: python -m sft_grid.post {cell}" in third.stdout
+    assert "nothing to run" in third.stdout and f"upload waits: sft-grid post {cell}" in third.stdout
     status = subprocess.run(
-        [sys.executable, "-m", "sft_grid.status", "--runs-root", str(tmp_path / "runs")],
+        [sys.executable, "-m", "sft_grid", "status", "--runs-root", str(tmp_path / "runs")],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     assert "upload waiting" in status
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.post", str(cell)],
+        [sys.executable, "-m", "sft_grid", "post", str(cell)],
         capture_output=True,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -49,7 +49,7 @@ def test_missing_local_path(make_cells, tmp_path):
     (cell,) = make_cells([f"model.path={tmp_path}/nope", "dataset=magpie"])
     problems = preflight([cell]).problems
     assert [(p.key, p.rule) for p in problems] == [("model.path", "preflight-path")]
-    assert "no such file" in problems[0].message and "sft_grid.assets build" in problems[0].fix
+    assert "no such file" in problems[0].message and "sft-grid assets build" in problems[0].fix
 
 
 def test_hub_inputs_are_deferred_to_the_job_not_skipped(make_cells, tmp_path, monkeypatch):

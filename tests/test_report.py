@@ -1,4 +1,4 @@
-"""`python -m sft_grid.report GRID`: report.json (every number shown) and a self-contained report.html, from a grid's
+"""`sft-grid report GRID`: report.json (every number shown) and a self-contained report.html, from a grid's
 files (tests/grid_fixture.py over cells the real renderer wrote): the fits per recipe with the cells they used,
 each completed cell's estimate beside what it took, a partial grid, grids with one axis, and bad input.
 The page as a browser draws it is tested in tests/test_report_browser.py."""
@@ -69,7 +69,7 @@ def make_grid(
 
 def report(runs_root: Path, sweep: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sft_grid.report", sweep, "--runs-root", str(runs_root), "--resamples", "60"],
+        [sys.executable, "-m", "sft_grid", "report", sweep, "--runs-root", str(runs_root), "--resamples", "60"],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
@@ -165,7 +165,7 @@ def test_bad_input_writes_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "no cells under" in proc.stderr and "Nothing was written" in proc.stderr
     assert not (tmp_path / "nope").exists()
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.report", "x", "--resamples", "-1"],
+        [sys.executable, "-m", "sft_grid", "report", "x", "--resamples", "-1"],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

@@ -1,4 +1,4 @@
-"""`python -m sft_grid.results GRID`: one row per cell (swept values, state, steps, final loss, each metric with its
+"""`sft-grid results GRID`: one row per cell (swept values, state, steps, final loss, each metric with its
 standard error, GPU-hours), the base models' rows, missing and failed scores marked; table, csv, json and markdown;
 read from ledgers and score files only. The grid's files are written as its cells leave them (tests/grid_fixture.py)
 over cells the real renderer wrote."""
@@ -26,7 +26,7 @@ MODELS = ("tiny_llama", "tiny_llama_m", "tiny_llama_l")
 
 def results(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sft_grid.results", *args],
+        [sys.executable, "-m", "sft_grid", "results", *args],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,

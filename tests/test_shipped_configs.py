@@ -45,7 +45,7 @@ def test_every_option_composes_and_validates(hydra_loader, monkeypatch, group, o
 def test_every_yaml_opens_with_what_it_is_and_how_to_run_it(path):
     text = path.read_text()
     assert text.startswith("#"), f"{path} must open with a comment"
-    assert "sft_grid" in text.split("\n\n")[0] or "python -m sft_grid" in text, f"{path}: say how to run it"
+    assert "sft-grid " in text or "sft_grid" in text.split("\n\n")[0], f"{path}: say how to run it"
 
 
 def test_backend_registry_matches_conf():

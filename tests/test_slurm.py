@@ -116,7 +116,7 @@ def test_grid_is_one_throttled_array_then_skipped_and_status_asks_sacct_once(
     assert [c[0] for c in calls] == ["sacct", "squeue"]
     assert len(table) == 3 and all(r[1] == "completed" and r[2] for r in table)
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(tmp_path)],
+        [sys.executable, "-m", "sft_grid", "status", "default", "--runs-root", str(tmp_path)],
         capture_output=True,
         text=True,
     )
@@ -128,7 +128,7 @@ def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
     run_sft(*SLOW, "max_steps=3000", f"runs_root={tmp_path}", check=True)
     wait_until(tmp_path, {"running"}, deadline_s=600)
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.cancel", "default", "--runs-root", str(tmp_path)],
+        [sys.executable, "-m", "sft_grid", "cancel", "default", "--runs-root", str(tmp_path)],
         capture_output=True,
         text=True,
         check=True,

@@ -72,7 +72,7 @@ def cell_dirs(root: Path, sweep: str = "default") -> list[Path]:
 
 
 def states(root: Path, sweep: str = "default") -> dict[Path, CellState]:
-    """Each cell's state as `python -m sft_grid.status` derives it: ledger + output + one sacct call."""
+    """Each cell's state as `sft-grid status` derives it: ledger + output + one sacct call."""
     return states_of(cell_dirs(root, sweep))
 
 
@@ -89,7 +89,7 @@ def wait_final(root: Path, n: int, sweep: str = "default", deadline_s: float = W
         return wait_for(probe, f"{n} cells to finish", deadline_s, interval=2)
     except AssertionError:
         status = subprocess.run(
-            [sys.executable, "-m", "sft_grid.status", sweep, "--runs-root", str(root)],
+            [sys.executable, "-m", "sft_grid", "status", sweep, "--runs-root", str(root)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -304,7 +304,7 @@ def test_killed_before_sbatch_rerun_submits_the_planned_cells_once(runs_root, tm
     monkeypatch.undo()
     (dead_name,) = array_names(runs_root)
     status = subprocess.run(
-        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(runs_root)],
+        [sys.executable, "-m", "sft_grid", "status", "default", "--runs-root", str(runs_root)],
         capture_output=True,
         text=True,
         timeout=60,

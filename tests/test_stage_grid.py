@@ -1,4 +1,4 @@
-"""Staging as a stage of the grid, through the grid command and `python -m sft_grid.stage`, with the real
+"""Staging as a stage of the grid, through the grid command and `sft-grid stage`, with the real
 huggingface_hub client (the pinned 1.17) against the loopback hub server of tests/hubserver.py (HF_ENDPOINT;
 no other network).
 

@@ -176,7 +176,7 @@ def test_a_restart_is_seen_remembered_and_a_file_too_big_for_a_run_goes_to_a_job
 
 
 def test_time_limited_runs_behind_a_server_that_ignores_range_end_instead_of_looping(server, cache):
-    """The issue's loop, as a user meets it: repeated time-limited runs of `python -m sft_grid.stage`."""
+    """The issue's loop, as a user meets it: repeated time-limited runs of `sft-grid stage`."""
     if server.name == "hub":
         pytest.skip("the Hub honours Range: test_hub_stage covers runs that continue each other")
     repo, _, files = weights_repo(server, size=6 * MiB if server.hub else 300_000)

@@ -2,9 +2,9 @@
 environment's own for the upload) against the hub server of tests/hubserver.py on 127.0.0.1, serving the tiny
 assets; real training on the CPU; the local Slurm cluster, whose profile says `internet_on_compute: false`.
 
-The grid's inputs are staged ahead of time (`python -m sft_grid.stage`), the server is stopped, and the grid is
+The grid's inputs are staged ahead of time (`sft-grid stage`), the server is stopped, and the grid is
 run: it takes the inputs as staged, queues, and its cells train from the staged snapshots on both backends with
-no hub to ask. The upload waits; once the server is back, `python -m sft_grid.post` uploads each cell's output.
+no hub to ask. The upload waits; once the server is back, `sft-grid post` uploads each cell's output.
 No token reaches any file or log.
 """
 
@@ -80,7 +80,7 @@ def test_offline_slurm_grid_trains_from_staged_copies_and_uploads_when_the_hub_i
             "hub_model_id='org/out-{key}'",
         ]
         staged = subprocess.run(
-            [sys.executable, "-m", "sft_grid.stage", *grid],
+            [sys.executable, "-m", "sft_grid", "stage", *grid],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -129,7 +129,7 @@ def test_offline_slurm_grid_trains_from_staged_copies_and_uploads_when_the_hub_i
     remote = spawn(hub_root, port=int(remote.url.rsplit(":", 1)[1]))  # the Hub is back, where jobs expect it
     try:
         post = subprocess.run(
-            [sys.executable, "-m", "sft_grid.post", str(runs_root / "offline"), "--stage", "upload"],
+            [sys.executable, "-m", "sft_grid", "post", str(runs_root / "offline"), "--stage", "upload"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,

@@ -20,7 +20,7 @@ loopback hub (``tests/hubserver.py``). How each differs from the Hub, and what s
 - ``strip``: the Hub's ``X-Repo-Commit`` header stripped from file answers: one line naming the URL and the header;
 - ``stall``: after 64 KiB, one byte per second: ``--time-limit`` still ends the run before the limit (exit 3, rerun).
 
-Every case runs the real command (``python -m sft_grid.stage``) and checks its exit status and its one line.
+Every case runs the real command (``sft-grid stage``) and checks its exit status and its one line.
 """
 
 from __future__ import annotations

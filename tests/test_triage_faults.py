@@ -74,7 +74,7 @@ def final(root: Path, deadline_s: float = WAIT_S) -> CellState:
 
 def status_text(root: Path) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.status", "default", "--runs-root", str(root)],
+        [sys.executable, "-m", "sft_grid", "status", "default", "--runs-root", str(root)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -118,7 +118,8 @@ def test_ctrl_c_leaves_the_watch_cleanly(fake_grid):
         [
             sys.executable,
             "-m",
-            "sft_grid.status",
+            "sft_grid",
+            "status",
             "default",
             "--runs-root",
             str(run_grid.runs),
@@ -191,7 +192,7 @@ def test_a_real_slurm_cell_is_watched_and_its_log_followed_until_it_ends(tmp_pat
             check=True,
         )
         follow = subprocess.Popen(
-            [sys.executable, "-m", "sft_grid.logs", "default", "tiny_llama", "-f", "--runs-root", str(tmp_path)],
+            [sys.executable, "-m", "sft_grid", "logs", "default", "tiny_llama", "-f", "--runs-root", str(tmp_path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -201,7 +202,8 @@ def test_a_real_slurm_cell_is_watched_and_its_log_followed_until_it_ends(tmp_pat
             [
                 sys.executable,
                 "-m",
-                "sft_grid.status",
+                "sft_grid",
+                "status",
                 "default",
                 "--runs-root",
                 str(tmp_path),

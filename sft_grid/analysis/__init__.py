@@ -1,7 +1,7 @@
 """Layer 8, analysis: a grid's results read back from its cells' files, fitted and drawn.
 
 - `table`: the cells x values table (swept values, state, steps, final loss, scores, GPU-hours, estimates) that
-  `python -m sft_grid.results` prints and the report shows, read from cell.yaml, ledgers, trainer logs and score
+  `sft-grid results` prints and the report shows, read from cell.yaml, ledgers, trainer logs and score
   files only;
 - `report_data`: the report's data (report.json): the table, loss curves, fits, each cell's estimate against what
   it took (the calibration of grid/calibration.py and planning/throughput.py);

@@ -1,4 +1,4 @@
-"""A grid's cells x values table: what `python -m sft_grid.results` prints and the report shows, one module for both.
+"""A grid's cells x values table: what `sft-grid results` prints and the report shows, one module for both.
 
 Read from each cell's own files only (no harness, no backend, no numpy): cell.yaml (read with PyYAML's C loader: its
 rerun command names the swept values; the config gives model, size, GPUs), the ledger and the trainer's output

@@ -1,5 +1,5 @@
 """W&B, where a site has it (`report_to=wandb`): runs grouped by grid, named by cell, the swept values as config and
-tags, so the W&B view and the grid report (python -m sft_grid.report) name and group the same things.
+tags, so the W&B view and the grid report (sft-grid report) name and group the same things.
 
 Both backends start W&B through the HF Trainer's callback, which reads the run's grouping from the environment:
 launch.sh exports WANDB_RUN_GROUP (the grid), WANDB_NAME (the cell), WANDB_TAGS (`key=value` of each swept

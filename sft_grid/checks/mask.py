@@ -575,6 +575,4 @@ def _fix(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], bad: Sequen
             "the prompt is trained: use the model's own template and do not set train_on_prompt"
             " (or train_on_inputs / roles_to_train with user or system roles)"
         )
-    return (
-        "check the template against the model's tokenizer and `python -m sft_grid.show` the cell to see what is trained"
-    )
+    return "check the template against the model's tokenizer and `sft-grid show` the cell to see what is trained"

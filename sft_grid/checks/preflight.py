@@ -272,7 +272,7 @@ def check_path(check: Check) -> Verdict:
     return Verdict(
         False,
         "no such file or directory",
-        "fix the path; tiny local assets are built by `python -m sft_grid.assets build`",
+        "fix the path; tiny local assets are built by `sft-grid assets build`",
     )
 
 
@@ -577,7 +577,7 @@ def check_staged(check: Check) -> Verdict:
         return Verdict(
             False,
             f"staging {kind} {repo_id}@{sha[:12]} failed: {failed}",
-            "fix the cause, stage it again (python -m sft_grid.stage, or the grid command) and run the"
+            "fix the cause, stage it again (sft-grid stage, or the grid command) and run the"
             " grid again with rerun_failed=true",
         )
     return Verdict(

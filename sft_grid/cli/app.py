@@ -1,6 +1,6 @@
-"""The grid command (`python -m sft_grid`): compose every cell, run the grid flow, and present its result.
+"""The grid command (`sft-grid run`): compose every cell, run the grid flow, and present its result.
 
-The sft_grid Hydra launcher calls `run_grid` with every cell of a multirun at once; `python -m sft_grid` without
+The sft_grid Hydra launcher calls `run_grid` with every cell of a multirun at once; `sft-grid run` without
 -m calls `run_single` with the one cell Hydra composed. Bad input is printed as one list of problems (exit 1,
 nothing written); a dry run prints the check table, the first example of each source and the submission plan
 with every sbatch script; a real run prints what it queued or ran, and, when it waited for local cells, their
@@ -51,7 +51,7 @@ def fail_empty_axes(axes: Sequence[str]) -> None:
                     axis.split("=", 1)[1],
                     "axis-empty",
                     "this axis sweeps no value, so the grid has no cell",
-                    "glob() matches only options under conf/ (see `python -m sft_grid --help` for them);"
+                    "glob() matches only options under conf/ (see `sft-grid run --help` for them);"
                     " range(a,b) needs a < b",
                 )
                 for axis in axes
@@ -91,7 +91,7 @@ def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
 
 
 def run_single(cfg: Any) -> Any:
-    """One cell, composed by Hydra (`python -m sft_grid <overrides>` without -m)."""
+    """One cell, composed by Hydra (`sft-grid run <overrides>` without -m)."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
@@ -273,8 +273,8 @@ def _print_dry_run(result: Any) -> None:
             f" {', '.join(examples.unreadable)}"
         )
     if examples is not None and examples.more:
-        out(f"  ... {examples.more} more source(s): python -m sft_grid.show <cell dir>")
-    out(f"  what a cell trains on, token by token: python -m sft_grid.show {relative(dirs[0])}")
+        out(f"  ... {examples.more} more source(s): sft-grid show <cell dir>")
+    out(f"  what a cell trains on, token by token: sft-grid show {relative(dirs[0])}")
     here = frozenset(c.name for c in cells if c.spec.cluster.executor == "local")
     for line in (
         model_lines(cells, result.staging)
@@ -484,7 +484,7 @@ def _one_repository_copy() -> Iterator[None]:
 
 
 def hydra_app() -> None:
-    """`python -m sft_grid`: the Hydra app, with a hint after Hydra's own errors (the valid keys, the closest)."""
+    """`sft-grid run`: the Hydra app, with a hint after Hydra's own errors (the valid keys, the closest)."""
     hints = _KeyHints(sys.stderr)
     sys.stderr = hints
     helping = any(a in HELP_FLAGS for a in sys.argv[1:])

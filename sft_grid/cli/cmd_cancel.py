@@ -55,9 +55,7 @@ def run(args: argparse.Namespace) -> int:
             last = next(e for e in reversed(history) if e.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(last.pid or 0), signal.SIGTERM)
-        events.append(
-            cell_dir, Event(Kind.CANCELLED, reason="cancelled by python -m sft_grid.cancel", job_id=st.job_id)
-        )
+        events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by sft-grid cancel", job_id=st.job_id))
         cancelled.append(cell_dir.name)
     slurm.cancel(slurm_ids)
     for name in cancelled:

@@ -23,5 +23,5 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     # the grid command itself, in this process: the same composition and the same resolution as a real run
-    os.execv(sys.executable, [sys.executable, "-m", "sft_grid", *argv, "check_only=true"])
+    os.execv(sys.executable, [sys.executable, "-m", "sft_grid", "run", *argv, "check_only=true"])
     return 1  # not reached

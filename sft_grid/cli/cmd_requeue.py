@@ -1,4 +1,4 @@
-"""sft-grid requeue CELL_DIR (python -m sft_grid.requeue, what a job runs): submit a cell again when its failure's
+"""sft-grid requeue CELL_DIR (what a job runs): submit a cell again when its failure's
 policy requeues it.
 
 A job runs this when its training failed with a transient fault (a collective timeout, a GPU fault, a failed

@@ -75,5 +75,5 @@ def main(argv: list[str] | None = None) -> int:
     # the grid command itself, in this process (exec: a login node's process clock keeps counting from our start)
     import os
 
-    os.execv(sys.executable, [sys.executable, "-m", "sft_grid", *argv, "stage_only=true"])
+    os.execv(sys.executable, [sys.executable, "-m", "sft_grid", "run", *argv, "stage_only=true"])
     return 1  # not reached

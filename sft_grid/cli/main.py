@@ -1,9 +1,13 @@
 """`sft-grid`: one console script, a subcommand per command.
 
-    sft-grid run -m model=tiny_llama,tiny_qwen3 lr=2e-5     # run a grid (the Hydra app: python -m sft_grid)
+    sft-grid run -m model=tiny_llama,tiny_qwen3 lr=2e-5     # run a grid (the Hydra app)
     sft-grid status GRID [--watch]                          # every cell's state, job, progress, post, eval
     sft-grid logs GRID CELL [-f]                             # a cell's training log, followed as it grows
     sft-grid --help                                          # every command, one line each
+
+`python -m sft_grid ...` is the same program (`module_main`): a command's name first runs that command; anything
+else is the Hydra app's arguments, as after `sft-grid run`. A bare first word that names no command is refused with
+the commands' names, never handed to Hydra as an override.
 
 Each command lives in sft_grid/cli/cmd_<name>.py and gives `add_arguments(parser)` and `run(args) -> exit status`
 (or `main(argv)` where it takes another program's arguments as they are: `run`, `stage` with a grid's overrides).
@@ -20,7 +24,7 @@ from types import ModuleType
 
 # name -> (module, what it does in one line); the order is the help's
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("sft_grid.cli.app", "run a grid: Hydra's overrides, -m for a grid (as python -m sft_grid)"),
+    "run": ("sft_grid.cli.app", "run a grid: Hydra's overrides, -m for a grid (python -m sft_grid OVERRIDES too)"),
     "status": ("sft_grid.cli.cmd_status", "each cell's state, job, progress, post, eval and class; --watch: live"),
     "logs": ("sft_grid.cli.cmd_logs", "a cell's training, evaluation or post-stage log; -f follows it as it grows"),
     "cancel": ("sft_grid.cli.cmd_cancel", "stop a grid's queued and running cells, or some of them"),
@@ -52,7 +56,7 @@ def _module(name: str) -> ModuleType:
 def _parser(chosen: str | None) -> argparse.ArgumentParser:
     from sft_grid import __version__
 
-    epilog = "`sft-grid COMMAND --help` says more; python -m sft_grid.COMMAND is the same."
+    epilog = "`sft-grid COMMAND --help` says more; python -m sft_grid COMMAND is the same."
     parser = argparse.ArgumentParser(
         prog="sft-grid", description=DESCRIPTION, formatter_class=_formatter, epilog=epilog
     )
@@ -71,8 +75,43 @@ def _parser(chosen: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def not_a_command(word: str) -> str:
+    """Why a first word that is not a command's name is refused (empty for an option, or a command)."""
+    if word in COMMANDS or word in INTERNAL or word.startswith("-"):
+        return ""
+    if "=" in word or word.startswith(("+", "~")):
+        return f"sft-grid: {word!r} is a Hydra override, not a command: overrides go after run (sft-grid run {word})"
+    import difflib
+
+    close = difflib.get_close_matches(word, COMMANDS, n=1)
+    return (
+        f"sft-grid: {word!r} is not a command"
+        + (f" (did you mean {close[0]}?)" if close else "")
+        + f"; the commands: {', '.join(COMMANDS)} (sft-grid --help says what each does); a grid's overrides are"
+        " key=value (sft-grid run -m model=tiny_llama,tiny_qwen3)"
+    )
+
+
+def module_main(argv: Sequence[str] | None = None) -> int:
+    """`python -m sft_grid ...`: a command (`python -m sft_grid status GRID` is `sft-grid status GRID`), or else the
+    Hydra app's arguments (`python -m sft_grid -m model=a,b` is `sft-grid run -m model=a,b`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and (args[0] in COMMANDS or args[0] in INTERNAL):
+        return main(args)
+    if args and not args[0].startswith(("-", "+", "~")) and "=" not in args[0]:
+        print(not_a_command(args[0]), file=sys.stderr)  # a bare word is never handed to Hydra as an override
+        return 2
+    from sft_grid.cli.app import hydra_app
+
+    hydra_app()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and not_a_command(args[0]):
+        print(not_a_command(args[0]), file=sys.stderr)
+        return 2
     chosen = args[0] if args and args[0] in {**COMMANDS, **INTERNAL} else None
     if chosen is not None and chosen != "completion" and hasattr(_module(chosen), "main"):
         return int(_module(chosen).main(args[1:]) or 0)  # a command that reads its arguments as they are

@@ -260,7 +260,7 @@ def post_lines(cells: Sequence[Any]) -> list[str]:
             line += (
                 "; the upload runs in the post job"
                 if upload_in_job(members[0].spec)
-                else f"; the upload waits for the login node: python -m sft_grid.post {members[0].sweep_dir}"
+                else f"; the upload waits for the login node: sft-grid post {members[0].sweep_dir}"
             )
         lines.append(line)
     return lines
@@ -325,7 +325,7 @@ def failure_lines(items: Sequence[tuple[str, CellState]], per_class: int = 3) ->
             if st.advice and st.advice != st.reason:
                 lines.append(f"      next: {st.advice}")
         if len(members) > per_class:
-            lines.append(f"    ... and {len(members) - per_class} more: python -m sft_grid.status shows each")
+            lines.append(f"    ... and {len(members) - per_class} more: sft-grid status shows each")
     return lines
 
 
@@ -457,7 +457,7 @@ def pinned_lines(staging: Any) -> list[str]:
 
 
 def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
-    """What `python -m sft_grid.stage` (stage_only=true) did; nothing is rendered or queued either way."""
+    """What `sft-grid stage` (stage_only=true) did; nothing is rendered or queued either way."""
     if dry_run:
         return [*staging_lines(staging), "dry run: nothing staged"]
     items = staging.items if staging else []

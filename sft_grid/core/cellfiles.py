@@ -1,6 +1,6 @@
 """The typed files a job reads from its cell directory, and the preflight `Check` they carry.
 
-The grid renders them; the job (and `python -m sft_grid.post` on a login node) reads them back into these
+The grid renders them; the job (and `sft-grid post` on a login node) reads them back into these
 types, so the job never re-composes from conf/ and never guesses at keys.
 
 - post.json: the post-training stages of the cell and what they need (the backend's python, the cluster's

@@ -182,7 +182,7 @@ class EvalConf:
 
 @dataclass
 class VenvSpecConf:
-    """Pinned packages of a managed virtual environment (python -m sft_grid.venv build <backend>)."""
+    """Pinned packages of a managed virtual environment (sft-grid venv build <backend>)."""
 
     python: str = "python3.11"
     packages: list[str] = field(default_factory=list)
@@ -207,7 +207,7 @@ class BackendConf:
 class StagingConf:
     """How a site stages the Hub models and datasets of a grid before anything is queued (stages/staging/)."""
 
-    # where the transfers run: login (the machine running the grid, or `python -m sft_grid.stage`) or job (a
+    # where the transfers run: login (the machine running the grid, or `sft-grid stage`) or job (a
     # Slurm job on `partition`, e.g. a transfer partition whose nodes reach the Hub; its cells wait for it)
     where: str = one_of("login", STAGING_WHERE)
     partition: str | None = None
@@ -266,7 +266,7 @@ class ClusterConf:
     hf_cache: str | None = None
     staging: StagingConf = field(default_factory=StagingConf)
     # a partition whose nodes reach the internet: post-training jobs that upload to the Hub run there on a
-    # site without internet on compute nodes; unset there: the upload waits for `python -m sft_grid.post`
+    # site without internet on compute nodes; unset there: the upload waits for `sft-grid post`
     # run from the login node
     post_partition: str | None = None
     # Slurm: node features (--constraint), nodes to avoid (--exclude), any other sbatch option by name
@@ -464,7 +464,7 @@ class CellConf:
     failure_policy: dict[str, Any] = field(default_factory=dict)
     watchdog: WatchdogConf = field(default_factory=WatchdogConf)
     notify: NotifyConf = field(default_factory=NotifyConf)
-    # stage the grid's Hub inputs and stop: nothing is rendered or queued (python -m sft_grid.stage)
+    # stage the grid's Hub inputs and stop: nothing is rendered or queued (sft-grid stage)
     stage_only: bool = False
     # `sft-grid check`: resolve every Hub input of the grid on the site's Hub or mirror and report; nothing else
     check_only: bool = False

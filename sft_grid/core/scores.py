@@ -12,7 +12,7 @@ never conf/, and writes one score file per task it computed. A score file is the
 score that exists is never computed again, a changed setting is a new score, and a score file says exactly what it
 is. A metric is named as the harness names it, with its filter after a slash where the task has one
 (`exact_match/strict-match`); its standard error is `<metric>_stderr` (null where the harness has none). Files are
-written to a temporary name and renamed: a reader (python -m sft_grid.results, status) sees a whole file or none.
+written to a temporary name and renamed: a reader (sft-grid results, status) sees a whole file or none.
 """
 
 from __future__ import annotations

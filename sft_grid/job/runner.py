@@ -7,7 +7,7 @@ failure `hang` with each node's last line, and requeued); record `completed` onl
 weights and trainer state, else `failed` with its triage (class, evidence, next step: core/failures/cell.py);
 then the post-training stages where they run in this job (the local executor). A failure its policy requeues (a
 collective timeout, a GPU fault, a hang) is submitted again at once, from its checkpoint, avoiding the nodes the
-evidence names (`python -m sft_grid.requeue`); a killed training (time limit, preemption, the OOM killer) is left
+evidence names (`sft-grid requeue`); a killed training (time limit, preemption, the OOM killer) is left
 to the scheduler's record, which the grid triages. The end of the cell (and of the grid, when this was its last
 cell) is notified once (stages/notify.py).
 """
@@ -248,7 +248,7 @@ def _requeue(cell_dir: Path) -> None:
     if not where().on_slurm:
         return
     proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid.requeue", str(cell_dir)], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "sft_grid", "requeue", str(cell_dir)], capture_output=True, text=True, check=False
     )
     if proc.returncode:
         log.error("requeue of %s failed: %s", cell_dir.name, (proc.stderr or proc.stdout).strip()[-2000:])

@@ -570,7 +570,7 @@ def composition_problem(overrides: Sequence[str], message: str) -> Problem:
     fix = (
         key_hint(message)
         or (f"export {env.group('var')}=<value> (and any other variable named above)" if env else "")
-        or "check the override against `python -m sft_grid --cfg job` and the options in conf/"
+        or "check the override against `sft-grid run --cfg job` and the options in conf/"
     )
     first, _, rest = message.partition("\n")
     detail = " ".join(

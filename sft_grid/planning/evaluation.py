@@ -367,7 +367,7 @@ def _harness(cell: Cell, suite: Any) -> Iterator[Problem]:
             suite.harness,
             "eval-venv",
             f"the {suite.harness} environment is not built ({venv})",
-            f"build it once: python -m sft_grid.venv build {suite.harness}",
+            f"build it once: sft-grid venv build {suite.harness}",
         )
     include = suite.include_path
     if include and cell.spec.cluster.executor == "local" and not Path(include).expanduser().is_dir():

@@ -144,7 +144,7 @@ def _harness(target_dir: Path, plan: EvalFile, group: Sequence[ScoreSpec], paths
         except OSError as exc:
             raise EvalFailed(
                 f"cannot run the harness's python {plan.python}: {exc} (build the environment:"
-                " python -m sft_grid.venv build lm_eval)"
+                " sft-grid venv build lm_eval)"
             ) from None
     said = [
         line.removeprefix("lm_eval_run.py: error: ")
@@ -166,7 +166,7 @@ def _score(target_dir: Path, plan: EvalFile, score: ScoreSpec, results: Path, di
     if version and data.get("harness_version") != version:
         return (
             f"the harness environment has version {data.get('harness_version')}, and the score's identity says"
-            f" {plan.harness}: rebuild it (python -m sft_grid.venv build lm_eval)"
+            f" {plan.harness}: rebuild it (sft-grid venv build lm_eval)"
         )
     record_ = {
         "score_id": score.score_id,

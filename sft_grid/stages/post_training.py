@@ -22,7 +22,7 @@ Stages, in order (only those that apply to the cell are planned):
 Where they run: locally, in the job right after training. On Slurm, as a post job array that depends on the
 training array, task by task. The upload runs in a job only where it can reach the Hub: the compute nodes
 have internet, or the cluster names a `post_partition` whose nodes have. Elsewhere it waits for
-`python -m sft_grid.post`, run from the login node.
+`sft-grid post`, run from the login node.
 
 What each stage does (`STAGE_RUNNERS`: consolidate, the preprocessor copy, the tokenizer repair, the upload, the
 database hook, the cleanup) and the chain's runner (`run`, what the job and `sft-grid post` call) follow the plan.
@@ -131,7 +131,7 @@ def gated(stage: str, where: str, upload_in_job: bool) -> bool:
 def waiting_note(cell_dir: Path) -> str:
     return (
         f"the cluster's compute nodes have no internet (cluster.internet_on_compute false, no"
-        f" cluster.post_partition): run `python -m sft_grid.post {cell_dir} --stage upload` from the login node"
+        f" cluster.post_partition): run `sft-grid post {cell_dir} --stage upload` from the login node"
     )
 
 
@@ -238,7 +238,7 @@ def todo(cell: Cell, cell_dir: Path, history: Sequence[Event], view: SchedulerVi
         runnable.append(name)
     if runnable:
         return Todo(tuple(runnable), f"post stages to run: {', '.join(runnable)}")
-    return Todo((), f"{left[0]} waits: python -m sft_grid.post {cell_dir}")
+    return Todo((), f"{left[0]} waits: sft-grid post {cell_dir}")
 
 
 if TYPE_CHECKING:  # status reads the chain's state without the planning layer
@@ -406,7 +406,7 @@ def preprocessor_config(cell_dir: Path, post: PostFile, where: str) -> dict[str,
         _job_variables(post),
         f"copying {PREPROCESSOR} from the base model {base} failed",
         f"Offline nodes read it from the Hugging Face cache: download it on the login node first"
-        f" (hf download {base} {PREPROCESSOR}), then rerun: python -m sft_grid.post {cell_dir}",
+        f" (hf download {base} {PREPROCESSOR}), then rerun: sft-grid post {cell_dir}",
         cell_dir,
     )
     ckpts = checkpoints(output)
@@ -489,7 +489,7 @@ def upload(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
         _job_variables(post, hub=True),
         f"upload of {output} to https://huggingface.co/{repo} failed",
         f"Fix the cause (network, HF_TOKEN, rights on the repository) and retry, training is not rerun:"
-        f" python -m sft_grid.post {cell_dir} --stage upload",
+        f" sft-grid post {cell_dir} --stage upload",
         cell_dir,
     )
     return {"url": result.get("url"), "commit": result.get("commit"), "verified": result.get("verified")}

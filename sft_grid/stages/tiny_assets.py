@@ -19,8 +19,8 @@ virtual environment. Everything lands under the cache root (``sft_grid.paths.ass
 Each of ``data/``, ``models/`` and ``sizes/`` is staged in a temp dir, stamped with a ``.complete`` marker and only then
 renamed into place, so a dir without a current marker is never trusted and a killed build is simply redone.
 
-    python -m sft_grid.assets build [--force]     # no-op when everything is there and current
-    python -m sft_grid.assets path                # print where the assets live
+    sft-grid assets build [--force]     # no-op when everything is there and current
+    sft-grid assets path                # print where the assets live
 """
 
 from __future__ import annotations

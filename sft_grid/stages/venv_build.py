@@ -1,7 +1,7 @@
 """Building a managed virtual environment from its pins and lock (planning/environments.py says which, and where).
 
-    python -m sft_grid.venv build llamafactory     # create (no-op when a finished one exists)
-    python -m sft_grid.venv lock llamafactory      # resolve the pins afresh, write conf/locks/llamafactory.txt
+    sft-grid venv build llamafactory     # create (no-op when a finished one exists)
+    sft-grid venv lock llamafactory      # resolve the pins afresh, write conf/locks/llamafactory.txt
 
 Safe to call concurrently: a lock per environment, and the second builder finds the work done. A build that
 was interrupted is started over; the ready marker is written last, so a half-built environment is never used.
@@ -105,9 +105,7 @@ def relock(name: str) -> Path:
         shutil.rmtree(scratch, ignore_errors=True)
     path = lock_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        f"# {name}: every package of a verified build of its pins (python -m sft_grid.venv lock {name})\n" + frozen
-    )
+    path.write_text(f"# {name}: every package of a verified build of its pins (sft-grid venv lock {name})\n" + frozen)
     return path
 
 

@@ -86,7 +86,7 @@ FIX = {
     F.DISK_FULL: "free space or raise the quota where the cell's output and caches live; the rerun resumes "
     "from the last complete checkpoint",
     F.OFFLINE_HUB: "the Hub was out of reach and the files were not in the cache (compute nodes often have no "
-    "internet): stage the model and data on a node that has it (python -m sft_grid.stage, or point "
+    "internet): stage the model and data on a node that has it (sft-grid stage, or point "
     "the model at a local copy) and keep HF_HUB_OFFLINE=1 for training",
     F.CANCELLED: "cancelled by a user: nothing to fix; a rerun resumes from the last checkpoint",
     F.HOST_OOM: "the node ran out of host memory: ask for more memory per node or use fewer data workers",

@@ -297,9 +297,7 @@ class Transfer:
     def _too_big(self, f: RemoteFile, rate: float) -> str:
         assert self.budget is not None
         why = self.seen.why if self.seen and not self.seen.resumes else "as this run was told"
-        command = f"python -m sft_grid.stage --repo {self.r.repo_id}" + (
-            " --dataset" if self.r.kind == "dataset" else ""
-        )
+        command = f"sft-grid stage --repo {self.r.repo_id}" + (" --dataset" if self.r.kind == "dataset" else "")
         return (
             f"{f.path} of {self.r.kind} '{self.r.repo_id}' is {human(f.size)}: at {human(rate)}/s it needs "
             f"~{f.size / rate:.0f}s, more than the {self.budget.usable_s:.0f}s a process may run here, and a cut"

@@ -6,7 +6,7 @@
 The grid command stages its inputs by itself before anything is queued; this does only that, so a login node
 that kills long processes can be given repeated short runs (each continues where the last stopped; a finished
 file is never fetched again), or a whole grid's inputs can be staged the day before. With a grid's overrides it
-stages exactly what `python -m sft_grid` with the same overrides would stage here, into the cluster's `hf_cache`,
+stages exactly what `sft-grid run` with the same overrides would stage here, into the cluster's `hf_cache`,
 and renders and queues nothing; inputs whose cluster stages them in a job (`staging.where: job`) are only pinned
 (the grid command queues their staging job). Exit status: 0 staged, 1 a problem (named, with its fix: a missing
 repository or revision, a failing server, a time limit too short to transfer anything), 3 stopped before the
@@ -19,10 +19,8 @@ import argparse
 import sys
 
 
-def _one(argv: list[str]) -> int:
-    from sft_grid.cli.live import Live
-    from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download, human
-
+def repo_parser() -> argparse.ArgumentParser:
+    """`sft-grid stage --repo ...`: one repository's arguments."""
     parser = argparse.ArgumentParser(prog="sft-grid stage", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", required=True, help="the hub id, org/name")
     parser.add_argument("--dataset", action="store_true", help="a dataset repository (default: a model)")
@@ -33,7 +31,14 @@ def _one(argv: list[str]) -> int:
         type=float,
         help="seconds this process may run here (a login node's limit): it stops cleanly before, and a rerun continues",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _one(argv: list[str]) -> int:
+    from sft_grid.cli.live import Live
+    from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download, human
+
+    args = repo_parser().parse_args(argv)
     budget = Budget.since_process_start(args.time_limit) if args.time_limit else None
     kind = "dataset" if args.dataset else "model"
     live = Live(sys.stderr)

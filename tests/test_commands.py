@@ -69,6 +69,11 @@ def test_what_the_module_form_hands_to_hydra(monkeypatch, capsys, argv, hydra):
         assert f"{argv[0]!r} is not a command" in capsys.readouterr().err
 
 
+def test_a_sweeps_name_as_a_command_says_how_to_run_the_sweep(capsys):
+    assert cli.module_main(["smoke"]) == 2
+    assert "(sweeps/smoke.yaml is a grid: sft-grid run -m +sweep=smoke)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("word", ["statsu", "model=tiny_llama", "+sweep=smoke"])
 def test_the_console_script_names_the_commands_for_a_word_it_does_not_know(capsys, word):
     assert cli.main([word, "x"]) == 2

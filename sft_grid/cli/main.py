@@ -83,10 +83,14 @@ def not_a_command(word: str) -> str:
         return f"sft-grid: {word!r} is a Hydra override, not a command: overrides go after run (sft-grid run {word})"
     import difflib
 
+    from sft_grid.core.paths import REPO_ROOT
+
     close = difflib.get_close_matches(word, COMMANDS, n=1)
+    sweep = (REPO_ROOT / "sweeps" / f"{word}.yaml").is_file()
     return (
         f"sft-grid: {word!r} is not a command"
         + (f" (did you mean {close[0]}?)" if close else "")
+        + (f" (sweeps/{word}.yaml is a grid: sft-grid run -m +sweep={word})" if sweep else "")
         + f"; the commands: {', '.join(COMMANDS)} (sft-grid --help says what each does); a grid's overrides are"
         " key=value (sft-grid run -m model=tiny_llama,tiny_qwen3)"
     )

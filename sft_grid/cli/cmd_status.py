@@ -55,8 +55,8 @@ def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[Line
     from sft_grid.grid.view import read_view
 
     dirs, bases = list(cell_dirs), list(base_dirs)
-    view = read_view(dirs, base_dirs=bases)
-    settle(view, dirs)  # records the class of failures the scheduler ended, once; notifies ends
+    # records the class of failures the scheduler ended, once; notifies ends
+    view = settle(read_view(dirs, base_dirs=bases), dirs)
     return lines_of(view, dirs, bases)
 
 

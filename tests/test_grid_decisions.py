@@ -378,9 +378,9 @@ def test_planning_twice_over_one_observation_writes_nothing_and_sends_nothing(
 
     # the view is immutable: nothing can add to what the plan read
     with pytest.raises(AttributeError):
-        observed.view.histories[failed].append(None)  # type: ignore[attr-defined]
+        observed.view.histories[failed].append(None)
     with pytest.raises(TypeError):
-        observed.view.histories[failed] = ()  # type: ignore[index]
+        observed.view.histories[failed] = ()
 
     # observing again records and sends nothing more
     flow.observe(inputs)

@@ -306,12 +306,12 @@ def _backend_rules(cell: Cell) -> Iterable[Problem]:
     if backend is None:
         return [
             Problem(
-                cell.name,
-                "backend.name",
-                cell.spec.backend.name,
-                "backend-known",
-                "no such backend in sft_grid/backends",
-                f"use one of {', '.join(sorted(BACKENDS))}",
+                cell=cell.name,
+                key="backend.name",
+                value=cell.spec.backend.name,
+                rule="backend-known",
+                message="no such backend in sft_grid/backends",
+                fix=f"use one of {', '.join(sorted(BACKENDS))}",
             )
         ]
     return [*backend.problems(cell), *extra.collisions(backend, cell)]
@@ -485,7 +485,9 @@ def _stage_work(cells: Sequence[Cell], dirs: Sequence[Path], staged: StagingPlan
     mine = [(c, d) for c, d in zip(cells, dirs, strict=True) if c.name in users]
     pins = tuple(i.pin for i in items if i.pin is not None)
     first = mine[0][0]
-    return StageWork(stage_dir(first.runs_root, pins), pins, frozenset(d for _, d in mine), first.spec.cluster)
+    return StageWork(
+        dir=stage_dir(first.runs_root, pins), pins=pins, cells=frozenset(d for _, d in mine), cluster=first.spec.cluster
+    )
 
 
 def _after_staging(

@@ -34,6 +34,7 @@ from typing import Any
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import SUBMITIT_DIR
+from sft_grid.core.schema import CellConf, ClusterConf, EvalConf
 from sft_grid.core.state import SchedulerView
 from sft_grid.core.submission import (
     JOB_PREFIX,
@@ -212,8 +213,8 @@ def _post_job(
 POST_TIME_MIN = 120
 
 
-def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
-    """The sbatch request of a cell (spec: the cell's CellConf)."""
+def request_for(spec: CellConf, timeout_min: int) -> SlurmRequest:
+    """The sbatch request of a cell."""
     c = spec.cluster
     params: dict[str, Any] = {
         "time": timeout_min,
@@ -238,7 +239,7 @@ def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
     return SlurmRequest(tuple(sorted(params.items())), c.max_requeues)
 
 
-def post_request_for(spec: Any, needs_hub: bool) -> SlurmRequest:
+def post_request_for(spec: CellConf, needs_hub: bool) -> SlurmRequest:
     """A cell's post job: one node without GPUs, on the cluster's post_partition when the job must reach the
     Hub from a site whose compute nodes have no internet."""
     request = request_for(spec, POST_TIME_MIN)
@@ -279,7 +280,7 @@ def prep_request(request: SlurmRequest) -> SlurmRequest:
     return SlurmRequest(request.replace(drop=("signal_delay_s",), **changes).params, 0)
 
 
-def stage_request(cluster: Any) -> SlurmRequest:
+def stage_request(cluster: ClusterConf) -> SlurmRequest:
     """The staging job: one node of the transfer partition (the cluster's own when it names none), a few cores, no
     GPU, the staging wall time, the staging setup lines first; never requeued."""
     st = cluster.staging
@@ -370,7 +371,7 @@ def minutes(decision: Decision) -> int:
     return int(parse_minutes(decision.cell.spec.time))
 
 
-def tokenize_request(spec: Any) -> SlurmRequest:
+def tokenize_request(spec: CellConf) -> SlurmRequest:
     """A tokenize-once job: one CPU task on one node of the cluster's partition, all its cores (the backend's
     preprocessing uses them), no GPU, never requeued; the cluster's other sbatch options as its cells have them."""
     request = request_for(spec, tokenize_stage.TIME_MIN)
@@ -435,7 +436,7 @@ def prep_jobs(
             if p.dir in queued
             else Dependency("afterany", job.name if job is not None else "")
         )
-        waits.append(PrepWait(d.dir, p.model, p.model_dir, dependency))
+        waits.append(PrepWait(cell_dir=d.dir, model=p.model, prepared=p.model_dir, job=dependency))
     return job, waits
 
 
@@ -484,13 +485,13 @@ def tokenize_jobs(
     return job, waits
 
 
-def eval_minutes(suites: Sequence[Any], cluster: Any) -> int:
+def eval_minutes(suites: Sequence[EvalConf], cluster: ClusterConf) -> int:
     """One job evaluates every suite of its target: their times add up, within the cluster's maximum."""
     total = sum(parse_minutes(s.resources.time) for s in suites)
     return int(min(total, parse_minutes(cluster.max_time)))
 
 
-def eval_request(spec: Any, suites: Sequence[Any]) -> SlurmRequest:
+def eval_request(spec: CellConf, suites: Sequence[EvalConf]) -> SlurmRequest:
     """The sbatch request of an evaluation: one node, the suites' largest GPU, CPU and memory asks, their partition
     (else the cluster's), never requeued."""
     cluster = spec.cluster

@@ -9,7 +9,7 @@
                                            nothing, sends nothing, starts no process; it reads the cells' own marker
                                            files) and frozen
     execute(plan)            -> Executed   the plan's writes, sbatch calls and local jobs before the cells, and nothing
-                                           else
+                                           else (a dry run's plan: its cells' files only)
     run(composed)            -> GridResult the four in order, under the grid's lock from the observation to the
                                            execution; then the local cells, waited for
 
@@ -243,13 +243,12 @@ def run(
         return GridResult(grid=GridPlan(cells=inputs.cells, dry_run=inputs.dry_run, staging=inputs.staging))
     with hold_all([d / LOCK_FILE for d in sorted({c.sweep_dir for c in inputs.cells})]):
         grid = plan(inputs, observe(inputs))
-        if grid.dry_run:  # a dry run writes nothing but its cells' files
-            write_all(grid.submission.writes)
-            return GridResult(grid=grid, examples=first_examples(list(grid.cells)))
         try:
             executed = execute(grid, observer)
         except SubmitRefused as exc:
             return GridResult(grid=grid, refused=exc)
+    if grid.dry_run:
+        return GridResult(grid=grid, examples=first_examples(list(grid.cells)))
     result = GridResult(grid=grid, executed=executed)
     observer.queued(result)
     return replace(result, final=run_local(grid.submission, executed, observer.local_done, observer.local_progress))
@@ -513,7 +512,11 @@ def _after_staging(
 
 def execute(grid: GridPlan, observer: Observer | None = None) -> Executed:
     """Everything the plan says, but waiting for its local cells: its writes, the local jobs before the cells (model
-    preps, tokenizations), the cells' submissions. Run under the grid's lock, right after `plan`."""
+    preps, tokenizations), the cells' submissions. A dry run's plan: its cells' files, and nothing else. Run under
+    the grid's lock, right after `plan`."""
+    if grid.dry_run:
+        write_all(grid.submission.writes)
+        return Executed()
     return apply(grid.submission, (observer or Observer()).phase)
 
 

@@ -61,8 +61,7 @@ def triaged_states(dirs: Iterable[Path]) -> dict[Path, CellState]:
     from sft_grid.grid.triage import settle
 
     dirs = list(dirs)
-    view = read_view(dirs)
-    settle(view, dirs)
+    view = settle(read_view(dirs), dirs)
     return {d: view.state(d) for d in dirs}
 
 

@@ -308,3 +308,81 @@ def test_status_shows_a_running_cell_in_its_data_step(fake, grid):
         fh.write(json.dumps({**start, "event": "end", "ok": True, "cpu_s": 1.0, "wall_s": 1.0}) + "\n")
     (row,) = rows([cell])
     assert row[1] == "running" and row[4] == "", row
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under root: its size and modification time (ns)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def test_planning_twice_over_one_observation_writes_nothing_and_sends_nothing(
+    fake, hydra_loader, tmp_path, receiver, monkeypatch
+):
+    """A failure the scheduler ended, its class in the job's log, not yet triaged: planning over an observation
+    that saw it, twice, writes no file (no triage recorded), sends no notification, starts no process and gives the
+    same plan. Observing for real then records the triage and notifies the cell's end, once; planning over that
+    observation changes nothing either."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("SFT_GRID_TEST_HOOK", receiver.url("/hook"))
+    sink = tmp_path / "notified.jsonl"
+    script = tmp_path / "notify.py"
+    script.write_text("import sys\nopen(sys.argv[1], 'a').write(sys.stdin.read().strip() + '\\n')\n")
+    runs = tmp_path / "runs"
+    notify = ["notify.webhook_env=SFT_GRID_TEST_HOOK", f"notify.command=[{sys.executable},{script},{sink}]"]
+    composer = GridComposer(hydra_loader, "config")
+    composed, errors = composer.compose_all([[*BASE, f"seed={s}", f"runs_root={runs}", *notify] for s in (1, 2)])
+    assert not errors, [e.message for e in errors]
+    flow.run(composed, errors)
+    failed = cells(runs)[1]
+    job_id = job_of(failed)
+    array = events.last(events.read(failed), Kind.SUBMITTED).array
+    log = runs / "default" / SUBMITIT_DIR / array / f"{job_id}_0_log.out"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    fakeslurm.set_state(fake, job_id, "FAILED", "NonZeroExitCode")
+    inputs = flow.check(composed, errors, flow.Observer())
+    assert not inputs.dry_run
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"plan started a process: {args}")
+
+    def plan_twice(observed: flow.Observed) -> flow.GridPlan:
+        """The plan over this observation, made twice; asserts that it changed nothing."""
+        before = _tree(tmp_path)  # the ledgers, the cells' files, the sink, the fake Slurm's record of its calls
+        sent = len(receiver.requests)
+        with monkeypatch.context() as m:
+            m.setattr(subprocess.Popen, "__init__", no_process)
+            first, second = flow.plan(inputs, observed), flow.plan(inputs, observed)
+        assert first == second
+        assert _tree(tmp_path) == before and len(receiver.requests) == sent
+        return first
+
+    seen = flow.observe(inputs, record=False)
+    assert seen.view.state(failed).state is State.FAILED and not seen.view.state(failed).failure_class
+    untriaged = plan_twice(seen)
+    assert [e["event"] for e in ledger(failed)].count("failed") == 0 and not sink.exists()
+    assert [d.action for d in untriaged.decisions] == [Action.SKIP, Action.SKIP]
+
+    observed = flow.observe(inputs)
+    # the observation recorded the triage (its class from the log) and sent the cell's end, once, both ways
+    (triaged,) = [e for e in ledger(failed) if e["event"] == "failed"]
+    assert triaged["class"] == "gpu_oom", triaged
+    assert observed.view.state(failed).failure_class == "gpu_oom"
+    assert len(sink.read_text().splitlines()) == 1 and len(receiver.requests) == 1
+    assert json.loads(receiver.requests[0]["body"])["class"] == "gpu_oom"
+    grid = plan_twice(observed)
+    assert grid.decisions[1].why.startswith("failed [gpu_oom]"), grid.decisions[1].why
+    assert len(sink.read_text().splitlines()) == 1
+
+    # the view is immutable: nothing can add to what the plan read
+    with pytest.raises(AttributeError):
+        observed.view.histories[failed].append(None)
+    with pytest.raises(TypeError):
+        observed.view.histories[failed] = ()
+
+    # observing again records and sends nothing more
+    flow.observe(inputs)
+    assert len(sink.read_text().splitlines()) == 1 and len(receiver.requests) == 1
+    assert [e["event"] for e in ledger(failed)].count("failed") == 1

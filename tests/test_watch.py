@@ -38,7 +38,7 @@ def fake_grid(request: pytest.FixtureRequest) -> tuple[Path, Any]:
 
 def start(sweep_dir: Path, tty: bool = False) -> tuple[Watch, io.StringIO, threading.Thread]:
     out = io.StringIO()
-    watch = Watch(sweep_dir, 0.05, out, tty, TITLE)
+    watch = Watch(sweep_dir, interval=0.05, out=out, tty=tty, title=TITLE)
     thread = threading.Thread(target=watch.run, daemon=True)
     thread.start()
     return watch, out, thread

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import hydra
 from omegaconf import DictConfig
@@ -23,6 +23,16 @@ from sft_grid.core.paths import CONF_DIR
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.planning.conf_files import YAML_ERROR
 from sft_grid.planning.resolvers import register
+
+if TYPE_CHECKING:  # annotations only: `--help` imports none of the grid
+    from hydra.core.config_loader import ConfigLoader
+
+    from sft_grid.core.state import CellState
+    from sft_grid.core.submission import LocalJob, SlurmJob
+    from sft_grid.grid.flow import GridResult
+    from sft_grid.planning.compose import Composed, CompositionError
+    from sft_grid.stages.staging import StagingPlan
+    from sft_grid.stages.staging.values import Progress
 
 register()  # the cell schema and sft_grid's resolvers, before Hydra composes anything
 
@@ -46,12 +56,12 @@ def fail_empty_axes(axes: Sequence[str]) -> None:
         GridError(
             [
                 Problem(
-                    "<grid>",
-                    axis.split("=", 1)[0],
-                    axis.split("=", 1)[1],
-                    "axis-empty",
-                    "this axis sweeps no value, so the grid has no cell",
-                    "glob() matches only options under conf/ (see `sft-grid run --help` for them);"
+                    cell="<grid>",
+                    key=axis.split("=", 1)[0],
+                    value=axis.split("=", 1)[1],
+                    rule="axis-empty",
+                    message="this axis sweeps no value, so the grid has no cell",
+                    fix="glob() matches only options under conf/ (see `sft-grid run --help` for them);"
                     " range(a,b) needs a < b",
                 )
                 for axis in axes
@@ -61,12 +71,15 @@ def fail_empty_axes(axes: Sequence[str]) -> None:
     )
 
 
-def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
+def run_grid(master: DictConfig, overrides: list[list[str]], loader: ConfigLoader) -> GridResult:
     """All cells of a Hydra multirun (called by the sft_grid launcher)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from omegaconf import OmegaConf
 
     from sft_grid.planning.compose import GridComposer
 
+    # the composer reuses the implementation's caching repository (planning/compose.py): Hydra's one loader
+    assert isinstance(loader, ConfigLoaderImpl), type(loader)
     hydra_overrides = OmegaConf.to_container(master.hydra.overrides.hydra)
     assert isinstance(hydra_overrides, list)  # hydra.overrides.hydra: Hydra's own list of override strings
     composer = GridComposer(loader, master.hydra.job.config_name, hydra_overrides)
@@ -76,12 +89,12 @@ def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
             GridError(
                 [
                     Problem(
-                        "<grid>",
-                        "",
-                        None,
-                        "grid-empty",
-                        "the sweep expanded to no cells",
-                        "check the swept values; glob() matches only options under conf/",
+                        cell="<grid>",
+                        key="",
+                        value=None,
+                        rule="grid-empty",
+                        message="the sweep expanded to no cells",
+                        fix="check the swept values; glob() matches only options under conf/",
                     )
                 ],
                 "planning",
@@ -90,7 +103,7 @@ def run_grid(master: Any, overrides: list[list[str]], loader: Any) -> Any:
     return _run(composed, errors)
 
 
-def run_single(cfg: Any) -> Any:
+def run_single(cfg: DictConfig) -> GridResult:
     """One cell, composed by Hydra (`sft-grid run <overrides>` without -m)."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
@@ -110,7 +123,7 @@ def run_single(cfg: Any) -> Any:
     return _run([Composed(tuple(overrides), cast(dict[str, Any], config))], [])
 
 
-def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
+def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> GridResult:
     from sft_grid.cli.live import Live
     from sft_grid.cli.present import failure_lines, progress_text, staged_lines, staging_lines
     from sft_grid.grid import flow
@@ -118,7 +131,7 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
     live = Live(sys.stderr)
 
     class Show(flow.Observer):
-        def planned(self, cells: int, counts: Any) -> None:
+        def planned(self, cells: int, counts: Mapping[str, int]) -> None:
             what = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: kv[0] != "to run"))
             # progress, not a result: on stderr with the live lines, so stdout stays the table or plan alone
             live.note(f"grid of {cells} cell(s) ({what}): checking every cell before anything is written or sent")
@@ -126,21 +139,21 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
         def phase(self, name: str, done: int, total: int, detail: str = "") -> None:
             live.phase(name, done, total, detail)
 
-        def staging(self, plan: Any) -> None:
+        def staging(self, plan: StagingPlan) -> None:
             for line in staging_lines(plan):
                 out(line)
 
-        def progress(self, p: Any) -> None:
+        def progress(self, p: Progress) -> None:
             live.transfer(p)
 
-        def queued(self, result: Any) -> None:
+        def queued(self, result: GridResult) -> None:
             live.end()
             _print_launch(result)
 
-        def local_progress(self, running: Any) -> None:
+        def local_progress(self, running: Mapping[LocalJob, CellState]) -> None:
             live.cells(running)
 
-        def local_done(self, job: Any, state: Any) -> None:
+        def local_done(self, job: LocalJob, state: CellState) -> None:
             live.cell_done(job)
             out(
                 f"  {state.state.value:<9} {job.label}  {progress_text(state)}"
@@ -221,7 +234,7 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
 # -- what is printed ---------------------------------------------------------------------------------------
 
 
-def _sbatch_previews(result: Any) -> list[tuple[Any, str]]:
+def _sbatch_previews(result: GridResult) -> list[tuple[SlurmJob, str]]:
     from sft_grid.schedulers import slurm
 
     return [
@@ -229,7 +242,7 @@ def _sbatch_previews(result: Any) -> list[tuple[Any, str]]:
     ]
 
 
-def _print_dry_run(result: Any) -> None:
+def _print_dry_run(result: GridResult) -> None:
     from sft_grid.backends import get as backend_of
     from sft_grid.cli.present import (
         CHECK_HEADERS,
@@ -315,7 +328,7 @@ def _print_dry_run(result: Any) -> None:
         out(f"\nevery sbatch script of the plan: {relative(folder)}/<job name>.sbatch")
 
 
-def _print_costs(result: Any) -> None:
+def _print_costs(result: GridResult) -> None:
     from sft_grid.cli.present import cost_lines
     from sft_grid.grid.decide import Action
 
@@ -325,7 +338,7 @@ def _print_costs(result: Any) -> None:
         out(line)
 
 
-def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:
+def _write_previews(folder: Path, previews: Sequence[tuple[SlurmJob, str]]) -> None:
     """The dry run's own rendered files beside its cells: each planned job's sbatch script."""
     import shutil
 
@@ -335,7 +348,7 @@ def _write_previews(folder: Path, previews: Sequence[tuple[Any, str]]) -> None:
         (folder / f"{job.name}.sbatch").write_text(script)
 
 
-def _print_launch(result: Any) -> None:
+def _print_launch(result: GridResult) -> None:
     from collections import Counter
 
     from sft_grid.cli.present import deferred_lines, failure_lines, no_throughput_lines, pinned_lines, relative
@@ -368,11 +381,11 @@ def _print_launch(result: Any) -> None:
         {d.cell.name: result.deferred[d.cell.name] for d in to_run if d.cell.name in result.deferred}, here=here
     ):
         out(line)
-    for job in result.plan.local:
-        if job.role is Role.PREP:
-            out(f"  tokenizer prep of {job.label}: ran here before its cells ({job.target / 'model'})")
-        elif job.role is Role.TOKENIZE:
-            out(f"  tokenized {job.label} here before its cells ({relative(job.target)})")
+    for here_job in result.plan.local:
+        if here_job.role is Role.PREP:
+            out(f"  tokenizer prep of {here_job.label}: ran here before its cells ({here_job.target / 'model'})")
+        elif here_job.role is Role.TOKENIZE:
+            out(f"  tokenized {here_job.label} here before its cells ({relative(here_job.target)})")
     for d in result.decisions:
         if result.executed and d.dir in result.executed.prep_failed:
             out(f"  failed    {d.cell.name}  {result.executed.prep_failed[d.dir]}")
@@ -407,7 +420,7 @@ def _print_launch(result: Any) -> None:
         out(f"  base model {b.target.name}: " + ("to evaluate, once for the grid" if b.evaluate else b.why))
 
 
-def _print_final(result: Any) -> None:
+def _print_final(result: GridResult) -> None:
     from sft_grid.cli.cmd_status import HEADERS, rows
     from sft_grid.cli.present import relative, table
 

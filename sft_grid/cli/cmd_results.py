@@ -17,7 +17,10 @@ import csv
 import io
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sft_grid.analysis.table import GridTable, Row, Score
 
 FORMATS = ("table", "csv", "json", "markdown")
 
@@ -26,13 +29,13 @@ def _num(v: float | None, digits: int = 4) -> str:
     return "" if v is None else f"{v:.{digits}g}"
 
 
-def _steps(row: Any) -> str:
+def _steps(row: Row) -> str:
     if row.step is None:
         return ""
     return f"{row.step}/{row.total}" if row.total else str(row.step)
 
 
-def score_text(s: Any) -> str:
+def score_text(s: Score) -> str:
     if s.status != "ok":
         return s.status
     if s.value is None:
@@ -40,11 +43,11 @@ def score_text(s: Any) -> str:
     return f"{s.value:.4g}" + (f" ± {s.stderr:.2g}" if s.stderr is not None else "")
 
 
-def headers(table: Any) -> list[str]:
+def headers(table: GridTable) -> list[str]:
     return ["cell", *table.axes, "state", "steps", "final loss", *table.columns, "GPU-h", "est. GPU-h"]
 
 
-def text_rows(table: Any) -> list[list[str]]:
+def text_rows(table: GridTable) -> list[list[str]]:
     return [
         [
             r.name,
@@ -60,8 +63,8 @@ def text_rows(table: Any) -> list[list[str]]:
     ]
 
 
-def as_json(table: Any) -> dict[str, Any]:
-    def row(r: Any) -> dict[str, Any]:
+def as_json(table: GridTable) -> dict[str, Any]:
+    def row(r: Row) -> dict[str, Any]:
         return {**r.to_json(), "base": r.base, "scores": {c: s.to_json() for c, s in r.scores.items()}}
 
     return {
@@ -74,7 +77,7 @@ def as_json(table: Any) -> dict[str, Any]:
     }
 
 
-def as_csv(table: Any) -> str:
+def as_csv(table: GridTable) -> str:
     """One column per value and one per standard error; a score that is not there has its status as value."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -112,7 +115,7 @@ def as_csv(table: Any) -> str:
     return buf.getvalue()
 
 
-def as_markdown(table: Any) -> str:
+def as_markdown(table: GridTable) -> str:
     def cell(v: str) -> str:
         return v.replace("|", "\\|")
 
@@ -122,7 +125,7 @@ def as_markdown(table: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(table: Any) -> str:
+def summary(table: GridTable) -> str:
     counts: dict[str, int] = {}
     for r in table.rows:
         counts[r.state] = counts.get(r.state, 0) + 1
@@ -141,7 +144,7 @@ def summary(table: Any) -> str:
     return text
 
 
-def render(table: Any, fmt: str) -> str:
+def render(table: GridTable, fmt: str) -> str:
     from sft_grid.cli.present import table as text_table
 
     if fmt == "json":

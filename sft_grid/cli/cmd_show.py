@@ -16,10 +16,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sft_grid.planning.cells import Cell
 
 
-def load_cell(args: Sequence[str]) -> Any:
+def load_cell(args: Sequence[str]) -> Cell:
     """The cell of a rendered directory (its resolved cell.yaml), or the one the overrides compose."""
     import yaml
 
@@ -46,7 +49,7 @@ def compose(overrides: Sequence[str]) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-def show(cell: Any, rows: int = 1, color: bool = False, use_cache: bool = True) -> tuple[str, bool]:
+def show(cell: Cell, rows: int = 1, color: bool = False, use_cache: bool = True) -> tuple[str, bool]:
     """The report for a cell, and whether every source's loss-mask check passes."""
     from sft_grid.checks import mask
     from sft_grid.cli.present import CLOSE, OPEN, example

@@ -20,7 +20,11 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from sft_grid.core.state import CellState
+    from sft_grid.grid.view import GridView
 
 # post: the post-training chain: "done", or its first unfinished stage and that stage's state; eval: the evaluation,
 # "done (N)" when every score its suites ask for is there, else its state and how many of them are
@@ -38,7 +42,7 @@ class Line:
     """A row of the table, the cell's state (None: a base model's row) and what of it is still under way."""
 
     row: tuple[str, ...]
-    state: Any
+    state: CellState | None
     # "train" (its job queued or training), "post" (post-training stages), "eval" (its evaluation), "job" (the
     # local job, which runs all three, still alive)
     under_way: frozenset[str] = frozenset()
@@ -55,12 +59,12 @@ def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[Line
     from sft_grid.grid.view import read_view
 
     dirs, bases = list(cell_dirs), list(base_dirs)
-    view = read_view(dirs, base_dirs=bases)
-    settle(view, dirs)  # records the class of failures the scheduler ended, once; notifies ends
+    # records the class of failures the scheduler ended, once; notifies ends
+    view = settle(read_view(dirs, base_dirs=bases), dirs)
     return lines_of(view, dirs, bases)
 
 
-def lines_of(view: Any, dirs: Sequence[Path], bases: Sequence[Path] = ()) -> list[Line]:
+def lines_of(view: GridView, dirs: Sequence[Path], bases: Sequence[Path] = ()) -> list[Line]:
     from sft_grid.cli.present import progress_text
     from sft_grid.core import events
     from sft_grid.core.events import Kind
@@ -105,14 +109,14 @@ def lines_of(view: Any, dirs: Sequence[Path], bases: Sequence[Path] = ()) -> lis
             st.failure_class or "",
             reason,
         )
-        out.append(Line(row, st, frozenset(under_way)))
+        out.append(Line(row=row, state=st, under_way=frozenset(under_way)))
     for base in bases:
         ev = eval_state(base, view.histories[base], view.scheduler)
         out.append(
             Line(
-                (f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason),
-                None,
-                frozenset({"eval"}) if ev.state in ("queued", "running") else frozenset(),
+                row=(f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason),
+                state=None,
+                under_way=frozenset({"eval"}) if ev.state in ("queued", "running") else frozenset(),
             )
         )
     return out
@@ -131,11 +135,11 @@ def report(found: Sequence[Line]) -> list[str]:
 
     out = [table(HEADERS, [(*r.row[:-1], r.row[-1][:160]) for r in found])]
     counts: dict[str, int] = {}
-    cells = [r for r in found if r.state is not None]
-    for r in cells:
-        counts[r.row[1]] = counts.get(r.row[1], 0) + 1
+    cells = [(r.row, r.state) for r in found if r.state is not None]
+    for row, _ in cells:
+        counts[row[1]] = counts.get(row[1], 0) + 1
     out += ["", f"{len(cells)} cell(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
-    failed = failure_lines([(r.row[0], r.state) for r in cells], per_class=len(found))
+    failed = failure_lines([(row[0], state) for row, state in cells], per_class=len(found))
     if failed:
         out += ["", "failed or cancelled, by class:", *failed]
     return out
@@ -172,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         if args.interval <= 0:
             print("--interval must be more than 0 seconds", file=sys.stderr)
             return 2
-        Watch(sweep_dir, args.interval, sys.stdout, sys.stdout.isatty(), f"sft-grid status {args.grid}").run()
+        title = f"sft-grid status {args.grid}"
+        Watch(sweep_dir, interval=args.interval, out=sys.stdout, tty=sys.stdout.isatty(), title=title).run()
         return 0
     print("\n".join(report(read(iter_cell_dirs(sweep_dir), base_dirs(sweep_dir)))))
     return 0
@@ -184,7 +189,14 @@ class Watch:
     half-written in a ledger; a second Ctrl-C interrupts at once)."""
 
     def __init__(
-        self, sweep_dir: Path, interval: float, out: TextIO, tty: bool, title: str, stop: threading.Event | None = None
+        self,
+        sweep_dir: Path,
+        *,
+        interval: float,
+        out: TextIO,
+        tty: bool,
+        title: str,
+        stop: threading.Event | None = None,
     ) -> None:
         self.sweep_dir, self.interval, self.out, self.tty, self.title = sweep_dir, interval, out, tty, title
         self.stop = stop or threading.Event()

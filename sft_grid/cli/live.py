@@ -13,10 +13,13 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sft_grid.core.state import CellState
 from sft_grid.core.submission import LocalJob
+
+if TYPE_CHECKING:
+    from sft_grid.stages.staging.values import Progress
 
 
 class Live:
@@ -53,7 +56,7 @@ class Live:
 
     # -- a transfer of the grid's Hub inputs -------------------------------------------------------------------------
 
-    def transfer(self, p: Any) -> None:
+    def transfer(self, p: Progress) -> None:
         """A staging transfer's progress (stages/staging's Progress): bytes, rate, time left, file k of n."""
         from sft_grid.stages.staging.values import human
 

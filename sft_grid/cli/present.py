@@ -18,7 +18,14 @@ from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import Role, SlurmJob, SubmissionPlan
 
 if TYPE_CHECKING:  # (annotations only: the results table's formatting need not import the planner's schema)
+    from pathlib import Path
+
+    from sft_grid.grid.costs import GridCosts
+    from sft_grid.grid.flow import GridResult
     from sft_grid.planning.cells import Cell
+    from sft_grid.planning.inputs import Prep
+    from sft_grid.stages.staging import StagingPlan
+    from sft_grid.stages.tokenize import Tokenization
 
 GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 OPEN, CLOSE = "[[", "]]"
@@ -195,7 +202,7 @@ def deferred_lines(
     return [*lines, "  (every deferred check with its cells: SFT_GRID_VERBOSE=1 before the command)"]
 
 
-def eval_lines(result: Any) -> list[str]:
+def eval_lines(result: GridResult) -> list[str]:
     """What the grid evaluates: each suite's cells and scores, and the base models (once per grid)."""
     from sft_grid.planning.evaluation import cell_scores, suites_of
 
@@ -221,10 +228,10 @@ def eval_lines(result: Any) -> list[str]:
     return lines
 
 
-def prep_lines(result: Any) -> list[str]:
+def prep_lines(result: GridResult) -> list[str]:
     """One line per model prep (one in all when there are many): done, or to run before its cells."""
 
-    def state(prep: Any, users: Sequence[Any]) -> str:
+    def state(prep: Prep, users: Sequence[Cell]) -> str:
         if prep.complete:
             return "done"
         slurm = users[0].spec.cluster.executor == "slurm"
@@ -246,11 +253,11 @@ def prep_lines(result: Any) -> list[str]:
     ]
 
 
-def post_lines(cells: Sequence[Any]) -> list[str]:
+def post_lines(cells: Sequence[Cell]) -> list[str]:
     """Which stages follow the training of how many cells, and where the upload runs."""
     from sft_grid.stages.post_training import stages_for, upload_in_job
 
-    groups: dict[tuple[str, ...], list[Any]] = {}
+    groups: dict[tuple[str, ...], list[Cell]] = {}
     for cell in cells:
         groups.setdefault(tuple(stages_for(cell.spec)), []).append(cell)
     lines = []
@@ -329,7 +336,7 @@ def failure_lines(items: Sequence[tuple[str, CellState]], per_class: int = 3) ->
     return lines
 
 
-def staging_lines(staging: Any, limit: int = 8) -> list[str]:
+def staging_lines(staging: StagingPlan | None, limit: int = 8) -> list[str]:
     """What a grid stages: each Hub repository with its files and sizes (a count when there are many), where the
     transfers run, and the free space of each filesystem against what must be fetched."""
     if staging is None or not staging.items:
@@ -375,7 +382,7 @@ def staging_lines(staging: Any, limit: int = 8) -> list[str]:
     return lines
 
 
-def model_lines(cells: Sequence[Cell], staging: Any) -> list[str]:
+def model_lines(cells: Sequence[Cell], staging: StagingPlan | None) -> list[str]:
     """Each checkpoint the grid trains, once: where it comes from, the commit it trains (as the model's conf pins
     it, and as staging resolved it here), its size and what its weights weigh as stored (what staging fetches and
     the tokenizer prep writes again)."""
@@ -413,13 +420,16 @@ def model_lines(cells: Sequence[Cell], staging: Any) -> list[str]:
 HUB_HEADERS = ("kind", "repository", "asked", "resolves to", "main now", "files", "size", "cells", "verdict")
 
 
-def check_table(staging: Any) -> tuple[str, bool]:
+def check_table(staging: StagingPlan | None) -> tuple[str, bool]:
     """`sft-grid check`'s table: each Hub input of the grid as the site's Hub answers for it, and whether all were
     found."""
     from sft_grid.stages.staging.values import human
 
-    rows, ok = [], True
-    for item in staging.items if staging else ():
+    rows: list[tuple[object, ...]] = []
+    ok = True
+    if staging is None:
+        return table(HUB_HEADERS, rows), ok
+    for item in staging.items:
         w = item.wanted
         asked = w.revision[:12] if len(w.revision) == 40 else w.revision
         sha = item.pin.sha[:12] if item.pin else "-"
@@ -441,7 +451,7 @@ def check_table(staging: Any) -> tuple[str, bool]:
     return table(HUB_HEADERS, rows), ok
 
 
-def pinned_lines(staging: Any) -> list[str]:
+def pinned_lines(staging: StagingPlan | None) -> list[str]:
     """A real run's word on its inputs: the Hub could not be asked (taken as staged), or how many are pinned."""
     if staging is None or not staging.items:
         return []
@@ -456,7 +466,7 @@ def pinned_lines(staging: Any) -> list[str]:
     ]
 
 
-def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
+def staged_lines(staging: StagingPlan | None, cells: int, dry_run: bool) -> list[str]:
     """What `sft-grid stage` (stage_only=true) did; nothing is rendered or queued either way."""
     if dry_run:
         return [*staging_lines(staging), "dry run: nothing staged"]
@@ -478,7 +488,7 @@ def staged_lines(staging: Any, cells: int, dry_run: bool) -> list[str]:
     ]
 
 
-def tokenize_lines(tokenized: Mapping[Any, Any], limit: int = 6) -> list[str]:
+def tokenize_lines(tokenized: Mapping[Path, Tokenization], limit: int = 6) -> list[str]:
     """Tokenize once: how many tokenized datasets the running cells share, and what tells them apart."""
     if not tokenized:
         return []
@@ -542,7 +552,7 @@ def duration(seconds: float | None) -> str:
     return f"{days}-{clock}" if days else clock
 
 
-def cost_rows(names: Sequence[str], costs: Any) -> list[tuple[str, ...]]:
+def cost_rows(names: Sequence[str], costs: GridCosts) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for name in names:
         e = costs.estimates.get(name)
@@ -566,7 +576,7 @@ def cost_rows(names: Sequence[str], costs: Any) -> list[tuple[str, ...]]:
     return rows
 
 
-def cost_lines(names: Sequence[str], to_run: Sequence[str], costs: Any) -> list[str]:
+def cost_lines(names: Sequence[str], to_run: Sequence[str], costs: GridCosts | None) -> list[str]:
     """The cost table of these cells, the totals (all, and those a real run would queue), the throughput's
     source per cluster, cells without an estimate and why, and the disk against the free space."""
     if costs is None:
@@ -606,7 +616,7 @@ def cost_lines(names: Sequence[str], to_run: Sequence[str], costs: Any) -> list[
     return lines
 
 
-def no_throughput_lines(names: Sequence[str], costs: Any) -> list[str]:
+def no_throughput_lines(names: Sequence[str], costs: GridCosts | None) -> list[str]:
     """What the estimates cannot say for cells whose cluster names no GPU type of the peak table (no calibration
     either): the same line in the dry run's estimates and in a real run's launch summary, once per cluster."""
     if costs is None:
@@ -627,7 +637,7 @@ def no_throughput_lines(names: Sequence[str], costs: Any) -> list[str]:
     ]
 
 
-def disk_lines(to_run: Sequence[str], costs: Any) -> list[str]:
+def disk_lines(to_run: Sequence[str], costs: GridCosts) -> list[str]:
     need = sum(costs.estimates[n].disk_bytes for n in to_run if n in costs.estimates)
     bound = sum(costs.disk_bounds.get(n, 0.0) for n in to_run if n not in costs.estimates)
     unbounded = sum(1 for n in to_run if n not in costs.estimates and n not in costs.disk_bounds)

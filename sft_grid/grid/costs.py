@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from sft_grid.checks.readable import data_files, locate
@@ -66,19 +67,20 @@ from sft_grid.planning.inputs import pin_of, preps, source_of
 _ASPECT = 128
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class GridCosts:
-    estimates: dict[str, Estimate] = field(default_factory=dict)  # cell name -> estimate
-    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # cell name -> what estimate.json records
-    unknown: dict[str, str] = field(default_factory=dict)  # cell name -> why it has no estimate
+    """What the grid's cells cost, before launch: part of the frozen plan."""
+
+    estimates: Mapping[str, Estimate] = field(default_factory=dict)  # cell name -> estimate
+    inputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # cell name -> what estimate.json records
+    unknown: Mapping[str, str] = field(default_factory=dict)  # cell name -> why it has no estimate
     # cell name -> the most it keeps on disk, for cells without an estimate (save_total_limit checkpoints)
-    disk_bounds: dict[str, float] = field(default_factory=dict)
-    calibrations: dict[str, Calibration] = field(default_factory=dict)
-    free_bytes: dict[Path, int] = field(default_factory=dict)  # runs root -> free space there
-    notes: list[str] = field(default_factory=list)
+    disk_bounds: Mapping[str, float] = field(default_factory=dict)
+    calibrations: Mapping[str, Calibration] = field(default_factory=dict)
+    free_bytes: Mapping[Path, int] = field(default_factory=dict)  # runs root -> free space there
     # each model prep still to run -> what its prepared copy weighs: the checkpoint rewritten in the dtype it is
     # stored in (a Delphi checkpoint: float32, 4 bytes a parameter), under the runs root
-    prepared_bytes: dict[Path, float] = field(default_factory=dict)
+    prepared_bytes: Mapping[Path, float] = field(default_factory=dict)
 
     def file_text(self, name: str) -> str | None:
         """estimate.json of a cell: the estimate and what it was made from (the calibration reads it back)."""
@@ -275,16 +277,14 @@ def free_space(root: Path) -> int | None:
 
 def estimate(cells: Sequence[Cell], lengths: Mapping[str, Mapping[str, Sequence[int]]]) -> GridCosts:
     """Every cell's estimate (module docstring)."""
-    costs = GridCosts()
     roots = list(dict.fromkeys(c.runs_root for c in cells))
-    costs.calibrations = calibrations(roots)
-    for root in roots:
-        free = free_space(root)
-        if free is not None:
-            costs.free_bytes[root] = free
-    for prep, users in preps(cells).items():
-        if not prep.complete:
-            costs.prepared_bytes[prep.dir] = float(weights_bytes(users[0].spec.model))
+    calibrated = calibrations(roots)
+    free_bytes = {root: free for root in roots if (free := free_space(root)) is not None}
+    prepared = {p.dir: float(weights_bytes(users[0].spec.model)) for p, users in preps(cells).items() if not p.complete}
+    estimates: dict[str, Estimate] = {}
+    inputs_of: dict[str, Mapping[str, Any]] = {}
+    unknown: dict[str, str] = {}
+    disk_bounds: dict[str, float] = {}
     throughputs: dict[tuple[str, str, float | None], Any] = {}
     reads = _Reads()
     # cells that differ only in what the estimate does not read (a seed, a learning rate) have one plan but for
@@ -293,21 +293,29 @@ def estimate(cells: Sequence[Cell], lengths: Mapping[str, Mapping[str, Sequence[
     for cell in cells:
         plan, why, inputs = plan_of(cell, lengths.get(cell.name, {}), reads)
         if why:
-            costs.unknown[cell.name] = why
+            unknown[cell.name] = why
             bound = disk_bound(plan)
             if bound is not None:
-                costs.disk_bounds[cell.name] = bound
+                disk_bounds[cell.name] = bound
             continue
         c = cell.spec.cluster
         key = (c.name, gpu_of(cell), c.gpu_peak_tflops)
         if key not in throughputs:
-            throughputs[key] = throughput(c.name, key[1], costs.calibrations, c.gpu_peak_tflops)
+            throughputs[key] = throughput(c.name, key[1], calibrated, c.gpu_peak_tflops)
         shape = (replace(plan, name=""), throughputs[key])
         if shape not in shapes:
             shapes[shape] = estimate_cell(plan, throughputs[key])
-        costs.estimates[cell.name] = replace(shapes[shape], cell=cell.name)
-        costs.inputs[cell.name] = inputs
-    return costs
+        estimates[cell.name] = replace(shapes[shape], cell=cell.name)
+        inputs_of[cell.name] = inputs
+    return GridCosts(
+        estimates=MappingProxyType(estimates),
+        inputs=MappingProxyType(inputs_of),
+        unknown=MappingProxyType(unknown),
+        disk_bounds=MappingProxyType(disk_bounds),
+        calibrations=MappingProxyType(calibrated),
+        free_bytes=MappingProxyType(free_bytes),
+        prepared_bytes=MappingProxyType(prepared),
+    )
 
 
 def problems(costs: GridCosts, to_run: Sequence[Cell]) -> list[Problem]:
@@ -319,12 +327,12 @@ def problems(costs: GridCosts, to_run: Sequence[Cell]) -> list[Problem]:
             assert est.throughput is not None
             out.append(
                 Problem(
-                    cell.name,
-                    "time",
-                    cell.spec.time,
-                    "estimate-wall-time",
-                    f"{est.notes[-1]} ({est.throughput.detail})",
-                    "raise `time` (up to cluster.max_time) or cluster.max_requeues, give the cell more nodes,"
+                    cell=cell.name,
+                    key="time",
+                    value=cell.spec.time,
+                    rule="estimate-wall-time",
+                    message=f"{est.notes[-1]} ({est.throughput.detail})",
+                    fix="raise `time` (up to cluster.max_time) or cluster.max_requeues, give the cell more nodes,"
                     " or shorten it (epochs, max_steps)",
                 )
             )
@@ -432,14 +440,14 @@ def measured(cell_dir: Path, history: Sequence[Event] | None = None) -> Measured
         return None
     try:
         return Measured(
-            cell_dir.name,
-            str(est["cluster"]),
-            str(est["gpu"]),
-            int(est["gpus"]),
-            float(est["params"]),
-            took[0],
-            float(est["tokens"]),
-            float(est["flops"]),
+            cell=cell_dir.name,
+            cluster=str(est["cluster"]),
+            gpu=str(est["gpu"]),
+            gpus=int(est["gpus"]),
+            params=float(est["params"]),
+            seconds=took[0],
+            tokens=float(est["tokens"]),
+            flops=float(est["flops"]),
             train_seconds=seconds,
         )
     except (KeyError, TypeError, ValueError):

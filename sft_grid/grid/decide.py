@@ -39,7 +39,7 @@ class Action(str, Enum):
     SKIP = "skip"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     cell: Cell
     dir: Path
@@ -65,7 +65,7 @@ def skip_reason(cell: Cell, state: CellState) -> str | None:
     if state.state is State.COMPLETED:
         return None if cell.spec.force else "completed (force=true reruns it)"
     if state.state.in_flight:
-        return state.state.value + (f" (job {state.job_id})" if state.job_id else "")
+        return f"{state.state.value}" + (f" (job {state.job_id})" if state.job_id else "")
     if state.state in (State.FAILED, State.CANCELLED):
         if cell.spec.rerun_failed or _requeued(state):
             return None
@@ -91,11 +91,11 @@ def decide(
     scores = cell_scores(cell)
     if why is None and _requeued(state) and not cell.spec.rerun_failed:
         return Decision(
-            cell,
-            cell_dir,
-            state,
-            Action.RUN,
-            f"requeued after {state.failure_class}",
+            cell=cell,
+            dir=cell_dir,
+            state=state,
+            action=Action.RUN,
+            why=f"requeued after {state.failure_class}",
             recovery=recovery,
             exclude=requeue_nodes(history),
             note=f"{REQUEUE_NOTE}{state.failure_class}",
@@ -104,10 +104,10 @@ def decide(
         )
     if why is None:
         return Decision(
-            cell,
-            cell_dir,
-            state,
-            Action.RUN,
+            cell=cell,
+            dir=cell_dir,
+            state=state,
+            action=Action.RUN,
             archive=state.state is State.COMPLETED,
             recovery=recovery,
             post=True,
@@ -119,19 +119,19 @@ def decide(
         why += "".join(f"; {note}" for note in (todo.note, evaluation.note) if note)
         if todo.stages or evaluation.needed:
             return Decision(
-                cell,
-                cell_dir,
-                state,
-                Action.POST,
-                why,
+                cell=cell,
+                dir=cell_dir,
+                state=state,
+                action=Action.POST,
+                why=why,
                 recovery=recovery,
                 post=bool(todo.stages),
                 evaluate=evaluation.needed,
             )
-    return Decision(cell, cell_dir, state, Action.SKIP, why, recovery=recovery)
+    return Decision(cell=cell, dir=cell_dir, state=state, action=Action.SKIP, why=why, recovery=recovery)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BaseDecision:
     """A base model's evaluation: whether it runs now, and why not."""
 
@@ -142,7 +142,7 @@ class BaseDecision:
 
 def decide_base(target: BaseTarget, history: Sequence[Event], view: SchedulerView | None) -> BaseDecision:
     todo = evaluate.todo(target.dir, target.scores, history, view)
-    return BaseDecision(target, todo.needed, todo.note or "every score computed")
+    return BaseDecision(target=target, evaluate=todo.needed, why=todo.note or "every score computed")
 
 
 def plan_recovery(cell_dir: Path, state: CellState, history: Sequence[Event]) -> tuple[Recovery, CellState]:
@@ -152,12 +152,17 @@ def plan_recovery(cell_dir: Path, state: CellState, history: Sequence[Event]) ->
     folder = cell_dir.parent / SUBMITIT_DIR / ref.array
     target = slurm.submission_file(folder, state.job_id)
     adopted = replace(state, recovered=False)
+    array, job_id = ref.array, state.job_id
+
+    def rescue(action: Rescue, orphan: Path | None = None, target: Path | None = None) -> Recovery:
+        return Recovery(cell_dir=cell_dir, job_id=job_id, array=array, action=action, orphan=orphan, target=target)
+
     if target.exists():
-        return Recovery(cell_dir, state.job_id, ref.array, Rescue.ADOPT), adopted
+        return rescue(Rescue.ADOPT), adopted
     if state.state.in_flight:
         orphan = slurm.orphan_for(folder, cell_dir)
         if orphan is not None:
-            return Recovery(cell_dir, state.job_id, ref.array, Rescue.RESTORE, orphan, target), adopted
-        return Recovery(cell_dir, state.job_id, ref.array, Rescue.CANCEL), CellState(State.PLANNED)
+            return rescue(Rescue.RESTORE, orphan, target), adopted
+        return rescue(Rescue.CANCEL), CellState(State.PLANNED)
     # the job ended without ever running the cell (its pickle never arrived): nothing to cancel
-    return Recovery(cell_dir, state.job_id, ref.array, Rescue.REPLAN), CellState(State.PLANNED)
+    return rescue(Rescue.REPLAN), CellState(State.PLANNED)

@@ -1,20 +1,28 @@
-"""The grid flow, for every cell at once, as a plan and its execution.
+"""The grid flow, for every cell at once: observe, then plan, then execute.
 
-    check(composed)  -> Inputs     compose -> validate -> stage -> preflight -> preps, tokenizations, estimates
-    plan(inputs)     -> GridPlan   each cell's decision, its files and the submission plan: frozen, nothing written
-    execute(plan)    -> Executed   the plan's writes, sbatch calls and local jobs before the cells, and nothing else
-    run(composed)    -> GridResult the three in order, under the grid's lock from the plan to its execution; then the
-                                   local cells, waited for
+    check(composed)          -> Inputs     compose -> validate -> stage -> preflight -> preps, tokenizations, estimates
+    observe(inputs)          -> Observed   what the world says now: each ledger, the scheduler's jobs (one sacct and
+                                           squeue call), the cluster's MaxArraySize, the checkout's revision; in a
+                                           real run the triage of failures the scheduler ended, recorded in their
+                                           ledgers, and the notifications of cells and grids that ended, sent
+    plan(inputs, observed)   -> GridPlan   each cell's decision, its files and the submission plan: pure (it writes
+                                           nothing, sends nothing, starts no process; it reads the cells' own marker
+                                           files) and frozen
+    execute(plan)            -> Executed   the plan's writes, sbatch calls and local jobs before the cells, and nothing
+                                           else (a dry run's plan: its cells' files only)
+    run(composed)            -> GridResult the four in order, under the grid's lock from the observation to the
+                                           execution; then the local cells, waited for
 
 Called by the command line (sft_grid/cli/app.py) with the cells Hydra composed. Nothing is written or submitted
 unless every cell passes every rule and check (GridError, with every problem). A cell that is completed or in
-flight is never submitted again; failed cells are listed and rerun on request. A dry run makes the same plan a
-real run executes and writes its cells' files; nothing else changes. The flow prints nothing: it tells an
-`Observer` what it is doing (the command line shows it: the plan at once, then each phase's progress) and returns a
-`GridResult`.
+flight is never submitted again; failed cells are listed and rerun on request. A dry run observes without
+recording anything (no triage, no notification), makes the same plan a real run executes and writes its cells'
+files; nothing else changes. The flow prints nothing: it tells an `Observer` what it is doing (the command line
+shows it: the plan at once, then each phase's progress) and returns a `GridResult`.
 
-What planning writes: in a real run, the triage of failures the scheduler ended, recorded once in their ledgers
-(as `status` would record it); staging fetches into the site's Hugging Face cache. Nothing else, in either.
+Effects, all of them: `check` stages fetches into the site's Hugging Face cache (not in a dry run); `observe`
+records triage and sends notifications (not in a dry run); `execute` does what the plan says. Planning twice over
+one observation gives the same plan and changes nothing (tests/test_grid_decisions.py).
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 from sft_grid.backends import BACKENDS, extra
 from sft_grid.checks.examples import Examples, first_examples
@@ -85,7 +95,7 @@ class Observer:
         """A local job ended."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Inputs:
     """What the checks found, before anything is decided: every cell passed every rule and check."""
 
@@ -93,25 +103,44 @@ class Inputs:
     dirs: tuple[Path, ...]
     dry_run: bool
     staging: StagingPlan
-    checked: Preflight
-    preps: Mapping[Prep, list[Cell]]
-    targets: tuple[BaseTarget, ...]
-    tokens: Mapping[str, Tokenization]
-    costs: grid_costs.GridCosts | None
+    checked: Preflight = field(default_factory=lambda: Preflight([], {}, 0))
+    # each model prep the grid's cells need, with its cells
+    preps: Mapping[Prep, tuple[Cell, ...]] = field(default_factory=dict)
+    targets: tuple[BaseTarget, ...] = ()
+    tokens: Mapping[str, Tokenization] = field(default_factory=dict)
+    costs: grid_costs.GridCosts | None = None
+
+    @property
+    def work(self) -> StageWork | None:
+        """The staging job of this invocation: what must be staged where the cluster says a job stages it."""
+        return _stage_work(self.cells, self.dirs, self.staging)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class Observed:
+    """What `observe` read of the world for a plan (the cells' own marker files `plan` reads itself)."""
+
+    # each ledger (cells, preps, the staging job, tokenizations, base models), with the triage observe recorded,
+    # the scheduler's jobs, each cell's state
+    view: GridView
+    # the cluster's MaxArraySize (Slurm's default where no cell goes to Slurm or the cluster cannot be asked)
+    max_array_size: int
+    # the sft_grid version and git revision each submission records (core/provenance.py)
+    checkout: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
 class GridPlan:
     """Everything an invocation will do, decided before anything of it is written or run."""
 
     cells: tuple[Cell, ...]
-    decisions: tuple[Decision, ...]
-    submission: SubmissionPlan
+    decisions: tuple[Decision, ...] = ()
+    submission: SubmissionPlan = field(default_factory=SubmissionPlan)
     dry_run: bool
     # cell name -> checks that could not run here and run as the job's first step
-    deferred: Mapping[str, tuple[Check, ...]]
+    deferred: Mapping[str, tuple[Check, ...]] = field(default_factory=dict)
     # each model prep the grid's cells need, with its cells
-    preps: Mapping[Prep, list[Cell]]
+    preps: Mapping[Prep, tuple[Cell, ...]] = field(default_factory=dict)
     # the base models the cells' suites evaluate, once per grid
     bases: tuple[BaseDecision, ...] = ()
     # what each cell will cost (None: estimates turned off)
@@ -126,7 +155,7 @@ class GridPlan:
     after_staging: Mapping[str, tuple[Check, ...]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GridResult:
     """A plan and what its execution did. The plan's fields read through (result.cells, result.decisions, ...);
     `result.plan` is its submission plan."""
@@ -138,18 +167,53 @@ class GridResult:
     refused: SubmitRefused | None = None
     examples: Examples | None = None  # a dry run's first example of each source
 
-    cells = property(lambda self: self.grid.cells)
-    decisions = property(lambda self: self.grid.decisions)
-    plan = property(lambda self: self.grid.submission)
-    dry_run = property(lambda self: self.grid.dry_run)
-    deferred = property(lambda self: self.grid.deferred)
-    preps = property(lambda self: self.grid.preps)
-    bases = property(lambda self: self.grid.bases)
-    costs = property(lambda self: self.grid.costs)
-    staging = property(lambda self: self.grid.staging)
-    tokenized = property(lambda self: self.grid.tokenized)
-    passed = property(lambda self: self.grid.passed)
-    after_staging = property(lambda self: self.grid.after_staging)
+    @property
+    def cells(self) -> tuple[Cell, ...]:
+        return self.grid.cells
+
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        return self.grid.decisions
+
+    @property
+    def plan(self) -> SubmissionPlan:
+        return self.grid.submission
+
+    @property
+    def dry_run(self) -> bool:
+        return self.grid.dry_run
+
+    @property
+    def deferred(self) -> Mapping[str, tuple[Check, ...]]:
+        return self.grid.deferred
+
+    @property
+    def preps(self) -> Mapping[Prep, tuple[Cell, ...]]:
+        return self.grid.preps
+
+    @property
+    def bases(self) -> tuple[BaseDecision, ...]:
+        return self.grid.bases
+
+    @property
+    def costs(self) -> grid_costs.GridCosts | None:
+        return self.grid.costs
+
+    @property
+    def staging(self) -> StagingPlan | None:
+        return self.grid.staging
+
+    @property
+    def tokenized(self) -> Mapping[Path, Tokenization]:
+        return self.grid.tokenized
+
+    @property
+    def passed(self) -> Mapping[str, int]:
+        return self.grid.passed
+
+    @property
+    def after_staging(self) -> Mapping[str, tuple[Check, ...]]:
+        return self.grid.after_staging
 
     @property
     def states(self) -> list[str]:
@@ -176,17 +240,16 @@ def run(
     observer = observer or Observer()
     inputs = check(composed, errors, observer)
     if any(c.spec.stage_only or c.spec.check_only for c in inputs.cells):
-        return GridResult(GridPlan(inputs.cells, (), SubmissionPlan(), inputs.dry_run, {}, {}, staging=inputs.staging))
+        return GridResult(grid=GridPlan(cells=inputs.cells, dry_run=inputs.dry_run, staging=inputs.staging))
     with hold_all([d / LOCK_FILE for d in sorted({c.sweep_dir for c in inputs.cells})]):
-        grid = plan(inputs)
-        if grid.dry_run:  # a dry run writes nothing but its cells' files
-            write_all(grid.submission.writes)
-            return GridResult(grid, examples=first_examples(list(grid.cells)))
+        grid = plan(inputs, observe(inputs))
         try:
             executed = execute(grid, observer)
         except SubmitRefused as exc:
-            return GridResult(grid, refused=exc)
-    result = GridResult(grid, executed)
+            return GridResult(grid=grid, refused=exc)
+    if grid.dry_run:
+        return GridResult(grid=grid, examples=first_examples(list(grid.cells)))
+    result = GridResult(grid=grid, executed=executed)
     observer.queued(result)
     return replace(result, final=run_local(grid.submission, executed, observer.local_done, observer.local_progress))
 
@@ -202,12 +265,10 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
     observer.planned(len(cells), _provisional(cells, dirs))
     dry_run = any(c.spec.dry_run for c in cells)
     if any(c.spec.check_only for c in cells):  # `sft-grid check`: the Hub's answers for every input, nothing else
-        return Inputs(
-            tuple(cells), tuple(dirs), True, check_inputs(cells, dirs), Preflight([], {}, 0), {}, (), {}, None
-        )
+        return Inputs(cells=tuple(cells), dirs=tuple(dirs), dry_run=True, staging=check_inputs(cells, dirs))
     cells, staged = _stage(cells, dirs, dry_run, observer)
     if any(c.spec.stage_only for c in cells):
-        return Inputs(tuple(cells), tuple(dirs), dry_run, staged, Preflight([], {}, 0), {}, (), {}, None)
+        return Inputs(cells=tuple(cells), dirs=tuple(dirs), dry_run=dry_run, staging=staged)
     checked = preflight(cells, on_phase=lambda done, total, detail: observer.phase("checks", done, total, detail))
     if checked.problems:
         raise GridError(checked.problems)
@@ -220,15 +281,15 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
         if too_long:
             raise GridError(too_long, "the estimates")
     return Inputs(
-        tuple(cells),
-        tuple(dirs),
-        dry_run,
-        staged,
-        checked,
-        preps(cells),
-        tuple(base_targets(cells)),
-        tokenize.plan(cells),
-        costs,
+        cells=tuple(cells),
+        dirs=tuple(dirs),
+        dry_run=dry_run,
+        staging=staged,
+        checked=checked,
+        preps=MappingProxyType({p: tuple(users) for p, users in preps(cells).items()}),
+        targets=tuple(base_targets(cells)),
+        tokens=MappingProxyType(tokenize.plan(cells)),
+        costs=costs,
     )
 
 
@@ -244,12 +305,12 @@ def _backend_rules(cell: Cell) -> Iterable[Problem]:
     if backend is None:
         return [
             Problem(
-                cell.name,
-                "backend.name",
-                cell.spec.backend.name,
-                "backend-known",
-                "no such backend in sft_grid/backends",
-                f"use one of {', '.join(sorted(BACKENDS))}",
+                cell=cell.name,
+                key="backend.name",
+                value=cell.spec.backend.name,
+                rule="backend-known",
+                message="no such backend in sft_grid/backends",
+                fix=f"use one of {', '.join(sorted(BACKENDS))}",
             )
         ]
     return [*backend.problems(cell), *extra.collisions(backend, cell)]
@@ -302,19 +363,35 @@ def _stage(
 # -- plan: each cell's decision, its files, the submission plan ---------------------------------------------------
 
 
-def plan(inputs: Inputs) -> GridPlan:
-    """The frozen plan of this invocation, from the checked inputs and the cells' states now (run under the grid's
-    lock, with `execute` right after it)."""
-    cells, dirs, tokens = inputs.cells, inputs.dirs, inputs.tokens
-    work = _stage_work(cells, dirs, inputs.staging)
+def observe(inputs: Inputs, *, record: bool | None = None) -> Observed:
+    """What the world says now, for `plan`: each ledger and the scheduler's jobs (one query for the grid), the
+    cluster's MaxArraySize, the checkout. When it records (a real run's, run under the grid's lock with `plan` and
+    `execute` right after it; `record` None: unless a dry run) also its effects: failures the scheduler ended are
+    triaged and recorded in their ledgers, and the cells and grids that ended are notified, once (grid/triage.py,
+    as `status` does). Otherwise it only reads."""
+    work = inputs.work
     view = read_view(
-        dirs,
-        [p.dir for p in inputs.preps] + ([work.dir] if work else []) + sorted({t.dir for t in tokens.values()}),
+        inputs.dirs,
+        [p.dir for p in inputs.preps] + ([work.dir] if work else []) + sorted({t.dir for t in inputs.tokens.values()}),
         [t.dir for t in inputs.targets],
     )
-    if not inputs.dry_run:  # a dry run records nothing
-        settle(view, list(dirs))
-    decisions = [_decide(cell, cell_dir, view) for cell, cell_dir in zip(cells, dirs, strict=True)]
+    if (not inputs.dry_run) if record is None else record:
+        view = settle(view, inputs.dirs)
+    # asked when any cell could go to Slurm: the plan decides which do
+    on_slurm = any(c.spec.cluster.executor == "slurm" for c in [*inputs.cells, *(t.cell for t in inputs.targets)])
+    return Observed(
+        view=view,
+        max_array_size=slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE,
+        checkout=MappingProxyType(checkout()),
+    )
+
+
+def plan(inputs: Inputs, observed: Observed) -> GridPlan:
+    """The frozen plan of this invocation, from the checked inputs and what `observe` saw: pure (it writes nothing,
+    sends nothing, starts no process; it reads the cells' own marker files: a prep or a tokenization built, a
+    submission file in place, post-training stages done), so the same inputs and observation give the same plan."""
+    cells, tokens, view = inputs.cells, inputs.tokens, observed.view
+    decisions = [_decide(cell, cell_dir, view) for cell, cell_dir in zip(cells, inputs.dirs, strict=True)]
     bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
     decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
     writes = [
@@ -329,27 +406,35 @@ def plan(inputs: Inputs) -> GridPlan:
     writes += [render_base(b.target) for b in bases if inputs.dry_run or b.evaluate]
     on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
     on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
-    max_size = slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
-    recorded = {d.dir: provenance(d.cell.pins, checkout()) for d in decisions if d.action is Action.RUN}
+    max_size = observed.max_array_size if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
+    recorded = {d.dir: provenance(d.cell.pins, dict(observed.checkout)) for d in decisions if d.action is Action.RUN}
     submission = build(
-        decisions, view.histories, view.scheduler, max_size, writes, list(bases), work, shared, provenance=recorded
+        decisions,
+        view.histories,
+        view.scheduler,
+        max_size,
+        writes=writes,
+        bases=bases,
+        staging=inputs.work,
+        tokenized=shared,
+        provenance=recorded,
     )
     after: Mapping[str, tuple[Check, ...]] = {}
     if inputs.dry_run:
         deferred, after = _after_staging(deferred, inputs.staging)
     return GridPlan(
-        cells,
-        tuple(decisions),
-        submission,
-        inputs.dry_run,
-        deferred,
-        inputs.preps,
-        bases,
-        inputs.costs,
-        inputs.staging,
-        shared,
-        inputs.checked.passed,
-        after,
+        cells=cells,
+        decisions=tuple(decisions),
+        submission=submission,
+        dry_run=inputs.dry_run,
+        deferred=MappingProxyType(deferred),
+        preps=inputs.preps,
+        bases=bases,
+        costs=inputs.costs,
+        staging=inputs.staging,
+        tokenized=MappingProxyType(shared),
+        passed=MappingProxyType(dict(inputs.checked.passed)),
+        after_staging=MappingProxyType(after),
     )
 
 
@@ -399,7 +484,9 @@ def _stage_work(cells: Sequence[Cell], dirs: Sequence[Path], staged: StagingPlan
     mine = [(c, d) for c, d in zip(cells, dirs, strict=True) if c.name in users]
     pins = tuple(i.pin for i in items if i.pin is not None)
     first = mine[0][0]
-    return StageWork(stage_dir(first.runs_root, pins), pins, frozenset(d for _, d in mine), first.spec.cluster)
+    return StageWork(
+        dir=stage_dir(first.runs_root, pins), pins=pins, cells=frozenset(d for _, d in mine), cluster=first.spec.cluster
+    )
 
 
 def _after_staging(
@@ -425,7 +512,11 @@ def _after_staging(
 
 def execute(grid: GridPlan, observer: Observer | None = None) -> Executed:
     """Everything the plan says, but waiting for its local cells: its writes, the local jobs before the cells (model
-    preps, tokenizations), the cells' submissions. Run under the grid's lock, right after `plan`."""
+    preps, tokenizations), the cells' submissions. A dry run's plan: its cells' files, and nothing else. Run under
+    the grid's lock, right after `plan`."""
+    if grid.dry_run:
+        write_all(grid.submission.writes)
+        return Executed()
     return apply(grid.submission, (observer or Observer()).phase)
 
 
@@ -433,11 +524,13 @@ __all__ = [
     "GridPlan",
     "GridResult",
     "Inputs",
+    "Observed",
     "Observer",
     "Role",
     "cell_dirs",
     "check",
     "execute",
+    "observe",
     "plan",
     "plan_cells",
     "run",

@@ -11,8 +11,15 @@ evaluation array for completed cells with missing scores; one evaluation array o
 Locally: the preps and tokenizations, then the cells in order (each evaluated in its own job), then completed
 cells' pending stages and evaluations, then the base models' evaluations.
 
-In order: the plan from the decisions; the jobs before training (staging, preps, tokenizations, in a chain); the
-sbatch requests and names of the training and post-training jobs; the evaluation jobs.
+Every Slurm job, whatever its kind, is made by one builder (`slurm_job`); what really differs between the six kinds
+(train, post, eval, prep, tokenize, stage) is their request, their targets, what they wait for, and a few facts
+in `_KINDS` (which ledger event counts their earlier attempts, whether what they wait for is part of their name,
+whether they checkpoint, where their submitit folder lives). The names jobs had before stay as they were: a job's
+name is what the next invocation recognises it by.
+
+In order: the plan from the decisions; the jobs before training (staging, preps, tokenizations, in a chain, each
+function returning its job); the sbatch requests and names of the training and post-training jobs; the evaluation
+jobs.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import SUBMITIT_DIR
+from sft_grid.core.schema import CellConf, ClusterConf, EvalConf
 from sft_grid.core.state import SchedulerView
 from sft_grid.core.submission import (
     JOB_PREFIX,
@@ -54,6 +63,7 @@ def build(
     histories: Mapping[Path, Sequence[Event]],
     view: SchedulerView | None,
     max_array_size: int,
+    *,
     writes: Sequence[CellFiles] = (),
     bases: Sequence[BaseDecision] = (),
     staging: StageWork | None = None,
@@ -116,21 +126,23 @@ def _local(
         p = preps.get(d.dir)
         if d.action is Action.RUN and p is not None and p.dir in pending and p.dir not in seen:
             seen.add(p.dir)
-            jobs.append(LocalJob(Role.PREP, p.dir, p.model, prep_stage.TIME_MIN))
+            jobs.append(LocalJob(role=Role.PREP, target=p.dir, label=p.model, timeout_min=prep_stage.TIME_MIN))
     for d in decisions:
         t = tokens.get(d.dir)
         if t is not None and t.dir not in seen:
             seen.add(t.dir)
-            jobs.append(LocalJob(Role.TOKENIZE, t.dir, f"{t.backend} {t.data.key}", tokenize_stage.TIME_MIN))
+            label = f"{t.backend} {t.data.key}"
+            jobs.append(LocalJob(role=Role.TOKENIZE, target=t.dir, label=label, timeout_min=tokenize_stage.TIME_MIN))
     runs = [d for d in decisions if d.action is Action.RUN]
     for d in runs:
         p = preps.get(d.dir)
-        jobs.append(
-            LocalJob(
-                Role.TRAIN, d.dir, d.cell.name, minutes(d), after=p.dir if p is not None and p.dir in pending else None
-            )
-        )
-    jobs += [LocalJob(Role.POST, d.dir, d.cell.name, POST_TIME_MIN) for d in decisions if d.action is Action.POST]
+        after = p.dir if p is not None and p.dir in pending else None
+        jobs.append(LocalJob(role=Role.TRAIN, target=d.dir, label=d.cell.name, timeout_min=minutes(d), after=after))
+    jobs += [
+        LocalJob(role=Role.POST, target=d.dir, label=d.cell.name, timeout_min=POST_TIME_MIN)
+        for d in decisions
+        if d.action is Action.POST
+    ]
     return tuple(jobs), tuple(d.dir for d in runs)
 
 
@@ -144,42 +156,31 @@ def _slurm(
     tokens: Mapping[Path, Tokenization],
 ) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
     runs = [d for d in decisions if d.action is Action.RUN]
-    jobs: list[SlurmJob] = []
     # the chain before training: staging -> preps -> tokenizations; a cell waits for the last it needs
-    after_staging = stage_job(work, histories, view, jobs)
-    waits = prep_jobs(runs, preps, histories, view, jobs, after_staging)
-    prep_array = next((Dependency("afterany", j.name) for j in jobs if j.role is Role.PREP), None)
+    stage, after_staging = stage_job(work, histories, view)
+    prep, waits = prep_jobs(runs, preps, histories, view, after_staging)
+    prep_array = Dependency("afterany", prep.name) if prep is not None else None
     wait_of = {w.cell_dir: w.job for w in waits}
     if after_staging is not None and work is not None:  # cells without a prep of their own wait for the staging
         wait_of.update({d.dir: after_staging for d in runs if d.dir in work.cells and d.dir not in wait_of})
-    wait_of.update(tokenize_jobs(runs, tokens, histories, view, jobs, prep_array or after_staging))
+    tokenizing, tokenize_waits = tokenize_jobs(runs, tokens, histories, view, prep_array or after_staging)
+    wait_of.update(tokenize_waits)
+    jobs = [j for j in (stage, prep, tokenizing) if j is not None]
     concurrency = [d.cell.spec.concurrency for d in runs if d.cell.spec.concurrency]
     throttle = min(concurrency) if concurrency else None
     groups: dict[tuple[Any, ...], list[Decision]] = {}
     for d in runs:
         request = _avoiding(request_for(d.cell.spec, minutes(d)), d.exclude)
         groups.setdefault((request, d.dir.parent, wait_of.get(d.dir)), []).append(d)
-    for (request, sweep_dir, dependency), members in groups.items():
+    for (request, _sweep_dir, dependency), members in groups.items():
         for i in range(0, len(members), max_array_size):
             chunk = members[i : i + max_array_size]
-            dirs = [d.dir for d in chunk]
-            attempts = [count(histories.get(p, ()), Kind.SUBMITTED) for p in dirs]
-            name = job_name(Role.TRAIN, dirs, request, dependency, attempts)
-            jobs.append(
-                SlurmJob(
-                    name,
-                    Role.TRAIN,
-                    tuple(dirs),
-                    request,
-                    sweep_dir / SUBMITIT_DIR / name,
-                    throttle,
-                    dependency,
-                    checkpointable=True,
-                )
+            train = slurm_job(
+                Role.TRAIN, [d.dir for d in chunk], request, histories, dependency=dependency, throttle=throttle
             )
-            after = Dependency("aftercorr" if len(dirs) > 1 else "afterok", name)
+            after = Dependency("aftercorr" if len(chunk) > 1 else "afterok", train.name)
             post = _post_job(chunk, after, histories)
-            jobs += [post, *cell_eval_jobs(chunk, post, histories, throttle)]
+            jobs += [train, post, *cell_eval_jobs(chunk, post, histories, throttle)]
     by_sweep: dict[Path, list[Decision]] = {}
     for d in decisions:
         if d.action is Action.POST:
@@ -205,18 +206,15 @@ def _post_job(
 ) -> SlurmJob:
     needs_hub = any("upload" in stages_for(d.cell.spec) for d in cells)
     request = post_request_for(cells[0].cell.spec, needs_hub)
-    dirs = [d.dir for d in cells]
-    attempts = [count(histories.get(p, ()), Kind.POST_JOB) for p in dirs]
-    name = job_name(Role.POST, dirs, request, after, attempts)
-    return SlurmJob(name, Role.POST, tuple(dirs), request, dirs[0].parent / SUBMITIT_DIR / name, None, after)
+    return slurm_job(Role.POST, [d.dir for d in cells], request, histories, dependency=after)
 
 
 # post-training jobs: consolidation of a 32B checkpoint takes minutes, an upload more
 POST_TIME_MIN = 120
 
 
-def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
-    """The sbatch request of a cell (spec: the cell's CellConf)."""
+def request_for(spec: CellConf, timeout_min: int) -> SlurmRequest:
+    """The sbatch request of a cell."""
     c = spec.cluster
     params: dict[str, Any] = {
         "time": timeout_min,
@@ -241,7 +239,7 @@ def request_for(spec: Any, timeout_min: int) -> SlurmRequest:
     return SlurmRequest(tuple(sorted(params.items())), c.max_requeues)
 
 
-def post_request_for(spec: Any, needs_hub: bool) -> SlurmRequest:
+def post_request_for(spec: CellConf, needs_hub: bool) -> SlurmRequest:
     """A cell's post job: one node without GPUs, on the cluster's post_partition when the job must reach the
     Hub from a site whose compute nodes have no internet."""
     request = request_for(spec, POST_TIME_MIN)
@@ -282,7 +280,7 @@ def prep_request(request: SlurmRequest) -> SlurmRequest:
     return SlurmRequest(request.replace(drop=("signal_delay_s",), **changes).params, 0)
 
 
-def stage_request(cluster: Any) -> SlurmRequest:
+def stage_request(cluster: ClusterConf) -> SlurmRequest:
     """The staging job: one node of the transfer partition (the cluster's own when it names none), a few cores, no
     GPU, the staging wall time, the staging setup lines first; never requeued."""
     st = cluster.staging
@@ -302,6 +300,60 @@ def stage_request(cluster: Any) -> SlurmRequest:
     return SlurmRequest(tuple(sorted(params.items())), 0)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Kind:
+    """What really differs between the kinds of Slurm job, beside their requests and targets."""
+
+    # the ledger event that counts how often each target was submitted before (part of the job's name)
+    attempts: Kind
+    # whether what it waits for is part of its name (the jobs before training were named without it)
+    named_by_dependency: bool = True
+    # it requeues itself on USR2 (time limit near, preemption) and resumes from its last checkpoint
+    checkpointable: bool = False
+    # its submitit folder: inside its one target (the staging job's own directory), else beside its targets
+    folder_in_target: bool = False
+
+
+_KINDS = {
+    Role.TRAIN: _Kind(attempts=Kind.SUBMITTED, checkpointable=True),
+    Role.POST: _Kind(attempts=Kind.POST_JOB),
+    Role.EVAL: _Kind(attempts=Kind.EVAL_JOB),
+    Role.PREP: _Kind(attempts=Kind.SUBMITTED, named_by_dependency=False),
+    Role.TOKENIZE: _Kind(attempts=Kind.SUBMITTED, named_by_dependency=False),
+    Role.STAGE: _Kind(attempts=Kind.SUBMITTED, named_by_dependency=False, folder_in_target=True),
+}
+
+
+def slurm_job(
+    role: Role,
+    targets: Sequence[Path],
+    request: SlurmRequest,
+    histories: Mapping[Path, Sequence[Event]],
+    *,
+    dependency: Dependency | None = None,
+    throttle: int | None = None,
+    label: str = "",
+) -> SlurmJob:
+    """The one way a job of the plan is made, whatever its kind: a task per target, named by what it runs and how
+    often its targets were submitted before, its submitit folder beside its targets."""
+    kind = _KINDS[role]
+    dirs = tuple(targets)
+    attempts = [count(histories.get(t, ()), kind.attempts) for t in dirs]
+    name = job_name(role, dirs, request, dependency if kind.named_by_dependency else None, attempts)
+    home = dirs[0] if kind.folder_in_target else dirs[0].parent
+    return SlurmJob(
+        name=name,
+        role=role,
+        targets=dirs,
+        request=request,
+        folder=home / SUBMITIT_DIR / name,
+        throttle=throttle,
+        dependency=dependency,
+        checkpointable=kind.checkpointable,
+        label=label,
+    )
+
+
 def job_name(
     role: Role, targets: Sequence[Path], request: SlurmRequest, dependency: Dependency | None, attempts: Sequence[int]
 ) -> str:
@@ -319,7 +371,7 @@ def minutes(decision: Decision) -> int:
     return int(parse_minutes(decision.cell.spec.time))
 
 
-def tokenize_request(spec: Any) -> SlurmRequest:
+def tokenize_request(spec: CellConf) -> SlurmRequest:
     """A tokenize-once job: one CPU task on one node of the cluster's partition, all its cores (the backend's
     preprocessing uses them), no GPU, never requeued; the cluster's other sbatch options as its cells have them."""
     request = request_for(spec, tokenize_stage.TIME_MIN)
@@ -331,28 +383,18 @@ def tokenize_request(spec: Any) -> SlurmRequest:
 
 
 def stage_job(
-    work: StageWork | None, histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None, jobs: list[SlurmJob]
-) -> Dependency | None:
-    """What the cells that need the staging wait for: the staging job (appended to `jobs`), or the one an earlier
-    invocation queued while it is still queued or running."""
+    work: StageWork | None, histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None
+) -> tuple[SlurmJob | None, Dependency | None]:
+    """The staging job to submit (None: none, or an earlier invocation's is still queued or running), and what the
+    cells that need the staging wait for."""
     if work is None:
-        return None
+        return None, None
     earlier = queued_job(histories.get(work.dir, ()), view)
     if earlier:
-        return Dependency("afterany", earlier, planned=False)
-    request = stage_request(work.cluster)
-    name = job_name(Role.STAGE, [work.dir], request, None, [count(histories.get(work.dir, ()), Kind.SUBMITTED)])
-    jobs.append(
-        SlurmJob(
-            name,
-            Role.STAGE,
-            (work.dir,),
-            request,
-            work.dir / SUBMITIT_DIR / name,
-            label=f"{len(work.pins)} Hub repositories",
-        )
-    )
-    return Dependency("afterany", name)
+        return None, Dependency("afterany", earlier, planned=False)
+    label = f"{len(work.pins)} Hub repositories"
+    job = slurm_job(Role.STAGE, [work.dir], stage_request(work.cluster), histories, label=label)
+    return job, Dependency("afterany", job.name)
 
 
 def prep_jobs(
@@ -360,13 +402,12 @@ def prep_jobs(
     preps: Mapping[Path, Prep | None],
     histories: Mapping[Path, Sequence[Event]],
     view: SchedulerView | None,
-    jobs: list[SlurmJob],
     after: Dependency | None = None,
-) -> list[PrepWait]:
+) -> tuple[SlurmJob | None, list[PrepWait]]:
     """The model preps these cells wait for: one array of every prep not done and not already queued (a task
-    per model), and the cells' dependency on it. A cell waits for the preps to end, not to succeed (afterany):
-    its job's first step finds whether its own model's prep succeeded, so one broken checkpoint never cancels
-    the cells of the others, and the grid needs one prep job, not one per model."""
+    per model; None when there is none to submit), and the cells' dependency on it. A cell waits for the preps to
+    end, not to succeed (afterany): its job's first step finds whether its own model's prep succeeded, so one
+    broken checkpoint never cancels the cells of the others, and the grid needs one prep job, not one per model."""
     waits: list[PrepWait] = []
     new: dict[Path, tuple[Prep, Decision]] = {}
     queued: dict[Path, str] = {}
@@ -380,32 +421,23 @@ def prep_jobs(
                 queued[p.dir] = job_id
             else:
                 new[p.dir] = (p, d)
-    name = ""
+    job = None
     if new:
         targets = sorted(new)
         request = prep_request(request_for(new[targets[0]][1].cell.spec, minutes(new[targets[0]][1])))
-        attempts = [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
-        name = job_name(Role.PREP, targets, request, None, attempts)
-        jobs.append(
-            SlurmJob(
-                name,
-                Role.PREP,
-                tuple(targets),
-                request,
-                targets[0].parent / SUBMITIT_DIR / name,
-                dependency=after,
-                label=", ".join(new[t][0].model for t in targets),
-            )
-        )
+        label = ", ".join(new[t][0].model for t in targets)
+        job = slurm_job(Role.PREP, targets, request, histories, dependency=after, label=label)
     for d in runs:
         p = preps.get(d.dir)
         if p is None or p.complete:
             continue
         dependency = (
-            Dependency("afterany", queued[p.dir], planned=False) if p.dir in queued else Dependency("afterany", name)
+            Dependency("afterany", queued[p.dir], planned=False)
+            if p.dir in queued
+            else Dependency("afterany", job.name if job is not None else "")
         )
-        waits.append(PrepWait(d.dir, p.model, p.model_dir, dependency))
-    return waits
+        waits.append(PrepWait(cell_dir=d.dir, model=p.model, prepared=p.model_dir, job=dependency))
+    return job, waits
 
 
 def queued_job(history: Sequence[Event], view: SchedulerView | None) -> str:
@@ -422,11 +454,10 @@ def tokenize_jobs(
     tokenized: Mapping[Path, Tokenization],
     histories: Mapping[Path, Sequence[Event]],
     view: SchedulerView | None,
-    jobs: list[SlurmJob],
     after: Dependency | None,
-) -> dict[Path, Dependency]:
+) -> tuple[SlurmJob | None, dict[Path, Dependency]]:
     """One array of the tokenizations these cells share that are not built (a task each, unless one is queued
-    already); each cell -> what it waits for."""
+    already; None when there is none to submit); each cell -> what it waits for."""
     new: dict[Path, Decision] = {}
     waits: dict[Path, Dependency] = {}
     built: dict[Path, bool] = {}  # each tokenization's marker read once, not once per cell
@@ -442,37 +473,25 @@ def tokenize_jobs(
         else:
             new.setdefault(tok.dir, d)
     if not new:
-        return waits
+        return None, waits
     targets = sorted(new)
+    label = f"{len(targets)} tokenized dataset(s)"
     request = tokenize_request(new[targets[0]].cell.spec)
-    name = job_name(
-        Role.TOKENIZE, targets, request, None, [count(histories.get(t, ()), Kind.SUBMITTED) for t in targets]
-    )
-    jobs.append(
-        SlurmJob(
-            name,
-            Role.TOKENIZE,
-            tuple(targets),
-            request,
-            targets[0].parent / SUBMITIT_DIR / name,
-            dependency=after,
-            label=f"{len(targets)} tokenized dataset(s)",
-        )
-    )
+    job = slurm_job(Role.TOKENIZE, targets, request, histories, dependency=after, label=label)
     for d in runs:
         tok = tokenized.get(d.dir)
         if tok is not None and tok.dir in new:
-            waits[d.dir] = Dependency("afterany", name)
-    return waits
+            waits[d.dir] = Dependency("afterany", job.name)
+    return job, waits
 
 
-def eval_minutes(suites: Sequence[Any], cluster: Any) -> int:
+def eval_minutes(suites: Sequence[EvalConf], cluster: ClusterConf) -> int:
     """One job evaluates every suite of its target: their times add up, within the cluster's maximum."""
     total = sum(parse_minutes(s.resources.time) for s in suites)
     return int(min(total, parse_minutes(cluster.max_time)))
 
 
-def eval_request(spec: Any, suites: Sequence[Any]) -> SlurmRequest:
+def eval_request(spec: CellConf, suites: Sequence[EvalConf]) -> SlurmRequest:
     """The sbatch request of an evaluation: one node, the suites' largest GPU, CPU and memory asks, their partition
     (else the cluster's), never requeued."""
     cluster = spec.cluster
@@ -490,19 +509,6 @@ def eval_request(spec: Any, suites: Sequence[Any]) -> SlurmRequest:
     elif gpus and cluster.gpu_directive == "gres":
         changes["gres"] = f"gpu:{gpus}"
     return SlurmRequest(request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), **changes).params, 0)
-
-
-def _array(
-    targets: Sequence[Path],
-    request: SlurmRequest,
-    dependency: Dependency | None,
-    histories: Mapping[Path, Sequence[Event]],
-    throttle: int | None,
-) -> SlurmJob:
-    dirs = list(targets)
-    attempts = [count(histories.get(p, ()), Kind.EVAL_JOB) for p in dirs]
-    name = job_name(Role.EVAL, dirs, request, dependency, attempts)
-    return SlurmJob(name, Role.EVAL, tuple(dirs), request, dirs[0].parent / SUBMITIT_DIR / name, throttle, dependency)
 
 
 def _after(dirs: Sequence[Path], post: SlurmJob | None) -> Dependency | None:
@@ -526,7 +532,14 @@ def cell_eval_jobs(
         if d.evaluate:
             groups.setdefault(eval_request(d.cell.spec, suites_of(d.cell)), []).append(d)
     return [
-        _array([d.dir for d in members], request, _after([d.dir for d in members], post), histories, throttle)
+        slurm_job(
+            Role.EVAL,
+            [d.dir for d in members],
+            request,
+            histories,
+            dependency=_after([d.dir for d in members], post),
+            throttle=throttle,
+        )
         for request, members in groups.items()
     ]
 
@@ -538,16 +551,16 @@ def base_eval_jobs(bases: Sequence[BaseDecision], histories: Mapping[Path, Seque
         if b.evaluate:
             request = eval_request(b.target.cell.spec, b.target.suites)
             groups.setdefault((request, b.target.dir.parent), []).append(b.target.dir)
-    return [_array(dirs, request, None, histories, None) for (request, _), dirs in groups.items()]
+    return [slurm_job(Role.EVAL, dirs, request, histories) for (request, _), dirs in groups.items()]
 
 
 def local_base_jobs(bases: Sequence[BaseDecision]) -> list[LocalJob]:
     return [
         LocalJob(
-            Role.EVAL,
-            b.target.dir,
-            f"base model {b.target.name}",
-            eval_minutes(b.target.suites, b.target.cell.spec.cluster),
+            role=Role.EVAL,
+            target=b.target.dir,
+            label=f"base model {b.target.name}",
+            timeout_min=eval_minutes(b.target.suites, b.target.cell.spec.cluster),
         )
         for b in bases
         if b.evaluate

@@ -15,7 +15,7 @@ import shlex
 import shutil
 import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +50,14 @@ _SCALARS = (str, int, float, bool, type(None))
 
 # a string YAML writes as it is: a conservative alphabet (paths, names), and read back as a string
 _PLAIN = re.compile(r"[A-Za-z0-9_/][A-Za-z0-9_./+=@,-]{0,400}")
-_RESOLVER = yaml.resolver.Resolver()
+# the tag YAML reads a plain scalar as (PyYAML's stubs leave the resolver untyped)
+_resolve_tag: Callable[[type[yaml.Node], str, tuple[bool, bool]], str] = yaml.resolver.Resolver().resolve
 
 
 def plain_string(value: str) -> bool:
     """Whether yaml.dump writes this string unquoted (then `key: value` is its dump, with no call to yaml)."""
     return (
-        bool(_PLAIN.fullmatch(value))
-        and _RESOLVER.resolve(yaml.ScalarNode, value, (True, False)) == "tag:yaml.org,2002:str"
+        bool(_PLAIN.fullmatch(value)) and _resolve_tag(yaml.ScalarNode, value, (True, False)) == "tag:yaml.org,2002:str"
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sft_grid.core import events
-from sft_grid.core.events import Kind
+from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.sacct import SacctLeg, group_legs
 from sft_grid.core.layout import LOCK_FILE, iter_cell_dirs
@@ -46,19 +46,23 @@ def _unrecorded(view: GridView, cell_dir: Path) -> bool:
     return start is not None and not any(e.kind in outcomes for e in history[start + 1 :])
 
 
-def settle(view: GridView, cell_dirs: Sequence[Path]) -> None:
-    """Triage the failures nobody recorded and notify ends; the view's histories get the new events."""
+def settle(view: GridView, cell_dirs: Sequence[Path]) -> GridView:
+    """Triage the failures nobody recorded (each recorded in its ledger) and notify ends: the view with the triage
+    it recorded. What the grid's observe step and `status` do with a fresh view; the view given is left as it is."""
     todo = [d for d in cell_dirs if _unrecorded(view, d)]
     if todo:
-        _triage(view, todo)
+        view = view.with_events(_triage(view, todo))
     _notify(view, cell_dirs)
+    return view
 
 
-def _triage(view: GridView, todo: Sequence[Path]) -> None:
+def _triage(view: GridView, todo: Sequence[Path]) -> dict[Path, tuple[Event, ...]]:
+    """Each cell's triage, recorded in its ledger (shown even where it could not be written)."""
     from sft_grid.core.failures.cell import failed_event, triage
 
     ids = {d: view.state(d).job_id for d in todo}
-    legs = {}
+    legs: dict[str, list[SacctLeg]] = {}
+    recorded: dict[Path, tuple[Event, ...]] = {}
     if any(ids.values()) and view.scheduler is not None and view.scheduler.available:
         try:
             legs = group_legs(slurm.legs(i for i in ids.values() if i))
@@ -77,7 +81,8 @@ def _triage(view: GridView, todo: Sequence[Path]) -> None:
             event = events.append(cell_dir, event)
         except OSError as exc:  # a full disk, say: shown now, recorded by the next reader that can write
             log.warning("%s: could not record its triage (%s)", cell_dir.name, exc)
-        history.append(event)
+        recorded[cell_dir] = (event,)
+    return recorded
 
 
 def _notify(view: GridView, cell_dirs: Sequence[Path]) -> None:

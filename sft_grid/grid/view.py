@@ -1,13 +1,18 @@
 """What the grid knows of its cells before deciding anything: each ledger, and the scheduler's view of every job
-they name (one sacct and one squeue call for the whole grid, however many cells and preps)."""
+they name (one sacct and one squeue call for the whole grid, however many cells and preps).
+
+A `GridView` is one reading, immutable: its histories are tuples behind read-only mappings and each cell's state
+is derived once, when it is read. What adds to it (the triage `grid/triage.py settle` records) makes a new view
+(`with_events`)."""
 
 from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
@@ -18,22 +23,37 @@ from sft_grid.stages.evaluate import eval_job_id
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GridView:
-    """One reading of the grid: its ledgers and the scheduler's jobs. Each cell's state is derived once from them
-    (again only when its history grew, as `settle` appends the triage it records)."""
+    """One reading of the grid: its ledgers, the scheduler's jobs, and each cell's state derived from them."""
 
-    histories: dict[Path, list[Event]]
+    histories: Mapping[Path, tuple[Event, ...]]
     # None: nothing of these cells went to Slurm
     scheduler: SchedulerView | None
-    _states: dict[Path, tuple[int, CellState]] = field(default_factory=dict, repr=False, compare=False)
+    # each cell's state (cells only: not the preps', stagings' or base models' directories)
+    states: Mapping[Path, CellState]
+
+    @classmethod
+    def of(
+        cls, histories: Mapping[Path, Sequence[Event]], scheduler: SchedulerView | None, cell_dirs: Iterable[Path]
+    ) -> GridView:
+        frozen = {d: tuple(h) for d, h in histories.items()}
+        states = {d: state_of(d, scheduler, frozen[d]) for d in cell_dirs}
+        return cls(histories=MappingProxyType(frozen), scheduler=scheduler, states=MappingProxyType(states))
 
     def state(self, cell_dir: Path) -> CellState:
-        history = self.histories[cell_dir]
-        known = self._states.get(cell_dir)
-        if known is None or known[0] != len(history):
-            known = self._states[cell_dir] = (len(history), state_of(cell_dir, self.scheduler, history))
-        return known[1]
+        known = self.states.get(cell_dir)
+        return known if known is not None else state_of(cell_dir, self.scheduler, self.histories[cell_dir])
+
+    def with_events(self, added: Mapping[Path, Sequence[Event]]) -> GridView:
+        """This view with these events after each cell's history (what was just recorded), its states again."""
+        if not added:
+            return self
+        histories = {d: (*h, *added.get(d, ())) for d, h in self.histories.items()}
+        states = {d: state_of(d, self.scheduler, histories[d]) if d in added else st for d, st in self.states.items()}
+        return GridView(
+            histories=MappingProxyType(histories), scheduler=self.scheduler, states=MappingProxyType(states)
+        )
 
 
 def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = (), base_dirs: Sequence[Path] = ()) -> GridView:
@@ -46,9 +66,10 @@ def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = (), base_di
     ids += [job.job_id for d in prep_dirs if (job := events.last(histories[d], Kind.JOB)) is not None and job.job_id]
     names = [r.array for r in refs if not r.job_id and r.array]
     if not ids and not names:
-        return GridView(histories, None)
+        return GridView.of(histories, None, cell_dirs)
     try:
-        return GridView(histories, SchedulerView.of(slurm.query(ids, names)))
+        scheduler = SchedulerView.of(slurm.query(ids, names))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("sacct failed (%s): Slurm cells keep their last recorded state", exc)
-        return GridView(histories, UNAVAILABLE)
+        scheduler = UNAVAILABLE
+    return GridView.of(histories, scheduler, cell_dirs)

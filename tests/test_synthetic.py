@@ -1,0 +1,157 @@
+"""The `synthetic` backend, a simulator (sft_grid/backends/synthetic.py): its law (in_venv/synthetic_train.py), its
+files, a simulated run stopped and resumed from its checkpoint, and a grid of the Delphi grid's shape through the
+real local Slurm cluster (job arrays, the ledger, the post-training chain, a requeue that resumes, a rerun that
+runs nothing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sft_grid.core.layout import checkpoints, iter_cell_dirs
+from sft_grid.in_venv import synthetic_train as law
+
+from .conftest import run_sft
+from .helpers import cancel_jobs_of, grid_states, ledger, wait_for
+
+TRAINER = Path(law.__file__)
+
+
+def _cfg(tmp_path: Path, **kw) -> dict:
+    return {
+        "identity": "abc",
+        "seed": 1,
+        "params": 5e8,
+        "learning_rate": 3e-4,
+        "max_steps": 60,
+        "save_steps": 20,
+        "logging_steps": 5,
+        "warmup_steps": 5,
+        "output_dir": str(tmp_path / "output"),
+        **kw,
+    }
+
+
+def test_the_law_is_seeded_and_its_rankings_flip_during_decay():
+    cfg = {"identity": "x", "seed": 3, "params": 1e9, "max_steps": 100, "warmup_steps": 5, "tokens_per_step": 1e6}
+    assert law.observed_loss({**cfg, "learning_rate": 3e-4}, 40) == law.observed_loss(
+        {**cfg, "learning_rate": 3e-4}, 40
+    )
+    assert law.observed_loss({**cfg, "learning_rate": 3e-4}, 40) != law.observed_loss(
+        {**cfg, "seed": 4, "learning_rate": 3e-4}, 40
+    )
+    noiseless = {**cfg, "law": {"run_noise": 0.0, "step_noise": 0.0}}
+    best, low = {**noiseless, "learning_rate": 3e-4}, {**noiseless, "learning_rate": 1e-4}
+    # before the decay the lower learning rate looks better; at the end of the schedule the best one wins
+    assert law.observed_loss(low, 30) < law.observed_loss(best, 30)
+    assert law.observed_loss(best, 100) < law.observed_loss(low, 100)
+    # larger models reach a lower loss at their own best learning rate
+    big = {**noiseless, "params": 1e10, "learning_rate": law.lr_opt(law.LAW_DEFAULTS, 1e10)}
+    assert law.observed_loss(big, 100) < law.observed_loss(best, 100)
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_and_writes_what_an_unbroken_run_writes(tmp_path):
+    whole, legs = tmp_path / "whole", tmp_path / "legs"
+    for d in (whole, legs):
+        d.mkdir()
+    (whole / "s.json").write_text(json.dumps(_cfg(whole)))
+    (legs / "s.json").write_text(json.dumps(_cfg(legs)))
+    subprocess.run(["python3", str(TRAINER), str(whole / "s.json")], check=True, capture_output=True)
+    first = subprocess.run(
+        ["python3", str(TRAINER), str(legs / "s.json"), "stop_at_step=30"], check=True, capture_output=True, text=True
+    )
+    assert "leg ends at step 30" in first.stdout
+    out = legs / "output"
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-20", "checkpoint-30"]
+    assert not (out / "trainer_state.json").exists()  # not complete: the leg ended at a rung
+    subprocess.run(
+        ["python3", str(TRAINER), str(legs / "s.json"), f"resume_from_checkpoint={out / 'checkpoint-30'}"],
+        check=True,
+        capture_output=True,
+    )
+    assert (out / "trainer_log.jsonl").read_text() == (whole / "output" / "trainer_log.jsonl").read_text()
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state == json.loads((whole / "output" / "trainer_state.json").read_text())
+    assert state["global_step"] == 60 and (out / "model.safetensors").stat().st_size > 8
+    bad = subprocess.run(["python3", str(TRAINER), str(legs / "s.json"), "lr=1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown argument 'lr=1'" in bad.stderr
+
+
+def test_the_synthetic_sweep_renders_its_law_and_refuses_what_it_derives(tmp_path):
+    dry = run_sft("-m", "+sweep=synthetic_delphi", "dry_run=true", f"runs_root={tmp_path}", check=True)
+    assert "18 cell(s)" in dry.stdout
+    cells = list(iter_cell_dirs(tmp_path / "synthetic_delphi"))
+    cfg = json.loads(
+        next(c for c in cells if c.name.startswith("delphi-1e22_wildchat")).joinpath("synthetic.json").read_text()
+    )
+    assert cfg["params"] == 9714698752 and cfg["law"]["E"] == 1.74 and cfg["simulated"] is True
+    bad = run_sft("backend=synthetic", "+extra.learning_rate=1", f"runs_root={tmp_path}", "dry_run=true")
+    assert (
+        bad.returncode != 0
+        and "extra.learning_rate" in bad.stdout + bad.stderr
+        and "set lr instead" in bad.stdout + bad.stderr
+    )
+
+
+@pytest.mark.slurm
+def test_a_synthetic_grid_runs_on_slurm_resumes_after_a_requeue_and_runs_nothing_twice(tmp_path, tiny_assets):
+    roots = [tmp_path / "grid", tmp_path / "one"]
+    try:
+        run_sft("-m", "+sweep=synthetic_delphi", "cluster=slurm_local", f"runs_root={roots[0]}", check=True)
+        # one slow cell (0.05 s a simulated step), requeued once it has its first checkpoint
+        slow = [
+            "backend=synthetic",
+            "cluster=slurm_local",
+            "max_steps=200",
+            "save_steps=20",
+            "+extra.step_seconds=0.05",
+        ]
+        run_sft(*slow, f"runs_root={roots[1]}", check=True)
+        (cell,) = iter_cell_dirs(roots[1] / "default")
+        wait_for(lambda: checkpoints(cell / "output"), "a first checkpoint", deadline_s=300)
+        job = grid_states(roots[1])[cell.name].job_id
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        for root, sweep, n in ((roots[0], "synthetic_delphi", 18), (roots[1], "default", 1)):
+            done = wait_for(
+                lambda r=root, s=sweep: (
+                    (st := grid_states(r, s))
+                    and all(x.state.value in ("completed", "failed") for x in st.values())
+                    and st
+                ),
+                "every cell ended",
+                deadline_s=600,
+            )
+            assert len(done) == n and {s.state.value for s in done.values()} == {"completed"}, done
+        kinds = [e["event"] for e in ledger(cell)]
+        assert "resumed" in kinds, kinds
+        assert "resuming from" in (cell / "logs" / "train.log").read_text()
+        steps = [
+            json.loads(line)["current_steps"]
+            for line in (cell / "output" / "trainer_log.jsonl").read_text().splitlines()
+        ]
+        assert steps[-1] == 200
+        again = run_sft("-m", "+sweep=synthetic_delphi", "cluster=slurm_local", f"runs_root={roots[0]}", check=True)
+        assert "18 cell(s): 0 to run, 18 completed - nothing to run." in again.stdout
+        report = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sft_grid.results",
+                "synthetic_delphi",
+                "--runs-root",
+                str(roots[0]),
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert report.stdout.count('"completed"') >= 18
+    finally:
+        for root in roots:
+            cancel_jobs_of(root)

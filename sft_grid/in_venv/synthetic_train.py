@@ -21,7 +21,8 @@ The law (the loss after `step` of `total` steps at peak learning rate `lr`, for 
   (f is the schedule's factor: linear warmup to 1, then cosine or linear decay to 0). A larger learning rate looks
   worse before decay and better after it, so rankings flip during decay (Wen et al. 2025, "Fantastic
   Optimizers"): what a pruner that compares cells before decay gets wrong;
-* noise: each run has its own offset (seed variance: `run_noise`, relative, ~1%), each logged point its own
+* noise: each run has its own offset (seed variance: `run_noise`, relative, ~1% at 1e9 parameters, optionally
+  falling with size as N^-noise_exponent), each logged point its own
   jitter (`step_noise`), both from a generator seeded by the cell's seed and identity, so a resumed run writes
   the same numbers again.
 
@@ -55,7 +56,8 @@ LAW_DEFAULTS: dict[str, float] = {
     "gamma": 0.25,  # lr_opt(N) = lr0 * (N / 1e9)^-gamma
     "c_lr": 0.03,  # the data term's factor per squared e-fold off lr_opt
     "K": 0.3,  # the plateau's noise floor at lr_opt (nats), gone once the schedule has decayed
-    "run_noise": 0.01,  # relative, per run (seed variance)
+    "run_noise": 0.01,  # relative, per run (seed variance), at 1e9 parameters
+    "noise_exponent": 0.0,  # the run noise scales as (N / 1e9)^-noise_exponent (0: the same at every size)
     "step_noise": 0.002,  # relative, per logged point
 }
 
@@ -89,9 +91,11 @@ def _rng(seed: int, identity: str, what: str) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def run_offset(law: dict[str, float], seed: int, identity: str) -> float:
-    """The run's own relative offset (seed variance), the same at every step of the run."""
-    return _rng(seed, identity, "run").gauss(0.0, law["run_noise"])
+def run_offset(law: dict[str, float], seed: int, identity: str, n: float = 1e9) -> float:
+    """The run's own relative offset (seed variance), the same at every step of the run; smaller for larger models
+    when `noise_exponent` > 0 (seed variance falls with scale: Choshen et al. 2025 find it largest for small models)."""
+    sigma = law["run_noise"] * (n / 1e9) ** (-law.get("noise_exponent", 0.0))
+    return _rng(seed, identity, "run").gauss(0.0, sigma)
 
 
 def observed_loss(cfg: dict[str, Any], step: int) -> float:
@@ -104,7 +108,19 @@ def observed_loss(cfg: dict[str, Any], step: int) -> float:
     )
     identity, seed = str(cfg.get("identity", "")), int(cfg.get("seed", 0))
     jitter = _rng(seed, identity, f"step{step}").gauss(0.0, law["step_noise"])
-    return clean * (1.0 + run_offset(law, seed, identity) + jitter)
+    return clean * (1.0 + run_offset(law, seed, identity, float(cfg["params"])) + jitter)
+
+
+def probe_loss(cfg: dict[str, Any], step: int, probe_steps: int) -> float:
+    """The loss a short cooldown probe measures: from the checkpoint at `step`, `probe_steps` more steps with the
+    learning rate decayed to 0 (the noise floor gone), the run's own offset and the probe's jitter. What a pruner
+    compares instead of the pre-decay loss, so that the decay's flip does not mislead it."""
+    law = {**LAW_DEFAULTS, **cfg.get("law", {})}
+    tokens = (step + probe_steps) * float(cfg.get("tokens_per_step", 1e6))
+    clean = loss_at(law, float(cfg["params"]), float(cfg["learning_rate"]), tokens, 0.0)
+    identity, seed = str(cfg.get("identity", "")), int(cfg.get("seed", 0))
+    jitter = _rng(seed, identity, f"probe{step}").gauss(0.0, law["step_noise"])
+    return clean * (1.0 + run_offset(law, seed, identity, float(cfg["params"])) + jitter)
 
 
 def score(cfg: dict[str, Any], step: int) -> float:

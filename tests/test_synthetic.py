@@ -155,3 +155,57 @@ def test_a_synthetic_grid_runs_on_slurm_resumes_after_a_requeue_and_runs_nothing
     finally:
         for root in roots:
             cancel_jobs_of(root)
+
+
+ADAPTIVE = [
+    "+sweep=synthetic_delphi",
+    "cluster=slurm_local",
+    "+adaptive.at=9714698752",
+    "+adaptive.budget_cells=8",
+    "+adaptive.holdout=[delphi-1e22]",
+]
+
+
+@pytest.mark.slurm
+def test_the_adaptive_loop_on_slurm_seeds_fits_chooses_and_stops_and_replays_a_recorded_round(tmp_path, tiny_assets):
+    """`sft-grid run` again and again continues the loop: the holdouts and the seed design first, then the cells the
+    fit chooses, until the budget. A round recorded but not queued (sbatch refused it here; a kill would do the same)
+    is replayed by the next invocation, never chosen again."""
+    from sft_grid.adaptive.steer import RECORD_FILE, SUMMARY_FILE, read_rounds
+
+    sweep = tmp_path / "synthetic_delphi"
+    try:
+        refused = run_sft("-m", *ADAPTIVE, "cluster.partition=nope", f"runs_root={tmp_path}")
+        assert refused.returncode == 1 and "sbatch refused" in refused.stderr
+        assert len(read_rounds(sweep)) == 1
+        outputs = []
+        for _ in range(8):
+            proc = run_sft("-m", *ADAPTIVE, f"runs_root={tmp_path}", check=True)
+            outputs.append(proc.stdout)
+            if "stop: the budget is spent" in proc.stdout:
+                break
+            wait_for(
+                lambda: (
+                    (st := grid_states(tmp_path, "synthetic_delphi"))
+                    and all(s.state.value in ("completed", "failed") for s in st.values())
+                ),
+                "the round's cells",
+                deadline_s=600,
+            )
+        assert "round 1 already recorded" in outputs[0] and "queued 4 cell(s)" in outputs[0], outputs[0]
+        rounds = read_rounds(sweep)
+        assert "stop: the budget is spent" in outputs[-1]
+        # 3 seed rounds of 2 (the three cheapest sizes of each recipe), then the fit's choice, then the stop
+        assert [len(r["chosen"]) for r in rounds] == [2, 2, 2, 2, 0], rounds
+        assert all("seed design" in w for r in rounds[:3] for w in r["why"])
+        assert all("minimises the forecast's variance" in w for w in rounds[3]["why"])
+        states = grid_states(tmp_path, "synthetic_delphi")
+        ran = {name.split("_")[0] for name in states}
+        assert len(states) == 10 and "delphi-1e22" in ran  # 8 chosen + the 2 holdouts, never fitted
+        assert not any("delphi-1e22" in n for r in rounds for n in r["observed"] + r["chosen"])
+        summary = json.loads((sweep / SUMMARY_FILE).read_text())
+        for h in summary["holdouts"]:
+            assert h["realised"] and h["forecast"] and h["lo"] <= h["forecast"] <= h["hi"]
+        assert (sweep / RECORD_FILE).is_file()
+    finally:
+        cancel_jobs_of(tmp_path)

@@ -77,7 +77,9 @@ def forecasts(
             out.append(Forecast(recipe, None, None, None, len(pts)))
             continue
         band = fit.band
-        lo, hi = (band.lo[0], band.hi[0]) if band is not None else (None, None)
+        # through three points the fit is exact and every resample gives the same curve: no band, not a narrow one
+        exact = len({n for n, _, _ in pts}) <= MIN_SIZES
+        lo, hi = (band.lo[0], band.hi[0]) if band is not None and not exact else (None, None)
         out.append(Forecast(recipe, fit.predict(spec.at), lo, hi, len(pts)))
     return tuple(out)
 

@@ -13,8 +13,9 @@
       question: loss              # loss (each recipe's at `at`) or gap (recipe a minus recipe b at `at`)
       at: 9.715e9                 # the size (parameters) the question is about
       recipes: [magpie, wildchat] # for gap: the two recipes
-      holdout: [delphi-1e22]      # pre-registered: never fitted, never chosen (their realised values are compared
-                                  #   with the forecast in the report)
+      holdout: [delphi-1e22]      # pre-registered model names: run, never fitted, never chosen (their realised
+                                  #   values are shown beside the forecast)
+      recipe_key: vars.recipe     # the cell key whose value names a cell's recipe (one fit per recipe)
       budget_gpu_hours: 400       # or budget_cells: 12
       batch: 2                    # cells chosen per round
       stop_halfwidth: 0.01        # stop once the question's band is narrower than this (its half width)
@@ -47,6 +48,7 @@ ADAPTIVE_KEYS = (
     "stop_halfwidth",
     "level",
     "seed",
+    "recipe_key",
 )
 GUARDS = ("cooldown", "position")
 UNITS = ("steps", "tokens")
@@ -82,6 +84,7 @@ class AdaptiveSpec:
     stop_halfwidth: float | None = None
     level: float = 0.9
     seed: int = 0
+    recipe_key: str = "vars.recipe"
 
 
 def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
@@ -220,6 +223,9 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             _problem("adaptive", "holdout", holdout, "must be a list of cell values", "holdout: [delphi-1e22]")
         )
         holdout = []
+    recipe_key = _get(data, "recipe_key", "vars.recipe")
+    if not isinstance(recipe_key, str) or not recipe_key:
+        problems.append(_problem("adaptive", "recipe_key", recipe_key, "must be a dotted key", "e.g. vars.recipe"))
     seed = _get(data, "seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         problems.append(_problem("adaptive", "seed", seed, "must be a whole number", "e.g. seed: 0"))
@@ -237,6 +243,7 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             None if stop is None else float(stop),
             float(level),
             int(seed),
+            str(recipe_key),
         ),
         [],
     )

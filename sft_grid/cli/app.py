@@ -150,6 +150,13 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
     from sft_grid.stages.staging import StagingStopped, TimeLimitTooShort
 
     try:
+        # issue 26 hook (sft_grid/adaptive/steer.py): a sweep with an `adaptive:` block runs only the cells its fit
+        # chooses this round (a grid without one passes whole); move onto the observe step of the restructured flow
+        from sft_grid.adaptive.steer import select
+
+        composed, steering = select(composed)
+        for line in steering:
+            out(line)
         result = flow.run(composed, errors, Show())
     except GridError as exc:
         live.end()

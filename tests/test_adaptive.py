@@ -202,3 +202,26 @@ def test_the_loop_stops_once_the_band_is_narrow_enough():
     spec = AdaptiveSpec(at=SIZES[-1], budget_cells=18, stop_halfwidth=0.05, seed=0)
     r = choose(spec, pool, observed, resamples=50)
     assert not r.chosen and "half width" in r.stop and r.halfwidth < 0.05
+
+
+def test_the_report_shows_each_holdout_forecast_and_band_beside_its_realised_value():
+    from sft_grid.analysis.page import render
+
+    data = {
+        "grid": {"name": "g"},
+        "cells": [],
+        "adaptive": {
+            "question": {"level": 0.9},
+            "holdouts": [
+                {"cell": "big_a", "recipe": "a", "forecast": 2.0, "lo": 1.9, "hi": 2.1, "realised": 2.05},
+                {"cell": "big_b", "recipe": "b", "forecast": 2.0, "lo": 1.95, "hi": 2.05, "realised": 2.2},
+            ],
+            "why": ["x1: seed design"],
+            "stop": "the budget is spent",
+        },
+    }
+    page = render(data)
+    section = page[page.index('id="adaptive"') :]
+    assert "big_a" in section and "[1.9, 2.1]" in section and "2.05" in section and "-2.44%" in section
+    assert section.index("big_b") < section.index(">no<")  # 2.2 is outside [1.95, 2.05]
+    assert "x1: seed design" in section and "stop: the budget is spent" in section

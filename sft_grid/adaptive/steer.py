@@ -24,6 +24,7 @@ from typing import Any
 
 from sft_grid.adaptive.design import Candidate, Round, choose
 from sft_grid.adaptive.spec import AdaptiveSpec, parse_adaptive
+from sft_grid.analysis.report_data import ADAPTIVE_FILE
 from sft_grid.analysis.table import final_loss, final_losses
 from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
 from sft_grid.core.problems import GridError, Problem
@@ -34,7 +35,7 @@ from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.planning.compose import Composed
 
 RECORD_FILE = ".sft_grid_adaptive.jsonl"
-SUMMARY_FILE = "adaptive.json"
+SUMMARY_FILE = ADAPTIVE_FILE
 
 
 def _value(config: Mapping[str, Any], dotted: str) -> Any:

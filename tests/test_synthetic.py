@@ -6,6 +6,7 @@ runs nothing)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from sft_grid.core.layout import checkpoints, iter_cell_dirs
 from sft_grid.in_venv import synthetic_train as law
 
-from .conftest import run_sft
+from .conftest import REPO_ROOT, run_sft
 from .helpers import cancel_jobs_of, grid_states, ledger, wait_for
 
 TRAINER = Path(law.__file__)
@@ -209,3 +210,97 @@ def test_the_adaptive_loop_on_slurm_seeds_fits_chooses_and_stops_and_replays_a_r
         assert (sweep / RECORD_FILE).is_file()
     finally:
         cancel_jobs_of(tmp_path)
+
+
+PRUNE = [
+    "backend=synthetic",
+    "cluster=slurm_local",
+    "max_steps=90",
+    "save_steps=1000",
+    "lr=1e-4,2e-4,4e-4,8e-4,1.6e-3,3.2e-3",
+    "+prune={rungs: [10, 30], keep: 0.5}",
+]
+
+
+def _prune_until_done(root: Path, kill_after_decision: bool = False) -> list[str]:
+    """`sft-grid run` until every cell is completed or pruned, waiting for each round's jobs; with
+    `kill_after_decision`, the first invocation that records a decision is killed (SIGKILL) right after it does."""
+    from sft_grid.adaptive.halving import RECORD_FILE
+
+    record = root / "default" / RECORD_FILE
+    outputs = []
+    killed = not kill_after_decision
+    for _ in range(10):
+        before = len(record.read_text().splitlines()) if record.is_file() else 0
+        if not killed and before >= 1:
+            env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sft_grid", "-m", *PRUNE, f"runs_root={root}"],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+            def recorded(p: subprocess.Popen = proc, n: int = before) -> bool:
+                return p.poll() is not None or len(record.read_text().splitlines()) > n
+
+            wait_for(
+                recorded,
+                "the next decision recorded",
+                deadline_s=300,
+                interval=0.01,
+            )
+            proc.kill()
+            proc.wait()
+            killed = True
+        else:
+            outputs.append(run_sft("-m", *PRUNE, f"runs_root={root}", check=True).stdout)
+        wait_for(
+            lambda: all(not s.state.in_flight for s in grid_states(root).values()),
+            "the round's legs",
+            deadline_s=600,
+        )
+        states = grid_states(root)
+        if all(s.state.value in ("completed", "pruned") for s in states.values()):
+            return outputs
+    raise AssertionError(f"not done after 10 invocations: {outputs}")
+
+
+@pytest.mark.slurm
+def test_successive_halving_on_slurm_prunes_from_files_and_a_kill_changes_no_decision(tmp_path, tiny_assets):
+    from sft_grid.adaptive.halving import read_record
+
+    roots = [tmp_path / "ref", tmp_path / "killed"]
+    try:
+        _prune_until_done(roots[0])
+        _prune_until_done(roots[1], kill_after_decision=True)
+        want, got = (read_record(r / "default") for r in roots)
+        assert len(want) == 2 and got == want  # the same rungs, evidence, kept and pruned cells
+        states = grid_states(roots[0])
+        pruned = {n for n, s in states.items() if s.state.value == "pruned"}
+        done = {n for n, s in states.items() if s.state.value == "completed"}
+        assert len(pruned) == 4 and len(done) == 2 and done == set(want[("all", 1)].kept)
+        for name in pruned:
+            cell = roots[0] / "default" / name
+            st = states[name]
+            assert st.reason.startswith("pruned at rung") and "kept of" in st.reason
+            # pruned at its rung: its checkpoint kept (resumable by hand), nothing trained past it
+            step = int(st.reason.split("(step ")[1].split(")")[0])
+            assert (cell / "output" / f"checkpoint-{step}").is_dir()
+            logged = [
+                json.loads(x)["current_steps"] for x in (cell / "output" / "trainer_log.jsonl").read_text().splitlines()
+            ]
+            assert max(logged) == step
+        for name in done:  # survivors resumed from their rungs' checkpoints: every step logged once, none twice
+            logged = [
+                json.loads(x)["current_steps"]
+                for x in (roots[0] / "default" / name / "output" / "trainer_log.jsonl").read_text().splitlines()
+            ]
+            assert logged == sorted(set(logged)) and logged[-1] == 90
+        again = run_sft("-m", *PRUNE, f"runs_root={roots[0]}", check=True)
+        assert "0 cell(s) train a leg now" in again.stdout and "nothing to run" in again.stdout
+        assert read_record(roots[0] / "default") == want
+    finally:
+        for root in roots:
+            cancel_jobs_of(root)

@@ -69,4 +69,5 @@ BACKEND = Backend(
     problems=lambda cell: iter(()),
     mask_spec=lambda cell: MaskSpec("", NAME),
     resume_args=_resume_args,
+    legs=lambda stop, probe: [f"stop_at_step={stop}", f"probe_steps={probe}"],
 )

@@ -155,6 +155,15 @@ def _save_model(cfg: dict[str, Any], where: Path, step: int) -> None:
             (where / name).write_bytes((source / name).read_bytes())
 
 
+def _probe(cfg: dict[str, Any], out: Path, step: int) -> None:
+    """The cooldown probe from the checkpoint at `step` (when the leg asks for one): output/probe-<step>.json."""
+    steps = int(cfg.get("probe_steps") or 0)
+    if steps > 0:
+        loss = probe_loss(cfg, step, steps)
+        _write_json(out / f"probe-{step}.json", {"step": step, "probe_steps": steps, "loss": round(loss, 6)})
+        print(f"[synthetic] cooldown probe from step {step} over {steps} steps: loss {loss:.6f}", flush=True)
+
+
 def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
     out = Path(cfg["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -172,6 +181,9 @@ def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
         print(f"[synthetic] resuming from {resume} at step {start}", flush=True)
     log = out / "trainer_log.jsonl"
     pause = float(cfg.get("step_seconds") or 0.0)
+    if stop_at and start >= stop_at:  # resumed at its rung (a leg cut after its checkpoint): only the probe is left
+        _probe(cfg, out, stop_at)
+        return
     for step in range(start + 1, total + 1):
         if pause:
             time.sleep(pause)  # a simulated step's duration (the tests' kills need a run that lasts)
@@ -194,6 +206,7 @@ def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
             os.replace(part, ckpt)  # a checkpoint appears whole or not at all
             if stop_at and step == stop_at:
                 print(f"[synthetic] leg ends at step {step} (a rung): checkpoint {ckpt.name}", flush=True)
+                _probe(cfg, out, step)
                 return
     final = {"global_step": total, "max_steps": total, "log_history": history}
     _write_json(out / "all_results.json", {"train_loss": history[-1]["loss"] if history else None, "simulated": True})
@@ -209,8 +222,8 @@ def main(argv: list[str]) -> int:
         key, _, value = arg.partition("=")
         if key == "resume_from_checkpoint":
             resume = Path(value)
-        elif key == "stop_at_step":
-            cfg["stop_at_step"] = int(value)
+        elif key in ("stop_at_step", "probe_steps"):
+            cfg[key] = int(value)
         else:
             print(f"[synthetic] unknown argument {arg!r}: expected resume_from_checkpoint=<dir>", file=sys.stderr)
             return 2

@@ -304,3 +304,44 @@ def test_successive_halving_on_slurm_prunes_from_files_and_a_kill_changes_no_dec
     finally:
         for root in roots:
             cancel_jobs_of(root)
+
+
+@pytest.mark.slurm
+def test_the_adaptive_loop_trains_real_cells_with_llamafactory_on_slurm(tmp_path, tiny_assets):
+    """The loop end to end with a real backend: three tiny Llama sizes trained by LLaMA-Factory on the local Slurm
+    cluster, chosen two then one by the fit's seed design, fitted on their real losses, then the stop."""
+    from sft_grid.adaptive.steer import read_rounds
+
+    args = [
+        "-m",
+        "model=tiny_llama,tiny_llama_m,tiny_llama_l",
+        "cluster=slurm_local",
+        "max_steps=4",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "cutoff_len=256",
+        "+adaptive.at=0.01e9",
+        "+adaptive.budget_cells=3",
+        "+adaptive.recipe_key=dataset",
+        f"runs_root={tmp_path}",
+    ]
+    try:
+        outputs = []
+        for _ in range(4):
+            outputs.append(run_sft(*args, check=True).stdout)
+            if "stop:" in outputs[-1]:
+                break
+            wait_for(
+                lambda: all(not s.state.in_flight for s in grid_states(tmp_path).values()),
+                "the round's cells",
+                deadline_s=900,
+            )
+        rounds = read_rounds(tmp_path / "default")
+        assert [len(r["chosen"]) for r in rounds] == [2, 1, 0], outputs
+        states = grid_states(tmp_path)
+        assert len(states) == 3 and {s.state.value for s in states.values()} == {"completed"}, states
+        (fit,) = rounds[-1]["forecasts"]
+        assert fit["points"] == 3 and fit["value"] > 0  # fitted on the three real final losses
+        assert "the budget is spent" in outputs[-1]
+    finally:
+        cancel_jobs_of(tmp_path)

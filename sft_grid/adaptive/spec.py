@@ -1,7 +1,7 @@
 """A sweep's `prune:` and `adaptive:` blocks, typed, and every bad value refused before anything is queued.
 
     prune:                        # successive halving of the cells of each bracket
-      metric: loss                # loss (the training loss) or score:<task> (a score along training, higher better)
+      metric: loss                # the loss (on the cooldown probe, or logged at the rung)
       rungs: [12, 37]             # where the cells are compared: steps, or tokens with unit: tokens; increasing,
       unit: steps                 #   each before the cells' last step
       keep: 0.34                  # the fraction of each bracket kept at each rung (at least one cell)
@@ -116,8 +116,16 @@ def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | No
         return None, [_problem("prune", "", data, "is not a mapping", "write prune: {metric: loss, rungs: [...], ...}")]
     problems = _unknown("prune", data, PRUNE_KEYS)
     metric = _get(data, "metric", "loss")
-    if not isinstance(metric, str) or not (metric == "loss" or (metric.startswith("score:") and len(metric) > 6)):
-        problems.append(_problem("prune", "metric", metric, "is not a metric", "metric: loss, or score:<task>"))
+    if metric != "loss":
+        problems.append(
+            _problem(
+                "prune",
+                "metric",
+                metric,
+                "is not a metric the rungs can read (scores along training are not computed yet)",
+                "metric: loss",
+            )
+        )
     unit = _get(data, "unit", "steps")
     if unit not in UNITS:
         problems.append(_problem("prune", "unit", unit, "is not a unit of the rungs", f"one of {', '.join(UNITS)}"))

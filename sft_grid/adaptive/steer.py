@@ -39,12 +39,13 @@ SUMMARY_FILE = ADAPTIVE_FILE
 
 
 def _value(config: Mapping[str, Any], dotted: str) -> Any:
+    """The value at a dotted key; a section (e.g. `dataset`, a mix) is named by its keys joined with `+`."""
     node: Any = config
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
             return None
         node = node[part]
-    return node
+    return "+".join(map(str, node)) if isinstance(node, Mapping) else node
 
 
 def _gpu_hours(cells: Sequence[Cell]) -> tuple[dict[str, float], str]:

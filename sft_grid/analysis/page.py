@@ -232,6 +232,34 @@ def _estimates(data: dict[str, Any]) -> str:
     return f'<p class="note" id="estimates">{escape(text)}</p>' + (f'<ul class="note">{items}</ul>' if items else "")
 
 
+def _adaptive(data: dict[str, Any]) -> str:
+    """An adaptive grid (issue 26): each pre-registered holdout's forecast and band beside its realised value, and
+    the latest round's choice with its reasons."""
+    ad = data.get("adaptive")
+    if not isinstance(ad, dict):
+        return ""
+    rows = []
+    for h in ad.get("holdouts") or []:
+        f, lo, hi, real = (_num(h.get(k)) for k in ("forecast", "lo", "hi", "realised"))
+        inside = "" if None in (lo, hi, real) else ("yes" if lo <= real <= hi else "no")  # type: ignore[operator]
+        err = "" if f is None or not real else f"{100 * (f - real) / real:+.2f}%"
+        band = "" if lo is None or hi is None else f"[{_g(lo)}, {_g(hi)}]"
+        cells = (h.get("cell"), h.get("recipe"), _g(f) if f is not None else "no fit", band, _g(real) if real else "")
+        rows.append("<tr>" + "".join(_td(escape(str(c or ""))) for c in (*cells, err, inside)) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("holdout", "recipe", "forecast", "band", "realised", "error", "in band"))
+    level = (ad.get("question") or {}).get("level")
+    why = "".join(f"<li>{escape(str(w))}</li>" for w in ad.get("why") or [])
+    stop = f'<p class="note">stop: {escape(str(ad["stop"]))}</p>' if ad.get("stop") else ""
+    return (
+        f'<h2>Adaptive grid</h2><section id="adaptive"><p class="note">The fit of the cells the loop chose, its'
+        f" {_g(level) if level else ''} band at each pre-registered holdout (never fitted, never chosen), and what"
+        f" the holdout realised.</p><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        + (f'<ul class="note">{why}</ul>' if why else "")
+        + stop
+        + "</section>"
+    )
+
+
 # Draws each figure of the JSON in script#figures into its element (figures.py's Canvas).
 _DRAW = """
 (function(){var f=JSON.parse(document.getElementById("figures").textContent);
@@ -269,6 +297,7 @@ def render(data: dict[str, Any]) -> str:
         f"<h2>Cells ({len(layout.cells)})</h2>",
         _table(layout.axes, layout.cells, data.get("columns")) if layout.cells else '<p class="note">No cells.</p>',
         _estimates(data),
+        _adaptive(data),
     ]
     if layout.cells:
         body += ['<h2>Loss curves</h2><section id="curves">', loss_curves(layout, canvas), "</section>"]

@@ -12,6 +12,7 @@ completed cells), and what it took (its completing run's wall time x GPUs; CPU t
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import time
@@ -27,6 +28,9 @@ from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.grid.costs import measured
 from sft_grid.planning.estimate import Measured, calibrate, leave_one_out
+
+# an adaptive grid's latest round, beside its cells (sft_grid/adaptive/steer.py)
+ADAPTIVE_FILE = "adaptive.json"
 
 
 def _git(*args: str) -> str:
@@ -181,4 +185,9 @@ def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
         },
     }
     data["fits"] = report_fits(data, resamples=resamples)
+    # issue 26: an adaptive grid's latest round (sft_grid/adaptive/steer.py writes it): each holdout's forecast
+    # and band beside its realised value
+    adaptive = sweep_dir / ADAPTIVE_FILE
+    if adaptive.is_file():
+        data["adaptive"] = json.loads(adaptive.read_text())
     return data

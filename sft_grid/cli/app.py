@@ -163,6 +163,15 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
     from sft_grid.stages.staging import StagingStopped, TimeLimitTooShort
 
     try:
+        # issue 26 hook (sft_grid/adaptive/steer.py, prune.py): a sweep with an `adaptive:` block runs only the cells
+        # its fit chooses this round, one with a `prune:` block only the legs of the cells its rungs keep (a grid
+        # with neither passes whole); move onto the observe step of the restructured flow
+        from sft_grid.adaptive import prune, steer
+
+        composed, steering = steer.select(composed)
+        composed, pruning = prune.select(composed)
+        for line in (*steering, *pruning):
+            out(line)
         result = flow.run(composed, errors, Show())
     except GridError as exc:
         live.end()

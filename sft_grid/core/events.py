@@ -36,6 +36,7 @@ class Kind(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # issue 26: stopped at a rung by successive halving (its reason: the rung's evidence)
     # annotations
     JOB = "job"  # the scheduler's id of the latest submission
     INTERRUPTED = "interrupted"  # training was killed by a signal (time limit, preemption, OOM killer)
@@ -51,7 +52,9 @@ class Kind(str, Enum):
     OTHER = "other"  # a kind this version does not know (kept, never decides anything)
 
 
-STATE_KINDS = frozenset({Kind.PLANNED, Kind.SUBMITTED, Kind.RUNNING, Kind.COMPLETED, Kind.FAILED, Kind.CANCELLED})
+STATE_KINDS = frozenset(
+    {Kind.PLANNED, Kind.SUBMITTED, Kind.RUNNING, Kind.COMPLETED, Kind.FAILED, Kind.CANCELLED, Kind.PRUNED}
+)
 
 
 @dataclass(frozen=True)

@@ -471,3 +471,7 @@ class CellConf:
     # cells whose data tokenizes the same share one tokenized dataset, built once before them (stages/tokenize.py);
     # false: each cell tokenizes in its own job
     tokenize_once: bool = True
+    # issue 26, grids that steer themselves (sft_grid/adaptive/spec.py documents and validates both blocks; not
+    # identity): successive halving of the grid's cells, and the next cells from the fit. Empty: off.
+    prune: dict[str, Any] = field(default_factory=dict)
+    adaptive: dict[str, Any] = field(default_factory=dict)

@@ -31,6 +31,7 @@ class State(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # issue 26: stopped at a rung by successive halving; its checkpoint kept, resumable by hand
 
     @property
     def in_flight(self) -> bool:
@@ -223,6 +224,9 @@ def _state(output_dir: Path, view: SchedulerView | None, history: Sequence[Event
             "the ledger says completed but the output has no final weights and trainer_state.json (deleted or moved?)",
             job_id,
         )
+    if kind is Kind.PRUNED:
+        assert last is not None
+        return CellState(State.PRUNED, last.reason, job_id, done)
     if kind in (Kind.FAILED, Kind.CANCELLED):
         assert last is not None
         return CellState(

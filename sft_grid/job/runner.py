@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from sft_grid.backends import get as backend_of
+from sft_grid.backends.base import LEG_FILE
 from sft_grid.checks.preflight import run_deferred
 from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile, PreflightFile
@@ -121,6 +122,22 @@ def archive_output(cell_dir: Path, why: str) -> Path | None:
     return dest
 
 
+def _leg(cell_dir: Path) -> tuple[int, list[str]] | None:
+    """issue 26: (the step this leg ends at, the backend's arguments for it) from the cell's leg.json; None: train
+    to the end."""
+    import json
+
+    path = cell_dir / LEG_FILE
+    if not path.is_file():
+        return None
+    leg = json.loads(path.read_text())
+    legs = backend_of(backend_name(cell_dir)).legs
+    if legs is None:
+        raise CellFailed(f"{path}: the backend {backend_name(cell_dir)} cannot end a leg at a rung")
+    stop = int(leg["stop_at_step"])
+    return stop, legs(stop, int(leg.get("probe_steps") or 0))
+
+
 def backend_name(cell_dir: Path) -> str:
     """The backend the cell was rendered for, from its cell.yaml."""
     return yaml.safe_load((cell_dir / CELL_FILE).read_text())["backend"]["name"]
@@ -154,6 +171,9 @@ def run_cell(cell_dir: str | Path) -> str:
             events.append(cell_dir, Event(Kind.RESUMED, checkpoint=ckpts[-1].name))
     elif lead:
         archive_output(cell_dir, "partial output without a checkpoint")
+    leg = _leg(cell_dir)  # issue 26: a leg that ends at a pruning rung (sft_grid/adaptive/prune.py)
+    if leg is not None:
+        args += leg[1]
 
     log_file = cell_dir / LOGS_DIR / train_log(job.rank)
     log_file.parent.mkdir(exist_ok=True)
@@ -201,6 +221,12 @@ def run_cell(cell_dir: str | Path) -> str:
         _ended(cell_dir)
         _post_stages(cell_dir)
         return State.COMPLETED.value
+    if rc == 0 and leg is not None and (output / f"checkpoint-{leg[0]}").is_dir():
+        # issue 26: the leg ended at its rung: the cell waits, planned, for the rung's decision (the grid queues
+        # it again, resuming from this checkpoint, once it is kept)
+        events.append(cell_dir, _here(Kind.PLANNED, step=leg[0], note=f"at rung: checkpoint-{leg[0]}", details=used))
+        _ended(cell_dir)
+        return "at_rung"
     if rc == 0:
         reason = "backend exited 0 but output/ has no final weights and trainer_state.json"
         events.append(cell_dir, _here(Kind.FAILED, reason=reason, rc=rc, details=used))

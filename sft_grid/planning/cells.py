@@ -52,6 +52,8 @@ NOT_IDENTITY = frozenset(
         "stage_only",
         "check_only",
         "tokenize_once",
+        "prune",  # issue 26: how the grid steers itself, never what a cell trains
+        "adaptive",
     }
 )
 # Keys of sub-configs that are about the machine, or describe the model rather than choose it (its size and shape,

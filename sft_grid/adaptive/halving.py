@@ -1,0 +1,205 @@
+"""Successive halving across Slurm, decided from files alone (no live channel to the jobs).
+
+The cells of a bracket (cells alike in the `by:` keys; typically one size and seed, several learning rates) train
+in legs that end at the rungs. At each rung, once every surviving cell of the bracket has its evidence on the shared
+filesystem, the rung is decided: the cells are ranked on that evidence and the best `ceil(keep x n)` continue; the
+rest are pruned (they keep their checkpoint, and can be resumed by hand). Synchronous halving (a rung waits for its
+whole bracket) rather than ASHA's asynchronous promotion: a decision then depends on the files only, never on the
+order in which jobs happened to end, which is what makes it deterministic and replayable (ASHA's own authors note
+its early promotions rest on fewer cells; Li et al. 2018).
+
+The decay's flip (rankings of learning rates invert while the learning rate decays; Wen et al. 2025, "never prune
+on pre-annealing loss"): with `guard: cooldown` each cell is compared on a short cooldown probe from the rung's
+checkpoint (the learning rate decayed to 0 over `probe` x the rung's steps, then evaluated and discarded), as the
+end of a schedule would see it; with `guard: position` on its logged loss at the rung's step (every cell of a
+bracket at the same step, so at the same schedule position).
+
+Every decision is appended to the grid's record (`<sweep dir>/.sft_grid_prune.jsonl`) before anything acts on it.
+A record's decision is never recomputed: an orchestrator killed anywhere and started again reads the same record
+and the same files and takes the same decisions (a decision it had computed but not recorded is recomputed from
+the same files, so it is the same). A line cut by a kill is ignored (its decision is taken again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
+
+RECORD_FILE = ".sft_grid_prune.jsonl"
+PROBE_FILE = "probe-{step}.json"  # in the cell's output/: a cooldown probe's result
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One rung of one bracket: the evidence each cell had, and who continues."""
+
+    bracket: str
+    rung: int  # index into the rungs
+    step: int
+    metric: str
+    evidence: Mapping[str, float]
+    kept: tuple[str, ...]
+    pruned: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bracket": self.bracket,
+            "rung": self.rung,
+            "step": self.step,
+            "metric": self.metric,
+            "evidence": dict(sorted(self.evidence.items())),
+            "kept": list(self.kept),
+            "pruned": list(self.pruned),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Decision:
+        return cls(
+            str(d["bracket"]),
+            int(d["rung"]),
+            int(d["step"]),
+            str(d["metric"]),
+            {str(k): float(v) for k, v in d["evidence"].items()},
+            tuple(d["kept"]),
+            tuple(d["pruned"]),
+        )
+
+    def why(self, cell: str) -> str:
+        """The rung's evidence for one cell, in words (what `status` shows beside `pruned`)."""
+        best = min(self.evidence.values())
+        kept_worst = max(self.evidence[c] for c in self.kept)
+        return (
+            f"pruned at rung {self.rung + 1} (step {self.step}): {self.metric} {self.evidence[cell]:.4f}, the"
+            f" {len(self.kept)} kept of {len(self.evidence)} were at most {kept_worst:.4f} (best {best:.4f})"
+        )
+
+
+def decide(
+    bracket: str, rung: int, step: int, evidence: Mapping[str, float], keep: float, metric: str = "loss"
+) -> Decision:
+    """Rank one rung (lower is better; ties broken by the cell's name, so the order never depends on time)."""
+    n = len(evidence)
+    k = max(1, math.ceil(n * keep - 1e-9))
+    order = sorted(evidence, key=lambda c: (evidence[c], c))
+    return Decision(bracket, rung, step, metric, dict(evidence), tuple(sorted(order[:k])), tuple(sorted(order[k:])))
+
+
+# -- the record ------------------------------------------------------------------------------------------------
+
+
+def read_record(sweep_dir: Path) -> dict[tuple[str, int], Decision]:
+    """(bracket, rung) -> its decision; the first line of a (bracket, rung) wins, a cut line is skipped."""
+    path = sweep_dir / RECORD_FILE
+    out: dict[tuple[str, int], Decision] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            d = Decision.from_json(json.loads(line))
+        except (ValueError, KeyError, TypeError):
+            continue
+        out.setdefault((d.bracket, d.rung), d)
+    return out
+
+
+def write_decision(sweep_dir: Path, decision: Decision) -> None:
+    """Append one decision, flushed to disk before the caller acts on it."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(decision.to_json(), sort_keys=True) + "\n"
+    with (sweep_dir / RECORD_FILE).open("a") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+# -- the evidence, from a cell's files -------------------------------------------------------------------------
+
+
+def logged_loss(cell_dir: Path, step: int) -> float | None:
+    """The training loss logged at `step` (the trainer's per-step log), or None while the cell has not reached it."""
+    log = cell_dir / OUTPUT_DIR / TRAINER_LOG
+    if not log.is_file():
+        return None
+    for line in log.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("current_steps") == step and isinstance(rec.get("loss"), (int, float)):
+            return float(rec["loss"])
+    return None
+
+
+def probe_loss(cell_dir: Path, step: int) -> float | None:
+    """A cooldown probe's loss from the checkpoint at `step`, or None while it has none."""
+    path = cell_dir / OUTPUT_DIR / PROBE_FILE.format(step=step)
+    try:
+        return float(json.loads(path.read_text())["loss"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# -- the plan: what each cell does next --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Action:
+    """run: train (or resume) the cell up to `step` (None: to its end); probe: measure its cooldown probe at
+    `step`; prune: stop it, with the rung's evidence in `why`."""
+
+    kind: str
+    cell: str
+    step: int | None = None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    new: tuple[Decision, ...]  # decisions taken now: record them before acting
+    actions: tuple[Action, ...]
+    decisions: Mapping[tuple[str, int], Decision] = field(default_factory=dict)  # every decision, recorded or new
+
+
+def plan(
+    brackets: Mapping[str, Sequence[str]],
+    rungs: Sequence[int],
+    evidence: Callable[[str, int], float | None],
+    recorded: Mapping[tuple[str, int], Decision],
+    keep: float,
+    reached: Callable[[str, int], bool],
+    guard: str = "cooldown",
+    metric: str = "loss",
+) -> Plan:
+    """Pure: given the brackets' cells, the rungs (steps), each cell's evidence at a rung (None: not there yet),
+    whether a cell has reached a rung (its checkpoint exists), and the recorded decisions, the decisions to take
+    now and the next action of every cell."""
+    new: list[Decision] = []
+    actions: list[Action] = []
+    every = dict(recorded)
+    for bracket in sorted(brackets):
+        alive = sorted(brackets[bracket])
+        for i, step in enumerate(rungs):
+            d = every.get((bracket, i))
+            if d is None:
+                values = {c: evidence(c, step) for c in alive}
+                missing = [c for c in alive if values[c] is None]
+                if missing:
+                    for c in missing:
+                        probe = guard == "cooldown" and reached(c, step)
+                        actions.append(Action("probe" if probe else "run", c, step))
+                    break
+                d = decide(bracket, i, step, {c: v for c, v in values.items() if v is not None}, keep, metric)
+                new.append(d)
+                every[(bracket, i)] = d
+            actions += [Action("prune", c, step, d.why(c)) for c in d.pruned]
+            alive = [c for c in alive if c in d.kept]
+        else:
+            actions += [Action("run", c, None) for c in alive]
+    return Plan(tuple(new), tuple(actions), every)

@@ -1,0 +1,162 @@
+"""A pruned grid's invocation: each run of `sft-grid run` reads the cells' files, takes the rungs' decisions
+(halving.py), records them, and passes on to the grid only the cells that train a leg now.
+
+A cell's legs: its job trains to the next rung (leg.json beside its cell.yaml: the step, and the cooldown probe's
+length; the backend ends the leg there with its checkpoint saved and, under `guard: cooldown`, writes the probe), and
+then the cell is `planned` again, waiting at its rung. Once every surviving cell of its bracket is at the rung, the
+next invocation decides it: the kept cells get their next leg (from their checkpoint; the last leg trains to the
+end), the others are marked `pruned` in their ledger with the rung's evidence (their checkpoints stay: resume one by
+hand with `bash launch.sh resume_from_checkpoint=output/checkpoint-<step>` in its directory). Nothing here talks to
+a job: the files on the shared filesystem are the only channel, so it works on offline sites and multi-node cells.
+
+Kill-safety: decisions are recorded (fsynced) before anything acts on them and never recomputed (halving.py); a
+leg file is written before its cell is queued, and rewriting it is idempotent; a `pruned` event is written once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sft_grid.adaptive import halving
+from sft_grid.adaptive.spec import PruneSpec, parse_prune
+from sft_grid.backends import BACKENDS
+from sft_grid.backends.base import LEG_FILE
+from sft_grid.core import events
+from sft_grid.core.events import Event, Kind
+from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
+from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.state import State, state_of
+from sft_grid.grid.flow import cell_dirs
+from sft_grid.planning.cells import Cell, plan_cell
+from sft_grid.planning.compose import Composed
+
+
+def _value(config: Any, dotted: str) -> Any:
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def total_steps(cell: Cell) -> int:
+    """The cell's last step: its max_steps, else its backend's default (the synthetic backend's)."""
+    s = cell.spec
+    return s.max_steps if s.max_steps > 0 else int(s.backend.train_defaults.get("max_steps") or 0)
+
+
+def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
+    out = []
+    for cell in cells:
+        backend = BACKENDS.get(cell.spec.backend.name)
+        if backend is not None and backend.legs is None:
+            out.append(
+                Problem(
+                    cell.name,
+                    "backend.name",
+                    cell.spec.backend.name,
+                    "prune-block",
+                    "pruning ends legs of training at rungs, and this backend cannot end a leg at a step yet",
+                    "backend=synthetic (the simulator), or drop the prune: block",
+                )
+            )
+        if not total_steps(cell):
+            out.append(
+                Problem(
+                    cell.name,
+                    "max_steps",
+                    cell.spec.max_steps,
+                    "prune-block",
+                    "pruning needs the cells' last step to place the rungs before it",
+                    "set max_steps",
+                )
+            )
+    return out
+
+
+def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
+    """The cells this invocation passes to the grid, and what to tell the user. A grid without a `prune:` block
+    is passed on whole."""
+    blocks = {json.dumps(c.config.get("prune") or {}, sort_keys=True, default=str) for c in composed}
+    if blocks == {"{}"} or not composed:
+        return list(composed), []
+    cells = [plan_cell(c.overrides, c.config) for c in composed]
+    totals = {total_steps(c) for c in cells}
+    spec, problems = parse_prune(composed[0].config.get("prune"), min(totals) if len(totals) == 1 else None)
+    if len(blocks) > 1:
+        problems.append(
+            Problem("(grid)", "prune", "...", "prune-block", "the cells carry different prune: blocks", "set it once")
+        )
+    if spec is not None:
+        problems += _problems(spec, cells)
+    if problems:
+        raise GridError(problems)
+    assert spec is not None
+    dirs = cell_dirs(cells)
+    by_name = dict(zip((c.name for c in cells), dirs, strict=True))
+    brackets: dict[str, list[str]] = {}
+    for cell, c in zip(cells, composed, strict=True):
+        label = ",".join(f"{k}={_value(c.config, k)}" for k in spec.by) or "all"
+        brackets.setdefault(label, []).append(cell.name)
+    tokens = cells[0].spec.global_batch_size * cells[0].spec.cutoff_len
+    rungs = spec.rung_steps(tokens)
+    states = {n: (state_of(d) if (d / LEDGER_FILE).is_file() else None) for n, d in by_name.items()}
+
+    def at_least(name: str, step: int) -> bool:
+        return (by_name[name] / OUTPUT_DIR / f"checkpoint-{step}").is_dir()
+
+    def evidence(name: str, step: int) -> float | None:
+        if spec.guard == "cooldown":
+            return halving.probe_loss(by_name[name], step)
+        return halving.logged_loss(by_name[name], step) if at_least(name, step) else None
+
+    sweep_dir = cells[0].sweep_dir
+    dry = any(c.spec.dry_run for c in cells)
+    plan = halving.plan(
+        brackets, rungs, evidence, halving.read_record(sweep_dir), spec.keep, at_least, spec.guard, spec.metric
+    )
+    lines = [
+        f"prune: {len(brackets)} bracket(s), rungs at steps {list(rungs)}, {spec.keep:.0%} kept, guard {spec.guard}"
+    ]
+    for d in plan.new:
+        lines.append(f"  rung {d.rung + 1} of {d.bracket}: kept {', '.join(d.kept)}; pruned {', '.join(d.pruned)}")
+        if not dry:
+            halving.write_decision(sweep_dir, d)
+    run: set[str] = set()
+    for a in plan.actions:
+        st = states[a.cell]
+        if a.kind == "prune":
+            if not dry and (st is None or st.state is not State.PRUNED):
+                events.append(by_name[a.cell], Event.here(Kind.PRUNED, reason=a.why, step=a.step))
+            continue
+        if st is not None and (st.state.in_flight or st.state is State.COMPLETED):
+            continue  # in flight: waiting for it; completed: nothing left (the grid skips it)
+        # a probe: at its rung without its evidence (a leg cut after its checkpoint): the same leg again, which
+        # resumes at the rung and only probes
+        _write_leg(by_name[a.cell], a.step, spec, dry)
+        run.add(a.cell)
+    # the grid also gets the cells it only reports (in flight, completed, pruned: it skips them, saying why); a cell
+    # waiting at its rung for its bracket is left out, so that nothing queues it
+    shown = {n for n, st in states.items() if st is not None and (st.state.in_flight or st.state is not State.PLANNED)}
+    held = sorted(n for n in by_name if n not in run and n not in shown and states[n] is not None)
+    lines.append(f"  {len(run)} cell(s) train a leg now" + (f"; {len(held)} wait at their rung" if held else ""))
+    return [c for c, cell in zip(composed, cells, strict=True) if cell.name in run | shown], lines
+
+
+def _write_leg(cell_dir: Path, step: int | None, spec: PruneSpec, dry: bool) -> None:
+    """leg.json for the cell's next job (written before it is queued); the last leg trains to the end: none."""
+    if dry:
+        return
+    path = cell_dir / LEG_FILE
+    if step is None:
+        path.unlink(missing_ok=True)
+        return
+    probe = max(1, round(spec.probe * step)) if spec.guard == "cooldown" else 0
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{LEG_FILE}.tmp")
+    tmp.write_text(json.dumps({"stop_at_step": step, "probe_steps": probe}) + "\n")
+    tmp.replace(path)

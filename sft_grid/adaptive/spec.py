@@ -1,0 +1,257 @@
+"""A sweep's `prune:` and `adaptive:` blocks, typed, and every bad value refused before anything is queued.
+
+    prune:                        # successive halving of the cells of each bracket
+      metric: loss                # the loss (on the cooldown probe, or logged at the rung)
+      rungs: [12, 37]             # where the cells are compared: steps, or tokens with unit: tokens; increasing,
+      unit: steps                 #   each before the cells' last step
+      keep: 0.34                  # the fraction of each bracket kept at each rung (at least one cell)
+      by: [vars.model, seed]      # the keys whose values make a bracket: cells alike in them are compared together
+      guard: cooldown             # cooldown: compare short cooldown probes from the rung's checkpoint (no decay
+      probe: 0.1                  #   flip); position: the logged loss at the rung (all cells at the same step)
+
+    adaptive:                     # the next cells from the fit
+      question: loss              # loss (each recipe's at `at`) or gap (recipe a minus recipe b at `at`)
+      at: 9.715e9                 # the size (parameters) the question is about
+      recipes: [magpie, wildchat] # for gap: the two recipes
+      holdout: [delphi-1e22]      # pre-registered model names: run, never fitted, never chosen (their realised
+                                  #   values are shown beside the forecast)
+      recipe_key: vars.recipe     # the cell key whose value names a cell's recipe (one fit per recipe)
+      budget_gpu_hours: 400       # or budget_cells: 12
+      batch: 2                    # cells chosen per round
+      stop_halfwidth: 0.01        # stop once the question's band is narrower than this (its half width)
+      level: 0.9
+      seed: 0
+
+`parse_prune` / `parse_adaptive` return the typed block and the problems found (each with its key, value and
+fix): a sweep with any problem is refused whole (core/problems.GridError).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sft_grid.core.problems import Problem
+
+PRUNE_KEYS = ("metric", "rungs", "unit", "keep", "by", "guard", "probe")
+ADAPTIVE_KEYS = (
+    "question",
+    "at",
+    "recipes",
+    "holdout",
+    "budget_gpu_hours",
+    "budget_cells",
+    "batch",
+    "stop_halfwidth",
+    "level",
+    "seed",
+    "recipe_key",
+)
+GUARDS = ("cooldown", "position")
+UNITS = ("steps", "tokens")
+QUESTIONS = ("loss", "gap")
+
+
+@dataclass(frozen=True)
+class PruneSpec:
+    metric: str = "loss"
+    rungs: tuple[float, ...] = ()
+    unit: str = "steps"
+    keep: float = 1 / 3
+    by: tuple[str, ...] = ()
+    guard: str = "cooldown"
+    probe: float = 0.1  # the cooldown probe's length, a fraction of the rung's steps
+
+    def rung_steps(self, tokens_per_step: float) -> tuple[int, ...]:
+        """The rungs in steps (tokens are rounded up to the step that has seen them)."""
+        if self.unit == "steps":
+            return tuple(int(r) for r in self.rungs)
+        return tuple(math.ceil(r / tokens_per_step) for r in self.rungs)
+
+
+@dataclass(frozen=True)
+class AdaptiveSpec:
+    question: str = "loss"
+    at: float = 0.0
+    recipes: tuple[str, ...] = ()
+    holdout: tuple[str, ...] = ()
+    budget_gpu_hours: float | None = None
+    budget_cells: int | None = None
+    batch: int = 2
+    stop_halfwidth: float | None = None
+    level: float = 0.9
+    seed: int = 0
+    recipe_key: str = "vars.recipe"
+
+
+def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
+    return Problem(f"sweep's {block}: block", f"{block}.{key}" if key else block, value, f"{block}-block", message, fix)
+
+
+def _unknown(block: str, data: Mapping[str, Any], known: Sequence[str]) -> list[Problem]:
+    return [
+        _problem(block, str(k), data[k], f"unknown key of {block}:", f"use one of {', '.join(known)}")
+        for k in data
+        if k not in known
+    ]
+
+
+def _get(data: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    return data.get(key, default)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | None, list[Problem]]:
+    """The `prune:` block (None: the sweep prunes nothing). `max_steps`: the cells' steps, when known here, which
+    every rung must precede."""
+    if data is None:
+        return None, []
+    if not isinstance(data, Mapping):
+        return None, [_problem("prune", "", data, "is not a mapping", "write prune: {metric: loss, rungs: [...], ...}")]
+    problems = _unknown("prune", data, PRUNE_KEYS)
+    metric = _get(data, "metric", "loss")
+    if metric != "loss":
+        problems.append(
+            _problem(
+                "prune",
+                "metric",
+                metric,
+                "is not a metric the rungs can read (scores along training are not computed yet)",
+                "metric: loss",
+            )
+        )
+    unit = _get(data, "unit", "steps")
+    if unit not in UNITS:
+        problems.append(_problem("prune", "unit", unit, "is not a unit of the rungs", f"one of {', '.join(UNITS)}"))
+    rungs = _get(data, "rungs")
+    ok = isinstance(rungs, Sequence) and not isinstance(rungs, str) and len(rungs) > 0
+    if not ok or not all(_number(r) and r > 0 for r in rungs):
+        problems.append(
+            _problem("prune", "rungs", rungs, "must be a list of positive numbers", "e.g. rungs: [12, 37] (steps)")
+        )
+        rungs = ()
+    elif any(b <= a for a, b in itertools.pairwise(rungs)):
+        problems.append(_problem("prune", "rungs", list(rungs), "must increase", f"sort them: {sorted(set(rungs))}"))
+    elif max_steps and unit == "steps" and rungs[-1] >= max_steps:
+        problems.append(
+            _problem(
+                "prune",
+                "rungs",
+                list(rungs),
+                f"the last rung ({rungs[-1]}) is not before the cells' last step ({max_steps})",
+                f"rungs below {max_steps}, e.g. [{max_steps // 9}, {max_steps // 3}]",
+            )
+        )
+    keep = _get(data, "keep", 1 / 3)
+    if not _number(keep) or not 0 < keep < 1:
+        problems.append(_problem("prune", "keep", keep, "must lie in (0, 1)", "e.g. keep: 0.34 (a third kept)"))
+    by = _get(data, "by", [])
+    if isinstance(by, str):
+        by = [by]
+    if not isinstance(by, Sequence) or not all(isinstance(b, str) and b for b in by):
+        problems.append(_problem("prune", "by", by, "must be a list of cell keys", "e.g. by: [vars.model, seed]"))
+        by = []
+    guard = _get(data, "guard", "cooldown")
+    if guard not in GUARDS:
+        problems.append(
+            _problem(
+                "prune",
+                "guard",
+                guard,
+                "is not a guard against the decay's flip",
+                "cooldown (compare short cooldown probes) or position (the loss at the rung's step)",
+            )
+        )
+    probe = _get(data, "probe", 0.1)
+    if not _number(probe) or not 0 < probe <= 0.5:
+        problems.append(_problem("prune", "probe", probe, "must lie in (0, 0.5]", "e.g. probe: 0.1"))
+    if problems:
+        return None, problems
+    return PruneSpec(metric, tuple(float(r) for r in rungs), unit, float(keep), tuple(by), guard, float(probe)), []
+
+
+def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec | None, list[Problem]]:
+    """The `adaptive:` block (None: a fixed grid). `recipes`: the grid's recipes, which `recipes` must name."""
+    if data is None:
+        return None, []
+    if not isinstance(data, Mapping):
+        return None, [_problem("adaptive", "", data, "is not a mapping", "write adaptive: {question: loss, ...}")]
+    problems = _unknown("adaptive", data, ADAPTIVE_KEYS)
+    question = _get(data, "question", "loss")
+    if question not in QUESTIONS:
+        problems.append(_problem("adaptive", "question", question, "is not a question", "loss or gap"))
+    at = _get(data, "at")
+    if not _number(at) or at <= 0:
+        problems.append(_problem("adaptive", "at", at, "must be a size in parameters", "e.g. at: 9.715e9"))
+    chosen = list(_get(data, "recipes") or [])
+    if question == "gap" and len(chosen) != 2:
+        problems.append(
+            _problem("adaptive", "recipes", chosen, "a gap is between two recipes", "recipes: [<recipe a>, <recipe b>]")
+        )
+    unknown = [r for r in chosen if recipes and r not in recipes]
+    if unknown:
+        problems.append(
+            _problem(
+                "adaptive", "recipes", chosen, f"names no recipe of the grid: {unknown}", f"one of {list(recipes)}"
+            )
+        )
+    hours, cells = _get(data, "budget_gpu_hours"), _get(data, "budget_cells")
+    if (hours is None) == (cells is None):
+        problems.append(
+            _problem(
+                "adaptive",
+                "budget_gpu_hours",
+                hours,
+                "exactly one budget is needed (budget_gpu_hours or budget_cells)",
+                "e.g. budget_gpu_hours: 400",
+            )
+        )
+    if hours is not None and (not _number(hours) or hours <= 0):
+        problems.append(_problem("adaptive", "budget_gpu_hours", hours, "must be positive", "e.g. 400"))
+    if cells is not None and (not isinstance(cells, int) or isinstance(cells, bool) or cells < 1):
+        problems.append(_problem("adaptive", "budget_cells", cells, "must be a whole number >= 1", "e.g. 12"))
+    batch = _get(data, "batch", 2)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        problems.append(_problem("adaptive", "batch", batch, "must be a whole number >= 1", "e.g. batch: 2"))
+    level = _get(data, "level", 0.9)
+    if not _number(level) or not 0 < level < 1:
+        problems.append(_problem("adaptive", "level", level, "must lie in (0, 1)", "e.g. level: 0.9"))
+    stop = _get(data, "stop_halfwidth")
+    if stop is not None and (not _number(stop) or stop <= 0):
+        problems.append(_problem("adaptive", "stop_halfwidth", stop, "must be positive", "e.g. 0.01 (nats)"))
+    holdout = _get(data, "holdout") or []
+    if isinstance(holdout, str) or not all(isinstance(h, str) for h in holdout):
+        problems.append(
+            _problem("adaptive", "holdout", holdout, "must be a list of cell values", "holdout: [delphi-1e22]")
+        )
+        holdout = []
+    recipe_key = _get(data, "recipe_key", "vars.recipe")
+    if not isinstance(recipe_key, str) or not recipe_key:
+        problems.append(_problem("adaptive", "recipe_key", recipe_key, "must be a dotted key", "e.g. vars.recipe"))
+    seed = _get(data, "seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        problems.append(_problem("adaptive", "seed", seed, "must be a whole number", "e.g. seed: 0"))
+    if problems:
+        return None, problems
+    return (
+        AdaptiveSpec(
+            str(question),
+            float(at),
+            tuple(chosen),
+            tuple(holdout),
+            None if hours is None else float(hours),
+            cells,
+            int(batch),
+            None if stop is None else float(stop),
+            float(level),
+            int(seed),
+            str(recipe_key),
+        ),
+        [],
+    )

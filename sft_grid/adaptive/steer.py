@@ -1,0 +1,203 @@
+"""An adaptive grid's invocation: which of the sweep's cells this run of `sft-grid run` queues, from the files.
+
+The sweep's cells are the pool. Each invocation reads every cell's state and final loss (the report's reading,
+analysis/table.py), fits (design.choose), and passes on to the grid only the cells that are done, in flight, a
+pre-registered holdout (they run so that the forecast can be checked against them; never fitted, never chosen) or
+chosen now; the grid skips the first two as always, so only the new choice is queued. Running the command again
+continues the loop; it ends at the budget or once the band is narrower than `stop_halfwidth`.
+
+A round is appended to `<sweep dir>/.sft_grid_adaptive.jsonl` (what was observed, the forecasts and their bands,
+the choice and why) before the grid queues it. An invocation that finds its round already recorded (the same
+cells observed: the orchestrator was killed after recording, before or while queueing) replays that round's choice
+instead of choosing again. `<sweep dir>/adaptive.json` holds the latest round and each holdout's forecast beside
+its realised value, for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sft_grid.adaptive.design import Candidate, Round, choose
+from sft_grid.adaptive.spec import AdaptiveSpec, parse_adaptive
+from sft_grid.analysis.report_data import ADAPTIVE_FILE
+from sft_grid.analysis.table import final_loss, final_losses
+from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
+from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.schema import exact_params
+from sft_grid.core.state import State, state_of
+from sft_grid.grid.flow import cell_dirs
+from sft_grid.planning.cells import Cell, plan_cell
+from sft_grid.planning.compose import Composed
+
+RECORD_FILE = ".sft_grid_adaptive.jsonl"
+SUMMARY_FILE = ADAPTIVE_FILE
+
+
+def _value(config: Mapping[str, Any], dotted: str) -> Any:
+    """The value at a dotted key; a section (e.g. `dataset`, a mix) is named by its keys joined with `+`."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return "+".join(map(str, node)) if isinstance(node, Mapping) else node
+
+
+def _gpu_hours(cells: Sequence[Cell]) -> tuple[dict[str, float], str]:
+    """Each cell's estimated GPU-hours (grid/costs.py), or where any is unknown, parameters / 1e9 for every cell
+    (cells that see the same tokens cost in proportion to their size): the cost the choice weighs."""
+    from sft_grid.grid import costs
+
+    found = costs.estimate(cells, {})
+    hours = {n: e.gpu_hours for n, e in found.estimates.items() if e.gpu_hours}
+    if all(c.name in hours for c in cells):
+        return {n: float(h) for n, h in hours.items()}, "estimated GPU-hours"
+    return {c.name: exact_params(c.spec.model) / 1e9 for c in cells}, "parameters / 1e9 (no estimate for every cell)"
+
+
+def read_rounds(sweep_dir: Path) -> list[dict[str, Any]]:
+    path = sweep_dir / RECORD_FILE
+    out = []
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill: that round is taken again
+    return out
+
+
+def _append(sweep_dir: Path, record: Mapping[str, Any]) -> None:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with (sweep_dir / RECORD_FILE).open("a") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
+    """The cells this invocation passes to the grid, and what to tell the user (the round: forecasts, choice, why).
+    A grid without an `adaptive:` block is passed on whole."""
+    blocks = {json.dumps(c.config.get("adaptive") or {}, sort_keys=True, default=str) for c in composed}
+    if blocks == {"{}"} or not composed:
+        return list(composed), []
+    first = composed[0]
+    if len(blocks) > 1:
+        raise GridError(
+            [
+                Problem(
+                    "(grid)",
+                    "adaptive",
+                    "...",
+                    "adaptive-block",
+                    "the cells carry different adaptive: blocks",
+                    "set adaptive: once, in the sweep file",
+                )
+            ]
+        )
+    cells = [plan_cell(c.overrides, c.config) for c in composed]
+    recipes = sorted({str(_value(c.config, _recipe_key(first)) or "") for c in composed})
+    spec, problems = parse_adaptive(first.config.get("adaptive"), recipes)
+    if problems:
+        raise GridError(problems)
+    assert spec is not None
+    dirs = cell_dirs(cells)
+    hours, unit = _gpu_hours(cells)
+    pool, observed, in_flight = [], {}, []
+    for cell, composed_cell, cell_dir in zip(cells, composed, dirs, strict=True):
+        recipe = str(_value(composed_cell.config, spec.recipe_key) or "")
+        holdout = cell.spec.model.name in spec.holdout
+        pool.append(Candidate(cell.name, recipe, float(exact_params(cell.spec.model)), hours[cell.name], holdout))
+        if not (cell_dir / LEDGER_FILE).is_file():
+            continue
+        st = state_of(cell_dir).state
+        if st is State.COMPLETED:
+            loss = final_loss(final_losses(cell_dir / OUTPUT_DIR))
+            if loss is not None:
+                observed[cell.name] = loss
+        elif st.in_flight and not holdout:
+            in_flight.append(cell.name)
+    sweep_dir = cells[0].sweep_dir
+    fitted = sorted(n for n in observed if not next(c for c in pool if c.name == n).holdout)
+    dry = any(c.spec.dry_run for c in cells)
+    rounds = read_rounds(sweep_dir)
+    replay = next((r for r in reversed(rounds) if r.get("observed") == fitted), None)
+    if replay is not None:
+        chosen, why, stop = list(replay["chosen"]), list(replay["why"]), str(replay.get("stop", ""))
+        lines = [
+            f"adaptive: round {replay['round']} already recorded (the same {len(fitted)} cells observed):"
+            " its choice again"
+        ]
+        result = None
+    else:
+        result = choose(spec, pool, {n: observed[n] for n in fitted}, in_flight=in_flight)
+        chosen, why, stop = list(result.chosen), list(result.why), result.stop
+        lines = [f"adaptive: round {len(rounds) + 1}, {len(fitted)} cells fitted, cost in {unit}"]
+        lines += [_forecast_line(f) for f in result.forecasts]
+        lines.append(f"  the question's band half width: {result.halfwidth:.4g}; spent {result.spent:.4g}")
+        if not dry:
+            record = {"round": len(rounds) + 1, "observed": fitted, "in_flight": sorted(in_flight), "unit": unit}
+            _append(sweep_dir, {**record, **_round_json(result)})
+    lines += [f"  next: {w}" for w in why]
+    if stop:
+        lines.append(f"  stop: {stop}")
+    holdouts = [c.name for c in pool if c.holdout]
+    keep = set(observed) | set(in_flight) | set(chosen) | set(holdouts)
+    if not dry and result is not None:
+        _summary(sweep_dir, spec, result, pool, observed)
+    return [c for c, cell in zip(composed, cells, strict=True) if cell.name in keep], lines
+
+
+def _recipe_key(c: Composed) -> str:
+    block = c.config.get("adaptive") or {}
+    return str(block.get("recipe_key") or "vars.recipe") if isinstance(block, Mapping) else "vars.recipe"
+
+
+def _forecast_line(f: Any) -> str:
+    if f.value is None:
+        return f"  {f.recipe or '(one recipe)'}: no fit yet ({f.points} cells)"
+    if f.lo is None:  # three parameters through three points: every resample that fits is the same curve
+        return f"  {f.recipe or '(one recipe)'}: forecast {f.value:.4f} from {f.points} cells (an exact fit, no band)"
+    return f"  {f.recipe or '(one recipe)'}: forecast {f.value:.4f} [{f.lo:.4f}, {f.hi:.4f}] from {f.points} cells"
+
+
+def _round_json(r: Round) -> dict[str, Any]:
+    return {
+        "forecasts": [asdict(f) for f in r.forecasts],
+        "halfwidth": r.halfwidth if r.halfwidth != float("inf") else None,
+        "spent": r.spent,
+        "chosen": list(r.chosen),
+        "why": list(r.why),
+        "stop": r.stop,
+    }
+
+
+def _summary(
+    sweep_dir: Path, spec: AdaptiveSpec, r: Round, pool: Sequence[Candidate], observed: Mapping[str, float]
+) -> None:
+    """adaptive.json: the latest round, and each holdout's realised value beside its recipe's forecast and band."""
+    by = {f.recipe: f for f in r.forecasts}
+    holdouts = []
+    for c in pool:
+        if c.holdout:
+            f = by.get(c.recipe)
+            holdouts.append(
+                {
+                    "cell": c.name,
+                    "recipe": c.recipe,
+                    "params": c.n,
+                    "forecast": f.value if f else None,
+                    "lo": f.lo if f else None,
+                    "hi": f.hi if f else None,
+                    "realised": observed.get(c.name),
+                    "at_question_size": c.n == spec.at,
+                }
+            )
+    data = {"question": asdict(spec), **_round_json(r), "holdouts": holdouts}
+    tmp = sweep_dir / f".{SUMMARY_FILE}.tmp"
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.replace(sweep_dir / SUMMARY_FILE)

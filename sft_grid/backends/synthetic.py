@@ -1,0 +1,73 @@
+"""The `synthetic` backend: a SIMULATOR for measuring the orchestrator, never for training a model.
+
+A synthetic cell "trains" by writing the loss curve of a stated law with seeded noise (in_venv/synthetic_train.py
+states the law), through the same cell directory, launch.sh, job, ledger, logs and checkpoints as a real
+backend, so that Slurm arrays, requeue and resume, pruning, scores along training and the scaling fit run for
+real against a known ground truth. It needs only a python3 on the node (the standard library): no torch, no
+virtual environment, a cell of a hundred steps in well under a second. Its model and dataset sections are
+composed and checked as for any cell (a tiny local model and dataset serve), but it reads neither: the law's N is
+the model's `params` (or `params_b`), and each step sees `tokens_per_step` tokens.
+
+Its knobs (conf/backend/synthetic.yaml `train_defaults`; a cell's `extra` wins, e.g. `+extra.law.E=1.8`):
+max_steps (when the cell's own max_steps is unset), tokens_per_step, warmup_steps, step_seconds (a simulated
+step's duration, for tests that must act while a cell runs) and `law` (the law's constants).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sft_grid.backends.base import Backend, MaskSpec
+from sft_grid.core.paths import IN_VENV_DIR
+from sft_grid.core.schema import exact_params
+from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.inputs import tokenizer_source
+
+NAME = "synthetic"
+CONFIG_FILE = "synthetic.json"
+TRAINER = IN_VENV_DIR / "synthetic_train.py"
+
+
+def config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
+    """synthetic.json: what sft_grid derives from the cell, then the simulator's knobs (the backend's
+    train_defaults, the cell's `extra` winning) passed through as they are."""
+    s = cell.spec
+    derived: dict[str, Any] = {
+        "simulated": True,
+        "identity": cell.key,
+        "seed": s.seed,
+        "params": exact_params(s.model),
+        "learning_rate": s.lr,
+        "lr_scheduler_type": s.scheduler,
+        "save_steps": s.save_steps,
+        "logging_steps": s.logging_steps,
+        "output_dir": str(cell_dir / "output"),
+        # saved with each "model" as a real trainer saves it (the post-training tokenizer stage reads it)
+        "tokenizer_dir": tokenizer_source(cell) if is_local(tokenizer_source(cell)) else "",
+    }
+    if s.max_steps > 0:
+        derived["max_steps"] = s.max_steps
+    return {**s.backend.train_defaults, **derived, **s.extra}
+
+
+def _command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
+    # the node's python3 (standard library only): the simulator needs no virtual environment
+    return ["python3", str(TRAINER), str(cell_dir / CONFIG_FILE)]
+
+
+def _resume_args(checkpoint: Path) -> list[str]:
+    return [f"resume_from_checkpoint={checkpoint}"]
+
+
+# no tokenizer: no loss-mask probe (it trains on no tokens), no tokenize-once job
+BACKEND = Backend(
+    name=NAME,
+    config_file=CONFIG_FILE,
+    files=lambda cell, cell_dir: {CONFIG_FILE: config(cell, cell_dir)},
+    command=_command,
+    problems=lambda cell: iter(()),
+    mask_spec=lambda cell: MaskSpec("", NAME),
+    resume_args=_resume_args,
+    legs=lambda stop, probe: [f"stop_at_step={stop}", f"probe_steps={probe}"],
+)

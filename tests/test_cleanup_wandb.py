@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from sft_grid.backends import wandb
+from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE
 from sft_grid.grid.render import render
@@ -64,7 +65,7 @@ def test_checkpoints_go_only_after_a_verified_upload(tmp_path: Path, monkeypatch
     assert post_training.run(cell, post_training.LOGIN) is True
     assert post_training.states(cell)["cleanup"].state == "completed"
     assert sorted(p.name for p in (cell / "output").iterdir()) == ["model.safetensors", "trainer_state.json"]
-    done = [e for e in post_training.events.read(cell) if e.stage == "cleanup" and e.state == "completed"][-1]
+    done = [e for e in events.read(cell) if e.stage == "cleanup" and e.state == "completed"][-1]
     assert done.details["removed"] == ["checkpoint-2", "checkpoint-4"] and done.details["freed_bytes"] == 2000
 
 

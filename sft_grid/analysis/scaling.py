@@ -76,7 +76,7 @@ class Fit:
     band: Band | None
 
     def predict(self, n: float) -> float:
-        return self.E + self.A * n ** (-self.alpha)
+        return self.E + self.A * float(n ** (-self.alpha))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (nan becomes None), the shape the report renderer reads."""

@@ -20,8 +20,9 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import MISSING
 
@@ -86,6 +87,40 @@ def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
         else:
             out.append((f.name, "plain", None, f))
     return tuple(out)
+
+
+# -- plain data -> the schema's dataclasses ---------------------------------------------------------------
+
+
+# A grid's cells share their group sections (the composer hands out one object per group option), so each is
+# made typed once; an entry keeps its source alive, so its id cannot be reused meanwhile.
+_TYPED: dict[tuple[type, int], tuple[Any, Any]] = {}
+T = TypeVar("T")
+
+
+def typed(cls: type[T], data: Mapping[str, Any]) -> T:
+    """Build schema dataclass instances from resolved plain data (already validated by OmegaConf). The result
+    is shared by every cell composed from the same section: nothing may change it."""
+    cached = _TYPED.get((cls, id(data)))
+    if cached is not None and cached[0] is data:
+        return typing.cast(T, cached[1])
+    kwargs: dict[str, Any] = {}
+    klass: type = cls
+    for name, how, inner, _ in field_shapes(klass):
+        if name not in data:
+            continue
+        value = data[name]
+        if value is None or how == "plain":
+            kwargs[name] = value
+        elif how == "dataclass":
+            kwargs[name] = typed(inner, value)
+        else:
+            kwargs[name] = {k: typed(inner, v) for k, v in value.items()}
+    result = cls(**kwargs)
+    if len(_TYPED) > 8192:
+        _TYPED.clear()
+    _TYPED[(cls, id(data))] = (data, result)
+    return result
 
 
 # what the backends accept, and what sft_grid renders for each

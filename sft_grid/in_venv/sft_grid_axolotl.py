@@ -104,7 +104,7 @@ class TemplateIntegrityPlugin(_TrainerPlugin):
 
 
 class _ProgressLog(TrainerCallback):
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs:
             return
         record = {"current_steps": state.global_step, "total_steps": state.max_steps, **logs}

@@ -25,12 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sft_grid.backends import get as backend_of
 from sft_grid.checks.preflight import run_deferred
 from sft_grid.core import events
-from sft_grid.core.cellfiles import PostFile, PreflightFile
+from sft_grid.core.cellfiles import CellYaml, PostFile, PreflightFile
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.cell import (
     WATCHDOG_FILE,
@@ -123,7 +121,7 @@ def archive_output(cell_dir: Path, why: str) -> Path | None:
 
 def backend_name(cell_dir: Path) -> str:
     """The backend the cell was rendered for, from its cell.yaml."""
-    return yaml.safe_load((cell_dir / CELL_FILE).read_text())["backend"]["name"]
+    return CellYaml.load(cell_dir, ("backend",)).spec.backend.name
 
 
 def run_cell(cell_dir: str | Path) -> str:

@@ -412,7 +412,7 @@ def _cached(kind: str, cls: type, obj: Any, compute: Any) -> list[Finding]:
     hit = _SEEN.get(key)
     if hit is not None and hit[0] is obj:
         return hit[1]
-    found = compute()
+    found: list[Finding] = compute()
     if len(_SEEN) > 8192:
         _SEEN.clear()
     _SEEN[key] = (obj, found)

@@ -31,7 +31,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -244,7 +244,7 @@ def run_command(argv: Sequence[str], event: Notice, timeout_s: float = 10.0) -> 
 
 def send(event: Notice, config: NotifyConfig) -> list[Delivery]:
     """Deliver the event on every configured channel; never raises."""
-    channels = []
+    channels: list[tuple[str, Callable[[], Delivery]]] = []
     if config.command:
         channels.append(("command", lambda: run_command(config.command, event, config.timeout_s)))
     if config.webhook:

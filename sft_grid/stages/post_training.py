@@ -346,7 +346,7 @@ def _in_venv(
     _said(cell_dir, [python, SCRIPT.name, *args], proc)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith('{"ok"'):
-            result = json.loads(line)
+            result: dict[str, Any] = json.loads(line)
             if result.pop("ok"):
                 return result
             raise StageFailed(f"{what}: {result.get('error')}" + (f". {hint}" if hint else ""))

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from sft_grid.core.cellfiles import CellYaml
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.classes import Failure, FailureClass
 from sft_grid.core.failures.classify import classify
@@ -120,11 +121,7 @@ def _since_submitted(history: Sequence[Event]) -> Sequence[Event]:
 
 
 def cell_config(cell_dir: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load((cell_dir / CELL_FILE).read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return CellYaml.config_of(cell_dir)
 
 
 def rerun_argv(cell_dir: Path) -> tuple[str, ...]:

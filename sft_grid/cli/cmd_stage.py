@@ -21,7 +21,8 @@ import sys
 
 def _one(argv: list[str]) -> int:
     from sft_grid.cli.live import Live
-    from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download, human
+    from sft_grid.core import human
+    from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download
 
     parser = argparse.ArgumentParser(prog="sft-grid stage", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", required=True, help="the hub id, org/name")
@@ -60,7 +61,7 @@ def _one(argv: list[str]) -> int:
         return 3
     print(
         f"{kind} {args.repo}@{staged.sha}: {staged.path} ({len(staged.fetched)} file(s),"
-        f" {human(staged.fetched_bytes)} fetched{', already staged' if staged.offline else ''})"
+        f" {human.size(staged.fetched_bytes)} fetched{', already staged' if staged.offline else ''})"
     )
     return 0
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import Enum
 from pathlib import Path
 
-from sft_grid.core import events
+from sft_grid.core import events, human
 from sft_grid.core.events import STATE_KINDS, Event, Kind
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import RemedyKind
@@ -296,8 +296,7 @@ def _elapsed(history: Sequence[Event], state: State) -> str:
     end = parse_time(ends[0].time) if ends else (time.time() if state.in_flight else None)
     if begin is None or end is None:
         return ""
-    seconds = int(max(0, end - begin))
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    return human.duration(int(max(0, end - begin)))
 
 
 def parse_time(text: str) -> float | None:

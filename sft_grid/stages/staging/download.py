@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from sft_grid.core import human
 from sft_grid.core.hubcache import (
     KINDS,
     SHA_RE,
@@ -48,7 +49,7 @@ from sft_grid.stages.staging import memory, watch
 from sft_grid.stages.staging.client import endpoint_of, hf_client
 from sft_grid.stages.staging.plan import DEFAULT_RESERVE, Item, StagingPlan, check_space, plan, resolve_pinned
 from sft_grid.stages.staging.transfer import Transfer
-from sft_grid.stages.staging.values import Budget, HubError, Progress, Staged, StagingLocked, TimeLimitTooShort, human
+from sft_grid.stages.staging.values import Budget, HubError, Progress, Staged, StagingLocked, TimeLimitTooShort
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +254,7 @@ def stage_here(
             left = sum(i.bytes_to_fetch for i in staging.pending if i.here)
             raise StagingStopped(
                 f"stopped before this process's time limit (no time was left for {p.kind}"
-                f" '{p.repo_id}'): {human(left)} of the grid's inputs are left to stage; nothing was"
+                f" '{p.repo_id}'): {human.size(left)} of the grid's inputs are left to stage; nothing was"
                 " queued. Run the same command again to continue."
             ) from e
         except HubError as e:
@@ -263,7 +264,7 @@ def stage_here(
         if not staged.complete:
             left = sum(i.bytes_to_fetch for i in staging.pending if i.here and i is not item) + staged.remaining_bytes
             raise StagingStopped(
-                f"{staged.stopped} In all, {human(left)} of the grid's inputs are left to stage;"
+                f"{staged.stopped} In all, {human.size(left)} of the grid's inputs are left to stage;"
                 " nothing was queued. Run the same command again to continue."
             )
         item.plan = None

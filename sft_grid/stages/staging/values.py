@@ -12,20 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sft_grid.core import human
 from sft_grid.core.hubcache import Kind, RemoteFile, Selection
 
 # the time a run is given to transfer something when the smallest limit that works is worked out: a run that has no
 # time left at all once its safety margin and what the process spent before its first transfer are taken off, or
 # that stops before its first byte, would end every rerun the same way
 MIN_TRANSFER_S = 1.0
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 class HubError(RuntimeError):
@@ -128,9 +121,9 @@ class Plan:
     def describe(self) -> str:
         r = self.resolved
         return (
-            f"{r.kind} {r.repo_id}@{r.sha[:12]}: {len(self.selection.keep)} files, {human(self.bytes_needed)}"
-            f" needed, {human(self.bytes_to_fetch)} to fetch ({len(self.to_fetch)} files),"
-            f" {human(self.free_bytes)} free in {self.cache}"
+            f"{r.kind} {r.repo_id}@{r.sha[:12]}: {len(self.selection.keep)} files, {human.size(self.bytes_needed)}"
+            f" needed, {human.size(self.bytes_to_fetch)} to fetch ({len(self.to_fetch)} files),"
+            f" {human.size(self.free_bytes)} free in {self.cache}"
         )
 
 

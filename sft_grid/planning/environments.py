@@ -10,9 +10,11 @@ environments. Building them (and writing a lock afresh) is sft_grid/stages/venv_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 import yaml
 
 from sft_grid.core.paths import CONF_DIR, venvs_dir
+from sft_grid.core.schema import fingerprint
 
 READY_MARKER = ".sft_grid_ready"
 # Model needs (conf/model `needs`) that only a virtual environment with the right packages meets -> what it takes
@@ -49,7 +52,7 @@ class VenvSpec:
 
     @classmethod
     def from_conf(cls, name: str, venv: Any) -> VenvSpec:
-        data = venv if isinstance(venv, Mapping) else vars(venv)
+        data = venv if isinstance(venv, Mapping) else dataclasses.asdict(venv)
         return cls(
             name=name,
             python=data["python"],
@@ -100,20 +103,25 @@ def need_venvs(cluster: Any) -> dict[str, dict[str, str]]:
     return {**cluster.need_envs, **cluster.need_venvs}
 
 
-# a grid's cells share their backend, cluster and model sections: each combination is selected once
-_SELECTED: dict[tuple[int, int, int], tuple[tuple[Any, Any, Any], tuple[Path, str | None]]] = {}
+# a grid's cells share their backend, cluster and model sections: each combination (by value, and where this
+# process keeps its environments and its home is: a managed environment's path, a site's `~/...`) is selected once
+_SELECTED: dict[tuple[str, ...], tuple[Path, str | None]] = {}
 
 
 def select(spec: Any) -> tuple[Path, str | None]:
     """The virtual environment a cell (spec: its CellConf) trains in, and the need it leaves unmet (None: all met)."""
-    key = (id(spec.backend), id(spec.cluster), id(spec.model))
-    hit = _SELECTED.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], (spec.backend, spec.cluster, spec.model), strict=True)):
-        return hit[1]
-    found = _select(spec)
-    if len(_SELECTED) > 4096:
-        _SELECTED.clear()
-    _SELECTED[key] = ((spec.backend, spec.cluster, spec.model), found)
+    key = (
+        fingerprint(spec.backend),
+        fingerprint(spec.cluster),
+        fingerprint(spec.model),
+        str(venvs_dir()),
+        os.path.expanduser("~"),
+    )
+    found = _SELECTED.get(key)
+    if found is None:
+        if len(_SELECTED) > 4096:
+            _SELECTED.clear()
+        found = _SELECTED[key] = _select(spec)
     return found
 
 

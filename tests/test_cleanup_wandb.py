@@ -43,7 +43,9 @@ def completed_cell(tmp_path: Path, stages: tuple[str, ...]) -> Path:
         (out / ckpt / "optimizer.pt").write_bytes(b"\0" * 1000)
     (out / "model.safetensors").write_bytes(b"\0" * 10)
     (out / "trainer_state.json").write_text("{}")
-    (cell / POST_FILE).write_text(PostFile("cell", stages, python="/nonexistent/python", hub_model_id="org/x").dumps())
+    (cell / POST_FILE).write_text(
+        PostFile(cell="cell", stages=stages, python="/nonexistent/python", hub_model_id="org/x").dumps()
+    )
     return cell
 
 

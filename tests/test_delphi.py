@@ -409,7 +409,7 @@ def test_preps_of_a_grid_are_one_array_its_cells_wait_for(make_cells):
         ["model=tiny_delphi", "model.name=other_delphi", "cluster=slurm_local"],
         ["model=tiny_llama", "cluster=slurm_local"],
     )
-    decisions = [Decision(c, c.sweep_dir / c.name, CellState(State.PLANNED), Action.RUN) for c in cells]
+    decisions = [Decision(c, c.sweep_dir / c.name, CellState(state=State.PLANNED), Action.RUN) for c in cells]
     plan = build_plan(decisions, {}, None, 1001)
     roles = [(j.role.value, len(j.targets)) for j in plan.slurm]
     assert roles == [("prep", 2), ("train", 3), ("post", 3), ("train", 1), ("post", 1)]

@@ -46,9 +46,29 @@ def test_plan_fits_only_with_the_reserve_counted():
     files = (RemoteFile("a.safetensors", 600, "0" * 40, "1" * 64),)
     resolved = Resolved("org/a", "model", "main", "2" * 40, files)
     sel = select_files(files, "model")
-    plan = Plan(resolved, Path("/c"), sel, (), (), files, 600, 1000, 300)
+    plan = Plan(
+        resolved=resolved,
+        cache=Path("/c"),
+        selection=sel,
+        cached=(),
+        to_link=(),
+        to_fetch=files,
+        bytes_to_fetch=600,
+        free_bytes=1000,
+        reserve_bytes=300,
+    )
     assert plan.bytes_needed == 600 and plan.fits
-    assert not Plan(resolved, Path("/c"), sel, (), (), files, 600, 1000, 500).fits
+    assert not Plan(
+        resolved=resolved,
+        cache=Path("/c"),
+        selection=sel,
+        cached=(),
+        to_link=(),
+        to_fetch=files,
+        bytes_to_fetch=600,
+        free_bytes=1000,
+        reserve_bytes=500,
+    ).fits
     assert "1 files, 600 B needed, 600 B to fetch" in plan.describe()
 
 

@@ -99,7 +99,7 @@ def test_the_sbatch_scripts_of_a_prep_train_post_plan_are_golden(make_cells, fix
         ]
     )
     plan = build(
-        [Decision(c, c.sweep_dir / c.name, CellState(State.PLANNED), Action.RUN) for c in cells], {}, None, 1001
+        [Decision(c, c.sweep_dir / c.name, CellState(state=State.PLANNED), Action.RUN) for c in cells], {}, None, 1001
     )
     assert [(j.role.value, len(j.targets)) for j in plan.slurm] == [
         ("prep", 1),

@@ -636,7 +636,7 @@ RERUN = ("python", "-m", "sft_grid", "model=qwen3_8b", "micro_batch_size=4", "re
 
 def failure(klass: FailureClass, nodes: tuple[str, ...] = (), **kw) -> Failure:
     kw.setdefault("summary", f"{klass.value} happened")
-    return Failure(klass, kw.pop("evidence", "evidence line"), nodes, **kw)
+    return Failure(klass=klass, evidence=kw.pop("evidence", "evidence line"), nodes=nodes, **kw)
 
 
 def test_time_limit_with_budget_spent_says_where_it_stopped_what_to_change_and_the_rerun_command():

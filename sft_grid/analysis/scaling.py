@@ -58,7 +58,7 @@ class Band:
     resamples: int  # resamples that were fitted (degenerate ones, with < 3 distinct N, are skipped)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Fit:
     """One fitted curve, or why there is none (ok=False, parameters nan)."""
 
@@ -224,7 +224,20 @@ class _Problem:
 
 def _no_fit(reason: str, loss: Loss, delta: float | None, keys: Sequence[str]) -> Fit:
     nan = float("nan")
-    return Fit(False, reason, nan, nan, nan, loss, delta, nan, tuple(keys), False, (), None)
+    return Fit(
+        ok=False,
+        reason=reason,
+        E=nan,
+        A=nan,
+        alpha=nan,
+        loss=loss,
+        delta=delta,
+        objective=nan,
+        keys=tuple(keys),
+        converged=False,
+        at_bounds=(),
+        band=None,
+    )
 
 
 def resample_indices(m: int, resamples: int, seed: int) -> Any:
@@ -298,7 +311,18 @@ def fit(
         )
         band = _bootstrap_band(prob, best.x, grid, n0, resample_indices(len(good), resamples, seed), level)
     return Fit(
-        True, "", e, a_norm * n0**alpha, alpha, loss, d, float(best.cost), tuple(keys), best.status > 0, at_bounds, band
+        ok=True,
+        reason="",
+        E=e,
+        A=a_norm * n0**alpha,
+        alpha=alpha,
+        loss=loss,
+        delta=d,
+        objective=float(best.cost),
+        keys=tuple(keys),
+        converged=best.status > 0,
+        at_bounds=at_bounds,
+        band=band,
     )
 
 

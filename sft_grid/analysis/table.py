@@ -165,7 +165,7 @@ def mark(
 # -- rows -----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Row:
     name: str
     dir: Path
@@ -301,8 +301,8 @@ def _cell_row(cell_dir: Path) -> Row:
         params = exact / 1e9
     overrides = overrides_of(text)
     return Row(
-        cell_dir.name,
-        cell_dir,
+        name=cell_dir.name,
+        dir=cell_dir,
         key=cell_dir.name.rsplit("-", 1)[-1],
         overrides=overrides,
         values=swept_values(overrides),
@@ -359,8 +359,8 @@ def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
         )
         out.append(
             Row(
-                d.name,
-                d,
+                name=d.name,
+                dir=d,
                 state="base",
                 base=True,
                 model=model or (like.model if like else ""),

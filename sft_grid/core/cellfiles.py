@@ -147,7 +147,7 @@ class PreflightFile:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PostFile:
     """post.json: what the post-training chain of a cell needs, without conf/. The cell is the directory's
     name (a cell's name is its directory's), so cells of one configuration write the same file."""

@@ -229,7 +229,15 @@ def _record_hang(cell_dir: Path, hung: hang.Hung, rc: int, used: dict[str, float
     spent = requeues_spent(history, FailureClass.HANG)  # its budget is the policy's (2 by default)
     summary = summarize(FailureClass.HANG, "", (), spent, 0, done.step, done.total)
     summary += f": silent for {hung.silent_s:.0f} s (bound {hung.bound_s:.0f} s)"
-    failure = Failure(FailureClass.HANG, evidence, (), summary, done.step, done.total, spent)
+    failure = Failure(
+        klass=FailureClass.HANG,
+        evidence=evidence,
+        nodes=(),
+        summary=summary,
+        step=done.step,
+        total=done.total,
+        requeues=spent,
+    )
     _record_and_requeue(cell_dir, failure, next_step(cell_dir, history, failure), rc, {**details, **used})
 
 

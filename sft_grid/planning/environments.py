@@ -103,8 +103,8 @@ def need_venvs(cluster: Any) -> dict[str, dict[str, str]]:
     return {**cluster.need_envs, **cluster.need_venvs}
 
 
-# a grid's cells share their backend, cluster and model sections: each combination (by value, and where this
-# process keeps its environments and its home is: a managed environment's path, a site's `~/...`) is selected once
+# a grid's cells share their backend, cluster and model sections: each combination (by value, and by where this
+# process keeps its environments and its home: a managed environment's path, a site's `~/...`) is selected once
 _SELECTED: dict[tuple[str, ...], tuple[Path, str | None]] = {}
 
 
@@ -114,8 +114,8 @@ def select(spec: Any) -> tuple[Path, str | None]:
         fingerprint(spec.backend),
         fingerprint(spec.cluster),
         fingerprint(spec.model),
-        str(venvs_dir()),
-        os.path.expanduser("~"),
+        os.environ.get("SFT_GRID_CACHE", ""),  # what venvs_dir() and `~` read
+        os.environ.get("HOME", ""),
     )
     found = _SELECTED.get(key)
     if found is None:

@@ -62,7 +62,7 @@ class Model:
     d_attn: int  # attention width: heads x head_dim (the hidden size for most models)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CellPlan:
     name: str
     model: Model
@@ -89,7 +89,7 @@ class Tokens:
     attended: float  # sum over tokens of the attended length (sum of s^2 unpacked)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Estimate:
     cell: str
     tokens: Tokens
@@ -222,20 +222,20 @@ def estimate_cell(plan: CellPlan, throughput: Throughput | None) -> Estimate:
             f"x (1 + {plan.requeues} requeue(s)) = {budget / 3600:.1f} h"
         )
     return Estimate(
-        plan.name,
-        tok,
-        flops,
-        dense,
-        attn,
-        throughput,
-        gpu_hours,
-        wall,
-        ckpt,
-        kept,
-        kept * ckpt + final,
-        budget,
-        exceeds,
-        tuple(notes),
+        cell=plan.name,
+        tokens=tok,
+        flops=flops,
+        flops_dense=dense,
+        flops_attention=attn,
+        throughput=throughput,
+        gpu_hours=gpu_hours,
+        wall_seconds=wall,
+        checkpoint_bytes=ckpt,
+        checkpoints_kept=kept,
+        disk_bytes=kept * ckpt + final,
+        wall_budget_seconds=budget,
+        exceeds_wall=exceeds,
+        notes=tuple(notes),
     )
 
 
@@ -304,7 +304,7 @@ class Measured:
     train_seconds: float | None = None  # the trainer's own train_runtime (wall), for reading only
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Calibration:
     cluster: str
     gpu: str
@@ -431,7 +431,14 @@ def _calibration(cluster: str, ms: Sequence[Measured], rows: Sequence[Sequence[f
     startup, a, b = _fit(rows)
     peak = peak_flops(gpu)
     return Calibration(
-        cluster, gpu, startup, a, b, tuple(m.cell for m in ms), _sizes(m.params for m in ms), peak[1] if peak else None
+        cluster=cluster,
+        gpu=gpu,
+        startup_s=startup,
+        per_token_s=a,
+        per_flop_s=b,
+        cells=tuple(m.cell for m in ms),
+        sizes=_sizes(m.params for m in ms),
+        peak=peak[1] if peak else None,
     )
 
 

@@ -163,7 +163,13 @@ def scores_for(key: str, cell: Cell, suites: Sequence[Any], chat_template: bool 
             out.setdefault(
                 sid,
                 ScoreSpec(
-                    sid, suite.name, settings["task"], settings, suite.engine, suite.batch_size, device_of(suite)
+                    score_id=sid,
+                    suite=suite.name,
+                    task=settings["task"],
+                    settings=settings,
+                    engine=suite.engine,
+                    batch_size=suite.batch_size,
+                    device=device_of(suite),
                 ),
             )
     return tuple(out.values())
@@ -176,7 +182,7 @@ def cell_scores(cell: Cell) -> tuple[ScoreSpec, ...]:
 # -- base models ----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BaseTarget:
     """A base model evaluated once per grid: the scores its cells' suites ask of it."""
 
@@ -236,7 +242,15 @@ def base_targets(cells: Sequence[Cell]) -> list[BaseTarget]:
         if where not in templates:
             templates[where] = base_has_template(first)
         scores = scores_for(key, first, merged, templates[where])
-        found[where] = BaseTarget(cell.spec.model.name, base_source(first), key, where, first, merged, scores)
+        found[where] = BaseTarget(
+            name=cell.spec.model.name,
+            source=base_source(first),
+            key=key,
+            dir=where,
+            cell=first,
+            suites=merged,
+            scores=scores,
+        )
     return list(found.values())
 
 

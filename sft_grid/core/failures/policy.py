@@ -134,7 +134,7 @@ class Policy:
         return self.rules.get(klass, Rule(RemedyKind.STOP))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CellContext:
     """What decide() may use to make suggestions concrete; unknown fields stay None."""
 

@@ -92,17 +92,17 @@ def download(
 
     def staged_offline(sha: str) -> Staged:
         return Staged(
-            repo_id,
-            kind,
-            revision,
-            sha,
-            snapshot_path(cache, repo_id, kind, sha),
-            True,
-            (),
-            0,
-            0,
-            time.monotonic() - t0,
-            None,
+            repo_id=repo_id,
+            kind=kind,
+            revision=revision,
+            sha=sha,
+            path=snapshot_path(cache, repo_id, kind, sha),
+            complete=True,
+            fetched=(),
+            fetched_bytes=0,
+            remaining_bytes=0,
+            seconds=time.monotonic() - t0,
+            rate_bps=None,
             offline=True,
         )
 
@@ -157,7 +157,20 @@ def download(
     except watch.TimeUp as e:  # the limit came while resolving: nothing moved yet
         if budget is not None and not watch.stalled() and lock.waited_s < 1.0:  # no server to blame: every rerun
             raise TimeLimitTooShort(budget.refusal()) from e  # would end the same way
-        return Staged(repo_id, kind, revision, "", cache, False, (), 0, 0, time.monotonic() - t0, None, str(e))
+        return Staged(
+            repo_id=repo_id,
+            kind=kind,
+            revision=revision,
+            sha="",
+            path=cache,
+            complete=False,
+            fetched=(),
+            fetched_bytes=0,
+            remaining_bytes=0,
+            seconds=time.monotonic() - t0,
+            rate_bps=None,
+            stopped=str(e),
+        )
     finally:
         lock.release()
 

@@ -233,15 +233,15 @@ def plan(
             fetch.append(f)
     partial = sum(partial_bytes(cache, r.repo_id, r.kind, f) for f in fetch) if resumable else 0
     return Plan(
-        r,
-        cache,
-        selection,
-        tuple(cached),
-        tuple(link),
-        tuple(fetch),
-        sum(f.size for f in fetch) - partial,
-        _free_bytes(cache),
-        reserve_bytes,
+        resolved=r,
+        cache=cache,
+        selection=selection,
+        cached=tuple(cached),
+        to_link=tuple(link),
+        to_fetch=tuple(fetch),
+        bytes_to_fetch=sum(f.size for f in fetch) - partial,
+        free_bytes=_free_bytes(cache),
+        reserve_bytes=reserve_bytes,
     )
 
 
@@ -270,7 +270,7 @@ class Wanted:
     cache: Path
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Item:
     wanted: Wanted
     users: list[tuple[str, str]] = field(default_factory=list)  # (cell name, key naming it)
@@ -404,7 +404,7 @@ def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> 
                     mine.append(Pin(repo.kind, repo.repo_id, sha, sha, cache))
                 continue
             wanted = Wanted(repo.kind, repo.repo_id, sha or repo.revision, cache)
-            item = items.setdefault(wanted, Item(wanted))
+            item = items.setdefault(wanted, Item(wanted=wanted))
             item.users.append((cell.name, key))
             item.here |= cell.spec.cluster.staging.where == "login"
             item.offline |= not cell.spec.cluster.internet_on_compute

@@ -146,16 +146,16 @@ class Transfer:
         eta = (self.plan.bytes_needed - done) / rate if rate else None
         self.on_progress(
             Progress(
-                self.r.repo_id,
-                f.path if f else "",
-                self.file_done,
-                f.size if f else 0,
-                done,
-                self.plan.bytes_needed,
-                rate,
-                eta,
-                self.files_done,
-                len(self.plan.selection.keep),
+                repo_id=self.r.repo_id,
+                file=f.path if f else "",
+                file_done=self.file_done,
+                file_total=f.size if f else 0,
+                done=done,
+                total=self.plan.bytes_needed,
+                rate_bps=rate,
+                eta_s=eta,
+                files_done=self.files_done,
+                files_total=len(self.plan.selection.keep),
             )
         )
 
@@ -334,18 +334,18 @@ class Transfer:
                     memory.record_cut(self.plan.cache, self._blob(self.current), self.file_done)
                 break
         return Staged(
-            self.r.repo_id,
-            self.r.kind,
-            self.r.revision,
-            self.r.sha,
-            snapshot_path(self.plan.cache, self.r.repo_id, self.r.kind, self.r.sha),
-            stopped is None,
-            tuple(f.path for f in self.fetched),
-            sum(f.size for f in self.fetched),
-            self._remaining(),
-            time.monotonic() - t0,
-            self.measured_rate(),
-            stopped,
+            repo_id=self.r.repo_id,
+            kind=self.r.kind,
+            revision=self.r.revision,
+            sha=self.r.sha,
+            path=snapshot_path(self.plan.cache, self.r.repo_id, self.r.kind, self.r.sha),
+            complete=stopped is None,
+            fetched=tuple(f.path for f in self.fetched),
+            fetched_bytes=sum(f.size for f in self.fetched),
+            remaining_bytes=self._remaining(),
+            seconds=time.monotonic() - t0,
+            rate_bps=self.measured_rate(),
+            stopped=stopped,
         )
 
     def _before(self, f: RemoteFile) -> None:

@@ -98,7 +98,7 @@ class Resolved:
     files: tuple[RemoteFile, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     resolved: Resolved
     cache: Path
@@ -127,7 +127,7 @@ class Plan:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Progress:
     """Sent to the progress callback on each received chunk and at each file's start and end."""
 
@@ -219,7 +219,7 @@ class Budget:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Staged:
     """The outcome of one ``download`` call."""
 

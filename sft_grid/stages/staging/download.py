@@ -98,11 +98,7 @@ def download(
             sha=sha,
             path=snapshot_path(cache, repo_id, kind, sha),
             complete=True,
-            fetched=(),
-            fetched_bytes=0,
-            remaining_bytes=0,
             seconds=time.monotonic() - t0,
-            rate_bps=None,
             offline=True,
         )
 
@@ -164,11 +160,7 @@ def download(
             sha="",
             path=cache,
             complete=False,
-            fetched=(),
-            fetched_bytes=0,
-            remaining_bytes=0,
             seconds=time.monotonic() - t0,
-            rate_bps=None,
             stopped=str(e),
         )
     finally:

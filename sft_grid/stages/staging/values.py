@@ -229,10 +229,11 @@ class Staged:
     sha: str  # record it: staging this sha again needs no network
     path: Path  # the snapshot directory to hand to the backend
     complete: bool
-    fetched: tuple[str, ...]
-    fetched_bytes: int
-    remaining_bytes: int
     seconds: float
-    rate_bps: float | None
+    # what this run transferred (nothing, by default: served from the cache, or stopped before a transfer)
+    fetched: tuple[str, ...] = ()
+    fetched_bytes: int = 0
+    remaining_bytes: int = 0
+    rate_bps: float | None = None
     stopped: str | None = None  # why this run ended before completion (time budget), with what to do
     offline: bool = False  # served from the cache without any request

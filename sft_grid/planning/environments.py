@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from sft_grid.core.paths import CONF_DIR, venvs_dir
-from sft_grid.core.schema import fingerprint
+from sft_grid.core.schema import CellConf, ClusterConf, VenvSpecConf, fingerprint
 
 READY_MARKER = ".sft_grid_ready"
 # Model needs (conf/model `needs`) that only a virtual environment with the right packages meets -> what it takes
@@ -51,7 +51,7 @@ class VenvSpec:
         raise KeyError(f"unknown virtual environment {name!r}: expected one of {', '.join(known)}")
 
     @classmethod
-    def from_conf(cls, name: str, venv: Any) -> VenvSpec:
+    def from_conf(cls, name: str, venv: Mapping[str, Any] | VenvSpecConf) -> VenvSpec:
         data = venv if isinstance(venv, Mapping) else dataclasses.asdict(venv)
         return cls(
             name=name,
@@ -89,17 +89,17 @@ def is_ready(path: Path) -> bool:
     return (path / READY_MARKER).is_file()
 
 
-def managed_for(spec: Any) -> Path:
+def managed_for(spec: CellConf) -> Path:
     """The managed virtual environment of a cell's backend pins (spec: its CellConf)."""
     return VenvSpec.from_conf(spec.backend.name, spec.backend.venv).path
 
 
-def site_venvs(cluster: Any) -> dict[str, str]:
+def site_venvs(cluster: ClusterConf) -> dict[str, str]:
     """backend -> the site's own virtual environment (backend_venvs, or its deprecated spelling)."""
     return {**cluster.backend_envs, **cluster.backend_venvs}
 
 
-def need_venvs(cluster: Any) -> dict[str, dict[str, str]]:
+def need_venvs(cluster: ClusterConf) -> dict[str, dict[str, str]]:
     return {**cluster.need_envs, **cluster.need_venvs}
 
 
@@ -108,7 +108,7 @@ def need_venvs(cluster: Any) -> dict[str, dict[str, str]]:
 _SELECTED: dict[tuple[str, ...], tuple[Path, str | None]] = {}
 
 
-def select(spec: Any) -> tuple[Path, str | None]:
+def select(spec: CellConf) -> tuple[Path, str | None]:
     """The virtual environment a cell (spec: its CellConf) trains in, and the need it leaves unmet (None: all met)."""
     key = (
         fingerprint(spec.backend),
@@ -125,7 +125,7 @@ def select(spec: Any) -> tuple[Path, str | None]:
     return found
 
 
-def _select(spec: Any) -> tuple[Path, str | None]:
+def _select(spec: CellConf) -> tuple[Path, str | None]:
     """A model with a need (Qwen3.5: transformers >= 5.3) trains in the cluster's environment for that need
     (cluster.need_venvs.<need>.<backend>), or in the managed one when the backend's pins meet it (conf/backend
     `provides`) and the cluster names no environment of its own for the backend. The team's main environment
@@ -145,6 +145,6 @@ def _select(spec: Any) -> tuple[Path, str | None]:
     return general, None
 
 
-def bin_dir(spec: Any) -> Path:
+def bin_dir(spec: CellConf) -> Path:
     """The bin/ of the virtual environment a cell trains in."""
     return select(spec)[0] / "bin"

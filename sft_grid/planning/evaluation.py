@@ -28,6 +28,7 @@ from typing import Any
 
 from sft_grid.core.layout import OUTPUT_DIR
 from sft_grid.core.problems import Problem
+from sft_grid.core.schema import EvalConf, EvalTaskConf
 from sft_grid.core.scores import BASE_DIR, EvalFile, ScoreSpec, score_id
 from sft_grid.core.templates import effective_template
 from sft_grid.core.timefmt import parse_minutes
@@ -128,7 +129,7 @@ def _site_packages_state(venv: Path) -> tuple[tuple[str, int], ...]:
 # -- scores -------------------------------------------------------------------------------------------------------
 
 
-def task_settings(suite: Any, label: str, task: Any, chat_template: bool = True) -> dict[str, Any]:
+def task_settings(suite: EvalConf, label: str, task: EvalTaskConf, chat_template: bool = True) -> dict[str, Any]:
     """A task's part of its scores' identity (written back verbatim as a score file's `settings`)."""
     name = task.task or label
     limit = task.limit
@@ -148,7 +149,7 @@ def task_settings(suite: Any, label: str, task: Any, chat_template: bool = True)
     }
 
 
-def device_of(suite: Any) -> str:
+def device_of(suite: EvalConf) -> str:
     return "cuda" if suite.resources.gpus else "cpu"
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.core.hubcache import MAIN, HubRepo, Pin, default_cache
+from sft_grid.core.schema import CellConf
 from sft_grid.planning.cells import Cell, is_local
 
 PREP_NEED = "delphi_tokenizer_prep"
@@ -75,7 +76,7 @@ def hub_repos(cell: Cell) -> list[tuple[str, HubRepo]]:
     return out
 
 
-def hf_cache(spec: Any) -> Path:
+def hf_cache(spec: CellConf) -> Path:
     """The Hugging Face hub cache a cell's inputs are staged into and its jobs read: the cluster's `hf_cache`,
     else this environment's (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub)."""
     return Path(spec.cluster.hf_cache).expanduser() if spec.cluster.hf_cache else default_cache()

@@ -518,7 +518,7 @@ def _values(spec: Any) -> list[Finding]:
     return found
 
 
-def values(cell: str, spec: Any) -> list[Problem]:
+def values(cell: str, spec: CellConf) -> list[Problem]:
     """Every field with a range or a value set (its metadata) holds an allowed value; nothing required is unset."""
     return [Problem(cell, *f) for f in _prefixed("", _values(spec))]
 

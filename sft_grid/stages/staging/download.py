@@ -43,7 +43,7 @@ from sft_grid.core.hubcache import (
     write_listing,
     write_ref,
 )
-from sft_grid.core.lock import Lock, LockTimeout
+from sft_grid.core.lock import Holder, Lock, LockTimeout
 from sft_grid.core.problems import Problem
 from sft_grid.stages.staging import memory, watch
 from sft_grid.stages.staging.client import endpoint_of, hf_client
@@ -106,7 +106,7 @@ def download(
         return staged_offline(revision)
     wait_s = min(lock_timeout_s, budget.left()) if budget else lock_timeout_s
 
-    def waiting(holder: Any, waited: float) -> None:
+    def waiting(holder: Holder | None, waited: float) -> None:
         log.info(
             "waiting for another stager of %s (%s), %.0fs so far",
             repo_id,

@@ -58,7 +58,7 @@ def carry_template(directory: Path, tokenizer: Any) -> list[str]:
         return []
     if not (directory / template_integrity.CONFIG).is_file():
         tokenizer.save_pretrained(str(directory), save_jinja_files=False)
-    changed = template_integrity.repair(directory, template)
+    changed: list[str] = template_integrity.repair(directory, template)
     if changed:
         print(
             f"[sft_grid] template_integrity: wrote the chat template into {', '.join(changed)} in {directory}",

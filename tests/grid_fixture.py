@@ -148,11 +148,11 @@ def estimate(
     per_row = 50
     rows = tokens / per_row
     plan = CellPlan(
-        cell_dir.name,
-        Model(params, 4, 128),
-        (Source("data", rows, (per_row,) * 8),),
-        1024,
-        max(1, round(rows / steps)),
+        name=cell_dir.name,
+        model=Model(params, 4, 128),
+        sources=(Source("data", rows, (per_row,) * 8),),
+        cutoff_len=1024,
+        global_batch_size=max(1, round(rows / steps)),
         epochs=1.0,
         gpus=gpus,
         precision="fp32",

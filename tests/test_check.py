@@ -60,7 +60,7 @@ def test_check_resolves_the_pinned_commit_and_says_where_main_is_now(hub, cache,
     # kind, repository, asked, resolves to, main now (moved past the pin), files, their size, cells, verdict
     model = cols(row(proc.stdout, "org/tiny"))
     assert model[:5] == ["model", "org/tiny", pinned[:12], pinned[:12], f"{moved[:12]} (moved on)"], model
-    assert int(model[5]) >= 3 and model[6].endswith("KiB") and model[7:] == ["1", "found"], model
+    assert int(model[5]) >= 3 and model[6].endswith("kB") and model[7:] == ["1", "found"], model
     dataset = cols(row(proc.stdout, "org/chat"))
     assert dataset[:4] == ["dataset", "org/chat", "main", data[:12]] and dataset[-1] == "found", dataset
     assert "2 Hub repositories of 1 cell(s): every one found; nothing written, staged or queued" in proc.stdout

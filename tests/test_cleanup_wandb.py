@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from sft_grid.backends import wandb
+from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE
 from sft_grid.grid.render import render
@@ -42,7 +43,9 @@ def completed_cell(tmp_path: Path, stages: tuple[str, ...]) -> Path:
         (out / ckpt / "optimizer.pt").write_bytes(b"\0" * 1000)
     (out / "model.safetensors").write_bytes(b"\0" * 10)
     (out / "trainer_state.json").write_text("{}")
-    (cell / POST_FILE).write_text(PostFile("cell", stages, python="/nonexistent/python", hub_model_id="org/x").dumps())
+    (cell / POST_FILE).write_text(
+        PostFile(cell="cell", stages=stages, python="/nonexistent/python", hub_model_id="org/x").dumps()
+    )
     return cell
 
 
@@ -64,7 +67,7 @@ def test_checkpoints_go_only_after_a_verified_upload(tmp_path: Path, monkeypatch
     assert post_training.run(cell, post_training.LOGIN) is True
     assert post_training.states(cell)["cleanup"].state == "completed"
     assert sorted(p.name for p in (cell / "output").iterdir()) == ["model.safetensors", "trainer_state.json"]
-    done = [e for e in post_training.events.read(cell) if e.stage == "cleanup" and e.state == "completed"][-1]
+    done = [e for e in events.read(cell) if e.stage == "cleanup" and e.state == "completed"][-1]
     assert done.details["removed"] == ["checkpoint-2", "checkpoint-4"] and done.details["freed_bytes"] == 2000
 
 

@@ -43,7 +43,16 @@ def measured(
         s, a, b = machine
         seconds = s + (a * tok.tokens + b * (dense + attn)) / p.gpus
     assert seconds is not None
-    return Measured(p.name, cluster, gpu, p.gpus, p.model.params, seconds, tok.tokens, dense + attn)
+    return Measured(
+        cell=p.name,
+        cluster=cluster,
+        gpu=gpu,
+        gpus=p.gpus,
+        params=p.model.params,
+        seconds=seconds,
+        tokens=tok.tokens,
+        flops=dense + attn,
+    )
 
 
 def test_epoch_tokens_cap_each_example_at_cutoff_and_scale_to_rows() -> None:

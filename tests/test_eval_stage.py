@@ -323,14 +323,14 @@ def _target(tmp_path: Path, template: str | None = TRAINED) -> tuple[Path, EvalF
     launcher.write_text(f'#!/bin/sh\nexec {sys.executable} {harness} "$2"\n')
     launcher.chmod(0o755)
     plan = EvalFile(
-        "cell-abc",
-        False,
-        str(model),
-        "lm-eval==0.4.13",
-        str(launcher),
+        target="cell-abc",
+        base=False,
+        model_path=str(model),
+        harness="lm-eval==0.4.13",
+        python=str(launcher),
         scores=(
-            ScoreSpec("aaaaaaaaaaaa", "tiny", "tiny_mc", _settings("tiny_mc")),
-            ScoreSpec("bbbbbbbbbbbb", "tiny", "tiny_gen", _settings("tiny_gen")),
+            ScoreSpec(score_id="aaaaaaaaaaaa", suite="tiny", task="tiny_mc", settings=_settings("tiny_mc")),
+            ScoreSpec(score_id="bbbbbbbbbbbb", suite="tiny", task="tiny_gen", settings=_settings("tiny_gen")),
         ),
     )
     (cell / "eval.json").write_text(plan.dumps())

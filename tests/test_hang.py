@@ -172,7 +172,9 @@ def test_the_evidence_names_the_last_step_and_each_nodes_last_line(tmp_path):
 
 
 def test_a_hang_is_requeued_from_its_checkpoint_by_default_within_its_budget():
-    failure = Failure(FailureClass.HANG, "no training step ...", (), "hung", 12, 120)
+    failure = Failure(
+        klass=FailureClass.HANG, evidence="no training step ...", nodes=(), summary="hung", step=12, total=120
+    )
     first = decide(failure, attempts_so_far=0)
     assert first.kind is RemedyKind.REQUEUE and "Requeued from the last checkpoint" in first.message
     spent = decide(failure, attempts_so_far=2)

@@ -12,7 +12,7 @@ import pytest
 
 from sft_grid.core.hubcache import RemoteFile, select_files
 from sft_grid.stages.staging import HubError, HubUnreachable, download, resolve
-from sft_grid.stages.staging.values import Budget, Plan, Resolved, human
+from sft_grid.stages.staging.values import Budget, Plan, Resolved
 
 pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hf_env
 
@@ -46,14 +46,30 @@ def test_plan_fits_only_with_the_reserve_counted():
     files = (RemoteFile("a.safetensors", 600, "0" * 40, "1" * 64),)
     resolved = Resolved("org/a", "model", "main", "2" * 40, files)
     sel = select_files(files, "model")
-    plan = Plan(resolved, Path("/c"), sel, (), (), files, 600, 1000, 300)
+    plan = Plan(
+        resolved=resolved,
+        cache=Path("/c"),
+        selection=sel,
+        cached=(),
+        to_link=(),
+        to_fetch=files,
+        bytes_to_fetch=600,
+        free_bytes=1000,
+        reserve_bytes=300,
+    )
     assert plan.bytes_needed == 600 and plan.fits
-    assert not Plan(resolved, Path("/c"), sel, (), (), files, 600, 1000, 500).fits
+    assert not Plan(
+        resolved=resolved,
+        cache=Path("/c"),
+        selection=sel,
+        cached=(),
+        to_link=(),
+        to_fetch=files,
+        bytes_to_fetch=600,
+        free_bytes=1000,
+        reserve_bytes=500,
+    ).fits
     assert "1 files, 600 B needed, 600 B to fetch" in plan.describe()
-
-
-def test_human_sizes():
-    assert [human(0), human(1023), human(1536), human(5 * 2**30)] == ["0 B", "1023 B", "1.5 KiB", "5.0 GiB"]
 
 
 def test_unreachable_hub_names_the_fix(hf_env, tmp_path):

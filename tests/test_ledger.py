@@ -112,7 +112,7 @@ def test_checkpoints_sorted_by_step(cell_dir):
 )
 def test_rerun_decisions(make_cells, state, switches, runs):
     (cell,) = make_cells(switches)
-    why = skip_reason(cell, CellState(state, reason="boom"))
+    why = skip_reason(cell, CellState(state=state, reason="boom"))
     assert (why is None) is runs
     if state is State.FAILED and not runs:
         assert "boom" in why and "rerun_failed=true" in why

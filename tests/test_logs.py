@@ -94,7 +94,7 @@ def test_the_post_stages_write_their_log(runs, capsys, monkeypatch):
     (cell / "output" / "model.safetensors").write_bytes(b"w")
     (cell / "output" / "trainer_state.json").write_text("{}")
     (cell / POST_FILE).write_text(
-        PostFile(NAMES[0], ("upload",), python="/nonexistent/python", hub_model_id="org/x").dumps()
+        PostFile(cell=NAMES[0], stages=("upload",), python="/nonexistent/python", hub_model_id="org/x").dumps()
     )
 
     def upload(cell_dir: Path, post: PostFile, where: str) -> dict[str, str]:

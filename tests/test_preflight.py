@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from sft_grid.checks.preflight import Check, assistant_turns, preflight, run, run_deferred
+from sft_grid.checks.preflight import assistant_turns, preflight, run, run_deferred
+from sft_grid.core.cellfiles import Check
 
 
 def test_tiny_cells_pass(make_cells, tiny_assets):

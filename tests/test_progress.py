@@ -69,7 +69,7 @@ def test_a_log_gets_one_line_per_step_and_a_terminal_line_is_left_alone():
     assert all(line.endswith(" s)") for line in lines)  # the time so far
     job = LocalJob(Role.TRAIN, Path("/x/c1"), "c1", 60)
     for step, loss in ((None, None), (1, 6.9), (1, 6.9), (2, 6.8)):
-        live.cells({job: CellState(State.RUNNING, progress=Progress(step, 4, loss))})
+        live.cells({job: CellState(state=State.RUNNING, progress=Progress(step, 4, loss))})
     cell_lines = stream.getvalue().splitlines()[3:]
     assert [line.split(" (")[0] for line in cell_lines] == [
         "  training c1: no step yet starting",

@@ -121,7 +121,7 @@ def test_not_enough_space_is_refused_before_any_transfer(hub, small_fs, tmp_path
     proc = run_sft(*cell_args(small_fs / "cache", runs))
     assert proc.returncode == 1
     assert "cluster.hf_cache=" in proc.stderr and "[staging-space]" in proc.stderr
-    assert "6.0 MiB more" in proc.stderr and "free" in proc.stderr
+    assert "6.29 MB more" in proc.stderr and "free" in proc.stderr
     assert hub.requests("/resolve/", "GET") == [] and not runs.exists()
 
 

@@ -26,7 +26,6 @@ from sft_grid.core.failures import (
     classify,
     decide,
     expand_hostlist,
-    format_time,
     group_legs,
     parse_sacct,
     parse_time,
@@ -35,6 +34,7 @@ from sft_grid.core.failures import (
     summarize,
     with_overrides,
 )
+from sft_grid.core.human import duration
 from tests.triage_helpers import case_log, corpus_cases, is_real
 
 CASES = corpus_cases("main")
@@ -636,7 +636,7 @@ RERUN = ("python", "-m", "sft_grid", "model=qwen3_8b", "micro_batch_size=4", "re
 
 def failure(klass: FailureClass, nodes: tuple[str, ...] = (), **kw) -> Failure:
     kw.setdefault("summary", f"{klass.value} happened")
-    return Failure(klass, kw.pop("evidence", "evidence line"), nodes, **kw)
+    return Failure(klass=klass, evidence=kw.pop("evidence", "evidence line"), nodes=nodes, **kw)
 
 
 def test_time_limit_with_budget_spent_says_where_it_stopped_what_to_change_and_the_rerun_command():
@@ -751,7 +751,7 @@ def test_bad_policy_changes_are_refused(changes):
 def test_overrides_and_times():
     assert with_overrides(["a=1", "+b=2", "c"], ["b=3", "d=4"]) == ("a=1", "c", "b=3", "d=4")
     assert parse_time("04:00:00") == 14400 and parse_time("1-02:00:00") == 93600 and parse_time("90") == 5400
-    assert format_time(2 * 93600) == "2-04:00:00" and format_time(28800) == "08:00:00"
+    assert duration(2 * 93600) == "2-04:00:00" and duration(28800) == "08:00:00"
 
 
 def test_classify_then_decide_end_to_end_on_a_node_failure():

@@ -29,6 +29,8 @@ from html import escape
 from itertools import pairwise
 from typing import Any
 
+from sft_grid.core.human import count
+
 STATE_COLOURS = {"completed": "#2e7d32", "running": "#1565c0", "failed": "#c62828", "planned": "#757575"}
 CATEGORICAL = (
     "#4e79a7",
@@ -68,17 +70,6 @@ def ramp(t: float) -> str:
 def _rgba(colour: str, alpha: float) -> str:
     r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
     return f"rgba({r},{g},{b},{alpha})"
-
-
-def si(v: float) -> str:
-    """Compact number for legends: 447M, 1.4B, 12k, 0.25, 1e+20 beyond trillions."""
-    a = abs(v)
-    if a >= 1e15 or (0 < a < 1e-3):
-        return f"{v:.2g}"
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if a >= div:
-            return f"{v / div:.3g}{suffix}"
-    return f"{v:.3g}"
 
 
 def cell_state(cell: dict[str, Any]) -> str:
@@ -196,9 +187,9 @@ class Layout:
         if self.colour_axis is None:
             p = pos(cell.get("params"))
             if p is None or len(self.sizes) < 2:
-                return 0.0, "all cells" if p is None else si(p), categorical(0)
+                return 0.0, "all cells" if p is None else count(p), categorical(0)
             lo, hi = math.log(self.sizes[0]), math.log(self.sizes[-1])
-            return p, si(p), ramp((math.log(p) - lo) / (hi - lo))
+            return p, count(p), ramp((math.log(p) - lo) / (hi - lo))
         v = str(self.value(cell, self.colour_axis))
         return float(list(self.categories).index(v)), f"{self.colour_axis}={v}", self.categories.get(v, categorical(0))
 

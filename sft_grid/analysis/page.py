@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.analysis.figures import Canvas, Layout, cell_state, loss_curves, scaling, state_colour
+from sft_grid.core import human
 
 REPORT_HTML, REPORT_JSON = "report.html", "report.json"
 
@@ -101,9 +102,8 @@ def _g(v: Any, digits: int = 4) -> str:
 
 
 def _hours(v: Any) -> str:
-    """GPU-hours as a person reads them: 0.0123, 4.56, 78.9, 1234 (never 1.23e+03)."""
     f = _num(v)
-    return "" if f is None else f"{f:.0f}" if abs(f) >= 100 else f"{f:.3g}"
+    return "" if f is None else human.hours(f)
 
 
 def _count(v: float) -> str:
@@ -112,10 +112,7 @@ def _count(v: float) -> str:
 
 def _duration(seconds: Any) -> str:
     s = _num(seconds)
-    if s is None:
-        return ""
-    t = round(s)
-    return f"{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}"
+    return "" if s is None else human.duration(s)
 
 
 def _td(text: str, sort: Any = None, cls: str = "", extra: str = "") -> str:

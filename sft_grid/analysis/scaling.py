@@ -33,7 +33,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # numpy is imported where a fit runs
+    import numpy as np
+    from numpy.typing import NDArray
+
+    Floats = NDArray[np.float64]
+    Indices = NDArray[np.intp]
+    Bools = NDArray[np.bool_]
 
 HUBER_DELTA = 1e-3
 ALPHA_BOUNDS = (0.01, 2.0)
@@ -58,7 +66,7 @@ class Band:
     resamples: int  # resamples that were fitted (degenerate ones, with < 3 distinct N, are skipped)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Fit:
     """One fitted curve, or why there is none (ok=False, parameters nan)."""
 
@@ -76,7 +84,7 @@ class Fit:
     band: Band | None
 
     def predict(self, n: float) -> float:
-        return self.E + self.A * n ** (-self.alpha)
+        return self.E + self.A * float(n ** (-self.alpha))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (nan becomes None), the shape the report renderer reads."""
@@ -109,14 +117,14 @@ class _Problem:
     """One fit's data on the normalised scale (numpy arrays), and its objective: the one place the model and its
     derivatives are written, for least_squares and for the batched refits alike."""
 
-    logx: Any  # log(N / N0), (m,)
-    y: Any  # log L (huber) or L (least squares), (m,)
+    logx: Floats  # log(N / N0), (m,)
+    y: Floats  # log L (huber) or L (least squares), (m,)
     loss: Loss
     delta: float
-    lower: Any
-    upper: Any
+    lower: Floats
+    upper: Floats
 
-    def residuals(self, theta: Any, logx: Any, y: Any) -> tuple[Any, Any]:
+    def residuals(self, theta: Floats, logx: Floats, y: Floats) -> tuple[Floats, Floats]:
         """Residuals (B, m) of B parameter rows on B data rows (or one shared row), and their Jacobians (B, m, 3)."""
         import numpy as np
 
@@ -129,7 +137,7 @@ class _Problem:
         inv = 1.0 / p
         return np.log(p) - y, np.stack([inv, xp * inv, d_alpha * inv], axis=2)
 
-    def rho(self, r: Any) -> Any:
+    def rho(self, r: Floats) -> Floats:
         """The loss of each residual: least_squares' `cost` is their sum."""
         import numpy as np
 
@@ -138,7 +146,7 @@ class _Problem:
         a = np.abs(r)
         return np.where(a <= self.delta, 0.5 * r * r, self.delta * (a - 0.5 * self.delta))
 
-    def solve(self, start: Any, logx: Any = None, y: Any = None) -> Any:
+    def solve(self, start: Floats, logx: Floats | None = None, y: Floats | None = None) -> Any:
         """least_squares from `start` on these points (default: the problem's own)."""
         import numpy as np
         from scipy.optimize import least_squares
@@ -146,11 +154,13 @@ class _Problem:
         lx = self.logx if logx is None else logx
         yy = self.y if y is None else y
 
-        def fun(th: Any) -> Any:
-            return self.residuals(th[None], lx, yy)[0][0]
+        def fun(th: Floats) -> Floats:
+            residuals: Floats = self.residuals(th[None], lx, yy)[0][0]
+            return residuals
 
-        def jac(th: Any) -> Any:
-            return self.residuals(th[None], lx, yy)[1][0]
+        def jac(th: Floats) -> Floats:
+            jacobian: Floats = self.residuals(th[None], lx, yy)[1][0]
+            return jacobian
 
         huber = self.loss == "huber"
         return least_squares(
@@ -167,7 +177,7 @@ class _Problem:
             max_nfev=2000,
         )
 
-    def starts(self, l_arr: Any) -> Any:
+    def starts(self, l_arr: Floats) -> Floats:
         """The grid of starts, best (lowest objective) first."""
         import numpy as np
 
@@ -183,7 +193,7 @@ class _Problem:
         r, _ = self.residuals(grid, self.logx[None], self.y[None])
         return grid[np.argsort(self.rho(r).sum(axis=1), kind="stable")]
 
-    def refit(self, theta0: Any, logx: Any, y: Any, iters: int = _BOOT_ITERS) -> tuple[Any, Any]:
+    def refit(self, theta0: Floats, logx: Floats, y: Floats, iters: int = _BOOT_ITERS) -> tuple[Floats, Bools]:
         """Many resamples (rows of logx, y) refitted at once from theta0: Levenberg-Marquardt steps on the Huber
         loss's own curvature (a residual beyond delta adds slope, no curvature: least_squares' scaling too), bounds
         held by projection, a step kept only when it lowers the resample's objective. Returns (theta, done)."""
@@ -224,10 +234,23 @@ class _Problem:
 
 def _no_fit(reason: str, loss: Loss, delta: float | None, keys: Sequence[str]) -> Fit:
     nan = float("nan")
-    return Fit(False, reason, nan, nan, nan, loss, delta, nan, tuple(keys), False, (), None)
+    return Fit(
+        ok=False,
+        reason=reason,
+        E=nan,
+        A=nan,
+        alpha=nan,
+        loss=loss,
+        delta=delta,
+        objective=nan,
+        keys=tuple(keys),
+        converged=False,
+        at_bounds=(),
+        band=None,
+    )
 
 
-def resample_indices(m: int, resamples: int, seed: int) -> Any:
+def resample_indices(m: int, resamples: int, seed: int) -> Indices:
     """The case bootstrap's draws: `resamples` rows of m point indices, with replacement (seeded)."""
     import numpy as np
 
@@ -298,11 +321,22 @@ def fit(
         )
         band = _bootstrap_band(prob, best.x, grid, n0, resample_indices(len(good), resamples, seed), level)
     return Fit(
-        True, "", e, a_norm * n0**alpha, alpha, loss, d, float(best.cost), tuple(keys), best.status > 0, at_bounds, band
+        ok=True,
+        reason="",
+        E=e,
+        A=a_norm * n0**alpha,
+        alpha=alpha,
+        loss=loss,
+        delta=d,
+        objective=float(best.cost),
+        keys=tuple(keys),
+        converged=best.status > 0,
+        at_bounds=at_bounds,
+        band=band,
     )
 
 
-def _bootstrap_band(prob: _Problem, best: Any, grid: Any, n0: float, draws: Any, level: float) -> Band | None:
+def _bootstrap_band(prob: _Problem, best: Floats, grid: Floats, n0: float, draws: Indices, level: float) -> Band | None:
     """None when no resample has 3 distinct N (only likely with 3 points and a handful of resamples)."""
     import numpy as np
 

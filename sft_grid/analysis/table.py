@@ -31,16 +31,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sft_grid.core.cellfiles import CellYaml
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.layout import BASE_DIR, CELL_FILE, EVAL_DIR, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE, iter_cell_dirs
+from sft_grid.core.layout import BASE_DIR, EVAL_DIR, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE, iter_cell_dirs
 from sft_grid.core.overrides import overrides_of, swept_values
 from sft_grid.grid.costs import read_estimate, used_seconds
 from sft_grid.grid.view import read_view
 
-# the C loader where PyYAML was built with libyaml: a cell.yaml with a sweep's own tables is several kB
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # a pretraining compute budget in a model's name: delphi-3e18-base -> 3e18 FLOPs
 _BUDGET = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e\+?(1[5-9]|2\d))(?![\w.])")
 # the (step, loss) and total steps of LLaMA-Factory's trainer_log.jsonl lines (the axolotl plugin writes the same)
@@ -168,7 +165,7 @@ def mark(
 # -- rows -----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Row:
     name: str
     dir: Path
@@ -287,33 +284,14 @@ def final_loss(losses: Sequence[tuple[int, float]]) -> float | None:
     return sum(v for _, v in losses) / len(losses) if losses else None
 
 
-def read_config(text: str, keys: Sequence[str] = ("model", "cluster", "nodes")) -> dict[str, Any]:
-    """These top-level keys of a cell.yaml (grid/render.py writes it with yaml.dump); {} when it is no mapping.
-    The loader parses the whole document (in C) and builds Python objects of these keys' values only: a sweep's
-    own tables (`vars`) can be most of the file, and the table reads none of them (72 Delphi cells: 0.11 s
-    loaded whole, 0.06 s so)."""
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if not isinstance(node, yaml.MappingNode):
-            return {}
-        return {
-            k.value: loader.construct_object(v, deep=True)
-            for k, v in node.value
-            if isinstance(k, yaml.ScalarNode) and k.value in keys
-        }
-    finally:
-        loader.dispose()
-
-
 def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     value = config.get(name)
     return value if isinstance(value, Mapping) else {}
 
 
 def _cell_row(cell_dir: Path) -> Row:
-    text = (cell_dir / CELL_FILE).read_text()
-    cfg = read_config(text)
+    cell_yaml = CellYaml.load(cell_dir, ("model", "cluster", "nodes"))
+    text, cfg = cell_yaml.text, cell_yaml.config
     model, cluster = _section(cfg, "model"), _section(cfg, "cluster")
     gpus = int(cfg.get("nodes") or 1) * max(1, int(cluster.get("gpus_per_node") or 0))
     cpu = cluster.get("gpu_type") == "CPU" or (not cluster.get("gpus_per_node") and not cluster.get("gpu_type"))
@@ -323,8 +301,8 @@ def _cell_row(cell_dir: Path) -> Row:
         params = exact / 1e9
     overrides = overrides_of(text)
     return Row(
-        cell_dir.name,
-        cell_dir,
+        name=cell_dir.name,
+        dir=cell_dir,
         key=cell_dir.name.rsplit("-", 1)[-1],
         overrides=overrides,
         values=swept_values(overrides),
@@ -381,8 +359,8 @@ def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
         )
         out.append(
             Row(
-                d.name,
-                d,
+                name=d.name,
+                dir=d,
                 state="base",
                 base=True,
                 model=model or (like.model if like else ""),

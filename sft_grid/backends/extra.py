@@ -17,6 +17,7 @@ from typing import Any
 
 from sft_grid.backends.base import Backend
 from sft_grid.core.problems import Problem
+from sft_grid.core.schema import CellConf
 from sft_grid.planning.cells import Cell
 
 # sections of the cell whose scalar keys are probed, besides the cell's own
@@ -40,7 +41,7 @@ _SKIP = frozenset(
 )
 
 
-def _bare(cell: Cell, spec: Any) -> Cell:
+def _bare(cell: Cell, spec: CellConf) -> Cell:
     return dataclasses.replace(
         cell, spec=dataclasses.replace(spec, extra={}, backend=dataclasses.replace(spec.backend, train_defaults={}))
     )
@@ -64,7 +65,7 @@ def _other(value: Any, choices: tuple[str, ...] | None) -> Any:
     return None
 
 
-def _variants(spec: Any) -> Iterator[tuple[str, Any]]:
+def _variants(spec: CellConf) -> Iterator[tuple[str, Any]]:
     """(modelled key, the cell's spec with that key changed) for each scalar key of the cell and its sections."""
     for f in dataclasses.fields(spec):
         if f.name in _SKIP:
@@ -74,7 +75,7 @@ def _variants(spec: Any) -> Iterator[tuple[str, Any]]:
             for g in dataclasses.fields(value):
                 other = _other(getattr(value, g.name), g.metadata.get("choices"))
                 if other is not None:
-                    section = dataclasses.replace(value, **{g.name: other})  # type: ignore[type-var]
+                    section: Any = dataclasses.replace(value, **{g.name: other})  # type: ignore[type-var]
                     yield f"{f.name}.{g.name}", dataclasses.replace(spec, **{f.name: section})
             continue
         other = _other(value, f.metadata.get("choices"))

@@ -12,10 +12,10 @@ import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sft_grid.backends import get, wandb
 from sft_grid.core.layout import DATA_STEP_FILE
+from sft_grid.core.schema import ClusterConf
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import hub_variables
 
@@ -32,7 +32,7 @@ def command_line(argv: Sequence[str]) -> str:
     return " ".join(quote(a) for a in argv)
 
 
-def script_head(comment: Sequence[str], cwd: Path, cluster: Any) -> list[str]:
+def script_head(comment: Sequence[str], cwd: Path, cluster: ClusterConf) -> list[str]:
     """Shebang, what the script is, strict mode, its directory, the cluster's variables and setup lines."""
     lines = ["#!/usr/bin/env bash", *(f"# {c}" for c in comment), "set -euo pipefail", f"cd {shlex.quote(str(cwd))}"]
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(cluster.env.items())]

@@ -7,6 +7,7 @@ role-tag keys are never written.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def dataset_info(cell: Cell) -> dict[str, Any]:
             # which reads a snapshot offline (its file_name would list only the directory's top level)
             entry["hf_hub_url"] = dataset_source(cell, name)
             entry["split"] = ds.split
-        tags = {k: v for k, v in vars(ds.tags).items() if v is not None}
+        tags = {k: v for k, v in dataclasses.asdict(ds.tags).items() if v is not None}
         entry["tags"] = tags
         info[name] = entry
     return info

@@ -22,6 +22,7 @@ is trained with its think block and the token that ends it, nothing of the syste
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -88,7 +89,7 @@ def checks_for(cell: Cell) -> list[Check]:
     python = str(bin_dir(s) / "python")
     checks = []
     for name, ds in s.dataset.items():
-        tags = tuple((k, v) for k, v in vars(ds.tags).items() if v is not None)
+        tags = tuple((k, v) for k, v in dataclasses.asdict(ds.tags).items() if v is not None)
         # the cell's cutoff_len: the probe also truncates each row as the job will
         source_spec = {**spec.sources[name], "reader": spec.reader, "cutoff_len": s.cutoff_len}
         template = TEMPLATES.get(s.model.template)

@@ -32,6 +32,7 @@ from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.events import Kind
 from sft_grid.core.hubcache import is_complete, parse_snapshot, staging_failure
 from sft_grid.core.problems import Problem
+from sft_grid.core.schema import fingerprint
 from sft_grid.core.templates import DELPHI_TOKENS, TEMPLATES
 from sft_grid.core.tokenized import tokenized_complete
 from sft_grid.planning.cells import Cell, is_local
@@ -46,30 +47,26 @@ from sft_grid.planning.inputs import (
     tokenizer_source,
 )
 
-# Cells of a grid that share their model, data, backend and cluster sections (the composer shares them) have the
-# same checks: they are listed once. An entry keeps its sections alive, so their ids cannot be reused meanwhile.
-_CHECKS: dict[tuple[Any, ...], tuple[tuple[Any, ...], list[Check]]] = {}
 
-
-def checks_for(cell: Cell) -> list[Check]:
+def checks_for(cell: Cell, memo: dict[tuple[Any, ...], list[Check]] | None = None) -> list[Check]:
+    """The cell's checks. `memo`: one grid's, over one preflight (its environment and files as they are then):
+    cells that share their model, data, backend and cluster sections (by value) have the same checks, listed once."""
+    if memo is None:
+        return _checks_for(cell)
     s = cell.spec
     sections = (s.model, s.backend, s.cluster, s.extra, *s.dataset.values())
     model_prep = prep_for(cell)
     key = (
-        tuple(map(id, sections)),
+        tuple(map(fingerprint, sections)),
         tuple(s.dataset),
         s.model.template,
         str(cell.runs_root),
         model_prep is not None and model_prep.complete,
         cell.pins,
     )
-    hit = _CHECKS.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], sections, strict=True)):
-        return hit[1]
-    found = _checks_for(cell)
-    if len(_CHECKS) > 4096:
-        _CHECKS.clear()
-    _CHECKS[key] = (sections, found)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _checks_for(cell)
     return found
 
 
@@ -149,7 +146,8 @@ def preflight(cells: Iterable[Cell], on_phase: mask.Phase | None = None) -> Pref
     verdicts: dict[Check, Verdict] = {}
     problems: list[Problem] = []
     deferred: dict[str, list[Check]] = {}
-    per_cell = [(cell, checks_for(cell)) for cell in cells]
+    memo: dict[tuple[Any, ...], list[Check]] = {}
+    per_cell = [(cell, checks_for(cell, memo)) for cell in cells]
     waits = _not_staged(per_cell, verdicts)
     # loss-mask checks run as one batch: one backend process per virtual environment for the whole grid
     masks = list(

@@ -115,4 +115,5 @@ def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS, split: str =
     import pyarrow.parquet as pq  # only for parquet data; raises ImportError where absent
 
     table = pq.ParquetFile(file).read_row_group(0, columns=[column])
-    return table.slice(0, limit).to_pylist()
+    out: list[dict[str, Any]] = table.slice(0, limit).to_pylist()
+    return out

@@ -30,6 +30,7 @@ from sft_grid.checks.readable import locate
 from sft_grid.core.hubcache import is_complete
 from sft_grid.core.templates import DELPHI_TOKENS
 from sft_grid.in_venv.delphi_tokens import PrepError, prepare_files
+from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import PREP_VERSION, pin_of, prep_for
 
 TOKENIZER_FILES = (
@@ -117,7 +118,7 @@ def prepared_tokenizer(
     return dest
 
 
-def check_tokenizer(cell: Any) -> Path | None:
+def check_tokenizer(cell: Cell) -> Path | None:
     """The tokenizer the cell's checks read while its model prep has not run: the prepared tokenizer of its source
     (a local checkpoint, or its staged snapshot); None when the prep is done, or its source cannot be read here."""
     prep = prep_for(cell)

@@ -24,13 +24,12 @@ if TYPE_CHECKING:
 
 def load_cell(args: Sequence[str]) -> Cell:
     """The cell of a rendered directory (its resolved cell.yaml), or the one the overrides compose."""
-    import yaml
-
+    from sft_grid.core.cellfiles import CellYaml
     from sft_grid.core.layout import CELL_FILE
     from sft_grid.planning.cells import plan_cell
 
     if len(args) == 1 and (Path(args[0]) / CELL_FILE).is_file():
-        config = yaml.safe_load((Path(args[0]) / CELL_FILE).read_text())
+        config = dict(CellYaml.load(Path(args[0])).config)
         return plan_cell((), config)
     return plan_cell(tuple(args), compose(args))
 

@@ -36,7 +36,8 @@ def repo_parser() -> argparse.ArgumentParser:
 
 def _one(argv: list[str]) -> int:
     from sft_grid.cli.live import Live
-    from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download, human
+    from sft_grid.core import human
+    from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download
 
     args = repo_parser().parse_args(argv)
     budget = Budget.since_process_start(args.time_limit) if args.time_limit else None
@@ -65,7 +66,7 @@ def _one(argv: list[str]) -> int:
         return 3
     print(
         f"{kind} {args.repo}@{staged.sha}: {staged.path} ({len(staged.fetched)} file(s),"
-        f" {human(staged.fetched_bytes)} fetched{', already staged' if staged.offline else ''})"
+        f" {human.size(staged.fetched_bytes)} fetched{', already staged' if staged.offline else ''})"
     )
     return 0
 

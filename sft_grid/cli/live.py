@@ -58,7 +58,7 @@ class Live:
 
     def transfer(self, p: Progress) -> None:
         """A staging transfer's progress (stages/staging's Progress): bytes, rate, time left, file k of n."""
-        from sft_grid.stages.staging.values import human
+        from sft_grid.core import human
 
         key = f"staging {p.repo_id}"
         if self.tty:
@@ -71,10 +71,10 @@ class Live:
             last = self.printed.get(key)
             if edge or last is None or time.monotonic() - last[1] >= self.every_s:
                 pct = f" ({100 * p.done / p.total:.0f}%)" if p.total else ""
-                rate = f" at {human(p.rate_bps)}/s" if p.rate_bps else ""
-                eta = f", {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d} left" if p.eta_s is not None else ""
+                rate = f" at {human.size(p.rate_bps)}/s" if p.rate_bps else ""
+                eta = f", {human.duration(p.eta_s)} left" if p.eta_s is not None else ""
                 self._line(
-                    f"  {key}: {human(p.done)} / {human(p.total)}{pct}{rate}{eta}, file"
+                    f"  {key}: {human.size(p.done)} / {human.size(p.total)}{pct}{rate}{eta}, file"
                     f" {p.files_done}/{p.files_total} {p.file}"
                 )
                 self.printed[key] = (p.done, time.monotonic())

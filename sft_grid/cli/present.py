@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sft_grid.core.cellfiles import Check
+from sft_grid.core.human import count, duration, hours, size
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import Role, SlurmJob, SubmissionPlan
 
@@ -341,7 +342,7 @@ def staging_lines(staging: StagingPlan | None, limit: int = 8) -> list[str]:
     transfers run, and the free space of each filesystem against what must be fetched."""
     if staging is None or not staging.items:
         return []
-    from sft_grid.stages.staging.values import human
+    from sft_grid.core import human
 
     users = {cell for item in staging.items for cell, _ in item.users}
     pending = staging.pending
@@ -361,8 +362,9 @@ def staging_lines(staging: StagingPlan | None, limit: int = 8) -> list[str]:
     needed = sum(i.bytes_needed for i in staging.items)
     lines = [
         (
-            f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s), {human(needed)} for training,"
-            f" {len(pending)} to stage ({human(staging.to_fetch)} to fetch)"
+            f"staging: {len(staging.items)} Hub repositories for {len(users)} cell(s),"
+            f" {human.size(needed)} for training,"
+            f" {len(pending)} to stage ({human.size(staging.to_fetch)} to fetch)"
         )
     ]
     shown = pending if len(pending) <= limit else pending[:limit]
@@ -371,7 +373,7 @@ def staging_lines(staging: StagingPlan | None, limit: int = 8) -> list[str]:
         lines.append(f"  ... and {len(pending) - limit} more to stage")
     for s in staging.space:
         lines.append(
-            f"  {human(s.to_fetch)} to fetch into {s.cache}: {human(s.free)} free there"
+            f"  {human.size(s.to_fetch)} to fetch into {s.cache}: {human.size(s.free)} free there"
             + (" (fits)" if s.fits else " (does NOT fit)")
         )
     where = {i.here for i in pending}
@@ -423,7 +425,7 @@ HUB_HEADERS = ("kind", "repository", "asked", "resolves to", "main now", "files"
 def check_table(staging: StagingPlan | None) -> tuple[str, bool]:
     """`sft-grid check`'s table: each Hub input of the grid as the site's Hub answers for it, and whether all were
     found."""
-    from sft_grid.stages.staging.values import human
+    from sft_grid.core import human
 
     rows: list[tuple[object, ...]] = []
     ok = True
@@ -438,7 +440,7 @@ def check_table(staging: StagingPlan | None) -> tuple[str, bool]:
         if item.pin and len(head) == 40 and head != item.pin.sha:
             main += " (moved on)"
         files = item.plan.resolved.files if item.plan else ()
-        count, total = (str(len(files)), human(sum(f.size or 0 for f in files))) if files else ("-", "-")
+        count, total = (str(len(files)), human.size(sum(f.size or 0 for f in files))) if files else ("-", "-")
         if item.error is not None:
             verdict, ok = str(item.error).partition(" Fix: ")[0], False
         elif item.pin is None:
@@ -520,36 +522,6 @@ def tokenize_lines(tokenized: Mapping[Path, Tokenization], limit: int = 6) -> li
 
 
 COST_HEADERS = ("cell", "tokens", "steps", "FLOPs", "GPUs", "GPU-h", "wall", "disk")
-
-
-def count(v: float) -> str:
-    """12, 4.5k, 1.23M, 7.1B, 2.2T."""
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(v) >= div:
-            return f"{v / div:.3g}{suffix}"
-    return f"{v:.3g}"
-
-
-def size(b: float) -> str:
-    for div, suffix in ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if b >= div:
-            return f"{b / div:.3g} {suffix}"
-    return f"{b:.0f} B"
-
-
-def hours(h: float | None) -> str:
-    if h is None:
-        return "?"
-    return f"{h:.0f}" if h >= 100 else f"{h:.3g}"
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    s = round(seconds)
-    days, rest = divmod(s, 86400)
-    clock = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{clock}" if days else clock
 
 
 def cost_rows(names: Sequence[str], costs: GridCosts) -> list[tuple[str, ...]]:

@@ -5,12 +5,25 @@ grid (model preps, tokenizations), the managed virtual environments and tiny ass
 (one stager per repository, in the Hugging Face cache).
 
 Why our own, and not ``flock`` nor the ``filelock`` library: the runs root and the Hub cache live on cluster
-filesystems (Lustre, GPFS, some NFS mounts) where ``flock(2)`` can silently succeed for every caller
-(huggingface_hub gave up relying on it for that reason), and ``filelock.FileLock`` is built on it.
-``filelock.SoftFileLock`` creates its file with ``O_EXCL`` but never notices that its holder died: a process killed
-with SIGKILL (a login node's process killer, a Slurm time limit) would leave a file that blocks everyone for good.
-So the lock is a file created with ``O_CREAT | O_EXCL`` (atomic on all of them) that names its holder and is kept
-fresh by a heartbeat, so that a dead holder's lock can be told apart from a live one and broken.
+filesystems (Lustre, GPFS, NFS mounts) where ``flock(2)`` can silently succeed for every caller (huggingface_hub gave
+up relying on it for that reason), and ``filelock.FileLock`` is built on it. filelock's soft locks (4.3.1, the
+version requirements.lock pins: ``SoftFileLock``, and ``SoftFileLease`` with its heartbeat and ``lease_duration``)
+do notice a dead holder, but they break its lock only by swapping the marker with ``renameat2(RENAME_EXCHANGE)``,
+and where the filesystem refuses that flag (the Linux NFS client refuses every rename flag with EINVAL) they give
+up and wait on: a dead holder's lock is never broken there. Measured on 2026-12-02 (a FUSE passthrough mount, whose
+kernel path refuses RENAME_EXCHANGE with EINVAL as NFS's does, and local ext4; a holder killed with SIGKILL, and a
+marker of a holder on another host whose heartbeat stopped):
+
+    holder ...                               filelock 4.3.1 SoftFileLease     this lock
+    killed, same host, ext4                  taken after 0.02 s               taken after 0.01 s
+    another host, no heartbeat, ext4         taken after the lease (2 s)      taken at once (mtime 120 s old)
+    killed, same host, rename without flags  not taken in 15 s (never)        taken after 0.01 s
+    another host, no heartbeat, same         not taken in 15 s (never)        taken at once
+
+filelock also waits forever on an empty lock file (flock's leftovers, or a taker killed between creating its file
+and writing it), which it takes for an old filelock's live holder. So the lock is a file created with
+``O_CREAT | O_EXCL`` (atomic on all of these filesystems) that names its holder and is kept fresh by a heartbeat,
+so that a dead holder's lock can be told apart from a live one and broken with a plain ``rename``.
 
 Invariants:
 - The holder writes ``{host, pid, token, since}`` into the file and touches its mtime every ``heartbeat_s``.

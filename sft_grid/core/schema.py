@@ -20,8 +20,9 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import MISSING
 
@@ -86,6 +87,58 @@ def field_shapes(cls: type) -> tuple[tuple[str, str, Any, Any], ...]:
         else:
             out.append((f.name, "plain", None, f))
     return tuple(out)
+
+
+# -- plain data -> the schema's dataclasses ---------------------------------------------------------------
+
+
+# A grid's cells share their group sections, so each distinct section is made typed once and every cell holding
+# it holds the same object. Keyed on the section's value, its repr (exact for the types a composed config holds:
+# 1, 1.0, "1" and True stay apart), not on the identity of the dict it came from.
+_TYPED: dict[tuple[type, str], Any] = {}
+T = TypeVar("T")
+_FINGERPRINT = "_sft_grid_fingerprint"
+
+
+def typed(cls: type[T], data: Mapping[str, Any]) -> T:
+    """Build schema dataclass instances from resolved plain data (already validated by OmegaConf). Its sections
+    are shared by every cell composed with the same values: nothing may change them."""
+    kwargs: dict[str, Any] = {}
+    klass: type = cls
+    for name, how, inner, _ in field_shapes(klass):
+        if name not in data:
+            continue
+        value = data[name]
+        if value is None or how == "plain":
+            kwargs[name] = value
+        elif how == "dataclass":
+            kwargs[name] = _shared(inner, value)
+        else:
+            kwargs[name] = {k: _shared(inner, v) for k, v in value.items()}
+    return cls(**kwargs)
+
+
+def _shared(cls: type, data: Mapping[str, Any]) -> Any:
+    key = (cls, repr(data))
+    hit = _TYPED.get(key)
+    if hit is None:
+        if len(_TYPED) > 8192:
+            _TYPED.clear()
+        hit = _TYPED[key] = typed(cls, data)
+    return hit
+
+
+def fingerprint(value: Any) -> str:
+    """A value as a cache key: its repr, which for a section of the schema (a dataclass instance, shared by the
+    cells that hold it) is computed once and kept on the object itself; what is derived per section (the cell's
+    environment, its checks, its findings) is keyed on it."""
+    held = getattr(value, "__dict__", None)
+    if held is None or not dataclasses.is_dataclass(value):
+        return repr(value)
+    found = held.get(_FINGERPRINT)
+    if found is None:
+        found = held[_FINGERPRINT] = repr(value)
+    return str(found)
 
 
 # what the backends accept, and what sft_grid renders for each

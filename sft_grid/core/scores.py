@@ -70,7 +70,7 @@ def read_scores(target_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScoreSpec:
     """One score a target should have: its id, the suite that asks for it, the task's settings (its identity) and
     how it is computed (not its identity: the engine, the batch size, the device)."""
@@ -97,17 +97,17 @@ class ScoreSpec:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScoreSpec:
         return cls(
-            str(data["score_id"]),
-            str(data["suite"]),
-            str(data["task"]),
-            dict(data["settings"]),
-            str(data.get("engine") or "hf"),
-            data.get("batch_size", 1),
-            str(data.get("device") or "cpu"),
+            score_id=str(data["score_id"]),
+            suite=str(data["suite"]),
+            task=str(data["task"]),
+            settings=dict(data["settings"]),
+            engine=str(data.get("engine") or "hf"),
+            batch_size=data.get("batch_size", 1),
+            device=str(data.get("device") or "cpu"),
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvalFile:
     """eval.json: what a target's evaluation computes and how, without conf/."""
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import Enum
 from pathlib import Path
 
-from sft_grid.core import events
+from sft_grid.core import events, human
 from sft_grid.core.events import STATE_KINDS, Event, Kind
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import RemedyKind
@@ -195,7 +195,7 @@ def _cancelled_job(history: Sequence[Event]) -> Event | None:
 def _state(output_dir: Path, view: SchedulerView | None, history: Sequence[Event]) -> CellState:
     if not history and not output_dir.is_dir():
         # nothing ran yet (a new cell of a large grid): one stat, not the trainer's three files looked for
-        return CellState(State.PLANNED)
+        return CellState(state=State.PLANNED)
     last = events.last(history, *STATE_KINDS)
     job_id = next((e.job_id for e in reversed(history) if e.job_id), "")
     done = progress(output_dir)
@@ -203,7 +203,7 @@ def _state(output_dir: Path, view: SchedulerView | None, history: Sequence[Event
     if cancel is not None and last is not None and last.kind is Kind.RUNNING and last.job_id == cancel.job_id:
         last = cancel
     if output_complete(output_dir) and (last is None or last.kind is not Kind.RUNNING):
-        return CellState(State.COMPLETED, job_id=job_id, progress=done)
+        return CellState(state=State.COMPLETED, job_id=job_id, progress=done)
     kind = last.kind if last is not None else Kind.PLANNED
     if kind in (Kind.SUBMITTED, Kind.RUNNING):
         assert last is not None
@@ -212,17 +212,23 @@ def _state(output_dir: Path, view: SchedulerView | None, history: Sequence[Event
             return _slurm_state(ref, State(kind.value), last, view, done)
         if alive(last) is False:
             return CellState(
-                State.FAILED,
-                f"its process {last.pid} on {last.host} ended without recording an outcome (killed, or out of memory?)",
-                job_id,
-                done,
+                state=State.FAILED,
+                reason=(
+                    f"its process {last.pid} on {last.host} ended without recording an outcome"
+                    " (killed, or out of memory?)"
+                ),
+                job_id=job_id,
+                progress=done,
             )
-        return CellState(State(kind.value), job_id=job_id, progress=done)
+        return CellState(state=State(kind.value), job_id=job_id, progress=done)
     if kind is Kind.COMPLETED:
         return CellState(
-            State.FAILED,
-            "the ledger says completed but the output has no final weights and trainer_state.json (deleted or moved?)",
-            job_id,
+            state=State.FAILED,
+            reason=(
+                "the ledger says completed but the output has no final weights and trainer_state.json"
+                " (deleted or moved?)"
+            ),
+            job_id=job_id,
         )
     if kind is Kind.PRUNED:
         assert last is not None
@@ -230,16 +236,16 @@ def _state(output_dir: Path, view: SchedulerView | None, history: Sequence[Event
     if kind in (Kind.FAILED, Kind.CANCELLED):
         assert last is not None
         return CellState(
-            State(kind.value),
-            last.reason,
-            job_id,
-            done,
+            state=State(kind.value),
+            reason=last.reason,
+            job_id=job_id,
+            progress=done,
             failure_class=last.failure_class,
             evidence=last.evidence,
             action=last.action,
             advice=last.note if last.failure_class else "",
         )
-    return CellState(State.PLANNED)
+    return CellState(state=State.PLANNED)
 
 
 def _slurm_state(ref: SlurmRef, state: State, last: Event, view: SchedulerView | None, done: Progress) -> CellState:
@@ -247,33 +253,37 @@ def _slurm_state(ref: SlurmRef, state: State, last: Event, view: SchedulerView |
     if job is not None and ref.array and job.name and job.name != ref.array:
         # the id now names another job (the cluster's job ids were reset): this cell's job is gone
         return CellState(
-            State.FAILED,
-            f"Slurm job {ref.job_id} is no longer this cell's job ({ref.array}); the cluster's job ids were reset",
-            ref.job_id,
-            done,
+            state=State.FAILED,
+            reason=(
+                f"Slurm job {ref.job_id} is no longer this cell's job ({ref.array}); the cluster's job ids were reset"
+            ),
+            job_id=ref.job_id,
+            progress=done,
         )
     job_id = ref.job_id or (job.job_id if job is not None else "")
     if job is None:
         if ref.job_id or view is None or not view.available or alive(last) is not False:
-            return CellState(state, job_id=ref.job_id, progress=done)
+            return CellState(state=state, job_id=ref.job_id, progress=done)
         # sbatch never ran (or failed): the submitting process is gone and no job carries the array's name
-        return CellState(State.PLANNED)
+        return CellState(state=State.PLANNED)
     recovered = not ref.job_id
     if job.in_flight:
         running = job.state in ("RUNNING", "COMPLETING") or state is State.RUNNING
         return CellState(
-            State.RUNNING if running else State.SUBMITTED,
+            state=State.RUNNING if running else State.SUBMITTED,
             job_id=job_id,
             progress=done,
             recovered=recovered,
             elapsed=job.elapsed,
         )
     if job.state == "CANCELLED":
-        return CellState(State.CANCELLED, "cancelled in Slurm", job_id, done, recovered)
+        return CellState(
+            state=State.CANCELLED, reason="cancelled in Slurm", job_id=job_id, progress=done, recovered=recovered
+        )
     why = f"Slurm job {job_id} ended {job.state}" + (f" ({job.reason})" if job.reason else "")
     if job.state == "COMPLETED":
         why += " but the output has no final weights and trainer_state.json"
-    return CellState(State.FAILED, why, job_id, done, recovered)
+    return CellState(state=State.FAILED, reason=why, job_id=job_id, progress=done, recovered=recovered)
 
 
 def _prep_failure(history: Sequence[Event]) -> str:
@@ -300,8 +310,7 @@ def _elapsed(history: Sequence[Event], state: State) -> str:
     end = parse_time(ends[0].time) if ends else (time.time() if state.in_flight else None)
     if begin is None or end is None:
         return ""
-    seconds = int(max(0, end - begin))
-    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    return human.duration(int(max(0, end - begin)))
 
 
 def parse_time(text: str) -> float | None:

@@ -65,7 +65,7 @@ def skip_reason(cell: Cell, state: CellState) -> str | None:
     if state.state is State.COMPLETED:
         return None if cell.spec.force else "completed (force=true reruns it)"
     if state.state.in_flight:
-        return state.state.value + (f" (job {state.job_id})" if state.job_id else "")
+        return f"{state.state.value}" + (f" (job {state.job_id})" if state.job_id else "")
     if state.state is State.PRUNED:  # issue 26: stopped at a rung (sft_grid/adaptive/prune.py); resumed by hand
         return f"pruned: {state.reason}"
     if state.state in (State.FAILED, State.CANCELLED):

@@ -26,6 +26,7 @@ from sft_grid.backends import wandb, zero
 from sft_grid.backends.launch import launch_script
 from sft_grid.core.cellfiles import Check, PreflightFile, dump_json
 from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE, POST_FILE, PREFLIGHT_FILE
+from sft_grid.core.schema import fingerprint
 from sft_grid.core.scores import EVAL_FILE
 from sft_grid.core.submission import CellFiles
 from sft_grid.planning.cells import Cell
@@ -78,9 +79,8 @@ def dump_mapping(data: Mapping[str, Any]) -> str:
     return "".join(parts) if parts else dump_yaml({})
 
 
-# A grid's cells share their group sections (the composer hands out one object per group option), so
-# each section is dumped once; an entry keeps its object alive, so its id cannot be reused meanwhile.
-_SECTIONS: dict[tuple[str, int], tuple[Any, str]] = {}
+# A grid's cells share their group sections, so each section (by value) is dumped once
+_SECTIONS: dict[tuple[str, str], str] = {}
 
 
 # the deprecated spellings of cluster keys, left out of cell.yaml unless a profile still uses them
@@ -88,14 +88,12 @@ _DEPRECATED = {"cluster": ("backend_envs", "need_envs")}
 
 
 def _section(key: str, value: Any) -> str:
-    cached = _SECTIONS.get((key, id(value)))
-    if cached is not None and cached[0] is value:
-        return cached[1]
-    shown = {k: v for k, v in value.items() if v or k not in _DEPRECATED.get(key, ())}
-    text = dump_yaml({key: shown})
-    if len(_SECTIONS) > 4096:
-        _SECTIONS.clear()
-    _SECTIONS[(key, id(value))] = (value, text)
+    text = _SECTIONS.get(cache_key := (key, fingerprint(value)))
+    if text is None:
+        shown = {k: v for k, v in value.items() if v or k not in _DEPRECATED.get(key, ())}
+        if len(_SECTIONS) > 4096:
+            _SECTIONS.clear()
+        text = _SECTIONS[cache_key] = dump_yaml({key: shown})
     return text
 
 

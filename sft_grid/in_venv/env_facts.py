@@ -13,9 +13,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from typing import Any
 
 
-def transformers_facts() -> dict:
+def transformers_facts() -> dict[str, Any]:
     try:
         import transformers
         from transformers.models.auto import modeling_auto
@@ -37,7 +38,7 @@ def transformers_facts() -> dict:
 
 def main(argv: list[str]) -> int:
     modules = [m for m in argv[1:] if m != "--transformers"]
-    out: dict = {"modules": {m: importlib.util.find_spec(m) is not None for m in modules}}
+    out: dict[str, Any] = {"modules": {m: importlib.util.find_spec(m) is not None for m in modules}}
     if "--transformers" in argv[1:]:
         out.update(transformers_facts())
     with open(argv[0], "w") as fh:

@@ -209,7 +209,9 @@ def task_metrics(results: dict[str, Any]) -> dict[str, float | None]:
     return metrics
 
 
-def task_record(task: TaskSpec, results: dict[str, Any], spec: EvalSpec, version: str, seconds: float) -> dict:
+def task_record(
+    task: TaskSpec, results: dict[str, Any], spec: EvalSpec, version: str, seconds: float
+) -> dict[str, Any]:
     """The result file of one task from simple_evaluate's output (a group's metrics are its aggregate)."""
     own = results.get("results", {}).get(task.name)
     metrics = task_metrics(own or {})

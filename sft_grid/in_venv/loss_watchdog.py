@@ -38,7 +38,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 try:  # the backend environments have transformers; unit tests of the rules run without it
     from transformers import TrainerCallback
@@ -50,7 +50,7 @@ EXIT_STATUS = 3
 ENV_PREFIX = "SFT_GRID_WATCHDOG_"
 
 
-class _StderrHandler(logging.StreamHandler):
+class _StderrHandler(logging.StreamHandler[TextIO]):
     """Writes to sys.stderr as it is when the line is logged (a launcher or a test may have replaced it)."""
 
     @property

@@ -18,9 +18,10 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from typing import Any
 
 
-def consolidate(ckpt_dir: str, out_dir: str) -> dict:
+def consolidate(ckpt_dir: str, out_dir: str) -> dict[str, Any]:
     """ZeRO shards (global_stepN/, named by the `latest` file) -> safetensors weights in out_dir."""
     from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
@@ -33,7 +34,7 @@ def consolidate(ckpt_dir: str, out_dir: str) -> dict:
     return {"files": written}
 
 
-def fetch(base: str, name: str, dest: str) -> dict:
+def fetch(base: str, name: str, dest: str) -> dict[str, Any]:
     """One file of the base model: from its directory, or from the hub (its cache when offline)."""
     if os.path.isdir(base):
         source = os.path.join(base, name)
@@ -47,7 +48,7 @@ def fetch(base: str, name: str, dest: str) -> dict:
     return {"source": source}
 
 
-def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict:
+def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict[str, Any]:
     """Upload, then verify: every file the upload sent is in the commit, with its size (else an error, so the
     stage fails and the cleanup after it never runs)."""
     from huggingface_hub import HfApi
@@ -83,7 +84,11 @@ def upload(folder: str, repo_id: str, message: str, *ignore: str) -> dict:
 def main(argv: list[str]) -> int:
     kind, *args = argv
     try:
-        stages: dict[str, Callable[..., dict]] = {"consolidate": consolidate, "fetch": fetch, "upload": upload}
+        stages: dict[str, Callable[..., dict[str, Any]]] = {
+            "consolidate": consolidate,
+            "fetch": fetch,
+            "upload": upload,
+        }
         result = stages[kind](*args)
     except Exception as exc:  # reported as data: the orchestrator writes it into the cell's ledger
         print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"}))

@@ -58,7 +58,7 @@ def carry_template(directory: Path, tokenizer: Any) -> list[str]:
         return []
     if not (directory / template_integrity.CONFIG).is_file():
         tokenizer.save_pretrained(str(directory), save_jinja_files=False)
-    changed = template_integrity.repair(directory, template)
+    changed: list[str] = template_integrity.repair(directory, template)
     if changed:
         print(
             f"[sft_grid] template_integrity: wrote the chat template into {', '.join(changed)} in {directory}",
@@ -104,7 +104,7 @@ class TemplateIntegrityPlugin(_TrainerPlugin):
 
 
 class _ProgressLog(TrainerCallback):
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs:
             return
         record = {"current_steps": state.global_step, "total_steps": state.max_steps, **logs}

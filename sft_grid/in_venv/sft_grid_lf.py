@@ -91,9 +91,10 @@ def _segments(
     """The text each message adds to the render: prompts end with the generation prompt."""
 
     def render(upto: int, prompt: bool) -> str:
-        return tokenizer.apply_chat_template(
+        text: str = tokenizer.apply_chat_template(
             conversation[:upto], chat_template=template, tools=tools, tokenize=False, add_generation_prompt=prompt
         )
+        return text
 
     texts, done = [], ""
     for i in range(first, len(conversation)):
@@ -183,7 +184,7 @@ def add_watchdog() -> None:
     run_exp = tuner.run_exp
 
     def with_watchdog(args: Any = None, callbacks: Any = None) -> None:
-        return run_exp(args, [*(callbacks or []), *loss_watchdog.llamafactory_callbacks()])
+        run_exp(args, [*(callbacks or []), *loss_watchdog.llamafactory_callbacks()])
 
     tuner.run_exp = with_watchdog
 

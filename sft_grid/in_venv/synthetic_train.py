@@ -63,7 +63,7 @@ LAW_DEFAULTS: dict[str, float] = {
 
 
 def lr_opt(law: dict[str, float], n: float) -> float:
-    return law["lr0"] * (n / 1e9) ** (-law["gamma"])
+    return float(law["lr0"] * (n / 1e9) ** (-law["gamma"]))
 
 
 def schedule(step: int, total: int, warmup: int, kind: str) -> float:
@@ -83,7 +83,7 @@ def loss_at(law: dict[str, float], n: float, lr: float, tokens: float, factor: f
     """The law's noiseless loss after `tokens` tokens, the schedule's factor being `factor` now."""
     ratio = lr / lr_opt(law, n)
     data = law["B"] / max(tokens, 1.0) ** law["beta"] * (1.0 + law["c_lr"] * math.log(ratio) ** 2)
-    return law["E"] + law["A"] / n ** law["alpha"] + data + law["K"] * ratio * factor
+    return float(law["E"] + law["A"] / n ** law["alpha"] + data + law["K"] * ratio * factor)
 
 
 def _rng(seed: int, identity: str, what: str) -> random.Random:

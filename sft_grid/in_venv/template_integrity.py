@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
-Template = str | dict
+Template = str | dict[str, Any]
 CONFIG = "tokenizer_config.json"
 DEFAULT_JINJA = "chat_template.jinja"
 MORE_JINJA = "additional_chat_templates"

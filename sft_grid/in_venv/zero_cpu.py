@@ -11,12 +11,13 @@ tests' tiny ZeRO-3 cells); on GPU nodes axolotl's own NCCL start is right and th
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from axolotl.integrations.base import BasePlugin
 
 
 class GlooPreInit(BasePlugin):
-    def register(self, cfg: dict) -> None:  # runs before axolotl's DeepSpeed setup
+    def register(self, cfg: dict[str, Any]) -> None:  # runs before axolotl's DeepSpeed setup
         if not cfg.get("deepspeed") or int(os.environ.get("WORLD_SIZE", "1")) != 1:
             return
         for key, value in (

@@ -25,13 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sft_grid.backends import get as backend_of
 from sft_grid.backends.base import LEG_FILE
 from sft_grid.checks.preflight import run_deferred
 from sft_grid.core import events
-from sft_grid.core.cellfiles import PostFile, PreflightFile
+from sft_grid.core.cellfiles import CellYaml, PostFile, PreflightFile
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.cell import (
     WATCHDOG_FILE,
@@ -140,7 +138,7 @@ def _leg(cell_dir: Path) -> tuple[int, list[str]] | None:
 
 def backend_name(cell_dir: Path) -> str:
     """The backend the cell was rendered for, from its cell.yaml."""
-    return yaml.safe_load((cell_dir / CELL_FILE).read_text())["backend"]["name"]
+    return CellYaml.load(cell_dir, ("backend",)).spec.backend.name
 
 
 def run_cell(cell_dir: str | Path) -> str:
@@ -257,7 +255,15 @@ def _record_hang(cell_dir: Path, hung: hang.Hung, rc: int, used: dict[str, float
     spent = requeues_spent(history, FailureClass.HANG)  # its budget is the policy's (2 by default)
     summary = summarize(FailureClass.HANG, "", (), spent, 0, done.step, done.total)
     summary += f": silent for {hung.silent_s:.0f} s (bound {hung.bound_s:.0f} s)"
-    failure = Failure(FailureClass.HANG, evidence, (), summary, done.step, done.total, spent)
+    failure = Failure(
+        klass=FailureClass.HANG,
+        evidence=evidence,
+        nodes=(),
+        summary=summary,
+        step=done.step,
+        total=done.total,
+        requeues=spent,
+    )
     _record_and_requeue(cell_dir, failure, next_step(cell_dir, history, failure), rc, {**details, **used})
 
 

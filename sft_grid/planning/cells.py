@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.core.hubcache import Pin
-from sft_grid.core.schema import CellConf, field_shapes
+from sft_grid.core.schema import CellConf, typed
 from sft_grid.core.tokenized import TokenizedData
 
 # Top-level keys that describe where and how a cell runs, not what it trains.
@@ -212,35 +212,3 @@ def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | N
         slug=slug,
         runs_root=root,
     )
-
-
-# -- plain data -> the schema's dataclasses ---------------------------------------------------------------
-
-
-# A grid's cells share their group sections (the composer hands out one object per group option), so each is
-# made typed once; an entry keeps its source alive, so its id cannot be reused meanwhile.
-_TYPED: dict[tuple[type, int], tuple[Any, Any]] = {}
-
-
-def typed(cls: type, data: Mapping[str, Any]) -> Any:
-    """Build schema dataclass instances from resolved plain data (already validated by OmegaConf). The result
-    is shared by every cell composed from the same section: nothing may change it."""
-    cached = _TYPED.get((cls, id(data)))
-    if cached is not None and cached[0] is data:
-        return cached[1]
-    kwargs: dict[str, Any] = {}
-    for name, how, inner, _ in field_shapes(cls):
-        if name not in data:
-            continue
-        value = data[name]
-        if value is None or how == "plain":
-            kwargs[name] = value
-        elif how == "dataclass":
-            kwargs[name] = typed(inner, value)
-        else:
-            kwargs[name] = {k: typed(inner, v) for k, v in value.items()}
-    result = cls(**kwargs)
-    if len(_TYPED) > 8192:
-        _TYPED.clear()
-    _TYPED[(cls, id(data))] = (data, result)
-    return result

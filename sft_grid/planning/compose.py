@@ -62,7 +62,7 @@ class GridComposer:
         self._parsed: dict[str, Override] = {}
         self._groups: dict[str, bool] = {}
         self._subtrees: dict[tuple[str, Any], Any] = {}
-        self._layer_cache: dict[str, Any] = {}
+        self._layer_cache: dict[str, tuple[list[Any], list[Any]] | None] = {}
         self._sections: dict[tuple[Any, ...], tuple[Any, list[tuple[str, Any]], Any]] = {}
         self.values = ValueEffects()
         self._ref: Reference | None = None
@@ -114,7 +114,7 @@ class GridComposer:
         with Open(cfg):
             del cfg["hydra"]
         try:
-            return plain(cfg, resolve=True)
+            return as_dict(plain(cfg, resolve=True))
         except Exception as exc:
             raise CompositionError(overrides, error_text(exc)) from exc
 
@@ -287,7 +287,7 @@ class GridComposer:
         the reference's unresolved config with this cell's group subtrees swapped in and its value overrides
         applied by Hydra's own code, then resolved as a whole, as Hydra resolves a composed config. What it
         skips is only the defaults tree and the file loads, which are the same for every cell."""
-        return plain(applied(ref, values, swapped), resolve=True)
+        return as_dict(plain(applied(ref, values, swapped), resolve=True))
 
     def compose_all(self, cells: Iterable[Sequence[str]]) -> tuple[list[Composed], list[CompositionError]]:
         composed: list[Composed] = []
@@ -326,6 +326,13 @@ def plain(node: Any, resolve: bool) -> Any:
     if OmegaConf.is_config(node):
         return OmegaConf.to_container(node, resolve=resolve)
     return node
+
+
+def as_dict(data: Any) -> dict[str, Any]:
+    """A composed config as plain data: a mapping at its root (what Hydra composes from a primary config)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a composed config is a mapping, not {type(data).__name__}")
+    return data
 
 
 def has_non_env_interpolation(data: Any) -> bool:

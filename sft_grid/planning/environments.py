@@ -10,9 +10,11 @@ environments. Building them (and writing a lock afresh) is sft_grid/stages/venv_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 import yaml
 
 from sft_grid.core.paths import CONF_DIR, venvs_dir
+from sft_grid.core.schema import CellConf, ClusterConf, VenvSpecConf, fingerprint
 
 READY_MARKER = ".sft_grid_ready"
 # Model needs (conf/model `needs`) that only a virtual environment with the right packages meets -> what it takes
@@ -48,8 +51,8 @@ class VenvSpec:
         raise KeyError(f"unknown virtual environment {name!r}: expected one of {', '.join(known)}")
 
     @classmethod
-    def from_conf(cls, name: str, venv: Any) -> VenvSpec:
-        data = venv if isinstance(venv, Mapping) else vars(venv)
+    def from_conf(cls, name: str, venv: Mapping[str, Any] | VenvSpecConf) -> VenvSpec:
+        data = venv if isinstance(venv, Mapping) else dataclasses.asdict(venv)
         return cls(
             name=name,
             python=data["python"],
@@ -86,38 +89,43 @@ def is_ready(path: Path) -> bool:
     return (path / READY_MARKER).is_file()
 
 
-def managed_for(spec: Any) -> Path:
+def managed_for(spec: CellConf) -> Path:
     """The managed virtual environment of a cell's backend pins (spec: its CellConf)."""
     return VenvSpec.from_conf(spec.backend.name, spec.backend.venv).path
 
 
-def site_venvs(cluster: Any) -> dict[str, str]:
+def site_venvs(cluster: ClusterConf) -> dict[str, str]:
     """backend -> the site's own virtual environment (backend_venvs, or its deprecated spelling)."""
     return {**cluster.backend_envs, **cluster.backend_venvs}
 
 
-def need_venvs(cluster: Any) -> dict[str, dict[str, str]]:
+def need_venvs(cluster: ClusterConf) -> dict[str, dict[str, str]]:
     return {**cluster.need_envs, **cluster.need_venvs}
 
 
-# a grid's cells share their backend, cluster and model sections: each combination is selected once
-_SELECTED: dict[tuple[int, int, int], tuple[tuple[Any, Any, Any], tuple[Path, str | None]]] = {}
+# a grid's cells share their backend, cluster and model sections: each combination (by value, and by where this
+# process keeps its environments and its home: a managed environment's path, a site's `~/...`) is selected once
+_SELECTED: dict[tuple[str, ...], tuple[Path, str | None]] = {}
 
 
-def select(spec: Any) -> tuple[Path, str | None]:
+def select(spec: CellConf) -> tuple[Path, str | None]:
     """The virtual environment a cell (spec: its CellConf) trains in, and the need it leaves unmet (None: all met)."""
-    key = (id(spec.backend), id(spec.cluster), id(spec.model))
-    hit = _SELECTED.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], (spec.backend, spec.cluster, spec.model), strict=True)):
-        return hit[1]
-    found = _select(spec)
-    if len(_SELECTED) > 4096:
-        _SELECTED.clear()
-    _SELECTED[key] = ((spec.backend, spec.cluster, spec.model), found)
+    key = (
+        fingerprint(spec.backend),
+        fingerprint(spec.cluster),
+        fingerprint(spec.model),
+        os.environ.get("SFT_GRID_CACHE", ""),  # what venvs_dir() and `~` read
+        os.environ.get("HOME", ""),
+    )
+    found = _SELECTED.get(key)
+    if found is None:
+        if len(_SELECTED) > 4096:
+            _SELECTED.clear()
+        found = _SELECTED[key] = _select(spec)
     return found
 
 
-def _select(spec: Any) -> tuple[Path, str | None]:
+def _select(spec: CellConf) -> tuple[Path, str | None]:
     """A model with a need (Qwen3.5: transformers >= 5.3) trains in the cluster's environment for that need
     (cluster.need_venvs.<need>.<backend>), or in the managed one when the backend's pins meet it (conf/backend
     `provides`) and the cluster names no environment of its own for the backend. The team's main environment
@@ -137,6 +145,6 @@ def _select(spec: Any) -> tuple[Path, str | None]:
     return general, None
 
 
-def bin_dir(spec: Any) -> Path:
+def bin_dir(spec: CellConf) -> Path:
     """The bin/ of the virtual environment a cell trains in."""
     return select(spec)[0] / "bin"

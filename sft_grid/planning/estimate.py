@@ -62,7 +62,7 @@ class Model:
     d_attn: int  # attention width: heads x head_dim (the hidden size for most models)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CellPlan:
     name: str
     model: Model
@@ -89,7 +89,7 @@ class Tokens:
     attended: float  # sum over tokens of the attended length (sum of s^2 unpacked)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Estimate:
     cell: str
     tokens: Tokens
@@ -222,20 +222,20 @@ def estimate_cell(plan: CellPlan, throughput: Throughput | None) -> Estimate:
             f"x (1 + {plan.requeues} requeue(s)) = {budget / 3600:.1f} h"
         )
     return Estimate(
-        plan.name,
-        tok,
-        flops,
-        dense,
-        attn,
-        throughput,
-        gpu_hours,
-        wall,
-        ckpt,
-        kept,
-        kept * ckpt + final,
-        budget,
-        exceeds,
-        tuple(notes),
+        cell=plan.name,
+        tokens=tok,
+        flops=flops,
+        flops_dense=dense,
+        flops_attention=attn,
+        throughput=throughput,
+        gpu_hours=gpu_hours,
+        wall_seconds=wall,
+        checkpoint_bytes=ckpt,
+        checkpoints_kept=kept,
+        disk_bytes=kept * ckpt + final,
+        wall_budget_seconds=budget,
+        exceeds_wall=exceeds,
+        notes=tuple(notes),
     )
 
 
@@ -304,7 +304,7 @@ class Measured:
     train_seconds: float | None = None  # the trainer's own train_runtime (wall), for reading only
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Calibration:
     cluster: str
     gpu: str
@@ -360,24 +360,6 @@ def peak_flops(gpu: str, override_tflops: float | None = None) -> tuple[str, flo
     return key, PEAK_FLOPS[key]
 
 
-def _solve(a: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float] | None:
-    """x with a x = rhs (the normal equations of a least-squares fit), None when singular. Solved on unit
-    diagonal (start-up, tokens and FLOPs differ by many orders of magnitude), by Gauss-Jordan."""
-    k = len(a)
-    d = [math.sqrt(a[i][i]) or 1.0 for i in range(k)]
-    m = [[a[i][j] / (d[i] * d[j]) for j in range(k)] + [rhs[i] / d[i]] for i in range(k)]
-    for c in range(k):
-        pivot = max(range(c, k), key=lambda r: abs(m[r][c]))
-        if abs(m[pivot][c]) <= 1e-6:  # the terms' columns are (nearly) dependent: they cannot be told apart
-            return None
-        m[c], m[pivot] = m[pivot], m[c]
-        for r in range(k):
-            if r != c:
-                f = m[r][c] / m[c][c]
-                m[r] = [x - f * y for x, y in zip(m[r], m[c], strict=True)]
-    return [m[i][k] / m[i][i] / d[i] for i in range(k)]
-
-
 # the models tried, fewest terms first, b before a: (start-up, a, b) switched on or off
 _MODELS = ((0, 0, 1), (1, 0, 0), (0, 1, 0), (1, 0, 1), (0, 1, 1), (1, 1, 0), (1, 1, 1))
 
@@ -387,34 +369,40 @@ def _rows(ms: Sequence[Measured]) -> list[tuple[float, float, float]]:
     return [(1.0 / m.seconds, m.tokens / (m.gpus * m.seconds), m.flops / (m.gpus * m.seconds)) for m in ms]
 
 
-def _sums(rows: Sequence[Sequence[float]]) -> tuple[list[list[float]], list[float]]:
-    return [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)], [
-        sum(r[i] for r in rows) for i in range(3)
-    ]
+def _fit(rows: Sequence[Sequence[float]]) -> tuple[float, float, float]:
+    """(start-up, a, b) >= 0 minimising sum (row . coef - 1)^2 over the rows (module docstring). Each model of
+    _MODELS is solved by scipy's non-negative least squares on its terms' columns, scaled to unit length (start-up,
+    tokens and FLOPs differ by many orders of magnitude); a model whose columns are (nearly) dependent is skipped
+    (they cannot be told apart: a pivot of their unit-diagonal normal matrix at most 1e-6), and one with more terms
+    is kept only where it fits clearly better than the fewer-term one before it."""
+    n = len(rows)
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    import numpy as np  # only where completed cells are calibrated
+    from scipy.linalg import lu
+    from scipy.optimize import nnls
 
-
-def _fit(s: Sequence[Sequence[float]], b: Sequence[float], n: int) -> tuple[float, float, float]:
-    """(start-up, a, b) >= 0 minimising sum (row . coef - 1)^2 over n rows, from their sums s = sum row row^T and
-    b = sum row (module docstring); the error of a coefficient vector is coef^T s coef - 2 coef . b + n."""
-    best: tuple[float, tuple[float, ...]] | None = None
+    a = np.asarray(rows, dtype=float)
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale
+    target = np.ones(n)
+    best: tuple[float, tuple[float, float, float]] | None = None
     for on in _MODELS:
         idx = [i for i in range(3) if on[i]]
         if len(idx) > 1 and len(idx) >= n:  # k terms need more than k cells, or they fit the noise exactly
             continue
-        x = _solve([[s[i][j] for j in idx] for i in idx], [b[i] for i in idx])
-        if x is None or min(x) < 0:
+        cols = a[:, idx]
+        if len(idx) > 1 and np.abs(np.diag(lu(cols.T @ cols, check_finite=False)[2])).min() <= 1e-6:
             continue
-        coef = [0.0, 0.0, 0.0]
-        for i, v in zip(idx, x, strict=True):
-            coef[i] = v
-        loss = (
-            sum(coef[i] * coef[j] * s[i][j] for i in range(3) for j in range(3))
-            - 2 * sum(c * v for c, v in zip(coef, b, strict=True))
-            + n
-        )
+        x, rnorm = nnls(cols, target)
+        loss = float(rnorm) ** 2
         if best is None or loss < best[0] * (1 - 1e-6) - 1e-12 * n:
-            best = (loss, tuple(coef))
-    return best[1] if best is not None else (0.0, 0.0, 0.0)  # type: ignore[return-value]
+            coef = [0.0, 0.0, 0.0]
+            for i, v in zip(idx, x, strict=True):
+                coef[i] = float(v) / float(scale[i])
+            best = (loss, (coef[0], coef[1], coef[2]))
+    return best[1] if best is not None else (0.0, 0.0, 0.0)
 
 
 def _sizes(params: Iterable[float]) -> int:
@@ -438,22 +426,24 @@ def calibrate(cells: Iterable[Measured], leave_out: str = "") -> dict[str, Calib
     return out
 
 
-def _calibration(
-    cluster: str,
-    ms: Sequence[Measured],
-    rows: Sequence[Sequence[float]],
-    sums: tuple[list[list[float]], list[float]] | None = None,
-) -> Calibration:
+def _calibration(cluster: str, ms: Sequence[Measured], rows: Sequence[Sequence[float]]) -> Calibration:
     gpu = statistics.mode(m.gpu for m in ms)
-    startup, a, b = _fit(*(sums or _sums(rows)), len(rows))
+    startup, a, b = _fit(rows)
     peak = peak_flops(gpu)
     return Calibration(
-        cluster, gpu, startup, a, b, tuple(m.cell for m in ms), _sizes(m.params for m in ms), peak[1] if peak else None
+        cluster=cluster,
+        gpu=gpu,
+        startup_s=startup,
+        per_token_s=a,
+        per_flop_s=b,
+        cells=tuple(m.cell for m in ms),
+        sizes=_sizes(m.params for m in ms),
+        peak=peak[1] if peak else None,
     )
 
 
 def leave_one_out(cells: Iterable[Measured]) -> dict[str, Calibration]:
-    """Each cell -> its cluster's calibration from the other cells (the sums once, each cell's row taken out)."""
+    """Each cell -> its cluster's calibration from the other cells."""
     by_cluster: dict[str, list[Measured]] = {}
     for m in cells:
         if m.seconds > 0 and m.gpus > 0 and m.flops > 0 and m.tokens > 0:
@@ -461,14 +451,10 @@ def leave_one_out(cells: Iterable[Measured]) -> dict[str, Calibration]:
     out = {}
     for cluster, ms in by_cluster.items():
         rows = _rows(ms)
-        s, b = _sums(rows)
         for i, m in enumerate(ms):
             if len(ms) < 2:
                 continue
-            r = rows[i]
-            sub = ([[s[p][q] - r[p] * r[q] for q in range(3)] for p in range(3)], [b[p] - r[p] for p in range(3)])
-            others = ms[:i] + ms[i + 1 :]
-            out[m.cell] = _calibration(cluster, others, rows[:i] + rows[i + 1 :], sub)
+            out[m.cell] = _calibration(cluster, ms[:i] + ms[i + 1 :], rows[:i] + rows[i + 1 :])
     return out
 
 

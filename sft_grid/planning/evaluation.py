@@ -28,6 +28,7 @@ from typing import Any
 
 from sft_grid.core.layout import OUTPUT_DIR
 from sft_grid.core.problems import Problem
+from sft_grid.core.schema import EvalConf, EvalTaskConf
 from sft_grid.core.scores import BASE_DIR, EvalFile, ScoreSpec, score_id
 from sft_grid.core.templates import effective_template
 from sft_grid.core.timefmt import parse_minutes
@@ -128,7 +129,7 @@ def _site_packages_state(venv: Path) -> tuple[tuple[str, int], ...]:
 # -- scores -------------------------------------------------------------------------------------------------------
 
 
-def task_settings(suite: Any, label: str, task: Any, chat_template: bool = True) -> dict[str, Any]:
+def task_settings(suite: EvalConf, label: str, task: EvalTaskConf, chat_template: bool = True) -> dict[str, Any]:
     """A task's part of its scores' identity (written back verbatim as a score file's `settings`)."""
     name = task.task or label
     limit = task.limit
@@ -148,7 +149,7 @@ def task_settings(suite: Any, label: str, task: Any, chat_template: bool = True)
     }
 
 
-def device_of(suite: Any) -> str:
+def device_of(suite: EvalConf) -> str:
     return "cuda" if suite.resources.gpus else "cpu"
 
 
@@ -163,7 +164,13 @@ def scores_for(key: str, cell: Cell, suites: Sequence[Any], chat_template: bool 
             out.setdefault(
                 sid,
                 ScoreSpec(
-                    sid, suite.name, settings["task"], settings, suite.engine, suite.batch_size, device_of(suite)
+                    score_id=sid,
+                    suite=suite.name,
+                    task=settings["task"],
+                    settings=settings,
+                    engine=suite.engine,
+                    batch_size=suite.batch_size,
+                    device=device_of(suite),
                 ),
             )
     return tuple(out.values())
@@ -176,7 +183,7 @@ def cell_scores(cell: Cell) -> tuple[ScoreSpec, ...]:
 # -- base models ----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BaseTarget:
     """A base model evaluated once per grid: the scores its cells' suites ask of it."""
 
@@ -236,7 +243,15 @@ def base_targets(cells: Sequence[Cell]) -> list[BaseTarget]:
         if where not in templates:
             templates[where] = base_has_template(first)
         scores = scores_for(key, first, merged, templates[where])
-        found[where] = BaseTarget(cell.spec.model.name, base_source(first), key, where, first, merged, scores)
+        found[where] = BaseTarget(
+            name=cell.spec.model.name,
+            source=base_source(first),
+            key=key,
+            dir=where,
+            cell=first,
+            suites=merged,
+            scores=scores,
+        )
     return list(found.values())
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.core.hubcache import MAIN, HubRepo, Pin, default_cache
-from sft_grid.planning.cells import is_local
+from sft_grid.core.schema import CellConf
+from sft_grid.planning.cells import Cell, is_local
 
 PREP_NEED = "delphi_tokenizer_prep"
 # Bump when the prep changes what it writes: every model is then prepared again, in a new directory
@@ -54,7 +55,7 @@ class Prep:
 def prep_complete(prep_dir: Path) -> bool:
     """Whether a prep directory holds a finished prepared model of this prep version (its marker is written last)."""
     try:
-        return json.loads((prep_dir / MODEL_DIR / MARKER).read_text()).get("version") == PREP_VERSION
+        return bool(json.loads((prep_dir / MODEL_DIR / MARKER).read_text()).get("version") == PREP_VERSION)
     except (OSError, ValueError):
         return False
 
@@ -62,7 +63,7 @@ def prep_complete(prep_dir: Path) -> bool:
 # -- Hub repositories and their pins ----------------------------------------------------------------------------
 
 
-def hub_repos(cell: Any) -> list[tuple[str, HubRepo]]:
+def hub_repos(cell: Cell) -> list[tuple[str, HubRepo]]:
     """(the key that names it, the repository) for each Hub input of the cell: its model when it has no local
     path, and each dataset whose source is a hub id."""
     s = cell.spec
@@ -75,13 +76,13 @@ def hub_repos(cell: Any) -> list[tuple[str, HubRepo]]:
     return out
 
 
-def hf_cache(spec: Any) -> Path:
+def hf_cache(spec: CellConf) -> Path:
     """The Hugging Face hub cache a cell's inputs are staged into and its jobs read: the cluster's `hf_cache`,
     else this environment's (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub)."""
     return Path(spec.cluster.hf_cache).expanduser() if spec.cluster.hf_cache else default_cache()
 
 
-def hub_variables(cell: Any) -> dict[str, str]:
+def hub_variables(cell: Cell) -> dict[str, str]:
     """What a job exports for the Hub: where the staged copies are (HF_HUB_CACHE, when the cluster names its
     cache or the cell has staged inputs), and, where compute nodes have no internet, offline mode for
     huggingface_hub, datasets and transformers, so a job fails at once instead of hanging on a request."""
@@ -94,11 +95,11 @@ def hub_variables(cell: Any) -> dict[str, str]:
     return out
 
 
-def pin_of(cell: Any, kind: str, repo_id: str) -> Pin | None:
+def pin_of(cell: Cell, kind: str, repo_id: str) -> Pin | None:
     return next((p for p in cell.pins if p.kind == kind and p.repo_id == repo_id), None)
 
 
-def source_of(cell: Any) -> str:
+def source_of(cell: Cell) -> str:
     """The model as the user names it: its local directory (absolute), or its hub id (at its pinned sha)."""
     model = cell.spec.model
     if model.path:
@@ -107,7 +108,7 @@ def source_of(cell: Any) -> str:
     return f"{model.hub_id}@{pin.sha}" if pin else str(model.hub_id or "")
 
 
-def tokenizer_source(cell: Any) -> str:
+def tokenizer_source(cell: Cell) -> str:
     """The model as staged or named, before any prep: its local path, its pinned snapshot, or its hub id."""
     model = cell.spec.model
     if model.path:
@@ -116,7 +117,7 @@ def tokenizer_source(cell: Any) -> str:
     return str(pin.path) if pin else str(model.hub_id or "")
 
 
-def hub_revision(cell: Any) -> str | None:
+def hub_revision(cell: Cell) -> str | None:
     """The revision a job asks the Hub for when it loads the model by its hub id (not staged here: a site whose
     compute nodes fetch it themselves); None when it loads a local directory or a pinned snapshot, or the model
     names no revision (`main`)."""
@@ -126,7 +127,7 @@ def hub_revision(cell: Any) -> str | None:
     return model.revision or None
 
 
-def dataset_source(cell: Any, name: str) -> str:
+def dataset_source(cell: Cell, name: str) -> str:
     """What a backend loads for one dataset: its local file, its pinned snapshot directory, or its hub id."""
     ds = cell.spec.dataset[name]
     if is_local(ds.source):
@@ -135,7 +136,7 @@ def dataset_source(cell: Any, name: str) -> str:
     return str(pin.path) if pin else ds.source
 
 
-def prep_for(cell: Any) -> Prep | None:
+def prep_for(cell: Cell) -> Prep | None:
     """The cell's model prep, or None when its model needs none. A pinned hub model is prepared from its
     snapshot, in a directory of that sha: a new commit of the model gets a new prepared copy."""
     if PREP_NEED not in cell.spec.model.needs:
@@ -149,7 +150,7 @@ def prep_for(cell: Any) -> Prep | None:
     )
 
 
-def model_source(cell: Any) -> str:
+def model_source(cell: Cell) -> str:
     """What a backend loads: the prepared copy for a model that needs prep, else its path, pinned snapshot or hub id."""
     prep = prep_for(cell)
     if prep is not None:

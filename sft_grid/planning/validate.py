@@ -27,7 +27,7 @@ from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
 from sft_grid.core.hubcache import repo_id_problem
 from sft_grid.core.problems import Problem
-from sft_grid.core.schema import CellConf, Range, field_shapes
+from sft_grid.core.schema import CellConf, Range, field_shapes, fingerprint
 from sft_grid.core.secrets import carries_secret, redact_url
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
@@ -403,19 +403,17 @@ def _fields(cls: type) -> dict[str, tuple[str, Any, Range | None, tuple[str, ...
     }
 
 
-# checked sections: (kind, class, id) -> (the section, its findings); an entry keeps the section alive
-_SEEN: dict[tuple[str, type, int], tuple[Any, list[Finding]]] = {}
+# checked sections: (kind, class, the section's value) -> its findings; the cells of a grid share most sections
+_SEEN: dict[tuple[str, type, str], list[Finding]] = {}
 
 
-def _cached(kind: str, cls: type, obj: Any, compute: Any) -> list[Finding]:
-    key = (kind, cls, id(obj))
-    hit = _SEEN.get(key)
-    if hit is not None and hit[0] is obj:
-        return hit[1]
-    found = compute()
-    if len(_SEEN) > 8192:
-        _SEEN.clear()
-    _SEEN[key] = (obj, found)
+def _cached(kind: str, cls: type, obj: Any, compute: Callable[[], list[Finding]]) -> list[Finding]:
+    key = (kind, cls, fingerprint(obj))
+    found = _SEEN.get(key)
+    if found is None:
+        if len(_SEEN) > 8192:
+            _SEEN.clear()
+        found = _SEEN[key] = compute()
     return found
 
 
@@ -457,12 +455,12 @@ def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
             continue
         how, held, _, _ = fields[key]
         if how == "dataclass" and isinstance(value, Mapping):
-            found += _prefixed(f"{key}.", _cached("keys", held, value, lambda v=value, h=held: _unknown(v, h)))
+            found += _prefixed(f"{key}.", _cached("keys", held, value, functools.partial(_unknown, value, held)))
         elif how == "mapping" and isinstance(value, Mapping):
             for name, sub in value.items():
                 if isinstance(sub, Mapping):
                     found += _prefixed(
-                        f"{key}.{name}.", _cached("keys", held, sub, lambda v=sub, h=held: _unknown(v, h))
+                        f"{key}.{name}.", _cached("keys", held, sub, functools.partial(_unknown, sub, held))
                     )
     return found
 
@@ -512,15 +510,15 @@ def _values(spec: Any) -> list[Finding]:
                 if item not in choices
             )
         if how == "dataclass" and dataclasses.is_dataclass(value):
-            found += _prefixed(f"{name}.", _cached("values", held, value, lambda v=value: _values(v)))
+            found += _prefixed(f"{name}.", _cached("values", held, value, functools.partial(_values, value)))
         elif how == "mapping" and isinstance(value, dict):
             for key, sub in value.items():
                 if dataclasses.is_dataclass(sub):
-                    found += _prefixed(f"{name}.{key}.", _cached("values", held, sub, lambda v=sub: _values(v)))
+                    found += _prefixed(f"{name}.{key}.", _cached("values", held, sub, functools.partial(_values, sub)))
     return found
 
 
-def values(cell: str, spec: Any) -> list[Problem]:
+def values(cell: str, spec: CellConf) -> list[Problem]:
     """Every field with a range or a value set (its metadata) holds an allowed value; nothing required is unset."""
     return [Problem(cell, *f) for f in _prefixed("", _values(spec))]
 

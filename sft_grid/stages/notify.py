@@ -31,7 +31,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,7 +61,7 @@ def should_send(key: str, already_sent: set[str] | frozenset[str]) -> bool:
     return key not in already_sent
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Notice:
     """What one notification says: a cell's end, or the grid's."""
 
@@ -116,13 +116,31 @@ class Notice:
 def cell_event(
     grid: str, cell: str, outcome: str, attempt: int = 1, failure_class: str = "", summary: str = "", **details: Any
 ) -> Notice:
-    return Notice("cell", grid, outcome, cell, attempt, failure_class, summary or f"{cell}: {outcome}", details)
+    return Notice(
+        kind="cell",
+        grid=grid,
+        outcome=outcome,
+        cell=cell,
+        attempt=attempt,
+        failure_class=failure_class,
+        summary=summary or f"{cell}: {outcome}",
+        details=details,
+    )
 
 
 def grid_event(grid: str, counts: Mapping[str, int], attempt: int | str = 1) -> Notice:
     """The grid is done: counts of its cells by final state."""
     text = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n) or "no cells"
-    return Notice("grid", grid, "done", "", attempt, "", f"grid {grid} done: {text}", {"counts": dict(counts)})
+    return Notice(
+        kind="grid",
+        grid=grid,
+        outcome="done",
+        cell="",
+        attempt=attempt,
+        failure_class="",
+        summary=f"grid {grid} done: {text}",
+        details={"counts": dict(counts)},
+    )
 
 
 @dataclass(frozen=True)
@@ -244,7 +262,7 @@ def run_command(argv: Sequence[str], event: Notice, timeout_s: float = 10.0) -> 
 
 def send(event: Notice, config: NotifyConfig) -> list[Delivery]:
     """Deliver the event on every configured channel; never raises."""
-    channels = []
+    channels: list[tuple[str, Callable[[], Delivery]]] = []
     if config.command:
         channels.append(("command", lambda: run_command(config.command, event, config.timeout_s)))
     if config.webhook:

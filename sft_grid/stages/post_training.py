@@ -49,6 +49,7 @@ from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LOGS_DIR, OUTPUT_DIR, WEIGHT_FILES, checkpoints, output_complete
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
+from sft_grid.core.schema import CellConf
 from sft_grid.core.state import JobState, SchedulerView, alive, post_job_id
 
 STAGES = ("consolidate", "preprocessor_config", "tokenizer", "upload", "register", "cleanup")
@@ -79,7 +80,7 @@ class StageState:
 # -- planning (pure) ------------------------------------------------------------------------------------------
 
 
-def stages_for(spec: Any) -> list[str]:
+def stages_for(spec: CellConf) -> list[str]:
     """The stages of a cell (spec: its CellConf), in chain order."""
     needs = set(spec.model.needs)
     upload = bool(spec.push_to_hub and spec.hub_model_id)
@@ -98,7 +99,7 @@ def stages_for(spec: Any) -> list[str]:
     ]
 
 
-def upload_in_job(spec: Any) -> bool:
+def upload_in_job(spec: CellConf) -> bool:
     """Whether a job may upload: its nodes reach the Hub."""
     c = spec.cluster
     return bool(c.internet_on_compute or (c.executor == "slurm" and c.post_partition))
@@ -346,7 +347,7 @@ def _in_venv(
     _said(cell_dir, [python, SCRIPT.name, *args], proc)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith('{"ok"'):
-            result = json.loads(line)
+            result: dict[str, Any] = json.loads(line)
             if result.pop("ok"):
                 return result
             raise StageFailed(f"{what}: {result.get('error')}" + (f". {hint}" if hint else ""))

@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sft_grid.core.lock import Lock
 from sft_grid.core.paths import IN_VENV_DIR, assets_dir
@@ -77,14 +78,14 @@ def build(force: bool = False, dest: Path | None = None) -> Path:
     return dest
 
 
-def _is_complete(part_dir: Path, stamp: dict) -> bool:
+def _is_complete(part_dir: Path, stamp: dict[str, Any]) -> bool:
     try:
-        return json.loads((part_dir / MARKER).read_text()) == stamp
+        return bool(json.loads((part_dir / MARKER).read_text()) == stamp)
     except (OSError, ValueError):
         return False
 
 
-def _ensure(dest: Path, part: str, stamp: dict, builder: Callable[[Path], None], force: bool) -> None:
+def _ensure(dest: Path, part: str, stamp: dict[str, Any], builder: Callable[[Path], None], force: bool) -> None:
     """Build ``dest/part`` unless it carries the current stamp; stage, stamp, then swap it in."""
     target = dest / part
     if not force and _is_complete(target, stamp):
@@ -117,7 +118,7 @@ def _replace(new: Path, target: Path) -> None:
 # ---- datasets ------------------------------------------------------------------------------------------------
 
 
-def messages_rows(n: int = 60, seed: int = 0) -> list[dict]:
+def messages_rows(n: int = 60, seed: int = 0) -> list[dict[str, Any]]:
     """Arithmetic chats in the ``messages`` role/content form, varied the way a template bug would show.
 
     Even rows carry a system turn, every third row has a second exchange, and half the rows wrap a reasoning
@@ -144,7 +145,7 @@ def messages_rows(n: int = 60, seed: int = 0) -> list[dict]:
     return rows
 
 
-def sharegpt_rows(n: int = 40, seed: int = 1) -> list[dict]:
+def sharegpt_rows(n: int = 40, seed: int = 1) -> list[dict[str, Any]]:
     """Subtraction chats in the classic ShareGPT ``conversations`` from/value form (human/gpt/system).
 
     A second schema on purpose: a mix of datasets must keep each dataset's own tags.
@@ -167,7 +168,7 @@ def sharegpt_rows(n: int = 40, seed: int = 1) -> list[dict]:
     return rows
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 

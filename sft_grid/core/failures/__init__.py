@@ -25,7 +25,6 @@ from sft_grid.core.failures.policy import (
     RemedyKind,
     Rule,
     decide,
-    format_time,
     parse_time,
     with_overrides,
 )
@@ -48,7 +47,6 @@ __all__ = [
     "classify",
     "decide",
     "expand_hostlist",
-    "format_time",
     "group_legs",
     "parse_sacct",
     "parse_time",

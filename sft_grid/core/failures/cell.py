@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from sft_grid.core import human
+from sft_grid.core.cellfiles import CellYaml
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.classes import Failure, FailureClass
 from sft_grid.core.failures.classify import classify
@@ -36,7 +38,6 @@ from sft_grid.core.failures.policy import (
     Remedy,
     RemedyKind,
     decide,
-    format_time,
     parse_time,
     with_overrides,
 )
@@ -99,7 +100,7 @@ def disk_note(cell_dir: Path) -> str:
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
     if total and free < max(1 << 20, total // 1000):
         return (
-            f"sft_grid: No space left on device: {free} bytes free of {total / 2**20:.0f} MiB on the file system"
+            f"sft_grid: No space left on device: {free} bytes free of {human.size(total)} on the file system"
             f" of {cell_dir}"
         )
     return ""
@@ -120,11 +121,7 @@ def _since_submitted(history: Sequence[Event]) -> Sequence[Event]:
 
 
 def cell_config(cell_dir: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load((cell_dir / CELL_FILE).read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return CellYaml.config_of(cell_dir)
 
 
 def rerun_argv(cell_dir: Path) -> tuple[str, ...]:
@@ -296,7 +293,7 @@ def stalled(cell_dir: Path, history: Sequence[Event], job_id: str = "") -> Event
     done = progress(cell_dir / OUTPUT_DIR)
     overrides = [f"save_steps={max(1, save_steps // 4)}"] if isinstance(save_steps, int) and save_steps > 1 else []
     if ctx.time:
-        overrides.append(f"time={format_time(parse_time(str(ctx.time)) * 2)}")
+        overrides.append(f"time={human.duration(parse_time(str(ctx.time)) * 2)}")
     since = f"from {newest}" if newest else "with no checkpoint"
     evidence = f"the last {len(starts[-2:])} legs each started {since} and ended before saving the next one"
     rerun = with_overrides(ctx.rerun, overrides) if ctx.rerun else ()

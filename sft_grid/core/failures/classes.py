@@ -66,7 +66,7 @@ DESCRIPTION = {
 NODE_CLASSES = frozenset({FailureClass.NODE_FAILURE, FailureClass.GPU_HARDWARE})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Failure:
     klass: FailureClass
     evidence: str  # the log line or sacct record that decided it, one line

@@ -463,4 +463,13 @@ def classify(
     step = step if step is not None else log_step
     total = total if total is not None else log_total
     summary = summarize(chosen.klass, chosen.evidence, nodes, requeues, requeue_budget, step, total)
-    return Failure(chosen.klass, chosen.evidence, tuple(nodes), summary, step, total, requeues, requeue_budget)
+    return Failure(
+        klass=chosen.klass,
+        evidence=chosen.evidence,
+        nodes=tuple(nodes),
+        summary=summary,
+        step=step,
+        total=total,
+        requeues=requeues,
+        requeue_budget=requeue_budget,
+    )

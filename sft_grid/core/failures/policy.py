@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from sft_grid.core import human
 from sft_grid.core.failures.classes import Failure, FailureClass
 
 F = FailureClass
@@ -133,7 +134,7 @@ class Policy:
         return self.rules.get(klass, Rule(RemedyKind.STOP))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CellContext:
     """What decide() may use to make suggestions concrete; unknown fields stay None."""
 
@@ -174,13 +175,6 @@ def parse_time(text: str) -> int:
         parts.insert(0, 0)
     h, m, s = parts
     return (int(days or 0) * 24 + h) * 3600 + m * 60 + s
-
-
-def format_time(seconds: int) -> str:
-    days, rest = divmod(seconds, 86400)
-    h, rest = divmod(rest, 3600)
-    text = f"{h:02d}:{rest // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
 
 
 def _stop(failure: Failure, ctx: CellContext, keys: OverrideKeys, why: str) -> Remedy:
@@ -229,7 +223,7 @@ def _time_limit_advice(failure: Failure, ctx: CellContext, keys: OverrideKeys) -
     overrides = (f"{keys.max_requeues}={used + more}",)
     options = [f"{keys.max_requeues}={used + more} (about {more} more leg{'s' if more > 1 else ''} at this pace)"]
     if ctx.time:
-        options.append(f"{keys.time}={format_time(parse_time(ctx.time) * 2)} (twice the time per leg)")
+        options.append(f"{keys.time}={human.duration(parse_time(ctx.time) * 2)} (twice the time per leg)")
     if ctx.nodes:
         options.append(f"{keys.nodes}={ctx.nodes * 2} (twice the nodes)")
     return overrides, f"{where}; checkpoints are kept and a rerun resumes; change " + " or ".join(options)

@@ -59,7 +59,6 @@ from sft_grid.stages.staging.values import (
     TokenRequired,
     TransferFailed,
     UnexpectedAnswer,
-    human,
 )
 
 __all__ = [
@@ -93,7 +92,6 @@ __all__ = [
     "budget_for",
     "check_space",
     "download",
-    "human",
     "is_complete",
     "last_rate",
     "plan",

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from sft_grid.core import human
 from sft_grid.core.hubcache import (
     KINDS,
     SHA_RE,
@@ -42,13 +43,13 @@ from sft_grid.core.hubcache import (
     write_listing,
     write_ref,
 )
-from sft_grid.core.lock import Lock, LockTimeout
+from sft_grid.core.lock import Holder, Lock, LockTimeout
 from sft_grid.core.problems import Problem
 from sft_grid.stages.staging import memory, watch
 from sft_grid.stages.staging.client import endpoint_of, hf_client
 from sft_grid.stages.staging.plan import DEFAULT_RESERVE, Item, StagingPlan, check_space, plan, resolve_pinned
 from sft_grid.stages.staging.transfer import Transfer
-from sft_grid.stages.staging.values import Budget, HubError, Progress, Staged, StagingLocked, TimeLimitTooShort, human
+from sft_grid.stages.staging.values import Budget, HubError, Progress, Staged, StagingLocked, TimeLimitTooShort
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +92,13 @@ def download(
 
     def staged_offline(sha: str) -> Staged:
         return Staged(
-            repo_id,
-            kind,
-            revision,
-            sha,
-            snapshot_path(cache, repo_id, kind, sha),
-            True,
-            (),
-            0,
-            0,
-            time.monotonic() - t0,
-            None,
+            repo_id=repo_id,
+            kind=kind,
+            revision=revision,
+            sha=sha,
+            path=snapshot_path(cache, repo_id, kind, sha),
+            complete=True,
+            seconds=time.monotonic() - t0,
             offline=True,
         )
 
@@ -109,7 +106,7 @@ def download(
         return staged_offline(revision)
     wait_s = min(lock_timeout_s, budget.left()) if budget else lock_timeout_s
 
-    def waiting(holder: Any, waited: float) -> None:
+    def waiting(holder: Holder | None, waited: float) -> None:
         log.info(
             "waiting for another stager of %s (%s), %.0fs so far",
             repo_id,
@@ -156,7 +153,16 @@ def download(
     except watch.TimeUp as e:  # the limit came while resolving: nothing moved yet
         if budget is not None and not watch.stalled() and lock.waited_s < 1.0:  # no server to blame: every rerun
             raise TimeLimitTooShort(budget.refusal()) from e  # would end the same way
-        return Staged(repo_id, kind, revision, "", cache, False, (), 0, 0, time.monotonic() - t0, None, str(e))
+        return Staged(
+            repo_id=repo_id,
+            kind=kind,
+            revision=revision,
+            sha="",
+            path=cache,
+            complete=False,
+            seconds=time.monotonic() - t0,
+            stopped=str(e),
+        )
     finally:
         lock.release()
 
@@ -253,7 +259,7 @@ def stage_here(
             left = sum(i.bytes_to_fetch for i in staging.pending if i.here)
             raise StagingStopped(
                 f"stopped before this process's time limit (no time was left for {p.kind}"
-                f" '{p.repo_id}'): {human(left)} of the grid's inputs are left to stage; nothing was"
+                f" '{p.repo_id}'): {human.size(left)} of the grid's inputs are left to stage; nothing was"
                 " queued. Run the same command again to continue."
             ) from e
         except HubError as e:
@@ -263,7 +269,7 @@ def stage_here(
         if not staged.complete:
             left = sum(i.bytes_to_fetch for i in staging.pending if i.here and i is not item) + staged.remaining_bytes
             raise StagingStopped(
-                f"{staged.stopped} In all, {human(left)} of the grid's inputs are left to stage;"
+                f"{staged.stopped} In all, {human.size(left)} of the grid's inputs are left to stage;"
                 " nothing was queued. Run the same command again to continue."
             )
         item.plan = None

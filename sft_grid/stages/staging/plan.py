@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sft_grid.core import events
+from sft_grid.core import events, human
 from sft_grid.core.events import Kind
 from sft_grid.core.hubcache import (
     KINDS,
@@ -64,7 +64,6 @@ from sft_grid.stages.staging.values import (
     Resolved,
     RevisionNotFound,
     UnconfirmedId,
-    human,
 )
 
 log = logging.getLogger(__name__)
@@ -234,15 +233,15 @@ def plan(
             fetch.append(f)
     partial = sum(partial_bytes(cache, r.repo_id, r.kind, f) for f in fetch) if resumable else 0
     return Plan(
-        r,
-        cache,
-        selection,
-        tuple(cached),
-        tuple(link),
-        tuple(fetch),
-        sum(f.size for f in fetch) - partial,
-        _free_bytes(cache),
-        reserve_bytes,
+        resolved=r,
+        cache=cache,
+        selection=selection,
+        cached=tuple(cached),
+        to_link=tuple(link),
+        to_fetch=tuple(fetch),
+        bytes_to_fetch=sum(f.size for f in fetch) - partial,
+        free_bytes=_free_bytes(cache),
+        reserve_bytes=reserve_bytes,
     )
 
 
@@ -250,8 +249,9 @@ def check_space(p: Plan) -> None:
     if not p.fits:
         r = p.resolved
         raise NotEnoughSpace(
-            f"staging {r.kind} '{r.repo_id}'@{r.sha[:12]} needs {human(p.bytes_to_fetch)} more in {p.cache}, but "
-            f"its filesystem has {human(p.free_bytes)} free (and {human(p.reserve_bytes)} is kept in reserve). "
+            f"staging {r.kind} '{r.repo_id}'@{r.sha[:12]} needs {human.size(p.bytes_to_fetch)} more in {p.cache}, but "
+            f"its filesystem has {human.size(p.free_bytes)} free"
+            f" (and {human.size(p.reserve_bytes)} is kept in reserve). "
             "Fix: free space there, or point the cluster profile's HF cache (HF_HUB_CACHE) at a filesystem with "
             "room (a project or scratch area, not $HOME)."
         )
@@ -270,7 +270,7 @@ class Wanted:
     cache: Path
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Item:
     wanted: Wanted
     users: list[tuple[str, str]] = field(default_factory=list)  # (cell name, key naming it)
@@ -301,8 +301,8 @@ class Item:
             return f"{w.kind} {w.repo_id}{sha}: " + ("staged" if self.pin else "not resolved")
         p = self.plan
         return (
-            f"{w.kind} {w.repo_id}{sha}: {len(p.selection.keep)} files, {human(p.bytes_needed)}"
-            + (f", {human(p.bytes_to_fetch)} to fetch" if not self.complete else ", staged")
+            f"{w.kind} {w.repo_id}{sha}: {len(p.selection.keep)} files, {human.size(p.bytes_needed)}"
+            + (f", {human.size(p.bytes_to_fetch)} to fetch" if not self.complete else ", staged")
             + (f" ({len(p.selection.skipped)} files not needed for training left out)" if p.selection.skipped else "")
         )
 
@@ -364,8 +364,8 @@ class StagingPlan:
                 "cluster.hf_cache",
                 str(s.cache),
                 "staging-space",
-                f"staging needs {human(s.to_fetch)} more in {s.cache}, but its filesystem has"
-                f" {human(s.free)} free (and {human(s.reserve)} is kept in reserve)",
+                f"staging needs {human.size(s.to_fetch)} more in {s.cache}, but its filesystem has"
+                f" {human.size(s.free)} free (and {human.size(s.reserve)} is kept in reserve)",
                 "free space there, or point the cluster's hf_cache at a filesystem with room"
                 " (a project or scratch area, not $HOME)",
             )
@@ -404,7 +404,7 @@ def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> 
                     mine.append(Pin(repo.kind, repo.repo_id, sha, sha, cache))
                 continue
             wanted = Wanted(repo.kind, repo.repo_id, sha or repo.revision, cache)
-            item = items.setdefault(wanted, Item(wanted))
+            item = items.setdefault(wanted, Item(wanted=wanted))
             item.users.append((cell.name, key))
             item.here |= cell.spec.cluster.staging.where == "login"
             item.offline |= not cell.spec.cluster.internet_on_compute

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
+from sft_grid.core import human
 from sft_grid.core.hubcache import (
     RemoteFile,
     blob_path,
@@ -67,7 +68,6 @@ from sft_grid.stages.staging.values import (
     Staged,
     TimeLimitTooShort,
     TransferFailed,
-    human,
 )
 
 log = logging.getLogger(__name__)
@@ -146,16 +146,16 @@ class Transfer:
         eta = (self.plan.bytes_needed - done) / rate if rate else None
         self.on_progress(
             Progress(
-                self.r.repo_id,
-                f.path if f else "",
-                self.file_done,
-                f.size if f else 0,
-                done,
-                self.plan.bytes_needed,
-                rate,
-                eta,
-                self.files_done,
-                len(self.plan.selection.keep),
+                repo_id=self.r.repo_id,
+                file=f.path if f else "",
+                file_done=self.file_done,
+                file_total=f.size if f else 0,
+                done=done,
+                total=self.plan.bytes_needed,
+                rate_bps=rate,
+                eta_s=eta,
+                files_done=self.files_done,
+                files_total=len(self.plan.selection.keep),
             )
         )
 
@@ -286,9 +286,9 @@ class Transfer:
         runs = ""
         if rate and self.budget:
             n = self.budget.runs_for(left / rate)
-            runs = f"; about {n} more run(s) at {human(rate)}/s" if n else ""
+            runs = f"; about {n} more run(s) at {human.size(rate)}/s" if n else ""
         return (
-            f"stopped before this process's time limit ({why}): {human(left)} of {self.r.kind} "
+            f"stopped before this process's time limit ({why}): {human.size(left)} of {self.r.kind} "
             f"'{self.r.repo_id}' left. Rerun to continue ({self._resume_note()}{runs}), or stage where processes"
             " may run longer to finish in one go (a staging job on the transfer partition:"
             " cluster.staging.where=job)."
@@ -299,7 +299,7 @@ class Transfer:
         why = self.seen.why if self.seen and not self.seen.resumes else "as this run was told"
         command = f"sft-grid stage --repo {self.r.repo_id}" + (" --dataset" if self.r.kind == "dataset" else "")
         return (
-            f"{f.path} of {self.r.kind} '{self.r.repo_id}' is {human(f.size)}: at {human(rate)}/s it needs "
+            f"{f.path} of {self.r.kind} '{self.r.repo_id}' is {human.size(f.size)}: at {human.size(rate)}/s it needs "
             f"~{f.size / rate:.0f}s, more than the {self.budget.usable_s:.0f}s a process may run here, and a cut"
             f" file restarts from zero here ({why}), so reruns would never finish it. Fix: stage it where processes"
             " may run longer: a staging job on the cluster's transfer partition (cluster.staging.where=job"
@@ -332,18 +332,18 @@ class Transfer:
                     memory.record_cut(self.plan.cache, self._blob(self.current), self.file_done)
                 break
         return Staged(
-            self.r.repo_id,
-            self.r.kind,
-            self.r.revision,
-            self.r.sha,
-            snapshot_path(self.plan.cache, self.r.repo_id, self.r.kind, self.r.sha),
-            stopped is None,
-            tuple(f.path for f in self.fetched),
-            sum(f.size for f in self.fetched),
-            self._remaining(),
-            time.monotonic() - t0,
-            self.measured_rate(),
-            stopped,
+            repo_id=self.r.repo_id,
+            kind=self.r.kind,
+            revision=self.r.revision,
+            sha=self.r.sha,
+            path=snapshot_path(self.plan.cache, self.r.repo_id, self.r.kind, self.r.sha),
+            complete=stopped is None,
+            fetched=tuple(f.path for f in self.fetched),
+            fetched_bytes=sum(f.size for f in self.fetched),
+            remaining_bytes=self._remaining(),
+            seconds=time.monotonic() - t0,
+            rate_bps=self.measured_rate(),
+            stopped=stopped,
         )
 
     def _before(self, f: RemoteFile) -> None:
@@ -452,7 +452,7 @@ class Transfer:
     def _stalled(self, f: RemoteFile, e: BaseException) -> str:
         url = failed_url(e) or self._url(f)
         since = f" nothing came for the last {time.monotonic() - self.tick:.0f}s," if self.tick else ""
-        done = human(self.file_done)
+        done = human.size(self.file_done)
         return f"the time limit came while waiting for {url}:{since} {done} of {f.path} had been written"
 
     def _link(self, f: RemoteFile) -> None:
@@ -480,6 +480,6 @@ class Transfer:
                 if ORPHAN_RE.search(p.name) and now - p.stat().st_mtime > ORPHAN_AGE_S:
                     size = p.stat().st_size
                     p.unlink()
-                    log.info("removed %s left by a killed download (%s)", p.name, human(size))
+                    log.info("removed %s left by a killed download (%s)", p.name, human.size(size))
             except FileNotFoundError:
                 continue

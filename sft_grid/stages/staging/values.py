@@ -12,20 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sft_grid.core import human
 from sft_grid.core.hubcache import Kind, RemoteFile, Selection
 
 # the time a run is given to transfer something when the smallest limit that works is worked out: a run that has no
 # time left at all once its safety margin and what the process spent before its first transfer are taken off, or
 # that stops before its first byte, would end every rerun the same way
 MIN_TRANSFER_S = 1.0
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 class HubError(RuntimeError):
@@ -105,7 +98,7 @@ class Resolved:
     files: tuple[RemoteFile, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     resolved: Resolved
     cache: Path
@@ -128,13 +121,13 @@ class Plan:
     def describe(self) -> str:
         r = self.resolved
         return (
-            f"{r.kind} {r.repo_id}@{r.sha[:12]}: {len(self.selection.keep)} files, {human(self.bytes_needed)}"
-            f" needed, {human(self.bytes_to_fetch)} to fetch ({len(self.to_fetch)} files),"
-            f" {human(self.free_bytes)} free in {self.cache}"
+            f"{r.kind} {r.repo_id}@{r.sha[:12]}: {len(self.selection.keep)} files, {human.size(self.bytes_needed)}"
+            f" needed, {human.size(self.bytes_to_fetch)} to fetch ({len(self.to_fetch)} files),"
+            f" {human.size(self.free_bytes)} free in {self.cache}"
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Progress:
     """Sent to the progress callback on each received chunk and at each file's start and end."""
 
@@ -226,7 +219,7 @@ class Budget:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Staged:
     """The outcome of one ``download`` call."""
 
@@ -236,10 +229,11 @@ class Staged:
     sha: str  # record it: staging this sha again needs no network
     path: Path  # the snapshot directory to hand to the backend
     complete: bool
-    fetched: tuple[str, ...]
-    fetched_bytes: int
-    remaining_bytes: int
     seconds: float
-    rate_bps: float | None
+    # what this run transferred (nothing, by default: served from the cache, or stopped before a transfer)
+    fetched: tuple[str, ...] = ()
+    fetched_bytes: int = 0
+    remaining_bytes: int = 0
+    rate_bps: float | None = None
     stopped: str | None = None  # why this run ended before completion (time budget), with what to do
     offline: bool = False  # served from the cache without any request

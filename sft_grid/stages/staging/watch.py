@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from sft_grid.stages.staging.values import Budget, HubError, human
+from sft_grid.core import human
+from sft_grid.stages.staging.values import Budget, HubError
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ def _check_size(a: Answer) -> None:
         return  # a missing header is the client's to report (it names it)
     raise SizeDisagrees(
         f"{a.url} answered HEAD with {header.title()}: {said}, but the repository's listing says {path} has"
-        f" {size} bytes ({human(size)}): something between this node and the repository rewrites the size header"
+        f" {size} bytes ({human.size(size)}): something between this node and the repository rewrites the size header"
         " (a proxy or cache answering for another object, or with a compressed length); the repository is not at"
         " fault and nothing was fetched. Fix: ask the proxy's operator to pass X-Linked-Size and Content-Length"
         " through unchanged for HEAD requests, or stage from another endpoint (HF_ENDPOINT)."

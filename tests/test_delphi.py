@@ -410,7 +410,8 @@ def test_preps_of_a_grid_are_one_array_its_cells_wait_for(make_cells):
         ["model=tiny_llama", "cluster=slurm_local"],
     )
     decisions = [
-        Decision(cell=c, dir=c.sweep_dir / c.name, state=CellState(state=State.PLANNED), action=Action.RUN) for c in cells
+        Decision(cell=c, dir=c.sweep_dir / c.name, state=CellState(state=State.PLANNED), action=Action.RUN)
+        for c in cells
     ]
     plan = build_plan(decisions, {}, None, 1001)
     roles = [(j.role.value, len(j.targets)) for j in plan.slurm]

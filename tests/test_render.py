@@ -99,7 +99,10 @@ def test_the_sbatch_scripts_of_a_prep_train_post_plan_are_golden(make_cells, fix
         ]
     )
     plan = build(
-        [Decision(cell=c, dir=c.sweep_dir / c.name, state=CellState(state=State.PLANNED), action=Action.RUN) for c in cells],
+        [
+            Decision(cell=c, dir=c.sweep_dir / c.name, state=CellState(state=State.PLANNED), action=Action.RUN)
+            for c in cells
+        ],
         {},
         None,
         1001,

@@ -50,6 +50,10 @@ from sft_grid.planning.compose import GridComposer
 from sft_grid.planning.resolvers import register
 
 register()
+# Slurm grids queue a snapshot of the checkout's commit and refuse a checkout with uncommitted changes
+# (sft_grid/sites/snapshot.py): the suite runs from working trees being edited, so its grids ship the changes (a
+# clean clone, as CI's, ships nothing); tests/test_snapshot.py unsets it to see the refusal
+os.environ.setdefault("SFT_GRID_SHIP_DIRTY", "1")
 
 
 # The files whose tests take longest, heaviest first (measured: `make test` prints the 25 slowest): collected

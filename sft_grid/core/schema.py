@@ -471,3 +471,6 @@ class CellConf:
     # cells whose data tokenizes the same share one tokenized dataset, built once before them (stages/tokenize.py);
     # false: each cell tokenizes in its own job
     tokenize_once: bool = True
+    # queue Slurm jobs from a checkout whose conf/, sweeps/ or package has uncommitted changes: the changes ship in
+    # the jobs' code snapshot and each cell's ledger names them (sft_grid/sites/snapshot.py); false: refused
+    ship_dirty: bool = False

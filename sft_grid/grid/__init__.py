@@ -1,4 +1,4 @@
-"""Layer 7, grid: the flow compose -> plan -> validate -> check -> render -> submission plan -> schedule.
+"""Layer 8, grid: the flow compose -> plan -> validate -> check -> render -> submission plan -> schedule.
 
 - `flow`: the whole flow for every cell at once, as a frozen plan (`plan`) and its execution (`execute`); prints
   nothing (the command line presents what it returns);

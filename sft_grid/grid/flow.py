@@ -47,6 +47,7 @@ from sft_grid.planning.evaluation import BaseTarget, base_targets, merge_eval_ax
 from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
+from sft_grid.sites import snapshot  # issue 25 hook
 from sft_grid.stages import tokenize
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 from sft_grid.stages.staging.in_job import StageWork, stage_dir
@@ -201,6 +202,8 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
     dirs = cell_dirs(cells)
     observer.planned(len(cells), _provisional(cells, dirs))
     dry_run = any(c.spec.dry_run for c in cells)
+    if not dry_run and not any(c.spec.stage_only or c.spec.check_only for c in cells):
+        snapshot.find(cells, dry_run)  # issue 25 hook: a dirty checkout is refused before anything is written
     if any(c.spec.check_only for c in cells):  # `sft-grid check`: the Hub's answers for every input, nothing else
         return Inputs(
             tuple(cells), tuple(dirs), True, check_inputs(cells, dirs), Preflight([], {}, 0), {}, (), {}, None
@@ -334,6 +337,7 @@ def plan(inputs: Inputs) -> GridPlan:
     submission = build(
         decisions, view.histories, view.scheduler, max_size, writes, list(bases), work, shared, provenance=recorded
     )
+    submission = snapshot.pin(submission, snapshot.find(cells, inputs.dry_run))  # issue 25 hook: jobs run a commit
     after: Mapping[str, tuple[Check, ...]] = {}
     if inputs.dry_run:
         deferred, after = _after_staging(deferred, inputs.staging)
@@ -426,6 +430,8 @@ def _after_staging(
 def execute(grid: GridPlan, observer: Observer | None = None) -> Executed:
     """Everything the plan says, but waiting for its local cells: its writes, the local jobs before the cells (model
     preps, tokenizations), the cells' submissions. Run under the grid's lock, right after `plan`."""
+    if grid.submission.code is not None:  # issue 25 hook: the snapshot is on the site before any job names it
+        snapshot.materialize(grid.submission.code)
     return apply(grid.submission, (observer or Observer()).phase)
 
 

@@ -52,6 +52,7 @@ NOT_IDENTITY = frozenset(
         "stage_only",
         "check_only",
         "tokenize_once",
+        "ship_dirty",
     }
 )
 # Keys of sub-configs that are about the machine, or describe the model rather than choose it (its size and shape,

@@ -224,6 +224,20 @@ class StagingConf:
 
 
 @dataclass
+class RemoteConf:
+    """A site reached over OpenSSH from the machine the grid is launched from (sft_grid/sites/remote.py)."""
+
+    # a Host of the user's ssh config (its keys, agent and jump hosts apply); null: the site is this machine
+    host: str | None = None
+    # where sft_grid keeps its code snapshots on the site (<root>/code/<commit>); the cells stay under runs_root
+    root: str | None = None
+    # the site's python with sft_grid's dependencies (a module load or an environment's bin/python)
+    python: str = "python3"
+    # another ssh config file than ~/.ssh/config (ssh -F); null: the user's own
+    ssh_config: str | None = None
+
+
+@dataclass
 class ClusterConf:
     name: str = MISSING
     # local: submitit's local executor on this machine; slurm: submitit's Slurm executor
@@ -291,6 +305,8 @@ class ClusterConf:
     max_parallel: int = num(1, 1)
     # local executor: block until the grid is done and print its final states
     wait: bool = True
+    # a remote site: everything site-side over ssh (issue 25); unset: the grid runs where it is launched
+    remote: RemoteConf = field(default_factory=RemoteConf)
 
 
 @dataclass

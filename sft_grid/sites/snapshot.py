@@ -95,22 +95,28 @@ def ship_dirty_asked(cells: Iterable[Any]) -> bool:
 
 def needs_snapshot(cells: Iterable[Any]) -> bool:
     """Whether a grid's jobs go to a scheduler that may start them later (Slurm, a remote site)."""
-    return any(c.spec.cluster.executor == "slurm" for c in cells)
+    return any(c.spec.cluster.executor == "slurm" or c.spec.cluster.remote.host for c in cells)
 
 
-def find(cells: Sequence[Any], dry_run: bool, root: Path = REPO_ROOT) -> CodeSnapshot | None:
-    """The snapshot the grid's Slurm jobs will run, found from the checkout now (git status; nothing written).
+def find(cells: Sequence[Any], dry_run: bool, root: Path = REPO_ROOT, store: Path | None = None) -> CodeSnapshot | None:
+    """The snapshot the grid's Slurm jobs will run, found from the checkout now (git status; nothing written), to
+    be kept in `store` (default: `<runs_root>/.code`). Run from a snapshot (a remote site's own invocation), that
+    snapshot itself.
 
     Raises GridError, before anything is written, when deciding paths have uncommitted changes and the launch does
     not ship them (a dry run names the commit and never refuses: it queues nothing)."""
     if not needs_snapshot(cells):
         return None
+    if (root / MARKER).is_file():
+        mark = json.loads((root / MARKER).read_text())
+        shipped = tuple(mark.get("shipped", ()))
+        return CodeSnapshot(mark["commit"], mark["key"], root, root, shipped, mark.get("shipped_sha", ""))
     changed = changed_paths(root)
     if changed is None:
         log.info("%s is not a git checkout: the jobs run the installed sft_grid", root)
         return None
     commit = _git(root, "rev-parse", "HEAD").stdout.decode().strip()
-    store = Path(cells[0].runs_root) / STORE_DIR
+    store = store or Path(cells[0].runs_root) / STORE_DIR
     if not changed:
         return CodeSnapshot(commit, commit, store / commit, root)
     if not ship_dirty_asked(cells):

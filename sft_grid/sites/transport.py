@@ -35,6 +35,8 @@ class Transport(Protocol):
         self, argv: Sequence[str], stdin: bytes | None = None, check: bool = True, timeout: float = TIMEOUT_S
     ) -> subprocess.CompletedProcess[bytes]: ...
 
+    def stream(self, argv: Sequence[str]) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -48,6 +50,9 @@ class Local:
         self, argv: Sequence[str], stdin: bytes | None = None, check: bool = True, timeout: float = TIMEOUT_S
     ) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(list(argv), input=stdin, capture_output=True, check=check, timeout=timeout)
+
+    def stream(self, argv: Sequence[str]) -> int:
+        return subprocess.run(list(argv), check=False).returncode
 
     def close(self) -> None:
         pass
@@ -106,6 +111,14 @@ class Ssh:
         if check and done.returncode != 0:
             raise subprocess.CalledProcessError(done.returncode, list(argv), done.stdout, done.stderr)
         return done
+
+    def stream(self, argv: Sequence[str]) -> int:
+        """Run argv on the site, its output and errors streaming to this process's; its exit status."""
+        self._socket.parent.mkdir(mode=0o700, exist_ok=True)
+        done = subprocess.run([*self.base(), self.host, "--", shlex.join(argv)], stdin=subprocess.DEVNULL, check=False)
+        if done.returncode == 255:
+            raise SiteUnreachable(f"ssh {self.host}: the connection failed (exit status 255)")
+        return done.returncode
 
     def connected(self) -> bool:
         """Whether the control connection is up (`ssh -O check`)."""

@@ -5,11 +5,13 @@
 #   make check  the static checks (ruff, mypy): seconds; make test runs them first
 #   make test-fast   the fast set: no backend, no Slurm, no virtual environment built (~1.5 minutes on 2 cores)
 #   make slurm-up / slurm-down   start / stop a real two-node Slurm cluster on this machine (root, Debian)
+#   make slurm-site-up / slurm-site-down   a second one beside it (siteb, one node), for the remote-site tests
 # Virtual environments and tiny assets go to $SFT_GRID_CACHE (default ~/.cache/sft_grid), keyed by their
 # pins: a second `make` reuses them.
 PYTHON ?= python3
 
-.PHONY: install lock check setup-demo setup chromium nginx sshd demo test test-fast slurm-up slurm-down
+.PHONY: install lock check setup-demo setup chromium nginx sshd demo test test-fast slurm-up slurm-down slurm-site-up\
+	slurm-site-down
 
 # sft_grid itself, its tests' and checks' tools, exactly as requirements.lock has them (pyproject.toml: the ranges)
 install:
@@ -64,7 +66,7 @@ check: install
 # both sets run on both cores; the backend/Slurm set shares the local cluster between its two workers (tests that
 # take the whole cluster hold it alone: tests/conftest.py), and prints its 25 slowest tests
 FAST = not backend and not slurm and not mirror and not proxy and not sites
-test: check setup slurm-up
+test: check setup slurm-up slurm-site-up
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not ($(FAST))" --durations=25
 
@@ -76,3 +78,11 @@ slurm-up:
 
 slurm-down:
 	bash scripts/slurm_down.sh
+
+# a second cluster beside it (siteb: its own controller, ports, state and node; ci's accounting), for the tests of
+# remote sites and grids across sites (tests/test_sites_remote.py); needs slurm-up
+slurm-site-up: slurm-up
+	bash scripts/slurm_site_up.sh
+
+slurm-site-down:
+	bash scripts/slurm_site_down.sh

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,10 +49,11 @@ class Sshd:
         self.process.wait(timeout=60)
 
 
-def start(where: Path, hosts: tuple[str, ...] = ("site_a",), env: dict[str, str] | None = None) -> Sshd:
-    """sshd on a free loopback port; the client config names it by each of `hosts`, and `site_down` names a port
-    nothing listens on. `env` is sent with every connection (SetEnv, accepted by this sshd alone): the machine's
-    own cache of environments and tiny assets, which a real site has in its home directory."""
+def start(where: Path, hosts: Mapping[str, Mapping[str, str]], env: Mapping[str, str] | None = None) -> Sshd:
+    """sshd on a free loopback port; the client config names it by each host of `hosts`, each sending its own
+    variables (a site's SLURM_CONF: which cluster its commands reach), and `site_down` names a port nothing listens
+    on. `env` is sent by every host: the machine's own cache of environments and tiny assets, which a real site has
+    in its home directory. SetEnv, accepted by this sshd alone."""
     if not SSHD.exists():
         raise RuntimeError("no /usr/sbin/sshd: run `make sshd` (Debian's openssh-server)")
     where.mkdir(parents=True, exist_ok=True)
@@ -79,7 +81,7 @@ def start(where: Path, hosts: tuple[str, ...] = ("site_a",), env: dict[str, str]
                 "MaxSessions 50",
                 "MaxStartups 50",
                 "LogLevel INFO",
-                f"AcceptEnv {' '.join(sorted(env or {}))}" if env else "",
+                "AcceptEnv " + " ".join(sorted({*(env or {}), *(k for h in hosts.values() for k in h)}) or ["NONE"]),
                 "",
             ]
         )
@@ -91,8 +93,12 @@ def start(where: Path, hosts: tuple[str, ...] = ("site_a",), env: dict[str, str]
         "".join(
             f"Host {host}\n  HostName 127.0.0.1\n  Port {port}\n  User {os.environ.get('USER') or 'root'}\n"
             f"  IdentityFile {where / 'user_key'}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n"
-            "  StrictHostKeyChecking yes\n" + "".join(f"  SetEnv {k}={v}\n" for k, v in sorted((env or {}).items()))
-            for host in hosts
+            "  StrictHostKeyChecking yes\n"
+            # one SetEnv line: ssh reads the first one only
+            + "  SetEnv "
+            + " ".join(f"{k}={v}" for k, v in sorted({**(env or {}), **extra}.items()))
+            + "\n"
+            for host, extra in hosts.items()
         )
         + f"Host site_down\n  HostName 127.0.0.1\n  Port {free_port()}\n  IdentityFile {where / 'user_key'}\n"
         "  ConnectTimeout 10\n"

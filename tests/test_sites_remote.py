@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.core.paths import cache_root
+from sft_grid.core.paths import REPO_ROOT, cache_root
 from sft_grid.core.state import State, state_of
 from sft_grid.sites.remote import RECORD
 from sft_grid.sites.snapshot import MARKER
@@ -35,6 +35,7 @@ from .helpers import cancel_jobs_of, ledger
 pytestmark = [pytest.mark.slurm, pytest.mark.backend, pytest.mark.sites, pytest.mark.xdist_group("sites_remote")]
 
 CLI = "import sys; from sft_grid.cli.main import main; sys.exit(main(sys.argv[1:]))"  # sft-grid, from this tree
+SITE_B_CONF = "/etc/slurm-siteb/slurm.conf"  # the second cluster's clients' config
 TINY = ["model=tiny_llama,tiny_qwen3", "max_steps=2", "global_batch_size=4", "micro_batch_size=2"]
 
 
@@ -48,17 +49,26 @@ class Remote:
     launch_connections: int
 
     def args(self, host: str = "site_a") -> list[str]:
+        """A grid's arguments for a site: its root and runs root on the site (here: beside site_a's)."""
+        root = self.site_root.parent / host
         return [
             "cluster=slurm_local",
             f"cluster.remote.host={host}",
-            f"cluster.remote.root={self.site_root}",
+            f"cluster.remote.root={root}",
             f"cluster.remote.ssh_config={self.server.config}",
             f"cluster.remote.python={sys.executable}",
-            f"runs_root={self.site_runs}",
+            f"runs_root={root / 'runs'}",
         ]
 
     def sft(self, *args: str) -> subprocess.CompletedProcess[str]:
         return run_sft(*args, env={"SFT_GRID_RUNS": str(self.laptop)})
+
+    def one_cell_on_b(self, sweep: str, *args: str) -> tuple[Path, str]:
+        """A grid of one cell launched on site_b: its directory there and its training job's id."""
+        launch = self.sft(*args, "max_steps=2", f"sweep_name={sweep}", *self.args("site_b"))
+        assert launch.returncode == 0, launch.stdout + launch.stderr
+        (cell,) = iter_cell_dirs(self.site_root.parent / "site_b" / "runs" / sweep)
+        return cell, next(e["job_id"] for e in ledger(cell) if e["event"] == "job")
 
     def cli(self, *args: str) -> tuple[subprocess.CompletedProcess[str], int]:
         """`sft-grid <args>` run here, and the connections it opened to the site."""
@@ -73,6 +83,25 @@ class Remote:
         return done, self.server.accepted() - before
 
 
+def site_b_env() -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": SITE_B_CONF}
+
+
+def site_b_jobs(runs: Path) -> list[str]:
+    """The ids of the jobs the second cluster holds for cells under `runs` (their ledgers name them)."""
+    ids = [e["job_id"] for c in iter_cell_dirs_all(runs) for e in ledger(c) if e["event"] == "job"]
+    if not ids:
+        return []
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%A", "-j", ",".join(ids)], env=site_b_env(), capture_output=True, text=True
+    ).stdout
+    return out.split()
+
+
+def iter_cell_dirs_all(runs: Path) -> list[Path]:
+    return [c for grid in (sorted(runs.iterdir()) if runs.is_dir() else []) for c in iter_cell_dirs(grid)]
+
+
 def wait_done(cells: list[Path], deadline_s: float = 900) -> None:
     deadline = time.monotonic() + deadline_s
     while not all(state_of(c).state is State.COMPLETED for c in cells):
@@ -85,7 +114,10 @@ def wait_done(cells: list[Path], deadline_s: float = 900) -> None:
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path):
     base = tmp_path_factory.mktemp("sites")
-    server = sshd.start(base / "sshd", env={"SFT_GRID_CACHE": str(cache_root())})
+    # the second cluster (scripts/slurm_site_up.sh: idempotent, seconds when it is up), site_b's scheduler
+    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm_site_up.sh")], check=True, capture_output=True)
+    hosts = {"site_a": {}, "site_b": {"SLURM_CONF": SITE_B_CONF}}
+    server = sshd.start(base / "sshd", hosts, env={"SFT_GRID_CACHE": str(cache_root())})
     site_root, laptop = base / "site_a", base / "laptop"
     r = Remote(server, site_root, site_root / "runs", laptop, subprocess.CompletedProcess([], 0), 0)
     try:
@@ -96,6 +128,9 @@ def remote(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path):
         yield r
     finally:
         cancel_jobs_of(r.site_runs)
+        b_ids = list(site_b_jobs(base / "site_b" / "runs"))
+        if b_ids:
+            subprocess.run(["scancel", *b_ids], env=site_b_env(), check=False, capture_output=True)
         server.stop()
 
 
@@ -157,3 +192,43 @@ def test_an_unreachable_site_is_named_and_nothing_is_recorded(remote: Remote):
     assert done.returncode != 0
     assert "cannot reach site slurm_local" in done.stderr, done.stderr
     assert not (remote.laptop / "nowhere").exists() and not (remote.site_runs / "nowhere").exists()
+
+
+def test_a_grid_on_the_second_cluster_runs_there_and_is_read_from_here(remote: Remote):
+    """site_b's commands reach the second cluster (its SLURM_CONF, sent by its Host entry as a site's own
+    /etc/slurm would be): the cell's job is that cluster's, never ci's, and status reads it back over ssh."""
+    cell, job_id = remote.one_cell_on_b("on_b", "model=tiny_llama", "global_batch_size=4", "micro_batch_size=2")
+    wait_done([cell])
+    on_b = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "Cluster,JobName,State"],
+        env=site_b_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert on_b.startswith("siteb|sft_grid-"), on_b  # (its job may still be ending: the cell's files said done)
+    # the same id on ci, if it exists at all, is another job
+    on_ci = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_CONF": "/etc/slurm/slurm.conf"},
+    ).stdout
+    assert on_b.split("|")[1] not in on_ci
+    status, connections = remote.cli("status", "on_b")
+    assert status.returncode == 0 and connections == 1, status.stderr
+    assert "completed" in status.stdout, status.stdout
+
+
+def test_cancel_from_here_stops_a_queued_cell_on_the_site(remote: Remote):
+    cell, job_id = remote.one_cell_on_b("held_b", "model=tiny_qwen3", "+cluster.sbatch_extra.hold=true")
+    cancel, connections = remote.cli("cancel", "held_b")
+    assert cancel.returncode == 0 and connections == 1, cancel.stderr
+    assert "1 cell(s) cancelled" in cancel.stdout, cancel.stdout
+    assert state_of(cell).state is State.CANCELLED
+    deadline = time.monotonic() + 60
+    while subprocess.run(
+        ["squeue", "-h", "-j", job_id], env=site_b_env(), capture_output=True, text=True
+    ).stdout.strip():
+        assert time.monotonic() < deadline, "the cancelled job is still in site_b's queue"
+        time.sleep(0.2)

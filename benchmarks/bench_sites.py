@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             round_trip.append(median_of(1, trip, env, ""))
     finally:
         server.stop()
+        shutil.rmtree(work, ignore_errors=True)
     result = {
         "cells": cells,
         "status_on_site_s": statistics.median(on_site),

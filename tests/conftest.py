@@ -72,6 +72,7 @@ HEAVY_FIRST = (
     "test_stage_offline.py",
     "test_stage_train.py",
     "test_slurm.py",
+    "test_sites_remote.py",
 )
 # One lock file for the machine's local Slurm cluster, shared by every test run on it.
 CLUSTER_LOCK = Path(os.environ.get("SFT_GRID_TEST_CLUSTER_LOCK", "/tmp/sft_grid-tests-slurm-cluster.lock"))

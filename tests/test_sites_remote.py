@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +28,12 @@ from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.paths import REPO_ROOT, cache_root
 from sft_grid.core.state import State, state_of
 from sft_grid.sites.remote import RECORD
-from sft_grid.sites.snapshot import MARKER
+from sft_grid.sites.snapshot import MARKER, SHIP_ENV
 
 from . import sshd
-from .conftest import run_sft
+from .conftest import holding_cluster, run_sft
 from .helpers import cancel_jobs_of, ledger
+from .test_snapshot import make_checkout
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend, pytest.mark.sites, pytest.mark.xdist_group("sites_remote")]
 
@@ -120,12 +123,20 @@ def remote(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path):
     server = sshd.start(base / "sshd", hosts, env={"SFT_GRID_CACHE": str(cache_root())})
     site_root, laptop = base / "site_a", base / "laptop"
     r = Remote(server, site_root, site_root / "runs", laptop, subprocess.CompletedProcess([], 0), 0)
-    try:
+    # the grid's jobs are on ci from the launch to the module's end: ci held shared for all of it
+    with holding_cluster(alone=False), _stopping(server, r, base):
         before = server.accepted()
         r.launch = r.sft("-m", *TINY, "sweep_name=far", *r.args())
         r.launch_connections = server.accepted() - before
         assert r.launch.returncode == 0, r.launch.stdout + r.launch.stderr
         yield r
+
+
+@contextmanager
+def _stopping(server: sshd.Sshd, r: Remote, base: Path) -> Iterator[None]:
+    """Afterwards: every job of the module's grids cancelled on either cluster, the sshd stopped."""
+    try:
+        yield
     finally:
         cancel_jobs_of(r.site_runs)
         b_ids = list(site_b_jobs(base / "site_b" / "runs"))
@@ -158,6 +169,7 @@ def test_status_results_logs_and_report_from_the_laptop_one_connection_each(remo
     assert status.returncode == 0, status.stderr
     assert connections == 1
     assert status.stdout.count("completed") >= 2, status.stdout
+    assert f"grid far on site slurm_local (site_a:{remote.site_runs})" in status.stderr, status.stderr
     results, connections = remote.cli("results", "far", "--format", "csv")
     assert results.returncode == 0 and connections == 1, results.stderr
     assert all(c.name.rsplit("-", 1)[-1] in results.stdout for c in cells), results.stdout
@@ -232,3 +244,17 @@ def test_cancel_from_here_stops_a_queued_cell_on_the_site(remote: Remote):
     ).stdout.strip():
         assert time.monotonic() < deadline, "the cancelled job is still in site_b's queue"
         time.sleep(0.2)
+
+
+def test_a_dirty_checkout_is_refused_before_the_site_is_contacted(remote: Remote, tmp_path: Path):
+    checkout = make_checkout(tmp_path / "checkout")
+    conf = checkout / "conf" / "model" / "tiny_llama.yaml"
+    conf.write_text(conf.read_text() + "# an edit not committed\n")
+    env = {**os.environ, "PYTHONPATH": str(checkout), "SFT_GRID_RUNS": str(remote.laptop)}
+    env.pop(SHIP_ENV, None)
+    before = remote.server.accepted()
+    argv = [sys.executable, "-m", "sft_grid", "model=tiny_llama", "sweep_name=dirty", *remote.args()]
+    done = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "conf/model/tiny_llama.yaml" in done.stderr, done.stderr
+    assert remote.server.accepted() == before
+    assert not (remote.site_runs / "dirty").exists() and not (remote.laptop / "dirty").exists()

@@ -199,6 +199,8 @@ def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> in
                 continue
             there.append(arg)
     main = "import sys; from sft_grid.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    # which site answers, on stderr: stdout stays the command's own (a table, csv, json)
+    print(f"grid {grid_here.name} on site {site.name} ({site.host}:{site.runs_root})", file=sys.stderr, flush=True)
     transport = site.transport()
     try:
         if command != "report":

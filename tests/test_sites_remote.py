@@ -90,19 +90,11 @@ def site_b_env() -> dict[str, str]:
     return {**os.environ, "SLURM_CONF": SITE_B_CONF}
 
 
-def site_b_jobs(runs: Path) -> list[str]:
-    """The ids of the jobs the second cluster holds for cells under `runs` (their ledgers name them)."""
-    ids = [e["job_id"] for c in iter_cell_dirs_all(runs) for e in ledger(c) if e["event"] == "job"]
-    if not ids:
-        return []
-    out = subprocess.run(
-        ["squeue", "-h", "-o", "%A", "-j", ",".join(ids)], env=site_b_env(), capture_output=True, text=True
-    ).stdout
-    return out.split()
-
-
-def iter_cell_dirs_all(runs: Path) -> list[Path]:
-    return [c for grid in (sorted(runs.iterdir()) if runs.is_dir() else []) for c in iter_cell_dirs(grid)]
+def site_b_jobs(under: Path) -> list[str]:
+    """The ids of the jobs the second cluster holds that run under `under` (each job's working directory is its
+    grid's code snapshot, on the site: the cells' trainings, tokenizations and post-training alike)."""
+    queue = subprocess.run(["squeue", "-h", "-o", "%A|%Z"], env=site_b_env(), capture_output=True, text=True).stdout
+    return [row.split("|")[0] for row in queue.splitlines() if row.split("|")[-1].startswith(f"{under}/")]
 
 
 def wait_done(cells: list[Path], deadline_s: float = 900) -> None:
@@ -139,7 +131,7 @@ def _stopping(server: sshd.Sshd, r: Remote, base: Path) -> Iterator[None]:
         yield
     finally:
         cancel_jobs_of(r.site_runs)
-        b_ids = list(site_b_jobs(base / "site_b" / "runs"))
+        b_ids = site_b_jobs(base / "site_b")
         if b_ids:
             subprocess.run(["scancel", *b_ids], env=site_b_env(), check=False, capture_output=True)
         server.stop()

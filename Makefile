@@ -5,11 +5,13 @@
 #   make check  the static checks (ruff, mypy): seconds; make test runs them first
 #   make test-fast   the fast set: no backend, no Slurm, no virtual environment built (~1.5 minutes on 2 cores)
 #   make slurm-up / slurm-down   start / stop a real two-node Slurm cluster on this machine (root, Debian)
+#   make slurm-site-up / slurm-site-down   a second one beside it (siteb, one node), for the remote-site tests
 # Virtual environments and tiny assets go to $SFT_GRID_CACHE (default ~/.cache/sft_grid), keyed by their
 # pins: a second `make` reuses them.
 PYTHON ?= python3
 
-.PHONY: install lock check setup-demo setup chromium nginx demo test test-fast slurm-up slurm-down
+.PHONY: install lock check setup-demo setup chromium nginx sshd demo test test-fast slurm-up slurm-down slurm-site-up\
+	slurm-site-down
 
 # sft_grid itself, its tests' and checks' tools, exactly as requirements.lock has them (pyproject.toml: the ranges)
 install:
@@ -29,7 +31,7 @@ setup-demo: install
 # what the tests need besides: axolotl's environment, the evaluation harness's (lm-eval), and headless Chromium
 # for the report's browser tests; the three environments are built side by side (pip waits on downloads and
 # disks as much as on the CPU), each from its lock (conf/locks)
-setup: install chromium nginx
+setup: install chromium nginx sshd
 	$(PYTHON) -m sft_grid venv build llamafactory axolotl lm_eval
 	$(PYTHON) -m sft_grid assets build
 
@@ -42,6 +44,16 @@ chromium:
 nginx:
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nginx)
 
+# Debian's OpenSSH server (root): the remote-site tests (tests/test_sites_remote.py, marker `sites`) start their own
+# sshd on a loopback port with a generated key; the package's own service is never started (policy-rc.d forbids it
+# during the install when none is in place, as scripts/slurm_up.sh does)
+sshd:
+	test -x /usr/sbin/sshd || (apt-get update && if [ -e /usr/sbin/policy-rc.d ]; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openssh-server; else \
+	  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openssh-server; \
+	  rc=$$?; rm -f /usr/sbin/policy-rc.d; exit $$rc; fi)
+
 demo: setup-demo
 	$(PYTHON) -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=2e-5
 
@@ -53,8 +65,8 @@ check: install
 
 # both sets run on both cores; the backend/Slurm set shares the local cluster between its two workers (tests that
 # take the whole cluster hold it alone: tests/conftest.py), and prints its 25 slowest tests
-FAST = not backend and not slurm and not mirror and not proxy
-test: check setup slurm-up
+FAST = not backend and not slurm and not mirror and not proxy and not sites
+test: check setup slurm-up slurm-site-up
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not ($(FAST))" --durations=25
 
@@ -66,3 +78,11 @@ slurm-up:
 
 slurm-down:
 	bash scripts/slurm_down.sh
+
+# a second cluster beside it (siteb: its own controller, ports, state and node; ci's accounting), for the tests of
+# remote sites and grids across sites (tests/test_sites_remote.py); needs slurm-up
+slurm-site-up: slurm-up
+	bash scripts/slurm_site_up.sh
+
+slurm-site-down:
+	bash scripts/slurm_site_down.sh

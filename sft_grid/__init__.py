@@ -11,6 +11,7 @@ function-local ones included):
                                      tiny assets
     job         sft_grid.job         what a job runs on its node, from the cell directory alone
     schedulers  sft_grid.schedulers  execute a plan's jobs (local, Slurm) and read the queue; imports core only
+    sites       sft_grid.sites       how a site is reached (here, ssh) and the code snapshot its jobs run
     grid        sft_grid.grid        plan -> validate -> check -> decide -> render -> SubmissionPlan -> execute
     analysis    sft_grid.analysis    a grid's results read back: the cells x values table, scaling fits, the report
     cli         sft_grid.cli         the entry points: sft-grid COMMAND (python -m sft_grid COMMAND), the

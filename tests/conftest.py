@@ -50,6 +50,10 @@ from sft_grid.planning.compose import GridComposer
 from sft_grid.planning.resolvers import register
 
 register()
+# Slurm grids queue a snapshot of the checkout's commit and refuse a checkout with uncommitted changes
+# (sft_grid/sites/snapshot.py): the suite runs from working trees being edited, so its grids ship the changes (a
+# clean clone, as CI's, ships nothing); tests/test_snapshot.py unsets it to see the refusal
+os.environ.setdefault("SFT_GRID_SHIP_DIRTY", "1")
 
 
 # The files whose tests take longest, heaviest first (measured: `make test` prints the 25 slowest): collected
@@ -68,6 +72,7 @@ HEAVY_FIRST = (
     "test_stage_offline.py",
     "test_stage_train.py",
     "test_slurm.py",
+    "test_sites_remote.py",
 )
 # One lock file for the machine's local Slurm cluster, shared by every test run on it.
 CLUSTER_LOCK = Path(os.environ.get("SFT_GRID_TEST_CLUSTER_LOCK", "/tmp/sft_grid-tests-slurm-cluster.lock"))

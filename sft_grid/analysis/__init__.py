@@ -1,4 +1,4 @@
-"""Layer 8, analysis: a grid's results read back from its cells' files, fitted and drawn.
+"""Layer 9, analysis: a grid's results read back from its cells' files, fitted and drawn.
 
 - `table`: the cells x values table (swept values, state, steps, final loss, scores, GPU-hours, estimates) that
   `sft-grid results` prints and the report shows, read from cell.yaml, ledgers, trainer logs and score

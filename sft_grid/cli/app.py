@@ -50,6 +50,37 @@ def _fail(exc: GridError) -> None:
     raise SystemExit(1)
 
 
+def _run_remote(composed: Sequence[Any], errors: Sequence[Any]) -> None:
+    """A grid of a remote site: validated here, then launched there over ssh (sft_grid/sites/remote.py); exits with
+    the site's status. Returns only on the site's own invocation (it runs the grid as any other)."""
+    from sft_grid.cli.options import default_runs_root
+    from sft_grid.grid import flow
+    from sft_grid.sites import remote
+    from sft_grid.sites.transport import SiteUnreachable
+
+    site = None
+    try:
+        cells, problems = flow.plan_cells(composed, errors)
+        if problems:
+            raise GridError(problems)
+        site = remote.site_of(cells)
+        if site is None:
+            return
+        dry_run = any(c.spec.dry_run for c in cells)
+        status = remote.launch(cells, site, sys.argv[1:], dry_run, Path(default_runs_root()))
+    except GridError as exc:
+        _fail(exc)
+        raise
+    except SiteUnreachable as exc:
+        print(
+            f"cannot reach site {site.name if site else ''}: {exc}. Run the same command again once it answers: what"
+            " the site queued before the connection failed is skipped, the rest is submitted",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from exc
+    raise SystemExit(status)
+
+
 def fail_empty_axes(axes: Sequence[str]) -> None:
     """Swept axes that expand to no value: the grid would be empty. Named, and nothing runs."""
     _fail(
@@ -124,6 +155,8 @@ def run_single(cfg: DictConfig) -> GridResult:
 
 
 def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> GridResult:
+    if any((c.config["cluster"].get("remote") or {}).get("host") for c in composed):  # issue 25 hook
+        _run_remote(composed, errors)
     from sft_grid.cli.live import Live
     from sft_grid.cli.present import failure_lines, progress_text, staged_lines, staging_lines
     from sft_grid.grid import flow

@@ -124,6 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if parsed.command is None:
         parser.print_help()
         return 2
+    if getattr(parsed, "grid", None) and hasattr(parsed, "runs_root"):  # issue 25 hook: a remote grid answers there
+        from sft_grid.cli.options import grid_dir
+        from sft_grid.sites import remote
+
+        forwarded = remote.forward(parsed.command, args[1:], parsed.grid, grid_dir(parsed.grid, parsed.runs_root))
+        if forwarded is not None:
+            return forwarded
     return int(parsed.run(parsed) or 0)
 
 

@@ -277,6 +277,20 @@ class StagingConf:
 
 
 @dataclass
+class RemoteConf:
+    """A site reached over OpenSSH from the machine the grid is launched from (sft_grid/sites/remote.py)."""
+
+    # a Host of the user's ssh config (its keys, agent and jump hosts apply); null: the site is this machine
+    host: str | None = None
+    # where sft_grid keeps its code snapshots on the site (<root>/code/<commit>); the cells stay under runs_root
+    root: str | None = None
+    # the site's python with sft_grid's dependencies (a module load or an environment's bin/python)
+    python: str = "python3"
+    # another ssh config file than ~/.ssh/config (ssh -F); null: the user's own
+    ssh_config: str | None = None
+
+
+@dataclass
 class ClusterConf:
     name: str = MISSING
     # local: submitit's local executor on this machine; slurm: submitit's Slurm executor
@@ -344,6 +358,8 @@ class ClusterConf:
     max_parallel: int = num(1, 1)
     # local executor: block until the grid is done and print its final states
     wait: bool = True
+    # a remote site: everything site-side over ssh (issue 25); unset: the grid runs where it is launched
+    remote: RemoteConf = field(default_factory=RemoteConf)
 
 
 @dataclass
@@ -528,3 +544,6 @@ class CellConf:
     # identity): successive halving of the grid's cells, and the next cells from the fit. Empty: off.
     prune: dict[str, Any] = field(default_factory=dict)
     adaptive: dict[str, Any] = field(default_factory=dict)
+    # queue Slurm jobs from a checkout whose conf/, sweeps/ or package has uncommitted changes: the changes ship in
+    # the jobs' code snapshot and each cell's ledger names them (sft_grid/sites/snapshot.py); false: refused
+    ship_dirty: bool = False

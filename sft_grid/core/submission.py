@@ -154,6 +154,28 @@ class CellFiles:
 
 
 @dataclass(frozen=True)
+class CodeSnapshot:
+    """The code every Slurm job of a plan runs (issue 25): one commit of the checkout, extracted once into the site's
+    store under `dir` (content-addressed: `key` is the commit, with a hash of the shipped changes when a launch
+    ships uncommitted ones), never the live checkout. Found and applied by sft_grid/sites/snapshot.py."""
+
+    commit: str
+    key: str
+    dir: Path  # <store>/<key>: the extracted tree (sft_grid/, conf/, sweeps/, ...), what the jobs import
+    checkout: Path  # the git checkout it comes from
+    # uncommitted paths shipped with it (ship_dirty=true), relative to the checkout, and a hash of their contents
+    shipped: tuple[str, ...] = ()
+    shipped_sha: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """What a cell's `submitted` event records of it."""
+        out: dict[str, Any] = {"commit": self.commit, "snapshot": str(self.dir)}
+        if self.shipped:
+            out |= {"shipped": list(self.shipped), "shipped_sha": self.shipped_sha}
+        return out
+
+
+@dataclass(frozen=True)
 class SubmissionPlan:
     # cell directories to write (a dry run writes these too), and files of model preps to run (a real run only)
     writes: tuple[CellFiles, ...] = ()
@@ -178,6 +200,8 @@ class SubmissionPlan:
     provenance: Mapping[Path, Mapping[str, Any]] = field(default_factory=dict)
     # cell dir -> the tokenized dataset it waits for (one this plan builds)
     tokenized: Mapping[Path, Path] = field(default_factory=dict)
+    # the code snapshot the Slurm jobs run (None: no Slurm job, or sft_grid not run from a git checkout)
+    code: CodeSnapshot | None = None
 
     @property
     def empty(self) -> bool:

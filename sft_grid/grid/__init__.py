@@ -1,4 +1,4 @@
-"""Layer 7, grid: the flow compose -> validate -> check -> observe -> plan -> render -> submission plan -> schedule.
+"""Layer 8, grid: the flow compose -> validate -> check -> observe -> plan -> render -> submission plan -> schedule.
 
 - `flow`: the whole flow for every cell at once: the checks (`check`), what the world says now (`observe`: the
   ledgers and the queue; in a real run it records triage and sends notifications), a frozen plan that is a pure

@@ -43,7 +43,7 @@ from sft_grid.core.lock import hold_all
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
 from sft_grid.core.state import CellState, State, state_of
-from sft_grid.core.submission import LocalJob, Role, SubmissionPlan
+from sft_grid.core.submission import CodeSnapshot, LocalJob, Role, SubmissionPlan
 from sft_grid.grid import costs as grid_costs
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base, plan_recovery
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
@@ -57,6 +57,7 @@ from sft_grid.planning.evaluation import BaseTarget, base_targets, merge_eval_ax
 from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
+from sft_grid.sites import snapshot
 from sft_grid.stages import tokenize
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 from sft_grid.stages.staging.in_job import StageWork, stage_dir
@@ -109,6 +110,9 @@ class Inputs:
     targets: tuple[BaseTarget, ...] = ()
     tokens: Mapping[str, Tokenization] = field(default_factory=dict)
     costs: grid_costs.GridCosts | None = None
+    # the commit (and any shipped changes) the grid's Slurm jobs run (sites/snapshot.py); None: no Slurm job, or
+    # not a git checkout
+    code: CodeSnapshot | None = None
 
     @property
     def work(self) -> StageWork | None:
@@ -264,6 +268,10 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
     dirs = cell_dirs(cells)
     observer.planned(len(cells), _provisional(cells, dirs))
     dry_run = any(c.spec.dry_run for c in cells)
+    code = None
+    if not any(c.spec.stage_only or c.spec.check_only for c in cells):
+        # issue 25: the commit the jobs will run; a dirty checkout is refused here, before anything is written
+        code = snapshot.find(cells, dry_run)
     if any(c.spec.check_only for c in cells):  # `sft-grid check`: the Hub's answers for every input, nothing else
         return Inputs(cells=tuple(cells), dirs=tuple(dirs), dry_run=True, staging=check_inputs(cells, dirs))
     cells, staged = _stage(cells, dirs, dry_run, observer)
@@ -290,6 +298,7 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
         targets=tuple(base_targets(cells)),
         tokens=MappingProxyType(tokenize.plan(cells)),
         costs=costs,
+        code=code,
     )
 
 
@@ -419,6 +428,7 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
         tokenized=shared,
         provenance=recorded,
     )
+    submission = snapshot.pin(submission, inputs.code)  # the Slurm jobs run the commit, never the live checkout
     after: Mapping[str, tuple[Check, ...]] = {}
     if inputs.dry_run:
         deferred, after = _after_staging(deferred, inputs.staging)
@@ -517,6 +527,8 @@ def execute(grid: GridPlan, observer: Observer | None = None) -> Executed:
     if grid.dry_run:
         write_all(grid.submission.writes)
         return Executed()
+    if grid.submission.code is not None:  # issue 25: the snapshot is on the site before any job names it
+        snapshot.materialize(grid.submission.code)
     return apply(grid.submission, (observer or Observer()).phase)
 
 

@@ -54,6 +54,7 @@ NOT_IDENTITY = frozenset(
         "tokenize_once",
         "prune",  # issue 26: how the grid steers itself, never what a cell trains
         "adaptive",
+        "ship_dirty",
     }
 )
 # Keys of sub-configs that are about the machine, or describe the model rather than choose it (its size and shape,

@@ -1,0 +1,7 @@
+"""Layer 7, sites: where a grid's jobs run and the code they run (issue 25).
+
+- `transport`: how a site is reached: a process here, or OpenSSH with one control connection per command;
+- `snapshot`: the commit a grid is launched from, extracted once into the site's store, what every queued job runs.
+
+Imports core (and the schedulers' queue readers); the grid flow calls it at a few marked hooks.
+"""

@@ -1,0 +1,220 @@
+"""A grid on a remote site, driven from the machine it is launched from (issue 25, item 1).
+
+A cluster with `remote.host` (a Host of the user's ssh config) and `remote.root` is reached over OpenSSH
+(sites/transport.py: one control connection for the whole command, closed at its end). Launching a grid there:
+
+1. here: compose, validate (every rule over every cell, raised before anything is written or sent) and the
+   checkout's gate (sites/snapshot.py: a checkout with uncommitted changes is refused, naming the files);
+2. over ssh: the launch's commit is extracted once into `<remote.root>/code/<key>` (a `git archive` stream: the site
+   needs neither the git remote nor git);
+3. over the same connection: the site runs the grid command with the same arguments, from that snapshot, with the
+   site's python: the checks that need the site's files, environments and Hub cache, the staging, the rendering
+   into the site's runs root and the sbatch calls happen there, and its output streams back here. Its jobs run the
+   snapshot (the site's invocation finds it by its marker file and pins every job to it).
+
+The grid's record here, `<runs root here>/<sweep_name>/.site.json`, names the site, so `sft-grid status`, `logs`,
+`cancel`, `results` and `report` given that grid run there too: one ssh command each, one round trip a refresh
+(`status --watch` streams its redraws over that one command). `report` copies its page and data back here.
+
+What a site needs: an sshd that the user's keys reach (jump hosts as their ssh config says), `sh` and `tar`, Slurm's
+client commands, and a python with sft_grid's dependencies (`remote.python`); the backends' environments are built or
+found there as on any site. What it does not need: git, a checkout, the git remote, a daemon (nothing of sft_grid
+runs there between commands), an open port besides sshd's, or sft_grid installed (each command runs from its
+snapshot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sft_grid.core.paths import REPO_ROOT
+from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.submission import CodeSnapshot
+from sft_grid.sites import snapshot
+from sft_grid.sites.transport import Ssh
+
+# set in the environment of a command a site runs for a launch here: it runs there, and is not sent on again
+ON_SITE_ENV = "SFT_GRID_ON_SITE"
+RECORD = ".site.json"
+# commands that read or act on a launched grid: run on its site when the grid is remote
+FORWARDED = ("status", "logs", "cancel", "results", "report")
+CODE_DIR = "code"
+
+
+@dataclass(frozen=True)
+class Site:
+    """A remote site as a grid's cells name it."""
+
+    name: str  # the cluster config's name
+    host: str
+    root: str
+    python: str
+    ssh_config: str | None
+    runs_root: str  # the cells' runs root, on the site
+
+    def transport(self) -> Ssh:
+        return Ssh(self.host, Path(self.ssh_config) if self.ssh_config else None, name=self.name)
+
+    @property
+    def store(self) -> Path:
+        return Path(self.root) / CODE_DIR
+
+
+def site_of(cells: Sequence[Any]) -> Site | None:
+    """The remote site of a grid's cells; None when they run where the command runs (or this is the site's own
+    invocation). Raises GridError when they name several sites or a site without a root."""
+    if os.environ.get(ON_SITE_ENV):
+        return None
+    sites: dict[Site, list[str]] = {}
+    problems = []
+    for cell in cells:
+        remote = cell.spec.cluster.remote
+        if not remote.host:
+            continue
+        if not remote.root:
+            problems.append(
+                Problem(
+                    cell.name,
+                    "cluster.remote.root",
+                    None,
+                    "remote-root",
+                    f"cluster {cell.spec.cluster.name} names remote.host {remote.host} but no remote.root",
+                    "set cluster.remote.root to a directory on the site for sft_grid's code snapshots",
+                )
+            )
+            continue
+        site = Site(
+            cell.spec.cluster.name,
+            remote.host,
+            remote.root,
+            remote.python,
+            remote.ssh_config,
+            str(cell.runs_root),
+        )
+        sites.setdefault(site, []).append(cell.name)
+    if not sites and not problems:
+        return None
+    local = [c.name for c in cells if not c.spec.cluster.remote.host]
+    if len(sites) > 1 or (sites and local):
+        first = sorted(sites, key=lambda s: s.name)[0]
+        problems.append(
+            Problem(
+                "(grid)",
+                "cluster",
+                ", ".join(sorted({s.name for s in sites} | ({"here"} if local else set()))),
+                "one-site",
+                "a grid runs on one site: its cells name several",
+                f"launch the cells of each site as a grid of its own (e.g. cluster={first.name})",
+            )
+        )
+    if problems:
+        raise GridError(problems, "the sites")
+    return next(iter(sites))
+
+
+def _there(site: Site, code_dir: Path, argv: Sequence[str]) -> list[str]:
+    """argv run on the site from the snapshot: its directory first on the path, marked as the site's own."""
+    return [
+        "sh",
+        "-c",
+        'cd "$1" && shift && exec "$@"',
+        "sh",
+        str(code_dir),
+        "env",
+        f"{ON_SITE_ENV}={site.name}",
+        f"PYTHONPATH={code_dir}",
+        site.python,
+        *argv,
+    ]
+
+
+def launch(cells: Sequence[Any], site: Site, argv: Sequence[str], dry_run: bool, records: Path) -> int:
+    """Ship the launch's commit to the site once, then run the grid command (`argv`, Hydra's arguments) there from
+    it, its output streamed here; record the site for the grid's later commands. Returns its exit status."""
+    code = snapshot.find(cells, dry_run, store=site.store)
+    if code is None:
+        raise GridError(
+            [
+                Problem(
+                    "(grid)",
+                    "checkout",
+                    str(REPO_ROOT),
+                    "git-checkout",
+                    "a remote site runs a snapshot of a commit: sft_grid here is not a git checkout",
+                    "launch from a git clone of the project",
+                )
+            ],
+            "the checkout",
+        )
+    transport = site.transport()
+    try:
+        snapshot.materialize(code, transport)
+        status = transport.stream(_there(site, code.dir, ["-m", "sft_grid", *argv]))
+    finally:
+        transport.close()
+    sweeps = sorted({c.spec.sweep_name for c in cells})
+    for sweep in sweeps if not dry_run else ():
+        write_record(records / sweep, site, code)
+    return status
+
+
+def write_record(grid_here: Path, site: Site, code: CodeSnapshot) -> None:
+    grid_here.mkdir(parents=True, exist_ok=True)
+    record = {"site": asdict(site), "code": code.key, "code_dir": str(code.dir), "commit": code.commit}
+    tmp = grid_here / (RECORD + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(grid_here / RECORD)
+
+
+def read_record(grid_here: Path) -> tuple[Site, Path] | None:
+    path = grid_here / RECORD
+    if os.environ.get(ON_SITE_ENV) or not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return Site(**data["site"]), Path(data["code_dir"])
+
+
+def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> int | None:
+    """Run `sft-grid <command> <args>` on the grid's site when its record here names one: GRID (`grid`, as given)
+    becomes the grid's directory there, and --runs-root is dropped; None when the grid is not remote."""
+    found = read_record(grid_here) if command in FORWARDED else None
+    if found is None:
+        return None
+    site, code_dir = found
+    there: list[str] = [str(Path(site.runs_root) / grid_here.name)]
+    rest, skip, replaced = list(args), False, False
+    for arg in rest:
+        if skip:
+            skip = False
+        elif arg == "--runs-root":
+            skip = True
+        elif not arg.startswith("--runs-root="):
+            if arg == grid and not replaced:
+                replaced = True
+                continue
+            there.append(arg)
+    main = "import sys; from sft_grid.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    # which site answers, on stderr: stdout stays the command's own (a table, csv, json)
+    print(f"grid {grid_here.name} on site {site.name} ({site.host}:{site.runs_root})", file=sys.stderr, flush=True)
+    transport = site.transport()
+    try:
+        if command != "report":
+            return transport.stream(_there(site, code_dir, ["-c", main, command, *there]))
+        done = transport.run(_there(site, code_dir, ["-c", main, command, *there]), check=False)
+        sys.stderr.write(done.stderr.decode(errors="replace"))
+        if done.returncode != 0:
+            sys.stdout.write(done.stdout.decode(errors="replace"))
+            return done.returncode
+        for remote_path in done.stdout.decode().split():  # the page and its data, written on the site: copied here
+            local = grid_here / Path(remote_path).name
+            local.write_bytes(transport.run(["cat", remote_path]).stdout)
+            print(local)
+        return 0
+    finally:
+        transport.close()

@@ -154,9 +154,12 @@ def test_the_snapshot_is_extracted_once_and_is_the_commit_not_the_working_tree(c
 
 def test_the_plan_runs_the_snapshot_not_the_checkout(make_cells, tmp_path):
     cells = make_cells(*[["model=tiny_llama", f"seed={s}", "cluster=slurm_local"] for s in (1, 2)])
-    decisions = [Decision(c, c.sweep_dir / c.name, CellState(State.PLANNED), Action.RUN) for c in cells]
+    decisions = [
+        Decision(cell=c, dir=c.sweep_dir / c.name, state=CellState(state=State.PLANNED), action=Action.RUN)
+        for c in cells
+    ]
     writes = [render(d.cell, d.dir, []) for d in decisions]
-    plan = build(decisions, {}, None, 1001, writes, provenance={d.dir: {"sft_grid": "x"} for d in decisions})
+    plan = build(decisions, {}, None, 1001, writes=writes, provenance={d.dir: {"sft_grid": "x"} for d in decisions})
     code = snapshot.CodeSnapshot("a" * 40, "a" * 40, tmp_path / ".code" / ("a" * 40), REPO_ROOT)
     pinned = snapshot.pin(plan, code)
     assert pinned.code == code

@@ -232,10 +232,16 @@ def _run_probe(
     jobs: list[dict[str, Any]],
     variables: Mapping[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """One process of the backend's environment answers every job given."""
+    """One process of the backend's environment answers every job given, and the environment's own facts
+    (checks/venv_facts.py: what its transformers knows) where they are not cached yet: the model check asks them
+    next, and this process has imported transformers already. Not where the cluster's variables set Python's own
+    (PYTHONPATH, ...): the facts are the environment's as a plain process sees it."""
+    from sft_grid.checks import venv_facts  # it reads this module's cache helpers
+
     with tempfile.TemporaryDirectory(prefix="sft_grid_mask_") as tmp:
-        batch, out = Path(tmp) / "batch.json", Path(tmp) / "out.json"
-        batch.write_text(json.dumps(jobs, default=str))
+        batch, out, facts = Path(tmp) / "batch.json", Path(tmp) / "out.json", Path(tmp) / "facts.json"
+        ask = venv_facts.wanted(python) and not any(k.startswith("PYTHON") for k in variables or {})
+        batch.write_text(json.dumps({"jobs": jobs, "facts": venv_facts.request(facts)} if ask else jobs, default=str))
         run_env = {
             **os.environ,
             **(variables or {}),
@@ -249,6 +255,8 @@ def _run_probe(
         run_env["PATH"] = f"{Path(python).parent}:{run_env.get('PATH', '')}"
         STATS.subprocesses += 1
         proc = subprocess.run([python, str(PROBE), str(batch), str(out)], capture_output=True, text=True, env=run_env)
+        if ask:
+            venv_facts.store(python, facts)
         if proc.returncode != 0 or not out.is_file():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             return {

@@ -121,7 +121,10 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
         def planned(self, cells: int, counts: Any) -> None:
             what = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: kv[0] != "to run"))
             # progress, not a result: on stderr with the live lines, so stdout stays the table or plan alone
-            live.note(f"grid of {cells} cell(s) ({what}): checking every cell before anything is written or sent")
+            live.note(
+                f"grid of {cells} cell(s) ({what}): checking every cell before anything is written or sent",
+                doing="checking and planning the grid",
+            )
 
         def phase(self, name: str, done: int, total: int, detail: str = "") -> None:
             live.phase(name, done, total, detail)
@@ -136,6 +139,7 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
         def queued(self, result: Any) -> None:
             live.end()
             _print_launch(result)
+            live.working("running the local cells")
 
         def local_progress(self, running: Any) -> None:
             live.cells(running)
@@ -163,6 +167,8 @@ def _run(composed: Sequence[Any], errors: Sequence[Any]) -> Any:
         live.end()
         print(f"staging refused: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    finally:
+        live.stop()
     live.end()
     if any(c.spec.check_only for c in result.cells):
         from sft_grid.cli.present import check_table

@@ -15,7 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sft_grid.checks.mask import _stat, _venv_marker, cache_dir
+from sft_grid.checks.cache import cache_dir
+from sft_grid.checks.cache import stat_key as _stat
+from sft_grid.checks.cache import venv_marker as _venv_marker
 from sft_grid.core.paths import IN_VENV_DIR
 
 SCRIPT = IN_VENV_DIR / "env_facts.py"

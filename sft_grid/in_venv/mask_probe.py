@@ -276,8 +276,9 @@ def _env_facts(request: dict[str, Any]) -> None:
     leaves no answer: the grid then asks env_facts.py itself."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
-        import env_facts
+        import importlib
 
+        env_facts = importlib.import_module("env_facts")  # beside this file (by its bare name, as the jobs do)
         flags = ["--transformers"] if request.get("transformers") else []
         env_facts.main([request["out"], *flags, *request["modules"]])
     except Exception:

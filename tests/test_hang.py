@@ -244,6 +244,10 @@ def test_the_jobs_log_hears_the_backend_start_until_its_first_line(tmp_path, mon
     first = lines.index("backend: first line")
     assert all(lines.index(b) < first for b in beats)  # none after the backend spoke
     assert len(_beats(log)) == len(beats)
+    # the triage reads one attempt: the heartbeats do not start attempts as the runner's own header does
+    from sft_grid.core.failures.lines import split_attempts
+
+    assert len(split_attempts(log.read_text())) == 1
 
 
 def test_the_start_heartbeat_does_not_hide_a_backend_hung_in_its_imports(tmp_path, monkeypatch):

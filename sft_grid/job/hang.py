@@ -187,8 +187,9 @@ def poll_every(bound: Bound) -> float:
 class StartBeat:
     """The job's log hears at least every BEAT_S seconds while the backend starts: until the backend writes its
     first byte to the log (its imports take seconds, a cold shared file system a minute), the runner appends a line
-    saying so and for how long. The watch above is not fooled by these lines: the log's growth they cause is taken
-    as the watch's own (`absorb`), so a backend that hangs in its imports is still ended at its bound."""
+    saying so and for how long ("--- sft_grid:", not "=== sft_grid:", which starts an attempt for the triage). The
+    watch above is not fooled by these lines: the log's growth they cause is taken as the watch's own (`absorb`), so
+    a backend that hangs in its imports is still ended at its bound."""
 
     def __init__(self, log_file: Path, started: float) -> None:
         self.log_file, self.started = log_file, started
@@ -205,7 +206,7 @@ class StartBeat:
         if now - self.last < BEAT_S:
             return
         line = (
-            f"=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} no output from the backend yet,"
+            f"--- sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} no output from the backend yet,"
             f" {now - self.started:.1f} s after launch.sh started (it imports its libraries first)\n"
         )
         with self.log_file.open("ab") as fh:

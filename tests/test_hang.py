@@ -4,9 +4,11 @@ one rank is in test_triage_faults.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -205,3 +207,62 @@ def test_the_runner_ends_a_hung_training_and_records_a_hang_to_requeue(tmp_path)
     assert "no step logged" in failed["evidence"] and failed["bound_s"] == 1, failed
     assert "Requeued from the last checkpoint (requeue 1 of 2 for hang)" in failed["note"], failed
     wait_for(lambda: not _alive(int(pid_file.read_text())), "the hung process to be gone", 60)
+
+
+# a backend that is silent until it is told to speak (its imports), then writes a line and ends
+QUIET_THEN_SPEAK = "import sys; sys.stdin.readline(); print('backend: first line', flush=True)"
+
+
+def _beats(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if "no output from the backend yet" in line]
+
+
+def test_the_jobs_log_hears_the_backend_start_until_its_first_line(tmp_path, monkeypatch):
+    """Issue 28: while the backend imports, the job's log gets a line at least every 2.5 s saying so and for how long;
+    the backend's own first line ends them. (Every 0.5 s here: the test waits for two of them.)"""
+    monkeypatch.setattr(hang, "BEAT_S", 0.5)
+    cell = _cell(tmp_path)
+    log = cell / "logs" / "train.log"
+    log.write_text("=== sft_grid: bash launch.sh\n")
+    with log.open("ab") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", QUIET_THEN_SPEAK], stdin=subprocess.PIPE, stdout=fh)
+    ended: list[hang.Hung | None] = []
+    waiter = threading.Thread(target=lambda: ended.append(hang.wait(proc, cell, hang.Bound(900.0), log_file=log)))
+    waiter.start()
+    try:
+        wait_for(lambda: len(_beats(log)) >= 2, "two heartbeat lines in the job's log", 120, interval=0.1)
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        waiter.join(120)
+    finally:
+        hang.kill_tree(proc.pid)
+    assert ended == [None] and proc.returncode == 0
+    lines = log.read_text().splitlines()
+    beats = _beats(log)
+    # what the mechanism said: its own times, each at most BEAT_S (+ a poll) after the one before
+    said = [float(line.split(", ")[1].split(" s ")[0]) for line in beats]
+    assert said[0] <= hang.BEAT_S + 1.0 and all(0 < b - a <= hang.BEAT_S + 1.0 for a, b in itertools.pairwise(said))
+    first = lines.index("backend: first line")
+    assert all(lines.index(b) < first for b in beats)  # none after the backend spoke
+    assert len(_beats(log)) == len(beats)
+    # the triage reads one attempt: the heartbeats do not start attempts as the runner's own header does
+    from sft_grid.core.failures.lines import split_attempts
+
+    assert len(split_attempts(log.read_text())) == 1
+
+
+def test_the_start_heartbeat_does_not_hide_a_backend_hung_in_its_imports(tmp_path, monkeypatch):
+    """The heartbeat's own lines are not progress: a backend silent past its start-up bound is still ended."""
+    monkeypatch.setattr(hang, "BEAT_S", 0.5)
+    cell = _cell(tmp_path)
+    log = cell / "logs" / "train.log"
+    log.write_text("=== sft_grid: bash launch.sh\n")
+    with log.open("ab") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", QUIET_THEN_SPEAK], stdin=subprocess.PIPE, stdout=fh)
+    try:
+        hung = hang.wait(proc, cell, hang.Bound(floor_s=2.0, startup_s=2.0), log_file=log)
+    finally:
+        hang.kill_tree(proc.pid)
+    assert hung is not None and hung.bound_s == 2.0, hung
+    assert len(_beats(log)) >= 2  # it wrote its lines meanwhile, each a change of the log

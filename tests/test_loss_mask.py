@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from sft_grid.checks import mask
+from sft_grid.checks import mask, venv_facts
 from sft_grid.checks.mask import judge, judge_row
 from sft_grid.checks.preflight import preflight
 from sft_grid.cli.present import DIM, GREEN, RESET
@@ -272,7 +273,18 @@ def _mask_problems(problems):
 
 
 @pytest.mark.backend
-def test_good_tiny_cells_pass_one_probe_process_per_env_then_the_disk_cache(make_cells, axolotl_env, fresh):
+def test_good_tiny_cells_pass_one_probe_process_per_env_then_the_disk_cache(
+    make_cells, axolotl_env, fresh, monkeypatch
+):
+    # issue 28: the probe's process answers its environment's facts too (the model check's transformers), so the
+    # checks start one backend process per environment, not two
+    facts_processes: list[list[str]] = []
+    real_run = subprocess.run
+    monkeypatch.setattr(
+        venv_facts,
+        "subprocess",
+        SimpleNamespace(run=lambda argv, **kw: facts_processes.append(argv) or real_run(argv, **kw)),
+    )
     cells = make_cells(
         *[["model=tiny_llama", f"lr={lr}"] for lr in (1e-3, 2e-3, 3e-3)],
         ["model=tiny_qwen3"],
@@ -286,6 +298,14 @@ def test_good_tiny_cells_pass_one_probe_process_per_env_then_the_disk_cache(make
     assert result.problems == [] and result.deferred == {}
     # 7 cells, 5 unique (backend, tokenizer, template, dataset): one process per backend environment
     assert (mask.STATS.checks, mask.STATS.probed, mask.STATS.subprocesses) == (5, 5, 2)
+    assert facts_processes == []
+    # and what it answered is what env_facts.py answers in a process of its own
+    python = next(c.python for c in mask.checks_for(cells[0]))
+    shared = venv_facts.facts(python, transformers=True)
+    monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(fresh.parent / "facts-alone"))
+    assert venv_facts.facts(python, transformers=True) == shared and shared and shared["model_types"]
+    assert len(facts_processes) == 1
+    monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(fresh))
     mask.STATS = mask.Stats()
     started = time.perf_counter()
     assert preflight(cells).problems == []

@@ -5,6 +5,8 @@ process of its own before it). Pure or dry runs: no backend runs here."""
 from __future__ import annotations
 
 import io
+import re
+import threading
 from pathlib import Path
 
 from sft_grid.cli.live import Live
@@ -56,7 +58,7 @@ def test_the_plan_is_told_before_any_check(hydra_loader, tmp_path, monkeypatch):
 
 def test_a_log_gets_one_line_per_step_and_a_terminal_line_is_left_alone():
     stream = io.StringIO()
-    live = Live(stream, every_s=0)
+    live = Live(stream, every_s=0, beat_s=0)  # no heartbeat here (its own test is below)
     live.phase("tokenizing", 0, 2, "a")
     live.phase("tokenizing", 1, 2, "a: done")
     live.phase("tokenizing", 2, 2, "b: done")
@@ -76,6 +78,48 @@ def test_a_log_gets_one_line_per_step_and_a_terminal_line_is_left_alone():
         "  training c1: step 1/4 loss 6.9",
         "  training c1: step 2/4 loss 6.8",
     ]
+
+
+class Said(io.StringIO):
+    """A log's stream that tells each line written to it (a test waits on it, not on the clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+
+    def write(self, text: str) -> int:
+        with self.changed:
+            self.lines += [line for line in text.splitlines() if line]
+            self.changed.notify_all()
+        return super().write(text)
+
+    def wait_for(self, test, what: str, budget_s: float = 60) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: test(self.lines), budget_s), f"no {what} in {self.lines}"
+
+
+def test_a_log_hears_a_heartbeat_while_a_phase_or_a_cell_is_silent_and_what_the_command_does_between():
+    """Issue 28: a log or a pipe hears at least every 3 s while the command works, with what and for how long."""
+    stream = Said()
+    live = Live(stream, beat_s=0.3)
+    live.note("grid of 2 cell(s) (2 to run): checking every cell", doing="checking and planning the grid")
+    stream.wait_for(lambda lines: len(lines) >= 2, "heartbeat with no line open")
+    assert re.fullmatch(r"  checking and planning the grid \(\d+\.\d s\)", stream.lines[1]), stream.lines
+    live.phase("checks", 0, 2, "llamafactory's own preprocessing of each source, one process")
+    stream.wait_for(lambda lines: len(lines) >= 5, "two heartbeats of the open phase")
+    beats = stream.lines[3:5]
+    assert all(b.startswith("  checks: 0/2 llamafactory's own preprocessing") and b.endswith(" s)") for b in beats)
+    said = [float(b.rsplit("(", 1)[1].split(" ")[0]) for b in beats]
+    assert 0 < said[0] < said[1]  # for how long, growing
+    live.phase("checks", 2, 2, "done")
+    job = LocalJob(Role.TRAIN, Path("/x/c1"), "c1", 60)
+    live.cells({job: CellState(State.RUNNING, progress=Progress(None, 4, None))})
+    n = len(stream.lines)
+    stream.wait_for(lambda lines: len(lines) >= n + 1, "a heartbeat of the starting cell")
+    assert stream.lines[n].startswith("  training c1: no step yet starting (")
+    live.stop()
+    assert live.beats >= 4
 
 
 def test_a_local_cell_alone_on_its_data_tokenizes_in_its_own_job(make_cells):

@@ -14,6 +14,7 @@ staging one repository fetch each file once. (Servers that differ from the Hub: 
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -205,8 +206,11 @@ def test_a_time_limit_too_short_to_transfer_anything_is_refused_in_one_line(hub,
         hub.fail(503, contains=api, method="GET", times=3)
     proc = run_sft(*cell_args(cache, tmp_path / "runs"), "cluster.staging.time_limit_s=10")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    # stderr: the progress line that says what the command is about to do, then the refusal in one line
-    progress, line = [line for line in proc.stderr.splitlines() if line.strip()]
+    # stderr: the progress line that says what the command is about to do, then the refusal in one line; between
+    # them, while the retries run, the heartbeat every 2.5 s (issue 28: what the command does and for how long)
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    beat = re.compile(r"  checking and planning the grid \(\d+\.\d s\)")
+    progress, line = [line for line in said if not beat.fullmatch(line)]
     assert progress.startswith("grid of 1 cell(s)"), proc.stdout + proc.stderr
     assert line.startswith("staging refused: a process time limit of 10s") and "smallest limit that works" in line
     assert hub.requests("/resolve/", "GET") == [] and not (tmp_path / "runs").exists()

@@ -141,7 +141,8 @@ def test_a_synthetic_grid_runs_on_slurm_resumes_after_a_requeue_and_runs_nothing
             [
                 sys.executable,
                 "-m",
-                "sft_grid.results",
+                "sft_grid",
+                "results",
                 "synthetic_delphi",
                 "--runs-root",
                 str(roots[0]),

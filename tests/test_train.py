@@ -4,14 +4,21 @@ old output."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import run_sft
+from sft_grid.job import hang
+
+from .conftest import REPO_ROOT, run_sft
 
 pytestmark = pytest.mark.backend
 
@@ -35,8 +42,38 @@ def trainer_state(output: Path) -> dict:
     return json.loads((output / "trainer_state.json").read_text())
 
 
+def run_sft_piped(*args: str) -> tuple[subprocess.CompletedProcess[str], list[tuple[float, str]]]:
+    """`python -m sft_grid <args>` with stdout and stderr into one pipe, as a log or CI sees it; each line with the
+    time this test read it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    argv = [sys.executable, "-m", "sft_grid", *args]
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    read: list[tuple[float, str]] = [(time.monotonic(), "")]  # the start
+    assert proc.stdout is not None
+    read += [(time.monotonic(), line.rstrip("\n")) for line in proc.stdout]
+    rc = proc.wait(timeout=600)
+    read.append((time.monotonic(), ""))  # the end
+    text = "\n".join(line for _, line in read)
+    if rc != 0:
+        raise AssertionError(f"sft_grid {' '.join(args)} failed ({rc}):\n{text}")
+    return subprocess.CompletedProcess(argv, rc, text, ""), read
+
+
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)")
+
+
+def _stamp(line: str) -> float | None:
+    """The wall time a log line is stamped with (the runner's and the backend's own, to the second)."""
+    m = _STAMP.search(line)
+    return time.mktime(time.strptime(f"{m[1]} {m[2]}", "%Y-%m-%d %H:%M:%S")) if m else None
+
+
 def test_readme_grid_trains_both_models_then_does_nothing(tmp_path, tiny_assets):
-    proc = run_sft("-m", "model=tiny_llama,tiny_qwen3", "lr=2e-5", f"runs_root={tmp_path}", check=True)
+    proc, read = run_sft_piped("-m", "model=tiny_llama,tiny_qwen3", "lr=2e-5", f"runs_root={tmp_path}")
+    # issue 28: a pipe hears a line at least every 3 s (the heartbeat says 2.5 s); twice that as headroom for a
+    # busy machine, still far below the 11 s a backend's start was silent before
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(read)]
+    assert max(gaps) <= 6.0, [(round(g, 1), line) for g, (_, line) in zip(gaps, read[1:], strict=True) if g > 3.0]
     found = cells(tmp_path)
     assert set(found) == {"tiny_llama", "tiny_qwen3"}
     for cell in found.values():
@@ -49,6 +86,19 @@ def test_readme_grid_trains_both_models_then_does_nothing(tmp_path, tiny_assets)
         assert (out / "checkpoint-4" / "optimizer.pt").is_file()
         assert (out / "checkpoint-4" / "trainer_state.json").is_file()
         assert [e["event"] for e in events(cell)] == ["submitted", "job", "running", "completed"]
+        # the job's log heard the backend's start: each of the runner's lines at most BEAT_S (+ a poll) after the last
+        log = (cell / "logs" / "train.log").read_text().splitlines()
+        said = [float(line.split(", ")[1].split(" s ")[0]) for line in log if "no output from the backend yet" in line]
+        assert all(0 < b - a <= hang.BEAT_S + 1.0 for a, b in itertools.pairwise([0.0, *said])), said
+        # and they went on until the backend's first line (both stamped to the second: 1 s of rounding, 2 s of load)
+        stamps = [_stamp(line) for line in log]
+        start = next(t for line, t in zip(log, stamps, strict=True) if t and "bash launch.sh" in line)
+        first = next(
+            t
+            for line, t in zip(log, stamps, strict=True)
+            if t and not line.startswith(("=== sft_grid", "--- sft_grid"))
+        )
+        assert first - start <= (said[-1] if said else 0.0) + hang.BEAT_S + 3.0, (first - start, said)
         assert f"completed {cell.name}" in " ".join(proc.stdout.split())
         cfg = (cell / "train_config.yaml").read_text()
         assert "learning_rate: 2.0e-05" in cfg and "gradient_accumulation_steps: 16" in cfg

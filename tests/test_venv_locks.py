@@ -1,11 +1,17 @@
 """The managed environments' locks (conf/locks/<name>.txt): every pin of a spec is in its lock at the pinned version,
-the lock is in the environment's key, and a build gives pip the lock as constraints and compiles no bytecode. The
-environments built from them are used by every backend test (tests/conftest.py); building one here would take
-minutes."""
+the lock is in the environment's key, and a build gives pip the lock as constraints and compiles no bytecode (the
+environment is compiled afterwards, in one parallel compileall). The environments built from them are used by every
+backend test (tests/conftest.py); building one here would take minutes."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -72,3 +78,45 @@ def test_relock_writes_what_the_scratch_environment_installed(monkeypatch, tmp_p
     path = venv_build.relock("llamafactory")
     assert path.read_text().splitlines()[1:] == ["a==1", "b==2"]
     assert not (tmp_path / "envs" / ".lock-llamafactory").exists()
+
+
+def test_an_environment_compiled_by_an_earlier_rule_is_compiled_again_once(monkeypatch, tmp_path):
+    """Rule 1 left out testing/ directories, which torch imports: the next build compiles what is missing, says so in
+    the ready marker, and the build after it compiles nothing. Packages' tests/ stay out."""
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    (site,) = (env / "lib").glob("python3*/site-packages")
+    for rel in ("pkg/__init__.py", "pkg/testing/helpers.py", "pkg/tests/test_pkg.py"):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text("X = 1\n")
+    (env / environments.READY_MARKER).write_text(json.dumps({"packages": ["pkg"], "bytecode": True}))
+    monkeypatch.setattr(venv_build, "VenvSpec", SimpleNamespace(load=lambda name: SimpleNamespace(path=env)))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1")  # would make compileall write hash-checked bytecode
+
+    assert venv_build.build("pkg") == env
+    record = json.loads((env / environments.READY_MARKER).read_text())
+    assert record["bytecode"] is True and record["bytecode_rule"] == venv_build.BYTECODE_RULE
+    compiled = {p.relative_to(site).parent.parent.as_posix() for p in site.rglob("*.pyc")}
+    assert compiled == {"pkg", "pkg/testing"}
+    (pyc,) = (site / "pkg" / "testing" / "__pycache__").glob("helpers.*.pyc")
+    assert int.from_bytes(pyc.read_bytes()[4:8], "little") == 0  # flags 0: timestamp-checked, not hash-checked
+    calls: list[Path] = []
+    monkeypatch.setattr(venv_build, "_compile", calls.append)
+    venv_build.build("pkg")
+    assert calls == []
+
+
+@pytest.mark.backend
+def test_a_backend_process_imports_from_bytecode_where_nothing_writes_any(tiny_assets):
+    """Issue 28: with PYTHONDONTWRITEBYTECODE=1 (this project's CI) a backend process compiles nothing: every module
+    LLaMA-Factory's trainer imports is read from the environment's own bytecode (`python -v` names each file)."""
+    python = VenvSpec.load("llamafactory").path / "bin" / "python"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run(
+        [str(python), "-v", "-c", "import llamafactory.train.tuner"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = [line.split(" from ", 1)[1] for line in proc.stderr.splitlines() if line.startswith("# code object from")]
+    assert len(loaded) > 1000
+    assert [f for f in loaded if not f.rstrip("'").endswith(".pyc")] == []

@@ -37,13 +37,17 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.backends import get as backend_of
+from sft_grid.checks import venv_facts
+from sft_grid.checks.cache import cache_dir
+from sft_grid.checks.cache import stat_key as _stat
+from sft_grid.checks.cache import venv_marker as _venv_marker
 from sft_grid.checks.readable import SAMPLE_ROWS, data_files, locate, read_sample
 from sft_grid.core.cellfiles import Check, Verdict
-from sft_grid.core.paths import IN_VENV_DIR, cache_root
+from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.problems import Problem
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.environments import READY_MARKER, bin_dir
+from sft_grid.planning.environments import bin_dir
 from sft_grid.planning.inputs import dataset_source
 
 log = logging.getLogger(__name__)
@@ -138,18 +142,6 @@ class Probed:
     result: dict[str, Any] | None = None  # the probe's answer
 
 
-def _stat(path: Path) -> list[Any]:
-    try:
-        st = path.stat()
-        return [str(path), st.st_size, st.st_mtime_ns]
-    except OSError:
-        return [str(path), None]
-
-
-def _venv_marker(python: str) -> Path:
-    return Path(python).parent.parent / READY_MARKER
-
-
 def cache_key(p: Probed) -> str:
     check = p.check
     # the key a check is reported under (a dataset's name) does not change what the backend does with its input
@@ -166,11 +158,6 @@ def cache_key(p: Probed) -> str:
     for jinja in json.loads(check.spec or "{}").get("templates", {}).values():
         parts.append(_stat(Path(jinja)))
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-def cache_dir() -> Path:
-    """<cache root>/preflight, or $SFT_GRID_PREFLIGHT_CACHE (tests and timing use a fresh one)."""
-    return Path(os.environ.get("SFT_GRID_PREFLIGHT_CACHE") or cache_root() / "preflight")
 
 
 def _locate(check: Check) -> Probed:
@@ -233,10 +220,14 @@ def _run_probe(
     jobs: list[dict[str, Any]],
     variables: Mapping[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """One process of the backend's environment answers every job given."""
+    """One process of the backend's environment answers every job given, and the environment's own facts
+    (checks/venv_facts.py: what its transformers knows) where they are not cached yet: the model check asks them
+    next, and this process has imported transformers already. Not where the cluster's variables set Python's own
+    (PYTHONPATH, ...): the facts are the environment's as a plain process sees it."""
     with tempfile.TemporaryDirectory(prefix="sft_grid_mask_") as tmp:
-        batch, out = Path(tmp) / "batch.json", Path(tmp) / "out.json"
-        batch.write_text(json.dumps(jobs, default=str))
+        batch, out, facts = Path(tmp) / "batch.json", Path(tmp) / "out.json", Path(tmp) / "facts.json"
+        ask = venv_facts.wanted(python) and not any(k.startswith("PYTHON") for k in variables or {})
+        batch.write_text(json.dumps({"jobs": jobs, "facts": venv_facts.request(facts)} if ask else jobs, default=str))
         run_env = {
             **os.environ,
             **(variables or {}),
@@ -250,6 +241,8 @@ def _run_probe(
         run_env["PATH"] = f"{Path(python).parent}:{run_env.get('PATH', '')}"
         STATS.subprocesses += 1
         proc = subprocess.run([python, str(PROBE), str(batch), str(out)], capture_output=True, text=True, env=run_env)
+        if ask:
+            venv_facts.store(python, facts)
         if proc.returncode != 0 or not out.is_file():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             return {

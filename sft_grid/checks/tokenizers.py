@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sft_grid.checks.mask import cache_dir
+from sft_grid.checks.cache import cache_dir
 from sft_grid.checks.readable import locate
 from sft_grid.core.hubcache import is_complete
 from sft_grid.core.templates import DELPHI_TOKENS

@@ -15,12 +15,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sft_grid.checks.mask import _stat, _venv_marker, cache_dir
+from sft_grid.checks.cache import cache_dir
+from sft_grid.checks.cache import stat_key as _stat
+from sft_grid.checks.cache import venv_marker as _venv_marker
 from sft_grid.core.paths import IN_VENV_DIR
 
 SCRIPT = IN_VENV_DIR / "env_facts.py"
 # report_to -> the module transformers' integration imports
 INTEGRATIONS = {"wandb": "wandb", "tensorboard": "tensorboard"}
+MODULES = sorted(set(INTEGRATIONS.values()))
 
 
 def facts(python: str, transformers: bool = False) -> dict[str, Any] | None:
@@ -28,17 +31,14 @@ def facts(python: str, transformers: bool = False) -> dict[str, Any] | None:
     or None where its python is not on this machine (the job asks it there)."""
     if not Path(python).is_file():
         return None
-    modules = sorted(set(INTEGRATIONS.values()))
-    parts = [_stat(Path(python)), _stat(_venv_marker(python)), _stat(SCRIPT), modules, transformers]
-    key = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
-    cached = cache_dir() / "venv_facts" / f"{key}.json"
+    cached = _cache_file(python, transformers)
     if cached.is_file():
         return dict(json.loads(cached.read_text()))
     with tempfile.TemporaryDirectory(prefix="sft_grid_venv_") as tmp:
         out = Path(tmp) / "facts.json"
         env = {**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         proc = subprocess.run(
-            [python, str(SCRIPT), str(out), *(["--transformers"] if transformers else []), *modules],
+            [python, str(SCRIPT), str(out), *(["--transformers"] if transformers else []), *MODULES],
             capture_output=True,
             text=True,
             env=env,
@@ -46,6 +46,42 @@ def facts(python: str, transformers: bool = False) -> dict[str, Any] | None:
         if proc.returncode != 0 or not out.is_file():
             return None  # an environment that cannot even run this: its own checks say why
         found = dict(json.loads(out.read_text()))
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(found))
+    _store(cached, found)
     return found
+
+
+def wanted(python: str) -> bool:
+    """Whether the environment's answers (with transformers') are not cached yet: a loss-mask probe about to run in
+    that environment answers them too (`request`, `store`), so the grid's checks start one backend process, not
+    two (issue 28: each import of transformers costs seconds)."""
+    return Path(python).is_file() and not _cache_file(python, True).is_file()
+
+
+def request(out: Path) -> dict[str, Any]:
+    """What a probe process is asked to answer besides its rows (in_venv/mask_probe.py runs env_facts.py's main)."""
+    return {"out": str(out), "modules": MODULES, "transformers": True}
+
+
+def store(python: str, out: Path) -> None:
+    """Cache what a probe process answered for the environment (nothing when it could not answer)."""
+    try:
+        found = dict(json.loads(out.read_text()))
+    except (OSError, ValueError):
+        return
+    if "modules" not in found:
+        return
+    _store(_cache_file(python, True), found)
+    _store(_cache_file(python, False), {"modules": found["modules"]})
+
+
+def _cache_file(python: str, transformers: bool) -> Path:
+    parts = [_stat(Path(python)), _stat(_venv_marker(python)), _stat(SCRIPT), MODULES, transformers]
+    key = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
+    return cache_dir() / "venv_facts" / f"{key}.json"
+
+
+def _store(cached: Path, found: dict[str, Any]) -> None:
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(found))
+    tmp.replace(cached)

@@ -167,7 +167,10 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
         def planned(self, cells: int, counts: Mapping[str, int]) -> None:
             what = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: kv[0] != "to run"))
             # progress, not a result: on stderr with the live lines, so stdout stays the table or plan alone
-            live.note(f"grid of {cells} cell(s) ({what}): checking every cell before anything is written or sent")
+            live.note(
+                f"grid of {cells} cell(s) ({what}): checking every cell before anything is written or sent",
+                doing="checking and planning the grid",
+            )
 
         def phase(self, name: str, done: int, total: int, detail: str = "") -> None:
             live.phase(name, done, total, detail)
@@ -182,6 +185,7 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
         def queued(self, result: GridResult) -> None:
             live.end()
             _print_launch(result)
+            live.working("running the local cells")
 
         def local_progress(self, running: Mapping[LocalJob, CellState]) -> None:
             live.cells(running)
@@ -218,6 +222,8 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
         live.end()
         print(f"staging refused: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    finally:
+        live.stop()
     live.end()
     if any(c.spec.check_only for c in result.cells):
         from sft_grid.cli.present import check_table

@@ -254,7 +254,9 @@ def main(argv: list[str]) -> int:
         print(f"usage: {os.path.basename(sys.argv[0])} BATCH.json OUT.json", file=sys.stderr)
         return 2
     with open(argv[0]) as f:
-        jobs = json.load(f)
+        batch = json.load(f)
+    # a list of jobs, or {"jobs": [...], "facts": {...}}: the environment's facts too (env_facts.py's answers)
+    jobs, facts = (batch, None) if isinstance(batch, list) else (batch["jobs"], batch.get("facts"))
     out = []
     for job in jobs:
         try:
@@ -264,7 +266,23 @@ def main(argv: list[str]) -> int:
             out.append({"id": job["id"], "error": detail[-800:]})
     with open(argv[1], "w") as fh:
         json.dump(out, fh)
+    if facts:
+        _env_facts(facts)
     return 0
+
+
+def _env_facts(request: dict[str, Any]) -> None:
+    """env_facts.py's answers, from this process (its transformers is imported already: seconds saved). A failure
+    leaves no answer: the grid then asks env_facts.py itself."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import importlib
+
+        env_facts = importlib.import_module("env_facts")  # beside this file (by its bare name, as the jobs do)
+        flags = ["--transformers"] if request.get("transformers") else []
+        env_facts.main([request["out"], *flags, *request["modules"]])
+    except Exception:
+        traceback.print_exc()
 
 
 if __name__ == "__main__":

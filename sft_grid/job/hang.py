@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 # a progress bar's position, as tqdm draws it: " 12/120 [00:31<04:50, ..."
 _BAR = re.compile(r"(\d+)/(\d+) \[")
 LINE_CHARS = 160  # of each node's last line in the evidence (the ledger keeps 500 characters of it)
+BEAT_S = 2.5  # the job's log hears at least this often while the backend starts (issue 28: at most 3 s silent)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,18 @@ class Watch:
     def silent(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.changed
 
+    def absorb(self, log_file: Path) -> None:
+        """The runner itself wrote to `log_file` (a start-up heartbeat): that growth is no progress of the training.
+        Anything else that changed meanwhile is left for the next poll to see."""
+
+        def others(sig: tuple[object, ...]) -> tuple[object, ...]:
+            logs, *rest = sig
+            return (tuple(entry for entry in logs if entry[0] != log_file.name), *rest)  # type: ignore[attr-defined]
+
+        current = signature(self.cell_dir)
+        if others(current) == others(self.last):
+            self.last = current
+
     def poll(self) -> bool:
         """Look again; whether the training is silent past its bound."""
         now = time.monotonic()
@@ -171,16 +184,59 @@ def poll_every(bound: Bound) -> float:
     return max(1.0, min(30.0, (bound.floor_s or 600.0) / 20))
 
 
-def wait(proc: subprocess.Popen[bytes], cell_dir: Path, bound: Bound, factor: float = 1.0) -> Hung | None:
-    """Wait for the training to end; end it when it hangs. None: it ended by itself (proc.returncode says how)."""
+class StartBeat:
+    """The job's log hears at least every BEAT_S seconds while the backend starts: until the backend writes its
+    first byte to the log (its imports take seconds, a cold shared file system a minute), the runner appends a line
+    saying so and for how long ("--- sft_grid:", not "=== sft_grid:", which starts an attempt for the triage). The
+    watch above is not fooled by these lines: the log's growth they cause is taken as the watch's own (`absorb`), so
+    a backend that hangs in its imports is still ended at its bound."""
+
+    def __init__(self, log_file: Path, started: float) -> None:
+        self.log_file, self.started = log_file, started
+        self.expected = _size(log_file)  # the log as the runner left it: more means the backend spoke
+        self.last = started
+        self.done = False
+        self.lines = 0
+
+    def tick(self, watch: Watch) -> None:
+        now = time.monotonic()
+        if _size(self.log_file) != self.expected:
+            self.done = True
+            return
+        if now - self.last < BEAT_S:
+            return
+        line = (
+            f"--- sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} no output from the backend yet,"
+            f" {now - self.started:.1f} s after launch.sh started (it imports its libraries first)\n"
+        )
+        with self.log_file.open("ab") as fh:
+            fh.write(line.encode())
+        self.expected, self.last = _size(self.log_file), now
+        self.lines += 1
+        watch.absorb(self.log_file)
+
+
+def wait(
+    proc: subprocess.Popen[bytes], cell_dir: Path, bound: Bound, factor: float = 1.0, log_file: Path | None = None
+) -> Hung | None:
+    """Wait for the training to end; end it when it hangs. None: it ended by itself (proc.returncode says how).
+    `log_file`: the training's log, which hears a line at least every BEAT_S seconds until the backend's first."""
     watch = Watch(cell_dir, bound, factor)
     every = poll_every(bound)
+    beat = StartBeat(log_file, time.monotonic()) if log_file is not None else None
+    next_poll = time.monotonic() + every
     while True:
+        beating = beat is not None and not beat.done
         try:
-            proc.wait(timeout=every)
+            proc.wait(timeout=min(every, BEAT_S / 5) if beating else max(0.0, next_poll - time.monotonic()))
             return None
         except subprocess.TimeoutExpired:
             pass
+        if beat is not None and beating:
+            beat.tick(watch)
+            if time.monotonic() < next_poll:
+                continue
+        next_poll = time.monotonic() + every
         if watch.poll():
             silent, limit = watch.silent(), watch.limit() or 0.0
             log.error("%s: no training progress for %.0f s (bound %.0f s): ending it", cell_dir.name, silent, limit)

@@ -183,7 +183,7 @@ def run_cell(cell_dir: str | Path) -> str:
             ["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT, cwd=cell_dir
         )
         try:  # node 0 ends a hung training at its bound; the other nodes at twice it, should srun not end theirs
-            hung = hang.wait(proc, cell_dir, hang.Bound.of(cell_config(cell_dir)), 1.0 if lead else 2.0)
+            hung = hang.wait(proc, cell_dir, hang.Bound.of(cell_config(cell_dir)), 1.0 if lead else 2.0, log_file)
         except BaseException:  # as subprocess.run does: the training never outlives its runner
             hang.kill_tree(proc.pid)
             proc.wait()

@@ -2,7 +2,9 @@
 (halving.py), records them, and passes on to the grid only the cells that train a leg now.
 
 A cell's legs: its job trains to the next rung (leg.json beside its cell.yaml: the step, and the cooldown probe's
-length; the backend ends the leg there with its checkpoint saved and, under `guard: cooldown`, writes the probe), and
+length; the backend ends the leg there with its checkpoint saved and, under `guard: cooldown`, writes the probe;
+LLaMA-Factory and axolotl end it through the job runner's SFT_GRID_LEG_STOP, in_venv/leg_stop.py, and run no probe,
+so for them only `guard: position` is accepted), and
 then the cell is `planned` again, waiting at its rung. Once every surviving cell of its bracket is at the rung, the
 next invocation decides it: the kept cells get their next leg (from their checkpoint; the last leg trains to the
 end), the others are marked `pruned` in their ledger with the rung's evidence (their checkpoints stay: resume one by

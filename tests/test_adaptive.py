@@ -136,6 +136,48 @@ def _halving_loop(root: Path, cfgs: dict[str, dict], kill_at: int | None = None)
             _write_probe(root, a.cell, a.step, law.probe_loss(cfgs[a.cell], a.step, max(1, a.step // 10)))
 
 
+def test_the_position_evidence_is_the_logged_loss_at_the_rung_smoothed_over_the_last_logging_points(tmp_path):
+    out = tmp_path / "c" / "output"
+    out.mkdir(parents=True)
+    lines = [{"current_steps": s, "loss": float(s)} for s in (2, 4, 6)]
+    lines.append({"current_steps": 6, "loss": None, "train_runtime": 1.0})  # the trainer's summary line
+    (out / "trainer_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert halving.logged_loss(tmp_path / "c", 5) is None  # no loss logged at the rung's step
+    assert halving.logged_loss(tmp_path / "c", 6) == 4.0  # (2 + 4 + 6) / 3
+    assert halving.logged_loss(tmp_path / "c", 4) == 3.0  # nothing after the rung counts (a resumed survivor)
+    assert halving.logged_loss(tmp_path / "c", 6, points=1) == 6.0
+
+
+def test_a_leg_saves_and_stops_at_its_rung_and_exits_before_the_final_save():
+    """in_venv/leg_stop.py's callback, driven as the trainer drives it (transformers' TrainerState and
+    TrainerControl stood in by plain objects: the real trainer runs it in tests/test_prune_real.py)."""
+    from types import SimpleNamespace
+
+    from sft_grid.in_venv import leg_stop
+
+    assert leg_stop.callbacks({}) == [] and leg_stop.stop_step({leg_stop.LEG_ENV: " "}) is None
+    with pytest.raises(ValueError, match="SFT_GRID_LEG_STOP"):
+        leg_stop.stop_step({leg_stop.LEG_ENV: "0"})
+    (cb,) = leg_stop.callbacks({leg_stop.LEG_ENV: "4"})
+    state = SimpleNamespace(global_step=0, is_world_process_zero=True)
+    control = SimpleNamespace(should_save=False, should_training_stop=False)
+    cb.on_train_begin(None, state, control)
+    for step in (1, 2, 3):
+        state.global_step = step
+        cb.on_step_end(None, state, control)
+        assert not control.should_save and not control.should_training_stop
+    state.global_step = 4
+    cb.on_step_end(None, state, control)
+    assert control.should_save and control.should_training_stop
+    with pytest.raises(SystemExit) as ended:
+        cb.on_train_end(None, state, control)
+    assert ended.value.code == 0
+    with pytest.raises(SystemExit):  # a leg resumed at its rung trains nothing
+        cb.on_train_begin(None, SimpleNamespace(global_step=4, is_world_process_zero=True), control)
+    finished = SimpleNamespace(global_step=3, is_world_process_zero=True)  # a run shorter than the leg: its own end
+    cb.on_train_end(None, finished, control)
+
+
 def test_kills_anywhere_change_no_decision(tmp_path):
     cfgs = {
         f"lr{i}": {"identity": f"c{i}", "seed": 3, "params": 1e9, "learning_rate": 3e-4 * 10 ** (i / 4 - 1)}

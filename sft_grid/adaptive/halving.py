@@ -11,8 +11,9 @@ its early promotions rest on fewer cells; Li et al. 2018).
 The decay's flip (rankings of learning rates invert while the learning rate decays; Wen et al. 2025, "never prune
 on pre-annealing loss"): with `guard: cooldown` each cell is compared on a short cooldown probe from the rung's
 checkpoint (the learning rate decayed to 0 over `probe` x the rung's steps, then evaluated and discarded), as the
-end of a schedule would see it; with `guard: position` on its logged loss at the rung's step (every cell of a
-bracket at the same step, so at the same schedule position).
+end of a schedule would see it; with `guard: position` on its logged loss at the rung's step, smoothed over the last
+three logging points (every cell of a bracket at the same steps, so at the same schedule position). The real
+backends (LLaMA-Factory, axolotl) run no cooldown probe yet: for them only `guard: position` is accepted.
 
 Every decision is appended to the grid's record (`<sweep dir>/.sft_grid_prune.jsonl`) before anything acts on it.
 A record's decision is never recomputed: an orchestrator killed anywhere and started again reads the same record
@@ -122,19 +123,26 @@ def write_decision(sweep_dir: Path, decision: Decision) -> None:
 # -- the evidence, from a cell's files -------------------------------------------------------------------------
 
 
-def logged_loss(cell_dir: Path, step: int) -> float | None:
-    """The training loss logged at `step` (the trainer's per-step log), or None while the cell has not reached it."""
+def logged_loss(cell_dir: Path, step: int, points: int = 3) -> float | None:
+    """The training loss at `step`, smoothed: the mean of the last `points` losses the trainer's per-step log holds
+    at steps up to `step` (every cell of a bracket logs at the same steps, so all are read at the same schedule
+    position); None while the cell has logged no loss at `step` itself."""
     log = cell_dir / OUTPUT_DIR / TRAINER_LOG
     if not log.is_file():
         return None
+    losses: dict[int, float] = {}
     for line in log.read_text().splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        if rec.get("current_steps") == step and isinstance(rec.get("loss"), (int, float)):
-            return float(rec["loss"])
-    return None
+        at, loss = rec.get("current_steps"), rec.get("loss")
+        if isinstance(at, int) and at <= step and isinstance(loss, (int, float)) and math.isfinite(loss):
+            losses[at] = float(loss)
+    if step not in losses:
+        return None
+    last = [losses[s] for s in sorted(losses)[-points:]]
+    return sum(last) / len(last)
 
 
 def probe_loss(cell_dir: Path, step: int) -> float | None:

@@ -2,7 +2,9 @@
 (halving.py), records them, and passes on to the grid only the cells that train a leg now.
 
 A cell's legs: its job trains to the next rung (leg.json beside its cell.yaml: the step, and the cooldown probe's
-length; the backend ends the leg there with its checkpoint saved and, under `guard: cooldown`, writes the probe), and
+length; the backend ends the leg there with its checkpoint saved and, under `guard: cooldown`, writes the probe;
+LLaMA-Factory and axolotl end it through the job runner's SFT_GRID_LEG_STOP, in_venv/leg_stop.py, and run no probe,
+so for them only `guard: position` is accepted), and
 then the cell is `planned` again, waiting at its rung. Once every surviving cell of its bracket is at the rung, the
 next invocation decides it: the kept cells get their next leg (from their checkpoint; the last leg trains to the
 end), the others are marked `pruned` in their ledger with the rung's evidence (their checkpoints stay: resume one by
@@ -49,19 +51,38 @@ def total_steps(cell: Cell) -> int:
     return s.max_steps if s.max_steps > 0 else int(s.backend.train_defaults.get("max_steps") or 0)
 
 
+def _tokens_per_step(cell: Cell) -> int:
+    return cell.spec.global_batch_size * cell.spec.cutoff_len
+
+
 def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
     out = []
     for cell in cells:
-        backend = BACKENDS.get(cell.spec.backend.name)
+        name = cell.spec.backend.name
+        backend = BACKENDS.get(name)
         if backend is not None and backend.legs is None:
             out.append(
                 Problem(
                     cell.name,
                     "backend.name",
-                    cell.spec.backend.name,
+                    name,
                     "prune-block",
                     "pruning ends legs of training at rungs, and this backend cannot end a leg at a step yet",
-                    "backend=synthetic (the simulator), or drop the prune: block",
+                    "backend=llamafactory (guard: position) or backend=synthetic (the simulator), or drop the prune:"
+                    " block",
+                )
+            )
+        elif backend is not None and spec.guard == "cooldown" and not backend.cooldown_probe:
+            out.append(
+                Problem(
+                    cell.name,
+                    "prune.guard",
+                    spec.guard,
+                    "prune-block",
+                    f"the {name} backend runs no cooldown probe from a rung's checkpoint yet (only the synthetic"
+                    " simulator does)",
+                    "guard: position (the cells of a bracket compared on their logged loss at the rung's step,"
+                    " smoothed over the last logging points)",
                 )
             )
         if not total_steps(cell):
@@ -73,6 +94,23 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
                     "prune-block",
                     "pruning needs the cells' last step to place the rungs before it",
                     "set max_steps",
+                )
+            )
+        every = cell.spec.logging_steps
+        off = [r for r in spec.rung_steps(_tokens_per_step(cell)) if r % every]
+        if spec.guard == "position" and off:
+            # the evidence is the loss logged at the rung; a rung between logging points has none, and the resumed
+            # leg's first log would average a different span of steps than an unbroken run's
+            out.append(
+                Problem(
+                    cell.name,
+                    "prune.rungs",
+                    off,
+                    "prune-block",
+                    f"under guard: position each rung (in steps) must be a step the trainer logs: a multiple of"
+                    f" logging_steps ({every})",
+                    f"rungs at multiples of {every} (e.g. {[max(every, r // every * every) for r in off]}), or"
+                    f" logging_steps=1",
                 )
             )
     return out
@@ -102,8 +140,7 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
     for cell, c in zip(cells, composed, strict=True):
         label = ",".join(f"{k}={_value(c.config, k)}" for k in spec.by) or "all"
         brackets.setdefault(label, []).append(cell.name)
-    tokens = cells[0].spec.global_batch_size * cells[0].spec.cutoff_len
-    rungs = spec.rung_steps(tokens)
+    rungs = spec.rung_steps(_tokens_per_step(cells[0]))
     states = {n: (state_of(d) if (d / LEDGER_FILE).is_file() else None) for n, d in by_name.items()}
 
     def at_least(name: str, step: int) -> bool:
@@ -127,9 +164,11 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
         if not dry:
             halving.write_decision(sweep_dir, d)
     run: set[str] = set()
+    pruned: set[str] = set()
     for a in plan.actions:
         st = states[a.cell]
         if a.kind == "prune":
+            pruned.add(a.cell)
             if not dry and (st is None or st.state is not State.PRUNED):
                 events.append(by_name[a.cell], Event.here(Kind.PRUNED, reason=a.why, step=a.step))
             continue
@@ -142,7 +181,7 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
     # the grid also gets the cells it only reports (in flight, completed, pruned: it skips them, saying why); a cell
     # waiting at its rung for its bracket is left out, so that nothing queues it
     shown = {n for n, st in states.items() if st is not None and (st.state.in_flight or st.state is not State.PLANNED)}
-    held = sorted(n for n in by_name if n not in run and n not in shown and states[n] is not None)
+    held = sorted(n for n in by_name if n not in run | shown | pruned and states[n] is not None)
     lines.append(f"  {len(run)} cell(s) train a leg now" + (f"; {len(held)} wait at their rung" if held else ""))
     return [c for c, cell in zip(composed, cells, strict=True) if cell.name in run | shown], lines
 

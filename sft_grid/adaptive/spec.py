@@ -7,7 +7,8 @@
       keep: 0.34                  # the fraction of each bracket kept at each rung (at least one cell)
       by: [vars.model, seed]      # the keys whose values make a bracket: cells alike in them are compared together
       guard: cooldown             # cooldown: compare short cooldown probes from the rung's checkpoint (no decay
-      probe: 0.1                  #   flip); position: the logged loss at the rung (all cells at the same step)
+      probe: 0.1                  #   flip; the synthetic simulator only); position: the logged loss at the rung,
+                                  #   smoothed (all cells at the same step; LLaMA-Factory and axolotl)
 
     adaptive:                     # the next cells from the fit
       question: loss              # loss (each recipe's at `at`) or gap (recipe a minus recipe b at `at`)

@@ -357,6 +357,9 @@ BACKEND = Backend(
     pre_commands=_pre_commands,
     data_spec=data_spec,
     tokenize_job=tokenize_job,
+    # a leg ends at its rung through the job runner's SFT_GRID_LEG_STOP (in_venv/leg_stop.py, added by the
+    # OutputPlugin): no arguments; no cooldown probe yet (`guard: position` only)
+    legs=lambda stop, probe: [],
 )
 
 

@@ -237,4 +237,7 @@ BACKEND = Backend(
     resume_args=_resume_args,
     data_spec=data_spec,
     tokenize_job=tokenize_job,
+    # a leg ends at its rung through the job runner's SFT_GRID_LEG_STOP (in_venv/leg_stop.py, added to run_exp's
+    # callbacks by the wrapper): no arguments; no cooldown probe yet (`guard: position` only)
+    legs=lambda stop, probe: [],
 )

@@ -70,4 +70,5 @@ BACKEND = Backend(
     mask_spec=lambda cell: MaskSpec("", NAME),
     resume_args=_resume_args,
     legs=lambda stop, probe: [f"stop_at_step={stop}", f"probe_steps={probe}"],
+    cooldown_probe=True,
 )

@@ -13,7 +13,9 @@ OutputPlugin: the output contract every sft_grid backend keeps: trainer_state.js
 the final weights are there (axolotl writes it only inside checkpoint-N; LLaMA-Factory writes it at the root),
 and trainer_log.jsonl with one line per log (current_steps, total_steps, loss), which sft_grid's status reads
 while a cell trains. Both plugins act on rank 0 only and are idempotent (axolotl calls post_train twice:
-after trainer.train() and again after the final save).
+after trainer.train() and again after the final save). OutputPlugin also ends a leg of a pruned grid at its rung
+(issue 26: leg_stop.py's callback, when the job runner set SFT_GRID_LEG_STOP): the rung's checkpoint saved, no
+final model, the schedule the full run's; the next leg resumes through the config's auto_resume_from_checkpoints.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import cpu_resume
 import data_step
+import leg_stop
 import template_integrity
 from axolotl.integrations.base import BasePlugin
 from transformers import TrainerCallback
@@ -119,6 +122,9 @@ class OutputPlugin(_TrainerPlugin):
     def callback(self, trainer: Any) -> Any:
         cpu_resume.patch()
         return _ProgressLog()
+
+    def add_callbacks_post_trainer(self, cfg: Any, trainer: Any) -> list[Any]:
+        return [*super().add_callbacks_post_trainer(cfg, trainer), *leg_stop.callbacks()]
 
     def post_train(self, cfg: Any, model: Any) -> None:
         output = Path(cfg.output_dir)

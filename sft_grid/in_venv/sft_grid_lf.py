@@ -23,7 +23,9 @@ Runs inside the backend environment (standalone: it never imports sft_grid).
         tokenize-once stage)
 
 Every training process also gets sft_grid's loss watchdog (loss_watchdog.py) added to run_exp's callbacks, and
-records its data step (data_step.py: LLaMA-Factory's get_dataset, timed).
+records its data step (data_step.py: LLaMA-Factory's get_dataset, timed). A leg of a pruned grid (issue 26: the job
+runner sets SFT_GRID_LEG_STOP) also gets leg_stop.py's callback, which ends training at the rung's step with its
+checkpoint saved, the learning-rate schedule left as the full run's.
 
 What LLaMA-Factory trains on with these templates is shown by sft_grid's loss-mask probe (in_venv/mask_probe.py),
 which registers them through register_all() as training does.
@@ -189,6 +191,23 @@ def add_watchdog() -> None:
     tuner.run_exp = with_watchdog
 
 
+def add_leg_stop() -> None:
+    """run_exp, wherever it is called from, gets the callback that ends this leg at its rung (leg_stop.py, beside
+    this file), when the job runner asked for one (SFT_GRID_LEG_STOP)."""
+    import leg_stop
+    from llamafactory.train import tuner
+
+    extra = leg_stop.callbacks()
+    if not extra:
+        return
+    run_exp = tuner.run_exp
+
+    def with_leg_stop(args: Any = None, callbacks: Any = None) -> None:
+        return run_exp(args, [*(callbacks or []), *extra])
+
+    tuner.run_exp = with_leg_stop
+
+
 def tokenize(argv: list[str]) -> int:
     """LLaMA-Factory's own preprocessing of an sft run, started as run_sft starts it, then stop: with
     `tokenized_path` set it saves the tokenized dataset there (0.9.5 does not stop by itself; it would go on to
@@ -215,6 +234,7 @@ def main(argv: list[str]) -> int:
     os.environ[TEMPLATES_ENV] = json.dumps(specs)
     register_all(specs)
     add_watchdog()
+    add_leg_stop()
     import cpu_resume  # beside this file: a multi-process CPU run resumes its optimizer state
     import data_step  # beside this file: the data step's record (SFT_GRID_DATA_STEP)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.backends import get as backend_of
-from sft_grid.backends.base import LEG_FILE
+from sft_grid.backends.base import LEG_ENV, LEG_FILE
 from sft_grid.checks.preflight import run_deferred
 from sft_grid.core import events
 from sft_grid.core.cellfiles import CellYaml, PostFile, PreflightFile
@@ -122,7 +122,8 @@ def archive_output(cell_dir: Path, why: str) -> Path | None:
 
 def _leg(cell_dir: Path) -> tuple[int, list[str]] | None:
     """issue 26: (the step this leg ends at, the backend's arguments for it) from the cell's leg.json; None: train
-    to the end."""
+    to the end. The step also reaches the leg's processes as LEG_ENV (run_cell exports it): the real backends'
+    trainers end the leg from it (in_venv/leg_stop.py)."""
     import json
 
     path = cell_dir / LEG_FILE
@@ -170,8 +171,10 @@ def run_cell(cell_dir: str | Path) -> str:
     elif lead:
         archive_output(cell_dir, "partial output without a checkpoint")
     leg = _leg(cell_dir)  # issue 26: a leg that ends at a pruning rung (sft_grid/adaptive/prune.py)
+    env = {k: v for k, v in os.environ.items() if k != LEG_ENV}  # no leg: to the end, whatever this job inherited
     if leg is not None:
         args += leg[1]
+        env[LEG_ENV] = str(leg[0])
 
     log_file = cell_dir / LOGS_DIR / train_log(job.rank)
     log_file.parent.mkdir(exist_ok=True)
@@ -180,7 +183,7 @@ def run_cell(cell_dir: str | Path) -> str:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {LAUNCH_FILE} {' '.join(args)}\n".encode())
         fh.flush()
         proc = subprocess.Popen(
-            ["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT, cwd=cell_dir
+            ["bash", str(cell_dir / LAUNCH_FILE), *args], stdout=fh, stderr=subprocess.STDOUT, cwd=cell_dir, env=env
         )
         try:  # node 0 ends a hung training at its bound; the other nodes at twice it, should srun not end theirs
             hung = hang.wait(proc, cell_dir, hang.Bound.of(cell_config(cell_dir)), 1.0 if lead else 2.0, log_file)

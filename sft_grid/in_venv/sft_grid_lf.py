@@ -175,37 +175,35 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return specs, argv
 
 
+def _with_callbacks(extra: list[Any]) -> None:
+    """LLaMA-Factory's run_exp, wherever it is called from (its launcher, or a rank), gets these callbacks too."""
+    from llamafactory.train import tuner
+
+    run_exp = tuner.run_exp
+
+    def with_extra(args: Any = None, callbacks: Any = None) -> None:
+        run_exp(args, [*(callbacks or []), *extra])
+
+    tuner.run_exp = with_extra
+
+
 def add_watchdog() -> None:
-    """LLaMA-Factory's run_exp, wherever it is called from (its launcher, or a rank), gets the loss watchdog's
-    callbacks (loss_watchdog.py, beside this file) unless launch.sh turned it off."""
+    """The loss watchdog's callbacks (loss_watchdog.py, beside this file), unless launch.sh turned it off."""
     if os.environ.get("SFT_GRID_WATCHDOG", "on") == "off":
         return
     import loss_watchdog
-    from llamafactory.train import tuner
 
-    run_exp = tuner.run_exp
-
-    def with_watchdog(args: Any = None, callbacks: Any = None) -> None:
-        run_exp(args, [*(callbacks or []), *loss_watchdog.llamafactory_callbacks()])
-
-    tuner.run_exp = with_watchdog
+    _with_callbacks(loss_watchdog.llamafactory_callbacks())
 
 
 def add_leg_stop() -> None:
-    """run_exp, wherever it is called from, gets the callback that ends this leg at its rung (leg_stop.py, beside
-    this file), when the job runner asked for one (SFT_GRID_LEG_STOP)."""
+    """The callback that ends this leg at its rung (leg_stop.py, beside this file), when the job runner asked for
+    one (SFT_GRID_LEG_STOP)."""
     import leg_stop
-    from llamafactory.train import tuner
 
     extra = leg_stop.callbacks()
-    if not extra:
-        return
-    run_exp = tuner.run_exp
-
-    def with_leg_stop(args: Any = None, callbacks: Any = None) -> None:
-        return run_exp(args, [*(callbacks or []), *extra])
-
-    tuner.run_exp = with_leg_stop
+    if extra:
+        _with_callbacks(extra)
 
 
 def tokenize(argv: list[str]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -58,17 +59,7 @@ def test_plan_fits_only_with_the_reserve_counted():
         reserve_bytes=300,
     )
     assert plan.bytes_needed == 600 and plan.fits
-    assert not Plan(
-        resolved=resolved,
-        cache=Path("/c"),
-        selection=sel,
-        cached=(),
-        to_link=(),
-        to_fetch=files,
-        bytes_to_fetch=600,
-        free_bytes=1000,
-        reserve_bytes=500,
-    ).fits
+    assert not dataclasses.replace(plan, reserve_bytes=500).fits
     assert "1 files, 600 B needed, 600 B to fetch" in plan.describe()
 
 

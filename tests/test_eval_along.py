@@ -196,3 +196,44 @@ def fake_grid_along(request: pytest.FixtureRequest, site_harness):  # noqa: F811
 
     run_grid.runs = run.runs  # type: ignore[attr-defined]
     return slurm_dir, run_grid
+
+
+def test_results_and_the_report_show_each_checkpoints_score_with_its_loss_and_tokens(make_cells, tmp_path):
+    from sft_grid.analysis.page import render
+    from sft_grid.analysis.report_data import build
+
+    from . import grid_fixture as gf
+    from .test_results import results
+
+    cells = make_cells(*[["model=tiny_llama", f"lr={lr}", "sweep_name=g"] for lr in ("1e-5", "2e-5")])
+    one, other = gf.render_cells(cells)
+    for cell, floor in ((one, 1.5), (other, 1.4)):
+        gf.run(cell, "completed", gf.curve(20, floor), 20, seconds=60.0)
+        gf.estimate(cell, 2e5, 20000, 20, gpu_hours=0.01)  # 1000 tokens a step
+        gf.score(cell, "tiny_mc", {"acc": 0.5, "acc_stderr": 0.05}, when="2026-12-01T00:00:00")
+    for step, acc in ((10, 0.25), (20, 0.375)):  # one's checkpoints, scored after its final model
+        path = gf.score(one, "tiny_mc", {"acc": acc}, score_id=f"ck{step}", when=f"2026-12-02T00:00:{step}")
+        data = json.loads(path.read_text())
+        data["settings"] = {**data["settings"], "step": step}
+        path.write_text(json.dumps(data))
+    runs = tmp_path / "runs"
+    table = json.loads(results("g", "--runs-root", str(runs), "--format", "json").stdout)
+    assert [c["scores"]["tiny_mc/acc"]["value"] for c in table["cells"]] == [0.5, 0.5]  # the final model's
+    along = json.loads(results("g", "--runs-root", str(runs), "--along", "--format", "json").stdout)
+    losses = dict(gf.curve(20, 1.5))
+    assert [
+        (p["cell"], p["step"], p["tokens"], p["loss"], p["scores"]["tiny_mc/acc"]["value"]) for p in along["points"]
+    ] == [
+        (one.name, 10, 10000.0, losses[10], 0.25),
+        (one.name, 20, 20000.0, losses[20], 0.375),
+    ]
+    text = results("g", "--runs-root", str(runs), "--along").stdout
+    assert "2 scored checkpoint(s) of 1 cell(s)" in text and "0.375" in text
+    data = build(runs / "g", resamples=10)
+    assert data["along_columns"] == ["tiny_mc/acc"] and [len(c["along"]) for c in data["cells"]] == [2, 0]
+    page = render(data)
+    assert "Scores along training" in page and "tiny_mc/acc vs step" in page and "tiny_mc/acc vs tokens seen" in page
+    for step in (10, 20):
+        (one / "eval" / f"ck{step}.json").unlink()
+    none = results("g", "--runs-root", str(runs), "--along")
+    assert none.returncode == 1 and "eval.along=checkpoint" in none.stderr

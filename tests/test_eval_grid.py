@@ -137,6 +137,43 @@ def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone
     assert scores_by_task(cell)[("tiny_mc", 10)]["metrics"]["acc"] is not None
 
 
+def test_checkpoints_are_scored_once_each_and_shown_along_training(tmp_path, tiny_assets, harness_env):
+    """Scores along training for real: LLaMA-Factory saves two checkpoints (save_steps=2 of 4 steps), lm-eval scores
+    each once beside the final model (locally: in the cell's job, after its training), `sft-grid results --along`
+    shows both with their loss and tokens, and a second invocation scores nothing."""
+    root = tmp_path / "runs"
+    along = ("save_steps=2", "eval.along=checkpoint", "eval.base_models=false", "~eval.tasks.tiny_gen")
+    _first, seconds = grid(root, *along)
+    log.info("train + score the final model and two checkpoints: %.0f s", seconds)
+    (cell,) = iter_cell_dirs(root / "default")
+    scores = read_scores(cell)
+    steps = sorted((s["settings"].get("step") or 0, s["model_path"]) for s in scores.values())
+    assert steps == [
+        (0, str(cell / "output")),
+        (2, str(cell / "output" / "checkpoint-2")),
+        (4, str(cell / "output" / "checkpoint-4")),
+    ]
+    trained = events.last(events.read(cell), Kind.COMPLETED).details[TRAINED_TEMPLATE]
+    assert all(s["template_digest"] == trained and 0 <= s["metrics"]["acc"] <= 1 for s in scores.values())
+    # each score computed once: one evaluation, one `completed` line per score
+    done = [e.score_id for e in events.read(cell) if e.kind is Kind.EVAL and e.score_id and e.state == "completed"]
+    assert sorted(done) == sorted(scores) and kinds(cell).count("running") == 1
+    assert rows([cell])[0][6] == "done (3)"
+    shown = run_sft("results", "default", "--runs-root", str(root), "--along", "--format", "json", check=True)
+    points = json.loads(shown.stdout)["points"]
+    assert [(p["cell"], p["step"]) for p in points] == [(cell.name, 2), (cell.name, 4)]
+    assert all(p["loss"] > 0 and p["tokens"] > 0 and p["scores"]["tiny_mc/acc"]["value"] is not None for p in points)
+    assert points[1]["tokens"] == 2 * points[0]["tokens"]
+    table = run_sft("results", "default", "--runs-root", str(root), "--format", "json", check=True)
+    (row,) = json.loads(table.stdout)["cells"]  # the table's score is the final model's
+    final = next(s for s in scores.values() if "step" not in s["settings"])
+    assert row["scores"]["tiny_mc/acc"]["value"] == final["metrics"]["acc"]
+    # invoked again: nothing is scored again (no ledger line, no score file touched)
+    before = snapshot(root)
+    again, _ = grid(root, *along)
+    assert "nothing to run" in again.stdout and snapshot(root) == before
+
+
 def _arrays(root: Path) -> set[str]:
     return {
         e["name"]

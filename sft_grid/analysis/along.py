@@ -15,9 +15,11 @@ import bisect
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from html import escape
 from pathlib import Path
 from typing import Any
 
+from sft_grid.analysis.figures import Canvas, Layout, _layout, _legend_only
 from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, Score, parse_metrics, state_losses
 from sft_grid.core.layout import EVAL_DIR, OUTPUT_DIR, TRAINER_LOG
 
@@ -98,3 +100,57 @@ def read_along(table: GridTable) -> tuple[list[str], list[Point]]:
     """(the score columns of the grid's checkpoints, every cell's points in the table's order)."""
     points = [p for r in table.rows for p in cell_points(r)]
     return sorted({c for p in points for c in p.scores}), points
+
+
+# -- the report's figures -------------------------------------------------------------------------------------------
+
+_HOVER = "%{fullData.name}<br>%{meta} %{x:,}<br>score %{y:.4g}<br>loss %{customdata}<extra></extra>"
+
+
+def along_figures(layout: Layout, canvas: Canvas, columns: Sequence[str]) -> str:
+    """Each checkpoint score of the grid against step and against tokens seen, a line per cell (coloured as in the
+    loss curves), the training loss at each point under the pointer; "" when no cell has a scored checkpoint."""
+    cells = [c for c in layout.cells if c.get("along")]
+    if not cells or not columns:
+        return ""
+    out = []
+    for column in columns:
+        figs = [_figure(column, cells, layout, canvas, key) for key in ("step", "tokens")]
+        out.append(
+            f'<figure class="panel"><figcaption>{escape(column)} <span class="muted">({len(cells)} cells)'
+            f'</span></figcaption><div class="plots">{"".join(f for f in figs if f)}</div></figure>'
+        )
+    return "".join(out)
+
+
+def _figure(column: str, cells: list[dict[str, Any]], layout: Layout, canvas: Canvas, key: str) -> str:
+    what = "step" if key == "step" else "tokens seen"
+    traces: list[dict[str, Any]] = []
+    groups: dict[str, tuple[float, str]] = {}
+    for c in cells:
+        points = [
+            p for p in c["along"] if p.get(key) is not None and (p["scores"].get(column) or {}).get("value") is not None
+        ]
+        if not points:
+            continue
+        order, label, colour = layout.group(c)
+        groups[label] = (order, colour)
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": escape(str(c.get("name"))),
+                "legendgroup": label,
+                "showlegend": False,
+                "x": [p[key] for p in points],
+                "y": [p["scores"][column]["value"] for p in points],
+                "customdata": ["" if p.get("loss") is None else f"{p['loss']:.4g}" for p in points],
+                "meta": what,
+                "line": {"color": colour, "width": 1.4},
+                "hovertemplate": _HOVER,
+            }
+        )
+    if not traces:
+        return ""
+    legend = [_legend_only(label, label, colour) for label, (_, colour) in sorted(groups.items(), key=lambda g: g[1])]
+    return canvas.add(f"{column} vs {what}", legend + traces, _layout(what, column, 340, type="linear"))

@@ -97,7 +97,7 @@ def build(
     scoring = [d for d in decisions if d.action is Action.SKIP and d.evaluate]
     local_jobs += tuple(local_checkpoint_jobs([d for d in scoring if d.cell.spec.cluster.executor == "local"]))
     on_slurm_scoring = [d for d in scoring if d.cell.spec.cluster.executor != "local"]
-    slurm_jobs += tuple(cell_eval_jobs(on_slurm_scoring, None, histories))
+    slurm_jobs += tuple(cell_eval_jobs(on_slurm_scoring, None, histories, label="their checkpoints"))
     local_jobs += tuple(local_base_jobs([b for b in bases if b.target.cell.spec.cluster.executor == "local"]))
     slurm_jobs += tuple(base_eval_jobs([b for b in bases if b.target.cell.spec.cluster.executor != "local"], histories))
     first = local[0] if local else None
@@ -531,6 +531,7 @@ def cell_eval_jobs(
     post: SlurmJob | None,
     histories: Mapping[Path, Sequence[Event]],
     throttle: int | None = None,
+    label: str = "",
 ) -> list[SlurmJob]:
     """The evaluation arrays of cells that evaluate (one per distinct request), each after their post array."""
     groups: dict[SlurmRequest, list[Decision]] = {}
@@ -545,6 +546,7 @@ def cell_eval_jobs(
             histories,
             dependency=_after([d.dir for d in members], post),
             throttle=throttle,
+            label=label,
         )
         for request, members in groups.items()
     ]

@@ -236,6 +236,66 @@ def test_on_slurm_each_cell_is_evaluated_by_an_array_after_its_post_and_training
             subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
 
 
+@pytest.mark.slurm
+def test_on_slurm_a_cancelled_cells_checkpoints_are_scored_by_a_job_that_waits_for_nothing(
+    tmp_path, tiny_assets, harness_env
+):
+    """A cell trains on the local Slurm cluster and is cancelled once it has saved checkpoint-20: the next invocation
+    does not train it again, and queues one evaluation job for its checkpoints at multiples of 20 steps, which waits
+    for nothing; each is scored once, and the invocation after that queues nothing."""
+    root = tmp_path / "runs"
+    args = [
+        "-m",
+        "model=tiny_llama",
+        "max_steps=60",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "save_steps=10",
+        "eval=tiny",
+        "eval.along=20",
+        "eval.base_models=false",
+        "~eval.tasks.tiny_gen",
+        "cluster=slurm_local",
+        f"runs_root={root}",
+    ]
+    try:
+        first = run_sft(*args, timeout=300)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        (cell,) = iter_cell_dirs(root / "default")
+        saved = cell / "output" / "checkpoint-20" / "trainer_state.json"
+        deadline = time.monotonic() + 900
+        while not saved.is_file():
+            assert time.monotonic() < deadline and rows([cell])[0][1] in ("submitted", "running"), rows([cell])
+            time.sleep(0.2)
+        train = events.last(events.read(cell), Kind.JOB).job_id
+        subprocess.run(["scancel", train], check=True, timeout=60)
+        while rows([cell])[0][1] != "cancelled":
+            assert time.monotonic() < deadline, rows([cell])
+            time.sleep(1)
+        second = run_sft(*args, timeout=300)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        assert "evaluation of 1 cell(s) (their checkpoints): array sft_grid-" in second.stdout
+        assert "queued" not in second.stdout, second.stdout  # its training is not submitted again
+        scoring = events.last(events.read(cell), Kind.EVAL_JOB)
+        assert scoring.after == "" and events.last(events.read(cell), Kind.JOB).job_id == train
+        steps = [s for s in (20, 40, 60) if (cell / "output" / f"checkpoint-{s}" / "trainer_state.json").is_file()]
+        while _sacct([scoring.eval_job_id]).get(scoring.eval_job_id, ("",))[0] != "COMPLETED":
+            state = _sacct([scoring.eval_job_id]).get(scoring.eval_job_id, ("PENDING",))[0]
+            assert time.monotonic() < deadline and state in ("PENDING", "RUNNING", "COMPLETING"), state
+            time.sleep(1)
+        scored = sorted(s["settings"]["step"] for s in read_scores(cell).values())
+        assert scored == steps, (scored, steps)
+        done = [e.score_id for e in events.read(cell) if e.kind is Kind.EVAL and e.score_id and e.state == "completed"]
+        assert sorted(done) == sorted(read_scores(cell))
+        before = snapshot(root)
+        third = run_sft(*args, timeout=300)
+        assert third.returncode == 0 and "evaluation of" not in third.stdout, third.stdout[-3000:]
+        assert snapshot(root) == before
+    finally:
+        for name in sorted(_arrays(root)):
+            subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
+
+
 def test_an_eval_axis_on_the_command_line_renders_one_cell_in_the_directory_of_the_cell_without_it(
     tmp_path, tiny_assets
 ):

@@ -10,6 +10,10 @@
   `<sweep dir>/_base/<model slug>-<key>/`, for every cell whose suite asks for `base_models`. A base model whose
   saved tokenizer (readable here) has no chat template is scored without one, and its settings say so.
 
+- A suite's `along` (null, "checkpoint", or every N steps, N a multiple of the cell's save_steps) also scores the
+  cell's saved checkpoints: each final score carries the rule, and `along_scores` gives the scores of the
+  checkpoints that exist (core/scores.py keys each by its step).
+
 Below: the rules of a cell's evaluation suite (pure, like validate.py's), and the tiny local tasks sft_grid ships for
 its tests and demo (`write_tiny_tasks`: the tiny models' arithmetic, written by code, with a digest per task).
 """

@@ -9,6 +9,10 @@ reason (a task's own error, or the harness's last line). A failed task fails onl
 the grid computes what is missing and nothing else, never the training. Jobs run offline: the harness gets the
 Hugging Face offline switches, and tasks read only the local files or the staged cache.
 
+Scores along training (a suite's `along`): the checkpoints' scores are computed the same way, one model load per
+checkpoint, each on its checkpoint's directory; while the cell has no final model yet (it trains, or it failed) only
+those. One evaluation of a target runs at a time (a lock in its logs/), so two jobs never compute one score twice.
+
 The stage's state (`state_of`, `todo`) is derived, never stored, from a target's score files, its ledger and the
 scheduler: what the grid decides on and what `status` shows in its eval column.
 """

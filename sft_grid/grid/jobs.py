@@ -96,8 +96,12 @@ def build(
     slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size, work, tokens)
     scoring = [d for d in decisions if d.action is Action.SKIP and d.evaluate]
     local_jobs += tuple(local_checkpoint_jobs([d for d in scoring if d.cell.spec.cluster.executor == "local"]))
-    on_slurm_scoring = [d for d in scoring if d.cell.spec.cluster.executor != "local"]
-    slurm_jobs += tuple(cell_eval_jobs(on_slurm_scoring, None, histories, label="their checkpoints"))
+    by_sweep: dict[Path, list[Decision]] = {}  # (an array's submitit folder is beside its cells)
+    for d in scoring:
+        if d.cell.spec.cluster.executor != "local":
+            by_sweep.setdefault(d.dir.parent, []).append(d)
+    for members in by_sweep.values():
+        slurm_jobs += tuple(cell_eval_jobs(members, None, histories, label="their checkpoints"))
     local_jobs += tuple(local_base_jobs([b for b in bases if b.target.cell.spec.cluster.executor == "local"]))
     slurm_jobs += tuple(base_eval_jobs([b for b in bases if b.target.cell.spec.cluster.executor != "local"], histories))
     first = local[0] if local else None

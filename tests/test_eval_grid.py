@@ -137,6 +137,43 @@ def test_a_local_grid_is_evaluated_once_per_score_and_a_failure_is_retried_alone
     assert scores_by_task(cell)[("tiny_mc", 10)]["metrics"]["acc"] is not None
 
 
+def test_checkpoints_are_scored_once_each_and_shown_along_training(tmp_path, tiny_assets, harness_env):
+    """Scores along training for real: LLaMA-Factory saves two checkpoints (save_steps=2 of 4 steps), lm-eval scores
+    each once beside the final model (locally: in the cell's job, after its training), `sft-grid results --along`
+    shows both with their loss and tokens, and a second invocation scores nothing."""
+    root = tmp_path / "runs"
+    along = ("save_steps=2", "eval.along=checkpoint", "eval.base_models=false", "~eval.tasks.tiny_gen")
+    _first, seconds = grid(root, *along)
+    log.info("train + score the final model and two checkpoints: %.0f s", seconds)
+    (cell,) = iter_cell_dirs(root / "default")
+    scores = read_scores(cell)
+    steps = sorted((s["settings"].get("step") or 0, s["model_path"]) for s in scores.values())
+    assert steps == [
+        (0, str(cell / "output")),
+        (2, str(cell / "output" / "checkpoint-2")),
+        (4, str(cell / "output" / "checkpoint-4")),
+    ]
+    trained = events.last(events.read(cell), Kind.COMPLETED).details[TRAINED_TEMPLATE]
+    assert all(s["template_digest"] == trained and 0 <= s["metrics"]["acc"] <= 1 for s in scores.values())
+    # each score computed once: one evaluation, one `completed` line per score
+    done = [e.score_id for e in events.read(cell) if e.kind is Kind.EVAL and e.score_id and e.state == "completed"]
+    assert sorted(done) == sorted(scores) and kinds(cell).count("running") == 1
+    assert rows([cell])[0][6] == "done (3)"
+    shown = run_sft("results", "default", "--runs-root", str(root), "--along", "--format", "json", check=True)
+    points = json.loads(shown.stdout)["points"]
+    assert [(p["cell"], p["step"]) for p in points] == [(cell.name, 2), (cell.name, 4)]
+    assert all(p["loss"] > 0 and p["tokens"] > 0 and p["scores"]["tiny_mc/acc"]["value"] is not None for p in points)
+    assert points[1]["tokens"] == 2 * points[0]["tokens"]
+    table = run_sft("results", "default", "--runs-root", str(root), "--format", "json", check=True)
+    (row,) = json.loads(table.stdout)["cells"]  # the table's score is the final model's
+    final = next(s for s in scores.values() if "step" not in s["settings"])
+    assert row["scores"]["tiny_mc/acc"]["value"] == final["metrics"]["acc"]
+    # invoked again: nothing is scored again (no ledger line, no score file touched)
+    before = snapshot(root)
+    again, _ = grid(root, *along)
+    assert "nothing to run" in again.stdout and snapshot(root) == before
+
+
 def _arrays(root: Path) -> set[str]:
     return {
         e["name"]
@@ -194,6 +231,67 @@ def test_on_slurm_each_cell_is_evaluated_by_an_array_after_its_post_and_training
         again, _ = grid(root, "lr=1e-3,5e-4", "cluster=slurm_local", timeout=300)
         assert "nothing to run" in again.stdout and "evaluation of" not in again.stdout
         assert [kinds(c).count("eval_job") for c in cells] == [1, 1]
+    finally:
+        for name in sorted(_arrays(root)):
+            subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)
+
+
+@pytest.mark.slurm
+def test_on_slurm_a_cancelled_cells_checkpoints_are_scored_by_a_job_that_waits_for_nothing(
+    tmp_path, tiny_assets, harness_env
+):
+    """A cell trains on the local Slurm cluster and is cancelled once it has saved checkpoint-20: the next invocation
+    does not train it again, and queues one evaluation job for its checkpoints at multiples of 20 steps, which waits
+    for nothing; each is scored once, and the invocation after that queues nothing."""
+    root = tmp_path / "runs"
+    args = [
+        "-m",
+        "model=tiny_llama",
+        "max_steps=60",
+        "global_batch_size=4",
+        "micro_batch_size=2",
+        "save_steps=10",
+        "eval=tiny",
+        "eval.along=20",
+        "eval.base_models=false",
+        "~eval.tasks.tiny_gen",
+        "cluster=slurm_local",
+        f"runs_root={root}",
+    ]
+    try:
+        first = run_sft(*args, timeout=300)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        (cell,) = iter_cell_dirs(root / "default")
+        saved = cell / "output" / "checkpoint-20" / "trainer_state.json"
+        deadline = time.monotonic() + 900
+        while not saved.is_file():
+            assert time.monotonic() < deadline and rows([cell])[0][1] in ("submitted", "running"), rows([cell])
+            time.sleep(0.2)
+        train = events.last(events.read(cell), Kind.JOB).job_id
+        subprocess.run(["scancel", train], check=True, timeout=60)
+        while (state := rows([cell])[0][1]) != "cancelled":
+            # (60 steps: the cancel lands long before the last; a cell that completed first fails here, at once)
+            assert time.monotonic() < deadline and state in ("submitted", "running"), rows([cell])
+            time.sleep(1)
+        second = run_sft(*args, timeout=300)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        assert "evaluation of 1 cell(s) (their checkpoints): array sft_grid-" in second.stdout
+        assert "queued" not in second.stdout, second.stdout  # its training is not submitted again
+        scoring = events.last(events.read(cell), Kind.EVAL_JOB)
+        assert scoring.after == "" and events.last(events.read(cell), Kind.JOB).job_id == train
+        steps = [s for s in (20, 40, 60) if (cell / "output" / f"checkpoint-{s}" / "trainer_state.json").is_file()]
+        while _sacct([scoring.eval_job_id]).get(scoring.eval_job_id, ("",))[0] != "COMPLETED":
+            state = _sacct([scoring.eval_job_id]).get(scoring.eval_job_id, ("PENDING",))[0]
+            assert time.monotonic() < deadline and state in ("PENDING", "RUNNING", "COMPLETING"), state
+            time.sleep(1)
+        scored = sorted(s["settings"]["step"] for s in read_scores(cell).values())
+        assert scored == steps, (scored, steps)
+        done = [e.score_id for e in events.read(cell) if e.kind is Kind.EVAL and e.score_id and e.state == "completed"]
+        assert sorted(done) == sorted(read_scores(cell))
+        before = snapshot(root)
+        third = run_sft(*args, timeout=300)
+        assert third.returncode == 0 and "evaluation of" not in third.stdout, third.stdout[-3000:]
+        assert snapshot(root) == before
     finally:
         for name in sorted(_arrays(root)):
             subprocess.run(["scancel", f"--name={name}"], capture_output=True, timeout=30)

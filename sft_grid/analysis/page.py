@@ -48,6 +48,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from sft_grid.analysis.along import along_figures
 from sft_grid.analysis.figures import Canvas, Layout, cell_state, loss_curves, scaling, state_colour
 from sft_grid.core import human
 
@@ -298,6 +299,9 @@ def render(data: dict[str, Any]) -> str:
     ]
     if layout.cells:
         body += ['<h2>Loss curves</h2><section id="curves">', loss_curves(layout, canvas), "</section>"]
+        along = along_figures(layout, canvas, data.get("along_columns") or [])
+        if along:
+            body += ['<h2>Scores along training</h2><section id="along">', along, "</section>"]
     plots = scaling(data, layout, canvas)
     if plots:
         body += ['<h2>Scaling</h2><section id="scaling">', plots, "</section>"]

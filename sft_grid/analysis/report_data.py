@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sft_grid.analysis.along import cell_points
 from sft_grid.analysis.figures import CURVE_POINTS, decimate_index
 from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
 from sft_grid.core import events
@@ -159,6 +160,8 @@ def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
             "compute_budget": r.compute_budget,
             "recipe": r.recipe or None,
             "curve": curve(r),
+            # issue 26: its scored checkpoints (step, tokens, loss, scores: analysis/along.py)
+            "along": [p.to_json() for p in cell_points(r)],
         }
         for r in table.rows
     ]
@@ -176,6 +179,7 @@ def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
         "grid": grid_facts(table),
         "axes": table.axes,
         "columns": table.columns,
+        "along_columns": sorted({c for cell in cells for p in cell["along"] for c in p["scores"]}),
         "cells": cells,
         "base_models": bases,
         "estimates": {

@@ -102,7 +102,8 @@ def parse_metrics(metrics: Mapping[str, Any]) -> dict[str, Score]:
 
 
 def read_files(eval_dir: Path) -> list[ScoreFile]:
-    """The score files of a cell (or a base model), the latest per task; unreadable ones are skipped."""
+    """The final model's score files of a cell (or a base model), the latest per task; unreadable ones are skipped,
+    and so are the scores of its checkpoints."""
     latest: dict[str, ScoreFile] = {}
     for path in sorted(eval_dir.glob("*.json")) if eval_dir.is_dir() else ():
         try:
@@ -110,6 +111,8 @@ def read_files(eval_dir: Path) -> list[ScoreFile]:
         except (OSError, ValueError):
             continue
         if not isinstance(data, dict) or not isinstance(data.get("metrics"), Mapping):
+            continue
+        if (data.get("settings") or {}).get("step") is not None:  # a checkpoint's (analysis/along.py reads those)
             continue
         f = ScoreFile(
             str(data.get("task") or path.stem),

@@ -457,7 +457,9 @@ def _print_launch(result: GridResult) -> None:
         elif job.role is Role.EVAL:
             what = "base model" if "/_base/" in str(job.targets[0]) else "cell"
             out(
-                f"  evaluation of {len(got)} {what}(s): array {job.name}"
+                f"  evaluation of {len(got)} {what}(s)"
+                + (f" ({job.label})" if job.label else "")
+                + f": array {job.name}"
                 + (f", after {job.dependency.kind} {job.dependency.job}" if job.dependency else "")
             )
         elif job.dependency is not None:

@@ -6,8 +6,12 @@ error, GPU-hours used and estimated; then the base models' rows. A score that is
 `pending` (the cell has not completed). Read from ledgers, trainer logs and score files only
 (sft_grid/analysis/table.py): no harness, no backend.
 
+With `--along`: the scores along training instead (a suite's `along`, analysis/along.py), one row per scored
+checkpoint of each cell: its step, the tokens seen by then, the training loss logged there, each score.
+
     sft-grid results delphi_scaling
     sft-grid results delphi_scaling --format csv > scores.csv
+    sft-grid results delphi_scaling --along
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sft_grid.analysis.along import Point
     from sft_grid.analysis.table import GridTable, Row, Score
 
 FORMATS = ("table", "csv", "json", "markdown")
@@ -156,11 +161,44 @@ def render(table: GridTable, fmt: str) -> str:
     return text_table(headers(table), text_rows(table)) + "\n\n" + summary(table) + "\n"
 
 
+def _along_score(point: Point, column: str) -> str:
+    return score_text(point.scores[column]) if column in point.scores else ""
+
+
+def render_along(table: GridTable, columns: list[str], points: list[Point], fmt: str) -> str:
+    """The scores along training: a row per (cell, scored checkpoint)."""
+    from sft_grid.cli.present import table as text_table
+
+    if fmt == "json":
+        data = {"grid": table.name, "columns": columns, "points": [p.to_json() for p in points]}
+        return json.dumps(data, indent=1) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["cell", "step", "tokens", "loss", *(h for c in columns for h in (c, f"{c}_stderr"))])
+        for p in points:
+            scores = [(p.scores[c].value, p.scores[c].stderr) if c in p.scores else ("", "") for c in columns]
+            w.writerow([p.cell, p.step, p.tokens, p.loss, *(v for pair in scores for v in pair)])
+        return buf.getvalue()
+    heads = ["cell", "step", "tokens", "loss", *columns]
+    rows = [[p.cell, str(p.step), _num(p.tokens), _num(p.loss), *(_along_score(p, c) for c in columns)] for p in points]
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    cells = len({p.cell for p in points})
+    return text_table(heads, rows) + f"\n\n{len(points)} scored checkpoint(s) of {cells} cell(s)\n"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sft_grid.cli.options import add_format, add_grid
 
     add_grid(parser)
     add_format(parser, FORMATS)
+    parser.add_argument(
+        "--along",
+        action="store_true",
+        help="the scores along training: a row per scored checkpoint (step, tokens, loss, scores)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,5 +213,19 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    sys.stdout.write(render(read_table(sweep_dir), args.format))
+    table = read_table(sweep_dir)
+    if args.along:
+        from sft_grid.analysis.along import read_along
+
+        columns, points = read_along(table)
+        if not points:
+            print(
+                f"no scored checkpoints under {sweep_dir}: give the grid's suite eval.along=checkpoint (or every N"
+                " steps) and run it again (sft-grid run ...)",
+                file=sys.stderr,
+            )
+            return 1
+        sys.stdout.write(render_along(table, columns, points, args.format))
+        return 0
+    sys.stdout.write(render(table, args.format))
     return 0

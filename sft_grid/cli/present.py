@@ -203,16 +203,25 @@ def deferred_lines(
     return [*lines, "  (every deferred check with its cells: SFT_GRID_VERBOSE=1 before the command)"]
 
 
+def _along_text(along: Any) -> str:
+    if along == "checkpoint":
+        return "each saved checkpoint too"
+    return f"the checkpoints at every {along} steps too"
+
+
 def eval_lines(result: GridResult) -> list[str]:
     """What the grid evaluates: each suite's cells and scores, and the base models (once per grid)."""
     from sft_grid.planning.evaluation import cell_scores, suites_of
 
     suites: dict[str, list[int]] = {}
+    along: dict[str, Any] = {}
     for cell in result.cells:
         for suite in suites_of(cell):
             suites.setdefault(suite.name, [0, len(suite.tasks)])[0] += 1
+            along.setdefault(suite.name, suite.along)
     lines = [
         f"  evaluation suite {name}: {n} cell(s) x {tasks} task(s), after the post-training stages"
+        + ("" if along[name] is None else f"; along training: {_along_text(along[name])}")
         for name, (n, tasks) in suites.items()
     ]
     scored = sum(len(cell_scores(c)) for c in result.cells)

@@ -228,6 +228,9 @@ class EvalConf:
     include_path: str | None = None
     # also score each cell's base model, once per grid, so the table shows what fine-tuning gained
     base_models: bool = False
+    # also score the cell's saved checkpoints, each in a job of its own after it exists (issue 26): null (the final
+    # model only), "checkpoint" (every checkpoint), or N (the checkpoints at multiples of N steps)
+    along: Any = None
     # task label -> its settings
     tasks: dict[str, EvalTaskConf] = field(default_factory=dict)
     resources: EvalResourcesConf = field(default_factory=EvalResourcesConf)

@@ -13,6 +13,12 @@ score that exists is never computed again, a changed setting is a new score, and
 is. A metric is named as the harness names it, with its filter after a slash where the task has one
 (`exact_match/strict-match`); its standard error is `<metric>_stderr` (null where the harness has none). Files are
 written to a temporary name and renamed: a reader (sft-grid results, status) sees a whole file or none.
+
+Scores along training (issue 26): a suite with `along` also scores the cell's saved checkpoints (`checkpoint-N`),
+each under its own id, `along_id(<the final score's id>, N)`, with `"step": N` in its settings. Which checkpoints:
+`along: checkpoint` every one saved, `along: <N>` those at multiples of N steps. A checkpoint counts once it is
+whole (its trainer_state.json, which the trainer writes after the weights). Since the id names the step, a score of
+a checkpoint is computed once whichever job finds it, and a resumed or requeued cell finds its earlier ones.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sft_grid.core.cellfiles import dump_json, read_json
+from sft_grid.core.layout import TRAINER_STATE, checkpoints
 
 EVAL_FILE = "eval.json"
 SCORES_DIR = "eval"
@@ -37,6 +44,34 @@ def score_id(key: str, settings: Mapping[str, Any], harness: str) -> str:
     """The identity of a score: (the target's identity key, the task's settings, the harness==version)."""
     blob = json.dumps([key, settings, harness], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:SCORE_ID_LEN]
+
+
+def along_id(final_id: str, step: int) -> str:
+    """The identity of a checkpoint's score: the final score's identity (target, settings, harness) and the step."""
+    return hashlib.sha256(f"{final_id}@{step}".encode()).hexdigest()[:SCORE_ID_LEN]
+
+
+ALONG_EVERY = "checkpoint"  # `along: checkpoint`: every saved checkpoint
+
+
+def along_steps(along: Any, steps: Sequence[int]) -> list[int]:
+    """The steps of these checkpoints that `along` scores (none when it is null)."""
+    if along is None:
+        return []
+    if along == ALONG_EVERY:
+        return sorted(steps)
+    return sorted(s for s in steps if isinstance(along, int) and along >= 1 and s % along == 0)
+
+
+def along(scores: Sequence[ScoreSpec], steps: Sequence[int]) -> list[ScoreSpec]:
+    """The scores of the checkpoints at these steps that these final scores' `along` asks for, oldest first."""
+    wanted = [(step, s) for s in scores for step in along_steps(s.along, steps)]
+    return [s.at(step) for step, s in sorted(wanted, key=lambda w: w[0])]
+
+
+def checkpoint_steps(output_dir: Path) -> tuple[int, ...]:
+    """The steps of the whole checkpoints in a cell's output (a checkpoint being written has no trainer state yet)."""
+    return tuple(int(p.name.rsplit("-", 1)[1]) for p in checkpoints(output_dir) if (p / TRAINER_STATE).is_file())
 
 
 def score_path(target_dir: Path, sid: str) -> Path:
@@ -82,9 +117,23 @@ class ScoreSpec:
     engine: str = "hf"
     batch_size: Any = 1
     device: str = "cpu"
+    # the final model's score: which checkpoints its suite also scores (null, "checkpoint" or every N steps)
+    along: Any = None
+    # a checkpoint's score: its step (None: the final model's)
+    step: int | None = None
+
+    def at(self, step: int) -> ScoreSpec:
+        """This score of the checkpoint at `step`."""
+        return replace(
+            self,
+            score_id=along_id(self.score_id, step),
+            settings={**self.settings, "step": step},
+            along=None,
+            step=step,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "score_id": self.score_id,
             "suite": self.suite,
             "task": self.task,
@@ -93,6 +142,8 @@ class ScoreSpec:
             "batch_size": self.batch_size,
             "device": self.device,
         }
+        # only where set: the eval.json of a suite without `along` stays as it was
+        return {**data, "along": self.along} if self.along is not None else data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScoreSpec:
@@ -104,6 +155,7 @@ class ScoreSpec:
             engine=str(data.get("engine") or "hf"),
             batch_size=data.get("batch_size", 1),
             device=str(data.get("device") or "cpu"),
+            along=data.get("along"),
         )
 
 
@@ -150,6 +202,20 @@ class EvalFile:
             scores=tuple(ScoreSpec.from_json(s) for s in data.get("scores") or ()),
         )
 
+    def wanted(self, target_dir: Path) -> list[ScoreSpec]:
+        """Every score this file asks for now: the final model's, and those of the checkpoints saved so far."""
+        if self.base or not any(s.along is not None for s in self.scores):
+            return list(self.scores)
+        return [*self.scores, *along(self.scores, checkpoint_steps(Path(self.model_path)))]
+
     def missing(self, target_dir: Path) -> list[ScoreSpec]:
         """The scores this file asks for that the target does not have yet."""
-        return [s for s in self.scores if not has_score(target_dir, s.score_id)]
+        return [s for s in self.wanted(target_dir) if not has_score(target_dir, s.score_id)]
+
+    def todo(self, target_dir: Path) -> list[ScoreSpec]:
+        """What an evaluation computes now: the missing scores, but while the cell trains (or after it failed) only
+        its checkpoints' (its final model's come with the evaluation after its post-training stages)."""
+        missing = self.missing(target_dir)
+        if self.base or (Path(self.model_path) / "config.json").is_file() or not any(s.step for s in missing):
+            return missing
+        return [s for s in missing if s.step is not None]

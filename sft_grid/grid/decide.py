@@ -7,6 +7,10 @@
   (resuming from the last checkpoint), unless the class's policy requeues it (a transient fault within its
   budget: core/failures/policy.py): then it runs again at once, avoiding the nodes its evidence names;
 - planned (new, or its earlier submission never reached the scheduler): run.
+Scores along training (a suite's `along`, issue 26): a cell's checkpoints that exist (observed) and have no score
+are scored by an evaluation job of their own: a completed cell's with its other missing scores; a cell that trains
+on Slurm, failed, was cancelled or pruned, by a job that waits for nothing, while it is skipped (never a dependency
+of its training, which never waits for it); a local cell that trains scores its checkpoints in its own job, after.
 A cell whose job an orchestrator killed mid-submit left behind is first recovered (`plan_recovery`), and its
 recovered state decides. A base model its cells' suites ask to evaluate is evaluated when a score of it is missing
 and no evaluation of it runs (`decide_base`).
@@ -21,14 +25,14 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
-from sft_grid.core.events import Event
+from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.cell import REQUEUE_NOTE, requeue_nodes
 from sft_grid.core.failures.policy import RemedyKind
 from sft_grid.core.layout import SUBMITIT_DIR
 from sft_grid.core.state import CellState, SchedulerView, State, slurm_ref
 from sft_grid.core.submission import Recovery, Rescue
 from sft_grid.planning.cells import Cell
-from sft_grid.planning.evaluation import BaseTarget, cell_scores
+from sft_grid.planning.evaluation import BaseTarget, along_scores, cell_scores
 from sft_grid.schedulers import slurm
 from sft_grid.stages import evaluate, post_training
 
@@ -52,7 +56,8 @@ class Decision:
     exclude: tuple[str, ...] = ()
     note: str = ""
     post: bool = False  # its post-training stages run (after its training, or alone)
-    evaluate: bool = False  # its evaluation runs (after its post-training stages)
+    # its evaluation runs (after its post-training stages; alone, for a skipped cell's checkpoints)
+    evaluate: bool = False
 
     @property
     def touch_files(self) -> bool:
@@ -88,7 +93,9 @@ def decide(
     history: Sequence[Event],
     view: SchedulerView | None,
     recovery: Recovery | None = None,
+    steps: Sequence[int] = (),
 ) -> Decision:
+    """`steps`: the cell's checkpoints that exist now (observed), for the scores along training."""
     why = skip_reason(cell, state)
     scores = cell_scores(cell)
     if why is None and _requeued(state) and not cell.spec.rerun_failed:
@@ -117,7 +124,7 @@ def decide(
         )
     if state.state is State.COMPLETED:
         todo = post_training.todo(cell, cell_dir, history, view)
-        evaluation = evaluate.todo(cell_dir, scores, history, view)
+        evaluation = evaluate.todo(cell_dir, (*scores, *along_scores(cell, steps)), history, view)
         why += "".join(f"; {note}" for note in (todo.note, evaluation.note) if note)
         if todo.stages or evaluation.needed:
             return Decision(
@@ -130,7 +137,31 @@ def decide(
                 post=bool(todo.stages),
                 evaluate=evaluation.needed,
             )
-    return Decision(cell=cell, dir=cell_dir, state=state, action=Action.SKIP, why=why, recovery=recovery)
+        scoring = evaluate.EvalTodo(False, "")
+    else:
+        scoring = _checkpoints_todo(cell, cell_dir, state, history, view, steps)
+    why += f"; checkpoint {scoring.note}" if scoring.needed else ""
+    return Decision(
+        cell=cell, dir=cell_dir, state=state, action=Action.SKIP, why=why, recovery=recovery, evaluate=scoring.needed
+    )
+
+
+def _checkpoints_todo(
+    cell: Cell,
+    cell_dir: Path,
+    state: CellState,
+    history: Sequence[Event],
+    view: SchedulerView | None,
+    steps: Sequence[int],
+) -> evaluate.EvalTodo:
+    """Whether a skipped cell's checkpoints need a job that scores them now: some has no score, and no evaluation
+    that could score them runs or waits. The evaluation after its post stages, queued with its training, waits for
+    the training: it is left out (that it waits does not make the checkpoints wait)."""
+    along = along_scores(cell, steps)
+    if not along or (state.state.in_flight and cell.spec.cluster.executor == "local"):
+        return evaluate.EvalTodo(False, "")
+    alone = [e for e in history if not (e.kind is Kind.EVAL_JOB and e.after)]
+    return evaluate.todo(cell_dir, along, alone, view)
 
 
 @dataclass(frozen=True, kw_only=True)

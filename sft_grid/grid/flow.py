@@ -42,18 +42,19 @@ from sft_grid.core.layout import LEDGER_FILE, LOCK_FILE, OUTPUT_DIR, iter_cell_d
 from sft_grid.core.lock import hold_all
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
+from sft_grid.core.scores import checkpoint_steps
 from sft_grid.core.state import CellState, State, state_of
 from sft_grid.core.submission import CodeSnapshot, LocalJob, Role, SubmissionPlan
 from sft_grid.grid import costs as grid_costs
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base, plan_recovery
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.jobs import build
-from sft_grid.grid.render import render, render_base, write_all
+from sft_grid.grid.render import render, render_base, render_eval, write_all
 from sft_grid.grid.triage import settle
 from sft_grid.grid.view import GridView, read_view
 from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.planning.compose import Composed, CompositionError, composition_problem
-from sft_grid.planning.evaluation import BaseTarget, base_targets, merge_eval_axis
+from sft_grid.planning.evaluation import BaseTarget, along_of, base_targets, merge_eval_axis
 from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
@@ -131,6 +132,8 @@ class Observed:
     max_array_size: int
     # the sft_grid version and git revision each submission records (core/provenance.py)
     checkout: Mapping[str, Any]
+    # cell dir -> the steps of its whole checkpoints, for the cells whose suites score along training
+    checkpoints: Mapping[Path, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -388,10 +391,12 @@ def observe(inputs: Inputs, *, record: bool | None = None) -> Observed:
         view = settle(view, inputs.dirs)
     # asked when any cell could go to Slurm: the plan decides which do
     on_slurm = any(c.spec.cluster.executor == "slurm" for c in [*inputs.cells, *(t.cell for t in inputs.targets)])
+    along = {d: checkpoint_steps(d / OUTPUT_DIR) for c, d in zip(inputs.cells, inputs.dirs, strict=True) if along_of(c)}
     return Observed(
         view=view,
         max_array_size=slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE,
         checkout=MappingProxyType(checkout()),
+        checkpoints=MappingProxyType(along),
     )
 
 
@@ -400,7 +405,10 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     sends nothing, starts no process; it reads the cells' own marker files: a prep or a tokenization built, a
     submission file in place, post-training stages done), so the same inputs and observation give the same plan."""
     cells, tokens, view = inputs.cells, inputs.tokens, observed.view
-    decisions = [_decide(cell, cell_dir, view) for cell, cell_dir in zip(cells, inputs.dirs, strict=True)]
+    decisions = [
+        _decide(cell, cell_dir, view, observed.checkpoints.get(cell_dir, ()))
+        for cell, cell_dir in zip(cells, inputs.dirs, strict=True)
+    ]
     bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
     decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
     writes = [
@@ -412,8 +420,13 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
         for d in decisions
         if d.touch_files and (inputs.dry_run or d.action is not Action.SKIP)
     ]
+    # a skipped cell whose checkpoints are scored now: its eval.json as the suites say today (its other files stay)
+    scoring = [d for d in decisions if d.action is Action.SKIP and d.evaluate]
+    writes += [render_eval(d.cell, d.dir) for d in scoring if d.touch_files]
     writes += [render_base(b.target) for b in bases if inputs.dry_run or b.evaluate]
-    on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
+    on_slurm = any(
+        d.cell.spec.cluster.executor == "slurm" and (d.action is not Action.SKIP or d.evaluate) for d in decisions
+    )
     on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
     max_size = observed.max_array_size if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
     recorded = {d.dir: provenance(d.cell.pins, dict(observed.checkout)) for d in decisions if d.action is Action.RUN}
@@ -448,11 +461,11 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     )
 
 
-def _decide(cell: Cell, cell_dir: Path, view: GridView) -> Decision:
+def _decide(cell: Cell, cell_dir: Path, view: GridView, steps: Sequence[int]) -> Decision:
     state, recovery = view.state(cell_dir), None
     if state.recovered:
         recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])
-    return decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery)
+    return decide(cell, cell_dir, state, view.histories[cell_dir], view.scheduler, recovery, steps)
 
 
 def _share_tokenized(

@@ -7,9 +7,11 @@ cells to train as job arrays, one per (sbatch request, sweep directory, prep job
 MaxArraySize and throttled by the grid's concurrency; for each training array a post-training array whose tasks
 each wait for their training task (aftercorr; afterok for a single job), and an evaluation array whose tasks each
 wait for their post task; one post array for completed cells whose stages are pending, and an
-evaluation array for completed cells with missing scores; one evaluation array of the grid's base models.
+evaluation array for completed cells with missing scores; one evaluation array of the checkpoints of skipped cells
+(training, failed, pruned) that have no score yet (issue 26's scores along training: it waits for nothing, and
+nothing waits for it); one evaluation array of the grid's base models.
 Locally: the preps and tokenizations, then the cells in order (each evaluated in its own job), then completed
-cells' pending stages and evaluations, then the base models' evaluations.
+cells' pending stages and evaluations, then skipped cells' checkpoint scores, then the base models' evaluations.
 
 Every Slurm job, whatever its kind, is made by one builder (`slurm_job`); what really differs between the six kinds
 (train, post, eval, prep, tokenize, stage) is their request, their targets, what they wait for, and a few facts
@@ -92,6 +94,14 @@ def build(
     scripts += tuple(CellFiles(t.dir, tokenize_stage.files(t, d.cell)) for t, d in firsts.values())
     local_jobs, submits = _local(local, preps, pending_preps, tokens)
     slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size, work, tokens)
+    scoring = [d for d in decisions if d.action is Action.SKIP and d.evaluate]
+    local_jobs += tuple(local_checkpoint_jobs([d for d in scoring if d.cell.spec.cluster.executor == "local"]))
+    by_sweep: dict[Path, list[Decision]] = {}  # (an array's submitit folder is beside its cells)
+    for d in scoring:
+        if d.cell.spec.cluster.executor != "local":
+            by_sweep.setdefault(d.dir.parent, []).append(d)
+    for members in by_sweep.values():
+        slurm_jobs += tuple(cell_eval_jobs(members, None, histories, label="their checkpoints"))
     local_jobs += tuple(local_base_jobs([b for b in bases if b.target.cell.spec.cluster.executor == "local"]))
     slurm_jobs += tuple(base_eval_jobs([b for b in bases if b.target.cell.spec.cluster.executor != "local"], histories))
     first = local[0] if local else None
@@ -525,6 +535,7 @@ def cell_eval_jobs(
     post: SlurmJob | None,
     histories: Mapping[Path, Sequence[Event]],
     throttle: int | None = None,
+    label: str = "",
 ) -> list[SlurmJob]:
     """The evaluation arrays of cells that evaluate (one per distinct request), each after their post array."""
     groups: dict[SlurmRequest, list[Decision]] = {}
@@ -539,6 +550,7 @@ def cell_eval_jobs(
             histories,
             dependency=_after([d.dir for d in members], post),
             throttle=throttle,
+            label=label,
         )
         for request, members in groups.items()
     ]
@@ -552,6 +564,19 @@ def base_eval_jobs(bases: Sequence[BaseDecision], histories: Mapping[Path, Seque
             request = eval_request(b.target.cell.spec, b.target.suites)
             groups.setdefault((request, b.target.dir.parent), []).append(b.target.dir)
     return [slurm_job(Role.EVAL, dirs, request, histories) for (request, _), dirs in groups.items()]
+
+
+def local_checkpoint_jobs(cells: Sequence[Decision]) -> list[LocalJob]:
+    """Skipped local cells whose checkpoints are scored (failed, cancelled or pruned ones): after the others."""
+    return [
+        LocalJob(
+            role=Role.EVAL,
+            target=d.dir,
+            label=f"{d.cell.name} checkpoints",
+            timeout_min=eval_minutes(suites_of(d.cell), d.cell.spec.cluster),
+        )
+        for d in cells
+    ]
 
 
 def local_base_jobs(bases: Sequence[BaseDecision]) -> list[LocalJob]:

@@ -152,6 +152,12 @@ def render(cell: Cell, cell_dir: Path, deferred: Sequence[Check]) -> CellFiles:
     return CellFiles(cell_dir, files)
 
 
+def render_eval(cell: Cell, cell_dir: Path) -> CellFiles:
+    """A cell's eval.json alone: a skipped cell whose checkpoints are scored (its other files stay as they are)."""
+    evaluation = cell_eval_file(cell, cell_dir)
+    return CellFiles(cell_dir, {EVAL_FILE: evaluation.dumps()} if evaluation is not None else {})
+
+
 def render_base(target: BaseTarget) -> CellFiles:
     """A base model's directory: its eval.json (its ledger and scores come later)."""
     return CellFiles(target.dir, {EVAL_FILE: base_eval_file(target).dumps()})

@@ -10,6 +10,10 @@
   `<sweep dir>/_base/<model slug>-<key>/`, for every cell whose suite asks for `base_models`. A base model whose
   saved tokenizer (readable here) has no chat template is scored without one, and its settings say so.
 
+- A suite's `along` (null, "checkpoint", or every N steps, N a multiple of the cell's save_steps) also scores the
+  cell's saved checkpoints: each final score carries the rule, and `along_scores` gives the scores of the
+  checkpoints that exist (core/scores.py keys each by its step).
+
 Below: the rules of a cell's evaluation suite (pure, like validate.py's), and the tiny local tasks sft_grid ships for
 its tests and demo (`write_tiny_tasks`: the tiny models' arithmetic, written by code, with a digest per task).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,7 +34,7 @@ from typing import Any
 from sft_grid.core.layout import OUTPUT_DIR
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import EvalConf, EvalTaskConf
-from sft_grid.core.scores import BASE_DIR, EvalFile, ScoreSpec, score_id
+from sft_grid.core.scores import ALONG_EVERY, BASE_DIR, EvalFile, ScoreSpec, along, score_id
 from sft_grid.core.templates import effective_template
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning.cells import HASH_LEN, Cell, slugify
@@ -153,31 +158,49 @@ def device_of(suite: EvalConf) -> str:
     return "cuda" if suite.resources.gpus else "cpu"
 
 
-def scores_for(key: str, cell: Cell, suites: Sequence[Any], chat_template: bool = True) -> tuple[ScoreSpec, ...]:
-    """The scores of a target (identity `key`) for these suites, once each."""
+def scores_for(
+    key: str, cell: Cell, suites: Sequence[Any], chat_template: bool = True, along: bool = False
+) -> tuple[ScoreSpec, ...]:
+    """The scores of a target (identity `key`) for these suites, once each; `along`: with each suite's rule for the
+    checkpoints it also scores (a cell's; a base model has no checkpoints)."""
     out: dict[str, ScoreSpec] = {}
     for suite in suites:
         harness = harness_version(cell, suite)
         for label, task in suite.tasks.items():
             settings = task_settings(suite, label, task, chat_template)
             sid = score_id(key, settings, harness)
-            out.setdefault(
-                sid,
-                ScoreSpec(
-                    score_id=sid,
-                    suite=suite.name,
-                    task=settings["task"],
-                    settings=settings,
-                    engine=suite.engine,
-                    batch_size=suite.batch_size,
-                    device=device_of(suite),
-                ),
+            rule = suite.along if along else None
+            spec = ScoreSpec(
+                score_id=sid,
+                suite=suite.name,
+                task=settings["task"],
+                settings=settings,
+                engine=suite.engine,
+                batch_size=suite.batch_size,
+                device=device_of(suite),
+                along=rule,
             )
+            # one task in two suites, one of them along training: the score scores the checkpoints too
+            if sid not in out or (rule is not None and out[sid].along is None):
+                out[sid] = spec
     return tuple(out.values())
 
 
 def cell_scores(cell: Cell) -> tuple[ScoreSpec, ...]:
-    return scores_for(cell.key, cell, suites_of(cell))
+    """The final model's scores (each with its suite's `along` rule)."""
+    return scores_for(cell.key, cell, suites_of(cell), along=True)
+
+
+def along_of(cell: Cell) -> bool:
+    """Whether a suite of the cell scores its checkpoints too."""
+    return any(s.along is not None for s in suites_of(cell))
+
+
+def along_scores(cell: Cell, steps: Sequence[int]) -> tuple[ScoreSpec, ...]:
+    """The scores of the cell's checkpoints at these steps (those saved so far) that its suites' `along` asks for."""
+    if not along_of(cell):
+        return ()
+    return tuple(along(cell_scores(cell), steps))
 
 
 # -- base models ----------------------------------------------------------------------------------------------------
@@ -431,11 +454,42 @@ def _resources(cell: Cell, suite: Any) -> Iterator[Problem]:
         )
 
 
+def _along(cell: Cell, value: Any) -> Iterator[Problem]:
+    """`along`: null, "checkpoint", or every N steps, N a multiple of the cell's save_steps (else no checkpoint is
+    ever at a step it scores)."""
+    if value is None or value == ALONG_EVERY:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        yield _problem(
+            cell,
+            "along",
+            value,
+            "eval-along",
+            f'scores along training: null (the final model only), "{ALONG_EVERY}" (every saved checkpoint) or a'
+            " count of steps N >= 1 (the checkpoints at multiples of N)",
+            f"set eval.along={ALONG_EVERY}, or eval.along=<N steps> (a multiple of save_steps={cell.spec.save_steps})",
+        )
+        return
+    save = cell.spec.save_steps
+    if value % save:
+        yield _problem(
+            cell,
+            "along",
+            value,
+            "eval-along-steps",
+            f"the cell saves a checkpoint every save_steps={save} steps, so every {value} steps would score only"
+            f" those at multiples of {value * save // math.gcd(value, save)}",
+            f"set eval.along to a multiple of {save} (eval.along={save * max(1, round(value / save))}), or"
+            f" eval.along={ALONG_EVERY}",
+        )
+
+
 def eval_suite(cell: Cell) -> Iterator[Problem]:
     """The cell's own suite (validation runs before a grid's `eval` axis is merged: each suite is checked)."""
     suite = cell.spec.eval
     if not suite.tasks:
         return
+    yield from _along(cell, suite.along)
     yield from _batch_size(cell, suite.batch_size)
     yield from _tasks(cell, suite)
     yield from _harness(cell, suite)

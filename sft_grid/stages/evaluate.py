@@ -9,6 +9,10 @@ reason (a task's own error, or the harness's last line). A failed task fails onl
 the grid computes what is missing and nothing else, never the training. Jobs run offline: the harness gets the
 Hugging Face offline switches, and tasks read only the local files or the staged cache.
 
+Scores along training (a suite's `along`): the checkpoints' scores are computed the same way, one model load per
+checkpoint, each on its checkpoint's directory; while the cell has no final model yet (it trains, or it failed) only
+those. One evaluation of a target runs at a time (a lock in its logs/), so two jobs never compute one score twice.
+
 The stage's state (`state_of`, `todo`) is derived, never stored, from a target's score files, its ledger and the
 scheduler: what the grid decides on and what `status` shows in its eval column.
 """
@@ -30,6 +34,7 @@ from typing import Any
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LOGS_DIR, checkpoints, tail_lines
+from sft_grid.core.lock import Lock
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.core.scores import EvalFile, ScoreSpec, has_score, write_score
 from sft_grid.core.state import SchedulerView, alive
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 
 SCRIPT = IN_VENV_DIR / "lm_eval_run.py"
 EVAL_LOG = "eval.log"
+EVAL_LOCK = "eval.lock"
 # the key under which the training job records the digest of the template the trainer saved (a `completed` event)
 TRAINED_TEMPLATE = "chat_template"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -65,9 +71,15 @@ def trained_digest(cell_dir: Path, model: Path) -> str | None:
     return None
 
 
+def model_of(plan: EvalFile, score: ScoreSpec) -> Path:
+    """The model a score is computed on: the target's, or the checkpoint of the step a score along training names."""
+    model = Path(plan.model_path)
+    return model if score.step is None else model / f"checkpoint-{score.step}"
+
+
 def served_digest(target_dir: Path, plan: EvalFile, todo: Sequence[ScoreSpec]) -> str | None:
     """The digest of the template the model is evaluated with; for a cell, train == serve is checked first."""
-    model = Path(plan.model_path)
+    model = model_of(plan, todo[0])
     if plan.base:
         text = effective_template(model) if model.is_dir() else None
         return template_digest(text) if text is not None else None
@@ -76,7 +88,7 @@ def served_digest(target_dir: Path, plan: EvalFile, todo: Sequence[ScoreSpec]) -
             f"{model} holds no saved model (no config.json): did training complete, and did the"
             " post-training stages (consolidate) finish?"
         )
-    trained = trained_digest(target_dir, model)
+    trained = trained_digest(target_dir, Path(plan.model_path))
     if not any(s.settings.get("apply_chat_template") for s in todo):
         return trained
     if trained is None:
@@ -114,7 +126,7 @@ def _harness(target_dir: Path, plan: EvalFile, group: Sequence[ScoreSpec], paths
     run_dir = target_dir / LOGS_DIR / "eval" / f"{time.strftime('%Y%m%d-%H%M%S')}-{first.score_id}"
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = {
-        "model": plan.model_path,
+        "model": str(model_of(plan, first)),
         "tasks": [_task(s) for s in group],
         "include_path": list(paths),
         "engine": first.engine,
@@ -175,7 +187,7 @@ def _score(target_dir: Path, plan: EvalFile, score: ScoreSpec, results: Path, di
         "settings": dict(score.settings),
         "harness": plan.harness,
         "model": plan.target,
-        "model_path": plan.model_path,
+        "model_path": str(model_of(plan, score)),
         "template_digest": digest,
         "metrics": data["metrics"],
         "time": datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -186,10 +198,11 @@ def _score(target_dir: Path, plan: EvalFile, score: ScoreSpec, results: Path, di
 
 
 def _groups(todo: Sequence[ScoreSpec]) -> list[list[ScoreSpec]]:
-    """Scores the harness computes with one model load: the same engine, batch size, device, dtype and seed."""
+    """Scores the harness computes with one model load: the same model (the final one, or a checkpoint), engine,
+    batch size, device, dtype and seed."""
     groups: dict[tuple[str, ...], list[ScoreSpec]] = {}
     for s in todo:
-        key = (s.engine, str(s.batch_size), s.device, str(s.settings["dtype"]), str(s.settings["seed"]))
+        key = (str(s.step), s.engine, str(s.batch_size), s.device, str(s.settings["dtype"]), str(s.settings["seed"]))
         groups.setdefault(key, []).append(s)
     return list(groups.values())
 
@@ -198,18 +211,34 @@ def run(target_dir: Path | str) -> bool:
     """Compute the target's missing scores; True when it has all of them. Safe to call again."""
     target_dir = Path(target_dir).resolve()
     plan = EvalFile.load(target_dir)
-    todo = plan.missing(target_dir) if plan is not None else []
-    if plan is None or not todo:
+    if plan is None or not plan.missing(target_dir):
         return True
     (target_dir / LOGS_DIR).mkdir(exist_ok=True)
+    # one evaluation of a target at a time (a job scoring checkpoints while the cell trains, and the evaluation
+    # after its post stages): the second finds what the first computed, so each score is computed once
+    with Lock(target_dir / LOGS_DIR / EVAL_LOCK):
+        return _run(target_dir, plan)
+
+
+def _run(target_dir: Path, plan: EvalFile) -> bool:
+    todo = plan.todo(target_dir)
+    if not todo:
+        return True
     record(target_dir, Ledger.RUNNING, details={"scores": [s.score_id for s in todo]})
     started = time.monotonic()
     try:
-        digest = served_digest(target_dir, plan, todo)
         paths = include_paths(plan, todo)
         failed: dict[str, str] = {}
         for group in _groups(todo):
-            results, failure = _harness(target_dir, plan, group, paths)
+            try:
+                digest = served_digest(target_dir, plan, group)
+            except EvalFailed as exc:
+                if group[0].step is None:  # the final model's: the stage fails as a whole, as it always did
+                    raise
+                # one checkpoint that cannot be scored (removed by save_total_limit, no template) fails alone
+                results, failure, digest = target_dir / "no results", str(exc), None
+            else:
+                results, failure = _harness(target_dir, plan, group, paths)
             for score in group:
                 why = _score(target_dir, plan, score, results, digest, failure)
                 if why:
@@ -298,7 +327,7 @@ def state_of(
     history = events.read(target_dir) if history is None else history
     if scores is None:
         plan = EvalFile.load(target_dir)
-        scores = plan.scores if plan is not None else ()
+        scores = plan.wanted(target_dir) if plan is not None else ()
     done = sum(1 for s in scores if has_score(target_dir, s.score_id))
     if done == len(scores):
         return EvalState(len(scores), done, Evaluation.DONE if scores else Evaluation.NONE)

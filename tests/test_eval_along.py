@@ -52,8 +52,10 @@ def test_which_checkpoints_a_suite_scores():
     assert along_steps(None, [2, 4]) == []
     assert along_steps("checkpoint", [4, 2, 6]) == [2, 4, 6]
     assert along_steps(4, [2, 4, 6, 8]) == [4, 8]
-    final = ScoreSpec("a" * 12, "tiny", "tiny_mc", {"task": "tiny_mc"}, along="checkpoint")
-    scores = along([final, ScoreSpec("b" * 12, "tiny", "tiny_gen", {"task": "tiny_gen"})], [4, 2])
+    final = ScoreSpec(score_id="a" * 12, suite="tiny", task="tiny_mc", settings={"task": "tiny_mc"}, along="checkpoint")
+    scores = along(
+        [final, ScoreSpec(score_id="b" * 12, suite="tiny", task="tiny_gen", settings={"task": "tiny_gen"})], [4, 2]
+    )
     # the suite without `along` scores no checkpoint; each checkpoint's score has its own id, the step in its settings
     assert [(s.task, s.step, s.settings["step"]) for s in scores] == [("tiny_mc", 2, 2), ("tiny_mc", 4, 4)]
     ids = [s.score_id for s in scores]

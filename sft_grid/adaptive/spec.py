@@ -123,7 +123,8 @@ def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | No
                 "prune",
                 "metric",
                 metric,
-                "is not a metric the rungs can read (scores along training are not computed yet)",
+                "is not a metric the rungs can read: a rung compares the logged training loss (scores along training,"
+                " eval.along, are shown in results and the report but not read by the rungs)",
                 "metric: loss",
             )
         )

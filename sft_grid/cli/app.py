@@ -463,12 +463,12 @@ def _print_launch(result: GridResult) -> None:
 
 
 def _print_final(result: GridResult) -> None:
-    from sft_grid.cli.cmd_status import HEADERS, rows
+    from sft_grid.cli.cmd_status import read, shown
     from sft_grid.cli.present import relative, table
 
     dirs = [d.dir for d in result.decisions]
     out()
-    out(table(HEADERS, rows(dirs, [b.target.dir for b in result.bases])))
+    out(table(*shown(read(dirs, [b.target.dir for b in result.bases]))))
     out(f"outputs: <cell>/output/ under {relative(dirs[0].parent)}/")
 
 

@@ -42,6 +42,7 @@ from sft_grid.core.layout import LEDGER_FILE, LOCK_FILE, OUTPUT_DIR, iter_cell_d
 from sft_grid.core.lock import hold_all
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
+from sft_grid.core.schema import ClusterConf
 from sft_grid.core.state import CellState, State, state_of
 from sft_grid.core.submission import CodeSnapshot, LocalJob, Role, SubmissionPlan
 from sft_grid.grid import costs as grid_costs
@@ -49,6 +50,7 @@ from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.jobs import build
 from sft_grid.grid.render import render, render_base, write_all
+from sft_grid.grid.spread import spread
 from sft_grid.grid.triage import settle
 from sft_grid.grid.view import GridView, read_view
 from sft_grid.planning.cells import Cell, plan_cell
@@ -57,7 +59,9 @@ from sft_grid.planning.evaluation import BaseTarget, base_targets, merge_eval_ax
 from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
-from sft_grid.sites import snapshot
+from sft_grid.sites import facts as site_facts
+from sft_grid.sites import placement, snapshot
+from sft_grid.sites.placement import SiteFacts
 from sft_grid.stages import tokenize
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 from sft_grid.stages.staging.in_job import StageWork, stage_dir
@@ -113,6 +117,8 @@ class Inputs:
     # the commit (and any shipped changes) the grid's Slurm jobs run (sites/snapshot.py); None: no Slurm job, or
     # not a git checkout
     code: CodeSnapshot | None = None
+    # issue 25: the cluster profile of each site the grid is spread over (sites=[...]); empty: the cells' own cluster
+    sites: Mapping[str, ClusterConf] = field(default_factory=dict)
 
     @property
     def work(self) -> StageWork | None:
@@ -131,6 +137,8 @@ class Observed:
     max_array_size: int
     # the sft_grid version and git revision each submission records (core/provenance.py)
     checkout: Mapping[str, Any]
+    # issue 25: each site of a grid across sites: reachable, its nodes, its scheduler's expected starts
+    sites: tuple[SiteFacts, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,6 +271,8 @@ def run(
 
 def check(composed: Sequence[Composed], errors: Sequence[CompositionError], observer: Observer) -> Inputs:
     cells, problems = plan_cells(composed, errors)
+    sites, site_problems = placement.profiles(cells)  # issue 25: sites=[...], every cell feasible on one
+    problems += site_problems or placement.static_problems(cells, sites)
     if problems:
         raise GridError(problems)
     dirs = cell_dirs(cells)
@@ -299,6 +309,7 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
         tokens=MappingProxyType(tokenize.plan(cells)),
         costs=costs,
         code=code,
+        sites=MappingProxyType(sites),
     )
 
 
@@ -392,6 +403,7 @@ def observe(inputs: Inputs, *, record: bool | None = None) -> Observed:
         view=view,
         max_array_size=slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE,
         checkout=MappingProxyType(checkout()),
+        sites=site_facts.observe(inputs.sites, [placement.need_of(c) for c in inputs.cells]) if inputs.sites else (),
     )
 
 
@@ -403,6 +415,8 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     decisions = [_decide(cell, cell_dir, view) for cell, cell_dir in zip(cells, inputs.dirs, strict=True)]
     bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
     decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
+    hub_cells = {cell for i in inputs.staging.pending for cell, _ in i.users}
+    decisions, on_sites = spread(decisions, observed.sites, view.histories, hub_cells)  # issue 25: each on its site
     writes = [
         grid_costs.with_file(
             render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))),
@@ -416,7 +430,11 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     on_slurm = any(d.cell.spec.cluster.executor == "slurm" and d.action is not Action.SKIP for d in decisions)
     on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
     max_size = observed.max_array_size if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
-    recorded = {d.dir: provenance(d.cell.pins, dict(observed.checkout)) for d in decisions if d.action is Action.RUN}
+    recorded = {
+        d.dir: {**provenance(d.cell.pins, dict(observed.checkout)), **on_sites.get(d.dir, {})}
+        for d in decisions
+        if d.action is Action.RUN
+    }
     submission = build(
         decisions,
         view.histories,

@@ -445,6 +445,7 @@ def _print_launch(result: GridResult) -> None:
             out(
                 f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
                 + (f" (at most {job.throttle} at once)" if job.throttle else "")
+                + (f" on site {job.request.site}" if job.request.site else "")
             )
         elif job.role is Role.TOKENIZE:
             out(f"  tokenize once: {job.label} as {job.name}: jobs {span} (the cells that load them wait for it)")

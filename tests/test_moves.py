@@ -119,7 +119,7 @@ def test_killed_between_journal_writes_the_next_invocation_finishes_the_move(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill_write: int
 ) -> None:
     site = FakeSite(cell=tmp_path, reachable=False)
-    real, writes = moves.write, []
+    real, writes = moves.write, list[str]()
 
     def dying(cell_dir: Path, move: Move | None) -> None:
         if len(writes) == kill_write:

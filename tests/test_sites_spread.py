@@ -10,10 +10,12 @@ import csv
 import io
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from sft_grid.core import gate
 from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.paths import REPO_ROOT
 
@@ -21,7 +23,9 @@ from .conftest import run_sft
 from .helpers import cancel_jobs_of, ledger
 from .test_sites_remote import SITE_B_CONF, site_b_jobs, wait_done
 
-pytestmark = [pytest.mark.sites, pytest.mark.slurm]
+# one worker runs these and the remote-site tests one after the other: one of them stops siteb's controller
+pytestmark = [pytest.mark.sites, pytest.mark.slurm, pytest.mark.xdist_group("sites_remote")]
+SITE_B = {"SLURM_CONF": SITE_B_CONF, "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
 
 # 6 sizes x 2 recipes of sweeps/synthetic_delphi.yaml
 TWELVE = [
@@ -91,3 +95,80 @@ def test_a_grid_spread_over_two_clusters_trains_each_cell_once_and_equals_one_si
         ids = site_b_jobs(spread)
         if ids:
             subprocess.run(["scancel", *ids], env={"SLURM_CONF": SITE_B_CONF, "PATH": "/usr/bin:/bin"}, check=False)
+
+
+def _site_b(*argv: str) -> str:
+    return subprocess.run(list(argv), env=SITE_B, capture_output=True, text=True, check=True).stdout
+
+
+def test_a_stopped_sites_queued_cells_move_once_and_its_jobs_train_nothing_later(tmp_path: Path, tiny_assets: Path):
+    """siteb's only node drained, 4 cells queued there; its controller stopped; the next invocation of the grid
+    command moves them to ci (each: gate claimed, confirmed by the silence, queued on ci); siteb restarted, its old
+    jobs start and end at their gates: every cell trained exactly once, on ci."""
+    up = ["bash", str(REPO_ROOT / "scripts" / "slurm_site_up.sh")]
+    subprocess.run(up, check=True, capture_output=True)
+    root = tmp_path / "runs"
+    four = ["-m", "+sweep=synthetic_delphi", "vars.model=delphi-3e18,delphi-9e18", "cluster=slurm_local"]
+    node = _site_b("sinfo", "-h", "-N", "-o", "%N").split()[0]
+    try:
+        _site_b("scontrol", "update", f"nodename={node}", "state=drain", "reason=sft_grid-test")
+        run_sft(*four, "sites=[slurm_siteb]", f"runs_root={root}", check=True)
+        cells = list(iter_cell_dirs(root / "synthetic_delphi"))
+        kinds = [[e["event"] for e in ledger(c)] for c in cells]
+        assert len(cells) == 4 and all("job" in k and "running" not in k for k in kinds), kinds
+        subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm_site_down.sh"), "--controller"], check=True)
+        first = run_sft(*four, SITES, f"runs_root={root}", check=True)  # refresh 1: the moves, queued on ci
+        assert "on site slurm_local" in first.stdout, first.stdout
+        for cell in cells:
+            sites = [e["site"] for e in ledger(cell) if e["event"] == "submitted"]
+            assert sites == ["slurm_siteb", "slurm_local"], (cell.name, sites)
+            assert (cell / "move.json").is_file()  # confirmed; ended by the next observation
+        wait_done(cells, deadline_s=900)
+        second = run_sft(*four, SITES, f"runs_root={root}", check=True)  # refresh 2: nothing moves again
+        assert "4 completed - nothing to run" in second.stdout, second.stdout
+        assert not any((c / "move.json").exists() for c in cells)
+        # siteb back: its four old jobs start and end at their gates, training nothing (their post-training job there,
+        # after them, is cancelled by Slurm: they failed)
+        subprocess.run(up, check=False, capture_output=True)  # its node drained: resumed below
+        _site_b("scontrol", "update", f"nodename={node}", "state=resume")
+        old = _b_ids(cells)
+        t0 = time.monotonic()
+        while not _ended_on_b(old):  # each old job started there and ended (at its gate)
+            assert time.monotonic() - t0 < 600, _site_b(
+                "sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(old)
+            )
+            time.sleep(1)
+        assert len(old) == 4 and all(
+            gate.read(c, j) == gate.MOVED for c, j in zip(cells, _first_ids(cells), strict=True)
+        )
+        ended = _site_b("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(sorted(old)))
+        assert "COMPLETED" not in ended, ended  # each failed at its gate: its post-training job there never ran
+        for cell in cells:
+            assert [e["event"] for e in ledger(cell)].count("running") == 1, ledger(cell)
+    finally:
+        subprocess.run(up, check=False, capture_output=True)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={node}", "state=resume"], env=SITE_B, check=False, capture_output=True
+        )
+        cancel_jobs_of(root)
+        ids = site_b_jobs(root)
+        if ids:
+            subprocess.run(["scancel", *ids], env=SITE_B, check=False)
+
+
+def _first_ids(cells: list[Path]) -> list[str]:
+    """The job ids of the cells' first submissions (on siteb)."""
+    return [next(e["job_id"] for e in ledger(c) if e["event"] == "job") for c in cells]
+
+
+def _b_ids(cells: list[Path]) -> set[str]:
+    return set(_first_ids(cells))
+
+
+def _ended_on_b(ids: set[str]) -> bool:
+    try:
+        out = _site_b("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(sorted(ids)))
+    except subprocess.CalledProcessError:
+        return False  # the controller is still coming back
+    states = dict(line.split("|")[:2] for line in out.splitlines() if "|" in line)
+    return len(states) >= len(ids) and all(s.split()[0] in ("FAILED", "COMPLETED") for s in states.values())

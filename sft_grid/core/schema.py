@@ -577,3 +577,6 @@ class CellConf:
     sites: list[str] = field(default_factory=list)
     # what a cell needs of its site (any site when unset)
     site_needs: SiteNeedsConf = field(default_factory=SiteNeedsConf)
+    # a grid across sites: a cell still queued this long after its submission ("HH:MM:SS") moves to another site
+    # (sft_grid/sites/moves.py), as one whose site does not answer does; null: only the latter
+    move_after: str | None = None

@@ -61,6 +61,7 @@ from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
 from sft_grid.sites import facts as site_facts
 from sft_grid.sites import placement, snapshot
+from sft_grid.sites.moves import observe_moves
 from sft_grid.sites.placement import SiteFacts
 from sft_grid.stages import tokenize
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
@@ -139,6 +140,8 @@ class Observed:
     checkout: Mapping[str, Any]
     # issue 25: each site of a grid across sites: reachable, its nodes, its scheduler's expected starts
     sites: tuple[SiteFacts, ...] = ()
+    # cell dir -> the site it leaves, for the cells whose move is confirmed (sites/moves.py): queued elsewhere
+    moving: Mapping[Path, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,11 +402,16 @@ def observe(inputs: Inputs, *, record: bool | None = None) -> Observed:
         view = settle(view, inputs.dirs)
     # asked when any cell could go to Slurm: the plan decides which do
     on_slurm = any(c.spec.cluster.executor == "slurm" for c in [*inputs.cells, *(t.cell for t in inputs.targets)])
+    sites = site_facts.observe(inputs.sites, [placement.need_of(c) for c in inputs.cells]) if inputs.sites else ()
+    recording = (not inputs.dry_run) if record is None else record
+    # issue 25: a site that does not answer, or cells queued past move_after: their moves' steps (sites/moves.py)
+    moving = observe_moves(inputs.cells, inputs.dirs, view.histories, view.state, sites, recording) if sites else {}
     return Observed(
         view=view,
         max_array_size=slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE,
         checkout=MappingProxyType(checkout()),
-        sites=site_facts.observe(inputs.sites, [placement.need_of(c) for c in inputs.cells]) if inputs.sites else (),
+        sites=sites,
+        moving=MappingProxyType(moving),
     )
 
 
@@ -412,11 +420,14 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     sends nothing, starts no process; it reads the cells' own marker files: a prep or a tokenization built, a
     submission file in place, post-training stages done), so the same inputs and observation give the same plan."""
     cells, tokens, view = inputs.cells, inputs.tokens, observed.view
-    decisions = [_decide(cell, cell_dir, view) for cell, cell_dir in zip(cells, inputs.dirs, strict=True)]
+    decisions = [
+        _decide(cell, cell_dir, view, observed.moving) for cell, cell_dir in zip(cells, inputs.dirs, strict=True)
+    ]
     bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
     decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
     hub_cells = {cell for i in inputs.staging.pending for cell, _ in i.users}
-    decisions, on_sites = spread(decisions, observed.sites, view.histories, hub_cells)  # issue 25: each on its site
+    # issue 25: each cell on its site; a moving cell on another than the one it leaves
+    decisions, on_sites = spread(decisions, observed.sites, view.histories, hub_cells, observed.moving)
     writes = [
         grid_costs.with_file(
             render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))),
@@ -466,7 +477,9 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     )
 
 
-def _decide(cell: Cell, cell_dir: Path, view: GridView) -> Decision:
+def _decide(cell: Cell, cell_dir: Path, view: GridView, moving: Mapping[Path, str]) -> Decision:
+    if cell_dir in moving:  # its job on the site it leaves can train nothing (its gate): queued again, elsewhere
+        return decide(cell, cell_dir, CellState(State.PLANNED), view.histories[cell_dir], view.scheduler)
     state, recovery = view.state(cell_dir), None
     if state.recovered:
         recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])

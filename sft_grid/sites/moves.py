@@ -23,15 +23,21 @@ against a `World` (Slurm and the cell's files here; a fake in the tests).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from sft_grid.core import gate
+from sft_grid.core.events import Event, Kind, submitted_site
+from sft_grid.core.state import CellState, State, parse_time
+from sft_grid.core.timefmt import parse_minutes
+from sft_grid.sites.placement import SiteFacts
 
 MOVE_FILE = "move.json"
 
@@ -150,3 +156,77 @@ def advance(cell_dir: Path, seen: Seen, world: World) -> Move | None:
 def moving(journals: Mapping[Path, Move | None]) -> dict[Path, str]:
     """Cell dir -> the site it leaves, for the cells free to be queued elsewhere (their move confirmed)."""
     return {d: m.site for d, m in journals.items() if m is not None and m.step is Step.CONFIRMED}
+
+
+@dataclass(frozen=True)
+class SlurmWorld:
+    """The world of a move for real: the cell's gate, and each site's Slurm through its client environment."""
+
+    envs: Mapping[str, Mapping[str, str]]  # site -> cluster.client_env
+
+    def claim(self, cell_dir: Path, job: str) -> str:
+        return gate.claim(cell_dir, job, gate.MOVED)
+
+    def cancel(self, site: str, job: str) -> None:
+        import subprocess
+
+        from sft_grid.schedulers import slurm
+
+        # the site went away: the gate stands for the cancel
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            slurm.cancel([job], dict(self.envs.get(site, {})))
+
+    def in_queue(self, site: str, job: str) -> bool:
+        import subprocess
+
+        from sft_grid.schedulers import slurm
+
+        try:
+            return any(j.in_flight for j in slurm.query([job], env=dict(self.envs.get(site, {}))))
+        except (OSError, subprocess.SubprocessError):
+            return True  # not known: not confirmed by the queue (the site's answer, or its silence, decides later)
+
+
+def seen_of(
+    history: Sequence[Event], state: CellState, reachable: Mapping[str, bool], bound_s: float | None, now: float
+) -> Seen | None:
+    """What a move needs of a cell of a grid across sites; None for a cell that has no site recorded."""
+    site, _ = submitted_site(history)
+    if not site:
+        return None
+    submitted = next((e for e in reversed(history) if e.kind is Kind.SUBMITTED), None)
+    started = any(e.kind is Kind.RUNNING for e in history[history.index(submitted) :]) if submitted else False
+    since = parse_time(submitted.time) if submitted else None
+    return Seen(
+        site=site,
+        job=state.job_id,
+        queued=state.state is State.SUBMITTED and not started,
+        reachable=reachable.get(site, True),
+        waited_s=None if since is None else now - since,
+        bound_s=bound_s,
+        in_queue=state.state.in_flight,
+    )
+
+
+def observe_moves(
+    cells: Sequence[Any],
+    dirs: Sequence[Path],
+    histories: Mapping[Path, Sequence[Event]],
+    state: Callable[[Path], CellState],
+    facts: Sequence[SiteFacts],
+    record: bool,
+) -> dict[Path, str]:
+    """Each cell of a grid across sites whose move is confirmed -> the site it leaves. Recording (a real run's
+    observe), the moves also take the steps they can now (their effects: journals, gates, scancel); otherwise the
+    journals are only read."""
+    reachable = {f.name: f.reachable for f in facts}
+    world = SlurmWorld({f.name: dict(f.cluster.client_env) for f in facts})
+    now = time.time()
+    journals: dict[Path, Move | None] = {}
+    for cell, d in zip(cells, dirs, strict=True):
+        if not cell.spec.sites:
+            continue
+        bound = parse_minutes(cell.spec.move_after) * 60 if cell.spec.move_after else None
+        seen = seen_of(histories[d], state(d), reachable, bound, now) if record else None
+        journals[d] = advance(d, seen, world) if seen is not None else read(d)
+    return moving(journals)

@@ -145,6 +145,8 @@ def test_a_stopped_sites_queued_cells_move_once_and_its_jobs_train_nothing_later
         assert "COMPLETED" not in ended, ended  # each failed at its gate: its post-training job there never ran
         for cell in cells:
             assert [e["event"] for e in ledger(cell)].count("running") == 1, ledger(cell)
+            # nothing of the old jobs in the ledger but their ids (no running, no completed, no post stage there)
+            assert not [e for e in ledger(cell) if e.get("job_id") in old and e["event"] != "job"], ledger(cell)
     finally:
         subprocess.run(up, check=False, capture_output=True)
         subprocess.run(

@@ -2,9 +2,11 @@
 
     check(composed)          -> Inputs     compose -> validate -> stage -> preflight -> preps, tokenizations, estimates
     observe(inputs)          -> Observed   what the world says now: each ledger, the scheduler's jobs (one sacct and
-                                           squeue call), the cluster's MaxArraySize, the checkout's revision; in a
+                                           squeue call a site), the cluster's MaxArraySize, the checkout's revision,
+                                           a grid across sites' facts and expected starts (sbatch --test-only); in a
                                            real run the triage of failures the scheduler ended, recorded in their
-                                           ledgers, and the notifications of cells and grids that ended, sent
+                                           ledgers, the notifications of cells and grids that ended, sent, and the
+                                           steps of the moves off a failed site (sites/moves.py)
     plan(inputs, observed)   -> GridPlan   each cell's decision, its files and the submission plan: pure (it writes
                                            nothing, sends nothing, starts no process; it reads the cells' own marker
                                            files) and frozen

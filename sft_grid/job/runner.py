@@ -166,15 +166,15 @@ def run_cell(cell_dir: str | Path) -> str:
     output = cell_dir / OUTPUT_DIR
     job = where()
     lead = job.rank == 0
+    if lead and _moved_away(cell_dir, job.job_id):
+        # issue 25: the cell moved to another site before this job started (core/gate.py): the job fails, so its
+        # post-training job here (after it, kill_on_invalid_dep) is cancelled by Slurm; the ledger is not touched
+        raise MovedAway(f"{cell_dir.name} moved to another site before job {job.job_id} started: nothing run here")
     if output_complete(output):
         if lead:
             events.append(cell_dir, _here(Kind.COMPLETED, note="already complete; nothing run"))
             _post_stages(cell_dir)
         return State.COMPLETED.value
-    if lead and _moved_away(cell_dir, job.job_id):
-        # issue 25: the cell moved to another site before this job started (core/gate.py): the job fails, so its
-        # post-training job here (after it, kill_on_invalid_dep) is cancelled by Slurm; the ledger is not touched
-        raise MovedAway(f"{cell_dir.name} moved to another site before job {job.job_id} started: nothing run here")
     if lead:
         events.append(cell_dir, _here(Kind.RUNNING, details=_environment(cell_dir)))
         _set_aside_verdict(cell_dir)

@@ -166,7 +166,7 @@ def profiles(cells: Sequence[Any]) -> tuple[dict[str, ClusterConf], list[Problem
     from sft_grid.planning import resolvers
 
     lists = {tuple(c.spec.sites) for c in cells}
-    if lists == {()}:
+    if lists <= {()}:  # no cell names sites (or no cell composed)
         return {}, []
     problems: list[Problem] = []
     if len(lists) > 1:

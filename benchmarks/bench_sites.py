@@ -10,9 +10,14 @@ cluster's profile: nothing is queued), and the site's code is this checkout's sn
 
     make sshd && python benchmarks/bench_sites.py [--cells N] [--repeats N] [--json out.json] [--check]
 
-The other targets of issue 25 (12 of 12 cells trained exactly once across sites, placements within constraints, a
-lost site's cells re-placed within two refreshes) need grids spread over sites, which sft_grid does not do yet
-(one site per grid); they are not measured here.
+    python benchmarks/bench_sites.py --spread [--json out.json] [--check]
+
+`--spread` measures the other targets on the two real local Slurm clusters (`make slurm-up slurm-site-up`): a
+12-cell grid (the synthetic backend's simulator, sweeps/synthetic_delphi.yaml) spread over ci and siteb: cells
+trained exactly once (one `running` event each, every cell completed), placements within each cell's constraints
+(sft_grid/sites/placement.py's `refusal` of the site its ledger names: none); then 4 cells queued on siteb with its
+node drained, its controller stopped (scripts/slurm_site_down.sh --controller): the grid command's runs (refreshes)
+until every one of them is queued on ci (target: at most two). siteb is restarted at the end.
 """
 
 from __future__ import annotations
@@ -56,13 +61,109 @@ def median_of(repeats: int, argv: list[str], env: dict[str, str], expect: str) -
     return statistics.median(times)
 
 
+TWELVE = [
+    "+sweep=synthetic_delphi",
+    "vars.model=delphi-3e18,delphi-9e18,delphi-2e19,delphi-3e19,delphi-9e19,delphi-2e20",
+    "cluster=slurm_local",
+]
+SITES = "sites=[slurm_local,slurm_siteb]"
+SITE_B = {**os.environ, "SLURM_CONF": "/etc/slurm-siteb/slurm.conf"}
+
+
+def _events(cell: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (cell / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _grid(env: dict[str, str], *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "sft_grid", "-m", *args], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _wait(cells: list[Path], deadline_s: float = 900) -> None:
+    from sft_grid.core.state import State, state_of
+
+    t0 = time.monotonic()
+    while not all(state_of(c).state is State.COMPLETED for c in cells):
+        if time.monotonic() - t0 > deadline_s:
+            raise SystemExit(f"not completed after {deadline_s} s")
+        time.sleep(1)
+
+
+def spread(args: argparse.Namespace) -> int:
+    from sft_grid.core.cellfiles import CellYaml
+    from sft_grid.core.layout import iter_cell_dirs
+    from sft_grid.sites.placement import SiteFacts, need_of, profiles, refusal
+
+    work = Path(tempfile.mkdtemp(prefix="bench_sites_spread-"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SFT_GRID_SHIP_DIRTY": "1"}
+    up = ["bash", str(REPO / "scripts" / "slurm_site_up.sh")]
+    subprocess.run(up, check=True, capture_output=True)
+    result: dict[str, object] = {}
+    node = "s1"
+    try:
+        _grid(env, *TWELVE, SITES, f"runs_root={work / 'spread'}")
+        cells = list(iter_cell_dirs(work / "spread" / "synthetic_delphi"))
+        _wait(cells)
+        once = sum(1 for c in cells if [e["event"] for e in _events(c)].count("running") == 1)
+        sites, _ = profiles([type("C", (), {"spec": type("S", (), {"sites": ["slurm_local", "slurm_siteb"]})})()])
+        within, placed = 0, dict[str, int]()
+        for c in cells:
+            site = next(str(e["site"]) for e in _events(c) if e["event"] == "submitted")
+            placed[site] = placed.get(site, 0) + 1
+            spec = CellYaml.load(c, ("nodes", "time", "site_needs")).spec
+            need = need_of(type("C", (), {"name": c.name, "spec": spec})())
+            within += refusal(need, SiteFacts(name=site, cluster=sites[site])) is None
+        result.update(cells=len(cells), trained_once=once, within_constraints=within, placed=placed)
+        # a lost site: 4 cells queued on siteb (its node drained), its controller stopped, the grid run again
+        b = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=SITE_B, capture_output=True, text=True).stdout
+        node = b.split()[0]
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=bench"], env=SITE_B)
+        four = ["+sweep=synthetic_delphi", "vars.model=delphi-3e18,delphi-9e18", "cluster=slurm_local"]
+        _grid(env, *four, "sites=[slurm_siteb]", f"runs_root={work / 'lost'}")
+        lost = list(iter_cell_dirs(work / "lost" / "synthetic_delphi"))
+        subprocess.run(["bash", str(REPO / "scripts" / "slurm_site_down.sh"), "--controller"], check=True)
+        refreshes = 0
+        while refreshes < 5:
+            refreshes += 1
+            _grid(env, *four, SITES, f"runs_root={work / 'lost'}")
+            on_ci = [
+                c for c in lost if [e.get("site") for e in _events(c) if e["event"] == "submitted"][-1] == "slurm_local"
+            ]
+            if len(on_ci) == len(lost):
+                break
+        result.update(lost_cells=len(lost), refreshes_to_replace=refreshes)
+    finally:
+        subprocess.run(up, capture_output=True)
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=SITE_B, capture_output=True)
+        subprocess.run(["scancel", "-u", "root", "--name", "sft_grid"], env=SITE_B, capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    ok = (
+        result.get("trained_once") == result.get("cells") == 12
+        and result.get("within_constraints") == 12
+        and int(str(result.get("refreshes_to_replace", 99))) <= 2
+    )
+    print(f"12 cells over two sites: {result.get('placed')}")
+    print(f"trained exactly once: {result.get('trained_once')} of {result.get('cells')} (target 12 of 12)")
+    print(f"placements within each cell's constraints: {result.get('within_constraints')} of {result.get('cells')}")
+    n_lost, n_refreshes = result.get("lost_cells"), result.get("refreshes_to_replace")
+    print(f"a stopped site's {n_lost} queued cells re-placed after {n_refreshes} refresh(es) (target <= 2)")
+    if args.json:
+        args.json.write_text(json.dumps({**result, "met": ok}, indent=1))
+    return 1 if args.check and not ok else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spread", action="store_true", help="the targets of a grid across the two local clusters")
     parser.add_argument("--cells", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
     args = parser.parse_args(argv)
+    if args.spread:
+        return spread(args)
 
     work = Path(tempfile.mkdtemp(prefix="bench_sites-"))
     site_root, laptop = work / "site", work / "laptop"

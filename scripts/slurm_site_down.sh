@@ -3,7 +3,11 @@
 # slurmds and slurmctld stopped); the ci cluster and the daemons they share (munged, MariaDB, slurmdbd) stay up.
 #
 #   bash scripts/slurm_site_down.sh        (or: make slurm-site-down)     SLURM_SITE_NAME as for slurm_site_up.sh
+#   bash scripts/slurm_site_down.sh --controller    only its slurmctld, its queue kept (a site whose controller
+#                                                   fails: tests/test_sites_spread.py); slurm_site_up.sh restarts it
 set -euo pipefail
+CONTROLLER_ONLY=0
+[[ ${1:-} == --controller ]] && CONTROLLER_ONLY=1
 
 NAME=${SLURM_SITE_NAME:-siteb}
 SCRIPT=slurm_site_down
@@ -14,9 +18,13 @@ export SLURM_CONF=/etc/slurm-$NAME/slurm.conf
 
 stop() {
     local f pid pids=() t0
-    if live_pid "$SITE_RUN/slurmctld.pid" >/dev/null; then scancel --full -u root 2>/dev/null || true; fi
+    local files=("$SITE_RUN/slurmctld.pid")
+    if ((!CONTROLLER_ONLY)); then
+        if live_pid "$SITE_RUN/slurmctld.pid" >/dev/null; then scancel --full -u root 2>/dev/null || true; fi
+        files=("$SITE_RUN"/slurmd-*.pid "$SITE_RUN/slurmctld.pid")
+    fi
     shopt -s nullglob
-    for f in "$SITE_RUN"/slurmd-*.pid "$SITE_RUN/slurmctld.pid"; do
+    for f in "${files[@]}"; do
         if pid=$(live_pid "$f"); then pids+=("$pid"); kill -TERM "$pid" 2>/dev/null || true; fi
     done
     shopt -u nullglob
@@ -27,7 +35,7 @@ stop() {
             sleep 0.1
         done
     done
-    rm -f "$SITE_RUN"/*.pid
+    if ((CONTROLLER_ONLY)); then rm -f "$SITE_RUN/slurmctld.pid"; else rm -f "$SITE_RUN"/*.pid; fi
 }
 
 phase daemons stop

@@ -194,7 +194,7 @@ def test_cells_are_evaluated_by_an_array_after_their_post_array_and_base_models_
         assert [s.task for s in plan.scores] == ["tiny_mc", "tiny_gen"] and plan.harness == "lm-eval==0.4.13"
     assert EvalFile.load(base_dir).base and EvalFile.load(base_dir).model_path == "Qwen/Qwen3-8B"
     assert rows([], [base_dir]) == [
-        (f"_base/{base_dir.name}", "base model", "", "", "", "", "queued in job 103 (0/2)", "", "")
+        (f"_base/{base_dir.name}", "base model", "", "", "", "", "queued in job 103 (0/2)", "", "", "")
     ]
     again = run_grid("eval=tiny", site_harness)  # everything is queued: nothing is sent twice
     assert again.plan.slurm == () and len(fakeslurm.calls(slurm_dir, "sbatch")) == 4
@@ -244,7 +244,7 @@ def test_a_score_is_computed_once_and_a_new_task_or_a_failure_is_evaluated_alone
     for target in [*dirs[1:], added.plan.slurm[1].targets[0]]:
         _score_all(target)
     events.append(dirs[0], Event(Kind.EVAL, state="failed", reason="train == serve: the template differs"))
-    assert rows(dirs)[0][6:] == ("failed in job 106_0 (1/2)", "", "eval: train == serve: the template differs")
+    assert rows(dirs)[0][6:9] == ("failed in job 106_0 (1/2)", "", "eval: train == serve: the template differs")
     retry = run_grid("eval=tiny", site_harness)
     assert [d.action for d in retry.decisions] == [Action.POST, Action.SKIP, Action.SKIP]
     assert "evaluation to run again: 1 score(s)" in retry.decisions[0].why

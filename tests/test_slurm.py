@@ -107,9 +107,9 @@ def test_grid_is_one_throttled_array_then_skipped_and_status_asks_sacct_once(
     calls: list[list[str]] = []
     real = slurm._run
 
-    def counting(argv, timeout=60):
+    def counting(argv, timeout=60, env=None):
         calls.append(list(argv))
-        return real(argv, timeout)
+        return real(argv, timeout, env)
 
     monkeypatch.setattr(slurm, "_run", counting)
     table = rows(cell_dirs(tmp_path))

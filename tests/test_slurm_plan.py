@@ -12,6 +12,7 @@ from sft_grid.schedulers import slurm
 def request(**cluster) -> SlurmRequest:
     spec = type("Spec", (), {})()
     spec.nodes = cluster.pop("nodes", 1)
+    spec.sites = []
     spec.cluster = type(
         "Cluster",
         (),
@@ -27,6 +28,7 @@ def request(**cluster) -> SlurmRequest:
             "gpus_per_node": 4,
             "gpu_directive": "gpus_per_node",
             "max_requeues": 3,
+            "client_env": {},
             **cluster,
         },
     )()

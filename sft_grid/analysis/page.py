@@ -159,10 +159,12 @@ def _header(data: dict[str, Any], cells: list[dict[str, Any]]) -> str:
 
 def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     scores = columns if columns is not None else sorted({k for c in cells for k in (c.get("scores") or {})})
+    spread = any(c.get("site") for c in cells)  # a grid across sites (issue 25): each cell's site
     heads = [
         "cell",
         *axes,
         "state",
+        *(["site"] if spread else []),
         "step",
         "final loss",
         *scores,
@@ -188,6 +190,8 @@ def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | No
             f'<td data-v="{escape(state)}"><span class="badge" style="background:{state_colour(state)}">'
             f"{escape(state)}</span>{reason}</td>"
         )
+        if spread:
+            row.append(_td(str(c.get("site") or "")))
         row.append(_td(steps, "" if step is None else step, "n"))
         row.append(_td(_g(c.get("final_loss")), _g(c.get("final_loss"), 17), "n"))
         for k in scores:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.core.cellfiles import CellYaml
-from sft_grid.core.events import Event, Kind
+from sft_grid.core.events import Event, Kind, submitted_site
 from sft_grid.core.layout import BASE_DIR, EVAL_DIR, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE, iter_cell_dirs
 from sft_grid.core.overrides import overrides_of, swept_values
 from sft_grid.grid.costs import read_estimate, used_seconds
@@ -190,6 +190,8 @@ class Row:
     params: float | None = None
     compute_budget: float | None = None
     cluster: str = ""
+    # the site its latest submission went to, in a grid across sites (issue 25); "" otherwise
+    site: str = ""
     recipe: str = ""
     estimate: dict[str, Any] | None = None
     overrides: list[str] = field(default_factory=list)  # its rerun command's
@@ -218,6 +220,7 @@ class Row:
             "estimate_gpu_hours": self.estimate_gpu_hours,
             "model": self.model,
             "params": self.params,
+            "site": self.site,
         }
 
 
@@ -397,6 +400,7 @@ def read_table(sweep_dir: Path) -> GridTable:
                 final_loss=final_loss(final_losses(d / OUTPUT_DIR)) if st.state.value == "completed" else None,
                 wall_seconds=wall,
                 gpu_hours=None if wall is None else wall * row.gpus / 3600,
+                site=submitted_site(history)[0],
             )
         )
         raw.append(_score_table(read_files(d / EVAL_DIR)))

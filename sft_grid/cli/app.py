@@ -451,6 +451,7 @@ def _print_launch(result: GridResult) -> None:
             out(
                 f"  queued {len(got)} cell(s) as {job.name}: jobs {span}"
                 + (f" (at most {job.throttle} at once)" if job.throttle else "")
+                + (f" on site {job.request.site}" if job.request.site else "")
             )
         elif job.role is Role.TOKENIZE:
             out(f"  tokenize once: {job.label} as {job.name}: jobs {span} (the cells that load them wait for it)")
@@ -471,12 +472,12 @@ def _print_launch(result: GridResult) -> None:
 
 
 def _print_final(result: GridResult) -> None:
-    from sft_grid.cli.cmd_status import HEADERS, rows
+    from sft_grid.cli.cmd_status import read, shown
     from sft_grid.cli.present import relative, table
 
     dirs = [d.dir for d in result.decisions]
     out()
-    out(table(HEADERS, rows(dirs, [b.target.dir for b in result.bases])))
+    out(table(*shown(read(dirs, [b.target.dir for b in result.bases]))))
     out(f"outputs: <cell>/output/ under {relative(dirs[0].parent)}/")
 
 

@@ -43,21 +43,25 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     view = read_view(dirs)
-    slurm_ids, cancelled = [], []
+    # each site's job ids (a grid across sites: the client environment each cell's submission recorded)
+    slurm_ids: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    cancelled = []
     for cell_dir in dirs:
         st = view.state(cell_dir)
         if not st.state.in_flight:
             continue
         history = view.histories[cell_dir]
         if slurm_ref(history) is not None and st.job_id:
-            slurm_ids.append(st.job_id)
+            env = tuple(sorted(events.submitted_site(history)[1].items()))
+            slurm_ids.setdefault(env, []).append(st.job_id)
         else:
             last = next(e for e in reversed(history) if e.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(last.pid or 0), signal.SIGTERM)
         events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by sft-grid cancel", job_id=st.job_id))
         cancelled.append(cell_dir.name)
-    slurm.cancel(slurm_ids)
+    for env, ids in slurm_ids.items():
+        slurm.cancel(ids, dict(env) or None)
     for name in cancelled:
         print(f"cancelled {name}")
     print(f"{len(cancelled)} cell(s) cancelled" + ("" if cancelled else f" (none in flight under {sweep_dir})"))

@@ -48,8 +48,14 @@ def score_text(s: Score) -> str:
     return f"{s.value:.4g}" + (f" ± {s.stderr:.2g}" if s.stderr is not None else "")
 
 
+def _sites(table: GridTable) -> bool:
+    """Whether the grid is spread over sites (issue 25): then every table has a site column after the state."""
+    return any(r.site for r in table.rows)
+
+
 def headers(table: GridTable) -> list[str]:
-    return ["cell", *table.axes, "state", "steps", "final loss", *table.columns, "GPU-h", "est. GPU-h"]
+    site = ["site"] if _sites(table) else []
+    return ["cell", *table.axes, "state", *site, "steps", "final loss", *table.columns, "GPU-h", "est. GPU-h"]
 
 
 def text_rows(table: GridTable) -> list[list[str]]:
@@ -58,6 +64,7 @@ def text_rows(table: GridTable) -> list[list[str]]:
             r.name,
             *(r.values.get(a, "") for a in table.axes),
             r.state,
+            *([r.site] if _sites(table) else []),
             _steps(r),
             _num(r.final_loss),
             *(score_text(r.scores[c]) for c in table.columns),
@@ -91,6 +98,7 @@ def as_csv(table: GridTable) -> str:
             "cell",
             *table.axes,
             "state",
+            *(["site"] if _sites(table) else []),
             "step",
             "total_steps",
             "final_loss",
@@ -109,6 +117,7 @@ def as_csv(table: GridTable) -> str:
                 r.name,
                 *(r.values.get(a, "") for a in table.axes),
                 r.state,
+                *([r.site] if _sites(table) else []),
                 r.step,
                 r.total,
                 r.final_loss,

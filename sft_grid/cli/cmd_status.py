@@ -29,8 +29,11 @@ if TYPE_CHECKING:
 # post: the post-training chain: "done", or its first unfinished stage and that stage's state; eval: the evaluation,
 # "done (N)" when every score its suites ask for is there, else its state and how many of them are
 # class: a failure's class (core/failures); reason: what its policy did, then the evidence that decided it
-HEADERS = ("cell", "state", "job", "elapsed", "progress", "post", "eval", "class", "reason")
+# site: where the cell's latest submission went, in a grid across sites (issue 25); the column is left out of the
+# table when no cell has one
+HEADERS = ("cell", "state", "job", "elapsed", "progress", "post", "eval", "class", "reason", "site")
 ELAPSED = HEADERS.index("elapsed")
+REASON = HEADERS.index("reason")
 BASE_ROW = "base model"  # the state column of a base model's row
 DEFAULT_INTERVAL_S = 10.0
 # the terminal's alternate screen (left on exit, so the final table stays in the scrollback), cursor home, clear
@@ -108,13 +111,14 @@ def lines_of(view: GridView, dirs: Sequence[Path], bases: Sequence[Path] = ()) -
             ev.text() if ev is not None else "",
             st.failure_class or "",
             reason,
+            events.submitted_site(history)[0],
         )
         out.append(Line(row=row, state=st, under_way=frozenset(under_way)))
     for base in bases:
         ev = eval_state(base, view.histories[base], view.scheduler)
         out.append(
             Line(
-                row=(f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason),
+                row=(f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason, ""),
                 state=None,
                 under_way=frozenset({"eval"}) if ev.state in ("queued", "running") else frozenset(),
             )
@@ -129,11 +133,19 @@ def base_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(p.parent for p in (sweep_dir / BASE_DIR).glob(f"*/{EVAL_FILE}"))
 
 
+def shown(found: Sequence[Line]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The table's headers and rows: the reason cut at 160 characters, the site column only in a grid with sites."""
+    with_site = any(r.row[-1] for r in found)
+    keep = len(HEADERS) if with_site else len(HEADERS) - 1
+    rows = [(*r.row[:REASON], r.row[REASON][:160], *r.row[REASON + 1 :])[:keep] for r in found]
+    return HEADERS[:keep], rows
+
+
 def report(found: Sequence[Line]) -> list[str]:
     """The table, how many cells are in each state, and the failed ones by class."""
     from sft_grid.cli.present import failure_lines, table
 
-    out = [table(HEADERS, [(*r.row[:-1], r.row[-1][:160]) for r in found])]
+    out = [table(*shown(found))]
     counts: dict[str, int] = {}
     cells = [(r.row, r.state) for r in found if r.state is not None]
     for row, _ in cells:

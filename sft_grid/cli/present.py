@@ -298,7 +298,8 @@ def job_line(job: SlurmJob) -> str:
     tasks = f"{len(job.targets)} task(s)" if len(job.targets) > 1 else "1 job"
     throttle = f", at most {job.throttle} at once" if job.throttle else ""
     after = f", after {job.dependency.text()}" if job.dependency else ""
-    return f"  {job.name}: {what}, {tasks}{throttle}{after}"
+    where = f", on site {job.request.site}" if job.request.site else ""
+    return f"  {job.name}: {what}, {tasks}{throttle}{after}{where}"
 
 
 def plan_lines(plan: SubmissionPlan) -> list[str]:

@@ -193,3 +193,13 @@ def read(directory: Path) -> list[Event]:
 def last(history: Sequence[Event], *kinds: Kind) -> Event | None:
     """The latest event of these kinds."""
     return next((e for e in reversed(history) if e.kind in kinds), None)
+
+
+def submitted_site(history: Sequence[Event]) -> tuple[str, dict[str, str]]:
+    """The site of a cell's latest submission and its Slurm client environment, as its `submitted` event records
+    them (issue 25: a grid across sites); ("", {}) for a cell of a one-site grid."""
+    for e in reversed(history):
+        if e.kind is Kind.SUBMITTED:
+            env = e.details.get("slurm_env") or {}
+            return str(e.details.get("site") or ""), {str(k): str(v) for k, v in dict(env).items()}
+    return "", {}

@@ -294,6 +294,18 @@ class RemoteConf:
 
 
 @dataclass
+class SiteNeedsConf:
+    """What a cell needs of the site it is placed on (issue 25, `sites=[...]`); unset: anything."""
+
+    cpu_arch: str | None = None
+    # a GPU model the site's gpu_type must start with (H100 matches H100-SXM)
+    gpu_type: str | None = None
+    gpu_mem_gb: int | None = num(None, 1)
+    # false: the cell may run where compute nodes have no internet (its inputs are staged before it is queued)
+    internet: bool = False
+
+
+@dataclass
 class ClusterConf:
     name: str = MISSING
     # local: submitit's local executor on this machine; slurm: submitit's Slurm executor
@@ -363,6 +375,18 @@ class ClusterConf:
     wait: bool = True
     # a remote site: everything site-side over ssh (issue 25); unset: the grid runs where it is launched
     remote: RemoteConf = field(default_factory=RemoteConf)
+    # issue 25, grids across sites (sft_grid/sites/placement.py): the site's facts a placement weighs.
+    # the most nodes one job may ask for; null: no limit known
+    max_nodes: int | None = num(None, 1)
+    # one GPU's memory in GB; null: not known (a cell that needs some is not placed here)
+    gpu_mem_gb: int | None = num(None, 1)
+    # node-hours the account has left where the site reports it; null: not reported (no limit weighed)
+    allocation_node_h: float | None = num(None, 0)
+    # whether staging reaches the Hub (or its mirror) from this site; false: only cells whose inputs are staged
+    hub_reachable: bool = True
+    # the environment of the site's Slurm client commands (sbatch, squeue, sacct, scancel), e.g. SLURM_CONF of a
+    # second cluster on one login node; its jobs inherit it
+    client_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -550,3 +574,12 @@ class CellConf:
     # queue Slurm jobs from a checkout whose conf/, sweeps/ or package has uncommitted changes: the changes ship in
     # the jobs' code snapshot and each cell's ledger names them (sft_grid/sites/snapshot.py); false: refused
     ship_dirty: bool = False
+    # issue 25: the sites (cluster profiles, conf/cluster/<name>.yaml) the grid's cells are placed on, each cell on
+    # one where it is feasible, earliest expected start first (sft_grid/sites/placement.py); empty: the cell's
+    # own cluster. Not identity: the same cell on another site is the same cell.
+    sites: list[str] = field(default_factory=list)
+    # what a cell needs of its site (any site when unset)
+    site_needs: SiteNeedsConf = field(default_factory=SiteNeedsConf)
+    # a grid across sites: a cell still queued this long after its submission ("HH:MM:SS") moves to another site
+    # (sft_grid/sites/moves.py), as one whose site does not answer does; null: only the latter
+    move_after: str | None = None

@@ -49,6 +49,15 @@ class SlurmRequest:
 
     params: tuple[tuple[str, Any], ...]
     max_requeues: int
+    # the site's Slurm client environment (cluster.client_env): where sbatch sends it (issue 25); left out of the
+    # repr when empty, so a one-site grid's job names stay what they were
+    client_env: tuple[tuple[str, str], ...] = ()
+    # the site (cluster profile) a grid across sites placed the job on; "" in a one-site grid
+    site: str = ""
+
+    def __repr__(self) -> str:
+        env = f", client_env={self.client_env!r}, site={self.site!r}" if self.client_env or self.site else ""
+        return f"SlurmRequest(params={self.params!r}, max_requeues={self.max_requeues!r}{env})"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -59,7 +68,7 @@ class SlurmRequest:
     def replace(self, drop: tuple[str, ...] = (), **changes: Any) -> SlurmRequest:
         params = {k: v for k, v in self.params if k not in drop}
         params.update(changes)
-        return SlurmRequest(tuple(sorted(params.items())), self.max_requeues)
+        return SlurmRequest(tuple(sorted(params.items())), self.max_requeues, self.client_env, self.site)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
     check(composed)          -> Inputs     compose -> validate -> stage -> preflight -> preps, tokenizations, estimates
     observe(inputs)          -> Observed   what the world says now: each ledger, the scheduler's jobs (one sacct and
-                                           squeue call), the cluster's MaxArraySize, the checkout's revision; in a
+                                           squeue call a site), the cluster's MaxArraySize, the checkout's revision,
+                                           a grid across sites' facts and expected starts (sbatch --test-only); in a
                                            real run the triage of failures the scheduler ended, recorded in their
-                                           ledgers, and the notifications of cells and grids that ended, sent
+                                           ledgers, the notifications of cells and grids that ended, sent, and the
+                                           steps of the moves off a failed site (sites/moves.py)
     plan(inputs, observed)   -> GridPlan   each cell's decision, its files and the submission plan: pure (it writes
                                            nothing, sends nothing, starts no process; it reads the cells' own marker
                                            files) and frozen
@@ -42,6 +44,7 @@ from sft_grid.core.layout import LEDGER_FILE, LOCK_FILE, OUTPUT_DIR, iter_cell_d
 from sft_grid.core.lock import hold_all
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
+from sft_grid.core.schema import ClusterConf
 from sft_grid.core.scores import checkpoint_steps
 from sft_grid.core.state import CellState, State, state_of
 from sft_grid.core.submission import CodeSnapshot, LocalJob, Role, SubmissionPlan
@@ -50,6 +53,7 @@ from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.jobs import build
 from sft_grid.grid.render import render, render_base, render_eval, write_all
+from sft_grid.grid.spread import spread
 from sft_grid.grid.triage import settle
 from sft_grid.grid.view import GridView, read_view
 from sft_grid.planning.cells import Cell, plan_cell
@@ -58,7 +62,10 @@ from sft_grid.planning.evaluation import BaseTarget, along_of, base_targets, mer
 from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
-from sft_grid.sites import snapshot
+from sft_grid.sites import facts as site_facts
+from sft_grid.sites import placement, snapshot
+from sft_grid.sites.moves import observe_moves
+from sft_grid.sites.placement import SiteFacts
 from sft_grid.stages import tokenize
 from sft_grid.stages.staging import StagingFailed, StagingPlan, budget_for, plan_staging, provenance, stage_here
 from sft_grid.stages.staging.in_job import StageWork, stage_dir
@@ -114,6 +121,8 @@ class Inputs:
     # the commit (and any shipped changes) the grid's Slurm jobs run (sites/snapshot.py); None: no Slurm job, or
     # not a git checkout
     code: CodeSnapshot | None = None
+    # issue 25: the cluster profile of each site the grid is spread over (sites=[...]); empty: the cells' own cluster
+    sites: Mapping[str, ClusterConf] = field(default_factory=dict)
 
     @property
     def work(self) -> StageWork | None:
@@ -134,6 +143,10 @@ class Observed:
     checkout: Mapping[str, Any]
     # cell dir -> the steps of its whole checkpoints, for the cells whose suites score along training
     checkpoints: Mapping[Path, tuple[int, ...]] = field(default_factory=dict)
+    # issue 25: each site of a grid across sites: reachable, its nodes, its scheduler's expected starts
+    sites: tuple[SiteFacts, ...] = ()
+    # cell dir -> the site it leaves, for the cells whose move is confirmed (sites/moves.py): queued elsewhere
+    moving: Mapping[Path, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +279,8 @@ def run(
 
 def check(composed: Sequence[Composed], errors: Sequence[CompositionError], observer: Observer) -> Inputs:
     cells, problems = plan_cells(composed, errors)
+    sites, site_problems = placement.profiles(cells)  # issue 25: sites=[...], every cell feasible on one
+    problems += site_problems or placement.static_problems(cells, sites)
     if problems:
         raise GridError(problems)
     dirs = cell_dirs(cells)
@@ -302,6 +317,7 @@ def check(composed: Sequence[Composed], errors: Sequence[CompositionError], obse
         tokens=MappingProxyType(tokenize.plan(cells)),
         costs=costs,
         code=code,
+        sites=MappingProxyType(sites),
     )
 
 
@@ -392,11 +408,17 @@ def observe(inputs: Inputs, *, record: bool | None = None) -> Observed:
     # asked when any cell could go to Slurm: the plan decides which do
     on_slurm = any(c.spec.cluster.executor == "slurm" for c in [*inputs.cells, *(t.cell for t in inputs.targets)])
     along = {d: checkpoint_steps(d / OUTPUT_DIR) for c, d in zip(inputs.cells, inputs.dirs, strict=True) if along_of(c)}
+    sites = site_facts.observe(inputs.sites, [placement.need_of(c) for c in inputs.cells]) if inputs.sites else ()
+    recording = (not inputs.dry_run) if record is None else record
+    # issue 25: a site that does not answer, or cells queued past move_after: their moves' steps (sites/moves.py)
+    moving = observe_moves(inputs.cells, inputs.dirs, view.histories, view.state, sites, recording) if sites else {}
     return Observed(
         view=view,
         max_array_size=slurm.max_array_size() if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE,
         checkout=MappingProxyType(checkout()),
         checkpoints=MappingProxyType(along),
+        sites=sites,
+        moving=MappingProxyType(moving),
     )
 
 
@@ -406,11 +428,14 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     submission file in place, post-training stages done), so the same inputs and observation give the same plan."""
     cells, tokens, view = inputs.cells, inputs.tokens, observed.view
     decisions = [
-        _decide(cell, cell_dir, view, observed.checkpoints.get(cell_dir, ()))
+        _decide(cell, cell_dir, view, observed.checkpoints.get(cell_dir, ()), observed.moving)
         for cell, cell_dir in zip(cells, inputs.dirs, strict=True)
     ]
     bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
     decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
+    hub_cells = {cell for i in inputs.staging.pending for cell, _ in i.users}
+    # issue 25: each cell on its site; a moving cell on another than the one it leaves
+    decisions, on_sites = spread(decisions, observed.sites, view.histories, hub_cells, observed.moving)
     writes = [
         grid_costs.with_file(
             render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))),
@@ -429,7 +454,11 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     )
     on_slurm |= any(b.target.cell.spec.cluster.executor == "slurm" and b.evaluate for b in bases)
     max_size = observed.max_array_size if on_slurm else slurm.DEFAULT_MAX_ARRAY_SIZE
-    recorded = {d.dir: provenance(d.cell.pins, dict(observed.checkout)) for d in decisions if d.action is Action.RUN}
+    recorded = {
+        d.dir: {**provenance(d.cell.pins, dict(observed.checkout)), **on_sites.get(d.dir, {})}
+        for d in decisions
+        if d.action is Action.RUN
+    }
     submission = build(
         decisions,
         view.histories,
@@ -461,7 +490,9 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     )
 
 
-def _decide(cell: Cell, cell_dir: Path, view: GridView, steps: Sequence[int]) -> Decision:
+def _decide(cell: Cell, cell_dir: Path, view: GridView, steps: Sequence[int], moving: Mapping[Path, str]) -> Decision:
+    if cell_dir in moving:  # its job on the site it leaves can train nothing (its gate): queued again, elsewhere
+        return decide(cell, cell_dir, CellState(State.PLANNED), view.histories[cell_dir], view.scheduler)
     state, recovery = view.state(cell_dir), None
     if state.recovered:
         recovery, state = plan_recovery(cell_dir, state, view.histories[cell_dir])

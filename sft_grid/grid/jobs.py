@@ -246,7 +246,8 @@ def request_for(spec: CellConf, timeout_min: int) -> SlurmRequest:
         params["gpus_per_node"] = c.gpus_per_node
     elif c.gpus_per_node and c.gpu_directive == "gres":
         params["gres"] = f"gpu:{c.gpus_per_node}"
-    return SlurmRequest(tuple(sorted(params.items())), c.max_requeues)
+    site = c.name if spec.sites else ""
+    return SlurmRequest(tuple(sorted(params.items())), c.max_requeues, tuple(sorted(c.client_env.items())), site)
 
 
 def post_request_for(spec: CellConf, needs_hub: bool) -> SlurmRequest:
@@ -258,7 +259,9 @@ def post_request_for(spec: CellConf, needs_hub: bool) -> SlurmRequest:
         changes["partition"] = spec.cluster.post_partition
     # a few cores: consolidation and uploads are bound by memory and network, and training needs the rest
     changes["additional_parameters"] = _without_gpus(request)
-    return SlurmRequest(request.replace(drop=("gpus_per_node", "gres"), **changes).params, 0)
+    return SlurmRequest(
+        request.replace(drop=("gpus_per_node", "gres"), **changes).params, 0, request.client_env, request.site
+    )
 
 
 def _asks_for_gpus(option: str, value: Any) -> bool:
@@ -287,7 +290,9 @@ def prep_request(request: SlurmRequest) -> SlurmRequest:
         changes["gpus_per_node"] = 1
     if params.get("gres"):
         changes["gres"] = "gpu:1"
-    return SlurmRequest(request.replace(drop=("signal_delay_s",), **changes).params, 0)
+    return SlurmRequest(
+        request.replace(drop=("signal_delay_s",), **changes).params, 0, request.client_env, request.site
+    )
 
 
 def stage_request(cluster: ClusterConf) -> SlurmRequest:
@@ -307,7 +312,7 @@ def stage_request(cluster: ClusterConf) -> SlurmRequest:
         params["partition"] = st.partition or cluster.partition
     if st.setup:
         params["setup"] = tuple(st.setup)
-    return SlurmRequest(tuple(sorted(params.items())), 0)
+    return SlurmRequest(tuple(sorted(params.items())), 0, tuple(sorted(cluster.client_env.items())))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -389,6 +394,8 @@ def tokenize_request(spec: CellConf) -> SlurmRequest:
     return SlurmRequest(
         request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), nodes=1, additional_parameters=extra).params,
         0,
+        request.client_env,
+        request.site,
     )
 
 
@@ -518,7 +525,12 @@ def eval_request(spec: CellConf, suites: Sequence[EvalConf]) -> SlurmRequest:
         changes["gpus_per_node"] = gpus
     elif gpus and cluster.gpu_directive == "gres":
         changes["gres"] = f"gpu:{gpus}"
-    return SlurmRequest(request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), **changes).params, 0)
+    return SlurmRequest(
+        request.replace(drop=("gpus_per_node", "gres", "signal_delay_s"), **changes).params,
+        0,
+        request.client_env,
+        request.site,
+    )
 
 
 def _after(dirs: Sequence[Path], post: SlurmJob | None) -> Dependency | None:

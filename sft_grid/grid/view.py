@@ -57,8 +57,40 @@ class GridView:
 
 
 def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = (), base_dirs: Sequence[Path] = ()) -> GridView:
-    """Each ledger (cells, model preps, base models), and the scheduler's jobs of all of them."""
+    """Each ledger (cells, model preps, base models), and the scheduler's jobs of all of them: one query a site (a
+    grid across sites asks each cell's site, by the client environment its submission recorded)."""
+    prep_dirs = list(prep_dirs)
     histories = {d: events.read(d) for d in [*cell_dirs, *prep_dirs, *base_dirs]}
+    groups: dict[tuple[tuple[str, str], ...], list[Path]] = {}
+    for d in cell_dirs:
+        groups.setdefault(tuple(sorted(events.submitted_site(histories[d])[1].items())), []).append(d)
+    if len(groups) <= 1:
+        return _read_site(histories, list(cell_dirs), prep_dirs, base_dirs, dict(next(iter(groups), ())))
+    views = [
+        _read_site(histories, dirs, prep_dirs if not env else [], base_dirs if not env else [], dict(env))
+        for env, dirs in groups.items()
+    ]
+    states = {d: st for v in views for d, st in v.states.items()}
+    jobs = [j for v in views if v.scheduler is not None for j in (*v.scheduler.by_id.values(),)]
+    tasks = {k: j for v in views if v.scheduler is not None for k, j in v.scheduler.by_task.items()}
+    if all(v.scheduler is None for v in views):
+        scheduler = None
+    else:
+        scheduler = SchedulerView(
+            {j.job_id: j for j in jobs}, tasks, all(v.scheduler is None or v.scheduler.available for v in views)
+        )
+    frozen = {d: tuple(h) for d, h in histories.items()}
+    return GridView(histories=MappingProxyType(frozen), scheduler=scheduler, states=MappingProxyType(states))
+
+
+def _read_site(
+    all_histories: Mapping[Path, Sequence[Event]],
+    cell_dirs: Sequence[Path],
+    prep_dirs: Sequence[Path],
+    base_dirs: Sequence[Path],
+    env: Mapping[str, str],
+) -> GridView:
+    histories = {d: all_histories[d] for d in [*cell_dirs, *prep_dirs, *base_dirs]}
     refs = [r for r in (slurm_ref(histories[d]) for d in cell_dirs) if r is not None]
     ids = [r.job_id for r in refs if r.job_id]
     ids += [i for i in (post_job_id(histories[d]) for d in cell_dirs) if i]
@@ -68,7 +100,7 @@ def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = (), base_di
     if not ids and not names:
         return GridView.of(histories, None, cell_dirs)
     try:
-        scheduler = SchedulerView.of(slurm.query(ids, names))
+        scheduler = SchedulerView.of(slurm.query(ids, names, env or None))
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("sacct failed (%s): Slurm cells keep their last recorded state", exc)
         scheduler = UNAVAILABLE

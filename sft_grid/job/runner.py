@@ -28,7 +28,7 @@ from typing import Any
 from sft_grid.backends import get as backend_of
 from sft_grid.backends.base import LEG_ENV, LEG_FILE
 from sft_grid.checks.preflight import run_deferred
-from sft_grid.core import events
+from sft_grid.core import events, gate
 from sft_grid.core.cellfiles import CellYaml, PostFile, PreflightFile
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.cell import (
@@ -142,6 +142,21 @@ def backend_name(cell_dir: Path) -> str:
     return CellYaml.load(cell_dir, ("backend",)).spec.backend.name
 
 
+class MovedAway(RuntimeError):
+    """This job's cell was queued on another site before the job started (a grid across sites)."""
+
+
+def _moved_away(cell_dir: Path, job_id: str) -> bool:
+    """A cell of a grid across sites claims its job's gate before it starts: False when it got it; True when a move
+    had claimed it first (the cell is queued on another site: this job trains nothing and records nothing)."""
+    if not job_id or not events.submitted_site(events.read(cell_dir))[0]:
+        return False
+    if gate.claim(cell_dir, job_id, gate.STARTED) == gate.STARTED:
+        return False
+    log.warning("job %s: %s moved to another site before this job started; nothing run here", job_id, cell_dir.name)
+    return True
+
+
 def run_cell(cell_dir: str | Path) -> str:
     """Run the cell; returns the final state, raises CellFailed on failure. Safe to call again.
 
@@ -152,6 +167,10 @@ def run_cell(cell_dir: str | Path) -> str:
     output = cell_dir / OUTPUT_DIR
     job = where()
     lead = job.rank == 0
+    if lead and _moved_away(cell_dir, job.job_id):
+        # issue 25: the cell moved to another site before this job started (core/gate.py): the job fails, so its
+        # post-training job here (after it, kill_on_invalid_dep) is cancelled by Slurm; the ledger is not touched
+        raise MovedAway(f"{cell_dir.name} moved to another site before job {job.job_id} started: nothing run here")
     if output_complete(output):
         if lead:
             events.append(cell_dir, _here(Kind.COMPLETED, note="already complete; nothing run"))

@@ -55,6 +55,9 @@ NOT_IDENTITY = frozenset(
         "prune",  # issue 26: how the grid steers itself, never what a cell trains
         "adaptive",
         "ship_dirty",
+        "sites",  # issue 25: where a cell runs is its record, not its identity
+        "site_needs",
+        "move_after",
     }
 )
 # Keys of sub-configs that are about the machine, or describe the model rather than choose it (its size and shape,

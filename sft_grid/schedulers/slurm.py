@@ -11,17 +11,20 @@ the queue already holds it again).
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sft_grid.core.failures.sacct import SacctLeg, parse_sacct, sacct_argv
 from sft_grid.core.state import JobState
-from sft_grid.core.submission import SlurmJob
+from sft_grid.core.submission import SlurmJob, SlurmRequest
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +40,31 @@ TRANSIENT = (
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default
 
 
-def _run(argv: Sequence[str], timeout: float = 60) -> str:
-    return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=timeout).stdout
+def _run(argv: Sequence[str], timeout: float = 60, env: Mapping[str, str] | None = None) -> str:
+    full = {**os.environ, **env} if env else None
+    return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=timeout, env=full).stdout
 
 
-def max_array_size() -> int:
+@contextmanager
+def client_env(env: Mapping[str, str] | None) -> Iterator[None]:
+    """The site's Slurm client environment (cluster.client_env, e.g. SLURM_CONF of a second cluster) for what runs
+    within: submitit's sbatch inherits this process's environment, so it is set here and restored after."""
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def max_array_size(env: Mapping[str, str] | None = None) -> int:
     """The cluster's MaxArraySize; Slurm's default where the cluster cannot be asked (a dry run on a laptop)."""
     try:
-        out = _run(["scontrol", "show", "config"])
+        out = _run(["scontrol", "show", "config"], env=env)
     except (OSError, subprocess.SubprocessError):
         return DEFAULT_MAX_ARRAY_SIZE
     for line in out.splitlines():
@@ -53,7 +73,14 @@ def max_array_size() -> int:
     return DEFAULT_MAX_ARRAY_SIZE
 
 
-def query(job_ids: Iterable[str] = (), names: Iterable[str] = ()) -> list[JobState]:
+def node_count(env: Mapping[str, str] | None = None) -> int:
+    """The cluster's nodes (sinfo). Raises OSError/SubprocessError when its controller does not answer."""
+    return len(_run(["sinfo", "-h", "-N", "-o", "%N"], timeout=20, env=env).split())
+
+
+def query(
+    job_ids: Iterable[str] = (), names: Iterable[str] = (), env: Mapping[str, str] | None = None
+) -> list[JobState]:
     """The jobs with these ids or names, accounting first, then the queue (later records are fresher).
     Raises OSError/SubprocessError when Slurm cannot be asked."""
     ids, names = sorted(set(job_ids)), sorted(set(names))
@@ -65,7 +92,7 @@ def query(job_ids: Iterable[str] = (), names: Iterable[str] = ()) -> list[JobSta
     if names:
         argv += ["--name=" + ",".join(names), "--starttime=now-30days"]
     found: list[JobState] = []
-    for line in _run(argv).splitlines():
+    for line in _run(argv, env=env).splitlines():
         parts = line.split("|")
         if len(parts) >= 5:
             job_id, name, state, elapsed, reason = parts[:5]
@@ -73,7 +100,7 @@ def query(job_ids: Iterable[str] = (), names: Iterable[str] = ()) -> list[JobSta
             found.append(JobState(state.split()[0], elapsed, "" if reason in ("None", "") else reason, name, job_id))
     wanted_ids, wanted_names = set(ids), set(names)
     ended = {j.job_id for j in found if not j.in_flight}
-    for line in _run(["squeue", "-h", "-r", "-o", "%i|%j|%T|%M|%r"]).splitlines():
+    for line in _run(["squeue", "-h", "-r", "-o", "%i|%j|%T|%M|%r"], env=env).splitlines():
         parts = line.split("|")
         if len(parts) >= 5 and (parts[0] in wanted_ids or parts[1] in wanted_names):
             job_id, name, state, elapsed, reason = parts[:5]
@@ -83,10 +110,10 @@ def query(job_ids: Iterable[str] = (), names: Iterable[str] = ()) -> list[JobSta
     return found
 
 
-def cancel(job_ids: Iterable[str]) -> None:
+def cancel(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> None:
     ids = sorted(set(job_ids))
     if ids:
-        _run(["scancel", *ids])
+        _run(["scancel", *ids], env=env)
 
 
 def executor_params(job: SlurmJob, dependency: str | None) -> dict[str, Any]:
@@ -122,12 +149,18 @@ def sbatch_script(job: SlurmJob, dependency: str | None) -> str:
 def submit(job: SlurmJob, dependency: str | None) -> list[str]:
     """sbatch one job of the plan; retried with backoff on the controller's transient errors. Returns the job
     id of each target, in order."""
-    import submitit
-
     from sft_grid.schedulers.entry import CheckpointableEntry, Entry
 
     make = CheckpointableEntry if job.checkpointable else Entry
+    with client_env(dict(job.request.client_env)):
+        return _submit(job, dependency, make)
+
+
+def _submit(job: SlurmJob, dependency: str | None, make: Any) -> list[str]:
+    import submitit
+
     delay = 2.0
+    jobs: list[Any] = []
     for attempt in range(SUBMIT_RETRIES + 1):
         executor = submitit.SlurmExecutor(folder=job.folder, max_num_timeout=job.request.max_requeues)
         executor._throttling = 0  # one sbatch per job: nothing to throttle
@@ -173,7 +206,33 @@ def orphan_for(folder: Path, target: Path) -> Path | None:
     return None
 
 
-def legs(job_ids: Iterable[str]) -> list[SacctLeg]:
+def legs(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> list[SacctLeg]:
     """Every record sacct keeps of these jobs: each leg of a requeued job, with its steps (one call)."""
     ids = sorted(set(job_ids))
-    return parse_sacct(_run(sacct_argv(ids))) if ids else []
+    return parse_sacct(_run(sacct_argv(ids), env=env)) if ids else []
+
+
+def test_only(request: SlurmRequest, env: Mapping[str, str] | None = None) -> float | None:
+    """When the scheduler expects a job of this request to start, in seconds from now (`sbatch --test-only`: nothing
+    is queued); None when it cannot be asked or does not say (a site down, a request it refuses)."""
+    params = request.as_dict()
+    argv = ["sbatch", "--test-only", f"--nodes={params.get('nodes', 1)}", f"--time={params.get('time', 60)}"]
+    argv += [f"--{k}={params[k]}" for k in ("partition", "account", "qos", "constraint") if params.get(k)]
+    argv += [f"--cpus-per-task={params.get('cpus_per_task', 1)}", "--wrap=true"]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, env={**os.environ, **env} if env else None
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # "sbatch: Job 123 to start at 2026-12-02T11:40:00 using 2 processors on nodes n1 in partition debug"
+    m = _STARTS.search(done.stderr + done.stdout)
+    if done.returncode != 0 or m is None:
+        return None
+    import datetime as dt
+
+    start = dt.datetime.fromisoformat(m.group(1))
+    return max(0.0, (start - dt.datetime.now()).total_seconds())
+
+
+_STARTS = re.compile(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")

@@ -1,0 +1,225 @@
+"""One grid across several sites (issue 25, item 3): each cell placed on one site where it is feasible.
+
+`sites: [a, b]` (a top-level key of the sweep; not identity) names cluster profiles (`conf/cluster/<name>.yaml`).
+Each cell that is to be queued goes to one of them:
+
+- feasible only: the site's CPU architecture and GPU model and memory meet the cell's `site_needs`; the cell's
+  nodes are within the site's `max_nodes`; its wall time fits the site's `max_time` over its requeues
+  (`max_time * (1 + max_requeues)`: a checkpointed cell resumes across them); a cell that needs the internet on its
+  compute nodes only where they have it, and a cell whose Hub inputs are still to be staged only where staging
+  reaches the Hub (`hub_reachable`); the node-hours the account has left, where the site reports them
+  (`allocation_node_h`), cover it; the site answered (`reachable`);
+- preferred: the earliest expected start. The scheduler's own estimate for a job of the cell's shape (`sbatch
+  --test-only`, asked by `observe`, never here) plus the work this placement already put there, spread over the
+  site's nodes; ties go to the site named first.
+
+A cell no site can take is refused with every site's reason, before anything is queued. `place` is pure: the same
+cells, facts and estimates give the same placement (tests/test_placement.py). A cell that was queued before keeps
+the site its ledger names (its record); only a cell that is to be queued is placed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sft_grid.core.problems import Problem
+from sft_grid.core.schema import ClusterConf
+from sft_grid.core.timefmt import parse_minutes
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteFacts:
+    """What `observe` knows of a site for a placement."""
+
+    name: str
+    cluster: ClusterConf
+    reachable: bool = True
+    # the site's nodes (sinfo), over which its queued work spreads; 1 when not known
+    nodes: int = 1
+    # (nodes, minutes) of a job -> seconds until the scheduler expects it to start (sbatch --test-only)
+    starts: Mapping[tuple[int, int], float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Need:
+    """What one cell asks of its site."""
+
+    cell: str
+    nodes: int
+    minutes: int
+    cpu_arch: str | None = None
+    gpu_type: str | None = None
+    gpu_mem_gb: int | None = None
+    internet: bool = False
+    hub: bool = False  # Hub inputs still to be staged
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.nodes, self.minutes)
+
+    @property
+    def node_h(self) -> float:
+        return self.nodes * self.minutes / 60
+
+
+def need_of(cell: Any, hub: bool = False) -> Need:
+    """A cell's needs, from its config (`cell.spec`); `hub`: its Hub inputs are still to be staged."""
+    spec = cell.spec
+    n = spec.site_needs
+    return Need(
+        cell=cell.name,
+        nodes=spec.nodes,
+        minutes=int(parse_minutes(spec.time)),
+        cpu_arch=n.cpu_arch,
+        gpu_type=n.gpu_type,
+        gpu_mem_gb=n.gpu_mem_gb,
+        internet=n.internet,
+        hub=hub,
+    )
+
+
+def refusal(need: Need, site: SiteFacts) -> tuple[str, object, str] | None:
+    """Why this site cannot take this cell: (key, value, reason), or None when it can (allocation aside)."""
+    c = site.cluster
+    if not site.reachable:
+        return ("sites", site.name, f"{site.name} did not answer")
+    if need.cpu_arch and need.cpu_arch != c.cpu_arch:
+        return ("site_needs.cpu_arch", need.cpu_arch, f"{site.name} is {c.cpu_arch}")
+    if need.gpu_type and not (c.gpus_per_node and str(c.gpu_type or "").upper().startswith(need.gpu_type.upper())):
+        return ("site_needs.gpu_type", need.gpu_type, f"{site.name} has {c.gpu_type or 'no GPU'}")
+    if need.gpu_mem_gb and not (c.gpus_per_node and c.gpu_mem_gb and c.gpu_mem_gb >= need.gpu_mem_gb):
+        return ("site_needs.gpu_mem_gb", need.gpu_mem_gb, f"{site.name}'s GPUs have {c.gpu_mem_gb or 'unknown'} GB")
+    if c.max_nodes and need.nodes > c.max_nodes:
+        return ("nodes", need.nodes, f"{site.name} allows {c.max_nodes} node(s) a job")
+    longest = parse_minutes(c.max_time) * (1 + c.max_requeues)
+    if need.minutes > longest:
+        return (
+            "time",
+            need.minutes,
+            f"{site.name} runs a job at most {c.max_time} over {c.max_requeues} requeue(s) ({longest:.0f} min)",
+        )
+    if need.internet and not c.internet_on_compute:
+        return ("site_needs.internet", True, f"{site.name}'s compute nodes have no internet")
+    if need.hub and not c.hub_reachable:
+        return ("sites", site.name, f"{site.name} cannot stage from the Hub and the cell's inputs are not staged")
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Cell name -> the site it goes to; the problems of cells no site can take."""
+
+    sites: Mapping[str, str]
+    problems: tuple[Problem, ...] = ()
+
+
+def place(needs: Sequence[Need], facts: Sequence[SiteFacts]) -> Placement:
+    """Each cell on a feasible site, earliest expected start first (see the module's docstring). Pure."""
+    backlog = {s.name: 0.0 for s in facts}  # seconds of node-time this placement put on each site
+    spent = {s.name: 0.0 for s in facts}  # node-hours against each site's allocation
+    order = {s.name: i for i, s in enumerate(facts)}
+    placed: dict[str, str] = {}
+    problems: list[Problem] = []
+    for need in needs:
+        feasible: list[tuple[float, int, str]] = []
+        reasons: list[tuple[str, object, str]] = []
+        for site in facts:
+            why = refusal(need, site)
+            left = site.cluster.allocation_node_h
+            if why is None and left is not None and spent[site.name] + need.node_h > left:
+                why = ("sites", site.name, f"{site.name}'s allocation has {left - spent[site.name]:.1f} node-h left")
+            if why is not None:
+                reasons.append(why)
+                continue
+            start = site.starts.get(need.shape, 0.0) + backlog[site.name] / max(1, site.nodes)
+            feasible.append((start, order[site.name], site.name))
+        if not feasible:
+            key, value, _ = next((r for r in reasons if r[0] != "sites"), reasons[0]) if reasons else ("sites", (), "")
+            problems.append(
+                Problem(
+                    need.cell,
+                    key,
+                    value,
+                    "site-feasible",
+                    "no site of the grid can run this cell: " + "; ".join(r[2] for r in reasons)
+                    if reasons
+                    else "the grid names no site",
+                    f"change {key} to what one of the sites offers, or add a site that offers it to sites=[...]",
+                )
+            )
+            continue
+        _, _, best = min(feasible)
+        placed[need.cell] = best
+        backlog[best] += need.minutes * 60 * need.nodes
+        spent[best] += need.node_h
+    return Placement(sites=placed, problems=tuple(problems))
+
+
+def profiles(cells: Sequence[Any]) -> tuple[dict[str, ClusterConf], list[Problem]]:
+    """The cluster profile of each site the grid's cells name (`sites=[...]`), read from conf/cluster/, and the
+    problems of the list: one list for the whole grid, profiles that exist and are reached from here."""
+    from omegaconf import OmegaConf
+
+    from sft_grid.core.paths import CONF_DIR
+    from sft_grid.planning import resolvers
+
+    lists = {tuple(c.spec.sites) for c in cells}
+    if lists <= {()}:  # no cell names sites (or no cell composed)
+        return {}, []
+    problems: list[Problem] = []
+    if len(lists) > 1:
+        problems.append(
+            Problem(
+                "(grid)",
+                "sites",
+                sorted(lists),
+                "one-sites-list",
+                "the grid's cells name different lists of sites",
+                "set sites=[...] once for the whole sweep",
+            )
+        )
+        return {}, problems
+    resolvers.register()
+    found: dict[str, ClusterConf] = {}
+    for name in next(iter(lists)):
+        path = CONF_DIR / "cluster" / f"{name}.yaml"
+        if not path.is_file():
+            known = ", ".join(sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml")))
+            problems.append(
+                Problem("(grid)", "sites", name, "site-known", f"no conf/cluster/{name}.yaml", f"name one of {known}")
+            )
+            continue
+        conf = OmegaConf.merge(OmegaConf.structured(ClusterConf), OmegaConf.load(path))
+        cluster = OmegaConf.to_object(conf)
+        assert isinstance(cluster, ClusterConf)
+        if cluster.remote.host or cluster.executor != "slurm":
+            problems.append(
+                Problem(
+                    "(grid)",
+                    "sites",
+                    name,
+                    "site-slurm-here",
+                    f"a grid across sites reaches each site's Slurm from here; {name} is "
+                    + (f"remote ({cluster.remote.host})" if cluster.remote.host else f"executor={cluster.executor}"),
+                    "name Slurm clusters whose clients run here (client_env selects each); launch a remote site's "
+                    "cells as a grid of their own",
+                )
+            )
+            continue
+        found[name] = cluster
+    return found, problems
+
+
+def static_problems(cells: Sequence[Any], sites: Mapping[str, ClusterConf]) -> list[Problem]:
+    """The cells no site of the grid could ever take (before any site is asked anything)."""
+    facts = [SiteFacts(name=n, cluster=c) for n, c in sites.items()]
+    unlimited = [SiteFacts(name=f.name, cluster=_without_allocation(f.cluster)) for f in facts]
+    return list(place([need_of(c) for c in cells if c.spec.sites], unlimited).problems)
+
+
+def _without_allocation(cluster: ClusterConf) -> ClusterConf:
+    from dataclasses import replace
+
+    return replace(cluster, allocation_node_h=None)

@@ -1,0 +1,128 @@
+"""Placement of a grid across sites (sft_grid/sites/placement.py, issue 25 item 3): pure, fast. The sites are
+cluster profiles built here; the expected starts stand for what `sbatch --test-only` answers (tests/
+test_sites_spread.py asks the two real local clusters)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sft_grid.core.schema import ClusterConf
+from sft_grid.sites.placement import Need, SiteFacts, place, profiles, refusal
+
+CPU = ClusterConf(name="cpu", executor="slurm", cpus_per_node=2, max_nodes=1, max_time="01:00:00", max_requeues=0)
+GPU = ClusterConf(
+    name="gpu",
+    executor="slurm",
+    gpus_per_node=4,
+    gpu_type="H100-SXM",
+    gpu_mem_gb=80,
+    cpu_arch="aarch64",
+    max_nodes=2,
+    max_time="02:00:00",
+    max_requeues=1,
+    internet_on_compute=True,
+)
+
+
+def site(cluster: ClusterConf, **kw: object) -> SiteFacts:
+    return SiteFacts(name=cluster.name, cluster=cluster, **kw)  # type: ignore[arg-type]
+
+
+def need(name: str = "c0", **kw: object) -> Need:
+    return Need(cell=name, **{"nodes": 1, "minutes": 30, **kw})  # type: ignore[arg-type]
+
+
+def test_every_cell_goes_where_it_is_feasible() -> None:
+    needs = [
+        need("h100", gpu_type="H100"),
+        need("arm", cpu_arch="aarch64"),
+        need("big", nodes=2),
+        need("long", minutes=200),  # 2 h over one requeue: 4 h on gpu, 1 h on cpu
+        need("net", internet=True),
+        need("mem", gpu_mem_gb=64),
+        need("any"),
+    ]
+    placed = place(needs, [site(CPU), site(GPU, starts={(1, 30): 3600.0})])
+    assert not placed.problems
+    assert placed.sites == {
+        "h100": "gpu",
+        "arm": "gpu",
+        "big": "gpu",
+        "long": "gpu",
+        "net": "gpu",
+        "mem": "gpu",
+        "any": "cpu",  # feasible on both; cpu starts now, gpu in an hour
+    }
+
+
+def test_earliest_expected_start_wins_and_ties_go_to_the_first_named() -> None:
+    later = site(CPU, starts={(1, 30): 600.0})
+    now = site(replace(CPU, name="b"), starts={(1, 30): 0.0})
+    assert place([need()], [later, now]).sites == {"c0": "b"}
+    assert place([need()], [site(CPU), site(replace(CPU, name="b"))]).sites == {"c0": "cpu"}
+
+
+def test_queued_work_spreads_over_the_sites_nodes() -> None:
+    """12 equal cells on an idle two-node site and an idle one-node site: 8 and 4 (each cell's start is the
+    scheduler's estimate plus the work already placed there, over the site's nodes)."""
+    two, one = site(CPU, nodes=2), site(replace(CPU, name="b"), nodes=1)
+    placed = place([need(f"c{i}") for i in range(12)], [two, one])
+    counts = {s: list(placed.sites.values()).count(s) for s in ("cpu", "b")}
+    assert counts == {"cpu": 8, "b": 4}
+    assert place([need(f"c{i}") for i in range(12)], [two, one]) == placed  # pure: the same answer again
+
+
+@pytest.mark.parametrize(
+    ("asked", "key", "value"),
+    [
+        ({"gpu_type": "B200"}, "site_needs.gpu_type", "B200"),
+        ({"cpu_arch": "ppc64le"}, "site_needs.cpu_arch", "ppc64le"),
+        ({"gpu_mem_gb": 141}, "site_needs.gpu_mem_gb", 141),
+        ({"nodes": 3}, "nodes", 3),
+        ({"minutes": 241}, "time", 241),
+    ],
+)
+def test_a_cell_no_site_can_take_is_refused_with_every_sites_reason(asked: dict, key: str, value: object) -> None:
+    placed = place([need("x", **asked), need("ok")], [site(CPU), site(GPU)])
+    assert placed.sites == {"ok": "cpu"}
+    (problem,) = placed.problems
+    assert (problem.cell, problem.key, problem.value, problem.rule) == ("x", key, value, "site-feasible")
+    assert "cpu" in problem.message and "gpu" in problem.message
+    assert key in problem.fix and "sites=[" in problem.fix
+
+
+def test_unreachable_site_offline_staging_and_allocation() -> None:
+    down = site(GPU, reachable=False)
+    assert refusal(need(), down) == ("sites", "gpu", "gpu did not answer")
+    assert place([need()], [down, site(CPU)]).sites == {"c0": "cpu"}
+    offline = replace(CPU, hub_reachable=False)
+    assert refusal(need(hub=True), site(offline)) is not None
+    assert refusal(need(hub=False), site(offline)) is None
+    # one node-hour left: the first two 30-minute cells fit, the third goes elsewhere, a fourth nowhere
+    small = site(replace(CPU, allocation_node_h=1.0))
+    placed = place(
+        [need(f"c{i}") for i in range(4)], [small, site(replace(GPU, allocation_node_h=0.5), starts={(1, 30): 1e4})]
+    )
+    assert placed.sites == {"c0": "cpu", "c1": "cpu", "c2": "gpu"}
+    assert [p.cell for p in placed.problems] == ["c3"] and "allocation" in placed.problems[0].message
+
+
+class _Cell:
+    def __init__(self, sites: list[str]) -> None:
+        self.name = "c"
+        self.spec = type("S", (), {"sites": sites})()
+
+
+def test_site_profiles_known_slurm_and_one_list() -> None:
+    found, problems = profiles([_Cell(["slurm_local", "slurm_siteb"])])
+    assert not problems and set(found) == {"slurm_local", "slurm_siteb"}
+    assert found["slurm_siteb"].client_env["SLURM_CONF"] == "/etc/slurm-siteb/slurm.conf"
+    _, problems = profiles([_Cell(["slurm_local", "nowhere"])])
+    assert [(p.key, p.value, p.rule) for p in problems] == [("sites", "nowhere", "site-known")]
+    _, problems = profiles([_Cell(["slurm_local", "local"])])
+    assert [p.rule for p in problems] == ["site-slurm-here"]
+    _, problems = profiles([_Cell(["slurm_local"]), _Cell(["slurm_siteb"])])
+    assert [p.rule for p in problems] == ["one-sites-list"]
+    assert profiles([_Cell([])]) == ({}, [])

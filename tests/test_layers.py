@@ -15,7 +15,20 @@ from sft_grid.core.paths import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "sft_grid"
 # layer -> the layers it may import (itself included); the order is the one the package docstring gives
-LAYERS = ["core", "planning", "backends", "checks", "stages", "job", "schedulers", "sites", "grid", "analysis", "cli"]
+LAYERS = [
+    "core",
+    "planning",
+    "backends",
+    "checks",
+    "stages",
+    "job",
+    "schedulers",
+    "sites",
+    "grid",
+    "analysis",
+    "adaptive",
+    "cli",
+]
 MAY_IMPORT = {layer: set(LAYERS[: i + 1]) for i, layer in enumerate(LAYERS)}
 # the schedulers execute a plan and read the queue: they need the core's types and nothing else
 MAY_IMPORT["schedulers"] = {"core", "schedulers"}

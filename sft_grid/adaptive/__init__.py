@@ -1,4 +1,4 @@
-"""Grids that steer themselves: the decisions, as pure functions of what the cells' files say.
+"""Layer 10, adaptive: grids that steer themselves; the decisions, as pure functions of what the cells' files say.
 
 - `spec`: the sweep's `prune:` and `adaptive:` blocks, typed and validated (every bad value: its key, the value, the
   fix; before anything is queued).
@@ -9,6 +9,6 @@
 - `design`: the next cells from the fit: the existing scaling fit and its bootstrap by cell, and the candidate that
   most reduces the question's variance per GPU-hour, with the numbers that say why.
 
-Beside the grid layer (it reads the analysis layer's fit); nothing here submits or writes outside its own record
+Below the analysis layer (it reads its fit); nothing here submits or writes outside its own record
 files. The simulator these are measured against is the `synthetic` backend (benchmarks/bench_adaptive.py).
 """

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sft_grid.analysis.along import logged_losses
 from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
 
 RECORD_FILE = ".sft_grid_prune.jsonl"
@@ -127,18 +128,10 @@ def logged_loss(cell_dir: Path, step: int, points: int = 3) -> float | None:
     """The training loss at `step`, smoothed: the mean of the last `points` losses the trainer's per-step log holds
     at steps up to `step` (every cell of a bracket logs at the same steps, so all are read at the same schedule
     position); None while the cell has logged no loss at `step` itself."""
-    log = cell_dir / OUTPUT_DIR / TRAINER_LOG
-    if not log.is_file():
+    output = cell_dir / OUTPUT_DIR
+    if not (output / TRAINER_LOG).is_file():
         return None
-    losses: dict[int, float] = {}
-    for line in log.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        at, loss = rec.get("current_steps"), rec.get("loss")
-        if isinstance(at, int) and at <= step and isinstance(loss, (int, float)) and math.isfinite(loss):
-            losses[at] = float(loss)
+    losses = {at: loss for at, loss in logged_losses(output) if at <= step}
     if step not in losses:
         return None
     last = [losses[s] for s in sorted(losses)[-points:]]

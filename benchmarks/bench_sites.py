@@ -195,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     server = sshd.start(work / "sshd", {"site_a": {}}, env={"SFT_GRID_CACHE": os.environ.get("SFT_GRID_CACHE", "")})
     try:
         site = remote.Site("slurm_local", "site_a", str(site_root), sys.executable, str(server.config), str(runs))
-        remote.write_record(laptop / "wide", site, code)
+        remote.write_record(
+            laptop / "wide", [remote.Placed(site=site, code_dir=code.dir, code=code.key, commit=code.commit)]
+        )
         here = [sys.executable, "-c", CLI, "status", "wide", "--runs-root", str(runs)]
         there = [sys.executable, "-c", CLI, "status", "wide", "--runs-root", str(laptop)]
         trip = ["ssh", "-F", str(server.config), "-o", "BatchMode=yes", "site_a", "true"]

@@ -28,14 +28,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.core.problems import GridError, Problem
-from sft_grid.core.submission import CodeSnapshot
 from sft_grid.sites import snapshot
 from sft_grid.sites.transport import Ssh
 
@@ -160,33 +159,83 @@ def launch(cells: Sequence[Any], site: Site, argv: Sequence[str], dry_run: bool,
         transport.close()
     sweeps = sorted({c.spec.sweep_name for c in cells})
     for sweep in sweeps if not dry_run else ():
-        write_record(records / sweep, site, code)
+        write_record(records / sweep, [Placed(site=site, code_dir=code.dir, code=code.key, commit=code.commit)])
     return status
 
 
-def write_record(grid_here: Path, site: Site, code: CodeSnapshot) -> None:
+@dataclass(frozen=True, kw_only=True)
+class Placed:
+    """One site of a launched grid, as its record here names it: the site and the snapshot its jobs run."""
+
+    site: Site
+    code_dir: Path
+    code: str = ""
+    commit: str = ""
+
+
+def write_record(grid_here: Path, placed: Sequence[Placed], cells: Mapping[str, str] | None = None) -> None:
+    """The grid's record here: its sites (each with its snapshot) and, for a grid across remote sites, each cell's
+    site (cell name -> site name; written before the cell is sent there, so a site that stops answering keeps its
+    cells: they are neither lost nor sent twice). Merged with what the record held: sites and cells are added."""
     grid_here.mkdir(parents=True, exist_ok=True)
-    record = {"site": asdict(site), "code": code.key, "code_dir": str(code.dir), "commit": code.commit}
-    tmp = grid_here / (RECORD + ".tmp")
+    known = {p.site.name: p for p in read_record(grid_here, anywhere=True) or []}
+    known.update({p.site.name: p for p in placed})
+    record = {
+        "sites": [
+            {"site": asdict(p.site), "code": p.code, "code_dir": str(p.code_dir), "commit": p.commit}
+            for p in known.values()
+        ],
+        "cells": {**recorded_cells(grid_here), **dict(cells or {})},
+    }
+    tmp = grid_here / f".{RECORD}.{os.getpid()}"
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(grid_here / RECORD)
 
 
-def read_record(grid_here: Path) -> tuple[Site, Path] | None:
+def _load(grid_here: Path) -> dict[str, Any] | None:
     path = grid_here / RECORD
-    if os.environ.get(ON_SITE_ENV) or not path.is_file():
+    if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    return Site(**data["site"]), Path(data["code_dir"])
+    data: dict[str, Any] = json.loads(path.read_text())
+    if "site" in data:  # a one-site record of an earlier version
+        data = {"sites": [data], "cells": {}}
+    return data
+
+
+def read_record(grid_here: Path, anywhere: bool = False) -> list[Placed] | None:
+    """The grid's sites, as its record here names them; None when it has none (or this is a site's own
+    invocation, unless `anywhere`)."""
+    data = None if (os.environ.get(ON_SITE_ENV) and not anywhere) else _load(grid_here)
+    if data is None:
+        return None
+    return [
+        Placed(
+            site=Site(**entry["site"]),
+            code_dir=Path(entry["code_dir"]),
+            code=entry.get("code", ""),
+            commit=entry.get("commit", ""),
+        )
+        for entry in data["sites"]
+    ]
+
+
+def recorded_cells(grid_here: Path) -> dict[str, str]:
+    """Cell name -> the site the grid's record says it was sent to (a grid across remote sites)."""
+    data = _load(grid_here)
+    return dict(data.get("cells", {})) if data else {}
 
 
 def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> int | None:
     """Run `sft-grid <command> <args>` on the grid's site when its record here names one: GRID (`grid`, as given)
     becomes the grid's directory there, and --runs-root is dropped; None when the grid is not remote."""
     found = read_record(grid_here) if command in FORWARDED else None
-    if found is None:
+    if not found:
         return None
-    site, code_dir = found
+    if len(found) > 1:  # a grid across remote sites: each site asked, the answers merged here (sites/view.py)
+        from sft_grid.sites import view
+
+        return view.forward_many(command, args, grid, grid_here, found)
+    site, code_dir = found[0].site, found[0].code_dir
     there: list[str] = [str(Path(site.runs_root) / grid_here.name)]
     rest, skip, replaced = list(args), False, False
     for arg in rest:

@@ -231,10 +231,8 @@ def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> in
     found = read_record(grid_here) if command in FORWARDED else None
     if not found:
         return None
-    if len(found) > 1:  # a grid across remote sites: each site asked, the answers merged here (sites/view.py)
-        from sft_grid.sites import view
-
-        return view.forward_many(command, args, grid, grid_here, found)
+    if len(found) > 1:  # a grid across remote sites: each site asked, the answers merged (cli/across.py)
+        return None
     site, code_dir = found[0].site, found[0].code_dir
     there: list[str] = [str(Path(site.runs_root) / grid_here.name)]
     rest, skip, replaced = list(args), False, False

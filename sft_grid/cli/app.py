@@ -81,6 +81,40 @@ def _run_remote(composed: Sequence[Any], errors: Sequence[Any]) -> None:
     raise SystemExit(status)
 
 
+def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
+    """A grid across remote sites (sites/coordinate.py): placed here, each site's share launched there; exits with
+    the launch's status. On a site's own invocation asked for its answer (`SFT_GRID_PROBE`), prints it and exits.
+    Returns for every other grid."""
+    from sft_grid.cli.options import default_runs_root
+    from sft_grid.grid import flow
+    from sft_grid.sites import coordinate, placement
+
+    if os.environ.get(coordinate.PROBE_ENV) and os.environ.get(placement.ON_SITE_ENV):
+        try:
+            found = flow.probe(composed, errors)
+        except GridError as exc:
+            _fail(exc)
+            raise
+        states = {name: st.state.value for name, st in found.states.items()}
+        out(coordinate.answer_json(found.facts, states, found.moving, found.hub))
+        raise SystemExit(0)
+    if os.environ.get(placement.ON_SITE_ENV):
+        return
+    try:
+        cells, problems = flow.plan_cells(composed, errors)
+        profiles, site_problems = placement.profiles(cells)
+        problems += site_problems or placement.static_problems(cells, profiles)
+        if problems:
+            raise GridError(problems)
+        if not placement.all_remote(profiles):
+            return
+        status = coordinate.launch(cells, profiles, sys.argv[1:], Path(default_runs_root()))
+    except GridError as exc:
+        _fail(exc)
+        raise
+    raise SystemExit(status)
+
+
 def fail_empty_axes(axes: Sequence[str]) -> None:
     """Swept axes that expand to no value: the grid would be empty. Named, and nothing runs."""
     _fail(
@@ -155,6 +189,8 @@ def run_single(cfg: DictConfig) -> GridResult:
 
 
 def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> GridResult:
+    if any(c.config.get("sites") for c in composed):  # issue 25: a grid across remote sites is placed here
+        _run_across(composed, errors)
     if any((c.config["cluster"].get("remote") or {}).get("host") for c in composed):  # issue 25 hook
         _run_remote(composed, errors)
     from sft_grid.cli.live import Live
@@ -209,7 +245,10 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
         composed, pruning = prune.select(composed)
         for line in (*steering, *pruning):
             out(line)
-        result = flow.run(composed, errors, Show())
+        from sft_grid.sites.coordinate import ONLY_ENV
+
+        only = os.environ.get(ONLY_ENV)  # a site's share of a grid across remote sites
+        result = flow.run(composed, errors, Show(), only=None if only is None else set(filter(None, only.split(","))))
     except GridError as exc:
         live.end()
         _fail(exc)

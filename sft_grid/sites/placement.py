@@ -20,13 +20,17 @@ the site its ledger names (its record); only a cell that is to be queued is plac
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import ClusterConf
 from sft_grid.core.timefmt import parse_minutes
+
+# set in the environment of a command a site runs for a launch from elsewhere (sites/remote.py): its name
+ON_SITE_ENV = "SFT_GRID_ON_SITE"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +187,12 @@ def profiles(cells: Sequence[Any]) -> tuple[dict[str, ClusterConf], list[Problem
         return {}, problems
     resolvers.register()
     found: dict[str, ClusterConf] = {}
-    for name in next(iter(lists)):
+    names = next(iter(lists))
+    here = os.environ.get(ON_SITE_ENV)
+    if here:  # a site's own invocation for a grid across remote sites: its cells are placed on it, by its own Slurm
+        names = tuple(n for n in names if n == here)
+    remote = []
+    for name in names:
         path = CONF_DIR / "cluster" / f"{name}.yaml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml")))
@@ -194,22 +203,42 @@ def profiles(cells: Sequence[Any]) -> tuple[dict[str, ClusterConf], list[Problem
         conf = OmegaConf.merge(OmegaConf.structured(ClusterConf), OmegaConf.load(path))
         cluster = OmegaConf.to_object(conf)
         assert isinstance(cluster, ClusterConf)
-        if cluster.remote.host or cluster.executor != "slurm":
+        if here:
+            cluster = replace(cluster, remote=type(cluster.remote)())  # it runs here: nothing to reach over ssh
+        elif cluster.remote.host and cluster.executor == "slurm":
+            remote.append(name)  # sites reached over ssh: placed from here, launched there (sites/coordinate.py)
+        if cluster.executor != "slurm":
             problems.append(
                 Problem(
                     "(grid)",
                     "sites",
                     name,
                     "site-slurm-here",
-                    f"a grid across sites reaches each site's Slurm from here; {name} is "
-                    + (f"remote ({cluster.remote.host})" if cluster.remote.host else f"executor={cluster.executor}"),
-                    "name Slurm clusters whose clients run here (client_env selects each); launch a remote site's "
-                    "cells as a grid of their own",
+                    f"a grid across sites places its cells on Slurm clusters; {name} has executor={cluster.executor}",
+                    "name Slurm cluster profiles (executor: slurm)",
                 )
             )
             continue
         found[name] = cluster
+    if remote and len(remote) != len(found):
+        problems.append(
+            Problem(
+                "(grid)",
+                "sites",
+                sorted(found),
+                "site-slurm-here",
+                f"a grid across sites reaches all of its sites over ssh, or none: {', '.join(remote)} "
+                f"{'is' if len(remote) == 1 else 'are'} remote (remote.host), "
+                f"{', '.join(sorted(set(found) - set(remote)))} not",
+                "name only remote profiles (each with remote.host), or only Slurm clusters whose clients run here",
+            )
+        )
     return found, problems
+
+
+def all_remote(sites: Mapping[str, ClusterConf]) -> bool:
+    """Whether a grid's sites are reached over ssh (a grid across remote sites, sites/coordinate.py)."""
+    return bool(sites) and all(c.remote.host for c in sites.values())
 
 
 def static_problems(cells: Sequence[Any], sites: Mapping[str, ClusterConf]) -> list[Problem]:
@@ -220,6 +249,4 @@ def static_problems(cells: Sequence[Any], sites: Mapping[str, ClusterConf]) -> l
 
 
 def _without_allocation(cluster: ClusterConf) -> ClusterConf:
-    from dataclasses import replace
-
     return replace(cluster, allocation_node_h=None)

@@ -36,10 +36,9 @@ from typing import Any
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.sites import snapshot
+from sft_grid.sites.placement import ON_SITE_ENV
 from sft_grid.sites.transport import Ssh
 
-# set in the environment of a command a site runs for a launch here: it runs there, and is not sent on again
-ON_SITE_ENV = "SFT_GRID_ON_SITE"
 RECORD = ".site.json"
 # commands that read or act on a launched grid: run on its site when the grid is remote
 FORWARDED = ("status", "logs", "cancel", "results", "report")
@@ -117,8 +116,9 @@ def site_of(cells: Sequence[Any]) -> Site | None:
     return next(iter(sites))
 
 
-def _there(site: Site, code_dir: Path, argv: Sequence[str]) -> list[str]:
-    """argv run on the site from the snapshot: its directory first on the path, marked as the site's own."""
+def there(site: Site, code_dir: Path, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """argv run on the site from the snapshot: its directory first on the path, marked as the site's own (`env`:
+    more of its environment)."""
     return [
         "sh",
         "-c",
@@ -128,6 +128,7 @@ def _there(site: Site, code_dir: Path, argv: Sequence[str]) -> list[str]:
         "env",
         f"{ON_SITE_ENV}={site.name}",
         f"PYTHONPATH={code_dir}",
+        *(f"{k}={v}" for k, v in (env or {}).items()),
         site.python,
         *argv,
     ]
@@ -154,7 +155,7 @@ def launch(cells: Sequence[Any], site: Site, argv: Sequence[str], dry_run: bool,
     transport = site.transport()
     try:
         snapshot.materialize(code, transport)
-        status = transport.stream(_there(site, code.dir, ["-m", "sft_grid", *argv]))
+        status = transport.stream(there(site, code.dir, ["-m", "sft_grid", *argv]))
     finally:
         transport.close()
     sweeps = sorted({c.spec.sweep_name for c in cells})
@@ -234,7 +235,7 @@ def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> in
     if len(found) > 1:  # a grid across remote sites: each site asked, the answers merged (cli/across.py)
         return None
     site, code_dir = found[0].site, found[0].code_dir
-    there: list[str] = [str(Path(site.runs_root) / grid_here.name)]
+    args_there: list[str] = [str(Path(site.runs_root) / grid_here.name)]
     rest, skip, replaced = list(args), False, False
     for arg in rest:
         if skip:
@@ -245,15 +246,15 @@ def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> in
             if arg == grid and not replaced:
                 replaced = True
                 continue
-            there.append(arg)
+            args_there.append(arg)
     main = "import sys; from sft_grid.cli.main import main; sys.exit(main(sys.argv[1:]))"
     # which site answers, on stderr: stdout stays the command's own (a table, csv, json)
     print(f"grid {grid_here.name} on site {site.name} ({site.host}:{site.runs_root})", file=sys.stderr, flush=True)
     transport = site.transport()
     try:
         if command != "report":
-            return transport.stream(_there(site, code_dir, ["-c", main, command, *there]))
-        done = transport.run(_there(site, code_dir, ["-c", main, command, *there]), check=False)
+            return transport.stream(there(site, code_dir, ["-c", main, command, *args_there]))
+        done = transport.run(there(site, code_dir, ["-c", main, command, *args_there]), check=False)
         sys.stderr.write(done.stderr.decode(errors="replace"))
         if done.returncode != 0:
             sys.stdout.write(done.stdout.decode(errors="replace"))

@@ -1,0 +1,288 @@
+"""A grid across remote sites (issue 25, items 3 and 4 over ssh): placed here, launched on each site.
+
+`sites=[a, b]` naming cluster profiles that each have `remote.host` makes the machine the grid is launched from (a
+laptop) the grid's coordinator; each site keeps its own cells, runs root, Hub cache and Slurm. One invocation:
+
+1. here: every cell composed and validated, and the checkout's gate (sites/snapshot.py: a dirty checkout refused,
+   naming the files), before any site is contacted;
+2. each site, over its own control connection (sites/transport.py), all of them at once: the commit's snapshot put
+   in place (once per commit), then the site's answer for the grid, `grid/flow.probe` run there from the snapshot:
+   its Slurm's facts (whether the controller answers, its nodes, `sbatch --test-only` for each shape of cell), each
+   cell's state as its files there say, the moves off it that it confirmed (a cell queued there while its
+   controller does not answer, or past `move_after`: its job's gate claimed there first, sites/moves.py), and the
+   cells whose Hub inputs its cache lacks;
+3. here, pure (`decide`): a cell completed or in flight on a site stays there: the same cell is never queued twice,
+   wherever it is; a cell that the grid's record sent to a site that does not answer over ssh waits for that site
+   (it may be queued there and nothing can confirm otherwise: it is never queued elsewhere on a guess); every other
+   cell is placed (sites/placement.py) on a site that answered, earliest expected start first, never on a site it
+   is moving away from;
+4. the record here (`<runs root here>/<grid>/.site.json`) names each placed cell's site, written before anything
+   is sent, then each site runs the grid command for its share of the cells (`SFT_GRID_ONLY`) from the snapshot: its
+   checks, its staging from its own login node, its model preps and tokenizations, its arrays, as a grid launched
+   there. Its submissions record the site.
+
+Killed at any point, the next invocation starts again from what the sites' files say: a cell sent to a site and
+queued there is in flight there; one whose forward did not happen is placed again.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.schema import ClusterConf
+from sft_grid.core.submission import CodeSnapshot
+from sft_grid.sites import placement, remote, snapshot
+from sft_grid.sites.placement import SiteFacts
+from sft_grid.sites.transport import SiteUnreachable, Ssh
+
+# set in the environment of a site's invocation: answer for the grid (grid/flow.probe) instead of running it
+PROBE_ENV = "SFT_GRID_PROBE"
+# set in the environment of a site's invocation: the cells (names, comma-separated) it runs of the grid
+ONLY_ENV = "SFT_GRID_ONLY"
+# the line of the site's output that carries its answer
+ANSWER_MARK = "sft_grid-probe: "
+IN_FLIGHT = ("submitted", "running")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answer:
+    """A site's answer for the grid (what `grid/flow.probe` found there), or why there is none."""
+
+    site: str
+    facts: SiteFacts | None = None  # None: the site did not answer over ssh
+    states: Mapping[str, str] = field(default_factory=dict)  # cell name -> state there, for its cells there
+    moving: frozenset[str] = frozenset()  # moves off the site confirmed there
+    hub: frozenset[str] = frozenset()  # cells whose Hub inputs the site's cache lacks
+    error: str = ""
+
+    @property
+    def answered(self) -> bool:
+        return self.facts is not None
+
+
+def answer_json(
+    facts: SiteFacts | None, states: Mapping[str, str], moving: Collection[str], hub: Collection[str]
+) -> str:
+    """The line a site prints for its answer (the site side of the protocol; `parse` reads it here)."""
+    data = {
+        "facts": None
+        if facts is None
+        else {
+            "reachable": facts.reachable,
+            "nodes": facts.nodes,
+            "starts": [[n, m, s] for (n, m), s in sorted(facts.starts.items())],
+        },
+        "states": dict(states),
+        "moving": sorted(moving),
+        "hub": sorted(hub),
+    }
+    return ANSWER_MARK + json.dumps(data, separators=(",", ":"))
+
+
+def parse(site: str, cluster: ClusterConf, output: str) -> Answer:
+    """The site's answer from its output (its last answer line)."""
+    line = next((ln for ln in reversed(output.splitlines()) if ln.startswith(ANSWER_MARK)), None)
+    if line is None:
+        return Answer(site=site, error="no answer in its output: " + output.strip()[-300:])
+    data = json.loads(line[len(ANSWER_MARK) :])
+    f = data["facts"] or {"reachable": False, "nodes": 1, "starts": []}
+    facts = SiteFacts(
+        name=site,
+        cluster=cluster,
+        reachable=bool(f["reachable"]),
+        nodes=int(f["nodes"]),
+        starts={(int(n), int(m)): float(s) for n, m, s in f["starts"]},
+    )
+    return Answer(
+        site=site,
+        facts=facts,
+        states=dict(data["states"]),
+        moving=frozenset(data["moving"]),
+        hub=frozenset(data["hub"]),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decided:
+    """Where each cell of the grid is, or goes, after this invocation's look at every site."""
+
+    placed: Mapping[str, str]  # cell -> the site it is sent to now
+    kept: Mapping[str, str]  # cell -> the site where it is completed or in flight
+    waiting: Mapping[str, str]  # cell -> the site, not answering, that the record sent it to
+    problems: tuple[Problem, ...] = ()
+
+
+def decide(
+    cells: Sequence[Any], answers: Sequence[Answer], recorded: Mapping[str, str], profiles: Mapping[str, ClusterConf]
+) -> Decided:
+    """Each cell kept where it is, waiting for its site, or placed (see the module's docstring). Pure."""
+    by_site = {a.site: a for a in answers}
+    kept: dict[str, str] = {}
+    waiting: dict[str, str] = {}
+    avoid: dict[str, str] = {}
+    to_place = []
+    for cell in cells:
+        here = [
+            (a.states[cell.name], a.site)
+            for a in answers
+            if a.answered and cell.name in a.states and cell.name not in a.moving
+        ]
+        done = [s for state, s in here if state == "completed"]
+        live = [s for state, s in here if state in IN_FLIGHT]
+        silent = recorded.get(cell.name)
+        if done or live:
+            kept[cell.name] = (done or live)[0]
+        elif silent and silent in by_site and not by_site[silent].answered:
+            waiting[cell.name] = silent
+        else:
+            moved = [a.site for a in answers if cell.name in a.moving]
+            if moved:
+                avoid[cell.name] = moved[0]
+            to_place.append(cell)
+    facts = [a.facts for a in answers if a.facts is not None]
+    offline = [f.name for f in facts if not f.cluster.hub_reachable]
+    placed: dict[str, str] = {}
+    problems: list[Problem] = []
+    for away in sorted({avoid.get(c.name, "") for c in to_place}):
+        group = [c for c in to_place if avoid.get(c.name, "") == away]
+        # a cell whose Hub inputs some site without a route to the Hub lacks goes where staging reaches the Hub
+        needs = [placement.need_of(c, any(c.name in by_site[s].hub for s in offline)) for c in group]
+        result = placement.place(needs, [f for f in facts if f.name != away])
+        placed.update(result.sites)
+        problems += result.problems
+    return Decided(placed=placed, kept=kept, waiting=waiting, problems=tuple(problems))
+
+
+def sites_of(profiles: Mapping[str, ClusterConf]) -> list[remote.Site]:
+    """Each profile as a remote site; raises GridError for one that lacks what a remote site needs."""
+    problems = []
+    found = []
+    for name, c in profiles.items():
+        if not c.remote.host or not c.remote.root:
+            problems.append(
+                Problem(
+                    "(grid)",
+                    f"sites.{name}",
+                    None,
+                    "remote-root",
+                    f"cluster {name} names no remote.root",
+                    "set remote.root in its profile: a directory on the site for sft_grid's code snapshots",
+                )
+            )
+        if not Path(c.runs_root).is_absolute():
+            problems.append(
+                Problem(
+                    "(grid)",
+                    f"sites.{name}",
+                    c.runs_root,
+                    "remote-runs-root",
+                    f"cluster {name}'s runs_root is relative: on the site it would be relative to a code snapshot",
+                    "set runs_root in its profile to an absolute path on the site",
+                )
+            )
+        host, root = c.remote.host or "", c.remote.root or ""
+        found.append(remote.Site(name, host, root, c.remote.python, c.remote.ssh_config, c.runs_root))
+    if problems:
+        raise GridError(problems, "the sites")
+    return found
+
+
+def site_argv(argv: Sequence[str], site: str) -> list[str]:
+    """The grid command's arguments as a site runs them: its own cluster profile; its runs root the profile's."""
+    kept = [a for a in argv if not a.startswith(("runs_root=", "cluster="))]
+    return [*kept, f"cluster={site}"]
+
+
+def _probe(site: remote.Site, cluster: ClusterConf, code: CodeSnapshot, argv: Sequence[str], t: Ssh) -> Answer:
+    try:
+        snapshot.materialize(code, t)
+        there = remote.there(site, code.dir, ["-m", "sft_grid", *site_argv(argv, site.name)], {PROBE_ENV: "1"})
+        done = t.run(there, check=False, timeout=900)
+    except SiteUnreachable as exc:
+        return Answer(site=site.name, error=str(exc))
+    if done.returncode != 0:
+        err = done.stderr.decode(errors="replace").strip()
+        return Answer(site=site.name, error=f"its answer failed (exit status {done.returncode}): {err[-500:]}")
+    return parse(site.name, cluster, done.stdout.decode(errors="replace"))
+
+
+def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequence[str], records: Path) -> int:
+    """Look at every site, place the cells, record, and run each site's share there (see the module's docstring).
+    Returns the exit status: 0 when every site that was sent cells queued them."""
+    sites = sites_of(profiles)
+    dry_run = any(c.spec.dry_run for c in cells)
+    found = {s.name: snapshot.find(cells, dry_run, store=s.store) for s in sites}
+    codes = {name: code for name, code in found.items() if code is not None}
+    if len(codes) != len(found):
+        raise GridError(
+            [
+                Problem(
+                    "(grid)",
+                    "checkout",
+                    None,
+                    "git-checkout",
+                    "a remote site runs a snapshot of a commit: sft_grid here is not a git checkout",
+                    "launch from a git clone of the project",
+                )
+            ],
+            "the checkout",
+        )
+    transports = {s.name: s.transport() for s in sites}
+    try:
+        with ThreadPoolExecutor(max_workers=len(sites)) as pool:
+            futures = [pool.submit(_probe, s, profiles[s.name], codes[s.name], argv, transports[s.name]) for s in sites]
+            answers = [f.result() for f in futures]
+        sweeps = sorted({c.spec.sweep_name for c in cells})
+        recorded: dict[str, str] = {}
+        for sweep in sweeps:
+            recorded.update(remote.recorded_cells(records / sweep))
+        decided = decide(cells, answers, recorded, profiles)
+        for a in answers:
+            if not a.answered:
+                print(f"site {a.site} did not answer: {a.error}", file=sys.stderr, flush=True)
+            elif a.facts is not None and not a.facts.reachable:
+                print(f"site {a.site}: its Slurm controller did not answer", file=sys.stderr, flush=True)
+        if decided.problems:
+            raise GridError(list(decided.problems), "the sites")
+        for name, site in sorted(decided.waiting.items()):
+            print(f"  {name}: waits for site {site} (sent there, which does not answer)", flush=True)
+        print(
+            f"grid of {len(cells)} cell(s) across {len(sites)} site(s): {len(decided.kept)} completed or in flight, "
+            f"{len(decided.waiting)} waiting for their site, {len(decided.placed)} to place",
+            flush=True,
+        )
+        if not dry_run:
+            for sweep in sweeps:
+                names = {c.name for c in cells if c.spec.sweep_name == sweep}
+                placed = [
+                    remote.Placed(
+                        site=s, code_dir=codes[s.name].dir, code=codes[s.name].key, commit=codes[s.name].commit
+                    )
+                    for s in sites
+                ]
+                remote.write_record(records / sweep, placed, {n: s for n, s in decided.placed.items() if n in names})
+        status = 0
+        for s in sites:
+            share = sorted(n for n, site in decided.placed.items() if site == s.name)
+            if not share:
+                continue
+            print(f"{len(share)} cell(s) on site {s.name} ({s.host}:{s.runs_root})", flush=True)
+            there = remote.there(
+                s, codes[s.name].dir, ["-m", "sft_grid", *site_argv(argv, s.name)], {ONLY_ENV: ",".join(share)}
+            )
+            try:
+                status = transports[s.name].stream(there) or status
+            except SiteUnreachable as exc:
+                print(f"site {s.name} stopped answering: {exc}. Run the same command again", file=sys.stderr)
+                status = 1
+        return status
+    finally:
+        for t in transports.values():
+            t.close()

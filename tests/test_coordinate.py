@@ -1,0 +1,97 @@
+"""A grid across remote sites, decided here (sft_grid/sites/coordinate.py, issue 25 items 3 and 4): which cell stays
+where it is, which waits for a site that does not answer, which is placed, from the sites' answers. Pure and fast;
+the answers are parsed from the line a site prints (`answer_json`, the site's side of the protocol); the cells carry
+what placement reads of a composed cell. tests/test_sites_across.py runs the whole of it over sshd and two Slurm
+clusters."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from sft_grid.core.problems import GridError
+from sft_grid.core.schema import ClusterConf, RemoteConf
+from sft_grid.sites.coordinate import Answer, answer_json, decide, parse, site_argv, sites_of
+from sft_grid.sites.placement import SiteFacts
+
+A = ClusterConf(name="a", executor="slurm", max_nodes=1, max_time="24:00:00")
+B = ClusterConf(name="b", executor="slurm", max_nodes=4, max_time="24:00:00", hub_reachable=False)
+PROFILES = {"a": A, "b": B}
+
+
+def cell(name: str, nodes: int = 1) -> SimpleNamespace:
+    spec = SimpleNamespace(
+        nodes=nodes,
+        time="01:00:00",
+        site_needs=SimpleNamespace(cpu_arch=None, gpu_type=None, gpu_mem_gb=None, internet=False),
+        dry_run=False,
+    )
+    return SimpleNamespace(name=name, spec=spec)
+
+
+def answer(site: str, states: dict[str, str] | None = None, reachable: bool = True, **kw: object) -> Answer:
+    """A site's answer as the site prints it and this side parses it."""
+    cluster = PROFILES[site]
+    facts = SiteFacts(name=site, cluster=cluster, reachable=reachable, nodes=2, starts={(1, 60): 10.0})
+    line = answer_json(facts, states or {}, kw.get("moving", ()), kw.get("hub", ()))  # type: ignore[arg-type]
+    return parse(site, cluster, "some of the site's own output\n" + line + "\n")
+
+
+def test_the_answer_line_round_trips_and_a_missing_one_is_no_answer() -> None:
+    got = answer("b", {"x": "running"}, moving=["y"], hub=["z"])
+    assert got.answered and got.facts is not None and got.facts.starts == {(1, 60): 10.0} and got.facts.nodes == 2
+    assert got.states == {"x": "running"} and got.moving == {"y"} and got.hub == {"z"}
+    none = parse("b", B, "Traceback: the site's python failed\n")
+    assert not none.answered and "Traceback" in none.error
+    unreached = parse("b", B, answer_json(None, {}, (), ()))  # the site's python ran, its Slurm was not asked
+    assert unreached.answered and unreached.facts is not None and not unreached.facts.reachable
+
+
+def test_a_cell_completed_or_in_flight_anywhere_is_never_placed_again() -> None:
+    cells = [cell("done"), cell("live"), cell("new"), cell("failed")]
+    answers = [answer("a", {"done": "completed", "failed": "failed"}), answer("b", {"live": "submitted"})]
+    d = decide(cells, answers, {}, PROFILES)
+    assert d.kept == {"done": "a", "live": "b"}
+    assert set(d.placed) == {"new", "failed"} and not d.problems
+
+
+def test_a_cell_sent_to_a_silent_site_waits_for_it() -> None:
+    """A site that does not answer over ssh may hold the cell queued: it is never queued elsewhere on a guess."""
+    silent = Answer(site="b", error="ssh: connect to host: Connection refused")
+    d = decide([cell("x"), cell("y")], [answer("a"), silent], {"x": "b"}, PROFILES)
+    assert d.waiting == {"x": "b"} and d.placed == {"y": "a"}
+
+
+def test_a_confirmed_move_goes_elsewhere_never_back() -> None:
+    """site b's controller is down: it confirmed the move of `m` (its gate claimed there); `m` is placed on a."""
+    answers = [answer("a"), answer("b", {"m": "submitted"}, reachable=False, moving=["m"])]
+    d = decide([cell("m")], answers, {"m": "b"}, PROFILES)
+    assert d.placed == {"m": "a"} and not d.kept
+    only_b = decide([cell("m")], answers[1:], {"m": "b"}, PROFILES)
+    assert not only_b.placed and only_b.problems  # nowhere else to go: refused, with the reason
+
+
+def test_constraints_and_the_hub_decide_the_site() -> None:
+    """Two nodes fit only b; a cell whose Hub inputs b lacks (b has no route to the Hub) goes to a."""
+    d = decide([cell("big", nodes=2), cell("hub")], [answer("a"), answer("b", hub=["hub"])], {}, PROFILES)
+    assert d.placed == {"big": "b", "hub": "a"}
+    d = decide([cell("big", nodes=2)], [answer("a"), answer("b", hub=["big"])], {}, PROFILES)
+    assert not d.placed and d.problems and d.problems[0].cell == "big"
+
+
+def test_a_site_runs_its_own_profile_and_runs_root() -> None:
+    argv = ["-m", "+sweep=s", "cluster=local", "runs_root=/here", "lr=1e-5"]
+    assert site_argv(argv, "b") == ["-m", "+sweep=s", "lr=1e-5", "cluster=b"]
+
+
+def test_a_remote_profile_without_its_roots_is_refused_naming_the_key() -> None:
+    ok = replace(A, runs_root="/scratch/runs", remote=RemoteConf(host="a", root="/work/sft"))
+    bad = replace(B, runs_root="runs", remote=RemoteConf(host="b"))
+    with pytest.raises(GridError) as err:
+        sites_of({"a": ok, "b": bad})
+    text = str(err.value)
+    assert "sites.b" in text and "remote.root" in text and "runs_root" in text and "sites.a" not in text
+    (site,) = sites_of({"a": ok})
+    assert (site.host, site.root, site.runs_root) == ("a", "/work/sft", "/scratch/runs")

@@ -52,12 +52,12 @@ ACROSS = "sites=[far_a,far_b]"
 SITE_B = {"SLURM_CONF": SITE_B_CONF, "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
 
 
-def _profile(source: str, host: str, base: Path, config: Path, extra: str = "") -> str:
+def _profile(source: str, host: str, base: Path, config: Path) -> str:
     """A remote profile: the local cluster's, reached over ssh, its roots under `base`."""
     text = (REPO_ROOT / "conf" / "cluster" / f"{source}.yaml").read_text()
     text = "\n".join(line for line in text.splitlines() if not line.startswith(("name:", "runs_root:")))
     return (
-        f"{text}\nname: far_{host[-1]}\nruns_root: {base / host / 'runs'}\n{extra}"
+        f"{text}\nname: far_{host[-1]}\nruns_root: {base / host / 'runs'}\n"
         f"remote:\n  host: {host}\n  root: {base / host}\n  python: {sys.executable}\n  ssh_config: {config}\n"
     )
 
@@ -98,7 +98,7 @@ def across(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> Itera
     checkout = make_checkout(base / "clone")
     conf = checkout / "conf" / "cluster"
     (conf / "far_a.yaml").write_text(_profile("slurm_local", "site_a", base, server.config))
-    (conf / "far_b.yaml").write_text(_profile("slurm_siteb", "site_b", base, server.config, "hub_reachable: false\n"))
+    (conf / "far_b.yaml").write_text(_profile("slurm_siteb", "site_b", base, server.config))  # hub_reachable: false
     commit_all(checkout, "two remote sites")
     r = Across(base, server, checkout, base / "laptop", subprocess.CompletedProcess([], 0), 0)
     try:

@@ -42,7 +42,10 @@ def make_checkout(dest: Path) -> Path:
     ).stdout.split("\0")
     for rel in filter(None, listed):
         source = REPO_ROOT / rel
-        if source.is_file():
+        if source.is_symlink():  # conf/sweep -> ../sweeps: a link in git, kept a link
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).symlink_to(os.readlink(source))
+        elif source.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, dest / rel)
     git(dest, "init", "-q", "-b", "main")

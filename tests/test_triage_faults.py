@@ -220,14 +220,15 @@ def test_a_rank_that_hangs_is_ended_as_a_hang_and_requeued_from_its_checkpoint_a
     assert first["step"] >= 10 and f"last logged step {first['step']} of 120" in first["evidence"], first
     # the training's bar: drawn by global rank 0 only, on whichever node the rendezvous made it (torchrun's c10d
     # assigns node ranks by arrival, so it is node 1 about as often as node 0: a CI flake while this said node 0).
-    # It shows the last step the trainer logged (every step here) or the one before: srun passes a task's output on
-    # by lines and the bar is redrawn after each logged line with a carriage return only, so that redraw reaches the
-    # file with the next line, and tqdm's rate limit may skip the bar's own update of a fast step
+    # It shows the last step the trainer logged, give or take one: one ahead when the rank froze after the step
+    # and before its log line (the Trainer gathers the loss to log it: a collective), one behind when that line's
+    # redraw of the bar had not reached the file (srun passes a task's output on by lines, the bar is redrawn with a
+    # carriage return only) and tqdm's rate limit skipped the bar's own update of the step
     bars = [r for r in first["ranks"] if r["step"] is not None]
     assert len(bars) == 1, first["evidence"]
     (bar,) = bars
     assert f"node {bar['node']} ({bar['log']}, bar at step {bar['step']})" in first["evidence"], first["evidence"]
-    assert first["step"] - 1 <= bar["step"] <= first["step"], first["evidence"]
+    assert abs(bar["step"] - first["step"]) <= 1, first["evidence"]
     assert "node 1 (logs/train.node1.log" in first["evidence"], first["evidence"]
     assert [r["node"] for r in first["ranks"]] == [0, 1] and all(r["last_line"] for r in first["ranks"]), first
     assert "Requeued from the last checkpoint" in first["note"], first

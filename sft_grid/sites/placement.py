@@ -200,8 +200,18 @@ def profiles(cells: Sequence[Any]) -> tuple[dict[str, ClusterConf], list[Problem
                 Problem("(grid)", "sites", name, "site-known", f"no conf/cluster/{name}.yaml", f"name one of {known}")
             )
             continue
-        conf = OmegaConf.merge(OmegaConf.structured(ClusterConf), OmegaConf.load(path))
-        cluster = OmegaConf.to_object(conf)
+        try:
+            cluster = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConf), OmegaConf.load(path)))
+        except Exception as exc:  # YAML or OmegaConf refusing the profile: reported, not raised
+            if not type(exc).__module__.startswith(("yaml", "omegaconf")):
+                raise
+            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            problems.append(
+                Problem(
+                    "(grid)", "sites", name, "site-profile", f"conf/cluster/{name}.yaml: {first}", "fix the profile"
+                )
+            )
+            continue
         assert isinstance(cluster, ClusterConf)
         if here:
             cluster = replace(cluster, remote=type(cluster.remote)())  # it runs here: nothing to reach over ssh

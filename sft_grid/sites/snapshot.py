@@ -94,8 +94,8 @@ def ship_dirty_asked(cells: Iterable[Any]) -> bool:
 
 
 def needs_snapshot(cells: Iterable[Any]) -> bool:
-    """Whether a grid's jobs go to a scheduler that may start them later (Slurm, a remote site)."""
-    return any(c.spec.cluster.executor == "slurm" or c.spec.cluster.remote.host for c in cells)
+    """Whether a grid's jobs go to a scheduler that may start them later (Slurm, a remote site, sites=[...])."""
+    return any(c.spec.cluster.executor == "slurm" or c.spec.cluster.remote.host or c.spec.sites for c in cells)
 
 
 def find(cells: Sequence[Any], dry_run: bool, root: Path = REPO_ROOT, store: Path | None = None) -> CodeSnapshot | None:

@@ -108,7 +108,8 @@ def site_of(cells: Sequence[Any]) -> Site | None:
                 ", ".join(sorted({s.name for s in sites} | ({"here"} if local else set()))),
                 "one-site",
                 "a grid runs on one site: its cells name several",
-                f"launch the cells of each site as a grid of its own (e.g. cluster={first.name})",
+                f"name the sites in sites=[...] to spread one grid over them (each cell placed on one), or launch "
+                f"the cells of each site as a grid of its own (e.g. cluster={first.name})",
             )
         )
     if problems:

@@ -240,3 +240,18 @@ def test_the_cli_sends_a_grid_of_several_sites_to_the_merge(spread: Spread, caps
     assert main(["status", SWEEP, "--runs-root", str(spread.here)]) == 0
     out, err = capsys.readouterr()
     assert "on 2 sites (a, b)" in err and table_rows(out)[spread.cells[1]][-1] == "b"
+
+
+def test_watch_of_a_spread_grid_ends_when_nothing_is_under_way(spread: Spread, capsys) -> None:
+    import os
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # the runs' process (this one, in the fixture) ended: their local jobs are no longer under way
+    for ledger in spread.here.parent.parent.glob("*/runs/g/*/events.jsonl"):
+        ledger.write_text(ledger.read_text().replace(f'"pid": {os.getpid()}', f'"pid": {gone.pid}'))
+    fake = Fake()
+    assert forward(spread, "status", "--watch", "--interval", "0.01", fake=fake) == 0
+    out = capsys.readouterr().out
+    assert "the grid has ended" in out and out.count("== ") == 1  # one read: every cell had ended
+    assert table_rows(out.split("\n", 1)[1])[spread.cells[1]][-1] == "b" and sorted(fake.closed) == ["a", "b"]

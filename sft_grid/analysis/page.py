@@ -43,6 +43,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 from html import escape
 from pathlib import Path
@@ -325,11 +326,12 @@ def render(data: dict[str, Any]) -> str:
     )
 
 
-def write(sweep_dir: Path, resamples: int = 300) -> tuple[Path, Path]:
-    """report.html and report.json in the grid's directory (each written whole, then renamed into place)."""
+def write(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None = None) -> tuple[Path, Path]:
+    """report.html and report.json in the grid's directory (each written whole, then renamed into place). `sites`:
+    as analysis/table.read_table's."""
     from sft_grid.analysis.report_data import build
 
-    data = build(sweep_dir, resamples)
+    data = build(sweep_dir, resamples, sites)
     page = render(data)
     paths = sweep_dir / REPORT_HTML, sweep_dir / REPORT_JSON
     for path, text in zip(paths, (page, json.dumps(data, separators=(",", ":"), default=str) + "\n"), strict=True):

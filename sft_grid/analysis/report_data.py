@@ -16,7 +16,7 @@ import json
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,11 +143,11 @@ def accuracy(rows: Sequence[Row], ms: dict[str, Measured]) -> tuple[dict[str, di
     }
 
 
-def build(sweep_dir: Path, resamples: int = 300) -> dict[str, Any]:
-    """The report's data: read the grid, fit, and say how good the estimates were."""
+def build(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The report's data: read the grid, fit, and say how good the estimates were. `sites`: as read_table's."""
     from sft_grid.analysis.scaling import report_fits
 
-    table = read_table(sweep_dir)
+    table = read_table(sweep_dir, sites)
     ms = {m.cell: m for r in table.rows if r.state == "completed" and (m := measured(r.dir)) is not None}
     per_cell, summary = accuracy(table.rows, ms)
     cells = [

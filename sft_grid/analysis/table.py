@@ -379,8 +379,9 @@ def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
     return out
 
 
-def read_table(sweep_dir: Path) -> GridTable:
-    """The table of the grid in `sweep_dir`."""
+def read_table(sweep_dir: Path, sites: Mapping[str, str] | None = None) -> GridTable:
+    """The table of the grid in `sweep_dir`. `sites`: cell name -> its site, where its ledger names none (a grid
+    across remote sites, read from the copies pulled here: the site each cell's copy came from, cli/across.py)."""
     dirs = list(iter_cell_dirs(sweep_dir))
     view = read_view(dirs)
     rows, raw, failed = [], [], []
@@ -400,7 +401,7 @@ def read_table(sweep_dir: Path) -> GridTable:
                 final_loss=final_loss(final_losses(d / OUTPUT_DIR)) if st.state.value == "completed" else None,
                 wall_seconds=wall,
                 gpu_hours=None if wall is None else wall * row.gpus / 3600,
-                site=submitted_site(history)[0],
+                site=submitted_site(history)[0] or (sites or {}).get(d.name, ""),
             )
         )
         raw.append(_score_table(read_files(d / EVAL_DIR)))

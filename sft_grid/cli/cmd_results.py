@@ -21,6 +21,8 @@ import csv
 import io
 import json
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -211,19 +213,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sft_grid.analysis.table import read_table
     from sft_grid.cli.options import grid_dir
+
+    return show(grid_dir(args.grid, args.runs_root), args.grid, args.format, args.along)
+
+
+def show(sweep_dir: Path, grid: str, fmt: str, along: bool, sites: Mapping[str, str] | None = None) -> int:
+    """Print the results of the grid in `sweep_dir` (GRID as given: `grid`) in `fmt`; `sites`: as
+    analysis/table.read_table's (a grid across remote sites, read from the copies pulled here: cli/across.py)."""
+    from sft_grid.analysis.table import read_table
     from sft_grid.core.layout import iter_cell_dirs
 
-    sweep_dir = grid_dir(args.grid, args.runs_root)
     if not any(True for _ in iter_cell_dirs(sweep_dir)):
         print(
-            f"no cells under {sweep_dir}: is {args.grid!r} the grid's sweep_name, and --runs-root its runs_root?",
+            f"no cells under {sweep_dir}: is {grid!r} the grid's sweep_name, and --runs-root its runs_root?",
             file=sys.stderr,
         )
         return 1
-    table = read_table(sweep_dir)
-    if args.along:
+    table = read_table(sweep_dir, sites)
+    if along:
         from sft_grid.analysis.along import read_along
 
         columns, points = read_along(table)
@@ -234,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        sys.stdout.write(render_along(table, columns, points, args.format))
+        sys.stdout.write(render_along(table, columns, points, fmt))
         return 0
-    sys.stdout.write(render(table, args.format))
+    sys.stdout.write(render(table, fmt))
     return 0

@@ -1,4 +1,5 @@
-"""sft-grid status [GRID] [--runs-root DIR] [--watch [--interval S]]: every cell of a grid, its state and progress.
+"""sft-grid status [GRID] [--runs-root DIR] [--watch [--interval S]] [--format table|json]: every cell of a grid, its
+state and progress.
 
 State comes from each cell's own output and ledger, never from a cache: completed means final weights and
 trainer state are there. Slurm's view of every job comes from one sacct call (plus one squeue) for the grid.
@@ -7,17 +8,21 @@ trainer state are there. Slurm's view of every job comes from one sacct call (pl
 cell queued or training, no post-training stage or evaluation queued or running), then prints the final table;
 Ctrl-C leaves at once (the grid goes on). On a terminal the table is redrawn in place; elsewhere (a pipe, a log) a
 table is printed, with the time, each time something other than the elapsed times changed.
+
+--format json prints the same lines once, as one JSON object (`as_json`): what a grid across remote sites reads of
+each site (cli/across.py), and what a script reads.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -36,6 +41,7 @@ ELAPSED = HEADERS.index("elapsed")
 REASON = HEADERS.index("reason")
 BASE_ROW = "base model"  # the state column of a base model's row
 DEFAULT_INTERVAL_S = 10.0
+FORMATS = ("table", "json")
 # the terminal's alternate screen (left on exit, so the final table stays in the scrollback), cursor home, clear
 ALT_ON, ALT_OFF, HOME, CLEAR_EOL, CLEAR_BELOW = "\x1b[?1049h", "\x1b[?1049l", "\x1b[H", "\x1b[K", "\x1b[J"
 
@@ -157,10 +163,36 @@ def report(found: Sequence[Line]) -> list[str]:
     return out
 
 
+def as_json(found: Sequence[Line], dirs: Sequence[Path] = ()) -> dict[str, Any]:
+    """The lines as one JSON object: {"headers": HEADERS, "rows": [{header: value, ..., "under_way": [...],
+    "advice": the failure policy's message, "updated": the time of the cell's last ledger event, "moved": whether
+    the cell's directory holds a move journal (sites/moves.py)}]}. The extra keys are what a merge of several sites'
+    copies of a cell needs (cli/across.py); the reason is whole (the table cuts it)."""
+    from sft_grid.core import events
+    from sft_grid.sites.moves import MOVE_FILE
+
+    by_name = {d.name: d for d in dirs}
+    out = []
+    for line in found:
+        cell_dir = by_name.get(line.row[0]) if line.state is not None else None
+        history = events.read(cell_dir) if cell_dir is not None else []
+        out.append(
+            {
+                **dict(zip(HEADERS, line.row, strict=True)),
+                "under_way": sorted(line.under_way),
+                "advice": line.state.advice if line.state is not None else "",
+                "updated": history[-1].time if history else "",
+                "moved": cell_dir is not None and (cell_dir / MOVE_FILE).is_file(),
+            }
+        )
+    return {"headers": list(HEADERS), "rows": out}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sft_grid.cli.options import add_grid
+    from sft_grid.cli.options import add_format, add_grid
 
     add_grid(parser, optional=True)
+    add_format(parser, FORMATS)
     parser.add_argument(
         "--watch",
         "-w",
@@ -181,7 +213,13 @@ def run(args: argparse.Namespace) -> int:
     from sft_grid.core.layout import iter_cell_dirs
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
-    if not any(True for _ in iter_cell_dirs(sweep_dir)):
+    dirs = list(iter_cell_dirs(sweep_dir))
+    if args.format == "json":  # once (--watch is for people); no cells: no rows, and the exit status says so
+        print(json.dumps(as_json(read(dirs, base_dirs(sweep_dir)), dirs), indent=1))
+        if not dirs:
+            print(f"no cells under {sweep_dir}", file=sys.stderr)
+        return 0 if dirs else 1
+    if not dirs:
         print(f"no cells under {sweep_dir}", file=sys.stderr)
         return 1
     if args.watch:
@@ -191,14 +229,15 @@ def run(args: argparse.Namespace) -> int:
         title = f"sft-grid status {args.grid}"
         Watch(sweep_dir, interval=args.interval, out=sys.stdout, tty=sys.stdout.isatty(), title=title).run()
         return 0
-    print("\n".join(report(read(iter_cell_dirs(sweep_dir), base_dirs(sweep_dir)))))
+    print("\n".join(report(read(dirs, base_dirs(sweep_dir)))))
     return 0
 
 
 class Watch:
     """`status --watch`: the grid read again every `interval` seconds (one scheduler query each time) until nothing
     of it is under way, or `stop` is set (Ctrl-C sets it: the read in progress finishes, nothing is left
-    half-written in a ledger; a second Ctrl-C interrupts at once)."""
+    half-written in a ledger; a second Ctrl-C interrupts at once). `reader`: what one read is, when it is not this
+    machine's read of `sweep_dir` (a grid across remote sites: each site asked, the answers merged)."""
 
     def __init__(
         self,
@@ -209,16 +248,21 @@ class Watch:
         tty: bool,
         title: str,
         stop: threading.Event | None = None,
+        reader: Callable[[], Sequence[Line]] | None = None,
     ) -> None:
         self.sweep_dir, self.interval, self.out, self.tty, self.title = sweep_dir, interval, out, tty, title
+        self.reader = reader or self._read
         self.stop = stop or threading.Event()
         self.refreshes = 0  # reads of the grid, each with one scheduler query
         self.shown: tuple[tuple[str, ...], ...] | None = None  # the rows last printed, elapsed times left out
         self.last: list[str] = []
 
-    def run(self) -> None:
+    def _read(self) -> Sequence[Line]:
         from sft_grid.core.layout import iter_cell_dirs
 
+        return read(iter_cell_dirs(self.sweep_dir), base_dirs(self.sweep_dir))
+
+    def run(self) -> None:
         # Ctrl-C sets `stop` (then is Python's again), where signals are this thread's to handle
         mine = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, self._interrupted) if mine else None
@@ -227,7 +271,7 @@ class Watch:
         ended = False
         try:
             while not self.stop.is_set():
-                found = read(iter_cell_dirs(self.sweep_dir), base_dirs(self.sweep_dir))
+                found = self.reader()
                 self.refreshes += 1
                 if self.stop.is_set():  # interrupted while reading: Slurm's answer may be cut short, not shown
                     break

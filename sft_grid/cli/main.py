@@ -128,7 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sft_grid.cli.options import grid_dir
         from sft_grid.sites import remote
 
-        forwarded = remote.forward(parsed.command, args[1:], parsed.grid, grid_dir(parsed.grid, parsed.runs_root))
+        here = grid_dir(parsed.grid, parsed.runs_root)
+        placed = remote.read_record(here) if parsed.command in remote.FORWARDED else None
+        if placed and len(placed) > 1:  # a grid across remote sites: each site asked, the answers merged
+            from sft_grid.cli import across
+
+            return across.forward(parsed.command, args[1:], parsed.grid, here, placed)
+        forwarded = remote.forward(parsed.command, args[1:], parsed.grid, here)
         if forwarded is not None:
             return forwarded
     return int(parsed.run(parsed) or 0)

@@ -227,18 +227,12 @@ def recorded_cells(grid_here: Path) -> dict[str, str]:
     return dict(data.get("cells", {})) if data else {}
 
 
-def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> int | None:
-    """Run `sft-grid <command> <args>` on the grid's site when its record here names one: GRID (`grid`, as given)
-    becomes the grid's directory there, and --runs-root is dropped; None when the grid is not remote."""
-    found = read_record(grid_here) if command in FORWARDED else None
-    if not found:
-        return None
-    if len(found) > 1:  # a grid across remote sites: each site asked, the answers merged (cli/across.py)
-        return None
-    site, code_dir = found[0].site, found[0].code_dir
+def site_args(args: Sequence[str], grid: str, grid_here: Path, site: Site) -> list[str]:
+    """A command's arguments (after its name) as the site runs them: GRID (`grid`, as given) becomes the grid's
+    directory there, first, and --runs-root is dropped."""
     args_there: list[str] = [str(Path(site.runs_root) / grid_here.name)]
-    rest, skip, replaced = list(args), False, False
-    for arg in rest:
+    skip, replaced = False, False
+    for arg in args:
         if skip:
             skip = False
         elif arg == "--runs-root":
@@ -248,14 +242,32 @@ def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> in
                 replaced = True
                 continue
             args_there.append(arg)
+    return args_there
+
+
+def command_there(command: str, args: Sequence[str]) -> list[str]:
+    """python's arguments that run `sft-grid <command> <args>` on a site (from its snapshot, `there`)."""
     main = "import sys; from sft_grid.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return ["-c", main, command, *args]
+
+
+def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> int | None:
+    """Run `sft-grid <command> <args>` on the grid's site when its record here names one: GRID (`grid`, as given)
+    becomes the grid's directory there, and --runs-root is dropped; None when the grid is not remote."""
+    found = read_record(grid_here) if command in FORWARDED else None
+    if not found:
+        return None
+    if len(found) > 1:  # a grid across remote sites: each site asked, the answers merged (cli/across.py)
+        return None
+    site, code_dir = found[0].site, found[0].code_dir
+    args_there = site_args(args, grid, grid_here, site)
     # which site answers, on stderr: stdout stays the command's own (a table, csv, json)
     print(f"grid {grid_here.name} on site {site.name} ({site.host}:{site.runs_root})", file=sys.stderr, flush=True)
     transport = site.transport()
     try:
         if command != "report":
-            return transport.stream(there(site, code_dir, ["-c", main, command, *args_there]))
-        done = transport.run(there(site, code_dir, ["-c", main, command, *args_there]), check=False)
+            return transport.stream(there(site, code_dir, command_there(command, args_there)))
+        done = transport.run(there(site, code_dir, command_there(command, args_there)), check=False)
         sys.stderr.write(done.stderr.decode(errors="replace"))
         if done.returncode != 0:
             sys.stdout.write(done.stdout.decode(errors="replace"))

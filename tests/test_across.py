@@ -1,0 +1,257 @@
+"""One view of a grid across remote sites (cli/across.py), each "site" a directory of this machine reached through
+the local transport: every site runs the real `sft-grid status --format json`, `cancel` and the pull from its code
+(this checkout), as it would over ssh. The grid's cells are written as their runs leave them (tests/grid_fixture.py)
+over cells the real renderer wrote: cell 0 completed on site a; cell 1 queued on a, moved (a's copy failed, with
+its move journal, and later than b's run) and completed on b; cell 2 failed on b. The same grid on one site holds
+the three as the spread grid's chosen copies."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sft_grid.cli import across, cmd_results
+from sft_grid.cli.across import Copy, choose
+from sft_grid.core.paths import REPO_ROOT
+from sft_grid.sites import remote
+from sft_grid.sites.moves import MOVE_FILE
+from sft_grid.sites.remote import Placed, Site, write_record
+from sft_grid.sites.transport import Local, SiteUnreachable, Transport
+
+from . import grid_fixture as gf
+
+SWEEP = "g"
+LATER = gf.T0 + 3600  # a's failed copy of cell 1 is later than b's completed one
+
+
+@dataclass
+class Spread:
+    here: Path  # the runs root here (the record)
+    one: Path  # the runs root of the same grid on one site
+    placed: list[Placed]
+    cells: list[str]
+
+    @property
+    def grid_here(self) -> Path:
+        return self.here / SWEEP
+
+
+def _site(tmp: Path, name: str) -> Site:
+    return Site(name, f"{name}.example", str(tmp / name), sys.executable, None, str(tmp / name / "runs"))
+
+
+@pytest.fixture
+def spread(make_cells, tmp_path: Path) -> Spread:
+    overrides = [["model=tiny_llama", "lr=1e-5"], ["model=tiny_llama", "lr=2e-5"], ["model=tiny_llama_m", "lr=1e-5"]]
+
+    def grid(root: Path) -> list[Path]:
+        return gf.render_cells(make_cells(*[[*o, f"sweep_name={SWEEP}", f"runs_root={root}"] for o in overrides]))
+
+    def completed(cell: Path, acc: float) -> None:
+        gf.run(cell, "completed", gf.curve(20, 1.5), 20, seconds=360.0)
+        gf.score(cell, "tiny_mc", {"acc,none": acc, "acc_stderr,none": 0.03}, score_id=f"mc-{cell.name}")
+
+    one = grid(tmp_path / "one" / "runs")
+    a = grid(tmp_path / "a" / "runs")
+    b = grid(tmp_path / "b" / "runs")
+    for cells in (one, a):
+        completed(cells[0], 0.625)
+    for cells in (one, b):
+        completed(cells[1], 0.5)
+        gf.run(cells[2], "failed", gf.curve(20, 1.7)[:3], 20, seconds=30.0)
+    gf.run(a[1], "failed", [], 20, start=LATER, reason="cancelled: moved to site b")
+    (a[1] / MOVE_FILE).write_text(json.dumps({"step": "confirmed", "cell": a[1].name}))
+    for root in (tmp_path / "one" / "runs", tmp_path / "a" / "runs"):
+        gf.base_score(root / SWEEP, "tiny-llama3-0a1b2c3d", "tiny_llama", "", "tiny_mc", {"acc": 0.25})
+    # site b holds no copy of cell 0
+    shutil.rmtree(b[0])
+    here = tmp_path / "here" / "runs"
+    placed = [Placed(site=_site(tmp_path, n), code_dir=REPO_ROOT, code="k", commit="c") for n in ("a", "b")]
+    names = [d.name for d in one]
+    write_record(here / SWEEP, placed, {names[0]: "a", names[1]: "b", names[2]: "b"})
+    return Spread(here, tmp_path / "one" / "runs", placed, names)
+
+
+@dataclass
+class Fake:
+    """The transports a forward opened, by site: the local one, or one that never connects (site down)."""
+
+    down: set[str] = field(default_factory=set)
+    opened: dict[str, Transport] = field(default_factory=dict)
+    closed: list[str] = field(default_factory=list)
+
+    def __call__(self, site: Site) -> Transport:
+        fake = self
+
+        @dataclass
+        class Tracked(Local):
+            def run(self, argv: Sequence[str], stdin: bytes | None = None, check: bool = True, timeout: float = 300):  # type: ignore[override]
+                if self.name in fake.down:
+                    raise SiteUnreachable(f"ssh {self.name}.example: Connection refused")
+                return super().run(argv, stdin, check, timeout)
+
+            def close(self) -> None:
+                fake.closed.append(self.name)
+
+        self.opened[site.name] = Tracked(name=site.name)
+        return self.opened[site.name]
+
+
+def forward(spread: Spread, command: str, *args: str, fake: Fake | None = None) -> int:
+    argv = [SWEEP, "--runs-root", str(spread.here), *args]
+    return across.forward(command, argv, SWEEP, spread.grid_here, spread.placed, connect=fake or Fake())
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in text.splitlines()[2:] if line.strip() and "cell(s)" not in line}
+
+
+def test_the_merge_rule_prefers_completed_then_in_flight_then_the_latest_and_a_moved_copy_last() -> None:
+    moved = Copy("a", "failed", "2026-12-02T10:00:00", moved=True, order=0)
+    assert choose([moved, Copy("b", "completed", "2026-12-01T10:00:00", order=1)]).site == "b"
+    assert choose([Copy("a", "submitted", order=0), Copy("b", "running", order=1)]).site == "b"
+    assert choose([Copy("a", "submitted", moved=True, order=0), Copy("b", "failed", order=1)]).site == "b"
+    assert (
+        choose(
+            [Copy("a", "failed", "2026-12-01T10:00:00"), Copy("b", "cancelled", "2026-12-02T10:00:00", order=1)]
+        ).site
+        == "b"
+    )
+    assert choose([Copy("a", "completed", moved=True), Copy("b", "running", order=1)]).site == "a"
+    assert choose([Copy("a", "unknown"), Copy("b", "failed", "2026-12-02T10:00:00", order=1)]).site == "a"
+
+
+def test_status_merges_each_sites_copy_of_a_cell_and_names_its_site(spread: Spread, capsys) -> None:
+    fake = Fake()
+    assert forward(spread, "status", fake=fake) == 0
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    c0, c1, c2 = (rows[c] for c in spread.cells)
+    assert "site" in out.splitlines()[0].split()
+    assert c0[1] == "completed" and c0[-1] == "a"
+    assert c1[1] == "completed" and c1[-1] == "b"  # b's completed copy wins over a's later, moved, failed one
+    assert c2[1] == "failed" and c2[-1] == "b"
+    assert "3 cell(s): 2 completed, 1 failed" in out
+    assert sorted(fake.closed) == ["a", "b"]  # every transport closed
+
+
+def test_status_json_of_one_site_and_of_the_spread_grid(spread: Spread, capsys) -> None:
+    from sft_grid.cli.main import main
+
+    assert main(["status", str(spread.one / SWEEP), "--format", "json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["headers"][:2] == ["cell", "state"] and one["headers"][-1] == "site"
+    states = {r["cell"]: r["state"] for r in one["rows"]}
+    assert [states[c] for c in spread.cells] == ["completed", "completed", "failed"]
+    assert all(isinstance(r["under_way"], list) for r in one["rows"])
+    assert forward(spread, "status", "--format", "json") == 0
+    merged = {r["cell"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert merged[spread.cells[1]]["site"] == "b" and merged[spread.cells[1]]["state"] == "completed"
+    assert merged[spread.cells[0]]["site"] == "a"
+
+
+def test_a_site_that_does_not_answer_is_named_and_the_other_still_answers(spread: Spread, capsys) -> None:
+    fake = Fake(down={"b"})
+    assert forward(spread, "status", fake=fake) == 1
+    out, err = capsys.readouterr()
+    assert "site b did not answer" in err and "Connection refused" in err
+    rows = table_rows(out)
+    assert rows[spread.cells[0]][1] == "completed" and rows[spread.cells[0]][-1] == "a"
+    # the record puts cells 1 and 2 on b: unknown (cell 1's moved copy on a does not stand for it)
+    for cell in spread.cells[1:]:
+        assert rows[cell][1] == "unknown" and rows[cell][-1] == "b", rows[cell]
+        assert "site b did not answer" in " ".join(rows[cell])
+    assert sorted(fake.closed) == ["a", "b"]
+
+
+def _one_site_results(spread: Spread, fmt: str, capsys) -> str:
+    assert cmd_results.show(spread.one / SWEEP, SWEEP, fmt, False) == 0
+    return str(capsys.readouterr().out)
+
+
+def _cells(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in c.items() if k not in ("site", "dir")} for c in [*data["cells"], *data["base_models"]]]
+
+
+def test_results_of_the_spread_grid_equal_the_one_site_results_the_site_aside(spread: Spread, capsys) -> None:
+    one = json.loads(_one_site_results(spread, "json", capsys))
+    assert forward(spread, "results", "--format", "json") == 0
+    spread_json = json.loads(capsys.readouterr().out)
+    assert _cells(spread_json) == _cells(one)
+    assert spread_json["axes"] == one["axes"] and spread_json["columns"] == one["columns"]
+    assert [c["site"] for c in spread_json["cells"]] == ["a", "b", "b"]
+    assert [c["state"] for c in spread_json["cells"]] == ["completed", "completed", "failed"]
+    # csv: the same rows, the site column aside
+    one_csv = list(csv.DictReader(io.StringIO(_one_site_results(spread, "csv", capsys))))
+    assert forward(spread, "results", "--format", "csv") == 0
+    spread_csv = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert "site" in spread_csv[0] and "site" not in one_csv[0]
+    assert [{k: v for k, v in r.items() if k != "site"} for r in spread_csv] == one_csv
+    # the pull left the weights out but their names in: the completed copies read as completed
+    weights = spread.grid_here / ".sites" / "b" / spread.cells[1] / "output" / "model.safetensors"
+    assert weights.is_file() and weights.stat().st_size == 0
+    for fmt in ("markdown", "table"):
+        assert forward(spread, "results", "--format", fmt) == 0
+        text = capsys.readouterr().out
+        assert "site" in text.splitlines()[0] and text.count("completed") >= 2
+
+
+def test_results_with_a_site_down_still_print_the_other_and_fail(spread: Spread, capsys) -> None:
+    assert forward(spread, "results", "--format", "json", fake=Fake(down={"b"})) == 1
+    out, err = capsys.readouterr()
+    assert "site b did not answer" in err and spread.cells[2] in err  # the record's cells of b, named
+    cells = {c["name"]: c for c in json.loads(out)["cells"]}
+    assert cells[spread.cells[0]]["state"] == "completed"
+    # only a's copies of b's cells are here: the moved one of cell 1, cell 2 as a rendered it (never run)
+    assert cells[spread.cells[1]]["state"] == "failed" and cells[spread.cells[2]]["state"] == "planned"
+
+
+def test_report_is_written_here_with_each_cells_site(spread: Spread, capsys) -> None:
+    assert forward(spread, "report", "--resamples", "0") == 0
+    html, data = (Path(p) for p in capsys.readouterr().out.split())
+    assert html == spread.grid_here / "report.html" and html.is_file()
+    cells = {c["name"]: c for c in json.loads(data.read_text())["cells"]}
+    assert [cells[c]["site"] for c in spread.cells] == ["a", "b", "b"]
+    assert ">site<" in html.read_text()
+
+
+def test_cancel_runs_on_every_site_and_logs_on_the_chosen_copys_site(spread: Spread, capfd) -> None:
+    assert forward(spread, "cancel") == 0
+    out = capfd.readouterr().out
+    assert "== site a" in out and "== site b" in out and out.count("0 cell(s) cancelled") == 2
+    assert forward(spread, "logs", spread.cells[1]) == 1  # b's copy has no train.log: b's own answer says so
+    err = capfd.readouterr().err
+    assert f"cell {spread.cells[1]} on site b" in err and str(spread.placed[1].site.runs_root) in err
+
+
+def test_the_cli_sends_a_grid_of_several_sites_to_the_merge(spread: Spread, capsys, monkeypatch) -> None:
+    from sft_grid.cli.main import main
+
+    monkeypatch.setattr(remote.Site, "transport", lambda self: Local(name=self.name))
+    assert main(["status", SWEEP, "--runs-root", str(spread.here)]) == 0
+    out, err = capsys.readouterr()
+    assert "on 2 sites (a, b)" in err and table_rows(out)[spread.cells[1]][-1] == "b"
+
+
+def test_watch_of_a_spread_grid_ends_when_nothing_is_under_way(spread: Spread, capsys) -> None:
+    import os
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # the runs' process (this one, in the fixture) ended: their local jobs are no longer under way
+    for ledger in spread.here.parent.parent.glob("*/runs/g/*/events.jsonl"):
+        ledger.write_text(ledger.read_text().replace(f'"pid": {os.getpid()}', f'"pid": {gone.pid}'))
+    fake = Fake()
+    assert forward(spread, "status", "--watch", "--interval", "0.01", fake=fake) == 0
+    out = capsys.readouterr().out
+    assert "the grid has ended" in out and out.count("== ") == 1  # one read: every cell had ended
+    assert table_rows(out.split("\n", 1)[1])[spread.cells[1]][-1] == "b" and sorted(fake.closed) == ["a", "b"]

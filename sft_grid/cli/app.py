@@ -86,12 +86,12 @@ def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
     the launch's status. On a site's own invocation asked for its answer (`SFT_GRID_PROBE`), prints it and exits.
     Returns for every other grid."""
     from sft_grid.cli.options import default_runs_root
-    from sft_grid.grid import flow
+    from sft_grid.grid import flow, probe
     from sft_grid.sites import coordinate, placement
 
     if os.environ.get(coordinate.PROBE_ENV) and os.environ.get(placement.ON_SITE_ENV):
         try:
-            found = flow.probe(composed, errors)
+            found = probe.probe(composed, errors)
         except GridError as exc:
             _fail(exc)
             raise

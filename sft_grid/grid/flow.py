@@ -59,7 +59,7 @@ from sft_grid.grid.view import GridView, read_view
 from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.planning.compose import Composed, CompositionError, composition_problem
 from sft_grid.planning.evaluation import BaseTarget, along_of, base_targets, merge_eval_axis
-from sft_grid.planning.inputs import Prep, hub_repos, preps
+from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm
 from sft_grid.sites import facts as site_facts
@@ -336,48 +336,6 @@ def plan_cells(composed: Sequence[Composed], errors: Sequence[CompositionError])
     cells = [plan_cell(c.overrides, c.config) for c in composed]
     problems += validate(cells, _backend_rules)
     return merge_eval_axis(cells), problems
-
-
-@dataclass(frozen=True, kw_only=True)
-class Probe:
-    """What a site answers of a grid across remote sites, for the placement made where the grid is launched
-    (sites/coordinate.py): its Slurm's facts, and each cell as its files here say."""
-
-    facts: SiteFacts | None
-    # cell name -> its state here, for the cells with a ledger here
-    states: Mapping[str, CellState]
-    # the cells whose move off this site is confirmed (sites/moves.py): free to be queued elsewhere
-    moving: frozenset[str]
-    # the cells whose Hub inputs are not staged here
-    hub: frozenset[str]
-
-
-def probe(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Probe:
-    """A site's answer for a grid across remote sites (its own invocation: `sites` is this site alone). Reads the
-    ledgers and asks the site's Slurm once (sinfo, sbatch --test-only); unless a dry run it also records what
-    observe records: the triage of ended failures, and the steps of the moves off this site it can take now. Renders,
-    stages and queues nothing."""
-    cells, problems = plan_cells(composed, errors)
-    sites, site_problems = placement.profiles(cells)
-    if problems or site_problems:
-        raise GridError([*problems, *site_problems])
-    dirs = cell_dirs(cells)
-    record = not any(c.spec.dry_run for c in cells)
-    view = read_view(dirs)
-    if record:
-        view = settle(view, dirs)
-    facts = site_facts.observe(sites, [placement.need_of(c) for c in cells]) if sites else ()
-    moving = observe_moves(cells, dirs, view.histories, view.state, facts, record) if facts else {}
-    try:
-        hub = {cell for i in plan_staging(cells, dirs, True).pending for cell, _ in i.users}
-    except (OSError, GridError, StagingFailed):  # the site's Hub cache cannot tell: every cell with a Hub input
-        hub = {c.name for c in cells if hub_repos(c)}
-    return Probe(
-        facts=facts[0] if facts else None,
-        states={c.name: view.state(d) for c, d in zip(cells, dirs, strict=True) if (d / LEDGER_FILE).is_file()},
-        moving=frozenset(c.name for c, d in zip(cells, dirs, strict=True) if d in moving),
-        hub=frozenset(hub),
-    )
 
 
 def _backend_rules(cell: Cell) -> Iterable[Problem]:

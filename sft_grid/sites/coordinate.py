@@ -6,7 +6,7 @@ laptop) the grid's coordinator; each site keeps its own cells, runs root, Hub ca
 1. here: every cell composed and validated, and the checkout's gate (sites/snapshot.py: a dirty checkout refused,
    naming the files), before any site is contacted;
 2. each site, over its own control connection (sites/transport.py), all of them at once: the commit's snapshot put
-   in place (once per commit), then the site's answer for the grid, `grid/flow.probe` run there from the snapshot:
+   in place (once per commit), then the site's answer for the grid, `grid/probe.py` run there from the snapshot:
    its Slurm's facts (whether the controller answers, its nodes, `sbatch --test-only` for each shape of cell), each
    cell's state as its files there say, the moves off it that it confirmed (a cell queued there while its
    controller does not answer, or past `move_after`: its job's gate claimed there first, sites/moves.py), and the
@@ -42,7 +42,7 @@ from sft_grid.sites import placement, remote, snapshot
 from sft_grid.sites.placement import SiteFacts
 from sft_grid.sites.transport import SiteUnreachable, Ssh
 
-# set in the environment of a site's invocation: answer for the grid (grid/flow.probe) instead of running it
+# set in the environment of a site's invocation: answer for the grid (grid/probe.py) instead of running it
 PROBE_ENV = "SFT_GRID_PROBE"
 # set in the environment of a site's invocation: the cells (names, comma-separated) it runs of the grid
 ONLY_ENV = "SFT_GRID_ONLY"
@@ -53,7 +53,7 @@ IN_FLIGHT = ("submitted", "running")
 
 @dataclass(frozen=True, kw_only=True)
 class Answer:
-    """A site's answer for the grid (what `grid/flow.probe` found there), or why there is none."""
+    """A site's answer for the grid (what `grid/probe.py` found there), or why there is none."""
 
     site: str
     facts: SiteFacts | None = None  # None: the site did not answer over ssh

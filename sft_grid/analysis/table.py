@@ -324,8 +324,11 @@ def _cell_row(cell_dir: Path) -> Row:
 
 
 def axes_of(rows: Sequence[Row]) -> list[str]:
-    """Swept keys whose values differ between cells (a single cell: all of its own)."""
-    keys = list(dict.fromkeys(k for r in rows for k in r.values))
+    """Swept keys whose values differ between cells (a single cell: all of its own). In a grid across sites the
+    cluster is where a cell was placed, shown in the site column: not an axis (a site's share of a grid across
+    remote sites runs with `cluster=<site>`, sites/coordinate.py)."""
+    placed = any(r.site for r in rows)
+    keys = list(dict.fromkeys(k for r in rows for k in r.values if not (placed and k == "cluster")))
     if len(rows) == 1:
         return keys
     return [k for k in keys if len({r.values.get(k) for r in rows}) > 1]

@@ -18,6 +18,10 @@ class Killed(Exception):
     pass
 
 
+# the gate of job 7_0 of site a, as the job names it (its sbatch's SFT_GRID_SITE) and as a move off site a names it
+A_GATE = gate.key("a", "7_0")
+
+
 @dataclass
 class FakeSite:
     """Site A's queue, its controller up or down, and the job that may start at the n-th operation."""
@@ -32,15 +36,15 @@ class FakeSite:
 
     def tick(self) -> None:
         if self.start_at is not None and self.ops == self.start_at and "7_0" in self.queue:
-            self.trained = gate.claim(self.cell, "7_0", gate.STARTED) == gate.STARTED
+            self.trained = gate.claim(self.cell, A_GATE, gate.STARTED) == gate.STARTED
             self.queue.discard("7_0")  # started: out of the pending queue (running or ended)
         if self.kill_at is not None and self.ops == self.kill_at:
             raise Killed
         self.ops += 1
 
-    def claim(self, cell_dir: Path, job: str) -> str:
+    def claim(self, cell_dir: Path, gate_key: str) -> str:
         self.tick()
-        return gate.claim(cell_dir, job, gate.MOVED)
+        return gate.claim(cell_dir, gate_key, gate.MOVED)
 
     def cancel(self, site: str, job: str) -> None:
         self.tick()
@@ -50,6 +54,13 @@ class FakeSite:
     def in_queue(self, site: str, job: str) -> bool:
         self.tick()
         return job in self.queue
+
+
+def test_two_sites_jobs_with_one_id_have_gates_of_their_own(tmp_path: Path) -> None:
+    """Two clusters on one file system may give one cell's jobs the same id: a move off one never stops the other."""
+    assert gate.claim(tmp_path, gate.key("a", "7_0"), gate.MOVED) == gate.MOVED
+    assert gate.claim(tmp_path, gate.key("b", "7_0"), gate.STARTED) == gate.STARTED
+    assert gate.claim(tmp_path, gate.key("a", "7_0"), gate.STARTED) == gate.MOVED
 
 
 def seen(site: FakeSite, on: str = "a", waited: float = 100.0) -> Seen:
@@ -111,7 +122,7 @@ def test_killed_at_any_step_no_cell_on_two_sites_and_none_lost(
     assert on_b + trained == 1, (on_b, trained)  # exactly one site runs it: never both, never neither
     assert moves.read(tmp_path) is None  # the journal is settled
     if trained:
-        assert gate.read(tmp_path, "7_0") == gate.STARTED
+        assert gate.read(tmp_path, A_GATE) == gate.STARTED
 
 
 @pytest.mark.parametrize("kill_write", [0, 1, 2, 3])
@@ -132,4 +143,4 @@ def test_killed_between_journal_writes_the_next_invocation_finishes_the_move(
     on_b, trained = _invocations(site)
     assert (on_b, trained) == (1, False) and moves.read(tmp_path) is None
     # the job on the stopped site, started later, trains nothing: its gate says the cell moved
-    assert gate.claim(tmp_path, "7_0", gate.STARTED) == gate.MOVED
+    assert gate.claim(tmp_path, A_GATE, gate.STARTED) == gate.MOVED

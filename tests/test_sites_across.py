@@ -232,10 +232,10 @@ def test_a_sites_stopped_controller_moves_its_queued_cells_once(across: Across):
         _b("scontrol", "update", f"nodename={node}", "state=resume")
         old = {c: next(e["job_id"] for e in ledger(c) if e["event"] == "job") for c in on_b}
         deadline = time.monotonic() + 600
-        while not all(gate.read(c, j) for c, j in old.items()):
-            assert time.monotonic() < deadline, {c.name: gate.read(c, j) for c, j in old.items()}
+        while not all(gate.read(c, gate.key("far_b", j)) for c, j in old.items()):
+            assert time.monotonic() < deadline, {c.name: gate.read(c, gate.key("far_b", j)) for c, j in old.items()}
             time.sleep(1)
-        assert all(gate.read(c, j) == gate.MOVED for c, j in old.items())
+        assert all(gate.read(c, gate.key("far_b", j)) == gate.MOVED for c, j in old.items())
         for cell in on_b:
             assert "running" not in [e["event"] for e in ledger(cell)], ledger(cell)
         for cell in on_a:

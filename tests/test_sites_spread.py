@@ -139,7 +139,8 @@ def test_a_stopped_sites_queued_cells_move_once_and_its_jobs_train_nothing_later
             )
             time.sleep(1)
         assert len(old) == 4 and all(
-            gate.read(c, j) == gate.MOVED for c, j in zip(cells, _first_ids(cells), strict=True)
+            gate.read(c, gate.key("slurm_siteb", j)) == gate.MOVED
+            for c, j in zip(cells, _first_ids(cells), strict=True)
         )
         ended = _site_b("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(sorted(old)))
         assert "COMPLETED" not in ended, ended  # each failed at its gate: its post-training job there never ran

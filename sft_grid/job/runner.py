@@ -151,7 +151,9 @@ def _moved_away(cell_dir: Path, job_id: str) -> bool:
     had claimed it first (the cell is queued on another site: this job trains nothing and records nothing)."""
     if not job_id or not events.submitted_site(events.read(cell_dir))[0]:
         return False
-    if gate.claim(cell_dir, job_id, gate.STARTED) == gate.STARTED:
+    # every node of the job claims it: the same party, so the same word (a node that did not would wait for the
+    # others at the rendezvous until its timeout)
+    if gate.claim(cell_dir, gate.key(os.environ.get(gate.SITE_ENV, ""), job_id), gate.STARTED) == gate.STARTED:
         return False
     log.warning("job %s: %s moved to another site before this job started; nothing run here", job_id, cell_dir.name)
     return True
@@ -167,7 +169,7 @@ def run_cell(cell_dir: str | Path) -> str:
     output = cell_dir / OUTPUT_DIR
     job = where()
     lead = job.rank == 0
-    if lead and _moved_away(cell_dir, job.job_id):
+    if _moved_away(cell_dir, job.job_id):
         # issue 25: the cell moved to another site before this job started (core/gate.py): the job fails, so its
         # post-training job here (after it, kill_on_invalid_dep) is cancelled by Slurm; the ledger is not touched
         raise MovedAway(f"{cell_dir.name} moved to another site before job {job.job_id} started: nothing run here")

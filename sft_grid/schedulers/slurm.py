@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sft_grid.core import gate
 from sft_grid.core.failures.sacct import SacctLeg, parse_sacct, sacct_argv
 from sft_grid.core.state import JobState
 from sft_grid.core.submission import SlurmJob, SlurmRequest
@@ -152,7 +153,9 @@ def submit(job: SlurmJob, dependency: str | None) -> list[str]:
     from sft_grid.schedulers.entry import CheckpointableEntry, Entry
 
     make = CheckpointableEntry if job.checkpointable else Entry
-    with client_env(dict(job.request.client_env)):
+    # a job of a grid across sites knows its site (its gate's name, core/gate.py): sbatch's environment, inherited
+    site = {gate.SITE_ENV: job.request.site} if job.request.site else {}
+    with client_env({**dict(job.request.client_env), **site}):
         return _submit(job, dependency, make)
 
 

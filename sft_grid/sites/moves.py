@@ -100,7 +100,7 @@ def next_step(move: Move | None, seen: Seen, gate_word: str | None) -> Do:
 class World(Protocol):
     """What a move acts on: the cell's files and the site's scheduler."""
 
-    def claim(self, cell_dir: Path, job: str) -> str: ...
+    def claim(self, cell_dir: Path, gate_key: str) -> str: ...
 
     def cancel(self, site: str, job: str) -> None: ...
 
@@ -129,14 +129,14 @@ def advance(cell_dir: Path, seen: Seen, world: World) -> Move | None:
     """Take every step the cell's move can take now, each written before the next; the journal as it stands."""
     move = read(cell_dir)
     for _ in range(8):  # at most the five steps
-        do = next_step(move, seen, gate.read(cell_dir, move.job) if move else None)
+        do = next_step(move, seen, gate.read(cell_dir, gate.key(move.site, move.job)) if move else None)
         if do is Do.NOTHING:
             break
         if do is Do.INTEND:
             why = "its site did not answer" if not seen.reachable else f"queued over {seen.bound_s:.0f} s"
             move = Move(site=seen.site, job=seen.job, step=Step.INTENT, why=why)
         elif do is Do.CLAIM and move is not None:
-            if world.claim(cell_dir, move.job) == gate.STARTED:
+            if world.claim(cell_dir, gate.key(move.site, move.job)) == gate.STARTED:
                 move = None  # it started first: it stays where it runs
             else:
                 move = replace(move, step=Step.GATED)
@@ -164,8 +164,8 @@ class SlurmWorld:
 
     envs: Mapping[str, Mapping[str, str]]  # site -> cluster.client_env
 
-    def claim(self, cell_dir: Path, job: str) -> str:
-        return gate.claim(cell_dir, job, gate.MOVED)
+    def claim(self, cell_dir: Path, gate_key: str) -> str:
+        return gate.claim(cell_dir, gate_key, gate.MOVED)
 
     def cancel(self, site: str, job: str) -> None:
         import subprocess

@@ -213,6 +213,7 @@ def profiles(cells: Sequence[Any]) -> tuple[dict[str, ClusterConf], list[Problem
             )
             continue
         assert isinstance(cluster, ClusterConf)
+        cluster = replace(cluster, name=name)  # the site's name is the list's (each job's gate, the ledgers)
         if here:
             cluster = replace(cluster, remote=type(cluster.remote)())  # it runs here: nothing to reach over ssh
         elif cluster.remote.host and cluster.executor == "slurm":

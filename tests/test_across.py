@@ -94,7 +94,7 @@ class Fake:
 
         @dataclass
         class Tracked(Local):
-            def run(self, argv: Sequence[str], stdin: bytes | None = None, check: bool = True, timeout: float = 300):  # type: ignore[override]
+            def run(self, argv: Sequence[str], stdin: bytes | None = None, check: bool = True, timeout: float = 300):
                 if self.name in fake.down:
                     raise SiteUnreachable(f"ssh {self.name}.example: Connection refused")
                 return super().run(argv, stdin, check, timeout)

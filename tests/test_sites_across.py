@@ -164,9 +164,9 @@ def test_status_and_results_from_the_laptop_show_every_cell_with_its_site(across
     status = across.sft("status", "synthetic_delphi")
     assert status.returncode == 0, status.stderr
     lines = status.stdout.splitlines()
-    rows = [line.split() for line in lines[2:] if line.strip() and not line.startswith("12 cell")]
-    assert lines[0].split()[-1] == "site" and len(rows) == 12, status.stdout
-    assert all(r[1] == "completed" and r[-1] in ("far_a", "far_b") for r in rows), status.stdout
+    table = [line.split() for line in lines[2:] if line.strip() and not line.startswith("12 cell")]
+    assert lines[0].split()[-1] == "site" and len(table) == 12, status.stdout
+    assert all(r[1] == "completed" and r[-1] in ("far_a", "far_b") for r in table), status.stdout
     assert "12 cell(s): 12 completed" in status.stdout
     results = across.sft("results", "synthetic_delphi", "--format", "csv")
     assert results.returncode == 0, results.stderr

@@ -255,3 +255,28 @@ def test_watch_of_a_spread_grid_ends_when_nothing_is_under_way(spread: Spread, c
     out = capsys.readouterr().out
     assert "the grid has ended" in out and out.count("== ") == 1  # one read: every cell had ended
     assert table_rows(out.split("\n", 1)[1])[spread.cells[1]][-1] == "b" and sorted(fake.closed) == ["a", "b"]
+
+
+def test_the_pulled_copies_are_read_from_their_files_never_from_the_schedulers_here(
+    spread: Spread, capsys, monkeypatch
+) -> None:
+    """A laptop that is itself a login node of another cluster: its sacct knows other jobs by the same ids. The
+    pulled copies' states come from their files and ledgers; no scheduler here is asked."""
+    from sft_grid.analysis.table import read_table
+    from sft_grid.core import events
+    from sft_grid.core.events import Event, Kind
+    from sft_grid.schedulers import slurm
+
+    asked: list[object] = []
+    monkeypatch.setattr(slurm, "query", lambda *a, **kw: asked.append(a) or [])
+    # cell 2's copy on b: queued on b's Slurm (job 5_0), as a site's ledger says it
+    queued = Path(spread.placed[1].site.runs_root) / SWEEP / spread.cells[2]
+    events.append(queued, Event(Kind.SUBMITTED, executor="slurm", array="sft_grid-x", index=0, details={"site": "b"}))
+    events.append(queued, Event(Kind.JOB, job_id="5_0"))
+    read_table(queued.parent)  # the site's own reading asks its scheduler
+    assert asked
+    asked.clear()
+    assert forward(spread, "results", "--format", "json") == 0
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    assert not asked, asked
+    assert [c["state"] for c in cells] == ["completed", "completed", "submitted"]

@@ -384,9 +384,10 @@ def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
 
 def read_table(sweep_dir: Path, sites: Mapping[str, str] | None = None) -> GridTable:
     """The table of the grid in `sweep_dir`. `sites`: cell name -> its site, where its ledger names none (a grid
-    across remote sites, read from the copies pulled here: the site each cell's copy came from, cli/across.py)."""
+    across remote sites, read from the copies pulled here: the site each cell's copy came from, cli/across.py); their
+    states are read from their files, no scheduler asked (this machine's Slurm, if any, is not their sites')."""
     dirs = list(iter_cell_dirs(sweep_dir))
-    view = read_view(dirs)
+    view = read_view(dirs, ask=sites is None)
     rows, raw, failed = [], [], []
     for d in dirs:
         row = _cell_row(d)

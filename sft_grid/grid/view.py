@@ -56,11 +56,17 @@ class GridView:
         )
 
 
-def read_view(cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = (), base_dirs: Sequence[Path] = ()) -> GridView:
+def read_view(
+    cell_dirs: Sequence[Path], prep_dirs: Iterable[Path] = (), base_dirs: Sequence[Path] = (), ask: bool = True
+) -> GridView:
     """Each ledger (cells, model preps, base models), and the scheduler's jobs of all of them: one query a site (a
-    grid across sites asks each cell's site, by the client environment its submission recorded)."""
+    grid across sites asks each cell's site, by the client environment its submission recorded). `ask` False: no
+    scheduler asked (copies of cells pulled from other sites: this machine's Slurm, if any, is not theirs); their
+    states are their files' and ledgers'."""
     prep_dirs = list(prep_dirs)
     histories = {d: events.read(d) for d in [*cell_dirs, *prep_dirs, *base_dirs]}
+    if not ask:
+        return GridView.of(histories, None, list(cell_dirs))
     groups: dict[tuple[tuple[str, str], ...], list[Path]] = {}
     for d in cell_dirs:
         groups.setdefault(tuple(sorted(events.submitted_site(histories[d])[1].items())), []).append(d)

@@ -8,7 +8,10 @@ The site is this machine behind a real sshd on a loopback port (tests/sshd.py: D
 sshd`, a generated key); the grid is 1000 cells written by a dry run (`seed=range(0,1000)`, the local Slurm
 cluster's profile: nothing is queued), and the site's code is this checkout's snapshot, extracted as a launch does.
 
-    make sshd && python benchmarks/bench_sites.py [--cells N] [--repeats N] [--json out.json] [--check]
+    make sshd && python benchmarks/bench_sites.py [--cells N] [--sites N] [--repeats N] [--json out.json] [--check]
+
+`--sites 2` splits the cells over two remote sites (a grid across remote sites: each site asked at once over its own
+connection, the answers merged here, sft_grid/cli/across.py); the target is the same.
 
     python benchmarks/bench_sites.py --spread [--json out.json] [--check]
 
@@ -158,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spread", action="store_true", help="the targets of a grid across the two local clusters")
     parser.add_argument("--cells", type=int, default=1000)
+    parser.add_argument("--sites", type=int, default=1, help="split the cells over this many remote sites")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--check", action="store_true", help="exit 1 when the target is missed")
@@ -169,24 +173,32 @@ def main(argv: list[str] | None = None) -> int:
     site_root, laptop = work / "site", work / "laptop"
     runs = site_root / "runs"
     env = {**os.environ, "PYTHONPATH": str(REPO), "SFT_GRID_SHIP_DIRTY": "1"}
-    dry = [
-        sys.executable,
-        "-m",
-        "sft_grid",
-        "-m",
-        "model=tiny_llama",
-        f"seed=range(0,{args.cells})",
-        "cluster=slurm_local",
-        "sweep_name=wide",
-        f"runs_root={runs}",
-        "dry_run=true",
-    ]
-    seconds, done = timed(dry, {**env, "SFT_GRID_ESTIMATES": "0"})
-    cells = sum(1 for _ in (runs / "wide").glob("*/cell.yaml"))
-    if done.returncode != 0 or cells != args.cells:
-        print(f"the dry run wrote {cells} cells:\n{done.stderr[-3000:]}", file=sys.stderr)
+    # --sites N: the cells split over N sites (each its runs root on the site), their status merged here
+    roots = [runs] if args.sites == 1 else [site_root / f"runs{i}" for i in range(args.sites)]
+    share = -(-args.cells // len(roots))
+    for i, root in enumerate(roots):
+        first, last = i * share, min(args.cells, (i + 1) * share)
+        dry = [
+            sys.executable,
+            "-m",
+            "sft_grid",
+            "-m",
+            "model=tiny_llama",
+            f"seed=range({first},{last})",
+            "cluster=slurm_local",
+            "sweep_name=wide",
+            f"runs_root={root}",
+            "dry_run=true",
+        ]
+        _, done = timed(dry, {**env, "SFT_GRID_ESTIMATES": "0"})
+        if done.returncode != 0:
+            print(f"the dry run failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            return 2
+    cells = sum(1 for root in roots for _ in (root / "wide").glob("*/cell.yaml"))
+    if cells != args.cells:
+        print(f"the dry runs wrote {cells} cells", file=sys.stderr)
         return 2
-    print(f"wrote {cells} cells (dry run, {seconds:.1f} s)")
+    print(f"wrote {cells} cells on {len(roots)} site(s) (dry runs)")
 
     changed = snapshot.changed_paths(REPO) or []
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -194,11 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     snapshot.materialize(code)
     server = sshd.start(work / "sshd", {"site_a": {}}, env={"SFT_GRID_CACHE": os.environ.get("SFT_GRID_CACHE", "")})
     try:
-        site = remote.Site("slurm_local", "site_a", str(site_root), sys.executable, str(server.config), str(runs))
-        remote.write_record(
-            laptop / "wide", [remote.Placed(site=site, code_dir=code.dir, code=code.key, commit=code.commit)]
-        )
-        here = [sys.executable, "-c", CLI, "status", "wide", "--runs-root", str(runs)]
+        sites = [
+            remote.Site(f"site{i}", "site_a", str(site_root), sys.executable, str(server.config), str(root))
+            for i, root in enumerate(roots)
+        ]
+        placed = [remote.Placed(site=s, code_dir=code.dir, code=code.key, commit=code.commit) for s in sites]
+        remote.write_record(laptop / "wide", placed)
+        # the baseline: the status of the biggest share, on its site (the sites answer at once)
+        here = [sys.executable, "-c", CLI, "status", "wide", "--runs-root", str(roots[0])]
         there = [sys.executable, "-c", CLI, "status", "wide", "--runs-root", str(laptop)]
         trip = ["ssh", "-F", str(server.config), "-o", "BatchMode=yes", "site_a", "true"]
         on_site, forwarded, round_trip = [], [], []
@@ -218,10 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     target = 1.0 + result["round_trip_s"]
     ok = result["status_from_here_s"] <= target
     rows = [
-        ("status on the site itself (baseline)", f"{result['status_on_site_s']:.2f} s", ""),
+        ("status on a site itself (baseline)", f"{result['status_on_site_s']:.2f} s", ""),
         ("one ssh round trip (fresh connection)", f"{result['round_trip_s']:.2f} s", ""),
         (
-            f"status of {cells} remote cells from here",
+            f"status of {cells} cells on {len(roots)} remote site(s) from here",
             f"{result['status_from_here_s']:.2f} s",
             f"<= 1 s + round trip = {target:.2f} s: {'met' if ok else 'MISSED'}",
         ),

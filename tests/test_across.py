@@ -268,7 +268,12 @@ def test_the_pulled_copies_are_read_from_their_files_never_from_the_schedulers_h
     from sft_grid.schedulers import slurm
 
     asked: list[object] = []
-    monkeypatch.setattr(slurm, "query", lambda *a, **kw: asked.append(a) or [])
+
+    def query(*a: object, **kw: object) -> list[object]:
+        asked.append(a)
+        return []
+
+    monkeypatch.setattr(slurm, "query", query)
     # cell 2's copy on b: queued on b's Slurm (job 5_0), as a site's ledger says it
     queued = Path(spread.placed[1].site.runs_root) / SWEEP / spread.cells[2]
     events.append(queued, Event(Kind.SUBMITTED, executor="slurm", array="sft_grid-x", index=0, details={"site": "b"}))

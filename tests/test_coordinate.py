@@ -49,12 +49,18 @@ def test_the_answer_line_round_trips_and_a_missing_one_is_no_answer() -> None:
     assert unreached.answered and unreached.facts is not None and not unreached.facts.reachable
 
 
-def test_a_cell_completed_or_in_flight_anywhere_is_never_placed_again() -> None:
-    cells = [cell("done"), cell("live"), cell("new"), cell("failed")]
-    answers = [answer("a", {"done": "completed", "failed": "failed"}), answer("b", {"live": "submitted"})]
+def test_a_cell_with_a_copy_on_a_site_stays_there_and_only_a_new_one_is_placed() -> None:
+    """Completed or in flight: never queued twice, wherever it is. Failed: its site's own rules decide whether it
+    runs again (rerun_failed, its failure's policy), as on one site; it is not sent to another site on its own."""
+    cells = [cell("done"), cell("live"), cell("new"), cell("failed"), cell("twice")]
+    answers = [
+        answer("a", {"done": "completed", "failed": "failed", "twice": "failed"}),
+        answer("b", {"live": "submitted", "twice": "completed"}),
+    ]
     d = decide(cells, answers, {}, PROFILES)
-    assert d.kept == {"done": "a", "live": "b"}
-    assert set(d.placed) == {"new", "failed"} and not d.problems
+    assert d.kept == {"done": "a", "live": "b", "failed": "a", "twice": "b"}
+    assert d.states == {"done": "completed", "live": "submitted", "failed": "failed", "twice": "completed"}
+    assert set(d.placed) == {"new"} and not d.problems
 
 
 def test_a_cell_sent_to_a_silent_site_waits_for_it() -> None:

@@ -154,7 +154,9 @@ def test_a_second_launch_places_nothing_and_queues_nothing(across: Across):
     wait_done(dirs, deadline_s=900)
     again = across.sft(*TWELVE, ACROSS)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "12 completed or in flight, 0 waiting for their site, 0 to place" in again.stdout, again.stdout
+    assert "12 on a site (12 completed), 0 waiting for their site, 0 to place" in again.stdout, again.stdout
+    # each site refreshed its own cells, as a run on one site does: nothing to run
+    assert again.stdout.count("completed - nothing to run") == 2, again.stdout
     assert all([e["event"] for e in ledger(d)].count("submitted") == 1 for d in dirs)
 
 

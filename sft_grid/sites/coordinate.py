@@ -11,13 +11,15 @@ laptop) the grid's coordinator; each site keeps its own cells, runs root, Hub ca
    cell's state as its files there say, the moves off it that it confirmed (a cell queued there while its
    controller does not answer, or past `move_after`: its job's gate claimed there first, sites/moves.py), and the
    cells whose Hub inputs its cache lacks;
-3. here, pure (`decide`): a cell completed or in flight on a site stays there: the same cell is never queued twice,
-   wherever it is; a cell that the grid's record sent to a site that does not answer over ssh waits for that site
+3. here, pure (`decide`): a cell that has a copy on a site stays there (completed or in flight: the same cell is
+   never queued twice, wherever it is; failed or cancelled: that site's own rules decide whether it runs again, as
+   on one site); a cell that the grid's record sent to a site that does not answer over ssh waits for that site
    (it may be queued there and nothing can confirm otherwise: it is never queued elsewhere on a guess); every other
    cell is placed (sites/placement.py) on a site that answered, earliest expected start first, never on a site it
    is moving away from;
 4. the record here (`<runs root here>/<grid>/.site.json`) names each placed cell's site, written before anything
-   is sent, then each site runs the grid command for its share of the cells (`SFT_GRID_ONLY`) from the snapshot: its
+   is sent, then each site whose controller answers runs the grid command for its share of the cells, those it
+   holds and those placed on it (`SFT_GRID_ONLY`), from the snapshot (its refresh, as a run on one site is): its
    checks, its staging from its own login node, its model preps and tokenizations, its arrays, as a grid launched
    there. Its submissions record the site.
 
@@ -113,9 +115,10 @@ def parse(site: str, cluster: ClusterConf, output: str) -> Answer:
 class Decided:
     """Where each cell of the grid is, or goes, after this invocation's look at every site."""
 
-    placed: Mapping[str, str]  # cell -> the site it is sent to now
-    kept: Mapping[str, str]  # cell -> the site where it is completed or in flight
+    placed: Mapping[str, str]  # cell -> the site it is sent to now (it has no copy on any site that answered)
+    kept: Mapping[str, str]  # cell -> the site that holds it (completed, in flight, or ended there): its refresh
     waiting: Mapping[str, str]  # cell -> the site, not answering, that the record sent it to
+    states: Mapping[str, str] = field(default_factory=dict)  # cell -> its state where it is kept
     problems: tuple[Problem, ...] = ()
 
 
@@ -128,17 +131,19 @@ def decide(
     waiting: dict[str, str] = {}
     avoid: dict[str, str] = {}
     to_place = []
+    states: dict[str, str] = {}
     for cell in cells:
         here = [
             (a.states[cell.name], a.site)
             for a in answers
             if a.answered and cell.name in a.states and cell.name not in a.moving
         ]
-        done = [s for state, s in here if state == "completed"]
-        live = [s for state, s in here if state in IN_FLIGHT]
         silent = recorded.get(cell.name)
-        if done or live:
-            kept[cell.name] = (done or live)[0]
+        # its copy: a completed one first, then one in flight, then any (it failed or was cancelled there: that
+        # site's own rules decide whether it runs again, as on one site: rerun_failed, its failure's policy)
+        ranked = sorted(here, key=lambda h: (h[0] != "completed", h[0] not in IN_FLIGHT))
+        if ranked:
+            states[cell.name], kept[cell.name] = ranked[0]
         elif silent and silent in by_site and not by_site[silent].answered:
             waiting[cell.name] = silent
         else:
@@ -157,7 +162,7 @@ def decide(
         result = placement.place(needs, [f for f in facts if f.name != away])
         placed.update(result.sites)
         problems += result.problems
-    return Decided(placed=placed, kept=kept, waiting=waiting, problems=tuple(problems))
+    return Decided(placed=placed, kept=kept, waiting=waiting, states=states, problems=tuple(problems))
 
 
 def sites_of(profiles: Mapping[str, ClusterConf]) -> list[remote.Site]:
@@ -253,9 +258,14 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
             raise GridError(list(decided.problems), "the sites")
         for name, site in sorted(decided.waiting.items()):
             print(f"  {name}: waits for site {site} (sent there, which does not answer)", flush=True)
+        counts: dict[str, int] = {}
+        for state in decided.states.values():
+            counts[state] = counts.get(state, 0) + 1
+        held = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
         print(
-            f"grid of {len(cells)} cell(s) across {len(sites)} site(s): {len(decided.kept)} completed or in flight, "
-            f"{len(decided.waiting)} waiting for their site, {len(decided.placed)} to place",
+            f"grid of {len(cells)} cell(s) across {len(sites)} site(s): {len(decided.kept)} on a site"
+            + (f" ({held})" if held else "")
+            + f", {len(decided.waiting)} waiting for their site, {len(decided.placed)} to place",
             flush=True,
         )
         if not dry_run:
@@ -269,11 +279,18 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
                 ]
                 remote.write_record(records / sweep, placed, {n: s for n, s in decided.placed.items() if n in names})
         status = 0
+        controller = {a.site: a.facts is not None and a.facts.reachable for a in answers}
         for s in sites:
-            share = sorted(n for n, site in decided.placed.items() if site == s.name)
+            new = sorted(n for n, site in decided.placed.items() if site == s.name)
+            share = sorted([*new, *(n for n, site in decided.kept.items() if site == s.name)])
             if not share:
                 continue
-            print(f"{len(share)} cell(s) on site {s.name} ({s.host}:{s.runs_root})", flush=True)
+            if not controller.get(s.name):  # nothing is placed there; its cells are refreshed once it answers
+                print(f"site {s.name}: {len(share)} cell(s) there wait for its Slurm controller", flush=True)
+                continue
+            # every site that holds cells runs the grid command for them: its refresh, as a run on one site is
+            # (completed cells skipped, failures triaged, post-training and scores caught up)
+            print(f"{len(share)} cell(s) on site {s.name} ({len(new)} new; {s.host}:{s.runs_root})", flush=True)
             there = remote.there(
                 s, codes[s.name].dir, ["-m", "sft_grid", *site_argv(argv, s.name)], {ONLY_ENV: ",".join(share)}
             )

@@ -79,7 +79,9 @@ test-fast: install
 slurm-up:
 	bash scripts/slurm_up.sh
 
+# siteb first: it runs on ci's munged and slurmdbd (left running without them, its node stops answering)
 slurm-down:
+	bash scripts/slurm_site_down.sh
 	bash scripts/slurm_down.sh
 
 # a second cluster beside it (siteb: its own controller, ports, state and node; ci's accounting), for the tests of

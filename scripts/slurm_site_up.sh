@@ -80,12 +80,13 @@ write_config() {
     mv -f "$tmp" "$SLURM_CONF"
 }
 
+# wait_until SECONDS CHECK...: 0 once CHECK succeeds, 1 when SECONDS passed first (the caller says what failed)
 wait_until() {
-    local timeout=$1 what=$2 t0
-    shift 2
+    local timeout=$1 t0
+    shift
     t0=$(now_us)
     until "$@" >/dev/null 2>&1; do
-        (($(now_us) - t0 < timeout * 1000000)) || die "timed out after ${timeout}s waiting for $what"
+        (($(now_us) - t0 < timeout * 1000000)) || return 1
         sleep 0.1
     done
 }
@@ -102,13 +103,16 @@ start() {
     if ! alive "$SITE_RUN/slurmctld.pid"; then
         /usr/sbin/slurmctld -f "$SLURM_CONF" </dev/null >>"$LOG_DIR/$NAME-slurmctld.stdout" 2>&1
     fi
-    wait_until 30 "$NAME's slurmctld" ctld_ready
+    wait_until 30 ctld_ready || die "timed out after 30s waiting for $NAME's slurmctld"
     for ((i = 1; i <= NNODES; i++)); do
         alive "$SITE_RUN/slurmd-$PREFIX$i.pid" \
             || /usr/sbin/slurmd -f "$SLURM_CONF" -N "$PREFIX$i" </dev/null >>"$LOG_DIR/$NAME-slurmd.stdout" 2>&1
     done
-    wait_until 30 "$NAME's nodes" nodes_ready || true
-    nodes_ready || { scontrol update nodename="$PREFIX[1-$NNODES]" state=resume || true; wait_until 30 "$NAME's nodes" nodes_ready; }
+    # a node left down or drained (a controller restarted under it, a test's drain): resumed once, then waited for
+    if ! wait_until 30 nodes_ready; then
+        scontrol update nodename="$PREFIX[1-$NNODES]" state=resume || true
+        wait_until 30 nodes_ready || die "timed out after 60s waiting for $NAME's nodes: $(sinfo -h -N -o '%N %t %E' 2>&1)"
+    fi
 }
 
 phase config write_config

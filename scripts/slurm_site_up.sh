@@ -92,6 +92,11 @@ wait_until() {
 }
 
 ctld_ready() { scontrol ping | grep -q 'is UP'; }
+# every node known to the controller in a settled state: not still registering (`unk`), not unreachable (`*`)
+nodes_settled() {
+    local states
+    states=$(sinfo -h -N -o '%t') && [[ -n $states ]] && ! grep -qE 'unk|\*' <<<"$states"
+}
 nodes_ready() {
     local states
     states=$(sinfo -h -N -o '%t') && [[ -n $states ]] && ! grep -qvxE '(idle|mix|mixed|alloc|allocated|comp|completing)-?' <<<"$states"
@@ -109,7 +114,8 @@ start() {
             || /usr/sbin/slurmd -f "$SLURM_CONF" -N "$PREFIX$i" </dev/null >>"$LOG_DIR/$NAME-slurmd.stdout" 2>&1
     done
     # a node left down or drained (a controller restarted under it, a test's drain): resumed once, then waited for
-    if ! wait_until 30 nodes_ready; then
+    wait_until 30 nodes_settled || true
+    if ! nodes_ready; then
         scontrol update nodename="$PREFIX[1-$NNODES]" state=resume || true
         wait_until 30 nodes_ready || die "timed out after 60s waiting for $NAME's nodes: $(sinfo -h -N -o '%N %t %E' 2>&1)"
     fi

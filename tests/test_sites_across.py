@@ -230,8 +230,7 @@ def test_a_sites_stopped_controller_moves_its_queued_cells_once(across: Across):
         again = across.sft(*four, "sweep_name=moving", ACROSS)  # refresh 2: nothing moves again
         assert "0 to place" in again.stdout, again.stdout
         # site_b back: its old jobs start and end at their gates, training nothing
-        subprocess.run(up, check=False, capture_output=True)
-        _b("scontrol", "update", f"nodename={node}", "state=resume")
+        subprocess.run(up, check=True, capture_output=True)  # its controller back, its drained node resumed
         old = {c: next(e["job_id"] for e in ledger(c) if e["event"] == "job") for c in on_b}
         deadline = time.monotonic() + 600
         while not all(gate.read(c, gate.key("far_b", j)) for c, j in old.items()):

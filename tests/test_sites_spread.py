@@ -129,8 +129,7 @@ def test_a_stopped_sites_queued_cells_move_once_and_its_jobs_train_nothing_later
         assert not any((c / "move.json").exists() for c in cells)
         # siteb back: its four old jobs start and end at their gates, training nothing (their post-training job there,
         # after them, is cancelled by Slurm: they failed)
-        subprocess.run(up, check=False, capture_output=True)  # its node drained: resumed below
-        _site_b("scontrol", "update", f"nodename={node}", "state=resume")
+        subprocess.run(up, check=True, capture_output=True)  # its controller back, its drained node resumed
         old = _b_ids(cells)
         t0 = time.monotonic()
         while not _ended_on_b(old):  # each old job started there and ended (at its gate)

@@ -223,22 +223,7 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
     Returns the exit status: 0 when every site that was sent cells queued them."""
     sites = sites_of(profiles)
     dry_run = any(c.spec.dry_run for c in cells)
-    found = {s.name: snapshot.find(cells, dry_run, store=s.store) for s in sites}
-    codes = {name: code for name, code in found.items() if code is not None}
-    if len(codes) != len(found):
-        raise GridError(
-            [
-                Problem(
-                    "(grid)",
-                    "checkout",
-                    None,
-                    "git-checkout",
-                    "a remote site runs a snapshot of a commit: sft_grid here is not a git checkout",
-                    "launch from a git clone of the project",
-                )
-            ],
-            "the checkout",
-        )
+    codes = dict(zip((s.name for s in sites), remote.code_for(cells, dry_run, [s.store for s in sites]), strict=True))
     transports = {s.name: s.transport() for s in sites}
     try:
         with ThreadPoolExecutor(max_workers=len(sites)) as pool:
@@ -269,14 +254,12 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
             flush=True,
         )
         if not dry_run:
+            placed = [
+                remote.Placed(site=s, code_dir=codes[s.name].dir, code=codes[s.name].key, commit=codes[s.name].commit)
+                for s in sites
+            ]
             for sweep in sweeps:
                 names = {c.name for c in cells if c.spec.sweep_name == sweep}
-                placed = [
-                    remote.Placed(
-                        site=s, code_dir=codes[s.name].dir, code=codes[s.name].key, commit=codes[s.name].commit
-                    )
-                    for s in sites
-                ]
                 remote.write_record(records / sweep, placed, {n: s for n, s in decided.placed.items() if n in names})
         status = 0
         controller = {a.site: a.facts is not None and a.facts.reachable for a in answers}

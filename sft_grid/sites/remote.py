@@ -29,12 +29,13 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.submission import CodeSnapshot
 from sft_grid.sites import snapshot
 from sft_grid.sites.placement import ON_SITE_ENV
 from sft_grid.sites.transport import Ssh
@@ -135,10 +136,11 @@ def there(site: Site, code_dir: Path, argv: Sequence[str], env: Mapping[str, str
     ]
 
 
-def launch(cells: Sequence[Any], site: Site, argv: Sequence[str], dry_run: bool, records: Path) -> int:
-    """Ship the launch's commit to the site once, then run the grid command (`argv`, Hydra's arguments) there from
-    it, its output streamed here; record the site for the grid's later commands. Returns its exit status."""
-    code = snapshot.find(cells, dry_run, store=site.store)
+def code_for(cells: Sequence[Any], dry_run: bool, stores: Sequence[Path]) -> list[CodeSnapshot]:
+    """The launch's snapshot (sites/snapshot.py: a dirty checkout refused, naming the files) as each remote site
+    keeps it, in `stores[i]/<key>`: the checkout read once for all of them. Raises GridError outside a git checkout:
+    a remote site runs a snapshot of a commit."""
+    code = snapshot.find(cells, dry_run, store=stores[0]) if stores else None
     if code is None:
         raise GridError(
             [
@@ -153,6 +155,13 @@ def launch(cells: Sequence[Any], site: Site, argv: Sequence[str], dry_run: bool,
             ],
             "the checkout",
         )
+    return [replace(code, dir=store / code.key) for store in stores]
+
+
+def launch(cells: Sequence[Any], site: Site, argv: Sequence[str], dry_run: bool, records: Path) -> int:
+    """Ship the launch's commit to the site once, then run the grid command (`argv`, Hydra's arguments) there from
+    it, its output streamed here; record the site for the grid's later commands. Returns its exit status."""
+    (code,) = code_for(cells, dry_run, [site.store])
     transport = site.transport()
     try:
         snapshot.materialize(code, transport)

@@ -57,7 +57,7 @@ def test_a_cell_with_a_copy_on_a_site_stays_there_and_only_a_new_one_is_placed()
         answer("a", {"done": "completed", "failed": "failed", "twice": "failed"}),
         answer("b", {"live": "submitted", "twice": "completed"}),
     ]
-    d = decide(cells, answers, {}, PROFILES)
+    d = decide(cells, answers, {})
     assert d.kept == {"done": "a", "live": "b", "failed": "a", "twice": "b"}
     assert d.states == {"done": "completed", "live": "submitted", "failed": "failed", "twice": "completed"}
     assert set(d.placed) == {"new"} and not d.problems
@@ -66,24 +66,24 @@ def test_a_cell_with_a_copy_on_a_site_stays_there_and_only_a_new_one_is_placed()
 def test_a_cell_sent_to_a_silent_site_waits_for_it() -> None:
     """A site that does not answer over ssh may hold the cell queued: it is never queued elsewhere on a guess."""
     silent = Answer(site="b", error="ssh: connect to host: Connection refused")
-    d = decide([cell("x"), cell("y")], [answer("a"), silent], {"x": "b"}, PROFILES)
+    d = decide([cell("x"), cell("y")], [answer("a"), silent], {"x": "b"})
     assert d.waiting == {"x": "b"} and d.placed == {"y": "a"}
 
 
 def test_a_confirmed_move_goes_elsewhere_never_back() -> None:
     """site b's controller is down: it confirmed the move of `m` (its gate claimed there); `m` is placed on a."""
     answers = [answer("a"), answer("b", {"m": "submitted"}, reachable=False, moving=["m"])]
-    d = decide([cell("m")], answers, {"m": "b"}, PROFILES)
+    d = decide([cell("m")], answers, {"m": "b"})
     assert d.placed == {"m": "a"} and not d.kept
-    only_b = decide([cell("m")], answers[1:], {"m": "b"}, PROFILES)
+    only_b = decide([cell("m")], answers[1:], {"m": "b"})
     assert not only_b.placed and only_b.problems  # nowhere else to go: refused, with the reason
 
 
 def test_constraints_and_the_hub_decide_the_site() -> None:
     """Two nodes fit only b; a cell whose Hub inputs b lacks (b has no route to the Hub) goes to a."""
-    d = decide([cell("big", nodes=2), cell("hub")], [answer("a"), answer("b", hub=["hub"])], {}, PROFILES)
+    d = decide([cell("big", nodes=2), cell("hub")], [answer("a"), answer("b", hub=["hub"])], {})
     assert d.placed == {"big": "b", "hub": "a"}
-    d = decide([cell("big", nodes=2)], [answer("a"), answer("b", hub=["big"])], {}, PROFILES)
+    d = decide([cell("big", nodes=2)], [answer("a"), answer("b", hub=["big"])], {})
     assert not d.placed and d.problems and d.problems[0].cell == "big"
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.schema import ClusterConf
+from sft_grid.core.state import State
 from sft_grid.core.submission import CodeSnapshot
 from sft_grid.sites import placement, remote, snapshot
 from sft_grid.sites.placement import SiteFacts
@@ -50,7 +51,6 @@ PROBE_ENV = "SFT_GRID_PROBE"
 ONLY_ENV = "SFT_GRID_ONLY"
 # the line of the site's output that carries its answer
 ANSWER_MARK = "sft_grid-probe: "
-IN_FLIGHT = ("submitted", "running")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,9 +122,7 @@ class Decided:
     problems: tuple[Problem, ...] = ()
 
 
-def decide(
-    cells: Sequence[Any], answers: Sequence[Answer], recorded: Mapping[str, str], profiles: Mapping[str, ClusterConf]
-) -> Decided:
+def decide(cells: Sequence[Any], answers: Sequence[Answer], recorded: Mapping[str, str]) -> Decided:
     """Each cell kept where it is, waiting for its site, or placed (see the module's docstring). Pure."""
     by_site = {a.site: a for a in answers}
     kept: dict[str, str] = {}
@@ -141,7 +139,7 @@ def decide(
         silent = recorded.get(cell.name)
         # its copy: a completed one first, then one in flight, then any (it failed or was cancelled there: that
         # site's own rules decide whether it runs again, as on one site: rerun_failed, its failure's policy)
-        ranked = sorted(here, key=lambda h: (h[0] != "completed", h[0] not in IN_FLIGHT))
+        ranked = sorted(here, key=lambda h: (h[0] != State.COMPLETED.value, not State(h[0]).in_flight))
         if ranked:
             states[cell.name], kept[cell.name] = ranked[0]
         elif silent and silent in by_site and not by_site[silent].answered:
@@ -233,7 +231,7 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
         recorded: dict[str, str] = {}
         for sweep in sweeps:
             recorded.update(remote.recorded_cells(records / sweep))
-        decided = decide(cells, answers, recorded, profiles)
+        decided = decide(cells, answers, recorded)
         for a in answers:
             if not a.answered:
                 print(f"site {a.site} did not answer: {a.error}", file=sys.stderr, flush=True)

@@ -119,12 +119,7 @@ class Sites:
         asked = [(p, args) for p in self.placed if (args := args_of(p)) is not None]
 
         def one(p: Placed, args: Sequence[str]) -> Answer:
-            argv = there(p.site, p.code_dir, command_there(command, args))
-            try:
-                done = self.transports[p.site.name].run(argv, check=False)
-            except SiteUnreachable as exc:
-                return Answer(p.site.name, unreachable=str(exc) or "no answer")
-            return Answer(p.site.name, done.returncode, done.stdout, done.stderr)
+            return self.run(p.site.name, there(p.site, p.code_dir, command_there(command, args)))
 
         with ThreadPoolExecutor(max_workers=max(1, len(asked))) as pool:
             answers = list(pool.map(lambda pa: one(*pa), asked))

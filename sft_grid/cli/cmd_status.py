@@ -55,6 +55,7 @@ class Line:
     # "train" (its job queued or training), "post" (post-training stages), "eval" (its evaluation), "job" (the
     # local job, which runs all three, still alive)
     under_way: frozenset[str] = frozenset()
+    updated: str = ""  # the time of the cell's last ledger event ("" for a base model's row)
 
 
 def rows(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tuple[str, ...]]:
@@ -119,7 +120,8 @@ def lines_of(view: GridView, dirs: Sequence[Path], bases: Sequence[Path] = ()) -
             reason,
             events.submitted_site(history)[0],
         )
-        out.append(Line(row=row, state=st, under_way=frozenset(under_way)))
+        updated = history[-1].time if history else ""
+        out.append(Line(row=row, state=st, under_way=frozenset(under_way), updated=updated))
     for base in bases:
         ev = eval_state(base, view.histories[base], view.scheduler)
         out.append(
@@ -165,23 +167,21 @@ def report(found: Sequence[Line]) -> list[str]:
 
 def as_json(found: Sequence[Line], dirs: Sequence[Path] = ()) -> dict[str, Any]:
     """The lines as one JSON object: {"headers": HEADERS, "rows": [{header: value, ..., "under_way": [...],
-    "advice": the failure policy's message, "updated": the time of the cell's last ledger event, "moved": whether
-    the cell's directory holds a move journal (sites/moves.py)}]}. The extra keys are what a merge of several sites'
+    "advice": the failure policy's message, "updated": the time of the cell's last ledger event (read with the
+    lines), "moved": whether the cell's directory holds a move journal (sites/moves.py)}]}. The extra keys are what a merge of several sites'
     copies of a cell needs (cli/across.py); the reason is whole (the table cuts it)."""
-    from sft_grid.core import events
     from sft_grid.sites.moves import MOVE_FILE
 
     by_name = {d.name: d for d in dirs}
     out = []
     for line in found:
         cell_dir = by_name.get(line.row[0]) if line.state is not None else None
-        history = events.read(cell_dir) if cell_dir is not None else []
         out.append(
             {
                 **dict(zip(HEADERS, line.row, strict=True)),
                 "under_way": sorted(line.under_way),
                 "advice": line.state.advice if line.state is not None else "",
-                "updated": history[-1].time if history else "",
+                "updated": line.updated,
                 "moved": cell_dir is not None and (cell_dir / MOVE_FILE).is_file(),
             }
         )

@@ -168,8 +168,8 @@ def report(found: Sequence[Line]) -> list[str]:
 def as_json(found: Sequence[Line], dirs: Sequence[Path] = ()) -> dict[str, Any]:
     """The lines as one JSON object: {"headers": HEADERS, "rows": [{header: value, ..., "under_way": [...],
     "advice": the failure policy's message, "updated": the time of the cell's last ledger event (read with the
-    lines), "moved": whether the cell's directory holds a move journal (sites/moves.py)}]}. The extra keys are what a merge of several sites'
-    copies of a cell needs (cli/across.py); the reason is whole (the table cuts it)."""
+    lines), "moved": whether the cell's directory holds a move journal (sites/moves.py)}]}. The extra keys are what
+    a merge of several sites' copies of a cell needs (cli/across.py); the reason is whole (the table cuts it)."""
     from sft_grid.sites.moves import MOVE_FILE
 
     by_name = {d.name: d for d in dirs}

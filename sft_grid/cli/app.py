@@ -100,14 +100,15 @@ def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
         raise SystemExit(0)
     if os.environ.get(placement.ON_SITE_ENV):
         return
+    # the profiles first (a few files): a grid across clusters reached from here is planned once, by flow.run
+    profiles, site_problems = placement.named_profiles({tuple(c.config.get("sites") or ()) for c in composed})
+    if site_problems or not placement.all_remote(profiles):
+        return  # flow.run's check reports the list's problems with the cells' own
     try:
         cells, problems = flow.plan_cells(composed, errors)
-        profiles, site_problems = placement.profiles(cells)
-        problems += site_problems or placement.static_problems(cells, profiles)
+        problems += placement.static_problems(cells, profiles)
         if problems:
             raise GridError(problems)
-        if not placement.all_remote(profiles):
-            return
         status = coordinate.launch(cells, profiles, sys.argv[1:], Path(default_runs_root()))
     except GridError as exc:
         _fail(exc)

@@ -164,12 +164,16 @@ def place(needs: Sequence[Need], facts: Sequence[SiteFacts]) -> Placement:
 def profiles(cells: Sequence[Any]) -> tuple[dict[str, ClusterConf], list[Problem]]:
     """The cluster profile of each site the grid's cells name (`sites=[...]`), read from conf/cluster/, and the
     problems of the list: one list for the whole grid, profiles that exist and are reached from here."""
+    return named_profiles({tuple(c.spec.sites) for c in cells})
+
+
+def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf], list[Problem]]:
+    """`profiles` of the cells' lists of sites as given (one list a cell; also read before the cells are planned)."""
     from omegaconf import OmegaConf
 
     from sft_grid.core.paths import CONF_DIR
     from sft_grid.planning import resolvers
 
-    lists = {tuple(c.spec.sites) for c in cells}
     if lists <= {()}:  # no cell names sites (or no cell composed)
         return {}, []
     problems: list[Problem] = []

@@ -25,12 +25,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from omegaconf import OmegaConf
 
 from sft_grid.core import gate
+from sft_grid.core.cellfiles import CellYaml
 from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.paths import REPO_ROOT, cache_root
+from sft_grid.core.schema import ClusterConf
+from sft_grid.sites.placement import SiteFacts, need_of, refusal
 from sft_grid.sites.remote import RECORD, recorded_cells
 from sft_grid.sites.snapshot import SHIP_ENV
 
@@ -143,10 +148,15 @@ def test_twelve_cells_are_placed_on_both_sites_and_each_trains_exactly_once(acro
     assert set(on.values()) == {"far_a", "far_b"}, on
     # the record here names each cell's site (what a site that stops answering keeps)
     assert recorded_cells(across.laptop / "synthetic_delphi") == on
-    # every placement within the cell's constraints: site_b takes one node, 24 h (its profile), no Hub route
+    # every placement within the cell's constraints: the site its ledger names refuses none of them (its profile as
+    # committed in the clone, the cell's needs as its cell.yaml has them)
     for cell in dirs:
-        if on[cell.name] == "far_b":
-            assert "nodes: 1" in (cell / "cell.yaml").read_text()
+        profile = OmegaConf.load(across.checkout / "conf" / "cluster" / f"{on[cell.name]}.yaml")
+        cluster = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConf), profile))
+        assert isinstance(cluster, ClusterConf)
+        spec = CellYaml.load(cell, ("nodes", "time", "site_needs")).spec
+        need = need_of(SimpleNamespace(name=cell.name, spec=spec))
+        assert refusal(need, SiteFacts(name=on[cell.name], cluster=cluster)) is None, (cell.name, on[cell.name])
 
 
 def test_a_second_launch_places_nothing_and_queues_nothing(across: Across):

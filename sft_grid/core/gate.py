@@ -24,13 +24,14 @@ def key(site: str, job_id: str) -> str:
     return f"{site}.{job_id}" if site else job_id
 
 
-def gate_path(cell_dir: Path, job_id: str) -> Path:
-    return Path(cell_dir) / f"gate.{job_id}"
+def gate_path(cell_dir: Path, name: str) -> Path:
+    return Path(cell_dir) / f"gate.{name}"
 
 
-def claim(cell_dir: Path, job_id: str, word: str) -> str:
-    """Claim the job's gate for `word`; the word that holds it afterwards (this one, or the one that came first)."""
-    path = gate_path(cell_dir, job_id)
+def claim(cell_dir: Path, name: str, word: str) -> str:
+    """Claim the gate `name` (`key`: a site's job) for `word`; the word that holds it afterwards (this one, or the
+    one that came first)."""
+    path = gate_path(cell_dir, name)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{word}")
     tmp.write_text(word)
     try:
@@ -39,9 +40,9 @@ def claim(cell_dir: Path, job_id: str, word: str) -> str:
         pass
     finally:
         tmp.unlink(missing_ok=True)
-    return read(cell_dir, job_id) or word
+    return read(cell_dir, name) or word
 
 
-def read(cell_dir: Path, job_id: str) -> str | None:
-    path = gate_path(cell_dir, job_id)
+def read(cell_dir: Path, name: str) -> str | None:
+    path = gate_path(cell_dir, name)
     return path.read_text().strip() if path.is_file() else None

@@ -74,7 +74,7 @@ def test_bad_failure_policies_and_notification_targets_are_refused(make_cells, o
 
 
 def test_keys_of_their_own_go_under_the_mappings(make_cells):
-    (cell,) = make_cells(["+extra.packing=true", "+extra.a.b=1", "+cluster.env.FOO=bar", "+vars.row=1"])
+    (cell,) = make_cells(["+extra.ddp_timeout=7200", "+extra.a.b=1", "+cluster.env.FOO=bar", "+vars.row=1"])
     assert [p for p in validate([cell]) if p.rule == "unknown-key"] == []
 
 
@@ -163,7 +163,7 @@ def test_every_number_out_of_its_range_is_refused(make_cells, key, field):
 @pytest.mark.parametrize("key, field", CHOSEN, ids=[k for k, _ in CHOSEN])
 def test_every_value_outside_its_set_is_refused_with_the_set(make_cells, key, field):
     value = "no_such_value"
-    (cell,) = make_cells([f"{key}=[{value}]" if key == "model.needs" else f"{key}={value}"])
+    (cell,) = make_cells([f"{key}=[{value}]" if key in ("model.needs", "cluster.kernels") else f"{key}={value}"])
     p = only(validate([cell]), "choice")
     assert p.key == key and p.value == value
     assert all(v in p.fix for v in field.metadata["choices"])
@@ -540,9 +540,9 @@ def test_an_extra_key_sft_grid_derives_is_refused_with_the_modelled_key(make_cel
     from sft_grid.grid.flow import plan_cells
     from sft_grid.planning.compose import Composed
 
-    (cell,) = make_cells([f"backend={backend}", "model=qwen3_8b", f"+extra.{key}={value}", "+extra.packing=true"])
+    (cell,) = make_cells([f"backend={backend}", "model=qwen3_8b", f"+extra.{key}={value}", "+extra.ddp_timeout=7200"])
     _, problems = plan_cells([Composed(cell.overrides, dict(cell.config))], [])
-    p = only(problems, "extra-derived")  # packing is the backend's own key: passed through
+    p = only(problems, "extra-derived")  # ddp_timeout is the backend's own key: passed through
     assert p.key == f"extra.{key}" and p.value == value and f"drop extra.{key}" in p.fix
     assert (f"set {instead}" in p.fix or f"/ {instead}" in p.fix) if instead else "sft_grid derives itself" in p.message
 

@@ -150,7 +150,7 @@ def test_dry_run_renders_72_cells_without_warnings(dry_run):
 
 def test_every_cell_holds_the_grids_rules(dry_run):
     proc, cells = dry_run
-    hub_ids, per_model = set(), {}
+    hub_ids, per_model, layouts = set(), {}, {}
     for cell in cells:
         cfg = yaml.safe_load((cell / "train_config.yaml").read_text())
         conf = yaml.safe_load((cell / "cell.yaml").read_text())
@@ -160,9 +160,13 @@ def test_every_cell_holds_the_grids_rules(dry_run):
         per_model.setdefault(model, []).append(cell)
         assert cfg["learning_rate"] == 2e-5 and cfg["cutoff_len"] == 4096 and cfg["num_train_epochs"] == 1.0
         assert conf["global_batch_size"] == 16 and cfg["per_device_train_batch_size"] == 1
-        nodes = nodes_for(params)
-        assert conf["nodes"] == nodes and cfg["gradient_accumulation_steps"] == 16 // (nodes * 4)
-        assert f"#SBATCH --nodes={nodes}" in proc.stdout
+        # the layout as chosen to fit Leonardo's 64 GB A100s (sft_grid/planning/gpus.py), said in cell.yaml and rendered
+        nodes, lay = conf["nodes"], conf["layout"]
+        assert cfg["gradient_accumulation_steps"] == 16 // (nodes * 4) and f"#SBATCH --nodes={nodes}" in proc.stdout
+        assert ("deepspeed" in cfg) == (lay["sharding"] != "none") and conf["packing"] is True
+        assert cfg["packing"] is True and cfg["neat_packing"] is True  # no example attends to another
+        assert cfg["disable_gradient_checkpointing"] is not lay["checkpointing"]
+        layouts[params] = (nodes, lay["sharding"], lay["checkpointing"])
         datasets = cfg["dataset"].split(",")
         assert datasets[0] in ("magpie", "wildchat_386k") and datasets[1] == "delphi_warmup"
         assert cfg["mix_strategy"] == "interleave_under" and cfg["interleave_probs"] == "0.9,0.1"
@@ -174,11 +178,16 @@ def test_every_cell_holds_the_grids_rules(dry_run):
         assert hub == f"laion/{model}-{'-'.join(datasets)}-sft-{key}" and post["hub_model_id"] == hub
         assert conf["push_to_hub"] is True and cfg["push_to_hub"] is False and "hub_model_id" not in cfg
         # no internet on Leonardo
-        assert post["stages"] == ["tokenizer", "upload", "cleanup"] and post["upload_in_job"] is False
+        consolidate = ["consolidate"] if lay["sharding"] == "zero3" else []  # ZeRO-3 saves shards
+        assert post["stages"] == [*consolidate, "tokenizer", "upload", "cleanup"] and post["upload_in_job"] is False
         assert conf["register_db"] is False and "register" not in post["stages"]
         assert conf["cluster"]["name"] == "leonardo"
         hub_ids.add(hub)
     assert len(hub_ids) == 72
+    # sizes up to 3.4B train on one node; the 9.7B needs ZeRO-3 and checkpointing (plain data parallel on 4 nodes,
+    # as the grid once rendered it, needed 155 GB a GPU)
+    assert layouts[9714698752][1:] == ("zero3", True) and layouts[9714698752][0] == 1
+    assert all(layouts[p][0] == 1 and layouts[p][1] in ("none", "zero2") for p in layouts if p < 9e9)
     assert len(per_model) == 36 and all(len(v) == 2 for v in per_model.values())
     # one tokenizer prep per model, shared by its two cells: one prep array of 36 tasks the training waits for
     assert "tokenizer prep of 36 models for 72 cell(s)" in proc.stdout

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sft_grid.backends import zero
+# the DeepSpeed file of a ZeRO-3 cell (backends/zero.py file_name)
+DS3 = "ds_zero3.json"
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE, iter_cell_dirs, output_complete
 from sft_grid.core.state import State
@@ -121,18 +122,18 @@ def test_jobs_without_gpus_keep_the_clusters_own_sbatch_options_but_not_its_gpu_
 def test_zero3_models_get_a_deepspeed_config_in_both_backends(make_cells, tmp_path):
     big, small = make_cells(["model=qwen3_32b", "micro_batch_size=2"], ["model=qwen3_8b"])
     files = render(big, tmp_path / "big", []).files
-    ds = json.loads(files[zero.DS_FILE])
+    ds = json.loads(files[DS3])
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is False  # shards -> consolidate
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"  # needs zero3_offload
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == big.grad_accum == 8
-    assert yaml.safe_load(files["train_config.yaml"])["deepspeed"] == str(tmp_path / "big" / zero.DS_FILE)
+    assert yaml.safe_load(files["train_config.yaml"])["deepspeed"] == str(tmp_path / "big" / DS3)
     assert json.loads(files[POST_FILE])["stages"][0] == "consolidate"
-    assert zero.DS_FILE not in render(small, tmp_path / "small", []).files
+    assert DS3 not in render(small, tmp_path / "small", []).files
     (ax,) = make_cells(["model=qwen3_32b", "backend=axolotl"])
     ax_files = render(ax, tmp_path / "ax", []).files
-    assert zero.DS_FILE in ax_files
-    assert yaml.safe_load(ax_files["axolotl_config.yaml"])["deepspeed"] == str(tmp_path / "ax" / zero.DS_FILE)
+    assert DS3 in ax_files
+    assert yaml.safe_load(ax_files["axolotl_config.yaml"])["deepspeed"] == str(tmp_path / "ax" / DS3)
 
 
 def test_qwen3_5_needs_an_environment_with_transformers_5_3(make_cells, monkeypatch, tmp_path):
@@ -418,7 +419,7 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
             "--nproc_per_node=1",
             str(Path(__file__).parent / "zero3_tiny_train.py"),
             str(tiny_assets / "models" / "tiny-llama3"),
-            str(cell_path / zero.DS_FILE),
+            str(cell_path / DS3),
             str(cell_path / "output"),
             str(ref),
         ],
@@ -525,7 +526,7 @@ def test_a_zero3_cell_trains_through_the_orchestrator_and_is_consolidated(tmp_pa
     cell = cell_dir(tmp_path)
     output = cell / "output"
     rendered = yaml.safe_load((cell / "axolotl_config.yaml").read_text())
-    assert rendered["deepspeed"] == str(cell / zero.DS_FILE) and "zero_cpu.GlooPreInit" in rendered["plugins"]
+    assert rendered["deepspeed"] == str(cell / DS3) and "zero_cpu.GlooPreInit" in rendered["plugins"]
     assert (output / "latest").is_file() and (output / "global_step2").is_dir()
     assert [s for s, _ in stage_events(cell, "completed")] == ["consolidate", "tokenizer"]
     check = (

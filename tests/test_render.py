@@ -176,9 +176,9 @@ def test_files_are_written_cell_yaml_last_and_atomically(make_cells, tmp_path):
     names = sorted(p.name for p in rendered.dir.iterdir())
     assert names == ["cell.yaml", "dataset_info.json", "launch.sh", "post.json", "train_config.yaml"]
     assert os.access(rendered.dir / "launch.sh", os.X_OK)
-    # the resolved config; the deprecated spellings of cluster keys only where a profile sets them
+    # the resolved config, its layout as chosen; deprecated spellings of cluster keys only where a profile sets them
     expected = {
-        **cell.config,
+        **cell.resolved,
         "cluster": {k: v for k, v in cell.config["cluster"].items() if v or k not in ("backend_envs", "need_envs")},
     }
     assert yaml.safe_load((rendered.dir / "cell.yaml").read_text()) == expected
@@ -262,7 +262,7 @@ def test_dump_mapping_writes_what_yaml_dump_writes():
 
 def test_a_gpu_site_names_bf16_and_sdpa_in_llamafactorys_config(make_cells, tmp_path):
     """What the GPU profiles set: LLaMA-Factory trains in bf16 with torch's sdpa kernels, said in its own config (not
-    left to its `auto`); a CPU site says neither."""
+    left to its `auto`); a CPU site trains in fp32 with eager attention (LLaMA-Factory's `disabled`), said too."""
     from sft_grid.grid.render import render
 
     gpu, cpu = make_cells(
@@ -272,4 +272,4 @@ def test_a_gpu_site_names_bf16_and_sdpa_in_llamafactorys_config(make_cells, tmp_
     on_gpu = yaml.safe_load(render(gpu, tmp_path / "g", []).files["train_config.yaml"])
     on_cpu = yaml.safe_load(render(cpu, tmp_path / "c", []).files["train_config.yaml"])
     assert (on_gpu["bf16"], on_gpu["flash_attn"]) == (True, "sdpa")
-    assert "bf16" not in on_cpu and "flash_attn" not in on_cpu
+    assert "bf16" not in on_cpu and on_cpu["flash_attn"] == "disabled"

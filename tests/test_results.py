@@ -152,7 +152,7 @@ def test_the_cells_config_is_read_as_yaml_reads_it(make_cells: Any, tmp_path: Pa
             "dataset=[tiny_messages,tiny_sharegpt]",
             "mix.strategy=interleave_under",
             "mix.probs=[0.9,0.1]",
-            "+extra.neat_packing=true",
+            "packing=true",
             "sweep_name=y",
         ],
         ["model=tiny_delphi", "nodes=2", "sweep_name=y"],

@@ -46,7 +46,7 @@ def test_training_values_share_a_tokenization_and_data_values_do_not(make_cells)
         [*base, "dataset=tiny_sharegpt"],
         [*base, "backend=axolotl"],
         [*base, "model=tiny_qwen3"],
-        [*base, "+extra.packing=true"],
+        [*base, "packing=true"],
         [*base, "dataset=[tiny_messages,tiny_sharegpt]"],
         [*base, "dataset=[tiny_messages,tiny_sharegpt]", "mix.strategy=interleave_under", "mix.probs=[0.5,0.5]"],
     )

@@ -34,6 +34,20 @@ PLUGINS = ("sft_grid_axolotl.TemplateIntegrityPlugin", "sft_grid_axolotl.OutputP
 ZERO_CPU_PLUGIN = "zero_cpu.GlooPreInit"
 # the loss watchdog (in_venv/loss_watchdog.py): stops a NaN, diverging or collapsed run, keeping its checkpoints
 WATCHDOG_PLUGIN = "loss_watchdog.LossWatchdogPlugin"
+# the layout's attention kernel as transformers names it (axolotl passes attn_implementation on)
+ATTENTION = {"eager": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3"}
+# Packing with no example attending to another: axolotl's multipack sampler, whose collator gives each example its
+# own position ids and (without FlashAttention's varlen kernel) a block-diagonal mask
+PACKING = {"sample_packing": True}
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+LIGER = {
+    "liger_rope": True,
+    "liger_rms_norm": True,
+    "liger_glu_activation": True,
+    "liger_fused_linear_cross_entropy": True,
+}
+
+
 # the datasets library's stopping strategy of each interleave strategy, as LLaMA-Factory maps them
 STOPPING = {"interleave_under": "first_exhausted", "interleave_over": "all_exhausted"}
 # file suffix -> axolotl's ds_type for a local file
@@ -149,7 +163,7 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
             "logging_steps": s.logging_steps,
             "save_steps": s.save_steps,
             "auto_resume_from_checkpoints": True,
-            "attn_implementation": attention(cell),
+            **layout_keys(cell),
             **precision(cell),
             **reporting(cell),
             **finetuning(cell),
@@ -173,7 +187,8 @@ def plugins(cell: Cell) -> list[str]:
     lacks: in_venv/zero_cpu.py)."""
     extra = [ZERO_CPU_PLUGIN] if zero.needed(cell) and not cell.spec.cluster.gpus_per_node else []
     watchdog = [WATCHDOG_PLUGIN] if cell.spec.watchdog.enabled else []
-    return [*PLUGINS, *watchdog, *extra]
+    liger = [LIGER_PLUGIN] if cell.layout.liger else []
+    return [*PLUGINS, *watchdog, *extra, *liger]
 
 
 def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
@@ -262,6 +277,7 @@ TRAIN_ONLY = (
     "save_safetensors",
     "gradient_checkpointing",
     "dataloader_num_workers",
+    *LIGER,
 )
 
 
@@ -375,13 +391,22 @@ def chat_template(cell: Cell) -> dict[str, Any]:
     return {"chat_template": template.axolotl}
 
 
-def attention(cell: Cell) -> str:
-    """sdpa on GPUs: torch's own kernels (flash and memory-efficient attention inside), no flash-attn build
-    to match each site's CUDA, and the only choice on aarch64 (GH200) where flash-attn wheels are missing;
-    eager on CPU clusters, where sdpa buys nothing for tiny models."""
-    if cell.spec.cluster.gpus_per_node == 0:
-        return "eager"
-    return "sdpa"
+def layout_keys(cell: Cell) -> dict[str, Any]:
+    """The cell's layout (planning/gpus.py) in axolotl's keys: the attention kernel, activation checkpointing,
+    packing, Liger's kernels (with its plugin: plugins()) and the optimizer. The DeepSpeed file is
+    common.optional_keys'."""
+    lay = cell.layout
+    out: dict[str, Any] = {
+        "attn_implementation": ATTENTION[lay.attention],
+        "gradient_checkpointing": lay.checkpointing,
+        "sample_packing": lay.packing,
+        "optimizer": "adamw_torch_fused" if lay.fused_adamw else "adamw_torch",
+    }
+    if lay.packing:
+        out.update(PACKING)
+    if lay.liger:
+        out.update(LIGER)
+    return out
 
 
 def precision(cell: Cell) -> dict[str, Any]:

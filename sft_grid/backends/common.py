@@ -15,7 +15,7 @@ from sft_grid.planning.cells import Cell
 
 
 def optional_keys(cell: Cell, cell_dir: Path) -> dict[str, Any]:
-    """Trainer keys written only when the cell sets them: a step limit, a checkpoint limit, ZeRO-3."""
+    """Trainer keys written only when the cell sets them: a step limit, a checkpoint limit, DeepSpeed ZeRO."""
     s = cell.spec
     out: dict[str, Any] = {}
     if s.max_steps > 0:
@@ -23,7 +23,7 @@ def optional_keys(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     if s.save_total_limit is not None:
         out["save_total_limit"] = s.save_total_limit
     if zero.needed(cell):
-        out["deepspeed"] = zero.path(cell_dir)
+        out["deepspeed"] = zero.path(cell, cell_dir)
     return out
 
 

@@ -21,7 +21,7 @@ from sft_grid.core.schema import CellConf
 from sft_grid.planning.cells import Cell
 
 # sections of the cell whose scalar keys are probed, besides the cell's own
-_SECTIONS = ("model", "cluster", "mix")
+_SECTIONS = ("model", "cluster", "mix", "layout")
 # keys that say where or how sft_grid runs, or what it passes through: never probed
 # (sweep_name and runs_root place the cell's directory, which sft_grid derives whole: output_dir is its own)
 _SKIP = frozenset(
@@ -52,8 +52,11 @@ def _render(backend: Backend, cell: Cell) -> dict[str, Any]:
     return dict(backend.files(cell, cell.sweep_dir / cell.name)[backend.config_file])
 
 
-def _other(value: Any, choices: tuple[str, ...] | None) -> Any:
-    """Another value of a modelled key, or None when it is not a scalar to vary."""
+def _other(value: Any, choices: tuple[str, ...] | None, hint: Any = None) -> Any:
+    """Another value of a modelled key, or None when it is not a scalar to vary (an unset switch, `bool | None`
+    such as packing, varies to on)."""
+    if value is None and "bool" in str(hint):
+        return True
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
@@ -73,12 +76,12 @@ def _variants(spec: CellConf) -> Iterator[tuple[str, Any]]:
         value = getattr(spec, f.name)
         if f.name in _SECTIONS and dataclasses.is_dataclass(value):
             for g in dataclasses.fields(value):
-                other = _other(getattr(value, g.name), g.metadata.get("choices"))
+                other = _other(getattr(value, g.name), g.metadata.get("choices"), g.type)
                 if other is not None:
                     section: Any = dataclasses.replace(value, **{g.name: other})  # type: ignore[type-var]
                     yield f"{f.name}.{g.name}", dataclasses.replace(spec, **{f.name: section})
             continue
-        other = _other(value, f.metadata.get("choices"))
+        other = _other(value, f.metadata.get("choices"), f.type)
         if other is not None:
             yield f.name, dataclasses.replace(spec, **{f.name: other})
 

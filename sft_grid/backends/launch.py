@@ -47,7 +47,7 @@ def distributed_lines(cell: Cell) -> list[str]:
     """
     return [
         "# several ranks: torchrun on each node, c10d rendezvous at the first node of the allocation",
-        f"export FORCE_TORCHRUN=1 NNODES={cell.spec.nodes} NPROC_PER_NODE={cell.ranks_per_node}"
+        f"export FORCE_TORCHRUN=1 NNODES={cell.nodes} NPROC_PER_NODE={cell.ranks_per_node}"
         f" WORLD_SIZE={cell.world_size}",
         'export NODE_RANK="${SLURM_NODEID:-0}" RDZV_ID="${SLURM_JOB_ID:-local}"',
         'if [ -n "${SLURM_JOB_NODELIST:-}" ]; then',

@@ -103,15 +103,37 @@ def train_config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         cfg["interleave_probs"] = ",".join(repr(float(p)) for p in s.mix.probs or ())
     if s.cluster.precision == "bf16":
         cfg["bf16"] = True
-    if s.cluster.gpus_per_node > 0:
-        # torch's own attention kernels (flash and memory-efficient inside sdpa), as on axolotl: said, not left to
-        # LLaMA-Factory's `auto`, so a GPU cell's config names what it trains with
-        cfg["flash_attn"] = "sdpa"
+    cfg.update(layout_keys(cell))
     if not s.warmup_ratio:
         # transformers 5 deprecates warmup_ratio; zero needs no key at all
         del cfg["warmup_ratio"]
     cfg.update(s.extra)
     return cfg
+
+
+# the layout's attention kernel in LLaMA-Factory's words (its extras/constants.py AttentionFunction)
+ATTENTION = {"eager": "disabled", "sdpa": "sdpa", "fa2": "fa2", "fa3": "fa3"}
+# Packing with no example attending to another (LLaMA-Factory's `neat_packing`: a block-diagonal attention mask,
+# and position ids that restart at each example); the loss mask is still its supervised processor's
+PACKING = {"packing": True, "neat_packing": True}
+
+
+def layout_keys(cell: Cell) -> dict[str, Any]:
+    """The cell's layout (planning/gpus.py) in LLaMA-Factory's keys: the attention kernel, activation
+    checkpointing (said either way: LLaMA-Factory's default is on), packing, Liger's kernels and fused AdamW. The
+    DeepSpeed file is common.optional_keys'."""
+    lay = cell.layout
+    out: dict[str, Any] = {
+        "flash_attn": ATTENTION[lay.attention],
+        "disable_gradient_checkpointing": not lay.checkpointing,
+    }
+    if lay.packing:
+        out.update(PACKING)
+    if lay.liger:
+        out["enable_liger_kernel"] = True
+    if lay.fused_adamw:
+        out["optim"] = "adamw_torch_fused"
+    return out
 
 
 def files(cell: Cell, cell_dir: Path) -> dict[str, Any]:
@@ -189,6 +211,11 @@ TRAIN_ONLY = (
     "do_train",
     "tokenized_path",
     "overwrite_cache",
+    # the layout's keys that change how training runs, not its tokens (packing and neat_packing do change them)
+    "flash_attn",
+    "disable_gradient_checkpointing",
+    "optim",
+    "enable_liger_kernel",
 )
 
 

@@ -17,6 +17,7 @@ from sft_grid.core.cellfiles import Check
 from sft_grid.core.human import count, duration, hours, size
 from sft_grid.core.state import CellState, State
 from sft_grid.core.submission import Role, SlurmJob, SubmissionPlan
+from sft_grid.planning.gpus import GIB
 
 if TYPE_CHECKING:  # (annotations only: the results table's formatting need not import the planner's schema)
     from pathlib import Path
@@ -67,6 +68,8 @@ CHECK_HEADERS = (
     "length",
     "lr",
     "grad_acc",
+    "layout",
+    "mem/GPU",
     "data[role/user/assistant]",
     "push_to_hub",
     "output",
@@ -85,6 +88,16 @@ def _tags(cell: Cell) -> str:
     )
 
 
+def memory_cell(cell: Cell) -> str:
+    """The predicted peak per GPU against the GPU's memory ('41.2/64 GiB'), '-' on a CPU-only cluster, and the
+    peak alone where the cluster does not state its GPU's memory."""
+    lay = cell.layout
+    if lay.memory is None:
+        return "-"
+    peak = f"{lay.memory.total / GIB:.1f}"
+    return f"{peak}/{lay.gpu_mem_gb:g} GiB" if lay.gpu_mem_gb else f"{peak} GiB/?"
+
+
 def check_rows(cells: Sequence[Cell], dirs: Sequence[os.PathLike[str]]) -> list[tuple[object, ...]]:
     return [
         (
@@ -94,6 +107,8 @@ def check_rows(cells: Sequence[Cell], dirs: Sequence[os.PathLike[str]]) -> list[
             _length(c),
             f"{c.spec.lr:g}",
             c.grad_accum,
+            c.layout.summary(),
+            memory_cell(c),
             _tags(c),
             c.spec.push_to_hub,
             relative(os.path.join(d, "output")),

@@ -176,6 +176,15 @@ MODEL_NEEDS = (
     "preprocessor_config",
     "transformers_ge_5_3",
 )
+# fast kernels a site's environment may have (cluster.kernels): the package each is imported as
+KERNELS = ("flash_attn", "liger_kernel")
+# how a cell's training state is spread over its GPUs (planning/gpus.py): none (each GPU holds everything: DDP),
+# DeepSpeed ZeRO stage 2 (gradients and optimizer states sharded) or 3 (parameters too); auto: the lightest that fits
+SHARDINGS = ("auto", "none", "zero2", "zero3")
+# what of a ZeRO cell's state lives in CPU memory: none, the optimizer states, or the parameters as well
+OFFLOADS = ("auto", "none", "optimizer", "all")
+# the attention kernel: eager (the CPU's), torch's sdpa, FlashAttention 2 or 3 (needs cluster.kernels flash_attn)
+ATTENTIONS = ("auto", "eager", "sdpa", "fa2", "fa3")
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds are 32-bit
 # where a site's Hub transfers run: the machine running the grid (a login node), or a Slurm job
 STAGING_WHERE = ("login", "job")
@@ -378,8 +387,17 @@ class ClusterConf:
     # issue 25, grids across sites (sft_grid/sites/placement.py): the site's facts a placement weighs.
     # the most nodes one job may ask for; null: no limit known
     max_nodes: int | None = num(None, 1)
-    # one GPU's memory in GB; null: not known (a cell that needs some is not placed here)
+    # one GPU's memory in GB as nvidia-smi totals it (the vendor's "80GB" is 80 GiB there); null: not known (a cell
+    # that needs some is not placed here, and no cell's memory is checked against it). The layout of every GPU cell
+    # is chosen to fit it (sft_grid/planning/gpus.py)
     gpu_mem_gb: int | None = num(None, 1)
+    # one node's inter-node bandwidth in GB/s (all its network adapters together, one direction): what the gradient
+    # and parameter exchange of a cell spread over nodes costs in the estimate; null: not known (not priced)
+    internode_gbps: float | None = num(None, 0, lo_open=True)
+    # the fast kernels the site's backend environments have installed: flash_attn (FlashAttention 2/3, chosen by
+    # `layout.attention: auto`) and liger_kernel (Liger's fused RMSNorm, RoPE, SwiGLU and linear cross-entropy,
+    # chosen by `layout.liger: null`); the managed CPU environments have neither
+    kernels: list[str] = one_of([], KERNELS)
     # node-hours the account has left where the site reports it; null: not reported (no limit weighed)
     allocation_node_h: float | None = num(None, 0)
     # whether staging reaches the Hub (or its mirror) from this site; false: only cells whose inputs are staged
@@ -407,10 +425,17 @@ class ModelConf:
     # the exact parameter count, where the publisher gives it (or its shape determines it); wins over params_b
     # where an exact count matters (the FLOPs estimate, the scaling fit)
     params: int | None = num(None, 1)
-    # the shape, where the publisher gives it: informative, and checked against the checkpoint's config.json
+    # the shape, where the publisher gives it (its config.json): checked against the checkpoint's config.json, and
+    # what the GPU memory model reads (planning/gpus.py: activations per layer, the logits, the largest layer)
     num_layers: int | None = num(None, 1)
     hidden_size: int | None = num(None, 1)
     num_heads: int | None = num(None, 1)
+    # key/value heads (grouped-query attention); null: num_heads
+    num_kv_heads: int | None = num(None, 1)
+    # the MLP's inner width; null: 4 x hidden_size
+    intermediate_size: int | None = num(None, 1)
+    # the vocabulary (the logits' width); null: the tokenizer family's
+    vocab_size: int | None = num(None, 1)
     # the pretraining compute in FLOPs, where the publisher gives it (Delphi's "2e19" bucket is really 1.8e19): the
     # report's compute axis; unset, it is read from a name like delphi-3e18-...
     compute_budget: float | None = num(None, 0, lo_open=True)
@@ -491,6 +516,19 @@ class NotifyConf:
 
 
 @dataclass
+class LayoutConf:
+    """How a cell is laid out on its GPUs (planning/gpus.py chooses each `auto`/null for the cell)."""
+
+    sharding: str = one_of("auto", SHARDINGS)
+    offload: str = one_of("auto", OFFLOADS)
+    # activation checkpointing (recompute each layer in the backward pass); null: only where memory needs it
+    checkpointing: bool | None = None
+    attention: str = one_of("auto", ATTENTIONS)
+    # Liger's kernels, its fused linear cross-entropy included (no full logits tensor); null: where installed
+    liger: bool | None = None
+
+
+@dataclass
 class CellConf:
     cluster: ClusterConf = MISSING
     backend: BackendConf = MISSING
@@ -525,6 +563,10 @@ class CellConf:
     adam_beta1: float = num(0.9, 0, 1, hi_open=True)
     adam_beta2: float = num(0.999, 0, 1, hi_open=True)
     finetuning_type: str = one_of("full", FINETUNING)
+    # several examples concatenated into each cutoff_len sequence, none attending to another (planning/gpus.py):
+    # a step then counts global_batch_size sequences of cutoff_len tokens; null: on for GPU clusters, off on CPU-only
+    # ones. Part of the identity only when on (an unpacked cell keeps the identity it had before packing existed)
+    packing: bool | None = None
     # backend config keys passed through as they are (identity-relevant)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -547,7 +589,11 @@ class CellConf:
     register_command: list[str] = field(default_factory=list)
 
     # resources and run control (not identity)
-    nodes: int = num(1, 1)
+    # nodes a cell trains on; null: the fewest that fit its memory (planning/gpus.py)
+    nodes: int | None = num(None, 1)
+    # how the cell is spread over its GPUs and what keeps it in memory; each `auto`/null is chosen per cell, the
+    # cheapest that fits the GPU's memory (planning/gpus.py); a value set here is kept, or refused when it cannot fit
+    layout: LayoutConf = field(default_factory=LayoutConf)
     time: str = "04:00:00"
     # the most cells of this grid running at once on Slurm (the job array throttle, %N); null: no limit
     concurrency: int | None = num(None, 1)

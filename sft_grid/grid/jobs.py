@@ -51,6 +51,7 @@ from sft_grid.core.submission import (
 )
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.grid.decide import Action, BaseDecision, Decision
+from sft_grid.planning.cells import layout_for
 from sft_grid.planning.evaluation import suites_of
 from sft_grid.planning.inputs import Prep, prep_for
 from sft_grid.stages import prep as prep_stage
@@ -228,7 +229,8 @@ def request_for(spec: CellConf, timeout_min: int) -> SlurmRequest:
     c = spec.cluster
     params: dict[str, Any] = {
         "time": timeout_min,
-        "nodes": spec.nodes,
+        # the cell's own, or the fewest that fit (planning/gpus.py)
+        "nodes": spec.nodes if spec.nodes is not None else layout_for(spec).nodes,
         "ntasks_per_node": 1,  # one launcher per node: torchrun/accelerate start the ranks
         "cpus_per_task": c.cpus_per_node,
         # USR2 this long before the limit: the job checkpoints, requeues itself and resumes

@@ -115,10 +115,10 @@ def cell_header(cell: Cell) -> str:
 
 
 def cell_yaml(cell: Cell) -> str:
-    """cell.yaml: the resolved config, its shared group sections dumped once per grid."""
+    """cell.yaml: the resolved config (its layout as chosen), its shared group sections dumped once per grid."""
     parts = [cell_header(cell)]
     scalars: dict[str, Any] = {}
-    for key, value in cell.config.items():
+    for key, value in cell.resolved.items():
         if isinstance(value, dict) and value:
             if scalars:
                 parts.append(dump_mapping(scalars))

@@ -9,6 +9,7 @@ invocation or a single-cell rerun lands in the same directory and is recognised 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.core.hubcache import Pin
-from sft_grid.core.schema import CellConf, typed
+from sft_grid.core.schema import CellConf, fingerprint, typed
 from sft_grid.core.tokenized import TokenizedData
+from sft_grid.planning.gpus import Layout, choose
 
 # Top-level keys that describe where and how a cell runs, not what it trains.
 NOT_IDENTITY = frozenset(
@@ -58,6 +60,8 @@ NOT_IDENTITY = frozenset(
         "sites",  # issue 25: where a cell runs is its record, not its identity
         "site_needs",
         "move_after",
+        "layout",  # how a cell is spread over GPUs and kept in memory: the same training, at another cost
+        "packing",  # added back below when on: an unpacked cell keeps the identity it had before packing existed
     }
 )
 # Keys of sub-configs that are about the machine, or describe the model rather than choose it (its size and shape,
@@ -71,6 +75,9 @@ _MODEL_NOT_IDENTITY = frozenset(
         "num_layers",
         "hidden_size",
         "num_heads",
+        "num_kv_heads",
+        "intermediate_size",
+        "vocab_size",
         "weights_dtype",
         "confirmed",
         "compute_budget",
@@ -80,6 +87,30 @@ _BACKEND_IDENTITY = ("name",)
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
 HASH_LEN = 8
+
+
+_LAYOUTS: dict[tuple[Any, ...], Layout] = {}
+
+
+def layout_for(spec: CellConf) -> Layout:
+    """The cell's layout (planning/gpus.py), chosen once for each distinct set of what it reads."""
+    key = (
+        fingerprint(spec.model),
+        fingerprint(spec.cluster),
+        fingerprint(spec.layout),
+        spec.backend.name,
+        spec.micro_batch_size,
+        spec.cutoff_len,
+        spec.global_batch_size,
+        spec.nodes,
+        spec.packing,
+    )
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        if len(_LAYOUTS) > 4096:
+            _LAYOUTS.clear()
+        hit = _LAYOUTS[key] = choose(spec)
+    return hit
 
 
 def is_local(source: str) -> bool:
@@ -121,9 +152,18 @@ class Cell:
     def ranks_per_node(self) -> int:
         return self.spec.cluster.gpus_per_node or 1
 
+    @functools.cached_property
+    def layout(self) -> Layout:
+        """How the cell runs on its GPUs (planning/gpus.py): chosen once per distinct input, shared by its cells."""
+        return layout_for(self.spec)
+
+    @property
+    def nodes(self) -> int:
+        return self.layout.nodes
+
     @property
     def world_size(self) -> int:
-        return self.spec.nodes * self.ranks_per_node
+        return self.nodes * self.ranks_per_node
 
     @property
     def grad_accum(self) -> int:
@@ -133,6 +173,28 @@ class Cell:
     @property
     def datasets(self) -> list[str]:
         return list(self.spec.dataset)
+
+    @property
+    def resolved(self) -> Mapping[str, Any]:
+        """The config with its layout as chosen (nodes, packing and every `auto` of `layout:`): what cell.yaml
+        holds, so that the files say how the cell runs and the job, reading them, runs it that way."""
+        lay = self.layout
+        chosen = {
+            "sharding": lay.sharding,
+            "offload": lay.offload,
+            "checkpointing": lay.checkpointing,
+            "attention": lay.attention,
+            "liger": lay.liger,
+        }
+        return {**self.config, "nodes": lay.nodes, "packing": lay.packing, "layout": chosen}
+
+
+def packed(config: Mapping[str, Any]) -> bool:
+    """Whether a cell packs its examples: as it says, else (null) on GPU clusters and off on CPU-only ones."""
+    packing = config.get("packing")
+    if packing is None:
+        return bool((config.get("cluster") or {}).get("gpus_per_node"))
+    return bool(packing)
 
 
 def identity(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,6 +207,8 @@ def identity(config: Mapping[str, Any]) -> dict[str, Any]:
     if not model.get("hub_id") and model.get("path"):
         # a local checkpoint has no hub id: its directory name stands for it, not the machine's path
         ident["model"]["path"] = Path(str(model["path"])).name
+    if packed(config):
+        ident["packing"] = True  # several examples a sequence: other batches, another trained model
     ident["backend"] = {k: config["backend"][k] for k in _BACKEND_IDENTITY}
     ident["dataset"] = [
         [name, {**ds, "source": Path(ds["source"]).name if is_local(ds["source"]) else ds["source"]}]

@@ -31,7 +31,7 @@ from sft_grid.core.schema import CellConf, Range, field_shapes, fingerprint
 from sft_grid.core.secrets import carries_secret, redact_url
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
-from sft_grid.planning import environments
+from sft_grid.planning import environments, gpus
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.compose import did_you_mean
 from sft_grid.planning.evaluation import eval_suite, same_training
@@ -55,7 +55,7 @@ def batch_divisible(cell: Cell) -> Iterator[Problem]:
             "global_batch_size",
             s.global_batch_size,
             "batch-divisible",
-            f"not divisible by nodes x ranks_per_node x micro_batch_size = {s.nodes} x {cell.ranks_per_node}"
+            f"not divisible by nodes x ranks_per_node x micro_batch_size = {cell.nodes} x {cell.ranks_per_node}"
             f" x {s.micro_batch_size} = {per_step}; gradient accumulation is derived from it, never set by hand",
             f"use a global_batch_size that is a multiple of {per_step}, or change nodes/micro_batch_size",
         )
@@ -165,11 +165,11 @@ def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
 
 def resources(cell: Cell) -> Iterator[Problem]:
     s = cell.spec
-    if s.cluster.executor == "local" and s.nodes != 1:
+    if s.cluster.executor == "local" and cell.nodes != 1:
         yield _problem(
             cell,
             "nodes",
-            s.nodes,
+            cell.nodes,
             "local-one-node",
             "the local executor runs a cell on this one machine",
             "nodes=1, or a Slurm cluster (cluster=<site>)",
@@ -294,15 +294,16 @@ def venv_meets_needs(cell: Cell) -> Iterator[Problem]:
             f"name one in conf/cluster/{s.cluster.name}.yaml: need_venvs: {{{unmet}: {{{s.backend.name}: <venv dir>}}}}"
             f" (or '+cluster.need_venvs.{unmet}={{{s.backend.name}:<venv dir>}}' on the command line)",
         )
-    if "zero3" in s.model.needs and path == environments.managed_for(s) and "deepspeed" not in s.backend.provides:
+    if cell.layout.deepspeed and path == environments.managed_for(s) and "deepspeed" not in s.backend.provides:
         # a site's own environment is the site's business; the managed one is known not to have DeepSpeed
+        why = "needs: zero3" if "zero3" in s.model.needs else f"layout: {cell.layout.summary()}"
         yield _problem(
             cell,
             "backend",
             s.backend.name,
             "venv-deepspeed",
-            f"model {s.model.name!r} trains with DeepSpeed ZeRO-3 (needs: zero3), and the managed {s.backend.name}"
-            f" virtual environment {path} has no DeepSpeed",
+            f"model {s.model.name!r} trains with DeepSpeed {cell.layout.sharding.replace('zero', 'ZeRO-')} ({why}),"
+            f" and the managed {s.backend.name} virtual environment {path} has no DeepSpeed",
             "backend=axolotl (its managed environment has DeepSpeed), or name a site environment with DeepSpeed:"
             f" cluster.backend_venvs.{s.backend.name}=<venv dir>",
         )
@@ -703,6 +704,50 @@ def paths_usable(cell: Cell) -> Iterator[Problem]:
         )
 
 
+def gpu_fit(cell: Cell) -> Iterator[Problem]:
+    """A cell whose predicted peak memory per GPU exceeds the GPU's (planning/gpus.py: the cheapest layout that
+    fits was looked for; this is the one that needs least), and kernels the site does not have."""
+    s, lay = cell.spec, cell.layout
+    c = s.cluster
+    if lay.attention in ("fa2", "fa3") and "flash_attn" not in c.kernels:
+        yield _problem(
+            cell,
+            "layout.attention",
+            lay.attention,
+            "kernel-missing",
+            f"FlashAttention is not among cluster {c.name!r}'s kernels {list(c.kernels)}: the backend would fail"
+            " to import flash_attn at the first step",
+            f"layout.attention=sdpa, or install flash-attn in the site's environment and add flash_attn to"
+            f" conf/cluster/{c.name}.yaml kernels",
+        )
+    if lay.liger and "liger_kernel" not in c.kernels:
+        yield _problem(
+            cell,
+            "layout.liger",
+            True,
+            "kernel-missing",
+            f"liger-kernel is not among cluster {c.name!r}'s kernels {list(c.kernels)}"
+            + (" (it needs a GPU: Triton)" if not c.gpus_per_node else ""),
+            f"drop layout.liger, or install liger-kernel in the site's environment and add liger_kernel to"
+            f" conf/cluster/{c.name}.yaml kernels",
+        )
+    if lay.fits or lay.memory is None or not lay.gpu_mem_gb:
+        return
+    fixed = ", ".join(f"{k}={v}" for k, v in lay.fixed)
+    key, value = lay.fixed[0] if lay.fixed else ("model", s.model.name)
+    yield _problem(
+        cell,
+        key,
+        value,
+        "gpu-memory",
+        f"does not fit on {c.name}'s {c.gpu_mem_gb} GiB {c.gpu_type or 'GPU'}s"
+        + (f" as set ({fixed})" if fixed else " in any layout sft_grid can choose")
+        + f": {lay.summary()} needs {lay.memory.text()} per GPU (backend {s.backend.name}, cutoff_len"
+        f" {s.cutoff_len}, micro_batch_size {s.micro_batch_size})",
+        "; or ".join(gpus.fixes(s, lay)),
+    )
+
+
 RULES: tuple[Rule, ...] = (
     paths_usable,
     safe_names,
@@ -717,6 +762,7 @@ RULES: tuple[Rule, ...] = (
     resources,
     hub_upload,
     venv_meets_needs,
+    gpu_fit,
     failure_policy,
     notify_targets,
     eval_suite,

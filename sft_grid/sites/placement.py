@@ -74,7 +74,7 @@ def need_of(cell: Any, hub: bool = False) -> Need:
     n = spec.site_needs
     return Need(
         cell=cell.name,
-        nodes=spec.nodes,
+        nodes=cell.nodes,
         minutes=int(parse_minutes(spec.time)),
         cpu_arch=n.cpu_arch,
         gpu_type=n.gpu_type,

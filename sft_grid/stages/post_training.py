@@ -51,6 +51,7 @@ from sft_grid.core.layout import LOGS_DIR, OUTPUT_DIR, WEIGHT_FILES, checkpoints
 from sft_grid.core.paths import IN_VENV_DIR, cache_root
 from sft_grid.core.schema import CellConf
 from sft_grid.core.state import JobState, SchedulerView, alive, post_job_id
+from sft_grid.planning.cells import layout_for
 
 STAGES = ("consolidate", "preprocessor_config", "tokenizer", "upload", "register", "cleanup")
 # stages that reach the Hub: they run in a job only where its nodes have internet
@@ -88,7 +89,8 @@ def stages_for(spec: CellConf) -> list[str]:
     return [
         s
         for s, on in (
-            ("consolidate", "consolidate" in needs),
+            # ZeRO-3 saves shards (backends/zero.py); a model may also say it needs it
+            ("consolidate", "consolidate" in needs or layout_for(spec).sharding == "zero3"),
             ("preprocessor_config", "preprocessor_config" in needs),
             ("tokenizer", True),
             ("upload", upload),

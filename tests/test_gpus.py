@@ -51,8 +51,8 @@ def test_model_states_as_each_backend_holds_them():
     assert sum(model_states("axolotl", "bf16", "none", "none", SHAPE, 8)) == 8 * n
     # fp32 training is 16 B whatever the backend
     assert sum(model_states("axolotl", "fp32", "none", "none", SHAPE, 8)) == 16 * n
-    # DeepSpeed: ZeRO-2 4N + 16N/W; ZeRO-3 4L + 18N/W; offloads leave the GPU what DeepSpeed's estimators say
-    assert sum(model_states("llamafactory", "bf16", "zero2", "none", SHAPE, 8)) == 4 * n + 16 * n / 8
+    # DeepSpeed: ZeRO-2 2N + 18N/W; ZeRO-3 4L + 18N/W; offloads leave the GPU what DeepSpeed's estimators say
+    assert sum(model_states("llamafactory", "bf16", "zero2", "none", SHAPE, 8)) == 2 * n + 18 * n / 8
     big = 4 * SHAPE.largest_layer
     assert SHAPE.largest_layer == 151936 * 4096  # the embedding, larger than any MLP matrix
     assert sum(model_states("axolotl", "bf16", "zero3", "none", SHAPE, 8)) == pytest.approx(big + 18 * n / 8)

@@ -17,7 +17,8 @@ The memory model (bytes per GPU at the peak of a training step):
   parameters and gradients and an fp32 master copy with Adam's moments in its optimizer, and its own estimators
   count (deepspeed/runtime/zero/stage3.py estimate_zero3_model_states_mem_needs, stage_1_and_2.py
   estimate_zero2_model_states_mem_needs):
-    ZeRO-2:                 4 N + 16 N / world          (bf16 parameters and gradients whole; the rest sharded)
+    ZeRO-2:                 2 N + 18 N / world          (bf16 parameters whole; 16- and 32-bit gradients, the
+                                                         fp32 master and Adam's moments sharded)
     ZeRO-2, optimizer off:  2 N
     ZeRO-3:                 4 L + 18 N / world          (L: the largest layer's parameters, gathered with its
                                                          gradient while it computes)
@@ -204,7 +205,7 @@ def model_states(
     if sharding == "zero2":
         if offload != "none":
             return 2 * n, 0.0, 0.0
-        return 2 * n, 2 * n + 4 * n / world, 12 * n / world
+        return 2 * n, 6 * n / world, 12 * n / world
     gathered = 4.0 * shape.largest_layer  # one layer's gathered bf16 parameters and gradient
     if offload == "all":
         return gathered, 0.0, 0.0

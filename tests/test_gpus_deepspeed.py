@@ -58,12 +58,12 @@ def test_model_states_agree_with_deepspeeds_estimators(axolotl_env):
             assert ds["params"] == stated
         shape = Shape(
             params=ds["params"],
-            layers=int(config["num_hidden_layers"]),  # type: ignore[call-overload]
-            hidden=int(config["hidden_size"]),  # type: ignore[call-overload]
-            heads=int(config["num_attention_heads"]),  # type: ignore[call-overload]
-            kv_heads=int(config["num_key_value_heads"]),  # type: ignore[call-overload]
-            intermediate=int(config["intermediate_size"]),  # type: ignore[call-overload]
-            vocab=int(config["vocab_size"]),  # type: ignore[call-overload]
+            layers=int(config["num_hidden_layers"]),
+            hidden=int(config["hidden_size"]),
+            heads=int(config["num_attention_heads"]),
+            kv_heads=int(config["num_key_value_heads"]),
+            intermediate=int(config["intermediate_size"]),
+            vocab=int(config["vocab_size"]),
         )
         # the largest layer sft_grid derives from the shape is the one DeepSpeed finds in the model
         assert shape.largest_layer == ds["largest_layer"]

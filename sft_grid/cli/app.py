@@ -338,6 +338,7 @@ def _print_dry_run(result: GridResult) -> None:
         deferred_lines,
         eval_lines,
         example,
+        layout_lines,
         model_lines,
         passed_line,
         plan_lines,
@@ -360,6 +361,8 @@ def _print_dry_run(result: GridResult) -> None:
         f"dry run: {len(cells)} cell(s) rendered, nothing submitted. Each cell's files: <cell dir>/"
         f"{{{','.join([CELL_FILE, *configs, LAUNCH_FILE])}}}"
     )
+    for line in layout_lines(cells):
+        out(line)
     examples = result.examples
     if examples is not None and examples.shown:
         out(

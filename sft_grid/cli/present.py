@@ -98,6 +98,31 @@ def memory_cell(cell: Cell) -> str:
     return f"{peak}/{lay.gpu_mem_gb:g} GiB" if lay.gpu_mem_gb else f"{peak} GiB/?"
 
 
+def layout_lines(cells: Sequence[Cell]) -> list[str]:
+    """What a global batch counts (packed sequences of cutoff tokens, or conversations), and the fullest GPU."""
+    packed = [c for c in cells if c.layout.packing]
+    plain = [c for c in cells if not c.layout.packing]
+    lines = []
+    if packed:
+        batch = sorted({f"{c.spec.global_batch_size} x {c.spec.cutoff_len}" for c in packed})
+        lines.append(
+            f"  {len(packed)} packed cell(s): a global batch is {' or '.join(batch)} tokens, several examples a"
+            " sequence, none attending to another"
+        )
+    if plain:
+        batch = sorted({str(c.spec.global_batch_size) for c in plain})
+        lines.append(f"  {len(plain)} unpacked cell(s): a global batch is {' or '.join(batch)} examples")
+    sized = [c for c in cells if c.layout.memory is not None and c.layout.gpu_mem_gb]
+    if sized:
+        full = max(sized, key=lambda c: (c.layout.memory.total if c.layout.memory else 0) / (c.layout.gpu_mem_gb or 1))
+        assert full.layout.memory is not None
+        lines.append(
+            f"  GPU memory (predicted peak per GPU, mem/GPU above): the fullest is {full.name},"
+            f" {full.layout.memory.text()} of {full.layout.gpu_mem_gb:g} GiB"
+        )
+    return lines
+
+
 def check_rows(cells: Sequence[Cell], dirs: Sequence[os.PathLike[str]]) -> list[tuple[object, ...]]:
     return [
         (

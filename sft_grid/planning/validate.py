@@ -740,7 +740,7 @@ def gpu_fit(cell: Cell) -> Iterator[Problem]:
         key,
         value,
         "gpu-memory",
-        f"does not fit on {c.name}'s {c.gpu_mem_gb} GiB {c.gpu_type or 'GPU'}s"
+        f"does not fit on {c.name}'s {c.gpu_mem_gb} GiB GPUs{f' ({c.gpu_type})' if c.gpu_type else ''}"
         + (f" as set ({fixed})" if fixed else " in any layout sft_grid can choose")
         + f": {lay.summary()} needs {lay.memory.text()} per GPU (backend {s.backend.name}, cutoff_len"
         f" {s.cutoff_len}, micro_batch_size {s.micro_batch_size})",

@@ -617,3 +617,13 @@ def test_a_real_run_on_an_unknown_gpu_type_says_once_what_it_cannot_estimate(tin
     # a known type: no such line
     known = run_sft("-m", *grid, "cluster.gpu_type=H100", f"runs_root={tmp_path / 'runs2'}", env=env, check=True)
     assert "no GPU-hours or wall-time estimate" not in known.stdout
+
+
+@pytest.mark.parametrize("axis", ["lr=interval(1e-5,1e-4)", "seed=tag(a,interval(0,10))"])
+def test_a_continuous_interval_is_refused_in_one_line_with_the_values_to_list_instead(tmp_path, axis):
+    """Hydra's grammar has interval() for the sampling sweepers; a grid cannot enumerate it (it used to end in
+    Hydra's raw 'BasicSweeper does not support sweep type' traceback)."""
+    proc = run_sft("-m", axis, "dry_run=true", f"runs_root={tmp_path}")
+    assert proc.returncode == 1 and "axis-continuous" in proc.stderr and "Traceback" not in proc.stderr
+    key = axis.split("=", 1)[0]
+    assert f"fix: list the values: {key}=" in proc.stderr and not any(tmp_path.iterdir())

@@ -31,6 +31,13 @@ class SftGridSweeper(BasicSweeper):
 
             # parsed from the command line or a sweep file, every override keeps its text
             fail_empty_axes([o.input_line for o in empty if o.input_line is not None])
+        # interval(a,b) is a continuous range for the samplers of Hydra's Optuna/Nevergrad sweepers: a grid has no
+        # finite list of its values to give a cell each
+        continuous = [o for o in overrides if o.is_sweep_override() and not o.is_discrete_sweep()]
+        if continuous:
+            from sft_grid.cli.app import fail_continuous_axes
+
+            fail_continuous_axes([o.input_line for o in continuous if o.input_line is not None])
         return BasicSweeper.split_arguments(overrides, max_batch_size)
 
     def sweep(self, arguments: list[str]) -> Any:

@@ -137,6 +137,28 @@ def fail_empty_axes(axes: Sequence[str]) -> None:
     )
 
 
+def fail_continuous_axes(axes: Sequence[str]) -> None:
+    """Swept axes given as a continuous interval: a grid needs the values themselves. Named, and nothing runs."""
+    _fail(
+        GridError(
+            [
+                Problem(
+                    cell="<grid>",
+                    key=axis.split("=", 1)[0],
+                    value=axis.split("=", 1)[1],
+                    rule="axis-continuous",
+                    message="interval() is a continuous range for a sampling sweeper (Optuna, Nevergrad); a grid"
+                    " trains one cell per value and an interval has no list of values",
+                    fix=f"list the values: {axis.split('=', 1)[0]}=1e-5,3e-5,1e-4 (or range(start,stop,step),"
+                    " choice(a,b,c))",
+                )
+                for axis in axes
+            ],
+            "planning",
+        )
+    )
+
+
 def run_grid(master: DictConfig, overrides: list[list[str]], loader: ConfigLoader) -> GridResult:
     """All cells of a Hydra multirun (called by the sft_grid launcher)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl

@@ -180,7 +180,7 @@ def cell_args(cache: Path, runs: Path, model: str = "org/tiny", data: str = "org
         f"cluster.hf_cache={cache}",
         f"runs_root={runs}",
         "max_steps=2",
-        f"+cluster.backend_venvs.llamafactory={runs.parent / 'no-venv'}",
+        f"cluster.backend_venvs.llamafactory={runs.parent / 'no-venv'}",
     ]
 
 

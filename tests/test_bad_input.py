@@ -366,7 +366,7 @@ def test_a_sweep_name_too_long_and_a_runs_root_that_is_a_file_stop_the_command_i
 
 
 # model directories, built by hand (no backend): each cell's loss-mask probe waits for a venv not on this machine
-NO_VENV = "+cluster.backend_venvs.llamafactory=/nonexistent/venv"
+NO_VENV = "cluster.backend_venvs.llamafactory=/nonexistent/venv"
 
 
 def tokenizer_json(n: int) -> dict[str, Any]:
@@ -562,7 +562,7 @@ def test_report_to_an_integration_the_backend_environment_lacks(make_cells, tmp_
     assert importlib.util.find_spec(integration) is None  # this python, the fake environment's, lacks it
     monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(tmp_path / "preflight"))
     venv = fake_venv(tmp_path / "venv")
-    (cell,) = make_cells(["model=qwen3_8b", f"report_to={integration}", f"+cluster.backend_venvs.llamafactory={venv}"])
+    (cell,) = make_cells(["model=qwen3_8b", f"report_to={integration}", f"cluster.backend_venvs.llamafactory={venv}"])
     p = only(preflight([cell]).problems, "preflight-integration")
     assert p.key == "report_to" and f"needs the {integration} package" in p.message and str(venv) in p.message
     assert f"{venv}/bin/pip install {integration}" in p.fix and "report_to=none" in p.fix

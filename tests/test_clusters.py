@@ -5,6 +5,7 @@ message that names it and says how to set it."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -45,7 +46,7 @@ def test_site_composes_validates_and_reads_its_variables(hydra_loader, monkeypat
     assert c["name"] == site and c["executor"] == "slurm" and c["precision"] == "bf16"
     assert c["account"] == f"dummy-sft_grid_{site}_account"
     assert c["runs_root"] == f"dummy-sft_grid_{site}_runs"
-    assert c["backend_venvs"] == {"llamafactory": f"dummy-sft_grid_{site}_env"}
+    assert c["backend_venvs"] == {"llamafactory": f"dummy-sft_grid_{site}_env", "axolotl": None, "lm_eval": None}
     assert c["env"]["DISABLE_VERSION_CHECK"] == "1"
     assert c["cpu_arch"] == ("aarch64" if site in ("jupiter", "vista", "empireai") else "x86_64")
     assert c["internet_on_compute"] is (site not in OFFLINE)
@@ -174,3 +175,16 @@ def test_cli_stops_before_anything_is_written_and_names_the_variable(monkeypatch
     assert "SFT_GRID_LEONARDO" not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --partition=boost_usr_prod" in proc.stdout and "#SBATCH --gres=gpu:4" in proc.stdout
+
+
+def test_a_sites_environment_for_another_backend_is_set_without_a_plus(hydra_loader, make_cells, monkeypatch):
+    """Every backend's key is in backend_venvs (null where the site names none), so the form the hints give,
+    `cluster.backend_venvs.<backend>=<dir>`, works on a site whose profile names only LLaMA-Factory's; Hydra's own
+    composition agrees."""
+    set_user_env(monkeypatch, "cluster", "leonardo")
+    overrides = ["cluster=leonardo", "backend=axolotl", "cluster.backend_venvs.axolotl=/site/axolotl-env"]
+    assert hydra_plain(overrides)["cluster"]["backend_venvs"]["axolotl"] == "/site/axolotl-env"
+    (cell,) = make_cells(overrides)
+    from sft_grid.planning import environments
+
+    assert environments.select(cell.spec)[0] == Path("/site/axolotl-env")

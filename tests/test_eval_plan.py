@@ -38,7 +38,7 @@ def site_harness(tmp_path: Path) -> str:
     """A site's own harness environment (what a GPU site names for vllm): only its installed version is read."""
     venv = tmp_path / "site_lm_eval"
     (venv / "lib" / "python3.11" / "site-packages" / "lm_eval-0.4.13.dist-info").mkdir(parents=True)
-    return f"+cluster.backend_venvs.lm_eval={venv}"
+    return f"cluster.backend_venvs.lm_eval={venv}"
 
 
 @pytest.fixture

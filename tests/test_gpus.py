@@ -19,8 +19,8 @@ A100_NODE = [
     "cluster.gpus_per_node=4",
     "cluster.gpu_mem_gb=64",
     "cluster.precision=bf16",
-    "+cluster.backend_venvs.llamafactory=/site/env",
-    "+cluster.backend_venvs.axolotl=/site/env",
+    "cluster.backend_venvs.llamafactory=/site/env",
+    "cluster.backend_venvs.axolotl=/site/env",
 ]
 # Delphi-1e22: 9.7B parameters, d 3840, 37 layers, 30 heads of 128, Llama-3.1's vocabulary (sweeps/delphi_scaling.yaml)
 DELPHI_1E22 = [

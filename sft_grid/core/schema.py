@@ -345,7 +345,10 @@ class ClusterConf:
     precision: str = one_of("fp32", PRECISIONS)
     runs_root: str = "runs"
     # backend name -> virtual environment (a directory with bin/) on this site; unset: the managed one
-    backend_venvs: dict[str, str] = field(default_factory=dict)
+    # (each backend's key is there, null: so `cluster.backend_venvs.axolotl=<dir>` sets it without Hydra's `+`)
+    backend_venvs: dict[str, str | None] = field(
+        default_factory=lambda: dict.fromkeys(("llamafactory", "axolotl", "lm_eval"))
+    )
     # model need -> backend name -> a virtual environment that meets it, e.g. the team's transformers >= 5.3
     # one for Qwen3.5: need_venvs: {transformers_ge_5_3: {llamafactory: /path/to/venv}}
     need_venvs: dict[str, dict[str, str]] = field(default_factory=dict)

@@ -95,8 +95,9 @@ def managed_for(spec: CellConf) -> Path:
 
 
 def site_venvs(cluster: ClusterConf) -> dict[str, str]:
-    """backend -> the site's own virtual environment (backend_venvs, or its deprecated spelling)."""
-    return {**cluster.backend_envs, **cluster.backend_venvs}
+    """backend -> the site's own virtual environment (backend_venvs, or its deprecated spelling); a backend whose
+    entry is null has none."""
+    return {**cluster.backend_envs, **{k: v for k, v in cluster.backend_venvs.items() if v}}
 
 
 def need_venvs(cluster: ClusterConf) -> dict[str, dict[str, str]]:

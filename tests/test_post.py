@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-# the DeepSpeed file of a ZeRO-3 cell (backends/zero.py file_name)
-DS3 = "ds_zero3.json"
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE, iter_cell_dirs, output_complete
 from sft_grid.core.state import State
@@ -34,6 +32,8 @@ from .conftest import run_sft
 from .helpers import ledger as ledger_of
 from .helpers import states_of
 
+# the DeepSpeed file of a ZeRO-3 cell (backends/zero.py file_name)
+DS3 = "ds_zero3.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 

@@ -142,10 +142,14 @@ def test_dry_run_renders_72_cells_without_warnings(dry_run):
     assert "dry run: 72 cell(s) rendered, nothing submitted" in proc.stdout
     assert not re.search(r"warn", proc.stdout + proc.stderr, re.IGNORECASE), proc.stderr
     assert len(cells) == 72 and len({c.name.rsplit("-", 1)[1] for c in cells}) == 72
-    assert (
-        "post-training stages of 72 cell(s): tokenizer, upload, cleanup; the upload waits for the login node:"
-        " sft-grid post"
-    ) in proc.stdout
+    # the 8 cells of the 9.7B train with ZeRO-3 (their layout on 64 GB A100s), whose shards are consolidated first
+    for count, stages in ((64, "tokenizer, upload, cleanup"), (8, "consolidate, tokenizer, upload, cleanup")):
+        assert (
+            f"post-training stages of {count} cell(s): {stages}; the upload waits for the login node: sft-grid post"
+        ) in proc.stdout
+    # every cell fits Leonardo's 64 GB by the model, packed, with the site's FlashAttention and Liger
+    assert "72 packed cell(s): a global batch is 16 x 4096 tokens" in proc.stdout
+    assert re.search(r"the fullest is delphi-\S+, .* = (\d+\.\d) GiB of 64 GiB", proc.stdout)
 
 
 def test_every_cell_holds_the_grids_rules(dry_run):
@@ -198,8 +202,8 @@ def test_every_cell_holds_the_grids_rules(dry_run):
     # name, one per model and recipe; on a staged site they are keyed by the tokenizer's content (2: one a recipe)
     assert "tokenize once: 72 tokenized dataset(s) for 72 cell(s)" in proc.stdout
     assert "(by name: not readable here)" in proc.stdout and re.search(r"tokenize once, 72 task\(s\)", proc.stdout)
-    # 8 sbatch calls: the prep array, the tokenize array, and a training and a post array per node count (1, 2, 4)
-    assert "Slurm: 8 sbatch call(s)" in proc.stdout and proc.stdout.count("#SBATCH --array=") == 8
+    # 4 sbatch calls: the prep array, the tokenize array, one training array (every cell fits one node) and its post
+    assert "Slurm: 4 sbatch call(s)" in proc.stdout and proc.stdout.count("#SBATCH --array=") == 4
 
 
 def test_the_fast_composer_equals_hydra_for_sampled_cells(hydra_loader, leonardo):

@@ -54,8 +54,9 @@ def cell_dir(root: Path, sweep: str = "default") -> Path:
 
 
 def test_stages_follow_the_models_needs_and_the_grid(make_cells):
+    # the 32B on this CPU-only cluster: its layout is ZeRO-3 only when asked (on a GPU site, when it must fit)
     big, hybrid, small, registered, big_lf = make_cells(
-        ["model=qwen3_32b", "backend=axolotl"],
+        ["model=qwen3_32b", "backend=axolotl", "layout.sharding=zero3"],
         ["model=qwen3_5_27b", "backend=axolotl"],
         ["model=tiny_llama", "push_to_hub=true", "hub_model_id='org/{model}-{data}-sft-{key}'"],
         [
@@ -65,7 +66,7 @@ def test_stages_follow_the_models_needs_and_the_grid(make_cells):
             "register_db=true",
             "register_command=[echo,'{hub_model_id}']",
         ],
-        ["model=qwen3_32b"],
+        ["model=qwen3_32b", "layout.sharding=zero3"],
     )
     assert post_training.stages_for(big.spec) == ["consolidate", "tokenizer"]
     assert post_training.stages_for(hybrid.spec) == ["consolidate", "preprocessor_config", "tokenizer"]
@@ -120,17 +121,19 @@ def test_jobs_without_gpus_keep_the_clusters_own_sbatch_options_but_not_its_gpu_
 
 
 def test_zero3_models_get_a_deepspeed_config_in_both_backends(make_cells, tmp_path):
-    big, small = make_cells(["model=qwen3_32b", "micro_batch_size=2"], ["model=qwen3_8b"])
+    zero3 = ["layout.sharding=zero3", "layout.offload=all"]  # as the layout chooses it where nothing lighter fits
+    big, small = make_cells(["model=qwen3_32b", "micro_batch_size=2", *zero3], ["model=qwen3_8b"])
     files = render(big, tmp_path / "big", []).files
     ds = json.loads(files[DS3])
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is False  # shards -> consolidate
-    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"  # needs zero3_offload
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"  # layout.offload=all
+    assert ds["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == big.grad_accum == 8
     assert yaml.safe_load(files["train_config.yaml"])["deepspeed"] == str(tmp_path / "big" / DS3)
     assert json.loads(files[POST_FILE])["stages"][0] == "consolidate"
     assert DS3 not in render(small, tmp_path / "small", []).files
-    (ax,) = make_cells(["model=qwen3_32b", "backend=axolotl"])
+    (ax,) = make_cells(["model=qwen3_32b", "backend=axolotl", *zero3])
     ax_files = render(ax, tmp_path / "ax", []).files
     assert DS3 in ax_files
     assert yaml.safe_load(ax_files["axolotl_config.yaml"])["deepspeed"] == str(tmp_path / "ax" / DS3)

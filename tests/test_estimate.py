@@ -6,6 +6,7 @@ import pytest
 
 from sft_grid.planning.estimate import (
     CellPlan,
+    Layout,
     Measured,
     Model,
     Source,
@@ -70,13 +71,18 @@ def test_max_steps_tokens_are_steps_times_batch_times_mean_length() -> None:
     assert tok.tokens == pytest.approx(160 * mean)
 
 
-def test_packing_fills_blocks_of_cutoff_tokens_that_attend_across_the_block() -> None:
+def test_packing_fills_blocks_of_cutoff_tokens_whose_examples_attend_only_within_themselves() -> None:
     tok = count_tokens(plan(max_steps=10, packing=True))
-    assert tok.tokens == 160 * 1024 and tok.attended == 160 * 1024 * 1024
+    # a token attends within its own example (sft_grid packs with no attention across examples): the examples'
+    # sum of s^2 per token they hold, not the block's cutoff
+    per_token = (1000 * 382858.67 + 500 * 40000) / (1000 * 474.67 + 500 * 200)
+    assert tok.tokens == 160 * 1024 and tok.attended == pytest.approx(160 * 1024 * per_token, rel=1e-4)
     epoch = count_tokens(plan(packing=True, epochs=1.0))
     assert epoch.sequences == 562  # ceil(574666.7 / 1024) blocks
     assert epoch.steps == 36  # ceil(562 / 16)
     assert epoch.tokens == pytest.approx(1000 * 1424 / 3 + 500 * 200)
+    # the same attention as unpacked: packing changes the batches, not what each token attends to
+    assert epoch.attended == pytest.approx(count_tokens(plan(epochs=1.0)).attended)
 
 
 def test_mixing_takes_rows_as_interleave_datasets_does() -> None:
@@ -97,15 +103,15 @@ def test_flops_six_n_d_plus_palm_attention_term() -> None:
 def test_default_throughput_is_mfu_times_peak_and_says_so() -> None:
     tp = throughput("leonardo", "A100-64GB")
     assert tp is not None and tp.source == "default" and tp.startup_s == 0
-    assert "MFU 0.3 (the default)" in tp.detail and "A100" in tp.detail and "312" in tp.detail
-    e = estimate_cell(plan(gpus=4, epochs=2000.0), tp)
-    rate = 0.3 * 312e12
+    assert "MFU 0.45 (the default)" in tp.detail and "A100" in tp.detail and "312" in tp.detail
+    e = estimate_cell(plan(gpus=4, epochs=2000.0), tp)  # no layout: the FLOPs at the default MFU alone
+    rate = 0.45 * 312e12
     assert e.flops == pytest.approx(e.flops_dense + e.flops_attention)
     assert e.gpu_hours == pytest.approx(e.flops / rate / 3600)
     assert e.wall_seconds == pytest.approx(e.flops / rate / 4)
     assert e.flops_dense == pytest.approx(6e9 * 2000 * (1000 * 1424 / 3 + 500 * 200))
     own = throughput("x", "MI300X", peak_tflops=1307.0)
-    assert own is not None and own.per_flop_s == pytest.approx(1 / (0.3 * 1307e12))
+    assert own is not None and own.per_flop_s == pytest.approx(1 / (0.45 * 1307e12))
     assert throughput("x", "TPUv5") is None
 
 
@@ -199,3 +205,54 @@ def test_no_throughput_means_no_hours_and_says_why() -> None:
 def test_a_source_without_samples_is_an_error_naming_it() -> None:
     with pytest.raises(ValueError, match="'empty' has no sampled lengths"):
         count_tokens(plan(sources=(Source("empty", 10, ()),)))
+
+
+def gpu_plan(**kw) -> CellPlan:
+    """A 1B cell on 4 x A100 nodes as the layout renders it (planning/gpus.py), 2 epochs of the sources."""
+    layout = {"gpus_per_node": 4, "nodes": 1, "micro_batch_size": 1, "layers": 24, **kw.pop("layout", {})}
+    return plan(gpus=4 * layout["nodes"], layout=Layout(**layout), **kw)
+
+
+A100 = throughput("leonardo", "A100-64GB")
+
+
+def test_packing_is_priced_cheaper_than_one_example_a_micro_step() -> None:
+    """The estimate once priced packing 9-15% dearer (attention counted over the whole block). Now a packed micro
+    step carries cutoff_len tokens, so its launches weigh little, and the same tokens cost less."""
+    unpacked, packed = estimate_cell(gpu_plan(), A100), estimate_cell(gpu_plan(packing=True), A100)
+    assert packed.tokens.tokens == pytest.approx(unpacked.tokens.tokens)
+    assert packed.flops == pytest.approx(unpacked.flops)
+    assert packed.gpu_hours is not None and unpacked.gpu_hours is not None
+    assert packed.gpu_hours < 0.8 * unpacked.gpu_hours
+    assert packed.mfu is not None and unpacked.mfu is not None and packed.mfu > unpacked.mfu
+    assert dict(unpacked.parts)["dispatch"] > 2 * dict(packed.parts)["dispatch"]  # ~2.7 examples a block here
+
+
+def test_checkpointing_costs_a_forward_pass_more() -> None:
+    off = estimate_cell(gpu_plan(packing=True), A100)
+    on = estimate_cell(gpu_plan(packing=True, layout={"checkpointing": True}), A100)
+    assert dict(on.parts)["compute"] == pytest.approx(dict(off.parts)["compute"] * 8 / 6)
+    assert on.flops == pytest.approx(off.flops)  # the MFU stays in model FLOPs
+
+
+def test_nodes_exchange_over_the_network_and_zero3_exchanges_more() -> None:
+    one = estimate_cell(gpu_plan(packing=True), A100)
+    slow = estimate_cell(gpu_plan(packing=True, layout={"nodes": 4, "internode_gbps": 12.5}), A100)
+    fast = estimate_cell(gpu_plan(packing=True, layout={"nodes": 4, "internode_gbps": 100.0}), A100)
+    zero3 = estimate_cell(
+        gpu_plan(packing=True, layout={"nodes": 4, "internode_gbps": 12.5, "sharding": "zero3"}), A100
+    )
+    assert dict(one.parts)["exchange"] == 0.0
+    assert dict(slow.parts)["exchange"] == pytest.approx(8 * dict(fast.parts)["exchange"])
+    assert slow.gpu_hours is not None and one.gpu_hours is not None and slow.gpu_hours > one.gpu_hours
+    assert dict(zero3.parts)["exchange"] > dict(slow.parts)["exchange"]
+    unknown = estimate_cell(gpu_plan(packing=True, layout={"nodes": 4}), A100)
+    assert dict(unknown.parts)["exchange"] == 0.0 and any("internode_gbps" in n for n in unknown.notes)
+
+
+def test_offload_and_liger_are_priced() -> None:
+    base = estimate_cell(gpu_plan(packing=True), A100)
+    off = estimate_cell(gpu_plan(packing=True, layout={"offload": "optimizer", "sharding": "zero3"}), A100)
+    liger = estimate_cell(gpu_plan(packing=True, layout={"liger": True}), A100)
+    assert dict(off.parts)["offload"] > 0 and dict(base.parts)["offload"] == 0
+    assert dict(liger.parts)["compute"] < dict(base.parts)["compute"]

@@ -65,12 +65,29 @@ def test_tokens_come_from_the_sample_scaled_to_the_rows_and_the_mix(
 
 
 def test_a_cell_without_a_token_sample_has_no_estimate_but_a_disk_bound(make_cells) -> None:
-    (cell,) = make_cells(["model=tiny_llama", "dataset=magpie", "save_total_limit=2"])
+    (cell,) = make_cells(["model=tiny_llama", "dataset=wildchat_386k", "save_total_limit=2"])
     costs = estimates.estimate([cell], {})
-    assert cell.name not in costs.estimates and "no token sample of dataset magpie" in costs.unknown[cell.name]
+    assert cell.name not in costs.estimates and "no token sample of dataset wildchat_386k" in costs.unknown[cell.name]
     # fp32 here: 4 bytes of weights + 8 of Adam per parameter, 2 checkpoints and the final weights
     assert costs.disk_bounds[cell.name] == pytest.approx(0.0002e9 * (2 * 12 + 4))
     assert "no estimate for 1 cell(s): no token sample" in "\n".join(cost_lines([cell.name], [cell.name], costs))
+
+
+def test_a_dataset_that_states_its_count_is_estimated_where_it_cannot_be_read(make_cells) -> None:
+    """magpie states marin's count of its tokens under the Delphi template (conf/dataset/magpie.yaml): a Delphi cell
+    on Leonardo gets an estimate though nothing is staged here, packed into 4096-token sequences of 16 a step."""
+    (cell,) = make_cells(
+        [
+            *("model=delphi", "dataset=magpie", "cutoff_len=4096", "cluster=slurm_local", "cluster.gpus_per_node=4"),
+            *("cluster.gpu_type=A100-64GB", "cluster.gpu_mem_gb=64", "cluster.precision=bf16"),
+        ]
+    )
+    costs = estimates.estimate([cell], {})
+    e = costs.estimates[cell.name]
+    blocks = -(-313007558 // 4096)  # 76,419 sequences of 4096 tokens
+    assert e.tokens.tokens == pytest.approx(313007558) and e.tokens.sequences == blocks
+    assert e.tokens.steps == -(-blocks // 16)  # packed: 16 sequences of 4096 tokens a step
+    assert e.gpu_hours is not None and e.mfu is not None and 0.1 < e.mfu < 0.45
 
 
 def test_completed_cells_calibrate_the_next_estimates(make_cells, data_file: Path, tmp_path: Path) -> None:

@@ -571,7 +571,7 @@ def tokenize_lines(tokenized: Mapping[Path, Tokenization], limit: int = 6) -> li
     return lines
 
 
-COST_HEADERS = ("cell", "tokens", "steps", "FLOPs", "GPUs", "GPU-h", "wall", "disk")
+COST_HEADERS = ("cell", "tokens", "steps", "FLOPs", "GPUs", "GPU-h", "MFU", "wall", "disk")
 
 
 def cost_rows(names: Sequence[str], costs: GridCosts) -> list[tuple[str, ...]]:
@@ -580,7 +580,7 @@ def cost_rows(names: Sequence[str], costs: GridCosts) -> list[tuple[str, ...]]:
         e = costs.estimates.get(name)
         if e is None:
             bound = costs.disk_bounds.get(name)
-            rows.append((name, "?", "?", "?", "", "?", "?", "?" if bound is None else f"<= {size(bound)}"))
+            rows.append((name, "?", "?", "?", "", "?", "", "?", "?" if bound is None else f"<= {size(bound)}"))
             continue
         gpus = costs.inputs[name]["gpus"]
         rows.append(
@@ -591,6 +591,8 @@ def cost_rows(names: Sequence[str], costs: GridCosts) -> list[tuple[str, ...]]:
                 f"{e.flops:.2g}",
                 str(gpus),
                 hours(e.gpu_hours),
+                # what the default throughput comes to for this layout (compute, dispatch, exchange, offload)
+                f"{e.mfu:.0%}" if e.mfu is not None else "",
                 duration(e.wall_seconds),
                 f"{size(e.disk_bytes)} ({e.checkpoints_kept} ckpt)",
             )

@@ -483,6 +483,13 @@ class DatasetConf:
     messages: str = "messages"
     tags: DatasetTags = field(default_factory=DatasetTags)
     split: str = "train"
+    # the split's rows and its tokens under the cell's template, where a count is published: what the estimate uses
+    # when the data cannot be read here (a Hub dataset not staged); read rows and a token sample win over them
+    rows: int | None = num(None, 1)
+    tokens: int | None = num(None, 1)
+    # the chat template `tokens` was counted with: the count stands only for cells of that template (another
+    # tokenizer splits the same text otherwise); null: any
+    tokens_template: str | None = None
 
 
 @dataclass

@@ -51,6 +51,7 @@ from sft_grid.planning.estimate import (
     Calibration,
     CellPlan,
     Estimate,
+    Layout,
     Measured,
     Model,
     Source,
@@ -214,6 +215,25 @@ class _Reads:
         return self._models[key]
 
 
+def layout_of(cell: Cell, model: Model) -> Layout | None:
+    """What the estimate's time reads of a GPU cell's layout (planning/gpus.py); None on a CPU-only node."""
+    lay, c = cell.layout, cell.spec.cluster
+    if not c.gpus_per_node:
+        return None
+    return Layout(
+        gpus_per_node=c.gpus_per_node,
+        nodes=lay.nodes,
+        micro_batch_size=cell.spec.micro_batch_size,
+        layers=model.n_layers,
+        checkpointing=lay.checkpointing,
+        sharding=lay.sharding,
+        offload=lay.offload,
+        liger=lay.liger,
+        fp32_gradients=lay.sharding == "none" and cell.spec.backend.name != "axolotl",
+        internode_gbps=c.internode_gbps,
+    )
+
+
 def plan_of(
     cell: Cell,
     lengths: Mapping[str, Sequence[int]],
@@ -223,9 +243,13 @@ def plan_of(
     s = cell.spec
     reads = reads or _Reads()
     rows, why = [], ""
+    sampled: dict[str, Sequence[float]] = dict(lengths)
     for name, ds in s.dataset.items():
         n = reads.rows(ds.source)
-        if not lengths.get(name):
+        if not sampled.get(name) and ds.tokens and ds.rows and ds.tokens_template in (None, s.model.template):
+            # not readable here, but its config states its count under this template: every row at the mean length
+            sampled[name], n = (ds.tokens / ds.rows,), n or ds.rows
+        if not sampled.get(name):
             why = why or f"no token sample of dataset {name} ({ds.source}): the loss-mask probe could not read it here"
         elif n is None:
             why = why or f"dataset {name} ({ds.source}) is not readable here to count its rows"
@@ -236,12 +260,12 @@ def plan_of(
     plan = CellPlan(
         name=cell.name,
         model=model,
-        sources=tuple(Source(n, r, tuple(lengths.get(n, ()))) for n, r in zip(s.dataset, per_epoch, strict=True)),
+        sources=tuple(Source(n, r, tuple(sampled.get(n, ()))) for n, r in zip(s.dataset, per_epoch, strict=True)),
         cutoff_len=s.cutoff_len,
         global_batch_size=s.global_batch_size,
         epochs=s.epochs,
         max_steps=max(0, s.max_steps),
-        packing=bool(extra.get("packing") or extra.get("sample_packing")),
+        packing=cell.layout.packing,
         gpus=cell.world_size,
         precision=s.cluster.precision,
         save_steps=s.save_steps,
@@ -249,6 +273,7 @@ def plan_of(
         save_optimizer=not extra.get("save_only_model"),
         max_time_s=parse_minutes(s.time) * 60 if s.cluster.executor == "slurm" else None,
         requeues=s.cluster.max_requeues if s.cluster.executor == "slurm" else 0,
+        layout=layout_of(cell, model),
     )
     inputs = {
         "cluster": s.cluster.name,

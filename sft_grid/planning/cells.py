@@ -83,6 +83,8 @@ _MODEL_NOT_IDENTITY = frozenset(
         "compute_budget",
     }
 )
+# Keys of a dataset that describe it (its published counts, for the estimate) rather than choose what is trained
+_DATASET_NOT_IDENTITY = frozenset({"rows", "tokens", "tokens_template"})
 _BACKEND_IDENTITY = ("name",)
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
@@ -211,7 +213,13 @@ def identity(config: Mapping[str, Any]) -> dict[str, Any]:
         ident["packing"] = True  # several examples a sequence: other batches, another trained model
     ident["backend"] = {k: config["backend"][k] for k in _BACKEND_IDENTITY}
     ident["dataset"] = [
-        [name, {**ds, "source": Path(ds["source"]).name if is_local(ds["source"]) else ds["source"]}]
+        [
+            name,
+            {
+                **{k: v for k, v in ds.items() if k not in _DATASET_NOT_IDENTITY},
+                "source": Path(ds["source"]).name if is_local(ds["source"]) else ds["source"],
+            },
+        ]
         for name, ds in config["dataset"].items()
     ]
     return ident

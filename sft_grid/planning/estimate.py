@@ -7,7 +7,8 @@ from it per epoch (after mixing). Lengths are capped at cutoff_len (longer examp
   * epochs:    D = epochs * sum_s rows_s * mean_s(min(len, cutoff)); steps = ceil(epochs * ceil(rows / gbs))
   * max_steps: D = max_steps * global_batch * mean length, the mean over the mix weighted by rows
                (max_steps > 0 wins over epochs, as in the HF Trainer)
-  * packing:   examples are concatenated into cutoff_len blocks, so a step is global_batch * cutoff tokens.
+  * packing:   examples are concatenated into cutoff_len blocks, so a step is global_batch * cutoff tokens and a
+               global batch counts blocks, not conversations.
 
 FLOPs = 6 N D + 12 n_layers d_attn sum_seq s^2.
   * 6 N D: forward 2 N + backward 4 N per token (Kaplan et al. 2020, "Scaling Laws for Neural Language
@@ -15,7 +16,8 @@ FLOPs = 6 N D + 12 n_layers d_attn sum_seq s^2.
   * attention: PaLM's accounting (Chowdhery et al. 2022, appendix B: 6N + 12 L H Q T per token, H Q = d_attn,
     T the attended length; QK^T and AV, forward and backward, no discount for the causal mask). Unpacked, a
     token attends within its own example, so T summed over tokens is sum over examples of s^2. Packed, T is
-    cutoff_len for every token (attention crosses example boundaries within a block; the upper bound).
+    the same: sft_grid packs so that no example attends to another (planning/gpus.py), so a packed token attends
+    within its own example too.
     MFU figures are quoted in this same convention, so a default MFU and this count agree.
 
 Time comes from a `Throughput` (below): a per-cluster calibration from completed cells, or a
@@ -27,8 +29,25 @@ precision keeps (4 bytes/param; DeepSpeed writes it in its optimizer shards). Ch
 min(save_total_limit, ceil(total_steps / save_steps)) (one every save_steps and one at the last step), or
 every one when the limit is unset. The final model (weights only) comes on top.
 
-Not counted: evaluation, checkpoint write time, padding within a batch, recomputation under activation
-checkpointing (~+33% FLOPs when on). Start-up (loading, tokenising) is counted where a calibration measured it.
+Time, by default (no calibration yet), prices what is rendered (`Layout`, from the cell's layout in planning/gpus.py):
+  * compute: the FLOPs executed at DEFAULT_MFU of the GPU's dense bf16 peak. Activation checkpointing executes one
+    more forward pass (8/6 of the FLOPs; the reported MFU stays in model FLOPs, 6ND + attention); Liger's fused
+    kernels save LIGER_SPEEDUP of it.
+  * dispatch: each micro step launches a few hundred kernels a layer (forward, recompute, backward), about
+    DISPATCH_S_PER_LAYER a layer, whatever the tokens in it: what makes a micro step of one ~700-token conversation
+    slow on a small model, and what packing (a full cutoff_len of tokens a micro step) removes.
+  * exchange: per optimizer step, the gradients (and under ZeRO-3 the parameters) cross the nodes' network
+    (cluster.internode_gbps): data parallel or ZeRO-2, a ring all-reduce of the gradients, 2 (n-1)/n of their
+    bytes through each node (fp32 under LLaMA-Factory's data parallel, bf16 otherwise); ZeRO-3, the parameters'
+    all-gather in the forward and the backward pass and the gradients' reduce-scatter, 3 (n-1)/n of the bf16
+    parameters. Within a node NVLink is taken as free; no overlap with compute is assumed (the conservative end).
+    A network the cluster does not state is not priced (said so).
+  * offload: the optimizer states cross PCIe each step (OFFLOAD_GBPS) and CPU Adam updates them.
+The MFU the estimate then comes to (model FLOPs / (time x GPUs x peak)) is said with it. A calibration from
+completed cells replaces all of it (it measured the whole run).
+
+Not counted: evaluation, checkpoint write time, padding within a batch. Start-up (loading, tokenising) is counted
+where a calibration measured it.
 
 How fast a cluster trains (`Throughput`, `throughput`) is below: a calibration fitted to completed cells (start-up,
 per-token and per-FLOP cost; CPU time on CPU-only nodes), or a stated default MFU of the cluster's GPU type.
@@ -52,7 +71,7 @@ class Source:
 
     name: str
     rows: float
-    lengths: tuple[int, ...]
+    lengths: tuple[float, ...]  # tokens of each sampled row (or a stated mean)
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,23 @@ class Model:
     params: float  # N in 6ND
     n_layers: int
     d_attn: int  # attention width: heads x head_dim (the hidden size for most models)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """What the time of a step depends on besides its FLOPs: the cell's layout (planning/gpus.py) as the estimate
+    reads it."""
+
+    gpus_per_node: int
+    nodes: int
+    micro_batch_size: int
+    layers: int
+    checkpointing: bool = False
+    sharding: str = "none"  # none, zero2, zero3
+    offload: str = "none"  # none, optimizer, all
+    liger: bool = False
+    fp32_gradients: bool = False  # LLaMA-Factory's data parallel upcasts the trainable weights: fp32 gradients
+    internode_gbps: float | None = None  # one node's network, GB/s; None: not known
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +115,7 @@ class CellPlan:
     save_optimizer: bool = True
     max_time_s: float | None = None  # the cell's wall-time limit per job
     requeues: int = 0  # how many times a job that hits the limit is resubmitted (resuming)
+    layout: Layout | None = None  # None: a CPU-only node (the throughput is all there is)
 
 
 @dataclass(frozen=True)
@@ -105,6 +142,10 @@ class Estimate:
     wall_budget_seconds: float | None  # max_time_s x (1 + requeues)
     exceeds_wall: bool
     notes: tuple[str, ...]
+    # the parts of the wall time a default throughput priced (compute, dispatch, exchange, offload; seconds) and the
+    # MFU that comes to; empty and None under a calibration
+    parts: tuple[tuple[str, float], ...] = ()
+    mfu: float | None = None
 
     def to_json(self) -> dict[str, object]:
         tp = self.throughput
@@ -125,6 +166,8 @@ class Estimate:
             "wall_budget_seconds": self.wall_budget_seconds,
             "exceeds_wall": self.exceeds_wall,
             "notes": list(self.notes),
+            "parts": dict(self.parts),
+            "mfu": self.mfu,
         }
 
 
@@ -149,13 +192,14 @@ def count_tokens(plan: CellPlan) -> Tokens:
         sequences = steps * gbs
         if plan.packing:
             tokens = float(sequences * cutoff)
-            return Tokens(sequences, steps, tokens, tokens * cutoff)
+            # each token attends within its own example: the examples' s^2 per token they hold
+            return Tokens(sequences, steps, tokens, tokens * sq_per_epoch / per_epoch)
         return Tokens(sequences, steps, sequences * per_epoch / rows, sequences * sq_per_epoch / rows)
     if plan.packing:
         blocks = math.ceil(per_epoch / cutoff)
         steps = math.ceil(plan.epochs * math.ceil(blocks / gbs))
         tokens = plan.epochs * per_epoch
-        return Tokens(math.ceil(plan.epochs * blocks), steps, tokens, tokens * cutoff)
+        return Tokens(math.ceil(plan.epochs * blocks), steps, tokens, plan.epochs * sq_per_epoch)
     steps = math.ceil(plan.epochs * math.ceil(rows / gbs))
     return Tokens(math.ceil(plan.epochs * rows), steps, plan.epochs * per_epoch, plan.epochs * sq_per_epoch)
 
@@ -202,9 +246,16 @@ def estimate_cell(plan: CellPlan, throughput: Throughput | None) -> Estimate:
     dense, attn = training_flops(plan.model, tok.tokens, tok.attended)
     flops = dense + attn
     notes: list[str] = []
-    gpu_hours = wall = None
+    gpu_hours = wall = mfu = None
+    parts: tuple[tuple[str, float], ...] = ()
     if throughput is None:
         notes.append("no throughput: the cluster names no GPU type with a known peak and has no calibration")
+    elif throughput.source == "default" and plan.layout is not None:
+        parts = layout_seconds(plan, tok, flops, throughput, notes)
+        wall = throughput.startup_s + sum(v for _, v in parts)
+        gpu_hours = wall * plan.gpus / 3600.0
+        if throughput.peak:
+            mfu = flops / (wall * plan.gpus * throughput.peak)
     else:
         wall = throughput.seconds(tok.tokens, flops, plan.gpus)
         gpu_hours = wall * plan.gpus / 3600.0
@@ -236,7 +287,55 @@ def estimate_cell(plan: CellPlan, throughput: Throughput | None) -> Estimate:
         wall_budget_seconds=budget,
         exceeds_wall=exceeds,
         notes=tuple(notes),
+        parts=parts,
+        mfu=mfu,
     )
+
+
+def layout_seconds(
+    plan: CellPlan, tok: Tokens, flops: float, throughput: Throughput, notes: list[str]
+) -> tuple[tuple[str, float], ...]:
+    """The wall time of a cell under a default throughput, by part (module docstring): compute, dispatch, exchange
+    and offload, in seconds."""
+    lay = plan.layout
+    assert lay is not None
+    gpus = max(1, plan.gpus)
+    executed = flops * (RECOMPUTE if lay.checkpointing else 1.0) * (1.0 - LIGER_SPEEDUP if lay.liger else 1.0)
+    compute = executed * throughput.per_flop_s / gpus
+    micro_steps = math.ceil(tok.sequences / (gpus * max(1, lay.micro_batch_size)))
+    dispatch = micro_steps * lay.layers * DISPATCH_S_PER_LAYER * (1.5 if lay.checkpointing else 1.0)
+    n = plan.model.params
+    exchange = 0.0
+    if lay.nodes > 1:
+        if lay.internode_gbps:
+            spread = (lay.nodes - 1) / lay.nodes
+            if lay.sharding == "zero3":
+                volume = 3 * 2 * n * spread
+            else:
+                volume = 2 * (4 if lay.fp32_gradients else 2) * n * spread
+            exchange = tok.steps * volume / (lay.internode_gbps * 1e9)
+        else:
+            notes.append(f"the exchange between {lay.nodes} nodes is not priced: the cluster states no internode_gbps")
+    offload = 0.0
+    if lay.offload != "none":
+        # the optimizer states (fp32 master and Adam's moments, 12 bytes a parameter) of each GPU's shard to the CPU
+        # and back, and the fp32 gradients to it, over PCIe
+        offload = tok.steps * 16 * n / gpus / (OFFLOAD_GBPS * 1e9)
+    return (("compute", compute), ("dispatch", dispatch), ("exchange", exchange), ("offload", offload))
+
+
+# What activation checkpointing executes: one more forward pass, 2 of the 6 N D (8/6).
+RECOMPUTE = 8.0 / 6.0
+# Liger's fused RMSNorm, RoPE, SwiGLU and linear cross-entropy: its README measures +20% throughput on LLaMA-3-8B
+# (bs 8, bf16, FSDP, 8 A100); half of that is taken here.
+LIGER_SPEEDUP = 0.10
+# Per micro step and decoder layer, the launches of eager PyTorch: ~50 kernels a layer a pass, forward and backward
+# (~3 passes), ~10 us each = 1.5 ms; checkpointing adds the recomputed forward (x 1.5). On an 11-layer 447M model a
+# micro step of one ~700-token conversation computes in ~20 ms at 40% of an A100: as long as its launches, so the
+# unpacked small cells run at about half the MFU of packed ones (a micro step of 4,096 tokens computes in ~120 ms).
+DISPATCH_S_PER_LAYER = 1.5e-3
+# Host-device copies of an offloaded optimizer: PCIe 4.0 x16's ~25 GB/s less CPU Adam's own time, taken as 10 GB/s.
+OFFLOAD_GBPS = 10.0
 
 
 def total_hours(estimates: Iterable[Estimate]) -> float:
@@ -254,9 +353,12 @@ PEAK_FLOPS: dict[str, float] = {
     "B200": 2250e12,
     "CPU": 1.28e11,
 }
-# Well-tuned pretraining reaches 40-50% MFU; SFT with ZeRO-3 sharding, unpacked variable-length batches and
-# small models rarely does, so the default is the conservative end.
-DEFAULT_MFU = 0.3
+# The compute part of a GPU's time (layout_seconds adds the layout's dispatch, exchange and offload to it): the
+# fraction of its dense bf16 peak that the FLOPs executed reach once the kernels are busy. A tuned stack reaches 33-39%
+# MFU on 8B Llama-3.1 on H100 with everything counted (torchtitan, benchmarks/llama3_h100_202412_torchtitan.md) and
+# 57% on A100 (docs/performance.md); with the overheads priced apart, the compute part alone is taken at 0.45,
+# between the two. A CPU-only node's is measured whole (DEFAULT_MFU_BY_GPU).
+DEFAULT_MFU = 0.45
 # CPU: the tiny test models are all overhead; a 20-step tiny-llama3 cell (0.2M params) on a 2-core machine did
 # 4.3e9 FLOPs in 5.85 s of train_runtime, 0.74 GFLOP/s, about 0.6% of the CPU peak above.
 DEFAULT_MFU_BY_GPU: dict[str, float] = {"CPU": 0.005}
@@ -271,6 +373,7 @@ class Throughput:
     startup_s: float
     source: str  # "calibration" or "default"
     detail: str  # how the numbers were made, for a person
+    peak: float | None = None  # the GPU's dense bf16 peak (FLOP/s), where known
 
     def seconds(self, tokens: float, flops: float, gpus: int) -> float:
         return self.startup_s + (self.per_token_s * tokens + self.per_flop_s * flops) / max(1, gpus)
@@ -481,6 +584,12 @@ def throughput(
         1.0 / (mfu * value),
         0.0,
         "default",
-        f"MFU {mfu:.3g} (the default) x {key} dense bf16 peak {value / 1e12:.4g} TFLOP/s"
-        f" (no completed cell on {cluster} yet; start-up not counted)",
+        (
+            f"MFU {mfu:.3g} (the default) x {key} dense bf16 peak {value / 1e12:.4g} TFLOP/s"
+            if key == "CPU"
+            else f"compute at MFU {mfu:.3g} (the default) of the {key}'s dense bf16 peak {value / 1e12:.4g} TFLOP/s,"
+            " with the layout's recompute, dispatch, exchange and offload"
+        )
+        + f" (no completed cell on {cluster} yet; start-up not counted)",
+        value,
     )

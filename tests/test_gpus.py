@@ -205,3 +205,36 @@ def test_choose_prefers_no_offload_then_fewest_nodes_then_the_lightest_sharding(
     lay = choose(cell.spec)
     # 24 GB GPUs: ZeRO-3 across more nodes before any offload
     assert lay.offload == "none" and lay.nodes > 1 and lay.sharding == "zero3" and lay.fits
+
+
+@pytest.mark.parametrize(
+    "kernel, overrides", [("flash_attn", ["layout.attention=fa2"]), ("liger_kernel", ["layout.liger=true"])]
+)
+def test_a_kernel_the_cluster_lists_is_asked_of_the_backends_environment(
+    make_cells, tmp_path, monkeypatch, kernel, overrides
+):
+    """The cluster says its environment has the kernel; where the environment is on this machine it is asked (the
+    architecture check's way), and one that lacks it is refused before anything is queued."""
+    import importlib.util
+    import sys
+
+    from sft_grid.checks.preflight import preflight
+
+    assert importlib.util.find_spec(kernel) is None  # this python, the fake environment's, lacks it
+    monkeypatch.setenv("SFT_GRID_PREFLIGHT_CACHE", str(tmp_path / "preflight"))
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / ".sft_grid_ready").write_text("")
+    (cell,) = make_cells(
+        [
+            *DELPHI_3E18,
+            *A100_NODE,
+            f"cluster.backend_venvs.llamafactory={venv}",
+            f"cluster.kernels=[{kernel}]",
+            *overrides,
+        ]
+    )
+    problems = [p for p in preflight([cell]).problems if p.rule == "preflight-kernel"]
+    assert len(problems) == 1 and problems[0].key == overrides[0].split("=")[0]
+    assert "does not have it" in problems[0].message and f"pip install {kernel.replace('_', '-')}" in problems[0].fix

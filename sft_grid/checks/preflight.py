@@ -86,6 +86,12 @@ def _checks_for(cell: Cell) -> list[Check]:
         checks.append(Check("model", "model.path" if s.model.path else "model.hub_id", tokenizer, python=python))
     if s.report_to in INTEGRATIONS:
         checks.append(Check("integration", "report_to", s.report_to, python=python))
+    # the fast kernels the cell's layout trains with (the cluster says its environment has them): asked of it
+    lay = cell.layout
+    if lay.attention in ("fa2", "fa3"):
+        checks.append(Check("kernel", "layout.attention", "flash_attn", python=python))
+    if lay.liger:
+        checks.append(Check("kernel", "layout.liger", "liger_kernel", python=python))
     template = TEMPLATES.get(s.model.template)
     model_prep = prep_for(cell)
     # a Delphi checkpoint before its prep: its tokenizer as the prep makes it (prepared here, tokenizer files only)
@@ -395,6 +401,30 @@ def check_integration(check: Check) -> Verdict:
     )
 
 
+def check_kernel(check: Check) -> Verdict:
+    """A fast kernel the cell's layout uses (FlashAttention, Liger) is importable in the backend's environment: the
+    cluster's `kernels` says so, and the environment, where it is on this machine, is asked (else the job's first
+    step asks it)."""
+    known = venv_facts.facts(check.python)
+    venv = Path(check.python).parent.parent
+    if known is None:
+        return Verdict(
+            False,
+            f"the backend's virtual environment {venv} is not on this machine; the job checks it first",
+            unreachable=True,
+        )
+    if known["modules"].get(venv_facts.KERNELS[check.target]):
+        return Verdict(True)
+    switch = "layout.attention=sdpa" if check.target == "flash_attn" else "layout.liger=false"
+    return Verdict(
+        False,
+        f"the cell's layout trains with {check.target}, which its cluster's `kernels` lists, and the backend's"
+        f" environment {venv} does not have it: the trainer would fail to import it as it starts",
+        f"install it there ({venv}/bin/pip install {check.target.replace('_', '-')}), or {switch}, or drop"
+        f" {check.target} from the cluster's kernels",
+    )
+
+
 def check_template_tokens(check: Check) -> Verdict:
     where = _find(check, "models", "tokenizer")
     return where if isinstance(where, Verdict) else template_tokens_at(where, check.tokens)
@@ -605,6 +635,7 @@ RUNNERS: dict[str, Callable[[Check], Verdict]] = {
     "path": check_path,
     "model": check_model,
     "integration": check_integration,
+    "kernel": check_kernel,
     "template_tokens": check_template_tokens,
     "assistant_turns": check_assistant_turns,
     "loss_mask": lambda check: mask.run_checks([check])[check],

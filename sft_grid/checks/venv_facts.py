@@ -23,7 +23,9 @@ from sft_grid.core.paths import IN_VENV_DIR
 SCRIPT = IN_VENV_DIR / "env_facts.py"
 # report_to -> the module transformers' integration imports
 INTEGRATIONS = {"wandb": "wandb", "tensorboard": "tensorboard"}
-MODULES = sorted(set(INTEGRATIONS.values()))
+# a layout's fast kernels (planning/gpus.py) -> the module the backend imports for it
+KERNELS = {"flash_attn": "flash_attn", "liger_kernel": "liger_kernel"}
+MODULES = sorted({*INTEGRATIONS.values(), *KERNELS.values()})
 
 
 def facts(python: str, transformers: bool = False) -> dict[str, Any] | None:

@@ -32,8 +32,8 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 class Check:
     """One read-only check of a cell's input; equal checks (same input) run once for the whole grid."""
 
-    # "path" | "model" | "integration" | "template_tokens" | "assistant_turns" | "loss_mask" | "prepared" | "staged"
-    # | "tokenized"
+    # "path" | "model" | "integration" | "kernel" | "template_tokens" | "assistant_turns" | "loss_mask" | "prepared"
+    # | "staged" | "tokenized"
     kind: str
     key: str  # the dotted key of the cell it is about
     target: str  # a local path or a hub id
@@ -53,6 +53,7 @@ class Check:
             "model": "the model directory has a config, weights, a vocabulary that covers its tokenizer and an"
             " architecture the backend's transformers knows",
             "integration": "the report_to integration is installed in the backend's environment",
+            "kernel": "the layout's fast kernel is installed in the backend's environment",
             "template_tokens": "the template's special tokens are single tokens of the tokenizer",
             "assistant_turns": "the schema tags find assistant turns in a sample of the data",
             "loss_mask": f"the {self.backend} loss mask trains the assistant turns and nothing else",

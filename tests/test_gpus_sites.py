@@ -11,25 +11,13 @@ from sft_grid.planning.validate import gpu_fit
 
 from .conftest import hydra_plain
 from .test_clusters import SITES
+from .test_gpus import DELPHI_1E22
 from .test_shipped_configs import set_user_env
 
-# Delphi-1e22, the largest model of the Delphi grid (sweeps/delphi_scaling.yaml's row; conf/model/delphi.yaml's shape
-# is the 3e18's)
-DELPHI_1E22 = [
-    "model=delphi",
-    "model.params=9714698752",
-    "model.params_b=9.715",
-    "model.num_layers=37",
-    "model.hidden_size=3840",
-    "model.num_heads=30",
-    "model.num_kv_heads=30",
-    "model.intermediate_size=15360",
-    "cutoff_len=4096",
-]
 CELLS = {
     "qwen3_8b@32k": ["model=qwen3_8b", "cutoff_len=32768"],
     "qwen3_32b@32k": ["model=qwen3_32b", "cutoff_len=32768"],
-    "delphi_1e22@4k": DELPHI_1E22,
+    "delphi_1e22@4k": [*DELPHI_1E22, "model.num_kv_heads=30"],
 }
 
 

@@ -380,18 +380,27 @@ def check_model(check: Check) -> Verdict:
     return where if isinstance(where, Verdict) else model_dir_at(where, check.python)
 
 
-def check_integration(check: Check) -> Verdict:
-    """The `report_to` integration is importable in the backend's environment (the trainer imports it at start)."""
+def _modules(check: Check) -> tuple[Path, dict[str, bool] | Verdict]:
+    """The backend's environment, and which of venv_facts.MODULES it can import; a Verdict where it is not on this
+    machine (the job's first step asks it there)."""
     known = venv_facts.facts(check.python)
     venv = Path(check.python).parent.parent
     if known is None:
-        return Verdict(
+        return venv, Verdict(
             False,
             f"the backend's virtual environment {venv} is not on this machine; the job checks it first",
             unreachable=True,
         )
+    return venv, dict(known["modules"])
+
+
+def check_integration(check: Check) -> Verdict:
+    """The `report_to` integration is importable in the backend's environment (the trainer imports it at start)."""
+    venv, modules = _modules(check)
+    if isinstance(modules, Verdict):
+        return modules
     module = venv_facts.INTEGRATIONS[check.target]
-    if known["modules"].get(module):
+    if modules.get(module):
         return Verdict(True)
     return Verdict(
         False,
@@ -405,15 +414,10 @@ def check_kernel(check: Check) -> Verdict:
     """A fast kernel the cell's layout uses (FlashAttention, Liger) is importable in the backend's environment: the
     cluster's `kernels` says so, and the environment, where it is on this machine, is asked (else the job's first
     step asks it)."""
-    known = venv_facts.facts(check.python)
-    venv = Path(check.python).parent.parent
-    if known is None:
-        return Verdict(
-            False,
-            f"the backend's virtual environment {venv} is not on this machine; the job checks it first",
-            unreachable=True,
-        )
-    if known["modules"].get(venv_facts.KERNELS[check.target]):
+    venv, modules = _modules(check)
+    if isinstance(modules, Verdict):
+        return modules
+    if modules.get(venv_facts.KERNELS[check.target]):
         return Verdict(True)
     switch = "layout.attention=sdpa" if check.target == "flash_attn" else "layout.liger=false"
     return Verdict(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
@@ -118,27 +118,29 @@ def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
 
 def fail_empty_axes(axes: Sequence[str]) -> None:
     """Swept axes that expand to no value: the grid would be empty. Named, and nothing runs."""
-    _fail(
-        GridError(
-            [
-                Problem(
-                    cell="<grid>",
-                    key=axis.split("=", 1)[0],
-                    value=axis.split("=", 1)[1],
-                    rule="axis-empty",
-                    message="this axis sweeps no value, so the grid has no cell",
-                    fix="glob() matches only options under conf/ (see `sft-grid run --help` for them);"
-                    " range(a,b) needs a < b",
-                )
-                for axis in axes
-            ],
-            "planning",
-        )
+    _fail_axes(
+        axes,
+        "axis-empty",
+        "this axis sweeps no value, so the grid has no cell",
+        lambda key: (
+            "glob() matches only options under conf/ (see `sft-grid run --help` for them); range(a,b) needs a < b"
+        ),
     )
 
 
 def fail_continuous_axes(axes: Sequence[str]) -> None:
     """Swept axes given as a continuous interval: a grid needs the values themselves. Named, and nothing runs."""
+    _fail_axes(
+        axes,
+        "axis-continuous",
+        "interval() is a continuous range for a sampling sweeper (Optuna, Nevergrad); a grid trains one cell per"
+        " value and an interval has no list of values",
+        lambda key: f"list the values: {key}=1e-5,3e-5,1e-4 (or range(start,stop,step), choice(a,b,c))",
+    )
+
+
+def _fail_axes(axes: Sequence[str], rule: str, message: str, fix: Callable[[str], str]) -> None:
+    """Refuse the sweep's axes (`key=value` as written), one problem each, before anything runs."""
     _fail(
         GridError(
             [
@@ -146,11 +148,9 @@ def fail_continuous_axes(axes: Sequence[str]) -> None:
                     cell="<grid>",
                     key=axis.split("=", 1)[0],
                     value=axis.split("=", 1)[1],
-                    rule="axis-continuous",
-                    message="interval() is a continuous range for a sampling sweeper (Optuna, Nevergrad); a grid"
-                    " trains one cell per value and an interval has no list of values",
-                    fix=f"list the values: {axis.split('=', 1)[0]}=1e-5,3e-5,1e-4 (or range(start,stop,step),"
-                    " choice(a,b,c))",
+                    rule=rule,
+                    message=message,
+                    fix=fix(axis.split("=", 1)[0]),
                 )
                 for axis in axes
             ],

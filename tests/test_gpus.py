@@ -64,7 +64,7 @@ def test_the_9_7b_delphi_cell_gets_zero3_on_one_node_where_data_parallel_ran_out
     (cell,) = make_cells([*DELPHI_1E22, *A100_NODE])
     lay = cell.layout
     assert (lay.nodes, lay.sharding, lay.offload) == (1, "zero3", "none") and lay.fits
-    assert lay.memory is not None and lay.memory.total <= 64 * GIB
+    assert lay.memory is not None and lay.memory.total <= 0.95 * 64 * GIB
     # what it replaces: plain data parallel on 4 nodes holds 16 B a parameter on every GPU, 155 GB
     (ddp,) = make_cells([*DELPHI_1E22, *A100_NODE, "nodes=4", "layout.sharding=none"])
     assert ddp.layout.memory is not None and ddp.layout.memory.states == 16 * 9714698752
@@ -201,9 +201,9 @@ def test_a_gpu_whose_memory_is_not_stated_is_not_checked(make_cells):
 
 
 def test_choose_prefers_no_offload_then_fewest_nodes_then_the_lightest_sharding(make_cells):
-    (cell,) = make_cells([*DELPHI_1E22, *A100_NODE, "cluster.gpu_mem_gb=24"])
+    (cell,) = make_cells([*DELPHI_1E22, *A100_NODE, "cluster.gpu_mem_gb=32"])
     lay = choose(cell.spec)
-    # 24 GB GPUs: ZeRO-3 across more nodes before any offload
+    # 32 GB GPUs: ZeRO-3 across more nodes before any offload
     assert lay.offload == "none" and lay.nodes > 1 and lay.sharding == "zero3" and lay.fits
 
 

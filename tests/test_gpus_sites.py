@@ -47,7 +47,7 @@ def test_the_teams_cells_fit_on_every_shipped_site_or_are_refused_with_the_fix_t
     assert lay.memory is not None and lay.gpu_mem_gb
     problems = [p for p in gpu_fit(cell) if p.rule == "gpu-memory"]
     if lay.fits:
-        assert lay.memory.total <= lay.gpu_mem_gb * GIB and not problems
+        assert lay.memory.total <= 0.95 * lay.gpu_mem_gb * GIB and not problems
     else:
         assert [p.cell for p in problems] == [cell.name]
         first = problems[0].fix.split("; or ")[0].split(" (")[0]

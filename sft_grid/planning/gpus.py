@@ -45,7 +45,7 @@ The memory model (bytes per GPU at the peak of a training step):
 * The framework: the CUDA context, NCCL's buffers and cuBLAS's workspace (FRAMEWORK_GIB), and the caching
   allocator's fragmentation (FRAGMENTATION of the rest).
 
-The GPU's memory is the cluster's `gpu_mem_gb` (GiB, as nvidia-smi totals it). A cell on a CPU-only cluster has
+The GPU's memory is the cluster's `gpu_mem_gb` (GiB, as nvidia-smi totals it); a layout fits within USABLE of it. A cell on a CPU-only cluster has
 no GPU memory to model: its layout is what it sets (unset: one node, no sharding, no checkpointing, unpacked).
 """
 
@@ -62,6 +62,10 @@ from sft_grid.core.schema import CellConf, exact_params
 GIB = float(2**30)
 FRAMEWORK_GIB = 2.0
 FRAGMENTATION = 0.10
+# A layout fits when its predicted peak is within this share of the GPU's memory: the margin for what the model does
+# not count (a longer-than-usual sequence's buffers, NCCL's growth, a collective's staging), since a cell that runs out
+# of memory does so at the first such step, possibly hours in
+USABLE = 0.95
 # the logits' width where the model states no vocab_size: its tokenizer family's
 FAMILY_VOCAB = {"llama3": 128256, "delphi": 128256, "qwen3": 151936}
 # ZeRO shardings and offloads, lightest first: the order the chooser tries them in
@@ -174,7 +178,7 @@ class Layout:
     def fits(self) -> bool:
         if self.memory is None or not self.gpu_mem_gb:
             return True
-        return self.memory.total <= self.gpu_mem_gb * GIB
+        return self.memory.total <= USABLE * self.gpu_mem_gb * GIB
 
     def summary(self) -> str:
         """'2 x 4 GPUs, ZeRO-3, optimizer offload, checkpointing, packed, fa2, liger'."""

@@ -742,8 +742,8 @@ def gpu_fit(cell: Cell) -> Iterator[Problem]:
         "gpu-memory",
         f"does not fit on {c.name}'s {c.gpu_mem_gb} GiB GPUs{f' ({c.gpu_type})' if c.gpu_type else ''}"
         + (f" as set ({fixed})" if fixed else " in any layout sft_grid can choose")
-        + f": {lay.summary()} needs {lay.memory.text()} per GPU (backend {s.backend.name}, cutoff_len"
-        f" {s.cutoff_len}, micro_batch_size {s.micro_batch_size})",
+        + f": {lay.summary()} needs {lay.memory.text()} per GPU, more than the {gpus.USABLE:.0%} of it a layout may"
+        f" use (backend {s.backend.name}, cutoff_len {s.cutoff_len}, micro_batch_size {s.micro_batch_size})",
         "; or ".join(gpus.fixes(s, lay)),
     )
 

@@ -45,8 +45,9 @@ The memory model (bytes per GPU at the peak of a training step):
 * The framework: the CUDA context, NCCL's buffers and cuBLAS's workspace (FRAMEWORK_GIB), and the caching
   allocator's fragmentation (FRAGMENTATION of the rest).
 
-The GPU's memory is the cluster's `gpu_mem_gb` (GiB, as nvidia-smi totals it); a layout fits within USABLE of it. A cell on a CPU-only cluster has
-no GPU memory to model: its layout is what it sets (unset: one node, no sharding, no checkpointing, unpacked).
+The GPU's memory is the cluster's `gpu_mem_gb` (GiB, as nvidia-smi totals it); a layout fits within USABLE of it.
+A cell on a CPU-only cluster has no GPU memory to model: its layout is what it sets (unset: one node, no sharding,
+no checkpointing, unpacked).
 """
 
 from __future__ import annotations

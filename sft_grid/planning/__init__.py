@@ -9,6 +9,8 @@
 - `environments`: which virtual environment a cell trains in, and the pinned specs of the managed ones;
 - `evaluation`: what a grid evaluates (suites, score identities, base models, the eval axis merged into one
   cell), the suites' rules, and the project's tiny local tasks;
+- `gpus`: each cell as its GPUs run it: its memory per GPU, and the cheapest layout that fits (nodes, ZeRO, offload,
+  checkpointing, packing, kernels), which every other part reads;
 - `estimate`: what a cell costs before launch (tokens, FLOPs, GPU-hours, wall time, disk), and the throughput
   it is computed with (a calibration from completed cells, or a default);
 - `validate`: every rule over every cell (the schema's, the Hub's, those between keys), all problems at once.

@@ -100,10 +100,11 @@ def test_rendered_configs_pass_axolotls_own_validation(make_cells, monkeypatch, 
         assert result["dropped"] == [], f"axolotl silently drops {result['dropped']} of {d.name}"
     results = [checked[str(d / axolotl.CONFIG_FILE)] for d in cpu_dirs + gpu_dirs]
     tiny, qwen_lora, mixed, leonardo, delphi, big, vista = results
-    # CPU: fp32 and eager; GPU sites: the model itself in bf16 (no fp32 master weights) and sdpa
+    # CPU: fp32 and eager; GPU sites: the model itself in bf16 (no fp32 master weights), FlashAttention 2 where the
+    # site's environment has it (Leonardo's kernels), sdpa elsewhere (aarch64 has no flash-attn wheels)
     assert (tiny["torch_dtype"], tiny["attn_implementation"]) == ("torch.float32", "eager")
-    for site in (leonardo, delphi, big, vista):
-        assert (site["torch_dtype"], site["bf16"], site["attn_implementation"]) == ("torch.bfloat16", True, "sdpa")
+    for site, kernel in ((leonardo, "flash_attention_2"), (delphi, "sdpa"), (big, "sdpa"), (vista, "sdpa")):
+        assert (site["torch_dtype"], site["bf16"], site["attn_implementation"]) == ("torch.bfloat16", True, kernel)
     # each source keeps its own fields and role values; a mix is the one file of the data step
     sharegpt = qwen_lora["datasets"][1]
     assert sharegpt["field_messages"] == "conversations" and sharegpt["roles"]["user"] == ["human"]
@@ -113,7 +114,10 @@ def test_rendered_configs_pass_axolotls_own_validation(make_cells, monkeypatch, 
     assert delphi["chat_template"].endswith("jinja")
     cfg = {d.name: (d / axolotl.CONFIG_FILE).read_text() for d in cpu_dirs + gpu_dirs}
     assert "adapter: lora" in cfg[cpu_dirs[1].name] and "wandb_name: " + cpu[2].name in cfg[cpu_dirs[2].name]
-    assert "deepspeed: " in cfg[gpu_dirs[2].name] and "deepspeed" not in cfg[gpu_dirs[0].name]
+    # the layouts chosen to fit: the 32B with ZeRO-3; the 8B's 65 GB of bf16 states exceed Leonardo's 64 GB: ZeRO-2;
+    # the 447M Delphi on 96 GB GH200s: plain data parallel
+    assert "ds_zero3.json" in cfg[gpu_dirs[2].name] and "ds_zero2.json" in cfg[gpu_dirs[0].name]
+    assert "deepspeed" not in cfg[gpu_dirs[1].name]
     # the launch scripts: one process here, accelerate on each node at Leonardo, the plugins on the path
     tiny_launch = (cpu_dirs[0] / LAUNCH_FILE).read_text()
     assert "axolotl train" in tiny_launch and "--launcher python" in tiny_launch

@@ -109,10 +109,14 @@ def test_dry_run_table_has_what_users_check(tmp_path, tiny_assets):
         "length",
         "lr",
         "grad_acc",
+        "layout",
+        "mem/GPU",
         "data[role/user/assistant]",
         "push_to_hub",
         "output",
     ]
+    # a CPU grid: one node each, eager attention, no GPU memory to predict
+    assert "1 node(s), CPU, eager" in proc.stdout
     assert "tiny_messages:messages[role/user/assistant]" in proc.stdout and "4 steps" in proc.stdout
     assert len(cell_dirs(tmp_path, "smoke")) == 4
 

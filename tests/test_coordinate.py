@@ -28,7 +28,7 @@ def cell(name: str, nodes: int = 1) -> SimpleNamespace:
         site_needs=SimpleNamespace(cpu_arch=None, gpu_type=None, gpu_mem_gb=None, internet=False),
         dry_run=False,
     )
-    return SimpleNamespace(name=name, spec=spec, nodes=nodes)
+    return SimpleNamespace(name=name, spec=spec)
 
 
 def answer(site: str, states: dict[str, str] | None = None, reachable: bool = True, **kw: object) -> Answer:

@@ -74,7 +74,8 @@ def need_of(cell: Any, hub: bool = False) -> Need:
     n = spec.site_needs
     return Need(
         cell=cell.name,
-        nodes=cell.nodes,
+        # as the cell (or its cell.yaml) sets them, else the fewest that fit (planning/gpus.py)
+        nodes=spec.nodes if spec.nodes is not None else cell.nodes,
         minutes=int(parse_minutes(spec.time)),
         cpu_arch=n.cpu_arch,
         gpu_type=n.gpu_type,

@@ -21,10 +21,10 @@ from sft_grid.planning.resolvers import register
 
 register()
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+PACKAGE_CONF = str(Path(__file__).resolve().parent.parent / "sft_grid" / "conf")
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
+@hydra.main(version_base=None, config_path=PACKAGE_CONF, config_name="config")
 def main(cfg: DictConfig) -> None:
     """Do nothing: only Hydra's composition and launching are measured."""
     return None

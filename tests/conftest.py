@@ -44,7 +44,7 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from sft_grid.core.paths import CONF_DIR, REPO_ROOT
+from sft_grid.core.paths import PACKAGE_CONF, REPO_ROOT
 from sft_grid.planning.cells import Cell, plan_cell
 from sft_grid.planning.compose import GridComposer
 from sft_grid.planning.resolvers import register
@@ -155,7 +155,7 @@ def built_once(run_dir: Path, name: str, build: Callable[[Path], None]) -> Path:
 def hydra_loader() -> Iterator[Any]:
     """Hydra initialised on conf/, as `python -m sft_grid` sees it; yields its config loader."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(PACKAGE_CONF), version_base=None):
         yield GlobalHydra.instance().config_loader()
     GlobalHydra.instance().clear()
 

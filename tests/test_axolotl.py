@@ -20,7 +20,7 @@ import yaml
 from sft_grid import backends
 from sft_grid.backends import axolotl
 from sft_grid.core.layout import LAUNCH_FILE
-from sft_grid.core.paths import CONF_DIR, IN_VENV_DIR
+from sft_grid.core.paths import IN_VENV_DIR, PACKAGE_CONF
 from sft_grid.grid import render
 from sft_grid.in_venv import template_integrity
 from sft_grid.planning import resolvers
@@ -47,7 +47,7 @@ def losses(output: Path) -> list[float]:
 
 def set_user_env(monkeypatch: pytest.MonkeyPatch, *clusters: str) -> None:
     for name in clusters:
-        for var in resolvers.variables((CONF_DIR / "cluster" / f"{name}.yaml").read_text()):
+        for var in resolvers.variables((PACKAGE_CONF / "cluster" / f"{name}.yaml").read_text()):
             monkeypatch.setenv(var, f"/dummy/{var.lower()}")
 
 

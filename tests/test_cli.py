@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from sft_grid.core.paths import CONF_DIR
+from sft_grid.core.paths import PACKAGE_CONF
 
 from .conftest import run_sft
 
@@ -41,7 +41,7 @@ def test_help_lists_every_group_and_option_and_hydras_sections():
     assert "sft-grid run -m +sweep=smoke" in proc.stdout and "Run switches: dry_run" in proc.stdout  # footer
     assert "Compose your configuration from those groups (group=option)" in proc.stdout
     assert "== Config ==" in proc.stdout and "lr: 1.0e-05" in proc.stdout
-    assert _groups_in_help(proc.stdout) == _groups_in_conf(CONF_DIR)
+    assert _groups_in_help(proc.stdout) == _groups_in_conf(PACKAGE_CONF)
 
 
 def test_help_shows_an_option_file_added_since(tmp_path):
@@ -52,7 +52,7 @@ def test_help_shows_an_option_file_added_since(tmp_path):
     (tmp_path / "extra_group").mkdir()
     (tmp_path / "extra_group" / "only.yaml").write_text("x: 1\n")
     proc = run_sft("--help", "--config-dir", str(tmp_path), check=True)
-    expected = _groups_in_conf(CONF_DIR)
+    expected = _groups_in_conf(PACKAGE_CONF)
     expected["model"].add("zz_added")
     expected["extra_group"] = {"only"}
     assert _groups_in_help(proc.stdout) == expected
@@ -94,7 +94,7 @@ def test_hydra_sweep_grammar(tmp_path, tiny_assets):
         f"runs_root={tmp_path}",
         check=True,
     )
-    models = len(list((CONF_DIR / "model").glob("tiny_*.yaml")))  # tiny_llama, tiny_qwen3, tiny_delphi
+    models = len(list((PACKAGE_CONF / "model").glob("tiny_*.yaml")))  # tiny_llama, tiny_qwen3, tiny_delphi
     assert len(cell_dirs(tmp_path)) == models * 4, proc.stdout
     assert f"{models * 4} cell(s) rendered" in proc.stdout
 

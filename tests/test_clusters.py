@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from sft_grid.core.paths import CONF_DIR
+from sft_grid.core.paths import PACKAGE_CONF
 from sft_grid.planning import resolvers
 from sft_grid.planning.cells import plan_cell
 from sft_grid.planning.compose import GridComposer
@@ -65,7 +65,7 @@ def test_site_composes_validates_and_reads_its_variables(hydra_loader, monkeypat
 
 @pytest.mark.parametrize("site", SITES)
 def test_header_says_what_the_site_is_how_to_run_it_and_what_to_export(site):
-    text = (CONF_DIR / "cluster" / f"{site}.yaml").read_text()
+    text = (PACKAGE_CONF / "cluster" / f"{site}.yaml").read_text()
     header = text.split("\nname:", 1)[0]
     assert f"sft-grid run -m +sweep=<grid> cluster={site}" in header
     assert "internet" in header.lower() and re.search(r"GPU|GH200|B200|A100|H100", header)

@@ -71,7 +71,7 @@ def test_what_the_module_form_hands_to_hydra(monkeypatch, capsys, argv, hydra):
 
 def test_a_sweeps_name_as_a_command_says_how_to_run_the_sweep(capsys):
     assert cli.module_main(["smoke"]) == 2
-    assert "(sweeps/smoke.yaml is a grid: sft-grid run -m +sweep=smoke)" in capsys.readouterr().err
+    assert "(sweep/smoke.yaml is a grid: sft-grid run -m +sweep=smoke)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("word", ["statsu", "model=tiny_llama", "+sweep=smoke"])

@@ -45,11 +45,11 @@ def _plan(*overrides: str):
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from sft_grid.core.paths import CONF_DIR
+    from sft_grid.core.paths import PACKAGE_CONF
     from sft_grid.planning.cells import plan_cell
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(PACKAGE_CONF), version_base=None):
         config = cast(
             dict[str, Any],
             OmegaConf.to_container(compose("config", overrides=["model=tiny_delphi", *overrides]), resolve=True),

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sft_grid.core.paths import REPO_ROOT
+from sft_grid.core.paths import PACKAGE_CONF
 from sft_grid.planning.compose import GridComposer
 
 from .conftest import hydra_plain, run_sft
 
-SWEEP = REPO_ROOT / "sweeps" / "delphi_scaling.yaml"
+SWEEP = PACKAGE_CONF / "sweep" / "delphi_scaling.yaml"
 BUDGETS = ["3e18", "9e18", "2e19", "3e19", "9e19", "2e20", "3e20", "1e21", "1e22"]
 MIXES = ["p33m67", "p50m50", "p67m33"]
 # marin's canonical Delphi registry, as published (marin-community/marin at 5afac0bdf8202b7f908a48d87af65fe41b60cc54,

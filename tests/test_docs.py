@@ -24,7 +24,7 @@ from hydra.core.override_parser.types import Glob
 
 from sft_grid.cli import cmd_stage
 from sft_grid.cli import main as cli
-from sft_grid.core.paths import CONF_DIR, REPO_ROOT
+from sft_grid.core.paths import PACKAGE_CONF, REPO_ROOT
 from sft_grid.planning import resolvers
 from sft_grid.planning.cells import plan_cell
 from sft_grid.planning.compose import options
@@ -128,7 +128,7 @@ def _with_sweep_axes(overrides: list[str]) -> list[str]:
     named = [str(ov.value()) for ov in parsed if ov.key_or_group == "sweep"]
     if not named:
         return overrides
-    sweep = yaml.safe_load((REPO_ROOT / "sweeps" / f"{named[-1]}.yaml").read_text()) or {}
+    sweep = yaml.safe_load((PACKAGE_CONF / "sweep" / f"{named[-1]}.yaml").read_text()) or {}
     axes = ((sweep.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     given = {ov.key_or_group for ov in parsed}
     return [*overrides, *(f"{k}={v}" for k, v in axes.items() if k not in given)]
@@ -197,7 +197,7 @@ def check_sft_grid(args: list[str], tmp_path: Path, module: bool) -> str:
 @pytest.fixture
 def site_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     """A dummy value for every per-user variable a shipped cluster reads (${user_env:VAR}), as a user exports them."""
-    for path in (CONF_DIR / "cluster").glob("*.yaml"):
+    for path in (PACKAGE_CONF / "cluster").glob("*.yaml"):
         for name in resolvers.variables(path.read_text()):
             monkeypatch.setenv(name, f"dummy-{name.lower()}")
 
@@ -354,7 +354,7 @@ def test_make_demo_runs_the_command_the_readme_says_it_runs():
 def test_no_file_says_a_command_the_old_way():
     """`python -m sft_grid.<command>` is gone (the job's own entry point, `python -m sft_grid.job`, stays); the
     environments' locks keep their first line, which their key hashes (conf/locks is not read here)."""
-    roots = [*DOCS, *(REPO_ROOT / "conf").rglob("*.yaml"), *(REPO_ROOT / "sweeps").glob("*.yaml")]
+    roots = [*DOCS, *(PACKAGE_CONF).rglob("*.yaml"), *(PACKAGE_CONF / "sweep").glob("*.yaml")]
     roots += [REPO_ROOT / "Makefile", *(REPO_ROOT / "scripts").glob("*"), *(REPO_ROOT / ".ci").glob("*")]
     roots += [*(REPO_ROOT / "benchmarks").glob("*"), REPO_ROOT / "tests" / "README.md"]
     old = [

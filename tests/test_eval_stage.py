@@ -22,7 +22,7 @@ import yaml
 
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
-from sft_grid.core.paths import CONF_DIR, IN_VENV_DIR
+from sft_grid.core.paths import IN_VENV_DIR, PACKAGE_CONF
 from sft_grid.core.scores import EvalFile, ScoreSpec, read_scores, score_path
 from sft_grid.core.templates import effective_template, template_digest, template_matches
 from sft_grid.planning import evaluation
@@ -156,11 +156,11 @@ def test_template_check_passes_only_when_every_saved_copy_is_the_trained_one(tmp
 
 
 def test_every_suite_names_a_harness_and_tasks_with_their_settings() -> None:
-    suites = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((CONF_DIR / "eval").glob("*.yaml"))}
+    suites = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((PACKAGE_CONF / "eval").glob("*.yaml"))}
     assert set(suites) >= {"none", "tiny", "reasoning_small"} and suites["none"]["tasks"] == {}
     for name, suite in suites.items():
         assert suite["name"] == name
-        assert (CONF_DIR / "harness" / f"{suite.get('harness', 'lm_eval')}.yaml").is_file()
+        assert (PACKAGE_CONF / "harness" / f"{suite.get('harness', 'lm_eval')}.yaml").is_file()
     assert set(suites["tiny"]["tasks"]) == set(evaluation.TINY_TASKS) and suites["tiny"]["resources"]["gpus"] == 0
     assert suites["reasoning_small"]["resources"]["gpus"] == 1
     assert all(task["datasets"] for task in suites["reasoning_small"]["tasks"].values())  # staged for offline nodes

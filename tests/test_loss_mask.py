@@ -239,14 +239,14 @@ def batch_cache(tmp_path_factory, tiny_assets, axolotl_env):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from sft_grid.core.paths import CONF_DIR
+    from sft_grid.core.paths import PACKAGE_CONF
     from sft_grid.planning.cells import plan_cell
     from sft_grid.planning.compose import GridComposer
 
     cache = tmp_path_factory.mktemp("probe-batch")
     variants = [[*wrong(name, b), f"runs_root={cache / 'runs'}"] for name in WRONG for b in ("llamafactory", "axolotl")]
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(PACKAGE_CONF), version_base=None):
         composed, errors = GridComposer(GlobalHydra.instance().config_loader(), "config").compose_all(variants)
     GlobalHydra.instance().clear()
     assert not errors, errors

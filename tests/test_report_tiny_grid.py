@@ -57,10 +57,10 @@ def check_page(page: Path, profile: Path, data: dict, plots: int) -> None:
 def test_report_of_a_tiny_grid_trained_here(tmp_path: Path, tiny_assets: Path) -> None:
     import yaml
 
-    from sft_grid.core.paths import CONF_DIR
+    from sft_grid.core.paths import PACKAGE_CONF
 
     for name, rel in MODELS.items():  # the sizes the estimates and the scaling plot use are the models' own
-        stated = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text())["params_b"] * 1e9
+        stated = yaml.safe_load((PACKAGE_CONF / "model" / f"{name}.yaml").read_text())["params_b"] * 1e9
         assert stated == pytest.approx(parameters(tiny_assets / rel), rel=0.02)
     root = tmp_path / "runs"
     grid = ["-m", f"model={','.join(MODELS)}", *COMMON, f"runs_root={root}"]

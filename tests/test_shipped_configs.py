@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sft_grid.backends import BACKENDS
-from sft_grid.core.paths import CONF_DIR, REPO_ROOT
+from sft_grid.core.paths import PACKAGE_CONF, REPO_ROOT
 from sft_grid.planning import resolvers
 from sft_grid.planning.cells import plan_cell
 from sft_grid.planning.validate import validate
@@ -14,13 +14,13 @@ from sft_grid.planning.validate import validate
 from .conftest import hydra_plain, run_sft
 
 GROUPS = ("cluster", "backend", "model", "dataset")
-SHIPPED = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
-SWEEPS = sorted(p.stem for p in (REPO_ROOT / "sweeps").glob("*.yaml"))
+SHIPPED = [(g, p.stem) for g in GROUPS for p in sorted((PACKAGE_CONF / g).glob("*.yaml"))]
+SWEEPS = sorted(p.stem for p in (PACKAGE_CONF / "sweep").glob("*.yaml"))
 
 
 def set_user_env(monkeypatch: pytest.MonkeyPatch, group: str, option: str) -> list[str]:
     """Give every per-user variable the option reads with ${user_env:VAR} a dummy value; returns their names."""
-    names = resolvers.variables((CONF_DIR / group / f"{option}.yaml").read_text())
+    names = resolvers.variables((PACKAGE_CONF / group / f"{option}.yaml").read_text())
     for name in names:
         monkeypatch.setenv(name, f"dummy-{name.lower()}")
     return names
@@ -30,7 +30,7 @@ def set_user_env(monkeypatch: pytest.MonkeyPatch, group: str, option: str) -> li
 def test_every_option_composes_and_validates(hydra_loader, monkeypatch, group, option):
     set_user_env(monkeypatch, group, option)
     overrides = [f"{group}={option}"]
-    if group == "model" and "zero3" in yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text())["needs"]:
+    if group == "model" and "zero3" in yaml.safe_load((PACKAGE_CONF / group / f"{option}.yaml").read_text())["needs"]:
         overrides.append("backend=axolotl")  # the managed environment with DeepSpeed (test_post checks the other)
     config = hydra_plain(overrides)
     cell = plan_cell(overrides, config)
@@ -39,8 +39,8 @@ def test_every_option_composes_and_validates(hydra_loader, monkeypatch, group, o
 
 @pytest.mark.parametrize(
     "path",
-    sorted(CONF_DIR.rglob("*.yaml")) + sorted((REPO_ROOT / "sweeps").glob("*.yaml")),
-    ids=lambda p: str(p.relative_to(REPO_ROOT)),
+    sorted(PACKAGE_CONF.rglob("*.yaml")) + sorted((PACKAGE_CONF / "sweep").glob("*.yaml")),
+    ids=lambda p: str(p.relative_to(PACKAGE_CONF)),
 )
 def test_every_yaml_opens_with_what_it_is_and_how_to_run_it(path):
     text = path.read_text()
@@ -49,18 +49,18 @@ def test_every_yaml_opens_with_what_it_is_and_how_to_run_it(path):
 
 
 def test_backend_registry_matches_conf():
-    assert set(BACKENDS) == {p.stem for p in (CONF_DIR / "backend").glob("*.yaml")}
+    assert set(BACKENDS) == {p.stem for p in (PACKAGE_CONF / "backend").glob("*.yaml")}
 
 
 def test_real_models_name_their_hub_ids():
     for name in ("qwen3_8b", "qwen3_32b", "qwen3_5_9b", "qwen3_5_27b", "delphi"):
-        model = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text())
+        model = yaml.safe_load((PACKAGE_CONF / "model" / f"{name}.yaml").read_text())
         assert "/" in model["hub_id"] and model["path"] is None
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_every_sweep_dry_runs(sweep, tmp_path, tiny_assets, monkeypatch):
-    for site in sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml")):  # a sweep may name its cluster
+    for site in sorted(p.stem for p in (PACKAGE_CONF / "cluster").glob("*.yaml")):  # a sweep may name its cluster
         set_user_env(monkeypatch, "cluster", site)
     proc = run_sft("-m", f"+sweep={sweep}", "dry_run=true", f"runs_root={tmp_path}", check=True)
     assert "nothing submitted" in proc.stdout

@@ -42,7 +42,7 @@ def make_checkout(dest: Path) -> Path:
     ).stdout.split("\0")
     for rel in filter(None, listed):
         source = REPO_ROOT / rel
-        if source.is_symlink():  # conf/sweep -> ../sweeps: a link in git, kept a link
+        if source.is_symlink():  # a link in git is kept a link
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).symlink_to(os.readlink(source))
         elif source.is_file():
@@ -88,19 +88,19 @@ def test_a_clean_checkout_is_snapshotted_by_its_commit(clean, make_cells):
 
 def test_local_cells_need_no_snapshot(clean, make_cells):
     (cell,) = make_cells(["model=tiny_llama"])
-    (clean / "conf" / "scratch.yaml").write_text("x: 1\n")
+    (clean / "sft_grid" / "conf" / "scratch.yaml").write_text("x: 1\n")
     assert snapshot.find([cell], dry_run=False, root=clean) is None
 
 
 def test_uncommitted_and_untracked_changes_are_refused_naming_the_files(clean, make_cells):
     (cell,) = slurm_cells(make_cells)
     (clean / "sft_grid" / "job" / "entries.py").write_text("# edited\n")
-    (clean / "sweeps" / "mine.yaml").write_text("# @package _global_\nsweep_name: mine\n")
+    (clean / "sft_grid" / "conf" / "sweep" / "mine.yaml").write_text("# @package _global_\nsweep_name: mine\n")
     (clean / "README.md").write_text("not a deciding path\n")
     with pytest.raises(GridError) as raised:
         snapshot.find([cell], dry_run=False, root=clean)
     text = str(raised.value)
-    assert "sft_grid/job/entries.py" in text and "sweeps/mine.yaml" in text and "README.md" not in text
+    assert "sft_grid/job/entries.py" in text and "sft_grid/conf/sweep/mine.yaml" in text and "README.md" not in text
     assert "ship_dirty=true" in text and "commit" in text
     # a dry run queues nothing: it names the commit instead of refusing
     code = snapshot.find([cell], dry_run=True, root=clean)
@@ -110,11 +110,11 @@ def test_uncommitted_and_untracked_changes_are_refused_naming_the_files(clean, m
 def test_shipped_changes_get_their_own_key_and_are_recorded(clean, make_cells):
     (cell,) = slurm_cells(make_cells, "ship_dirty=true")
     (clean / "sft_grid" / "job" / "entries.py").write_text("# edited\n")
-    (clean / "conf" / "model" / "tiny_llama.yaml").unlink()
+    (clean / "sft_grid" / "conf" / "model" / "tiny_llama.yaml").unlink()
     code = snapshot.find([cell], dry_run=False, root=clean)
     head = git(clean, "rev-parse", "HEAD").strip()
     assert code is not None and code.commit == head and code.key.startswith(head + "-")
-    assert code.shipped == ("conf/model/tiny_llama.yaml", "sft_grid/job/entries.py")
+    assert code.shipped == ("sft_grid/conf/model/tiny_llama.yaml", "sft_grid/job/entries.py")
     assert code.record()["shipped"] == list(code.shipped) and len(code.shipped_sha) == 64
     # another edit: another snapshot
     (clean / "sft_grid" / "job" / "entries.py").write_text("# edited again\n")
@@ -123,8 +123,8 @@ def test_shipped_changes_get_their_own_key_and_are_recorded(clean, make_cells):
     # extracted: the shipped file as edited, the deleted one absent, the rest as committed
     assert snapshot.materialize(again)
     assert (again.dir / "sft_grid" / "job" / "entries.py").read_text() == "# edited again\n"
-    assert not (again.dir / "conf" / "model" / "tiny_llama.yaml").exists()
-    assert (again.dir / "conf" / "model" / "tiny_qwen3.yaml").is_file()
+    assert not (again.dir / "sft_grid" / "conf" / "model" / "tiny_llama.yaml").exists()
+    assert (again.dir / "sft_grid" / "conf" / "model" / "tiny_qwen3.yaml").is_file()
     assert json.loads((again.dir / MARKER).read_text())["shipped"] == list(again.shipped)
 
 

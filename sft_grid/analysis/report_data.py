@@ -23,10 +23,9 @@ from typing import Any
 from sft_grid.analysis.along import cell_points
 from sft_grid.analysis.figures import CURVE_POINTS, decimate_index
 from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
-from sft_grid.core import events
+from sft_grid.core import events, project
 from sft_grid.core.events import Kind
 from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
-from sft_grid.core.paths import REPO_ROOT
 from sft_grid.grid.costs import measured
 from sft_grid.planning.estimate import Measured, calibrate, leave_one_out
 
@@ -34,23 +33,22 @@ from sft_grid.planning.estimate import Measured, calibrate, leave_one_out
 ADAPTIVE_FILE = "adaptive.json"
 
 
-def _git(*args: str) -> str:
+def _git(where: Path, *args: str) -> str:
     try:
-        return subprocess.run(
-            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20
-        ).stdout.strip()
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=20)
+        return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
 
 def sweep_file(rows: Sequence[Row]) -> Path | None:
-    """The sweep file the grid's cells name (`+sweep=<name>`), if it is in this checkout."""
+    """The sweep file the grid's cells name (`+sweep=<name>`), as the config search finds it here (the team's
+    repository's, else the shipped one)."""
     for r in rows:
         for o in r.overrides:
             key, _, name = o.lstrip("+").partition("=")
             if key == "sweep" and name:
-                path = REPO_ROOT / "sweeps" / f"{name}.yaml"
-                return path if path.is_file() else None
+                return project.find_option("sweep", name)
     return None
 
 
@@ -71,14 +69,17 @@ def grid_facts(table: GridTable) -> dict[str, Any]:
     for r in table.rows:
         counts[r.state] = counts.get(r.state, 0) + 1
     sweep = sweep_file(table.rows)
-    rel = str(sweep.relative_to(REPO_ROOT)) if sweep else None
+    rel = None
+    if sweep is not None:  # shown relative to its git repository (the team's, or sft_grid's checkout)
+        top = _git(sweep.parent, "rev-parse", "--show-toplevel")
+        rel = str(sweep.relative_to(top)) if top and sweep.is_relative_to(top) else str(sweep)
     launched = launched_from(table.rows)
     if launched:  # what each cell's submission recorded: the grid's revision wherever it was launched from
         revision = ", ".join(sorted({rev[:12] for rev, _ in launched}))
         dirty = any(d for _, d in launched)
     else:  # cells never submitted: the sweep file's last commit here
-        revision = _git("log", "-1", "--format=%h", "--", rel) if rel else ""
-        dirty = bool(_git("status", "--porcelain", "--", rel)) if rel else False
+        revision = _git(sweep.parent, "log", "-1", "--format=%h", "--", str(sweep)) if sweep else ""
+        dirty = bool(_git(sweep.parent, "status", "--porcelain", "--", str(sweep))) if sweep else False
     est = [r.estimate_gpu_hours for r in table.rows if r.estimate_gpu_hours is not None]
     cpu = bool(table.rows) and all(r.cpu for r in table.rows)
     return {

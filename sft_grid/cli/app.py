@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import hydra
 from omegaconf import DictConfig
 
-from sft_grid.core.paths import CONF_DIR
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.planning.conf_files import YAML_ERROR
 from sft_grid.planning.resolvers import register
@@ -549,7 +548,7 @@ def _print_final(result: GridResult) -> None:
 # -- the Hydra app -------------------------------------------------------------------------------------------------
 
 
-@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+@hydra.main(version_base=None, config_path="pkg://sft_grid.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     # Without -m Hydra hands over one composed cell; with -m the sft_grid launcher gets all cells (run_grid).
     run_single(cfg)
@@ -612,8 +611,38 @@ def _one_repository_copy() -> Iterator[None]:
         ConfigLoaderImpl.get_group_options = original  # type: ignore[method-assign]
 
 
+def _config_dirs_to_env(argv: list[str]) -> list[str]:
+    """Hydra's `--config-dir DIR` (`-cd`), taken as the first of the team's config folders ($SFT_GRID_CONF): then
+    every reader of a group (the options `--help` lists, the sites' profiles, a cell's rerun line) sees it, not
+    Hydra's composition alone. The arguments without it; a folder that does not exist is refused here."""
+    from sft_grid.core import project
+
+    rest, dirs = [], []
+    words = iter(argv)
+    for word in words:
+        flag, eq, value = word.partition("=")
+        if flag in ("--config-dir", "-cd"):
+            value = value if eq else next(words, "")
+            path = Path(value).expanduser().resolve()
+            if not value or not path.is_dir():
+                raise SystemExit(
+                    f"sft-grid run: --config-dir {value!r} is not a folder; name the folder of your configs"
+                )
+            dirs.append(str(path))
+        else:
+            rest.append(word)
+    if dirs:
+        os.environ[project.CONF_ENV] = os.pathsep.join([*dirs, *filter(None, [os.environ.get(project.CONF_ENV)])])
+    try:
+        project.find()
+    except project.ProjectError as exc:
+        raise SystemExit(f"sft-grid run: {exc}") from None
+    return rest
+
+
 def hydra_app() -> None:
     """`sft-grid run`: the Hydra app, with a hint after Hydra's own errors (the valid keys, the closest)."""
+    sys.argv = [sys.argv[0], *_config_dirs_to_env(sys.argv[1:])]
     hints = _KeyHints(sys.stderr)
     sys.stderr = hints
     helping = any(a in HELP_FLAGS for a in sys.argv[1:])

@@ -36,14 +36,13 @@ def load_cell(args: Sequence[str]) -> Cell:
 
 def compose(overrides: Sequence[str]) -> dict[str, Any]:
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_module
     from omegaconf import OmegaConf
 
-    from sft_grid.core.paths import CONF_DIR
     from sft_grid.planning.resolvers import register
 
     register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+    with initialize_config_module("sft_grid.conf", version_base=None):
         cfg = hydra_compose("config", overrides=list(overrides))
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 

@@ -36,6 +36,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "post": ("sft_grid.cli.cmd_post", "run a cell's pending or failed post-training stages (the upload)"),
     "venv": ("sft_grid.cli.cmd_venv", "build, lock or locate the backends' virtual environments"),
     "assets": ("sft_grid.cli.cmd_assets", "build or locate the tiny local models and datasets"),
+    "init": ("sft_grid.cli.cmd_init", "lay out an experiment repository: conf/ groups, sweeps, a .gitignore for runs"),
+    "cp": ("sft_grid.cli.cmd_cp", "copy a shipped option (model/qwen3_8b, cluster/leonardo, ...) into yours to edit"),
+    "import": ("sft_grid.cli.cmd_import", "turn a LLaMA-Factory or axolotl training YAML into model, dataset, sweep"),
     "completion": ("sft_grid.cli.main", 'bash completion: eval "$(sft-grid completion bash)"'),
 }
 # run by jobs, not people: not in the help
@@ -83,14 +86,17 @@ def not_a_command(word: str) -> str:
         return f"sft-grid: {word!r} is a Hydra override, not a command: overrides go after run (sft-grid run {word})"
     import difflib
 
-    from sft_grid.core.paths import REPO_ROOT
+    from sft_grid.core import project
 
     close = difflib.get_close_matches(word, COMMANDS, n=1)
-    sweep = (REPO_ROOT / "sweeps" / f"{word}.yaml").is_file()
+    try:
+        sweep = project.find_option("sweep", word)
+    except project.ProjectError:
+        sweep = None
     return (
         f"sft-grid: {word!r} is not a command"
         + (f" (did you mean {close[0]}?)" if close else "")
-        + (f" (sweeps/{word}.yaml is a grid: sft-grid run -m +sweep={word})" if sweep else "")
+        + (f" (sweep/{word}.yaml is a grid: sft-grid run -m +sweep={word})" if sweep else "")
         + f"; the commands: {', '.join(COMMANDS)} (sft-grid --help says what each does); a grid's overrides are"
         " key=value (sft-grid run -m model=tiny_llama,tiny_qwen3)"
     )
@@ -113,6 +119,13 @@ def module_main(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    from sft_grid.core import project
+
+    try:
+        project.find()  # a project file that cannot be used is said once, before any command reads it
+    except project.ProjectError as exc:
+        print(f"sft-grid: {exc}", file=sys.stderr)
+        return 2
     if args and not_a_command(args[0]):
         print(not_a_command(args[0]), file=sys.stderr)
         return 2

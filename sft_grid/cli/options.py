@@ -6,12 +6,15 @@ import argparse
 import os
 from pathlib import Path
 
-RUNS_ROOT_HELP = "the grid's runs_root (default: $SFT_GRID_RUNS, else ./runs)"
+RUNS_ROOT_HELP = "the grid's runs_root (default: $SFT_GRID_RUNS, else runs/ at the project's root, else ./runs)"
 
 
 def default_runs_root() -> str:
-    """Where grids are unless a command says otherwise: the grid command's own default (conf/cluster's runs_root)."""
-    return os.environ.get("SFT_GRID_RUNS", "runs")
+    """Where grids are unless a command says otherwise: the grid command's own default (a cluster's runs_root,
+    `runs`, taken from the team's repository's root: sft_grid/core/project.py)."""
+    from sft_grid.core import project
+
+    return str(project.default_runs())
 
 
 def add_runs_root(parser: argparse.ArgumentParser) -> None:

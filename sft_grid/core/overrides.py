@@ -7,7 +7,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-RERUN = "# Rerun this cell: python -m sft_grid"
+RERUN_PREFIX = "# Rerun this cell: "
+COMMAND = ("python", "-m", "sft_grid")
 # overrides that say where or how a grid runs, never which cell of it this is
 _NOT_SWEPT = ("runs_root", "sweep", "sweep_name", "dry_run", "force", "rerun_failed", "report_to", "concurrency")
 
@@ -22,12 +23,28 @@ def swept_values(overrides: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def overrides_of(cell_yaml: str) -> list[str]:
-    """The overrides of the rerun command in a cell.yaml's header ([] when it has none)."""
+def rerun_line(overrides: Sequence[str], conf_dirs: Sequence[str] = ()) -> str:
+    """The command that composes this cell again: its overrides, and the team's config folders it was composed
+    with ($SFT_GRID_CONF, sft_grid/core/project.py), so that it composes the same from any directory."""
+    env = [f"SFT_GRID_CONF={shlex.quote(':'.join(conf_dirs))}"] if conf_dirs else []
+    return " ".join([*env, *COMMAND, *(shlex.quote(o) for o in overrides)])
+
+
+def rerun_words(cell_yaml: str) -> list[str]:
+    """The words of the rerun command in a cell.yaml's header ([] when it has none), its environment included."""
     for line in cell_yaml.splitlines()[:6]:
-        if line.startswith(RERUN):
+        if line.startswith(RERUN_PREFIX):
             try:
-                return shlex.split(line[len(RERUN) :])
+                return shlex.split(line[len(RERUN_PREFIX) :])
             except ValueError:
-                return line[len(RERUN) :].split()
+                return line[len(RERUN_PREFIX) :].split()
+    return []
+
+
+def overrides_of(cell_yaml: str) -> list[str]:
+    """The overrides of the rerun command in a cell.yaml's header: the words after `python -m sft_grid`."""
+    words = rerun_words(cell_yaml)
+    for i in range(len(words) - 2):
+        if tuple(words[i : i + 3]) == COMMAND:
+            return words[i + 3 :]
     return []

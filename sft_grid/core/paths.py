@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-CONF_DIR = REPO_ROOT / "conf"
-PACKAGE_DIR = REPO_ROOT / "sft_grid"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+# the checkout (or site-packages) the package sits in: a git checkout's root when run from one
+REPO_ROOT = PACKAGE_DIR.parent
+# the shipped config groups, package data (pkg://sft_grid.conf); a team's own come first (core/project.py)
+PACKAGE_CONF = PACKAGE_DIR / "conf"
 # code that runs with the python of a backend's (or the harness's) virtual environment, never in the orchestrator
 IN_VENV_DIR = PACKAGE_DIR / "in_venv"
 

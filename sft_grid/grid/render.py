@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import shutil
 import stat
 import threading
@@ -24,8 +23,10 @@ import yaml
 from sft_grid.backends import get as backend_of
 from sft_grid.backends import wandb, zero
 from sft_grid.backends.launch import launch_script
+from sft_grid.core import project
 from sft_grid.core.cellfiles import Check, PreflightFile, dump_json
 from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE, POST_FILE, PREFLIGHT_FILE
+from sft_grid.core.overrides import rerun_line
 from sft_grid.core.schema import fingerprint
 from sft_grid.core.scores import EVAL_FILE
 from sft_grid.core.submission import CellFiles
@@ -103,7 +104,7 @@ def rerun_overrides(overrides: Sequence[str]) -> list[str]:
 
 
 def rerun_command(cell: Cell) -> str:
-    return " ".join(["python -m sft_grid", *(shlex.quote(o) for o in rerun_overrides(cell.overrides))])
+    return rerun_line(rerun_overrides(cell.overrides), [str(d) for d in project.user_dirs()])
 
 
 def cell_header(cell: Cell) -> str:

@@ -20,7 +20,7 @@ from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.sacct import SacctLeg, group_legs
-from sft_grid.core.layout import LOCK_FILE, iter_cell_dirs
+from sft_grid.core.layout import CELL_FILE, LOCK_FILE, iter_cell_dirs
 from sft_grid.core.state import State
 from sft_grid.grid.view import GridView, read_view
 from sft_grid.schedulers import slurm
@@ -106,13 +106,17 @@ def _notify(view: GridView, cell_dirs: Sequence[Path]) -> None:
 
 
 def cell_from_dir(cell_dir: Path) -> Cell:
-    from sft_grid.core.failures.cell import cell_config, rerun_argv
+    from sft_grid.core.failures.cell import cell_config
+    from sft_grid.core.overrides import overrides_of
     from sft_grid.planning.cells import plan_cell
 
     config = cell_config(cell_dir)
     if not config:
         raise FileNotFoundError(f"{cell_dir} holds no readable cell.yaml")
-    overrides = [a for a in rerun_argv(cell_dir)[3:] if a != "rerun_failed=true"]  # after `python -m sft_grid`
+    try:
+        overrides = overrides_of((cell_dir / CELL_FILE).read_text())
+    except (OSError, UnicodeDecodeError):
+        overrides = []
     cell = plan_cell(overrides, config)
     return dataclasses.replace(cell, slug=cell_dir.name.rsplit("-", 1)[0], runs_root=cell_dir.parent.parent)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sft_grid.core import project
 from sft_grid.core.hubcache import Pin
 from sft_grid.core.schema import CellConf, fingerprint, typed
 from sft_grid.core.tokenized import TokenizedData
@@ -279,7 +280,7 @@ def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | N
     spec = typed(CellConf, config)
     root = Path(os.path.expanduser(config.get("runs_root") or config["cluster"]["runs_root"]))
     if not root.is_absolute():
-        root = (cwd or Path.cwd()) / root
+        root = (cwd or project.runs_base()) / root  # the team's repository's root, wherever in it we run
     return Cell(
         spec=spec,
         overrides=tuple(overrides),

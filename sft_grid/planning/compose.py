@@ -37,8 +37,7 @@ from hydra.core.override_parser.types import Override
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from sft_grid.core import schema
-from sft_grid.core.paths import CONF_DIR
+from sft_grid.core import project, schema
 from sft_grid.core.problems import Problem
 
 log = logging.getLogger(__name__)
@@ -532,7 +531,7 @@ def _schema_keys(type_name: str) -> list[str] | None:
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    return project.options(group)
 
 
 def key_hint(message: str) -> str | None:

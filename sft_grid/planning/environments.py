@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from sft_grid.core.paths import CONF_DIR, venvs_dir
+from sft_grid.core import project
+from sft_grid.core.paths import PACKAGE_CONF, venvs_dir
 from sft_grid.core.schema import CellConf, ClusterConf, VenvSpecConf, fingerprint
 
 READY_MARKER = ".sft_grid_ready"
@@ -44,10 +45,10 @@ class VenvSpec:
     def load(cls, name: str) -> VenvSpec:
         """The spec of a backend (conf/backend/<name>.yaml) or of a harness (conf/harness/<name>.yaml)."""
         for group in ("backend", "harness"):
-            path = CONF_DIR / group / f"{name}.yaml"
-            if path.is_file():
+            path = project.find_option(group, name)
+            if path is not None:
                 return cls.from_conf(name, yaml.safe_load(path.read_text())["venv"])
-        known = sorted(p.stem for group in ("backend", "harness") for p in (CONF_DIR / group).glob("*.yaml"))
+        known = sorted({*project.options("backend"), *project.options("harness")})
         raise KeyError(f"unknown virtual environment {name!r}: expected one of {', '.join(known)}")
 
     @classmethod
@@ -76,7 +77,7 @@ class VenvSpec:
 
 
 def lock_path(name: str) -> Path:
-    return CONF_DIR / "locks" / f"{name}.txt"
+    return PACKAGE_CONF / "locks" / f"{name}.txt"
 
 
 @functools.cache

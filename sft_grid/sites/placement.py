@@ -172,7 +172,7 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
     """`profiles` of the cells' lists of sites as given (one list a cell; also read before the cells are planned)."""
     from omegaconf import OmegaConf
 
-    from sft_grid.core.paths import CONF_DIR
+    from sft_grid.core import project
     from sft_grid.planning import resolvers
 
     if lists <= {()}:  # no cell names sites (or no cell composed)
@@ -198,9 +198,9 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
         names = tuple(n for n in names if n == here)
     remote = []
     for name in names:
-        path = CONF_DIR / "cluster" / f"{name}.yaml"
-        if not path.is_file():
-            known = ", ".join(sorted(p.stem for p in (CONF_DIR / "cluster").glob("*.yaml")))
+        path = project.find_option("cluster", name)
+        if path is None:
+            known = ", ".join(project.options("cluster"))
             problems.append(
                 Problem("(grid)", "sites", name, "site-known", f"no conf/cluster/{name}.yaml", f"name one of {known}")
             )
@@ -211,11 +211,7 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
             if not type(exc).__module__.startswith(("yaml", "omegaconf")):
                 raise
             first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            problems.append(
-                Problem(
-                    "(grid)", "sites", name, "site-profile", f"conf/cluster/{name}.yaml: {first}", "fix the profile"
-                )
-            )
+            problems.append(Problem("(grid)", "sites", name, "site-profile", f"{path}: {first}", "fix the profile"))
             continue
         assert isinstance(cluster, ClusterConf)
         cluster = replace(cluster, name=name)  # the site's name is the list's (each job's gate, the ledgers)

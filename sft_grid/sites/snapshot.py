@@ -3,7 +3,7 @@
 A Slurm job used to import the `sft_grid` of the live checkout it was submitted from, so a `git pull` or an edit
 while its cells waited in the queue changed the code they ran. Now a launch that queues Slurm jobs:
 
-- is refused before anything is written when the paths that decide cells (`DECIDING`: conf/, sweeps/, the package,
+- is refused before anything is written when the paths that decide cells (`DECIDING`: the package with its configs,
   the Hydra plugin, pyproject.toml) have uncommitted or untracked changes, naming the files; `ship_dirty=true` (or
   `SFT_GRID_SHIP_DIRTY=1`) ships them instead, and each cell's ledger records which files and a hash of them;
 - extracts that commit (`git archive`, the changes shipped on top) once into the site's store,
@@ -47,7 +47,7 @@ from sft_grid.sites.transport import LOCAL, Transport
 log = logging.getLogger(__name__)
 
 # the paths of a checkout that decide what a cell is and what its job runs
-DECIDING = ("conf", "sweeps", "sft_grid", "hydra_plugins", "pyproject.toml")
+DECIDING = ("sft_grid", "hydra_plugins", "pyproject.toml")  # the shipped configs are in the package
 STORE_DIR = ".code"  # under the runs root
 MARKER = ".sft_grid_snapshot.json"  # written last into a snapshot: its commit and shipped files
 SHIP_ENV = "SFT_GRID_SHIP_DIRTY"

@@ -53,10 +53,10 @@ from sft_grid.core.layout import (
     progress,
     tail_lines,
 )
+from sft_grid.core.overrides import rerun_words
 
 WATCHDOG_FILE = "watchdog.json"  # written by the loss watchdog into the trainer's output directory
 TAIL_BYTES = 65536
-RERUN_PREFIX = "# Rerun this cell: "
 REQUEUE_NOTE = "requeue: "  # the note of a submission the failure policy made (not a new run of the cell)
 
 
@@ -128,14 +128,11 @@ def rerun_argv(cell_dir: Path) -> tuple[str, ...]:
     """The cell's own rerun command (cell.yaml's header says it), asking for the rerun of a failed cell."""
     try:
         with (cell_dir / CELL_FILE).open() as fh:
-            for line in fh:
-                if line.startswith(RERUN_PREFIX):
-                    return (*shlex.split(line[len(RERUN_PREFIX) :]), "rerun_failed=true")
-                if not line.startswith("#"):
-                    break
-    except OSError:
-        pass
-    return ()
+            head = "".join(line for _, line in zip(range(6), fh, strict=False))
+    except (OSError, UnicodeDecodeError):
+        return ()
+    words = rerun_words(head)
+    return (*words, "rerun_failed=true") if words else ()
 
 
 def policy_of(config: dict[str, Any]) -> Policy:

@@ -24,6 +24,7 @@ from hydra.core.override_parser.types import Glob
 
 from sft_grid.cli import cmd_stage
 from sft_grid.cli import main as cli
+from sft_grid.core import project
 from sft_grid.core.paths import PACKAGE_CONF, REPO_ROOT
 from sft_grid.planning import resolvers
 from sft_grid.planning.cells import plan_cell
@@ -128,7 +129,9 @@ def _with_sweep_axes(overrides: list[str]) -> list[str]:
     named = [str(ov.value()) for ov in parsed if ov.key_or_group == "sweep"]
     if not named:
         return overrides
-    sweep = yaml.safe_load((PACKAGE_CONF / "sweep" / f"{named[-1]}.yaml").read_text()) or {}
+    found = project.find_option("sweep", named[-1])
+    assert found is not None, f"no sweep {named[-1]}"
+    sweep = yaml.safe_load(found.read_text()) or {}
     axes = ((sweep.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     given = {ov.key_or_group for ov in parsed}
     return [*overrides, *(f"{k}={v}" for k, v in axes.items() if k not in given)]
@@ -202,8 +205,20 @@ def site_variables(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setenv(name, f"dummy-{name.lower()}")
 
 
+@pytest.fixture
+def a_team_repository(tmp_path, monkeypatch):
+    """A repository as `sft-grid init` lays it out, its config folder searched first ($SFT_GRID_CONF): the commands
+    of docs/your-repository.md run in one (its example sweep is not shipped)."""
+    from sft_grid.cli import cmd_init
+
+    for path, text in cmd_init.plan(tmp_path / "team").items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.setenv(project.CONF_ENV, str(tmp_path / "team" / "conf"))
+
+
 @pytest.mark.parametrize("command", CHECKED, ids=str)
-def test_every_documented_command_parses(command, hydra_loader, site_variables, tmp_path):
+def test_every_documented_command_parses(command, a_team_repository, hydra_loader, site_variables, tmp_path):
     argv = list(command.argv)
     if argv[0] == "make":
         unknown = [t for t in argv[1:] if not t.startswith("-") and "=" not in t and t not in makefile_targets()]

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from sft_grid.backends import BACKENDS
-from sft_grid.core.paths import PACKAGE_CONF, REPO_ROOT
+from sft_grid.core.paths import PACKAGE_CONF
 from sft_grid.planning import resolvers
 from sft_grid.planning.cells import plan_cell
 from sft_grid.planning.validate import validate

@@ -636,7 +636,8 @@ def _config_dirs_to_env(argv: list[str]) -> list[str]:
     try:
         project.find()
     except project.ProjectError as exc:
-        raise SystemExit(f"sft-grid run: {exc}") from None
+        print(f"sft-grid run: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     return rest
 
 

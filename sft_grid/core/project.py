@@ -78,28 +78,38 @@ def _upwards(start: Path) -> Iterator[Path]:
             return
 
 
-_FOUND: dict[Path, Project | None] = {}
+_FOUND: dict[tuple[Path, str], Project | None] = {}
+
+
+def _env_dirs() -> list[Path]:
+    return [Path(p).expanduser().resolve() for p in os.environ.get(CONF_ENV, "").split(os.pathsep) if p.strip()]
+
+
+def _search(start: Path) -> Project | None:
+    for here in _upwards(start):
+        if (here / PROJECT_FILE).is_file():
+            return _from_file(here / PROJECT_FILE)
+        if _is_conf(here / "conf") and (here / "conf").resolve() != PACKAGE_CONF:
+            return Project(root=here, conf=(here / "conf").resolve())
+    return None
 
 
 def find(start: Path | None = None) -> Project | None:
-    """The project the working directory (or `start`) is in, or None outside one."""
+    """The project the working directory (or `start`) is in; outside one, the project $SFT_GRID_CONF's first folder
+    is in (so a cell's rerun line, which names its folders, lands in the same runs folder from anywhere); else None."""
     start = (start or Path.cwd()).resolve()
-    if start not in _FOUND:
-        found = None
-        for here in _upwards(start):
-            if (here / PROJECT_FILE).is_file():
-                found = _from_file(here / PROJECT_FILE)
-                break
-            if _is_conf(here / "conf") and (here / "conf").resolve() != PACKAGE_CONF:
-                found = Project(root=here, conf=(here / "conf").resolve())
-                break
-        _FOUND[start] = found
-    return _FOUND[start]
+    key = (start, os.environ.get(CONF_ENV, ""))
+    if key not in _FOUND:
+        found = _search(start)
+        if found is None:
+            found = next((p for p in map(_search, _env_dirs()[:1]) if p is not None), None)
+        _FOUND[key] = found
+    return _FOUND[key]
 
 
 def user_dirs(start: Path | None = None) -> list[Path]:
     """The team's config folders, in search order: $SFT_GRID_CONF's, then the project's."""
-    out = [Path(p).expanduser().resolve() for p in os.environ.get(CONF_ENV, "").split(os.pathsep) if p.strip()]
+    out = _env_dirs()
     project = find(start)
     if project is not None and project.conf not in out:
         out.append(project.conf)

@@ -192,6 +192,8 @@ def sites_of(profiles: Mapping[str, ClusterConf]) -> list[remote.Site]:
             )
         host, root = c.remote.host or "", c.remote.root or ""
         found.append(remote.Site(name, host, root, c.remote.python, c.remote.ssh_config, c.runs_root))
+    if found and (own := remote.own_configs_problem("sites")) is not None:
+        problems.append(own)
     if problems:
         raise GridError(problems, "the sites")
     return found

@@ -65,6 +65,27 @@ class Site:
         return Path(self.root) / CODE_DIR
 
 
+def own_configs_problem(key: str) -> Problem | None:
+    """A grid composed with the team's own config folders (sft_grid/core/project.py) cannot go to a remote site yet:
+    the site composes its cells again from a snapshot of sft_grid's checkout, which does not carry those folders, so
+    it would compose other cells. Refused in one line rather than run as something else."""
+    from sft_grid.core import project
+
+    dirs = project.user_dirs()
+    if not dirs:
+        return None
+    return Problem(
+        "(grid)",
+        key,
+        ", ".join(map(str, dirs)),
+        "remote-configs",
+        "a remote site composes the cells from sft_grid's shipped configs only: these config folders would not be"
+        " there, so it would train other cells",
+        "launch the grid on the site itself (its own checkout of this repository, sft_grid installed there), or put"
+        " the options it needs into a checkout of sft_grid that the site runs",
+    )
+
+
 def site_of(cells: Sequence[Any]) -> Site | None:
     """The remote site of a grid's cells; None when they run where the command runs (or this is the site's own
     invocation). Raises GridError when they name several sites or a site without a root."""
@@ -99,6 +120,8 @@ def site_of(cells: Sequence[Any]) -> Site | None:
         sites.setdefault(site, []).append(cell.name)
     if not sites and not problems:
         return None
+    if sites and (own := own_configs_problem("cluster.remote.host")) is not None:
+        problems.append(own)
     local = [c.name for c in cells if not c.spec.cluster.remote.host]
     if len(sites) > 1 or (sites and local):
         first = sorted(sites, key=lambda s: s.name)[0]

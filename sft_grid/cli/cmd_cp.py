@@ -1,0 +1,77 @@
+"""sft-grid cp GROUP/OPTION [NAME]: copy a shipped option into the team's repository to edit (torchtune's `tune cp`).
+
+    sft-grid cp cluster/leonardo              # conf/cluster/leonardo.yaml: the same name, so it wins over the shipped
+    sft-grid cp model/qwen3_8b qwen3_8b_long  # conf/model/qwen3_8b_long.yaml: a new option beside the shipped one
+
+The copy goes to the config folder of the repository the command runs in (sft_grid.yaml's `conf:`, or its
+`conf/`; `--to DIR` names another), and never over a file that is there. A copy under a new name is renamed
+inside too where the file names itself: a model's or a cluster's `name:` (a model's is part of each cell's
+identity), a dataset's key, a sweep's `sweep_name`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from sft_grid.core import project
+from sft_grid.core.paths import PACKAGE_CONF
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "option", metavar="GROUP/OPTION", help="a shipped option, e.g. model/qwen3_8b, cluster/leonardo"
+    )
+    parser.add_argument("name", nargs="?", help="the copy's name (default: the same, which then wins)")
+    parser.add_argument("--to", metavar="DIR", help="the config folder to copy into (default: the repository's)")
+
+
+def renamed(text: str, group: str, old: str, new: str) -> str:
+    """The option's text under its new name: a model's `name:`, a dataset's top-level key."""
+    if old == new:
+        return text
+    if group in ("model", "cluster"):
+        return re.sub(rf"^name:\s*{re.escape(old)}\s*$", f"name: {new}", text, count=1, flags=re.M)
+    if group == "dataset":
+        return re.sub(rf"^{re.escape(old)}:", f"{new}:", text, count=1, flags=re.M)
+    if group == "sweep":
+        return re.sub(rf"^sweep_name:\s*{re.escape(old)}\s*$", f"sweep_name: {new}", text, count=1, flags=re.M)
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    group, _, option = args.option.strip("/").partition("/")
+    shipped = sorted(p.name for p in PACKAGE_CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
+    if group not in shipped or not option:
+        print(f"sft-grid cp: {args.option!r} is not GROUP/OPTION; the groups: {', '.join(shipped)}")
+        return 2
+    source = PACKAGE_CONF / group / f"{option}.yaml"
+    if not source.is_file():
+        names = sorted(p.stem for p in (PACKAGE_CONF / group).glob("*.yaml"))
+        print(f"sft-grid cp: no shipped option {group}/{option}; the shipped {group} options: {', '.join(names)}")
+        return 2
+    name = args.name or option
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        print(f"sft-grid cp: {name!r} is not an option name (letters, digits, _ . -)")
+        return 2
+    if args.to:
+        conf = Path(args.to).expanduser().resolve()
+    else:
+        found = project.find()
+        if found is None:
+            print(
+                "sft-grid cp: not in an experiment repository (no sft_grid.yaml or conf/ here or above);"
+                " run sft-grid init first, or give --to DIR"
+            )
+            return 2
+        conf = found.conf
+    target = conf / group / f"{name}.yaml"
+    if target.exists():
+        print(f"sft-grid cp: {target} is already there; nothing copied (edit it, or remove it to copy afresh)")
+        return 2
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(renamed(source.read_text(), group, option, name))
+    what = "wins over the shipped one of the same name" if name == option else f"use it as {group}={name}"
+    print(f"copied {group}/{option} to {target} ({what})")
+    return 0

@@ -1,0 +1,101 @@
+"""sft-grid init [DIR]: lay out a team's experiment repository, where its own configs live beside its other work.
+
+    sft-grid init                 # here: sft_grid.yaml, conf/{cluster,model,dataset,sweep}/, .gitignore
+    sft-grid init my-experiments  # a new folder
+
+What it writes, and nothing it finds already there is overwritten:
+
+    sft_grid.yaml          the project file: marks the repository's root, names its config folder (conf: conf)
+    conf/cluster/ model/ dataset/ sweep/    the team's options, searched before the shipped ones
+    conf/sweep/example.yaml                 a first grid: two tiny models, trained for a few steps on this machine
+    .gitignore             runs/ (where the grids' cells go) stays out of git
+
+`sft-grid cp <group>/<option>` then copies a shipped option in to edit (docs/your-repository.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sft_grid.core.project import GROUPS, PROJECT_FILE
+
+PROJECT_TEXT = """\
+# sft_grid's project file: this folder is an experiment repository. sft-grid, run anywhere under it, searches
+# conf/ (below) before the configs sft_grid ships, and puts the grids' cells under runs/ here.
+conf: conf
+"""
+EXAMPLE_SWEEP = """\
+# @package _global_
+# example: a first grid of this repository - two tiny models (built locally by `sft-grid assets build`) x two
+# learning rates, a few steps each on this machine's CPU with LLaMA-Factory.
+#   sft-grid run -m +sweep=example dry_run=true     # what it would run: the check table, the plan
+#   sft-grid run -m +sweep=example                  # train it (sft-grid venv build llamafactory; assets build)
+# Copy a shipped model, dataset or cluster in to edit it (sft-grid cp model/qwen3_8b) and name it here.
+defaults:
+  - override /cluster: local
+  - override /model: tiny_llama
+  - override /dataset: tiny_messages
+sweep_name: example
+max_steps: 4
+global_batch_size: 4
+micro_batch_size: 2
+cutoff_len: 256
+save_total_limit: 1
+hydra:
+  sweeper:
+    params:
+      model: tiny_llama,tiny_qwen3
+      lr: 1e-3,5e-4
+"""
+IGNORED = ["runs/"]
+# the groups a team usually keeps (backend, eval and harness are sft_grid's own; cp copies them in when wanted)
+LAID_OUT = ("cluster", "model", "dataset", "sweep")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", nargs="?", default=".", help="the repository's folder (default: here)")
+
+
+def plan(root: Path) -> dict[Path, str]:
+    """path -> text of what init writes (files that exist are kept, never overwritten)."""
+    out = {root / PROJECT_FILE: PROJECT_TEXT, root / "conf" / "sweep" / "example.yaml": EXAMPLE_SWEEP}
+    for group in LAID_OUT:
+        if group != "sweep":
+            out[root / "conf" / group / ".gitkeep"] = ""
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    assert set(LAID_OUT) <= set(GROUPS)
+    root = Path(args.dir).expanduser().resolve()
+    if root.exists() and not root.is_dir():
+        print(f"sft-grid init: {root} is a file, not a folder; name a folder", flush=True)
+        return 2
+    if (root / PROJECT_FILE).is_file():
+        print(f"sft-grid init: {root} is already an experiment repository ({PROJECT_FILE}); nothing written")
+        return 0
+    written, kept = [], []
+    for path, text in plan(root).items():
+        if path.exists():
+            kept.append(path)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    ignore = root / ".gitignore"
+    lines = ignore.read_text().splitlines() if ignore.is_file() else []
+    missing = [p for p in IGNORED if p not in lines and p.rstrip("/") not in lines and "/" + p not in lines]
+    if missing:
+        ignore.write_text("".join(f"{line}\n" for line in [*lines, *missing]))
+        written.append(ignore)
+    print(f"experiment repository at {root}:")
+    for path in written:
+        print(f"  wrote {path.relative_to(root)}")
+    for path in kept:
+        print(f"  kept  {path.relative_to(root)} (already there)")
+    print("next:")
+    print("  sft-grid run -m +sweep=example dry_run=true    # the example grid, rendered and checked, nothing run")
+    print("  sft-grid cp model/qwen3_8b                     # a shipped option, copied in to edit")
+    print("  sft-grid run --help                            # the options, yours and the shipped ones")
+    return 0

@@ -346,3 +346,42 @@ def test_the_adaptive_loop_trains_real_cells_with_llamafactory_on_slurm(tmp_path
         assert "the budget is spent" in outputs[-1]
     finally:
         cancel_jobs_of(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("steering", "refused"),
+    [
+        (["lr=1e-4,2e-4,4e-4,8e-4", "+prune={rungs: [10, 30], keep: 0.5}"], "time=99:00:00"),
+        (["lr=1e-4,2e-4,4e-4,8e-4", "+prune={rungs: [10, 30], keep: 0.5}"], "micro_batch_size=0"),
+        (["+sweep=synthetic_delphi", "+adaptive.at=9714698752", "+adaptive.budget_cells=8"], "time=99:00:00"),
+        (["+sweep=synthetic_delphi", "+adaptive.at=9714698752", "+adaptive.budget_cells=8"], "micro_batch_size=0"),
+    ],
+)
+def test_a_steered_grid_that_validation_refuses_leaves_no_file_of_its_decision(tmp_path, steering, refused):
+    """The decision (a rung's record, leg files, an adaptive round) is written by the flow after every rule has
+    passed: a refused grid leaves nothing, not even the sweep's directory."""
+    base = [] if "+sweep=synthetic_delphi" in steering else ["backend=synthetic", "max_steps=90", "save_steps=1000"]
+    proc = run_sft("-m", *base, *steering, "cluster.max_time=24:00:00", refused, f"runs_root={tmp_path}")
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert refused.split("=")[0] in proc.stdout + proc.stderr
+    assert not any(tmp_path.iterdir()), sorted(str(p) for p in tmp_path.rglob("*"))
+
+
+def test_a_dry_run_prints_the_steering_decision_and_writes_no_record_of_it(tmp_path):
+    from sft_grid.adaptive.halving import RECORD_FILE
+
+    proc = run_sft(
+        "-m",
+        "backend=synthetic",
+        "max_steps=90",
+        "save_steps=1000",
+        "lr=1e-4,2e-4,4e-4,8e-4",
+        "+prune={rungs: [10, 30], keep: 0.5}",
+        "dry_run=true",
+        f"runs_root={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "prune: 1 bracket(s), rungs at steps [10, 30]" in proc.stdout
+    assert proc.stdout.count("trains to step 10") == 4
+    assert not (tmp_path / "default" / RECORD_FILE).exists()
+    assert not list(tmp_path.rglob("leg.json"))

@@ -13,16 +13,20 @@ a job: the files on the shared filesystem are the only channel, so it works on o
 
 Kill-safety: decisions are recorded (fsynced) before anything acts on them and never recomputed (halving.py); a
 leg file is written before its cell is queued, and rewriting it is idempotent; a `pruned` event is written once.
+Nothing is written here: the writes are returned (effects.py) and the grid flow applies them under the grid lock
+once every rule has passed, never in a dry run, which prints the decision instead.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sft_grid.adaptive import halving
+from sft_grid.adaptive.effects import Effects
 from sft_grid.adaptive.spec import PruneSpec, parse_prune
 from sft_grid.backends import BACKENDS
 from sft_grid.backends.base import LEG_FILE
@@ -116,12 +120,14 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
     return out
 
 
-def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
-    """The cells this invocation passes to the grid, and what to tell the user. A grid without a `prune:` block
-    is passed on whole."""
+def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Effects]:
+    """The cells this invocation passes to the grid, what to tell the user (each rung's decision, the step each
+    cell trains to), and what the decision writes, for the flow to apply once the grid has passed every rule. A
+    grid without a `prune:` block is passed on whole."""
+    effects = Effects("prune")
     blocks = {json.dumps(c.config.get("prune") or {}, sort_keys=True, default=str) for c in composed}
     if blocks == {"{}"} or not composed:
-        return list(composed), []
+        return list(composed), [], effects
     cells = [plan_cell(c.overrides, c.config) for c in composed]
     totals = {total_steps(c) for c in cells}
     spec, problems = parse_prune(composed[0].config.get("prune"), min(totals) if len(totals) == 1 else None)
@@ -136,6 +142,7 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
     assert spec is not None
     dirs = cell_dirs(cells)
     by_name = dict(zip((c.name for c in cells), dirs, strict=True))
+    cells_by = {c.name: c for c in cells}
     brackets: dict[str, list[str]] = {}
     for cell, c in zip(cells, composed, strict=True):
         label = ",".join(f"{k}={_value(c.config, k)}" for k in spec.by) or "all"
@@ -152,7 +159,6 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
         return halving.logged_loss(by_name[name], step) if at_least(name, step) else None
 
     sweep_dir = cells[0].sweep_dir
-    dry = any(c.spec.dry_run for c in cells)
     plan = halving.plan(
         brackets, rungs, evidence, halving.read_record(sweep_dir), spec.keep, at_least, spec.guard, spec.metric
     )
@@ -161,35 +167,34 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
     ]
     for d in plan.new:
         lines.append(f"  rung {d.rung + 1} of {d.bracket}: kept {', '.join(d.kept)}; pruned {', '.join(d.pruned)}")
-        if not dry:
-            halving.write_decision(sweep_dir, d)
+        effects.add(functools.partial(halving.write_decision, sweep_dir, d))
     run: set[str] = set()
     pruned: set[str] = set()
     for a in plan.actions:
         st = states[a.cell]
         if a.kind == "prune":
             pruned.add(a.cell)
-            if not dry and (st is None or st.state is not State.PRUNED):
-                events.append(by_name[a.cell], Event.here(Kind.PRUNED, reason=a.why, step=a.step))
+            if st is None or st.state is not State.PRUNED:
+                event = Event.here(Kind.PRUNED, reason=a.why, step=a.step)
+                effects.add(functools.partial(events.append, by_name[a.cell], event))
             continue
         if st is not None and (st.state.in_flight or st.state is State.COMPLETED):
             continue  # in flight: waiting for it; completed: nothing left (the grid skips it)
         # a probe: at its rung without its evidence (a leg cut after its checkpoint): the same leg again, which
         # resumes at the rung and only probes
-        _write_leg(by_name[a.cell], a.step, spec, dry)
+        effects.add(functools.partial(_write_leg, by_name[a.cell], a.step, spec))
+        lines.append(f"  {a.cell} trains to step {a.step if a.step is not None else total_steps(cells_by[a.cell])}")
         run.add(a.cell)
     # the grid also gets the cells it only reports (in flight, completed, pruned: it skips them, saying why); a cell
     # waiting at its rung for its bracket is left out, so that nothing queues it
     shown = {n for n, st in states.items() if st is not None and (st.state.in_flight or st.state is not State.PLANNED)}
     held = sorted(n for n in by_name if n not in run | shown | pruned and states[n] is not None)
     lines.append(f"  {len(run)} cell(s) train a leg now" + (f"; {len(held)} wait at their rung" if held else ""))
-    return [c for c, cell in zip(composed, cells, strict=True) if cell.name in run | shown], lines
+    return [c for c, cell in zip(composed, cells, strict=True) if cell.name in run | shown], lines, effects
 
 
-def _write_leg(cell_dir: Path, step: int | None, spec: PruneSpec, dry: bool) -> None:
+def _write_leg(cell_dir: Path, step: int | None, spec: PruneSpec) -> None:
     """leg.json for the cell's next job (written before it is queued); the last leg trains to the end: none."""
-    if dry:
-        return
     path = cell_dir / LEG_FILE
     if step is None:
         path.unlink(missing_ok=True)

@@ -7,7 +7,8 @@ chosen now; the grid skips the first two as always, so only the new choice is qu
 continues the loop; it ends at the budget or once the band is narrower than `stop_halfwidth`.
 
 A round is appended to `<sweep dir>/.sft_grid_adaptive.jsonl` (what was observed, the forecasts and their bands,
-the choice and why) before the grid queues it. An invocation that finds its round already recorded (the same
+the choice and why) before the grid queues it: by the grid flow, under the grid lock, once every rule has passed
+(effects.py), never in a dry run. An invocation that finds its round already recorded (the same
 cells observed: the orchestrator was killed after recording, before or while queueing) replays that round's choice
 instead of choosing again. `<sweep dir>/adaptive.json` holds the latest round and each holdout's forecast beside
 its realised value, for the report.
@@ -15,6 +16,7 @@ its realised value, for the report.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.adaptive.design import Candidate, Round, choose
+from sft_grid.adaptive.effects import Effects
 from sft_grid.adaptive.spec import AdaptiveSpec, parse_adaptive
 from sft_grid.analysis.report_data import ADAPTIVE_FILE
 from sft_grid.analysis.table import final_loss, final_losses
@@ -79,12 +82,14 @@ def _append(sweep_dir: Path, record: Mapping[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
-def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
-    """The cells this invocation passes to the grid, and what to tell the user (the round: forecasts, choice, why).
-    A grid without an `adaptive:` block is passed on whole."""
+def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Effects]:
+    """The cells this invocation passes to the grid, what to tell the user (the round: forecasts, choice, why), and
+    what the round writes, for the flow to apply once the grid has passed every rule. A grid without an `adaptive:`
+    block is passed on whole."""
+    effects = Effects("adaptive")
     blocks = {json.dumps(c.config.get("adaptive") or {}, sort_keys=True, default=str) for c in composed}
     if blocks == {"{}"} or not composed:
-        return list(composed), []
+        return list(composed), [], effects
     first = composed[0]
     if len(blocks) > 1:
         raise GridError(
@@ -123,7 +128,6 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
             in_flight.append(cell.name)
     sweep_dir = cells[0].sweep_dir
     fitted = sorted(n for n in observed if not next(c for c in pool if c.name == n).holdout)
-    dry = any(c.spec.dry_run for c in cells)
     rounds = read_rounds(sweep_dir)
     replay = next((r for r in reversed(rounds) if r.get("observed") == fitted), None)
     if replay is not None:
@@ -139,17 +143,16 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str]]:
         lines = [f"adaptive: round {len(rounds) + 1}, {len(fitted)} cells fitted, cost in {unit}"]
         lines += [_forecast_line(f) for f in result.forecasts]
         lines.append(f"  the question's band half width: {result.halfwidth:.4g}; spent {result.spent:.4g}")
-        if not dry:
-            record = {"round": len(rounds) + 1, "observed": fitted, "in_flight": sorted(in_flight), "unit": unit}
-            _append(sweep_dir, {**record, **_round_json(result)})
+        record = {"round": len(rounds) + 1, "observed": fitted, "in_flight": sorted(in_flight), "unit": unit}
+        effects.add(functools.partial(_append, sweep_dir, {**record, **_round_json(result)}))
     lines += [f"  next: {w}" for w in why]
     if stop:
         lines.append(f"  stop: {stop}")
     holdouts = [c.name for c in pool if c.holdout]
     keep = set(observed) | set(in_flight) | set(chosen) | set(holdouts)
-    if not dry and result is not None:
-        _summary(sweep_dir, spec, result, pool, observed)
-    return [c for c, cell in zip(composed, cells, strict=True) if cell.name in keep], lines
+    if result is not None:
+        effects.add(functools.partial(_summary, sweep_dir, spec, result, pool, observed))
+    return [c for c, cell in zip(composed, cells, strict=True) if cell.name in keep], lines, effects
 
 
 def _recipe_key(c: Composed) -> str:

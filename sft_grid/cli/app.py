@@ -258,19 +258,25 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
     from sft_grid.stages.staging import StagingStopped, TimeLimitTooShort
 
     try:
-        # issue 26 hook (sft_grid/adaptive/steer.py, prune.py): a sweep with an `adaptive:` block runs only the cells
-        # its fit chooses this round, one with a `prune:` block only the legs of the cells its rungs keep (a grid
-        # with neither passes whole); move onto the observe step of the restructured flow
+        # a sweep with an `adaptive:` block runs only the cells its fit chooses this round, one with a `prune:` block
+        # only the legs of the cells its rungs keep (a grid with neither passes whole): decided here from the cells'
+        # files, written by the flow once the grid has passed every rule (adaptive/effects.py)
         from sft_grid.adaptive import prune, steer
 
-        composed, steering = steer.select(composed)
-        composed, pruning = prune.select(composed)
+        composed, steering, steer_writes = steer.select(composed)
+        composed, pruning, prune_writes = prune.select(composed)
         for line in (*steering, *pruning):
             out(line)
         from sft_grid.sites.coordinate import ONLY_ENV
 
         only = os.environ.get(ONLY_ENV)  # a site's share of a grid across remote sites
-        result = flow.run(composed, errors, Show(), only=None if only is None else set(filter(None, only.split(","))))
+        result = flow.run(
+            composed,
+            errors,
+            Show(),
+            only=None if only is None else set(filter(None, only.split(","))),
+            steering=(steer_writes, prune_writes),
+        )
     except GridError as exc:
         live.end()
         _fail(exc)

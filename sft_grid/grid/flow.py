@@ -34,7 +34,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from sft_grid.backends import BACKENDS, extra
 from sft_grid.checks.examples import Examples, first_examples
@@ -252,19 +252,31 @@ class GridResult:
         return [d.cell.name for d in self.decisions if d.dir in failed and d.action is Action.RUN]
 
 
+class Steering(Protocol):
+    """What a steering decision writes (adaptive/effects.py: a rung's record, `pruned` events, leg files, an adaptive
+    round), applied here under the grid lock once every rule has passed, never in a dry run."""
+
+    def apply(self) -> None: ...
+
+
 def run(
     composed: Sequence[Composed],
     errors: Sequence[CompositionError],
     observer: Observer | None = None,
     only: Collection[str] | None = None,
+    steering: Sequence[Steering] = (),
 ) -> GridResult:
     """The grid: check, observe, plan, execute. `only`: the names of the cells this invocation may act on (a site's
-    share of a grid across remote sites, sites/coordinate.py); None: every cell."""
+    share of a grid across remote sites, sites/coordinate.py); None: every cell. `steering`: the writes of the
+    decisions that chose `composed` (a pruned or adaptive grid), applied after the check, under the lock."""
     observer = observer or Observer()
     inputs = check(composed, errors, observer, only)
     if any(c.spec.stage_only or c.spec.check_only for c in inputs.cells):
         return GridResult(grid=GridPlan(cells=inputs.cells, dry_run=inputs.dry_run, staging=inputs.staging))
     with hold_all([d / LOCK_FILE for d in sorted({c.sweep_dir for c in inputs.cells})]):
+        if not inputs.dry_run:
+            for decision in steering:
+                decision.apply()
         grid = plan(inputs, observe(inputs))
         try:
             executed = execute(grid, observer)

@@ -1,0 +1,28 @@
+"""What a steering decision writes, held until the grid flow applies it.
+
+A pruned or adaptive grid's invocation decides from the cells' files (halving.py, design.py) before the grid is
+checked, and passes on only the cells that train now. What the decision writes (the rung's record, `pruned` events,
+leg files, the adaptive round and its summary) is not written then: the flow applies it under the grid lock, after
+every rule has passed, and never in a dry run (grid/flow.py), so a grid that validation refuses leaves no file of
+it, and the dry run prints the decision without recording it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Effects:
+    """The writes of one steering decision, in the order they must happen (a record before what acts on it)."""
+
+    what: str  # "prune" or "adaptive", for the flow's messages
+    writes: list[Callable[[], object]] = field(default_factory=list)
+
+    def add(self, write: Callable[[], object]) -> None:
+        self.writes.append(write)
+
+    def apply(self) -> None:
+        for write in self.writes:
+            write()

@@ -166,3 +166,31 @@ def test_a_grid_of_the_teams_configs_is_not_sent_to_a_remote_site(tmp_path):
     assert proc.returncode != 0
     assert "remote-configs" in proc.stdout + proc.stderr and str(root / "conf") in proc.stdout + proc.stderr
     assert not (root / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "steering",
+    [["+prune={rungs: [10], keep: 0.5}"], ["+adaptive.at=1e9", "+adaptive.budget_cells=2"]],
+)
+def test_a_steered_grid_across_remote_sites_is_refused_in_one_line(tmp_path, steering):
+    root = repo(tmp_path, "conf/model/ours.yaml")
+    (root / "conf" / "cluster").mkdir()
+    for name in ("ra", "rb"):
+        text = (PACKAGE_CONF / "cluster" / "slurm_local.yaml").read_text().replace("name: slurm_local", f"name: {name}")
+        text = text.replace("runs_root: ${oc.env:SFT_GRID_RUNS,runs}", "runs_root: /srv/runs")
+        (root / "conf" / "cluster" / f"{name}.yaml").write_text(text + f"remote:\n  host: {name}\n  root: /srv/sft\n")
+    proc = run_sft(
+        "-m",
+        "backend=synthetic",
+        "max_steps=90",
+        "save_steps=1000",
+        "lr=1e-4,2e-4",
+        "sites=[ra,rb]",
+        *steering,
+        "dry_run=true",
+        cwd=root,
+    )
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "steer-remote" in said, said
+    assert "each site would decide from its share alone" in said
+    assert not (root / "runs").exists()

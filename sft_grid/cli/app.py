@@ -106,6 +106,20 @@ def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
     try:
         cells, problems = flow.plan_cells(composed, errors)
         problems += placement.static_problems(cells, profiles)
+        steered = sorted({k for c in composed for k in ("prune", "adaptive") if c.config.get(k)})
+        if steered:  # each site would decide its rungs or its next cells from its own cells' files alone
+            problems.append(
+                Problem(
+                    "(grid)",
+                    steered[0],
+                    ", ".join(sorted(profiles)),
+                    "steer-remote",
+                    f"a {steered[0]}: grid decides from every cell's files, and a grid across remote sites keeps each"
+                    " cell's files on its own site, so each site would decide from its share alone",
+                    "steer the grid on one site (one cluster, local or remote: its own invocation decides), or drop"
+                    " sites=[...] for it",
+                )
+            )
         if problems:
             raise GridError(problems)
         status = coordinate.launch(cells, profiles, sys.argv[1:], Path(default_runs_root()))

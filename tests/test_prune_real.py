@@ -30,12 +30,13 @@ CELL = [
     "save_steps=1000",
 ]
 # per backend: its cell, and the learning rates of the bracket; the last one survives (at 4 steps of a tiny Llama,
-# the highest rate has the lowest loss), and its unbroken run trains beside the first legs. axolotl's bracket is that
-# one cell (each axolotl process costs about 27 s of imports on 2 cores; the pruning itself is the same code for
-# every backend, checked on LLaMA-Factory's three): its legs, its resume and its log are axolotl's own
+# the highest rate has the lowest loss), and its unbroken run trains beside the first legs. axolotl's bracket is two
+# cells, the fewest a bracket compares (each axolotl process costs about 27 s of imports on 2 cores; the pruning
+# itself is the same code for every backend, checked on LLaMA-Factory's three): its legs, its resume and its log are
+# axolotl's own
 BACKENDS = {
     "llamafactory": ([*CELL, "cutoff_len=256"], "1e-5,1e-4,1e-3"),
-    "axolotl": ([*CELL, "backend=axolotl", "cutoff_len=128"], "1e-3"),
+    "axolotl": ([*CELL, "backend=axolotl", "cutoff_len=128"], "1e-5,1e-3"),
 }
 RUNG = "+prune={rungs: [4], keep: 0.3, guard: position}"
 

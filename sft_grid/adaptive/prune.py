@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,69 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
     return out
 
 
+def _grid_problems(
+    spec: PruneSpec, cells: Sequence[Cell], composed: Sequence[Composed], brackets: Mapping[str, Sequence[str]]
+) -> list[Problem]:
+    """What makes a pruned grid unable to work, seen over its cells: a grouping key that names nothing, rungs past
+    a cell's end, brackets with nothing to compare, brackets that mix model sizes."""
+    out = [
+        Problem(
+            "(grid)",
+            "prune.by",
+            key,
+            "prune-block",
+            f"{key!r} names no key of the cells: every cell would fall in one bracket",
+            "name a key the cells set, as the sweep's axes write it (e.g. model.name, lr, vars.recipe)",
+        )
+        for key in spec.by
+        if all(_value(c.config, key) is None for c in composed)
+    ]
+    for cell in cells:
+        last = total_steps(cell)
+        rungs = spec.rung_steps(_tokens_per_step(cell))
+        if last and rungs and rungs[-1] >= last:
+            unit = "tokens" if spec.unit == "tokens" else "steps"
+            out.append(
+                Problem(
+                    cell.name,
+                    "prune.rungs",
+                    list(spec.rungs),
+                    "prune-block",
+                    f"the last rung ({spec.rungs[-1]:g} {unit}, step {rungs[-1]}) is not before this cell's last step"
+                    f" ({last}): the cell would never be compared there",
+                    f"rungs before every cell's end (the shortest cell ends at step"
+                    f" {min(total_steps(c) for c in cells)}), or cells of one length",
+                )
+            )
+    if all(len(names) < 2 for names in brackets.values()):
+        out.append(
+            Problem(
+                "(grid)",
+                "prune",
+                f"{len(cells)} cell(s) in {len(brackets)} bracket(s)",
+                "prune-block",
+                "no bracket has two cells: pruning compares the cells of a bracket, so it would prune nothing",
+                "sweep the values a bracket compares (e.g. lr=1e-5,2e-5,4e-5), or drop prune:",
+            )
+        )
+    by_name = {c.name: c for c in cells}
+    for label, names in brackets.items():
+        sizes = sorted({by_name[n].spec.model.name for n in names})
+        if len(sizes) > 1:
+            out.append(
+                Problem(
+                    "(grid)",
+                    "prune.by",
+                    list(spec.by),
+                    "prune-block",
+                    f"bracket {label} mixes models ({', '.join(sizes)}): the smaller would be pruned for being small,"
+                    " not for its learning rate",
+                    "group by the model: prune.by=[model.name" + "".join(f",{b}" for b in spec.by) + "]",
+                )
+            )
+    return out
+
+
 def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Effects]:
     """The cells this invocation passes to the grid, what to tell the user (each rung's decision, the step each
     cell trains to), and what the decision writes, for the flow to apply once the grid has passed every rule. A
@@ -140,13 +203,16 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     if problems:
         raise GridError(problems)
     assert spec is not None
-    dirs = cell_dirs(cells)
-    by_name = dict(zip((c.name for c in cells), dirs, strict=True))
-    cells_by = {c.name: c for c in cells}
     brackets: dict[str, list[str]] = {}
     for cell, c in zip(cells, composed, strict=True):
         label = ",".join(f"{k}={_value(c.config, k)}" for k in spec.by) or "all"
         brackets.setdefault(label, []).append(cell.name)
+    problems = _grid_problems(spec, cells, composed, brackets)
+    if problems:
+        raise GridError(problems)
+    dirs = cell_dirs(cells)
+    by_name = dict(zip((c.name for c in cells), dirs, strict=True))
+    cells_by = {c.name: c for c in cells}
     rungs = spec.rung_steps(_tokens_per_step(cells[0]))
     states = {n: (state_of(d) if (d / LEDGER_FILE).is_file() else None) for n, d in by_name.items()}
 

@@ -110,6 +110,9 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     if problems:
         raise GridError(problems)
     assert spec is not None
+    problems = _grid_problems(spec, cells, composed)
+    if problems:
+        raise GridError(problems)
     dirs = cell_dirs(cells)
     hours, unit = _gpu_hours(cells)
     pool, observed, in_flight = [], {}, []
@@ -153,6 +156,83 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     if result is not None:
         effects.add(functools.partial(_summary, sweep_dir, spec, result, pool, observed))
     return [c for c, cell in zip(composed, cells, strict=True) if cell.name in keep], lines, effects
+
+
+# the fewest sizes a recipe's fit needs: the law E + A N^-alpha has three parameters, and a band needs a point more
+MIN_SIZES = 4
+
+
+def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence[Composed]) -> list[Problem]:
+    """What makes an adaptive grid unable to answer, seen over its cells: a recipe key or holdout that names
+    nothing, a recipe with too few sizes to fit, cells of one recipe and size that differ in something else (a swept
+    learning rate inside one fit)."""
+    out = []
+    if all(_value(c.config, spec.recipe_key) is None for c in composed):
+        out.append(
+            Problem(
+                "(grid)",
+                "adaptive.recipe_key",
+                spec.recipe_key,
+                "adaptive-block",
+                f"{spec.recipe_key!r} names no key of the cells: every cell would be one recipe",
+                "name the key whose value is a cell's recipe (e.g. vars.recipe, dataset), or set vars.recipe per cell",
+            )
+        )
+    models = {c.spec.model.name for c in cells}
+    unknown = [h for h in spec.holdout if h not in models]
+    if unknown:
+        out.append(
+            Problem(
+                "(grid)",
+                "adaptive.holdout",
+                list(spec.holdout),
+                "adaptive-block",
+                f"{', '.join(unknown)} names no model of the grid: a holdout is a model name (model.name)",
+                f"one of {', '.join(sorted(models))}",
+            )
+        )
+    groups: dict[tuple[str, str], list[Cell]] = {}
+    for cell, c in zip(cells, composed, strict=True):
+        groups.setdefault((str(_value(c.config, spec.recipe_key) or ""), cell.spec.model.name), []).append(cell)
+    for recipe in sorted({r for r, _ in groups}):
+        sizes = {m for r, m in groups if r == recipe and m not in spec.holdout}
+        if len(sizes) < MIN_SIZES:
+            out.append(
+                Problem(
+                    "(grid)",
+                    "adaptive",
+                    f"recipe {recipe or '(one recipe)'}: {len(sizes)} size(s)",
+                    "adaptive-block",
+                    f"a recipe's fit needs at least {MIN_SIZES} model sizes besides the holdouts (the law has three"
+                    " parameters, and its band one point more)",
+                    f"sweep at least {MIN_SIZES} sizes per recipe",
+                )
+            )
+    mixed = {key: same for key, same in sorted(groups.items()) if len(same) > 1}
+    if mixed:
+        differ = sorted(
+            {o.split("=", 1)[0].lstrip("+") for same in mixed.values() for c in same for o in c.overrides}
+            - {
+                o.split("=", 1)[0].lstrip("+")
+                for same in mixed.values()
+                for o in set.intersection(*(set(c.overrides) for c in same))
+            }
+        )
+        shown = ", ".join(f"{r or '(one recipe)'} at {m}" for r, m in list(mixed)[:3])
+        out.append(
+            Problem(
+                "(grid)",
+                ", ".join(differ) or "adaptive",
+                f"{len(mixed)} recipe-size pair(s) with several cells ({shown}{', ...' if len(mixed) > 3 else ''})",
+                "adaptive-block",
+                "cells of one recipe and size differ in "
+                + (", ".join(differ) or "something else")
+                + ": one fit would mix them as if they were one curve",
+                "make it part of the recipe (adaptive.recipe_key names a key that tells them apart), or fix it per"
+                " size (e.g. each size's best lr from a pruned sweep)",
+            )
+        )
+    return out
 
 
 def _recipe_key(c: Composed) -> str:

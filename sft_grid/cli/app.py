@@ -396,6 +396,8 @@ def _print_dry_run(result: GridResult) -> None:
     dirs = [d.dir for d in result.decisions]
     color = sys.stdout.isatty()
     out(table(CHECK_HEADERS, check_rows(cells, dirs)))
+    for line in _science_lines(result):
+        out(line)
     out()
     configs = sorted({backend_of(c.spec.backend.name).config_file for c in cells})
     out(
@@ -458,6 +460,24 @@ def _print_dry_run(result: GridResult) -> None:
             out(script)
         _write_previews(folder, previews)
         out(f"\nevery sbatch script of the plan: {relative(folder)}/<job name>.sbatch")
+    _print_unset_variables(cells)
+
+
+def _print_unset_variables(cells: Sequence[Any]) -> None:
+    """What a real run needs that this dry run rendered without: the per-user variables its placeholders stand for."""
+    from sft_grid.planning import resolvers
+
+    unset = [v for v in resolvers.UNSET_IN_DRY_RUN if not os.environ.get(v)]
+    if not unset:
+        return
+    out(
+        f"\nrendered with placeholders for {len(unset)} per-user variable(s) that are not set here"
+        f" ({', '.join(f'<{v}>' for v in unset)}; a runs folder among them: the cells rendered under the local"
+        " runs/). A real run needs:"
+    )
+    out("  export " + " ".join(f"{v}={resolvers.kind_of(v)[1]}" for v in unset))
+    for v in unset:
+        out(f"    {v}: {resolvers.kind_of(v)[0]} ({resolvers.UNSET_IN_DRY_RUN[v] or 'read by the config'})")
 
 
 def _print_costs(result: GridResult) -> None:
@@ -480,6 +500,18 @@ def _write_previews(folder: Path, previews: Sequence[tuple[SlurmJob, str]]) -> N
         (folder / f"{job.name}.sbatch").write_text(script)
 
 
+def _science_lines(result: GridResult) -> list[str]:
+    """Settings that train but not as meant (planning/science.py), each once over the grid."""
+    from sft_grid.planning import science
+
+    estimates = result.costs.estimates if result.costs else {}
+    steps = {
+        c.name: c.spec.max_steps if c.spec.max_steps > 0 else (e.tokens.steps if (e := estimates.get(c.name)) else None)
+        for c in result.cells
+    }
+    return science.lines(result.cells, steps)
+
+
 def _print_launch(result: GridResult) -> None:
     from collections import Counter
 
@@ -492,6 +524,8 @@ def _print_launch(result: GridResult) -> None:
     skipped = Counter(d.why.split(" ", 1)[0].rstrip(":") for d in result.decisions if d.action is not Action.RUN)
     parts = [f"{len(to_run)} to run"] + [f"{n} {what}" for what, n in sorted(skipped.items())]
     out(f"{len(result.cells)} cell(s): " + ", ".join(parts) + ("" if to_run else " - nothing to run."))
+    for line in _science_lines(result) if to_run else ():
+        out(line)
     for d in result.decisions:
         if (
             d.action is not Action.RUN

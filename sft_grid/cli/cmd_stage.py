@@ -40,6 +40,18 @@ def _one(argv: list[str]) -> int:
     from sft_grid.stages.staging import Budget, HubError, TimeLimitTooShort, download
 
     args = repo_parser().parse_args(argv)
+    from sft_grid.core.hubcache import revision_problem
+
+    # the revision rule a grid's models are held to (planning/validate.py), before anything is fetched (the id's
+    # rule is the download's own, below)
+    why = revision_problem(args.revision)
+    if why:
+        print(
+            f"sft-grid stage: --revision {args.revision!r}: {why}; nothing was staged. Fix: a branch or tag name, or"
+            " a 40-character commit sha",
+            file=sys.stderr,
+        )
+        return 1
     budget = Budget.since_process_start(args.time_limit) if args.time_limit else None
     kind = "dataset" if args.dataset else "model"
     live = Live(sys.stderr)

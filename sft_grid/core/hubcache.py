@@ -374,6 +374,15 @@ def repo_id_problem(repo_id: str) -> str | None:
     return None
 
 
+# a revision as the Hub takes it: a branch or tag name, or a commit sha
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+
+
+def revision_problem(revision: str) -> str | None:
+    """Why `revision` is not a branch, tag or commit sha the Hub would take, or None."""
+    return None if _REVISION.fullmatch(str(revision)) else "not a branch, tag or commit sha"
+
+
 @dataclass(frozen=True)
 class HubRepo:
     """A model or dataset repository at a revision as asked (a branch, tag or sha)."""

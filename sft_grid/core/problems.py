@@ -23,15 +23,42 @@ class Problem:
         return f"{head}\n      fix: {self.fix}"
 
 
+# how many cells a problem shared by many names before "and N more"
+NAMED = 3
+
+
+def _cells(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:NAMED])
+    return f"{len(names)} cells: {shown}" + (f" and {len(names) - NAMED} more" if len(names) > NAMED else "")
+
+
 class GridError(Exception):
-    """Raised once with every problem of every cell; nothing has been written or submitted."""
+    """Raised once with every problem of every cell; nothing has been written or submitted.
+
+    The same problem in many cells (the same key, value, rule, message and fix: one mistake on a swept grid) is told
+    once, with the number of cells and the first few names; a cell's own problems are listed under it."""
 
     def __init__(self, problems: Sequence[Problem], what: str = "validation") -> None:
         self.problems = list(problems)
-        by_cell: dict[str, list[Problem]] = defaultdict(list)
+        shared: dict[tuple[str, str, str, str, str], list[str]] = defaultdict(list)
         for p in self.problems:
-            by_cell[p.cell].append(p)
-        lines = [f"{len(self.problems)} problem(s) in {len(by_cell)} cell(s) found by {what}; nothing was submitted."]
+            names = shared[(p.key, repr(p.value), p.rule, p.message, p.fix)]
+            if p.cell not in names:
+                names.append(p.cell)
+        by_cell: dict[str, list[Problem]] = defaultdict(list)
+        told: set[tuple[str, str, str, str, str]] = set()
+        lines = [
+            f"{len(self.problems)} problem(s) in {len({p.cell for p in self.problems})} cell(s) found by {what};"
+            " nothing was submitted."
+        ]
+        for p in self.problems:
+            key = (p.key, repr(p.value), p.rule, p.message, p.fix)
+            if len(shared[key]) == 1:
+                by_cell[p.cell].append(p)
+            elif key not in told:
+                told.add(key)
+                lines.append(f"  {_cells(shared[key])}")
+                lines.append(f"    {p.render()}")
         for cell, found in by_cell.items():
             lines.append(f"  cell {cell}")
             lines.extend(f"    {p.render()}" for p in found)

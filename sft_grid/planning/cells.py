@@ -23,6 +23,7 @@ from sft_grid.core import project
 from sft_grid.core.hubcache import Pin
 from sft_grid.core.schema import CellConf, fingerprint, typed
 from sft_grid.core.tokenized import TokenizedData
+from sft_grid.planning import resolvers
 from sft_grid.planning.gpus import Layout, choose
 
 # Top-level keys that describe where and how a cell runs, not what it trains.
@@ -278,7 +279,10 @@ def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | N
         with contextlib.suppress(ValueError):  # left as written: validate reports the pattern (rule hub-id)
             config = {**config, "hub_model_id": hub_id_for(hub, config, key, slug)}
     spec = typed(CellConf, config)
-    root = Path(os.path.expanduser(config.get("runs_root") or config["cluster"]["runs_root"]))
+    given = config.get("runs_root") or config["cluster"]["runs_root"]
+    # a runs folder read from an unset per-user variable: a dry run renders under the local runs/ (a real run is
+    # refused, planning/site_rules.py)
+    root = Path(os.path.expanduser("runs" if resolvers.is_placeholder(given) else given))
     if not root.is_absolute():
         root = (cwd or project.runs_base()) / root  # the team's repository's root, wherever in it we run
     return Cell(

@@ -578,11 +578,26 @@ def composition_problem(overrides: Sequence[str], message: str) -> Problem:
         or (f"export {env.group('var')}=<value> (and any other variable named above)" if env else "")
         or "check the override against `sft-grid run --cfg job` and the options in conf/"
     )
+    return Problem(" ".join(overrides) or "<defaults>", key, None, "compose", plain_message(message), fix)
+
+
+# OmegaConf's own framing of an error: the exception it wrapped, and where in its objects it happened
+_WRAPPED = re.compile(r"^\w+ raised while resolving interpolation:\s*")
+_OMEGA_DETAIL = re.compile(r"^(full_key|reference_type|object_type)\s*[:=]")
+
+
+def plain_message(message: str) -> str:
+    """An error of Hydra or OmegaConf as the user reads it: its first line, without OmegaConf's framing (the
+    wrapped exception's name) and internals (full_key, reference_type, object_type: the user's key is named
+    already), and the lines after it that say more (not the config search path)."""
     first, _, rest = message.partition("\n")
+    first = _WRAPPED.sub("", first.strip())
     detail = " ".join(
         line.strip()
         for line in rest.splitlines()
-        if line.strip() and "search path" not in line.lower() and not line.strip().startswith("provider=")
+        if line.strip()
+        and "search path" not in line.lower()
+        and not line.strip().startswith("provider=")
+        and not _OMEGA_DETAIL.match(line.strip())
     )
-    text = first + (f" ({detail})" if detail else "")
-    return Problem(" ".join(overrides) or "<defaults>", key, None, "compose", text, fix)
+    return first + (f" ({detail})" if detail else "")

@@ -484,12 +484,41 @@ def _along(cell: Cell, value: Any) -> Iterator[Problem]:
         )
 
 
+def _checkpoints_along(cell: Cell, value: Any) -> Iterator[Problem]:
+    """Scores along training need checkpoints: none is saved before the end when saving is off or save_steps is
+    not below the cell's last step."""
+    if value is None:
+        return
+    s = cell.spec
+    strategy = s.extra.get("save_strategy") if isinstance(s.extra, Mapping) else None
+    if strategy == "no" or (s.max_steps > 0 and s.save_steps >= s.max_steps):
+        why = "extra.save_strategy=no" if strategy == "no" else f"save_steps={s.save_steps} >= max_steps={s.max_steps}"
+        yield _problem(
+            cell,
+            "along",
+            value,
+            "eval-along-checkpoints",
+            f"no checkpoint is saved before the end ({why}), so nothing would be scored along training",
+            f"save_steps below max_steps (e.g. save_steps={max(1, s.max_steps // 4)}), or drop eval.along",
+        )
+
+
 def eval_suite(cell: Cell) -> Iterator[Problem]:
     """The cell's own suite (validation runs before a grid's `eval` axis is merged: each suite is checked)."""
     suite = cell.spec.eval
     if not suite.tasks:
+        if suite.along is not None:
+            yield _problem(
+                cell,
+                "along",
+                suite.along,
+                "eval-along",
+                "scores along training of a suite with no task: eval names no suite, so nothing would be scored",
+                "name a suite (eval=tiny, or one of conf/eval/), or drop eval.along",
+            )
         return
     yield from _along(cell, suite.along)
+    yield from _checkpoints_along(cell, suite.along)
     yield from _batch_size(cell, suite.batch_size)
     yield from _tasks(cell, suite)
     yield from _harness(cell, suite)

@@ -1,10 +1,11 @@
 """OmegaConf resolvers of sft_grid's configs.
 
 ``${user_env:VAR}`` reads a per-user value (a Slurm account, a scratch directory, a virtual environment)
-from the environment. Unlike ``${oc.env:VAR}`` an unset or empty variable is an error that names the
-variable, the key that needs it and the ``export`` line that fixes it. It is raised when the cell is
-composed, so the grid stops before anything is rendered or queued. ``${user_env:VAR,default}`` falls back
-to ``default`` instead.
+from the environment. An unset variable reads as a placeholder, ``<VAR>``: a dry run renders with it (its cells
+under the local runs/ when the runs folder is the one missing) and says which exports a real run needs, and a real
+run is refused before anything is written, naming the variable, the key that reads it and the ``export`` line
+(rule site-variable, planning/site_rules.py). A variable set but empty is an error when the cell is composed.
+``${user_env:VAR,default}`` falls back to ``default`` instead.
 
 Cluster profiles name their variables ``SFT_GRID_<SITE>_<WHAT>``, and the last part says what the value is:
 
@@ -79,12 +80,42 @@ def _also_missing(root: Any, var: str) -> list[str]:
     return [v for v in dict.fromkeys(found) if v != var and not os.environ.get(v)]
 
 
+# An unset per-user variable reads as a placeholder, `<VAR>`, recorded here: a dry run renders with it (a runs folder
+# placeholder: the local runs/, planning/cells.py) and says what a real run needs; a real run is refused by the rule
+# site-variable (planning/site_rules.py), once per variable over the grid.
+UNSET_IN_DRY_RUN: dict[str, str] = {}  # variable -> the key that read it
+_PLACEHOLDER = re.compile(r"^<(SFT_GRID_[A-Z0-9_]+|[A-Z_][A-Z0-9_]*)>$")
+
+
+def placeholder(var: str) -> str:
+    """What an unset per-user variable reads as: `<VAR>`."""
+    return f"<{var}>"
+
+
+def kind_of(var: str) -> tuple[str, str]:
+    """(what the variable is, a placeholder for its export line), from the last part of its name."""
+    return _what(var)
+
+
+def is_placeholder(value: object) -> bool:
+    """Whether a value is a dry run's stand-in for an unset per-user variable (`<SFT_GRID_LEONARDO_ENV>`): the
+    checks of what it names (a directory, an environment) wait for the real value."""
+    return isinstance(value, str) and bool(_PLACEHOLDER.match(value.strip()))
+
+
 def user_env(var: str, default: Any = _UNSET, *, _node_: Any = None, _root_: Any = None) -> Any:
     value = os.environ.get(var)
     if value:
         return value
     if default is not _UNSET:
         return default
+    if value is None:  # unset: a placeholder; a variable set but empty is a mistake of its own, refused here
+        try:
+            key = _node_._get_full_key(None) if _node_ is not None else ""
+        except Exception:
+            key = ""
+        UNSET_IN_DRY_RUN.setdefault(var, key)
+        return placeholder(var)
     who, where = _context(_node_, _root_)
     state = "is empty" if value == "" else "is not set"
     message = (

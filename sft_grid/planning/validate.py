@@ -25,13 +25,13 @@ from typing import Any
 
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
-from sft_grid.core.hubcache import repo_id_problem
+from sft_grid.core.hubcache import repo_id_problem, revision_problem
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import CellConf, Range, field_shapes, fingerprint
 from sft_grid.core.secrets import carries_secret, redact_url
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
-from sft_grid.planning import environments, gpus
+from sft_grid.planning import environments, gpus, site_rules
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.compose import did_you_mean
 from sft_grid.planning.evaluation import eval_suite, same_training
@@ -544,10 +544,6 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
             )
 
 
-# a revision as the Hub takes it: a branch or tag name, or a commit sha
-_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
-
-
 def model_facts(cell: Cell) -> Iterator[Problem]:
     """What a model's conf says of its checkpoint agrees with itself: a revision names a Hub commit of a hub id,
     and the exact parameter count and the size in billions are the same size (both feed the estimates)."""
@@ -563,13 +559,13 @@ def model_facts(cell: Cell) -> Iterator[Problem]:
                 + (f"the local directory {m.path}" if m.path else "no hub id"),
                 "drop model.revision (a local checkpoint is what its directory holds), or name model.hub_id",
             )
-        elif not _REVISION.fullmatch(str(m.revision)):
+        elif why := revision_problem(str(m.revision)):
             yield Problem(
                 cell.name,
                 "model.revision",
                 m.revision,
                 "revision",
-                "not a branch, tag or commit sha",
+                why,
                 "a 40-character commit sha from the repository's history (or a branch or tag name)",
             )
     if m.params and m.params_b and abs(m.params_b * 1e9 - m.params) > 0.01 * m.params:
@@ -766,6 +762,7 @@ RULES: tuple[Rule, ...] = (
     failure_policy,
     notify_targets,
     eval_suite,
+    *site_rules.RULES,
 )
 
 

@@ -1,0 +1,319 @@
+"""Rules over what a cell asks of its site, before anything is written or queued: the per-user variables its
+cluster profile reads, the sbatch options it adds (`cluster.sbatch_extra`), and the names it gives Slurm.
+
+- A per-user variable (`${user_env:SFT_GRID_LEONARDO_ACCOUNT}`) that is unset reads as a placeholder
+  (planning/resolvers.py): a dry run renders with it and says what a real run needs; a real run is refused here,
+  once per variable over the grid (the same problem in many cells is told once: core/problems.py).
+- `sbatch_extra` is handed to sbatch as `--<key>=<value>` (submitit's additional parameters). A key sbatch does not
+  know would be refused by sbatch itself, after the cells' files are written; a key sft_grid sets from its own keys
+  (time, nodes, partition, account, GPUs...) would be overridden or, worse, escape sft_grid's own checks (a
+  `time` past the cluster's `max_time`). Both are refused here, naming the key to use.
+- An account, partition or QoS with surrounding spaces (a copy-paste) is written into `#SBATCH --account=` as is
+  and refused by Slurm as an unknown account.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from sft_grid.core.problems import Problem
+from sft_grid.core.timefmt import parse_minutes
+from sft_grid.planning import resolvers
+from sft_grid.planning.cells import Cell
+
+# sbatch's long options (Slurm 23.02-24.11 man page, `sbatch --help`), without the leading dashes; submitit writes
+# an additional parameter `a_b` as `--a-b`
+SBATCH_OPTIONS = frozenset(
+    [
+        "account",
+        "acctg-freq",
+        "array",
+        "batch",
+        "bb",
+        "bbf",
+        "begin",
+        "chdir",
+        "cluster-constraint",
+        "clusters",
+        "comment",
+        "constraint",
+        "container",
+        "container-id",
+        "contiguous",
+        "core-spec",
+        "cores-per-socket",
+        "cpu-freq",
+        "cpus-per-gpu",
+        "cpus-per-task",
+        "deadline",
+        "delay-boot",
+        "dependency",
+        "distribution",
+        "error",
+        "exclude",
+        "exclusive",
+        "export",
+        "export-file",
+        "extra",
+        "extra-node-info",
+        "get-user-env",
+        "gid",
+        "gpu-bind",
+        "gpu-freq",
+        "gpus",
+        "gpus-per-node",
+        "gpus-per-socket",
+        "gpus-per-task",
+        "gres",
+        "gres-flags",
+        "hint",
+        "hold",
+        "ignore-pbs",
+        "input",
+        "job-name",
+        "kill-on-invalid-dep",
+        "licenses",
+        "mail-type",
+        "mail-user",
+        "mcs-label",
+        "mem",
+        "mem-bind",
+        "mem-per-cpu",
+        "mem-per-gpu",
+        "mincpus",
+        "network",
+        "nice",
+        "no-kill",
+        "no-requeue",
+        "nodefile",
+        "nodelist",
+        "nodes",
+        "ntasks",
+        "ntasks-per-core",
+        "ntasks-per-gpu",
+        "ntasks-per-node",
+        "ntasks-per-socket",
+        "open-mode",
+        "output",
+        "overcommit",
+        "oversubscribe",
+        "parsable",
+        "partition",
+        "power",
+        "prefer",
+        "priority",
+        "profile",
+        "propagate",
+        "qos",
+        "quiet",
+        "reboot",
+        "requeue",
+        "reservation",
+        "signal",
+        "sockets-per-node",
+        "spread-job",
+        "switches",
+        "test-only",
+        "thread-spec",
+        "threads-per-core",
+        "time",
+        "time-min",
+        "tmp",
+        "tres-bind",
+        "tres-per-task",
+        "uid",
+        "use-min-nodes",
+        "verbose",
+        "wait",
+        "wait-all-nodes",
+        "wckey",
+        "wrap",
+    ]
+)
+# sbatch options sft_grid writes from a cell's own keys: given in sbatch_extra they would be overridden, or escape
+# the checks of those keys -> the key to set instead
+OWN = {
+    "time": "time (checked against cluster.max_time)",
+    "t": "time (checked against cluster.max_time)",
+    "nodes": "nodes",
+    "N": "nodes",
+    "partition": "cluster.partition",
+    "p": "cluster.partition",
+    "account": "cluster.account",
+    "A": "cluster.account",
+    "qos": "cluster.qos",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gres": "cluster.gpus_per_node (cluster.gpu_directive: gres)",
+    "cpus-per-task": "cluster.cpus_per_node",
+    "ntasks-per-node": "the launcher (sft_grid runs one task per node)",
+    "job-name": "sweep_name (each job is named from it)",
+    "output": "nothing: sft_grid keeps each job's log in the cell's logs/",
+    "error": "nothing: sft_grid keeps each job's log in the cell's logs/",
+    "array": "nothing: sft_grid builds the arrays",
+    "dependency": "nothing: sft_grid sets each job's dependencies",
+    "chdir": "nothing: each job runs in its cell's directory",
+    "signal": "nothing: sft_grid asks for USR2 before the limit to checkpoint and requeue",
+    "mem": "cluster.mem_gb",
+    "exclude": "cluster.exclude",
+    "constraint": "cluster.constraint",
+}
+
+
+def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
+    return Problem(cell.name, key, value, rule, message, fix)
+
+
+def _walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            yield from _walk(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, f"{prefix}.{i}")
+    else:
+        yield prefix, node
+
+
+def site_variables(cell: Cell) -> Iterator[Problem]:
+    """A real run of a cell whose config still holds a placeholder for an unset per-user variable."""
+    if cell.spec.dry_run:
+        return
+    for key, value in _walk(cell.config):
+        if key == "cluster.runs_root" and cell.config.get("runs_root"):
+            continue  # the grid's own runs_root wins over the profile's
+        if not resolvers.is_placeholder(value):
+            continue
+        var = str(value).strip()[1:-1]
+        what, example = resolvers.kind_of(var)
+        yield _problem(
+            cell,
+            key,
+            value,
+            "site-variable",
+            f"environment variable {var} is not set: cluster {cell.spec.cluster.name}'s profile reads it ({what})",
+            f"export {var}={example} (a dry run renders without it, with this placeholder)",
+        )
+
+
+def sbatch_extra(cell: Cell) -> Iterator[Problem]:
+    c = cell.spec.cluster
+    for raw in c.sbatch_extra:
+        option = str(raw).replace("_", "-")
+        key = f"cluster.sbatch_extra.{raw}"
+        value = c.sbatch_extra[raw]
+        if option in OWN or str(raw) in OWN:
+            own = OWN.get(option) or OWN[str(raw)]
+            yield _problem(
+                cell,
+                key,
+                value,
+                "sbatch-extra",
+                f"sft_grid writes --{option} itself from the cell's keys: given here it would be overridden, or"
+                " escape their checks",
+                f"set {own}, and drop sbatch_extra.{raw}",
+            )
+        elif option not in SBATCH_OPTIONS:
+            close = difflib.get_close_matches(option, sorted(SBATCH_OPTIONS), n=1)
+            yield _problem(
+                cell,
+                key,
+                value,
+                "sbatch-extra",
+                f"sbatch has no option --{option}: sbatch would refuse the job after the cells are written",
+                (f"did you mean {close[0].replace('-', '_')}? " if close else "")
+                + "sbatch_extra takes sbatch's long options without dashes (man sbatch), e.g. reservation, licenses",
+            )
+
+
+def slurm_names(cell: Cell) -> Iterator[Problem]:
+    c = cell.spec.cluster
+    for name in ("account", "partition", "qos"):
+        value = getattr(c, name)
+        if isinstance(value, str) and value != value.strip() and not resolvers.is_placeholder(value):
+            yield _problem(
+                cell,
+                f"cluster.{name}",
+                value,
+                "slurm-name",
+                f"the {name} has spaces around it: sbatch would get --{name}={value!r} and refuse it",
+                f"cluster.{name}={value.strip()}",
+            )
+
+
+def spread(cell: Cell) -> Iterator[Problem]:
+    """The settings of a grid across sites: the sites named once each, a move delay Slurm could read, and the
+    needs of a cell checked against its own cluster when no list of sites gives it a choice."""
+    s = cell.spec
+    twice = sorted({n for n in s.sites if s.sites.count(n) > 1})
+    if twice:
+        yield _problem(
+            cell,
+            "sites",
+            list(s.sites),
+            "sites-twice",
+            f"names {', '.join(twice)} more than once: a site is one place to put a cell, listed once",
+            f"sites=[{','.join(dict.fromkeys(s.sites))}]",
+        )
+    if s.move_after is not None:
+        try:
+            parse_minutes(s.move_after)
+        except ValueError as exc:
+            yield _problem(
+                cell,
+                "move_after",
+                s.move_after,
+                "time-format",
+                str(exc),
+                "write it as HH:MM:SS, e.g. move_after=02:00:00",
+            )
+    needs, c = s.site_needs, s.cluster
+    if not s.sites and any(v not in (None, False) for v in vars(needs).values()):
+        unmet = []
+        if needs.cpu_arch and needs.cpu_arch != c.cpu_arch:
+            unmet.append(f"cpu_arch {needs.cpu_arch} (it has {c.cpu_arch})")
+        if needs.gpu_type and not str(c.gpu_type or "").startswith(needs.gpu_type):
+            unmet.append(f"gpu_type {needs.gpu_type} (it has {c.gpu_type})")
+        if needs.gpu_mem_gb and (c.gpu_mem_gb or 0) < needs.gpu_mem_gb:
+            unmet.append(f"gpu_mem_gb {needs.gpu_mem_gb} (it has {c.gpu_mem_gb})")
+        if needs.internet and not c.internet_on_compute:
+            unmet.append("internet on compute nodes (it has none)")
+        if unmet:
+            yield _problem(
+                cell,
+                "site_needs",
+                {k: v for k, v in vars(needs).items() if v not in (None, False)},
+                "site-needs",
+                f"site_needs choose among sites=[...], and this grid names none: the cell would run on cluster"
+                f" {c.name}, which lacks {'; '.join(unmet)}",
+                "name the sites that may take it (sites=[a,b]), or a cluster that meets the needs (cluster=...)",
+            )
+
+
+def remote_and_staging(cell: Cell) -> Iterator[Problem]:
+    c = cell.spec.cluster
+    if c.remote.host and not str(c.remote.python or "").strip():
+        yield _problem(
+            cell,
+            "cluster.remote.python",
+            c.remote.python,
+            "remote-python",
+            "is empty: the site's python runs sft_grid there, and an empty one would read as the site not answering",
+            "cluster.remote.python=python3.11 (or the path of an environment's bin/python on the site)",
+        )
+    st = c.staging
+    if st.where == "job" and not st.partition and not c.internet_on_compute and c.executor == "slurm":
+        yield _problem(
+            cell,
+            "cluster.staging.partition",
+            st.partition,
+            "staging-site",
+            f"staging.where is job and no staging.partition is named: the staging job would run on {c.name}'s"
+            " compute partition, whose nodes have no internet (internet_on_compute: false), and reach no Hub",
+            "name a partition whose nodes reach the Hub (cluster.staging.partition=<transfer partition>), or stage"
+            " from the login node (cluster.staging.where=login)",
+        )
+
+
+RULES = (site_variables, sbatch_extra, slurm_names, spread, remote_and_staging)

@@ -237,3 +237,73 @@ def test_a_schedule_that_is_not_what_its_keys_ask_for_is_warned_in_the_dry_run(t
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1 and "2 cells" in warnings[0] and said in warnings[0], proc.stdout
+
+
+# -- a data directory whose files do not share one schema -----------------------------------------------------
+
+TURNS = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+SHAREGPT = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
+
+
+def _data_dir(root, rows_by_file):
+    import json
+
+    root.mkdir(parents=True)
+    for name, row in rows_by_file.items():
+        (root / name).write_text(json.dumps(row) + "\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"part-000.jsonl": {"messages": TURNS}, "part-001.jsonl": {"conversations": SHAREGPT}},
+        {"a.jsonl": {"messages": TURNS}, "b.jsonl": {"messages": TURNS, "system": "be brief"}},
+        {"train-0.jsonl": {"messages": TURNS}, "train-1.jsonl": {"msgs": TURNS}, "test-0.jsonl": {"x": 1}},
+    ],
+)
+def test_a_data_directory_whose_files_differ_in_columns_is_refused_before_anything(tmp_path, files):
+    data = _data_dir(tmp_path / "data", files)
+    proc = run_sft(
+        "model=tiny_llama", f"dataset.tiny_messages.source={data}", "dry_run=true", f"runs_root={tmp_path / 'runs'}"
+    )
+    assert proc.returncode == 1 and "do not share one schema" in proc.stderr, proc.stdout + proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_files_of_another_split_may_differ(tmp_path):
+    from sft_grid.checks.readable import data_files, same_columns
+
+    data = _data_dir(tmp_path / "data", {"train-0.jsonl": {"messages": TURNS}, "test-0.jsonl": {"other": 1}})
+    same_columns(data, data_files(data), "train")  # no error: the test split is not trained
+
+
+@pytest.mark.backend
+def test_the_datasets_library_fails_where_the_check_refuses(tmp_path, tiny_assets):
+    """The oracle: the datasets library of LLaMA-Factory's environment reads a directory's files as one table and
+    fails on files that differ in columns, and reads files that share them."""
+    import subprocess
+
+    from sft_grid.planning.environments import VenvSpec
+
+    python = VenvSpec.load("llamafactory").path / "bin" / "python"
+    script = (
+        "import sys, datasets\n"
+        "try:\n"
+        "    datasets.load_dataset('json', data_files=sorted(sys.argv[1:]), split='train')\n"
+        "except Exception as exc:\n"
+        "    print('FAILED', type(exc).__name__); sys.exit(3)\n"
+        "print('READ')\n"
+    )
+    bad = _data_dir(tmp_path / "bad", {"a.jsonl": {"messages": TURNS}, "b.jsonl": {"conversations": SHAREGPT}})
+    good = _data_dir(tmp_path / "good", {"a.jsonl": {"messages": TURNS}, "b.jsonl": {"messages": TURNS}})
+    env = {"HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    for data, rc in ((bad, 3), (good, 0)):
+        proc = subprocess.run(
+            [str(python), "-c", script, *map(str, sorted(data.glob("*.jsonl")))],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert proc.returncode == rc, proc.stdout + proc.stderr

@@ -75,10 +75,62 @@ def data_files(where: Path, split: str = "train") -> list[Path]:
 SPLIT_NAMES = ("train", "validation", "valid", "dev", "test", "eval")
 
 
+def _columns(file: Path) -> tuple[str, ...] | None:
+    """The columns of a data file, from its first row (JSON) or its schema (parquet); None when that cannot be read
+    here (the file's own reading says why)."""
+    try:
+        if file.suffix == ".jsonl":
+            with file.open("rb") as fh:
+                for raw in fh:
+                    if raw.strip():
+                        row = json.loads(raw)
+                        return tuple(sorted(row)) if isinstance(row, dict) else None
+            return None
+        if file.suffix == ".json":
+            data = json.loads(file.read_bytes())
+            first = data[0] if isinstance(data, list) and data else data
+            return tuple(sorted(first)) if isinstance(first, dict) else None
+        import pyarrow.parquet as pq
+
+        return tuple(sorted(pq.read_schema(file).names))
+    except (OSError, ValueError, ImportError):
+        return None
+
+
+def same_columns(where: Path, files: list[Path], split: str) -> None:
+    """The files of one split must share their columns: the datasets library reads them as one table and fails on
+    the first that differs (a cast error, in the job, after queueing), and a check that samples the first file
+    alone would pass. Raises NotData naming two files and the columns they differ in."""
+    if where.is_file() or len(files) < 2:
+        return
+    named = [f for f in files if split in f.relative_to(where).as_posix()]
+    unnamed = [f for f in files if not any(s in f.relative_to(where).as_posix() for s in SPLIT_NAMES)]
+    group = named or (unnamed if split == "train" else [])
+    seen: dict[tuple[str, ...], Path] = {}
+    for f in group:
+        cols = _columns(f)
+        if cols is None:
+            continue
+        if seen and cols not in seen:
+            other_cols, other = next(iter(seen.items()))
+            only_a = sorted(set(other_cols) - set(cols))
+            only_b = sorted(set(cols) - set(other_cols))
+            raise NotData(
+                f"the files of split {split!r} do not share one schema: {other.relative_to(where)} has"
+                f" {', '.join(only_a) or 'no other column'} that {f.relative_to(where)} lacks"
+                + (f", and {f.relative_to(where)} has {', '.join(only_b)}" if only_b else "")
+                + "; the backend reads them as one table and would fail in the job"
+            )
+        seen.setdefault(cols, f)
+
+
 def read_sample(where: Path, column: str, limit: int = SAMPLE_ROWS, split: str = "train") -> list[dict[str, Any]]:
-    """The first rows of a local data file (or of the first data file in a directory). Raises NotData,
-    ValueError for a file that does not parse, and ImportError for parquet where pyarrow is missing."""
-    file = data_files(where, split)[0]
+    """The first rows of a local data file (or of the first data file in a directory), once the files of the split
+    are known to share one schema. Raises NotData, ValueError for a file that does not parse, and ImportError for
+    parquet where pyarrow is missing."""
+    files = data_files(where, split)
+    same_columns(where, files, split)
+    file = files[0]
     if file.suffix == ".jsonl":
         rows = []
         with file.open("rb") as fh:

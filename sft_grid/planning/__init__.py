@@ -13,7 +13,9 @@
   checkpointing, packing, kernels), which every other part reads;
 - `estimate`: what a cell costs before launch (tokens, FLOPs, GPU-hours, wall time, disk), and the throughput
   it is computed with (a calibration from completed cells, or a default);
-- `validate`: every rule over every cell (the schema's, the Hub's, those between keys), all problems at once.
+- `validate`: every rule over every cell (the schema's, the Hub's, those between keys), all problems at once;
+- `importing/`: an existing LLaMA-Factory or axolotl training config, or the old launcher's command line, as
+  sft_grid's model, dataset and sweep options, with where each of its keys went (`sft-grid import`).
 
 Imports only sft_grid.core.
 """

@@ -1,0 +1,92 @@
+"""Reading an original training YAML: its text, its keys, and which backend wrote it (`detect`, from the keys only
+one backend's config has). Input it cannot read is `Refused` in one line."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sft_grid.planning.importing.terms import ARTICLE, AX, LF, TITLE, Original, Refused
+
+# keys only one backend's config has: two of them (or one of the decisive ones) say which wrote the file
+MARKERS = {
+    LF: frozenset(
+        [
+            "model_name_or_path",
+            "stage",
+            "finetuning_type",
+            "cutoff_len",
+            "per_device_train_batch_size",
+            "num_train_epochs",
+            "lr_scheduler_type",
+            "dataset",
+            "dataset_dir",
+            "template",
+            "flash_attn",
+        ]
+    ),
+    AX: frozenset(
+        [
+            "base_model",
+            "datasets",
+            "sequence_len",
+            "micro_batch_size",
+            "num_epochs",
+            "lr_scheduler",
+            "sample_packing",
+            "chat_template",
+            "dataset_prepared_path",
+            "flash_attention",
+        ]
+    ),
+}
+DECISIVE = {"model_name_or_path": LF, "base_model": AX}
+
+
+def detect(config: Mapping[str, Any]) -> str | None:
+    """Which backend's config this is (LF or AX), or None when neither's keys are there."""
+    decided = {DECISIVE[k] for k in config if k in DECISIVE}
+    if len(decided) == 1:
+        return decided.pop()
+    counts = {kind: len(keys & set(config)) for kind, keys in MARKERS.items()}
+    best = max(counts, key=lambda k: counts[k])
+    others = [n for k, n in counts.items() if k != best]
+    return best if counts[best] >= 2 and all(n < counts[best] for n in others) else None
+
+
+def read_text(path: Path) -> str:
+    """A file's text; `Refused` for one that is missing, a folder, or not text."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise Refused(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise Refused(f"{path}: a folder, not a training config") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Refused(f"{path}: cannot be read ({exc})") from None
+
+
+def yaml_mapping(text: str, path: Path, what: str) -> dict[str, Any]:
+    """A file's YAML, which must be a mapping of keys; `Refused` for anything else."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise Refused(f"{path}: not YAML ({' '.join(str(exc).split())[:160]})") from None
+    if not isinstance(data, dict):
+        raise Refused(f"{path}: {what} is a mapping of keys, and this file holds {type(data).__name__}")
+    return data
+
+
+def from_yaml(path: Path, text: str) -> Original:
+    """A training YAML of either backend, as the original; `Refused` when it is neither's."""
+    config = yaml_mapping(text, path, "a training config")
+    kind = detect(config)
+    if kind is None:
+        raise Refused(
+            f"{path}: neither a LLaMA-Factory config (model_name_or_path, cutoff_len, ...) nor an axolotl one"
+            " (base_model, datasets, sequence_len, ...), nor the old launcher's command line (python -m hpc.launch)"
+        )
+    return Original(kind, config, path.parent, f"{ARTICLE[kind]} {TITLE[kind]} training config", file_stem=path.stem)

@@ -53,12 +53,18 @@ def test_one_mistake_over_many_cells_is_told_once_with_the_count_and_a_few_names
         ("+cluster.sbatch_extra.time=99:00:00", "set time (checked against cluster.max_time)"),
         ("+cluster.sbatch_extra.partition=big", "set cluster.partition"),
         ("+cluster.sbatch_extra.t=10", "set time"),
+        ("+cluster.sbatch_extra.mem=300M cluster.mem_gb=4", "set cluster.mem_gb alone"),
     ],
 )
 def test_an_sbatch_option_that_sbatch_does_not_know_or_sft_grid_sets_is_refused(make_cells, override, said):
-    (cell,) = make_cells(["cluster=slurm_local", override])
+    (cell,) = make_cells(["cluster=slurm_local", *override.split()])
     p = only(validate([cell]), "sbatch-extra")
     assert p.key.startswith("cluster.sbatch_extra.") and said in p.fix
+
+
+def test_an_sbatch_option_the_cluster_leaves_unset_is_the_jobs(make_cells):
+    (cell,) = make_cells(["cluster=slurm_local", "+cluster.sbatch_extra.mem=300M"])
+    assert "sbatch-extra" not in rules_of(validate([cell]))
 
 
 def test_the_known_sbatch_options_cover_sbatchs_own_list():

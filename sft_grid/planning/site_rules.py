@@ -155,10 +155,10 @@ OWN = {
     "dependency": "nothing: sft_grid sets each job's dependencies",
     "chdir": "nothing: each job runs in its cell's directory",
     "signal": "nothing: sft_grid asks for USR2 before the limit to checkpoint and requeue",
-    "mem": "cluster.mem_gb",
-    "exclude": "cluster.exclude",
-    "constraint": "cluster.constraint",
 }
+# sbatch options sft_grid writes only when the cluster's own key is set: given in sbatch_extra as well, one of the
+# two would be lost; alone, sbatch_extra's is the job's (a test's --mem=300M, finer than mem_gb's gigabytes)
+OWN_WHEN_SET = {"mem": "mem_gb", "exclude": "exclude", "constraint": "constraint"}
 
 
 def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
@@ -203,8 +203,9 @@ def sbatch_extra(cell: Cell) -> Iterator[Problem]:
         option = str(raw).replace("_", "-")
         key = f"cluster.sbatch_extra.{raw}"
         value = c.sbatch_extra[raw]
-        if option in OWN or str(raw) in OWN:
-            own = OWN.get(option) or OWN[str(raw)]
+        both = option in OWN_WHEN_SET and getattr(c, OWN_WHEN_SET[option]) not in (None, "", 0)
+        if option in OWN or str(raw) in OWN or both:
+            own = OWN.get(option) or OWN.get(str(raw)) or f"cluster.{OWN_WHEN_SET[option]} alone"
             yield _problem(
                 cell,
                 key,

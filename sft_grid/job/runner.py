@@ -63,6 +63,8 @@ from sft_grid.stages.post_training import IN_JOB
 from sft_grid.stages.post_training import run as run_post
 
 log = logging.getLogger(__name__)
+# the most a job waits for its own requeue (sbatch through `sft-grid requeue`) before it ends regardless
+REQUEUE_S = 300
 
 # failures a job killed by a signal still triages itself: the step ended because a peer failed (srun's
 # --kill-on-bad-exit), not because the scheduler ended the job (time limit, preemption, scancel, memory)
@@ -209,17 +211,18 @@ def run_cell(cell_dir: str | Path) -> str:
         try:  # node 0 ends a hung training at its bound; the other nodes at twice it, should srun not end theirs
             hung = hang.wait(proc, cell_dir, hang.Bound.of(cell_config(cell_dir)), 1.0 if lead else 2.0, log_file)
         except BaseException:  # as subprocess.run does: the training never outlives its runner
-            hang.kill_tree(proc.pid)
-            proc.wait()
+            stuck = hang.end(proc)  # within its bound: a process in D state is left behind, named
+            if stuck:
+                log.error("%s: left behind: %s", cell_dir.name, ", ".join(s.text() for s in stuck))
             raise
-        rc = proc.returncode
+        rc = proc.returncode  # None only for a hung training whose launcher could not be reaped
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/costs.py)
     used = {"cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
     if hung is not None:
         if lead:
             _record_hang(cell_dir, hung, rc, used)
-        raise CellFailed(f"hang: no training progress for {hung.silent_s:.0f} s (bound {hung.bound_s:.0f} s)")
+        raise CellFailed(hung.message())
     if rc < 0:
         # killed by a signal: Slurm cancelling, requeueing or timing the job out, the OOM killer, or srun ending
         # the step because a task on another node failed. Only that last one is this job's to triage (a rank
@@ -260,7 +263,7 @@ def run_cell(cell_dir: str | Path) -> str:
 
 
 def _record_and_requeue(
-    cell_dir: Path, failure: Failure, remedy: Remedy, rc: int, details: dict[str, Any] | None = None
+    cell_dir: Path, failure: Failure, remedy: Remedy, rc: int | None, details: dict[str, Any] | None = None
 ) -> None:
     try:
         events.append(cell_dir, failed_event(failure, remedy, job_id=_job_id(), rc=rc, details=details or {}))
@@ -271,14 +274,17 @@ def _record_and_requeue(
     _ended(cell_dir)
 
 
-def _record_hang(cell_dir: Path, hung: hang.Hung, rc: int, used: dict[str, float]) -> None:
-    """The failure `hang` with its evidence, and its policy's next step (a requeue from the checkpoint)."""
+def _record_hang(cell_dir: Path, hung: hang.Hung, rc: int | None, used: dict[str, float]) -> None:
+    """The failure `hang` with its evidence, and its policy's next step (a requeue from the checkpoint); `rc` None:
+    the training's launcher could not be reaped (the evidence names it, with its state)."""
     history = events.read(cell_dir)
     done = progress(cell_dir / OUTPUT_DIR)
     evidence, details = hang.evidence(cell_dir, hung)
     spent = requeues_spent(history, FailureClass.HANG)  # its budget is the policy's (2 by default)
     summary = summarize(FailureClass.HANG, "", (), spent, 0, done.step, done.total)
-    summary += f": silent for {hung.silent_s:.0f} s (bound {hung.bound_s:.0f} s)"
+    summary += f": no progress for {hung.silent_s:.0f} s (bound {hung.bound_s:.0f} s)"
+    if hung.unreaped:
+        summary += f"; {hung.unreaped_text()}"
     failure = Failure(
         klass=FailureClass.HANG,
         evidence=evidence,
@@ -303,9 +309,17 @@ def _requeue(cell_dir: Path) -> None:
     the grid's); a Slurm cell only (locally, the next invocation of the grid runs it again)."""
     if not where().on_slurm:
         return
-    proc = subprocess.run(
-        [sys.executable, "-m", "sft_grid", "requeue", str(cell_dir)], capture_output=True, text=True, check=False
-    )
+    try:  # bounded: a controller that does not answer must not hold the job past its own end
+        proc = subprocess.run(
+            [sys.executable, "-m", "sft_grid", "requeue", str(cell_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=REQUEUE_S,
+        )
+    except subprocess.TimeoutExpired:
+        log.error("requeue of %s: no answer within %d s; the next sft-grid run decides it", cell_dir.name, REQUEUE_S)
+        return
     if proc.returncode:
         log.error("requeue of %s failed: %s", cell_dir.name, (proc.stderr or proc.stdout).strip()[-2000:])
 

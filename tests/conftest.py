@@ -203,6 +203,13 @@ def run_sft(
     return proc
 
 
+@pytest.fixture
+def no_backend_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No backend environment on this machine (an empty sft_grid cache, as on a login node that has none): the checks
+    that run in one wait for the job. Tests of staging use it; they start no backend."""
+    monkeypatch.setenv("SFT_GRID_CACHE", str(tmp_path / "no-environments"))
+
+
 @pytest.fixture(scope="session")
 def tiny_assets() -> Path:
     from sft_grid.stages import tiny_assets

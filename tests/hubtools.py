@@ -169,8 +169,9 @@ def venv_python(backend: str) -> Path:
 
 
 def cell_args(cache: Path, runs: Path, model: str = "org/tiny", data: str = "org/chat") -> list[str]:
-    """A cell on the synthetic repos of tests/hubtools.py; its backend environment is not on this machine, so the
-    checks that need one wait for the job (the fast set starts no backend)."""
+    """A cell on the synthetic repos of tests/hubtools.py, training in the managed environment: the tests that use
+    it empty sft_grid's cache (`no_backend_here`), so it is not on this machine and the checks that run in it wait
+    for the job (the fast set starts no backend)."""
     return [
         "model=tiny_llama",
         "model.path=null",
@@ -180,7 +181,6 @@ def cell_args(cache: Path, runs: Path, model: str = "org/tiny", data: str = "org
         f"cluster.hf_cache={cache}",
         f"runs_root={runs}",
         "max_steps=2",
-        f"cluster.backend_venvs.llamafactory={runs.parent / 'no-venv'}",
     ]
 
 

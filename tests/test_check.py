@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sft_grid.core.paths import REPO_ROOT
 from tests.hubtools import cell_args, dataset_files, model_files
 
@@ -114,3 +116,8 @@ def test_an_unconfirmed_id_is_queued_only_once_resolved(hub, cache, tmp_path, mo
     # a dry run only says so (and writes its rendered files, as every dry run does)
     dry = run_sft(*args, "dry_run=true")
     assert dry.returncode == 0 and "id unconfirmed: queued only once resolved on the site's Hub" in dry.stdout
+
+
+@pytest.fixture(autouse=True)
+def _no_backend(no_backend_here: None) -> None:
+    """Every test here: no backend environment on this machine (tests/conftest.py)."""

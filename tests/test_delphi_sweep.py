@@ -78,7 +78,8 @@ def nodes_for(params: int) -> int:
 def leonardo(monkeypatch, tmp_path):
     monkeypatch.setenv("SFT_GRID_LEONARDO_ACCOUNT", "acct")
     monkeypatch.setenv("SFT_GRID_LEONARDO_RUNS", str(tmp_path / "runs"))
-    monkeypatch.setenv("SFT_GRID_LEONARDO_ENV", str(tmp_path / "env"))
+    # the site's environment is not on this machine: unset, a dry run renders it as a placeholder
+    monkeypatch.delenv("SFT_GRID_LEONARDO_ENV", raising=False)
     return tmp_path / "runs"
 
 
@@ -89,7 +90,7 @@ def dry_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SFT_GRID_LEONARDO_ACCOUNT", "acct")
         mp.setenv("SFT_GRID_LEONARDO_RUNS", str(root / "runs"))
-        mp.setenv("SFT_GRID_LEONARDO_ENV", str(root / "env"))
+        mp.delenv("SFT_GRID_LEONARDO_ENV", raising=False)  # not on this machine: a placeholder in the dry run
         proc = run_sft("-m", "+sweep=delphi_scaling", "dry_run=true", check=True)
     cells = sorted(p for p in (root / "runs" / "delphi_scaling").iterdir() if (p / "cell.yaml").is_file())
     return proc, cells

@@ -35,9 +35,20 @@ TINY_LLAMA = ["model=tiny_llama", "max_steps=4"]
 
 @pytest.fixture
 def site_harness(tmp_path: Path) -> str:
-    """A site's own harness environment (what a GPU site names for vllm): only its installed version is read."""
+    """A site's own harness environment (what a GPU site names for vllm): a real virtualenv whose python runs, with a
+    stand-in `lm_eval` package at the harness's version (the planning reads its version and that it imports; no
+    harness runs here)."""
+    import subprocess
+    import sys
+
     venv = tmp_path / "site_lm_eval"
-    (venv / "lib" / "python3.11" / "site-packages" / "lm_eval-0.4.13.dist-info").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    (site / "lm_eval-0.4.13.dist-info").mkdir()
+    metadata = "Metadata-Version: 2.1\nName: lm_eval\nVersion: 0.4.13\n"
+    (site / "lm_eval-0.4.13.dist-info" / "METADATA").write_text(metadata)
+    (site / "lm_eval").mkdir()
+    (site / "lm_eval" / "__init__.py").write_text('__version__ = "0.4.13"\n')
     return f"cluster.backend_venvs.lm_eval={venv}"
 
 

@@ -36,7 +36,6 @@ BASE = [
     "model=qwen3_8b",
     "dataset=magpie",
     "max_steps=2",
-    "cluster.backend_venvs.llamafactory=/nonexistent/venv",
     "cluster.internet_on_compute=true",
     "tokenize_once=false",
 ]

@@ -561,7 +561,7 @@ def test_on_slurm_a_failed_training_cancels_its_post_job(tmp_path, tiny_assets):
         "max_steps=2",
         "global_batch_size=4",
         "micro_batch_size=2",
-        f"+cluster.backend_envs.llamafactory={tmp_path}/no-env",
+        "cluster.setup=['echo module cuda/99.9 not found >&2; exit 7']",  # the training fails in its job
         f"runs_root={root}",
         check=True,
     )

@@ -272,3 +272,8 @@ def test_two_grids_staging_one_repository_fetch_each_file_once(hub, cache, tmp_p
     assert sorted(fetched(hub, "org/chat")) == sorted(DATASET_NEEDED)
     assert is_complete(cache, "org/tiny", "model", model_sha, checksums=True)
     assert is_complete(cache, "org/chat", "dataset", data_sha, checksums=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_backend(no_backend_here: None) -> None:
+    """Every test here: no backend environment on this machine (tests/conftest.py)."""

@@ -320,3 +320,8 @@ def test_the_grid_and_its_dry_run_name_a_recorded_commit_the_server_lacks(server
             else "500 Internal Server Error to each of 4 tries"
         ) in err
     assert not (cache / f"models--{model.replace('/', '--')}" / "snapshots" / model_sha).exists()
+
+
+@pytest.fixture(autouse=True)
+def _no_backend(no_backend_here: None) -> None:
+    """Every test here: no backend environment on this machine (tests/conftest.py)."""

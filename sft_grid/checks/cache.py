@@ -2,7 +2,7 @@
 
 A check whose answer costs a backend process (the loss-mask probe, the environment's facts, a prepared tokenizer) is
 cached under <cache root>/preflight/, keyed by what it read: each file's path, size and mtime, and the backend
-environment's ready marker (rebuilt: asked again).
+environment's ready marker and site-packages directories (rebuilt, or a package installed: asked again).
 """
 
 from __future__ import annotations
@@ -32,3 +32,11 @@ def stat_key(path: Path) -> list[Any]:
 def venv_marker(python: str) -> Path:
     """The ready marker of the environment a python belongs to (rewritten when it is built or compiled again)."""
     return Path(python).parent.parent / READY_MARKER
+
+
+def env_state(python: str) -> list[Any]:
+    """The part of a cache key that changes with what the environment of a python has installed: its ready marker
+    (a managed environment built again) and its site-packages directories (a `pip install` or `conda install` into a
+    site's own environment, which has no marker, adds or removes entries there and so changes their mtime)."""
+    prefix = Path(python).parent.parent
+    return [stat_key(venv_marker(python)), *(stat_key(p) for p in sorted(prefix.glob("lib/python*/site-packages")))]

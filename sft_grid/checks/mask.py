@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.backends import get as backend_of
-from sft_grid.checks import venv_facts
-from sft_grid.checks.cache import cache_dir
+from sft_grid.checks import own_envs, venv_facts
+from sft_grid.checks.cache import cache_dir, env_state
 from sft_grid.checks.cache import stat_key as _stat
-from sft_grid.checks.cache import venv_marker as _venv_marker
 from sft_grid.checks.readable import SAMPLE_ROWS, data_files, locate, read_sample
 from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.paths import IN_VENV_DIR
@@ -149,7 +148,7 @@ def cache_key(p: Probed) -> str:
         replace(check, key="").to_json(),
         MASK_ROWS,
         _stat(PROBE),
-        _stat(_venv_marker(check.python)),
+        env_state(check.python),
         _stat(Path(check.python)),
     ]
     assert p.model_dir is not None and p.data_file is not None
@@ -302,12 +301,30 @@ def verdict_of(p: Probed) -> Verdict:
     if p.outcome is not None:
         return p.outcome
     if "error" in (p.result or {}):
-        return Verdict(
-            False,
-            f"the backend could not preprocess it: {p.result['error']}",  # type: ignore[index]
-            "fix the cell's template, tokenizer or dataset fields so the backend reads the rows",
-        )
+        error = str(p.result["error"])  # type: ignore[index]
+        return Verdict(False, f"the backend could not preprocess it: {error}", _probe_fix(p.check, error))
     return verdict(p.check, p.result["rows"])  # type: ignore[index]
+
+
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '?([\w.]+)")
+
+
+def _probe_fix(check: Check, error: str) -> str:
+    """The fix for a probe that failed: where its backend's environment cannot import what the backend needs, that
+    environment (install it there, or name another); otherwise the cell's fields the backend reads the rows with."""
+    missing = _MISSING_MODULE.search(error)
+    if missing is None:
+        return "fix the cell's template, tokenizer or dataset fields so the backend reads the rows"
+    module = missing.group(1)
+    top = module.split(".")[0]
+    # the backend's own package: what sft_grid pins (llamafactory==0.9.5); a dependency of it: by its name
+    requirement = own_envs.pinned(check.backend) if top == venv_facts.BACKEND_MODULES.get(check.backend) else top
+    venv = Path(check.python).parent.parent
+    return (
+        f"the backend's environment {venv} cannot import {module}: install it there ({check.python} -m pip install"
+        f" {requirement}), or point cluster.backend_venvs.{check.backend} at an environment that has the backend"
+        " and what it needs"
+    )
 
 
 def run_checks(
@@ -367,7 +384,7 @@ def fetch_and_probe(
         return Verdict(
             False,
             f"the backend's virtual environment has no python at {python} on this node",
-            f"point cluster.backend_envs.{check.backend} at an environment of this site, or unset it",
+            f"point cluster.backend_venvs.{check.backend} at an environment of this site, or unset it",
         )
     workdir.mkdir(parents=True, exist_ok=True)
     model, target = check.model, check.target

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sft_grid.checks import mask, venv_facts
+from sft_grid.checks import mask, own_envs, venv_facts
 from sft_grid.checks.readable import SAMPLE_ROWS, NoSplit, NotData, hub_cache, locate, read_sample
 from sft_grid.checks.tokenizers import check_tokenizer
 from sft_grid.checks.venv_facts import INTEGRATIONS
@@ -148,16 +148,29 @@ class Preflight:
 
 def preflight(cells: Iterable[Cell], on_phase: mask.Phase | None = None) -> Preflight:
     """Every check of every cell, each distinct input checked once: checks that differ only in the key they are
-    reported under (a dataset's name) share their verdict. `on_phase` hears the loss-mask probe's progress."""
+    reported under (a dataset's name) share their verdict. `on_phase` hears the loss-mask probe's progress.
+
+    First the environments the cells name themselves (own_envs: there, a python that runs, the backend importable):
+    a cell's loss-mask check in an environment refused there is not run (its cause is reported once, with its fix)."""
+    cells = list(cells)
     verdicts: dict[Check, Verdict] = {}
-    problems: list[Problem] = []
+    problems, unusable = own_envs.check(cells)
     deferred: dict[str, list[Check]] = {}
     memo: dict[tuple[Any, ...], list[Check]] = {}
     per_cell = [(cell, checks_for(cell, memo)) for cell in cells]
+    for _, checks in per_cell:
+        for check in checks:
+            if check.kind == mask.KIND and check.python in unusable:
+                verdicts[_input(check)] = Verdict(True)  # not run: the environment's own problem stops the grid
     waits = _not_staged(per_cell, verdicts)
     # loss-mask checks run as one batch: one backend process per virtual environment for the whole grid
     masks = list(
-        dict.fromkeys(_input(c) for _, checks in per_cell for c in checks if c.kind == mask.KIND and not waits(c))
+        dict.fromkeys(
+            _input(c)
+            for _, checks in per_cell
+            for c in checks
+            if c.kind == mask.KIND and not waits(c) and _input(c) not in verdicts
+        )
     )
     sampled: dict[Check, tuple[int, ...]] = {}
     verdicts.update(mask.run_checks(masks, lengths=sampled, on_phase=on_phase) if masks else {})

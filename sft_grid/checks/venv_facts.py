@@ -1,8 +1,9 @@
-"""What a backend's virtual environment can load: its transformers' model types and architectures, and whether an
-integration (`report_to`) is importable. Asked of the environment itself (in_venv/env_facts.py, one process of its
-python, ~3 s for transformers' import) rather than recorded when it was built: a site's own environment was never
-built by sft_grid, and an environment changed by hand (pip install wandb) answers as it is now. The answer is cached
-under the preflight cache, keyed by the environment's python and its ready marker (rebuilt: asked again).
+"""What a backend's virtual environment can load: its transformers' model types and architectures, and whether the
+backend itself, an integration (`report_to`) or a fast kernel is importable. Asked of the environment itself
+(in_venv/env_facts.py, one process of its python: tens of milliseconds, ~3 s with transformers' import) rather than
+recorded when it was built: a site's own environment was never built by sft_grid, and an environment changed by hand
+(pip install wandb) answers as it is now. The answer is cached under the preflight cache, keyed by the environment's
+python, its ready marker and its site-packages directories (rebuilt, or a package installed or removed: asked again).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sft_grid.checks.cache import cache_dir
+from sft_grid.checks.cache import cache_dir, env_state
 from sft_grid.checks.cache import stat_key as _stat
-from sft_grid.checks.cache import venv_marker as _venv_marker
 from sft_grid.core.paths import IN_VENV_DIR
 
 SCRIPT = IN_VENV_DIR / "env_facts.py"
@@ -25,28 +25,46 @@ SCRIPT = IN_VENV_DIR / "env_facts.py"
 INTEGRATIONS = {"wandb": "wandb", "tensorboard": "tensorboard"}
 # a layout's fast kernels (planning/gpus.py) -> the module the backend imports for it
 KERNELS = {"flash_attn": "flash_attn", "liger_kernel": "liger_kernel"}
-MODULES = sorted({*INTEGRATIONS.values(), *KERNELS.values()})
+# a backend or harness (conf/backend, conf/harness) -> the module its environment must have: what its jobs import
+BACKEND_MODULES = {"llamafactory": "llamafactory", "axolotl": "axolotl", "lm_eval": "lm_eval"}
+MODULES = sorted({*INTEGRATIONS.values(), *KERNELS.values(), *BACKEND_MODULES.values()})
+# how long one process of the environment may take to answer (a cold shared file system is slow to import from)
+TIMEOUT_S = 600
 
 
 def facts(python: str, transformers: bool = False) -> dict[str, Any] | None:
     """The environment's answers (`transformers`: its model types and architectures too, seconds the first time),
-    or None where its python is not on this machine (the job asks it there)."""
+    or None where its python is not on this machine (the job asks it there) or cannot answer (`answer` says why)."""
+    found = answer(python, transformers)
+    return found if isinstance(found, dict) else None
+
+
+def answer(python: str, transformers: bool = False) -> dict[str, Any] | str:
+    """The environment's answers, as `facts`; or why its python gave none: not there, or the last line it wrote
+    as it failed (a python that does not run here, one too old for the script). A failure is not cached."""
     if not Path(python).is_file():
-        return None
+        return f"no python at {python}"
     cached = _cache_file(python, transformers)
     if cached.is_file():
         return dict(json.loads(cached.read_text()))
     with tempfile.TemporaryDirectory(prefix="sft_grid_venv_") as tmp:
         out = Path(tmp) / "facts.json"
         env = {**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-        proc = subprocess.run(
-            [python, str(SCRIPT), str(out), *(["--transformers"] if transformers else []), *MODULES],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
+        try:
+            proc = subprocess.run(
+                [python, str(SCRIPT), str(out), *(["--transformers"] if transformers else []), *MODULES],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            return f"it gave no answer within {TIMEOUT_S} s"
+        except OSError as exc:  # not an executable, a missing interpreter line, no permission
+            return exc.strerror or str(exc)
         if proc.returncode != 0 or not out.is_file():
-            return None  # an environment that cannot even run this: its own checks say why
+            lines = proc.stderr.strip().splitlines()
+            return lines[-1][:300] if lines else f"it exited with status {proc.returncode} and said nothing"
         found = dict(json.loads(out.read_text()))
     _store(cached, found)
     return found
@@ -77,7 +95,7 @@ def store(python: str, out: Path) -> None:
 
 
 def _cache_file(python: str, transformers: bool) -> Path:
-    parts = [_stat(Path(python)), _stat(_venv_marker(python)), _stat(SCRIPT), MODULES, transformers]
+    parts = [_stat(Path(python)), env_state(python), _stat(SCRIPT), MODULES, transformers]
     key = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
     return cache_dir() / "venv_facts" / f"{key}.json"
 

@@ -31,7 +31,7 @@ NAME = "user_env"
 KINDS = {
     "ACCOUNT": ("your Slurm account", "<account>"),
     "RUNS": ("your directory for cells, on the site's scratch file system", "<directory>"),
-    "ENV": ("your environment with the backend installed, a directory with bin/", "<directory>"),
+    "ENV": ("your environment with the backend installed: its directory, or a conda environment's name", "<directory>"),
 }
 
 _UNSET = object()

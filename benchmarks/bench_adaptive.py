@@ -55,7 +55,14 @@ BUDGET_SHARE = 0.30
 # seed noise is below that; Choshen et al.'s "up to 3.5%" is the worst case of small pretraining runs
 RUN_NOISE = 0.003
 NOISE_EXPONENT = 0.0
-TARGETS = {"within_1_25x_full": 0.70, "beats_random": 0.70, "halving_cost": 0.45, "halving_best_kept": 0.90}
+TARGETS = {
+    "within_1_25x_full": 0.70,
+    "beats_random": 0.70,
+    "halving_cost": 0.45,
+    "halving_best_kept": 0.90,
+    "extrapolate_best_kept": 0.80,
+    "replay_right_recipe": 0.90,
+}
 
 
 def grid_law(seed: int, recipe: str) -> dict[str, float]:
@@ -255,6 +262,15 @@ class HalvingSim:
     def evidence(self, cell: str, step: int) -> float | None:
         if self.guard == "cooldown":
             return halving.probe_loss(self.root / cell, step)
+        if self.guard == "extrapolate":
+            # the cell's logged curve (every step logged) extrapolated to the schedule's end, as halving.py reads it
+            if self.trained(cell) < step:
+                return None
+            cfg = self.cfgs[cell]
+            curve = [
+                (s, law.observed_loss(cfg, s), law.schedule(s, STEPS, WARMUP, "cosine")) for s in range(1, step + 1)
+            ]
+            return halving.extrapolate(curve, STEPS, 0.0)
         # position: the training loss logged at the rung's step (the cell's own log, as the real loop reads it)
         return law.observed_loss(self.cfgs[cell], step) if self.trained(cell) >= step else None
 
@@ -316,11 +332,235 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
     return {"kills": n, "changed": changed}
 
 
+# -- replays: real fine-tuning curves (sft_grid/conf/replay/, Lin et al. 2024) ---------------------------------------
+
+# chosen before any replay measurement was looked at (20 at first; cut to 10 for the run time, about 12 s a decision,
+# after a timing trial on seeds 0-2 of one dataset): the draws of models per decision and per halving bracket
+REPLAY_SEEDS = tuple(range(10))
+REPLAY_TARGET = 1638400  # the held-out size every replay question is about (examples)
+REPLAY_MODELS = 3  # models (the "recipes") per decision
+REPLAY_BRACKET = 9  # models per halving bracket
+
+
+def replay_curves() -> dict[tuple[str, str], dict[str, Any]]:
+    from sft_grid.backends.replay import curves
+
+    return curves()
+
+
+def forms_coverage() -> dict[str, Any]:
+    """Every replayed curve with its two largest sizes held out: the form chosen on the rest (forms.select) against
+    the report's single form and its bootstrap band, at the held-out points."""
+    from sft_grid.analysis import forms, scaling
+
+    found = replay_curves()
+    inside = inside_single = n = at_bound = 0
+    chosen: dict[str, int] = {}
+    errs, errs_single = [], []
+    for key in sorted(found):
+        pts = found[key]["points"]
+        train = [(float(x), v) for x, v in pts if x < pts[-2][0]]
+        test = [(float(x), v) for x, v in pts if x >= pts[-2][0]]
+        sel = forms.select(train)
+        chosen[sel.form] = chosen.get(sel.form, 0) + 1
+        single = scaling.fit(
+            [(x, v, str(i)) for i, (x, v) in enumerate(train)], band_n=[x for x, _ in test], resamples=200
+        )
+        at_bound += "E" in single.at_bounds
+        for j, (x, v) in enumerate(test):
+            value, lo, hi = sel.forecast(x)
+            n += 1
+            inside += lo is not None and hi is not None and lo <= v <= hi
+            assert single.band is not None
+            inside_single += single.band.lo[j] <= v <= single.band.hi[j]
+            errs.append(abs(value - v) / v)
+            errs_single.append(abs(single.predict(x) - v) / v)
+    return {
+        "curves": len(found),
+        "heldout_points": n,
+        "coverage": inside / n,
+        "coverage_single": inside_single / n,
+        "median_error": sorted(errs)[len(errs) // 2],
+        "median_error_single": sorted(errs_single)[len(errs_single) // 2],
+        "E_at_bound_single": at_bound,
+        "chosen": chosen,
+    }
+
+
+def joint_check() -> dict[str, Any]:
+    """The joint form L(N, D) per (dataset, family) with at least three sizes: fitted below 819200 examples, its
+    error at the held-out sizes (819200, 1638400), beside the per-curve chosen form's."""
+    from sft_grid.analysis import forms
+
+    found = replay_curves()
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for d, m in found:
+        groups.setdefault((d, found[(d, m)]["family"]), []).append((d, m))
+    errs, errs_forms = [], []
+    used = 0
+    for g in sorted(groups):
+        if len({found[k]["params"] for k in groups[g]}) < 3:
+            continue
+        used += 1
+        train = [(found[k]["params"], x, v) for k in groups[g] for x, v in found[k]["points"] if x < 819200]
+        joint = forms.fit_joint(train)
+        for k in groups[g]:
+            pts = found[k]["points"]
+            sel = forms.select([(x, v) for x, v in pts if x < 819200])
+            for x, v in pts:
+                if x >= 819200:
+                    errs.append(abs(joint.predict(found[k]["params"], x) - v) / v)
+                    errs_forms.append(abs(sel.forecast(x)[0] - v) / v)
+    return {
+        "groups": used,
+        "median_error_joint": sorted(errs)[len(errs) // 2],
+        "median_error_chosen_form": sorted(errs_forms)[len(errs_forms) // 2],
+    }
+
+
+def replay_decision(dataset: str, seed: int) -> dict[str, Any]:
+    """Which of REPLAY_MODELS models (drawn by `seed`) has the lowest loss fine-tuned on REPLAY_TARGET examples, from
+    cells of fewer examples (GPU-hours ~ parameters x examples): the adaptive loop, the full grid, the fixed design
+    and a random design of the same cost; each picks the model its forecast puts lowest."""
+    found = replay_curves()
+    models = sorted(m for d, m in found if d == dataset)
+    drawn = random.Random(f"replay:{dataset}:{seed}").sample(models, REPLAY_MODELS)
+    pool, truth = [], {}
+    for m in drawn:
+        for x, v in found[(dataset, m)]["points"]:
+            name = f"{m}@{x}"
+            pool.append(
+                Candidate(name, m, float(x), found[(dataset, m)]["params"] * x / 1e15, holdout=x == REPLAY_TARGET)
+            )
+            truth[name] = v
+    fitted = [c for c in pool if not c.holdout]
+    fit_cost = sum(c.gpu_hours for c in fitted)
+    spec = AdaptiveSpec(question="loss", at=float(REPLAY_TARGET), budget_gpu_hours=BUDGET_SHARE * fit_cost, batch=2)
+    observed: dict[str, float] = {}
+    while True:
+        r = choose(spec, pool, observed, resamples=0)
+        if not r.chosen:
+            break
+        observed.update({n: truth[n] for n in r.chosen})
+    spent = sum(c.gpu_hours for c in pool if c.name in observed)
+    sizes = sorted({c.n for c in fitted})
+    fixed: dict[str, float] = {}
+    for top in reversed(sizes[4:]):  # the four smallest sizes and the largest affordable one, whatever the curves
+        keep = {*sizes[:4], top}
+        if sum(c.gpu_hours for c in fitted if c.n in keep) <= spec.budget_gpu_hours + 1e-9:  # type: ignore[operator]
+            fixed = {c.name: truth[c.name] for c in fitted if c.n in keep}
+            break
+    rng = random.Random(f"replay-random:{dataset}:{seed}")
+    shuffled = list(fitted)
+    rng.shuffle(shuffled)
+    rand: dict[str, float] = {}
+    cost = 0.0
+    for c in shuffled:
+        if cost + c.gpu_hours <= spent + 1e-9:
+            rand[c.name] = truth[c.name]
+            cost += c.gpu_hours
+    best = min(drawn, key=lambda m: truth[f"{m}@{REPLAY_TARGET}"])
+
+    def verdict(obs: dict[str, float]) -> dict[str, Any]:
+        fc = {f.recipe: f.value for f in forecasts(spec, pool, obs, resamples=0)}
+        known = {m: v for m, v in fc.items() if v is not None}
+        pick = min(known, key=lambda m: known[m]) if known else drawn[0]
+        errs = [abs(v - truth[f"{m}@{REPLAY_TARGET}"]) / truth[f"{m}@{REPLAY_TARGET}"] for m, v in known.items()]
+        return {
+            "right": pick == best,
+            "regret": truth[f"{pick}@{REPLAY_TARGET}"] - truth[f"{best}@{REPLAY_TARGET}"],
+            "error": sum(errs) / len(errs) if errs else math.inf,
+            "share": sum(c.gpu_hours for c in fitted if c.name in obs) / fit_cost,
+        }
+
+    full = {c.name: truth[c.name] for c in fitted}
+    return {
+        "dataset": dataset,
+        "seed": seed,
+        "models": drawn,
+        "adaptive": verdict(observed),
+        "full": verdict(full),
+        "fixed": verdict(fixed),
+        "random": verdict(rand),
+    }
+
+
+def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
+    """Successive halving over REPLAY_BRACKET models (drawn by `seed`), each a replayed run to REPLAY_TARGET examples
+    (in_venv/replay_train.py's logged curve, every step logged, a constant schedule), rungs at 1/9 and 1/3 of the
+    steps, 40% kept, decided by halving.decide on `guard`'s evidence: is the model with the lowest final loss kept?"""
+    from sft_grid.in_venv import replay_train
+
+    found = replay_curves()
+    models = sorted(m for d, m in found if d == dataset)
+    drawn = random.Random(f"replay-halving:{dataset}:{seed}").sample(models, REPLAY_BRACKET)
+    cfgs = {m: {"examples": REPLAY_TARGET, "points": found[(dataset, m)]["points"], "max_steps": STEPS} for m in drawn}
+    final = {m: replay_train.logged_loss(cfgs[m], STEPS) for m in drawn}
+    alive = sorted(drawn)
+    for i, step in enumerate(HalvingSim.RUNGS):
+        evidence = {}
+        for m in alive:
+            curve = [(float(s), replay_train.logged_loss(cfgs[m], s), 1.0) for s in range(1, step + 1)]
+            if guard == "extrapolate":
+                evidence[m] = halving.extrapolate(curve, STEPS, 1.0) or math.inf
+            else:
+                evidence[m] = sum(v for _, v, _ in curve[-3:]) / 3
+        alive = list(halving.decide(dataset, i, step, evidence, HalvingSim.KEEP).kept)
+    best = min(drawn, key=lambda m: final[m])
+    return {"dataset": dataset, "seed": seed, "guard": guard, "best_kept": best in alive}
+
+
+def replay_section() -> dict[str, Any]:
+    datasets = sorted({d for d, _ in replay_curves()})
+    decisions = [replay_decision(d, s) for d in datasets for s in REPLAY_SEEDS]
+    halvings = {
+        g: [replay_halving(d, s, g) for d in datasets for s in REPLAY_SEEDS] for g in ("position", "extrapolate")
+    }
+    return {
+        "forms": forms_coverage(),
+        "joint": joint_check(),
+        "decisions": decisions,
+        "halving": {g: sum(h["best_kept"] for h in hs) / len(hs) for g, hs in halvings.items()},
+        "halving_brackets": len(halvings["position"]),
+    }
+
+
+def _print_replays(r: dict[str, Any]) -> bool:
+    """The replay section's lines; whether the decision target is met."""
+    f, j, ds = r["forms"], r["joint"], r["decisions"]
+    print(f"replays: {f['curves']} real fine-tuning curves (Lin et al. 2024; sft_grid/conf/replay/)")
+    print(
+        f"  forms chosen on held-out points, the 2 largest sizes held out ({f['heldout_points']} points):"
+        f" 90% band coverage {f['coverage']:.1%} (the single form's bootstrap band: {f['coverage_single']:.1%});"
+        f" median error {f['median_error']:.2%} (single form {f['median_error_single']:.2%}); single form's E at"
+        f" its bound in {f['E_at_bound_single']} of {f['curves']}; chosen {f['chosen']}"
+    )
+    print(
+        f"  joint form L(N, D) over {j['groups']} (dataset, family) groups: median error {j['median_error_joint']:.2%}"
+        f" at the held-out sizes (the per-curve chosen form: {j['median_error_chosen_form']:.2%})"
+    )
+    print(f"  which of {REPLAY_MODELS} models is lowest at {REPLAY_TARGET} examples, {len(ds)} decisions:")
+    for k in ("adaptive", "fixed", "random", "full"):
+        right = sum(d[k]["right"] for d in ds) / len(ds)
+        regret = sorted(d[k]["regret"] for d in ds)
+        err = sorted(d[k]["error"] for d in ds)
+        print(
+            f"    {k:8s} right {right:.0%}, mean regret {sum(regret) / len(regret):.4f} nats, median error"
+            f" {err[len(err) // 2]:.2%}, GPU-hours at most {max(d[k]['share'] for d in ds):.1%} of the fitted grid's"
+        )
+    print(
+        f"  halving over {r['halving_brackets']} brackets of {REPLAY_BRACKET} models (rungs at 1/9, 1/3, 40% kept), the"
+        f" best kept: position {r['halving']['position']:.1%}, extrapolate {r['halving']['extrapolate']:.1%}"
+    )
+    return sum(d["adaptive"]["right"] for d in ds) / len(ds) >= TARGETS["replay_right_recipe"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grids", type=int, default=50)
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--json", type=Path, help="write every measurement and verdict here")
+    ap.add_argument("--no-replay", action="store_true", help="the simulator section only")
     args = ap.parse_args(argv)
 
     grids = [adaptive_grid(s) for s in range(args.grids)]
@@ -336,11 +576,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         halvings = [halving_grid(s, Path(tmp) / f"h{s}") for s in range(args.grids)]
         unguarded = [halving_grid(s, Path(tmp) / f"p{s}", "position") for s in range(args.grids)]
+        extrapolated = [halving_grid(s, Path(tmp) / f"x{s}", "extrapolate") for s in range(args.grids)]
         killed = kills(Path(tmp) / "kills")
+    replays = replay_section() if not args.no_replay else None
     cost = max(h["cost"] for h in halvings)
     brackets = sum(h["brackets"] for h in halvings)
     kept = sum(h["best_kept"] for h in halvings) / brackets
     kept_position = sum(h["best_kept"] for h in unguarded) / brackets
+    kept_extrapolate = sum(h["best_kept"] for h in extrapolated) / brackets
+    cost_extrapolate = max(h["cost"] for h in extrapolated)
     again = sum(h["second_run"]["decisions"] + h["second_run"]["effects"] for h in halvings)
 
     def med(key: str) -> float:
@@ -355,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         "halving_best_kept": kept >= TARGETS["halving_best_kept"],
         "kills_change_nothing": not killed["changed"],
         "second_run_does_nothing": again == 0,
+        "extrapolate_best_kept": kept_extrapolate >= TARGETS["extrapolate_best_kept"],
     }
     print(f"next cells from the fit, {len(grids)} grids (9 sizes x 2 recipes, 9.7B held out):")
     print(
@@ -384,13 +629,23 @@ def main(argv: list[str] | None = None) -> int:
         f"  without the cooldown probe (guard: position, the pre-decay loss at the rung): {kept_position:.1%}"
         " (the decay's flip)"
     )
+    print(
+        f"  guard: extrapolate (each logged curve, every step logged, extrapolated to the schedule's end; no probe):"
+        f" {kept_extrapolate:.1%} (target >= 80%), steps at most {cost_extrapolate:.1%}"
+    )
     print(f"  {killed['kills']} random kills of the orchestrator: {len(killed['changed'])} changed a decision")
     print(f"  a second run over the finished grids: {again} decisions or effects (target 0)")
+    if replays is not None:
+        verdicts["replay_right_recipe"] = _print_replays(replays)
     missed = [k for k, ok in verdicts.items() if not ok]
     print("targets: " + ("all met" if not missed else "MISSED " + ", ".join(missed)))
     if args.json:
         args.json.write_text(
-            json.dumps({"grids": grids, "halving": halvings, "kills": killed, "verdicts": verdicts}, indent=2)
+            json.dumps(
+                {"grids": grids, "halving": halvings, "kills": killed, "replays": replays, "verdicts": verdicts},
+                indent=2,
+                default=str,
+            )
         )
     return 1 if args.check and missed else 0
 

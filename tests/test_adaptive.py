@@ -27,6 +27,13 @@ def test_a_good_prune_block_is_typed():
     assert tokens is not None and tokens.rung_steps(1e6) == (2,)
 
 
+def test_the_extrapolate_guard_is_a_guard_and_a_typo_names_it():
+    spec, problems = parse_prune({"rungs": [10, 30], "guard": "extrapolate"}, max_steps=100)
+    assert not problems and spec is not None and spec.guard == "extrapolate"
+    _, bad = parse_prune({"rungs": [10], "guard": "extrapolated"}, max_steps=100)
+    assert "extrapolate" in bad[0].fix
+
+
 @pytest.mark.parametrize(
     ("block", "key", "fix"),
     [
@@ -230,6 +237,7 @@ def test_the_loop_seeds_then_buys_the_large_anchor_and_never_touches_a_holdout()
     assert sum(c.gpu_hours for c in pool if c.name in observed) <= 13.0
     assert "budget is spent" in rounds[-1].stop
     last = rounds[-1].forecasts
+    assert {f.form for f in last} == {"power_e"}  # the law's own form, chosen on the held-out sizes
     for f in last:  # the noiseless law is fitted exactly: the forecast at the holdout is its value
         assert f.value == pytest.approx(truth[f"{f.recipe}9.715"], rel=1e-3)
     # pure: the same inputs, the same round

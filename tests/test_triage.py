@@ -3,8 +3,10 @@ messages, in a main split and a holdout split its signs were not written from) i
 corpus has the shape issue 19 asks for, the rules hold on the cases they exist for (interleaved ranks, no
 backend_error without positive evidence, hardware only on the hardware's word), issue 29's families hold on real
 lines in several wordings (the user's code or config failing before the first step, loss formats, torch 2.x store
-and NCCL wordings wrapped or glued, submitit's words, launchers' words for a memory kill or a lost node), and each
-class's policy says and suggests the right thing. Pure and fast: no process, no file but the corpus."""
+and NCCL wordings wrapped or glued, submitit's words, launchers' words for a memory kill or a lost node), so do a
+trainer's own guard on a loss that is not finite, torch's words for /dev/shm exhausted and Slurm's for a lost node
+(and their look-alikes decide nothing), and each class's policy says and suggests the right thing. Pure and fast: no
+process, no file but the corpus."""
 
 from __future__ import annotations
 
@@ -629,6 +631,159 @@ def test_cuda_that_cannot_initialise_is_the_nodes_and_a_fault_mid_run_is_not():
         assert failure.klass is F.UNKNOWN and failure.nodes == ()
 
 
+# ---------------------------------------------------------------- a trainer's own guard, /dev/shm, a lost node (real)
+
+
+@pytest.mark.parametrize(
+    "log, evidence",
+    [
+        # detectron2's guard, its traceback quoting the f-string that words it (gist-ailab/uoais): the message decides
+        (
+            lines(
+                '  File "/envs/uoais/lib/python3.7/site-packages/detectron2/engine/train_loop.py", line 339, in '
+                "write_metrics",
+                '    f"Loss became infinite or NaN at iteration={storage.iter}!\\n"',
+                "FloatingPointError: Loss became infinite or NaN at iteration=0!",
+            ),
+            "FloatingPointError: Loss became infinite or NaN at iteration=0!",
+        ),
+        # a guard that skips steps, then stops (AIGeeksGroup/3D-R1): the stop decides
+        (
+            lines(
+                "Epoch [0/5]; Iter [0/9450]; Loss 10.08; LR 1.00e-06; Iter time 3.72; ETA 9:46:15; Mem 29072.79MB",
+                "Loss in not finite. Skip this training step.",
+                "Loss in not finite. Terminate training.",
+            ),
+            "Loss in not finite. Terminate training.",
+        ),
+        # Keras' TerminateOnNaN glued to the progress bar, after a finite loss (keras-team/keras-tuner)
+        (
+            "   1/1500 [......] - ETA: 0s - loss: 2.2759 - accuracy: 0.2188Batch 1: Invalid loss, terminating training",
+            "Batch 1: Invalid loss, terminating training",
+        ),
+        ("WARNING: non-finite loss, ending training  tensor([nan, nan, 0., nan], device='cuda:0')", "non-finite loss"),
+        # Megatron-Core's checks, as an AssertionError (<= 0.7) and through its rerun state machine (0.8+)
+        (
+            "AssertionError: Rank 11: found NaN in local grad norm in backward pass before data-parallel "
+            "communication collective. Device: 3",
+            "found NaN in local grad norm",
+        ),
+        (
+            "i.pretrain/0 [default2]:[rank2]: RuntimeError: Rank 2, node dcfai-xe9680-01, device 2, iteration -1: "
+            "Unexpected result nan (message='found NaN in local grad norm for bucket #0 in backward pass before "
+            "data-parallel communication collective')",
+            "Unexpected result nan",
+        ),
+        ("ValueError: nan loss encountered", "nan loss encountered"),  # AllenNLP's and OLMo's trainers
+    ],
+)
+def test_a_trainers_own_guard_on_a_loss_that_is_not_finite(log, evidence):
+    failure = classify([], log)
+    assert failure.klass is F.NAN_LOSS and evidence in failure.evidence
+    assert decide(failure, Policy(), 0, CellContext(lr=2e-5)).overrides == ("lr=2e-06",)
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        "Loss in not finite. Skip this training step.",  # the guard skipped a step and training went on
+        "NaN loss detected, skipping batch",
+        # "inf" and "infinite" inside other words and keys, a finite loss
+        "{'loss': 1.23, 'grad_norm': 0.4, 'info': 'inference', 'epoch': 0.5}\nRuntimeError: the reader lost its place",
+        "2026-11-30 10:00:01 INFO loss_info: loss 2.31, infinite_loop=off\nRuntimeError: the reader lost its place",
+        "ValueError: Invalid loss function: foo",  # a config naming a loss, not a loss value
+    ],
+)
+def test_loss_words_that_are_no_guard_stopping_the_run(log):
+    assert classify([], log).klass is not F.NAN_LOSS
+
+
+# torch's words for the data loader's workers out of /dev/shm, across versions (each from a corpus case)
+SHM_WORDINGS = [
+    "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+    "RuntimeError: DataLoader worker (pid 3216) is killed by signal: Bus error. It is possible that dataloader's "
+    "workers are out of shared memory. Please try to raise your shared memory limit.",
+    "RuntimeError: unable to write to file </torch_76_3625483894> at /pytorch/aten/src/TH/THAllocator.c:383",
+    "RuntimeError: unable to write to file </torch_15769_1517813162>",
+    "RuntimeError: unable to write to file </torch_8289_606636967_0>: No space left on device (28)",
+]
+
+
+@pytest.mark.parametrize("line", SHM_WORDINGS)
+def test_the_data_loaders_workers_out_of_shared_memory(line):
+    failure = classify(parse_sacct("5|FAILED|1:0|None|gpu031|00:10:00|s|e"), line)
+    assert failure.klass is F.SHM_FULL and failure.nodes == ()
+    remedy = decide(failure, Policy(), 0)
+    assert remedy.kind is RemedyKind.STOP and remedy.exclude_nodes == ()
+    assert "/dev/shm" in remedy.message and "dataloader_num_workers" in remedy.message
+    # the root cause, not its echo: the other ranks' collective timing out after it, or a later exception
+    watchdog = "[rank0]:[E ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout"
+    exited = "RuntimeError: DataLoader worker (pid(s) 3216) exited unexpectedly"
+    assert classify([], f"{line}\n{watchdog}\n{exited}").klass is F.SHM_FULL
+
+
+@pytest.mark.parametrize(
+    "log, klass",
+    [
+        # NCCL's transport over shared memory is no data loader's (espnet/espnet's log)
+        (
+            "a70dc447153aw:55891:63349 [3] NCCL INFO Ring 00 : 3[3] -> 4[4] via direct shared memory\n"
+            "RuntimeError: the reader lost its place",
+            F.UNKNOWN,
+        ),
+        ("DataLoader worker (pid 7) is killed by signal: Bus error.", F.UNKNOWN),  # old wording: the signal alone
+        # a /torch_ file that cannot be opened or unlinked: the process's file descriptors as often as /dev/shm
+        ("RuntimeError: unable to open shared memory object </torch_16550_876314950> in read-write mode", F.UNKNOWN),
+        (
+            "terminate called after throwing an instance of 'c10::Error'\n  what():  could not unlink the shared "
+            "memory file /torch_30417_1951398734 (close at /opt/conda/aten/src/TH/THAllocator.cpp:475)",
+            F.UNKNOWN,
+        ),
+        ("OSError: [Errno 28] No space left on device: '/scratch/run/checkpoint-500'", F.DISK_FULL),
+    ],
+)
+def test_shared_memory_in_other_words_is_not_the_data_loaders(log, klass):
+    assert classify([], log).klass is klass
+
+
+@pytest.mark.parametrize(
+    "log, nodes",
+    [
+        # srun on nodes that never booted (GoogleCloudPlatform/cluster-toolkit, aws/aws-parallelcluster), with and
+        # without its node-failure line
+        (
+            "srun: error: Node failure on od-r7i-4xl-dy-od-128-gb-8-cores-4\n"
+            "srun: error: Nodes od-r7i-4xl-dy-od-128-gb-8-cores-4 are still not ready\n"
+            "srun: error: Something is wrong with the boot of the nodes.",
+            ("od-r7i-4xl-dy-od-128-gb-8-cores-4",),
+        ),
+        (
+            "srun: error: Nodes hpcsmall-debug-ghpc-[0-2] are still not ready\n"
+            "srun: error: Something is wrong with the boot of the nodes.",
+            (),
+        ),
+        # an old Slurm's step id ("5.0", before StepId=) in srun's launch failure
+        (
+            "srun: error: Task launch for 5.0 failed on node ip-172-31-81-213: Communication connection failure",
+            ("ip-172-31-81-213",),
+        ),
+        # slurmstepd's line with and without the node and the pointer to slurmctld's log (Slurm <= 17 and later)
+        ("slurmstepd: error: *** JOB 123 CANCELLED AT 2016-03-02T10:11:12 DUE TO NODE FAILURE ***", ()),
+        (
+            "slurmstepd: error: *** STEP 1943824.0 ON jean-zay-iam17 CANCELLED AT 2023-03-06T03:17:51 DUE TO NODE "
+            "FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***",
+            (),
+        ),
+    ],
+)
+def test_slurms_words_for_a_lost_node_in_the_jobs_log(log, nodes):
+    failure = classify([], log)
+    assert failure.klass is F.NODE_FAILURE and failure.nodes == nodes
+    assert decide(failure, Policy(), 0).kind is RemedyKind.REQUEUE
+    # sacct's own record says it too (every leg: --duplicates), and names the node
+    assert classify(parse_sacct("7|NODE_FAIL|0:0|None|gpu042|02:13:44|s|e"), "").nodes == ("gpu042",)
+
+
 # ---------------------------------------------------------------- policy
 
 RERUN = ("python", "-m", "sft_grid", "model=qwen3_8b", "micro_batch_size=4", "rerun_failed=true")
@@ -706,6 +861,7 @@ def test_transient_classes_requeue_within_their_budget_then_stop(klass, budget):
         (F.OFFLINE_HUB, "no internet"),
         (F.CANCELLED, "nothing to fix"),
         (F.HOST_OOM, "host memory"),
+        (F.SHM_FULL, "shared memory (/dev/shm"),
         (F.UNKNOWN, "read the cell's log (logs/train.log)"),
     ],
 )

@@ -1,19 +1,20 @@
 """The next cells of an adaptive grid: the fit's uncertainty on the question, reduced most per GPU-hour.
 
-A round: (1) each recipe's completed cells (never a holdout) are fitted with the report's own fit
-(analysis/scaling.py: L(N) = E + A N^-alpha, Huber in log space) and its bootstrap by cell gives the question's band
-at the size `at`; (2) the loop stops when the budget is spent or the band's half width is below `stop_halfwidth`;
-(3) otherwise each candidate of the pool (not run, not a holdout, affordable) is scored by how much it would shrink
-the variance of the forecast at `at`, per GPU-hour, and the best `batch` are chosen greedily (each choice joins the
-design before the next is scored).
+A round: (1) each recipe's completed cells (never a holdout) are fitted with the form chosen on held-out points
+(analysis/forms.py: E + A N^-alpha, A N^-alpha or a log-linear, whichever extrapolated best from the smaller sizes
+to the larger), and the errors it made there give the question's band at the size `at` (none through three sizes);
+(2) the loop stops when the budget is spent or the band's half width is below `stop_halfwidth`; (3) otherwise each
+candidate of the pool (not run, not a holdout, affordable) is scored by how much it would shrink the variance of the
+forecast at `at`, per GPU-hour, and the best `batch` are chosen greedily (each choice joins the design before the
+next is scored).
 
-The variance is the fit's linearisation (the delta method; the classic V-optimal criterion of experimental design,
-one of the baselines of Li et al. 2026, "Spend Less, Fit Better"): Var f(at) ~ g' (J'J)^-1 g, with J the model's
-Jacobian (of log L, as the fit works in log space) at the design's sizes and g its gradient at `at`, both at the
-current fit. Adding a candidate adds its row to J, which needs no value for it: the score is exact for the
-linearised model and costs microseconds, where refitting every bootstrap resample per candidate (the other
-choice) would cost a fit per candidate and resample. A recipe with fewer than three sizes has no fit yet: its
-cheapest sizes are chosen first (the seed design).
+The choice of the next cells stays on the form E + A N^-alpha: the variance is the fit's linearisation (the delta
+method; the classic V-optimal criterion of experimental design, one of the baselines of Li et al. 2026, "Spend Less,
+Fit Better"): Var f(at) ~ g' (J'J)^-1 g, with J the model's Jacobian (of log L, as the fit works in log space) at
+the design's sizes and g its gradient at `at`, both at the current fit. Adding a candidate adds its row to J, which
+needs no value for it: the score is exact for the linearised model and costs microseconds, where refitting every
+bootstrap resample per candidate (the other choice) would cost a fit per candidate and resample. A recipe with fewer
+than three sizes has no fit yet: its cheapest sizes are chosen first (the seed design).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sft_grid.adaptive.spec import AdaptiveSpec
-from sft_grid.analysis import scaling
+from sft_grid.analysis import forms, scaling
 
 MIN_SIZES = scaling.N_PARAMS
 
@@ -44,6 +45,7 @@ class Forecast:
     lo: float | None
     hi: float | None
     points: int
+    form: str = "power_e"  # the form the forecast comes from (analysis/forms.py)
 
     @property
     def halfwidth(self) -> float:
@@ -72,15 +74,16 @@ def forecasts(
         pts = [
             (c.n, observed[c.name], c.name) for c in pool if c.recipe == recipe and not c.holdout and c.name in observed
         ]
-        fit = scaling.fit(pts, band_n=[spec.at], resamples=resamples, level=spec.level, seed=spec.seed)
-        if not fit.ok:
+        if len({n for n, _, _ in pts}) < MIN_SIZES:
             out.append(Forecast(recipe, None, None, None, len(pts)))
             continue
-        band = fit.band
-        # through three points the fit is exact and every resample gives the same curve: no band, not a narrow one
-        exact = len({n for n, _, _ in pts}) <= MIN_SIZES
-        lo, hi = (band.lo[0], band.hi[0]) if band is not None and not exact else (None, None)
-        out.append(Forecast(recipe, fit.predict(spec.at), lo, hi, len(pts)))
+        # the form chosen on held-out points (analysis/forms.py), its band from the errors it made extrapolating
+        chosen = forms.select([(n, v) for n, v, _ in pts], level=spec.level)
+        value, lo, hi = chosen.forecast(spec.at)
+        if not chosen.ok or not math.isfinite(value):
+            out.append(Forecast(recipe, None, None, None, len(pts)))
+            continue
+        out.append(Forecast(recipe, value, lo, hi, len(pts), chosen.form))
     return tuple(out)
 
 

@@ -12,8 +12,10 @@ The decay's flip (rankings of learning rates invert while the learning rate deca
 on pre-annealing loss"): with `guard: cooldown` each cell is compared on a short cooldown probe from the rung's
 checkpoint (the learning rate decayed to 0 over `probe` x the rung's steps, then evaluated and discarded), as the
 end of a schedule would see it; with `guard: position` on its logged loss at the rung's step, smoothed over the last
-three logging points (every cell of a bracket at the same steps, so at the same schedule position). The real
-backends (LLaMA-Factory, axolotl) run no cooldown probe yet: for them only `guard: position` is accepted.
+three logging points (every cell of a bracket at the same steps, so at the same schedule position); with
+`guard: extrapolate` on its logged curve extrapolated to the schedule's end (`extrapolate`: the curve's own shape
+under its own learning-rate schedule, fitted to its logged points, evaluated at the last step with the schedule's
+last factor), which needs no probe, so it serves every backend that logs its loss and learning rate.
 
 Every decision is appended to the grid's record (`<sweep dir>/.sft_grid_prune.jsonl`) before anything acts on it.
 A record's decision is never recomputed: an orchestrator killed anywhere and started again reads the same record
@@ -145,6 +147,77 @@ def probe_loss(cell_dir: Path, step: int) -> float | None:
         return float(json.loads(path.read_text())["loss"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+# the fewest logged points before a rung that `guard: extrapolate` fits (its form has four parameters)
+MIN_POINTS = 5
+_BETAS = tuple(0.02 * 1.12**i for i in range(40))  # 0.02 .. ~1.7, the data exponents tried
+
+
+def schedule_end(kind: str) -> float:
+    """The learning rate's factor at a schedule's last step: 1 for the constant ones, 0 for those that decay."""
+    return 1.0 if kind in {"constant", "constant_with_warmup"} else 0.0
+
+
+def extrapolate(points: Sequence[tuple[float, float, float]], total: float, end: float) -> float | None:
+    """A training curve's loss at step `total` from its logged (step, loss, lr factor) points: the form
+    L(s) = c + b s^-beta + k f(s), the data term (a power law in the steps seen, Kaplan et al.) plus a noise floor
+    proportional to the learning rate's factor f (which the decay removes: the flip a pruner must not be fooled
+    by; Tissue et al. 2024, "Scaling law with learning rate annealing", use the same split), fitted by least
+    squares with c, b, k >= 0 (a loss, a falling data term, a floor that only adds), linear in (c, b, k) for each
+    beta of a grid, the best beta refined between its neighbours; evaluated at (total, end). Without
+    variation in f (a constant schedule) k is dropped. None with fewer than MIN_POINTS points."""
+    import numpy as np
+    from scipy.optimize import minimize_scalar, nnls
+
+    pts = [(s, v, f) for s, v, f in points if s > 0 and math.isfinite(v) and math.isfinite(f)]
+    if len(pts) < MIN_POINTS:
+        return None
+    steps = np.array([p[0] for p in pts], dtype=float)
+    loss = np.array([p[1] for p in pts])
+    factor = np.array([p[2] for p in pts])
+    varies = float(np.ptp(factor)) > 1e-6
+
+    def solve(beta: float) -> tuple[float, float]:
+        cols = [np.ones_like(steps), steps**-beta] + ([factor] if varies else [])
+        design = np.stack(cols, axis=1)
+        coef, _ = nnls(design, loss)
+        value = float(coef[0] + coef[1] * total**-beta + (coef[2] * end if varies else 0.0))
+        return float(np.sum((design @ coef - loss) ** 2)), value
+
+    sse = [solve(beta)[0] for beta in _BETAS]
+    i = int(np.argmin(sse))
+    # the grid's best beta, refined between its neighbours
+    lo, hi = _BETAS[max(0, i - 1)], _BETAS[min(len(_BETAS) - 1, i + 1)]
+    found = minimize_scalar(lambda b: solve(b)[0], bounds=(lo, hi), method="bounded", options={"xatol": 1e-5})
+    beta = float(found.x) if found.success and found.fun <= sse[i] else _BETAS[i]
+    return solve(beta)[1]
+
+
+def logged_curve(cell_dir: Path, step: int) -> list[tuple[float, float, float]]:
+    """The (step, loss, learning-rate factor) points the trainer's per-step log holds up to `step`, the factor
+    being the logged learning rate over the largest logged so far (the peak, once warmup is over)."""
+    path = cell_dir / OUTPUT_DIR / TRAINER_LOG
+    rows: dict[int, tuple[float, float]] = {}
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        try:
+            rec = json.loads(line)
+            at, loss, lr = int(rec["current_steps"]), rec.get("loss"), rec.get("learning_rate")
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(loss, (int, float)) and isinstance(lr, (int, float)) and at <= step:
+            rows[at] = (float(loss), float(lr))
+    peak = max((lr for _, lr in rows.values()), default=0.0)
+    return [(float(s), v, lr / peak if peak > 0 else 1.0) for s, (v, lr) in sorted(rows.items())]
+
+
+def extrapolated_loss(cell_dir: Path, step: int, total: int, end: float) -> float | None:
+    """`guard: extrapolate`'s evidence: the cell's logged curve up to `step` extrapolated to `total`; None while it
+    has logged no loss at `step` itself."""
+    curve = logged_curve(cell_dir, step)
+    if not curve or curve[-1][0] != step:
+        return None
+    return extrapolate(curve, total, end)
 
 
 # -- the plan: what each cell does next --------------------------------------------------------------------------

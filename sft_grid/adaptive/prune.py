@@ -72,8 +72,8 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
                     name,
                     "prune-block",
                     "pruning ends legs of training at rungs, and this backend cannot end a leg at a step yet",
-                    "backend=llamafactory (guard: position) or backend=synthetic (the simulator), or drop the prune:"
-                    " block",
+                    "backend=llamafactory (guard: position or extrapolate), backend=synthetic (the simulator) or"
+                    " backend=replay (real curves), or drop the prune: block",
                 )
             )
         elif backend is not None and spec.guard == "cooldown" and not backend.cooldown_probe:
@@ -85,8 +85,8 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
                     "prune-block",
                     f"the {name} backend runs no cooldown probe from a rung's checkpoint yet (only the synthetic"
                     " simulator does)",
-                    "guard: position (the cells of a bracket compared on their logged loss at the rung's step,"
-                    " smoothed over the last logging points)",
+                    "guard: extrapolate (each cell's logged curve extrapolated to the schedule's end), or guard:"
+                    " position (the logged loss at the rung's step, smoothed over the last logging points)",
                 )
             )
         if not total_steps(cell):
@@ -102,7 +102,23 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
             )
         every = cell.spec.logging_steps
         off = [r for r in spec.rung_steps(_tokens_per_step(cell)) if r % every]
-        if spec.guard == "position" and off:
+        first = min(spec.rung_steps(_tokens_per_step(cell)), default=0)
+        if spec.guard == "extrapolate" and every and first // every < halving.MIN_POINTS:
+            # the evidence is a fit of the logged curve: the first rung needs enough logged points before it
+            out.append(
+                Problem(
+                    cell.name,
+                    "prune.rungs",
+                    list(spec.rungs),
+                    "prune-block",
+                    f"under guard: extrapolate each cell's logged curve is fitted up to the rung, and the first rung"
+                    f" (step {first}) has {first // every} logged point(s) before it (logging_steps {every}); the fit"
+                    f" needs {halving.MIN_POINTS}",
+                    f"a first rung at step {halving.MIN_POINTS * every} or later, or logging_steps <="
+                    f" {max(1, first // halving.MIN_POINTS)}",
+                )
+            )
+        if spec.guard in ("position", "extrapolate") and off:
             # the evidence is the loss logged at the rung; a rung between logging points has none, and the resumed
             # leg's first log would average a different span of steps than an unbroken run's
             out.append(
@@ -111,7 +127,7 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
                     "prune.rungs",
                     off,
                     "prune-block",
-                    f"under guard: position each rung (in steps) must be a step the trainer logs: a multiple of"
+                    f"under guard: {spec.guard} each rung (in steps) must be a step the trainer logs: a multiple of"
                     f" logging_steps ({every})",
                     f"rungs at multiples of {every} (e.g. {[max(every, r // every * every) for r in off]}), or"
                     f" logging_steps=1",
@@ -222,7 +238,13 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     def evidence(name: str, step: int) -> float | None:
         if spec.guard == "cooldown":
             return halving.probe_loss(by_name[name], step)
-        return halving.logged_loss(by_name[name], step) if at_least(name, step) else None
+        if not at_least(name, step):
+            return None
+        if spec.guard == "extrapolate":
+            cell = cells_by[name]
+            end = halving.schedule_end(cell.spec.scheduler)
+            return halving.extrapolated_loss(by_name[name], step, total_steps(cell), end)
+        return halving.logged_loss(by_name[name], step)
 
     sweep_dir = cells[0].sweep_dir
     plan = halving.plan(

@@ -8,7 +8,8 @@
       by: [vars.model, seed]      # the keys whose values make a bracket: cells alike in them are compared together
       guard: cooldown             # cooldown: compare short cooldown probes from the rung's checkpoint (no decay
       probe: 0.1                  #   flip; the synthetic simulator only); position: the logged loss at the rung,
-                                  #   smoothed (all cells at the same step; LLaMA-Factory and axolotl)
+                                  #   smoothed (all cells at the same step); extrapolate: each logged curve
+                                  #   extrapolated to the schedule's end (no probe; every backend)
 
     adaptive:                     # the next cells from the fit
       question: loss              # loss (each recipe's at `at`) or gap (recipe a minus recipe b at `at`)
@@ -51,7 +52,7 @@ ADAPTIVE_KEYS = (
     "seed",
     "recipe_key",
 )
-GUARDS = ("cooldown", "position")
+GUARDS = ("cooldown", "position", "extrapolate")
 UNITS = ("steps", "tokens")
 QUESTIONS = ("loss", "gap")
 
@@ -167,7 +168,8 @@ def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | No
                 "guard",
                 guard,
                 "is not a guard against the decay's flip",
-                "cooldown (compare short cooldown probes) or position (the loss at the rung's step)",
+                "cooldown (compare short cooldown probes), position (the loss at the rung's step) or extrapolate"
+                " (each logged curve extrapolated to the schedule's end)",
             )
         )
     probe = _get(data, "probe", 0.1)

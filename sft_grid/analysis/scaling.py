@@ -31,7 +31,7 @@ its Huber loss); the bootstrap resamples with numpy and refits every resample at
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -362,6 +362,7 @@ def report_fits(
     data: dict[str, Any],
     metrics: Sequence[str] | None = None,
     xs: Sequence[str] = ("params", "compute_budget"),
+    select: Callable[[list[tuple[float, float]]], dict[str, Any]] | None = None,
     **kw: Any,
 ) -> list[dict[str, Any]]:
     """The report's "fits": one fit per (metric, x, recipe) from the completed cells of `data`.
@@ -372,7 +373,9 @@ def report_fits(
     plot draws 1 - the curve), since the form E + A N^-alpha falls towards a floor.
     x is a cell field: "params" or "compute_budget". Running, failed and planned cells never enter a fit.
     A (metric, x, recipe) with no completed cell that has both values is left out; one with too few is
-    kept, with ok=False and its reason, so the report can say why a curve is missing. `kw` goes to `fit`.
+    kept, with ok=False and its reason, so the report can say why a curve is missing. `kw` goes to `fit`. With `select`
+    (the report's: the form chosen on held-out points, analysis/forms.py, which builds on this module), each fitted
+    entry also carries `selection`, for the reader to weigh the single form against.
     """
     out: list[dict[str, Any]] = []
     cells = [c for c in data.get("cells", []) if c.get("state") == "completed"]
@@ -401,7 +404,12 @@ def report_fits(
                 ]
                 pts = [p for p in pts if _finite_positive(p[1])]
                 if pts:
-                    out.append({"metric": metric, "x": x, "recipe": recipe, "flip": flip, **fit(pts, **kw).as_dict()})
+                    found = fit(pts, **kw).as_dict()
+                    # the form chosen on held-out points beside the report's own (analysis/forms.py): which form
+                    # extrapolated best from the smaller sizes, each form's held-out error, and the band's scale
+                    if select is not None:
+                        found["selection"] = select([(n, v) for n, v, _ in pts]) if found["ok"] else None
+                    out.append({"metric": metric, "x": x, "recipe": recipe, "flip": flip, **found})
     return out
 
 

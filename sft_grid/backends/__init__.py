@@ -11,10 +11,12 @@ Imports sft_grid.core and sft_grid.planning.
 
 from __future__ import annotations
 
-from sft_grid.backends import axolotl, llamafactory, synthetic
+from sft_grid.backends import axolotl, llamafactory, replay, synthetic
 from sft_grid.backends.base import Backend, MaskSpec
 
-BACKENDS: dict[str, Backend] = {b.name: b for b in (llamafactory.BACKEND, axolotl.BACKEND, synthetic.BACKEND)}
+BACKENDS: dict[str, Backend] = {
+    b.name: b for b in (llamafactory.BACKEND, axolotl.BACKEND, synthetic.BACKEND, replay.BACKEND)
+}
 
 __all__ = ["BACKENDS", "Backend", "MaskSpec", "get"]
 

@@ -454,10 +454,12 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
         for cell, cell_dir in zip(cells, inputs.dirs, strict=True)
     ]
     bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
-    decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
     hub_cells = {cell for i in inputs.staging.pending for cell, _ in i.users}
-    # issue 25: each cell on its site; a moving cell on another than the one it leaves
+    # issue 25: each cell on its site; a moving cell on another than the one it leaves. Placed before the stages
+    # are planned: whether a tokenization is worth a job of its own, and where the jobs before training are
+    # queued (grid/jobs.py: on each site that has a cell waiting for them), are the placed cells'
     decisions, on_sites = spread(decisions, observed.sites, view.histories, hub_cells, observed.moving)
+    decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
     writes = [
         grid_costs.with_file(
             render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))),

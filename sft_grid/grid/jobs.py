@@ -29,11 +29,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import SUBMITIT_DIR
 from sft_grid.core.schema import CellConf, ClusterConf, EvalConf
@@ -167,41 +166,87 @@ def _slurm(
     tokens: Mapping[Path, Tokenization],
 ) -> tuple[tuple[SlurmJob, ...], tuple[PrepWait, ...]]:
     runs = [d for d in decisions if d.action is Action.RUN]
-    # the chain before training: staging -> preps -> tokenizations; a cell waits for the last it needs
-    stage, after_staging = stage_job(work, histories, view)
-    prep, waits = prep_jobs(runs, preps, histories, view, after_staging)
-    prep_array = Dependency("afterany", prep.name) if prep is not None else None
-    wait_of = {w.cell_dir: w.job for w in waits}
-    if after_staging is not None and work is not None:  # cells without a prep of their own wait for the staging
-        wait_of.update({d.dir: after_staging for d in runs if d.dir in work.cells and d.dir not in wait_of})
-    tokenizing, tokenize_waits = tokenize_jobs(runs, tokens, histories, view, prep_array or after_staging)
-    wait_of.update(tokenize_waits)
-    jobs = [j for j in (stage, prep, tokenizing) if j is not None]
     concurrency = [d.cell.spec.concurrency for d in runs if d.cell.spec.concurrency]
     throttle = min(concurrency) if concurrency else None
-    groups: dict[tuple[Any, ...], list[Decision]] = {}
-    for d in runs:
-        request = _avoiding(request_for(d.cell.spec, minutes(d)), d.exclude)
-        groups.setdefault((request, d.dir.parent, wait_of.get(d.dir)), []).append(d)
-    for (request, _sweep_dir, dependency), members in groups.items():
-        for i in range(0, len(members), max_array_size):
-            chunk = members[i : i + max_array_size]
-            train = slurm_job(
-                Role.TRAIN, [d.dir for d in chunk], request, histories, dependency=dependency, throttle=throttle
-            )
-            after = Dependency("aftercorr" if len(chunk) > 1 else "afterok", train.name)
-            post = _post_job(chunk, after, histories)
-            jobs += [train, post, *cell_eval_jobs(chunk, post, histories, throttle)]
+    jobs: list[SlurmJob] = []
+    waits: list[PrepWait] = []
+    # each cluster's chain, then its training arrays: a cell's prep job is queued before the cell (its ledger
+    # records the prep's job id of its own cluster)
+    clusters = _by_cluster(runs)
+    for members in clusters:
+        # an earlier invocation's job of a stage is waited for in a grid of one cluster only: the stage's ledger
+        # does not say which cluster's job it is (its id may be another cluster's), so elsewhere a new one is queued
+        earlier = view if len(clusters) == 1 and not site_of(members[0].cell.spec) else None
+        before, wait_of, prep_waits = _before_training(members, preps, histories, earlier, work, tokens)
+        jobs += before
+        waits += prep_waits
+        groups: dict[tuple[Any, ...], list[Decision]] = {}
+        for d in members:
+            request = _avoiding(request_for(d.cell.spec, minutes(d)), d.exclude)
+            groups.setdefault((request, d.dir.parent, wait_of.get(d.dir)), []).append(d)
+        for (request, _sweep_dir, dependency), group in groups.items():
+            for i in range(0, len(group), max_array_size):
+                chunk = group[i : i + max_array_size]
+                train = slurm_job(
+                    Role.TRAIN, [d.dir for d in chunk], request, histories, dependency=dependency, throttle=throttle
+                )
+                after = Dependency("aftercorr" if len(chunk) > 1 else "afterok", train.name)
+                post = _post_job(chunk, after, histories)
+                jobs += [train, post, *cell_eval_jobs(chunk, post, histories, throttle)]
     by_sweep: dict[Path, list[Decision]] = {}
     for d in decisions:
         if d.action is Action.POST:
             by_sweep.setdefault(d.dir.parent, []).append(d)
-    for members in by_sweep.values():
-        staged = [d for d in members if d.post]
+    for post_only in by_sweep.values():
+        staged = [d for d in post_only if d.post]
         post_job = _post_job(staged, None, histories) if staged else None
         jobs += [post_job] if post_job is not None else []
-        jobs += cell_eval_jobs(members, post_job, histories, throttle)
+        jobs += cell_eval_jobs(post_only, post_job, histories, throttle)
     return tuple(jobs), tuple(waits)
+
+
+def site_of(spec: CellConf) -> str:
+    """The site a grid across sites placed the cell on (its cluster profile's name); "" in a one-site grid."""
+    return spec.cluster.name if spec.sites else ""
+
+
+def _by_cluster(runs: Sequence[Decision]) -> list[list[Decision]]:
+    """The cells to train, by the cluster their jobs go to (their site, and the Slurm client environment that
+    reaches it), in the order of their first cell: one group in a one-site grid."""
+    groups: dict[tuple[Any, ...], list[Decision]] = {}
+    for d in runs:
+        c = d.cell.spec.cluster
+        groups.setdefault((site_of(d.cell.spec), c.name, tuple(sorted(c.client_env.items()))), []).append(d)
+    return list(groups.values())
+
+
+def _before_training(
+    runs: Sequence[Decision],
+    preps: Mapping[Path, Prep | None],
+    histories: Mapping[Path, Sequence[Event]],
+    view: SchedulerView | None,
+    work: StageWork | None,
+    tokens: Mapping[Path, Tokenization],
+) -> tuple[list[SlurmJob], dict[Path, Dependency], list[PrepWait]]:
+    """The chain before training of the cells of one cluster, queued on that cluster (a Slurm dependency can only
+    name a job of its own cluster): staging -> preps -> tokenizations; each cell waits for the last it needs.
+    `view`: the scheduler's jobs, where an earlier invocation's job still queued may be waited for (None: never).
+
+    A staging, prep or tokenization that cells of two sites need is queued on each site (their jobs build it in
+    one directory: the first builds it, the others find it built, stages/once.py); one already complete is
+    queued nowhere."""
+    first = runs[0].cell.spec
+    needing = [d for d in runs if work is not None and d.dir in work.cells]
+    here = replace(work, cluster=needing[0].cell.spec.cluster) if work is not None and needing else None
+    stage, after_staging = stage_job(here, histories, view, site_of(first))
+    prep, waits = prep_jobs(runs, preps, histories, view, after_staging)
+    prep_array = Dependency("afterany", prep.name) if prep is not None else None
+    wait_of = {w.cell_dir: w.job for w in waits}
+    if after_staging is not None:  # cells without a prep of their own wait for the staging
+        wait_of.update({d.dir: after_staging for d in needing if d.dir not in wait_of})
+    tokenizing, tokenize_waits = tokenize_jobs(runs, tokens, histories, view, prep_array or after_staging)
+    wait_of.update(tokenize_waits)
+    return [j for j in (stage, prep, tokenizing) if j is not None], wait_of, waits
 
 
 def _avoiding(request: SlurmRequest, nodes: Sequence[str]) -> SlurmRequest:
@@ -248,8 +293,9 @@ def request_for(spec: CellConf, timeout_min: int) -> SlurmRequest:
         params["gpus_per_node"] = c.gpus_per_node
     elif c.gpus_per_node and c.gpu_directive == "gres":
         params["gres"] = f"gpu:{c.gpus_per_node}"
-    site = c.name if spec.sites else ""
-    return SlurmRequest(tuple(sorted(params.items())), c.max_requeues, tuple(sorted(c.client_env.items())), site)
+    return SlurmRequest(
+        tuple(sorted(params.items())), c.max_requeues, tuple(sorted(c.client_env.items())), site_of(spec)
+    )
 
 
 def post_request_for(spec: CellConf, needs_hub: bool) -> SlurmRequest:
@@ -297,9 +343,10 @@ def prep_request(request: SlurmRequest) -> SlurmRequest:
     )
 
 
-def stage_request(cluster: ClusterConf) -> SlurmRequest:
+def stage_request(cluster: ClusterConf, site: str = "") -> SlurmRequest:
     """The staging job: one node of the transfer partition (the cluster's own when it names none), a few cores, no
-    GPU, the staging wall time, the staging setup lines first; never requeued."""
+    GPU, the staging wall time, the staging setup lines first; never requeued. `site`: where a grid across sites
+    queues it ("" in a one-site grid)."""
     st = cluster.staging
     params: dict[str, Any] = {
         "time": int(parse_minutes(st.time)),
@@ -314,7 +361,7 @@ def stage_request(cluster: ClusterConf) -> SlurmRequest:
         params["partition"] = st.partition or cluster.partition
     if st.setup:
         params["setup"] = tuple(st.setup)
-    return SlurmRequest(tuple(sorted(params.items())), 0, tuple(sorted(cluster.client_env.items())))
+    return SlurmRequest(tuple(sorted(params.items())), 0, tuple(sorted(cluster.client_env.items())), site)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,17 +449,17 @@ def tokenize_request(spec: CellConf) -> SlurmRequest:
 
 
 def stage_job(
-    work: StageWork | None, histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None
+    work: StageWork | None, histories: Mapping[Path, Sequence[Event]], view: SchedulerView | None, site: str = ""
 ) -> tuple[SlurmJob | None, Dependency | None]:
     """The staging job to submit (None: none, or an earlier invocation's is still queued or running), and what the
-    cells that need the staging wait for."""
+    cells that need the staging wait for; `site`: where a grid across sites queues it."""
     if work is None:
         return None, None
     earlier = queued_job(histories.get(work.dir, ()), view)
     if earlier:
         return None, Dependency("afterany", earlier, planned=False)
     label = f"{len(work.pins)} Hub repositories"
-    job = slurm_job(Role.STAGE, [work.dir], stage_request(work.cluster), histories, label=label)
+    job = slurm_job(Role.STAGE, [work.dir], stage_request(work.cluster, site), histories, label=label)
     return job, Dependency("afterany", job.name)
 
 
@@ -460,12 +507,18 @@ def prep_jobs(
 
 
 def queued_job(history: Sequence[Event], view: SchedulerView | None) -> str:
-    """The prep's job an earlier invocation queued, while it is still queued or running ("" if none)."""
-    queued = events.last(list(history), Kind.JOB)
-    if queued is None or view is None:
+    """The job an earlier invocation queued for a prep, a staging or a tokenization, while it is still queued or
+    running ("" if none): the scheduler's job of the id its ledger recorded last, under the name recorded with it
+    (a job of another cluster, queued for the same directory by a grid across sites, may have the same id)."""
+    at = next((i for i in range(len(history) - 1, -1, -1) if history[i].kind is Kind.JOB), None)
+    if at is None or view is None:
         return ""
+    queued = history[at]
     job = view.job(queued.job_id)
-    return queued.job_id if job is not None and job.in_flight else ""
+    named = next((e.array for e in reversed(history[:at]) if e.kind is Kind.SUBMITTED), "")
+    if job is None or not job.in_flight or (named and job.name and job.name != named):
+        return ""
+    return queued.job_id
 
 
 def tokenize_jobs(

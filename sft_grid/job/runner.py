@@ -35,6 +35,7 @@ from sft_grid.core.failures.cell import (
     WATCHDOG_FILE,
     cell_config,
     failed_event,
+    missing_input,
     next_step,
     requeues_spent,
     triage,
@@ -370,16 +371,26 @@ def _run_deferred_checks(cell_dir: Path) -> None:
     ):
         if not verdict.ok:
             reason = f"preflight: {check.describe()}: {verdict.message}"
-            # a deferred check refusing the cell's inputs is positive evidence on its config or data
-            events.append(
-                cell_dir,
-                _here(
+            missing = missing_input(cell_dir, check.kind, check.target, verdict.message)
+            if missing is not None:  # an input the grid builds before the cell is not there: the grid's order
+                failure, remedy = missing
+                reason = failure.summary
+                recorded = _here(
+                    Kind.FAILED,
+                    reason=reason,
+                    note=remedy.message,
+                    failure_class=failure.klass,
+                    evidence=failure.evidence[:500],
+                    action=remedy.kind,
+                )
+            else:  # a deferred check refusing the cell's inputs is positive evidence on its config or data
+                recorded = _here(
                     Kind.FAILED,
                     reason=reason,
                     failure_class=FailureClass.BACKEND_ERROR,
                     evidence=verdict.message[:500],
                     action=RemedyKind.STOP,
-                ),
-            )
+                )
+            events.append(cell_dir, recorded)
             _ended(cell_dir)
             raise CellFailed(reason)

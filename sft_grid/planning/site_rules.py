@@ -111,6 +111,7 @@ SBATCH_OPTIONS = frozenset(
         "reboot",
         "requeue",
         "reservation",
+        "segment",
         "signal",
         "sockets-per-node",
         "spread-job",
@@ -144,8 +145,6 @@ OWN = {
     "account": "cluster.account",
     "A": "cluster.account",
     "qos": "cluster.qos",
-    "gpus-per-node": "cluster.gpus_per_node",
-    "gres": "cluster.gpus_per_node (cluster.gpu_directive: gres)",
     "cpus-per-task": "cluster.cpus_per_node",
     "ntasks-per-node": "the launcher (sft_grid runs one task per node)",
     "job-name": "sweep_name (each job is named from it)",
@@ -159,6 +158,9 @@ OWN = {
 # sbatch options sft_grid writes only when the cluster's own key is set: given in sbatch_extra as well, one of the
 # two would be lost; alone, sbatch_extra's is the job's (a test's --mem=300M, finer than mem_gb's gigabytes)
 OWN_WHEN_SET = {"mem": "mem_gb", "exclude": "exclude", "constraint": "constraint"}
+# the GPU request: sft_grid writes it unless the cluster's gpu_directive is none (a typed request such as
+# --gres=gpu:b200:4 is then the profile's own sbatch_extra)
+GPU_OPTIONS = ("gres", "gpus-per-node", "gpus")
 
 
 def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
@@ -204,8 +206,14 @@ def sbatch_extra(cell: Cell) -> Iterator[Problem]:
         key = f"cluster.sbatch_extra.{raw}"
         value = c.sbatch_extra[raw]
         both = option in OWN_WHEN_SET and getattr(c, OWN_WHEN_SET[option]) not in (None, "", 0)
-        if option in OWN or str(raw) in OWN or both:
-            own = OWN.get(option) or OWN.get(str(raw)) or f"cluster.{OWN_WHEN_SET[option]} alone"
+        gpus = option in GPU_OPTIONS and c.gpu_directive != "none" and bool(c.gpus_per_node)
+        if option in OWN or str(raw) in OWN or both or gpus:
+            own = (
+                OWN.get(option)
+                or OWN.get(str(raw))
+                or ("cluster.gpus_per_node, or cluster.gpu_directive=none with this option" if gpus else "")
+                or f"cluster.{OWN_WHEN_SET[option]} alone"
+            )
             yield _problem(
                 cell,
                 key,

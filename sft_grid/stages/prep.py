@@ -5,7 +5,8 @@ writes the prep's script and runs it. The prep directory keeps its own ledger (e
 (prep.sh, runnable by hand: the think/tool tokens renamed into Llama-3's reserved slots by
 in_venv/prep_delphi.py, in the backend's virtual environment) and its log (prep.log). Locally the grid runs the
 prep before the cells, under a lock (other grids may share the prepared copy: one prepares it, the others find
-it done); on Slurm it is one job per model and the cells' arrays depend on it (see grid/jobs.py).
+it done); on Slurm it is one array of the models' preps and the cells' arrays depend on it (see grid/jobs.py), one
+on each site of a grid across sites that has a cell of the model.
 """
 
 from __future__ import annotations
@@ -78,8 +79,15 @@ def prepare(prep: Prep, cell: Cell) -> str | None:
 
 
 def run(prep_dir: Path) -> str:
-    """Run a model's prep.sh here (locally, or as its Slurm job) and record it in the prep's ledger."""
-    events.append(prep_dir, Event.here(Kind.RUNNING))
+    """The prep job's entry on Slurm: prepare the model unless it is prepared. A prep that cells of two sites of one
+    file system share is queued on each site (grid/jobs.py); their jobs take turns through the lock, and whoever
+    comes second finds it done."""
+    return once.run_in_job(prep_dir, LOCK, prep_complete, build)
+
+
+def build(prep_dir: Path) -> str:
+    """Run a model's prep.sh here (locally, or in its Slurm job) and record it in the prep's ledger."""
+    events.append(prep_dir, Event.here(Kind.RUNNING, details=once.site()))
     with (prep_dir / LOG).open("ab") as fh:
         fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {SCRIPT}\n".encode())
         fh.flush()
@@ -99,4 +107,4 @@ def run(prep_dir: Path) -> str:
 def run_here(prep_dir: Path) -> str | None:
     """Run a prep (its prep.sh written) on this machine unless it is done, also by another grid meanwhile (they
     take turns through a lock); None, or why it failed."""
-    return once.run_here(prep_dir, LOCK, prep_complete, run, PrepFailed)
+    return once.run_here(prep_dir, LOCK, prep_complete, build, PrepFailed)

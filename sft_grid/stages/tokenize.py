@@ -57,6 +57,7 @@ from sft_grid.stages import once
 
 SCRIPT = "tokenize.sh"
 LOG = "tokenize.log"
+LOCK = ".tokenize.lock"
 IDENTITY = "tokenize.json"
 TIME_MIN = 120  # the longest a tokenize job may run on Slurm (minutes)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -250,9 +251,16 @@ def _content(path: Path) -> bytes:
 
 
 def run(tok_dir: Path) -> str:
-    """Run a tokenize job's script here (locally, or as its Slurm job); the marker is written once the backend's
+    """The tokenize job's entry on Slurm: build it unless it is built. A tokenization that cells of two sites of
+    one file system share is queued on each site (grid/jobs.py); their jobs take turns through the lock, and
+    whoever comes second finds it built. Raises TokenizeFailed with the reason."""
+    return once.run_in_job(tok_dir, LOCK, tokenized_complete, build)
+
+
+def build(tok_dir: Path) -> str:
+    """Run a tokenize job's script here (locally, or in its Slurm job); the marker is written once the backend's
     own output is there. Raises TokenizeFailed with the reason."""
-    events.append(tok_dir, Event.here(Kind.RUNNING))
+    events.append(tok_dir, Event.here(Kind.RUNNING, details=once.site()))
     clear_partial(tok_dir)  # an earlier attempt's partial output: LLaMA-Factory would load it as if complete
     before = os.times()
     with (tok_dir / LOG).open("ab") as fh:
@@ -287,7 +295,7 @@ class TokenizeFailed(RuntimeError):
 def run_here(tok_dir: Path) -> str | None:
     """Run a tokenization on this machine unless it is done, also by another grid meanwhile (they take turns
     through a lock); None, or why it failed."""
-    return once.run_here(tok_dir, ".tokenize.lock", tokenized_complete, run, TokenizeFailed)
+    return once.run_here(tok_dir, LOCK, tokenized_complete, build, TokenizeFailed)
 
 
 def clear_partial(tok_dir: Path) -> None:

@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from sft_grid.core import human
+from sft_grid.core import events, human
 from sft_grid.core.cellfiles import CellYaml
-from sft_grid.core.events import Event, Kind
-from sft_grid.core.failures.classes import Failure, FailureClass
+from sft_grid.core.events import Event, Kind, submitted_site
+from sft_grid.core.failures.classes import DESCRIPTION, Failure, FailureClass
 from sft_grid.core.failures.classify import classify
 from sft_grid.core.failures.policy import (
     CellContext,
@@ -235,6 +235,49 @@ def in_data_step(failure: Failure, cell_dir: Path, history: Sequence[Event]) -> 
     return dataclasses.replace(
         failure, summary=f"{failure.summary}, in its data step ({describe_data_step(step)}, never finished)"
     )
+
+
+# the deferred checks of an input the grid builds before the cell (checks/preflight.py), and the job that builds it
+_BUILDERS = {"tokenized": "tokenize job", "prepared": "model prep job", "staged": "staging"}
+
+
+def missing_input(cell_dir: Path, kind: str, target: str, message: str) -> tuple[Failure, Remedy] | None:
+    """A cell whose deferred check failed as its job started (job/runner.py), when that check found an input the
+    grid builds before the cell not there yet (its model's prepared copy, its shared tokenized dataset, a staged Hub
+    repository: the check's own words, signs.py): class `missing_input`, the grid's order of jobs and no fault of
+    the config or the data, with a summary that names the input and the job that should have built it, and the
+    policy's next step. None for any other failed check (the cell's config or data refused: `backend_error`).
+    `kind`, `target`: the check's; `message`: its verdict's."""
+    found = classify([], message)
+    if found.klass is not FailureClass.MISSING_INPUT:
+        return None
+    cell_site = submitted_site(events.read(cell_dir))[0]
+    where = f" (the cell ran on site {cell_site})" if cell_site else ""
+    evidence = message.strip().splitlines()[0][:500] if message.strip() else found.evidence
+    summary = f"{DESCRIPTION[FailureClass.MISSING_INPUT]}: {evidence}; {_builder(kind, target)}{where}"
+    failure = dataclasses.replace(found, evidence=evidence, summary=summary)
+    return failure, next_step(cell_dir, events.read(cell_dir), failure)
+
+
+def _builder(kind: str, target: str) -> str:
+    """Which job should have built the input of a check, as the ledger in the input's directory records it (a
+    tokenized dataset's, a model prep's); a staged repository's staging is named only (its job's directory is the
+    grid's, not the check's)."""
+    what = _BUILDERS.get(kind, "job before the cell")
+    if kind not in ("tokenized", "prepared"):
+        return f"the grid's {what} should have built it first"
+    history = events.read(Path(target))
+    at = next((i for i in range(len(history) - 1, -1, -1) if history[i].kind is Kind.SUBMITTED), None)
+    if at is None:
+        return f"no {what} was queued for it ({target})"
+    submitted = history[at]
+    if submitted.executor != "slurm":
+        return f"the {what} on the grid's machine should have built it first ({target})"
+    ids = [e.job_id for e in history[at + 1 :] if e.kind is Kind.JOB and e.job_id]
+    ran = [str(e.details.get("site")) for e in history[at + 1 :] if e.kind is Kind.RUNNING and e.details.get("site")]
+    job = f"{what} {ids[-1] if ids else '(no job id recorded)'} ({submitted.array}"
+    job += f", on site {ran[-1]})" if ran else ")"
+    return f"{job} should have built it first"
 
 
 def failed_event(failure: Failure, remedy: Remedy, **fields: Any) -> Event:

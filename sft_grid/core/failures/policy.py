@@ -90,7 +90,15 @@ FIX = {
     "internet): stage the model and data on a node that has it (sft-grid stage, or point "
     "the model at a local copy) and keep HF_HUB_OFFLINE=1 for training",
     F.CANCELLED: "cancelled by a user: nothing to fix; a rerun resumes from the last checkpoint",
+    F.MISSING_INPUT: "the cell started before the job that builds its input had built it (the grid's order of jobs, "
+    "not the config or the data): run the grid command again with rerun_failed=true; it queues that job again "
+    "where the cell runs, unless the input is built by then, and the cell after it",
     F.HOST_OOM: "the node ran out of host memory: ask for more memory per node or use fewer data workers",
+    # not retried unchanged: the same workers fill the same /dev/shm again; the worker count is a backend key
+    F.SHM_FULL: "the data loader's workers ran out of shared memory (/dev/shm, sized by the node or container apart "
+    "from the job's memory): use fewer of them (+extra.dataloader_num_workers=0 loads in the training process) or "
+    "ask for a larger /dev/shm (a container's --shm-size; where /dev/shm counts against the job's memory, more "
+    "memory per node); the rerun resumes from the last checkpoint",
 }
 # unknown: nothing says whose fault it is, so nothing is blamed; the log and its telling line are named
 UNKNOWN_FIX = (

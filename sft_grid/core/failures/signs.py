@@ -10,13 +10,15 @@ Design:
   a quoted source line, then the lower rank wins (the scheduler's own record before a launcher's echo of it),
   then the earliest line (the first failure observed is the cause, later ones its echo):
       0  the loss watchdog's own line: the run stopped itself on purpose
-      1  root causes: GPU/host out of memory, GPU hardware, disk full, the Hub out of reach
+      1  root causes: GPU/host/shared memory exhausted, GPU hardware, disk full, the Hub out of reach, an input the grid
+         builds before the cell not there when it started
       2  the scheduler's end: node failure, preemption, time limit, a user's cancel
       3  communication: collective failures and rendezvous failures (often the echo of a tier 1 cause); then
          (rank 3) a launcher saying a process died of SIGKILL that nothing above explains: the kernel's memory
          kill (host_oom). Below a failed collective on purpose: a rank killed from outside (a person, a health
          check) leaves its peers' collectives failing, a transient fault to requeue (test_triage_faults)
-      4  the loss: NaN/inf, a loss scaler at its floor (the last logged loss decides, see classify.py)
+      4  the loss: NaN/inf, a loss scaler at its floor (the last logged loss decides, see classify.py), a
+         trainer's own guard stopping on a loss it calls not finite
       5  named failures of the run itself: the backend refusing its config or data (backend_error, only on
          such positive evidence) and software faults no rule pins on the user or the machine (unknown)
 - `running`: a network sign that means a rendezvous while the process group is being set up, and a failed
@@ -119,6 +121,20 @@ SIGNS: tuple[Sign, ...] = (
         r"CUDA unknown error - this may be due to an incorrectly set up environment|"
         r"Unexpected error from cudaGetDeviceCount\(\)|cudaGetDeviceCount returned \d+",
     ),
+    # -- shared memory (/dev/shm), which the data loader's workers hand their batches through, as torch words its end:
+    # the worker's own SIGBUS handler (0.4-2.x "ERROR: Unexpected bus error encountered in worker. This might be
+    # caused by insufficient shared memory (shm)."), the main process's account of it (1.x-2.x "... is killed by
+    # signal: Bus error. It is possible that dataloader's workers are out of shared memory"; older torch names the
+    # signal alone, which says nothing of shm: see `unknown` below), and a tensor's /torch_ file that cannot be
+    # written (0.4 "unable to write to file </torch_N_M> at .../THAllocator.c:383", 1.x without errno, 2.x with
+    # "No space left on device (28)", 2.x's MapAllocator "unable to allocate shared memory(shm) for file </torch_").
+    # Before the disk's signs: that ENOSPC is /dev/shm's, which freeing disk space does not help
+    _sign(
+        F.SHM_FULL,
+        ROOT,
+        r"Unexpected bus error encountered in worker|dataloader's workers are out of shared memory|"
+        r"unable to (write to|allocate shared memory\(shm\) for) file </torch_",
+    ),
     # -- disk: ENOSPC and EDQUOT as Python, Rust (safetensors) and Windows say them, and the symptoms of a short
     # write: torch.save's zip writer (1.6+: "unexpected pos", 1.10+: "PytorchStreamWriter failed writing"), its
     # stream (measured: a tmpfs filled by checkpoints; the rest of the traceback is often lost, since the log
@@ -165,6 +181,14 @@ SIGNS: tuple[Sign, ...] = (
         r"|processor|weights|model) (of |for )[‘'](?![./~])[\w.-]+(/[\w.-]+)?[’']",
     ),
     _sign(F.OFFLINE_HUB, ROOT, r"We assumed '(?![./~])[\w.-]+(/[\w.-]+)?' was a path, a model identifier, or url"),
+    # -- an input the grid builds before the cell, not there when the cell's job started: sft_grid's own check at the
+    # job's first step (checks/preflight.py, in the runner's CellFailed "preflight: ...") of its tokenized dataset,
+    # its model's prepared copy, a staged Hub repository. The grid's order of jobs, not the config or the data
+    _sign(
+        F.MISSING_INPUT,
+        ROOT,
+        r"\bis not (built|there|staged in \S+) yet; (it is built|the prep runs|staging runs) before the cell\b",
+    ),
     # -- the scheduler's end, as slurmstepd, srun/salloc and submitit write it in the job's own log (Slurm 20-24);
     # slurmstepd's line is the scheduler's own record, srun's a launcher's echo of it (rank 1)
     _sign(F.TIME_LIMIT, SCHEDULER, r"CANCELLED AT \S+ DUE TO TIME LIMIT"),
@@ -178,6 +202,15 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.NODE_FAILURE, SCHEDULER, r"\b(srun|salloc|sbatch)(: error)?: Node failure on \S+", rank=1),
     _sign(F.NODE_FAILURE, SCHEDULER, r"Prolog (error|failure) on node|launch failed requeued held", rank=1),
     _sign(F.NODE_FAILURE, SCHEDULER, r"Task launch for \S+ failed on node \S+", rank=1),
+    # srun/salloc on nodes that never booted (power-saved or cloud nodes past ResumeTimeout), after or without its
+    # "Node failure on" line
+    _sign(
+        F.NODE_FAILURE,
+        SCHEDULER,
+        r"\b(srun|salloc|sbatch)(: error)?: "
+        r"(Nodes \S+ are still not ready|Something is wrong with the boot of the nodes)",
+        rank=1,
+    ),
     # other launchers losing a node: Ray's GCS (0.x "monitor", 1.x+ "detector" missed its heartbeats; 2.5x task
     # errors), Open MPI's ORTE losing its daemon on a node
     _sign(
@@ -303,6 +336,28 @@ SIGNS: tuple[Sign, ...] = (
         r"diverged with loss = NaN|\bNanLossDuringTrainingError\b|\bNaN loss during training|"
         r"\bLoss is (nan|inf)\b|Training diverged and returned NaN",
     ),
+    # a trainer's guard saying the loss is not finite without a number: the loss as subject ("Loss became infinite
+    # or NaN at iteration=N", detectron2's FloatingPointError and its forks' "loss become ..."; "Loss is not finite",
+    # "Loss in not finite. Terminate training."), or qualified and then stopped or found (Keras' TerminateOnNaN
+    # "Batch N: Invalid loss, terminating training", "non-finite loss, ending training", AllenNLP's and OLMo's
+    # "nan loss encountered"). A guard that skips the step and goes on ("... Skip this training step.") is no end
+    _sign(
+        F.NAN_LOSS,
+        LOSS,
+        r"(\bloss(es)? (((is|in|are|was) )|((has |have )?bec[oa]mes? ))(not finite|non-?finite|infinite)\b|"
+        r"\b(non-?finite|not finite|invalid|nan|inf) loss\b.{0,30}\b((terminat|end|stop|abort|halt)\w* (the )?"
+        r"training|encountered|detected)\b)(?!.*\bskip)",
+    ),
+    # Megatron-Core's own checks of the loss and the gradient norm (before its rerun state machine an AssertionError
+    # "Rank N: found NaN in local grad norm in backward pass before data-parallel communication collective"; then
+    # "Rank N, node X, device N, iteration N: Unexpected result nan (message='found NaN|Inf in local grad norm for
+    # bucket #0 ...')", the message sometimes on a line of its own, and the loss's "found NaN/Inf in local forward
+    # loss calculation")
+    _sign(
+        F.NAN_LOSS,
+        LOSS,
+        r"\bfound (NaN|Inf) in local (grad norm|forward loss)|\bUnexpected result (nan|-?inf)\b",
+    ),
     # -- the backend refusing its config or data: positive evidence only (an unmatched exception is `unknown`).
     # Argument parsing (argparse; transformers' HfArgumentParser, 4.x-5.x wordings), config validation
     # (pydantic v1/v2, DeepSpeed's config, Megatron's arguments against a checkpoint), the model it names
@@ -373,12 +428,13 @@ SIGNS: tuple[Sign, ...] = (
     _sign(F.UNKNOWN, EXCEPTION, r"CUDA error: unknown error|Cuda failure (999 )?'unknown error'|cudaErrorUnknown"),
     _sign(F.UNKNOWN, EXCEPTION, r"unhandled cuda error|\bncclUnhandledCudaError\b|NCCL WARN Cuda failure"),
     _sign(F.UNKNOWN, EXCEPTION, r"CUBLAS_STATUS_EXECUTION_FAILED|CUBLAS_STATUS_INTERNAL_ERROR"),
-    # torch's DataLoader saying how a worker died (its signal handler in the worker, then the main process):
-    # a bus error blames shared memory, which says nothing certain about the node or the data
+    # torch's DataLoader saying how a worker died (its signal handler in the worker, then the main process): a
+    # segfault or an FPE says nothing certain about the node or the data, nor does a bus error in old torch's main
+    # process wording, which names the signal alone (torch's words that name shared memory are shm_full's, above)
     _sign(
         F.UNKNOWN,
         EXCEPTION,
-        r"Unexpected (bus error|segmentation fault|floating-point exception) encountered in "
+        r"Unexpected (segmentation fault|floating-point exception) encountered in "
         r"worker|DataLoader worker \(pids?\(?s?\)? [\d, ]+\) (is killed by signal: (?!Killed)|exited "
         r"unexpectedly)",
     ),

@@ -1,0 +1,101 @@
+"""The `replay` backend (sft_grid/backends/replay.py): real, public fine-tuning curves replayed through the real
+flow (planner, local executor, ledger, logs, the report's reading of a final loss), a run stopped at a rung and
+resumed writing what an unbroken one writes, an unknown curve refused, and the `guard: extrapolate` of a pruned
+grid accepted or refused before anything is queued."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sft_grid.analysis.table import final_loss, final_losses
+from sft_grid.backends.replay import curves
+from sft_grid.core.layout import iter_cell_dirs
+from sft_grid.in_venv import replay_train
+
+from .conftest import run_sft
+
+TRAINER = Path(replay_train.__file__)
+CURVE = {"dataset": "flan", "model": "gpt2"}
+
+
+def _measured(examples: int) -> float:
+    return dict(curves()[("flan", "gpt2")]["points"])[examples]
+
+
+def test_a_replayed_run_logs_the_measured_curve_and_resumes_as_an_unbroken_run(tmp_path):
+    points = curves()[("flan", "gpt2")]["points"]
+    cfg = {"examples": 51200, "points": [p for p in points if p[0] <= 51200], "max_steps": 40, "logging_steps": 2}
+    whole, legs = tmp_path / "whole", tmp_path / "legs"
+    for d in (whole, legs):
+        d.mkdir()
+        (d / "r.json").write_text(json.dumps({**cfg, "output_dir": str(d / "output")}))
+    subprocess.run(["python3", str(TRAINER), str(whole / "r.json")], check=True, capture_output=True)
+    subprocess.run(["python3", str(TRAINER), str(legs / "r.json"), "stop_at_step=10"], check=True, capture_output=True)
+    assert (legs / "output" / "checkpoint-10").is_dir() and not (legs / "output" / "trainer_state.json").exists()
+    subprocess.run(
+        ["python3", str(TRAINER), str(legs / "r.json"), f"resume_from_checkpoint={legs / 'output' / 'checkpoint-10'}"],
+        check=True,
+        capture_output=True,
+    )
+    log = (whole / "output" / "trainer_log.jsonl").read_text()
+    assert (legs / "output" / "trainer_log.jsonl").read_text() == log
+    # the report's final loss (the mean of the last tenth of the steps) is the measured number
+    assert final_loss(final_losses(whole / "output")) == pytest.approx(_measured(51200), abs=1e-6)
+    # before the last tenth: the curve at the examples seen so far (here half of them: 25600, a measured size)
+    assert replay_train.logged_loss(cfg, 20) == pytest.approx(_measured(25600))
+
+
+def test_a_replay_grid_trains_through_the_real_flow_with_the_local_executor(tmp_path):
+    sizes = (200, 12800, 819200)
+    run_sft(
+        "-m",
+        "backend=replay",
+        "cluster=local",
+        "max_steps=20",
+        "+extra.replay={dataset: flan, model: gpt2}",
+        "+extra.replay.examples=" + ",".join(map(str, sizes)),
+        f"runs_root={tmp_path}",
+        check=True,
+    )
+    found = {}
+    for cell in iter_cell_dirs(tmp_path / "default"):
+        cfg = json.loads((cell / "replay.json").read_text())
+        assert cfg["replayed"] and cfg["params"] == 124439808
+        events = [json.loads(x)["event"] for x in (cell / "events.jsonl").read_text().splitlines()]
+        assert "completed" in events, events
+        found[cfg["examples"]] = final_loss(final_losses(cell / "output"))
+    assert found == pytest.approx({n: _measured(n) for n in sizes}, abs=1e-6)
+
+
+def test_an_unknown_curve_is_refused_naming_its_key_and_the_values_it_can_take(tmp_path):
+    proc = run_sft(
+        "backend=replay", "+extra.replay={dataset: flan, model: nope}", "dry_run=true", f"runs_root={tmp_path}"
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "extra.replay.model" in out and "gpt2" in out
+
+
+PRUNE = ["-m", "backend=replay", "max_steps=90", "save_steps=1000", "lr=1e-4,2e-4,4e-4", "dry_run=true"]
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (["logging_steps=1", "+prune={rungs: [10, 30], keep: 0.5, guard: extrapolate}"], None),
+        (["logging_steps=5", "+prune={rungs: [10, 30], keep: 0.5, guard: extrapolate}"], "logged point(s)"),
+        (["logging_steps=4", "+prune={rungs: [30, 60], keep: 0.5, guard: extrapolate}"], "multiple of logging_steps"),
+        (["logging_steps=1", "+prune={rungs: [10, 30], keep: 0.5, guard: cooldown}"], "no cooldown probe"),
+    ],
+)
+def test_the_extrapolate_guard_is_accepted_or_refused_before_anything_is_queued(tmp_path, args, refused):
+    proc = run_sft(*PRUNE, "+extra.replay={dataset: flan, model: gpt2}", *args, f"runs_root={tmp_path}")
+    out = proc.stdout + proc.stderr
+    if refused is None:
+        assert proc.returncode == 0, out
+        assert "guard extrapolate" in out and out.count("trains to step 10") == 3
+    else:
+        assert proc.returncode != 0 and refused in out, out

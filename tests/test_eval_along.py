@@ -194,7 +194,8 @@ def fake_grid_along(request: pytest.FixtureRequest, site_harness):  # noqa: F811
     slurm_dir, run = request.getfixturevalue("fake"), request.getfixturevalue("grid")
 
     def run_grid(*extra: str, seeds=(1, 2, 3)):
-        return run("eval=tiny", "eval.along=checkpoint", site_harness, *extra, seeds=seeds)
+        # a checkpoint at every step: the cells train 2 steps, and scores along training need checkpoints to score
+        return run("eval=tiny", "eval.along=checkpoint", "save_steps=1", site_harness, *extra, seeds=seeds)
 
     run_grid.runs = run.runs  # type: ignore[attr-defined]
     return slurm_dir, run_grid

@@ -15,7 +15,8 @@ Report data (a JSON-serialisable dict; every key optional unless said; unknown k
 
     {"grid": {"name", "sweep_file", "git_revision", "git_dirty": bool, "generated_at", "runs_root",
               "counts": {state: n},          # default: counted from cells
-              "gpu_hours_used", "gpu_hours_estimated", "device": "GPU" | "CPU"},
+              "gpu_hours_used", "gpu_hours_estimated", "device": "GPU" | "CPU",
+              "damaged": [str]},             # a line per damaged record of the grid
      "axes": [axis, ...],                    # swept keys, in order: table columns, plot grouping
      "columns": ["<task>/<metric>", ...],    # the score columns of the table (default: every score of the cells)
      "cells": [{"name" (required), "key", "dir",
@@ -28,7 +29,9 @@ Report data (a JSON-serialisable dict; every key optional unless said; unknown k
                 "params": float,               # x of the scaling plots; its spread picks the plot layout
                 "compute_budget": float | None,  # FLOPs; a second scaling x when >= 2 cells have one
                 "recipe": str,                 # group label: one curve panel and one scaling series each
-                "reason": str,                 # why a failed cell failed
+                "reason": str,                 # why a failed cell failed; what of a cell is damaged
+                "damaged": [str],              # a line per damaged file of the cell ("damaged" state: the cell)
+                "flags": [str],                # what a damaged part changes, beside its state
                 "curve": [[step, tokens_seen | None, loss], ...]}],
      "base_models": [{"name", "params", "scores": {...}}],   # reference diamonds in the score plots
      "estimates": {"summary": {...}, "calibration": {cluster: detail}},
@@ -185,11 +188,12 @@ def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | No
         step, total = _num(c.get("step")), _num(c.get("total_steps"))
         steps = "" if step is None else _count(step) + (f" / {_count(total)}" if total is not None else "")
         reason = f'<div class="reason">{escape(str(c["reason"]))}</div>' if c.get("reason") else ""
+        label = ", ".join([state, *(str(f) for f in c.get("flags") or [])])  # "completed, log ends at step 10 of 100"
         row = [_td(str(c.get("name", "")), cls="name")]
         row += [_td("" if (v := (c.get("values") or {}).get(a)) is None else str(v)) for a in axes]
         row.append(
             f'<td data-v="{escape(state)}"><span class="badge" style="background:{state_colour(state)}">'
-            f"{escape(state)}</span>{reason}</td>"
+            f"{escape(label)}</span>{reason}</td>"
         )
         if spread:
             row.append(_td(str(c.get("site") or "")))
@@ -213,6 +217,20 @@ def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | No
         out.append(f'<tr data-state="{escape(state)}">{"".join(row)}</tr>')
     out.append("</tbody></table></div>")
     return "".join(out)
+
+
+def _damaged(data: dict[str, Any], cells: list[dict[str, Any]]) -> str:
+    """A line per damaged file: the grid's records, then each cell's; "" when nothing is damaged."""
+    lines = [str(t) for t in (data.get("grid") or {}).get("damaged") or []]
+    lines += [f"{c.get('name')}: {t}" for c in cells for t in c.get("damaged") or []]
+    if not lines:
+        return ""
+    items = "".join(f"<li><code>{escape(line)}</code></li>" for line in lines)
+    return (
+        f'<h2>Damaged files ({len(lines)})</h2><section id="damaged"><p class="note">Read around: a cell that cannot'
+        " be read as what it is is shown as damaged, a damaged part of one beside its state.</p>"
+        f'<ul class="note">{items}</ul></section>'
+    )
 
 
 def _estimates(data: dict[str, Any]) -> str:
@@ -299,6 +317,7 @@ def render(data: dict[str, Any]) -> str:
         _header(data, layout.cells),
         f"<h2>Cells ({len(layout.cells)})</h2>",
         _table(layout.axes, layout.cells, data.get("columns")) if layout.cells else '<p class="note">No cells.</p>',
+        _damaged(data, layout.cells),
         _estimates(data),
         _adaptive(data),
     ]
@@ -331,7 +350,11 @@ def write(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None
     as analysis/table.read_table's."""
     from sft_grid.analysis.report_data import build
 
-    data = build(sweep_dir, resamples, sites)
+    return write_data(sweep_dir, build(sweep_dir, resamples, sites))
+
+
+def write_data(sweep_dir: Path, data: dict[str, Any]) -> tuple[Path, Path]:
+    """report.html and report.json of this data, in the grid's directory."""
     page = render(data)
     paths = sweep_dir / REPORT_HTML, sweep_dir / REPORT_JSON
     for path, text in zip(paths, (page, json.dumps(data, separators=(",", ":"), default=str) + "\n"), strict=True):

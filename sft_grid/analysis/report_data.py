@@ -8,15 +8,19 @@ recipe, against parameters and against the pretraining compute budget where mode
 estimate against the actual: each completed cell's estimate made when it was queued (estimate.json), what the
 calibration of today says of it without it (leave-one-out: planning/estimate.py's calibration fitted to the grid's other
 completed cells), and what it took (its completing run's wall time x GPUs; CPU time on CPU-only nodes).
+
+Damaged files are read around (analysis/table.py): each cell says its own (`damaged`, a line per file; `flags`, what
+the damage changes beside its state, "log ends at step 10 of 100"), and the grid its records' (`grid.damaged`); a
+cell whose files stop a reader here (its curve, its scored checkpoints, its measured run) loses that part only.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import statistics
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,9 @@ from sft_grid.analysis.along import cell_points
 from sft_grid.analysis.figures import CURVE_POINTS, decimate_index
 from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
 from sft_grid.core import events, project
+from sft_grid.core.cellfiles import READ_ERRORS, Damage, damage_of, json_damage, load_json, not_utf8
 from sft_grid.core.events import Kind
-from sft_grid.core.layout import OUTPUT_DIR, TRAINER_LOG
+from sft_grid.core.layout import OUTPUT_DIR, TRAIN_RESULTS, TRAINER_LOG
 from sft_grid.grid.costs import measured
 from sft_grid.planning.estimate import Measured, calibrate, leave_one_out
 
@@ -57,7 +62,7 @@ def launched_from(rows: Sequence[Row]) -> set[tuple[str, bool]]:
     records it (a revision of "unknown": launched from outside a git checkout, left out)."""
     out = set()
     for r in rows:
-        sub = events.last(events.read(r.dir), Kind.SUBMITTED)
+        sub = events.last(events.scan(r.dir).events, Kind.SUBMITTED)
         git = (sub.details or {}).get("git") if sub is not None else None
         if isinstance(git, dict) and git.get("revision") not in (None, "", "unknown"):
             out.add((str(git["revision"]), bool(git.get("dirty"))))
@@ -93,17 +98,30 @@ def grid_facts(table: GridTable) -> dict[str, Any]:
         "gpu_hours_used": sum(r.gpu_hours or 0.0 for r in table.rows),
         "gpu_hours_estimated": sum(est) if est else None,
         "device": "CPU (CPU-hours stand in for GPU-hours)" if cpu else "GPU",
+        "damaged": [d.text() for d in table.damaged],
     }
 
 
-def curve(row: Row) -> list[list[float | None]]:
+def curve(row: Row, damaged: list[Damage] | None = None) -> list[list[float | None]]:
     """[step, tokens seen, loss] of the logged steps the page draws (at most CURVE_POINTS, each bucket's lowest
     and highest loss, so spikes survive: decimate_index), from the trainer's per-step log; tokens seen are
-    step x the tokens per step the cell's estimate counted."""
+    step x the tokens per step the cell's estimate counted. The log is read whole: where some of it is not UTF-8,
+    that is added to `damaged` (the steps it can read are drawn)."""
     import numpy as np
 
     path = row.dir / OUTPUT_DIR / TRAINER_LOG
-    found = LOG_LOSS.findall(path.read_text(errors="replace")) if path.is_file() else state_losses(path.parent)
+    if path.is_file():
+        data = path.read_bytes()
+        try:
+            text = data.decode()
+        except UnicodeDecodeError as exc:
+            text = data.decode(errors="replace")
+            name = f"{OUTPUT_DIR}/{TRAINER_LOG}"
+            if damaged is not None and not any(d.file == name for d in [*damaged, *row.damaged]):
+                damaged.append(Damage(name, not_utf8(data, exc), False, "log damaged"))
+        found: list[tuple[Any, Any]] = LOG_LOSS.findall(text)
+    else:
+        found = list(state_losses(path.parent))
     a = np.array([float(v) for pair in found for v in pair]).reshape(-1, 2)
     if not len(a):
         return []
@@ -146,26 +164,44 @@ def accuracy(rows: Sequence[Row], ms: dict[str, Measured]) -> tuple[dict[str, di
 
 def build(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The report's data: read the grid, fit, and say how good the estimates were. `sites`: as read_table's."""
+    from sft_grid.analysis import forms
     from sft_grid.analysis.scaling import report_fits
 
     table = read_table(sweep_dir, sites)
-    ms = {m.cell: m for r in table.rows if r.state == "completed" and (m := measured(r.dir)) is not None}
+    more: dict[str, list[Damage]] = {r.name: [] for r in table.rows}
+    ms = {}
+    for r in table.rows:
+        if r.state == "completed":
+            for name in TRAIN_RESULTS:
+                found = json_damage(r.dir / OUTPUT_DIR / name, f"{OUTPUT_DIR}/{name}", whole=False)
+                more[r.name] += [found] if found is not None else []
+            m = _guarded(r, more[r.name], None, measured, r.dir)
+            if m is not None:
+                ms[m.cell] = m
     per_cell, summary = accuracy(table.rows, ms)
-    cells = [
-        {
-            **r.to_json(),
-            "key": r.key,
-            "scores": {c: s.to_json() for c, s in r.scores.items() if s.status == "ok"},
-            "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
-            "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
-            "compute_budget": r.compute_budget,
-            "recipe": r.recipe or None,
-            "curve": curve(r),
-            # issue 26: its scored checkpoints (step, tokens, loss, scores: analysis/along.py)
-            "along": [p.to_json() for p in cell_points(r)],
-        }
-        for r in table.rows
-    ]
+    cells = []
+    for r in table.rows:
+        drawn = _guarded(r, more[r.name], [], curve, r, more[r.name])
+        points = _guarded(r, more[r.name], [], cell_points, r)
+        damaged = list(dict.fromkeys([*r.damaged, *more[r.name]]))
+        parts = [d.text() for d in damaged if not d.whole]
+        cells.append(
+            {
+                **r.to_json(),
+                "reason": "; ".join([*([r.reason] if r.reason else []), *parts]),
+                "damaged": [d.text() for d in damaged],
+                "flags": [d.flag for d in damaged if d.flag and not d.whole],
+                "key": r.key,
+                "scores": {c: s.to_json() for c, s in r.scores.items() if s.status == "ok"},
+                "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
+                "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
+                "compute_budget": r.compute_budget,
+                "recipe": r.recipe or None,
+                "curve": drawn,
+                # issue 26: its scored checkpoints (step, tokens, loss, scores: analysis/along.py)
+                "along": [p.to_json() for p in points],
+            }
+        )
     bases = [
         {
             "name": b.name,
@@ -189,10 +225,21 @@ def build(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None
             "calibration": {k: c.throughput().detail for k, c in calibrate(ms.values()).items()},
         },
     }
-    data["fits"] = report_fits(data, resamples=resamples)
+    data["fits"] = report_fits(data, resamples=resamples, select=lambda pts: forms.select(pts).as_dict())
     # issue 26: an adaptive grid's latest round (sft_grid/adaptive/steer.py writes it): each holdout's forecast
     # and band beside its realised value
-    adaptive = sweep_dir / ADAPTIVE_FILE
-    if adaptive.is_file():
-        data["adaptive"] = json.loads(adaptive.read_text())
+    with contextlib.suppress(OSError, ValueError):  # a damaged one is among the grid's damaged records (grid_damage)
+        data["adaptive"] = load_json(sweep_dir / ADAPTIVE_FILE)
     return data
+
+
+def _guarded(row: Row, damaged: list[Damage], default: Any, reader: Callable[..., Any], *args: Any) -> Any:
+    """What a reader of one cell's files returns (`reader(*args)`); where a file it parses is damaged, the default,
+    and that file added to the cell's `damaged`."""
+    try:
+        return reader(*args)
+    except READ_ERRORS as exc:
+        found = damage_of(row.dir, exc, whole=False)
+        if found not in damaged and found not in row.damaged:
+            damaged.append(found)
+        return default

@@ -19,11 +19,16 @@ files (its settings changed, so a new score id), the latest (`time`) is shown. A
 ledger: a `stage` event whose stage starts with `eval`, state `failed`, naming its task (`task` or `tasks`; none
 named: every task of the cell without a score). A score the grid's other cells have and this completed cell has
 not is `missing`; one that may still come is `pending`.
+
+Damaged files (core/cellfiles.py `Damage`) are read around, never raised: a cell whose cell.yaml, ledger or trainer
+state cannot be read is a row in state `damaged` (its swept values from its cell.yaml's header where that is
+whole), a completed cell whose per-step log ends before its last step keeps its state with the damage beside it
+(`Row.damaged`) and its final loss from trainer_state.json (none where that cannot say it either), a score file or an
+estimate that cannot be read is `damaged` in its column; the grid's own damaged records are the table's `damaged`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,12 +36,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sft_grid.core.cellfiles import CellYaml
+from sft_grid.core.cellfiles import CellYaml, Damage, DamagedFile, load_json
 from sft_grid.core.events import Event, Kind, submitted_site
-from sft_grid.core.layout import BASE_DIR, EVAL_DIR, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE, iter_cell_dirs
+from sft_grid.core.layout import BASE_DIR, CELL_FILE, ESTIMATE_FILE, EVAL_DIR, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE
 from sft_grid.core.overrides import overrides_of, swept_values
-from sft_grid.grid.costs import read_estimate, used_seconds
-from sft_grid.grid.view import read_view
+from sft_grid.grid.costs import used_seconds
+from sft_grid.grid.view import cell_dirs, grid_damage, read_view
 
 # a pretraining compute budget in a model's name: delphi-3e18-base -> 3e18 FLOPs
 _BUDGET = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e\+?(1[5-9]|2\d))(?![\w.])")
@@ -44,7 +49,7 @@ _BUDGET = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e\+?(1[5-9]|2\d))(?![\w.])")
 LOG_LOSS = re.compile(r'"current_steps": (\d+)[^\n]*?"loss": ([-0-9.eE+]+)')
 _LOG_TOTAL = re.compile(r'"total_steps": (\d+)')
 FINAL_SHARE = 0.1
-OK, MISSING, FAILED, PENDING = "ok", "missing", "failed", "pending"
+OK, MISSING, FAILED, PENDING, DAMAGED = "ok", "missing", "failed", "pending", "damaged"
 _UNDONE = ("planned", "submitted", "running")  # states whose missing scores may still come: pending
 
 
@@ -55,7 +60,8 @@ _UNDONE = ("planned", "submitted", "running")  # states whose missing scores may
 class Score:
     value: float | None = None
     stderr: float | None = None
-    status: str = OK  # ok, missing (the cell is done, the score is not there), failed, pending (cell not done)
+    # ok, missing (the cell is done, the score is not there), failed, pending (cell not done), damaged (its file)
+    status: str = OK
     reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -104,15 +110,28 @@ def parse_metrics(metrics: Mapping[str, Any]) -> dict[str, Score]:
 def read_files(eval_dir: Path) -> list[ScoreFile]:
     """The final model's score files of a cell (or a base model), the latest per task; unreadable ones are skipped,
     and so are the scores of its checkpoints."""
+    return score_files(eval_dir)[0]
+
+
+def score_files(eval_dir: Path) -> tuple[list[ScoreFile], list[Damage]]:
+    """read_files, and the damaged score files (a checkpoint's too): each one not JSON, no object, or without
+    metrics."""
     latest: dict[str, ScoreFile] = {}
+    damaged: list[Damage] = []
     for path in sorted(eval_dir.glob("*.json")) if eval_dir.is_dir() else ():
+        name = f"{EVAL_DIR}/{path.name}"
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data = load_json(path, name, whole=False)
+        except DamagedFile as exc:
+            damaged.append(exc.damage)
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("metrics"), Mapping):
+        except OSError:
             continue
-        if (data.get("settings") or {}).get("step") is not None:  # a checkpoint's (analysis/along.py reads those)
+        if not isinstance(data.get("metrics"), Mapping):
+            damaged.append(Damage(name, "holds no metrics (an object)", False))
+            continue
+        settings = data.get("settings")
+        if isinstance(settings, Mapping) and settings.get("step") is not None:  # a checkpoint's (analysis/along.py)
             continue
         f = ScoreFile(
             str(data.get("task") or path.stem),
@@ -124,7 +143,7 @@ def read_files(eval_dir: Path) -> list[ScoreFile]:
         )
         if f.task not in latest or f.time >= latest[f.task].time:
             latest[f.task] = f
-    return list(latest.values())
+    return list(latest.values()), damaged
 
 
 def failed_tasks(history: Sequence[Event]) -> dict[str, str]:
@@ -148,15 +167,23 @@ def mark(
     failed: Mapping[str, str],
     all_columns: Sequence[str],
     done: bool,
+    damaged: Sequence[Damage] = (),
 ) -> dict[str, Score]:
-    """A cell's scores with every column of the grid: what is there, else failed (its task's evaluation failed),
-    missing (the cell is done: completed, or failed and never evaluated), pending (it may still come)."""
+    """A cell's scores with every column of the grid: what is there, else damaged (a score file of its task cannot be
+    read: `damaged`, named `eval/<task>-<hash>.json`), failed (its task's evaluation failed), missing (the cell is
+    done: completed, or failed and never evaluated), pending (it may still come)."""
+    unread: dict[str, Damage] = {}
+    for d in damaged:
+        unread.setdefault(Path(d.file).stem.rsplit("-", 1)[0], d)
     out = {}
     for col in all_columns:
         if col in scores:
             out[col] = scores[col]
             continue
         task = col.split("/", 1)[0]
+        if task in unread:
+            out[col] = Score(status=DAMAGED, reason=unread[task].text())
+            continue
         why = failed.get(task, failed.get("")) if failed else None
         if why is not None:
             out[col] = Score(status=FAILED, reason=why or "the evaluation failed")
@@ -196,6 +223,7 @@ class Row:
     estimate: dict[str, Any] | None = None
     overrides: list[str] = field(default_factory=list)  # its rerun command's
     base: bool = False
+    damaged: tuple[Damage, ...] = ()  # its damaged files (any `whole`: its state is `damaged`)
 
     @property
     def estimate_gpu_hours(self) -> float | None:
@@ -221,7 +249,16 @@ class Row:
             "model": self.model,
             "params": self.params,
             "site": self.site,
+            "damaged": [d.text() for d in self.damaged],
         }
+
+    @property
+    def flags(self) -> list[str]:
+        """What a damaged part of the cell changes in its row, in a few words each ("log ends at step 10 of 100")."""
+        return [d.flag for d in self.damaged if d.flag and not d.whole]
+
+    def damaged_file(self, name: str) -> Damage | None:
+        return next((d for d in self.damaged if d.file == name), None)
 
 
 @dataclass(frozen=True)
@@ -232,6 +269,7 @@ class GridTable:
     rows: list[Row]
     bases: list[Row]
     columns: list[str]  # score columns, <task>/<metric>
+    damaged: list[Damage] = field(default_factory=list)  # the grid's own damaged records (grid/view.grid_damage)
 
 
 def _budget(model: Mapping[str, Any]) -> float | None:
@@ -248,15 +286,16 @@ def budget_of(model: str) -> float | None:
 
 
 def state_losses(output: Path) -> list[tuple[int, float]]:
-    """Every logged (step, loss) of trainer_state.json (where the trainer's per-step log is missing)."""
+    """Every logged (step, loss) of trainer_state.json (where the trainer's per-step log is missing); none where it
+    cannot be read."""
     try:
-        data = json.loads((output / TRAINER_STATE).read_text())
+        history = load_json(output / TRAINER_STATE).get("log_history") or ()
     except (OSError, ValueError):
         return []
     return [
         (int(h.get("step") or 0), float(h["loss"]))
-        for h in data.get("log_history") or ()
-        if isinstance(h.get("loss"), (int, float))
+        for h in (history if isinstance(history, list) else ())
+        if isinstance(h, dict) and isinstance(h.get("loss"), (int, float)) and isinstance(h.get("step") or 0, int)
     ]
 
 
@@ -296,16 +335,41 @@ def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 
 
 def _cell_row(cell_dir: Path) -> Row:
-    cell_yaml = CellYaml.load(cell_dir, ("model", "cluster", "nodes"))
+    """A cell's row from its cell.yaml and estimate; a damaged cell.yaml makes a row of its name, its swept values
+    (where its header can still be read) and its damage."""
+    try:
+        cell_yaml = CellYaml.read(cell_dir, ("model", "cluster", "nodes"))
+    except (OSError, ValueError) as exc:
+        damage = exc.damage if isinstance(exc, DamagedFile) else Damage(CELL_FILE, "missing")
+        try:  # its header (the rerun command) is the first lines: whole where the damage is further on
+            overrides = overrides_of((cell_dir / CELL_FILE).read_bytes().decode(errors="replace"))
+        except (OSError, ValueError):
+            overrides = []
+        return Row(
+            name=cell_dir.name,
+            dir=cell_dir,
+            key=cell_dir.name.rsplit("-", 1)[-1],
+            overrides=overrides,
+            values=swept_values(overrides),
+            damaged=(damage,),
+        )
     text, cfg = cell_yaml.text, cell_yaml.config
     model, cluster = _section(cfg, "model"), _section(cfg, "cluster")
-    gpus = int(cfg.get("nodes") or 1) * max(1, int(cluster.get("gpus_per_node") or 0))
+    gpus = _count(cfg.get("nodes")) * max(1, _count(cluster.get("gpus_per_node"), 0))
     cpu = cluster.get("gpu_type") == "CPU" or (not cluster.get("gpus_per_node") and not cluster.get("gpu_type"))
     # the exact count where the model gives it (the Delphi table does), else its size in billions
     exact, params = model.get("params"), model.get("params_b")
     if isinstance(exact, int) and exact > 0:
         params = exact / 1e9
     overrides = overrides_of(text)
+    estimate: dict[str, Any] | None = None
+    damaged: tuple[Damage, ...] = ()
+    try:
+        estimate = load_json(cell_dir / ESTIMATE_FILE, whole=False)
+    except DamagedFile as exc:
+        damaged = (exc.damage,)
+    except OSError:
+        pass
     return Row(
         name=cell_dir.name,
         dir=cell_dir,
@@ -319,8 +383,14 @@ def _cell_row(cell_dir: Path) -> Row:
         params=float(params) * 1e9 if isinstance(params, (int, float)) else None,
         compute_budget=_budget(model),
         cluster=str(cluster.get("name") or ""),
-        estimate=read_estimate(cell_dir),
+        estimate=estimate,
+        damaged=damaged,
     )
+
+
+def _count(value: Any, default: int = 1) -> int:
+    """A count the config gives (nodes, GPUs per node), or `default` where it gives none that is one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def axes_of(rows: Sequence[Row]) -> list[str]:
@@ -350,14 +420,14 @@ def _recipe_of(rows: Sequence[Row], axes: Sequence[str]) -> list[str]:
     return [", ".join(str(r.values.get(a, "")).strip("[]") for a in others) for r in rows]
 
 
-def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
-    out = []
+def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> tuple[list[Row], list[list[Damage]]]:
+    out, damaged = [], []
     base_root = sweep_dir / BASE_DIR
     for d in sorted(base_root.iterdir()) if base_root.is_dir() else ():
-        files = read_files(d / EVAL_DIR)
-        if not files:
+        files, bad = score_files(d / EVAL_DIR)
+        if not files and not bad:
             continue
-        model, path = files[0].model, files[0].model_path
+        model, path = (files[0].model, files[0].model_path) if files else ("", "")
         like = next(
             (
                 c
@@ -377,45 +447,63 @@ def _base_rows(sweep_dir: Path, cells: Sequence[Row]) -> list[Row]:
                 compute_budget=like.compute_budget if like else None,
                 values={a: v for a, v in (like.values.items() if like else ()) if _sets_size(cells, a)},
                 scores=_score_table(files),
+                damaged=tuple(bad),
             )
         )
-    return out
+        damaged.append(bad)
+    return out, damaged
+
+
+def _final_loss(output: Path, log_damage: Damage | None) -> float | None:
+    """The final loss of a completed run: from its per-step log, or (that log damaged: cut short, say) from
+    trainer_state.json's own history, none where that cannot say it either."""
+    if log_damage is None:
+        return final_loss(final_losses(output))
+    return final_loss(last_share(state_losses(output)))
 
 
 def read_table(sweep_dir: Path, sites: Mapping[str, str] | None = None) -> GridTable:
     """The table of the grid in `sweep_dir`. `sites`: cell name -> its site, where its ledger names none (a grid
     across remote sites, read from the copies pulled here: the site each cell's copy came from, cli/across.py); their
-    states are read from their files, no scheduler asked (this machine's Slurm, if any, is not their sites')."""
-    dirs = list(iter_cell_dirs(sweep_dir))
-    view = read_view(dirs, ask=sites is None)
-    rows, raw, failed = [], [], []
+    states are read from their files, no scheduler asked (this machine's Slurm, if any, is not their sites'). Read
+    leniently: see the module's docstring for damaged files."""
+    dirs = cell_dirs(sweep_dir)
+    view = read_view(dirs, ask=sites is None, lenient=True)
+    rows, raw, failed, bad = [], [], [], []
     for d in dirs:
         row = _cell_row(d)
         st = view.state(d)
         history = view.histories[d]
+        damaged = tuple(dict.fromkeys((*view.damaged(d), *row.damaged)))
+        whole = any(x.whole for x in damaged)
+        completed = st.state.value == "completed" and not whole
+        log = next((x for x in damaged if x.file == f"{OUTPUT_DIR}/{TRAINER_LOG}"), None)
         wall = used_seconds(history, st.state.in_flight, row.cpu)
+        files, broken = score_files(d / EVAL_DIR)
         rows.append(
             replace(
                 row,
-                state=st.state.value,
-                reason=st.reason,
+                state="damaged" if whole else st.state.value,
+                reason="; ".join(x.text() for x in damaged if x.whole) if whole else st.reason,
                 step=st.progress.step,
                 total=st.progress.total,
                 latest_loss=st.progress.loss,
-                final_loss=final_loss(final_losses(d / OUTPUT_DIR)) if st.state.value == "completed" else None,
+                final_loss=_final_loss(d / OUTPUT_DIR, log) if completed else None,
                 wall_seconds=wall,
                 gpu_hours=None if wall is None else wall * row.gpus / 3600,
                 site=submitted_site(history)[0] or (sites or {}).get(d.name, ""),
+                damaged=tuple(dict.fromkeys((*damaged, *broken))),
             )
         )
-        raw.append(_score_table(read_files(d / EVAL_DIR)))
+        raw.append(_score_table(files))
         failed.append(failed_tasks(history))
-    bases = _base_rows(sweep_dir, rows)
+        bad.append(broken)
+    bases, bases_bad = _base_rows(sweep_dir, rows)
     columns = sorted({c for t in [*raw, *(b.scores for b in bases)] for c in t})
-    bases = [replace(b, scores=mark(b.scores, {}, columns, True)) for b in bases]
+    bases = [replace(b, scores=mark(b.scores, {}, columns, True, bb)) for b, bb in zip(bases, bases_bad, strict=True)]
     axes = axes_of(rows)
     rows = [
-        replace(r, recipe=recipe, scores=mark(got, bad, columns, r.state not in _UNDONE))
-        for r, recipe, got, bad in zip(rows, _recipe_of(rows, axes), raw, failed, strict=True)
+        replace(r, recipe=recipe, scores=mark(got, fails, columns, r.state not in _UNDONE, broken))
+        for r, recipe, got, fails, broken in zip(rows, _recipe_of(rows, axes), raw, failed, bad, strict=True)
     ]
-    return GridTable(sweep_dir.name, sweep_dir, axes, rows, bases, columns)
+    return GridTable(sweep_dir.name, sweep_dir, axes, rows, bases, columns, grid_damage(sweep_dir))

@@ -6,6 +6,10 @@ the post-training stages' (`--post`, logs/post.log). `-f` prints what is there, 
 written, until that part of the cell is no longer under way (the training: its job queued or running; the post
 stages and the evaluation: they, or what comes before them, queued or running), or Ctrl-C. A log rewritten or
 truncated meanwhile is followed again from its start. A log not written yet is waited for.
+
+A log is printed as it is, bytes that are not UTF-8 shown as U+FFFD; a cell whose own files are damaged (its
+cell.yaml, its ledger: core/cellfiles.py) is still found by its name, and its state is said as `damaged`, naming the
+file. A grid or cell that is not there is said in one line, with what is (exit status 1).
 """
 
 from __future__ import annotations
@@ -45,10 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sft_grid.cli.options import grid_dir
-    from sft_grid.core.layout import iter_cell_dirs
+    from sft_grid.cli.present import no_grid
+    from sft_grid.grid.view import cell_dirs
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
-    cell_dir, problem = find_cell(list(iter_cell_dirs(sweep_dir)), args.cell, sweep_dir)
+    cells = cell_dirs(sweep_dir)
+    cell_dir, problem = find_cell(cells, args.cell, sweep_dir)
+    if not cells:  # no grid there: what is (the grids under the runs root, the closest first)
+        problem = no_grid(sweep_dir, args.grid) or problem
     if cell_dir is None:
         print(problem, file=sys.stderr)
         return 1
@@ -116,7 +124,10 @@ def describe(which: str, node: int) -> str:
 def state_line(cell_dir: Path) -> str:
     from sft_grid.grid.view import read_view
 
-    return f"the cell is {read_view([cell_dir]).state(cell_dir).state.value}"
+    view = read_view([cell_dir], lenient=True)
+    if view.whole_damage(cell_dir):
+        return "the cell is damaged: " + "; ".join(d.text() for d in view.damaged(cell_dir))
+    return f"the cell is {view.state(cell_dir).state.value}"
 
 
 class Tail:
@@ -213,6 +224,6 @@ def under_way(cell_dir: Path, which: str) -> tuple[bool, str]:
     from sft_grid.cli.cmd_status import lines_of
     from sft_grid.grid.view import read_view
 
-    (line,) = lines_of(read_view([cell_dir]), [cell_dir])
+    (line,) = lines_of(read_view([cell_dir], lenient=True), [cell_dir])
     writers = {"train": {"train"}, "post": {"train", "post", "job"}}.get(which, {"train", "post", "eval", "job"})
     return bool(line.under_way & writers), line.row[1]

@@ -9,6 +9,14 @@ error, GPU-hours used and estimated; then the base models' rows. A score that is
 With `--along`: the scores along training instead (a suite's `along`, analysis/along.py), one row per scored
 checkpoint of each cell: its step, the tokens seen by then, the training loss logged there, each score.
 
+A damaged file (core/cellfiles.py) never stops the table: a cell that cannot be read as what it is (its cell.yaml,
+its ledger, its trainer's state) is a row in state `damaged`; a completed cell whose per-step log ends before its
+last step says so beside its state ("completed, log ends at step 10 of 100"), its final loss taken from
+trainer_state.json or left blank; a score file or estimate that cannot be read is `damaged` in its column. A line per
+damaged file follows the table (on stderr for csv, json and markdown, whose rows carry it: json's `damaged`, csv's
+`damaged` column where some cell has one). The exit status is 0 with damaged cells too: results is a table, not a
+verdict; 1 only when there is no grid, or no cell, to read.
+
     sft-grid results delphi_scaling
     sft-grid results delphi_scaling --format csv > scores.csv
     sft-grid results delphi_scaling --along
@@ -22,6 +30,7 @@ import io
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,18 +69,29 @@ def headers(table: GridTable) -> list[str]:
     return ["cell", *table.axes, "state", *site, "steps", "final loss", *table.columns, "GPU-h", "est. GPU-h"]
 
 
+def state_text(row: Row) -> str:
+    """The state, with what a damaged part of the cell changes beside it ("completed, log ends at step 10 of 100")."""
+    return ", ".join([row.state, *row.flags])
+
+
+def _estimated(row: Row) -> str:
+    from sft_grid.core.layout import ESTIMATE_FILE
+
+    return "damaged" if row.damaged_file(ESTIMATE_FILE) is not None else _num(row.estimate_gpu_hours, 3)
+
+
 def text_rows(table: GridTable) -> list[list[str]]:
     return [
         [
             r.name,
             *(r.values.get(a, "") for a in table.axes),
-            r.state,
+            state_text(r),
             *([r.site] if _sites(table) else []),
             _steps(r),
             _num(r.final_loss),
             *(score_text(r.scores[c]) for c in table.columns),
             _num(r.gpu_hours, 3),
-            _num(r.estimate_gpu_hours, 3),
+            _estimated(r),
         ]
         for r in [*table.rows, *table.bases]
     ]
@@ -88,7 +108,12 @@ def as_json(table: GridTable) -> dict[str, Any]:
         "columns": table.columns,
         "cells": [row(r) for r in table.rows],
         "base_models": [row(r) for r in table.bases],
+        "damaged": [d.text() for d in table.damaged],
     }
+
+
+def _damaged(table: GridTable) -> bool:
+    return any(r.damaged for r in [*table.rows, *table.bases])
 
 
 def as_csv(table: GridTable) -> str:
@@ -107,6 +132,7 @@ def as_csv(table: GridTable) -> str:
             *(h for c in table.columns for h in (c, f"{c}_stderr")),
             "gpu_hours",
             "estimate_gpu_hours",
+            *(["damaged"] if _damaged(table) else []),
         ]
     )
     for r in [*table.rows, *table.bases]:
@@ -126,6 +152,7 @@ def as_csv(table: GridTable) -> str:
                 *scores,
                 r.gpu_hours,
                 r.estimate_gpu_hours,
+                *(["; ".join(d.text() for d in r.damaged)] if _damaged(table) else []),
             ]
         )
     return buf.getvalue()
@@ -148,7 +175,8 @@ def summary(table: GridTable) -> str:
     used = sum(r.gpu_hours or 0 for r in table.rows)
     est = [r.estimate_gpu_hours for r in table.rows if r.estimate_gpu_hours is not None]
     marks = {
-        s: sum(1 for r in table.rows for c in table.columns if r.scores[c].status == s) for s in ("failed", "missing")
+        s: sum(1 for r in table.rows for c in table.columns if r.scores[c].status == s)
+        for s in ("failed", "missing", "damaged")
     }
     text = (
         f"{len(table.rows)} cell(s): "
@@ -157,7 +185,16 @@ def summary(table: GridTable) -> str:
     )
     text += f", {sum(est):.3g} estimated for {len(est)} cell(s)" if est else ""
     text += "".join(f"; {n} score(s) {s}" for s, n in marks.items() if n)
+    files = sum(len(r.damaged) for r in [*table.rows, *table.bases]) + len(table.damaged)
+    text += f"; {files} damaged file(s)" if files else ""
     return text
+
+
+def damage_lines(table: GridTable) -> list[str]:
+    """A line per damaged file of the grid (its records, its cells', its base models')."""
+    from sft_grid.cli.present import damage_lines as lines
+
+    return lines([(r.name, r.damaged) for r in [*table.rows, *table.bases]], table.damaged)
 
 
 def render(table: GridTable, fmt: str) -> str:
@@ -169,7 +206,15 @@ def render(table: GridTable, fmt: str) -> str:
         return as_csv(table)
     if fmt == "markdown":
         return as_markdown(table)
-    return text_table(headers(table), text_rows(table)) + "\n\n" + summary(table) + "\n"
+    damaged = damage_lines(table)
+    return (
+        text_table(headers(table), text_rows(table))
+        + "\n\n"
+        + summary(table)
+        + "\n"
+        + "".join(f"\n{line}" for line in damaged)
+        + ("\n" if damaged else "")
+    )
 
 
 def _along_score(point: Point, column: str) -> str:
@@ -222,19 +267,21 @@ def show(sweep_dir: Path, grid: str, fmt: str, along: bool, sites: Mapping[str, 
     """Print the results of the grid in `sweep_dir` (GRID as given: `grid`) in `fmt`; `sites`: as
     analysis/table.read_table's (a grid across remote sites, read from the copies pulled here: cli/across.py)."""
     from sft_grid.analysis.table import read_table
-    from sft_grid.core.layout import iter_cell_dirs
+    from sft_grid.cli.present import no_grid
+    from sft_grid.grid.view import cell_dirs
 
-    if not any(True for _ in iter_cell_dirs(sweep_dir)):
+    if not cell_dirs(sweep_dir):  # no grid there: what is (the grids under the runs root, the closest first)
         print(
-            f"no cells under {sweep_dir}: is {grid!r} the grid's sweep_name, and --runs-root its runs_root?",
+            no_grid(sweep_dir, grid)
+            or f"no cells under {sweep_dir}: is {grid!r} the grid's sweep_name, and --runs-root its runs_root?",
             file=sys.stderr,
         )
         return 1
     table = read_table(sweep_dir, sites)
     if along:
-        from sft_grid.analysis.along import read_along
-
-        columns, points = read_along(table)
+        columns, points = _along(table)
+        for line in damage_lines(table):
+            print(line, file=sys.stderr)
         if not points:
             print(
                 f"no scored checkpoints under {sweep_dir}: give the grid's suite eval.along=checkpoint (or every N"
@@ -245,4 +292,22 @@ def show(sweep_dir: Path, grid: str, fmt: str, along: bool, sites: Mapping[str, 
         sys.stdout.write(render_along(table, columns, points, fmt))
         return 0
     sys.stdout.write(render(table, fmt))
+    if fmt != "table":  # the table says them after its summary; the data's rows carry them
+        for line in damage_lines(table):
+            print(line, file=sys.stderr)
     return 0
+
+
+def _along(table: GridTable) -> tuple[list[str], list[Point]]:
+    """analysis/along.read_along, each cell on its own: a cell whose files cannot be read has no points, and its
+    damage is added to its row's."""
+    from sft_grid.analysis.along import cell_points
+    from sft_grid.core.cellfiles import READ_ERRORS, damage_of
+
+    points: list[Point] = []
+    for i, r in enumerate(table.rows):
+        try:
+            points += cell_points(r)
+        except READ_ERRORS as exc:
+            table.rows[i] = replace(r, damaged=(*r.damaged, damage_of(r.dir, exc, whole=False)))
+    return sorted({c for p in points for c in p.scores}), points

@@ -8,11 +8,16 @@ terminal trained text is green and masked text dim; otherwise (a log, a pipe) tr
     sft-grid show runs/default/tiny_llama-419d50cf           # a rendered cell (its cell.yaml)
     sft-grid show model=tiny_qwen3 dataset=tiny_sharegpt     # the cell these overrides compose
     sft-grid show backend=axolotl model=tiny_llama --rows 3  # the first 3 examples of each source
+
+A directory that is not there, is no cell's, or whose cell.yaml is damaged (cut short, not UTF-8, not YAML: core/
+cellfiles.py), and overrides that compose no cell, are said in one line, exit status 1: show's answer is a verdict
+on the cell's loss mask, and there is no cell to judge.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,16 +27,54 @@ if TYPE_CHECKING:
     from sft_grid.planning.cells import Cell
 
 
+class NoCell(Exception):
+    """What show was given names no cell it can read: why, in one line."""
+
+
 def load_cell(args: Sequence[str]) -> Cell:
-    """The cell of a rendered directory (its resolved cell.yaml), or the one the overrides compose."""
-    from sft_grid.core.cellfiles import CellYaml
-    from sft_grid.core.layout import CELL_FILE
+    """The cell of a rendered directory (its resolved cell.yaml), or the one the overrides compose; NoCell where
+    there is none."""
+    if len(args) == 1 and "=" not in args[0] and not args[0].startswith(("+", "~")):
+        return _cell_of_dir(Path(args[0]).expanduser())
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     from sft_grid.planning.cells import plan_cell
 
-    if len(args) == 1 and (Path(args[0]) / CELL_FILE).is_file():
-        config = dict(CellYaml.load(Path(args[0])).config)
+    try:
+        return plan_cell(tuple(args), compose(args))
+    except (HydraException, OmegaConfBaseException) as exc:
+        first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise NoCell(f"the overrides compose no cell: {first}") from None
+
+
+def _cell_of_dir(path: Path) -> Cell:
+    from sft_grid.core.cellfiles import READ_ERRORS, CellYaml, DamagedFile
+    from sft_grid.core.layout import not_a_cell_dir
+
+    if not path.exists():
+        if os.sep in str(path) or str(path).startswith("."):
+            from sft_grid.cli.present import no_cell
+            from sft_grid.grid.view import cell_dirs
+
+            raise NoCell(no_cell(path, cell_dirs(path.parent)))
+        raise NoCell(
+            f"{str(path)!r} is no cell's directory here, and no override (key=value): give a cell's directory"
+            " (<runs_root>/<grid>/<cell>), or overrides"
+        )
+    try:
+        config = dict(CellYaml.read(path).config)
+    except DamagedFile as exc:
+        raise NoCell(f"{path}: {exc.damage.text()}") from None
+    except OSError:
+        raise NoCell(not_a_cell_dir(path) or f"{path}: {CellYaml.damage(path) or 'cannot be read'}") from None
+    from sft_grid.planning.cells import plan_cell
+
+    try:
         return plan_cell((), config)
-    return plan_cell(tuple(args), compose(args))
+    except READ_ERRORS as exc:
+        what = f"no `{exc.args[0]}`" if isinstance(exc, KeyError) and exc.args else type(exc).__name__
+        raise NoCell(f"{path}: cell.yaml is not a cell's whole resolved config ({what})") from None
 
 
 def compose(overrides: Sequence[str]) -> dict[str, Any]:
@@ -88,6 +131,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    text, ok = show(load_cell(args.cell), args.rows, color, use_cache=not args.no_cache)
+    try:
+        cell = load_cell(args.cell)
+    except NoCell as exc:
+        print(f"sft-grid show: {exc}", file=sys.stderr)
+        return 1
+    text, ok = show(cell, args.rows, color, use_cache=not args.no_cache)
     print(text)
     return 0 if ok else 1

@@ -11,6 +11,13 @@ table is printed, with the time, each time something other than the elapsed time
 
 --format json prints the same lines once, as one JSON object (`as_json`): what a grid across remote sites reads of
 each site (cli/across.py), and what a script reads.
+
+A cell whose files are damaged (grid/view.py, read leniently) is a row like the others: `damaged` in its state
+column where the cell itself cannot be read (its cell.yaml, its ledger, its trainer's state), else its state with
+what the damage changes beside it ("completed, log ends at step 10 of 100"), or `damaged` in the post or eval column;
+the reason says which file and where, and a line per damaged file follows the table. Nothing is written to a damaged
+cell (no triage, no notification). The exit status is 0 whatever the cells' states, damaged ones included: status
+reports, it is no verdict.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    from sft_grid.core.cellfiles import Damage
     from sft_grid.core.state import CellState
     from sft_grid.grid.view import GridView
 
@@ -40,6 +48,7 @@ HEADERS = ("cell", "state", "job", "elapsed", "progress", "post", "eval", "class
 ELAPSED = HEADERS.index("elapsed")
 REASON = HEADERS.index("reason")
 BASE_ROW = "base model"  # the state column of a base model's row
+DAMAGED = "damaged"  # the state column of a cell that cannot be read as what it is (and a column a file of it feeds)
 DEFAULT_INTERVAL_S = 10.0
 FORMATS = ("table", "json")
 # the terminal's alternate screen (left on exit, so the final table stays in the scrollback), cursor home, clear
@@ -56,6 +65,7 @@ class Line:
     # local job, which runs all three, still alive)
     under_way: frozenset[str] = frozenset()
     updated: str = ""  # the time of the cell's last ledger event ("" for a base model's row)
+    damage: tuple[Damage, ...] = ()  # its damaged files (grid/view.py)
 
 
 def rows(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tuple[str, ...]]:
@@ -65,12 +75,23 @@ def rows(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tupl
 
 def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[Line]:
     """Each cell's line, then each base model's: one scheduler query (sacct + squeue) for all of them."""
+    from sft_grid.core.cellfiles import READ_ERRORS, damage_of
     from sft_grid.grid.triage import settle
     from sft_grid.grid.view import read_view
 
     dirs, bases = list(cell_dirs), list(base_dirs)
-    # records the class of failures the scheduler ended, once; notifies ends
-    view = settle(read_view(dirs, base_dirs=bases), dirs)
+    view = read_view(dirs, base_dirs=bases, lenient=True)
+    # records the class of failures the scheduler ended, once; notifies ends: never in a cell that cannot be read
+    fine = [d for d in dirs if not view.whole_damage(d)]
+    try:
+        view = settle(view, fine)
+    except READ_ERRORS:  # a file a triage reads is damaged: each cell on its own, that one's damage said
+        view = read_view(dirs, base_dirs=bases, lenient=True)  # what was recorded before it
+        for d in fine:
+            try:
+                view = settle(view, [d])
+            except READ_ERRORS as exc:
+                view = view.with_damage({d: [damage_of(d, exc, whole=False)]})
     return lines_of(view, dirs, bases)
 
 
@@ -87,20 +108,26 @@ def lines_of(view: GridView, dirs: Sequence[Path], bases: Sequence[Path] = ()) -
     for cell_dir in dirs:
         history = view.histories[cell_dir]
         st = view.state(cell_dir)
-        done = st.state is State.COMPLETED
-        chain, why = summary(cell_dir, history, view.scheduler) if done else ("", "")
-        ev = eval_state(cell_dir, history, view.scheduler) if done else None
+        damage = list(view.damaged(cell_dir))
+        whole = view.whole_damage(cell_dir)
+        read = _Guard(cell_dir, damage)
+        done = st.state is State.COMPLETED and not whole
+        chain, why, ev, eval_text = "", "", None, ""
+        if done:
+            chain, why = read((DAMAGED, ""), summary, cell_dir, history, view.scheduler)
+            ev = read(None, eval_state, cell_dir, history, view.scheduler)
+            eval_text = ev.text() if ev is not None else DAMAGED
         reason = st.reason or why or (f"eval: {ev.reason}" if ev is not None and ev.reason else "")
         if st.evidence and st.evidence not in reason:
             reason += f" | evidence: {st.evidence}"
         progress = progress_text(st)
         if st.state is State.RUNNING and not progress:  # no step yet: tokenizing or loading its data, maybe
-            step = open_data_step(cell_dir, history)
+            step = read(None, open_data_step, cell_dir, history)
             progress = f"data step: {describe_data_step(step)}" if step else ""
         under_way = set()
         if st.state.in_flight:
             under_way.add("train")
-        if done and busy(cell_dir, history, view.scheduler):
+        if done and read(False, busy, cell_dir, history, view.scheduler):
             under_way.add("post")
         if ev is not None and ev.state in ("queued", "running"):
             under_way.add("eval")
@@ -108,30 +135,72 @@ def lines_of(view: GridView, dirs: Sequence[Path], bases: Sequence[Path] = ()) -
         running = events.last(history, Kind.RUNNING)
         if slurm_ref(history) is None and running is not None and alive(running) is True:
             under_way.add("job")
+        shown_state = st.state.value
+        if whole:
+            shown_state = DAMAGED
+            reason = "; ".join(d.text() for d in damage) + f" (the rest reads as {st.state.value})"
+        elif damage:
+            flags = [d.flag for d in damage if d.flag]
+            shown_state += "".join(f", {f}" for f in flags)
+            reason = "; ".join([*(d.text() for d in damage), *([reason] if reason else [])])
         row = (
             cell_dir.name,
-            st.state.value,
+            shown_state,
             st.job_id,
             st.elapsed,
             progress,
             chain,
-            ev.text() if ev is not None else "",
+            eval_text,
             st.failure_class or "",
             reason,
             events.submitted_site(history)[0],
         )
         updated = history[-1].time if history else ""
-        out.append(Line(row=row, state=st, under_way=frozenset(under_way), updated=updated))
+        out.append(Line(row=row, state=st, under_way=frozenset(under_way), updated=updated, damage=tuple(damage)))
     for base in bases:
-        ev = eval_state(base, view.histories[base], view.scheduler)
+        damage = list(view.damaged(base))
+        ev = _Guard(base, damage)(None, eval_state, base, view.histories[base], view.scheduler)
+        reason = "; ".join(d.text() for d in damage) if damage else ev.reason if ev is not None else ""
         out.append(
             Line(
-                row=(f"{base.parent.name}/{base.name}", BASE_ROW, "", "", "", "", ev.text(), "", ev.reason, ""),
+                row=(
+                    f"{base.parent.name}/{base.name}",
+                    BASE_ROW,
+                    "",
+                    "",
+                    "",
+                    "",
+                    DAMAGED if ev is None else ev.text(),
+                    "",
+                    reason,
+                    "",
+                ),
                 state=None,
-                under_way=frozenset({"eval"}) if ev.state in ("queued", "running") else frozenset(),
+                under_way=frozenset({"eval"}) if ev is not None and ev.state in ("queued", "running") else frozenset(),
+                damage=tuple(damage),
             )
         )
     return out
+
+
+class _Guard:
+    """Calls a reader of one cell's files: where a file it parses is damaged, its damage is added to the cell's
+    (named: core/cellfiles.damage_of) and the default is returned, so one damaged file never stops the table. Where
+    a reader returns None, its default says it failed: give one that is not None (eval_state's is, and says so)."""
+
+    def __init__(self, cell_dir: Path, damage: list[Damage]) -> None:
+        self.cell_dir, self.damage = cell_dir, damage
+
+    def __call__(self, default: Any, reader: Callable[..., Any], *args: Any) -> Any:
+        from sft_grid.core.cellfiles import READ_ERRORS, damage_of
+
+        try:
+            return reader(*args)
+        except READ_ERRORS as exc:
+            found = damage_of(self.cell_dir, exc, whole=False)
+            if found not in self.damage:
+                self.damage.append(found)
+            return default
 
 
 def base_dirs(sweep_dir: Path) -> list[Path]:
@@ -149,27 +218,33 @@ def shown(found: Sequence[Line]) -> tuple[tuple[str, ...], list[tuple[str, ...]]
     return HEADERS[:keep], rows
 
 
-def report(found: Sequence[Line]) -> list[str]:
-    """The table, how many cells are in each state, and the failed ones by class."""
-    from sft_grid.cli.present import failure_lines, table
+def report(found: Sequence[Line], grid: Sequence[Damage] = ()) -> list[str]:
+    """The table, how many cells are in each state, the failed ones by class, and a line per damaged file (`grid`:
+    the grid's own damaged records, grid/view.grid_damage)."""
+    from sft_grid.cli.present import damage_lines, failure_lines, table
 
     out = [table(*shown(found))]
     counts: dict[str, int] = {}
     cells = [(r.row, r.state) for r in found if r.state is not None]
     for row, _ in cells:
-        counts[row[1]] = counts.get(row[1], 0) + 1
+        state = row[1].split(", ", 1)[0]  # a part of the cell damaged: counted as its state ("completed, log ...")
+        counts[state] = counts.get(state, 0) + 1
     out += ["", f"{len(cells)} cell(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
-    failed = failure_lines([(row[0], state) for row, state in cells], per_class=len(found))
+    failed = failure_lines([(row[0], state) for row, state in cells if row[1] != DAMAGED], per_class=len(found))
     if failed:
         out += ["", "failed or cancelled, by class:", *failed]
+    damaged = damage_lines([(r.row[0], r.damage) for r in found], grid)
+    if damaged:
+        out += ["", *damaged]
     return out
 
 
-def as_json(found: Sequence[Line], dirs: Sequence[Path] = ()) -> dict[str, Any]:
+def as_json(found: Sequence[Line], dirs: Sequence[Path] = (), grid: Sequence[Damage] = ()) -> dict[str, Any]:
     """The lines as one JSON object: {"headers": HEADERS, "rows": [{header: value, ..., "under_way": [...],
     "advice": the failure policy's message, "updated": the time of the cell's last ledger event (read with the
-    lines), "moved": whether the cell's directory holds a move journal (sites/moves.py)}]}. The extra keys are what
-    a merge of several sites' copies of a cell needs (cli/across.py); the reason is whole (the table cuts it)."""
+    lines), "moved": whether the cell's directory holds a move journal (sites/moves.py), "damaged": a line per
+    damaged file of it}], "damaged": a line per damaged record of the grid}. The extra keys are what a merge of
+    several sites' copies of a cell needs (cli/across.py); the reason is whole (the table cuts it)."""
     from sft_grid.sites.moves import MOVE_FILE
 
     by_name = {d.name: d for d in dirs}
@@ -183,9 +258,10 @@ def as_json(found: Sequence[Line], dirs: Sequence[Path] = ()) -> dict[str, Any]:
                 "advice": line.state.advice if line.state is not None else "",
                 "updated": line.updated,
                 "moved": cell_dir is not None and (cell_dir / MOVE_FILE).is_file(),
+                "damaged": [d.text() for d in line.damage],
             }
         )
-    return {"headers": list(HEADERS), "rows": out}
+    return {"headers": list(HEADERS), "rows": out, "damaged": [d.text() for d in grid]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -210,17 +286,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sft_grid.cli.options import grid_dir
-    from sft_grid.core.layout import iter_cell_dirs
+    from sft_grid.cli.present import no_grid
+    from sft_grid.grid.view import cell_dirs, grid_damage
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
-    dirs = list(iter_cell_dirs(sweep_dir))
+    dirs = cell_dirs(sweep_dir)
     if args.format == "json":  # once (--watch is for people); no cells: no rows, and the exit status says so
-        print(json.dumps(as_json(read(dirs, base_dirs(sweep_dir)), dirs), indent=1))
+        found = read(dirs, base_dirs(sweep_dir))
+        print(json.dumps(as_json(found, dirs, grid_damage(sweep_dir)), indent=1))
         if not dirs:
-            print(f"no cells under {sweep_dir}", file=sys.stderr)
+            print(no_grid(sweep_dir, args.grid) or f"no cells under {sweep_dir}", file=sys.stderr)
         return 0 if dirs else 1
-    if not dirs:
-        print(f"no cells under {sweep_dir}", file=sys.stderr)
+    if not dirs:  # no grid there: what is (the grids under the runs root, the closest first)
+        print(no_grid(sweep_dir, args.grid) or f"no cells under {sweep_dir}", file=sys.stderr)
         return 1
     if args.watch:
         if args.interval <= 0:
@@ -229,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         title = f"sft-grid status {args.grid}"
         Watch(sweep_dir, interval=args.interval, out=sys.stdout, tty=sys.stdout.isatty(), title=title).run()
         return 0
-    print("\n".join(report(read(dirs, base_dirs(sweep_dir)))))
+    print("\n".join(report(read(dirs, base_dirs(sweep_dir)), grid_damage(sweep_dir))))
     return 0
 
 
@@ -258,9 +336,9 @@ class Watch:
         self.last: list[str] = []
 
     def _read(self) -> Sequence[Line]:
-        from sft_grid.core.layout import iter_cell_dirs
+        from sft_grid.grid.view import cell_dirs
 
-        return read(iter_cell_dirs(self.sweep_dir), base_dirs(self.sweep_dir))
+        return read(cell_dirs(self.sweep_dir), base_dirs(self.sweep_dir))
 
     def run(self) -> None:
         # Ctrl-C sets `stop` (then is Python's again), where signals are this thread's to handle

@@ -2,7 +2,8 @@
 summary and the final states. Formatting only: the command line prints what these return.
 
 Also the text about a grid's inputs (what is staged from the Hub and how much, a transfer's progress, the shared
-tokenizations) and its costs (the dry run's cost table, its totals, where the throughput came from).
+tokenizations) and its costs (the dry run's cost table, its totals, where the throughput came from), and what the
+commands that read a grid say of its damaged files and of a grid or cell that is not there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sft_grid.planning.gpus import GIB
 if TYPE_CHECKING:  # (annotations only: the results table's formatting need not import the planner's schema)
     from pathlib import Path
 
+    from sft_grid.core.cellfiles import Damage
     from sft_grid.grid.costs import GridCosts
     from sft_grid.grid.flow import GridResult
     from sft_grid.planning.cells import Cell
@@ -677,3 +679,68 @@ def disk_lines(to_run: Sequence[str], costs: GridCosts) -> list[str]:
         verdict = "NOT ENOUGH: lower save_total_limit or free space" if need + bound + prepared > free else "enough"
         out.append(f"  disk: the cells to run keep {what}; {size(free)} free under {root} ({verdict})")
     return out
+
+
+# -- damaged files, and what is not there -------------------------------------------------------------------------
+
+
+def damage_lines(cells: Sequence[tuple[str, Sequence[Damage | str]]], grid: Sequence[Damage | str] = ()) -> list[str]:
+    """A line per damaged file, after a line that counts them: the grid's own records (`grid`), then each cell's
+    (cell name, its damaged files, or their lines); [] when nothing is damaged."""
+
+    def text(d: Damage | str) -> str:
+        return d if isinstance(d, str) else d.text()
+
+    lines = [f"  {text(d)}" for d in grid] + [f"  {name}: {text(d)}" for name, found in cells for d in found]
+    if not lines:
+        return []
+    n = sum(1 for _, found in cells if found)
+    where = [f"{n} cell(s)"] if n else []
+    where += ["the grid's own records"] if grid else []
+    return [f"damaged files: {len(lines)}, of {' and '.join(where)}:", *lines]
+
+
+def _names(names: Sequence[str], limit: int = 12) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def no_grid(sweep_dir: Path, grid: str) -> str:
+    """One line where a grid's directory is not there, saying what is (the grids under its runs root, the closest
+    name first); "" where it is."""
+    import difflib
+
+    if sweep_dir.is_dir():
+        return ""
+    head = f"no cells under {sweep_dir}"
+    if sweep_dir.exists():
+        return f"{head}: it is a file, not a grid's directory"
+    root = sweep_dir.parent
+    if not root.is_dir():
+        return f"{head}: there is no runs root {root} (--runs-root, else $SFT_GRID_RUNS, says where grids are)"
+    grids = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    if not grids:
+        return f"{head}: there is no grid {grid!r}, and {root} holds none"
+    close = difflib.get_close_matches(sweep_dir.name, grids, n=1, cutoff=0.5)
+    return (
+        f"{head}: there is no grid {grid!r}"
+        + (f"; did you mean {close[0]!r}?" if close else "")
+        + f" (the grids under {root}: {_names(grids)})"
+    )
+
+
+def no_cell(path: Path, cells: Sequence[Path]) -> str:
+    """One line where a cell's directory is not there: the closest of its grid's cells (`cells`), or what its grid
+    holds; where the grid itself is not there either, what no_grid says of it."""
+    import difflib
+
+    if not path.parent.is_dir():
+        return f"no cell directory {path}; " + (no_grid(path.parent, path.parent.name) or "its grid is not there")
+    names = [c.name for c in cells]
+    if not names:
+        return f"no cell directory {path}: {path.parent} holds no cells"
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.3)
+    return (
+        f"no cell directory {path}"
+        + (f"; did you mean {relative(path.parent / close[0])}?" if close else "")
+        + f" (the cells of {path.parent.name}: {_names(names, 6)})"
+    )

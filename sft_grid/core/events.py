@@ -23,6 +23,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from sft_grid.core.cellfiles import Damage, DamagedFile, not_utf8
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import RemedyKind
 from sft_grid.core.layout import LEDGER_FILE
@@ -175,19 +176,75 @@ def append(directory: Path, event: Event) -> Event:
     return event
 
 
-def read(directory: Path) -> list[Event]:
-    path = directory / LEDGER_FILE
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
+@dataclass(frozen=True)
+class Ledger:
+    """A ledger as read: the events of its lines, and its first damage (None: every line is an event). `unread`: what
+    could not be read at all (the file, or a line that is not UTF-8): `read` raises it."""
+
+    events: list[Event]
+    damage: Damage | None = None
+    unread: Damage | None = None
+
+
+def scan(directory: Path) -> Ledger:
+    """Every event of a ledger, and what is damaged in it: the file is a directory or cannot be read, or a line is not
+    UTF-8, not JSON, not an object or not an event (that line is left out, the others are read). A last line without
+    its newline that is not JSON is a write a kill cut short: not an event, and no damage."""
+    try:
+        data = (directory / LEDGER_FILE).read_bytes()
+    except FileNotFoundError:
+        return Ledger([])
+    except IsADirectoryError:
+        return Ledger([], Damage(LEDGER_FILE, "a directory, not a file"))
+    except OSError as exc:
+        unreadable = Damage(LEDGER_FILE, f"cannot be read ({exc.strerror or exc})")
+        return Ledger([], unreadable, unreadable)
+    return _parse(data)
+
+
+def _parse(data: bytes) -> Ledger:
+    out: list[Event] = []
+    damage = unread = None
+    lines = data.split(b"\n")
+    offset = 0
+    for i, raw in enumerate(lines, 1):
+        start, offset = offset, offset + len(raw) + 1
+        if not raw.strip():
+            continue
+        problem = ""
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line from a killed writer is not an event
-        if isinstance(data, dict):
-            out.append(Event.from_json(data))
-    return out
+            record = json.loads(raw.decode())
+        except UnicodeDecodeError as exc:
+            problem = not_utf8(raw, exc, i, start)
+            unread = unread or Damage(LEDGER_FILE, problem)
+        except ValueError:
+            if i == len(lines):
+                continue  # a torn last line from a killed writer is not an event
+            problem = f"line {i} is not JSON"
+        else:
+            try:
+                out.append(Event.from_json(record))
+            except (AttributeError, TypeError, ValueError):
+                problem = f"line {i} is not an event" + ("" if isinstance(record, dict) else " (not a JSON object)")
+        if problem and damage is None:
+            damage = Damage(LEDGER_FILE, problem)
+    return Ledger(out, damage, unread)
+
+
+def read(directory: Path) -> list[Event]:
+    """A ledger's events. A line that is not JSON, or no event, is left out (a torn last line from a killed writer is
+    not an event), and so is a ledger that is no file; one that cannot be read raises OSError, and a line of it that
+    is not UTF-8 DamagedFile (a ValueError), naming it: those who act on a ledger do not act on part of one. `scan`
+    reads every event it can, and says what is damaged."""
+    path = directory / LEDGER_FILE
+    try:
+        data = path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        return []
+    found = _parse(data)
+    if found.unread is not None:
+        raise DamagedFile(found.unread, path, f"{path}: {found.unread.what}")
+    return found.events
 
 
 def last(history: Sequence[Event], *kinds: Kind) -> Event | None:
@@ -201,5 +258,6 @@ def submitted_site(history: Sequence[Event]) -> tuple[str, dict[str, str]]:
     for e in reversed(history):
         if e.kind is Kind.SUBMITTED:
             env = e.details.get("slurm_env") or {}
-            return str(e.details.get("site") or ""), {str(k): str(v) for k, v in dict(env).items()}
+            env = env if isinstance(env, Mapping) else {}  # a damaged line's: no environment
+            return str(e.details.get("site") or ""), {str(k): str(v) for k, v in env.items()}
     return "", {}

@@ -313,3 +313,16 @@ def test_the_datasets_library_fails_where_the_check_refuses(tmp_path, tiny_asset
             env=env,
         )
         assert proc.returncode == rc, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("damage", [b"\xc3\x28\n", b'{"event": "planned"}\n\xff\xfe\n'])
+def test_a_run_over_a_grid_with_a_damaged_ledger_stops_in_one_line(tmp_path, damage):
+    grid = ["-m", "model=tiny_llama", "lr=1e-4,2e-4", "backend=synthetic", "dry_run=true", f"runs_root={tmp_path}"]
+    assert run_sft(*grid).returncode == 0
+    ledger = sorted((tmp_path / "default").glob("*/"))[0] / "events.jsonl"
+    with ledger.open("ab") as fh:
+        fh.write(damage)
+    proc = run_sft(*grid)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "damaged file" in ln]
+    assert str(ledger) in line and "is not UTF-8" in line

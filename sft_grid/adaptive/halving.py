@@ -99,12 +99,13 @@ def decide(
 
 
 def read_record(sweep_dir: Path) -> dict[tuple[str, int], Decision]:
-    """(bracket, rung) -> its decision; the first line of a (bracket, rung) wins, a cut line is skipped."""
+    """(bracket, rung) -> its decision; the first line of a (bracket, rung) wins, a cut or damaged line (not JSON,
+    not UTF-8) is skipped: that rung is decided again."""
     path = sweep_dir / RECORD_FILE
     out: dict[tuple[str, int], Decision] = {}
     if not path.is_file():
         return out
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():
         try:
             d = Decision.from_json(json.loads(line))
         except (ValueError, KeyError, TypeError):

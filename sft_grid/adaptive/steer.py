@@ -66,11 +66,11 @@ def _gpu_hours(cells: Sequence[Cell]) -> tuple[dict[str, float], str]:
 def read_rounds(sweep_dir: Path) -> list[dict[str, Any]]:
     path = sweep_dir / RECORD_FILE
     out = []
-    for line in path.read_text().splitlines() if path.is_file() else ():
+    for line in path.read_bytes().splitlines() if path.is_file() else ():
         try:
             out.append(json.loads(line))
         except ValueError:
-            continue  # a line cut by a kill: that round is taken again
+            continue  # a line cut by a kill (or not UTF-8): that round is taken again
     return out
 
 

@@ -269,6 +269,7 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
                 + (f"  {state.reason}" if state.reason else "")
             )
 
+    from sft_grid.core.cellfiles import DamagedFile
     from sft_grid.stages.staging import StagingStopped, TimeLimitTooShort
 
     try:
@@ -295,6 +296,11 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
         live.end()
         _fail(exc)
         raise
+    except DamagedFile as exc:  # a cell's file the flow must read to decide (its ledger, its cell.yaml)
+        live.end()
+        where = f"{exc.path}: {exc.damage.what}" if exc.path is not None else str(exc)
+        print(f"stopped on a damaged file: {where}; sft-grid status shows which cells", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     except StagingStopped as exc:  # the site's process time limit: a rerun continues where this one stopped
         live.end()
         print(f"staging stopped: {exc}", file=sys.stderr, flush=True)

@@ -505,7 +505,7 @@ def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
                 evidence[m] = halving.extrapolate(curve, STEPS, 1.0) or math.inf
             else:
                 evidence[m] = sum(v for _, v, _ in curve[-3:]) / 3
-        alive = list(halving.decide(dataset, i, step, evidence, HalvingSim.KEEP).kept)
+        alive = list(halving.decide_rung(dataset, i, step, evidence, HalvingSim.KEEP).kept)
     best = min(drawn, key=lambda m: final[m])
     return {"dataset": dataset, "seed": seed, "guard": guard, "best_kept": best in alive}
 

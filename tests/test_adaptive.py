@@ -75,7 +75,7 @@ def test_a_bad_adaptive_block_names_its_key(block, key):
 
 
 def test_a_rung_keeps_the_best_and_breaks_ties_by_name():
-    d = halving.decide("b", 0, 11, {"x": 1.0, "a": 1.0, "c": 0.5, "d": 2.0}, keep=0.4)
+    d = halving.decide_rung("b", 0, 11, {"x": 1.0, "a": 1.0, "c": 0.5, "d": 2.0}, keep=0.4)
     assert d.kept == ("a", "c") and d.pruned == ("d", "x")
     assert "pruned at rung 1 (step 11): loss 2.0000" in d.why("d")
 

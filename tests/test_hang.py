@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.core.failures import Failure, FailureClass, RemedyKind, decide
+from sft_grid.core.failures import Failure, FailureClass, RemedyKind, remedy_for
 from sft_grid.job import hang
 
 from .helpers import wait_for
@@ -256,9 +256,9 @@ def test_a_hang_is_requeued_from_its_checkpoint_by_default_within_its_budget():
     failure = Failure(
         klass=FailureClass.HANG, evidence="no training step ...", nodes=(), summary="hung", step=12, total=120
     )
-    first = decide(failure, attempts_so_far=0)
+    first = remedy_for(failure, attempts_so_far=0)
     assert first.kind is RemedyKind.REQUEUE and "Requeued from the last checkpoint" in first.message
-    spent = decide(failure, attempts_so_far=2)
+    spent = remedy_for(failure, attempts_so_far=2)
     assert spent.kind is RemedyKind.STOP and "check the cluster's health" in spent.message
 
 

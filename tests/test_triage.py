@@ -26,11 +26,11 @@ from sft_grid.core.failures import (
     RemedyKind,
     Rule,
     classify,
-    decide,
     expand_hostlist,
     group_legs,
     parse_sacct,
     parse_time,
+    remedy_for,
     sacct_argv,
     split_attempts,
     summarize,
@@ -266,7 +266,7 @@ def test_terminate_and_what_lines_are_an_exception():
 def test_no_backend_error_without_positive_evidence(log):
     failure = classify([], log)
     assert failure.klass is F.UNKNOWN and failure.evidence == log.splitlines()[-1]
-    assert "read " in decide(failure, Policy(), 0, CellContext(log="logs/train.log")).message
+    assert "read " in remedy_for(failure, Policy(), 0, CellContext(log="logs/train.log")).message
 
 
 @pytest.mark.parametrize(
@@ -293,7 +293,7 @@ def test_no_backend_error_without_positive_evidence(log):
 def test_backend_error_on_positive_evidence(log):
     failure = classify([], log)
     assert failure.klass is F.BACKEND_ERROR and failure.evidence == log.splitlines()[-1]
-    assert "fix what the evidence names" in decide(failure, Policy(), 0).message
+    assert "fix what the evidence names" in remedy_for(failure, Policy(), 0).message
 
 
 def test_submitits_preempted_label_alone_decides_nothing():
@@ -324,7 +324,7 @@ def test_a_cuda_fault_without_a_hardware_sign_is_software_and_excludes_no_node(l
     legs = parse_sacct("5|FAILED|1:0|None|gpu031|00:10:00|s|e")
     failure = classify(legs, log)
     assert failure.klass is F.UNKNOWN and failure.nodes == ()
-    assert decide(failure, Policy(), 0).exclude_nodes == ()
+    assert remedy_for(failure, Policy(), 0).exclude_nodes == ()
     xid = "Nov 30 03:12:45 gpu031 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."
     hardware = classify(legs, f"{xid}\n{log}")
     assert hardware.klass is F.GPU_HARDWARE and hardware.nodes == ("gpu031",)
@@ -396,7 +396,7 @@ def test_an_early_plain_exception_is_the_users_with_its_line_as_evidence(log):
     failure = classify([], log)
     exception = next(x.strip() for x in log.splitlines() if x.strip().split(":")[0].endswith("Error"))
     assert failure.klass is F.BACKEND_ERROR and failure.evidence == exception
-    assert "fix what the evidence names" in decide(failure, Policy(), 0).message
+    assert "fix what the evidence names" in remedy_for(failure, Policy(), 0).message
 
 
 @pytest.mark.parametrize(
@@ -680,7 +680,7 @@ def test_cuda_that_cannot_initialise_is_the_nodes_and_a_fault_mid_run_is_not():
 def test_a_trainers_own_guard_on_a_loss_that_is_not_finite(log, evidence):
     failure = classify([], log)
     assert failure.klass is F.NAN_LOSS and evidence in failure.evidence
-    assert decide(failure, Policy(), 0, CellContext(lr=2e-5)).overrides == ("lr=2e-06",)
+    assert remedy_for(failure, Policy(), 0, CellContext(lr=2e-5)).overrides == ("lr=2e-06",)
 
 
 @pytest.mark.parametrize(
@@ -713,7 +713,7 @@ SHM_WORDINGS = [
 def test_the_data_loaders_workers_out_of_shared_memory(line):
     failure = classify(parse_sacct("5|FAILED|1:0|None|gpu031|00:10:00|s|e"), line)
     assert failure.klass is F.SHM_FULL and failure.nodes == ()
-    remedy = decide(failure, Policy(), 0)
+    remedy = remedy_for(failure, Policy(), 0)
     assert remedy.kind is RemedyKind.STOP and remedy.exclude_nodes == ()
     assert "/dev/shm" in remedy.message and "dataloader_num_workers" in remedy.message
     # the root cause, not its echo: the other ranks' collective timing out after it, or a later exception
@@ -779,7 +779,7 @@ def test_shared_memory_in_other_words_is_not_the_data_loaders(log, klass):
 def test_slurms_words_for_a_lost_node_in_the_jobs_log(log, nodes):
     failure = classify([], log)
     assert failure.klass is F.NODE_FAILURE and failure.nodes == nodes
-    assert decide(failure, Policy(), 0).kind is RemedyKind.REQUEUE
+    assert remedy_for(failure, Policy(), 0).kind is RemedyKind.REQUEUE
     # sacct's own record says it too (every leg: --duplicates), and names the node
     assert classify(parse_sacct("7|NODE_FAIL|0:0|None|gpu042|02:13:44|s|e"), "").nodes == ("gpu042",)
 
@@ -803,7 +803,7 @@ def test_time_limit_with_budget_spent_says_where_it_stopped_what_to_change_and_t
         requeue_budget=3,
         summary="time limit reached after 3 requeues (budget 3), at step 297 of 300",
     )
-    remedy = decide(f, Policy(), attempts_so_far=3, cell=CellContext(rerun=RERUN, time="04:00:00", nodes=2))
+    remedy = remedy_for(f, Policy(), attempts_so_far=3, cell=CellContext(rerun=RERUN, time="04:00:00", nodes=2))
     assert remedy.kind is RemedyKind.STOP
     assert remedy.overrides == ("cluster.max_requeues=4",)
     assert "step 297 of 300" in remedy.message and "checkpoints are kept" in remedy.message
@@ -814,18 +814,20 @@ def test_time_limit_with_budget_spent_says_where_it_stopped_what_to_change_and_t
 
 def test_time_limit_pace_estimate_asks_for_enough_legs():
     f = failure(F.TIME_LIMIT, step=100, total=1000, requeues=0, requeue_budget=0)
-    remedy = decide(f, Policy(), 0)
+    remedy = remedy_for(f, Policy(), 0)
     # 100 steps per leg, 900 to go: 9 more legs
     assert remedy.overrides == ("cluster.max_requeues=9",) and remedy.rerun == ()
 
 
 def test_time_limit_within_its_budget_is_requeued():
-    remedy = decide(failure(F.TIME_LIMIT, requeue_budget=3), Policy(), attempts_so_far=1)
+    remedy = remedy_for(failure(F.TIME_LIMIT, requeue_budget=3), Policy(), attempts_so_far=1)
     assert remedy.kind is RemedyKind.REQUEUE and "requeue 2 of 3" in remedy.message
 
 
 def test_gpu_oom_halves_the_micro_batch_and_keeps_the_global_batch():
-    remedy = decide(failure(F.GPU_OOM), Policy(), 0, CellContext(rerun=RERUN, micro_batch_size=4, global_batch_size=64))
+    remedy = remedy_for(
+        failure(F.GPU_OOM), Policy(), 0, CellContext(rerun=RERUN, micro_batch_size=4, global_batch_size=64)
+    )
     assert remedy.kind is RemedyKind.STOP and remedy.overrides == ("micro_batch_size=2",)
     assert "global batch (64) stays" in remedy.message and "accumulation doubles" in remedy.message
     # the rerun replaces the old micro_batch_size instead of repeating it
@@ -833,7 +835,7 @@ def test_gpu_oom_halves_the_micro_batch_and_keeps_the_global_batch():
 
 
 def test_gpu_oom_at_micro_batch_one_suggests_other_fixes():
-    remedy = decide(failure(F.GPU_OOM), Policy(), 0, CellContext(micro_batch_size=1))
+    remedy = remedy_for(failure(F.GPU_OOM), Policy(), 0, CellContext(micro_batch_size=1))
     assert remedy.overrides == () and "cutoff_len" in remedy.message
 
 
@@ -843,11 +845,11 @@ def test_gpu_oom_at_micro_batch_one_suggests_other_fixes():
 )
 def test_transient_classes_requeue_within_their_budget_then_stop(klass, budget):
     nodes = ("gpu042",) if klass in (F.NODE_FAILURE, F.GPU_HARDWARE) else ()
-    first = decide(failure(klass, nodes), Policy(), 0)
+    first = remedy_for(failure(klass, nodes), Policy(), 0)
     assert first.kind is RemedyKind.REQUEUE and first.exclude_nodes == nodes
     assert "last checkpoint" in first.message
     assert ("excluding gpu042" in first.message) == bool(nodes)
-    last = decide(failure(klass, nodes), Policy(), budget)
+    last = remedy_for(failure(klass, nodes), Policy(), budget)
     assert last.kind is RemedyKind.STOP and f"requeue budget {budget} spent" in last.message
 
 
@@ -866,16 +868,16 @@ def test_transient_classes_requeue_within_their_budget_then_stop(klass, budget):
     ],
 )
 def test_stopping_classes_keep_checkpoints_and_say_how_to_fix(klass, fix):
-    remedy = decide(failure(klass), Policy(), 0, CellContext(rerun=RERUN))
+    remedy = remedy_for(failure(klass), Policy(), 0, CellContext(rerun=RERUN))
     assert remedy.kind is RemedyKind.STOP and remedy.exclude_nodes == ()
     assert fix in remedy.message and f"policy: {klass.value} stops" in remedy.message
     assert remedy.rerun == RERUN and remedy.overrides == ()
 
 
 def test_loss_failures_suggest_a_lower_learning_rate_when_it_is_known():
-    remedy = decide(failure(F.NAN_LOSS), Policy(), 0, CellContext(rerun=RERUN, lr=2e-5))
+    remedy = remedy_for(failure(F.NAN_LOSS), Policy(), 0, CellContext(rerun=RERUN, lr=2e-5))
     assert remedy.overrides == ("lr=2e-06",) and remedy.rerun[-1] == "lr=2e-06"
-    assert decide(failure(F.HOST_OOM), Policy(), 0, CellContext(mem_gb=64)).overrides == ("cluster.mem_gb=128",)
+    assert remedy_for(failure(F.HOST_OOM), Policy(), 0, CellContext(mem_gb=64)).overrides == ("cluster.mem_gb=128",)
 
 
 def test_a_grid_changes_the_policy_with_a_plain_mapping():
@@ -889,11 +891,13 @@ def test_a_grid_changes_the_policy_with_a_plain_mapping():
     )
     assert policy.rule(F.PREEMPTED) == Rule(RemedyKind.REQUEUE, 8)
     assert policy.rule(F.NODE_FAILURE) == Rule(RemedyKind.REQUEUE, 1)
-    assert decide(failure(F.COLLECTIVE_TIMEOUT), policy, 0).kind is RemedyKind.STOP
-    assert decide(failure(F.NODE_FAILURE, ("n1",)), policy, 1).kind is RemedyKind.STOP
+    assert remedy_for(failure(F.COLLECTIVE_TIMEOUT), policy, 0).kind is RemedyKind.STOP
+    assert remedy_for(failure(F.NODE_FAILURE, ("n1",)), policy, 1).kind is RemedyKind.STOP
     assert policy.rule(F.RENDEZVOUS) == DEFAULT_RULES[F.RENDEZVOUS]
     # a class that normally stops can be made transient by a grid
-    assert decide(failure(F.DISK_FULL), Policy.from_mapping({"disk_full": "requeue:1"}), 0).kind is RemedyKind.REQUEUE
+    assert (
+        remedy_for(failure(F.DISK_FULL), Policy.from_mapping({"disk_full": "requeue:1"}), 0).kind is RemedyKind.REQUEUE
+    )
 
 
 @pytest.mark.parametrize(
@@ -912,7 +916,7 @@ def test_overrides_and_times():
 
 def test_classify_then_decide_end_to_end_on_a_node_failure():
     _, case = next(c for c in CASES if c[0] == "node_failure_02_multinode_srun_names_node")
-    remedy = decide(run_case(case), Policy(), 0)
+    remedy = remedy_for(run_case(case), Policy(), 0)
     assert remedy.kind is RemedyKind.REQUEUE and remedy.exclude_nodes == ("gpu042",)
 
 

@@ -41,7 +41,7 @@ PROBE_FILE = "probe-{step}.json"  # in the cell's output/: a cooldown probe's re
 
 
 @dataclass(frozen=True)
-class Decision:
+class RungDecision:
     """One rung of one bracket: the evidence each cell had, and who continues."""
 
     bracket: str
@@ -64,7 +64,7 @@ class Decision:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Decision:
+    def from_json(cls, d: Mapping[str, Any]) -> RungDecision:
         return cls(
             str(d["bracket"]),
             int(d["rung"]),
@@ -85,36 +85,36 @@ class Decision:
         )
 
 
-def decide(
+def decide_rung(
     bracket: str, rung: int, step: int, evidence: Mapping[str, float], keep: float, metric: str = "loss"
-) -> Decision:
+) -> RungDecision:
     """Rank one rung (lower is better; ties broken by the cell's name, so the order never depends on time)."""
     n = len(evidence)
     k = max(1, math.ceil(n * keep - 1e-9))
     order = sorted(evidence, key=lambda c: (evidence[c], c))
-    return Decision(bracket, rung, step, metric, dict(evidence), tuple(sorted(order[:k])), tuple(sorted(order[k:])))
+    return RungDecision(bracket, rung, step, metric, dict(evidence), tuple(sorted(order[:k])), tuple(sorted(order[k:])))
 
 
 # -- the record ------------------------------------------------------------------------------------------------
 
 
-def read_record(sweep_dir: Path) -> dict[tuple[str, int], Decision]:
+def read_record(sweep_dir: Path) -> dict[tuple[str, int], RungDecision]:
     """(bracket, rung) -> its decision; the first line of a (bracket, rung) wins, a cut or damaged line (not JSON,
     not UTF-8) is skipped: that rung is decided again."""
     path = sweep_dir / RECORD_FILE
-    out: dict[tuple[str, int], Decision] = {}
+    out: dict[tuple[str, int], RungDecision] = {}
     if not path.is_file():
         return out
     for line in path.read_bytes().splitlines():
         try:
-            d = Decision.from_json(json.loads(line))
+            d = RungDecision.from_json(json.loads(line))
         except (ValueError, KeyError, TypeError):
             continue
         out.setdefault((d.bracket, d.rung), d)
     return out
 
 
-def write_decision(sweep_dir: Path, decision: Decision) -> None:
+def write_decision(sweep_dir: Path, decision: RungDecision) -> None:
     """Append one decision, flushed to disk before the caller acts on it."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     line = json.dumps(decision.to_json(), sort_keys=True) + "\n"
@@ -237,16 +237,16 @@ class Action:
 
 @dataclass(frozen=True)
 class Plan:
-    new: tuple[Decision, ...]  # decisions taken now: record them before acting
+    new: tuple[RungDecision, ...]  # decisions taken now: record them before acting
     actions: tuple[Action, ...]
-    decisions: Mapping[tuple[str, int], Decision] = field(default_factory=dict)  # every decision, recorded or new
+    decisions: Mapping[tuple[str, int], RungDecision] = field(default_factory=dict)  # every decision, recorded or new
 
 
 def plan(
     brackets: Mapping[str, Sequence[str]],
     rungs: Sequence[int],
     evidence: Callable[[str, int], float | None],
-    recorded: Mapping[tuple[str, int], Decision],
+    recorded: Mapping[tuple[str, int], RungDecision],
     keep: float,
     reached: Callable[[str, int], bool],
     guard: str = "cooldown",
@@ -255,7 +255,7 @@ def plan(
     """Pure: given the brackets' cells, the rungs (steps), each cell's evidence at a rung (None: not there yet),
     whether a cell has reached a rung (its checkpoint exists), and the recorded decisions, the decisions to take
     now and the next action of every cell."""
-    new: list[Decision] = []
+    new: list[RungDecision] = []
     actions: list[Action] = []
     every = dict(recorded)
     for bracket in sorted(brackets):
@@ -270,7 +270,7 @@ def plan(
                         probe = guard == "cooldown" and reached(c, step)
                         actions.append(Action("probe" if probe else "run", c, step))
                     break
-                d = decide(bracket, i, step, {c: v for c, v in values.items() if v is not None}, keep, metric)
+                d = decide_rung(bracket, i, step, {c: v for c, v in values.items() if v is not None}, keep, metric)
                 new.append(d)
                 every[(bracket, i)] = d
             actions += [Action("prune", c, step, d.why(c)) for c in d.pruned]

@@ -24,8 +24,8 @@ from sft_grid.core.failures.policy import (
     Remedy,
     RemedyKind,
     Rule,
-    decide,
     parse_time,
+    remedy_for,
     with_overrides,
 )
 from sft_grid.core.failures.sacct import SACCT_FORMAT, SacctLeg, expand_hostlist, group_legs, parse_sacct, sacct_argv
@@ -45,11 +45,11 @@ __all__ = [
     "Rule",
     "SacctLeg",
     "classify",
-    "decide",
     "expand_hostlist",
     "group_legs",
     "parse_sacct",
     "parse_time",
+    "remedy_for",
     "sacct_argv",
     "split_attempts",
     "summarize",

@@ -37,8 +37,8 @@ from sft_grid.core.failures.policy import (
     Policy,
     Remedy,
     RemedyKind,
-    decide,
     parse_time,
+    remedy_for,
     with_overrides,
 )
 from sft_grid.core.failures.sacct import SacctLeg
@@ -194,7 +194,7 @@ def next_step(
     else:
         spent = requeues_spent(history, failure.klass)
     log = evidence_log(cell_dir, log_tails(cell_dir, history) if tails is None else tails, failure.evidence)
-    return decide(failure, policy_of(config), spent, context_of(cell_dir, config, log))
+    return remedy_for(failure, policy_of(config), spent, context_of(cell_dir, config, log))
 
 
 def open_data_step(cell_dir: Path, history: Sequence[Event]) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ Design:
   names, at the line the evidence quotes, and blames no one.
 - A grid changes the defaults with a plain mapping: {"preempted": {"action": "requeue", "budget": 8},
   "gpu_oom": "stop", "node_failure": "requeue:1"}.
-- decide() is pure. Its Remedy carries a message for the user, the overrides it suggests, the nodes to
+- remedy_for() is pure. Its Remedy carries a message for the user, the overrides it suggests, the nodes to
   exclude and, when the cell's rerun command is known, that command with the overrides applied.
 Invariants: a requeue never exceeds its budget; a stop never suggests a change it cannot compute (an
 override appears only when the current value is known).
@@ -144,7 +144,7 @@ class Policy:
 
 @dataclass(frozen=True, kw_only=True)
 class CellContext:
-    """What decide() may use to make suggestions concrete; unknown fields stay None."""
+    """What remedy_for() may use to make suggestions concrete; unknown fields stay None."""
 
     rerun: tuple[str, ...] = ()  # argv that reruns the cell, e.g. python -m sft_grid model=... rerun_failed=true
     micro_batch_size: int | None = None
@@ -237,7 +237,7 @@ def _time_limit_advice(failure: Failure, ctx: CellContext, keys: OverrideKeys) -
     return overrides, f"{where}; checkpoints are kept and a rerun resumes; change " + " or ".join(options)
 
 
-def decide(
+def remedy_for(
     failure: Failure, policy: Policy | None = None, attempts_so_far: int = 0, cell: CellContext | None = None
 ) -> Remedy:
     """The next step for a failed cell. attempts_so_far: requeues already spent on this class (for a time

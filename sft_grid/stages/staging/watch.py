@@ -50,7 +50,7 @@ class SizeDisagrees(HubError):
 
 
 @dataclass(frozen=True)
-class Answer:
+class HubAnswer:
     method: str
     url: str
     status: int
@@ -75,7 +75,7 @@ class _State:
     budget: Budget | None = None
     timer: threading.Timer | None = None
     sockets: list[socket.socket] = field(default_factory=list)
-    answers: deque[Answer] = field(default_factory=lambda: deque(maxlen=KEEP))
+    answers: deque[HubAnswer] = field(default_factory=lambda: deque(maxlen=KEEP))
     expect: tuple[str, int] | None = None  # (a file's path in the repo, its size in the listing)
     cut: bool = False  # the timer fired: the sockets were shut at the limit
     current: Any = None  # the request last sent (staging asks one thing at a time)
@@ -125,7 +125,7 @@ def _on_request(request: Any) -> None:
 
 def _on_response(response: Any) -> None:
     request = response.request
-    answer = Answer(
+    answer = HubAnswer(
         request.method, str(request.url), response.status_code, {k.lower(): v for k, v in response.headers.items()}
     )
     with _STATE.mutex:
@@ -161,7 +161,7 @@ def _body_stream(inner: Any, request: Any) -> Any:
     return _Body()
 
 
-def _check_size(a: Answer) -> None:
+def _check_size(a: HubAnswer) -> None:
     expect = _STATE.expect
     if expect is None or a.method != "HEAD" or not 200 <= a.status < 400 or "/resolve/" not in a.url:
         return
@@ -245,7 +245,7 @@ def expecting(path: str, size: int) -> Iterator[None]:
         _STATE.expect = None
 
 
-def last(method: str | None = None, contains: str = "") -> Answer | None:
+def last(method: str | None = None, contains: str = "") -> HubAnswer | None:
     """The latest answer recorded (of ``method``, to a URL containing ``contains``)."""
     with _STATE.mutex:
         for a in reversed(_STATE.answers):

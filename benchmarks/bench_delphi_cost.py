@@ -1,4 +1,4 @@
-"""Benchmark: the Delphi grid's GPU-hours, as sft_grid rendered it before the GPU layout (issue 33) and as it renders
+"""Benchmark: the Delphi grid's GPU-hours, as sft_grid rendered it before the GPU layout and as it renders
 it now, per model size, with what each change saved. One run, every figure from the same cost model.
 
 What it runs: the real dry run of the Delphi grid on Leonardo (`sft-grid run -m +sweep=delphi_scaling dry_run=true`,
@@ -52,7 +52,7 @@ from sft_grid.planning.estimate import (  # noqa: E402
 MAGPIE = (500_000, 313_007_558 / 500_000)  # rows, mean tokens (marin's count)
 WARMUP_ROWS, WARMUP_MEAN = 100_000, 1_500.0  # ASSUMED mean: at most 3,000 tokens a row by construction
 WILDCHAT_ROWS, WILDCHAT_MEAN = 385_700, 1_500.0  # ASSUMED mean after the 4,096-token cap
-OLD_MFU = 0.3  # what planning/estimate.py assumed for every cell before issue 33
+OLD_MFU = 0.3  # what planning/estimate.py assumed for every cell before the GPU layout
 STEPS = ("0 before", "1 +packing", "2 +fewest nodes", "3 +kernels, ckpt where needed")
 
 

@@ -1,6 +1,6 @@
 """Benchmark: the dry run with the cost estimates against the same dry run without them, side by side.
 
-Why: since issue 12 the dry run (and every real invocation) estimates each cell before launch: tokens from the
+Why: the dry run (and every real invocation) estimates each cell before launch: tokens from the
 loss-mask probe's token sample and the data's row counts, FLOPs, GPU-hours, wall time, disk, the calibration scan
 of the runs root's completed cells, the wall-time check, estimate.json in each cell and the printed cost table.
 Target: the dry run with estimates takes at most 10% longer than without (SFT_GRID_ESTIMATES=0 turns them off).
@@ -14,7 +14,7 @@ Wall time around subprocess.run; the medians and their ratio are reported.
     python benchmarks/bench_estimates.py [--repeats N] [--check] [--json out.json]
 
 With --accuracy, how close the calibrated estimates come instead (what tests/test_report_tiny_grid.py asserted
-until issue 29: a figure of the machine and its load, not a test): the tiny scaling grid of that test (3 sizes of
+until recently: a figure of the machine and its load, not a test): the tiny scaling grid of that test (3 sizes of
 tiny Llama x 2 recipes, LLaMA-Factory on the CPU, the local executor), the first recipe trained, then the second,
 which is estimated when it is queued from the calibration of the first; each of its estimates against the CPU
 time its cell took (start-up included). Target: every calibrated estimate within 25% (ACCURACY_TARGET).

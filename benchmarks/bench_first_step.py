@@ -6,7 +6,7 @@ The demo's shape, new cells, nothing of the runs root there yet:
 
     python -m sft_grid -m model=tiny_llama,tiny_qwen3 lr=4e-5 runs_root=TMP
 
-run by two checkouts of sft_grid: the baseline revision (default: 950c893, before issue 28's work on the first
+run by two checkouts of sft_grid: the baseline revision (default: 950c893, before work on the first
 minute; a git worktree made in a temporary directory) and this one, alternately, `--repeats` times each, and in two
 modes:
 
@@ -20,7 +20,7 @@ Each run is timed from the command's start to (1) its first line on stdout or st
 (2) the first cell's first training step (the first line of its output/trainer_log.jsonl: LLaMA-Factory writes it
 at the end of step 1; polled every 50 ms), (3) the first cell completed (a `completed` event in its ledger), and
 (4) its end; and (5) the longest time the pipe went without a line (stdout and stderr in one pipe, each line timed
-as this script reads it). Targets (issue 28): the first cell completed in at most 10 s, at most 3 s without a line,
+as this script reads it). Targets: the first cell completed in at most 10 s, at most 3 s without a line,
 cold and warm. The environments and the tiny assets must be built (`make setup-demo`); the machine should be
 otherwise idle: the load average is printed beside the numbers.
 """

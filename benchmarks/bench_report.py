@@ -8,7 +8,7 @@ same run over the same cells: `sft-grid status`, which reads each cell's ledger 
 The grid: sweeps/delphi_scaling.yaml rendered by its own dry run (72 cells: 36 checkpoints x 2 recipes, Leonardo),
 then every cell given what a run leaves (tests/grid_fixture.py): a ledger, trainer_state.json with 2000 logged
 steps whose final losses follow L = E_recipe + A N^-alpha, LLaMA-Factory's trainer_log.jsonl, estimate.json, and
-two score files (issue 11's format); one cell running, one failed, one never run; the 9 base models evaluated.
+two score files (format); one cell running, one failed, one never run; the 9 base models evaluated.
 The report fits final loss and both scores per recipe, against parameters and against the compute budget in the
 model names (12 fits, 300 bootstrap resamples each).
 

@@ -1,4 +1,4 @@
-"""Benchmark: `sft-grid status` of a 1000-cell grid on a remote site, read from here over ssh (issue 25).
+"""Benchmark: `sft-grid status` of a 1000-cell grid on a remote site, read from here over ssh.
 
 Target: the status of 1000 remote cells in at most 1 s plus one round trip, where a round trip is a fresh `ssh HOST
 true` (connection, key authentication and a command: what each status refresh pays). Side by side in one run: the

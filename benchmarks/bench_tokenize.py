@@ -1,6 +1,6 @@
 """Benchmark: tokenize once per grid against each cell tokenizing in its own job, real runs on both backends.
 
-Why: before issue 10 every cell tokenized its data in its own job (on a GPU node, and again on every rank of a
+Why: before tokenize-once every cell tokenized its data in its own job (on a GPU node, and again on every rank of a
 multi-node job); now cells whose data tokenizes the same share one tokenized dataset, built once by the backend's
 own preprocessing before them (stages/tokenize.py). Targets, for a grid of 8 cells on the same data, each backend:
 

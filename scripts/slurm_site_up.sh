@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # slurm_site_up.sh: a second real Slurm cluster on this machine, beside the one scripts/slurm_up.sh runs (`ci`),
-# for the tests of grids that span sites (issue 25). Debian 12, as root; all traffic stays on loopback.
+# for the tests of grids that span sites. Debian 12, as root; all traffic stays on loopback.
 #
 #   bash scripts/slurm_site_up.sh     (or: make slurm-site-up)     stop it with scripts/slurm_site_down.sh
 #

@@ -4,7 +4,7 @@
 Cell directories come from the real renderer (grid/render.py); what a run leaves is written here in the formats
 the job and the trainer write: the ledger (sft_grid.core.events), output/trainer_state.json (the HF Trainer's,
 with its log_history and final train_runtime), trainer_log.jsonl (LLaMA-Factory's per-step log), a weights
-file, all_results.json, and the evaluation's score files `<cell>/eval/<score_id>.json` (issue 11's format).
+file, all_results.json, and the evaluation's score files `<cell>/eval/<score_id>.json` (format).
 """
 
 from __future__ import annotations

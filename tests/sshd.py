@@ -34,6 +34,15 @@ class Sshd:
     config: Path  # the client's ssh config (ssh -F)
     log: Path
 
+    def add_host(self, host: str, port: int, env: Mapping[str, str] | None = None) -> None:
+        """One more Host alias in the client's config: this sshd's key and user, reached at `port` (a forwarder in
+        front of it: the tests' half-open connections), its host key known there too; `env` as `start`'s."""
+        key = " ".join((self.dir / "host_key.pub").read_text().split()[:2])
+        with (self.dir / "known_hosts").open("a") as known:
+            known.write(f"[127.0.0.1]:{port} {key}\n")
+        with self.config.open("a") as config:
+            config.write(_entry(self.dir, host, port, env or {}))
+
     def accepted(self) -> int:
         """Connections sshd has accepted so far."""
         return self.log.read_text(errors="replace").count("Accepted publickey")
@@ -47,6 +56,17 @@ class Sshd:
         """The listener ends on SIGTERM (the connections it served have ended with their commands)."""
         self.process.terminate()
         self.process.wait(timeout=60)
+
+
+def _entry(where: Path, host: str, port: int, env: Mapping[str, str]) -> str:
+    """A Host entry of the client's config: this sshd at `port`, its key, sending `env` (SetEnv)."""
+    return (
+        f"Host {host}\n  HostName 127.0.0.1\n  Port {port}\n  User {os.environ.get('USER') or 'root'}\n"
+        f"  IdentityFile {where / 'user_key'}\n  IdentitiesOnly yes\n  UserKnownHostsFile {where / 'known_hosts'}\n"
+        "  StrictHostKeyChecking yes\n"
+        # one SetEnv line: ssh reads the first one only (and refuses one without a variable)
+        + ("  SetEnv " + " ".join(f"{k}={v}" for k, v in sorted(env.items())) + "\n" if env else "")
+    )
 
 
 def start(where: Path, hosts: Mapping[str, Mapping[str, str]], env: Mapping[str, str] | None = None) -> Sshd:
@@ -90,16 +110,7 @@ def start(where: Path, hosts: Mapping[str, Mapping[str, str]], env: Mapping[str,
     known.write_text(f"[127.0.0.1]:{port} " + " ".join((where / "host_key.pub").read_text().split()[:2]) + "\n")
     client = where / "ssh_config"
     client.write_text(
-        "".join(
-            f"Host {host}\n  HostName 127.0.0.1\n  Port {port}\n  User {os.environ.get('USER') or 'root'}\n"
-            f"  IdentityFile {where / 'user_key'}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n"
-            "  StrictHostKeyChecking yes\n"
-            # one SetEnv line: ssh reads the first one only
-            + "  SetEnv "
-            + " ".join(f"{k}={v}" for k, v in sorted({**(env or {}), **extra}.items()))
-            + "\n"
-            for host, extra in hosts.items()
-        )
+        "".join(_entry(where, host, port, {**(env or {}), **extra}) for host, extra in hosts.items())
         + f"Host site_down\n  HostName 127.0.0.1\n  Port {free_port()}\n  IdentityFile {where / 'user_key'}\n"
         "  ConnectTimeout 10\n"
     )

@@ -12,10 +12,10 @@ import io
 import json
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -25,7 +25,7 @@ from sft_grid.core.paths import REPO_ROOT
 from sft_grid.sites import remote
 from sft_grid.sites.moves import MOVE_FILE
 from sft_grid.sites.remote import Placed, Site, write_record
-from sft_grid.sites.transport import Local, SiteUnreachable, Transport
+from sft_grid.sites.transport import Local, SiteTimeout, SiteUnreachable, Transport
 
 from . import grid_fixture as gf
 
@@ -51,6 +51,12 @@ def _site(tmp: Path, name: str) -> Site:
 
 @pytest.fixture
 def spread(make_cells, tmp_path: Path) -> Spread:
+    return make_spread(make_cells, tmp_path)
+
+
+def make_spread(make_cells: Any, tmp_path: Path, site: Callable[[Path, str], Site] = _site) -> Spread:
+    """The spread grid (the module's docstring), each site made by `site` (tests/test_sites_ssh.py: a Host of a
+    real sshd)."""
     overrides = [["model=tiny_llama", "lr=1e-5"], ["model=tiny_llama", "lr=2e-5"], ["model=tiny_llama_m", "lr=1e-5"]]
 
     def grid(root: Path) -> list[Path]:
@@ -75,7 +81,7 @@ def spread(make_cells, tmp_path: Path) -> Spread:
     # site b holds no copy of cell 0
     shutil.rmtree(b[0])
     here = tmp_path / "here" / "runs"
-    placed = [Placed(site=_site(tmp_path, n), code_dir=REPO_ROOT, code="k", commit="c") for n in ("a", "b")]
+    placed = [Placed(site=site(tmp_path, n), code_dir=REPO_ROOT, code="k", commit="c") for n in ("a", "b")]
     names = [d.name for d in one]
     write_record(here / SWEEP, placed, {names[0]: "a", names[1]: "b", names[2]: "b"})
     return Spread(here, tmp_path / "one" / "runs", placed, names)
@@ -86,6 +92,7 @@ class Fake:
     """The transports a forward opened, by site: the local one, or one that never connects (site down)."""
 
     down: set[str] = field(default_factory=set)
+    stuck: set[str] = field(default_factory=set)  # sites whose commands outlive their bound
     opened: dict[str, Transport] = field(default_factory=dict)
     closed: list[str] = field(default_factory=list)
 
@@ -94,10 +101,19 @@ class Fake:
 
         @dataclass
         class Tracked(Local):
-            def run(self, argv: Sequence[str], stdin: bytes | None = None, check: bool = True, timeout: float = 300):
+            def run(
+                self,
+                argv: Sequence[str],
+                stdin: bytes | None = None,
+                check: bool = True,
+                timeout: float | None = None,
+                out: IO[bytes] | None = None,
+            ):
                 if self.name in fake.down:
                     raise SiteUnreachable(f"ssh {self.name}.example: Connection refused")
-                return super().run(argv, stdin, check, timeout)
+                if self.name in fake.stuck:
+                    raise SiteTimeout(f"ssh {self.name}.example: no answer within 3 s (... stopped)")
+                return super().run(argv, stdin, check, timeout, out)
 
             def close(self) -> None:
                 fake.closed.append(self.name)
@@ -236,7 +252,7 @@ def test_cancel_runs_on_every_site_and_logs_on_the_chosen_copys_site(spread: Spr
 def test_the_cli_sends_a_grid_of_several_sites_to_the_merge(spread: Spread, capsys, monkeypatch) -> None:
     from sft_grid.cli.main import main
 
-    monkeypatch.setattr(remote.Site, "transport", lambda self: Local(name=self.name))
+    monkeypatch.setattr(remote.Site, "transport", lambda self, check=True: Local(name=self.name))
     assert main(["status", SWEEP, "--runs-root", str(spread.here)]) == 0
     out, err = capsys.readouterr()
     assert "on 2 sites (a, b)" in err and table_rows(out)[spread.cells[1]][-1] == "b"
@@ -285,3 +301,99 @@ def test_the_pulled_copies_are_read_from_their_files_never_from_the_schedulers_h
     cells = json.loads(capsys.readouterr().out)["cells"]
     assert not asked, asked
     assert [c["state"] for c in cells] == ["completed", "completed", "submitted"]
+
+
+def heavy(cell: Path) -> None:
+    """What a trained cell holds that neither results nor report reads: its logs (the training's, the evaluation's
+    results and samples), a checkpoint with its optimizer state, the tokenizer; and weights of a real size."""
+    (cell / "logs").mkdir(exist_ok=True)
+    (cell / "logs" / "train.log").write_bytes(b"step\n" * (64 << 10))
+    samples = cell / "logs" / "eval" / "20261201-000000-mc" / "results"
+    samples.mkdir(parents=True)
+    (samples / "samples_tiny_mc.jsonl").write_bytes(b"{}\n" * (16 << 10))
+    (samples / "mc.json").write_text("{}")
+    checkpoint = cell / "output" / "checkpoint-10"
+    checkpoint.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+        (checkpoint / name).write_bytes(b"\0" * (64 << 10))
+    (cell / "output" / "tokenizer.json").write_text("{}")
+    (cell / "output" / "model.safetensors").write_bytes(b"\0" * (1 << 20))
+
+
+def pulled(grid_here: Path, site: str) -> dict[str, int]:
+    """The files a pull brought from a site: path under its grid directory -> size."""
+    top = grid_here / ".sites" / site
+    return {str(p.relative_to(top)): p.stat().st_size for p in sorted(top.rglob("*")) if p.is_file()}
+
+
+def site_cell(spread: Spread, site: int, cell: int) -> Path:
+    return Path(spread.placed[site].site.runs_root) / SWEEP / spread.cells[cell]
+
+
+def test_results_pull_only_the_files_results_and_report_read(spread: Spread, capsys) -> None:
+    heavy(site_cell(spread, 1, 1))
+    assert forward(spread, "results", "--format", "json") == 0
+    cells = {c["name"]: c for c in json.loads(capsys.readouterr().out)["cells"]}
+    assert cells[spread.cells[1]]["state"] == "completed" and cells[spread.cells[1]]["site"] == "b"
+    got = pulled(spread.grid_here, "b")
+    name = spread.cells[1]
+    assert {k.removeprefix(f"{name}/") for k in got if k.startswith(f"{name}/")} == {
+        "cell.yaml",
+        "events.jsonl",
+        "output/trainer_state.json",
+        "output/trainer_log.jsonl",
+        "output/all_results.json",
+        "output/model.safetensors",
+        f"eval/mc-{name}.json",
+    }
+    assert got[f"{name}/output/model.safetensors"] == 0  # its name only: the cell reads as completed
+    assert not [k for k in got if "/logs/" in k or "checkpoint-" in k or k.endswith("tokenizer.json")], got
+    assert sum(got.values()) < 64 << 10  # of the cell's ~2.5 MB
+    # the pull's own note is not a file of the grid
+    assert not (spread.grid_here / ".merged" / SWEEP / ".pull.json").exists()
+
+
+def test_a_trainer_log_over_the_limit_comes_as_its_end_and_is_named(spread: Spread, capsys, monkeypatch) -> None:
+    """A trainer log over PULL_LIMIT: its last PULL_LIMIT bytes, from a line's start; the final loss (its last 10%)
+    is the one-site grid's, and stderr names the file and what came."""
+    log = "".join(
+        json.dumps({"current_steps": s, "total_steps": 2000, "loss": v, "lr": 1e-5}) + "\n"
+        for s, v in gf.curve(2000, 1.5)
+    )
+    for cell in (site_cell(spread, 1, 1), spread.one / SWEEP / spread.cells[1]):
+        (cell / "output" / "trainer_log.jsonl").write_text(log)
+    monkeypatch.setattr(across, "PULL_LIMIT", 40_000)
+    one = {c["name"]: c for c in json.loads(_one_site_results(spread, "json", capsys))["cells"]}
+    assert forward(spread, "results", "--format", "json") == 0
+    out, err = capsys.readouterr()
+    cells = {c["name"]: c for c in json.loads(out)["cells"]}
+    assert cells[spread.cells[1]]["final_loss"] == one[spread.cells[1]]["final_loss"]
+    assert cells[spread.cells[1]]["step"] == 2000
+    rel = f"{spread.cells[1]}/output/trainer_log.jsonl"
+    kept = pulled(spread.grid_here, "b")[rel]
+    assert 39_000 < kept <= 40_000, kept
+    assert f"site b: {rel} is {len(log)} bytes, over the pull's 40000 bytes: its last {kept} bytes came here" in err
+    tail = (spread.grid_here / ".sites" / "b" / rel).read_text()
+    assert tail.startswith('{"current_steps": ') and log.endswith(tail)
+
+
+def test_a_site_that_outlives_its_bound_is_named_with_what_the_output_lacks(spread: Spread, capsys) -> None:
+    """Site b's pull times out: its line names it, how long was waited, and each of its cells: missing, shown from
+    another site's copy, or shown as an earlier pull left it; site a's cells are shown."""
+    shutil.rmtree(site_cell(spread, 0, 2))  # site a holds no copy of cell 2: without b's answer it is missing
+    assert forward(spread, "results", "--format", "json", fake=Fake(stuck={"b"})) == 1
+    out, err = capsys.readouterr()
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("site b")]
+    assert line.startswith("site b did not answer: ssh b.example: no answer within 3 s"), line
+    assert f"1 of its cells are missing from the output: {spread.cells[2]}" in line, line
+    assert f"1 are shown from another site's copy: {spread.cells[1]}" in line, line
+    cells = {c["name"]: c for c in json.loads(out)["cells"]}
+    assert cells[spread.cells[0]]["state"] == "completed" and cells[spread.cells[0]]["site"] == "a"
+    assert spread.cells[2] not in cells
+    # once b has answered, a later timeout shows its cells as that pull left them, and says when
+    assert forward(spread, "results", "--format", "json") == 0
+    capsys.readouterr()
+    assert forward(spread, "results", "--format", "json", fake=Fake(stuck={"b"})) == 1
+    out, err = capsys.readouterr()
+    assert "2 are shown as pulled at " in err, err
+    assert {c["name"]: c["state"] for c in json.loads(out)["cells"]}[spread.cells[2]] == "failed"

@@ -3,7 +3,7 @@ fix: a misspelled key added with `+`, every out-of-range number and every value 
 whole schema, read from its metadata), a model with no source, a local dataset that is not data, a dataset
 listed twice, an axis that sweeps nothing, an override Hydra's grammar refuses.
 
-The second round (issue 27), by class, each input read as what it is: a config file that is not YAML (file, line,
+The second round, by class, each input read as what it is: a config file that is not YAML (file, line,
 column, one line); paths that cannot hold the cells (too long, a file, a symlink loop); a model directory that
 cannot load (no config, config not JSON, no weights, a missing shard, a vocabulary smaller than its tokenizer);
 a data file whose split, encoding or line is wrong; numbers that are not finite or a zero wall time; two cells
@@ -269,7 +269,7 @@ def test_the_other_commands_refuse_what_is_not_there_in_one_line(tmp_path, argv,
     assert "Traceback" not in proc.stderr and sorted(tmp_path.rglob("*")) == before
 
 
-# -- round 2 (issue 27): every file read as what it is ---------------------------------------------------------
+# -- round 2: every file read as what it is ---------------------------------------------------------
 
 
 def tree(root: Path) -> list[tuple[str, int]]:

@@ -1,7 +1,7 @@
-"""A grid across remote sites, decided here (sft_grid/sites/coordinate.py, issue 25 items 3 and 4): which cell stays
-where it is, which waits for a site that does not answer, which is placed, from the sites' answers. Pure and fast;
-the answers are parsed from the line a site prints (`answer_json`, the site's side of the protocol); the cells carry
-what placement reads of a composed cell. tests/test_sites_across.py runs the whole of it over sshd and two Slurm
+"""A grid across remote sites, decided here (sft_grid/sites/coordinate.py): which cell stays where it is, which waits
+for a site that does not answer (or for a site that can take it), which is placed, from the sites' answers. Pure and
+fast; the answers are parsed from the line a site prints (`answer_json`, the site's side of the protocol); the cells
+carry what placement reads of a composed cell. tests/test_sites_across.py runs the whole of it over sshd and two Slurm
 clusters."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_a_cell_with_a_copy_on_a_site_stays_there_and_only_a_new_one_is_placed()
     d = decide(cells, answers, {})
     assert d.kept == {"done": "a", "live": "b", "failed": "a", "twice": "b"}
     assert d.states == {"done": "completed", "live": "submitted", "failed": "failed", "twice": "completed"}
-    assert set(d.placed) == {"new"} and not d.problems
+    assert set(d.placed) == {"new"} and not d.unplaced
 
 
 def test_a_cell_sent_to_a_silent_site_waits_for_it() -> None:
@@ -76,7 +76,8 @@ def test_a_confirmed_move_goes_elsewhere_never_back() -> None:
     d = decide([cell("m")], answers, {"m": "b"})
     assert d.placed == {"m": "a"} and not d.kept
     only_b = decide([cell("m")], answers[1:], {"m": "b"})
-    assert not only_b.placed and only_b.problems  # nowhere else to go: refused, with the reason
+    # nowhere else to go: it waits, with the reason (the rest of the grid is not refused for it)
+    assert not only_b.placed and set(only_b.unplaced) == {"m"} and "leaves b" in only_b.unplaced["m"]
 
 
 def test_constraints_and_the_hub_decide_the_site() -> None:
@@ -84,7 +85,7 @@ def test_constraints_and_the_hub_decide_the_site() -> None:
     d = decide([cell("big", nodes=2), cell("hub")], [answer("a"), answer("b", hub=["hub"])], {})
     assert d.placed == {"big": "b", "hub": "a"}
     d = decide([cell("big", nodes=2)], [answer("a"), answer("b", hub=["big"])], {})
-    assert not d.placed and d.problems and d.problems[0].cell == "big"
+    assert not d.placed and set(d.unplaced) == {"big"} and "cannot stage from the Hub" in d.unplaced["big"]
 
 
 def test_a_site_runs_its_own_profile_and_runs_root() -> None:
@@ -101,3 +102,26 @@ def test_a_remote_profile_without_its_roots_is_refused_naming_the_key() -> None:
     assert "sites.b" in text and "remote.root" in text and "runs_root" in text and "sites.a" not in text
     (site,) = sites_of({"a": ok})
     assert (site.host, site.root, site.runs_root) == ("a", "/work/sft", "/scratch/runs")
+
+
+def test_a_site_let_go_no_longer_holds_its_cells() -> None:
+    """`sft-grid release GRID --site b` (recorded here): the cells the record sent to b are placed on another site
+    instead of waiting for it, or, let go with --cancel, nowhere; b's copies count again only once completed."""
+    from sft_grid.sites.coordinate import LetGo, let_go_of
+
+    record: dict[str, dict[str, object]] = {
+        "b": {"let_go": {"cells": ["x", "y"], "cancel": False}},
+        "a": {"silent_since": 1.0},
+    }
+    assert let_go_of(record) == {"x": LetGo(site="b"), "y": LetGo(site="b")}
+    silent = Answer(site="b", error="ssh: connect to host: Connection refused")
+    d = decide([cell("x"), cell("y")], [answer("a"), silent], {"x": "b", "y": "b"}, let_go_of(record))
+    assert d.placed == {"x": "a", "y": "a"} and not d.waiting
+    cancelled = {"x": LetGo(site="b", cancel=True)}
+    d = decide([cell("x")], [answer("a"), silent], {"x": "b"}, cancelled)
+    assert d.cancelled == {"x": "b"} and not d.placed and not d.waiting
+    # b answers again: its old copy in flight does not hold the cell (its invocation gates it there); a completed
+    # one does
+    back = answer("b", {"x": "submitted", "y": "completed"})
+    d = decide([cell("x"), cell("y")], [answer("a"), back], {"x": "b", "y": "b"}, let_go_of(record))
+    assert d.placed == {"x": "a"} and d.kept == {"y": "b"}

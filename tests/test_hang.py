@@ -297,7 +297,7 @@ def _beats(log: Path) -> list[str]:
 
 
 def test_the_jobs_log_hears_the_backend_start_until_its_first_line(tmp_path, monkeypatch):
-    """Issue 28: while the backend imports, the job's log gets a line at least every 2.5 s saying so and for how long;
+    """While the backend imports, the job's log gets a line at least every 2.5 s saying so and for how long;
     the backend's own first line ends them. (Every 0.5 s here: the test waits for two of them.)"""
     monkeypatch.setattr(hang, "BEAT_S", 0.5)
     cell = _cell(tmp_path)

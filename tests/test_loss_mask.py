@@ -276,7 +276,7 @@ def _mask_problems(problems):
 def test_good_tiny_cells_pass_one_probe_process_per_env_then_the_disk_cache(
     make_cells, axolotl_env, fresh, monkeypatch
 ):
-    # issue 28: the probe's process answers its environment's facts too (the model check's transformers), so the
+    # the probe's process answers its environment's facts too (the model check's transformers), so the
     # checks start one backend process per environment, not two
     facts_processes: list[list[str]] = []
     real_run = subprocess.run

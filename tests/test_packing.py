@@ -1,4 +1,4 @@
-"""Packing with no example attending to another, proven with the real backends on the CPU (issue 33).
+"""Packing with no example attending to another, proven with the real backends on the CPU.
 
 The same six conversations (multi-turn, with system prompts, of different lengths) are trained for one optimizer step
 at a negligible learning rate, so the logged loss is the loss of the untouched model over their assistant tokens:

@@ -1,6 +1,6 @@
-"""Placement of a grid across sites (sft_grid/sites/placement.py, issue 25 item 3): pure, fast. The sites are
-cluster profiles built here; the expected starts stand for what `sbatch --test-only` answers (tests/
-test_sites_spread.py asks the two real local clusters)."""
+"""Placement of a grid across sites (sft_grid/sites/placement.py): pure, fast. The sites are cluster profiles built
+here; the expected starts stand for what `sbatch --test-only` answers (tests/test_sites_spread.py asks the two real
+local clusters), and the request it is asked with is the one the cell's job is submitted with."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_every_cell_goes_where_it_is_feasible() -> None:
         need("mem", gpu_mem_gb=64),
         need("any"),
     ]
-    placed = place(needs, [site(CPU), site(GPU, starts={(1, 30): 3600.0})])
+    placed = place(needs, [site(CPU, starts={(1, 30): 0.0}), site(GPU, starts={(1, 30): 3600.0})])
     assert not placed.problems
     assert placed.sites == {
         "h100": "gpu",
@@ -101,7 +101,7 @@ def test_unreachable_site_offline_staging_and_allocation() -> None:
     assert refusal(need(hub=True), site(offline)) is not None
     assert refusal(need(hub=False), site(offline)) is None
     # one node-hour left: the first two 30-minute cells fit, the third goes elsewhere, a fourth nowhere
-    small = site(replace(CPU, allocation_node_h=1.0))
+    small = site(replace(CPU, allocation_node_h=1.0), starts={(1, 30): 0.0})
     placed = place(
         [need(f"c{i}") for i in range(4)], [small, site(replace(GPU, allocation_node_h=0.5), starts={(1, 30): 1e4})]
     )
@@ -126,3 +126,54 @@ def test_site_profiles_known_slurm_and_one_list() -> None:
     _, problems = profiles([_Cell(["slurm_local"]), _Cell(["slurm_siteb"])])
     assert [p.rule for p in problems] == ["one-sites-list"]
     assert profiles([_Cell([])]) == ({}, [])
+
+
+def test_a_site_without_an_estimate_ranks_after_every_site_with_one() -> None:
+    """A scheduler that refused the request or did not answer gives no estimate: unknown, never "at once". It ranks
+    after a known estimate however late (here two hours), even named first; among unknown sites the work this
+    placement put there decides; the placement says which starts are unknown."""
+    unknown = site(replace(CPU, name="silent"))
+    busy = site(CPU, starts={(1, 30): 7200.0})
+    placed = place([need("c0"), need("c1")], [unknown, busy])
+    assert placed.sites == {"c0": "cpu", "c1": "cpu"}
+    assert placed.starts == {"c0": 7200.0, "c1": 7200.0 + 1800.0}
+    # only unknown sites: by the work placed there alone, over their nodes (6 and 3 of 9 equal cells)
+    two, one = site(replace(CPU, name="two"), nodes=2), site(replace(CPU, name="one"))
+    spread = place([need(f"c{i}") for i in range(9)], [two, one])
+    assert sorted(spread.sites.values()).count("two") == 6 and set(spread.starts.values()) == {None}
+
+
+@pytest.mark.parametrize(
+    ("cluster", "flags"),
+    [
+        (["cluster.gpus_per_node=4", "cluster.gpu_directive=gres"], {"--gres=gpu:4", "--partition=debug"}),
+        (
+            ["cluster.gpus_per_node=8", "cluster.gpu_directive=gpus_per_node", "cluster.mem_gb=480"],
+            {"--gpus-per-node=8", "--mem=480GB"},
+        ),
+        (
+            ["cluster.account=proj", "cluster.qos=normal", "cluster.constraint=a100", "cluster.exclude=n9"],
+            {"--account=proj", "--qos=normal", "--constraint=a100", "--exclude=n9"},
+        ),
+        (
+            ["+cluster.sbatch_extra.reservation=grid", "cluster.partition=boost", "nodes=2"],
+            {"--reservation=grid", "--partition=boost", "--nodes=2"},
+        ),
+    ],
+)
+def test_the_start_is_asked_for_the_job_the_cell_would_submit(make_cells, cluster: list[str], flags: set[str]) -> None:
+    """`sbatch --test-only` is asked with the request the cell's training job is submitted with on that site (its
+    GPUs as the site asks for them, nodes, time, partition, account, qos, memory, constraint, the site's own sbatch
+    options), not a bare (nodes, time): the request equals grid/jobs.py's for the cell, and the argv carries it."""
+    from sft_grid.grid.jobs import request_for
+    from sft_grid.schedulers import slurm
+    from sft_grid.sites import facts
+    from sft_grid.sites.placement import need_of
+
+    (cell,) = make_cells(["cluster=slurm_local", "model=tiny_llama", "time=02:30:00", "sites=[slurm_local]", *cluster])
+    n = need_of(cell)
+    asked = facts.request_at(cell.spec.cluster, n.nodes, n.minutes, "slurm_local")
+    assert asked == request_for(cell.spec, n.minutes)
+    argv = slurm.test_only_argv(asked)
+    assert argv[:2] == ["sbatch", "--test-only"] and "--time=150" in argv and f"--nodes={n.nodes}" in argv
+    assert flags <= set(argv), argv

@@ -166,7 +166,7 @@ def test_job_side_fetch_uses_the_backends_loaders(tiny_assets, tmp_path):
     assert not outcome.ok and "from this node either" in outcome.message
 
 
-# -- a model directory and report_to, asked of the backends' own environments (issue 27) --------------------------
+# -- a model directory and report_to, asked of the backends' own environments --------------------------
 
 
 def _tiny_copy(tiny_assets, tmp_path, **config):

@@ -1,4 +1,4 @@
-"""The first seconds of a grid (issue 20): the plan is on the screen before any check that needs a backend, each long
+"""The first seconds of a grid: the plan is on the screen before any check that needs a backend, each long
 phase says how far it is, and a local cell that alone needs its tokenization tokenizes in its own job (no backend
 process of its own before it). Pure or dry runs: no backend runs here."""
 
@@ -100,7 +100,7 @@ class Said(io.StringIO):
 
 
 def test_a_log_hears_a_heartbeat_while_a_phase_or_a_cell_is_silent_and_what_the_command_does_between():
-    """Issue 28: a log or a pipe hears at least every 3 s while the command works, with what and for how long."""
+    """A log or a pipe hears at least every 3 s while the command works, with what and for how long."""
     stream = Said()
     live = Live(stream, beat_s=0.3)
     live.note("grid of 2 cell(s) (2 to run): checking every cell", doing="checking and planning the grid")

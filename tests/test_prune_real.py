@@ -1,4 +1,4 @@
-"""Successive halving with a real backend (issue 26): tiny LLaMA-Factory (and axolotl) cells on the local Slurm
+"""Successive halving with a real backend: tiny LLaMA-Factory (and axolotl) cells on the local Slurm
 cluster end their first leg at the rung (in_venv/leg_stop.py: checkpoint saved, no final model, the schedule the
 full run's), the rung is decided from their trainer logs (guard: position), the losers are `pruned` with their
 checkpoint kept, the survivor resumes from its checkpoint and ends with the trainer log an unbroken run of the same

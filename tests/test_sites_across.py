@@ -1,4 +1,4 @@
-"""One grid across two remote sites, each reached over a real sshd (issue 25, items 3-6; sft_grid/sites/coordinate.py).
+"""One grid across two remote sites, each reached over a real sshd (sft_grid/sites/coordinate.py).
 
 The two sites are this machine's two real Slurm clusters, `ci` (`make slurm-up`) and `siteb` (`make slurm-site-up`:
 its own controller, ports, state and node), each behind an ssh Host alias of one real OpenSSH server on a loopback
@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from sft_grid.core import gate
 from sft_grid.core.cellfiles import CellYaml
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.core.paths import REPO_ROOT, cache_root
+from sft_grid.core.paths import PACKAGE_CONF, REPO_ROOT, cache_root
 from sft_grid.core.schema import ClusterConf
 from sft_grid.sites.placement import SiteFacts, need_of, refusal
 from sft_grid.sites.remote import RECORD, recorded_cells
@@ -59,10 +59,13 @@ SITE_B = {"SLURM_CONF": SITE_B_CONF, "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
 
 def _profile(source: str, host: str, base: Path, config: Path) -> str:
     """A remote profile: the local cluster's, reached over ssh, its roots under `base`."""
-    text = (REPO_ROOT / "conf" / "cluster" / f"{source}.yaml").read_text()
+    text = (PACKAGE_CONF / "cluster" / f"{source}.yaml").read_text()
     text = "\n".join(line for line in text.splitlines() if not line.startswith(("name:", "runs_root:")))
     return (
         f"{text}\nname: far_{host[-1]}\nruns_root: {base / host / 'runs'}\n"
+        # a site that does not answer is down at once (one look, no grace): the stopped-controller test's first
+        # launch moves its cells (the grace itself: tests/test_sites_spread.py)
+        "site_answer_tries: 1\nsite_down_after_s: 0\n"
         f"remote:\n  host: {host}\n  root: {base / host}\n  python: {sys.executable}\n  ssh_config: {config}\n"
     )
 
@@ -101,7 +104,7 @@ def across(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> Itera
     hosts = {"site_a": {}, "site_b": {"SLURM_CONF": SITE_B_CONF, "HF_ENDPOINT": f"http://127.0.0.1:{closed}"}}
     server = sshd.start(base / "sshd", hosts, env={"SFT_GRID_CACHE": str(cache_root())})
     checkout = make_checkout(base / "clone")
-    conf = checkout / "conf" / "cluster"
+    conf = checkout / "sft_grid" / "conf" / "cluster"  # the clone's shipped configs: the snapshot carries them
     (conf / "far_a.yaml").write_text(_profile("slurm_local", "site_a", base, server.config))
     (conf / "far_b.yaml").write_text(_profile("slurm_siteb", "site_b", base, server.config))  # hub_reachable: false
     commit_all(checkout, "two remote sites")
@@ -151,7 +154,7 @@ def test_twelve_cells_are_placed_on_both_sites_and_each_trains_exactly_once(acro
     # every placement within the cell's constraints: the site its ledger names refuses none of them (its profile as
     # committed in the clone, the cell's needs as its cell.yaml has them)
     for cell in dirs:
-        profile = OmegaConf.load(across.checkout / "conf" / "cluster" / f"{on[cell.name]}.yaml")
+        profile = OmegaConf.load(across.checkout / "sft_grid" / "conf" / "cluster" / f"{on[cell.name]}.yaml")
         cluster = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ClusterConf), profile))
         assert isinstance(cluster, ClusterConf)
         spec = CellYaml.load(cell, ("nodes", "time", "site_needs")).spec
@@ -199,7 +202,7 @@ def test_status_and_results_from_the_laptop_show_every_cell_with_its_site(across
 
 
 def test_a_dirty_clone_is_refused_before_any_site_is_contacted(across: Across):
-    model = across.checkout / "conf" / "model" / "tiny_llama.yaml"
+    model = across.checkout / "sft_grid" / "conf" / "model" / "tiny_llama.yaml"
     original = model.read_text()
     before = across.server.accepted()
     try:

@@ -1,4 +1,4 @@
-"""A grid on a remote site, launched and read from here over a real sshd (issue 25, item 1; sft_grid/sites/remote.py).
+"""A grid on a remote site, launched and read from here over a real sshd (sft_grid/sites/remote.py).
 
 The site is this machine behind its own OpenSSH server on a loopback port (tests/sshd.py: Debian's openssh-server,
 `make sshd`, key authentication with a generated key, a test-only ssh config through `ssh -F`), with the real local
@@ -240,7 +240,7 @@ def test_cancel_from_here_stops_a_queued_cell_on_the_site(remote: Remote):
 
 def test_a_dirty_checkout_is_refused_before_the_site_is_contacted(remote: Remote, tmp_path: Path):
     checkout = make_checkout(tmp_path / "checkout")
-    conf = checkout / "conf" / "model" / "tiny_llama.yaml"
+    conf = checkout / "sft_grid" / "conf" / "model" / "tiny_llama.yaml"
     conf.write_text(conf.read_text() + "# an edit not committed\n")
     env = {**os.environ, "PYTHONPATH": str(checkout), "SFT_GRID_RUNS": str(remote.laptop)}
     env.pop(SHIP_ENV, None)

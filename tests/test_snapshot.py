@@ -1,4 +1,4 @@
-"""The code a queued job runs is the commit its grid was launched from (issue 25, item 2; sft_grid/sites/snapshot.py).
+"""The code a queued job runs is the commit its grid was launched from (sft_grid/sites/snapshot.py).
 
 Fast: a checkout's uncommitted changes found and refused (or shipped and recorded), the plan pinned to the snapshot
 (sbatch --chdir and PYTHONPATH, launch.sh naming the snapshot's package), the snapshot extracted once. The real

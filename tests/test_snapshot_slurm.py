@@ -1,4 +1,4 @@
-"""A commit after submission changes no queued cell, on the real local Slurm cluster (issue 25, item 2).
+"""A commit after submission changes no queued cell, on the real local Slurm cluster.
 
 The user's checkout is a temporary git clone of this project's deciding paths; the grid is launched from it as a
 user launches it (`python -m sft_grid` with that checkout's package imported), its cell held in the queue; then a

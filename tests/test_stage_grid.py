@@ -207,7 +207,7 @@ def test_a_time_limit_too_short_to_transfer_anything_is_refused_in_one_line(hub,
     proc = run_sft(*cell_args(cache, tmp_path / "runs"), "cluster.staging.time_limit_s=10")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     # stderr: the progress line that says what the command is about to do, then the refusal in one line; between
-    # them, while the retries run, the heartbeat every 2.5 s (issue 28: what the command does and for how long)
+    # them, while the retries run, the heartbeat every 2.5 s (what the command does and for how long)
     said = [line for line in proc.stderr.splitlines() if line.strip()]
     beat = re.compile(r"  checking and planning the grid \(\d+\.\d s\)")
     progress, line = [line for line in said if not beat.fullmatch(line)]

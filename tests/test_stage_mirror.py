@@ -1,7 +1,7 @@
 """Staging against servers that are not the Hub: olah (a real mirror server from PyPI, in its own environment) and
 the loopback hub switched to answer as mirrors and caching proxies do where they differ from the Hub.
 
-What differs, and what staging must make of it (issue 19):
+What differs, and what staging must make of it:
 
 - ``Range`` ignored (200, the whole file, chunked without Content-Length): a partial file restarts from zero. The
   restart is seen, remembered for the endpoint, resume is no longer promised nor a partial file counted as fetched,

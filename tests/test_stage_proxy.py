@@ -1,5 +1,5 @@
 """Staging through what sites put in front of the Hub: nginx (Debian's package) as a reverse proxy under a path prefix
-with gzip and a file host for large files, and as a caching proxy; and the faulty answers such setups give (issue 29).
+with gzip and a file host for large files, and as a caching proxy; and the faulty answers such setups give.
 
 The servers (``tests/nginx_proxy.py``) are real nginx processes on free loopback ports, in front of the project's
 loopback hub (``tests/hubserver.py``). How each differs from the Hub, and what staging must make of it:

@@ -70,7 +70,7 @@ def _stamp(line: str) -> float | None:
 
 def test_readme_grid_trains_both_models_then_does_nothing(tmp_path, tiny_assets):
     proc, read = run_sft_piped("-m", "model=tiny_llama,tiny_qwen3", "lr=2e-5", f"runs_root={tmp_path}")
-    # issue 28: a pipe hears a line at least every 3 s (the heartbeat says 2.5 s); twice that as headroom for a
+    # a pipe hears a line at least every 3 s (the heartbeat says 2.5 s); twice that as headroom for a
     # busy machine, still far below the 11 s a backend's start was silent before
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(read)]
     assert max(gaps) <= 6.0, [(round(g, 1), line) for g, (_, line) in zip(gaps, read[1:], strict=True) if g > 3.0]

@@ -1,7 +1,7 @@
 """Failure triage: the labelled corpus (tests/triage_corpus: real Slurm/PyTorch/NCCL/gloo/CUDA/kernel/Hub/backend
 messages, in a main split and a holdout split its signs were not written from) is classified 100% right, the
-corpus has the shape issue 19 asks for, the rules hold on the cases they exist for (interleaved ranks, no
-backend_error without positive evidence, hardware only on the hardware's word), issue 29's families hold on real
+corpus has the shape asked for, the rules hold on the cases they exist for (interleaved ranks, no
+backend_error without positive evidence, hardware only on the hardware's word), families hold on real
 lines in several wordings (the user's code or config failing before the first step, loss formats, torch 2.x store
 and NCCL wordings wrapped or glued, submitit's words, launchers' words for a memory kill or a lost node), so do a
 trainer's own guard on a loss that is not finite, torch's words for /dev/shm exhausted and Slurm's for a lost node
@@ -188,7 +188,7 @@ def test_summary_wording():
     assert len(summarize(F.BACKEND_ERROR, "E" * 1000, (), 0, 0, None, None)) < 300
 
 
-# ---------------------------------------------------------------- the rules of issue 19
+# ---------------------------------------------------------------- the rules
 
 TRACEBACK = ["Traceback (most recent call last):", '  File "/envs/x/bin/train.py", line 8, in <module>', "    launch()"]
 
@@ -350,7 +350,7 @@ def test_nccl_connection_failures_are_a_rendezvous_at_set_up_and_a_collective_on
     assert classify([], "{'loss': 2.1, 'epoch': 0.5}\n" + refused).klass is F.COLLECTIVE_TIMEOUT
 
 
-# ---------------------------------------------------------------- the families of issue 29 (real lines, see corpus)
+# ---------------------------------------------------------------- the families (real lines, see corpus)
 
 # the user's own code or config failing before the first step, in several wordings (each from a corpus case)
 EARLY_USER_ERRORS = [

@@ -109,7 +109,7 @@ def test_an_environment_compiled_by_an_earlier_rule_is_compiled_again_once(monke
 
 @pytest.mark.backend
 def test_a_backend_process_imports_from_bytecode_where_nothing_writes_any(tiny_assets):
-    """Issue 28: with PYTHONDONTWRITEBYTECODE=1 (this project's CI) a backend process compiles nothing: every module
+    """With PYTHONDONTWRITEBYTECODE=1 (this project's CI) a backend process compiles nothing: every module
     LLaMA-Factory's trainer imports is read from the environment's own bytecode (`python -v` names each file)."""
     python = VenvSpec.load("llamafactory").path / "bin" / "python"
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

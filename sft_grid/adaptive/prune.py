@@ -67,37 +67,38 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
         if backend is not None and backend.legs is None:
             out.append(
                 Problem(
-                    cell.name,
-                    "backend.name",
-                    name,
-                    "prune-block",
-                    "pruning ends legs of training at rungs, and this backend cannot end a leg at a step yet",
-                    "backend=llamafactory (guard: position or extrapolate), backend=synthetic (the simulator) or"
+                    cell=cell.name,
+                    key="backend.name",
+                    value=name,
+                    rule="prune-block",
+                    message="pruning ends legs of training at rungs, and this backend cannot end a leg at a step yet",
+                    fix="backend=llamafactory (guard: position or extrapolate), backend=synthetic (the simulator) or"
                     " backend=replay (real curves), or drop the prune: block",
                 )
             )
         elif backend is not None and spec.guard == "cooldown" and not backend.cooldown_probe:
             out.append(
                 Problem(
-                    cell.name,
-                    "prune.guard",
-                    spec.guard,
-                    "prune-block",
-                    f"the {name} backend runs no cooldown probe from a rung's checkpoint yet (only the synthetic"
+                    cell=cell.name,
+                    key="prune.guard",
+                    value=spec.guard,
+                    rule="prune-block",
+                    message=f"the {name} backend runs no cooldown probe from a rung's checkpoint yet (only the"
+                    " synthetic"
                     " simulator does)",
-                    "guard: extrapolate (each cell's logged curve extrapolated to the schedule's end), or guard:"
+                    fix="guard: extrapolate (each cell's logged curve extrapolated to the schedule's end), or guard:"
                     " position (the logged loss at the rung's step, smoothed over the last logging points)",
                 )
             )
         if not total_steps(cell):
             out.append(
                 Problem(
-                    cell.name,
-                    "max_steps",
-                    cell.spec.max_steps,
-                    "prune-block",
-                    "pruning needs the cells' last step to place the rungs before it",
-                    "set max_steps",
+                    cell=cell.name,
+                    key="max_steps",
+                    value=cell.spec.max_steps,
+                    rule="prune-block",
+                    message="pruning needs the cells' last step to place the rungs before it",
+                    fix="set max_steps",
                 )
             )
         every = cell.spec.logging_steps
@@ -107,14 +108,15 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
             # the evidence is a fit of the logged curve: the first rung needs enough logged points before it
             out.append(
                 Problem(
-                    cell.name,
-                    "prune.rungs",
-                    list(spec.rungs),
-                    "prune-block",
-                    f"under guard: extrapolate each cell's logged curve is fitted up to the rung, and the first rung"
+                    cell=cell.name,
+                    key="prune.rungs",
+                    value=list(spec.rungs),
+                    rule="prune-block",
+                    message=f"under guard: extrapolate each cell's logged curve is fitted up to the rung, and the"
+                    " first rung"
                     f" (step {first}) has {first // every} logged point(s) before it (logging_steps {every}); the fit"
                     f" needs {halving.MIN_POINTS}",
-                    f"a first rung at step {halving.MIN_POINTS * every} or later, or logging_steps <="
+                    fix=f"a first rung at step {halving.MIN_POINTS * every} or later, or logging_steps <="
                     f" {max(1, first // halving.MIN_POINTS)}",
                 )
             )
@@ -123,13 +125,14 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
             # leg's first log would average a different span of steps than an unbroken run's
             out.append(
                 Problem(
-                    cell.name,
-                    "prune.rungs",
-                    off,
-                    "prune-block",
-                    f"under guard: {spec.guard} each rung (in steps) must be a step the trainer logs: a multiple of"
+                    cell=cell.name,
+                    key="prune.rungs",
+                    value=off,
+                    rule="prune-block",
+                    message=f"under guard: {spec.guard} each rung (in steps) must be a step the trainer logs: a"
+                    " multiple of"
                     f" logging_steps ({every})",
-                    f"rungs at multiples of {every} (e.g. {[max(every, r // every * every) for r in off]}), or"
+                    fix=f"rungs at multiples of {every} (e.g. {[max(every, r // every * every) for r in off]}), or"
                     f" logging_steps=1",
                 )
             )
@@ -143,12 +146,12 @@ def _grid_problems(
     a cell's end, brackets with nothing to compare, brackets that mix model sizes."""
     out = [
         Problem(
-            "(grid)",
-            "prune.by",
-            key,
-            "prune-block",
-            f"{key!r} names no key of the cells: every cell would fall in one bracket",
-            "name a key the cells set, as the sweep's axes write it (e.g. model.name, lr, vars.recipe)",
+            cell="(grid)",
+            key="prune.by",
+            value=key,
+            rule="prune-block",
+            message=f"{key!r} names no key of the cells: every cell would fall in one bracket",
+            fix="name a key the cells set, as the sweep's axes write it (e.g. model.name, lr, vars.recipe)",
         )
         for key in spec.by
         if all(_value(c.config, key) is None for c in composed)
@@ -160,25 +163,26 @@ def _grid_problems(
             unit = "tokens" if spec.unit == "tokens" else "steps"
             out.append(
                 Problem(
-                    cell.name,
-                    "prune.rungs",
-                    list(spec.rungs),
-                    "prune-block",
-                    f"the last rung ({spec.rungs[-1]:g} {unit}, step {rungs[-1]}) is not before this cell's last step"
+                    cell=cell.name,
+                    key="prune.rungs",
+                    value=list(spec.rungs),
+                    rule="prune-block",
+                    message=f"the last rung ({spec.rungs[-1]:g} {unit}, step {rungs[-1]}) is not before this cell's"
+                    " last step"
                     f" ({last}): the cell would never be compared there",
-                    f"rungs before every cell's end (the shortest cell ends at step"
+                    fix=f"rungs before every cell's end (the shortest cell ends at step"
                     f" {min(total_steps(c) for c in cells)}), or cells of one length",
                 )
             )
     if all(len(names) < 2 for names in brackets.values()):
         out.append(
             Problem(
-                "(grid)",
-                "prune",
-                f"{len(cells)} cell(s) in {len(brackets)} bracket(s)",
-                "prune-block",
-                "no bracket has two cells: pruning compares the cells of a bracket, so it would prune nothing",
-                "sweep the values a bracket compares (e.g. lr=1e-5,2e-5,4e-5), or drop prune:",
+                cell="(grid)",
+                key="prune",
+                value=f"{len(cells)} cell(s) in {len(brackets)} bracket(s)",
+                rule="prune-block",
+                message="no bracket has two cells: pruning compares the cells of a bracket, so it would prune nothing",
+                fix="sweep the values a bracket compares (e.g. lr=1e-5,2e-5,4e-5), or drop prune:",
             )
         )
     by_name = {c.name: c for c in cells}
@@ -187,13 +191,14 @@ def _grid_problems(
         if len(sizes) > 1:
             out.append(
                 Problem(
-                    "(grid)",
-                    "prune.by",
-                    list(spec.by),
-                    "prune-block",
-                    f"bracket {label} mixes models ({', '.join(sizes)}): the smaller would be pruned for being small,"
+                    cell="(grid)",
+                    key="prune.by",
+                    value=list(spec.by),
+                    rule="prune-block",
+                    message=f"bracket {label} mixes models ({', '.join(sizes)}): the smaller would be pruned for"
+                    " being small,"
                     " not for its learning rate",
-                    "group by the model: prune.by=[model.name" + "".join(f",{b}" for b in spec.by) + "]",
+                    fix="group by the model: prune.by=[model.name" + "".join(f",{b}" for b in spec.by) + "]",
                 )
             )
     return out
@@ -212,7 +217,14 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     spec, problems = parse_prune(composed[0].config.get("prune"), min(totals) if len(totals) == 1 else None)
     if len(blocks) > 1:
         problems.append(
-            Problem("(grid)", "prune", "...", "prune-block", "the cells carry different prune: blocks", "set it once")
+            Problem(
+                cell="(grid)",
+                key="prune",
+                value="...",
+                rule="prune-block",
+                message="the cells carry different prune: blocks",
+                fix="set it once",
+            )
         )
     if spec is not None:
         problems += _problems(spec, cells)

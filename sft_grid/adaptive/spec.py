@@ -90,7 +90,14 @@ class AdaptiveSpec:
 
 
 def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
-    return Problem(f"sweep's {block}: block", f"{block}.{key}" if key else block, value, f"{block}-block", message, fix)
+    return Problem(
+        cell=f"sweep's {block}: block",
+        key=f"{block}.{key}" if key else block,
+        value=value,
+        rule=f"{block}-block",
+        message=message,
+        fix=fix,
+    )
 
 
 def _unknown(block: str, data: Mapping[str, Any], known: Sequence[str]) -> list[Problem]:

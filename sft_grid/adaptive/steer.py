@@ -95,12 +95,12 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
         raise GridError(
             [
                 Problem(
-                    "(grid)",
-                    "adaptive",
-                    "...",
-                    "adaptive-block",
-                    "the cells carry different adaptive: blocks",
-                    "set adaptive: once, in the sweep file",
+                    cell="(grid)",
+                    key="adaptive",
+                    value="...",
+                    rule="adaptive-block",
+                    message="the cells carry different adaptive: blocks",
+                    fix="set adaptive: once, in the sweep file",
                 )
             ]
         )
@@ -170,12 +170,13 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
     if all(_value(c.config, spec.recipe_key) is None for c in composed):
         out.append(
             Problem(
-                "(grid)",
-                "adaptive.recipe_key",
-                spec.recipe_key,
-                "adaptive-block",
-                f"{spec.recipe_key!r} names no key of the cells: every cell would be one recipe",
-                "name the key whose value is a cell's recipe (e.g. vars.recipe, dataset), or set vars.recipe per cell",
+                cell="(grid)",
+                key="adaptive.recipe_key",
+                value=spec.recipe_key,
+                rule="adaptive-block",
+                message=f"{spec.recipe_key!r} names no key of the cells: every cell would be one recipe",
+                fix="name the key whose value is a cell's recipe (e.g. vars.recipe, dataset), or set vars.recipe per"
+                " cell",
             )
         )
     models = {c.spec.model.name for c in cells}
@@ -183,12 +184,12 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
     if unknown:
         out.append(
             Problem(
-                "(grid)",
-                "adaptive.holdout",
-                list(spec.holdout),
-                "adaptive-block",
-                f"{', '.join(unknown)} names no model of the grid: a holdout is a model name (model.name)",
-                f"one of {', '.join(sorted(models))}",
+                cell="(grid)",
+                key="adaptive.holdout",
+                value=list(spec.holdout),
+                rule="adaptive-block",
+                message=f"{', '.join(unknown)} names no model of the grid: a holdout is a model name (model.name)",
+                fix=f"one of {', '.join(sorted(models))}",
             )
         )
     groups: dict[tuple[str, str], list[Cell]] = {}
@@ -199,13 +200,14 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
         if len(sizes) < MIN_SIZES:
             out.append(
                 Problem(
-                    "(grid)",
-                    "adaptive",
-                    f"recipe {recipe or '(one recipe)'}: {len(sizes)} size(s)",
-                    "adaptive-block",
-                    f"a recipe's fit needs at least {MIN_SIZES} model sizes besides the holdouts (the law has three"
+                    cell="(grid)",
+                    key="adaptive",
+                    value=f"recipe {recipe or '(one recipe)'}: {len(sizes)} size(s)",
+                    rule="adaptive-block",
+                    message=f"a recipe's fit needs at least {MIN_SIZES} model sizes besides the holdouts (the law"
+                    " has three"
                     " parameters, and its band one point more)",
-                    f"sweep at least {MIN_SIZES} sizes per recipe",
+                    fix=f"sweep at least {MIN_SIZES} sizes per recipe",
                 )
             )
     mixed = {key: same for key, same in sorted(groups.items()) if len(same) > 1}
@@ -221,14 +223,15 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
         shown = ", ".join(f"{r or '(one recipe)'} at {m}" for r, m in list(mixed)[:3])
         out.append(
             Problem(
-                "(grid)",
-                ", ".join(differ) or "adaptive",
-                f"{len(mixed)} recipe-size pair(s) with several cells ({shown}{', ...' if len(mixed) > 3 else ''})",
-                "adaptive-block",
-                "cells of one recipe and size differ in "
+                cell="(grid)",
+                key=", ".join(differ) or "adaptive",
+                value=f"{len(mixed)} recipe-size pair(s) with several cells"
+                f" ({shown}{', ...' if len(mixed) > 3 else ''})",
+                rule="adaptive-block",
+                message="cells of one recipe and size differ in "
                 + (", ".join(differ) or "something else")
                 + ": one fit would mix them as if they were one curve",
-                "make it part of the recipe (adaptive.recipe_key names a key that tells them apart), or fix it per"
+                fix="make it part of the recipe (adaptive.recipe_key names a key that tells them apart), or fix it per"
                 " size (e.g. each size's best lr from a pruned sweep)",
             )
         )

@@ -1,4 +1,4 @@
-"""Scores along training (issue 26): each cell's scored checkpoints as points, with the loss and tokens at each.
+"""Scores along training: each cell's scored checkpoints as points, with the loss and tokens at each.
 
 A suite with `along` scores a cell's checkpoints (core/scores.py): each such score file has `"step": N` in its
 settings and names the checkpoint as its `model_path`. Read from the cells' own files only, one point per (cell,

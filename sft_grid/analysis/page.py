@@ -163,7 +163,7 @@ def _header(data: dict[str, Any], cells: list[dict[str, Any]]) -> str:
 
 def _table(axes: list[str], cells: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     scores = columns if columns is not None else sorted({k for c in cells for k in (c.get("scores") or {})})
-    spread = any(c.get("site") for c in cells)  # a grid across sites (issue 25): each cell's site
+    spread = any(c.get("site") for c in cells)  # a grid across sites: each cell's site
     heads = [
         "cell",
         *axes,
@@ -254,7 +254,7 @@ def _estimates(data: dict[str, Any]) -> str:
 
 
 def _adaptive(data: dict[str, Any]) -> str:
-    """An adaptive grid (issue 26): each pre-registered holdout's forecast and band beside its realised value, and
+    """An adaptive grid: each pre-registered holdout's forecast and band beside its realised value, and
     the latest round's choice with its reasons."""
     ad = data.get("adaptive")
     if not isinstance(ad, dict):

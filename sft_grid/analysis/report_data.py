@@ -198,7 +198,7 @@ def build(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None
                 "compute_budget": r.compute_budget,
                 "recipe": r.recipe or None,
                 "curve": drawn,
-                # issue 26: its scored checkpoints (step, tokens, loss, scores: analysis/along.py)
+                # its scored checkpoints (step, tokens, loss, scores: analysis/along.py)
                 "along": [p.to_json() for p in points],
             }
         )
@@ -226,7 +226,7 @@ def build(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None
         },
     }
     data["fits"] = report_fits(data, resamples=resamples, select=lambda pts: forms.select(pts).as_dict())
-    # issue 26: an adaptive grid's latest round (sft_grid/adaptive/steer.py writes it): each holdout's forecast
+    # an adaptive grid's latest round (sft_grid/adaptive/steer.py writes it): each holdout's forecast
     # and band beside its realised value
     with contextlib.suppress(OSError, ValueError):  # a damaged one is among the grid's damaged records (grid_damage)
         data["adaptive"] = load_json(sweep_dir / ADAPTIVE_FILE)

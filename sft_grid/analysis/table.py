@@ -217,7 +217,7 @@ class Row:
     params: float | None = None
     compute_budget: float | None = None
     cluster: str = ""
-    # the site its latest submission went to, in a grid across sites (issue 25); "" otherwise
+    # the site its latest submission went to, in a grid across sites; "" otherwise
     site: str = ""
     recipe: str = ""
     estimate: dict[str, Any] | None = None

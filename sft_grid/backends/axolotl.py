@@ -336,22 +336,22 @@ def problems(cell: Cell) -> Iterator[Problem]:
     s = cell.spec
     if s.finetuning_type == "freeze":
         yield Problem(
-            cell.name,
-            "finetuning_type",
-            s.finetuning_type,
-            "axolotl-finetuning",
-            "axolotl has no freeze fine-tuning (LLaMA-Factory's freeze_trainable_layers)",
-            "finetuning_type=full or finetuning_type=lora, or backend=llamafactory",
+            cell=cell.name,
+            key="finetuning_type",
+            value=s.finetuning_type,
+            rule="axolotl-finetuning",
+            message="axolotl has no freeze fine-tuning (LLaMA-Factory's freeze_trainable_layers)",
+            fix="finetuning_type=full or finetuning_type=lora, or backend=llamafactory",
         )
     template = TEMPLATES.get(s.model.template)
     if template is not None and not (template.axolotl or template.jinja):
         yield Problem(
-            cell.name,
-            "model.template",
-            s.model.template,
-            "axolotl-template",
-            "axolotl has no template of this name and sft_grid ships no jinja for it",
-            "add its axolotl name (or a jinja file) to sft_grid/core/templates.py, or backend=llamafactory",
+            cell=cell.name,
+            key="model.template",
+            value=s.model.template,
+            rule="axolotl-template",
+            message="axolotl has no template of this name and sft_grid ships no jinja for it",
+            fix="add its axolotl name (or a jinja file) to sft_grid/core/templates.py, or backend=llamafactory",
         )
 
 

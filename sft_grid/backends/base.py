@@ -54,17 +54,17 @@ class Backend:
     # the tokenize-once job of a cell (one that will load the result, run as one process): its files in the
     # job's directory and its steps, the last being the backend's own preprocessing; (cell, tok_dir, bin_dir)
     tokenize_job: Callable[[Cell, Path, Path], tuple[dict[str, Any], list[list[str]]]] | None = None
-    # issue 26, pruning: launch.sh arguments that end this leg of training at a step, its checkpoint saved, after a
+    # launch.sh arguments that end this leg of training at a step, its checkpoint saved, after a
     # cooldown probe of that many steps from it (0: none), (stop_at_step, probe_steps); None: the backend cannot
     # end a leg at a rung (a `prune:` block is refused for it). The job runner also exports LEG_ENV=<step> to the
     # leg's launch.sh: the real backends' trainers end the leg from it (in_venv/leg_stop.py) and take no arguments
     legs: Callable[[int, int], list[str]] | None = None
-    # issue 26: whether a leg can end with a cooldown probe from its rung's checkpoint (`guard: cooldown`); a backend
+    # whether a leg can end with a cooldown probe from its rung's checkpoint (`guard: cooldown`); a backend
     # without one compares its cells at the same schedule position (`guard: position`) only
     cooldown_probe: bool = False
 
 
-# issue 26: the leg a cell's next job trains (sft_grid/adaptive/prune.py writes it, job/runner.py reads it):
+# the leg a cell's next job trains (sft_grid/adaptive/prune.py writes it, job/runner.py reads it):
 # {"stop_at_step": int, "probe_steps": int}; absent: train to the end
 LEG_FILE = "leg.json"
 # the variable the job runner sets for a leg that ends at a rung (read by in_venv/leg_stop.py, which repeats the name)

@@ -124,14 +124,14 @@ def collisions(backend: Backend, cell: Cell) -> Iterator[Problem]:
         instead = modelled.get(key, [])
         shown = f", where sft_grid writes {derived[key]!r}" if key in derived else ""
         yield Problem(
-            cell.name,
-            f"extra.{key}",
-            extra[key],
-            "extra-derived",
-            f"sets {backend.name}'s {key!r}, which sft_grid derives"
+            cell=cell.name,
+            key=f"extra.{key}",
+            value=extra[key],
+            rule="extra-derived",
+            message=f"sets {backend.name}'s {key!r}, which sft_grid derives"
             + (f" from {', '.join(instead)}" if instead else " itself (from the cell's directory and inputs)")
             + f"{shown}: the backend would get the extra value while the dry run, the estimates and the cell's"
             " identity say what sft_grid derived",
-            (f"set {' / '.join(instead)} instead and drop extra.{key}" if instead else f"drop extra.{key}")
+            fix=(f"set {' / '.join(instead)} instead and drop extra.{key}" if instead else f"drop extra.{key}")
             + " (extra is for backend keys sft_grid does not model)",
         )

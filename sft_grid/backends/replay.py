@@ -69,7 +69,9 @@ def _problems(cell: Cell) -> Iterator[Problem]:
     set_name = str(block.get("set", DEFAULT_SET))
 
     def problem(key: str, value: object, message: str, fix: str) -> Problem:
-        return Problem(cell.name, f"extra.replay.{key}", value, "replay-curve", message, fix)
+        return Problem(
+            cell=cell.name, key=f"extra.replay.{key}", value=value, rule="replay-curve", message=message, fix=fix
+        )
 
     if set_name not in sets():
         yield problem("set", set_name, "names no shipped replay set", f"one of {', '.join(sets())}")

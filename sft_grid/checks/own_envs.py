@@ -77,7 +77,16 @@ def check(cells: Iterable[Cell]) -> tuple[list[Problem], set[str]]:
                 judged[env] = judge(env)
             refusal = judged[env]
             if refusal is not None:
-                problems.append(Problem(cell.name, env.key, env.value, RULE, refusal.message, refusal.fix))
+                problems.append(
+                    Problem(
+                        cell=cell.name,
+                        key=env.key,
+                        value=env.value,
+                        rule=RULE,
+                        message=refusal.message,
+                        fix=refusal.fix,
+                    )
+                )
                 unusable.add(refusal.python)
     return problems, unusable
 

@@ -190,7 +190,14 @@ def preflight(cells: Iterable[Cell], on_phase: mask.Phase | None = None) -> Pref
                 deferred.setdefault(cell.name, []).append(check)
             elif not verdict.ok:
                 problems.append(
-                    Problem(cell.name, check.key, check.target, f"preflight-{check.kind}", verdict.message, verdict.fix)
+                    Problem(
+                        cell=cell.name,
+                        key=check.key,
+                        value=check.target,
+                        rule=f"preflight-{check.kind}",
+                        message=verdict.message,
+                        fix=verdict.fix,
+                    )
                 )
     passed = Counter(c.kind for c, v in verdicts.items() if v.ok and not v.unreachable)
     return Preflight(mask.root_causes(problems), deferred, len(verdicts), lengths=lengths, passed=dict(passed))

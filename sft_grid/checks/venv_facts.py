@@ -73,7 +73,7 @@ def answer(python: str, transformers: bool = False) -> dict[str, Any] | str:
 def wanted(python: str) -> bool:
     """Whether the environment's answers (with transformers') are not cached yet: a loss-mask probe about to run in
     that environment answers them too (`request`, `store`), so the grid's checks start one backend process, not
-    two (issue 28: each import of transformers costs seconds)."""
+    two (each import of transformers costs seconds)."""
     return Path(python).is_file() and not _cache_file(python, True).is_file()
 
 

@@ -3,8 +3,10 @@ here (sites/remote.py, `.site.json`) names several sites, each its own filesyste
 
 Each site is asked over its own transport (`Site.transport()`: one ssh control connection a site, opened by the
 first command, reused by each refresh, closed at the end), all sites at once (a thread a site), one command a site
-a refresh. A site that does not answer (`SiteUnreachable`) is named on stderr and the others still answer; the
-merged answer is printed and the exit status is 1.
+a refresh. Each command is bounded in time (the site's `remote.timeout_s`; the connection's keepalive and connect
+limits besides, sites/transport.py). A site that does not answer within them (`SiteUnreachable`, `SiteTimeout`) is
+named on stderr in one line (why, how long it was waited for, what the output lacks) and the others still answer;
+the merged answer is printed and the exit status is 1.
 
 A cell may have a copy on more than one site (queued on A, moved to B when A stopped answering: A's copy keeps its
 submitted, failed or cancelled state and a move journal, `move.json`; or A's old job started later and ended at its
@@ -16,72 +18,147 @@ move journal comes after every other unless it completed.
   set to the site each row came from, and printed as `status` prints a grid (`--format json`: the merged rows as
   JSON). `--watch` refreshes the merged table every --interval seconds (one command a site each time) until nothing
   is under way; a site that does not answer keeps its cells `unknown`, and under way.
-- results, report: each site's grid directory, small files only, is pulled here as one tar stream (`PULL`: no
-  checkpoint-* directory; a weight file, an optimizer state or any file over PULL_LIMIT comes as an empty file of
-  its name, so a cell with final weights still reads as completed) into `<grid here>/.sites/<site>/`; the chosen
-  copies are linked into `<grid here>/.merged/<grid>/` and the local results and report code reads that directory,
-  so a spread grid's results are those of the same grid on one site, the site column aside (a cell's site: its
-  `submitted` event's, else the site its copy came from). The report's page and data are written here.
+- results, report: of each site's grid directory, the files those two commands read and nothing else
+  (`pull_spec`: no logs, no evaluation samples, no checkpoints; weight files by name only, empty, so a cell with
+  final weights still reads as completed; a file over PULL_LIMIT empty, the trainer's log as its end) come here as
+  one tar stream, written to a file, into `<grid here>/.sites/<site>/`; the chosen copies are linked into
+  `<grid here>/.merged/<grid>/` and the local results and report code reads that directory, so a spread grid's
+  results are those of the same grid on one site, the site column aside (a cell's site: its `submitted` event's,
+  else the site its copy came from). The report's page and data are written here.
 - logs: on the site that holds the cell's chosen copy (a merged status read first); cancel: on every site.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import shutil
 import sys
 import tarfile
+import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 from sft_grid.cli.cmd_status import BASE_ROW, HEADERS, Line
 from sft_grid.core.state import CellState, State, parse_time
 from sft_grid.sites.remote import Placed, Site, command_there, recorded_cells, site_args, there
-from sft_grid.sites.transport import SiteUnreachable, Transport
+from sft_grid.sites.transport import SiteTimeout, SiteUnreachable, Transport, one_line
 
 Connect = Callable[[Site], Transport]
 UNKNOWN = "unknown"  # the state of a cell whose site did not answer
 SITES_DIR, MERGED_DIR = ".sites", ".merged"
-PULL_LIMIT = 64 << 20  # bytes: a larger file is pulled as an empty file of its name
-# the site's side of a pull: a tar stream (gzip) of the grid directory's small files, on stdout; stdlib only, so it
-# runs on any python of the site. argv: the grid directory there, the size limit. A file that changes while it is
-# read is read whole first, so the stream is never cut; symlinks, dot-entries of the grid directory (its lock,
-# submitit's folders, a pull's own directories) and checkpoint-* directories are left out.
+PULL_LIMIT = 64 << 20  # bytes: a larger file comes as an empty file of its name (a trainer log: its last bytes)
+MANIFEST = ".pull.json"  # the pull's own note, in the stream: what it cut or left empty (path -> [size, kept])
+NAMED = 4  # cells named in a line before "and N more"
+# the site's side of a pull: a tar stream (gzip) of the grid directory's files that `results` and `report` read
+# (`pull_spec`), on stdout; stdlib only, so it runs on any python of the site. argv: the grid directory there, the
+# spec (JSON). A file that changes while it is read is read whole first, so the stream is never cut; symlinks and
+# dot-entries are left out (the grid's lock, submitit's folders, files being written under a temporary name).
 PULL = r"""
-import os, sys, tarfile, io
-root, limit = sys.argv[1], int(sys.argv[2])
-heavy = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npy", ".npz", ".arrow")
+import glob, io, json, os, sys, tarfile
+root, spec = sys.argv[1], json.loads(sys.argv[2])
+limit, noted = spec["limit"], {}
+
+def found(base, patterns):
+    for pattern in patterns:
+        for path in sorted(glob.glob(os.path.join(glob.escape(base), pattern))):
+            if not os.path.islink(path):
+                yield path
+
+def add(tar, path, content, tail=False):
+    rel = os.path.relpath(path, root)
+    try:
+        info = tar.gettarinfo(path, rel)
+        if info.isdir():
+            tar.addfile(info)
+            return
+        data = b""
+        if content:
+            with open(path, "rb") as fh:
+                data = fh.read(limit + 1)
+            if len(data) > limit and tail:
+                with open(path, "rb") as fh:
+                    size = fh.seek(0, 2)
+                    fh.seek(size - limit)
+                    data = fh.read()
+                data = data[data.find(b"\n") + 1 :]
+                noted[rel] = [size, len(data)]
+            elif len(data) > limit:
+                noted[rel], data = [os.path.getsize(path), 0], b""
+    except OSError:
+        return
+    if info.isfile():
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
 with tarfile.open(fileobj=sys.stdout.buffer, mode="w|gz") as tar:
-    for top, dirs, files in os.walk(root):
-        rel = os.path.relpath(top, root)
-        dirs[:] = sorted(
-            d for d in dirs
-            if not d.startswith("checkpoint-") and not (rel == "." and d.startswith("."))
-            and not os.path.islink(os.path.join(top, d))
-        )
-        for name in sorted(files):
-            path, arc = os.path.join(top, name), os.path.normpath(os.path.join(rel, name))
-            if os.path.islink(path) or (rel == "." and name.startswith(".")):
-                continue
+    for path in found(root, spec["grid"]):
+        add(tar, path, True)
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+        cell = os.path.join(root, name)
+        if name.startswith(".") or os.path.islink(cell) or not os.path.isfile(os.path.join(cell, spec["marker"])):
+            continue
+        for path in found(cell, spec["files"]):
+            add(tar, path, True, os.path.relpath(path, cell) in spec["tails"])
+        for path in found(cell, spec["names"]):
+            add(tar, path, False)
+        for pointer in found(cell, spec["pointers"]):
             try:
-                info = tar.gettarinfo(path, arc)
-                light = info.size <= limit and not name.endswith(heavy) and not name.startswith("optimizer")
-                data = open(path, "rb").read() if light else b""
-            except OSError:
+                target = os.path.join(os.path.dirname(pointer), open(pointer).read().strip())
+            except (OSError, ValueError):
                 continue
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+            inside = os.path.realpath(target).startswith(os.path.realpath(cell) + os.sep)
+            if inside and os.path.isdir(target) and not os.path.islink(target):
+                add(tar, target, False)
+    note = json.dumps(noted).encode()
+    info = tarfile.TarInfo(spec["manifest"])
+    info.size = len(note)
+    tar.addfile(info, io.BytesIO(note))
 """
 
 
+def pull_spec() -> dict[str, Any]:
+    """What a pull brings of a grid: the files `results` and `report` read (analysis/table.py, report_data.py and
+    along.py, and the state rules of core/state.py), nothing else: no logs (the training's, the evaluation's results
+    and samples), no checkpoints, no data. Per cell: its cell.yaml, ledger, estimate and move journal, the trainer's
+    state, per-step log and results, the score files; the weight files and a ZeRO run's shard folder (`latest`
+    names it) by name only, empty, so a completed cell reads as completed. Per grid: the adaptive round and the base
+    models' score files. A file over PULL_LIMIT comes empty, the trainer's log as its last PULL_LIMIT bytes (the
+    final loss and the progress read its end; the report's curve then starts later), each noted in the manifest."""
+    from sft_grid.analysis.report_data import ADAPTIVE_FILE
+    from sft_grid.core import layout as at
+    from sft_grid.sites.moves import MOVE_FILE
+
+    out = at.OUTPUT_DIR
+    return {
+        "limit": PULL_LIMIT,
+        "marker": at.CELL_FILE,
+        "files": [
+            at.CELL_FILE,
+            at.LEDGER_FILE,
+            at.ESTIMATE_FILE,
+            MOVE_FILE,
+            f"{out}/{at.TRAINER_STATE}",
+            f"{out}/{at.TRAINER_LOG}",
+            *(f"{out}/{name}" for name in at.TRAIN_RESULTS),
+            f"{out}/latest",
+            f"{at.EVAL_DIR}/*.json",
+        ],
+        "tails": [f"{out}/{at.TRAINER_LOG}"],
+        "names": [f"{out}/{name}" for name in at.WEIGHT_FILES],
+        "pointers": [f"{out}/latest"],
+        "grid": [ADAPTIVE_FILE, f"{at.BASE_DIR}/*/{at.EVAL_DIR}/*.json"],
+        "manifest": MANIFEST,
+    }
+
+
 def _connect(site: Site) -> Transport:
-    return site.transport()
+    return site.transport(check=False)  # the grid runs its launch's snapshot there, whose dependencies may differ
 
 
 @dataclass(frozen=True)
@@ -93,6 +170,7 @@ class Answer:
     stdout: bytes = b""
     stderr: bytes = b""
     unreachable: str = ""  # why the site did not answer ("" when it did)
+    seconds: float = 0.0  # how long it was waited for
 
 
 class Sites:
@@ -125,13 +203,21 @@ class Sites:
             answers = list(pool.map(lambda pa: one(*pa), asked))
         return {a.site: a for a in answers}
 
-    def run(self, name: str, argv: Sequence[str]) -> Answer:
-        """A raw argv on one site (a pull), as `ask` reports it."""
+    def run(self, name: str, argv: Sequence[str], out: IO[bytes] | None = None) -> Answer:
+        """A raw argv on one site (a pull: its output written to `out`), as `ask` reports it. The transport bounds
+        its time (the site's `remote.timeout_s`); a site that does not answer within it, or whose connection fails
+        or goes silent (sites/transport.py), is an Answer with `unreachable` set: one line, how long it was waited
+        for included."""
+        start = time.monotonic()
         try:
-            done = self.transports[name].run(argv, check=False)
+            done = self.transports[name].run(argv, check=False, out=out)
         except SiteUnreachable as exc:
-            return Answer(name, unreachable=str(exc) or "no answer")
-        return Answer(name, done.returncode, done.stdout, done.stderr)
+            waited = time.monotonic() - start
+            why = str(exc) or "no answer"
+            if not isinstance(exc, SiteTimeout):
+                why += f" (after {waited:.0f} s)"
+            return Answer(name, unreachable=why, seconds=waited)
+        return Answer(name, done.returncode, done.stdout, done.stderr, seconds=time.monotonic() - start)
 
 
 def _say_unreachable(answer: Answer) -> None:
@@ -219,7 +305,7 @@ def read_status(sites: Sites, grid_here: Path) -> Merged:
         if rows is None:
             why = answer.unreachable or (
                 f"its status failed (exit status {answer.returncode}): "
-                + answer.stderr.decode(errors="replace").strip()[-300:]
+                + one_line(answer.stderr.decode(errors="replace"))
             )
             merged.failed[name] = why
             continue
@@ -276,31 +362,83 @@ def _status(sites: Sites, args: argparse.Namespace, grid_here: Path) -> int:
 
 
 def pull(sites: Sites, grid_here: Path) -> dict[str, str]:
-    """Each site's grid directory, small files only, as one tar stream a site into `<grid here>/.sites/<site>/`
-    (replaced whole once the stream is read); the sites that did not answer (name -> why), whose earlier copy, if
-    any, is left as it was."""
+    """Each site's files that `results` and `report` read (`pull_spec`), as one tar stream a site written to a file
+    (never held in memory), extracted into `<grid here>/.sites/<site>/` (replaced whole once the stream is read);
+    the sites that did not answer (name -> why, one line), whose earlier copy, if any, is left as it was. Each file
+    the pull cut or left empty (over PULL_LIMIT) is named on stderr."""
+    spec = json.dumps(pull_spec(), separators=(",", ":"))
+    top = grid_here / SITES_DIR
+    top.mkdir(parents=True, exist_ok=True)
 
     def one(p: Placed) -> tuple[str, str]:
-        grid_there = str(Path(p.site.runs_root) / grid_here.name)
-        answer = sites.run(p.site.name, there(p.site, p.code_dir, ["-c", PULL, grid_there, str(PULL_LIMIT)]))
-        if answer.unreachable:
-            return p.site.name, answer.unreachable
-        if answer.returncode != 0:
-            return p.site.name, f"the pull failed (exit status {answer.returncode}): " + answer.stderr.decode(
-                errors="replace"
-            ).strip()[-300:]
-        dest = grid_here / SITES_DIR / p.site.name
-        partial = dest.with_name(f".{p.site.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        with tarfile.open(fileobj=io.BytesIO(answer.stdout), mode="r:gz") as tar:
-            tar.extractall(partial, filter="data")
-        shutil.rmtree(dest, ignore_errors=True)
-        partial.rename(dest)
-        return p.site.name, ""
+        name, grid_there = p.site.name, str(Path(p.site.runs_root) / grid_here.name)
+        stream = top / f".{name}.tar.gz"
+        try:
+            with stream.open("wb") as out:
+                answer = sites.run(name, there(p.site, p.code_dir, ["-c", PULL, grid_there, spec]), out=out)
+            if answer.unreachable:
+                return name, answer.unreachable
+            if answer.returncode != 0:
+                why = one_line(answer.stderr.decode(errors="replace"))
+                return name, f"its pull failed (exit status {answer.returncode}): {why}"
+            dest = top / name
+            partial = top / f".{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            with tarfile.open(stream, mode="r:gz") as tar:
+                tar.extractall(partial, filter="data")
+            _say_cut(name, partial / MANIFEST)
+            shutil.rmtree(dest, ignore_errors=True)
+            partial.rename(dest)
+            return name, ""
+        except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+            return name, f"its files came cut ({type(exc).__name__}: {exc})"
+        finally:
+            stream.unlink(missing_ok=True)
 
     with ThreadPoolExecutor(max_workers=max(1, len(sites.placed))) as pool:
         return {name: why for name, why in pool.map(one, sites.placed) if why}
+
+
+def _names(cells: Sequence[str]) -> str:
+    shown = ", ".join(cells[:NAMED])
+    return shown + (f" and {len(cells) - NAMED} more" if len(cells) > NAMED else "")
+
+
+def _say_cut(site: str, manifest: Path) -> None:
+    """The files of a site's pull over PULL_LIMIT, named on stderr: what the output lacks of them."""
+    try:
+        noted: dict[str, list[int]] = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return
+    for rel, (size, kept) in sorted(noted.items()):
+        what = f"its last {kept} bytes" if kept else "an empty file of its name"
+        print(
+            f"site {site}: {rel} is {size} bytes, over the pull's {PULL_LIMIT} bytes: {what} came here",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _say_missed(failed: Mapping[str, str], grid_here: Path, chosen: Mapping[str, str]) -> None:
+    """Each site that did not answer, on stderr, one line: why (how long it was waited for), and what the output
+    then lacks: the record's cells of that site missing from it, shown from an earlier pull (when), or from
+    another site's copy."""
+    recorded = recorded_cells(grid_here)
+    for name, why in failed.items():
+        cells = sorted(c for c, s in recorded.items() if s == name)
+        missing = [c for c in cells if c not in chosen]
+        earlier = [c for c in cells if chosen.get(c) == name]
+        other = [c for c in cells if c in chosen and chosen[c] != name]
+        said = []
+        if missing:
+            said.append(f"{len(missing)} of its cells are missing from the output: {_names(missing)}")
+        if earlier:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime((grid_here / SITES_DIR / name).stat().st_mtime))
+            said.append(f"{len(earlier)} are shown as pulled at {when}: {_names(earlier)}")
+        if other:
+            said.append(f"{len(other)} are shown from another site's copy: {_names(other)}")
+        print(f"site {name} did not answer: {why}" + "".join(f"; {x}" for x in said), file=sys.stderr, flush=True)
 
 
 def merge_dirs(grid_here: Path, order: Sequence[str]) -> tuple[Path, dict[str, str]]:
@@ -335,7 +473,11 @@ def merge_dirs(grid_here: Path, order: Sequence[str]) -> tuple[Path, dict[str, s
         chosen[cell] = best.site
     for site in order:
         top = root / site
-        others = [p for p in top.iterdir() if p.name not in copies and p.name != BASE_DIR] if top.is_dir() else []
+        others = (
+            [p for p in top.iterdir() if p.name not in copies and p.name != BASE_DIR and not p.name.startswith(".")]
+            if top.is_dir()
+            else []
+        )
         for p in [*others, *((top / BASE_DIR).iterdir() if (top / BASE_DIR).is_dir() else ())]:
             link = merged / p.relative_to(top)
             if not link.exists():
@@ -345,17 +487,10 @@ def merge_dirs(grid_here: Path, order: Sequence[str]) -> tuple[Path, dict[str, s
 
 def _pulled(sites: Sites, grid_here: Path) -> tuple[Path, dict[str, str], dict[str, str]]:
     """The merged directory of the pulled copies, each cell's site, and the sites that did not answer (each named on
-    stderr with the cells the record puts there)."""
+    stderr with what the output lacks of the cells the record puts there)."""
     failed = pull(sites, grid_here)
-    recorded = recorded_cells(grid_here)
-    for name, why in failed.items():
-        cells = sorted(c for c, s in recorded.items() if s == name)
-        print(
-            f"site {name} did not answer: {why}" + (f"; its cells {', '.join(cells)} may be missing" if cells else ""),
-            file=sys.stderr,
-            flush=True,
-        )
     merged, chosen = merge_dirs(grid_here, [p.site.name for p in sites.placed])
+    _say_missed(failed, grid_here, chosen)
     return merged, chosen, failed
 
 
@@ -401,8 +536,8 @@ def _logs(sites: Sites, args: argparse.Namespace, raw: Sequence[str], grid: str,
     placed = next(p for p in sites.placed if p.site.name == site)
     print(f"cell {names[0] if names else args.cell} on site {site}", file=sys.stderr, flush=True)
     argv = there(placed.site, placed.code_dir, command_there("logs", site_args(raw, grid, grid_here, placed.site)))
-    try:
-        return sites.transports[site].stream(argv)
+    try:  # --follow runs until its part of the cell ends: the connection's keepalive is its limit
+        return sites.transports[site].stream(argv, timeout=None if args.follow else placed.site.timeout_s)
     except SiteUnreachable as exc:
         print(f"site {site} did not answer: {exc}", file=sys.stderr)
         return 1

@@ -110,13 +110,14 @@ def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
         if steered:  # each site would decide its rungs or its next cells from its own cells' files alone
             problems.append(
                 Problem(
-                    "(grid)",
-                    steered[0],
-                    ", ".join(sorted(profiles)),
-                    "steer-remote",
-                    f"a {steered[0]}: grid decides from every cell's files, and a grid across remote sites keeps each"
+                    cell="(grid)",
+                    key=steered[0],
+                    value=", ".join(sorted(profiles)),
+                    rule="steer-remote",
+                    message=f"a {steered[0]}: grid decides from every cell's files, and a grid across remote sites"
+                    " keeps each"
                     " cell's files on its own site, so each site would decide from its share alone",
-                    "steer the grid on one site (one cluster, local or remote: its own invocation decides), or drop"
+                    fix="steer the grid on one site (one cluster, local or remote: its own invocation decides), or drop"
                     " sites=[...] for it",
                 )
             )
@@ -225,9 +226,9 @@ def run_single(cfg: DictConfig) -> GridResult:
 
 
 def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> GridResult:
-    if any(c.config.get("sites") for c in composed):  # issue 25: a grid across remote sites is placed here
+    if any(c.config.get("sites") for c in composed):  # a grid across remote sites is placed here
         _run_across(composed, errors)
-    if any((c.config["cluster"].get("remote") or {}).get("host") for c in composed):  # issue 25 hook
+    if any((c.config["cluster"].get("remote") or {}).get("host") for c in composed):
         _run_remote(composed, errors)
     from sft_grid.cli.live import Live
     from sft_grid.cli.present import failure_lines, progress_text, staged_lines, staging_lines
@@ -447,6 +448,8 @@ def _print_dry_run(result: GridResult) -> None:
     for d in result.decisions:
         if d.why:
             out(f"  would skip {d.cell.name}: {d.why}")
+    for line in _start_lines(result):
+        out(line)
     _print_costs(result)
     lines = plan_lines(result.plan)
     if lines:
@@ -504,6 +507,25 @@ def _write_previews(folder: Path, previews: Sequence[tuple[SlurmJob, str]]) -> N
     folder.mkdir(parents=True, exist_ok=True)
     for job, script in previews:
         (folder / f"{job.name}.sbatch").write_text(script)
+
+
+def _start_lines(result: GridResult) -> list[str]:
+    """Where each cell of a spread grid goes and when its scheduler expects it to start (grid/spread.py); a site
+    that gave no estimate says so, ranked after every site that did."""
+    out = []
+    provenance = result.plan.provenance if result.plan else {}
+    for d in result.decisions:
+        record = provenance.get(d.dir) or {}
+        if "site" not in record or "expected_start_s" not in record:
+            continue
+        start = record["expected_start_s"]
+        when = (
+            "at an unknown time (its scheduler gave no estimate)"
+            if start == "unknown"
+            else f"expected to start in {start} s"
+        )
+        out.append(f"  {d.cell.name}: on site {record['site']}, {when}")
+    return out
 
 
 def _science_lines(result: GridResult) -> list[str]:

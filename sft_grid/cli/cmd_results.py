@@ -60,7 +60,7 @@ def score_text(s: Score) -> str:
 
 
 def _sites(table: GridTable) -> bool:
-    """Whether the grid is spread over sites (issue 25): then every table has a site column after the state."""
+    """Whether the grid is spread over sites: then every table has a site column after the state."""
     return any(r.site for r in table.rows)
 
 

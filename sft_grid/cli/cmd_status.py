@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 # post: the post-training chain: "done", or its first unfinished stage and that stage's state; eval: the evaluation,
 # "done (N)" when every score its suites ask for is there, else its state and how many of them are
 # class: a failure's class (core/failures); reason: what its policy did, then the evidence that decided it
-# site: where the cell's latest submission went, in a grid across sites (issue 25); the column is left out of the
+# site: where the cell's latest submission went, in a grid across sites; the column is left out of the
 # table when no cell has one
 HEADERS = ("cell", "state", "job", "elapsed", "progress", "post", "eval", "class", "reason", "site")
 ELAPSED = HEADERS.index("elapsed")

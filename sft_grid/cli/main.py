@@ -20,6 +20,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 # name -> (module, what it does in one line); the order is the help's
@@ -39,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("sft_grid.cli.cmd_init", "lay out an experiment repository: conf/ groups, sweeps, a .gitignore for runs"),
     "cp": ("sft_grid.cli.cmd_cp", "copy a shipped option (model/qwen3_8b, cluster/leonardo, ...) into yours to edit"),
     "import": ("sft_grid.cli.cmd_import", "turn a LLaMA-Factory or axolotl training YAML into model, dataset, sweep"),
+    "release": ("sft_grid.cli.cmd_release", "let a gone site of a spread grid go: its queued cells placed elsewhere"),
     "completion": ("sft_grid.cli.main", 'bash completion: eval "$(sft-grid completion bash)"'),
 }
 # run by jobs, not people: not in the help
@@ -137,12 +139,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if parsed.command is None:
         parser.print_help()
         return 2
-    if getattr(parsed, "grid", None) and hasattr(parsed, "runs_root"):  # issue 25 hook: a remote grid answers there
+    if getattr(parsed, "grid", None) and hasattr(parsed, "runs_root"):  # a remote grid answers there
         from sft_grid.cli.options import grid_dir
         from sft_grid.sites import remote
 
         here = grid_dir(parsed.grid, parsed.runs_root)
-        placed = remote.read_record(here) if parsed.command in remote.FORWARDED else None
+        try:
+            placed = remote.read_record(here) if parsed.command in remote.FORWARDED else None
+        except (ValueError, LookupError, TypeError, OSError):  # a damaged record: said in one line, the grid read here
+            print(f"sft-grid: {_record_damage(here / remote.RECORD)}", file=sys.stderr)
+            return _run(parsed)
         if placed and len(placed) > 1:  # a grid across remote sites: each site asked, the answers merged
             from sft_grid.cli import across
 
@@ -150,7 +156,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         forwarded = remote.forward(parsed.command, args[1:], parsed.grid, here)
         if forwarded is not None:
             return forwarded
-    return int(parsed.run(parsed) or 0)
+    return _run(parsed)
+
+
+def _run(parsed: argparse.Namespace) -> int:
+    """The command; a damaged file it stops on (core/cellfiles.DamagedFile, which names the file and where) is said
+    in one line, exit status 1: the commands that read a grid read around such files, those that act on one stop."""
+    from sft_grid.core.cellfiles import DamagedFile
+
+    try:
+        return int(parsed.run(parsed) or 0)
+    except DamagedFile as exc:
+        where = f"{exc.path}: {exc.damage.what}" if exc.path is not None else str(exc)
+        print(f"sft-grid {parsed.command}: stopped on a damaged file: {where}", file=sys.stderr)
+        return 1
+
+
+def _record_damage(path: Path) -> str:
+    """What is wrong with a grid's site record (sites/remote.py), and what is done instead, in one line."""
+    from sft_grid.core.cellfiles import json_damage
+
+    found = json_damage(path, str(path))
+    what = found.text() if found is not None else f"{path}: not a site record (a site or a cell of another kind)"
+    return f"{what}; the grid's site record is damaged, so the grid is read here, on this machine"
 
 
 # -- completion ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@
 - `problems`: the one error type of bad input (every problem of every cell, raised once);
 - `hubcache`: a Hub repository's pin and its files in a Hugging Face cache (what training needs, what is staged);
 - `lock`: the one file lock (one holder per path across processes and hosts, on cluster filesystems too);
-- `gate`: a queued job's gate, claimed once by the job or by a move to another site (issue 25);
+- `gate`: a queued job's gate, claimed once by the job or by a move to another site;
 - `templates`: chat templates, which tokenizers they fit, and train == serve (the template a saved model carries);
 - `tokenized`, `provenance`, `overrides`, `secrets`, `timefmt`, `paths`: a shared tokenized dataset, what makes a
   result traceable, a cell's overrides, secrets in URLs, wall times, and where caches live.

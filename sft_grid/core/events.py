@@ -37,7 +37,7 @@ class Kind(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    PRUNED = "pruned"  # issue 26: stopped at a rung by successive halving (its reason: the rung's evidence)
+    PRUNED = "pruned"  # stopped at a rung by successive halving (its reason: the rung's evidence)
     # annotations
     JOB = "job"  # the scheduler's id of the latest submission
     INTERRUPTED = "interrupted"  # training was killed by a signal (time limit, preemption, OOM killer)
@@ -254,7 +254,7 @@ def last(history: Sequence[Event], *kinds: Kind) -> Event | None:
 
 def submitted_site(history: Sequence[Event]) -> tuple[str, dict[str, str]]:
     """The site of a cell's latest submission and its Slurm client environment, as its `submitted` event records
-    them (issue 25: a grid across sites); ("", {}) for a cell of a one-site grid."""
+    them (a grid across sites); ("", {}) for a cell of a one-site grid."""
     for e in reversed(history):
         if e.kind is Kind.SUBMITTED:
             env = e.details.get("slurm_env") or {}

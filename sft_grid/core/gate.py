@@ -1,4 +1,4 @@
-"""The gate of a cell's queued job (issue 25, a grid across sites): whoever takes it first decides, once.
+"""The gate of a cell's queued job (a grid across sites): whoever takes it first decides, once.
 
 A queued job of a cell that may move to another site is raced by two parties: the job, which starts, and a move
 (sft_grid/sites/moves.py), which sends the cell elsewhere. Each claims `<cell>/gate.<site>.<job id>` (`key`: two

@@ -7,8 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Problem:
+    """One problem of one cell, built by keyword: Problem(cell=..., key=..., value=..., rule=..., message=...,"
+    " fix=...)."""
+
     cell: str  # the cell's name, or its overrides when it could not be composed
     key: str  # the dotted key, or the override, or "" when the problem is the cell's as a whole
     value: object

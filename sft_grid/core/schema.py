@@ -237,7 +237,7 @@ class EvalConf:
     include_path: str | None = None
     # also score each cell's base model, once per grid, so the table shows what fine-tuning gained
     base_models: bool = False
-    # also score the cell's saved checkpoints, each in a job of its own after it exists (issue 26): null (the final
+    # also score the cell's saved checkpoints, each in a job of its own after it exists: null (the final
     # model only), "checkpoint" (every checkpoint), or N (the checkpoints at multiples of N steps)
     along: Any = None
     # task label -> its settings
@@ -300,11 +300,21 @@ class RemoteConf:
     python: str = "python3"
     # another ssh config file than ~/.ssh/config (ssh -F); null: the user's own
     ssh_config: str | None = None
+    # seconds to make the connection (ssh's ConnectTimeout: the connect and the banner); a made connection silent for
+    # alive_interval_s x alive_count_max seconds is dead (ServerAliveInterval, ServerAliveCountMax). null: the ssh
+    # config's own for the host, else 30, 15 and 4
+    connect_timeout_s: int | None = num(None, 1)
+    alive_interval_s: int | None = num(None, 1)
+    alive_count_max: int | None = num(None, 1)
+    # the bound of each command that answers (the site's python checked, a snapshot sent, a status, a pull of
+    # results or report), and of a launch's run on the site (its checks, its staging, its sbatch calls) streamed here
+    timeout_s: int = num(300, 1)
+    launch_timeout_s: int = num(43200, 1)
 
 
 @dataclass
 class SiteNeedsConf:
-    """What a cell needs of the site it is placed on (issue 25, `sites=[...]`); unset: anything."""
+    """What a cell needs of the site it is placed on (a grid across sites, `sites=[...]`); unset: anything."""
 
     cpu_arch: str | None = None
     # a GPU model the site's gpu_type must start with (H100 matches H100-SXM)
@@ -344,7 +354,9 @@ class ClusterConf:
     # bf16 on GPU sites; CPU runs train in fp32
     precision: str = one_of("fp32", PRECISIONS)
     runs_root: str = "runs"
-    # backend name -> virtual environment (a directory with bin/) on this site; unset: the managed one
+    # backend (or harness) name -> the site's own environment: a virtualenv's or conda environment's directory (with
+    # bin/python), or a conda environment's name (`sft311`, or `conda:sft311`: found as conda finds it); unset: the
+    # managed one. Checked before anything is queued: there, its python runs, the backend importable (docs/setup.md)
     # (each backend's key is there, null: so `cluster.backend_venvs.axolotl=<dir>` sets it without Hydra's `+`)
     backend_venvs: dict[str, str | None] = field(
         default_factory=lambda: dict.fromkeys(("llamafactory", "axolotl", "lm_eval"))
@@ -371,10 +383,10 @@ class ClusterConf:
     gpu_directive: str = one_of("gpus_per_node", GPU_DIRECTIVES)
     # Slurm: how often a cell that hits its time limit or is preempted is requeued before it counts as failed
     max_requeues: int = num(3, 0)
-    # a running cell whose training writes no step, no log line and no checkpoint file for this many seconds is
-    # hung: its job's runner ends it with the failure `hang` and the policy's next step (a requeue from the last
-    # checkpoint). Longer than the longest healthy silence (loading a large model, a ZeRO-3 checkpoint save);
-    # null: no watch
+    # a running cell whose training makes no progress (no step, no checkpoint file, no data step record, no move of
+    # a progress bar; a log that only grows is none) for this many seconds is hung: its job's runner ends it with
+    # the failure `hang` and the policy's next step (a requeue from the last checkpoint). Longer than the longest
+    # healthy wait between two steps (a ZeRO-3 checkpoint save, an evaluation); null: no watch
     hang_after_s: int | None = num(900, 10)
     # ... or this many times the cell's own time between two logged steps, once it has logged some, when longer
     hang_multiple: float = num(10.0, 1)
@@ -385,9 +397,9 @@ class ClusterConf:
     max_parallel: int = num(1, 1)
     # local executor: block until the grid is done and print its final states
     wait: bool = True
-    # a remote site: everything site-side over ssh (issue 25); unset: the grid runs where it is launched
+    # a remote site: everything site-side over ssh; unset: the grid runs where it is launched
     remote: RemoteConf = field(default_factory=RemoteConf)
-    # issue 25, grids across sites (sft_grid/sites/placement.py): the site's facts a placement weighs.
+    # grids across sites (sft_grid/sites/placement.py): the site's facts a placement weighs.
     # the most nodes one job may ask for; null: no limit known
     max_nodes: int | None = num(None, 1)
     # one GPU's memory in GB as nvidia-smi totals it (the vendor's "80GB" is 80 GiB there); null: not known (a cell
@@ -408,6 +420,13 @@ class ClusterConf:
     # the environment of the site's Slurm client commands (sbatch, squeue, sacct, scancel), e.g. SLURM_CONF of a
     # second cluster on one login node; its jobs inherit it
     client_env: dict[str, str] = field(default_factory=dict)
+    # when a grid across sites calls this site's controller down (sft_grid/sites/facts.py, moves.py): each look at
+    # the site asks it (sinfo) up to this many times, 2 s, 4 s, ... apart; a look that gets no answer records when
+    # the silence began (the grid's sites.json) ...
+    site_answer_tries: int = num(3, 1)
+    # ... and the site is down, its queued cells moved to another site, only once that silence has lasted this many
+    # seconds, at a later look; 0: at the first look without an answer
+    site_down_after_s: int = num(600, 0)
 
 
 @dataclass
@@ -623,14 +642,14 @@ class CellConf:
     # cells whose data tokenizes the same share one tokenized dataset, built once before them (stages/tokenize.py);
     # false: each cell tokenizes in its own job
     tokenize_once: bool = True
-    # issue 26, grids that steer themselves (sft_grid/adaptive/spec.py documents and validates both blocks; not
+    # grids that steer themselves (sft_grid/adaptive/spec.py documents and validates both blocks; not
     # identity): successive halving of the grid's cells, and the next cells from the fit. Empty: off.
     prune: dict[str, Any] = field(default_factory=dict)
     adaptive: dict[str, Any] = field(default_factory=dict)
     # queue Slurm jobs from a checkout whose conf/, sweeps/ or package has uncommitted changes: the changes ship in
     # the jobs' code snapshot and each cell's ledger names them (sft_grid/sites/snapshot.py); false: refused
     ship_dirty: bool = False
-    # issue 25: the sites (cluster profiles, conf/cluster/<name>.yaml) the grid's cells are placed on, each cell on
+    # the sites (cluster profiles, conf/cluster/<name>.yaml) the grid's cells are placed on, each cell on
     # one where it is feasible, earliest expected start first (sft_grid/sites/placement.py); empty: the cell's
     # own cluster. Not identity: the same cell on another site is the same cell.
     sites: list[str] = field(default_factory=list)

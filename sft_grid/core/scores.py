@@ -14,7 +14,7 @@ is. A metric is named as the harness names it, with its filter after a slash whe
 (`exact_match/strict-match`); its standard error is `<metric>_stderr` (null where the harness has none). Files are
 written to a temporary name and renamed: a reader (sft-grid results, status) sees a whole file or none.
 
-Scores along training (issue 26): a suite with `along` also scores the cell's saved checkpoints (`checkpoint-N`),
+Scores along training: a suite with `along` also scores the cell's saved checkpoints (`checkpoint-N`),
 each under its own id, `along_id(<the final score's id>, N)`, with `"step": N` in its settings. Which checkpoints:
 `along: checkpoint` every one saved, `along: <N>` those at multiples of N steps. A checkpoint counts once it is
 whole (its trainer_state.json, which the trainer writes after the weights). Since the id names the step, a score of

@@ -31,7 +31,7 @@ class State(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    PRUNED = "pruned"  # issue 26: stopped at a rung by successive halving; its checkpoint kept, resumable by hand
+    PRUNED = "pruned"  # stopped at a rung by successive halving; its checkpoint kept, resumable by hand
 
     @property
     def in_flight(self) -> bool:

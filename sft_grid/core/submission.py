@@ -49,7 +49,7 @@ class SlurmRequest:
 
     params: tuple[tuple[str, Any], ...]
     max_requeues: int
-    # the site's Slurm client environment (cluster.client_env): where sbatch sends it (issue 25); left out of the
+    # the site's Slurm client environment (cluster.client_env): where sbatch sends it; left out of the
     # repr when empty, so a one-site grid's job names stay what they were
     client_env: tuple[tuple[str, str], ...] = ()
     # the site (cluster profile) a grid across sites placed the job on; "" in a one-site grid
@@ -164,7 +164,7 @@ class CellFiles:
 
 @dataclass(frozen=True)
 class CodeSnapshot:
-    """The code every Slurm job of a plan runs (issue 25): one commit of the checkout, extracted once into the site's
+    """The code every Slurm job of a plan runs: one commit of the checkout, extracted once into the site's
     store under `dir` (content-addressed: `key` is the commit, with a hash of the shipped changes when a launch
     ships uncommitted ones), never the live checkout. Found and applied by sft_grid/sites/snapshot.py."""
 

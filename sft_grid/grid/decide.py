@@ -7,7 +7,7 @@
   (resuming from the last checkpoint), unless the class's policy requeues it (a transient fault within its
   budget: core/failures/policy.py): then it runs again at once, avoiding the nodes its evidence names;
 - planned (new, or its earlier submission never reached the scheduler): run.
-Scores along training (a suite's `along`, issue 26): a cell's checkpoints that exist (observed) and have no score
+Scores along training (a suite's `along`): a cell's checkpoints that exist (observed) and have no score
 are scored by an evaluation job of their own: a completed cell's with its other missing scores; a cell that trains
 on Slurm, failed, was cancelled or pruned, by a job that waits for nothing, while it is skipped (never a dependency
 of its training, which never waits for it); a local cell that trains scores its checkpoints in its own job, after.
@@ -71,7 +71,7 @@ def skip_reason(cell: Cell, state: CellState) -> str | None:
         return None if cell.spec.force else "completed (force=true reruns it)"
     if state.state.in_flight:
         return f"{state.state.value}" + (f" (job {state.job_id})" if state.job_id else "")
-    if state.state is State.PRUNED:  # issue 26: stopped at a rung (sft_grid/adaptive/prune.py); resumed by hand
+    if state.state is State.PRUNED:  # stopped at a rung (sft_grid/adaptive/prune.py); resumed by hand
         return f"pruned: {state.reason}"
     if state.state in (State.FAILED, State.CANCELLED):
         if cell.spec.rerun_failed or _requeued(state):

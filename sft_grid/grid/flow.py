@@ -121,7 +121,7 @@ class Inputs:
     # the commit (and any shipped changes) the grid's Slurm jobs run (sites/snapshot.py); None: no Slurm job, or
     # not a git checkout
     code: CodeSnapshot | None = None
-    # issue 25: the cluster profile of each site the grid is spread over (sites=[...]); empty: the cells' own cluster
+    # the cluster profile of each site the grid is spread over (sites=[...]); empty: the cells' own cluster
     sites: Mapping[str, ClusterConf] = field(default_factory=dict)
 
     @property
@@ -143,7 +143,7 @@ class Observed:
     checkout: Mapping[str, Any]
     # cell dir -> the steps of its whole checkpoints, for the cells whose suites score along training
     checkpoints: Mapping[Path, tuple[int, ...]] = field(default_factory=dict)
-    # issue 25: each site of a grid across sites: reachable, its nodes, its scheduler's expected starts
+    # each site of a grid across sites: reachable, its nodes, its scheduler's expected starts
     sites: tuple[SiteFacts, ...] = ()
     # cell dir -> the site it leaves, for the cells whose move is confirmed (sites/moves.py): queued elsewhere
     moving: Mapping[Path, str] = field(default_factory=dict)
@@ -301,7 +301,7 @@ def check(
     cells, problems = plan_cells(composed, errors)
     if only is not None:
         cells = [c for c in cells if c.name in only]
-    sites, site_problems = placement.profiles(cells)  # issue 25: sites=[...], every cell feasible on one
+    sites, site_problems = placement.profiles(cells)  # sites=[...], every cell feasible on one
     problems += site_problems or placement.static_problems(cells, sites)
     if problems:
         raise GridError(problems)
@@ -310,7 +310,7 @@ def check(
     dry_run = any(c.spec.dry_run for c in cells)
     code = None
     if not any(c.spec.stage_only or c.spec.check_only for c in cells):
-        # issue 25: the commit the jobs will run; a dirty checkout is refused here, before anything is written
+        # the commit the jobs will run; a dirty checkout is refused here, before anything is written
         code = snapshot.find(cells, dry_run)
     if any(c.spec.check_only for c in cells):  # `sft-grid check`: the Hub's answers for every input, nothing else
         return Inputs(cells=tuple(cells), dirs=tuple(dirs), dry_run=True, staging=check_inputs(cells, dirs))
@@ -432,7 +432,7 @@ def observe(inputs: Inputs, *, record: bool | None = None) -> Observed:
     along = {d: checkpoint_steps(d / OUTPUT_DIR) for c, d in zip(inputs.cells, inputs.dirs, strict=True) if along_of(c)}
     sites = site_facts.observe(inputs.sites, [placement.need_of(c) for c in inputs.cells]) if inputs.sites else ()
     recording = (not inputs.dry_run) if record is None else record
-    # issue 25: a site that does not answer, or cells queued past move_after: their moves' steps (sites/moves.py)
+    # a site that does not answer, or cells queued past move_after: their moves' steps (sites/moves.py)
     moving = observe_moves(inputs.cells, inputs.dirs, view.histories, view.state, sites, recording) if sites else {}
     return Observed(
         view=view,
@@ -455,7 +455,7 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     ]
     bases = tuple(decide_base(t, view.histories[t.dir], view.scheduler) for t in inputs.targets)
     hub_cells = {cell for i in inputs.staging.pending for cell, _ in i.users}
-    # issue 25: each cell on its site; a moving cell on another than the one it leaves. Placed before the stages
+    # each cell on its site; a moving cell on another than the one it leaves. Placed before the stages
     # are planned: whether a tokenization is worth a job of its own, and where the jobs before training are
     # queued (grid/jobs.py: on each site that has a cell waiting for them), are the placed cells'
     decisions, on_sites = spread(decisions, observed.sites, view.histories, hub_cells, observed.moving)
@@ -595,7 +595,7 @@ def execute(grid: GridPlan, observer: Observer | None = None) -> Executed:
     if grid.dry_run:
         write_all(grid.submission.writes)
         return Executed()
-    if grid.submission.code is not None:  # issue 25: the snapshot is on the site before any job names it
+    if grid.submission.code is not None:  # the snapshot is on the site before any job names it
         snapshot.materialize(grid.submission.code)
     return apply(grid.submission, (observer or Observer()).phase)
 

@@ -8,7 +8,7 @@ MaxArraySize and throttled by the grid's concurrency; for each training array a 
 each wait for their training task (aftercorr; afterok for a single job), and an evaluation array whose tasks each
 wait for their post task; one post array for completed cells whose stages are pending, and an
 evaluation array for completed cells with missing scores; one evaluation array of the checkpoints of skipped cells
-(training, failed, pruned) that have no score yet (issue 26's scores along training: it waits for nothing, and
+(training, failed, pruned) that have no score yet (scores along training: it waits for nothing, and
 nothing waits for it); one evaluation array of the grid's base models.
 Locally: the preps and tokenizations, then the cells in order (each evaluated in its own job), then completed
 cells' pending stages and evaluations, then skipped cells' checkpoint scores, then the base models' evaluations.

@@ -1,4 +1,4 @@
-"""A site's answer for a grid across remote sites (issue 25; sites/coordinate.py places the cells with it).
+"""A site's answer for a grid across remote sites (sites/coordinate.py places the cells with it).
 
 Run by the site's own invocation (`SFT_GRID_PROBE`), from the grid's snapshot there: the grid's cells composed as
 everywhere, then what the coordinator needs of this site, and nothing else is done (no render, no staging, no

@@ -8,7 +8,7 @@ backends import the plugins from PYTHONPATH (launch.sh sets it).
 - sft_grid_lf.py: LLaMA-Factory with sft_grid's jinja templates registered in every process;
 - sft_grid_axolotl.py, template_integrity.py, zero_cpu.py: axolotl plugins (template in every checkpoint,
   the output contract, DeepSpeed's gloo start-up on CPU);
-- leg_stop.py: the trainer callback that ends a leg of a pruned grid at its rung (issue 26), both backends;
+- leg_stop.py: the trainer callback that ends a leg of a pruned grid at its rung, both backends;
 - mix_data.py: the seeded interleave of a mix, for axolotl (the same call LLaMA-Factory makes);
 - prep_delphi.py: the Delphi tokenizer prep;
 - post_stage.py: post-training stages that need the backend's packages (consolidate, fetch, upload);

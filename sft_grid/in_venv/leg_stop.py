@@ -1,4 +1,4 @@
-"""End a leg of training at a pruning rung (issue 26): the checkpoint of that step saved, nothing else.
+"""End a leg of training at a pruning rung: the checkpoint of that step saved, nothing else.
 
 Runs inside a backend's environment (standalone: stdlib + transformers there; never imports sft_grid).
 

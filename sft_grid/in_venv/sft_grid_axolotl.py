@@ -14,7 +14,7 @@ the final weights are there (axolotl writes it only inside checkpoint-N; LLaMA-F
 and trainer_log.jsonl with one line per log (current_steps, total_steps, loss), which sft_grid's status reads
 while a cell trains. Both plugins act on rank 0 only and are idempotent (axolotl calls post_train twice:
 after trainer.train() and again after the final save). OutputPlugin also ends a leg of a pruned grid at its rung
-(issue 26: leg_stop.py's callback, when the job runner set SFT_GRID_LEG_STOP): the rung's checkpoint saved, no
+(leg_stop.py's callback, when the job runner set SFT_GRID_LEG_STOP): the rung's checkpoint saved, no
 final model, the schedule the full run's; the next leg resumes through the config's auto_resume_from_checkpoints.
 """
 

@@ -23,7 +23,7 @@ Runs inside the backend environment (standalone: it never imports sft_grid).
         tokenize-once stage)
 
 Every training process also gets sft_grid's loss watchdog (loss_watchdog.py) added to run_exp's callbacks, and
-records its data step (data_step.py: LLaMA-Factory's get_dataset, timed). A leg of a pruned grid (issue 26: the job
+records its data step (data_step.py: LLaMA-Factory's get_dataset, timed). A leg of a pruned grid (the job
 runner sets SFT_GRID_LEG_STOP) also gets leg_stop.py's callback, which ends training at the rung's step with its
 checkpoint saved, the learning-rate schedule left as the full run's.
 

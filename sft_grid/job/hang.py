@@ -68,7 +68,7 @@ _BAR = re.compile(r"(\d+)/(\d+) \[")
 _MOVE = re.compile(rb"(\d+)/(\d+) \[(?:\d+:)?\d+:\d+<")
 OWN = "--- sft_grid:"  # starts the runner's own lines in the training's log ("=== sft_grid:" starts an attempt)
 LINE_CHARS = 160  # of each node's last line in the evidence (the ledger keeps 500 characters of it)
-BEAT_S = 2.5  # the job's log hears at least this often while the backend starts (issue 28: at most 3 s silent)
+BEAT_S = 2.5  # the job's log hears at least this often while the backend starts (at most 3 s silent)
 READ_BYTES = 1 << 20  # of a log's new bytes at one poll, the last ones: a log flooded with warnings is not read whole
 OVERLAP = 256  # bytes read again before a log's new ones: a bar cut by the previous read is seen whole
 REAP_S = 60.0  # how long the killed training's processes are waited for (a large process frees its memory in seconds)

@@ -124,7 +124,7 @@ def archive_output(cell_dir: Path, why: str) -> Path | None:
 
 
 def _leg(cell_dir: Path) -> tuple[int, list[str]] | None:
-    """issue 26: (the step this leg ends at, the backend's arguments for it) from the cell's leg.json; None: train
+    """(the step this leg ends at, the backend's arguments for it) from the cell's leg.json; None: train
     to the end. The step also reaches the leg's processes as LEG_ENV (run_cell exports it): the real backends'
     trainers end the leg from it (in_venv/leg_stop.py)."""
     import json
@@ -173,7 +173,7 @@ def run_cell(cell_dir: str | Path) -> str:
     job = where()
     lead = job.rank == 0
     if _moved_away(cell_dir, job.job_id):
-        # issue 25: the cell moved to another site before this job started (core/gate.py): the job fails, so its
+        # the cell moved to another site before this job started (core/gate.py): the job fails, so its
         # post-training job here (after it, kill_on_invalid_dep) is cancelled by Slurm; the ledger is not touched
         raise MovedAway(f"{cell_dir.name} moved to another site before job {job.job_id} started: nothing run here")
     if output_complete(output):
@@ -194,7 +194,7 @@ def run_cell(cell_dir: str | Path) -> str:
             events.append(cell_dir, Event(Kind.RESUMED, checkpoint=ckpts[-1].name))
     elif lead:
         archive_output(cell_dir, "partial output without a checkpoint")
-    leg = _leg(cell_dir)  # issue 26: a leg that ends at a pruning rung (sft_grid/adaptive/prune.py)
+    leg = _leg(cell_dir)  # a leg that ends at a pruning rung (sft_grid/adaptive/prune.py)
     env = {k: v for k, v in os.environ.items() if k != LEG_ENV}  # no leg: to the end, whatever this job inherited
     if leg is not None:
         args += leg[1]
@@ -248,7 +248,7 @@ def run_cell(cell_dir: str | Path) -> str:
         _post_stages(cell_dir)
         return State.COMPLETED.value
     if rc == 0 and leg is not None and (output / f"checkpoint-{leg[0]}").is_dir():
-        # issue 26: the leg ended at its rung: the cell waits, planned, for the rung's decision (the grid queues
+        # the leg ended at its rung: the cell waits, planned, for the rung's decision (the grid queues
         # it again, resuming from this checkpoint, once it is kept)
         events.append(cell_dir, _here(Kind.PLANNED, step=leg[0], note=f"at rung: checkpoint-{leg[0]}", details=used))
         _ended(cell_dir)

@@ -56,10 +56,10 @@ NOT_IDENTITY = frozenset(
         "stage_only",
         "check_only",
         "tokenize_once",
-        "prune",  # issue 26: how the grid steers itself, never what a cell trains
+        "prune",  # how the grid steers itself, never what a cell trains
         "adaptive",
         "ship_dirty",
-        "sites",  # issue 25: where a cell runs is its record, not its identity
+        "sites",  # where a cell runs is its record, not its identity
         "site_needs",
         "move_after",
         "layout",  # how a cell is spread over GPUs and kept in memory: the same training, at another cost

@@ -578,7 +578,14 @@ def composition_problem(overrides: Sequence[str], message: str) -> Problem:
         or (f"export {env.group('var')}=<value> (and any other variable named above)" if env else "")
         or "check the override against `sft-grid run --cfg job` and the options in conf/"
     )
-    return Problem(" ".join(overrides) or "<defaults>", key, None, "compose", plain_message(message), fix)
+    return Problem(
+        cell=" ".join(overrides) or "<defaults>",
+        key=key,
+        value=None,
+        rule="compose",
+        message=plain_message(message),
+        fix=fix,
+    )
 
 
 # OmegaConf's own framing of an error: the exception it wrapped, and where in its objects it happened

@@ -326,7 +326,14 @@ def eval_inputs(cells: Sequence[Cell]) -> EvalInputs:
 
 
 def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
-    return Problem(cell.name, f"eval.{key}", value, rule, f"(suite {cell.spec.eval.name}) {message}", fix)
+    return Problem(
+        cell=cell.name,
+        key=f"eval.{key}",
+        value=value,
+        rule=rule,
+        message=f"(suite {cell.spec.eval.name}) {message}",
+        fix=fix,
+    )
 
 
 def _batch_size(cell: Cell, value: Any) -> Iterator[Problem]:

@@ -164,7 +164,7 @@ GPU_OPTIONS = ("gres", "gpus-per-node", "gpus")
 
 
 def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
-    return Problem(cell.name, key, value, rule, message, fix)
+    return Problem(cell=cell.name, key=key, value=value, rule=rule, message=message, fix=fix)
 
 
 def _walk(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

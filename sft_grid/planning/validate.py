@@ -41,7 +41,7 @@ Rule = Callable[[Cell], Iterator[Problem]]
 
 
 def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
-    return Problem(cell.name, key, value, rule, message, fix)
+    return Problem(cell=cell.name, key=key, value=value, rule=rule, message=message, fix=fix)
 
 
 def batch_divisible(cell: Cell) -> Iterator[Problem]:
@@ -468,7 +468,10 @@ def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
 
 def unknown_keys(cell: str, data: Mapping[str, Any], cls: type = CellConf) -> list[Problem]:
     """Keys of the composed config (plain data) that the schema does not have."""
-    return [Problem(cell, *f) for f in _prefixed("", _unknown(data, cls))]
+    return [
+        Problem(cell=cell, key=k, value=v, rule=r, message=m, fix=x)
+        for k, v, r, m, x in _prefixed("", _unknown(data, cls))
+    ]
 
 
 def _values(spec: Any) -> list[Finding]:
@@ -521,7 +524,9 @@ def _values(spec: Any) -> list[Finding]:
 
 def values(cell: str, spec: CellConf) -> list[Problem]:
     """Every field with a range or a value set (its metadata) holds an allowed value; nothing required is unset."""
-    return [Problem(cell, *f) for f in _prefixed("", _values(spec))]
+    return [
+        Problem(cell=cell, key=k, value=v, rule=r, message=m, fix=x) for k, v, r, m, x in _prefixed("", _values(spec))
+    ]
 
 
 PLACEHOLDERS = "{key}, {name}, {model} and {data}"
@@ -534,12 +539,12 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
         if why:
             what = "model" if repo.kind == "model" else "dataset source"
             yield Problem(
-                cell.name,
-                key,
-                repo.repo_id,
-                "hub-repo-id",
-                f"not a Hub repository id: {why}",
-                f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
+                cell=cell.name,
+                key=key,
+                value=repo.repo_id,
+                rule="hub-repo-id",
+                message=f"not a Hub repository id: {why}",
+                fix=f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
                 " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""),
             )
 
@@ -551,32 +556,33 @@ def model_facts(cell: Cell) -> Iterator[Problem]:
     if m.revision is not None:
         if m.path or not m.hub_id:
             yield Problem(
-                cell.name,
-                "model.revision",
-                m.revision,
-                "revision-needs-hub-id",
-                "a revision names a commit of a Hub repository, and this model is "
+                cell=cell.name,
+                key="model.revision",
+                value=m.revision,
+                rule="revision-needs-hub-id",
+                message="a revision names a commit of a Hub repository, and this model is "
                 + (f"the local directory {m.path}" if m.path else "no hub id"),
-                "drop model.revision (a local checkpoint is what its directory holds), or name model.hub_id",
+                fix="drop model.revision (a local checkpoint is what its directory holds), or name model.hub_id",
             )
         elif why := revision_problem(str(m.revision)):
             yield Problem(
-                cell.name,
-                "model.revision",
-                m.revision,
-                "revision",
-                why,
-                "a 40-character commit sha from the repository's history (or a branch or tag name)",
+                cell=cell.name,
+                key="model.revision",
+                value=m.revision,
+                rule="revision",
+                message=why,
+                fix="a 40-character commit sha from the repository's history (or a branch or tag name)",
             )
     if m.params and m.params_b and abs(m.params_b * 1e9 - m.params) > 0.01 * m.params:
         yield Problem(
-            cell.name,
-            "model.params_b",
-            m.params_b,
-            "params-agree",
-            f"disagrees with model.params={m.params} (the exact count is {m.params / 1e9:.3f} billion): node sizing"
+            cell=cell.name,
+            key="model.params_b",
+            value=m.params_b,
+            rule="params-agree",
+            message=f"disagrees with model.params={m.params} (the exact count is {m.params / 1e9:.3f} billion): node"
+            " sizing"
             " and the estimates read params_b, the FLOPs and the scaling fit the exact count",
-            f"model.params_b={m.params / 1e9:.3f}",
+            fix=f"model.params_b={m.params / 1e9:.3f}",
         )
 
 
@@ -586,32 +592,32 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
     s = cell.spec
     if s.register_db and not s.push_to_hub:
         yield Problem(
-            cell.name,
-            "register_db",
-            True,
-            "register-needs-upload",
-            "database registration names the uploaded Hub repository, and this cell uploads nothing",
-            "push_to_hub=true with a hub_model_id, or register_db=false",
+            cell=cell.name,
+            key="register_db",
+            value=True,
+            rule="register-needs-upload",
+            message="database registration names the uploaded Hub repository, and this cell uploads nothing",
+            fix="push_to_hub=true with a hub_model_id, or register_db=false",
         )
     if s.register_db and not s.register_command:
         yield Problem(
-            cell.name,
-            "register_command",
-            [],
-            "register-command",
-            "register_db=true but no command registers the model (sft_grid ships no database client)",
-            "register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false",
+            cell=cell.name,
+            key="register_command",
+            value=[],
+            rule="register-command",
+            message="register_db=true but no command registers the model (sft_grid ships no database client)",
+            fix="register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false",
         )
     if not s.push_to_hub:
         return
     if not s.hub_model_id:
         yield Problem(
-            cell.name,
-            "hub_model_id",
-            s.hub_model_id,
-            "hub-id",
-            "push_to_hub=true needs a hub repository id",
-            "set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false",
+            cell=cell.name,
+            key="hub_model_id",
+            value=s.hub_model_id,
+            rule="hub-id",
+            message="push_to_hub=true needs a hub repository id",
+            fix="set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false",
         )
         return
     why = (
@@ -623,12 +629,12 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
     )
     if why:
         yield Problem(
-            cell.name,
-            "hub_model_id",
-            s.hub_model_id,
-            "hub-id",
-            f"not a Hub repository id <org>/<name>: {why} (the placeholders are {PLACEHOLDERS})",
-            "e.g. hub_model_id=laion/{model}-sft-{key}",
+            cell=cell.name,
+            key="hub_model_id",
+            value=s.hub_model_id,
+            rule="hub-id",
+            message=f"not a Hub repository id <org>/<name>: {why} (the placeholders are {PLACEHOLDERS})",
+            fix="e.g. hub_model_id=laion/{model}-sft-{key}",
         )
 
 
@@ -775,14 +781,15 @@ def duplicate_identities(cells: Sequence[Cell]) -> list[Problem]:
         if first is not cell and not same_training(first, cell):
             problems.append(
                 Problem(
-                    cell.name,
-                    "",
-                    None,
-                    "identity-unique",
-                    f"trains the same model as cell {first.name} ({' '.join(first.overrides)}): they differ only in"
+                    cell=cell.name,
+                    key="",
+                    value=None,
+                    rule="identity-unique",
+                    message=f"trains the same model as cell {first.name} ({' '.join(first.overrides)}): they differ"
+                    " only in"
                     " where or how they run (nodes, micro batch, time, cluster), which is not part of a cell's"
                     " identity",
-                    "sweep over a training value instead, or drop the duplicate axis",
+                    fix="sweep over a training value instead, or drop the duplicate axis",
                 )
             )
     return problems
@@ -799,12 +806,13 @@ def shared_outputs(cells: Sequence[Cell]) -> list[Problem]:
         if first is not cell and first.key != cell.key:
             problems.append(
                 Problem(
-                    cell.name,
-                    "sweep_name",
-                    cell.spec.sweep_name,
-                    "output-shared",
-                    f"writes its output to the same directory as cell {first.name} ({' '.join(first.overrides)})",
-                    "give the grid's cells their own directories (a distinct sweep_name or runs_root)",
+                    cell=cell.name,
+                    key="sweep_name",
+                    value=cell.spec.sweep_name,
+                    rule="output-shared",
+                    message=f"writes its output to the same directory as cell {first.name}"
+                    f" ({' '.join(first.overrides)})",
+                    fix="give the grid's cells their own directories (a distinct sweep_name or runs_root)",
                 )
             )
         hub = cell.spec.hub_model_id
@@ -814,13 +822,13 @@ def shared_outputs(cells: Sequence[Cell]) -> list[Problem]:
         if first is not cell and first.key != cell.key:  # one identity twice: rule identity-unique
             problems.append(
                 Problem(
-                    cell.name,
-                    "hub_model_id",
-                    hub,
-                    "output-shared",
-                    f"uploads to the same Hub repository as cell {first.name} ({' '.join(first.overrides)}):"
+                    cell=cell.name,
+                    key="hub_model_id",
+                    value=hub,
+                    rule="output-shared",
+                    message=f"uploads to the same Hub repository as cell {first.name} ({' '.join(first.overrides)}):"
                     " each upload would overwrite the other's model",
-                    "put a placeholder that differs per cell in it: hub_model_id=<org>/{model}-sft-{key} ({key} is"
+                    fix="put a placeholder that differs per cell in it: hub_model_id=<org>/{model}-sft-{key} ({key} is"
                     " the cell's identity hash; {name}, {model} and {data} are filled in too)",
                 )
             )

@@ -10,6 +10,7 @@ the queue already holds it again).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,46 @@ def max_array_size(env: Mapping[str, str] | None = None) -> int:
     return DEFAULT_MAX_ARRAY_SIZE
 
 
-def node_count(env: Mapping[str, str] | None = None) -> int:
-    """The cluster's nodes (sinfo). Raises OSError/SubprocessError when its controller does not answer."""
-    return len(_run(["sinfo", "-h", "-N", "-o", "%N"], timeout=20, env=env).split())
+ANSWER_TIMEOUT_S = 20  # one sinfo of a site's controller
+ANSWER_BACKOFF_S = 2.0  # before its second try; doubled before each next one
+
+
+def node_count(
+    env: Mapping[str, str] | None = None, tries: int = 1, sleep: Callable[[float], None] = time.sleep
+) -> int:
+    """The cluster's nodes (sinfo), asked up to `tries` times, 2 s, 4 s, ... apart: one missed answer (a controller
+    restarting, a slow reply) is not taken for its silence. Raises OSError/SubprocessError when none answered."""
+    delay = ANSWER_BACKOFF_S
+    for attempt in range(max(1, tries)):
+        try:
+            return len(_run(["sinfo", "-h", "-N", "-o", "%N"], timeout=ANSWER_TIMEOUT_S, env=env).split())
+        except (OSError, subprocess.SubprocessError) as exc:
+            if attempt + 1 >= tries:
+                raise
+            log.info("sinfo got no answer (%s); asking again in %.0f s", str(exc).strip()[:120], delay)
+            sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def hold_pending(job_id: str, env: Mapping[str, str] | None = None) -> bool:
+    """Hold a job, and whether it is now held while still pending: True only for a job that cannot start until
+    `release` (a job that already started is not stopped by a hold: False, and its hold is lifted again)."""
+    try:
+        _run(["scontrol", "hold", job_id], timeout=ANSWER_TIMEOUT_S, env=env)
+        out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"], timeout=ANSWER_TIMEOUT_S, env=env).split()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if out == ["PENDING"]:
+        return True
+    release(job_id, env)
+    return False
+
+
+def release(job_id: str, env: Mapping[str, str] | None = None) -> None:
+    """Lift a hold (`hold_pending`); a job that no longer waits, or a site that does not answer, is left as it is."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        _run(["scontrol", "release", job_id], timeout=ANSWER_TIMEOUT_S, env=env)
 
 
 def query(
@@ -215,13 +253,26 @@ def legs(job_ids: Iterable[str], env: Mapping[str, str] | None = None) -> list[S
     return parse_sacct(_run(sacct_argv(ids), env=env)) if ids else []
 
 
+def test_only_argv(request: SlurmRequest) -> list[str]:
+    """`sbatch --test-only` for a job of this request: every option the job's own sbatch script carries (submitit's
+    renderer, the call `submit` makes: nodes, time, partition, account, qos, GPUs as --gres or --gpus-per-node,
+    CPUs, memory, constraint, exclude and the cluster's own sbatch options), but its log files."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    params = {k: v for k, v in request.as_dict().items() if k != "dependency"}
+    script = _make_sbatch_string(
+        command="true", folder="/dev/null", job_name="sft_grid-test-only", stderr_to_stdout=True, **params
+    )
+    flags = [ln.removeprefix("#SBATCH ").strip() for ln in script.splitlines() if ln.startswith("#SBATCH ")]
+    kept = [f for f in flags if not f.startswith(("--output", "--error", "--open-mode"))]
+    return ["sbatch", "--test-only", *kept, "--wrap=true"]
+
+
 def test_only(request: SlurmRequest, env: Mapping[str, str] | None = None) -> float | None:
-    """When the scheduler expects a job of this request to start, in seconds from now (`sbatch --test-only`: nothing
-    is queued); None when it cannot be asked or does not say (a site down, a request it refuses)."""
-    params = request.as_dict()
-    argv = ["sbatch", "--test-only", f"--nodes={params.get('nodes', 1)}", f"--time={params.get('time', 60)}"]
-    argv += [f"--{k}={params[k]}" for k in ("partition", "account", "qos", "constraint") if params.get(k)]
-    argv += [f"--cpus-per-task={params.get('cpus_per_task', 1)}", "--wrap=true"]
+    """When the scheduler expects a job of this request to start, in seconds from now (`sbatch --test-only` with the
+    job's own options, `test_only_argv`: nothing is queued); None when it cannot be asked or does not say (a site
+    down, a request it refuses: e.g. GPUs on a site without them)."""
+    argv = test_only_argv(request)
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=30, env={**os.environ, **env} if env else None
@@ -231,6 +282,7 @@ def test_only(request: SlurmRequest, env: Mapping[str, str] | None = None) -> fl
     # "sbatch: Job 123 to start at 2026-12-02T11:40:00 using 2 processors on nodes n1 in partition debug"
     m = _STARTS.search(done.stderr + done.stdout)
     if done.returncode != 0 or m is None:
+        log.info("%s: no start estimate: %s", " ".join(argv), (done.stderr + done.stdout).strip()[:200])
         return None
     import datetime as dt
 

@@ -1,4 +1,4 @@
-"""Layer 7, sites: where a grid's jobs run and the code they run (issue 25).
+"""Layer 7, sites: where a grid's jobs run and the code they run.
 
 - `transport`: how a site is reached: a process here, or OpenSSH with one control connection per command;
 - `snapshot`: the commit a grid is launched from, extracted once into the site's store, what every queued job runs;

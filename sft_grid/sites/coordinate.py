@@ -1,4 +1,4 @@
-"""A grid across remote sites (issue 25, items 3 and 4 over ssh): placed here, launched on each site.
+"""A grid across remote sites: placed here, launched on each site.
 
 `sites=[a, b]` naming cluster profiles that each have `remote.host` makes the machine the grid is launched from (a
 laptop) the grid's coordinator; each site keeps its own cells, runs root, Hub cache and Slurm. One invocation:
@@ -16,12 +16,19 @@ laptop) the grid's coordinator; each site keeps its own cells, runs root, Hub ca
    on one site); a cell that the grid's record sent to a site that does not answer over ssh waits for that site
    (it may be queued there and nothing can confirm otherwise: it is never queued elsewhere on a guess); every other
    cell is placed (sites/placement.py) on a site that answered, earliest expected start first, never on a site it
-   is moving away from;
+   is moving away from; a cell no site can take now waits (each named, with every site's reason: its site stays
+   silent, its only other site is the one it leaves), and the rest of the grid goes on;
 4. the record here (`<runs root here>/<grid>/.site.json`) names each placed cell's site, written before anything
    is sent, then each site whose controller answers runs the grid command for its share of the cells, those it
    holds and those placed on it (`SFT_GRID_ONLY`), from the snapshot (its refresh, as a run on one site is): its
    checks, its staging from its own login node, its model preps and tokenizations, its arrays, as a grid launched
    there. Its submissions record the site.
+
+A site let go from here (`sft-grid release GRID --site NAME`, recorded in `<runs root here>/<grid>/sites.json` with
+the cells the record had sent there): those cells no longer wait for it; they are placed on another site (never
+that one), or, let go with --cancel, placed nowhere. Their copies on that site count only once completed there;
+whenever it answers again, its own invocation gates their jobs there and records the let-go in their ledgers
+(sites/moves.py, `LET_GO_ENV`) before it answers.
 
 Killed at any point, the next invocation starts again from what the sites' files say: a cell sent to a site and
 queued there is in flight there; one whose forward did not happen is placed again.
@@ -41,7 +48,8 @@ from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.schema import ClusterConf
 from sft_grid.core.state import State
 from sft_grid.core.submission import CodeSnapshot
-from sft_grid.sites import placement, remote, snapshot
+from sft_grid.sites import facts as site_facts
+from sft_grid.sites import moves, placement, remote, snapshot
 from sft_grid.sites.placement import SiteFacts
 from sft_grid.sites.transport import SiteUnreachable, Ssh
 
@@ -80,6 +88,7 @@ def answer_json(
             "reachable": facts.reachable,
             "nodes": facts.nodes,
             "starts": [[n, m, s] for (n, m), s in sorted(facts.starts.items())],
+            "error": facts.error,
         },
         "states": dict(states),
         "moving": sorted(moving),
@@ -101,6 +110,7 @@ def parse(site: str, cluster: ClusterConf, output: str) -> Answer:
         reachable=bool(f["reachable"]),
         nodes=int(f["nodes"]),
         starts={(int(n), int(m)): float(s) for n, m, s in f["starts"]},
+        error=str(f.get("error") or ""),
     )
     return Answer(
         site=site,
@@ -119,22 +129,54 @@ class Decided:
     kept: Mapping[str, str]  # cell -> the site that holds it (completed, in flight, or ended there): its refresh
     waiting: Mapping[str, str]  # cell -> the site, not answering, that the record sent it to
     states: Mapping[str, str] = field(default_factory=dict)  # cell -> its state where it is kept
-    problems: tuple[Problem, ...] = ()
+    # cell -> why no site can take it now (every site's reason): it waits, the rest of the grid goes on
+    unplaced: Mapping[str, str] = field(default_factory=dict)
+    # cell -> the site it was let go from with --cancel: placed nowhere
+    cancelled: Mapping[str, str] = field(default_factory=dict)
 
 
-def decide(cells: Sequence[Any], answers: Sequence[Answer], recorded: Mapping[str, str]) -> Decided:
+@dataclass(frozen=True, kw_only=True)
+class LetGo:
+    """A cell the grid let go from a site (`sft-grid release`, recorded here): the site, and whether cancelled."""
+
+    site: str
+    cancel: bool = False
+
+
+def let_go_of(record: Mapping[str, Mapping[str, Any]]) -> dict[str, LetGo]:
+    """Cell name -> its let-go, from the grid's record of its sites here (sites/facts.py `read_record`)."""
+    out: dict[str, LetGo] = {}
+    for site, entry in sorted(record.items()):
+        let = entry.get("let_go") or {}
+        for name in let.get("cells") or () if isinstance(let, dict) else ():
+            out[str(name)] = LetGo(site=site, cancel=bool(let.get("cancel")))
+    return out
+
+
+def decide(
+    cells: Sequence[Any],
+    answers: Sequence[Answer],
+    recorded: Mapping[str, str],
+    let_go: Mapping[str, LetGo] = {},
+) -> Decided:
     """Each cell kept where it is, waiting for its site, or placed (see the module's docstring). Pure."""
     by_site = {a.site: a for a in answers}
     kept: dict[str, str] = {}
     waiting: dict[str, str] = {}
     avoid: dict[str, str] = {}
+    cancelled: dict[str, str] = {}
     to_place = []
     states: dict[str, str] = {}
     for cell in cells:
+        gone = let_go.get(cell.name)
         here = [
             (a.states[cell.name], a.site)
             for a in answers
-            if a.answered and cell.name in a.states and cell.name not in a.moving
+            if a.answered
+            and cell.name in a.states
+            and cell.name not in a.moving
+            # its copy on a site it was let go from counts only once completed there
+            and not (gone and gone.site == a.site and a.states[cell.name] != State.COMPLETED.value)
         ]
         silent = recorded.get(cell.name)
         # its copy: a completed one first, then one in flight, then any (it failed or was cancelled there: that
@@ -142,25 +184,29 @@ def decide(cells: Sequence[Any], answers: Sequence[Answer], recorded: Mapping[st
         ranked = sorted(here, key=lambda h: (h[0] != State.COMPLETED.value, not State(h[0]).in_flight))
         if ranked:
             states[cell.name], kept[cell.name] = ranked[0]
-        elif silent and silent in by_site and not by_site[silent].answered:
+        elif gone and gone.cancel and silent == gone.site:
+            cancelled[cell.name] = gone.site
+        elif silent and silent in by_site and not by_site[silent].answered and not (gone and gone.site == silent):
             waiting[cell.name] = silent
         else:
             moved = [a.site for a in answers if cell.name in a.moving]
-            if moved:
-                avoid[cell.name] = moved[0]
+            away = moved[0] if moved else gone.site if gone else ""
+            if away:
+                avoid[cell.name] = away
             to_place.append(cell)
     facts = [a.facts for a in answers if a.facts is not None]
     offline = [f.name for f in facts if not f.cluster.hub_reachable]
     placed: dict[str, str] = {}
-    problems: list[Problem] = []
+    unplaced: dict[str, str] = {}
     for away in sorted({avoid.get(c.name, "") for c in to_place}):
         group = [c for c in to_place if avoid.get(c.name, "") == away]
         # a cell whose Hub inputs some site without a route to the Hub lacks goes where staging reaches the Hub
         needs = [placement.need_of(c, any(c.name in by_site[s].hub for s in offline)) for c in group]
         result = placement.place(needs, [f for f in facts if f.name != away])
         placed.update(result.sites)
-        problems += result.problems
-    return Decided(placed=placed, kept=kept, waiting=waiting, states=states, problems=tuple(problems))
+        left = f" (it leaves {away})" if away else ""
+        unplaced.update({p.cell: left + ": " + p.message.split(": ", 1)[-1] for p in result.problems})
+    return Decided(placed=placed, kept=kept, waiting=waiting, states=states, unplaced=unplaced, cancelled=cancelled)
 
 
 def sites_of(profiles: Mapping[str, ClusterConf]) -> list[remote.Site]:
@@ -171,27 +217,27 @@ def sites_of(profiles: Mapping[str, ClusterConf]) -> list[remote.Site]:
         if not c.remote.host or not c.remote.root:
             problems.append(
                 Problem(
-                    "(grid)",
-                    f"sites.{name}",
-                    None,
-                    "remote-root",
-                    f"cluster {name} names no remote.root",
-                    "set remote.root in its profile: a directory on the site for sft_grid's code snapshots",
+                    cell="(grid)",
+                    key=f"sites.{name}",
+                    value=None,
+                    rule="remote-root",
+                    message=f"cluster {name} names no remote.root",
+                    fix="set remote.root in its profile: a directory on the site for sft_grid's code snapshots",
                 )
             )
         if not Path(c.runs_root).is_absolute():
             problems.append(
                 Problem(
-                    "(grid)",
-                    f"sites.{name}",
-                    c.runs_root,
-                    "remote-runs-root",
-                    f"cluster {name}'s runs_root is relative: on the site it would be relative to a code snapshot",
-                    "set runs_root in its profile to an absolute path on the site",
+                    cell="(grid)",
+                    key=f"sites.{name}",
+                    value=c.runs_root,
+                    rule="remote-runs-root",
+                    message=f"cluster {name}'s runs_root is relative: on the site it would be relative to a code"
+                    " snapshot",
+                    fix="set runs_root in its profile to an absolute path on the site",
                 )
             )
-        host, root = c.remote.host or "", c.remote.root or ""
-        found.append(remote.Site(name, host, root, c.remote.python, c.remote.ssh_config, c.runs_root))
+        found.append(remote.Site.of(name, c.remote, c.runs_root))  # its ssh timeouts and bounds with it
     if found and (own := remote.own_configs_problem("sites")) is not None:
         problems.append(own)
     if problems:
@@ -205,10 +251,23 @@ def site_argv(argv: Sequence[str], site: str) -> list[str]:
     return [*kept, f"cluster={site}"]
 
 
-def _probe(site: remote.Site, cluster: ClusterConf, code: CodeSnapshot, argv: Sequence[str], t: Ssh) -> Answer:
+def _probe(
+    site: remote.Site,
+    cluster: ClusterConf,
+    code: CodeSnapshot,
+    argv: Sequence[str],
+    t: Ssh,
+    let_go: Mapping[str, LetGo] = {},
+) -> Answer:
+    env = {PROBE_ENV: "1"}
+    gone = sorted(n for n, g in let_go.items() if g.site == site.name)
+    if gone:  # cells let go from this site: gated there before it answers (sites/moves.py)
+        env[moves.LET_GO_ENV] = ",".join(gone)
+        if any(let_go[n].cancel for n in gone):
+            env[moves.LET_GO_CANCEL_ENV] = ",".join(n for n in gone if let_go[n].cancel)
     try:
         snapshot.materialize(code, t)
-        there = remote.there(site, code.dir, ["-m", "sft_grid", *site_argv(argv, site.name)], {PROBE_ENV: "1"})
+        there = remote.there(site, code.dir, ["-m", "sft_grid", *site_argv(argv, site.name)], env)
         done = t.run(there, check=False, timeout=900)
     except SiteUnreachable as exc:
         return Answer(site=site.name, error=str(exc))
@@ -225,24 +284,37 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
     dry_run = any(c.spec.dry_run for c in cells)
     codes = dict(zip((s.name for s in sites), remote.code_for(cells, dry_run, [s.store for s in sites]), strict=True))
     transports = {s.name: s.transport() for s in sites}
+    # every site's python and sft_grid's dependencies there, before anything is sent to any of them
+    remote.check_pythons({s: transports[s.name] for s in sites})
+    sweeps = sorted({c.spec.sweep_name for c in cells})
+    let_go: dict[str, LetGo] = {}
+    for sweep in sweeps:
+        let_go.update(let_go_of(site_facts.read_record(records / sweep)))
     try:
         with ThreadPoolExecutor(max_workers=len(sites)) as pool:
-            futures = [pool.submit(_probe, s, profiles[s.name], codes[s.name], argv, transports[s.name]) for s in sites]
+            futures = [
+                pool.submit(_probe, s, profiles[s.name], codes[s.name], argv, transports[s.name], let_go) for s in sites
+            ]
             answers = [f.result() for f in futures]
-        sweeps = sorted({c.spec.sweep_name for c in cells})
         recorded: dict[str, str] = {}
         for sweep in sweeps:
             recorded.update(remote.recorded_cells(records / sweep))
-        decided = decide(cells, answers, recorded)
+        decided = decide(cells, answers, recorded, let_go)
         for a in answers:
             if not a.answered:
                 print(f"site {a.site} did not answer: {a.error}", file=sys.stderr, flush=True)
             elif a.facts is not None and not a.facts.reachable:
-                print(f"site {a.site}: its Slurm controller did not answer", file=sys.stderr, flush=True)
-        if decided.problems:
-            raise GridError(list(decided.problems), "the sites")
+                why = f": {a.facts.error}" if a.facts.error else ""
+                print(f"site {a.site}: its Slurm controller did not answer{why}", file=sys.stderr, flush=True)
         for name, site in sorted(decided.waiting.items()):
             print(f"  {name}: waits for site {site} (sent there, which does not answer)", flush=True)
+        for name, why in sorted(decided.unplaced.items()):
+            print(f"  {name}: waiting{why}; the next run places it once a site can take it", flush=True)
+        for name, site in sorted(decided.cancelled.items()):
+            print(f"  {name}: cancelled (its site {site} was let go with --cancel)", flush=True)
+        for name, site in sorted(decided.placed.items()):
+            if name in let_go:
+                print(f"  {name}: placed on {site} (its site {let_go[name].site} was let go)", flush=True)
         counts: dict[str, int] = {}
         for state in decided.states.values():
             counts[state] = counts.get(state, 0) + 1
@@ -250,7 +322,8 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
         print(
             f"grid of {len(cells)} cell(s) across {len(sites)} site(s): {len(decided.kept)} on a site"
             + (f" ({held})" if held else "")
-            + f", {len(decided.waiting)} waiting for their site, {len(decided.placed)} to place",
+            + f", {len(decided.waiting)} waiting for their site, {len(decided.placed)} to place"
+            + (f", {len(decided.unplaced)} waiting for a site that can take them" if decided.unplaced else ""),
             flush=True,
         )
         if not dry_run:
@@ -278,7 +351,7 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
                 s, codes[s.name].dir, ["-m", "sft_grid", *site_argv(argv, s.name)], {ONLY_ENV: ",".join(share)}
             )
             try:
-                status = transports[s.name].stream(there) or status
+                status = transports[s.name].stream(there, timeout=s.launch_timeout_s) or status
             except SiteUnreachable as exc:
                 print(f"site {s.name} stopped answering: {exc}. Run the same command again", file=sys.stderr)
                 status = 1

@@ -1,4 +1,4 @@
-"""One grid across several sites (issue 25, item 3): each cell placed on one site where it is feasible.
+"""One grid across several sites: each cell placed on one site where it is feasible.
 
 `sites: [a, b]` (a top-level key of the sweep; not identity) names cluster profiles (`conf/cluster/<name>.yaml`).
 Each cell that is to be queued goes to one of them:
@@ -9,13 +9,16 @@ Each cell that is to be queued goes to one of them:
   compute nodes only where they have it, and a cell whose Hub inputs are still to be staged only where staging
   reaches the Hub (`hub_reachable`); the node-hours the account has left, where the site reports them
   (`allocation_node_h`), cover it; the site answered (`reachable`);
-- preferred: the earliest expected start. The scheduler's own estimate for a job of the cell's shape (`sbatch
-  --test-only`, asked by `observe`, never here) plus the work this placement already put there, spread over the
-  site's nodes; ties go to the site named first.
+- preferred: the earliest expected start. The scheduler's own estimate for the cell's training job on that site
+  (`sbatch --test-only` with the job's own request, asked by `observe`, never here) plus the work this placement
+  already put there, spread over the site's nodes; a site whose scheduler gave no estimate (it refused the request,
+  or did not say) is unknown, ranked after every site with a known one, among its kind by that work alone; ties go
+  to the site named first.
 
-A cell no site can take is refused with every site's reason, before anything is queued. `place` is pure: the same
-cells, facts and estimates give the same placement (tests/test_placement.py). A cell that was queued before keeps
-the site its ledger names (its record); only a cell that is to be queued is placed.
+A cell no site can take now is not placed: its problem names every site's reason (the caller makes it wait; a cell
+no site could ever take is refused before anything is written, `static_problems`). `place` is pure: the same cells,
+facts and estimates give the same placement (tests/test_placement.py). A cell that was queued before keeps the site
+its ledger names (its record); only a cell that is to be queued is placed.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ class SiteFacts:
     reachable: bool = True
     # the site's nodes (sinfo), over which its queued work spreads; 1 when not known
     nodes: int = 1
-    # (nodes, minutes) of a job -> seconds until the scheduler expects it to start (sbatch --test-only)
+    # (nodes, minutes) of a cell's training job -> seconds until the scheduler expects it to start (sbatch
+    # --test-only with the job's request); a shape missing here has no estimate: unknown
     starts: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    error: str = ""  # why it did not answer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,10 +119,12 @@ def refusal(need: Need, site: SiteFacts) -> tuple[str, object, str] | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Placement:
-    """Cell name -> the site it goes to; the problems of cells no site can take."""
+    """Cell name -> the site it goes to, and when it is expected to start there (seconds from now, the work placed
+    before it included; None: the site's scheduler gave no estimate); the problems of cells no site can take."""
 
     sites: Mapping[str, str]
     problems: tuple[Problem, ...] = ()
+    starts: Mapping[str, float | None] = field(default_factory=dict)
 
 
 def place(needs: Sequence[Need], facts: Sequence[SiteFacts]) -> Placement:
@@ -126,9 +133,11 @@ def place(needs: Sequence[Need], facts: Sequence[SiteFacts]) -> Placement:
     spent = {s.name: 0.0 for s in facts}  # node-hours against each site's allocation
     order = {s.name: i for i, s in enumerate(facts)}
     placed: dict[str, str] = {}
+    starts: dict[str, float | None] = {}
     problems: list[Problem] = []
     for need in needs:
-        feasible: list[tuple[float, int, str]] = []
+        # (unknown, expected start, order, site): every known estimate before any unknown one
+        feasible: list[tuple[bool, float, int, str]] = []
         reasons: list[tuple[str, object, str]] = []
         for site in facts:
             why = refusal(need, site)
@@ -138,28 +147,30 @@ def place(needs: Sequence[Need], facts: Sequence[SiteFacts]) -> Placement:
             if why is not None:
                 reasons.append(why)
                 continue
-            start = site.starts.get(need.shape, 0.0) + backlog[site.name] / max(1, site.nodes)
-            feasible.append((start, order[site.name], site.name))
+            known = site.starts.get(need.shape)
+            start = (known or 0.0) + backlog[site.name] / max(1, site.nodes)
+            feasible.append((known is None, start, order[site.name], site.name))
         if not feasible:
             key, value, _ = next((r for r in reasons if r[0] != "sites"), reasons[0]) if reasons else ("sites", (), "")
             problems.append(
                 Problem(
-                    need.cell,
-                    key,
-                    value,
-                    "site-feasible",
-                    "no site of the grid can run this cell: " + "; ".join(r[2] for r in reasons)
+                    cell=need.cell,
+                    key=key,
+                    value=value,
+                    rule="site-feasible",
+                    message="no site of the grid can run this cell: " + "; ".join(r[2] for r in reasons)
                     if reasons
                     else "the grid names no site",
-                    f"change {key} to what one of the sites offers, or add a site that offers it to sites=[...]",
+                    fix=f"change {key} to what one of the sites offers, or add a site that offers it to sites=[...]",
                 )
             )
             continue
-        _, _, best = min(feasible)
+        unknown, start, _, best = min(feasible)
         placed[need.cell] = best
+        starts[need.cell] = None if unknown else start
         backlog[best] += need.minutes * 60 * need.nodes
         spent[best] += need.node_h
-    return Placement(sites=placed, problems=tuple(problems))
+    return Placement(sites=placed, problems=tuple(problems), starts=starts)
 
 
 def profiles(cells: Sequence[Any]) -> tuple[dict[str, ClusterConf], list[Problem]]:
@@ -181,12 +192,12 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
     if len(lists) > 1:
         problems.append(
             Problem(
-                "(grid)",
-                "sites",
-                sorted(lists),
-                "one-sites-list",
-                "the grid's cells name different lists of sites",
-                "set sites=[...] once for the whole sweep",
+                cell="(grid)",
+                key="sites",
+                value=sorted(lists),
+                rule="one-sites-list",
+                message="the grid's cells name different lists of sites",
+                fix="set sites=[...] once for the whole sweep",
             )
         )
         return {}, problems
@@ -202,7 +213,14 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
         if path is None:
             known = ", ".join(project.options("cluster"))
             problems.append(
-                Problem("(grid)", "sites", name, "site-known", f"no conf/cluster/{name}.yaml", f"name one of {known}")
+                Problem(
+                    cell="(grid)",
+                    key="sites",
+                    value=name,
+                    rule="site-known",
+                    message=f"no conf/cluster/{name}.yaml",
+                    fix=f"name one of {known}",
+                )
             )
             continue
         try:
@@ -211,7 +229,16 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
             if not type(exc).__module__.startswith(("yaml", "omegaconf")):
                 raise
             first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            problems.append(Problem("(grid)", "sites", name, "site-profile", f"{path}: {first}", "fix the profile"))
+            problems.append(
+                Problem(
+                    cell="(grid)",
+                    key="sites",
+                    value=name,
+                    rule="site-profile",
+                    message=f"{path}: {first}",
+                    fix="fix the profile",
+                )
+            )
             continue
         assert isinstance(cluster, ClusterConf)
         cluster = replace(cluster, name=name)  # the site's name is the list's (each job's gate, the ledgers)
@@ -222,12 +249,13 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
         if cluster.executor != "slurm":
             problems.append(
                 Problem(
-                    "(grid)",
-                    "sites",
-                    name,
-                    "site-slurm-here",
-                    f"a grid across sites places its cells on Slurm clusters; {name} has executor={cluster.executor}",
-                    "name Slurm cluster profiles (executor: slurm)",
+                    cell="(grid)",
+                    key="sites",
+                    value=name,
+                    rule="site-slurm-here",
+                    message=f"a grid across sites places its cells on Slurm clusters; {name} has"
+                    f" executor={cluster.executor}",
+                    fix="name Slurm cluster profiles (executor: slurm)",
                 )
             )
             continue
@@ -235,14 +263,14 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
     if remote and len(remote) != len(found):
         problems.append(
             Problem(
-                "(grid)",
-                "sites",
-                sorted(found),
-                "site-slurm-here",
-                f"a grid across sites reaches all of its sites over ssh, or none: {', '.join(remote)} "
+                cell="(grid)",
+                key="sites",
+                value=sorted(found),
+                rule="site-slurm-here",
+                message=f"a grid across sites reaches all of its sites over ssh, or none: {', '.join(remote)} "
                 f"{'is' if len(remote) == 1 else 'are'} remote (remote.host), "
                 f"{', '.join(sorted(set(found) - set(remote)))} not",
-                "name only remote profiles (each with remote.host), or only Slurm clusters whose clients run here",
+                fix="name only remote profiles (each with remote.host), or only Slurm clusters whose clients run here",
             )
         )
     return found, problems

@@ -1,12 +1,13 @@
-"""A grid on a remote site, driven from the machine it is launched from (issue 25, item 1).
+"""A grid on a remote site, driven from the machine it is launched from.
 
 A cluster with `remote.host` (a Host of the user's ssh config) and `remote.root` is reached over OpenSSH
 (sites/transport.py: one control connection for the whole command, closed at its end). Launching a grid there:
 
 1. here: compose, validate (every rule over every cell, raised before anything is written or sent) and the
    checkout's gate (sites/snapshot.py: a checkout with uncommitted changes is refused, naming the files);
-2. over ssh: the launch's commit is extracted once into `<remote.root>/code/<key>` (a `git archive` stream: the site
-   needs neither the git remote nor git);
+2. over ssh: the site's python is checked (`check_python`: its version and sft_grid's dependencies within
+   pyproject.toml's ranges, refused in one line before anything is sent); the launch's commit is extracted once into
+   `<remote.root>/code/<key>` (a `git archive` stream: the site needs neither the git remote nor git);
 3. over the same connection: the site runs the grid command with the same arguments, from that snapshot, with the
    site's python: the checks that need the site's files, environments and Hub cache, the staging, the rendering
    into the site's runs root and the sbatch calls happen there, and its output streams back here. Its jobs run the
@@ -25,30 +26,39 @@ snapshot).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shlex
 import sys
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.submission import CodeSnapshot
 from sft_grid.sites import snapshot
 from sft_grid.sites.placement import ON_SITE_ENV
-from sft_grid.sites.transport import Ssh
+from sft_grid.sites.transport import TIMEOUT_S, SiteUnreachable, Ssh, Transport, one_line
+
+if TYPE_CHECKING:
+    from sft_grid.core.schema import RemoteConf
 
 RECORD = ".site.json"
 # commands that read or act on a launched grid: run on its site when the grid is remote
 FORWARDED = ("status", "logs", "cancel", "results", "report")
 CODE_DIR = "code"
+LAUNCH_TIMEOUT_S = 43200  # a launch's run on the site, streamed here (RemoteConf.launch_timeout_s's default)
 
 
 @dataclass(frozen=True)
 class Site:
-    """A remote site as a grid's cells name it."""
+    """A remote site as a grid's cells name it: where it is, and how long its connections and commands may take
+    (the profile's `remote:` section; None: the ssh config's own, else sites/transport.py's defaults)."""
 
     name: str  # the cluster config's name
     host: str
@@ -56,9 +66,44 @@ class Site:
     python: str
     ssh_config: str | None
     runs_root: str  # the cells' runs root, on the site
+    connect_timeout_s: int | None = None
+    alive_interval_s: int | None = None
+    alive_count_max: int | None = None
+    timeout_s: int = TIMEOUT_S
+    launch_timeout_s: int = LAUNCH_TIMEOUT_S
 
-    def transport(self) -> Ssh:
-        return Ssh(self.host, Path(self.ssh_config) if self.ssh_config else None, name=self.name)
+    @classmethod
+    def of(cls, name: str, remote: RemoteConf, runs_root: str) -> Site:
+        """The site of cluster profile `name` (its `remote:` section, a RemoteConf, and its runs root there)."""
+        return cls(
+            name,
+            remote.host or "",
+            remote.root or "",
+            remote.python,
+            remote.ssh_config,
+            runs_root,
+            connect_timeout_s=remote.connect_timeout_s,
+            alive_interval_s=remote.alive_interval_s,
+            alive_count_max=remote.alive_count_max,
+            timeout_s=remote.timeout_s,
+            launch_timeout_s=remote.launch_timeout_s,
+        )
+
+    def transport(self, check: bool = True) -> Ssh:
+        """Its ssh transport. `check`: before the first command, the site's python is checked (`check_python`):
+        what launches a grid there sends nothing to a python that cannot run it. The commands that read a launched
+        grid run the snapshot it was launched with, whose dependencies may differ from this checkout's: they pass
+        False."""
+        return Ssh(
+            self.host,
+            Path(self.ssh_config) if self.ssh_config else None,
+            name=self.name,
+            connect_timeout_s=self.connect_timeout_s,
+            alive_interval_s=self.alive_interval_s,
+            alive_count_max=self.alive_count_max,
+            timeout_s=self.timeout_s,
+            before=functools.partial(check_python, self) if check else None,
+        )
 
     @property
     def store(self) -> Path:
@@ -75,13 +120,14 @@ def own_configs_problem(key: str) -> Problem | None:
     if not dirs:
         return None
     return Problem(
-        "(grid)",
-        key,
-        ", ".join(map(str, dirs)),
-        "remote-configs",
-        "a remote site composes the cells from sft_grid's shipped configs only: these config folders would not be"
+        cell="(grid)",
+        key=key,
+        value=", ".join(map(str, dirs)),
+        rule="remote-configs",
+        message="a remote site composes the cells from sft_grid's shipped configs only: these config folders would"
+        " not be"
         " there, so it would train other cells",
-        "launch the grid on the site itself (its own checkout of this repository, sft_grid installed there), or put"
+        fix="launch the grid on the site itself (its own checkout of this repository, sft_grid installed there), or put"
         " the options it needs into a checkout of sft_grid that the site runs",
     )
 
@@ -100,23 +146,16 @@ def site_of(cells: Sequence[Any]) -> Site | None:
         if not remote.root:
             problems.append(
                 Problem(
-                    cell.name,
-                    "cluster.remote.root",
-                    None,
-                    "remote-root",
-                    f"cluster {cell.spec.cluster.name} names remote.host {remote.host} but no remote.root",
-                    "set cluster.remote.root to a directory on the site for sft_grid's code snapshots",
+                    cell=cell.name,
+                    key="cluster.remote.root",
+                    value=None,
+                    rule="remote-root",
+                    message=f"cluster {cell.spec.cluster.name} names remote.host {remote.host} but no remote.root",
+                    fix="set cluster.remote.root to a directory on the site for sft_grid's code snapshots",
                 )
             )
             continue
-        site = Site(
-            cell.spec.cluster.name,
-            remote.host,
-            remote.root,
-            remote.python,
-            remote.ssh_config,
-            str(cell.runs_root),
-        )
+        site = Site.of(cell.spec.cluster.name, remote, str(cell.runs_root))
         sites.setdefault(site, []).append(cell.name)
     if not sites and not problems:
         return None
@@ -127,12 +166,12 @@ def site_of(cells: Sequence[Any]) -> Site | None:
         first = sorted(sites, key=lambda s: s.name)[0]
         problems.append(
             Problem(
-                "(grid)",
-                "cluster",
-                ", ".join(sorted({s.name for s in sites} | ({"here"} if local else set()))),
-                "one-site",
-                "a grid runs on one site: its cells name several",
-                f"name the sites in sites=[...] to spread one grid over them (each cell placed on one), or launch "
+                cell="(grid)",
+                key="cluster",
+                value=", ".join(sorted({s.name for s in sites} | ({"here"} if local else set()))),
+                rule="one-site",
+                message="a grid runs on one site: its cells name several",
+                fix=f"name the sites in sites=[...] to spread one grid over them (each cell placed on one), or launch "
                 f"the cells of each site as a grid of its own (e.g. cluster={first.name})",
             )
         )
@@ -159,6 +198,188 @@ def there(site: Site, code_dir: Path, argv: Sequence[str], env: Mapping[str, str
     ]
 
 
+# -- the site's python ------------------------------------------------------------------------------------------
+
+# what the site's python says of itself: its version, and each distribution's installed version and whether its
+# module is found (importlib.metadata and find_spec: nothing is imported). Python 2.7 and 3.x alike run it, so an old
+# python is named by its version, not by a syntax error; argv: [[distribution, module], ...] as JSON.
+PYTHON_CHECK = r"""
+import json, sys
+found = {"version": ".".join(str(v) for v in sys.version_info[:3]), "executable": sys.executable, "packages": None}
+if sys.version_info >= (3, 8):
+    from importlib import metadata, util
+    found["packages"] = {}
+    for dist, module in json.loads(sys.argv[1]):
+        try:
+            version = metadata.version(dist)
+        except Exception:
+            version = None
+        try:
+            there = util.find_spec(module) is not None
+        except Exception:
+            there = False
+        found["packages"][dist] = [version, there]
+sys.stdout.write("sft_grid-python: " + json.dumps(found) + "\n")
+"""
+PYTHON_MARK = "sft_grid-python: "
+# a distribution whose module is not its name (the others: the name, - as _)
+MODULES = {"hydra-core": "hydra", "pyyaml": "yaml"}
+
+
+class SitePythonError(GridError):
+    """A site's python that cannot run sft_grid, refused before anything is sent there: one line a site (its name,
+    the python, what is wrong, the fix)."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self.lines = list(lines)
+        super().__init__(
+            [
+                Problem(
+                    cell="(grid)", key="cluster.remote.python", value=None, rule="site-python", message=line, fix=""
+                )
+                for line in self.lines
+            ],
+            "the sites' pythons",
+        )
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+@functools.cache
+def requirements() -> tuple[str, tuple[tuple[str, str, str], ...]]:
+    """sft_grid's python (`requires-python`) and its dependencies (each its requirement as written, its distribution's
+    name and its module), as the commit a launch ships has them: this checkout's pyproject.toml (a deciding path:
+    shipped as it is), else the installed package's metadata."""
+    import tomllib
+    from importlib import metadata
+
+    from packaging.requirements import Requirement  # hydra-core's own dependency, so wherever sft_grid is
+
+    pyproject = REPO_ROOT / "pyproject.toml"
+    if pyproject.is_file():
+        project = tomllib.loads(pyproject.read_text())["project"]
+        python, deps = str(project.get("requires-python") or ""), [str(d) for d in project.get("dependencies", [])]
+    else:
+        python = str(metadata.metadata("sft_grid")["Requires-Python"] or "")
+        deps = [d for d in metadata.requires("sft_grid") or [] if "extra ==" not in d]
+    out = []
+    for dep in deps:
+        name = Requirement(dep).name
+        out.append((dep, name, MODULES.get(name.lower(), name.lower().replace("-", "_"))))
+    return python, tuple(out)
+
+
+def python_problem(site: Site, said: str, stderr: str, returncode: int) -> str:
+    """The refusal of a site's python, one line, from what it said of itself ("" when it can run sft_grid)."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    needs_python, deps = requirements()
+    head = f"site {site.name}: remote.python {site.python}"
+    fix = (
+        f"set remote.python=/path/to/python3.11 in the {site.name} profile (or cluster.remote.python=... when"
+        " launching)"
+    )
+    line = next((ln for ln in said.splitlines() if ln.startswith(PYTHON_MARK)), None)
+    if line is None:
+        why = one_line(stderr, 200) or f"exit status {returncode}, no answer"
+        return f"{head} does not run there ({why}); fix: {fix}, a python {needs_python} with sft_grid's dependencies"
+    try:
+        found = json.loads(line[len(PYTHON_MARK) :])
+        version = str(found.get("version") or "")
+        old = bool(needs_python) and Version(version) not in SpecifierSet(needs_python)
+    except (ValueError, AttributeError):
+        return f"{head} does not run there (it said {one_line(line, 200)}); fix: {fix}"
+    executable = str(found.get("executable") or "")
+    named = f"{head} is Python {version}" + (f" ({executable})" if executable not in ("", site.python) else "")
+    if old:
+        return f"{named}; sft_grid needs Python {needs_python}; fix: {fix}"
+    packages = found.get("packages") or {}
+    missing: list[str] = []
+    outside: list[str] = []
+    install: list[str] = []
+    for dep, dist, _module in deps:
+        req = Requirement(dep)
+        if req.marker is not None and not req.marker.evaluate(
+            {"python_version": ".".join(version.split(".")[:2]), "python_full_version": version, "extra": ""}
+        ):
+            continue
+        installed, importable = packages.get(dist, [None, False])
+        try:
+            ok = importable and installed is not None and req.specifier.contains(Version(installed), prereleases=True)
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            wanted = dep.split(";")[0].strip()  # as pyproject.toml writes it
+            if installed is None or not importable:
+                missing.append(dist)
+            else:
+                outside.append(f"{dist} {installed}, needs {wanted}")
+            install.append(shlex.quote(wanted))
+    if not install:
+        return ""
+    said = "; ".join(
+        ([f"not installed: {', '.join(missing)}"] if missing else [])
+        + ([f"outside sft_grid's ranges: {', '.join(outside)}"] if outside else [])
+    )
+    return (
+        f"{named}, without sft_grid's dependencies ({said}); fix: {site.python} -m pip install {' '.join(install)}"
+        " on the site, or set remote.python to a python that has them"
+    )
+
+
+_CHECKED: dict[tuple[str, str, str | None, str], str] = {}  # (site, host, ssh config, python) -> its refusal, or ""
+_CHECKING = threading.Lock()
+
+
+def python_refusal(site: Site, transport: Transport) -> str:
+    """Whether the site's python can run sft_grid: "" when it can, else the one-line refusal. Asked once an
+    invocation for each (site, python): one command on the site, which sends nothing else. Raises SiteUnreachable
+    when the site does not answer (not remembered: the next command asks again)."""
+    key = (site.name, site.host, site.ssh_config, site.python)
+    with _CHECKING:
+        if key in _CHECKED:
+            return _CHECKED[key]
+    _, deps = requirements()
+    payload = json.dumps([[dist, module] for _, dist, module in deps])
+    done = transport.run([site.python, "-c", PYTHON_CHECK, payload], check=False)
+    refusal = python_problem(
+        site, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"), done.returncode
+    )
+    with _CHECKING:
+        _CHECKED[key] = refusal
+    return refusal
+
+
+def check_python(site: Site, transport: Transport) -> None:
+    """Refuse a site whose python cannot run sft_grid (SitePythonError), before anything is sent there: a python
+    older than sft_grid's `requires-python`, or without its dependencies at versions within pyproject.toml's ranges
+    (RHEL 8's and 9's python3 are 3.6 and 3.9)."""
+    refusal = python_refusal(site, transport)
+    if refusal:
+        raise SitePythonError([refusal])
+
+
+def check_pythons(sites: Mapping[Site, Transport]) -> None:
+    """`check_python` of several sites at once (a grid across sites: each site's python asked before anything is
+    sent to any of them), every refusal in one SitePythonError; a site that does not answer is left to the caller's
+    first command there (SiteUnreachable, as any)."""
+    items = list(sites.items())
+
+    def one(item: tuple[Site, Transport]) -> str:
+        try:
+            return python_refusal(*item)
+        except SiteUnreachable:
+            return ""
+
+    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+        refusals = [r for r in pool.map(one, items) if r]
+    if refusals:
+        raise SitePythonError(refusals)
+
+
 def code_for(cells: Sequence[Any], dry_run: bool, stores: Sequence[Path]) -> list[CodeSnapshot]:
     """The launch's snapshot (sites/snapshot.py: a dirty checkout refused, naming the files) as each remote site
     keeps it, in `stores[i]/<key>`: the checkout read once for all of them. Raises GridError outside a git checkout:
@@ -168,12 +389,12 @@ def code_for(cells: Sequence[Any], dry_run: bool, stores: Sequence[Path]) -> lis
         raise GridError(
             [
                 Problem(
-                    "(grid)",
-                    "checkout",
-                    str(REPO_ROOT),
-                    "git-checkout",
-                    "a remote site runs a snapshot of a commit: sft_grid here is not a git checkout",
-                    "launch from a git clone of the project",
+                    cell="(grid)",
+                    key="checkout",
+                    value=str(REPO_ROOT),
+                    rule="git-checkout",
+                    message="a remote site runs a snapshot of a commit: sft_grid here is not a git checkout",
+                    fix="launch from a git clone of the project",
                 )
             ],
             "the checkout",
@@ -182,13 +403,14 @@ def code_for(cells: Sequence[Any], dry_run: bool, stores: Sequence[Path]) -> lis
 
 
 def launch(cells: Sequence[Any], site: Site, argv: Sequence[str], dry_run: bool, records: Path) -> int:
-    """Ship the launch's commit to the site once, then run the grid command (`argv`, Hydra's arguments) there from
-    it, its output streamed here; record the site for the grid's later commands. Returns its exit status."""
+    """Check the site's python, ship the launch's commit to the site once, then run the grid command (`argv`,
+    Hydra's arguments) there from it, its output streamed here (within `launch_timeout_s`); record the site for the
+    grid's later commands. Returns its exit status. Raises SitePythonError (nothing sent) and SiteUnreachable."""
     (code,) = code_for(cells, dry_run, [site.store])
-    transport = site.transport()
+    transport = site.transport()  # its first command checks the site's python: nothing is sent to one that fails
     try:
         snapshot.materialize(code, transport)
-        status = transport.stream(there(site, code.dir, ["-m", "sft_grid", *argv]))
+        status = transport.stream(there(site, code.dir, ["-m", "sft_grid", *argv]), timeout=site.launch_timeout_s)
     finally:
         transport.close()
     sweeps = sorted({c.spec.sweep_name for c in cells})
@@ -236,6 +458,9 @@ def _load(grid_here: Path) -> dict[str, Any] | None:
     return data
 
 
+_SITE_FIELDS = frozenset(f.name for f in fields(Site))  # a record's keys that are a Site's (a later version adds)
+
+
 def read_record(grid_here: Path, anywhere: bool = False) -> list[Placed] | None:
     """The grid's sites, as its record here names them; None when it has none (or this is a site's own
     invocation, unless `anywhere`)."""
@@ -244,7 +469,7 @@ def read_record(grid_here: Path, anywhere: bool = False) -> list[Placed] | None:
         return None
     return [
         Placed(
-            site=Site(**entry["site"]),
+            site=Site(**{k: v for k, v in entry["site"].items() if k in _SITE_FIELDS}),
             code_dir=Path(entry["code_dir"]),
             code=entry.get("code", ""),
             commit=entry.get("commit", ""),
@@ -295,10 +520,11 @@ def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> in
     args_there = site_args(args, grid, grid_here, site)
     # which site answers, on stderr: stdout stays the command's own (a table, csv, json)
     print(f"grid {grid_here.name} on site {site.name} ({site.host}:{site.runs_root})", file=sys.stderr, flush=True)
-    transport = site.transport()
+    transport = site.transport(check=False)
     try:
         if command != "report":
-            return transport.stream(there(site, code_dir, command_there(command, args_there)))
+            bound = None if until_stopped(command, args) else site.timeout_s
+            return transport.stream(there(site, code_dir, command_there(command, args_there)), timeout=bound)
         done = transport.run(there(site, code_dir, command_there(command, args_there)), check=False)
         sys.stderr.write(done.stderr.decode(errors="replace"))
         if done.returncode != 0:
@@ -309,5 +535,23 @@ def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> in
             local.write_bytes(transport.run(["cat", remote_path]).stdout)
             print(local)
         return 0
+    except SiteUnreachable as exc:
+        print(f"site {site.name} did not answer: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         transport.close()
+
+
+def until_stopped(command: str, args: Sequence[str]) -> bool:
+    """Whether the command runs until its user stops it or its grid ends (`status --watch`, `logs --follow`): no
+    bound on its time, the connection's keepalive its only limit."""
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser(add_help=False)
+    importlib.import_module(f"sft_grid.cli.cmd_{command}").add_arguments(parser)
+    try:
+        parsed, _ = parser.parse_known_args(list(args))
+    except SystemExit:  # the site's own parser says what is wrong
+        return False
+    return bool(getattr(parsed, "watch", False) or getattr(parsed, "follow", False))

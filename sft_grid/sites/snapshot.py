@@ -1,4 +1,4 @@
-"""The code a queued job runs is the commit the grid was launched from (issue 25, item 2).
+"""The code a queued job runs is the commit the grid was launched from.
 
 A Slurm job used to import the `sft_grid` of the live checkout it was submitted from, so a `git pull` or an edit
 while its cells waited in the queue changed the code they ran. Now a launch that queues Slurm jobs:
@@ -131,13 +131,14 @@ def find(cells: Sequence[Any], dry_run: bool, root: Path = REPO_ROOT, store: Pat
 def refusal(root: Path, changed: Sequence[str]) -> Problem:
     shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
     return Problem(
-        "(grid)",
-        "checkout",
-        shown,
-        "committed-code",
-        f"{root} has uncommitted or untracked changes under the paths that decide cells ({', '.join(DECIDING)}):"
+        cell="(grid)",
+        key="checkout",
+        value=shown,
+        rule="committed-code",
+        message=f"{root} has uncommitted or untracked changes under the paths that decide cells"
+        f" ({', '.join(DECIDING)}):"
         " queued jobs run a snapshot of a commit, so these changes would not be what the cells run",
-        "commit them (or stash or remove them) and launch again; or ship them as they are with ship_dirty=true"
+        fix="commit them (or stash or remove them) and launch again; or ship them as they are with ship_dirty=true"
         " (recorded in each cell's ledger)",
     )
 

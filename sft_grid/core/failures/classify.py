@@ -217,7 +217,7 @@ def _exception_findings(lines: Sequence[Line], sign_found: Sequence[_Finding]) -
             found.append(_Finding(F.BACKEND_ERROR, signs.EXCEPTION, cause.index, evidence, named=True))
         elif i == len(chains) - 1:
             # the run's last exception: the user's if it is their code or config failing before training started
-            # (issue 29's rule), else nothing says whose fault it is: not the user's
+            # (rule), else nothing says whose fault it is: not the user's
             if _early_user_error(chain, lines, sign_found):
                 found.append(_Finding(F.BACKEND_ERROR, signs.EXCEPTION, cause.index, evidence, named=True))
             else:

@@ -350,23 +350,23 @@ class StagingPlan:
             for cell, key in item.users:
                 out.append(
                     Problem(
-                        cell,
-                        key,
-                        item.wanted.repo_id,
-                        f"staging-{_rule(item.error)}",
-                        message,
-                        fix or "see the message",
+                        cell=cell,
+                        key=key,
+                        value=item.wanted.repo_id,
+                        rule=f"staging-{_rule(item.error)}",
+                        message=message,
+                        fix=fix or "see the message",
                     )
                 )
         out.extend(
             Problem(
-                "<grid>",
-                "cluster.hf_cache",
-                str(s.cache),
-                "staging-space",
-                f"staging needs {human.size(s.to_fetch)} more in {s.cache}, but its filesystem has"
+                cell="<grid>",
+                key="cluster.hf_cache",
+                value=str(s.cache),
+                rule="staging-space",
+                message=f"staging needs {human.size(s.to_fetch)} more in {s.cache}, but its filesystem has"
                 f" {human.size(s.free)} free (and {human.size(s.reserve)} is kept in reserve)",
-                "free space there, or point the cluster's hf_cache at a filesystem with room"
+                fix="free space there, or point the cluster's hf_cache at a filesystem with room"
                 " (a project or scratch area, not $HOME)",
             )
             for s in self.space

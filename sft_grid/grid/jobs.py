@@ -53,6 +53,7 @@ from sft_grid.grid.decide import Action, BaseDecision, Decision
 from sft_grid.planning.cells import layout_for
 from sft_grid.planning.evaluation import suites_of
 from sft_grid.planning.inputs import Prep, prep_for
+from sft_grid.sites import facts as site_facts
 from sft_grid.stages import prep as prep_stage
 from sft_grid.stages import tokenize as tokenize_stage
 from sft_grid.stages.post_training import stages_for
@@ -270,32 +271,10 @@ POST_TIME_MIN = 120
 
 
 def request_for(spec: CellConf, timeout_min: int) -> SlurmRequest:
-    """The sbatch request of a cell."""
-    c = spec.cluster
-    params: dict[str, Any] = {
-        "time": timeout_min,
-        # the cell's own, or the fewest that fit (planning/gpus.py)
-        "nodes": spec.nodes if spec.nodes is not None else layout_for(spec).nodes,
-        "ntasks_per_node": 1,  # one launcher per node: torchrun/accelerate start the ranks
-        "cpus_per_task": c.cpus_per_node,
-        # USR2 this long before the limit: the job checkpoints, requeues itself and resumes
-        "signal_delay_s": min(120, max(30, timeout_min * 60 // 10)),
-        "additional_parameters": tuple(sorted({"requeue": True, **c.sbatch_extra}.items())),
-        # a node whose launcher fails ends the whole step: the others would wait at the rendezvous forever
-        "srun_args": ("--kill-on-bad-exit=1",),
-    }
-    for key in ("partition", "account", "qos", "constraint", "exclude"):
-        if getattr(c, key):
-            params[key] = getattr(c, key)
-    if c.mem_gb:
-        params["mem"] = f"{c.mem_gb}GB"
-    if c.gpus_per_node and c.gpu_directive == "gpus_per_node":
-        params["gpus_per_node"] = c.gpus_per_node
-    elif c.gpus_per_node and c.gpu_directive == "gres":
-        params["gres"] = f"gpu:{c.gpus_per_node}"
-    return SlurmRequest(
-        tuple(sorted(params.items())), c.max_requeues, tuple(sorted(c.client_env.items())), site_of(spec)
-    )
+    """The sbatch request of a cell: its site's request (sites/facts.py: the same one `sbatch --test-only` is asked
+    with) for its nodes, the cell's own or the fewest that fit (planning/gpus.py)."""
+    nodes = spec.nodes if spec.nodes is not None else layout_for(spec).nodes
+    return site_facts.request_at(spec.cluster, nodes, timeout_min, site_of(spec))
 
 
 def post_request_for(spec: CellConf, needs_hub: bool) -> SlurmRequest:

@@ -35,16 +35,18 @@ SITES_FILE = "sites.json"
 
 
 def request_at(cluster: ClusterConf, nodes: int, minutes: int, site: str = "") -> SlurmRequest:
-    """The sbatch request of a cell's training job of `nodes` x `minutes` on this site, as grid/jobs.py's
-    `request_for` builds it for a cell placed there (tests/test_placement.py holds the two equal)."""
+    """The sbatch request of a cell's training job of `nodes` x `minutes` on this site: what grid/jobs.py queues for
+    a cell placed there (`request_for`), and what `sbatch --test-only` is asked for its expected start."""
     c = cluster
     params: dict[str, Any] = {
         "time": minutes,
         "nodes": nodes,
-        "ntasks_per_node": 1,
+        "ntasks_per_node": 1,  # one launcher per node: torchrun/accelerate start the ranks
         "cpus_per_task": c.cpus_per_node,
+        # USR2 this long before the limit: the job checkpoints, requeues itself and resumes
         "signal_delay_s": min(120, max(30, minutes * 60 // 10)),
         "additional_parameters": tuple(sorted({"requeue": True, **c.sbatch_extra}.items())),
+        # a node whose launcher fails ends the whole step: the others would wait at the rendezvous forever
         "srun_args": ("--kill-on-bad-exit=1",),
     }
     for key in ("partition", "account", "qos", "constraint", "exclude"):

@@ -158,8 +158,9 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     return [c for c, cell in zip(composed, cells, strict=True) if cell.name in keep], lines, effects
 
 
-# the fewest sizes a recipe's fit needs: the law E + A N^-alpha has three parameters, and a band needs a point more
-MIN_SIZES = 4
+# the fewest sizes a recipe's fit needs: the law E + A N^-alpha has three parameters (three sizes fit it exactly,
+# with no band; the band needs a point more, which the design chooses next)
+MIN_SIZES = 3
 
 
 def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence[Composed]) -> list[Problem]:

@@ -40,9 +40,11 @@ LONG = [*LONG_TRAINING, "cluster=slurm_local"]
 # machine at load 14 (a two-node cell, tests/test_triage_faults.py), so 3 minutes a leg (2 failed there once; 4 cost CI
 # two more minutes of the cluster held alone)
 LEG = "00:03:00"
+# 6000 steps: more than two legs train here (3000 steps finished within two 3-minute legs on this machine on
+# 2026-12-04, the second leg in 1:51, so the budget of one requeue was never spent)
 GRIDS = {
-    "none": ([*LONG, f"time={LEG}", "cluster.max_requeues=0"], {"SFT_GRID_ESTIMATES": "0"}),
-    "one": ([*LONG, f"time={LEG}", "cluster.max_requeues=1"], {"SFT_GRID_ESTIMATES": "0"}),
+    "none": ([*LONG, "max_steps=6000", f"time={LEG}", "cluster.max_requeues=0"], {"SFT_GRID_ESTIMATES": "0"}),
+    "one": ([*LONG, "max_steps=6000", f"time={LEG}", "cluster.max_requeues=1"], {"SFT_GRID_ESTIMATES": "0"}),
     # a checkpoint only at the end: no leg can save one. The budget of 200 is what the estimates ask for; the second
     # leg that ends with nothing saved stops it anyway
     # (two-minute legs: no length reaches step 5000 here, and a one-minute leg of a busy machine ended before its
@@ -113,7 +115,7 @@ def test_a_time_limit_with_its_budget_spent_says_where_it_stopped_and_what_to_ch
     assert expected in st.reason, st
     assert re.search(r"TIMEOUT|DUE TO TIME LIMIT|timed-out", st.evidence), st.evidence
     # what to change: more legs, more time or more nodes, and the exact rerun command
-    assert re.search(r"at step \d+ of 3000", st.reason), st.reason
+    assert re.search(r"at step \d+ of 6000", st.reason), st.reason
     assert "cluster.max_requeues=" in st.advice and "time=00:06:00" in st.advice, st.advice  # twice a leg
     assert "Rerun: python -m sft_grid" in st.advice and "rerun_failed=true" in st.advice, st.advice
     assert "BeginTime" not in st.reason

@@ -21,12 +21,16 @@ import itertools
 import json
 import math
 import os
-import struct
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+try:  # beside this file, as the job runs it (its folder first on the path)
+    import synthetic_train as _sim
+except ImportError:  # imported as part of the package (the tests, the benchmark)
+    from sft_grid.in_venv import synthetic_train as _sim
 
 FINAL_SHARE = 0.1
 
@@ -53,38 +57,6 @@ def logged_loss(cfg: dict[str, Any], step: int) -> float:
     return curve_at(points, examples * step / total)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-# what a trainer saves beside the weights: the tokenizer (the cell's model's own)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-
-
-def _save_model(cfg: dict[str, Any], where: Path, step: int) -> None:
-    """A valid safetensors file with no tensors (the replay's weights), and the tokenizer's files."""
-    header = json.dumps({"__metadata__": {"replayed": "true", "step": str(step)}}).encode()
-    header += b" " * (-len(header) % 8)
-    (where / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
-    source = Path(cfg.get("tokenizer_dir") or "")
-    for name in TOKENIZER_FILES if cfg.get("tokenizer_dir") else ():
-        if (source / name).is_file():
-            (where / name).write_bytes((source / name).read_bytes())
-
-
-def _factor(step: int, total: int, warmup: int, kind: str) -> float:
-    if warmup and step <= warmup:
-        return step / warmup
-    if kind in {"constant", "constant_with_warmup"}:
-        return 1.0
-    frac = (step - warmup) / max(1, total - warmup)
-    if kind == "linear":
-        return max(0.0, 1.0 - frac)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
-
-
 def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
     out = Path(cfg["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -106,7 +78,7 @@ def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
         if pause:
             time.sleep(pause)
         if step % every == 0 or step == total:
-            lr = float(cfg.get("learning_rate") or 0.0) * _factor(step, total, warmup, kind)
+            lr = float(cfg.get("learning_rate") or 0.0) * _sim.schedule(step, total, warmup, kind)
             rec = {"loss": round(logged_loss(cfg, step), 6), "learning_rate": lr, "epoch": round(step / total, 4)}
             rec["step"] = step
             history.append(rec)
@@ -116,16 +88,20 @@ def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
         if (save and step % save == 0 and step < total) or (stop_at and step == stop_at and step < total):
             ckpt, part = out / f"checkpoint-{step}", out / f".checkpoint-{step}.partial"
             part.mkdir(exist_ok=True)
-            _write_json(part / "trainer_state.json", {"global_step": step, "max_steps": total, "log_history": history})
-            _save_model(cfg, part, step)
+            _sim.write_json(
+                part / "trainer_state.json", {"global_step": step, "max_steps": total, "log_history": history}
+            )
+            _sim.save_model(cfg, part, step, mark="replayed")
             os.replace(part, ckpt)
             if stop_at and step == stop_at:
                 print(f"[replay] leg ends at step {step} (a rung): checkpoint {ckpt.name}", flush=True)
                 return
     final = {"global_step": total, "max_steps": total, "log_history": history}
-    _write_json(out / "all_results.json", {"train_loss": history[-1]["loss"] if history else None, "replayed": True})
-    _save_model(cfg, out, total)
-    _write_json(out / "trainer_state.json", final)
+    _sim.write_json(
+        out / "all_results.json", {"train_loss": history[-1]["loss"] if history else None, "replayed": True}
+    )
+    _sim.save_model(cfg, out, total, mark="replayed")
+    _sim.write_json(out / "trainer_state.json", final)
     print(f"[replay] done: {total} steps, final loss {history[-1]['loss'] if history else None}", flush=True)
 
 

@@ -130,7 +130,7 @@ def score(cfg: dict[str, Any], step: int) -> float:
     return math.exp(-(observed_loss(cfg, step) - law["E"])) + jitter
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
@@ -147,8 +147,9 @@ def _empty_safetensors(path: Path, metadata: dict[str, str]) -> None:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-def _save_model(cfg: dict[str, Any], where: Path, step: int) -> None:
-    _empty_safetensors(where / "model.safetensors", {"simulated": "true", "step": str(step)})
+def save_model(cfg: dict[str, Any], where: Path, step: int, mark: str = "simulated") -> None:
+    """The weights as an empty safetensors file marked `mark` (what wrote them), and the tokenizer's files."""
+    _empty_safetensors(where / "model.safetensors", {mark: "true", "step": str(step)})
     source = Path(cfg.get("tokenizer_dir") or "")
     for name in TOKENIZER_FILES if cfg.get("tokenizer_dir") else ():
         if (source / name).is_file():
@@ -160,7 +161,7 @@ def _probe(cfg: dict[str, Any], out: Path, step: int) -> None:
     steps = int(cfg.get("probe_steps") or 0)
     if steps > 0:
         loss = probe_loss(cfg, step, steps)
-        _write_json(out / f"probe-{step}.json", {"step": step, "probe_steps": steps, "loss": round(loss, 6)})
+        write_json(out / f"probe-{step}.json", {"step": step, "probe_steps": steps, "loss": round(loss, 6)})
         print(f"[synthetic] cooldown probe from step {step} over {steps} steps: loss {loss:.6f}", flush=True)
 
 
@@ -201,17 +202,17 @@ def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
             ckpt = out / f"checkpoint-{step}"
             part = out / f".checkpoint-{step}.partial"
             part.mkdir(exist_ok=True)
-            _write_json(part / "trainer_state.json", {"global_step": step, "max_steps": total, "log_history": history})
-            _save_model(cfg, part, step)
+            write_json(part / "trainer_state.json", {"global_step": step, "max_steps": total, "log_history": history})
+            save_model(cfg, part, step)
             os.replace(part, ckpt)  # a checkpoint appears whole or not at all
             if stop_at and step == stop_at:
                 print(f"[synthetic] leg ends at step {step} (a rung): checkpoint {ckpt.name}", flush=True)
                 _probe(cfg, out, step)
                 return
     final = {"global_step": total, "max_steps": total, "log_history": history}
-    _write_json(out / "all_results.json", {"train_loss": history[-1]["loss"] if history else None, "simulated": True})
-    _save_model(cfg, out, total)
-    _write_json(out / "trainer_state.json", final)  # last: with the weights, the mark of a complete output
+    write_json(out / "all_results.json", {"train_loss": history[-1]["loss"] if history else None, "simulated": True})
+    save_model(cfg, out, total)
+    write_json(out / "trainer_state.json", final)  # last: with the weights, the mark of a complete output
     print(f"[synthetic] done: {total} steps, final loss {history[-1]['loss'] if history else None}", flush=True)
 
 

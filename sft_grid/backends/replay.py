@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.backends.base import Backend, MaskSpec
+from sft_grid.backends.synthetic import trainer_fields
 from sft_grid.core.paths import IN_VENV_DIR, PACKAGE_CONF
 from sft_grid.core.problems import Problem
-from sft_grid.planning.cells import Cell, is_local
-from sft_grid.planning.inputs import tokenizer_source
+from sft_grid.planning.cells import Cell
 
 NAME = "replay"
 CONFIG_FILE = "replay.json"
@@ -110,16 +110,8 @@ def config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "params": entry["params"],
         "examples": examples,
         "points": [[n, v] for n, v in entry["points"] if n <= examples],
-        "learning_rate": s.lr,
-        "lr_scheduler_type": s.scheduler,
-        "save_steps": s.save_steps,
-        "logging_steps": s.logging_steps,
-        "output_dir": str(cell_dir / "output"),
-        # saved with each "model" as a real trainer saves it (the post-training tokenizer stage reads it)
-        "tokenizer_dir": tokenizer_source(cell) if is_local(tokenizer_source(cell)) else "",
+        **trainer_fields(cell, cell_dir),
     }
-    if s.max_steps > 0:
-        derived["max_steps"] = s.max_steps
     knobs = {k: v for k, v in s.extra.items() if k != "replay"}
     return {**s.backend.train_defaults, **knobs, **derived}
 

@@ -38,6 +38,16 @@ def config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "identity": cell.key,
         "seed": s.seed,
         "params": exact_params(s.model),
+        **trainer_fields(cell, cell_dir),
+    }
+    return {**s.backend.train_defaults, **derived, **s.extra}
+
+
+def trainer_fields(cell: Cell, cell_dir: Path) -> dict[str, Any]:
+    """What a stand-in trainer (this simulator, the replay backend) takes from the cell as a real trainer would:
+    its schedule, its saving and logging steps, where it writes, the tokenizer it saves with each model."""
+    s = cell.spec
+    out: dict[str, Any] = {
         "learning_rate": s.lr,
         "lr_scheduler_type": s.scheduler,
         "save_steps": s.save_steps,
@@ -47,8 +57,8 @@ def config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "tokenizer_dir": tokenizer_source(cell) if is_local(tokenizer_source(cell)) else "",
     }
     if s.max_steps > 0:
-        derived["max_steps"] = s.max_steps
-    return {**s.backend.train_defaults, **derived, **s.extra}
+        out["max_steps"] = s.max_steps
+    return out
 
 
 def _command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:

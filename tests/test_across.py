@@ -1,9 +1,9 @@
-"""One view of a grid across remote sites (cli/across.py), each "site" a directory of this machine reached through
-the local transport: every site runs the real `sft-grid status --format json`, `cancel` and the pull from its code
-(this checkout), as it would over ssh. The grid's cells are written as their runs leave them (tests/grid_fixture.py)
-over cells the real renderer wrote: cell 0 completed on site a; cell 1 queued on a, moved (a's copy failed, with
-its move journal, and later than b's run) and completed on b; cell 2 failed on b. The same grid on one site holds
-the three as the spread grid's chosen copies."""
+"""One view of a grid across remote sites (read by sites/merged.py, printed by cli/across.py), each "site" a directory
+of this machine reached through the local transport: every site runs the real `sft-grid status --format json`, `cancel`
+and the pull from its code (this checkout), as it would over ssh. The grid's cells are written as their runs leave them
+(tests/grid_fixture.py) over cells the real renderer wrote: cell 0 completed on site a; cell 1 queued on a, moved (a's
+copy failed, with its move journal, and later than b's run) and completed on b; cell 2 failed on b. The same grid on one
+site holds the three as the spread grid's chosen copies."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import IO, Any
 import pytest
 
 from sft_grid.cli import across, cmd_results
-from sft_grid.cli.across import Copy, choose
 from sft_grid.core.paths import REPO_ROOT
-from sft_grid.sites import remote
+from sft_grid.sites import merged, remote
+from sft_grid.sites.merged import Copy, choose
 from sft_grid.sites.moves import MOVE_FILE
 from sft_grid.sites.remote import Placed, Site, write_record
 from sft_grid.sites.transport import Local, SiteTimeout, SiteUnreachable, Transport
@@ -362,7 +362,7 @@ def test_a_trainer_log_over_the_limit_comes_as_its_end_and_is_named(spread: Spre
     )
     for cell in (site_cell(spread, 1, 1), spread.one / SWEEP / spread.cells[1]):
         (cell / "output" / "trainer_log.jsonl").write_text(log)
-    monkeypatch.setattr(across, "PULL_LIMIT", 40_000)
+    monkeypatch.setattr(merged, "PULL_LIMIT", 40_000)
     one = {c["name"]: c for c in json.loads(_one_site_results(spread, "json", capsys))["cells"]}
     assert forward(spread, "results", "--format", "json") == 0
     out, err = capsys.readouterr()

@@ -205,6 +205,16 @@ def test_a_pruned_grid_that_cannot_work_is_refused_with_nothing_written(tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_bad_steering_block_is_named_with_every_other_problem_of_the_grid(tmp_path):
+    """The prune: block's problems are the flow's check's, reported with every other rule's in one run."""
+    bad = ["lr=1e-4,2e-4", "+prune={rungs: [10, 30], keep: 1.5}", "warmup_ratio=2"]
+    proc = run_sft("-m", *PRUNED, *bad, f"runs_root={tmp_path / 'runs'}")
+    assert proc.returncode == 1, proc.stderr
+    assert "prune.keep=1.5" in proc.stderr and "[prune-block]" in proc.stderr, proc.stderr
+    assert "warmup_ratio=2.0" in proc.stderr and "[range]" in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 ADAPTIVE = ["+sweep=synthetic_delphi", "+adaptive.at=9714698752", "+adaptive.budget_cells=8", "dry_run=true"]
 
 

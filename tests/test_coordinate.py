@@ -1,6 +1,6 @@
 """A grid across remote sites, decided here (sft_grid/sites/coordinate.py): which cell stays where it is, which waits
 for a site that does not answer (or for a site that can take it), which is placed, from the sites' answers. Pure and
-fast; the answers are parsed from the line a site prints (`answer_json`, the site's side of the protocol); the cells
+fast; the answers are parsed from the line a site prints (`answer_line`, the site's side of the protocol); the cells
 carry what placement reads of a composed cell. tests/test_sites_across.py runs the whole of it over sshd and two Slurm
 clusters."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from sft_grid.core.problems import GridError
 from sft_grid.core.schema import ClusterConf, RemoteConf
-from sft_grid.sites.coordinate import Answer, answer_json, decide, parse, site_argv, sites_of
+from sft_grid.sites.coordinate import Answer, answer_line, decide, parse, site_argv, sites_of
 from sft_grid.sites.placement import SiteFacts
 
 A = ClusterConf(name="a", executor="slurm", max_nodes=1, max_time="24:00:00")
@@ -35,7 +35,8 @@ def answer(site: str, states: dict[str, str] | None = None, reachable: bool = Tr
     """A site's answer as the site prints it and this side parses it."""
     cluster = PROFILES[site]
     facts = SiteFacts(name=site, cluster=cluster, reachable=reachable, nodes=2, starts={(1, 60): 10.0})
-    line = answer_json(facts, states or {}, kw.get("moving", ()), kw.get("hub", ()))  # type: ignore[arg-type]
+    said = Answer(site=site, facts=facts, states=states or {}, **kw)  # type: ignore[arg-type]
+    line = answer_line(said)
     return parse(site, cluster, "some of the site's own output\n" + line + "\n")
 
 
@@ -45,7 +46,7 @@ def test_the_answer_line_round_trips_and_a_missing_one_is_no_answer() -> None:
     assert got.states == {"x": "running"} and got.moving == {"y"} and got.hub == {"z"}
     none = parse("b", B, "Traceback: the site's python failed\n")
     assert not none.answered and "Traceback" in none.error
-    unreached = parse("b", B, answer_json(None, {}, (), ()))  # the site's python ran, its Slurm was not asked
+    unreached = parse("b", B, answer_line(Answer(site="b")))  # the site's python ran, its Slurm was not asked
     assert unreached.answered and unreached.facts is not None and not unreached.facts.reachable
 
 
@@ -125,3 +126,36 @@ def test_a_site_let_go_no_longer_holds_its_cells() -> None:
     back = answer("b", {"x": "submitted", "y": "completed"})
     d = decide([cell("x"), cell("y")], [answer("a"), back], {"x": "b", "y": "b"}, let_go_of(record))
     assert d.placed == {"x": "a"} and d.kept == {"y": "b"}
+
+
+def test_a_launch_that_finds_the_grid_held_on_a_site_waits_then_names_its_holder(tmp_path) -> None:
+    """The launch lock's site side, run as a site runs it (the snapshot's python, here over the local transport, a
+    process that holds the lock until its stdin ends): a second launch waits its bound and is refused naming the
+    holder; once the first ends, the next takes it."""
+    import os
+    import sys
+
+    from sft_grid.core.paths import REPO_ROOT
+    from sft_grid.core.submission import CodeSnapshot
+    from sft_grid.sites.coordinate import LAUNCH_LOCK, LaunchBusy, hold_launch
+    from sft_grid.sites.remote import Site
+    from sft_grid.sites.snapshot import MARKER
+    from sft_grid.sites.transport import Local
+
+    code = tmp_path / "code"
+    code.mkdir()
+    os.symlink(REPO_ROOT / "sft_grid", code / "sft_grid")  # the snapshot's package, as extracted there
+    (code / MARKER).write_text("{}")  # in place: nothing to extract
+    site = Site("a", "host-a", str(tmp_path), sys.executable, None, str(tmp_path / "runs"))
+    codes = {"a": CodeSnapshot(commit="c", key="c", dir=code, checkout=REPO_ROOT)}
+    transports = {"a": Local(name="a")}
+    lock = tmp_path / "runs" / "grid" / LAUNCH_LOCK
+    with hold_launch([site], transports, codes, ["grid"], wait_s=5) as silent:
+        assert silent == [] and lock.is_file() and "pid" in lock.read_text()
+        busy = hold_launch([site], transports, codes, ["grid"], wait_s=0.5)
+        with pytest.raises(LaunchBusy, match=r"another launch of grid grid holds it on site a \(.*pid"), busy:
+            pass
+    assert not lock.exists()  # let go when the first launch ended
+    with hold_launch([site], transports, codes, ["grid"], wait_s=5) as silent:
+        assert silent == [] and lock.is_file()
+    assert not lock.exists()

@@ -280,8 +280,7 @@ def test_on_slurm_a_cancelled_cells_checkpoints_are_scored_by_a_job_that_waits_f
         scoring = events.last(events.read(cell), Kind.EVAL_JOB)
         assert scoring.after == "" and events.last(events.read(cell), Kind.JOB).job_id == train
         steps = [s for s in (20, 40, 60) if (cell / "output" / f"checkpoint-{s}" / "trainer_state.json").is_file()]
-        while _sacct([scoring.eval_job_id]).get(scoring.eval_job_id, ("",))[0] != "COMPLETED":
-            state = _sacct([scoring.eval_job_id]).get(scoring.eval_job_id, ("PENDING",))[0]
+        while (state := _sacct([scoring.eval_job_id]).get(scoring.eval_job_id, ("PENDING",))[0]) != "COMPLETED":
             assert time.monotonic() < deadline and state in ("PENDING", "RUNNING", "COMPLETING"), state
             time.sleep(1)
         scored = sorted(s["settings"]["step"] for s in read_scores(cell).values())

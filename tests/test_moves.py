@@ -243,15 +243,14 @@ def test_a_site_let_go_gates_its_queued_cells_and_records_it(tmp_path: Path) -> 
     assert state_of(cancelled, history=events.read(cancelled)).state is State.CANCELLED
 
 
-def test_a_remote_sites_own_invocation_lets_go_the_cells_its_coordinator_let_go(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """On site a's own invocation (sites/coordinate.py sends the let-go cells in its environment), those cells'
-    jobs are gated there and their ledgers say so, before the site answers; the others are left alone."""
+def test_a_remote_sites_own_invocation_lets_go_the_cells_its_coordinator_let_go(tmp_path: Path) -> None:
+    """On site a's own invocation (sites/coordinate.py sends the let-go cells in its arguments, sites/call.py), those
+    cells' jobs are gated there and their ledgers say so, before the site answers; the others are left alone."""
     from types import SimpleNamespace
 
     from sft_grid.core.schema import ClusterConf
-    from sft_grid.sites.placement import ON_SITE_ENV, SiteFacts
+    from sft_grid.sites.call import SiteCall, calling, take
+    from sft_grid.sites.placement import SiteFacts
 
     grid = tmp_path / "grid"
     dirs = [grid / "x", grid / "y"]
@@ -260,9 +259,10 @@ def test_a_remote_sites_own_invocation_lets_go_the_cells_its_coordinator_let_go(
     histories = {d: _ledger(d) for d in dirs}
     cells = [SimpleNamespace(name=d.name, spec=SimpleNamespace(sites=["a", "b"], move_after=None)) for d in dirs]
     facts = [SiteFacts(name="a", cluster=ClusterConf(name="a", executor="slurm"))]
-    monkeypatch.setenv(ON_SITE_ENV, "a")
-    monkeypatch.setenv(moves.LET_GO_ENV, "x")
-    submitted = CellState(State.SUBMITTED, job_id="7_0")
-    assert moves.observe_moves(cells, dirs, histories, lambda d: submitted, facts, record=True) == {}
+    asked = SiteCall(site="a", answer=True, let_go=("x",))
+    with calling(None):  # the call as the site's program reads it from its arguments
+        assert take([*asked.argv(), "-m", "sweep=x"]) == ["-m", "sweep=x"]
+        submitted = CellState(State.SUBMITTED, job_id="7_0")
+        assert moves.observe_moves(cells, dirs, histories, lambda d: submitted, facts, record=True) == {}
     assert gate.read(dirs[0], A_GATE) == gate.MOVED and moves.let_go_from(events.read(dirs[0])) == "a"
     assert gate.read(dirs[1], A_GATE) is None and moves.let_go_from(events.read(dirs[1])) == ""

@@ -173,6 +173,38 @@ def test_a_second_launch_places_nothing_and_queues_nothing(across: Across):
     assert all([e["event"] for e in ledger(d)].count("submitted") == 1 for d in dirs)
 
 
+def test_two_launches_of_one_grid_at_once_from_two_laptops_queue_each_cell_once(across: Across):
+    """Two launchers, each with its own record (two laptops' runs roots), launch a new grid at the same moment: they
+    take turns on the grid's launch lock on the sites (sites/coordinate.py `hold_launch`), so the second finds the
+    first one's cells queued there and queues none of them again."""
+    four = ["-m", "+sweep=synthetic_delphi", "vars.model=delphi-3e18,delphi-9e18", "vars.recipe=magpie,wildchat"]
+    grid = [*four, "sweep_name=two_launchers", ACROSS]  # a grid of its own: the others' tests read the twelve
+    env = {**os.environ, "PYTHONPATH": str(across.checkout)}
+    env.pop(SHIP_ENV, None)
+    launches = [
+        subprocess.Popen(
+            [sys.executable, "-m", "sft_grid", *grid],
+            cwd=across.checkout,
+            env={**env, "SFT_GRID_RUNS": str(across.base / f"laptop{i}")},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in (1, 2)
+    ]
+    said = [p.communicate(timeout=900) for p in launches]
+    assert all(p.returncode == 0 for p in launches), said
+    seeded = _cells(across, "two_launchers")
+    assert len(seeded) == 4 and all(len(dirs) == 1 for dirs in seeded.values()), seeded
+    dirs = [d for found in seeded.values() for d in found]
+    assert all([e["event"] for e in ledger(d)].count("submitted") == 1 for d in dirs), [ledger(d) for d in dirs]
+    # one of them placed the four cells; the other found them on their sites
+    outs = sorted(out for out, _ in said)
+    assert sum("0 waiting for their site, 4 to place" in out for out in outs) == 1, said
+    assert sum("4 on a site" in out and "0 to place" in out for out in outs) == 1, said
+    wait_done(dirs, deadline_s=900)
+
+
 def test_status_and_results_from_the_laptop_show_every_cell_with_its_site(across: Across):
     dirs = [d for found in _cells(across).values() for d in found]
     wait_done(dirs, deadline_s=900)

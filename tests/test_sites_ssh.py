@@ -34,7 +34,7 @@ import pytest
 
 from sft_grid.cli import across
 from sft_grid.core.paths import REPO_ROOT, cache_root
-from sft_grid.sites import remote
+from sft_grid.sites import merged, remote
 from sft_grid.sites.remote import Placed, Site, write_record
 from sft_grid.sites.transport import SiteTimeout, SiteUnreachable, Ssh
 
@@ -292,12 +292,12 @@ def test_the_limits_are_the_profiles_else_the_ssh_configs_else_sft_grids(server)
 
 
 def stuck_python(where: Path) -> Path:
-    """The site's python, whose pull (across.PULL) never answers: it waits until its output's reader goes."""
+    """The site's python, whose pull (merged.PULL) never answers: it waits until its output's reader goes."""
     script = where / "stuck_python"
     script.write_text(
         f"#!{sys.executable}\n"
         "import os, select, sys\n"
-        f"if sys.argv[1:2] == ['-c'] and {across.PULL[:60]!r} in sys.argv[2]:\n"
+        f"if sys.argv[1:2] == ['-c'] and {merged.PULL[:60]!r} in sys.argv[2]:\n"
         "    p = select.poll(); p.register(1, select.POLLERR); p.poll(); sys.exit(1)\n"
         f"os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
     )

@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -281,6 +282,18 @@ def sacct(site: str, job_id: str) -> list[tuple[str, str, str, str]]:
     return [(a, b, c, d) for a, b, c, d in (line.split("|") for line in out.splitlines() if line)]
 
 
+def post_ended(site: str, job_id: str, deadline_s: float = 600) -> list[tuple[str, str]]:
+    """(name, state) of a post-training job of a site once it has ended: a cell is done when its training is, and its
+    post-training job (consolidation, upload) may still be running then."""
+    deadline = time.monotonic() + deadline_s
+    while (tasks := [(n, st) for n, st, _, _ in sacct(site, job_id)]) and any(
+        st in ("PENDING", "RUNNING", "COMPLETING") for _, st in tasks
+    ):
+        assert time.monotonic() < deadline, tasks
+        time.sleep(1)
+    return tasks
+
+
 def waited_for(site: str, folder: Path, job_id: str, names: set[str]) -> str:
     """The job a job of a site (its submitit folder) waited for, by its sbatch's --dependency: one of `names` on the
     same cluster, ended before it started; its id."""
@@ -333,7 +346,7 @@ def test_a_spread_grid_of_real_cells_waits_for_its_stages_on_each_cells_own_site
             # its post-training job too, on its own cluster
             post = events.last(history, Kind.POST_JOB)
             assert post is not None and post.post_job_id, cell.name
-            assert [(n, st) for n, st, _, _ in sacct(site, post.post_job_id)] == [(post.array, "COMPLETED")]
+            assert post_ended(site, post.post_job_id) == [(post.array, "COMPLETED")]
         # the LLaMA-Factory dataset was waited for on both sites (each site's job built it, or found it built)
         (lf,) = [t for t in users if t.startswith("llamafactory-")]
         assert users[lf] == set(SITE_ENV), users

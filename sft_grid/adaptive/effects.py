@@ -4,13 +4,16 @@ A pruned or adaptive grid's invocation decides from the cells' files (halving.py
 checked, and passes on only the cells that train now. What the decision writes (the rung's record, `pruned` events,
 leg files, the adaptive round and its summary) is not written then: the flow applies it under the grid lock, after
 every rule has passed, and never in a dry run (grid/flow.py), so a grid that validation refuses leaves no file of
-it, and the dry run prints the decision without recording it.
+it, and the dry run prints the decision without recording it. A block's own problems (adaptive/spec.py) are refused
+by the flow's check, together with every other rule's, so one run names them all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from sft_grid.core.problems import Problem
 
 
 @dataclass
@@ -19,6 +22,9 @@ class Effects:
 
     what: str  # "prune" or "adaptive", for the flow's messages
     writes: list[Callable[[], object]] = field(default_factory=list)
+    # the block's problems (a bad value, a block the grid cannot steer by): the grid is refused with every other
+    # rule's problems, and nothing is decided or written
+    problems: list[Problem] = field(default_factory=list)
 
     def add(self, write: Callable[[], object]) -> None:
         self.writes.append(write)

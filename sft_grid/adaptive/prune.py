@@ -27,13 +27,13 @@ from typing import Any
 
 from sft_grid.adaptive import halving
 from sft_grid.adaptive.effects import Effects
-from sft_grid.adaptive.spec import PruneSpec, parse_prune
+from sft_grid.adaptive.spec import PruneSpec, different_blocks, parse_prune
 from sft_grid.backends import BACKENDS
 from sft_grid.backends.base import LEG_FILE
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
-from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.problems import Problem
 from sft_grid.core.state import State, state_of
 from sft_grid.grid.flow import cell_dirs
 from sft_grid.planning.cells import Cell, plan_cell
@@ -207,7 +207,8 @@ def _grid_problems(
 def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Effects]:
     """The cells this invocation passes to the grid, what to tell the user (each rung's decision, the step each
     cell trains to), and what the decision writes, for the flow to apply once the grid has passed every rule. A
-    grid without a `prune:` block is passed on whole."""
+    grid without a `prune:` block is passed on whole; so is one whose block is refused, its problems in the effects
+    (`problems`), which the flow reports with every other rule's."""
     effects = Effects("prune")
     blocks = {json.dumps(c.config.get("prune") or {}, sort_keys=True, default=str) for c in composed}
     if blocks == {"{}"} or not composed:
@@ -216,28 +217,18 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     totals = {total_steps(c) for c in cells}
     spec, problems = parse_prune(composed[0].config.get("prune"), min(totals) if len(totals) == 1 else None)
     if len(blocks) > 1:
-        problems.append(
-            Problem(
-                cell="(grid)",
-                key="prune",
-                value="...",
-                rule="prune-block",
-                message="the cells carry different prune: blocks",
-                fix="set it once",
-            )
-        )
+        problems.append(different_blocks("prune"))
     if spec is not None:
         problems += _problems(spec, cells)
-    if problems:
-        raise GridError(problems)
-    assert spec is not None
     brackets: dict[str, list[str]] = {}
     for cell, c in zip(cells, composed, strict=True):
-        label = ",".join(f"{k}={_value(c.config, k)}" for k in spec.by) or "all"
-        brackets.setdefault(label, []).append(cell.name)
-    problems = _grid_problems(spec, cells, composed, brackets)
-    if problems:
-        raise GridError(problems)
+        label = ",".join(f"{k}={_value(c.config, k)}" for k in (spec.by if spec is not None else ()))
+        brackets.setdefault(label or "all", []).append(cell.name)
+    if spec is not None and not problems:
+        problems = _grid_problems(spec, cells, composed, brackets)
+    if problems or spec is None:
+        effects.problems += problems
+        return list(composed), [], effects
     dirs = cell_dirs(cells)
     by_name = dict(zip((c.name for c in cells), dirs, strict=True))
     cells_by = {c.name: c for c in cells}

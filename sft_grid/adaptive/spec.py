@@ -266,3 +266,15 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
         ),
         [],
     )
+
+
+def different_blocks(key: str) -> Problem:
+    """The problem of a grid whose cells carry different `key:` blocks (prune or adaptive): a grid steers by one."""
+    return Problem(
+        cell="(grid)",
+        key=key,
+        value="...",
+        rule=f"{key}-block",
+        message=f"the cells carry different {key}: blocks",
+        fix=f"set {key}: once, in the sweep file",
+    )

@@ -26,11 +26,11 @@ from typing import Any
 
 from sft_grid.adaptive.design import Candidate, Round, choose
 from sft_grid.adaptive.effects import Effects
-from sft_grid.adaptive.spec import AdaptiveSpec, parse_adaptive
+from sft_grid.adaptive.spec import AdaptiveSpec, different_blocks, parse_adaptive
 from sft_grid.analysis.report_data import ADAPTIVE_FILE
 from sft_grid.analysis.table import final_loss, final_losses
 from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
-from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.problems import Problem
 from sft_grid.core.schema import exact_params
 from sft_grid.core.state import State, state_of
 from sft_grid.grid.flow import cell_dirs
@@ -85,34 +85,24 @@ def _append(sweep_dir: Path, record: Mapping[str, Any]) -> None:
 def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Effects]:
     """The cells this invocation passes to the grid, what to tell the user (the round: forecasts, choice, why), and
     what the round writes, for the flow to apply once the grid has passed every rule. A grid without an `adaptive:`
-    block is passed on whole."""
+    block is passed on whole; so is one whose block is refused, its problems in the effects (`problems`), which the
+    flow reports with every other rule's."""
     effects = Effects("adaptive")
     blocks = {json.dumps(c.config.get("adaptive") or {}, sort_keys=True, default=str) for c in composed}
     if blocks == {"{}"} or not composed:
         return list(composed), [], effects
     first = composed[0]
     if len(blocks) > 1:
-        raise GridError(
-            [
-                Problem(
-                    cell="(grid)",
-                    key="adaptive",
-                    value="...",
-                    rule="adaptive-block",
-                    message="the cells carry different adaptive: blocks",
-                    fix="set adaptive: once, in the sweep file",
-                )
-            ]
-        )
+        effects.problems.append(different_blocks("adaptive"))
+        return list(composed), [], effects
     cells = [plan_cell(c.overrides, c.config) for c in composed]
     recipes = sorted({str(_value(c.config, _recipe_key(first)) or "") for c in composed})
     spec, problems = parse_adaptive(first.config.get("adaptive"), recipes)
-    if problems:
-        raise GridError(problems)
-    assert spec is not None
-    problems = _grid_problems(spec, cells, composed)
-    if problems:
-        raise GridError(problems)
+    if spec is not None and not problems:
+        problems = _grid_problems(spec, cells, composed)
+    if problems or spec is None:
+        effects.problems += problems
+        return list(composed), [], effects
     dirs = cell_dirs(cells)
     hours, unit = _gpu_hours(cells)
     pool, observed, in_flight = [], {}, []
@@ -146,6 +136,9 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
         lines = [f"adaptive: round {len(rounds) + 1}, {len(fitted)} cells fitted, cost in {unit}"]
         lines += [_forecast_line(f) for f in result.forecasts]
         lines.append(f"  the question's band half width: {result.halfwidth:.4g}; spent {result.spent:.4g}")
+        if result.decision and len(result.forecasts) > 1:
+            odds = "no probability yet" if result.p_wrong is None else f"wrong with probability {result.p_wrong:.3f}"
+            lines.append(f"  the decision: {result.decision} is the lowest at {spec.at:.4g}; {odds}")
         record = {"round": len(rounds) + 1, "observed": fitted, "in_flight": sorted(in_flight), "unit": unit}
         effects.add(functools.partial(_append, sweep_dir, {**record, **_round_json(result)}))
     lines += [f"  next: {w}" for w in why]
@@ -260,6 +253,8 @@ def _round_json(r: Round) -> dict[str, Any]:
         "chosen": list(r.chosen),
         "why": list(r.why),
         "stop": r.stop,
+        "decision": r.decision,
+        "p_wrong": r.p_wrong,
     }
 
 

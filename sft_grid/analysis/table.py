@@ -464,7 +464,7 @@ def _final_loss(output: Path, log_damage: Damage | None) -> float | None:
 
 def read_table(sweep_dir: Path, sites: Mapping[str, str] | None = None) -> GridTable:
     """The table of the grid in `sweep_dir`. `sites`: cell name -> its site, where its ledger names none (a grid
-    across remote sites, read from the copies pulled here: the site each cell's copy came from, cli/across.py); their
+    across remote sites, read from the copies pulled here: the site each cell's copy came from, sites/merged.py); their
     states are read from their files, no scheduler asked (this machine's Slurm, if any, is not their sites'). Read
     leniently: see the module's docstring for damaged files."""
     dirs = cell_dirs(sweep_dir)

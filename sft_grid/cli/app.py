@@ -82,22 +82,22 @@ def _run_remote(composed: Sequence[Any], errors: Sequence[Any]) -> None:
 
 def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
     """A grid across remote sites (sites/coordinate.py): placed here, each site's share launched there; exits with
-    the launch's status. On a site's own invocation asked for its answer (`SFT_GRID_PROBE`), prints it and exits.
+    the launch's status. On a site's own invocation asked for its answer (sites/call.py), prints it and exits.
     Returns for every other grid."""
     from sft_grid.cli.options import default_runs_root
-    from sft_grid.grid import flow, probe
-    from sft_grid.sites import coordinate, placement
+    from sft_grid.grid import flow, site_answer
+    from sft_grid.sites import call, coordinate, placement
 
-    if os.environ.get(coordinate.PROBE_ENV) and os.environ.get(placement.ON_SITE_ENV):
+    asked = call.current()
+    if asked is not None and asked.answer:
         try:
-            found = probe.probe(composed, errors)
+            found = site_answer.answer(asked.site, composed, errors)
         except GridError as exc:
             _fail(exc)
             raise
-        states = {name: st.state.value for name, st in found.states.items()}
-        out(coordinate.answer_json(found.facts, states, found.moving, found.hub))
+        out(coordinate.answer_line(found))
         raise SystemExit(0)
-    if os.environ.get(placement.ON_SITE_ENV):
+    if asked is not None:
         return
     # the profiles first (a few files): a grid across clusters reached from here is planned once, by flow.run
     profiles, site_problems = placement.named_profiles({tuple(c.config.get("sites") or ()) for c in composed})
@@ -283,14 +283,14 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
         composed, pruning, prune_writes = prune.select(composed)
         for line in (*steering, *pruning):
             out(line)
-        from sft_grid.sites.coordinate import ONLY_ENV
+        from sft_grid.sites import call
 
-        only = os.environ.get(ONLY_ENV)  # a site's share of a grid across remote sites
+        asked = call.current()  # a site's own invocation: its share of a grid across remote sites
         result = flow.run(
             composed,
             errors,
             Show(),
-            only=None if only is None else set(filter(None, only.split(","))),
+            only=None if asked is None or asked.only is None else set(asked.only),
             steering=(steer_writes, prune_writes),
         )
     except GridError as exc:

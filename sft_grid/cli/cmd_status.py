@@ -10,7 +10,7 @@ Ctrl-C leaves at once (the grid goes on). On a terminal the table is redrawn in 
 table is printed, with the time, each time something other than the elapsed times changed.
 
 --format json prints the same lines once, as one JSON object (`as_json`): what a grid across remote sites reads of
-each site (cli/across.py), and what a script reads.
+each site (sites/merged.py), and what a script reads.
 
 A cell whose files are damaged (grid/view.py, read leniently) is a row like the others: `damaged` in its state
 column where the cell itself cannot be read (its cell.yaml, its ledger, its trainer's state), else its state with
@@ -244,7 +244,7 @@ def as_json(found: Sequence[Line], dirs: Sequence[Path] = (), grid: Sequence[Dam
     "advice": the failure policy's message, "updated": the time of the cell's last ledger event (read with the
     lines), "moved": whether the cell's directory holds a move journal (sites/moves.py), "damaged": a line per
     damaged file of it}], "damaged": a line per damaged record of the grid}. The extra keys are what a merge of
-    several sites' copies of a cell needs (cli/across.py); the reason is whole (the table cuts it)."""
+    several sites' copies of a cell needs (sites/merged.py); the reason is whole (the table cuts it)."""
     from sft_grid.sites.moves import MOVE_FILE
 
     by_name = {d.name: d for d in dirs}

@@ -107,7 +107,10 @@ def not_a_command(word: str) -> str:
 def module_main(argv: Sequence[str] | None = None) -> int:
     """`python -m sft_grid ...`: a command (`python -m sft_grid status GRID` is `sft-grid status GRID`), or else the
     Hydra app's arguments (`python -m sft_grid -m model=a,b` is `sft-grid run -m model=a,b`)."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    from sft_grid.sites import call
+
+    args = call.take(sys.argv[1:] if argv is None else argv)  # a site's own invocation: what it is asked
+    sys.argv = [sys.argv[0], *args]
     if args and (args[0] in COMMANDS or args[0] in INTERNAL):
         return main(args)
     if args and not args[0].startswith(("-", "+", "~")) and "=" not in args[0]:
@@ -120,7 +123,9 @@ def module_main(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    from sft_grid.sites import call
+
+    args = call.take(sys.argv[1:] if argv is None else argv)  # a site's own invocation: what it is asked
     from sft_grid.core import project
 
     try:

@@ -254,7 +254,10 @@ class GridResult:
 
 class Steering(Protocol):
     """What a steering decision writes (adaptive/effects.py: a rung's record, `pruned` events, leg files, an adaptive
-    round), applied here under the grid lock once every rule has passed, never in a dry run."""
+    round), applied here under the grid lock once every rule has passed, never in a dry run; and the problems of its
+    block, refused by the check with every other rule's."""
+
+    problems: list[Problem]
 
     def apply(self) -> None: ...
 
@@ -270,7 +273,7 @@ def run(
     share of a grid across remote sites, sites/coordinate.py); None: every cell. `steering`: the writes of the
     decisions that chose `composed` (a pruned or adaptive grid), applied after the check, under the lock."""
     observer = observer or Observer()
-    inputs = check(composed, errors, observer, only)
+    inputs = check(composed, errors, observer, only, [p for s in steering for p in s.problems])
     if any(c.spec.stage_only or c.spec.check_only for c in inputs.cells):
         return GridResult(grid=GridPlan(cells=inputs.cells, dry_run=inputs.dry_run, staging=inputs.staging))
     with hold_all([d / LOCK_FILE for d in sorted({c.sweep_dir for c in inputs.cells})]):
@@ -297,8 +300,10 @@ def check(
     errors: Sequence[CompositionError],
     observer: Observer,
     only: Collection[str] | None = None,
+    steering_problems: Sequence[Problem] = (),
 ) -> Inputs:
     cells, problems = plan_cells(composed, errors)
+    problems += steering_problems  # the prune: and adaptive: blocks' (adaptive/spec.py), named with every other
     if only is not None:
         cells = [c for c in cells if c.name in only]
     sites, site_problems = placement.profiles(cells)  # sites=[...], every cell feasible on one

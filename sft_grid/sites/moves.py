@@ -50,8 +50,9 @@ from sft_grid.core import events, gate
 from sft_grid.core.events import Event, Kind, submitted_site
 from sft_grid.core.state import CellState, State, parse_time
 from sft_grid.core.timefmt import parse_minutes
+from sft_grid.sites import call
 from sft_grid.sites import facts as site_facts
-from sft_grid.sites.placement import ON_SITE_ENV, SiteFacts
+from sft_grid.sites.placement import SiteFacts
 
 MOVE_FILE = "move.json"
 
@@ -294,7 +295,7 @@ def observe_moves(
     set against the grid's record of them (sites/facts.py: which silent site is down); recording (a real run's
     observe, under the grid's lock), the record is updated and the moves take the steps they can now (their effects:
     journals, gates, scancel, holds); otherwise the journals are only read. On a remote site's own invocation, the
-    cells the coordinator let go from it (`LET_GO_ENV`) are let go first (`let_go`)."""
+    cells the coordinator let go from it (its call's `let_go`, sites/call.py) are let go first (`let_go`)."""
     reachable = {f.name: f.reachable for f in facts}
     world = SlurmWorld({f.name: dict(f.cluster.client_env) for f in facts})
     now = time.time()
@@ -302,9 +303,10 @@ def observe_moves(
     down: set[str] = set()
     for grid_dir in sorted({d.parent for _, d in spread}):
         down |= site_facts.look(grid_dir, facts, now, record)[1]
-    here = os.environ.get(ON_SITE_ENV, "")
-    gone = set(filter(None, os.environ.get(LET_GO_ENV, "").split(","))) if here and record else set()
-    cancel = set(filter(None, os.environ.get(LET_GO_CANCEL_ENV, "").split(",")))
+    asked = call.current()
+    here = asked.site if asked is not None else ""
+    gone = set(asked.let_go) if asked is not None and record else set()
+    cancel = set(asked.cancel) if asked is not None else set()
     journals: dict[Path, Move | None] = {}
     for cell, d in spread:
         if cell.name in gone:
@@ -321,10 +323,6 @@ def observe_moves(
 # the key of a `planned` or `cancelled` event that names the site a cell was let go from (grid/spread.py places the
 # cell on another site)
 LET_GO_KEY = "let_go"
-# set in the environment of a remote site's own invocation (sites/coordinate.py): the cells (names, comma-separated)
-# the coordinator let go from this site, and those of them let go with --cancel
-LET_GO_ENV = "SFT_GRID_LET_GO"
-LET_GO_CANCEL_ENV = "SFT_GRID_LET_GO_CANCEL"
 
 
 @dataclass(frozen=True, kw_only=True)

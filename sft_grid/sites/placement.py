@@ -23,7 +23,6 @@ its ledger names (its record); only a cell that is to be queued is placed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,9 +30,7 @@ from typing import Any
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import ClusterConf
 from sft_grid.core.timefmt import parse_minutes
-
-# set in the environment of a command a site runs for a launch from elsewhere (sites/remote.py): its name
-ON_SITE_ENV = "SFT_GRID_ON_SITE"
+from sft_grid.sites import call
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,7 +201,7 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
     resolvers.register()
     found: dict[str, ClusterConf] = {}
     names = next(iter(lists))
-    here = os.environ.get(ON_SITE_ENV)
+    here = call.here()
     if here:  # a site's own invocation for a grid across remote sites: its cells are placed on it, by its own Slurm
         names = tuple(n for n in names if n == here)
     remote = []

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 from sft_grid.core.paths import REPO_ROOT
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.submission import CodeSnapshot
-from sft_grid.sites import snapshot
-from sft_grid.sites.placement import ON_SITE_ENV
+from sft_grid.sites import call, snapshot
+from sft_grid.sites.call import SiteCall
 from sft_grid.sites.transport import TIMEOUT_S, SiteUnreachable, Ssh, Transport, one_line
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def own_configs_problem(key: str) -> Problem | None:
 def site_of(cells: Sequence[Any]) -> Site | None:
     """The remote site of a grid's cells; None when they run where the command runs (or this is the site's own
     invocation). Raises GridError when they name several sites or a site without a root."""
-    if os.environ.get(ON_SITE_ENV):
+    if call.current() is not None:
         return None
     sites: dict[Site, list[str]] = {}
     problems = []
@@ -180,9 +180,12 @@ def site_of(cells: Sequence[Any]) -> Site | None:
     return next(iter(sites))
 
 
-def there(site: Site, code_dir: Path, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
-    """argv run on the site from the snapshot: its directory first on the path, marked as the site's own (`env`:
-    more of its environment)."""
+def there(site: Site, code_dir: Path, argv: Sequence[str], asked: SiteCall | None = None) -> list[str]:
+    """python's arguments `argv` run on the site from the snapshot, its directory first on the path. When they run
+    sft_grid (`-m sft_grid`, or `command_there`'s), the program is told it is the site's own invocation and what it is
+    asked (`asked`; by default only which site it is: sites/call.py)."""
+    if list(argv[:2]) in (["-m", "sft_grid"], ["-c", _MAIN]):
+        argv = [*argv[:2], *(asked or SiteCall(site=site.name)).argv(), *argv[2:]]
     return [
         "sh",
         "-c",
@@ -190,9 +193,7 @@ def there(site: Site, code_dir: Path, argv: Sequence[str], env: Mapping[str, str
         "sh",
         str(code_dir),
         "env",
-        f"{ON_SITE_ENV}={site.name}",
         f"PYTHONPATH={code_dir}",
-        *(f"{k}={v}" for k, v in (env or {}).items()),
         site.python,
         *argv,
     ]
@@ -464,7 +465,7 @@ _SITE_FIELDS = frozenset(f.name for f in fields(Site))  # a record's keys that a
 def read_record(grid_here: Path, anywhere: bool = False) -> list[Placed] | None:
     """The grid's sites, as its record here names them; None when it has none (or this is a site's own
     invocation, unless `anywhere`)."""
-    data = None if (os.environ.get(ON_SITE_ENV) and not anywhere) else _load(grid_here)
+    data = None if (call.current() is not None and not anywhere) else _load(grid_here)
     if data is None:
         return None
     return [
@@ -502,10 +503,12 @@ def site_args(args: Sequence[str], grid: str, grid_here: Path, site: Site) -> li
     return args_there
 
 
+_MAIN = "import sys; from sft_grid.cli.main import main; sys.exit(main(sys.argv[1:]))"
+
+
 def command_there(command: str, args: Sequence[str]) -> list[str]:
     """python's arguments that run `sft-grid <command> <args>` on a site (from its snapshot, `there`)."""
-    main = "import sys; from sft_grid.cli.main import main; sys.exit(main(sys.argv[1:]))"
-    return ["-c", main, command, *args]
+    return ["-c", _MAIN, command, *args]
 
 
 def forward(command: str, args: Sequence[str], grid: str, grid_here: Path) -> int | None:

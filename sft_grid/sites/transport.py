@@ -85,6 +85,11 @@ class Transport(Protocol):
         limit."""
         ...
 
+    def start(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """argv on the site, started and left running: its stdin, stdout and stderr pipes here. It ends when it
+        exits, or when its stdin is closed here and it reads the end (the way a held lock is let go)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -121,6 +126,9 @@ class Local:
             return subprocess.run(list(argv), check=False, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             raise SiteTimeout(f"{self.name}: not done within {timeout:g} s ({_what(argv)} stopped)") from None
+
+    def start(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def close(self) -> None:
         pass
@@ -288,6 +296,14 @@ class Ssh:
         if done.returncode == 255:
             raise self._failed("the connection failed (exit status 255)")
         return done.returncode
+
+    def start(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """argv on the site, over the control connection, left running (see Transport.start): when this process
+        dies, its session ends with it, and the site's side reads the end of its stdin."""
+        self._first()
+        self._socket.parent.mkdir(mode=0o700, exist_ok=True)
+        command = [*self.base(), self.host, "--", shlex.join(argv)]
+        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def connected(self) -> bool:
         """Whether the control connection is up (`ssh -O check`)."""

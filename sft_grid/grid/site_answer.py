@@ -1,18 +1,16 @@
 """A site's answer for a grid across remote sites (sites/coordinate.py places the cells with it).
 
-Run by the site's own invocation (`SFT_GRID_PROBE`), from the grid's snapshot there: the grid's cells composed as
-everywhere, then what the coordinator needs of this site, and nothing else is done (no render, no staging, no
-submission).
+Run by the site's own invocation asked for its answer (sites/call.py), from the grid's snapshot there: the grid's cells
+composed as everywhere, then what the coordinator needs of this site, and nothing else is done (no render, no staging,
+no submission).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from sft_grid.core.layout import LEDGER_FILE
 from sft_grid.core.problems import GridError
-from sft_grid.core.state import CellState
 from sft_grid.grid.flow import cell_dirs, plan_cells
 from sft_grid.grid.triage import settle
 from sft_grid.grid.view import read_view
@@ -20,30 +18,17 @@ from sft_grid.planning.compose import Composed, CompositionError
 from sft_grid.planning.inputs import hub_repos
 from sft_grid.sites import facts as site_facts
 from sft_grid.sites import placement
+from sft_grid.sites.coordinate import Answer
 from sft_grid.sites.moves import observe_moves
-from sft_grid.sites.placement import SiteFacts
 from sft_grid.stages.staging import StagingFailed, plan_staging
 
 
-@dataclass(frozen=True, kw_only=True)
-class Probe:
-    """What a site answers of a grid across remote sites, for the placement made where the grid is launched
-    (sites/coordinate.py): its Slurm's facts, and each cell as its files here say."""
-
-    facts: SiteFacts | None
-    # cell name -> its state here, for the cells with a ledger here
-    states: Mapping[str, CellState]
-    # the cells whose move off this site is confirmed (sites/moves.py): free to be queued elsewhere
-    moving: frozenset[str]
-    # the cells whose Hub inputs are not staged here
-    hub: frozenset[str]
-
-
-def probe(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Probe:
-    """A site's answer for a grid across remote sites (its own invocation: `sites` is this site alone). Reads the
-    ledgers and asks the site's Slurm once (sinfo, sbatch --test-only); unless a dry run it also records what
-    observe records: the triage of ended failures, and the steps of the moves off this site it can take now. Renders,
-    stages and queues nothing."""
+def answer(site: str, composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Answer:
+    """This site's answer for a grid across remote sites (its own invocation: `sites` is this site alone): its
+    Slurm's facts, each cell with a ledger here and its state, the moves off this site confirmed here, and the cells
+    whose Hub inputs are not staged here. Reads the ledgers and asks the site's Slurm once (sinfo, sbatch
+    --test-only); unless a dry run it also records what observe records: the triage of ended failures, and the steps
+    of the moves off this site it can take now. Renders, stages and queues nothing."""
     cells, problems = plan_cells(composed, errors)
     sites, site_problems = placement.profiles(cells)
     if problems or site_problems:
@@ -59,9 +44,12 @@ def probe(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> P
         hub = {cell for i in plan_staging(cells, dirs, True).pending for cell, _ in i.users}
     except (OSError, GridError, StagingFailed):  # the site's Hub cache cannot tell: every cell with a Hub input
         hub = {c.name for c in cells if hub_repos(c)}
-    return Probe(
+    return Answer(
+        site=site,
         facts=facts[0] if facts else None,
-        states={c.name: view.state(d) for c, d in zip(cells, dirs, strict=True) if (d / LEDGER_FILE).is_file()},
+        states={
+            c.name: view.state(d).state.value for c, d in zip(cells, dirs, strict=True) if (d / LEDGER_FILE).is_file()
+        },
         moving=frozenset(c.name for c, d in zip(cells, dirs, strict=True) if d in moving),
         hub=frozenset(hub),
     )

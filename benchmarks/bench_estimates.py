@@ -47,7 +47,7 @@ TRAIN_TIMEOUT_S = 3600
 def accuracy(work: Path) -> dict[str, object]:
     """Train the tiny scaling grid, one recipe after the other; each calibrated estimate against what it took."""
     from sft_grid.core.layout import iter_cell_dirs
-    from sft_grid.grid.costs import measured, read_estimate
+    from sft_grid.planning.costs import measured, read_estimate
 
     root = work / "runs"
     grid = [sys.executable, "-m", "sft_grid", "-m", f"model={','.join(TINY_SIZES)}", "epochs=2"]

@@ -13,9 +13,10 @@ function-local ones included):
     schedulers  sft_grid.schedulers  execute a plan's jobs (local, Slurm) and read the queue; imports core only
     sites       sft_grid.sites       how a site is reached (here, ssh), the code snapshot its jobs run, placement
                                      across sites and the move journal
-    grid        sft_grid.grid        check -> observe -> plan (pure) -> execute
-    analysis    sft_grid.analysis    a grid's results read back: the cells x values table, scaling fits, the report
+    analysis    sft_grid.analysis    a grid read back: each cell's state (the view), the cells x values table,
+                                     scaling fits, the report
     adaptive    sft_grid.adaptive    grids that steer themselves: successive halving, the next cells from the fit
+    grid        sft_grid.grid        check -> steer -> observe -> plan (pure) -> execute
     cli         sft_grid.cli         the entry points: sft-grid COMMAND (python -m sft_grid COMMAND), the
                                      Hydra app (sft-grid run), and hydra_plugins/sft_grid_plugins
 

@@ -141,7 +141,7 @@ def estimate(
     gpu: str = "CPU",
     gpu_hours: float | None = None,
 ) -> dict[str, Any]:
-    """estimate.json as the grid writes it when it queues a cell (grid/costs.py): the estimate, and what
+    """estimate.json as the grid writes it when it queues a cell (planning/costs.py): the estimate, and what
     it was made from (the calibration reads tokens, FLOPs, GPUs and size back)."""
     from sft_grid.planning.estimate import CellPlan, Model, Source, estimate_cell, throughput
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sft_grid.analysis.view import read_view
 from sft_grid.core import events
 from sft_grid.core.layout import LEDGER_FILE, iter_cell_dirs
 from sft_grid.core.state import CellState
-from sft_grid.grid.view import read_view
 
 T = TypeVar("T")
 

@@ -288,7 +288,7 @@ def test_a_data_directory_whose_files_differ_in_columns_is_refused_before_anythi
 
 
 def test_files_of_another_split_may_differ(tmp_path):
-    from sft_grid.checks.readable import data_files, same_columns
+    from sft_grid.planning.readable import data_files, same_columns
 
     data = _data_dir(tmp_path / "data", {"train-0.jsonl": {"messages": TURNS}, "test-0.jsonl": {"other": 1}})
     same_columns(data, data_files(data), "train")  # no error: the test split is not trained

@@ -587,7 +587,7 @@ def test_the_ledger_reader_keeps_its_contract_and_scan_names_the_line(tmp_path: 
 def test_the_grid_records_checked_are_the_ones_their_writers_write():
     from sft_grid.adaptive import halving, steer
     from sft_grid.analysis.report_data import ADAPTIVE_FILE
-    from sft_grid.grid.view import GRID_RECORDS
+    from sft_grid.analysis.view import GRID_RECORDS
 
     assert [name for name, _ in GRID_RECORDS] == [ADAPTIVE_FILE, halving.RECORD_FILE, steer.RECORD_FILE]
 

@@ -369,7 +369,8 @@ def test_a_float32_checkpoint_trains_in_the_sites_precision_and_is_counted_at_4_
     import yaml
 
     from sft_grid.core.schema import weights_bytes
-    from sft_grid.grid import costs, render
+    from sft_grid.grid import render
+    from sft_grid.planning import costs
 
     for var in ("ACCOUNT", "RUNS", "ENV"):
         monkeypatch.setenv(f"SFT_GRID_JUPITER_{var}", str(tmp_path / var.lower()))

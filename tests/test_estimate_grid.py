@@ -1,4 +1,4 @@
-"""A grid's estimates before launch (grid/costs.py): from each source's token sample and row count, the mix, the
+"""A grid's estimates before launch (planning/costs.py): from each source's token sample and row count, the mix, the
 model and the cluster; calibrated from completed cells; a cell that cannot finish in its wall time x requeues is a
 problem before anything is queued; the dry run prints it all (marked backend: it runs the loss-mask probe)."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from sft_grid.cli.present import cost_lines
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.grid import costs as estimates
-from sft_grid.grid.costs import calibrations, measured
+from sft_grid.planning import costs as estimates
+from sft_grid.planning.costs import calibrations, measured
 
 from . import grid_fixture as gf
 from .conftest import run_sft

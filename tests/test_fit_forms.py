@@ -6,6 +6,7 @@ E ends on its bound there, and its band holds the held-out points; the joint for
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -51,6 +52,51 @@ def test_on_a_real_replayed_curve_the_chosen_form_beats_the_single_form_and_its_
         value, lo, hi = sel.forecast(x)
         assert abs(value - v) < abs(single.predict(x) - v)
         assert lo is not None and hi is not None and lo <= v <= hi
+
+
+def test_the_report_shows_each_fits_chosen_form_and_the_held_out_errors_that_chose_it():
+    """The report's fits as report_data.build makes them (scaling.report_fits with forms.select), from synthetic
+    completed cells, no training: report.json's selection and the page's "Fit forms" section name the chosen form,
+    its held-out error and the other forms' errors."""
+    from sft_grid.analysis import page
+    from sft_grid.analysis.scaling import report_fits
+
+    laws = {"sat": lambda x: 1.6 + 400.0 * x**-0.33, "line": lambda x: 6.0 - 0.2 * math.log(x)}
+    cells = [
+        {
+            "name": f"{recipe}-{i}",
+            "state": "completed",
+            "recipe": recipe,
+            "params": x,
+            "final_loss": law(x) * (1 + 5e-4 * (-1) ** i),
+        }
+        for recipe, law in laws.items()
+        for i, x in enumerate(XS)
+    ]
+    data = {"grid": {"name": "forms"}, "cells": cells}
+    data["fits"] = report_fits(
+        data, metrics=["final_loss"], xs=("params",), resamples=0, select=lambda pts: forms.select(pts).as_dict()
+    )
+    chosen = {f["recipe"]: f["selection"] for f in data["fits"]}
+    assert chosen["sat"]["form"] == "power_e" and chosen["line"]["form"] == "loglinear"
+    for sel in chosen.values():  # the error that chose it is the smallest, the others beside it
+        assert sel["error"] == sel["scores"][sel["form"]] and set(sel["alternatives"]) == set(forms.FORMS) - {
+            sel["form"]
+        }
+        assert all(v is None or sel["error"] <= v for v in sel["alternatives"].values())
+        assert sel["heldout_x"] == XS[-2:]
+    html = page.render(data)
+    section = html[html.index('id="fit-forms"') :]
+    for recipe, sel in chosen.items():
+        item = section[section.index(f'<li data-form="{sel["form"]}"') :]
+        item = item[: item.index("</li>")]
+        assert f"final loss vs parameters, {recipe}:" in item and f'<b class="form">{sel["form"]}</b>' in item
+        assert f"held-out error {100 * sel['error']:.2f}%" in item and "2 held-out point(s)" in item
+        for other, err in sel["alternatives"].items():
+            assert (f"{other} {100 * err:.2f}%" if err is not None else f"{other} not fittable") in item
+    # each fit with its parameters
+    assert re.search(r"L\(N\) = 6\.00\d* - 0\.200\d* log N<", section)
+    assert re.search(r"L\(N\) = 1\.6\d* \+ 40\d\.\d* N\^-0\.33\d*<", section)
 
 
 def test_the_joint_form_recovers_a_known_surface():

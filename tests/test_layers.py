@@ -24,9 +24,9 @@ LAYERS = [
     "job",
     "schedulers",
     "sites",
-    "grid",
     "analysis",
     "adaptive",
+    "grid",
     "cli",
 ]
 MAY_IMPORT = {layer: set(LAYERS[: i + 1]) for i, layer in enumerate(LAYERS)}

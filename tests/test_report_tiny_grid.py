@@ -16,7 +16,7 @@ import pytest
 
 from sft_grid.analysis.page import write
 from sft_grid.core.layout import iter_cell_dirs
-from sft_grid.grid.costs import measured
+from sft_grid.planning.costs import measured
 from sft_grid.planning.estimate import Throughput
 from tests.report_cdp import click, errors, names, opened, plot_pixels, requests
 

@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 import pytest
 
+from sft_grid.analysis.view import read_view
 from sft_grid.checks.preflight import check_prepared, check_staged, check_tokenized
 from sft_grid.cli.present import plan_lines
 from sft_grid.core import events
@@ -34,8 +35,7 @@ from sft_grid.core.submission import Role, SlurmJob, SubmissionPlan
 from sft_grid.core.tokenized import MARKER, tokenized_complete
 from sft_grid.grid import flow
 from sft_grid.grid.jobs import build
-from sft_grid.grid.view import read_view
-from sft_grid.planning.cells import Cell
+from sft_grid.planning.cells import Cell, dirs_of
 from sft_grid.planning.inputs import prep_complete, preps
 from sft_grid.sites.placement import SiteFacts, profiles
 from sft_grid.stages import tokenize
@@ -52,7 +52,7 @@ SITES = "sites=[slurm_local,slurm_siteb]"
 def spread_plan(cells: Sequence[Cell], jobs: Sequence[JobState] = ()) -> flow.GridPlan:
     """The flow's plan of these cells over the two local sites (of a grid without sites: on its cluster), both idle
     (each one node), as a dry run plans it; `jobs`: what the scheduler says of the jobs the ledgers name."""
-    dirs = flow.cell_dirs(cells)
+    dirs = dirs_of(cells)
     sites, problems = profiles(cells)
     assert not problems
     inputs = flow.Inputs(

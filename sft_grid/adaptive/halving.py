@@ -15,7 +15,11 @@ end of a schedule would see it; with `guard: position` on its logged loss at the
 three logging points (every cell of a bracket at the same steps, so at the same schedule position); with
 `guard: extrapolate` on its logged curve extrapolated to the schedule's end (`extrapolate`: the curve's own shape
 under its own learning-rate schedule, fitted to its logged points, evaluated at the last step with the schedule's
-last factor), which needs no probe, so it serves every backend that logs its loss and learning rate.
+last factor), which needs no probe, so it serves every backend that logs its loss and learning rate. Its evidence
+carries a band (`extrapolate_band`: the error the same fit made extrapolating the curve's own first half to the
+rung, scaled to the reach from the rung to the end), and the rung keeps by confidence rather than a fixed fraction:
+every cell whose band overlaps the best's, at least the best and at most BAND_EXTRA more than `ceil(keep x n)` (so
+the steps spent stay bounded); a cell clear of the best's band is pruned even within the fixed fraction.
 
 Every decision is appended to the grid's record (`<sweep dir>/.sft_grid_prune.jsonl`) before anything acts on it.
 A record's decision is never recomputed: an orchestrator killed anywhere and started again reads the same record
@@ -31,6 +35,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 from sft_grid.analysis.along import logged_losses
@@ -51,9 +56,11 @@ class RungDecision:
     evidence: Mapping[str, float]
     kept: tuple[str, ...]
     pruned: tuple[str, ...]
+    # cell -> (lo, hi): the evidence's band where the rung kept by confidence (guard: extrapolate); empty otherwise
+    bands: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "bracket": self.bracket,
             "rung": self.rung,
             "step": self.step,
@@ -62,6 +69,9 @@ class RungDecision:
             "kept": list(self.kept),
             "pruned": list(self.pruned),
         }
+        if self.bands:
+            out["bands"] = {c: [lo, hi] for c, (lo, hi) in sorted(self.bands.items())}
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> RungDecision:
@@ -73,26 +83,69 @@ class RungDecision:
             {str(k): float(v) for k, v in d["evidence"].items()},
             tuple(d["kept"]),
             tuple(d["pruned"]),
+            {str(k): (float(v[0]), float(v[1])) for k, v in (d.get("bands") or {}).items()},
         )
 
     def why(self, cell: str) -> str:
         """The rung's evidence for one cell, in words (what `status` shows beside `pruned`)."""
-        best = min(self.evidence.values())
+        best = min(self.evidence, key=lambda c: (self.evidence[c], c))
         kept_worst = max(self.evidence[c] for c in self.kept)
+        head = f"pruned at rung {self.rung + 1} (step {self.step}): {self.metric} {self.evidence[cell]:.4f}"
+        if cell in self.bands and best in self.bands:
+            (lo, hi), (best_lo, best_hi) = self.bands[cell], self.bands[best]
+            where = "clear of" if lo > best_hi else "overlapping, past the most kept of"
+            return (
+                f"{head} (band [{lo:.4f}, {hi:.4f}], {where} the best's: {self.evidence[best]:.4f}"
+                f" [{best_lo:.4f}, {best_hi:.4f}]); {len(self.kept)} kept of {len(self.evidence)}"
+            )
         return (
-            f"pruned at rung {self.rung + 1} (step {self.step}): {self.metric} {self.evidence[cell]:.4f}, the"
-            f" {len(self.kept)} kept of {len(self.evidence)} were at most {kept_worst:.4f} (best {best:.4f})"
+            f"{head}, the {len(self.kept)} kept of {len(self.evidence)} were at most {kept_worst:.4f}"
+            f" (best {self.evidence[best]:.4f})"
         )
 
 
+# the cells beyond the fixed fraction, ceil(keep x n), that a rung deciding by confidence may keep when their bands
+# overlap the best's: what bounds the steps spent (brackets of 9, keep 0.4, rungs at 1/9 and 1/3: at most 5 then 3
+# cells go on, 45.6% of the full sweep's steps, against 4 then 2, 35.7%, for the fixed fraction)
+BAND_EXTRA = 1
+
+
 def decide_rung(
-    bracket: str, rung: int, step: int, evidence: Mapping[str, float], keep: float, metric: str = "loss"
+    bracket: str,
+    rung: int,
+    step: int,
+    evidence: Mapping[str, float],
+    keep: float,
+    metric: str = "loss",
+    bands: Mapping[str, tuple[float, float]] | None = None,
 ) -> RungDecision:
-    """Rank one rung (lower is better; ties broken by the cell's name, so the order never depends on time)."""
+    """Rank one rung (lower is better; ties broken by the cell's name, so the order never depends on time).
+
+    Without `bands` the best `ceil(keep x n)` are kept. With a band (lo, hi) for every cell the rung keeps by
+    confidence: the cells whose band overlaps the best's (lo <= the best's hi), in the order of their evidence, at
+    most `ceil(keep x n) + BAND_EXTRA`, at least the best: fewer than the fixed fraction where the bands tell the
+    cells apart, more where they cannot."""
+    evidence = {c: float(v) for c, v in evidence.items()}  # plain floats (an Estimate's band goes to `bands`)
     n = len(evidence)
     k = max(1, math.ceil(n * keep - 1e-9))
     order = sorted(evidence, key=lambda c: (evidence[c], c))
-    return RungDecision(bracket, rung, step, metric, dict(evidence), tuple(sorted(order[:k])), tuple(sorted(order[k:])))
+    if bands is None or not order or any(c not in bands for c in order):
+        return RungDecision(
+            bracket, rung, step, metric, dict(evidence), tuple(sorted(order[:k])), tuple(sorted(order[k:]))
+        )
+    best_hi = bands[order[0]][1]
+    near = [c for c in order if c == order[0] or bands[c][0] <= best_hi]
+    kept = set(near[: k + BAND_EXTRA])
+    return RungDecision(
+        bracket,
+        rung,
+        step,
+        metric,
+        dict(evidence),
+        tuple(sorted(kept)),
+        tuple(sorted(c for c in order if c not in kept)),
+        {c: (float(bands[c][0]), float(bands[c][1])) for c in order},
+    )
 
 
 # -- the record ------------------------------------------------------------------------------------------------
@@ -162,29 +215,93 @@ def schedule_end(kind: str) -> float:
 
 def extrapolate(points: Sequence[tuple[float, float, float]], total: float, end: float) -> float | None:
     """A training curve's loss at step `total` from its logged (step, loss, lr factor) points: the form
-    L(s) = c + b s^-beta + k f(s), the data term (a power law in the steps seen, Kaplan et al.) plus a noise floor
-    proportional to the learning rate's factor f (which the decay removes: the flip a pruner must not be fooled
-    by; Tissue et al. 2024, "Scaling law with learning rate annealing", use the same split), fitted by least
-    squares with c, b, k >= 0 (a loss, a falling data term, a floor that only adds), linear in (c, b, k) for each
-    beta of a grid, the best beta refined between its neighbours; evaluated at (total, end). Without
-    variation in f (a constant schedule) k is dropped. None with fewer than MIN_POINTS points."""
+    L(s) = c + b s^-beta + k f(s), the data term (a power law in the steps seen, Kaplan et al.; saturating in
+    log-step) plus a noise floor proportional to the learning rate's factor f (which the decay removes: the flip a
+    pruner must not be fooled by; Tissue et al. 2024, "Scaling law with learning rate annealing", use the same
+    split), fitted by least squares with c, b, k >= 0 (a loss, a falling data term, a floor that only adds), linear
+    in (c, b, k) for each beta of a grid, the best beta refined between its neighbours; evaluated at (total, end).
+    Without variation in f (a constant schedule) k is dropped. None with fewer than MIN_POINTS points."""
+    pts = _clean(points)
+    if len(pts) < MIN_POINTS:
+        return None
+    return _curve_model(pts)(total, end)
+
+
+class Estimate(float):
+    """An extrapolated final loss (the float itself) with its band: `lo`, `hi` (None where the curve is too short to
+    hold a part of it out). A float, so that whatever passes evidence on (adaptive/prune.py) passes the band with it;
+    `plan` decides a rung by confidence when every cell's evidence carries one."""
+
+    lo: float | None
+    hi: float | None
+
+    def __new__(cls, value: float, lo: float | None = None, hi: float | None = None) -> Estimate:
+        obj = super().__new__(cls, value)
+        obj.lo, obj.hi = lo, hi
+        return obj
+
+    @property
+    def band(self) -> tuple[float, float] | None:
+        return None if self.lo is None or self.hi is None else (self.lo, self.hi)
+
+
+# the band's level: a cell is kept while its band overlaps the best's
+BAND_LEVEL = 0.9
+
+
+def extrapolate_band(
+    points: Sequence[tuple[float, float, float]], total: float, end: float, level: float = BAND_LEVEL
+) -> Estimate | None:
+    """`extrapolate`'s value with a band from the errors the same fit makes extrapolating this very curve (rolling
+    origin, as analysis/forms.py chooses a form): the fit of the points up to half the last step predicts the points
+    after it; s, the root-mean-square of those log errors per unit of log-step reach (sqrt(sum e^2 / sum r^2), r the
+    distance in log-step beyond the last fitted point: an error that grows with the reach, as a misjudged slope's
+    does), times the reach from the last point to `total`, combined with the fit's in-sample log residual, times the
+    normal quantile of `level`: value x exp(+-z sqrt((s log(total / last))^2 + residual^2)). No band (lo, hi None)
+    where the first half holds fewer than MIN_POINTS points or the second fewer than 2. None as `extrapolate`."""
+    import numpy as np
+
+    pts = _clean(points)
+    if len(pts) < MIN_POINTS:
+        return None
+    model = _curve_model(pts)
+    value = model(total, end)
+    last = pts[-1][0]
+    train = [p for p in pts if p[0] <= last / 2]
+    test = [p for p in pts if p[0] > last / 2]
+    if len(train) < MIN_POINTS or len(test) < 2 or not value > 0:
+        return Estimate(value)
+    fold = _curve_model(train)
+    reach_from = train[-1][0]
+    errs = np.array([math.log(max(fold(s, f), 1e-12) / v) for s, v, f in test])
+    reach = np.array([math.log(s / reach_from) for s, _, _ in test])
+    per_reach = float(np.sqrt(np.sum(errs**2) / np.sum(reach**2)))
+    resid = float(np.sqrt(np.mean([math.log(max(model(s, f), 1e-12) / v) ** 2 for s, v, f in pts])))
+    z = NormalDist().inv_cdf((1 + level) / 2)
+    half = z * math.hypot(per_reach * math.log(max(total, last) / last), resid)
+    return Estimate(value, value * math.exp(-half), value * math.exp(half))
+
+
+def _clean(points: Sequence[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    pts = [(float(s), float(v), float(f)) for s, v, f in points if s > 0 and math.isfinite(v) and math.isfinite(f)]
+    return sorted(pts)
+
+
+def _curve_model(pts: Sequence[tuple[float, float, float]]) -> Callable[[float, float], float]:
+    """`extrapolate`'s fit of (step, loss, factor) points (at least one): the fitted L(s, f)."""
     import numpy as np
     from scipy.optimize import minimize_scalar, nnls
 
-    pts = [(s, v, f) for s, v, f in points if s > 0 and math.isfinite(v) and math.isfinite(f)]
-    if len(pts) < MIN_POINTS:
-        return None
     steps = np.array([p[0] for p in pts], dtype=float)
     loss = np.array([p[1] for p in pts])
     factor = np.array([p[2] for p in pts])
     varies = float(np.ptp(factor)) > 1e-6
 
-    def solve(beta: float) -> tuple[float, float]:
+    def solve(beta: float) -> tuple[float, Any]:
         cols = [np.ones_like(steps), steps**-beta] + ([factor] if varies else [])
         design = np.stack(cols, axis=1)
         coef, _ = nnls(design, loss)
-        value = float(coef[0] + coef[1] * total**-beta + (coef[2] * end if varies else 0.0))
-        return float(np.sum((design @ coef - loss) ** 2)), value
+        return float(np.sum((design @ coef - loss) ** 2)), coef
 
     sse = [solve(beta)[0] for beta in _BETAS]
     i = int(np.argmin(sse))
@@ -192,7 +309,12 @@ def extrapolate(points: Sequence[tuple[float, float, float]], total: float, end:
     lo, hi = _BETAS[max(0, i - 1)], _BETAS[min(len(_BETAS) - 1, i + 1)]
     found = minimize_scalar(lambda b: solve(b)[0], bounds=(lo, hi), method="bounded", options={"xatol": 1e-5})
     beta = float(found.x) if found.success and found.fun <= sse[i] else _BETAS[i]
-    return solve(beta)[1]
+    coef = solve(beta)[1]
+
+    def at(s: float, f: float) -> float:
+        return float(coef[0] + coef[1] * s**-beta + (coef[2] * f if varies else 0.0))
+
+    return at
 
 
 def logged_curve(cell_dir: Path, step: int) -> list[tuple[float, float, float]]:
@@ -212,13 +334,13 @@ def logged_curve(cell_dir: Path, step: int) -> list[tuple[float, float, float]]:
     return [(float(s), v, lr / peak if peak > 0 else 1.0) for s, (v, lr) in sorted(rows.items())]
 
 
-def extrapolated_loss(cell_dir: Path, step: int, total: int, end: float) -> float | None:
-    """`guard: extrapolate`'s evidence: the cell's logged curve up to `step` extrapolated to `total`; None while it
-    has logged no loss at `step` itself."""
+def extrapolated_loss(cell_dir: Path, step: int, total: int, end: float) -> Estimate | None:
+    """`guard: extrapolate`'s evidence: the cell's logged curve up to `step` extrapolated to `total`, with its band
+    (extrapolate_band); None while it has logged no loss at `step` itself."""
     curve = logged_curve(cell_dir, step)
     if not curve or curve[-1][0] != step:
         return None
-    return extrapolate(curve, total, end)
+    return extrapolate_band(curve, total, end)
 
 
 # -- the plan: what each cell does next --------------------------------------------------------------------------
@@ -270,7 +392,10 @@ def plan(
                         probe = guard == "cooldown" and reached(c, step)
                         actions.append(Action("probe" if probe else "run", c, step))
                     break
-                d = decide_rung(bracket, i, step, {c: v for c, v in values.items() if v is not None}, keep, metric)
+                found = {c: v for c, v in values.items() if v is not None}
+                # evidence that carries its band (guard: extrapolate's Estimate): the rung keeps by confidence
+                bands = {c: b for c, v in found.items() if isinstance(v, Estimate) and (b := v.band) is not None}
+                d = decide_rung(bracket, i, step, found, keep, metric, bands if len(bands) == len(found) else None)
                 new.append(d)
                 every[(bracket, i)] = d
             actions += [Action("prune", c, step, d.why(c)) for c in d.pruned]

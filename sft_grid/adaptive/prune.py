@@ -35,8 +35,7 @@ from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
 from sft_grid.core.problems import Problem
 from sft_grid.core.state import State, state_of
-from sft_grid.grid.flow import cell_dirs
-from sft_grid.planning.cells import Cell, plan_cell
+from sft_grid.planning.cells import Cell, dirs_of, plan_cell
 from sft_grid.planning.compose import Composed
 
 
@@ -229,7 +228,7 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     if problems or spec is None:
         effects.problems += problems
         return list(composed), [], effects
-    dirs = cell_dirs(cells)
+    dirs = dirs_of(cells)
     by_name = dict(zip((c.name for c in cells), dirs, strict=True))
     cells_by = {c.name: c for c in cells}
     rungs = spec.rung_steps(_tokens_per_step(cells[0]))

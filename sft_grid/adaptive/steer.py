@@ -33,8 +33,7 @@ from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import exact_params
 from sft_grid.core.state import State, state_of
-from sft_grid.grid.flow import cell_dirs
-from sft_grid.planning.cells import Cell, plan_cell
+from sft_grid.planning.cells import Cell, dirs_of, plan_cell
 from sft_grid.planning.compose import Composed
 
 RECORD_FILE = ".sft_grid_adaptive.jsonl"
@@ -52,9 +51,9 @@ def _value(config: Mapping[str, Any], dotted: str) -> Any:
 
 
 def _gpu_hours(cells: Sequence[Cell]) -> tuple[dict[str, float], str]:
-    """Each cell's estimated GPU-hours (grid/costs.py), or where any is unknown, parameters / 1e9 for every cell
+    """Each cell's estimated GPU-hours (planning/costs.py), or where any is unknown, parameters / 1e9 for every cell
     (cells that see the same tokens cost in proportion to their size): the cost the choice weighs."""
-    from sft_grid.grid import costs
+    from sft_grid.planning import costs
 
     found = costs.estimate(cells, {})
     hours = {n: e.gpu_hours for n, e in found.estimates.items() if e.gpu_hours}
@@ -103,7 +102,7 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     if problems or spec is None:
         effects.problems += problems
         return list(composed), [], effects
-    dirs = cell_dirs(cells)
+    dirs = dirs_of(cells)
     hours, unit = _gpu_hours(cells)
     pool, observed, in_flight = [], {}, []
     for cell, composed_cell, cell_dir in zip(cells, composed, dirs, strict=True):

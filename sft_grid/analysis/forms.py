@@ -107,10 +107,20 @@ class Selection:
     step: float  # the mean distance in log x of the held-out extrapolations
     x_max: float
     level: float
+    folds: tuple[float, ...] = ()  # the held-out x: each scored on a fit of the points below it
 
     @property
     def ok(self) -> bool:
         return self.fit.ok
+
+    @property
+    def error(self) -> float:
+        """The chosen form's root-mean-square held-out log error: what chose it (inf: nothing was held out)."""
+        return self.scores.get(self.form, math.inf)
+
+    def formula(self, x: str = "x") -> str:
+        """The chosen form with its fitted parameters, in words: "1.69 + 406.4 N^-0.34"."""
+        return formula(self.form, self.fit.params, x)
 
     def forecast(self, x: float) -> tuple[float, float | None, float | None]:
         """(value, lo, hi) at x; no band (None) where nothing was held out."""
@@ -124,14 +134,36 @@ class Selection:
         return value, value * math.exp(-half), value * math.exp(half)
 
     def as_dict(self) -> dict[str, Any]:
+        """What the report shows (report.json's fits[].selection): the chosen form, its parameters, the held-out
+        error that chose it (`error`) beside the other forms' (`alternatives`; `scores` holds all of them; None:
+        not fittable on the folds), the held-out points and x, the band's log scale."""
+
+        def finite(v: float) -> float | None:
+            return v if math.isfinite(v) else None
+
         return {
             "form": self.form,
+            "formula": self.formula(),
             "params": dict(self.fit.params),
-            "scores": {k: (v if math.isfinite(v) else None) for k, v in self.scores.items()},
+            "error": finite(self.error),
+            "alternatives": {k: finite(v) for k, v in self.scores.items() if k != self.form},
+            "scores": {k: finite(v) for k, v in self.scores.items()},
             "heldout": self.heldout,
-            "sigma": self.sigma if math.isfinite(self.sigma) else None,
+            "heldout_x": list(self.folds),
+            "sigma": finite(self.sigma),
             "at_bounds": list(self.fit.at_bounds),
         }
+
+
+# each form in words, its parameters by name
+FORMULAS = {"power_e": "{E} + {A} {x}^-{alpha}", "power": "{A} {x}^-{alpha}", "loglinear": "{a} - {b} log {x}"}
+
+
+def formula(form: str, params: dict[str, float], x: str = "x") -> str:
+    """A form with its parameters ("1.69 + 406.4 N^-0.34"), or its shape where they are missing ("E + A N^-alpha")."""
+    names = {"E", "A", "alpha", "a", "b"}
+    values = {k: (f"{params[k]:.4g}" if isinstance(params.get(k), (int, float)) else k) for k in names}
+    return FORMULAS.get(form, form).format(x=x, **values)
 
 
 def select(
@@ -171,11 +203,13 @@ def select(
     chosen = next((f for f in ranked if full[f].ok and math.isfinite(scores[f])), None)
     if chosen is None:  # nothing could be validated: the first form that fits, with no band
         chosen = next((f for f in forms if full[f].ok), forms[0])
-        return Selection(chosen, full[chosen], scores, 0, math.nan, math.nan, max(distinct, default=math.nan), level)
+        return Selection(
+            chosen, full[chosen], scores, 0, math.nan, math.nan, max(distinct, default=math.nan), level, tuple(folds)
+        )
     fit = full[chosen]
     errs = errors[chosen]
     sigma = math.sqrt((sum(e * e for e in errs) + fit.residual**2) / (len(errs) + 1))
-    return Selection(chosen, fit, scores, n_test, sigma, sum(steps) / len(steps), distinct[-1], level)
+    return Selection(chosen, fit, scores, n_test, sigma, sum(steps) / len(steps), distinct[-1], level, tuple(folds))
 
 
 # -- the joint form, where a grid has both size and data ---------------------------------------------------------

@@ -36,7 +36,10 @@ Report data (a JSON-serialisable dict; every key optional unless said; unknown k
      "base_models": [{"name", "params", "scores": {...}}],   # reference diamonds in the score plots
      "estimates": {"summary": {...}, "calibration": {cluster: detail}},
      "fits": [scaling.report_fits(...) entries: {"metric", "x", "recipe", "ok", "reason", "E", "A", "alpha",
-              "loss", "converged", "at_bounds", "keys", "band": {"n", "lo", "hi", "level"}}]}
+              "loss", "converged", "at_bounds", "keys", "band": {"n", "lo", "hi", "level"},
+              "selection": {"form", "params", "error", "alternatives": {form: error | None}, "heldout",
+                            "heldout_x", ...}}]}   # analysis/forms.py's Selection.as_dict: the form chosen on
+                                                     # held-out points ("Fit forms" section)
 
 How the figures are laid out, and how missing, running and failed cells show, is in figures.py.
 """
@@ -54,6 +57,7 @@ from typing import Any
 
 from sft_grid.analysis.along import along_figures
 from sft_grid.analysis.figures import Canvas, Layout, cell_state, loss_curves, scaling, state_colour
+from sft_grid.analysis.forms import formula
 from sft_grid.core import human
 
 REPORT_HTML, REPORT_JSON = "report.html", "report.json"
@@ -281,6 +285,57 @@ def _adaptive(data: dict[str, Any]) -> str:
     )
 
 
+# a fit's x: its words and its letter in the formula
+_FIT_X = {"params": ("parameters", "N"), "compute_budget": ("compute budget (FLOPs)", "C")}
+
+
+def _fit_forms(data: dict[str, Any]) -> str:
+    """Each fit's form chosen on held-out points (analysis/forms.py, report.json's fits[].selection): the form with
+    its parameters, the held-out error that chose it, and the other forms' held-out errors; "" when no fit has one.
+    A list, an item per fit (the page's one table is the cells')."""
+    items = []
+    for f in data.get("fits") or []:
+        sel = f.get("selection") if isinstance(f, dict) else None
+        if not isinstance(sel, dict) or not sel.get("form"):
+            continue
+        form = str(sel["form"])
+        scores: dict[str, Any] = sel["scores"] if isinstance(sel.get("scores"), dict) else {}
+        others: dict[str, Any] = sel["alternatives"] if isinstance(sel.get("alternatives"), dict) else {}
+        others = others or {k: v for k, v in scores.items() if k != form}
+        label, var = _FIT_X.get(str(f.get("x")), (str(f.get("x") or ""), "x"))
+        metric = "final loss" if f.get("metric") == "final_loss" else str(f.get("metric") or "")
+        params: dict[str, float] = sel["params"] if isinstance(sel.get("params"), dict) else {}
+        lhs = f"1 - {metric}" if f.get("flip") else ("L" if metric == "final loss" else metric)
+        err = _num(sel.get("error") if "error" in sel else scores.get(form))
+        held = [_g(x, 3) for x in sel.get("heldout_x") or [] if _num(x) is not None]
+        where = f"{sel.get('heldout') or 0} held-out point(s)" + (f" at {var} = {', '.join(held)}" if held else "")
+        alts = "; ".join(
+            f"{k} {_pct(v)}" if _num(v) is not None else f"{k} not fittable on the folds" for k, v in others.items()
+        )
+        chose = f"held-out error {_pct(err)}" if err is not None else "not validated (too few sizes): no held-out error"
+        who = f"{metric} vs {label}, {f.get('recipe') or 'all cells'}:"
+        fitted = f"{lhs}({var}) = {formula(form, params, var)}"
+        items.append(
+            f'<li data-form="{escape(form)}">{escape(who)} <b class="form">{escape(form)}</b>'
+            f' <code>{escape(fitted)}</code>, <span class="chose">{escape(chose)}</span> ({escape(where)});'
+            f" the other forms: {escape(alts or 'none')}</li>"
+        )
+    if not items:
+        return ""
+    return (
+        '<h2>Fit forms</h2><section id="fit-forms"><p class="note">Each fit\'s form chosen on held-out points: every'
+        " form (power_e: E + A x^-alpha, the scaling plots' own; power: A x^-alpha; loglinear: a - b log x) fitted"
+        " on the points below each of the largest sizes and scored there; the smallest root-mean-square held-out log"
+        " error (about the relative error) chooses, and the chosen form is refitted on every point.</p>"
+        f'<ul class="note">{"".join(items)}</ul></section>'
+    )
+
+
+def _pct(v: Any) -> str:
+    f = _num(v)
+    return "" if f is None else f"{100 * f:.2f}%"
+
+
 # Draws each figure of the JSON in script#figures into its element (figures.py's Canvas).
 _DRAW = """
 (function(){var f=JSON.parse(document.getElementById("figures").textContent);
@@ -329,6 +384,7 @@ def render(data: dict[str, Any]) -> str:
     plots = scaling(data, layout, canvas)
     if plots:
         body += ['<h2>Scaling</h2><section id="scaling">', plots, "</section>"]
+    body.append(_fit_forms(data))
     scripts = f"<script>{_JS}</script>"
     if canvas.specs:
         scripts = (

@@ -31,7 +31,7 @@ from sft_grid.core import events, project
 from sft_grid.core.cellfiles import READ_ERRORS, Damage, damage_of, json_damage, load_json, not_utf8
 from sft_grid.core.events import Kind
 from sft_grid.core.layout import OUTPUT_DIR, TRAIN_RESULTS, TRAINER_LOG
-from sft_grid.grid.costs import measured
+from sft_grid.planning.costs import measured
 from sft_grid.planning.estimate import Measured, calibrate, leave_one_out
 
 # an adaptive grid's latest round, beside its cells (sft_grid/adaptive/steer.py)

@@ -2,7 +2,7 @@
 
 Read from each cell's own files only (no harness, no backend, no numpy): cell.yaml (read with PyYAML's C loader: its
 rerun command names the swept values; the config gives model, size, GPUs), the ledger and the trainer's output
-(state, steps, final loss: the shared rules of core/state.py and grid/view.py, one sacct for a Slurm grid), the
+(state, steps, final loss: the shared rules of core/state.py and analysis/view.py, one sacct for a Slurm grid), the
 score files, estimate.json (what the grid estimated when it queued the cell) and the ledger's run times (GPU-hours
 used: every run's wall time x the cell's GPUs; on a CPU-only node the runs' CPU time, one device).
 
@@ -36,12 +36,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sft_grid.analysis.view import cell_dirs, grid_damage, read_view
 from sft_grid.core.cellfiles import CellYaml, Damage, DamagedFile, load_json
 from sft_grid.core.events import Event, Kind, submitted_site
 from sft_grid.core.layout import BASE_DIR, CELL_FILE, ESTIMATE_FILE, EVAL_DIR, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE
 from sft_grid.core.overrides import overrides_of, swept_values
-from sft_grid.grid.costs import used_seconds
-from sft_grid.grid.view import cell_dirs, grid_damage, read_view
+from sft_grid.planning.costs import used_seconds
 
 # a pretraining compute budget in a model's name: delphi-3e18-base -> 3e18 FLOPs
 _BUDGET = re.compile(r"(?<![\w.])(\d(?:\.\d+)?e\+?(1[5-9]|2\d))(?![\w.])")

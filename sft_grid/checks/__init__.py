@@ -1,6 +1,5 @@
 """Layer 3, checks: what needs a tokenizer or data, run once per unique input before anything is queued.
 
-- `readable`: where a local path or a hub id can be read here, and a sample of its rows;
 - `preflight`: the checks of every cell (paths, template tokens, assistant turns, the loss mask), run once
   each, with the ones whose input cannot be read here deferred to the job's first step, and each check's verdict;
 - `own_envs`: the environments a site names itself (`cluster.backend_venvs.<backend>`, a directory or a conda

@@ -40,7 +40,6 @@ from sft_grid.backends import get as backend_of
 from sft_grid.checks import own_envs, venv_facts
 from sft_grid.checks.cache import cache_dir, env_state
 from sft_grid.checks.cache import stat_key as _stat
-from sft_grid.checks.readable import SAMPLE_ROWS, data_files, locate, read_sample
 from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.problems import Problem
@@ -48,6 +47,7 @@ from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.environments import bin_dir
 from sft_grid.planning.inputs import dataset_source
+from sft_grid.planning.readable import SAMPLE_ROWS, data_files, locate, read_sample
 
 log = logging.getLogger(__name__)
 

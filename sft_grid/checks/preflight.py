@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.checks import mask, own_envs, venv_facts
-from sft_grid.checks.readable import SAMPLE_ROWS, NoSplit, NotData, hub_cache, locate, read_sample
 from sft_grid.checks.tokenizers import check_tokenizer
 from sft_grid.checks.venv_facts import INTEGRATIONS
 from sft_grid.core import events
@@ -46,6 +45,7 @@ from sft_grid.planning.inputs import (
     prep_for,
     tokenizer_source,
 )
+from sft_grid.planning.readable import SAMPLE_ROWS, NoSplit, NotData, hub_cache, locate, read_sample
 
 
 def checks_for(cell: Cell, memo: dict[tuple[Any, ...], list[Check]] | None = None) -> list[Check]:

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.checks.cache import cache_dir
-from sft_grid.checks.readable import locate
 from sft_grid.core.hubcache import is_complete
 from sft_grid.core.templates import DELPHI_TOKENS
 from sft_grid.in_venv.delphi_tokens import PrepError, prepare_files
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import PREP_VERSION, pin_of, prep_for
+from sft_grid.planning.readable import locate
 
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -237,6 +237,10 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
     live = Live(sys.stderr)
 
     class Show(flow.Observer):
+        def steered(self, lines: Sequence[str]) -> None:
+            for line in lines:
+                out(line)
+
         def planned(self, cells: int, counts: Mapping[str, int]) -> None:
             what = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: kv[0] != "to run"))
             # progress, not a result: on stderr with the live lines, so stdout stays the table or plan alone
@@ -274,15 +278,6 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
     from sft_grid.stages.staging import StagingStopped, TimeLimitTooShort
 
     try:
-        # a sweep with an `adaptive:` block runs only the cells its fit chooses this round, one with a `prune:` block
-        # only the legs of the cells its rungs keep (a grid with neither passes whole): decided here from the cells'
-        # files, written by the flow once the grid has passed every rule (adaptive/effects.py)
-        from sft_grid.adaptive import prune, steer
-
-        composed, steering, steer_writes = steer.select(composed)
-        composed, pruning, prune_writes = prune.select(composed)
-        for line in (*steering, *pruning):
-            out(line)
         from sft_grid.sites import call
 
         asked = call.current()  # a site's own invocation: its share of a grid across remote sites
@@ -291,7 +286,6 @@ def _run(composed: Sequence[Composed], errors: Sequence[CompositionError]) -> Gr
             errors,
             Show(),
             only=None if asked is None or asked.only is None else set(asked.only),
-            steering=(steer_writes, prune_writes),
         )
     except GridError as exc:
         live.end()

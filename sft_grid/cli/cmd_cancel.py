@@ -23,12 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sft_grid.analysis.view import read_view
     from sft_grid.cli.options import grid_dir
     from sft_grid.core import events
     from sft_grid.core.events import Event, Kind
     from sft_grid.core.layout import iter_cell_dirs
     from sft_grid.core.state import slurm_ref
-    from sft_grid.grid.view import read_view
     from sft_grid.schedulers import slurm
 
     sweep_dir = grid_dir(args.grid, args.runs_root)

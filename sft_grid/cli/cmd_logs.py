@@ -48,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sft_grid.analysis.view import cell_dirs
     from sft_grid.cli.options import grid_dir
     from sft_grid.cli.present import no_grid
-    from sft_grid.grid.view import cell_dirs
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
     cells = cell_dirs(sweep_dir)
@@ -122,7 +122,7 @@ def describe(which: str, node: int) -> str:
 
 
 def state_line(cell_dir: Path) -> str:
-    from sft_grid.grid.view import read_view
+    from sft_grid.analysis.view import read_view
 
     view = read_view([cell_dir], lenient=True)
     if view.whole_damage(cell_dir):
@@ -221,8 +221,8 @@ def follow(
 def under_way(cell_dir: Path, which: str) -> tuple[bool, str]:
     """Whether the part of the cell that writes this log (or what comes before it) is queued or running, and the
     cell's state."""
+    from sft_grid.analysis.view import read_view
     from sft_grid.cli.cmd_status import lines_of
-    from sft_grid.grid.view import read_view
 
     (line,) = lines_of(read_view([cell_dir], lenient=True), [cell_dir])
     writers = {"train": {"train"}, "post": {"train", "post", "job"}}.get(which, {"train", "post", "eval", "job"})

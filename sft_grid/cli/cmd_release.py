@@ -39,11 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sft_grid.analysis.view import read_view
     from sft_grid.cli.options import grid_dir
     from sft_grid.core import events
     from sft_grid.core.layout import LOCK_FILE, iter_cell_dirs
     from sft_grid.core.lock import hold_all
-    from sft_grid.grid.view import read_view
     from sft_grid.schedulers import slurm
     from sft_grid.sites import facts, moves, remote
 

@@ -35,9 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sft_grid.analysis.view import cell_dirs
     from sft_grid.cli.options import grid_dir
     from sft_grid.cli.present import no_grid
-    from sft_grid.grid.view import cell_dirs
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
     if not cell_dirs(sweep_dir):  # no grid there: what is (the grids under the runs root, the closest first)

@@ -267,8 +267,8 @@ def show(sweep_dir: Path, grid: str, fmt: str, along: bool, sites: Mapping[str, 
     """Print the results of the grid in `sweep_dir` (GRID as given: `grid`) in `fmt`; `sites`: as
     analysis/table.read_table's (a grid across remote sites, read from the copies pulled here: sites/merged.py)."""
     from sft_grid.analysis.table import read_table
+    from sft_grid.analysis.view import cell_dirs
     from sft_grid.cli.present import no_grid
-    from sft_grid.grid.view import cell_dirs
 
     if not cell_dirs(sweep_dir):  # no grid there: what is (the grids under the runs root, the closest first)
         print(

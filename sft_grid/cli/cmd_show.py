@@ -54,8 +54,8 @@ def _cell_of_dir(path: Path) -> Cell:
 
     if not path.exists():
         if os.sep in str(path) or str(path).startswith("."):
+            from sft_grid.analysis.view import cell_dirs
             from sft_grid.cli.present import no_cell
-            from sft_grid.grid.view import cell_dirs
 
             raise NoCell(no_cell(path, cell_dirs(path.parent)))
         raise NoCell(

@@ -12,7 +12,7 @@ table is printed, with the time, each time something other than the elapsed time
 --format json prints the same lines once, as one JSON object (`as_json`): what a grid across remote sites reads of
 each site (sites/merged.py), and what a script reads.
 
-A cell whose files are damaged (grid/view.py, read leniently) is a row like the others: `damaged` in its state
+A cell whose files are damaged (analysis/view.py, read leniently) is a row like the others: `damaged` in its state
 column where the cell itself cannot be read (its cell.yaml, its ledger, its trainer's state), else its state with
 what the damage changes beside it ("completed, log ends at step 10 of 100"), or `damaged` in the post or eval column;
 the reason says which file and where, and a line per damaged file follows the table. Nothing is written to a damaged
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    from sft_grid.analysis.view import GridView
     from sft_grid.core.cellfiles import Damage
     from sft_grid.core.state import CellState
-    from sft_grid.grid.view import GridView
 
 # post: the post-training chain: "done", or its first unfinished stage and that stage's state; eval: the evaluation,
 # "done (N)" when every score its suites ask for is there, else its state and how many of them are
@@ -65,7 +65,7 @@ class Line:
     # local job, which runs all three, still alive)
     under_way: frozenset[str] = frozenset()
     updated: str = ""  # the time of the cell's last ledger event ("" for a base model's row)
-    damage: tuple[Damage, ...] = ()  # its damaged files (grid/view.py)
+    damage: tuple[Damage, ...] = ()  # its damaged files (analysis/view.py)
 
 
 def rows(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tuple[str, ...]]:
@@ -75,9 +75,9 @@ def rows(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[tupl
 
 def read(cell_dirs: Iterable[Path], base_dirs: Iterable[Path] = ()) -> list[Line]:
     """Each cell's line, then each base model's: one scheduler query (sacct + squeue) for all of them."""
+    from sft_grid.analysis.view import read_view
     from sft_grid.core.cellfiles import READ_ERRORS, damage_of
     from sft_grid.grid.triage import settle
-    from sft_grid.grid.view import read_view
 
     dirs, bases = list(cell_dirs), list(base_dirs)
     view = read_view(dirs, base_dirs=bases, lenient=True)
@@ -285,9 +285,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sft_grid.analysis.view import cell_dirs, grid_damage
     from sft_grid.cli.options import grid_dir
     from sft_grid.cli.present import no_grid
-    from sft_grid.grid.view import cell_dirs, grid_damage
 
     sweep_dir = grid_dir(args.grid, args.runs_root)
     dirs = cell_dirs(sweep_dir)
@@ -336,7 +336,7 @@ class Watch:
         self.last: list[str] = []
 
     def _read(self) -> Sequence[Line]:
-        from sft_grid.grid.view import cell_dirs
+        from sft_grid.analysis.view import cell_dirs
 
         return read(cell_dirs(self.sweep_dir), base_dirs(self.sweep_dir))
 

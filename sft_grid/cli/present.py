@@ -24,9 +24,9 @@ if TYPE_CHECKING:  # (annotations only: the results table's formatting need not 
     from pathlib import Path
 
     from sft_grid.core.cellfiles import Damage
-    from sft_grid.grid.costs import GridCosts
     from sft_grid.grid.flow import GridResult
     from sft_grid.planning.cells import Cell
+    from sft_grid.planning.costs import GridCosts
     from sft_grid.planning.inputs import Prep
     from sft_grid.stages.staging import StagingPlan
     from sft_grid.stages.tokenize import Tokenization

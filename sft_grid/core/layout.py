@@ -23,7 +23,7 @@ TRAIN_LOG = "train.log"  # node 0's; node N's is train.node<N>.log (train_log)
 # each backend process's data step (its call that tokenizes or loads the training data): one JSON line as it
 # starts and one as it ends, written by in_venv/data_step.py in the directory of the job's script
 DATA_STEP_FILE = "data_step.jsonl"
-# what the grid estimated, when it queued the cell: tokens, FLOPs, GPU-hours, disk (grid/costs.py)
+# what the grid estimated, when it queued the cell: tokens, FLOPs, GPU-hours, disk (planning/costs.py)
 ESTIMATE_FILE = "estimate.json"
 # the evaluation's score files, one a score: <cell>/eval/<score_id>.json; base models under <sweep>/_base/<model>/eval/
 EVAL_DIR = "eval"

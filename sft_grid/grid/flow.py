@@ -34,13 +34,17 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
+from sft_grid.adaptive.effects import Effects
+from sft_grid.adaptive.prune import select as halving_step
+from sft_grid.adaptive.steer import select as design_step
+from sft_grid.analysis.view import GridView, read_view
 from sft_grid.backends import BACKENDS, extra
 from sft_grid.checks.examples import Examples, first_examples
 from sft_grid.checks.preflight import Preflight, preflight
 from sft_grid.core.cellfiles import Check
-from sft_grid.core.layout import LEDGER_FILE, LOCK_FILE, OUTPUT_DIR, iter_cell_dirs, output_complete
+from sft_grid.core.layout import LEDGER_FILE, LOCK_FILE, OUTPUT_DIR, output_complete
 from sft_grid.core.lock import hold_all
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
@@ -48,15 +52,14 @@ from sft_grid.core.schema import ClusterConf
 from sft_grid.core.scores import checkpoint_steps
 from sft_grid.core.state import CellState, State, state_of
 from sft_grid.core.submission import CodeSnapshot, LocalJob, Role, SubmissionPlan
-from sft_grid.grid import costs as grid_costs
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base, plan_recovery
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.jobs import build
 from sft_grid.grid.render import render, render_base, render_eval, write_all
 from sft_grid.grid.spread import spread
 from sft_grid.grid.triage import settle
-from sft_grid.grid.view import GridView, read_view
-from sft_grid.planning.cells import Cell, plan_cell
+from sft_grid.planning import costs as grid_costs
+from sft_grid.planning.cells import Cell, dirs_of, plan_cell
 from sft_grid.planning.compose import Composed, CompositionError, composition_problem
 from sft_grid.planning.evaluation import BaseTarget, along_of, base_targets, merge_eval_axis
 from sft_grid.planning.inputs import Prep, preps
@@ -79,6 +82,10 @@ log = logging.getLogger(__name__)
 class Observer:
     """What the command line is told while the flow runs (it prints; the flow does not). Every method may be
     called from the flow's thread only; none may raise."""
+
+    def steered(self, lines: Sequence[str]) -> None:
+        """A steered grid's decision (adaptive/: the round's forecasts and choice, each rung's kept and pruned cells,
+        the step each cell trains to), before the grid is checked: what this invocation runs, and why."""
 
     def planned(self, cells: int, counts: Mapping[str, int]) -> None:
         """The grid's cells, and how many will run or be skipped (by their state), before any check that needs a
@@ -252,14 +259,17 @@ class GridResult:
         return [d.cell.name for d in self.decisions if d.dir in failed and d.action is Action.RUN]
 
 
-class Steering(Protocol):
-    """What a steering decision writes (adaptive/effects.py: a rung's record, `pruned` events, leg files, an adaptive
-    round), applied here under the grid lock once every rule has passed, never in a dry run; and the problems of its
-    block, refused by the check with every other rule's."""
-
-    problems: list[Problem]
-
-    def apply(self) -> None: ...
+def steer(composed: Sequence[Composed], observer: Observer) -> tuple[list[Composed], list[Effects]]:
+    """A steered grid's decision: a sweep with an `adaptive:` block runs only the cells its fit chooses this round,
+    one with a `prune:` block only the legs of the cells its rungs keep (adaptive/steer.py, prune.py: decided from
+    the cells' files); a grid with neither passes whole. Returns the cells to run and what the decisions write (their
+    `effects`, applied by `run` under the lock once every rule has passed; never in a dry run), and tells the
+    observer the decision."""
+    composed, steering, adaptive = design_step(composed)
+    composed, pruning, pruned = halving_step(composed)
+    if steering or pruning:
+        observer.steered([*steering, *pruning])
+    return composed, [adaptive, pruned]
 
 
 def run(
@@ -267,12 +277,11 @@ def run(
     errors: Sequence[CompositionError],
     observer: Observer | None = None,
     only: Collection[str] | None = None,
-    steering: Sequence[Steering] = (),
 ) -> GridResult:
-    """The grid: check, observe, plan, execute. `only`: the names of the cells this invocation may act on (a site's
-    share of a grid across remote sites, sites/coordinate.py); None: every cell. `steering`: the writes of the
-    decisions that chose `composed` (a pruned or adaptive grid), applied after the check, under the lock."""
+    """The grid: steer, check, observe, plan, execute. `only`: the names of the cells this invocation may act on (a
+    site's share of a grid across remote sites, sites/coordinate.py); None: every cell."""
     observer = observer or Observer()
+    composed, steering = steer(composed, observer)
     inputs = check(composed, errors, observer, only, [p for s in steering for p in s.problems])
     if any(c.spec.stage_only or c.spec.check_only for c in inputs.cells):
         return GridResult(grid=GridPlan(cells=inputs.cells, dry_run=inputs.dry_run, staging=inputs.staging))
@@ -310,7 +319,7 @@ def check(
     problems += site_problems or placement.static_problems(cells, sites)
     if problems:
         raise GridError(problems)
-    dirs = cell_dirs(cells)
+    dirs = dirs_of(cells)
     observer.planned(len(cells), _provisional(cells, dirs))
     dry_run = any(c.spec.dry_run for c in cells)
     code = None
@@ -369,18 +378,6 @@ def _backend_rules(cell: Cell) -> Iterable[Problem]:
             )
         ]
     return [*backend.problems(cell), *extra.collisions(backend, cell)]
-
-
-def cell_dirs(cells: Sequence[Cell]) -> list[Path]:
-    """Each cell's directory: an existing one with the same identity, else <runs_root>/<sweep>/<name>."""
-    existing: dict[Path, dict[str, Path]] = {}
-    dirs = []
-    for cell in cells:
-        sweep_dir = cell.sweep_dir
-        if sweep_dir not in existing:
-            existing[sweep_dir] = {p.name.rsplit("-", 1)[-1]: p for p in iter_cell_dirs(sweep_dir)}
-        dirs.append(existing[sweep_dir].get(cell.key, sweep_dir / cell.name))
-    return dirs
 
 
 def _provisional(cells: Sequence[Cell], dirs: Sequence[Path]) -> dict[str, int]:
@@ -612,7 +609,6 @@ __all__ = [
     "Observed",
     "Observer",
     "Role",
-    "cell_dirs",
     "check",
     "execute",
     "observe",

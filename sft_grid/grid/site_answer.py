@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sft_grid.analysis.view import read_view
 from sft_grid.core.layout import LEDGER_FILE
 from sft_grid.core.problems import GridError
-from sft_grid.grid.flow import cell_dirs, plan_cells
+from sft_grid.grid.flow import plan_cells
 from sft_grid.grid.triage import settle
-from sft_grid.grid.view import read_view
+from sft_grid.planning.cells import dirs_of
 from sft_grid.planning.compose import Composed, CompositionError
 from sft_grid.planning.inputs import hub_repos
 from sft_grid.sites import facts as site_facts
@@ -33,7 +34,7 @@ def answer(site: str, composed: Sequence[Composed], errors: Sequence[Composition
     sites, site_problems = placement.profiles(cells)
     if problems or site_problems:
         raise GridError([*problems, *site_problems])
-    dirs = cell_dirs(cells)
+    dirs = dirs_of(cells)
     record = not any(c.spec.dry_run for c in cells)
     view = read_view(dirs)
     if record:

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sft_grid.analysis.view import GridView, read_view
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.sacct import SacctLeg, group_legs
 from sft_grid.core.layout import CELL_FILE, LOCK_FILE, iter_cell_dirs
 from sft_grid.core.state import State
-from sft_grid.grid.view import GridView, read_view
 from sft_grid.schedulers import slurm
 
 if TYPE_CHECKING:

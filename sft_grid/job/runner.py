@@ -218,7 +218,7 @@ def run_cell(cell_dir: str | Path) -> str:
             raise
         rc = proc.returncode  # None only for a hung training whose launcher could not be reaped
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    # CPU time of the training's processes on this node: what a CPU-only cell costs (grid/costs.py)
+    # CPU time of the training's processes on this node: what a CPU-only cell costs (planning/costs.py)
     used = {"cpu_seconds": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
     if hung is not None:
         if lead:

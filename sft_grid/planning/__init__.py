@@ -13,6 +13,9 @@
   checkpointing, packing, kernels), which every other part reads;
 - `estimate`: what a cell costs before launch (tokens, FLOPs, GPU-hours, wall time, disk), and the throughput
   it is computed with (a calibration from completed cells, or a default);
+- `costs`: a grid's estimates before launch (each cell's, from its data's token sample and row count), the rules
+  on them (a run longer than its wall time), and the calibration from what completed cells took;
+- `readable`: where a local path or a hub id can be read here, and a sample of its rows;
 - `validate`: every rule over every cell (the schema's, the Hub's, those between keys), all problems at once;
 - `importing/`: an existing LLaMA-Factory or axolotl training config, or the old launcher's command line, as
   sft_grid's model, dataset and sweep options, with where each of its keys went (`sft-grid import`).

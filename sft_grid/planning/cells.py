@@ -21,6 +21,7 @@ from typing import Any
 
 from sft_grid.core import project
 from sft_grid.core.hubcache import Pin
+from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.schema import CellConf, fingerprint, typed
 from sft_grid.core.tokenized import TokenizedData
 from sft_grid.planning import resolvers
@@ -293,3 +294,15 @@ def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | N
         slug=slug,
         runs_root=root,
     )
+
+
+def dirs_of(cells: Sequence[Cell]) -> list[Path]:
+    """Each cell's directory: an existing one with the same identity, else <runs_root>/<sweep>/<name>."""
+    existing: dict[Path, dict[str, Path]] = {}
+    dirs = []
+    for cell in cells:
+        sweep_dir = cell.sweep_dir
+        if sweep_dir not in existing:
+            existing[sweep_dir] = {p.name.rsplit("-", 1)[-1]: p for p in iter_cell_dirs(sweep_dir)}
+        dirs.append(existing[sweep_dir].get(cell.key, sweep_dir / cell.name))
+    return dirs

@@ -34,7 +34,6 @@ import yaml
 
 from sft_grid.backends import get as backend_of
 from sft_grid.backends.launch import command_line, data_step_line, script_head
-from sft_grid.checks.readable import locate
 from sft_grid.checks.tokenizers import TOKENIZER_FILES, check_tokenizer, tokenizer_digest
 from sft_grid.core import events
 from sft_grid.core.cellfiles import dump_json
@@ -53,6 +52,7 @@ from sft_grid.planning.inputs import (
     source_of,
     tokenizer_source,
 )
+from sft_grid.planning.readable import locate
 from sft_grid.stages import once
 
 SCRIPT = "tokenize.sh"

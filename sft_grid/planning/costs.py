@@ -29,7 +29,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from sft_grid.checks.readable import data_files, locate
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import (
@@ -62,6 +61,7 @@ from sft_grid.planning.estimate import (
     throughput,
 )
 from sft_grid.planning.inputs import pin_of, preps, source_of
+from sft_grid.planning.readable import data_files, locate
 
 # d_model / n_layers of Llama- and Qwen-shaped models (4096/32, 2048/16, 5120/40): the shape guessed from the
 # size alone, N ~ 12 L d^2, when no config.json is readable here

@@ -36,6 +36,7 @@ from sft_grid.planning.environments import CONDA_VARIABLES, bin_dir, locate
 from sft_grid.planning.evaluation import harness_venv, suites_of
 
 from .conftest import run_sft
+from .sshd import free_port
 
 pytestmark = pytest.mark.xdist_group("envs_existing")  # its tests share the module's environments
 KEY = "cluster.backend_venvs.llamafactory"
@@ -193,6 +194,17 @@ def test_a_missing_directory_is_refused_by_a_real_run_too_and_by_the_deprecated_
     near = str(envs["bare"].parent / "bares")
     key = "cluster.backend_envs.llamafactory"
     refused(tmp_path, sft(tmp_path, f"+{key}={near}"), key, near, "(did you mean 'bare'?)", f"or point {key} at")
+
+
+def test_a_missing_environment_is_refused_before_any_hub_input_is_staged(home, tmp_path, monkeypatch):
+    """A real run whose dataset is staged here from the Hub (the Hub stood in for by a closed loopback port): the
+    environment the cell names is judged before any transfer starts, so its refusal is what the user reads, not the
+    staging's failure hours later."""
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    value = str(tmp_path / "gone")
+    proc = sft(tmp_path, f"{KEY}={value}", "dataset=tulu3", "cluster=local", dry=False)
+    refused(tmp_path, proc, KEY, value, f"no such directory {value}")
+    assert "staging" not in proc.stderr and "allenai/tulu-3-sft-mixture" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -146,15 +146,21 @@ class Preflight:
     passed: dict[str, int] = field(default_factory=dict)
 
 
-def preflight(cells: Iterable[Cell], on_phase: mask.Phase | None = None) -> Preflight:
+def preflight(
+    cells: Iterable[Cell],
+    on_phase: mask.Phase | None = None,
+    environments: tuple[list[Problem], set[str]] | None = None,
+) -> Preflight:
     """Every check of every cell, each distinct input checked once: checks that differ only in the key they are
     reported under (a dataset's name) share their verdict. `on_phase` hears the loss-mask probe's progress.
 
-    First the environments the cells name themselves (own_envs: there, a python that runs, the backend importable):
-    a cell's loss-mask check in an environment refused there is not run (its cause is reported once, with its fix)."""
+    First the environments the cells name themselves (own_envs: there, a python that runs, the backend importable;
+    `environments`: what own_envs.check already found of these cells): a cell's loss-mask check in an environment
+    refused there is not run (its cause is reported once, with its fix)."""
     cells = list(cells)
     verdicts: dict[Check, Verdict] = {}
-    problems, unusable = own_envs.check(cells)
+    found = own_envs.check(cells) if environments is None else environments
+    problems, unusable = list(found[0]), found[1]
     deferred: dict[str, list[Check]] = {}
     memo: dict[tuple[Any, ...], list[Check]] = {}
     per_cell = [(cell, checks_for(cell, memo)) for cell in cells]

@@ -41,6 +41,7 @@ from sft_grid.adaptive.prune import select as halving_step
 from sft_grid.adaptive.steer import select as design_step
 from sft_grid.analysis.view import GridView, read_view
 from sft_grid.backends import BACKENDS, extra
+from sft_grid.checks import own_envs
 from sft_grid.checks.examples import Examples, first_examples
 from sft_grid.checks.preflight import Preflight, preflight
 from sft_grid.core.cellfiles import Check
@@ -328,10 +329,19 @@ def check(
         code = snapshot.find(cells, dry_run)
     if any(c.spec.check_only for c in cells):  # `sft-grid check`: the Hub's answers for every input, nothing else
         return Inputs(cells=tuple(cells), dirs=tuple(dirs), dry_run=True, staging=check_inputs(cells, dirs))
+    # the environments the cells name themselves (a site's own venv or conda environment), before any transfer: a
+    # python that does not run or lacks the backend stops the grid before hours of staging, not after
+    environments = own_envs.check(cells)
+    if environments[0]:
+        raise GridError(environments[0])
     cells, staged = _stage(cells, dirs, dry_run, observer)
     if any(c.spec.stage_only for c in cells):
         return Inputs(cells=tuple(cells), dirs=tuple(dirs), dry_run=dry_run, staging=staged)
-    checked = preflight(cells, on_phase=lambda done, total, detail: observer.phase("checks", done, total, detail))
+    checked = preflight(
+        cells,
+        on_phase=lambda done, total, detail: observer.phase("checks", done, total, detail),
+        environments=environments,
+    )
     if checked.problems:
         raise GridError(checked.problems)
     costs = None if grid_costs.env_disabled() else grid_costs.estimate(cells, checked.lengths)

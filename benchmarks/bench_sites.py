@@ -11,7 +11,7 @@ cluster's profile: nothing is queued), and the site's code is this checkout's sn
     make sshd && python benchmarks/bench_sites.py [--cells N] [--sites N] [--repeats N] [--json out.json] [--check]
 
 `--sites 2` splits the cells over two remote sites (a grid across remote sites: each site asked at once over its own
-connection, the answers merged here, sft_grid/cli/across.py); the target is the same.
+connection, the answers merged here, sft_grid/sites/merged.py); the target is the same.
 
     python benchmarks/bench_sites.py --spread [--json out.json] [--check]
 

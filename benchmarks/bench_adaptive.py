@@ -13,11 +13,20 @@ Targets (`--check` exits 1 when one is missed):
   seeing the same tokens), the adaptive grid's forecast error at 9.7B (mean over the recipes of |forecast -
   realised| / realised) is within 1.25x the full grid's (every non-holdout cell fitted) in >= 70% of the grids,
   and below a random choice of the same cost in >= 70%;
+* a design that decides, on the replays (below): which of 3 models is lowest at the held-out 1.6M examples
+  (question gap, level 0.9, the design's stopping rule), right in >= 90% of the decisions with at most 30% of the
+  fitted grid's GPU-hours, each decision's regret beside it, against the fixed design and random designs of the
+  loop's cost (seeds: REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS); the same question on the simulator's grids,
+  measured without a target;
 * successive halving, over 50 grids x 9 sizes (brackets of 9 learning rates, log-spaced over two decades around the
   size's optimum, rungs at 1/9 and 1/3 of the steps, 40% kept (9 -> 4 -> 2), cooldown probes of 10% of the rung):
   at most 45% of the full sweep's steps (probes counted), and the full sweep's best learning rate (lowest final
   loss) among the cells trained to the end in >= 90% of the brackets (then the halving's pick, the lowest final
   loss of those, is that learning rate);
+* the same halving without a probe, `guard: extrapolate` (each logged curve extrapolated to the schedule's end with
+  its band, the rung keeping every cell whose band overlaps the best's, at most one more than the 40%): the best
+  learning rate trained to the end in >= 80% of the brackets, on the simulator and on the replays (below), its steps
+  reported beside those of the other guards;
 * 20 random kills of the halving orchestrator (its record and the cells' files on disk, the kill at a random
   point between reading, recording and acting): no decision differs from an unbroken run;
 * a second run over a finished grid takes no decision and starts nothing (no run, no probe).
@@ -119,6 +128,106 @@ def _error(spec: AdaptiveSpec, pool: list[Candidate], observed: dict[str, float]
     return sum(errs) / len(errs)
 
 
+# the seeds of the design comparison, fixed before any of its measurements was looked at: the design's own draws
+# (AdaptiveSpec.seed) and the random designs of the same cost, several per decision so that "random" is a mean
+DESIGN_SEED = 0
+RANDOM_DESIGN_SEEDS = (0, 1, 2, 3, 4)
+
+
+def _same_cost_designs(
+    fitted: list[Candidate], truth: dict[str, float], cap: float, key: str
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """The fixed design (the four smallest sizes and the largest affordable one, whatever the curves; the four
+    smallest alone when none is) and the random designs (RANDOM_DESIGN_SEEDS), each costing at most `cap`."""
+    sizes = sorted({c.n for c in fitted})
+    fixed = {c.name: truth[c.name] for c in fitted if c.n in sizes[:4]}
+    for top in reversed(sizes[4:]):
+        keep = {*sizes[:4], top}
+        if sum(c.gpu_hours for c in fitted if c.n in keep) <= cap + 1e-9:
+            fixed = {c.name: truth[c.name] for c in fitted if c.n in keep}
+            break
+    rands = [_random_design(fitted, truth, cap, f"{key}:{s}") for s in RANDOM_DESIGN_SEEDS]
+    return fixed, rands
+
+
+def _random_design(cells: list[Candidate], truth: dict[str, float], cap: float, seed: str) -> dict[str, float]:
+    """A random design of at most `cap` GPU-hours: the cells in a seeded random order, each taken while it fits."""
+    shuffled = list(cells)
+    random.Random(seed).shuffle(shuffled)
+    rand: dict[str, float] = {}
+    cost = 0.0
+    for c in shuffled:
+        if cost + c.gpu_hours <= cap + 1e-9:
+            rand[c.name] = truth[c.name]
+            cost += c.gpu_hours
+    return rand
+
+
+def _decision_of(
+    spec: AdaptiveSpec, pool: list[Candidate], obs: dict[str, float], at_truth: dict[str, float], fit_cost: float
+) -> dict[str, Any]:
+    """The recipe a design's forecasts put lowest at the target (the first recipe when none can be fitted), right or
+    wrong against the realised losses `at_truth`, its regret (its realised loss minus the best's), the forecasts'
+    mean relative error and the design's share of the fitted cells' GPU-hours."""
+    fc = {f.recipe: f.value for f in forecasts(spec, pool, obs, resamples=0) if f.recipe in at_truth}
+    known = {m: v for m, v in fc.items() if v is not None}
+    pick = min(known, key=lambda m: (known[m], m)) if known else sorted(at_truth)[0]
+    best = min(at_truth, key=lambda m: (at_truth[m], m))
+    errs = [abs(v - at_truth[m]) / at_truth[m] for m, v in known.items()]
+    return {
+        "pick": pick,
+        "right": pick == best,
+        "regret": at_truth[pick] - at_truth[best],
+        "error": sum(errs) / len(errs) if errs else math.inf,
+        "share": sum(c.gpu_hours for c in pool if c.name in obs and not c.holdout) / fit_cost,
+    }
+
+
+def _mean_of(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several designs' verdicts as one: the share right, the mean regret, error and share."""
+    return {k: sum(float(v[k]) for v in verdicts) / len(verdicts) for k in ("right", "regret", "error", "share")}
+
+
+def _decide_loop(spec: AdaptiveSpec, pool: list[Candidate], truth: dict[str, float]) -> tuple[dict[str, float], Any]:
+    """The adaptive loop of a `gap` question to its stop: what it observed and its last round."""
+    observed: dict[str, float] = {}
+    while True:
+        r = choose(spec, pool, observed, resamples=0)
+        if not r.chosen:
+            return observed, r
+        observed.update({n: truth[n] for n in r.chosen})
+
+
+def gap_grid(seed: int) -> dict[str, Any]:
+    """The simulator's grid asked which recipe is lower at 9.7B (question gap, level 0.9): the adaptive loop to its
+    stop, the fixed and random designs of its cost, the full grid."""
+    pool, truth = _pool(seed)
+    fitted = [c for c in pool if not c.holdout]
+    fit_cost = sum(c.gpu_hours for c in fitted)
+    full_cost = sum(c.gpu_hours for c in pool)
+    spec = AdaptiveSpec(
+        question="gap",
+        at=float(SIZES[-1]),
+        recipes=RECIPES,
+        budget_gpu_hours=BUDGET_SHARE * full_cost,
+        batch=2,
+        seed=DESIGN_SEED,
+    )
+    at_truth = {c.recipe: truth[c.name] for c in pool if c.holdout}
+    observed, last = _decide_loop(spec, pool, truth)
+    spent = sum(c.gpu_hours for c in fitted if c.name in observed)
+    fixed, rands = _same_cost_designs(fitted, truth, spent, f"gap-random:{seed}")
+    return {
+        "seed": seed,
+        "adaptive": _decision_of(spec, pool, observed, at_truth, fit_cost),
+        "p_wrong": last.p_wrong,
+        "stop": last.stop,
+        "fixed": _decision_of(spec, pool, fixed, at_truth, fit_cost),
+        "random": _mean_of([_decision_of(spec, pool, r, at_truth, fit_cost) for r in rands]),
+        "full": _decision_of(spec, pool, {c.name: truth[c.name] for c in fitted}, at_truth, fit_cost),
+    }
+
+
 def adaptive_grid(seed: int) -> dict[str, Any]:
     pool, truth = _pool(seed)
     full_cost = sum(c.gpu_hours for c in pool)
@@ -135,15 +244,7 @@ def adaptive_grid(seed: int) -> dict[str, Any]:
         observed.update({name: truth[name] for name in r.chosen})
     spent = sum(c.gpu_hours for c in pool if c.name in observed)
     full = {c.name: truth[c.name] for c in pool if not c.holdout}
-    rng = random.Random(f"random:{seed}")
-    shuffled = [c for c in pool if not c.holdout]
-    rng.shuffle(shuffled)
-    rand: dict[str, float] = {}
-    cost = 0.0
-    for c in shuffled:
-        if cost + c.gpu_hours <= spent + 1e-9:
-            rand[c.name] = truth[c.name]
-            cost += c.gpu_hours
+    rand = _random_design([c for c in pool if not c.holdout], truth, spent, f"random:{seed}")
     # the reference no choice can beat on average: the design that minimises the forecast's variance at the true
     # law, chosen knowing it (impossible in practice), within the same budget
     truth_theta = {}
@@ -177,7 +278,7 @@ def adaptive_grid(seed: int) -> dict[str, Any]:
         "adaptive": _error(spec, pool, observed, truth),
         "full": _error(spec, pool, full, truth),
         "random": _error(spec, pool, rand, truth),
-        "random_share": cost / full_cost,
+        "random_share": sum(c.gpu_hours for c in pool if c.name in rand) / full_cost,
         "chosen": sorted(observed),
     }
 
@@ -262,15 +363,23 @@ class HalvingSim:
     def evidence(self, cell: str, step: int) -> float | None:
         if self.guard == "cooldown":
             return halving.probe_loss(self.root / cell, step)
-        if self.guard == "extrapolate":
-            # the cell's logged curve (every step logged) extrapolated to the schedule's end, as halving.py reads it
+        if self.guard in ("extrapolate", "extrapolate-point", "extrapolate-wide"):
+            # the cell's logged curve (every step logged) extrapolated to the schedule's end, as halving.py reads it:
+            # with its band (the rung keeps by confidence), or the point alone ("extrapolate-point": the fixed
+            # fraction on the extrapolated value, the guard as it was before its band), or with bands that always
+            # overlap ("extrapolate-wide": the fixed fraction + BAND_EXTRA every time, the bound without the band)
             if self.trained(cell) < step:
                 return None
             cfg = self.cfgs[cell]
             curve = [
                 (s, law.observed_loss(cfg, s), law.schedule(s, STEPS, WARMUP, "cosine")) for s in range(1, step + 1)
             ]
-            return halving.extrapolate(curve, STEPS, 0.0)
+            if self.guard == "extrapolate":
+                return halving.extrapolate_band(curve, STEPS, 0.0)
+            value = halving.extrapolate(curve, STEPS, 0.0)
+            if self.guard == "extrapolate-wide" and value is not None:
+                return halving.Estimate(value, -math.inf, math.inf)
+            return value
         # position: the training loss logged at the rung's step (the cell's own log, as the real loop reads it)
         return law.observed_loss(self.cfgs[cell], step) if self.trained(cell) >= step else None
 
@@ -420,8 +529,10 @@ def joint_check() -> dict[str, Any]:
 
 def replay_decision(dataset: str, seed: int) -> dict[str, Any]:
     """Which of REPLAY_MODELS models (drawn by `seed`) has the lowest loss fine-tuned on REPLAY_TARGET examples, from
-    cells of fewer examples (GPU-hours ~ parameters x examples): the adaptive loop, the full grid, the fixed design
-    and a random design of the same cost; each picks the model its forecast puts lowest."""
+    cells of fewer examples (GPU-hours ~ parameters x examples): the adaptive loop (question gap over the models,
+    level 0.9, to its stopping rule or the budget), the fixed design and random designs (RANDOM_DESIGN_SEEDS) of the
+    adaptive loop's cost, the fixed design at the whole budget (as before the loop could stop early) and the full
+    grid; each picks the model its forecast puts lowest, scored right or wrong and by its regret."""
     found = replay_curves()
     models = sorted(m for d, m in found if d == dataset)
     drawn = random.Random(f"replay:{dataset}:{seed}").sample(models, REPLAY_MODELS)
@@ -435,60 +546,42 @@ def replay_decision(dataset: str, seed: int) -> dict[str, Any]:
             truth[name] = v
     fitted = [c for c in pool if not c.holdout]
     fit_cost = sum(c.gpu_hours for c in fitted)
-    spec = AdaptiveSpec(question="loss", at=float(REPLAY_TARGET), budget_gpu_hours=BUDGET_SHARE * fit_cost, batch=2)
-    observed: dict[str, float] = {}
-    while True:
-        r = choose(spec, pool, observed, resamples=0)
-        if not r.chosen:
-            break
-        observed.update({n: truth[n] for n in r.chosen})
-    spent = sum(c.gpu_hours for c in pool if c.name in observed)
-    sizes = sorted({c.n for c in fitted})
-    fixed: dict[str, float] = {}
-    for top in reversed(sizes[4:]):  # the four smallest sizes and the largest affordable one, whatever the curves
-        keep = {*sizes[:4], top}
-        if sum(c.gpu_hours for c in fitted if c.n in keep) <= spec.budget_gpu_hours + 1e-9:  # type: ignore[operator]
-            fixed = {c.name: truth[c.name] for c in fitted if c.n in keep}
-            break
-    rng = random.Random(f"replay-random:{dataset}:{seed}")
-    shuffled = list(fitted)
-    rng.shuffle(shuffled)
-    rand: dict[str, float] = {}
-    cost = 0.0
-    for c in shuffled:
-        if cost + c.gpu_hours <= spent + 1e-9:
-            rand[c.name] = truth[c.name]
-            cost += c.gpu_hours
-    best = min(drawn, key=lambda m: truth[f"{m}@{REPLAY_TARGET}"])
-
-    def verdict(obs: dict[str, float]) -> dict[str, Any]:
-        fc = {f.recipe: f.value for f in forecasts(spec, pool, obs, resamples=0)}
-        known = {m: v for m, v in fc.items() if v is not None}
-        pick = min(known, key=lambda m: known[m]) if known else drawn[0]
-        errs = [abs(v - truth[f"{m}@{REPLAY_TARGET}"]) / truth[f"{m}@{REPLAY_TARGET}"] for m, v in known.items()]
-        return {
-            "right": pick == best,
-            "regret": truth[f"{pick}@{REPLAY_TARGET}"] - truth[f"{best}@{REPLAY_TARGET}"],
-            "error": sum(errs) / len(errs) if errs else math.inf,
-            "share": sum(c.gpu_hours for c in fitted if c.name in obs) / fit_cost,
-        }
-
+    budget = BUDGET_SHARE * fit_cost
+    spec = AdaptiveSpec(
+        question="gap",
+        at=float(REPLAY_TARGET),
+        recipes=tuple(sorted(drawn)),
+        budget_gpu_hours=budget,
+        batch=2,
+        seed=DESIGN_SEED,
+    )
+    at_truth = {m: truth[f"{m}@{REPLAY_TARGET}"] for m in drawn}
+    observed, last = _decide_loop(spec, pool, truth)
+    spent = sum(c.gpu_hours for c in fitted if c.name in observed)
+    fixed, rands = _same_cost_designs(fitted, truth, spent, f"replay-random:{dataset}:{seed}")
+    fixed_budget, _ = _same_cost_designs(fitted, truth, budget, f"replay-random:{dataset}:{seed}")
     full = {c.name: truth[c.name] for c in fitted}
     return {
         "dataset": dataset,
         "seed": seed,
         "models": drawn,
-        "adaptive": verdict(observed),
-        "full": verdict(full),
-        "fixed": verdict(fixed),
-        "random": verdict(rand),
+        "p_wrong": last.p_wrong,
+        "stop": last.stop,
+        "adaptive": _decision_of(spec, pool, observed, at_truth, fit_cost),
+        "full": _decision_of(spec, pool, full, at_truth, fit_cost),
+        "fixed": _decision_of(spec, pool, fixed, at_truth, fit_cost),
+        "fixed_budget": _decision_of(spec, pool, fixed_budget, at_truth, fit_cost),
+        "random": _mean_of([_decision_of(spec, pool, r, at_truth, fit_cost) for r in rands]),
     }
 
 
 def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
     """Successive halving over REPLAY_BRACKET models (drawn by `seed`), each a replayed run to REPLAY_TARGET examples
     (in_venv/replay_train.py's logged curve, every step logged, a constant schedule), rungs at 1/9 and 1/3 of the
-    steps, 40% kept, decided by halving.decide on `guard`'s evidence: is the model with the lowest final loss kept?"""
+    steps, 40% kept, decided by halving.decide_rung on `guard`'s evidence (position; extrapolate, with its band, the
+    rung keeping by confidence; extrapolate-point, the extrapolated value alone and the fixed fraction;
+    extrapolate-wide, the value with bands that always overlap, the fixed fraction + BAND_EXTRA): is the model with
+    the lowest final loss kept, and what share of the full sweep's steps were trained?"""
     from sft_grid.in_venv import replay_train
 
     found = replay_curves()
@@ -497,32 +590,93 @@ def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
     cfgs = {m: {"examples": REPLAY_TARGET, "points": found[(dataset, m)]["points"], "max_steps": STEPS} for m in drawn}
     final = {m: replay_train.logged_loss(cfgs[m], STEPS) for m in drawn}
     alive = sorted(drawn)
+    steps, before = 0, 0
     for i, step in enumerate(HalvingSim.RUNGS):
-        evidence = {}
+        steps += len(alive) * (step - before)
+        before = step
+        evidence: dict[str, float] = {}
+        bands: dict[str, tuple[float, float]] | None = {} if guard == "extrapolate" else None
         for m in alive:
             curve = [(float(s), replay_train.logged_loss(cfgs[m], s), 1.0) for s in range(1, step + 1)]
             if guard == "extrapolate":
+                est = halving.extrapolate_band(curve, STEPS, 1.0)
+                evidence[m] = math.inf if est is None else float(est)
+                if bands is not None and est is not None and est.band is not None:
+                    bands[m] = est.band
+            elif guard in ("extrapolate-point", "extrapolate-wide"):
                 evidence[m] = halving.extrapolate(curve, STEPS, 1.0) or math.inf
+                if guard == "extrapolate-wide":
+                    bands = {**(bands or {}), m: (-math.inf, math.inf)}
             else:
                 evidence[m] = sum(v for _, v, _ in curve[-3:]) / 3
-        alive = list(halving.decide_rung(dataset, i, step, evidence, HalvingSim.KEEP).kept)
+        ok = bands if bands is not None and len(bands) == len(evidence) else None
+        alive = list(halving.decide_rung(dataset, i, step, evidence, HalvingSim.KEEP, bands=ok).kept)
+    steps += len(alive) * (STEPS - before)
     best = min(drawn, key=lambda m: final[m])
-    return {"dataset": dataset, "seed": seed, "guard": guard, "best_kept": best in alive}
+    return {
+        "dataset": dataset,
+        "seed": seed,
+        "guard": guard,
+        "best_kept": best in alive,
+        "cost": steps / (STEPS * len(drawn)),
+    }
 
 
 def replay_section() -> dict[str, Any]:
     datasets = sorted({d for d, _ in replay_curves()})
     decisions = [replay_decision(d, s) for d in datasets for s in REPLAY_SEEDS]
     halvings = {
-        g: [replay_halving(d, s, g) for d in datasets for s in REPLAY_SEEDS] for g in ("position", "extrapolate")
+        g: [replay_halving(d, s, g) for d in datasets for s in REPLAY_SEEDS]
+        for g in ("position", "extrapolate", "extrapolate-point", "extrapolate-wide")
     }
     return {
         "forms": forms_coverage(),
         "joint": joint_check(),
         "decisions": decisions,
         "halving": {g: sum(h["best_kept"] for h in hs) / len(hs) for g, hs in halvings.items()},
+        "halving_cost": {g: sum(h["cost"] for h in hs) / len(hs) for g, hs in halvings.items()},
+        "halving_cost_max": {g: max(h["cost"] for h in hs) for g, hs in halvings.items()},
         "halving_brackets": len(halvings["position"]),
     }
+
+
+_LABELS = {
+    "adaptive": "adaptive",
+    "fixed": "fixed design, the adaptive loop's cost",
+    "random": "random designs, the adaptive loop's cost",
+    "fixed_budget": "fixed design, the whole budget",
+    "full": "full grid",
+}
+
+
+def _print_decisions(ds: list[dict[str, Any]], keys: tuple[str, ...], per_decision: bool = False) -> None:
+    """Each decision's verdicts (right or wrong, regret in nats; random: the share of its designs right and their
+    mean regret), then each design's share right, mean and largest regret, median error and GPU-hours."""
+    if per_decision:
+        for d in ds:
+            a = d["adaptive"]
+            p = "-" if d["p_wrong"] is None else f"{d['p_wrong']:.3f}"
+            cells = " | ".join(
+                f"{k} {d[k]['right']:.0%} {d[k]['regret']:.4f}"
+                if k == "random"
+                else f"{k} {'right' if d[k]['right'] else 'WRONG'} {d[k]['regret']:.4f}"
+                for k in keys
+                if k != "adaptive"
+            )
+            print(
+                f"    {d.get('dataset', 'sim')}:{d['seed']} adaptive {'right' if a['right'] else 'WRONG'}"
+                f" {a['regret']:.4f} at {a['share']:.1%} (P(wrong) {p}, stop: {d['stop'][:40]}) | {cells}"
+            )
+    for k in keys:
+        right = sum(float(d[k]["right"]) for d in ds) / len(ds)
+        regret = [d[k]["regret"] for d in ds]
+        err = sorted(d[k]["error"] for d in ds)
+        shares = [d[k]["share"] for d in ds]
+        print(
+            f"    {_LABELS[k]:42s} right {right:.1%}, regret mean {sum(regret) / len(regret):.4f} max"
+            f" {max(regret):.4f} nats, median error {err[len(err) // 2]:.2%}, GPU-hours {sum(shares) / len(shares):.1%}"
+            f" of the fitted grid's (at most {max(shares):.1%})"
+        )
 
 
 def _print_replays(r: dict[str, Any]) -> bool:
@@ -539,19 +693,26 @@ def _print_replays(r: dict[str, Any]) -> bool:
         f"  joint form L(N, D) over {j['groups']} (dataset, family) groups: median error {j['median_error_joint']:.2%}"
         f" at the held-out sizes (the per-curve chosen form: {j['median_error_chosen_form']:.2%})"
     )
-    print(f"  which of {REPLAY_MODELS} models is lowest at {REPLAY_TARGET} examples, {len(ds)} decisions:")
-    for k in ("adaptive", "fixed", "random", "full"):
-        right = sum(d[k]["right"] for d in ds) / len(ds)
-        regret = sorted(d[k]["regret"] for d in ds)
-        err = sorted(d[k]["error"] for d in ds)
-        print(
-            f"    {k:8s} right {right:.0%}, mean regret {sum(regret) / len(regret):.4f} nats, median error"
-            f" {err[len(err) // 2]:.2%}, GPU-hours at most {max(d[k]['share'] for d in ds):.1%} of the fitted grid's"
-        )
+    print(
+        f"  which of {REPLAY_MODELS} models is lowest at {REPLAY_TARGET} examples, {len(ds)} decisions (question gap,"
+        f" level 0.9, budget {BUDGET_SHARE:.0%} of the fitted grid's GPU-hours; design seed {DESIGN_SEED}, random"
+        f" designs {RANDOM_DESIGN_SEEDS}):"
+    )
+    _print_decisions(ds, ("adaptive", "fixed", "random", "fixed_budget", "full"), per_decision=True)
     print(
         f"  halving over {r['halving_brackets']} brackets of {REPLAY_BRACKET} models (rungs at 1/9, 1/3, 40% kept), the"
-        f" best kept: position {r['halving']['position']:.1%}, extrapolate {r['halving']['extrapolate']:.1%}"
+        " best kept, and the steps trained (mean, max) as a share of the full sweep's:"
     )
+    for g, label in (
+        ("position", "position (logged loss at the rung)"),
+        ("extrapolate", "extrapolate (band, kept by confidence)"),
+        ("extrapolate-point", "extrapolate-point (the value alone, fixed 40%: before the band)"),
+        ("extrapolate-wide", "extrapolate-wide (the value alone, 40% + 1 always: the bound alone)"),
+    ):
+        print(
+            f"    {label:68s} best kept {r['halving'][g]:.1%} (target >= 80% for extrapolate), steps"
+            f" {r['halving_cost'][g]:.1%}, at most {r['halving_cost_max'][g]:.1%}"
+        )
     return sum(d["adaptive"]["right"] for d in ds) / len(ds) >= TARGETS["replay_right_recipe"]
 
 
@@ -564,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     grids = [adaptive_grid(s) for s in range(args.grids)]
+    gaps = [gap_grid(s) for s in range(args.grids)]
     within = sum(g["adaptive"] <= 1.25 * g["full"] for g in grids) / len(grids)
     beats = sum(g["adaptive"] < g["random"] for g in grids) / len(grids)
     oracle_within = sum(g["oracle"] <= 1.25 * g["full"] for g in grids) / len(grids)
@@ -577,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
         halvings = [halving_grid(s, Path(tmp) / f"h{s}") for s in range(args.grids)]
         unguarded = [halving_grid(s, Path(tmp) / f"p{s}", "position") for s in range(args.grids)]
         extrapolated = [halving_grid(s, Path(tmp) / f"x{s}", "extrapolate") for s in range(args.grids)]
+        pointwise = [halving_grid(s, Path(tmp) / f"e{s}", "extrapolate-point") for s in range(args.grids)]
+        wide = [halving_grid(s, Path(tmp) / f"w{s}", "extrapolate-wide") for s in range(args.grids)]
         killed = kills(Path(tmp) / "kills")
     replays = replay_section() if not args.no_replay else None
     cost = max(h["cost"] for h in halvings)
@@ -584,7 +748,13 @@ def main(argv: list[str] | None = None) -> int:
     kept = sum(h["best_kept"] for h in halvings) / brackets
     kept_position = sum(h["best_kept"] for h in unguarded) / brackets
     kept_extrapolate = sum(h["best_kept"] for h in extrapolated) / brackets
-    cost_extrapolate = max(h["cost"] for h in extrapolated)
+    kept_point = sum(h["best_kept"] for h in pointwise) / brackets
+    kept_wide = sum(h["best_kept"] for h in wide) / brackets
+
+    def steps(hs: list[dict[str, Any]]) -> str:
+        mean, most = sum(h["cost"] for h in hs) / len(hs), max(h["cost"] for h in hs)
+        return f"steps {mean:.1%} of the full sweep's, at most {most:.1%}"
+
     again = sum(h["second_run"]["decisions"] + h["second_run"]["effects"] for h in halvings)
 
     def med(key: str) -> float:
@@ -622,27 +792,55 @@ def main(argv: list[str] | None = None) -> int:
         f"  for reference, the variance-optimal design chosen knowing the true law: within 1.25x in"
         f" {oracle_within:.0%} of grids (median error {med('oracle'):.3%})"
     )
+    print(
+        f"  which recipe is lower at 9.7B (question gap, level 0.9, design seed {DESIGN_SEED}, random designs"
+        f" {RANDOM_DESIGN_SEEDS}), {len(gaps)} grids:"
+    )
+    _print_decisions(gaps, ("adaptive", "fixed", "random", "full"))
     print(f"successive halving, {brackets} brackets of 9 learning rates (rungs at 1/9 and 1/3, 40% kept):")
     print(f"  steps trained (probes included): at most {cost:.1%} of the full sweep's (target <= 45%)")
     print(f"  the full sweep's best learning rate trained to the end: {kept:.1%} of brackets (target >= 90%)")
+    print(f"    guard: cooldown (probes):   {kept:.1%}, {steps(halvings)}")
     print(
-        f"  without the cooldown probe (guard: position, the pre-decay loss at the rung): {kept_position:.1%}"
-        " (the decay's flip)"
+        f"    guard: position:            {kept_position:.1%}, {steps(unguarded)} (the pre-decay loss: the decay's"
+        " flip)"
     )
     print(
-        f"  guard: extrapolate (each logged curve, every step logged, extrapolated to the schedule's end; no probe):"
-        f" {kept_extrapolate:.1%} (target >= 80%), steps at most {cost_extrapolate:.1%}"
+        f"    guard: extrapolate:         {kept_extrapolate:.1%} (target >= 80%), {steps(extrapolated)} (each logged"
+        " curve, every step logged, extrapolated to the schedule's end with its band; kept by confidence; no probe)"
+    )
+    print(
+        f"    extrapolate-point:          {kept_point:.1%}, {steps(pointwise)} (the extrapolated value alone, the fixed"
+        " 40%: the guard before its band)"
+    )
+    print(
+        f"    extrapolate-wide:           {kept_wide:.1%}, {steps(wide)} (the extrapolated value alone, 40% + 1 at"
+        " every rung: the band's bound without the band)"
     )
     print(f"  {killed['kills']} random kills of the orchestrator: {len(killed['changed'])} changed a decision")
     print(f"  a second run over the finished grids: {again} decisions or effects (target 0)")
     if replays is not None:
         verdicts["replay_right_recipe"] = _print_replays(replays)
+        verdicts["replay_extrapolate_best_kept"] = replays["halving"]["extrapolate"] >= TARGETS["extrapolate_best_kept"]
     missed = [k for k, ok in verdicts.items() if not ok]
     print("targets: " + ("all met" if not missed else "MISSED " + ", ".join(missed)))
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"grids": grids, "halving": halvings, "kills": killed, "replays": replays, "verdicts": verdicts},
+                {
+                    "grids": grids,
+                    "gap_grids": gaps,
+                    "halving": halvings,
+                    "halving_guards": {
+                        "position": unguarded,
+                        "extrapolate": extrapolated,
+                        "extrapolate-point": pointwise,
+                        "extrapolate-wide": wide,
+                    },
+                    "kills": killed,
+                    "replays": replays,
+                    "verdicts": verdicts,
+                },
                 indent=2,
                 default=str,
             )

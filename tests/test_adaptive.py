@@ -6,6 +6,7 @@ The decisions are measured over 50 seeded grids by benchmarks/bench_adaptive.py;
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -204,6 +205,97 @@ def test_kills_anywhere_change_no_decision(tmp_path):
     assert not final.new and not [a for a in final.actions if a.kind == "probe"]
 
 
+def _cosine(s: int, total: int = 100, warmup: int = 5) -> float:
+    return law.schedule(s, total, warmup, "cosine")
+
+
+def _write_curve(root: Path, cell: str, loss, upto: int, peak_lr: float = 1e-4) -> None:
+    """A trainer log of every step up to `upto` (loss and learning rate, as LLaMA-Factory's trainer_log.jsonl)."""
+    out = root / cell / "output"
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        {"current_steps": s, "total_steps": 100, "loss": loss(s), "learning_rate": peak_lr * _cosine(s)}
+        for s in range(1, upto + 1)
+    ]
+    (out / "trainer_log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_curves_that_cross_after_the_rung_the_later_winner_is_kept_by_extrapolate_and_dropped_by_position(tmp_path):
+    """The decay's flip on two cells: `hot` (a higher learning rate) has the higher noise floor, so it is worse at
+    the rung (step 33 of 100, the cosine decay barely begun) and better at the end, once the decay has removed the
+    floor. Read from the cells' trainer logs as the grid reads them (adaptive/prune.py's evidence)."""
+
+    def wobble(s: int) -> float:
+        return 1 + 4e-4 * (-1) ** s
+
+    curves = {
+        "hot": lambda s: (1.8 + 2.5 * s**-0.4 + 0.6 * _cosine(s)) * wobble(s),
+        "cold": lambda s: (1.8 + 3.0 * s**-0.4 + 0.15 * _cosine(s)) * wobble(s),
+    }
+    for cell, loss in curves.items():
+        _write_curve(tmp_path, cell, loss, 33)
+    assert curves["hot"](33) > curves["cold"](33) + 0.2  # worse at the rung
+    ends = {c: 1.8 + b * 100**-0.4 for c, b in (("hot", 2.5), ("cold", 3.0))}
+    assert ends["hot"] < ends["cold"] - 0.05  # better at the end
+
+    def decide(evidence) -> halving.RungDecision:
+        p = halving.plan({"b": ["cold", "hot"]}, [33], evidence, {}, keep=0.5, reached=lambda c, s: True)
+        (d,) = p.new
+        return d
+
+    position = decide(lambda c, s: halving.logged_loss(tmp_path / c, s))
+    assert position.kept == ("cold",) and position.pruned == ("hot",) and not position.bands
+    extrapolated = decide(lambda c, s: halving.extrapolated_loss(tmp_path / c, s, 100, 0.0))
+    assert extrapolated.kept == ("hot",) and extrapolated.pruned == ("cold",)
+    for cell, end in ends.items():  # each cell's band holds its own end, and the two bands are apart
+        lo, hi = extrapolated.bands[cell]
+        assert lo <= end <= hi and extrapolated.evidence[cell] == pytest.approx(end, rel=2e-3)
+    assert extrapolated.bands["cold"][0] > extrapolated.bands["hot"][1]
+    assert "clear of the best's" in extrapolated.why("cold")
+    # the band is recorded with the decision, and read back the same
+    halving.write_decision(tmp_path, extrapolated)
+    assert halving.read_record(tmp_path)[("b", 0)] == extrapolated
+
+
+def test_a_rung_keeps_by_confidence_fewer_where_the_bands_part_more_where_they_overlap_at_most_one_more():
+    evidence = {f"c{i}": 2.0 + 0.1 * i for i in range(9)}  # keep 0.4 of 9: the fixed fraction keeps 4
+    assert halving.decide_rung("b", 0, 11, evidence, keep=0.4).kept == ("c0", "c1", "c2", "c3")
+    apart = {c: (v - 0.01, v + 0.01) for c, v in evidence.items()}
+    d = halving.decide_rung("b", 0, 11, evidence, keep=0.4, bands=apart)
+    assert d.kept == ("c0",) and len(d.pruned) == 8  # the bands tell them apart: only the best goes on
+    wide = {c: (v - 1.0, v + 1.0) for c, v in evidence.items()}
+    d = halving.decide_rung("b", 0, 11, evidence, keep=0.4, bands=wide)
+    assert d.kept == ("c0", "c1", "c2", "c3", "c4") and halving.BAND_EXTRA == 1  # bounded: 4 + 1
+    assert "overlapping, past the most kept" in d.why("c5")
+    # a worse value with a wide band is kept over a better one with a narrow band clear of the best's
+    mixed = {**apart, "c1": (2.09, 2.11), "c3": (1.5, 2.5)}
+    d = halving.decide_rung("b", 0, 11, evidence, keep=0.4, bands=mixed)
+    assert d.kept == ("c0", "c3") and "c1" in d.pruned
+    # a band missing for one cell: the fixed fraction, no band recorded
+    d = halving.decide_rung("b", 0, 11, evidence, keep=0.4, bands={"c0": (1.0, 3.0)})
+    assert d.kept == ("c0", "c1", "c2", "c3") and not d.bands and "bands" not in d.to_json()
+
+
+def test_the_band_holds_the_end_of_a_noisy_curve_and_narrows_as_the_rung_comes_later():
+    total = 100
+
+    def loss(s: int) -> float:
+        return (1.8 + 3.0 * s**-0.4 + 0.3 * _cosine(s)) * (1 + 2e-3 * math.sin(7.3 * s))
+
+    end = 1.8 + 3.0 * total**-0.4
+    widths = []
+    for rung in (11, 33):
+        est = halving.extrapolate_band([(float(s), loss(s), _cosine(s)) for s in range(1, rung + 1)], total, 0.0)
+        assert est is not None and est.band is not None
+        assert est.lo <= end <= est.hi and est.lo < float(est) < est.hi
+        widths.append(est.hi - est.lo)
+    assert widths[1] < widths[0]
+    # too short to hold its first half out: the value, no band (the rung then keeps the fixed fraction)
+    seven = [(float(s), loss(s), _cosine(s)) for s in range(1, 8)]
+    short = halving.extrapolate_band(seven, total, 0.0)
+    assert short is not None and short.band is None and float(short) == halving.extrapolate(seven, total, 0.0)
+
+
 # -- the next cells from the fit ----------------------------------------------------------------------------------
 
 SIZES = (0.447e9, 0.55e9, 0.837e9, 0.998e9, 1.385e9, 1.935e9, 2.545e9, 3.383e9, 9.715e9)
@@ -275,3 +367,93 @@ def test_the_report_shows_each_holdout_forecast_and_band_beside_its_realised_val
     assert "big_a" in section and "[1.9, 2.1]" in section and "2.05" in section and "-2.44%" in section
     assert section.index("big_b") < section.index(">no<")  # 2.2 is outside [1.95, 2.05]
     assert "x1: seed design" in section and "stop: the budget is spent" in section
+
+
+# -- a design that decides: which recipe wins at `at` (question gap) ---------------------------------------------
+
+XS = tuple(1e8 * 2**i for i in range(13))
+
+
+def _decision_pool(
+    laws: dict[str, float], price: dict[str, float] | None = None
+) -> tuple[list[Candidate], dict[str, float]]:
+    """Recipes whose losses follow E + 40 x^-0.2 (E per recipe) with a deterministic 0.3% wobble, so that each form
+    chosen on held-out points has a band; a cell costs x / 1e8 GPU-hours times its recipe's `price`."""
+    pool, truth = [], {}
+    for recipe, e in laws.items():
+        for i, x in enumerate(XS):
+            name = f"{recipe}{i}"
+            hours = x / 1e8 * (price or {}).get(recipe, 1.0)
+            pool.append(Candidate(name, recipe, x, hours, holdout=i == len(XS) - 1))
+            truth[name] = (e + 40.0 * x**-0.2) * (1 + 0.003 * (-1) ** i)
+    return pool, truth
+
+
+def _gap(recipes: tuple[str, ...], **kw) -> AdaptiveSpec:
+    return AdaptiveSpec(question="gap", at=XS[-1], recipes=recipes, **{"budget_gpu_hours": 5000.0, "batch": 2, **kw})
+
+
+def _first_sizes(truth: dict[str, float], recipes: str, k: int) -> dict[str, float]:
+    return {f"{r}{i}": truth[f"{r}{i}"] for r in recipes for i in range(k)}
+
+
+def test_a_decision_seeds_each_recipe_to_a_band_then_records_the_winner_and_its_probability():
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72})
+    spec = _gap(("a", "b"))
+    observed: dict[str, float] = {}
+    rounds = []
+    while len(rounds) < 4:
+        r = choose(spec, pool, observed)
+        rounds.append(r)
+        observed.update({c: truth[c] for c in r.chosen})
+    # four sizes a recipe before its band (two held-out sizes, each extrapolated from two below it), cheapest first
+    assert all("seed design" in w for r in rounds[:4] for w in r.why)
+    assert set(observed) == set(_first_sizes(truth, "ab", 4))
+    assert rounds[0].decision == "" and rounds[0].p_wrong is None
+    r = choose(spec, pool, observed)
+    assert r.decision == "a" and r.p_wrong is not None and 0.1 < r.p_wrong < 0.6 and r.chosen and not r.stop
+    assert "lowers the expected probability of a wrong decision" in r.why[0]
+    assert r == choose(spec, pool, observed)  # pure: the same inputs (and the spec's seed), the same round
+
+
+def test_a_decision_already_certain_stops_with_no_new_cells():
+    pool, truth = _decision_pool({"a": 1.70, "b": 2.60})
+    spec = _gap(("a", "b"))
+    r = choose(spec, pool, _first_sizes(truth, "ab", 5))
+    assert not r.chosen and r.decision == "a" and r.p_wrong is not None and r.p_wrong < 0.1
+    assert r.stop.startswith("decided: a is the lowest")
+    # the same fits asked at a stricter level are not certain enough: the loop goes on
+    strict = choose(_gap(("a", "b"), level=1 - r.p_wrong / 2), pool, _first_sizes(truth, "ab", 5))
+    assert strict.chosen and not strict.stop
+
+
+def test_a_cell_is_worth_what_it_does_to_the_decision_not_to_a_band():
+    """Recipe c is far worse than a and b: narrowing its band cannot change which recipe wins, so its cells are never
+    chosen, not even at a hundredth of the price; a design minimising the bands' variance would buy them."""
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72, "c": 5.0}, price={"c": 0.01})
+    spec = _gap(("a", "b", "c"))
+    r = choose(spec, pool, _first_sizes(truth, "abc", 4))
+    assert r.decision == "a" and r.chosen and not any(c.startswith("c") for c in r.chosen), r.why
+
+
+@pytest.mark.parametrize(("price", "first"), [({"b": 10.0}, "a"), ({"a": 10.0}, "b")])
+def test_of_two_cells_that_separate_the_recipes_alike_the_cheaper_per_gpu_hour_is_chosen(price, first):
+    """The next size of either recipe moves the decision about as much; the one at a tenth of the price is the plan,
+    alone: a larger plan would lower the probability more, but less per GPU-hour."""
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72}, price=price)
+    r = choose(_gap(("a", "b")), pool, _first_sizes(truth, "ab", 4))
+    assert r.chosen == (f"{first}4",) and f"of the plan {first}4 (16 GPU-h)" in r.why[0], r.why
+
+
+def test_a_decision_never_spends_past_its_budget_and_says_why_it_stopped():
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.705})
+    spec = _gap(("a", "b"), budget_gpu_hours=60.0)
+    observed: dict[str, float] = {}
+    while True:
+        r = choose(spec, pool, observed)
+        if not r.chosen:
+            break
+        observed.update({c: truth[c] for c in r.chosen})
+    assert sum(c.gpu_hours for c in pool if c.name in observed) <= 60.0
+    assert r.stop and not {"a12", "b12"} & set(observed)
+    assert r.stop.startswith(("the budget is spent", "no affordable cell", "decided"))

@@ -38,7 +38,7 @@ def test_the_plan_is_told_before_any_check(hydra_loader, tmp_path, monkeypatch):
     seen: list[str] = []
     real = flow_module.preflight
     monkeypatch.setattr(
-        flow_module, "preflight", lambda cells, on_phase=None: seen.append("preflight") or real([], on_phase)
+        flow_module, "preflight", lambda cells, on_phase=None, **kw: seen.append("preflight") or real([], on_phase)
     )
     composer = GridComposer(hydra_loader, "config")
     composed, errors = composer.compose_all(

@@ -106,6 +106,17 @@ def test_all_problems_of_all_cells_are_reported_at_once(make_cells):
         assert f"cell {cell.name}" in text
 
 
+def test_a_problem_of_the_grid_as_a_whole_is_told_as_the_grids_not_a_cells():
+    from sft_grid.core.problems import GRID, Problem
+
+    cell = Problem(cell="a-1", key="lr", value=-1, rule="range", message="must be > 0", fix="set lr > 0")
+    grid = Problem(cell=GRID, key="prune.keep", value=1.5, rule="prune-block", message="must lie in (0, 1)", fix="0.3")
+    text = str(GridError([cell, grid]))
+    assert text.startswith("2 problem(s) in 1 cell(s) and the grid found by validation"), text
+    assert "\n  cell a-1\n" in text and "\n  the grid\n    prune.keep=1.5" in text and "cell (grid)" not in text
+    assert str(GridError([grid])).startswith("1 problem(s) in the grid found by validation")
+
+
 def test_duplicate_identity_in_one_grid(make_cells):
     cells = make_cells(["nodes=1"], ["micro_batch_size=2"])
     _, problems = plan_cells([type("C", (), {"overrides": c.overrides, "config": c.config})() for c in cells], [])

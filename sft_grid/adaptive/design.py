@@ -1,20 +1,38 @@
-"""The next cells of an adaptive grid: the fit's uncertainty on the question, reduced most per GPU-hour.
+"""The next cells of an adaptive grid: what each is worth to the question asked, per GPU-hour, and when to stop.
 
 A round: (1) each recipe's completed cells (never a holdout) are fitted with the form chosen on held-out points
 (analysis/forms.py: E + A N^-alpha, A N^-alpha or a log-linear, whichever extrapolated best from the smaller sizes
-to the larger), and the errors it made there give the question's band at the size `at` (none through three sizes);
-(2) the loop stops when the budget is spent or the band's half width is below `stop_halfwidth`; (3) otherwise each
-candidate of the pool (not run, not a holdout, affordable) is scored by how much it would shrink the variance of the
-forecast at `at`, per GPU-hour, and the best `batch` are chosen greedily (each choice joins the design before the
-next is scored).
+to the larger), and the errors it made there give its band at the size `at`: the forecast times exp(+-t s), s the
+form's held-out log error scale times its reach beyond the largest size, t Student's (none through three sizes);
+(2) the decision: which recipe wins (has the lowest loss) at `at`, and the probability that it is wrong, under each
+recipe's band read as a Student-t predictive distribution in log L (the recipes independent; `DRAWS` seeded draws);
+(3) the loop stops when the budget is spent, the band's half width is below `stop_halfwidth`, or (question `gap`)
+the probability of a wrong decision is below 1 - `level`; (4) otherwise it chooses what to run next.
 
-The choice of the next cells stays on the form E + A N^-alpha: the variance is the fit's linearisation (the delta
-method; the classic V-optimal criterion of experimental design, one of the baselines of Li et al. 2026, "Spend Less,
-Fit Better"): Var f(at) ~ g' (J'J)^-1 g, with J the model's Jacobian (of log L, as the fit works in log space) at
-the design's sizes and g its gradient at `at`, both at the current fit. Adding a candidate adds its row to J, which
-needs no value for it: the score is exact for the linearised model and costs microseconds, where refitting every
-bootstrap resample per candidate (the other choice) would cost a fit per candidate and resample. A recipe with fewer
-than three sizes has no fit yet: its cheapest sizes are chosen first (the seed design).
+`gap` (which recipe wins at `at`): a plan (a set of affordable cells) is worth the expected fall in the probability
+of a wrong decision once its cells are observed, per GPU-hour it costs. The expectation is a preposterior analysis:
+the band the decision will read after the plan is predicted from the band's own model (forms.py: a log error scale
+proportional to the distance in log size beyond the largest size, in units of the held-out extrapolations' mean
+step; so s = sigma / step x max(step, log(at / largest)), which a plan changes through the largest sizes and the
+held-out steps it makes, sigma / step held); the part of each recipe's predictive variance that the plan resolves
+moves its forecast, the rest stays as noise, and the expected chance that the forecast winner afterwards is the true
+winner is counted over the same seeded draws for every plan (common random numbers, so that plans are compared
+without the draws' noise between them; a gain under `GAIN_SE` standard errors of the draws counts as none). No fit
+is run per candidate: a round costs the fits of the recipes and a few milliseconds per thousand plans. Plans rather
+than single cells, and their value per GPU-hour over the plan (the knowledge-gradient of Frazier and Powell, KG(*)):
+the value of information is not concave, one cheap cell alone rarely moves a decision, and a one-cell-at-a-time
+greedy rule would keep buying the cheap small sizes. The band depends on a recipe's three largest sizes only, so
+each recipe's plans are its subsets of at most three new sizes, kept on their cost/band frontier, and the recipes'
+frontiers are combined. The best plan's cells are run cheapest first, `batch` at a time, and the plan is chosen
+again from what they show. A recipe without a band yet gets its cheapest sizes first (the seed design, four sizes:
+two held-out sizes each extrapolated from two below it).
+
+`loss` (each recipe's loss at `at`): the affordable completion of the design that minimises the forecast's variance
+at `at` on the form E + A N^-alpha (the delta method: Var f(at) ~ g' (J'J)^-1 g, J the model's Jacobian of log L at
+the design's sizes, g its gradient at `at`, both at the current fit; the V-optimal criterion of experimental design,
+one of the baselines of Li et al. 2026, "Spend Less, Fit Better"), its largest cells first, after a seed design of
+three sizes; it runs to the budget unless the band's half width falls below `stop_halfwidth`. Its round reports the
+decision and its probability too.
 """
 
 from __future__ import annotations
@@ -22,11 +40,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations, product
+from typing import TYPE_CHECKING
 
 from sft_grid.adaptive.spec import AdaptiveSpec
 from sft_grid.analysis import forms, scaling
 
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
 MIN_SIZES = scaling.N_PARAMS
+# the sizes a band needs (analysis/forms.py): two held-out sizes, each extrapolated from two sizes below it
+BAND_SIZES = MIN_SIZES + 1
+# the seeded draws the decision's probabilities are counted over (the same draws for every plan of a round)
+DRAWS = 4000
+# a plan's expected gain must stand this many standard errors of the draws above zero to count
+GAIN_SE = 2.0
+# the plans compared in a round at most (each recipe's cost/band frontier thinned evenly beyond)
+MAX_PLANS = 20000
+# new sizes per recipe in a plan: the band reads a recipe's three largest sizes only
+PLAN_SIZES = 3
 
 
 @dataclass(frozen=True)
@@ -46,6 +80,8 @@ class Forecast:
     hi: float | None
     points: int
     form: str = "power_e"  # the form the forecast comes from (analysis/forms.py)
+    scale: float | None = None  # the band's scale in log L (Student-t with `df` degrees of freedom); None: no band
+    df: int = 0
 
     @property
     def halfwidth(self) -> float:
@@ -55,7 +91,9 @@ class Forecast:
 @dataclass(frozen=True)
 class Round:
     """One round's fit and choice: the forecasts, the question's half width, what was spent, what to run next
-    and why (one line per chosen cell), and why the loop stops (empty while it goes on)."""
+    and why (one line per chosen cell), why the loop stops (empty while it goes on), and the decision: the recipe
+    with the lowest forecast at `at` and the probability that it is not the lowest (None: not every recipe has a
+    band yet)."""
 
     forecasts: tuple[Forecast, ...]
     halfwidth: float
@@ -63,38 +101,315 @@ class Round:
     chosen: tuple[str, ...]
     why: tuple[str, ...]
     stop: str = ""
+    decision: str = ""
+    p_wrong: float | None = None
+
+
+@dataclass(frozen=True)
+class _Fit:
+    forecast: Forecast
+    per_step: float | None  # the band's log error scale per unit of log size beyond the largest (sigma / step)
+
+
+def _fits(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, float]) -> dict[str, _Fit]:
+    out = {}
+    for recipe in sorted({c.recipe for c in pool}):
+        pts = [(c.n, observed[c.name]) for c in pool if c.recipe == recipe and not c.holdout and c.name in observed]
+        if len({n for n, _ in pts}) < MIN_SIZES:
+            out[recipe] = _Fit(Forecast(recipe, None, None, None, len(pts)), None)
+            continue
+        # the form chosen on held-out points (analysis/forms.py), its band from the errors it made extrapolating
+        chosen = forms.select(pts, level=spec.level)
+        value, lo, hi = chosen.forecast(spec.at)
+        if not chosen.ok or not math.isfinite(value) or value <= 0:
+            out[recipe] = _Fit(Forecast(recipe, None, None, None, len(pts)), None)
+            continue
+        scale, per_step = None, None
+        if lo is not None and hi is not None and chosen.sigma >= 0 and chosen.step > 0:  # a zero band is a band
+            reach = max(1.0, math.log(spec.at / chosen.x_max) / chosen.step) if spec.at > chosen.x_max else 1.0
+            scale, per_step = chosen.sigma * reach, chosen.sigma / chosen.step
+        df = chosen.heldout if scale is not None else 0
+        found = Forecast(recipe, value, lo, hi, len(pts), chosen.form, scale, df)
+        out[recipe] = _Fit(found, per_step)
+    return out
 
 
 def forecasts(
     spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, float], resamples: int = 200
 ) -> tuple[Forecast, ...]:
-    """Each recipe's forecast at `at` with its bootstrap band, from the observed cells that are not holdouts."""
-    out = []
-    for recipe in sorted({c.recipe for c in pool}):
-        pts = [
-            (c.n, observed[c.name], c.name) for c in pool if c.recipe == recipe and not c.holdout and c.name in observed
-        ]
-        if len({n for n, _, _ in pts}) < MIN_SIZES:
-            out.append(Forecast(recipe, None, None, None, len(pts)))
-            continue
-        # the form chosen on held-out points (analysis/forms.py), its band from the errors it made extrapolating
-        chosen = forms.select([(n, v) for n, v, _ in pts], level=spec.level)
-        value, lo, hi = chosen.forecast(spec.at)
-        if not chosen.ok or not math.isfinite(value):
-            out.append(Forecast(recipe, None, None, None, len(pts)))
-            continue
-        out.append(Forecast(recipe, value, lo, hi, len(pts), chosen.form))
-    return tuple(out)
+    """Each recipe's forecast at `at` with its band, from the observed cells that are not holdouts."""
+    return tuple(f.forecast for f in _fits(spec, pool, observed).values())
+
+
+def _recipes(spec: AdaptiveSpec, pool: Sequence[Candidate]) -> list[str]:
+    return sorted(set(spec.recipes) or {c.recipe for c in pool})
 
 
 def question_halfwidth(spec: AdaptiveSpec, found: Sequence[Forecast]) -> float:
-    """loss: the widest recipe's half width; gap: the two recipes' half widths added in quadrature."""
+    """loss: the widest recipe's half width; gap: the half widths of the forecast winner and its nearest rival
+    added in quadrature (the two recipes' for a gap of two)."""
     by = {f.recipe: f for f in found}
     if spec.question == "gap":
-        a, b = (by[r].halfwidth if r in by else math.inf for r in spec.recipes)
-        return math.hypot(a, b)
+        mine = [by.get(r) for r in spec.recipes]
+        if len(mine) < 2 or any(f is None or f.value is None for f in mine):
+            return math.inf
+        a, b = sorted((f for f in mine if f is not None), key=lambda f: (f.value, f.recipe))[:2]
+        return math.hypot(a.halfwidth, b.halfwidth)
     relevant = [by[r] for r in spec.recipes if r in by] if spec.recipes else list(found)
     return max((f.halfwidth for f in relevant), default=math.inf)
+
+
+def _draws(seed: int, dfs: Sequence[int]) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """The draws every plan of a round is counted over: two standard normals and a Student-t's scale factor
+    sqrt(df / chi2_df) per recipe (a t draw is the normal times the factor)."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, len(dfs), *dfs])
+    z1 = rng.standard_normal((DRAWS, len(dfs)))
+    z2 = rng.standard_normal((DRAWS, len(dfs)))
+    df = np.array(dfs, dtype=float)
+    return z1, z2, np.sqrt(df / rng.chisquare(df, size=(DRAWS, len(dfs))))
+
+
+def _right(
+    mu: NDArray[np.float64],
+    now: NDArray[np.float64],
+    after: NDArray[np.float64],
+    draws: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]],
+) -> NDArray[np.bool_]:
+    """(plans, DRAWS): whether the forecast winner after each plan is the true winner. `mu`, `now`: each recipe's
+    forecast (log L) and band scale; `after` (plans, recipes): the scales each plan leaves. The resolved part of the
+    predictive variance, now^2 - after^2, moves the forecast; the rest separates it from the truth."""
+    import numpy as np
+
+    z1, z2, w = draws
+    after = np.minimum(after, now)
+    moved = np.sqrt(np.maximum(now**2 - after**2, 0.0))
+    forecast = mu + w * moved[:, None, :] * z1
+    truth = forecast + w * after[:, None, :] * z2
+    return np.asarray(forecast.argmin(axis=2) == truth.argmin(axis=2))
+
+
+def decide(spec: AdaptiveSpec, found: Sequence[Forecast], recipes: Sequence[str] = ()) -> tuple[str, float | None]:
+    """The recipe with the lowest forecast at `at` among `recipes` (the spec's, else all), and the probability that
+    another is truly lower under the bands (None while a recipe has no band; 0 for one recipe)."""
+    import numpy as np
+
+    by = {f.recipe: f for f in found}
+    names = sorted(recipes or spec.recipes or by)
+    fitted = [by[r] for r in names if r in by and by[r].value is not None]
+    if not fitted:
+        return "", None
+    winner = min(fitted, key=lambda f: (f.value, f.recipe)).recipe
+    if len(names) == 1:
+        return winner, 0.0
+    if len(fitted) < len(names) or any(f.scale is None for f in fitted):
+        return winner, None
+    mu = np.log(np.array([f.value for f in fitted], dtype=float))
+    now = np.array([f.scale for f in fitted], dtype=float)
+    right = _right(mu, now, now[None, :], _draws(spec.seed, [f.df for f in fitted]))
+    return winner, float(1.0 - right.mean())
+
+
+def _step(sizes: Sequence[float]) -> float:
+    """The mean distance in log size of the held-out extrapolations forms.select makes on these sizes."""
+    distinct = sorted(set(sizes))
+    steps = [math.log(cut / max(x for x in distinct if x < cut)) for cut in distinct[-2:] if cut > distinct[0]]
+    return sum(steps) / len(steps) if steps else math.nan
+
+
+def _scale_after(fit: _Fit, at: float, sizes: Sequence[float]) -> float:
+    """The band's scale the fit would have on `sizes`, its log error per unit of log size held (forms.py's band:
+    sigma x max(1, log(at / largest) / step), with sigma proportional to the step)."""
+    assert fit.per_step is not None and fit.forecast.scale is not None
+    step = _step(sizes)
+    if not math.isfinite(step):
+        return fit.forecast.scale
+    return min(fit.forecast.scale, fit.per_step * max(step, math.log(at / max(sizes))))
+
+
+_Option = tuple[float, float, tuple[Candidate, ...]]
+
+
+def _thin(options: list[_Option], keep: int) -> list[_Option]:
+    """At most `keep` of a frontier's options, evenly spread (the first and last kept)."""
+    if len(options) <= keep:
+        return options
+    idx = sorted({round(i * (len(options) - 1) / (keep - 1)) for i in range(keep)})
+    return [options[i] for i in idx]
+
+
+def _decision_plan(
+    spec: AdaptiveSpec,
+    fits: Mapping[str, _Fit],
+    recipes: Sequence[str],
+    design: Mapping[str, list[float]],
+    left: Sequence[Candidate],
+    room_h: float,
+    room_n: int,
+) -> tuple[tuple[Candidate, ...], float, float, int]:
+    """The affordable plan with the largest expected fall in the probability of a wrong decision per GPU-hour
+    (see the module's docstring): (its cells, the probability before it, after it, the plans compared); no cells
+    when no plan gains."""
+    import numpy as np
+
+    order = list(recipes)
+    found = [fits[r].forecast for r in order]
+    mu = np.log(np.array([f.value for f in found], dtype=float))
+    now = np.array([f.scale for f in found], dtype=float)
+    draws = _draws(spec.seed, [f.df for f in found])
+    base = np.array([_scale_after(fits[r], spec.at, design[r]) for r in order])
+    frontiers = []
+    for i, r in enumerate(order):
+        cheapest: dict[float, Candidate] = {}
+        for c in sorted(left, key=lambda c: (c.gpu_hours, c.name)):
+            if c.recipe == r and c.n not in design[r]:
+                cheapest.setdefault(c.n, c)
+        options: list[tuple[float, float, tuple[Candidate, ...]]] = [(0.0, float(base[i]), ())]
+        for k in range(1, min(PLAN_SIZES, room_n) + 1):
+            for cells in combinations(sorted(cheapest.values(), key=lambda c: c.name), k):
+                cost = sum(c.gpu_hours for c in cells)
+                if cost <= room_h + 1e-9:
+                    options.append((cost, _scale_after(fits[r], spec.at, [*design[r], *(c.n for c in cells)]), cells))
+        frontiers.append(_frontier(options))
+    keep = max(2, int(MAX_PLANS ** (1 / len(frontiers))))
+    frontiers = [_thin(f, keep) for f in frontiers]
+    plans = []
+    for combo in product(*frontiers):
+        cells = tuple(c for _, _, cs in combo for c in cs)
+        cost = sum(cost for cost, _, _ in combo)
+        if cells and cost <= room_h + 1e-9 and len(cells) <= room_n:
+            plans.append((cost, [s for _, s, _ in combo], cells))
+    right_base = _right(mu, now, base[None, :], draws)[0]
+    p_base = float(1.0 - right_base.mean())
+    if not plans:
+        return (), p_base, p_base, 0
+    best: tuple[float, float, tuple[str, ...]] | None = None
+    pick = None
+    for start in range(0, len(plans), 200):
+        chunk = plans[start : start + 200]
+        right = _right(mu, now, np.array([s for _, s, _ in chunk]), draws)
+        diff = right.astype(float) - right_base
+        gains = diff.mean(axis=1)
+        errs = diff.std(axis=1) / math.sqrt(DRAWS)
+        for (cost, _, cells), gain, err in zip(chunk, gains, errs, strict=True):
+            if gain <= 0 or gain <= GAIN_SE * err or cost <= 0:
+                continue
+            key = (-gain / cost, cost, tuple(sorted(c.name for c in cells)))
+            if best is None or key < best:
+                best, pick = key, (cells, p_base - float(gain))
+    if pick is None:
+        return (), p_base, p_base, len(plans)
+    return pick[0], p_base, pick[1], len(plans)
+
+
+def choose(
+    spec: AdaptiveSpec,
+    pool: Sequence[Candidate],
+    observed: Mapping[str, float],
+    in_flight: Sequence[str] = (),
+    resamples: int = 200,
+) -> Round:
+    """One round: fit, decide, stop or choose the next batch (pure: the same inputs give the same round)."""
+    fits = _fits(spec, pool, observed)
+    found = tuple(f.forecast for f in fits.values())
+    width = question_halfwidth(spec, found)
+    recipes = _recipes(spec, pool)
+    decision, p_wrong = decide(spec, found, recipes)
+    taken = set(observed) | set(in_flight)
+    spent = sum(c.gpu_hours for c in pool if c.name in taken)
+    budget_h = spec.budget_gpu_hours if spec.budget_gpu_hours is not None else math.inf
+    budget_n = spec.budget_cells if spec.budget_cells is not None else len(pool)
+
+    def done(stop: str) -> Round:
+        return Round(found, width, spent, (), (), stop, decision, p_wrong)
+
+    if spec.stop_halfwidth is not None and width < spec.stop_halfwidth:
+        return done(f"the band's half width {width:.4g} < {spec.stop_halfwidth:g}")
+    if spec.question == "gap" and p_wrong is not None and p_wrong < 1 - spec.level:
+        return done(
+            f"decided: {decision} is the lowest at {spec.at:.4g} with probability {1 - p_wrong:.3f} >="
+            f" {spec.level:g} (wrong with probability {p_wrong:.3f} < {1 - spec.level:.3g})"
+        )
+    design = {r: [c.n for c in pool if c.recipe == r and c.name in taken and not c.holdout] for r in recipes}
+    waiting = {c.recipe for c in pool if c.name in in_flight}
+    left = [c for c in pool if c.name not in taken and not c.holdout and c.recipe in recipes]
+    room_h = budget_h - spent
+    room_n = budget_n - len(taken)
+    gap = spec.question == "gap"
+
+    def seeding(r: str) -> bool:
+        if len(set(design[r])) < (BAND_SIZES if gap else MIN_SIZES):
+            return True
+        # a decision needs every band: a recipe whose cells are all in and still has none gets its next size
+        return gap and fits[r].per_step is None and r not in waiting
+
+    chosen: list[str] = []
+    why: list[str] = []
+    for c in sorted(left, key=lambda c: (c.gpu_hours, c.name)):  # the seed design: the cheapest sizes first
+        if len(chosen) >= spec.batch or not seeding(c.recipe) or c.n in design[c.recipe]:
+            continue
+        if c.gpu_hours > room_h + 1e-9 or len(chosen) >= room_n:
+            break
+        have = len(set(design[c.recipe]))
+        need = f"{have} of {BAND_SIZES} sizes of {c.recipe} for a band" if gap else f"{have} of {MIN_SIZES}"
+        chosen.append(c.name)
+        why.append(f"{c.name}: seed design ({need}{'' if gap else f' sizes of {c.recipe} to fit'})")
+        design[c.recipe].append(c.n)
+        room_h -= c.gpu_hours
+    stop = ""
+    if not chosen and gap:
+        bandless = [r for r in recipes if fits[r].per_step is None]
+        if bandless and not waiting & set(bandless):  # nothing left to seed with, nothing to wait for
+            stop = (
+                f"no band for {', '.join(bandless)} (a band needs {BAND_SIZES} sizes fitted; none affordable is left):"
+                f" {decision or 'no recipe'} lowest, with no probability"
+            )
+        elif bandless:
+            pass  # a band still to come from cells in flight: wait for them
+        else:
+            plan, before, after, compared = _decision_plan(spec, fits, recipes, design, left, room_h, room_n)
+            cost = sum(c.gpu_hours for c in plan)
+            for c in sorted(plan, key=lambda c: (c.gpu_hours, c.name))[: spec.batch]:
+                chosen.append(c.name)
+                why.append(
+                    f"{c.name}: of the plan {', '.join(sorted(p.name for p in plan))} ({cost:.4g} GPU-h), which"
+                    f" lowers the expected probability of a wrong decision at {spec.at:.4g} from {before:.3f} to"
+                    f" {after:.3f}: {(before - after) / cost:.3g} per GPU-h, the most of {compared} affordable"
+                    " plans; its cheapest cells first"
+                )
+            if not plan and any(c.gpu_hours <= room_h + 1e-9 for c in left) and room_n > 0:
+                stop = (
+                    f"no affordable cell lowers the probability of a wrong decision ({before:.3f}, {decision}"
+                    f" lowest; {room_h:.4g} GPU-h left)"
+                )
+    elif not chosen:
+        fitted = {f.recipe: f for f in found}
+        thetas: dict[str, tuple[float, float, float]] = {}
+        for r in recipes:
+            pts = [
+                (c.n, observed[c.name], c.name) for c in pool if c.recipe == r and c.name in observed and not c.holdout
+            ]
+            fit = scaling.fit(pts, resamples=0) if fitted.get(r) and fitted[r].value is not None else None
+            if fit is not None and fit.ok:
+                thetas[r] = (fit.E, fit.A, fit.alpha)
+        if all(r in thetas for r in recipes):
+            planned, before_v, after_v = _best_completion(spec.at, set(recipes), design, thetas, left, room_h, room_n)
+            ranked = sorted(planned, key=lambda c: (-c.gpu_hours, c.name))[: spec.batch]
+            total = sum(p.gpu_hours for p in planned)
+            for c in ranked:
+                chosen.append(c.name)
+                why.append(
+                    f"{c.name}: part of the affordable completion of the design that minimises the forecast's variance"
+                    f" at {spec.at:.3g} ({before_v:.3g} -> {after_v:.3g} x residual variance, summed over"
+                    f" {', '.join(sorted(recipes))}; {total:.3g} GPU-h for {len(planned)} cell(s):"
+                    f" {(before_v - after_v) / max(total, 1e-12):.3g} per GPU-h); its largest cells first"
+                )
+    if chosen:
+        spent += sum(c.gpu_hours for c in pool if c.name in chosen)
+    elif not stop and not (gap and waiting):
+        stop = f"the budget is spent ({spent:.4g} GPU-h, {len(taken)} cells)"
+    return Round(found, width, spent, tuple(chosen), tuple(why), stop, decision, p_wrong)
 
 
 def _variance(ns: Sequence[float], at: float, theta: tuple[float, float, float]) -> float:
@@ -120,68 +435,6 @@ def _variance(ns: Sequence[float], at: float, theta: tuple[float, float, float])
     if np.linalg.cond(info) > 1e14:
         return math.inf
     return float(g @ np.linalg.solve(info, g))
-
-
-def choose(
-    spec: AdaptiveSpec,
-    pool: Sequence[Candidate],
-    observed: Mapping[str, float],
-    in_flight: Sequence[str] = (),
-    resamples: int = 200,
-) -> Round:
-    """One round: fit, stop or choose the next batch (pure: the same inputs give the same round)."""
-    found = forecasts(spec, pool, observed, resamples)
-    width = question_halfwidth(spec, found)
-    taken = set(observed) | set(in_flight)
-    spent = sum(c.gpu_hours for c in pool if c.name in taken)
-    budget_h = spec.budget_gpu_hours if spec.budget_gpu_hours is not None else math.inf
-    budget_n = spec.budget_cells if spec.budget_cells is not None else len(pool)
-    if spec.stop_halfwidth is not None and width < spec.stop_halfwidth:
-        return Round(found, width, spent, (), (), f"the band's half width {width:.4g} < {spec.stop_halfwidth:g}")
-    recipes = set(spec.recipes) or {c.recipe for c in pool}
-    design = {r: [c.n for c in pool if c.recipe == r and c.name in taken and not c.holdout] for r in recipes}
-    fits = {f.recipe: f for f in found}
-    thetas: dict[str, tuple[float, float, float]] = {}
-    for r in recipes:
-        pts = [(c.n, observed[c.name], c.name) for c in pool if c.recipe == r and c.name in observed and not c.holdout]
-        fit = scaling.fit(pts, resamples=0) if fits.get(r) and fits[r].value is not None else None
-        if fit is not None and fit.ok:
-            thetas[r] = (fit.E, fit.A, fit.alpha)
-    left = [c for c in pool if c.name not in taken and not c.holdout and c.recipe in recipes]
-    room_h = budget_h - spent
-    room_n = budget_n - len(taken)
-    seeding = sorted(
-        (c for c in left if len({*design[c.recipe]}) < MIN_SIZES),
-        key=lambda c: (c.gpu_hours, c.name),
-    )
-    chosen: list[str] = []
-    why: list[str] = []
-    for c in seeding:  # the seed design: the cheapest sizes of a recipe that cannot be fitted yet
-        have = len(set(design[c.recipe]))
-        if len(chosen) >= spec.batch or have >= MIN_SIZES or c.n in design[c.recipe]:
-            continue
-        if c.gpu_hours > room_h + 1e-9 or len(chosen) >= room_n:
-            break
-        chosen.append(c.name)
-        why.append(f"{c.name}: seed design ({have} of {MIN_SIZES} sizes of {c.recipe} to fit)")
-        design[c.recipe].append(c.n)
-        room_h -= c.gpu_hours
-    if not chosen and all(r in thetas for r in recipes):
-        planned, before, after = _best_completion(spec.at, recipes, design, thetas, left, room_h, room_n)
-        ranked = sorted(planned, key=lambda c: (-c.gpu_hours, c.name))[: spec.batch]
-        for c in ranked:
-            chosen.append(c.name)
-            why.append(
-                f"{c.name}: part of the affordable completion of the design that minimises the forecast's variance"
-                f" at {spec.at:.3g} ({before:.3g} -> {after:.3g} x residual variance, summed over"
-                f" {', '.join(sorted(recipes))}; {sum(p.gpu_hours for p in planned):.3g} GPU-h for"
-                f" {len(planned)} cell(s): {(before - after) / max(sum(p.gpu_hours for p in planned), 1e-12):.3g}"
-                " per GPU-h); its largest cells first"
-            )
-    if chosen:
-        spent += sum(c.gpu_hours for c in pool if c.name in chosen)
-    stop = "" if chosen else f"the budget is spent ({spent:.4g} GPU-h, {len(taken)} cells)"
-    return Round(found, width, spent, tuple(chosen), tuple(why), stop)
 
 
 # a recipe's candidates are enumerated whole up to this many (2^12 subsets); beyond, greedily

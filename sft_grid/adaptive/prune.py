@@ -33,7 +33,7 @@ from sft_grid.backends.base import LEG_FILE
 from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
-from sft_grid.core.problems import Problem
+from sft_grid.core.problems import GRID, Problem
 from sft_grid.core.state import State, state_of
 from sft_grid.planning.cells import Cell, dirs_of, plan_cell
 from sft_grid.planning.compose import Composed
@@ -145,7 +145,7 @@ def _grid_problems(
     a cell's end, brackets with nothing to compare, brackets that mix model sizes."""
     out = [
         Problem(
-            cell="(grid)",
+            cell=GRID,
             key="prune.by",
             value=key,
             rule="prune-block",
@@ -176,7 +176,7 @@ def _grid_problems(
     if all(len(names) < 2 for names in brackets.values()):
         out.append(
             Problem(
-                cell="(grid)",
+                cell=GRID,
                 key="prune",
                 value=f"{len(cells)} cell(s) in {len(brackets)} bracket(s)",
                 rule="prune-block",
@@ -190,7 +190,7 @@ def _grid_problems(
         if len(sizes) > 1:
             out.append(
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key="prune.by",
                     value=list(spec.by),
                     rule="prune-block",

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sft_grid.core.problems import Problem
+from sft_grid.core.problems import GRID, Problem
 
 PRUNE_KEYS = ("metric", "rungs", "unit", "keep", "by", "guard", "probe")
 ADAPTIVE_KEYS = (
@@ -91,7 +91,7 @@ class AdaptiveSpec:
 
 def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
     return Problem(
-        cell=f"sweep's {block}: block",
+        cell=GRID,
         key=f"{block}.{key}" if key else block,
         value=value,
         rule=f"{block}-block",
@@ -271,7 +271,7 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
 def different_blocks(key: str) -> Problem:
     """The problem of a grid whose cells carry different `key:` blocks (prune or adaptive): a grid steers by one."""
     return Problem(
-        cell="(grid)",
+        cell=GRID,
         key=key,
         value="...",
         rule=f"{key}-block",

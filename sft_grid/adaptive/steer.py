@@ -30,7 +30,7 @@ from sft_grid.adaptive.spec import AdaptiveSpec, different_blocks, parse_adaptiv
 from sft_grid.analysis.report_data import ADAPTIVE_FILE
 from sft_grid.analysis.table import final_loss, final_losses
 from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
-from sft_grid.core.problems import Problem
+from sft_grid.core.problems import GRID, Problem
 from sft_grid.core.schema import exact_params
 from sft_grid.core.state import State, state_of
 from sft_grid.planning.cells import Cell, dirs_of, plan_cell
@@ -163,7 +163,7 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
     if all(_value(c.config, spec.recipe_key) is None for c in composed):
         out.append(
             Problem(
-                cell="(grid)",
+                cell=GRID,
                 key="adaptive.recipe_key",
                 value=spec.recipe_key,
                 rule="adaptive-block",
@@ -177,7 +177,7 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
     if unknown:
         out.append(
             Problem(
-                cell="(grid)",
+                cell=GRID,
                 key="adaptive.holdout",
                 value=list(spec.holdout),
                 rule="adaptive-block",
@@ -193,7 +193,7 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
         if len(sizes) < MIN_SIZES:
             out.append(
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key="adaptive",
                     value=f"recipe {recipe or '(one recipe)'}: {len(sizes)} size(s)",
                     rule="adaptive-block",
@@ -216,7 +216,7 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
         shown = ", ".join(f"{r or '(one recipe)'} at {m}" for r, m in list(mixed)[:3])
         out.append(
             Problem(
-                cell="(grid)",
+                cell=GRID,
                 key=", ".join(differ) or "adaptive",
                 value=f"{len(mixed)} recipe-size pair(s) with several cells"
                 f" ({shown}{', ...' if len(mixed) > 3 else ''})",

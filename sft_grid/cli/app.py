@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import hydra
 from omegaconf import DictConfig
 
-from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.problems import GRID, GridError, Problem
 from sft_grid.planning.conf_files import YAML_ERROR
 from sft_grid.planning.resolvers import register
 
@@ -110,7 +110,7 @@ def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
         if steered:  # each site would decide its rungs or its next cells from its own cells' files alone
             problems.append(
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key=steered[0],
                     value=", ".join(sorted(profiles)),
                     rule="steer-remote",
@@ -159,7 +159,7 @@ def _fail_axes(axes: Sequence[str], rule: str, message: str, fix: Callable[[str]
         GridError(
             [
                 Problem(
-                    cell="<grid>",
+                    cell=GRID,
                     key=axis.split("=", 1)[0],
                     value=axis.split("=", 1)[1],
                     rule=rule,
@@ -191,7 +191,7 @@ def run_grid(master: DictConfig, overrides: list[list[str]], loader: ConfigLoade
             GridError(
                 [
                     Problem(
-                        cell="<grid>",
+                        cell=GRID,
                         key="",
                         value=None,
                         rule="grid-empty",

@@ -12,7 +12,7 @@ class Problem:
     """One problem of one cell, built by keyword: Problem(cell=..., key=..., value=..., rule=..., message=...,"
     " fix=...)."""
 
-    cell: str  # the cell's name, or its overrides when it could not be composed
+    cell: str  # the cell's name, or its overrides when it could not be composed, or GRID: the grid's as a whole
     key: str  # the dotted key, or the override, or "" when the problem is the cell's as a whole
     value: object
     rule: str
@@ -28,6 +28,8 @@ class Problem:
 
 # how many cells a problem shared by many names before "and N more"
 NAMED = 3
+# the `cell` of a problem of the grid as a whole (a sweep's block, the sites it names, a rule between cells)
+GRID = "(grid)"
 
 
 def _cells(names: Sequence[str]) -> str:
@@ -50,10 +52,11 @@ class GridError(Exception):
                 names.append(p.cell)
         by_cell: dict[str, list[Problem]] = defaultdict(list)
         told: set[tuple[str, str, str, str, str]] = set()
-        lines = [
-            f"{len(self.problems)} problem(s) in {len({p.cell for p in self.problems})} cell(s) found by {what};"
-            " nothing was submitted."
-        ]
+        cells = len({p.cell for p in self.problems} - {GRID})
+        where = " and ".join(
+            [*([f"{cells} cell(s)"] if cells else []), *(["the grid"] if any(p.cell == GRID for p in problems) else [])]
+        )
+        lines = [f"{len(self.problems)} problem(s) in {where} found by {what}; nothing was submitted."]
         for p in self.problems:
             key = (p.key, repr(p.value), p.rule, p.message, p.fix)
             if len(shared[key]) == 1:
@@ -63,6 +66,6 @@ class GridError(Exception):
                 lines.append(f"  {_cells(shared[key])}")
                 lines.append(f"    {p.render()}")
         for cell, found in by_cell.items():
-            lines.append(f"  cell {cell}")
+            lines.append("  the grid" if cell == GRID else f"  cell {cell}")
             lines.extend(f"    {p.render()}" for p in found)
         super().__init__("\n".join(lines))

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.problems import GRID, GridError, Problem
 from sft_grid.core.schema import ClusterConf
 from sft_grid.core.state import State
 from sft_grid.core.submission import CodeSnapshot
@@ -224,7 +224,7 @@ def sites_of(profiles: Mapping[str, ClusterConf]) -> list[remote.Site]:
         if not c.remote.host or not c.remote.root:
             problems.append(
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key=f"sites.{name}",
                     value=None,
                     rule="remote-root",
@@ -235,7 +235,7 @@ def sites_of(profiles: Mapping[str, ClusterConf]) -> list[remote.Site]:
         if not Path(c.runs_root).is_absolute():
             problems.append(
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key=f"sites.{name}",
                     value=c.runs_root,
                     rule="remote-runs-root",

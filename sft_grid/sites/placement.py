@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sft_grid.core.problems import Problem
+from sft_grid.core.problems import GRID, Problem
 from sft_grid.core.schema import ClusterConf
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.sites import call
@@ -189,7 +189,7 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
     if len(lists) > 1:
         problems.append(
             Problem(
-                cell="(grid)",
+                cell=GRID,
                 key="sites",
                 value=sorted(lists),
                 rule="one-sites-list",
@@ -211,7 +211,7 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
             known = ", ".join(project.options("cluster"))
             problems.append(
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key="sites",
                     value=name,
                     rule="site-known",
@@ -228,7 +228,7 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
             first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
             problems.append(
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key="sites",
                     value=name,
                     rule="site-profile",
@@ -246,7 +246,7 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
         if cluster.executor != "slurm":
             problems.append(
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key="sites",
                     value=name,
                     rule="site-slurm-here",
@@ -260,7 +260,7 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
     if remote and len(remote) != len(found):
         problems.append(
             Problem(
-                cell="(grid)",
+                cell=GRID,
                 key="sites",
                 value=sorted(found),
                 rule="site-slurm-here",

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sft_grid.core.paths import REPO_ROOT
-from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.problems import GRID, GridError, Problem
 from sft_grid.core.submission import CodeSnapshot
 from sft_grid.sites import call, snapshot
 from sft_grid.sites.call import SiteCall
@@ -120,7 +120,7 @@ def own_configs_problem(key: str) -> Problem | None:
     if not dirs:
         return None
     return Problem(
-        cell="(grid)",
+        cell=GRID,
         key=key,
         value=", ".join(map(str, dirs)),
         rule="remote-configs",
@@ -166,7 +166,7 @@ def site_of(cells: Sequence[Any]) -> Site | None:
         first = sorted(sites, key=lambda s: s.name)[0]
         problems.append(
             Problem(
-                cell="(grid)",
+                cell=GRID,
                 key="cluster",
                 value=", ".join(sorted({s.name for s in sites} | ({"here"} if local else set()))),
                 rule="one-site",
@@ -235,9 +235,7 @@ class SitePythonError(GridError):
         self.lines = list(lines)
         super().__init__(
             [
-                Problem(
-                    cell="(grid)", key="cluster.remote.python", value=None, rule="site-python", message=line, fix=""
-                )
+                Problem(cell=GRID, key="cluster.remote.python", value=None, rule="site-python", message=line, fix="")
                 for line in self.lines
             ],
             "the sites' pythons",
@@ -390,7 +388,7 @@ def code_for(cells: Sequence[Any], dry_run: bool, stores: Sequence[Path]) -> lis
         raise GridError(
             [
                 Problem(
-                    cell="(grid)",
+                    cell=GRID,
                     key="checkout",
                     value=str(REPO_ROOT),
                     rule="git-checkout",

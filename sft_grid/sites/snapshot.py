@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.core.paths import PACKAGE_DIR, REPO_ROOT
-from sft_grid.core.problems import GridError, Problem
+from sft_grid.core.problems import GRID, GridError, Problem
 from sft_grid.core.submission import CellFiles, CodeSnapshot, SlurmJob, SubmissionPlan
 from sft_grid.sites.transport import LOCAL, Transport
 
@@ -131,7 +131,7 @@ def find(cells: Sequence[Any], dry_run: bool, root: Path = REPO_ROOT, store: Pat
 def refusal(root: Path, changed: Sequence[str]) -> Problem:
     shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
     return Problem(
-        cell="(grid)",
+        cell=GRID,
         key="checkout",
         value=shown,
         rule="committed-code",

@@ -49,7 +49,7 @@ from sft_grid.core.hubcache import (
 )
 from sft_grid.core.hubcache import Kind as HubKind
 from sft_grid.core.layout import OUTPUT_DIR, output_complete
-from sft_grid.core.problems import Problem
+from sft_grid.core.problems import GRID, Problem
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.inputs import hf_cache, hub_repos
 from sft_grid.stages.staging import memory, watch
@@ -360,7 +360,7 @@ class StagingPlan:
                 )
         out.extend(
             Problem(
-                cell="<grid>",
+                cell=GRID,
                 key="cluster.hf_cache",
                 value=str(s.cache),
                 rule="staging-space",

@@ -258,7 +258,7 @@ def site_argv(argv: Sequence[str], site: str) -> list[str]:
     return [*kept, f"cluster={site}"]
 
 
-def _probe(
+def _ask(
     site: remote.Site,
     cluster: ClusterConf,
     code: CodeSnapshot,
@@ -266,6 +266,7 @@ def _probe(
     t: Ssh,
     let_go: Mapping[str, LetGo] = {},
 ) -> Answer:
+    """The site's answer for the grid: its own invocation, asked for its answer (sites/call.py), from the snapshot."""
     # cells let go from this site: gated there before it answers (sites/moves.py)
     gone = tuple(sorted(n for n, g in let_go.items() if g.site == site.name))
     asked = SiteCall(site=site.name, answer=True, let_go=gone, cancel=tuple(n for n in gone if let_go[n].cancel))
@@ -409,7 +410,7 @@ def _launch(
     sweeps = sorted({c.spec.sweep_name for c in cells})
     with ThreadPoolExecutor(max_workers=len(sites)) as pool:
         futures = [
-            pool.submit(_probe, s, profiles[s.name], codes[s.name], argv, transports[s.name], let_go)
+            pool.submit(_ask, s, profiles[s.name], codes[s.name], argv, transports[s.name], let_go)
             for s in sites
             if s.name not in silent
         ]

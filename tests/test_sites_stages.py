@@ -23,7 +23,7 @@ import pytest
 from sft_grid.analysis.view import read_view
 from sft_grid.checks.preflight import check_prepared, check_staged, check_tokenized
 from sft_grid.cli.present import plan_lines
-from sft_grid.core import events
+from sft_grid.core import events, gate
 from sft_grid.core.cellfiles import Check
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures import FailureClass, RemedyKind, classify
@@ -38,7 +38,7 @@ from sft_grid.grid.jobs import build
 from sft_grid.planning.cells import Cell, dirs_of
 from sft_grid.planning.inputs import prep_complete, preps
 from sft_grid.sites.placement import SiteFacts, profiles
-from sft_grid.stages import tokenize
+from sft_grid.stages import once, tokenize
 from sft_grid.stages.staging import StagingPlan
 from sft_grid.stages.staging.in_job import StageWork
 
@@ -100,6 +100,29 @@ def test_a_tokenization_shared_by_cells_on_two_sites_is_queued_on_each_and_waite
     lines = "\n".join(plan_lines(grid.submission))
     assert lines.count("tokenize once, 1 job, on site slurm_local") == 1, lines
     assert lines.count("tokenize once, 1 job, on site slurm_siteb") == 1, lines
+
+
+def test_each_sites_stage_job_runs_a_script_with_its_own_clusters_environment(make_cells, tmp_path, monkeypatch):
+    """The tokenize job that each site queues for one shared dataset runs the script written for its own site: siteb's
+    has siteb's environment (its Slurm config, as its profile's `env` sets it), ci's has not."""
+    cells = make_cells(*[["model=tiny_llama", f"lr={lr}", "max_steps=2", SITES] for lr in ("1e-4", "2e-4")])
+    grid = spread_plan(cells)
+    (tok_dir,) = {t.dir for t in grid.tokenized.values()}
+    (files,) = [f.files for f in grid.submission.scripts if f.dir == tok_dir]
+    local, siteb = (str(files[once.site_script(tokenize.SCRIPT, s)]) for s in ("slurm_local", "slurm_siteb"))
+    assert "export SLURM_CONF=/etc/slurm-siteb/slurm.conf" in siteb, siteb
+    assert "/etc/slurm-siteb/slurm.conf" not in local, local
+    assert tokenize.SCRIPT in files  # the one a person runs by hand (the first cell's)
+    # a job picks its site's own by the site its sbatch names (core/gate.py SITE_ENV), else the common one
+    for name, text in files.items():
+        if name.endswith(".sh"):
+            (tmp_path / name).write_text(str(text))
+    monkeypatch.setenv(gate.SITE_ENV, "slurm_siteb")
+    assert once.script_for(tmp_path, tokenize.SCRIPT).read_text() == siteb
+    monkeypatch.setenv(gate.SITE_ENV, "a_site_with_no_script")
+    assert once.script_for(tmp_path, tokenize.SCRIPT).name == tokenize.SCRIPT
+    monkeypatch.delenv(gate.SITE_ENV)
+    assert once.script_for(tmp_path, tokenize.SCRIPT).name == tokenize.SCRIPT
 
 
 def test_each_site_chains_its_own_staging_prep_and_tokenization(make_cells, tmp_path):

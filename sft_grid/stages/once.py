@@ -3,7 +3,8 @@
 Two grids that need the same one take turns through a lock in its directory; whoever comes second finds it done.
 So do the Slurm jobs of one: a grid spread over sites that share a file system queues it on each site that has a
 cell waiting for it (a cell can only wait for a job of its own cluster), and every such job but the first finds
-it built.
+it built. Each site's job runs the script written for its own site (`script_for`): its cluster's variables and
+setup lines and its backend environment, which another site sharing the file system may not have.
 """
 
 from __future__ import annotations
@@ -46,6 +47,20 @@ def run_in_job(directory: Path, lock_name: str, complete: Callable[[Path], bool]
         if complete(directory):
             return "completed"
         return run(directory)
+
+
+def site_script(name: str, site: str) -> str:
+    """The name of a script written for one site of a grid across sites (`tokenize.sh` -> `tokenize.siteb.sh`)."""
+    stem, dot, suffix = name.rpartition(".")
+    return f"{stem}.{site}.{suffix}" if dot else f"{name}.{site}"
+
+
+def script_for(directory: Path, name: str) -> Path:
+    """The script a job of `directory` runs: its own site's (`site_script`) where the job runs on a site of a grid
+    across sites and one was written for it, else `name`."""
+    here = os.environ.get(gate.SITE_ENV, "")
+    own = directory / site_script(name, here) if here else None
+    return own if own is not None and own.is_file() else directory / name
 
 
 def site() -> dict[str, str]:

@@ -88,12 +88,11 @@ def run(prep_dir: Path) -> str:
 def build(prep_dir: Path) -> str:
     """Run a model's prep.sh here (locally, or in its Slurm job) and record it in the prep's ledger."""
     events.append(prep_dir, Event.here(Kind.RUNNING, details=once.site()))
+    script = once.script_for(prep_dir, SCRIPT)
     with (prep_dir / LOG).open("ab") as fh:
-        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {SCRIPT}\n".encode())
+        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {script.name}\n".encode())
         fh.flush()
-        rc = subprocess.run(
-            ["bash", str(prep_dir / SCRIPT)], stdout=fh, stderr=subprocess.STDOUT, cwd=prep_dir
-        ).returncode
+        rc = subprocess.run(["bash", str(script)], stdout=fh, stderr=subprocess.STDOUT, cwd=prep_dir).returncode
     if rc == 0 and (prep_dir / MODEL_DIR / MARKER).is_file():
         events.append(prep_dir, Event(Kind.COMPLETED))
         return "completed"

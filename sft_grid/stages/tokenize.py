@@ -263,10 +263,11 @@ def build(tok_dir: Path) -> str:
     events.append(tok_dir, Event.here(Kind.RUNNING, details=once.site()))
     clear_partial(tok_dir)  # an earlier attempt's partial output: LLaMA-Factory would load it as if complete
     before = os.times()
+    script = once.script_for(tok_dir, SCRIPT)
     with (tok_dir / LOG).open("ab") as fh:
-        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {SCRIPT}\n".encode())
+        fh.write(f"\n=== sft_grid: {time.strftime('%Y-%m-%dT%H:%M:%S')} bash {script.name}\n".encode())
         fh.flush()
-        proc = subprocess.run(["bash", str(tok_dir / SCRIPT)], stdout=fh, stderr=subprocess.STDOUT, cwd=tok_dir)
+        proc = subprocess.run(["bash", str(script)], stdout=fh, stderr=subprocess.STDOUT, cwd=tok_dir)
     after = os.times()
     # CPU seconds of the backend's own preprocessing (the script's processes, all of them waited for)
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)

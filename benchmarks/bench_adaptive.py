@@ -17,7 +17,8 @@ Targets (`--check` exits 1 when one is missed):
   (question gap, level 0.9, the design's stopping rule), right in >= 90% of the decisions with at most 30% of the
   fitted grid's GPU-hours, each decision's regret beside it, against the fixed design and random designs of the
   loop's cost (seeds: REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS); the same question on the simulator's grids,
-  measured without a target;
+  measured without a target; on both, the stopping rule's calibration: for the decisions that stopped as decided,
+  the mean P(wrong) claimed against the share wrong (and the same over every decision that ended with one);
 * successive halving, over 50 grids x 9 sizes (brackets of 9 learning rates, log-spaced over two decades around the
   size's optimum, rungs at 1/9 and 1/3 of the steps, 40% kept (9 -> 4 -> 2), cooldown probes of 10% of the rung):
   at most 45% of the full sweep's steps (probes counted), and the full sweep's best learning rate (lowest final
@@ -633,6 +634,7 @@ def replay_section() -> dict[str, Any]:
         "forms": forms_coverage(),
         "joint": joint_check(),
         "decisions": decisions,
+        "calibration": calibration(decisions),
         "halving": {g: sum(h["best_kept"] for h in hs) / len(hs) for g, hs in halvings.items()},
         "halving_cost": {g: sum(h["cost"] for h in hs) / len(hs) for g, hs in halvings.items()},
         "halving_cost_max": {g: max(h["cost"] for h in hs) for g, hs in halvings.items()},
@@ -647,6 +649,37 @@ _LABELS = {
     "fixed_budget": "fixed design, the whole budget",
     "full": "full grid",
 }
+
+
+def calibration(ds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the stopping rule's probability is honest: over the decisions that stopped as decided (the loop's
+    P(wrong) below 1 - level), the mean P(wrong) it claimed against the share of them that were wrong; the same over
+    every decision that ended with a probability (whatever stopped it)."""
+
+    def of(sub: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "n": len(sub),
+            "claimed": sum(d["p_wrong"] for d in sub) / len(sub) if sub else None,
+            "wrong": sum(not d["adaptive"]["right"] for d in sub),
+            "realised": sum(not d["adaptive"]["right"] for d in sub) / len(sub) if sub else None,
+        }
+
+    return {
+        "decided": of([d for d in ds if d["stop"].startswith("decided") and d["p_wrong"] is not None]),
+        "all": of([d for d in ds if d["p_wrong"] is not None]),
+    }
+
+
+def _print_calibration(c: dict[str, Any]) -> None:
+    for key, label in (("decided", "stopped as decided"), ("all", "every decision with a probability")):
+        k = c[key]
+        if not k["n"]:
+            print(f"    calibration, {label}: none")
+            continue
+        print(
+            f"    calibration, {label}: {k['n']}, claimed P(wrong) {k['claimed']:.1%} on average, realised"
+            f" {k['wrong']} wrong ({k['realised']:.1%})"
+        )
 
 
 def _print_decisions(ds: list[dict[str, Any]], keys: tuple[str, ...], per_decision: bool = False) -> None:
@@ -677,6 +710,7 @@ def _print_decisions(ds: list[dict[str, Any]], keys: tuple[str, ...], per_decisi
             f" {max(regret):.4f} nats, median error {err[len(err) // 2]:.2%}, GPU-hours {sum(shares) / len(shares):.1%}"
             f" of the fitted grid's (at most {max(shares):.1%})"
         )
+    _print_calibration(calibration(ds))
 
 
 def _print_replays(r: dict[str, Any]) -> bool:
@@ -830,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "grids": grids,
                     "gap_grids": gaps,
+                    "gap_calibration": calibration(gaps),
                     "halving": halvings,
                     "halving_guards": {
                         "position": unguarded,

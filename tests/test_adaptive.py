@@ -15,6 +15,7 @@ import pytest
 from sft_grid.adaptive import halving
 from sft_grid.adaptive.design import Candidate, choose
 from sft_grid.adaptive.spec import AdaptiveSpec, parse_adaptive, parse_prune
+from sft_grid.analysis import forms
 from sft_grid.in_venv import synthetic_train as law
 
 # -- the blocks -------------------------------------------------------------------------------------------------
@@ -60,6 +61,7 @@ def test_a_bad_prune_block_names_its_key_value_and_fix(block, key, fix):
     [
         ({"question": "width", "at": 1e9, "budget_cells": 3}, "adaptive.question"),
         ({"question": "gap", "at": 1e9, "recipes": ["a"], "budget_cells": 3}, "adaptive.recipes"),
+        ({"question": "gap", "at": 1e9, "recipes": ["a", "a"], "budget_cells": 3}, "adaptive.recipes"),
         ({"at": 1e9, "recipes": ["nope"], "budget_cells": 3}, "adaptive.recipes"),
         ({"at": 1e9}, "adaptive.budget_gpu_hours"),
         ({"at": 1e9, "budget_cells": 3, "budget_gpu_hours": 4}, "adaptive.budget_gpu_hours"),
@@ -397,6 +399,41 @@ def _first_sizes(truth: dict[str, float], recipes: str, k: int) -> dict[str, flo
     return {f"{r}{i}": truth[f"{r}{i}"] for r in recipes for i in range(k)}
 
 
+def test_a_gap_asks_which_of_two_or_more_recipes_is_lowest():
+    block = {"question": "gap", "at": 1e9, "recipes": ["a", "b", "c"], "budget_cells": 3}
+    spec, problems = parse_adaptive(block, recipes=["a", "b", "c"])
+    assert not problems and spec is not None and spec.recipes == ("a", "b", "c")
+
+
+def test_the_band_grows_with_the_distance_as_the_nested_extrapolations_show_and_wide_where_they_cannot_tell():
+    """forms.growth: a curve that bends away from every form gets a band at ten doublings beyond its largest size
+    wider than ten times its band at one (the errors of its nested extrapolations grow faster than linearly); a
+    straight one, about ten times (linear growth, the least the band assumes); from four sizes, which cannot tell,
+    about fifty times (the flat prior over linear to quadratic growth: the conservative side)."""
+
+    def band(law, k: int) -> tuple[float, forms.Growth]:
+        pts = [(XS[i], law(i) * (1 + 0.003 * (-1) ** i)) for i in range(k)]
+        sel = forms.select(pts)
+        g = sel.growth
+        assert g is not None
+        (_, lo_far, hi_far), (_, lo_near, hi_near) = (sel.forecast(XS[k - 1] * 2**d) for d in (10, 1))
+        assert lo_far and hi_far and lo_near and hi_near and hi_far / lo_far > hi_near / lo_near  # the band itself
+        return g.scale(10 * math.log(2)) / g.scale(math.log(2)), g
+
+    def straight(i: int) -> float:
+        return 3.0 - 0.05 * i
+
+    def bends(i: int) -> float:
+        return 3.3 - 0.01 * i - 0.006 * i * i
+
+    few_straight, _ = band(straight, 4)
+    few_bends, _ = band(bends, 4)
+    assert few_straight > 35 and few_bends > 35
+    ratio_straight, g_straight = band(straight, 12)
+    ratio_bends, g_bends = band(bends, 12)
+    assert 10 <= ratio_straight < 15 < ratio_bends and g_straight.exponent < 1.15 < g_bends.exponent
+
+
 def test_a_decision_seeds_each_recipe_to_a_band_then_records_the_winner_and_its_probability():
     pool, truth = _decision_pool({"a": 1.70, "b": 1.72})
     spec = _gap(("a", "b"))
@@ -417,22 +454,28 @@ def test_a_decision_seeds_each_recipe_to_a_band_then_records_the_winner_and_its_
 
 
 def test_a_decision_already_certain_stops_with_no_new_cells():
+    """Eight sizes a recipe, four doublings short of `at`: the bands are learnt from extrapolations that far."""
     pool, truth = _decision_pool({"a": 1.70, "b": 2.60})
     spec = _gap(("a", "b"))
-    r = choose(spec, pool, _first_sizes(truth, "ab", 5))
+    r = choose(spec, pool, _first_sizes(truth, "ab", 8))
     assert not r.chosen and r.decision == "a" and r.p_wrong is not None and r.p_wrong < 0.1
     assert r.stop.startswith("decided: a is the lowest")
     # the same fits asked at a stricter level are not certain enough: the loop goes on
-    strict = choose(_gap(("a", "b"), level=1 - r.p_wrong / 2), pool, _first_sizes(truth, "ab", 5))
+    strict = choose(_gap(("a", "b"), level=1 - r.p_wrong / 2), pool, _first_sizes(truth, "ab", 8))
     assert strict.chosen and not strict.stop
+    # from five sizes, eight doublings short, the same recipes are not yet decided: the band grows faster than
+    # linearly with the distance while the errors cannot tell how fast (forms.growth's prior)
+    early = choose(spec, pool, _first_sizes(truth, "ab", 5))
+    assert early.chosen and early.p_wrong is not None and early.p_wrong > 0.1
 
 
 def test_a_cell_is_worth_what_it_does_to_the_decision_not_to_a_band():
     """Recipe c is far worse than a and b: narrowing its band cannot change which recipe wins, so its cells are never
-    chosen, not even at a hundredth of the price; a design minimising the bands' variance would buy them."""
+    chosen, not even at a hundredth of the price; a design minimising the bands' variance would buy them. (From
+    eight sizes: from four, eight doublings short of `at`, the bands are wide enough that c might still win.)"""
     pool, truth = _decision_pool({"a": 1.70, "b": 1.72, "c": 5.0}, price={"c": 0.01})
     spec = _gap(("a", "b", "c"))
-    r = choose(spec, pool, _first_sizes(truth, "abc", 4))
+    r = choose(spec, pool, _first_sizes(truth, "abc", 8))
     assert r.decision == "a" and r.chosen and not any(c.startswith("c") for c in r.chosen), r.why
 
 

@@ -228,6 +228,15 @@ ADAPTIVE = ["+sweep=synthetic_delphi", "+adaptive.at=9714698752", "+adaptive.bud
         (["seed=1,2"], "differ in seed"),
         (["vars.model=delphi-3e18,delphi-9e18"], "at least 3 model sizes"),
         (["vars.model=delphi-3e18,delphi-9e18,delphi-1e22", "+adaptive.holdout=[delphi-1e22]"], "at least 3 model"),
+        # a gap's decision needs every recipe's band: four sizes, one more than a fit
+        (
+            [
+                "vars.model=delphi-3e18,delphi-9e18,delphi-2e19",
+                "+adaptive.question=gap",
+                "+adaptive.recipes=[magpie,wildchat]",
+            ],
+            "question gap needs at least 4 model sizes",
+        ),
     ],
 )
 def test_an_adaptive_grid_that_cannot_answer_is_refused_with_nothing_written(tmp_path, args, said):

@@ -3,7 +3,11 @@
 A round: (1) each recipe's completed cells (never a holdout) are fitted with the form chosen on held-out points
 (analysis/forms.py: E + A N^-alpha, A N^-alpha or a log-linear, whichever extrapolated best from the smaller sizes
 to the larger), and the errors it made there give its band at the size `at`: the forecast times exp(+-t s), s the
-form's held-out log error scale times its reach beyond the largest size, t Student's (none through three sizes);
+log error scale the form makes extrapolating as far as `at` lies beyond the largest size (forms.growth: the level
+of its held-out one-step errors, grown with the distance as its nested extrapolations show, a flat prior on growth
+between linear and quadratic in the log distance where they cannot tell; so a forecast ten doublings out of four
+small sizes gets a band about five times the linear stretch of a one-doubling error), t Student's (none through
+three sizes);
 (2) the decision: which recipe wins (has the lowest loss) at `at`, and the probability that it is wrong, under each
 recipe's band read as a Student-t predictive distribution in log L (the recipes independent; `DRAWS` seeded draws);
 (3) the loop stops when the budget is spent, the band's half width is below `stop_halfwidth`, or (question `gap`)
@@ -11,21 +15,22 @@ the probability of a wrong decision is below 1 - `level`; (4) otherwise it choos
 
 `gap` (which recipe wins at `at`): a plan (a set of affordable cells) is worth the expected fall in the probability
 of a wrong decision once its cells are observed, per GPU-hour it costs. The expectation is a preposterior analysis:
-the band the decision will read after the plan is predicted from the band's own model (forms.py: a log error scale
-proportional to the distance in log size beyond the largest size, in units of the held-out extrapolations' mean
-step; so s = sigma / step x max(step, log(at / largest)), which a plan changes through the largest sizes and the
-held-out steps it makes, sigma / step held); the part of each recipe's predictive variance that the plan resolves
-moves its forecast, the rest stays as noise, and the expected chance that the forecast winner afterwards is the true
-winner is counted over the same seeded draws for every plan (common random numbers, so that plans are compared
-without the draws' noise between them; a gain under `GAIN_SE` standard errors of the draws counts as none). No fit
-is run per candidate: a round costs the fits of the recipes and a few milliseconds per thousand plans. Plans rather
-than single cells, and their value per GPU-hour over the plan (the knowledge-gradient of Frazier and Powell, KG(*)):
-the value of information is not concave, one cheap cell alone rarely moves a decision, and a one-cell-at-a-time
-greedy rule would keep buying the cheap small sizes. The band depends on a recipe's three largest sizes only, so
-each recipe's plans are its subsets of at most three new sizes, kept on their cost/band frontier, and the recipes'
-frontiers are combined. The best plan's cells are run cheapest first, `batch` at a time, and the plan is chosen
-again from what they show. A recipe without a band yet gets its cheapest sizes first (the seed design, four sizes:
-two held-out sizes each extrapolated from two below it).
+the band the decision will read after the plan is predicted from the band's own model (forms.growth: s(d)^2 =
+sum_p w_p (c_p max(d, step)^p)^2 at d = log(at / largest), step the held-out extrapolations' mean distance, which a
+plan changes through the largest sizes and the held-out steps it makes, the levels c_p and the growth's posterior
+w_p held); the part of each recipe's predictive variance that the plan resolves moves its forecast, the rest stays
+as noise, and the expected chance that the forecast winner afterwards is the true winner is counted over the same
+seeded draws for every plan (common random numbers, so that plans are compared without the draws' noise between
+them; a gain under `GAIN_SE` standard errors of the draws counts as none). No fit is run per candidate: a round
+costs the fits of the recipes (the nested fits of the band remembered from round to round) and a few milliseconds
+per thousand plans. Plans rather than single cells, and their value per GPU-hour over the plan (the
+knowledge-gradient of Frazier and Powell, KG(*)): the value of information is not concave, one cheap cell alone
+rarely moves a decision, and a one-cell-at-a-time greedy rule would keep buying the cheap small sizes. The predicted
+band depends on a recipe's three largest sizes only, so each recipe's plans are its subsets of at most three new
+sizes, kept on their cost/band frontier, and the recipes' frontiers are combined. The best plan's cells are run
+cheapest first, `batch` at a time, and the plan is chosen again from what they show. A recipe without a band yet
+gets its cheapest sizes first (the seed design, four sizes, QUESTION_SIZES: two held-out sizes each extrapolated
+from two below it). Two or more recipes: the decision is which is lowest.
 
 `loss` (each recipe's loss at `at`): the affordable completion of the design that minimises the forecast's variance
 at `at` on the form E + A N^-alpha (the delta method: Var f(at) ~ g' (J'J)^-1 g, J the model's Jacobian of log L at
@@ -53,6 +58,9 @@ if TYPE_CHECKING:
 MIN_SIZES = scaling.N_PARAMS
 # the sizes a band needs (analysis/forms.py): two held-out sizes, each extrapolated from two sizes below it
 BAND_SIZES = MIN_SIZES + 1
+# the distinct sizes (besides holdouts) each recipe needs for the question: `loss` a fit (the law's three
+# parameters), `gap` a band for every recipe; the seed design buys them, and a grid with fewer is refused (steer.py)
+QUESTION_SIZES = {"loss": MIN_SIZES, "gap": BAND_SIZES}
 # the seeded draws the decision's probabilities are counted over (the same draws for every plan of a round)
 DRAWS = 4000
 # a plan's expected gain must stand this many standard errors of the draws above zero to count
@@ -108,7 +116,7 @@ class Round:
 @dataclass(frozen=True)
 class _Fit:
     forecast: Forecast
-    per_step: float | None  # the band's log error scale per unit of log size beyond the largest (sigma / step)
+    growth: forms.Growth | None  # the band's log error scale by the distance beyond the largest size (None: no band)
 
 
 def _fits(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, float]) -> dict[str, _Fit]:
@@ -124,13 +132,12 @@ def _fits(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, 
         if not chosen.ok or not math.isfinite(value) or value <= 0:
             out[recipe] = _Fit(Forecast(recipe, None, None, None, len(pts)), None)
             continue
-        scale, per_step = None, None
-        if lo is not None and hi is not None and chosen.sigma >= 0 and chosen.step > 0:  # a zero band is a band
-            reach = max(1.0, math.log(spec.at / chosen.x_max) / chosen.step) if spec.at > chosen.x_max else 1.0
-            scale, per_step = chosen.sigma * reach, chosen.sigma / chosen.step
-        df = chosen.heldout if scale is not None else 0
-        found = Forecast(recipe, value, lo, hi, len(pts), chosen.form, scale, df)
-        out[recipe] = _Fit(found, per_step)
+        # the band's scale at `at`: the form's error at that distance beyond the largest size (forms.growth)
+        band = chosen.growth if lo is not None and hi is not None else None  # a zero band is a band
+        reach = math.log(spec.at / chosen.x_max) if spec.at > chosen.x_max else 0.0
+        scale = None if band is None else band.scale(reach)
+        found = Forecast(recipe, value, lo, hi, len(pts), chosen.form, scale, 0 if band is None else band.df)
+        out[recipe] = _Fit(found, band)
     return out
 
 
@@ -211,21 +218,12 @@ def decide(spec: AdaptiveSpec, found: Sequence[Forecast], recipes: Sequence[str]
     return winner, float(1.0 - right.mean())
 
 
-def _step(sizes: Sequence[float]) -> float:
-    """The mean distance in log size of the held-out extrapolations forms.select makes on these sizes."""
-    distinct = sorted(set(sizes))
-    steps = [math.log(cut / max(x for x in distinct if x < cut)) for cut in distinct[-2:] if cut > distinct[0]]
-    return sum(steps) / len(steps) if steps else math.nan
-
-
 def _scale_after(fit: _Fit, at: float, sizes: Sequence[float]) -> float:
-    """The band's scale the fit would have on `sizes`, its log error per unit of log size held (forms.py's band:
-    sigma x max(1, log(at / largest) / step), with sigma proportional to the step)."""
-    assert fit.per_step is not None and fit.forecast.scale is not None
-    step = _step(sizes)
-    if not math.isfinite(step):
-        return fit.forecast.scale
-    return min(fit.forecast.scale, fit.per_step * max(step, math.log(at / max(sizes))))
+    """The band's scale the fit would have on `sizes`, its levels and growth with distance held (forms.growth: s(d)
+    at d = log(at / largest), no nearer than the mean step of the held-out extrapolations on `sizes`, band_step)."""
+    assert fit.growth is not None and fit.forecast.scale is not None
+    floor = forms.band_step(sizes)
+    return min(fit.forecast.scale, fit.growth.scale(math.log(at / max(sizes)), floor))
 
 
 _Option = tuple[float, float, tuple[Candidate, ...]]
@@ -337,12 +335,13 @@ def choose(
     room_h = budget_h - spent
     room_n = budget_n - len(taken)
     gap = spec.question == "gap"
+    need_sizes = QUESTION_SIZES[spec.question]
 
     def seeding(r: str) -> bool:
-        if len(set(design[r])) < (BAND_SIZES if gap else MIN_SIZES):
+        if len(set(design[r])) < need_sizes:
             return True
         # a decision needs every band: a recipe whose cells are all in and still has none gets its next size
-        return gap and fits[r].per_step is None and r not in waiting
+        return gap and fits[r].growth is None and r not in waiting
 
     chosen: list[str] = []
     why: list[str] = []
@@ -352,17 +351,17 @@ def choose(
         if c.gpu_hours > room_h + 1e-9 or len(chosen) >= room_n:
             break
         have = len(set(design[c.recipe]))
-        need = f"{have} of {BAND_SIZES} sizes of {c.recipe} for a band" if gap else f"{have} of {MIN_SIZES}"
+        need = f"{have} of {need_sizes} sizes of {c.recipe} for a band" if gap else f"{have} of {need_sizes}"
         chosen.append(c.name)
         why.append(f"{c.name}: seed design ({need}{'' if gap else f' sizes of {c.recipe} to fit'})")
         design[c.recipe].append(c.n)
         room_h -= c.gpu_hours
     stop = ""
     if not chosen and gap:
-        bandless = [r for r in recipes if fits[r].per_step is None]
+        bandless = [r for r in recipes if fits[r].growth is None]
         if bandless and not waiting & set(bandless):  # nothing left to seed with, nothing to wait for
             stop = (
-                f"no band for {', '.join(bandless)} (a band needs {BAND_SIZES} sizes fitted; none affordable is left):"
+                f"no band for {', '.join(bandless)} (a band needs {need_sizes} sizes fitted; none affordable is left):"
                 f" {decision or 'no recipe'} lowest, with no probability"
             )
         elif bandless:

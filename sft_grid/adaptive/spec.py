@@ -12,9 +12,9 @@
                                   #   extrapolated to the schedule's end (no probe; every backend)
 
     adaptive:                     # the next cells from the fit
-      question: loss              # loss (each recipe's at `at`) or gap (recipe a minus recipe b at `at`)
+      question: loss              # loss (each recipe's at `at`) or gap (which of the recipes is lowest at `at`)
       at: 9.715e9                 # the size (parameters) the question is about
-      recipes: [magpie, wildchat] # for gap: the two recipes
+      recipes: [magpie, wildchat] # for gap: the recipes compared, two or more (each needs a band: four sizes)
       holdout: [delphi-1e22]      # pre-registered model names: run, never fitted, never chosen (their realised
                                   #   values are shown beside the forecast)
       recipe_key: vars.recipe     # the cell key whose value names a cell's recipe (one fit per recipe)
@@ -23,6 +23,10 @@
       stop_halfwidth: 0.01        # stop once the question's band is narrower than this (its half width)
       level: 0.9
       seed: 0
+
+`question: gap` takes two or more recipes and asks which is lowest at `at` (sft_grid/adaptive/design.py decides,
+with the probability that another is lower); each recipe needs four sizes besides the holdouts for its band
+(design.QUESTION_SIZES; `loss` needs three), which the grid is checked for before anything is queued (steer.py).
 
 `parse_prune` / `parse_adaptive` return the typed block and the problems found (each with its key, value and
 fix): a sweep with any problem is refused whole (core/problems.GridError).
@@ -201,10 +205,19 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
     if not _number(at) or at <= 0:
         problems.append(_problem("adaptive", "at", at, "must be a size in parameters", "e.g. at: 9.715e9"))
     chosen = list(_get(data, "recipes") or [])
-    if question == "gap" and len(chosen) != 2:
+    distinct = {str(r) for r in chosen}
+    if question == "gap" and len(distinct) < 2:
         problems.append(
-            _problem("adaptive", "recipes", chosen, "a gap is between two recipes", "recipes: [<recipe a>, <recipe b>]")
+            _problem(
+                "adaptive",
+                "recipes",
+                chosen,
+                "a gap asks which of two or more recipes is lowest at `at`",
+                "recipes: [<recipe a>, <recipe b>, ...]",
+            )
         )
+    elif len(distinct) < len(chosen):
+        problems.append(_problem("adaptive", "recipes", chosen, "names a recipe twice", f"recipes: {sorted(distinct)}"))
     unknown = [r for r in chosen if recipes and r not in recipes]
     if unknown:
         problems.append(

@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sft_grid.adaptive.design import Candidate, Round, choose
+from sft_grid.adaptive.design import QUESTION_SIZES, Candidate, Round, choose
 from sft_grid.adaptive.effects import Effects
 from sft_grid.adaptive.spec import AdaptiveSpec, different_blocks, parse_adaptive
 from sft_grid.analysis.report_data import ADAPTIVE_FILE
@@ -150,15 +150,11 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     return [c for c, cell in zip(composed, cells, strict=True) if cell.name in keep], lines, effects
 
 
-# the fewest sizes a recipe's fit needs: the law E + A N^-alpha has three parameters (three sizes fit it exactly,
-# with no band; the band needs a point more, which the design chooses next)
-MIN_SIZES = 3
-
-
 def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence[Composed]) -> list[Problem]:
     """What makes an adaptive grid unable to answer, seen over its cells: a recipe key or holdout that names
-    nothing, a recipe with too few sizes to fit, cells of one recipe and size that differ in something else (a swept
-    learning rate inside one fit)."""
+    nothing, a recipe with fewer sizes than the question needs (design.QUESTION_SIZES: `loss` three to fit the law,
+    `gap` four for the band every recipe's probability needs), cells of one recipe and size that differ in
+    something else (a swept learning rate inside one fit)."""
     out = []
     if all(_value(c.config, spec.recipe_key) is None for c in composed):
         out.append(
@@ -188,19 +184,26 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
     groups: dict[tuple[str, str], list[Cell]] = {}
     for cell, c in zip(cells, composed, strict=True):
         groups.setdefault((str(_value(c.config, spec.recipe_key) or ""), cell.spec.model.name), []).append(cell)
+    need = QUESTION_SIZES[spec.question]
+    why = (
+        "the law has three parameters"
+        if spec.question == "loss"
+        else "a decision needs every recipe's band: two held-out sizes, each extrapolated from two below it"
+    )
     for recipe in sorted({r for r, _ in groups}):
+        if spec.recipes and recipe not in spec.recipes:
+            continue  # a recipe the question does not name is never chosen from
         sizes = {m for r, m in groups if r == recipe and m not in spec.holdout}
-        if len(sizes) < MIN_SIZES:
+        if len(sizes) < need:
             out.append(
                 Problem(
                     cell=GRID,
                     key="adaptive",
                     value=f"recipe {recipe or '(one recipe)'}: {len(sizes)} size(s)",
                     rule="adaptive-block",
-                    message=f"a recipe's fit needs at least {MIN_SIZES} model sizes besides the holdouts (the law"
-                    " has three"
-                    " parameters, and its band one point more)",
-                    fix=f"sweep at least {MIN_SIZES} sizes per recipe",
+                    message=f"question {spec.question} needs at least {need} model sizes per recipe besides the"
+                    f" holdouts ({why})",
+                    fix=f"sweep at least {need} sizes per recipe (or hold out fewer)",
                 )
             )
     mixed = {key: same for key, same in sorted(groups.items()) if len(same) > 1}

@@ -13,11 +13,17 @@ within the observed range, and the bootstrap band of a misspecified form is narr
   largest distinct x, each form is fitted on the points below it and scored on the points at it (log error,
   log(predicted / observed)); the form with the smallest root-mean-square held-out error wins (ties: the order
   above), and is refitted on every point;
-* the band: the chosen form's forecast times exp(+-t s), s the root-mean-square of its held-out log errors and its
-  in-sample residuals combined, scaled up with the distance of the forecast beyond the largest point (in log x,
-  relative to the held-out steps' distance), t Student's quantile with as many degrees of freedom as held-out points.
-  A band from the errors the form actually made when extrapolating, not from resampling a form assumed right;
-  its coverage on the replays is measured by benchmarks/bench_adaptive.py.
+* the band: the chosen form's forecast times exp(+-t s(d)), d = log(x / largest x) the distance of the forecast
+  beyond the largest point, s(d) the log error scale the form makes extrapolating that far, t Student's quantile
+  with as many degrees of freedom as distinct held-out x. s(d) is learnt from nested held-out extrapolations
+  (`growth`): the form is fitted on the j smallest distinct x for every j it can be fitted on, and predicts every
+  larger observed x, so its errors are seen at every distance the data hold, not only at one step. Their scale is
+  modelled as s(d) = c max(d, step)^p: c from the held-out extrapolations (and the in-sample residual), step their
+  mean distance, the growth exponent p from how each nested fit's errors grow with the distance, averaged over
+  [1, 2] under a flat prior, so that where the errors do not yet say how fast they grow the band is that of the
+  faster growth (see `growth` for why these bounds). A band from the errors the form actually made when
+  extrapolating, at the distances it made them, not from resampling a form assumed right; its coverage on the
+  replays is measured by benchmarks/bench_adaptive.py.
 
 Pure numpy (scipy for power_e's fit and t's quantile); the same input gives the same result.
 """
@@ -25,6 +31,7 @@ Pure numpy (scipy for power_e's fit and t's quantile); the same input gives the 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -95,6 +102,117 @@ def _fit_form(form: str, good: tuple[tuple[float, float], ...]) -> FormFit:
     return FormFit(form, True, params, res, at_bounds)
 
 
+# the exponents p of the band's growth s(d) = c max(d, step)^p, a flat prior over [1, 2] (see `growth`)
+GROWTH_EXPONENTS = tuple(1.0 + k / 10 for k in range(11))
+# the band's half width at most (log L): beyond, the band says nothing anyway, and exp() stays finite
+MAX_HALF = 50.0
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The band's log error scale as a function of the distance d (log x) of a forecast beyond the largest x: s(d)^2 =
+    sum over the exponents p of w_p (c_p max(d, floor)^p)^2 (the scale mixture of the exponents' posterior)."""
+
+    components: tuple[tuple[float, float, float], ...]  # (posterior weight w_p, c_p, p)
+    floor: float  # the held-out extrapolations' mean distance (log x; band_step): a forecast nearer gets the band at it
+    df: int  # distinct x the level's errors are at: the band's degrees of freedom
+    errors: int  # the errors the level is read from (the in-sample residual counted)
+
+    def scale(self, distance: float, floor: float | None = None) -> float:
+        """s at `distance` beyond the largest x (`floor`: another design's band_step, e.g. one to come)."""
+        d = max(distance, self.floor if floor is None or not math.isfinite(floor) else floor)
+        if d <= 0:
+            return 0.0
+        return math.sqrt(sum(w * c * c * math.exp(2 * p * math.log(d)) for w, c, p in self.components))
+
+    @property
+    def exponent(self) -> float:
+        """The posterior mean of p."""
+        return sum(w * p for w, _, p in self.components)
+
+
+def band_step(xs: Sequence[float], holdout: int = 2) -> float:
+    """The mean distance (log x) of the one-step extrapolations the band's level is read from on these x (`growth`):
+    the last `holdout` steps between consecutive distinct x (nan: none). Nearer than it, an error is noise."""
+    distinct = sorted({float(x) for x in xs if _positive(x)})[-holdout - 1 :]
+    gaps = [math.log(b / a) for a, b in itertools.pairwise(distinct)]
+    return sum(gaps) / len(gaps) if gaps else math.nan
+
+
+def growth(form: str, points: Sequence[tuple[float, float]], holdout: int = 2) -> Growth | None:
+    """How the form's extrapolation error grows with the distance of the extrapolation, learnt from the points alone.
+
+    Why: a band learnt from one-step extrapolations (the `holdout` largest x held out) and stretched linearly to a
+    forecast ten steps out assumes the error grows as an error in the parameters does, linearly in the distance;
+    where the form is misspecified (a curve that bends beyond the observed range, as real fine-tuning curves do) it
+    grows faster, and only extrapolations over several distances can show it.
+
+    Nested held-out extrapolations: for every j from the form's fewest x (MIN_X) up, the form is fitted on the j
+    smallest distinct x (an origin) and predicts every point at a larger x: an error e = log(predicted / observed)
+    at a distance d = log(x / the origin's largest x). The fits are remembered (fit_form), so a loop that adds sizes
+    pays only for the new ones. The model: e ~ N(0, (c_j max(d, step)^p)^2), one growth exponent p for the curve
+    and a level c_j per origin (a fit on the few smallest x errs more at every distance than one on many: its level
+    is its own, so it cannot pass for growth), step the mean distance of the `holdout` one-step extrapolations
+    (band_step: nearer than it, an error is counted as noise, not growth; the band's old unit of reach). p's
+    posterior on GROWTH_EXPONENTS, a flat prior over [1, 2], from each origin's profile likelihood (its c_j at the
+    maximum: an origin with one error says nothing of p), tempered to count each distinct x predicted once (the
+    origins' errors share their points). The forecast's level c_p is that of the `holdout` largest origins (the
+    held-out extrapolations select scores the forms on), the in-sample residual one more error at `step`; the
+    band's scale at a distance d is the mixture over p, s(d)^2 = sum_p w_p (c_p max(d, step)^p)^2. With p = 1 this
+    is the band as it was (the held-out error stretched linearly beyond `step`).
+
+    The prior's bounds from first principles: an error in the form's parameters (a slope) grows linearly with the
+    distance, a curvature the form misses with its square; growth slower than linear is not believed (where it is
+    seen, the errors at short distances are mostly noise) and faster than quadratic not assumed. Where the errors
+    cannot tell the exponents apart (few sizes, one or two distances), the mixture is dominated by the quadratic:
+    a forecast ten steps out gets a band about five times that of linear growth, the conservative prior where there
+    are too few points; as sizes come in, the growth the curve shows replaces it. None when nothing can be held out.
+    """
+    import numpy as np
+
+    good = sorted((float(x), float(y)) for x, y in points if _positive(x) and _positive(y))
+    distinct = sorted({x for x, _ in good})
+    origins = distinct[MIN_X[form] - 1 : -1]
+    found: list[list[tuple[float, float, float]]] = []  # per origin: (distance, error, x)
+    for origin in origins:
+        fitted = fit_form(form, [p for p in good if p[0] <= origin])
+        errs = []
+        for x, y in good:
+            pred = fitted.predict(x) if fitted.ok and x > origin else math.nan
+            if math.isfinite(pred) and pred > 0:
+                errs.append((math.log(x / origin), math.log(pred / y), x))
+        found.append(errs)
+    level = [(d, e) for errs in found[-holdout:] for d, e, _ in errs]
+    if not level:
+        return None
+    floor = band_step(distinct, holdout)
+    full = fit_form(form, good)
+    if full.ok and math.isfinite(full.residual):
+        level.append((floor, full.residual))
+    ps = np.array(GROWTH_EXPONENTS)
+    d = np.maximum(np.array([x[0] for x in level]), floor)
+    c2 = np.array([float(np.mean(np.array([x[1] for x in level]) ** 2 / d ** (2 * p))) for p in ps])
+    # p's log likelihood: each origin with two or more errors, its level profiled out
+    loglik = np.zeros(len(ps))
+    ratios, predicted = 0, set()
+    for errs in found:
+        if len(errs) < 2:
+            continue
+        dj = np.maximum(np.array([x[0] for x in errs]), floor)
+        e2 = np.array([x[1] for x in errs]) ** 2
+        cj2 = np.array([float(np.mean(e2 / dj ** (2 * p))) for p in ps])
+        if np.all(cj2 > 0):
+            loglik += -len(errs) / 2 * np.log(cj2) - ps * float(np.log(dj).sum())
+            ratios += len(errs) - 1
+            predicted |= {x[2] for x in errs}
+    if ratios:
+        loglik *= min(1.0, (len(predicted) - 1) / ratios)
+    w = np.exp(loglik - loglik.max())
+    w /= w.sum()
+    components = tuple((float(wi), math.sqrt(ci), float(p)) for wi, ci, p in zip(w, c2, ps, strict=True))
+    return Growth(components, floor, len({x for errs in found[-holdout:] for _, _, x in errs}), len(level))
+
+
 @dataclass(frozen=True)
 class Selection:
     """The chosen form refitted on every point, each form's held-out score, and what the band is made of."""
@@ -103,15 +221,22 @@ class Selection:
     fit: FormFit
     scores: dict[str, float]  # form -> root-mean-square held-out log error (inf: not fittable on the folds)
     heldout: int  # held-out points the scores are over
-    sigma: float  # the chosen form's log error scale (held out and in sample combined)
+    sigma: float  # the one-step log error scale (held out and in sample combined; the report's: the band is growth's)
     step: float  # the mean distance in log x of the held-out extrapolations
     x_max: float
     level: float
     folds: tuple[float, ...] = ()  # the held-out x: each scored on a fit of the points below it
+    points: tuple[tuple[float, float], ...] = ()  # what was fitted (for the band's growth)
 
     @property
     def ok(self) -> bool:
         return self.fit.ok
+
+    @functools.cached_property
+    def growth(self) -> Growth | None:
+        """The band's growth with distance (`growth`; computed when a band is first asked for: the report's
+        selection does not need it)."""
+        return growth(self.form, self.points, len(self.folds)) if self.heldout and self.fit.ok else None
 
     @property
     def error(self) -> float:
@@ -123,14 +248,16 @@ class Selection:
         return formula(self.form, self.fit.params, x)
 
     def forecast(self, x: float) -> tuple[float, float | None, float | None]:
-        """(value, lo, hi) at x; no band (None) where nothing was held out."""
+        """(value, lo, hi) at x: the band at x's distance beyond the largest x (`growth`); no band (None) where
+        nothing was held out."""
         from scipy.stats import t as student
 
         value = self.fit.predict(x)
-        if not self.heldout or not math.isfinite(self.sigma) or not math.isfinite(value) or value <= 0:
+        band = self.growth
+        if band is None or not math.isfinite(value) or value <= 0:
             return value, None, None
-        reach = max(1.0, math.log(x / self.x_max) / self.step) if x > self.x_max and self.step > 0 else 1.0
-        half = float(student.ppf((1 + self.level) / 2, self.heldout)) * self.sigma * reach
+        reach = math.log(x / self.x_max) if x > self.x_max else 0.0
+        half = min(MAX_HALF, float(student.ppf((1 + self.level) / 2, band.df)) * band.scale(reach))
         return value, value * math.exp(-half), value * math.exp(half)
 
     def as_dict(self) -> dict[str, Any]:
@@ -209,7 +336,9 @@ def select(
     fit = full[chosen]
     errs = errors[chosen]
     sigma = math.sqrt((sum(e * e for e in errs) + fit.residual**2) / (len(errs) + 1))
-    return Selection(chosen, fit, scores, n_test, sigma, sum(steps) / len(steps), distinct[-1], level, tuple(folds))
+    return Selection(
+        chosen, fit, scores, n_test, sigma, sum(steps) / len(steps), distinct[-1], level, tuple(folds), tuple(good)
+    )
 
 
 # -- the joint form, where a grid has both size and data ---------------------------------------------------------

@@ -50,11 +50,10 @@ from sft_grid.core.submission import (
 )
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.grid.decide import Action, BaseDecision, Decision
-from sft_grid.planning.cells import layout_for
+from sft_grid.planning.cells import Cell, layout_for
 from sft_grid.planning.evaluation import suites_of
 from sft_grid.planning.inputs import Prep, prep_for
 from sft_grid.sites import facts as site_facts
-from sft_grid.stages import once
 from sft_grid.stages import prep as prep_stage
 from sft_grid.stages import tokenize as tokenize_stage
 from sft_grid.stages.post_training import stages_for
@@ -84,18 +83,11 @@ def build(
     on_slurm = [d for d in to_run + post_only if d.cell.spec.cluster.executor != "local"]
     preps = {d.dir: prep_for(d.cell) for d in to_run}
     pending_preps = {p.dir: (p, d) for d in to_run if (p := preps[d.dir]) is not None and not p.complete}
-    # each prep's and tokenization's script, from its first cell; in a grid across sites also one a site, from that
-    # site's first cell (its cluster's setup and environment: stages/once.py runs a site's own)
-    prep_users = _first_by_site([(p.dir, d) for d in to_run if (p := preps[d.dir]) is not None and not p.complete])
+    # in a grid across sites each prep and tokenization also gets a script for each site, from that site's first
+    # cell (its cluster's setup and environment: stages/once.py runs a site's own)
+    prep_sites = _sites_of([(p.dir, d) for d in to_run if (p := preps[d.dir]) is not None and not p.complete])
     scripts = tuple(
-        CellFiles(
-            p.dir,
-            {
-                once.site_script(prep_stage.SCRIPT, site) if site else prep_stage.SCRIPT: prep_stage.script(p, d.cell)
-                for site, d in prep_users[p.dir].items()
-            },
-        )
-        for p, _ in pending_preps.values()
+        CellFiles(p.dir, prep_stage.files(p, d.cell, prep_sites.get(p.dir, {}))) for p, d in pending_preps.values()
     )
     work = staging if staging is not None and any(d.dir in staging.cells for d in to_run) else None
     scripts += (CellFiles(work.dir, {STAGE_FILE: work.file()}),) if work is not None else ()
@@ -103,22 +95,9 @@ def build(
     built = {t.dir: t.data.complete for t in {t.dir: t for t in (tokenized or {}).values()}.values()}
     tokens = {d.dir: t for d in to_run if (t := (tokenized or {}).get(d.dir)) is not None and not built[t.dir]}
     firsts = {t.dir: (t, d) for d in reversed(to_run) if (t := tokens.get(d.dir)) is not None}
-    tok_users = _first_by_site([(t.dir, d) for d in to_run if (t := tokens.get(d.dir)) is not None])
+    tok_sites = _sites_of([(t.dir, d) for d in to_run if (t := tokens.get(d.dir)) is not None])
     scripts += tuple(
-        CellFiles(
-            t.dir,
-            {
-                **tokenize_stage.files(t, d.cell),
-                **{
-                    once.site_script(tokenize_stage.SCRIPT, site): tokenize_stage.files(t, other.cell)[
-                        tokenize_stage.SCRIPT
-                    ]
-                    for site, other in tok_users[t.dir].items()
-                    if site
-                },
-            },
-        )
-        for t, d in firsts.values()
+        CellFiles(t.dir, tokenize_stage.files(t, d.cell, tok_sites.get(t.dir, {}))) for t, d in firsts.values()
     )
     local_jobs, submits = _local(local, preps, pending_preps, tokens)
     slurm_jobs, waits = _slurm(on_slurm, preps, histories, view, max_array_size, work, tokens)
@@ -151,14 +130,13 @@ def build(
     )
 
 
-def _first_by_site(users: Sequence[tuple[Path, Decision]]) -> dict[Path, dict[str, Decision]]:
-    """Of each directory's users (a prep's or a tokenization's cells, in order), the first cell of each site ("" for
-    the first cell of all, and for every cell of a one-site grid)."""
-    found: dict[Path, dict[str, Decision]] = {}
+def _sites_of(users: Sequence[tuple[Path, Decision]]) -> dict[Path, dict[str, Cell]]:
+    """Of each directory's users (a prep's or a tokenization's cells, in order), the first cell of each site of a
+    grid across sites (none in a one-site grid)."""
+    found: dict[Path, dict[str, Cell]] = {}
     for directory, d in users:
-        mine = found.setdefault(directory, {"": d})
-        if site_of(d.cell.spec):
-            mine.setdefault(site_of(d.cell.spec), d)
+        if site := site_of(d.cell.spec):
+            found.setdefault(directory, {}).setdefault(site, d.cell)
     return found
 
 

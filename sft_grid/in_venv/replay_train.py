@@ -106,19 +106,7 @@ def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    cfg = json.loads(Path(argv[0]).read_text())
-    resume = None
-    for arg in argv[1:]:
-        key, _, value = arg.partition("=")
-        if key == "resume_from_checkpoint":
-            resume = Path(value)
-        elif key == "stop_at_step":
-            cfg[key] = int(value)
-        else:
-            print(f"[replay] unknown argument {arg!r}: expected resume_from_checkpoint=<dir>", file=sys.stderr)
-            return 2
-    train(cfg, resume)
-    return 0
+    return int(_sim.main(argv, train, "replay", ("stop_at_step",)))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ import random
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,19 +217,26 @@ def train(cfg: dict[str, Any], resume: Path | None = None) -> None:
     print(f"[synthetic] done: {total} steps, final loss {history[-1]['loss'] if history else None}", flush=True)
 
 
-def main(argv: list[str]) -> int:
+def main(
+    argv: list[str],
+    trainer: Callable[[dict[str, Any], Path | None], None] = train,
+    name: str = "synthetic",
+    steps: tuple[str, ...] = ("stop_at_step", "probe_steps"),
+) -> int:
+    """The command line of a simulated trainer (this one, or the replay's: `trainer`, its `name`, the step arguments
+    it takes): the cell's JSON, then resume_from_checkpoint=<dir> and the step arguments."""
     cfg = json.loads(Path(argv[0]).read_text())
     resume = None
     for arg in argv[1:]:
         key, _, value = arg.partition("=")
         if key == "resume_from_checkpoint":
             resume = Path(value)
-        elif key in ("stop_at_step", "probe_steps"):
+        elif key in steps:
             cfg[key] = int(value)
         else:
-            print(f"[synthetic] unknown argument {arg!r}: expected resume_from_checkpoint=<dir>", file=sys.stderr)
+            print(f"[{name}] unknown argument {arg!r}: expected resume_from_checkpoint=<dir>", file=sys.stderr)
             return 2
-    train(cfg, resume)
+    trainer(cfg, resume)
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from sft_grid.backends.launch import command_line, script_head
@@ -69,6 +70,12 @@ def script(prep: Prep, cell: Cell) -> str:
         argv += ["--revision", revision]
     lines.append("exec " + command_line(argv))
     return "\n".join(lines) + "\n"
+
+
+def files(prep: Prep, cell: Cell, sites: Mapping[str, Cell]) -> dict[str, str | bytes]:
+    """The prep's directory: its script from `cell`, and one for each site of a grid across sites (`sites`: the
+    site's first cell) from that site's cell, which its job there runs (stages/once.py)."""
+    return {SCRIPT: script(prep, cell), **{once.site_script(SCRIPT, s): script(prep, c) for s, c in sites.items()}}
 
 
 def prepare(prep: Prep, cell: Cell) -> str | None:

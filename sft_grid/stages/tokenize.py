@@ -194,11 +194,11 @@ def job_cell(cell: Cell, tok: Tokenization) -> Cell:
     return dataclasses.replace(cell, spec=spec, tokenized=tok.data)
 
 
-def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
-    """The tokenize job's directory: the backend's own files, its script, its identity and the tokenizer copy."""
-    tcell = job_cell(cell, tok)
-    env_bin = bin_dir(tcell.spec)
-    structured, steps = backend_of(cell.spec.backend.name).tokenize_job(tcell, tok.dir, env_bin)  # type: ignore[misc]
+def files(tok: Tokenization, cell: Cell, sites: Mapping[str, Cell]) -> dict[str, str | bytes]:
+    """The tokenize job's directory: the backend's own files, its script, its identity and the tokenizer copy; and,
+    in a grid across sites, a script for each site (`sites`: the site's first cell) from that site's cell, which its
+    job there runs (stages/once.py)."""
+    structured, script = _rendered(tok, cell)
     out: dict[str, str | bytes] = {
         rel: data
         if isinstance(data, str)
@@ -207,6 +207,27 @@ def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
         else yaml.dump(data, Dumper=_DUMPER, sort_keys=False, width=120)
         for rel, data in structured.items()
     }
+    out[SCRIPT] = script
+    out.update({once.site_script(SCRIPT, s): _rendered(tok, c)[1] for s, c in sites.items()})
+    out[IDENTITY] = json.dumps({"key": tok.data.key, **tok.identity}, indent=2, default=str) + "\n"
+    if tok.tokenizer_from is not None:
+        source = tok.tokenizer_from
+        # config.json too (axolotl reads the model's type from it): from the prepared copy when it is made, else
+        # from the checkpoint it is made from (the prep changes no architecture and no vocabulary)
+        for name in (*TOKENIZER_FILES, "config.json"):
+            for where in (source, Path(model_source(cell)), Path(tokenizer_source(cell))):
+                if (where / name).is_file():
+                    out[f"{TOKENIZER_DIR}/{name}"] = _content(where / name)
+                    break
+    return out
+
+
+def _rendered(tok: Tokenization, cell: Cell) -> tuple[dict[str, Any], str]:
+    """The backend's own files of the tokenize job as `cell` renders it (its cluster, its environment), and its
+    script."""
+    tcell = job_cell(cell, tok)
+    env_bin = bin_dir(tcell.spec)
+    structured, steps = backend_of(cell.spec.backend.name).tokenize_job(tcell, tok.dir, env_bin)  # type: ignore[misc]
     c = tcell.spec.cluster
     lines = script_head(
         [
@@ -220,18 +241,7 @@ def files(tok: Tokenization, cell: Cell) -> dict[str, str | bytes]:
     own = {**hub_variables(tcell), **backend_of(cell.spec.backend.name).variables(tcell)}
     lines += [f"export {k}={command_line([v])}" for k, v in sorted(own.items()) if k not in c.env]
     lines += [command_line(step) for step in steps[:-1]] + ["exec " + command_line(steps[-1])]
-    out[SCRIPT] = "\n".join(lines) + "\n"
-    out[IDENTITY] = json.dumps({"key": tok.data.key, **tok.identity}, indent=2, default=str) + "\n"
-    if tok.tokenizer_from is not None:
-        source = tok.tokenizer_from
-        # config.json too (axolotl reads the model's type from it): from the prepared copy when it is made, else
-        # from the checkpoint it is made from (the prep changes no architecture and no vocabulary)
-        for name in (*TOKENIZER_FILES, "config.json"):
-            for where in (source, Path(model_source(cell)), Path(tokenizer_source(cell))):
-                if (where / name).is_file():
-                    out[f"{TOKENIZER_DIR}/{name}"] = _content(where / name)
-                    break
-    return out
+    return structured, "\n".join(lines) + "\n"
 
 
 # (path, inode, size, mtime) -> a tokenizer file's bytes: the tokenizations of a grid (one per mix, seed, cutoff)

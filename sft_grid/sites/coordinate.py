@@ -381,97 +381,82 @@ def launch(cells: Sequence[Any], profiles: Mapping[str, ClusterConf], argv: Sequ
     let_go: dict[str, LetGo] = {}
     for sweep in sweeps:
         let_go.update(let_go_of(site_facts.read_record(records / sweep)))
-    try:
-        with contextlib.ExitStack() as held:
-            silent = [] if dry_run else held.enter_context(hold_launch(sites, transports, codes, sweeps, LAUNCH_WAIT_S))
-            return _launch(cells, sites, profiles, codes, argv, records, transports, let_go, silent)
+    try:  # (a dry run writes nothing on any site: it holds no lock)
+        with hold_launch(() if dry_run else sites, transports, codes, sweeps, LAUNCH_WAIT_S) as silent:
+            with ThreadPoolExecutor(max_workers=len(sites)) as pool:
+                futures = [
+                    pool.submit(_ask, s, profiles[s.name], codes[s.name], argv, transports[s.name], let_go)
+                    for s in sites
+                    if s.name not in silent
+                ]
+                answers = [f.result() for f in futures]
+            answers += [Answer(site=s, error="it did not answer for the grid's launch lock") for s in silent]
+            recorded: dict[str, str] = {}
+            for sweep in sweeps:
+                recorded.update(remote.recorded_cells(records / sweep))
+            decided = decide(cells, answers, recorded, let_go)
+            for a in answers:
+                if not a.answered:
+                    print(f"site {a.site} did not answer: {a.error}", file=sys.stderr, flush=True)
+                elif a.facts is not None and not a.facts.reachable:
+                    why = f": {a.facts.error}" if a.facts.error else ""
+                    print(f"site {a.site}: its Slurm controller did not answer{why}", file=sys.stderr, flush=True)
+            for name, site in sorted(decided.waiting.items()):
+                print(f"  {name}: waits for site {site} (sent there, which does not answer)", flush=True)
+            for name, why in sorted(decided.unplaced.items()):
+                print(f"  {name}: waiting{why}; the next run places it once a site can take it", flush=True)
+            for name, site in sorted(decided.cancelled.items()):
+                print(f"  {name}: cancelled (its site {site} was let go with --cancel)", flush=True)
+            for name, site in sorted(decided.placed.items()):
+                if name in let_go:
+                    print(f"  {name}: placed on {site} (its site {let_go[name].site} was let go)", flush=True)
+            counts: dict[str, int] = {}
+            for state in decided.states.values():
+                counts[state] = counts.get(state, 0) + 1
+            held = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+            print(
+                f"grid of {len(cells)} cell(s) across {len(sites)} site(s): {len(decided.kept)} on a site"
+                + (f" ({held})" if held else "")
+                + f", {len(decided.waiting)} waiting for their site, {len(decided.placed)} to place"
+                + (f", {len(decided.unplaced)} waiting for a site that can take them" if decided.unplaced else ""),
+                flush=True,
+            )
+            if not dry_run:
+                placed = [
+                    remote.Placed(
+                        site=s, code_dir=codes[s.name].dir, code=codes[s.name].key, commit=codes[s.name].commit
+                    )
+                    for s in sites
+                ]
+                for sweep in sweeps:
+                    names = {c.name for c in cells if c.spec.sweep_name == sweep}
+                    remote.write_record(
+                        records / sweep, placed, {n: s for n, s in decided.placed.items() if n in names}
+                    )
+            status = 0
+            controller = {a.site: a.facts is not None and a.facts.reachable for a in answers}
+            for s in sites:
+                new = sorted(n for n, site in decided.placed.items() if site == s.name)
+                share = sorted([*new, *(n for n, site in decided.kept.items() if site == s.name)])
+                if not share:
+                    continue
+                if not controller.get(s.name):  # nothing is placed there; its cells are refreshed once it answers
+                    print(f"site {s.name}: {len(share)} cell(s) there wait for its Slurm controller", flush=True)
+                    continue
+                # every site that holds cells runs the grid command for them: its refresh, as a run on one site is
+                # (completed cells skipped, failures triaged, post-training and scores caught up)
+                print(f"{len(share)} cell(s) on site {s.name} ({len(new)} new; {s.host}:{s.runs_root})", flush=True)
+                asked = SiteCall(site=s.name, only=tuple(share))
+                there = remote.there(s, codes[s.name].dir, ["-m", "sft_grid", *site_argv(argv, s.name)], asked)
+                try:
+                    status = transports[s.name].stream(there, timeout=s.launch_timeout_s) or status
+                except SiteUnreachable as exc:
+                    print(f"site {s.name} stopped answering: {exc}. Run the same command again", file=sys.stderr)
+                    status = 1
+            return status
     except LaunchBusy as exc:
         print(f"grid not launched: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
         for t in transports.values():
             t.close()
-
-
-def _launch(
-    cells: Sequence[Any],
-    sites: Sequence[remote.Site],
-    profiles: Mapping[str, ClusterConf],
-    codes: Mapping[str, CodeSnapshot],
-    argv: Sequence[str],
-    records: Path,
-    transports: Mapping[str, Ssh],
-    let_go: Mapping[str, LetGo],
-    silent: Sequence[str],
-) -> int:
-    """`launch`'s look, placement, record and sends, under the grid's launch lock (`silent`: the sites that did not
-    answer for it: taken as not answering)."""
-    dry_run = any(c.spec.dry_run for c in cells)
-    sweeps = sorted({c.spec.sweep_name for c in cells})
-    with ThreadPoolExecutor(max_workers=len(sites)) as pool:
-        futures = [
-            pool.submit(_ask, s, profiles[s.name], codes[s.name], argv, transports[s.name], let_go)
-            for s in sites
-            if s.name not in silent
-        ]
-        answers = [f.result() for f in futures]
-    answers += [Answer(site=s, error="it did not answer for the grid's launch lock") for s in silent]
-    recorded: dict[str, str] = {}
-    for sweep in sweeps:
-        recorded.update(remote.recorded_cells(records / sweep))
-    decided = decide(cells, answers, recorded, let_go)
-    for a in answers:
-        if not a.answered:
-            print(f"site {a.site} did not answer: {a.error}", file=sys.stderr, flush=True)
-        elif a.facts is not None and not a.facts.reachable:
-            why = f": {a.facts.error}" if a.facts.error else ""
-            print(f"site {a.site}: its Slurm controller did not answer{why}", file=sys.stderr, flush=True)
-    for name, site in sorted(decided.waiting.items()):
-        print(f"  {name}: waits for site {site} (sent there, which does not answer)", flush=True)
-    for name, why in sorted(decided.unplaced.items()):
-        print(f"  {name}: waiting{why}; the next run places it once a site can take it", flush=True)
-    for name, site in sorted(decided.cancelled.items()):
-        print(f"  {name}: cancelled (its site {site} was let go with --cancel)", flush=True)
-    for name, site in sorted(decided.placed.items()):
-        if name in let_go:
-            print(f"  {name}: placed on {site} (its site {let_go[name].site} was let go)", flush=True)
-    counts: dict[str, int] = {}
-    for state in decided.states.values():
-        counts[state] = counts.get(state, 0) + 1
-    held = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    print(
-        f"grid of {len(cells)} cell(s) across {len(sites)} site(s): {len(decided.kept)} on a site"
-        + (f" ({held})" if held else "")
-        + f", {len(decided.waiting)} waiting for their site, {len(decided.placed)} to place"
-        + (f", {len(decided.unplaced)} waiting for a site that can take them" if decided.unplaced else ""),
-        flush=True,
-    )
-    if not dry_run:
-        placed = [
-            remote.Placed(site=s, code_dir=codes[s.name].dir, code=codes[s.name].key, commit=codes[s.name].commit)
-            for s in sites
-        ]
-        for sweep in sweeps:
-            names = {c.name for c in cells if c.spec.sweep_name == sweep}
-            remote.write_record(records / sweep, placed, {n: s for n, s in decided.placed.items() if n in names})
-    status = 0
-    controller = {a.site: a.facts is not None and a.facts.reachable for a in answers}
-    for s in sites:
-        new = sorted(n for n, site in decided.placed.items() if site == s.name)
-        share = sorted([*new, *(n for n, site in decided.kept.items() if site == s.name)])
-        if not share:
-            continue
-        if not controller.get(s.name):  # nothing is placed there; its cells are refreshed once it answers
-            print(f"site {s.name}: {len(share)} cell(s) there wait for its Slurm controller", flush=True)
-            continue
-        # every site that holds cells runs the grid command for them: its refresh, as a run on one site is
-        # (completed cells skipped, failures triaged, post-training and scores caught up)
-        print(f"{len(share)} cell(s) on site {s.name} ({len(new)} new; {s.host}:{s.runs_root})", flush=True)
-        asked = SiteCall(site=s.name, only=tuple(share))
-        there = remote.there(s, codes[s.name].dir, ["-m", "sft_grid", *site_argv(argv, s.name)], asked)
-        try:
-            status = transports[s.name].stream(there, timeout=s.launch_timeout_s) or status
-        except SiteUnreachable as exc:
-            print(f"site {s.name} stopped answering: {exc}. Run the same command again", file=sys.stderr)
-            status = 1
-    return status

@@ -8,6 +8,9 @@ within the observed range, and the bootstrap band of a misspecified form is narr
   `power_e`  L = E + A x^-alpha   (the report's fit, analysis/scaling.py: Huber in log space, E >= 0)
   `power`    L = A x^-alpha       (no irreducible term: a line in log-log, least squares in log L)
   `loglinear` L = a - b log x     (least squares in L)
+  `rectified` L = E + B / (D_l + x^beta)   (Lin et al. 2024's "rectified" law for fine-tuning data, least squares
+              in log L: a power law in x past a pre-learned size D_l, flat before it, where the curve has not yet
+              begun to fall: the phase in which the other forms' fits are bent by the early, flat points)
   and, where a grid has both size and data, `joint`: L = E + A N^-alpha + B D^-beta (fit_joint);
 * the choice: rolling-origin validation, the extrapolation the forecast makes: for each of the `holdout`
   largest distinct x, each form is fitted on the points below it and scored on the points at it (log error,
@@ -39,9 +42,9 @@ from typing import Any
 
 from sft_grid.analysis import scaling
 
-FORMS = ("power_e", "power", "loglinear")
+FORMS = ("power_e", "power", "loglinear", "rectified")
 # the fewest distinct x each form is fitted on (its parameters)
-MIN_X = {"power_e": 3, "power": 2, "loglinear": 2}
+MIN_X = {"power_e": 3, "power": 2, "loglinear": 2, "rectified": 4}
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class FormFit:
             return float(p["E"] + p["A"] * x ** -p["alpha"])
         if self.form == "power":
             return float(p["A"] * x ** -p["alpha"])
+        if self.form == "rectified":
+            return float(p["E"] + p["B"] / (p["Dl"] + x ** p["beta"]))
         return p["a"] - p["b"] * math.log(x)
 
 
@@ -88,6 +93,8 @@ def _fit_form(form: str, good: tuple[tuple[float, float], ...]) -> FormFit:
             return FormFit(form, False)
         params = {"E": f.E, "A": f.A, "alpha": f.alpha}
         at_bounds = f.at_bounds
+    elif form == "rectified":
+        params, at_bounds = _fit_rectified(xs, ys)
     elif form == "power":
         slope, icpt = np.polyfit(np.log(xs), np.log(ys), 1)
         params, at_bounds = {"A": float(math.exp(icpt)), "alpha": float(-slope)}, ()
@@ -100,6 +107,56 @@ def _fit_form(form: str, good: tuple[tuple[float, float], ...]) -> FormFit:
         return FormFit(form, False, params)
     res = float(np.sqrt(np.mean(np.log(pred / ys) ** 2)))
     return FormFit(form, True, params, res, at_bounds)
+
+
+# the rectified form's exponents and pre-learned sizes (log, in units of the points' geometric mean x) searched
+# before the local fit: its E and B are linear given them (variable projection), so a grid of the two is cheap
+RECTIFIED_BETAS = tuple(0.05 * k for k in range(1, 61))
+RECTIFIED_LOG_DL = tuple(0.5 * k for k in range(-24, 25))
+
+
+def _fit_rectified(xs: Any, ys: Any) -> tuple[dict[str, float], tuple[str, ...]]:
+    """L = E + B / (D_l + x^beta), 0 <= E < min L, B, D_l > 0, beta in (0, 3], least squares in log L. x is scaled by
+    its geometric mean x0; for each (beta, D_l) of the RECTIFIED grid the linear (E, B) is solved in closed form by
+    least squares weighted by 1/L (log L's residual to first order), E clipped to [0, min L); the best start is then
+    refined in log L (scipy's least_squares). Returns the parameters in the points' own x and the bounds hit."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    x0 = float(np.exp(np.log(xs).mean()))
+    u_x, w = xs / x0, 1.0 / ys
+    betas = np.repeat(np.array(RECTIFIED_BETAS), len(RECTIFIED_LOG_DL))
+    dls = np.exp(np.tile(np.array(RECTIFIED_LOG_DL), len(RECTIFIED_BETAS)))
+    u = 1.0 / (dls[:, None] + u_x[None, :] ** betas[:, None])  # (starts, points)
+    # weighted least squares of ys ~ E + B u, per start
+    sw, swu, swuu = (w**2).sum(), (w**2 * u).sum(1), (w**2 * u * u).sum(1)
+    swy, swuy = (w**2 * ys).sum(), (w**2 * u * ys).sum(1)
+    det = sw * swuu - swu**2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(det > 0, (swuu * swy - swu * swuy) / det, 0.0)
+    e = np.clip(e, 0.0, ys.min() * (1 - 1e-6))
+    b = np.maximum((w**2 * u * (ys - e[:, None])).sum(1) / np.maximum(swuu, 1e-300), 1e-12)
+    pred = e[:, None] + b[:, None] * u
+    sse = ((np.log(np.maximum(pred, 1e-300)) - np.log(ys)) ** 2).sum(1)
+    i = int(np.nanargmin(sse))
+    lo_e, hi_e = 0.0, float(ys.min()) * (1 - 1e-6)
+    log_y = np.log(ys)
+
+    def resid(th: Any) -> Any:
+        return np.log(np.maximum(th[0] + np.exp(th[1]) / (np.exp(th[2]) + u_x ** th[3]), 1e-300)) - log_y
+
+    start = [min(max(float(e[i]), lo_e), hi_e), math.log(b[i]), math.log(dls[i]), float(betas[i])]
+    res = least_squares(resid, start, bounds=([lo_e, -50, -30, 0.01], [hi_e, 50, 30, 3.0]), max_nfev=400)
+    th = res.x if res.cost <= 0.5 * sse[i] + 1e-15 else start
+    big_e, beta = float(th[0]), float(th[3])
+    params = {
+        "E": big_e,
+        "B": float(math.exp(th[1])) * x0**beta,
+        "Dl": float(math.exp(th[2])) * x0**beta,
+        "beta": beta,
+    }
+    at_bounds = tuple(k for k, hit in (("E", big_e <= 1e-9 * hi_e), ("beta", beta >= 3.0 - 1e-6)) if hit)
+    return params, at_bounds
 
 
 # the exponents p of the band's growth s(d) = c max(d, step)^p, a flat prior over [1, 2] (see `growth`)
@@ -283,12 +340,17 @@ class Selection:
 
 
 # each form in words, its parameters by name
-FORMULAS = {"power_e": "{E} + {A} {x}^-{alpha}", "power": "{A} {x}^-{alpha}", "loglinear": "{a} - {b} log {x}"}
+FORMULAS = {
+    "power_e": "{E} + {A} {x}^-{alpha}",
+    "power": "{A} {x}^-{alpha}",
+    "loglinear": "{a} - {b} log {x}",
+    "rectified": "{E} + {B} / ({Dl} + {x}^{beta})",
+}
 
 
 def formula(form: str, params: dict[str, float], x: str = "x") -> str:
     """A form with its parameters ("1.69 + 406.4 N^-0.34"), or its shape where they are missing ("E + A N^-alpha")."""
-    names = {"E", "A", "alpha", "a", "b"}
+    names = {"E", "A", "alpha", "a", "b", "B", "Dl", "beta"}
     values = {k: (f"{params[k]:.4g}" if isinstance(params.get(k), (int, float)) else k) for k in names}
     return FORMULAS.get(form, form).format(x=x, **values)
 

@@ -324,9 +324,10 @@ def _fit_forms(data: dict[str, Any]) -> str:
         return ""
     return (
         '<h2>Fit forms</h2><section id="fit-forms"><p class="note">Each fit\'s form chosen on held-out points: every'
-        " form (power_e: E + A x^-alpha, the scaling plots' own; power: A x^-alpha; loglinear: a - b log x) fitted"
-        " on the points below each of the largest sizes and scored there; the smallest root-mean-square held-out log"
-        " error (about the relative error) chooses, and the chosen form is refitted on every point.</p>"
+        " form (power_e: E + A x^-alpha, the scaling plots' own; power: A x^-alpha; loglinear: a - b log x;"
+        " rectified: E + B / (D_l + x^beta), flat below D_l) fitted on the points below each of the largest"
+        " sizes and scored there; the smallest root-mean-square held-out log error (about the relative error)"
+        " chooses, and the chosen form is refitted on every point.</p>"
         f'<ul class="note">{"".join(items)}</ul></section>'
     )
 

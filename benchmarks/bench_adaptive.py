@@ -14,8 +14,8 @@ Targets (`--check` exits 1 when one is missed):
   realised| / realised) is within 1.25x the full grid's (every non-holdout cell fitted) in >= 70% of the grids,
   and below a random choice of the same cost in >= 70%;
 * a design that decides, on the replays (below): which of 3 models is lowest at the held-out 1.6M examples
-  (question gap, level 0.9, the design's stopping rule), right in >= 90% of the decisions with at most 30% of the
-  fitted grid's GPU-hours, each decision's regret beside it, against the fixed design and random designs of the
+  (question gap, level REPLAY_LEVEL, the design's stopping rule), right in >= 90% of the decisions with at most 30%
+  of the fitted grid's GPU-hours, each decision's regret beside it, against the fixed design and random designs of the
   loop's cost (seeds: REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS); the same question on the simulator's grids,
   measured without a target; on both, the stopping rule's calibration: for the decisions that stopped as decided,
   the mean P(wrong) claimed against the share wrong (and the same over every decision that ended with one);
@@ -446,7 +446,17 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
 
 # chosen before any replay measurement was looked at (20 at first; cut to 10 for the run time, about 12 s a decision,
 # after a timing trial on seeds 0-2 of one dataset): the draws of models per decision and per halving bracket
-REPLAY_SEEDS = tuple(range(10))
+# the replay decisions' seeds, in three sets of 10 per dataset: 0-9 fixed before the first run; 10-19 added as a
+# check after 0-9 had been measured (on them the loop of that day was right in 70% where it had been in 90% on 0-9:
+# one set of 30 decisions is too few to tell); 20-29 added before any run of them, with the code as it stands
+REPLAY_SEEDS = tuple(range(30))
+REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30))
+# the halving brackets' seeds (its target was measured on these; its code is not changed by the decisions')
+HALVING_SEEDS = tuple(range(10))
+# the replay decisions' level: a target of 90% right needs a rule that stops below 5% P(wrong), since the loop stops
+# at the first round its probability crosses the line (the decided sit just under it) and the decisions the budget
+# ends undecided are wrong more often; at 0.9 the rule aims at about 90% and lands below it (benchmarks/README.md)
+REPLAY_LEVEL = 0.95
 REPLAY_TARGET = 1638400  # the held-out size every replay question is about (examples)
 REPLAY_MODELS = 3  # models (the "recipes") per decision
 REPLAY_BRACKET = 9  # models per halving bracket
@@ -528,12 +538,13 @@ def joint_check() -> dict[str, Any]:
     }
 
 
-def replay_decision(dataset: str, seed: int) -> dict[str, Any]:
+def replay_decision(dataset: str, seed: int, level: float | None = None) -> dict[str, Any]:
     """Which of REPLAY_MODELS models (drawn by `seed`) has the lowest loss fine-tuned on REPLAY_TARGET examples, from
-    cells of fewer examples (GPU-hours ~ parameters x examples): the adaptive loop (question gap over the models,
-    level 0.9, to its stopping rule or the budget), the fixed design and random designs (RANDOM_DESIGN_SEEDS) of the
-    adaptive loop's cost, the fixed design at the whole budget (as before the loop could stop early) and the full
-    grid; each picks the model its forecast puts lowest, scored right or wrong and by its regret."""
+    cells of fewer examples (GPU-hours ~ parameters x examples): the adaptive loop (question gap over the models, level
+    REPLAY_LEVEL unless given, to its stopping rule or the budget), the fixed design and random designs
+    (RANDOM_DESIGN_SEEDS) of the adaptive loop's cost, the fixed design at the whole budget (as before the loop
+    could stop early) and the full grid; each picks the model its forecast puts lowest, scored right or wrong and by
+    its regret."""
     found = replay_curves()
     models = sorted(m for d, m in found if d == dataset)
     drawn = random.Random(f"replay:{dataset}:{seed}").sample(models, REPLAY_MODELS)
@@ -555,6 +566,7 @@ def replay_decision(dataset: str, seed: int) -> dict[str, Any]:
         budget_gpu_hours=budget,
         batch=2,
         seed=DESIGN_SEED,
+        level=REPLAY_LEVEL if level is None else level,
     )
     at_truth = {m: truth[f"{m}@{REPLAY_TARGET}"] for m in drawn}
     observed, last = _decide_loop(spec, pool, truth)
@@ -565,6 +577,7 @@ def replay_decision(dataset: str, seed: int) -> dict[str, Any]:
     return {
         "dataset": dataset,
         "seed": seed,
+        "level": spec.level,
         "models": drawn,
         "p_wrong": last.p_wrong,
         "stop": last.stop,
@@ -623,11 +636,11 @@ def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
     }
 
 
-def replay_section() -> dict[str, Any]:
+def replay_section(level: float | None = None) -> dict[str, Any]:
     datasets = sorted({d for d, _ in replay_curves()})
-    decisions = [replay_decision(d, s) for d in datasets for s in REPLAY_SEEDS]
+    decisions = [replay_decision(d, s, level) for d in datasets for s in REPLAY_SEEDS]
     halvings = {
-        g: [replay_halving(d, s, g) for d in datasets for s in REPLAY_SEEDS]
+        g: [replay_halving(d, s, g) for d in datasets for s in HALVING_SEEDS]
         for g in ("position", "extrapolate", "extrapolate-point", "extrapolate-wide")
     }
     return {
@@ -729,10 +742,24 @@ def _print_replays(r: dict[str, Any]) -> bool:
     )
     print(
         f"  which of {REPLAY_MODELS} models is lowest at {REPLAY_TARGET} examples, {len(ds)} decisions (question gap,"
-        f" level 0.9, budget {BUDGET_SHARE:.0%} of the fitted grid's GPU-hours; design seed {DESIGN_SEED}, random"
+        f" level {ds[0]['level'] if ds else REPLAY_LEVEL:g}, budget {BUDGET_SHARE:.0%} of the fitted grid's"
+        f" GPU-hours; design seed {DESIGN_SEED}, random"
         f" designs {RANDOM_DESIGN_SEEDS}):"
     )
     _print_decisions(ds, ("adaptive", "fixed", "random", "fixed_budget", "full"), per_decision=True)
+    for lo, hi in REPLAY_SEED_SETS:
+        part = [d for d in ds if lo <= d["seed"] < hi]
+        if part:
+            shares = ", ".join(
+                f"{k} {sum(float(d[k]['right']) for d in part) / len(part):.1%}"
+                for k in ("adaptive", "fixed", "random", "fixed_budget", "full")
+            )
+            c = calibration(part)["decided"]
+            print(
+                f"    seeds {lo}-{hi - 1} ({len(part)} decisions), right: {shares}; adaptive's GPU-hours"
+                f" {sum(d['adaptive']['share'] for d in part) / len(part):.1%}; stopped as decided {c['n']}, claimed"
+                f" P(wrong) {c['claimed'] or 0:.1%}, realised {c['realised'] or 0:.1%}"
+            )
     print(
         f"  halving over {r['halving_brackets']} brackets of {REPLAY_BRACKET} models (rungs at 1/9, 1/3, 40% kept), the"
         " best kept, and the steps trained (mean, max) as a share of the full sweep's:"
@@ -771,6 +798,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--json", type=Path, help="write every measurement and verdict here")
     ap.add_argument("--no-replay", action="store_true", help="the simulator section only")
+    ap.add_argument(
+        "--replay-level", type=float, default=None, help=f"the replay decisions' level (default {REPLAY_LEVEL})"
+    )
     args = ap.parse_args(argv)
 
     grids = [adaptive_grid(s) for s in range(args.grids)]
@@ -791,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
         pointwise = [halving_grid(s, Path(tmp) / f"e{s}", "extrapolate-point") for s in range(args.grids)]
         wide = [halving_grid(s, Path(tmp) / f"w{s}", "extrapolate-wide") for s in range(args.grids)]
         killed = kills(Path(tmp) / "kills")
-    replays = replay_section() if not args.no_replay else None
+    replays = replay_section(args.replay_level) if not args.no_replay else None
     cost = max(h["cost"] for h in halvings)
     brackets = sum(h["brackets"] for h in halvings)
     kept = sum(h["best_kept"] for h in halvings) / brackets

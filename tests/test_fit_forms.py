@@ -148,3 +148,25 @@ def test_the_extrapolate_guard_recovers_the_end_of_a_curve_under_its_schedule():
     # the loss at the rung, before the decay, would be off by the noise floor
     assert loss(33) - end > 0.2
     assert halving.extrapolate(curve[:4], total, 0.0) is None
+
+
+def test_forms_that_held_out_alike_but_part_ways_widen_the_band_and_one_clear_form_does_not():
+    """Selection.spread: on a curve made from one form, the others held out much worse and the band is the form's
+    own errors; on a real curve whose first sizes every form holds out about as well (gigaword, LaMini-GPT-774M, 200
+    to 6,400 examples), the forms part ways at 1.6M examples and the band widens beyond the chosen form's errors."""
+    law = lambda x: 1.6 + 400.0 * x**-0.33  # noqa: E731
+    clear = forms.select([(x, law(x) * (1 + 5e-4 * (-1) ** i)) for i, x in enumerate(XS)])
+    far = XS[-1] * 2**6
+    assert clear.growth is not None
+    own = clear.growth.scale(math.log(far / XS[-1]))
+    assert clear.spread(far) < 0.1 * own and clear.scale(far) == pytest.approx(own, rel=0.01)
+    pts = [(float(x), v) for x, v in curves()[("gigaword", "MBZUAI/LaMini-GPT-774M")]["points"] if x <= 6400]
+    alike = forms.select(pts)
+    assert alike.growth is not None
+    own = alike.growth.scale(math.log(1638400 / 6400))
+    assert max(alike.scores.values()) < 3 * alike.error  # every form held out about as well
+    assert alike.spread(1638400) > own
+    scale = alike.scale(1638400)
+    assert scale is not None and scale == pytest.approx(math.hypot(own, alike.spread(1638400)))
+    value, lo, hi = alike.forecast(1638400)
+    assert lo is not None and hi is not None and math.log(hi / value) > 2 * own

@@ -7,7 +7,8 @@ extrapolated best from the smaller sizes to the larger), and the errors it made 
 the largest size (forms.growth: the level of its held-out one-step errors, grown with the distance as its nested
 extrapolations show, a flat prior on growth between linear and quadratic in the log distance where they cannot tell;
 so a forecast ten doublings out of four small sizes gets a band about five times the linear stretch of a
-one-doubling error), t Student's (none through three sizes);
+one-doubling error) and the forms' disagreement at `at` (Selection.spread: forms that held out about as well but
+part ways there), t Student's (none through three sizes);
 (2) the decision: which recipe wins (has the lowest loss) at `at`, and the probability that it is wrong, under each
 recipe's band read as a Student-t predictive distribution in log L (the recipes independent; `DRAWS` seeded draws);
 (3) the loop stops when the budget is spent, the band's half width is below `stop_halfwidth`, or (question `gap`)
@@ -117,6 +118,8 @@ class Round:
 class _Fit:
     forecast: Forecast
     growth: forms.Growth | None  # the band's log error scale by the distance beyond the largest size (None: no band)
+    # the band's scale over growth's alone (the forms' disagreement: Selection.spread), held by a plan's prediction
+    widen: float = 1.0
 
 
 def _fits(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, float]) -> dict[str, _Fit]:
@@ -132,12 +135,15 @@ def _fits(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, 
         if not chosen.ok or not math.isfinite(value) or value <= 0:
             out[recipe] = _Fit(Forecast(recipe, None, None, None, len(pts)), None)
             continue
-        # the band's scale at `at`: the form's error at that distance beyond the largest size (forms.growth)
+        # the band's scale at `at`: the form's error at that distance beyond the largest size (forms.growth) and
+        # the forms' disagreement there (Selection.spread)
         band = chosen.growth if lo is not None and hi is not None else None  # a zero band is a band
         reach = math.log(spec.at / chosen.x_max) if spec.at > chosen.x_max else 0.0
-        scale = None if band is None else band.scale(reach)
+        scale = None if band is None else chosen.scale(spec.at)
+        own = None if band is None else band.scale(reach)
+        widen = scale / own if scale is not None and own else 1.0
         found = Forecast(recipe, value, lo, hi, len(pts), chosen.form, scale, 0 if band is None else band.df)
-        out[recipe] = _Fit(found, band)
+        out[recipe] = _Fit(found, band, widen)
     return out
 
 
@@ -220,10 +226,11 @@ def decide(spec: AdaptiveSpec, found: Sequence[Forecast], recipes: Sequence[str]
 
 def _scale_after(fit: _Fit, at: float, sizes: Sequence[float]) -> float:
     """The band's scale the fit would have on `sizes`, its levels and growth with distance held (forms.growth: s(d)
-    at d = log(at / largest), no nearer than the mean step of the held-out extrapolations on `sizes`, band_step)."""
+    at d = log(at / largest), no nearer than the mean step of the held-out extrapolations on `sizes`, band_step),
+    the forms' disagreement in the same proportion to it as now (it shrinks as the distance does)."""
     assert fit.growth is not None and fit.forecast.scale is not None
     floor = forms.band_step(sizes)
-    return min(fit.forecast.scale, fit.growth.scale(math.log(at / max(sizes)), floor))
+    return min(fit.forecast.scale, fit.widen * fit.growth.scale(math.log(at / max(sizes)), floor))
 
 
 _Option = tuple[float, float, tuple[Candidate, ...]]

@@ -304,17 +304,53 @@ class Selection:
         """The chosen form with its fitted parameters, in words: "1.69 + 406.4 N^-0.34"."""
         return formula(self.form, self.fit.params, x)
 
+    def spread(self, x: float) -> float:
+        """The forms' disagreement at x (log L): the root of sum_f w_f log(F_f(x) / F(x))^2 over every form with a
+        held-out score, F_f refitted on every point, F the chosen form's, w_f its weight as a model of the held-out
+        points, exp(-n (score_f^2 - best^2) / (2 best^2)) normalised (n held-out points: the likelihood of its
+        held-out errors under the chosen form's error scale). A form that held out as well but forecasts nothing
+        finite at x counts as MAX_HALF apart.
+
+        Why: the chosen form's own errors (`growth`) say how it errs while the curve keeps the shape it had; where
+        forms that extrapolated the held-out points about as well part ways at x, which of them the curve follows
+        is uncertain, and its own errors cannot show that (a curve still flat before its pre-learned size: every
+        form fits the flat part, and they disagree where it falls). This is the model part of a Bayesian model
+        average's predictive variance, with weights from held-out fit instead of a prior the data cannot check."""
+        base = self.fit.predict(x)
+        best = max(self.error, 1e-6)
+        if not (self.heldout and math.isfinite(self.error) and math.isfinite(base) and base > 0):
+            return 0.0
+        total = weighted = 0.0
+        for form, score in self.scores.items():
+            if not math.isfinite(score):
+                continue
+            w = math.exp(-0.5 * self.heldout * (score**2 - best**2) / best**2)
+            fitted = fit_form(form, self.points)
+            value = fitted.predict(x) if fitted.ok else math.nan
+            apart = math.log(value / base) if math.isfinite(value) and value > 0 else MAX_HALF
+            total += w
+            weighted += w * apart * apart
+        return math.sqrt(weighted / total) if total > 0 else 0.0
+
+    def scale(self, x: float) -> float | None:
+        """The band's log scale at x: the chosen form's error at x's distance beyond the largest x (`growth`) and
+        the forms' disagreement there (`spread`), added in quadrature; None where nothing was held out."""
+        band = self.growth
+        if band is None:
+            return None
+        reach = math.log(x / self.x_max) if x > self.x_max else 0.0
+        return math.hypot(band.scale(reach), self.spread(x))
+
     def forecast(self, x: float) -> tuple[float, float | None, float | None]:
-        """(value, lo, hi) at x: the band at x's distance beyond the largest x (`growth`); no band (None) where
-        nothing was held out."""
+        """(value, lo, hi) at x: the forecast times exp(+-t `scale`); no band (None) where nothing was held out."""
         from scipy.stats import t as student
 
         value = self.fit.predict(x)
+        scale = self.scale(x)
         band = self.growth
-        if band is None or not math.isfinite(value) or value <= 0:
+        if band is None or scale is None or not math.isfinite(value) or value <= 0:
             return value, None, None
-        reach = math.log(x / self.x_max) if x > self.x_max else 0.0
-        half = min(MAX_HALF, float(student.ppf((1 + self.level) / 2, band.df)) * band.scale(reach))
+        half = min(MAX_HALF, float(student.ppf((1 + self.level) / 2, band.df)) * scale)
         return value, value * math.exp(-half), value * math.exp(half)
 
     def as_dict(self) -> dict[str, Any]:

@@ -170,3 +170,19 @@ def test_forms_that_held_out_alike_but_part_ways_widen_the_band_and_one_clear_fo
     assert scale is not None and scale == pytest.approx(math.hypot(own, alike.spread(1638400)))
     value, lo, hi = alike.forecast(1638400)
     assert lo is not None and hi is not None and math.log(hi / value) > 2 * own
+
+
+def test_the_rectified_forms_forecast_is_uncertain_where_its_pre_learned_size_is_not_identified():
+    """forms.rectified_profile: a curve made from the rectified form over sizes that span its bend pins D_l, and the
+    forecasts of the fits near the best agree; the same law seen only on its flat part (every size far below D_l)
+    leaves D_l free, and their forecasts at the far size part ways."""
+
+    def law(x: float) -> float:
+        return 1.2 + 4.0e4 / (2.0e4 + x**0.45)
+
+    far = XS[-1] * 4
+    spanning = [(x, law(x) * (1 + 5e-4 * (-1) ** i)) for i, x in enumerate(XS)]
+    flat = [(x / 1e4, law(x / 1e4) * (1 + 5e-4 * (-1) ** i)) for i, x in enumerate(XS[:6])]
+    pinned = forms.rectified_profile(spanning, far, 1e-3)
+    free = forms.rectified_profile(flat, far, 1e-3)
+    assert pinned < 0.05 and free > 1.0, (pinned, free)

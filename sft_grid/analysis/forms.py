@@ -115,20 +115,18 @@ RECTIFIED_BETAS = tuple(0.05 * k for k in range(1, 61))
 RECTIFIED_LOG_DL = tuple(0.5 * k for k in range(-24, 25))
 
 
-def _fit_rectified(xs: Any, ys: Any) -> tuple[dict[str, float], tuple[str, ...]]:
-    """L = E + B / (D_l + x^beta), 0 <= E < min L, B, D_l > 0, beta in (0, 3], least squares in log L. x is scaled by
-    its geometric mean x0; for each (beta, D_l) of the RECTIFIED grid the linear (E, B) is solved in closed form by
-    least squares weighted by 1/L (log L's residual to first order), E clipped to [0, min L); the best start is then
-    refined in log L (scipy's least_squares). Returns the parameters in the points' own x and the bounds hit."""
+def _rectified_grid(xs: Any, ys: Any) -> tuple[float, Any, Any, Any, Any, Any]:
+    """The rectified form on its (beta, D_l) grid (RECTIFIED_BETAS x RECTIFIED_LOG_DL, D_l in units of x0, the
+    points' geometric mean x): at each, the linear (E, B) solved in closed form by least squares weighted by 1/L
+    (log L's residual to first order), E clipped to [0, min L). Returns (x0, beta, D_l, E, B, the sum of squared
+    log residuals), one entry per grid point, B in x0's units."""
     import numpy as np
-    from scipy.optimize import least_squares
 
     x0 = float(np.exp(np.log(xs).mean()))
     u_x, w = xs / x0, 1.0 / ys
     betas = np.repeat(np.array(RECTIFIED_BETAS), len(RECTIFIED_LOG_DL))
     dls = np.exp(np.tile(np.array(RECTIFIED_LOG_DL), len(RECTIFIED_BETAS)))
-    u = 1.0 / (dls[:, None] + u_x[None, :] ** betas[:, None])  # (starts, points)
-    # weighted least squares of ys ~ E + B u, per start
+    u = 1.0 / (dls[:, None] + u_x[None, :] ** betas[:, None])  # (grid, points)
     sw, swu, swuu = (w**2).sum(), (w**2 * u).sum(1), (w**2 * u * u).sum(1)
     swy, swuy = (w**2 * ys).sum(), (w**2 * u * ys).sum(1)
     det = sw * swuu - swu**2
@@ -138,6 +136,19 @@ def _fit_rectified(xs: Any, ys: Any) -> tuple[dict[str, float], tuple[str, ...]]
     b = np.maximum((w**2 * u * (ys - e[:, None])).sum(1) / np.maximum(swuu, 1e-300), 1e-12)
     pred = e[:, None] + b[:, None] * u
     sse = ((np.log(np.maximum(pred, 1e-300)) - np.log(ys)) ** 2).sum(1)
+    return x0, betas, dls, e, b, sse
+
+
+def _fit_rectified(xs: Any, ys: Any) -> tuple[dict[str, float], tuple[str, ...]]:
+    """L = E + B / (D_l + x^beta), 0 <= E < min L, B, D_l > 0, beta in (0, 3], least squares in log L: the best
+    point of its grid (`_rectified_grid`: E and B are linear given beta and D_l, so the search is over two
+    parameters only), refined in log L (scipy's least_squares). Returns the parameters in the points' own x and the
+    bounds hit."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    x0, betas, dls, e, b, sse = _rectified_grid(xs, ys)
+    u_x = xs / x0
     i = int(np.nanargmin(sse))
     lo_e, hi_e = 0.0, float(ys.min()) * (1 - 1e-6)
     log_y = np.log(ys)
@@ -157,6 +168,35 @@ def _fit_rectified(xs: Any, ys: Any) -> tuple[dict[str, float], tuple[str, ...]]
     }
     at_bounds = tuple(k for k, hit in (("E", big_e <= 1e-9 * hi_e), ("beta", beta >= 3.0 - 1e-6)) if hit)
     return params, at_bounds
+
+
+# the rectified form's profile interval (`rectified_profile`): the grid points within chi2_1(0.9) of the best, their
+# forecasts' half range read as a normal 90% interval's
+PROFILE_CHI2 = 2.706
+PROFILE_Z = 1.645
+
+
+def rectified_profile(points: Sequence[tuple[float, float]], x: float, sigma: float) -> float:
+    """The rectified form's parameter uncertainty at x (log L, a normal scale): the half range of the forecasts at x
+    of every (beta, D_l) of its grid whose fit is within PROFILE_CHI2 sigma^2 of the best (a profile-likelihood
+    interval at 90%, sigma the log error scale of the points), over PROFILE_Z; 0 where fewer than two are.
+
+    Why: on a curve still flat over its sizes, the pre-learned size D_l is not identified: every D_l beyond the
+    points fits the flat part about as well, and each forecasts a different fall at x. The one fitted D_l, and the
+    errors its held-out fits made on the same flat part (`growth`), hide that."""
+    import numpy as np
+
+    good = sorted((float(a), float(b)) for a, b in points if _positive(a) and _positive(b))
+    if len({a for a, _ in good}) < MIN_X["rectified"] or not (_positive(x) and _positive(sigma)):
+        return 0.0
+    xs, ys = np.array([a for a, _ in good]), np.array([b for _, b in good])
+    x0, betas, dls, e, b, sse = _rectified_grid(xs, ys)
+    at = e + b / (dls + (x / x0) ** betas)
+    near = (sse - np.nanmin(sse) <= PROFILE_CHI2 * sigma**2) & (at > 0)
+    if near.sum() < 2:
+        return 0.0
+    logs = np.log(at[near])
+    return float((logs.max() - logs.min()) / 2 / PROFILE_Z)
 
 
 # the exponents p of the band's growth s(d) = c max(d, step)^p, a flat prior over [1, 2] (see `growth`)
@@ -308,8 +348,9 @@ class Selection:
         """The forms' disagreement at x (log L): the root of sum_f w_f log(F_f(x) / F(x))^2 over every form with a
         held-out score, F_f refitted on every point, F the chosen form's, w_f its weight as a model of the held-out
         points, exp(-n (score_f^2 - best^2) / (2 best^2)) normalised (n held-out points: the likelihood of its
-        held-out errors under the chosen form's error scale). A form that held out as well but forecasts nothing
-        finite at x counts as MAX_HALF apart.
+        held-out errors under the chosen form's error scale), plus the rectified form's own parameter uncertainty
+        in its term (`rectified_profile`). A form that held out as well but forecasts nothing finite at x counts as
+        MAX_HALF apart.
 
         Why: the chosen form's own errors (`growth`) say how it errs while the curve keeps the shape it had; where
         forms that extrapolated the held-out points about as well part ways at x, which of them the curve follows
@@ -328,8 +369,9 @@ class Selection:
             fitted = fit_form(form, self.points)
             value = fitted.predict(x) if fitted.ok else math.nan
             apart = math.log(value / base) if math.isfinite(value) and value > 0 else MAX_HALF
+            own = rectified_profile(self.points, x, best) if form == "rectified" else 0.0
             total += w
-            weighted += w * apart * apart
+            weighted += w * (apart * apart + own * own)
         return math.sqrt(weighted / total) if total > 0 else 0.0
 
     def scale(self, x: float) -> float | None:

@@ -508,33 +508,41 @@ def forms_coverage() -> dict[str, Any]:
 
 
 def joint_check() -> dict[str, Any]:
-    """The joint form L(N, D) per (dataset, family) with at least three sizes: fitted below 819200 examples, its
-    error at the held-out sizes (819200, 1638400), beside the per-curve chosen form's."""
+    """Per (dataset, family) with at least three sizes, fitted below 819200 examples: the joint form L(N, D) against
+    each size's own curve, chosen on the held-out largest data sizes below it (forms.select_joint); the error at the
+    held-out sizes (819200, 1638400) of the chosen candidate, of the joint form and of each curve's chosen form."""
     from sft_grid.analysis import forms
 
     found = replay_curves()
     groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for d, m in found:
         groups.setdefault((d, found[(d, m)]["family"]), []).append((d, m))
-    errs, errs_forms = [], []
-    used = 0
+    errs, errs_forms, errs_chosen = [], [], []
+    chosen: dict[str, int] = {}
     for g in sorted(groups):
         if len({found[k]["params"] for k in groups[g]}) < 3:
             continue
-        used += 1
         train = [(found[k]["params"], x, v) for k in groups[g] for x, v in found[k]["points"] if x < 819200]
-        joint = forms.fit_joint(train)
+        sel = forms.select_joint(train)
+        chosen[sel.chosen or "none"] = chosen.get(sel.chosen or "none", 0) + 1
         for k in groups[g]:
-            pts = found[k]["points"]
-            sel = forms.select([(x, v) for x, v in pts if x < 819200])
-            for x, v in pts:
+            n = found[k]["params"]
+            per_curve = forms.select([(x, v) for x, v in found[k]["points"] if x < 819200])
+            for x, v in found[k]["points"]:
                 if x >= 819200:
-                    errs.append(abs(joint.predict(found[k]["params"], x) - v) / v)
-                    errs_forms.append(abs(sel.forecast(x)[0] - v) / v)
+                    errs.append(abs(sel.joint.predict(n, x) - v) / v)
+                    errs_forms.append(abs(per_curve.forecast(x)[0] - v) / v)
+                    errs_chosen.append(abs(sel.predict(n, x) - v) / v)
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
     return {
-        "groups": used,
-        "median_error_joint": sorted(errs)[len(errs) // 2],
-        "median_error_chosen_form": sorted(errs_forms)[len(errs_forms) // 2],
+        "groups": sum(chosen.values()),
+        "chosen": chosen,
+        "median_error_joint": median(errs),
+        "median_error_chosen_form": median(errs_forms),
+        "median_error_selected": median(errs_chosen),
     }
 
 
@@ -737,8 +745,10 @@ def _print_replays(r: dict[str, Any]) -> bool:
         f" its bound in {f['E_at_bound_single']} of {f['curves']}; chosen {f['chosen']}"
     )
     print(
-        f"  joint form L(N, D) over {j['groups']} (dataset, family) groups: median error {j['median_error_joint']:.2%}"
-        f" at the held-out sizes (the per-curve chosen form: {j['median_error_chosen_form']:.2%})"
+        f"  joint form L(N, D) or each size's own curve, chosen on held-out data sizes, over {j['groups']} (dataset,"
+        f" family) groups: chosen {j['chosen']}; median error at the held-out sizes {j['median_error_selected']:.2%}"
+        f" (the joint form: {j['median_error_joint']:.2%}; the per-curve chosen form:"
+        f" {j['median_error_chosen_form']:.2%})"
     )
     print(
         f"  which of {REPLAY_MODELS} models is lowest at {REPLAY_TARGET} examples, {len(ds)} decisions (question gap,"

@@ -529,5 +529,85 @@ def fit_joint(points: Sequence[tuple[float, float, float]]) -> JointFit:
     return JointFit(True, e, a_n * n0**alpha, alpha, b_n * d0**beta, beta, rms)
 
 
+@dataclass(frozen=True)
+class JointSelection:
+    """The joint surface against each size's own curve, chosen on the held-out largest data sizes (`select_joint`):
+    `chosen` "joint" or "per_size" ("" with `reason` where neither could be scored), each candidate's root-mean-
+    square held-out log error, the held-out data sizes, the joint surface refitted on every point."""
+
+    chosen: str
+    scores: dict[str, float]
+    heldout: int
+    heldout_d: tuple[float, ...]
+    joint: JointFit
+    points: tuple[tuple[float, float, float], ...]
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.chosen)
+
+    def predict(self, n: float, d: float) -> float:
+        """The chosen candidate's forecast at size n and data d (per_size: n's own curve, its form chosen by
+        `select`; nan for a size not among the points)."""
+        if self.chosen == "joint":
+            return self.joint.predict(n, d)
+        own = [(dd, v) for nn, dd, v in self.points if nn == n]
+        return select(own).forecast(d)[0] if own else math.nan
+
+    def as_dict(self) -> dict[str, Any]:
+        j = self.joint
+        return {
+            "chosen": self.chosen or None,
+            "reason": self.reason,
+            "scores": {k: v if math.isfinite(v) else None for k, v in self.scores.items()},
+            "heldout": self.heldout,
+            "heldout_d": list(self.heldout_d),
+            "joint": {"E": j.E, "A": j.A, "alpha": j.alpha, "B": j.B, "beta": j.beta} if j.ok else None,
+        }
+
+
+def select_joint(points: Sequence[tuple[float, float, float]], *, holdout: int = 2) -> JointSelection:
+    """Where a grid has both size N and data D ((N, D, L) points): the joint surface (fit_joint) or each size's own
+    curve over D (`select`), whichever forecast the `holdout` largest distinct D better from the points below each
+    (rolling origin, log error; ties: per_size, the fewer assumptions). A size with fewer than two smaller D makes
+    per_size unscorable on that fold, a failed joint fit the joint; fewer than 2 sizes or 3 data sizes: not ok.
+
+    Why: the joint form shares one data exponent across sizes, which helps where each size has few data points and
+    the sizes' curves are alike; real fine-tuning curves of one family differ in shape (on the replays its held-out
+    error is several times each curve's own; benchmarks/bench_adaptive.py), so it is chosen only where it holds out
+    better, not assumed."""
+    good = [(float(n), float(d), float(v)) for n, d, v in points if _positive(n) and _positive(d) and _positive(v)]
+    ns, ds = sorted({n for n, _, _ in good}), sorted({d for _, d, _ in good})
+    if len(ns) < 2 or len(ds) < 3:
+        why = f"{len(ns)} size(s) and {len(ds)} data size(s): the joint form needs 2 sizes and 3 data sizes"
+        return JointSelection("", {}, 0, (), JointFit(False), tuple(good), why)
+    folds = ds[-holdout:] if holdout > 0 else []
+    errors: dict[str, list[float]] = {"joint": [], "per_size": []}
+    usable = dict.fromkeys(errors, True)
+    for cut in folds:
+        train = [p for p in good if p[1] < cut]
+        test = [p for p in good if p[1] == cut]
+        joint = fit_joint(train)
+        for n, d, v in test:
+            value = joint.predict(n, d) if joint.ok else math.nan
+            own = [(dd, vv) for nn, dd, vv in train if nn == n]
+            mine = select(own).forecast(d)[0] if len({dd for dd, _ in own}) >= 2 else math.nan
+            for name, f in (("joint", value), ("per_size", mine)):
+                if math.isfinite(f) and f > 0:
+                    errors[name].append(math.log(f / v))
+                else:
+                    usable[name] = False
+    scores = {
+        k: math.sqrt(sum(e * e for e in es) / len(es)) if usable[k] and es else math.inf for k, es in errors.items()
+    }
+    heldout = max((len(e) for e in errors.values()), default=0)
+    if not any(math.isfinite(s) for s in scores.values()):
+        why = "neither the joint form nor each size's own curve could be scored on the held-out data sizes"
+        return JointSelection("", scores, 0, tuple(folds), fit_joint(good), tuple(good), why)
+    chosen = "joint" if scores["joint"] < scores["per_size"] else "per_size"
+    return JointSelection(chosen, scores, heldout, tuple(folds), fit_joint(good), tuple(good))
+
+
 def _positive(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0

@@ -509,9 +509,9 @@ def forms_coverage() -> dict[str, Any]:
 
 def joint_check() -> dict[str, Any]:
     """Per (dataset, family) with at least three sizes, fitted below 819200 examples: the joint form L(N, D) against
-    each size's own curve, chosen on the held-out largest data sizes below it (forms.select_joint); the error at the
+    each size's own curve, chosen on the held-out largest data sizes below it (joint.select_joint); the error at the
     held-out sizes (819200, 1638400) of the chosen candidate, of the joint form and of each curve's chosen form."""
-    from sft_grid.analysis import forms
+    from sft_grid.analysis import forms, joint
 
     found = replay_curves()
     groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
@@ -523,7 +523,7 @@ def joint_check() -> dict[str, Any]:
         if len({found[k]["params"] for k in groups[g]}) < 3:
             continue
         train = [(found[k]["params"], x, v) for k in groups[g] for x, v in found[k]["points"] if x < 819200]
-        sel = forms.select_joint(train)
+        sel = joint.select_joint(train)
         chosen[sel.chosen or "none"] = chosen.get(sel.chosen or "none", 0) + 1
         for k in groups[g]:
             n = found[k]["params"]

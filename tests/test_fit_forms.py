@@ -11,7 +11,7 @@ import re
 import pytest
 
 from sft_grid.adaptive import halving
-from sft_grid.analysis import forms, scaling
+from sft_grid.analysis import forms, joint, scaling
 from sft_grid.backends.replay import curves
 
 XS = [1e8 * 1.6**i for i in range(10)]
@@ -129,7 +129,7 @@ def test_the_joint_form_recovers_a_known_surface():
         return 1.5 + 300.0 * n**-0.3 + 50.0 * d**-0.25
 
     pts = [(n, d, law(n, d)) for n in (1e8, 3e8, 1e9) for d in (1e3, 1e4, 1e5, 1e6)]
-    fit = forms.fit_joint(pts)
+    fit = joint.fit_joint(pts)
     assert fit.ok and fit.predict(3e9, 4e6) == pytest.approx(law(3e9, 4e6), rel=2e-3)
 
 
@@ -189,7 +189,7 @@ def test_the_rectified_forms_forecast_is_uncertain_where_its_pre_learned_size_is
 
 
 def test_the_joint_form_is_chosen_on_held_out_data_sizes_where_it_forecasts_better_than_each_sizes_own_curve():
-    """forms.select_joint: points made from one joint surface L(N, D) = E + A N^-alpha + B D^-beta (3 sizes x 7
+    """joint.select_joint: points made from one joint surface L(N, D) = E + A N^-alpha + B D^-beta (3 sizes x 7
     data sizes) choose the joint form, which forecasts a larger data size within 1%; a real family of curves (the
     replays' flan GPT-2 models, below 819,200 examples) chooses each size's own curve, the joint form holding out
     worse; too few sizes or data sizes are not a selection, with the reason."""
@@ -199,14 +199,14 @@ def test_the_joint_form_is_chosen_on_held_out_data_sizes_where_it_forecasts_bett
 
     ns, ds = (1e8, 4e8, 1.6e9), [1e3 * 2.0**i for i in range(7)]
     pts = [(n, d, surface(n, d) * (1 + 5e-4 * (-1) ** (i + j))) for i, n in enumerate(ns) for j, d in enumerate(ds)]
-    sel = forms.select_joint(pts)
+    sel = joint.select_joint(pts)
     assert sel.chosen == "joint", sel.scores
     assert sel.predict(4e8, ds[-1] * 4) == pytest.approx(surface(4e8, ds[-1] * 4), rel=0.01)
     assert sel.as_dict()["heldout_d"] == ds[-2:]
     found = curves()
     family = [k for k in sorted(found) if k[0] == "flan" and found[k]["family"] == "GPT2"]
     real = [(found[k]["params"], x, v) for k in family for x, v in found[k]["points"] if x < 819200]
-    sel = forms.select_joint(real)
+    sel = joint.select_joint(real)
     assert sel.chosen == "per_size" and sel.scores["joint"] > sel.scores["per_size"], sel.scores
-    too_few = forms.select_joint([(1e8, d, 3.0 - 0.1 * i) for i, d in enumerate(ds)])
+    too_few = joint.select_joint([(1e8, d, 3.0 - 0.1 * i) for i, d in enumerate(ds)])
     assert not too_few.ok and "2 sizes" in too_few.reason

@@ -1,6 +1,7 @@
 """The joint form over size and data, where a grid has both: L(N, D) = E + A N^-alpha + B D^-beta (Hoffmann et al.'s
 form, one data exponent shared by the sizes), fitted (`fit_joint`) and weighed against each size's own curve over D
-(analysis/forms.py's `select`) on the held-out largest data sizes (`select_joint`).
+(analysis/forms.py's `select`) on the held-out largest data sizes (`select_joint`; the report's joint_fits,
+analysis/report_data.py).
 
 Pure numpy and scipy; the same input gives the same result.
 """
@@ -17,6 +18,9 @@ from sft_grid.analysis.forms import positive, select
 
 @dataclass(frozen=True)
 class JointFit:
+    """L(N, D) = E + A N^-alpha + B D^-beta as `fit_joint` fitted it (ok False, its parameters nan, where it could
+    not: too few sizes, data sizes or points); `residual` the root-mean-square in-sample log residual."""
+
     ok: bool
     E: float = math.nan
     A: float = math.nan
@@ -27,6 +31,13 @@ class JointFit:
 
     def predict(self, n: float, d: float) -> float:
         return float(self.E + self.A * n**-self.alpha + self.B * d**-self.beta)
+
+    def formula(self, n: str = "N", d: str = "D") -> str:
+        """The surface with its fitted parameters ("1.5 + 300 N^-0.3 + 50 D^-0.25"), or its shape where the fit
+        failed."""
+        if not self.ok:
+            return f"E + A {n}^-alpha + B {d}^-beta"
+        return f"{self.E:.4g} + {self.A:.4g} {n}^-{self.alpha:.4g} + {self.B:.4g} {d}^-{self.beta:.4g}"
 
 
 def fit_joint(points: Sequence[tuple[float, float, float]]) -> JointFit:
@@ -73,6 +84,7 @@ class JointSelection:
     joint: JointFit
     points: tuple[tuple[float, float, float], ...]
     reason: str = ""
+    level: float = 0.9  # the per-size selections' band level (`select`'s)
 
     @property
     def ok(self) -> bool:
@@ -80,25 +92,37 @@ class JointSelection:
 
     def predict(self, n: float, d: float) -> float:
         """The chosen candidate's forecast at size n and data d (per_size: n's own curve, its form chosen by
-        `select`; nan for a size not among the points)."""
+        `select`; nan for a size not among the points, and where nothing was chosen)."""
+        if not self.ok:
+            return math.nan
         if self.chosen == "joint":
             return self.joint.predict(n, d)
         own = [(dd, v) for nn, dd, v in self.points if nn == n]
-        return select(own).forecast(d)[0] if own else math.nan
+        return select(own, level=self.level).forecast(d)[0] if own else math.nan
 
     def as_dict(self) -> dict[str, Any]:
+        """What the report shows (report.json's joint_fits[]): the candidate chosen (None, with `reason`, where
+        none was), each candidate's held-out error (None: not scorable on the folds), the held-out points and data
+        sizes, the joint surface's parameters and formula (refitted on every point, whichever was chosen), and how
+        many sizes and data sizes the points hold."""
         j = self.joint
         return {
+            "ok": self.ok,
             "chosen": self.chosen or None,
             "reason": self.reason,
             "scores": {k: v if math.isfinite(v) else None for k, v in self.scores.items()},
             "heldout": self.heldout,
             "heldout_d": list(self.heldout_d),
             "joint": {"E": j.E, "A": j.A, "alpha": j.alpha, "B": j.B, "beta": j.beta} if j.ok else None,
+            "formula": j.formula(),
+            "sizes": len({n for n, _, _ in self.points}),
+            "data_sizes": len({d for _, d, _ in self.points}),
         }
 
 
-def select_joint(points: Sequence[tuple[float, float, float]], *, holdout: int = 2) -> JointSelection:
+def select_joint(
+    points: Sequence[tuple[float, float, float]], *, holdout: int = 2, level: float = 0.9
+) -> JointSelection:
     """Where a grid has both size N and data D ((N, D, L) points): the joint surface (fit_joint) or each size's own
     curve over D (`select`), whichever forecast the `holdout` largest distinct D better from the points below each
     (rolling origin, log error; ties: per_size, the fewer assumptions). A size with fewer than two smaller D makes
@@ -112,7 +136,7 @@ def select_joint(points: Sequence[tuple[float, float, float]], *, holdout: int =
     ns, ds = sorted({n for n, _, _ in good}), sorted({d for _, d, _ in good})
     if len(ns) < 2 or len(ds) < 3:
         why = f"{len(ns)} size(s) and {len(ds)} data size(s): the joint form needs 2 sizes and 3 data sizes"
-        return JointSelection("", {}, 0, (), JointFit(False), tuple(good), why)
+        return JointSelection("", {}, 0, (), JointFit(False), tuple(good), why, level)
     folds = ds[-holdout:] if holdout > 0 else []
     errors: dict[str, list[float]] = {"joint": [], "per_size": []}
     usable = dict.fromkeys(errors, True)
@@ -123,7 +147,7 @@ def select_joint(points: Sequence[tuple[float, float, float]], *, holdout: int =
         for n, d, v in test:
             value = joint.predict(n, d) if joint.ok else math.nan
             own = [(dd, vv) for nn, dd, vv in train if nn == n]
-            mine = select(own).forecast(d)[0] if len({dd for dd, _ in own}) >= 2 else math.nan
+            mine = select(own, level=level).forecast(d)[0] if len({dd for dd, _ in own}) >= 2 else math.nan
             for name, f in (("joint", value), ("per_size", mine)):
                 if math.isfinite(f) and f > 0:
                     errors[name].append(math.log(f / v))
@@ -135,6 +159,6 @@ def select_joint(points: Sequence[tuple[float, float, float]], *, holdout: int =
     heldout = max((len(e) for e in errors.values()), default=0)
     if not any(math.isfinite(s) for s in scores.values()):
         why = "neither the joint form nor each size's own curve could be scored on the held-out data sizes"
-        return JointSelection("", scores, 0, tuple(folds), fit_joint(good), tuple(good), why)
+        return JointSelection("", scores, 0, tuple(folds), fit_joint(good), tuple(good), why, level)
     chosen = "joint" if scores["joint"] < scores["per_size"] else "per_size"
-    return JointSelection(chosen, scores, heldout, tuple(folds), fit_joint(good), tuple(good))
+    return JointSelection(chosen, scores, heldout, tuple(folds), fit_joint(good), tuple(good), "", level)

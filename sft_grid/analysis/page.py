@@ -28,6 +28,7 @@ Report data (a JSON-serialisable dict; every key optional unless said; unknown k
                 "wall_seconds", "gpu_hours", "estimate_gpu_hours", "estimate_now_gpu_hours",
                 "params": float,               # x of the scaling plots; its spread picks the plot layout
                 "compute_budget": float | None,  # FLOPs; a second scaling x when >= 2 cells have one
+                "tokens": float | None,        # fine-tuning tokens its estimate counted: the joint fits' D
                 "recipe": str,                 # group label: one curve panel and one scaling series each
                 "reason": str,                 # why a failed cell failed; what of a cell is damaged
                 "damaged": [str],              # a line per damaged file of the cell ("damaged" state: the cell)
@@ -38,8 +39,13 @@ Report data (a JSON-serialisable dict; every key optional unless said; unknown k
      "fits": [scaling.report_fits(...) entries: {"metric", "x", "recipe", "ok", "reason", "E", "A", "alpha",
               "loss", "converged", "at_bounds", "keys", "band": {"n", "lo", "hi", "level"},
               "selection": {"form", "params", "error", "alternatives": {form: error | None}, "heldout",
-                            "heldout_x", ...}}]}   # analysis/forms.py's Selection.as_dict: the form chosen on
+                            "heldout_x", ...}}],   # analysis/forms.py's Selection.as_dict: the form chosen on
                                                      # held-out points ("Fit forms" section)
+     "joint_fits": [{"metric", "recipe", "ok", "chosen": "joint" | "per_size" | None, "reason",
+                     "scores": {"joint", "per_size": error | None}, "heldout", "heldout_d", "joint": {"E", "A",
+                     "alpha", "B", "beta"} | None, "formula", "sizes", "data_sizes"}]}
+                                             # analysis/joint.py's JointSelection.as_dict, where a recipe's cells
+                                             # vary size and fine-tuning tokens (cells' "tokens"; "Fit forms")
 
 How the figures are laid out, and how missing, running and failed cells show, is in figures.py.
 """
@@ -320,16 +326,62 @@ def _fit_forms(data: dict[str, Any]) -> str:
             f' <code>{escape(fitted)}</code>, <span class="chose">{escape(chose)}</span> ({escape(where)});'
             f" the other forms: {escape(alts or 'none')}</li>"
         )
-    if not items:
+    joint = _joint_fits(data)
+    if not items and not joint:
         return ""
-    return (
-        '<h2>Fit forms</h2><section id="fit-forms"><p class="note">Each fit\'s form chosen on held-out points: every'
+    per_curve = (
+        '<p class="note">Each fit\'s form chosen on held-out points: every'
         " form (power_e: E + A x^-alpha, the scaling plots' own; power: A x^-alpha; loglinear: a - b log x;"
         " rectified: E + B / (D_l + x^beta), flat below D_l) fitted on the points below each of the largest"
         " sizes and scored there; the smallest root-mean-square held-out log error (about the relative error)"
         " chooses, and the chosen form is refitted on every point.</p>"
-        f'<ul class="note">{"".join(items)}</ul></section>'
+        f'<ul class="note">{"".join(items)}</ul>'
+        if items
+        else ""
     )
+    over_both = (
+        '<p class="note">Where a recipe\'s cells vary both the size N and the fine-tuning tokens D: the joint form'
+        " L(N, D) = E + A N^-alpha + B D^-beta (one data exponent shared by the sizes) against each size's own"
+        " curve over D (its form chosen on its own held-out points), each fitted on the points below each of the"
+        " largest D and scored there; the smaller root-mean-square held-out log error chooses (ties: each size's"
+        f' own curve).</p><ul class="note" id="joint-fits">{"".join(joint)}</ul>'
+        if joint
+        else ""
+    )
+    return f'<h2>Fit forms</h2><section id="fit-forms">{per_curve}{over_both}</section>'
+
+
+# the joint selection's candidates in words (analysis/joint.py)
+_JOINT_NAMES = {"joint": "the joint form", "per_size": "each size's own curve"}
+
+
+def _joint_fits(data: dict[str, Any]) -> list[str]:
+    """A line per joint selection (report.json's joint_fits, analysis/joint.py's JointSelection.as_dict): the
+    candidate chosen, its held-out error beside the other's, and the joint surface's formula; or why none was."""
+    items = []
+    for j in data.get("joint_fits") or []:
+        if not isinstance(j, dict):
+            continue
+        metric = "final loss" if j.get("metric") == "final_loss" else str(j.get("metric") or "")
+        who = f"{metric} vs parameters and fine-tuning tokens, {j.get('recipe') or 'all cells'}:"
+        chosen = str(j.get("chosen") or "")
+        fitted = f"L(N, D) = {j.get('formula') or 'E + A N^-alpha + B D^-beta'}"
+        if chosen not in _JOINT_NAMES:
+            why = str(j.get("reason") or "not chosen")
+            items.append(f'<li data-joint="">{escape(who)} neither chosen: {escape(why)}</li>')
+            continue
+        scores: dict[str, Any] = j["scores"] if isinstance(j.get("scores"), dict) else {}
+        other = "per_size" if chosen == "joint" else "joint"
+        err, alt = _pct(scores.get(chosen)), _pct(scores.get(other))
+        held = [_g(x, 3) for x in j.get("heldout_d") or [] if _num(x) is not None]
+        where = f"{j.get('heldout') or 0} held-out point(s)" + (f" at D = {', '.join(held)}" if held else "")
+        against = f"{alt} for {_JOINT_NAMES[other]}" if alt else f"{_JOINT_NAMES[other]}, not scorable on the folds"
+        items.append(
+            f'<li data-joint="{escape(chosen)}">{escape(who)} <b class="form">{escape(chosen)}</b>'
+            f' ({escape(_JOINT_NAMES[chosen])}), <span class="chose">held-out error {escape(err)}</span> against'
+            f" {escape(against)} ({escape(where)}); the joint form <code>{escape(fitted)}</code></li>"
+        )
+    return items
 
 
 def _pct(v: Any) -> str:

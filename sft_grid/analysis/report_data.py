@@ -4,7 +4,8 @@ Everything the page shows is in the data, and the data is written whole as repor
 (cells by state, GPU-hours used and estimated, the sweep file and the git revision that last changed it), each
 cell's row (analysis/table.py) with its loss curve (every logged step; tokens seen = step x the tokens per step
 its estimate counted), the base models, the scaling fits (analysis/scaling.py: final loss and each score per
-recipe, against parameters and against the pretraining compute budget where model names carry one), and the
+recipe, against parameters and against the pretraining compute budget where model names carry one; where a grid
+crosses sizes with fine-tuning data amounts, the joint form L(N, D) weighed against each size's own curve), and the
 estimate against the actual: each completed cell's estimate made when it was queued (estimate.json), what the
 calibration of today says of it without it (leave-one-out: planning/estimate.py's calibration fitted to the grid's other
 completed cells), and what it took (its completing run's wall time x GPUs; CPU time on CPU-only nodes).
@@ -17,6 +18,7 @@ cell whose files stop a reader here (its curve, its scored checkpoints, its meas
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import subprocess
 import time
@@ -26,6 +28,7 @@ from typing import Any
 
 from sft_grid.analysis.along import cell_points
 from sft_grid.analysis.figures import CURVE_POINTS, decimate_index
+from sft_grid.analysis.forms import positive
 from sft_grid.analysis.table import LOG_LOSS, GridTable, Row, read_table, state_losses
 from sft_grid.core import events, project
 from sft_grid.core.cellfiles import READ_ERRORS, Damage, damage_of, json_damage, load_json, not_utf8
@@ -196,6 +199,10 @@ def build(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None
                 "score_status": {c: s.to_json() for c, s in r.scores.items() if s.status != "ok"},
                 "estimate_now_gpu_hours": (per_cell.get(r.name) or {}).get("now"),
                 "compute_budget": r.compute_budget,
+                # the fine-tuning tokens its estimate counted (every epoch's, or max_steps' batches'): the joint
+                # fits' data amount. The simulators' cells (synthetic, replay) have no estimate (no token sample
+                # of their data), so none: their grids get no joint fit
+                "tokens": _tokens(r),
                 "recipe": r.recipe or None,
                 "curve": drawn,
                 # its scored checkpoints (step, tokens, loss, scores: analysis/along.py)
@@ -226,11 +233,76 @@ def build(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None
         },
     }
     data["fits"] = report_fits(data, resamples=resamples, select=lambda pts: forms.select(pts).as_dict())
+    data["joint_fits"] = joint_fits(data)
     # an adaptive grid's latest round (sft_grid/adaptive/steer.py writes it): each holdout's forecast
     # and band beside its realised value
     with contextlib.suppress(OSError, ValueError):  # a damaged one is among the grid's damaged records (grid_damage)
         data["adaptive"] = load_json(sweep_dir / ADAPTIVE_FILE)
     return data
+
+
+def _tokens(row: Row) -> float | None:
+    v = (row.estimate or {}).get("tokens")
+    return float(v) if isinstance(v, (int, float)) and positive(v) else None
+
+
+def _number(v: object) -> bool:
+    try:
+        return math.isfinite(float(str(v)))
+    except ValueError:
+        return False
+
+
+def _sets(cells: Sequence[Mapping[str, Any]], axis: str, key: str) -> bool:
+    """Whether each of the axis's values among the cells has one `key` (params, tokens): the axis sets it."""
+    seen: dict[str, set[Any]] = {}
+    for c in cells:
+        seen.setdefault(str((c.get("values") or {}).get(axis)), set()).add(c.get(key))
+    return all(len(v) == 1 for v in seen.values())
+
+
+def joint_fits(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The report's "joint_fits": per group of completed cells that crosses sizes with fine-tuning data amounts, the
+    joint form L(N, D) against each size's own curve over D, chosen on the held-out largest D (analysis/joint.py's
+    select_joint; N the cell's params, D its `tokens`, L its final loss).
+
+    A cell's recipe (analysis/table.py) is its values on every axis that does not set the size, so an axis that sets
+    the data amount (max_steps, epochs, a dataset's rows) splits the recipes into one amount each: the groups here
+    are the cells' values on the axes that set neither the size nor the data amount (an axis of numbers each of
+    whose values has one amount; a dataset's name, which sets its amount too, stays a group: other data, not more
+    of it); without axes, the cells' recipe. A group qualifies with 2 or more sizes, 3 or more amounts, and 2 sizes
+    each with 2 or more amounts (where the amount differs only with the size, a tokenizer's count, there is no
+    curve over D to weigh)."""
+    from sft_grid.analysis.joint import select_joint
+
+    cells = [
+        c
+        for c in data.get("cells") or []
+        if c.get("state") == "completed" and all(positive(c.get(k)) for k in ("params", "tokens", "final_loss"))
+    ]
+    axes = [str(a) for a in data.get("axes") or []]
+    data_axes = {
+        a
+        for a in axes
+        if not _sets(cells, a, "params")
+        and _sets(cells, a, "tokens")
+        and all(_number((c.get("values") or {}).get(a)) for c in cells)
+    }
+    keep = [a for a in axes if not _sets(cells, a, "params") and a not in data_axes]
+    groups: dict[str, list[tuple[float, float, float]]] = {}
+    for c in cells:
+        values = c.get("values") or {}
+        label = ", ".join(str(values.get(a, "")).strip("[]") for a in keep) if axes else str(c.get("recipe") or "")
+        groups.setdefault(label, []).append((float(c["params"]), float(c["tokens"]), float(c["final_loss"])))
+    out = []
+    for label, pts in sorted(groups.items()):
+        amounts: dict[float, set[float]] = {}
+        for n, d, _ in pts:
+            amounts.setdefault(n, set()).add(d)
+        crossed = sum(len(ds) >= 2 for ds in amounts.values()) >= 2
+        if len(amounts) >= 2 and len({d for _, d, _ in pts}) >= 3 and crossed:
+            out.append({"metric": "final_loss", "recipe": label, **select_joint(pts).as_dict()})
+    return out
 
 
 def _guarded(row: Row, damaged: list[Damage], default: Any, reader: Callable[..., Any], *args: Any) -> Any:

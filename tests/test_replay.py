@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.analysis.table import final_loss, final_losses
+from sft_grid.analysis.table import final_loss, final_losses, read_table
 from sft_grid.backends.replay import curves
 from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.in_venv import replay_train
@@ -69,6 +69,8 @@ def test_a_replay_grid_trains_through_the_real_flow_with_the_local_executor(tmp_
         assert "completed" in events, events
         found[cfg["examples"]] = final_loss(final_losses(cell / "output"))
     assert found == pytest.approx({n: _measured(n) for n in sizes}, abs=1e-6)
+    # the results and the report name the replayed model and its size, not the config's stand-in model
+    assert {(r.model, r.params) for r in read_table(tmp_path / "default").rows} == {("gpt2", 124439808.0)}
 
 
 def test_an_unknown_curve_is_refused_naming_its_key_and_the_values_it_can_take(tmp_path):

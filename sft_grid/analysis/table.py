@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid.analysis.view import cell_dirs, grid_damage, read_view
+from sft_grid.backends import replay
 from sft_grid.core.cellfiles import CellYaml, Damage, DamagedFile, load_json
 from sft_grid.core.events import Event, Kind, submitted_site
 from sft_grid.core.layout import BASE_DIR, CELL_FILE, ESTIMATE_FILE, EVAL_DIR, OUTPUT_DIR, TRAINER_LOG, TRAINER_STATE
@@ -361,6 +362,10 @@ def _cell_row(cell_dir: Path) -> Row:
     exact, params = model.get("params"), model.get("params_b")
     if isinstance(exact, int) and exact > 0:
         params = exact / 1e9
+    name = str(model.get("name") or "")
+    replayed = _replayed(cell_dir)
+    if replayed is not None:
+        name, params = replayed[0], replayed[1] / 1e9
     overrides = overrides_of(text)
     estimate: dict[str, Any] | None = None
     damaged: tuple[Damage, ...] = ()
@@ -378,7 +383,7 @@ def _cell_row(cell_dir: Path) -> Row:
         values=swept_values(overrides),
         gpus=gpus,
         cpu=cpu,
-        model=str(model.get("name") or ""),
+        model=name,
         model_source=str(model.get("path") or model.get("hub_id") or ""),
         params=float(params) * 1e9 if isinstance(params, (int, float)) else None,
         compute_budget=_budget(model),
@@ -386,6 +391,19 @@ def _cell_row(cell_dir: Path) -> Row:
         estimate=estimate,
         damaged=damaged,
     )
+
+
+def _replayed(cell_dir: Path) -> tuple[str, int] | None:
+    """A replay cell's model and parameter count: the replayed model's (backends/replay.py writes them into its
+    config), not the stand-in model of the cell's config, which every replay cell shares; None for other cells."""
+    try:
+        cfg = load_json(cell_dir / replay.CONFIG_FILE)
+    except (OSError, ValueError):
+        return None
+    params = cfg.get("params") if isinstance(cfg, dict) and cfg.get("replayed") else None
+    if not isinstance(params, int) or isinstance(params, bool) or params <= 0:
+        return None
+    return str(cfg.get("model") or ""), params
 
 
 def _count(value: Any, default: int = 1) -> int:

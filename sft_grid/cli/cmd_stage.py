@@ -42,7 +42,7 @@ def _one(argv: list[str]) -> int:
     args = repo_parser().parse_args(argv)
     from sft_grid.core.hubcache import revision_problem
 
-    # the revision rule a grid's models are held to (planning/validate.py), before anything is fetched (the id's
+    # the revision rule a grid's models are held to (planning/hub_rules.py), before anything is fetched (the id's
     # rule is the download's own, below)
     why = revision_problem(args.revision)
     if why:

@@ -7,7 +7,7 @@ added with `+` gets past Hydra (that is what `+` is for), so the planner checks 
 these dataclasses too: only the mappings (`extra`, `vars`, `env`, ...) take keys of their own.
 
 Each numeric key carries its range and each key with a fixed set of values carries that set (taken from what
-the backends accept), in the field's metadata: one generic validation rule (planning/validate.py) reads them, so
+the backends accept), in the field's metadata: one generic validation rule (planning/schema_rules.py) reads them, so
 no value a backend would refuse or misread at job time reaches a GPU node. The schemas describe *inputs*; values
 derived from them (gradient accumulation, identity, directories) are computed by the planner and never written
 back. In order: the fields' helpers and value sets, the evaluation suite's schema, the cell's.

@@ -1,9 +1,11 @@
 """Rules over every cell of a grid. Each rule yields problems; the grid fails once, with all of them.
 
-Every problem names the cell, the dotted key, the value, the rule and how to fix it. Rules here are pure
-(they read only the composed cells): the schema's own rules (unknown keys, ranges, value sets, read from
-the schema's fields), the Hub's (every id a cell stages from or uploads to, held to the client's own rule), and
-the rules between keys (a global batch that divides, a mix that matches, a template that fits its tokenizer, ...).
+Every problem names the cell, the dotted key, the value, the rule and how to fix it. Rules are pure (they read
+only the composed cells): the schema's own rules (schema_rules.py: unknown keys, ranges, value sets, read from the
+schema's fields), the Hub's (hub_rules.py: every id a cell stages from or uploads to, held to the client's own rule),
+a site's (site_rules.py), and here the rules between keys (a global batch that divides, a mix that matches, a
+template that fits its tokenizer, a layout that fits the GPUs, ...) and between cells (no two train one model or
+write to one place).
 A backend's rules about what it cannot train are the backend's own (`problems`), and checks
 that need a tokenizer or data are in sft_grid/checks and report through the same Problem type.
 """
@@ -11,31 +13,25 @@ that need a tokenizer or data are in sft_grid/checks and report through the same
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
-import functools
-import math
 import os
 import re
 import shutil
 import stat
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
-from sft_grid.core.hubcache import repo_id_problem, revision_problem
 from sft_grid.core.problems import Problem
-from sft_grid.core.schema import CellConf, Range, field_shapes, fingerprint
 from sft_grid.core.secrets import carries_secret, redact_url
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning import environments, gpus, site_rules
 from sft_grid.planning.cells import Cell
-from sft_grid.planning.compose import did_you_mean
 from sft_grid.planning.evaluation import eval_suite, same_training
-from sft_grid.planning.inputs import hub_repos
+from sft_grid.planning.hub_rules import hub_ids, hub_upload, model_facts
+from sft_grid.planning.schema_rules import unknown_keys, values
 
 Rule = Callable[[Cell], Iterator[Problem]]
 
@@ -387,254 +383,6 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
             "notify-webhook-env",
             f"names a variable that {state} here; the jobs read it from the environment they inherit",
             f"export {n.webhook_env}=<the webhook URL> before running the grid",
-        )
-
-
-MISSING_TEXT = "???"
-# (key, value, rule, message, fix) of a section, before the cell's name is known
-Finding = tuple[str, Any, str, str, str]
-
-
-@functools.cache
-def _fields(cls: type) -> dict[str, tuple[str, Any, Range | None, tuple[str, ...] | None]]:
-    """name -> (how its value nests, the dataclass it holds, its range, its values)."""
-    return {
-        name: (how, held, f.metadata.get("range"), f.metadata.get("choices"))
-        for name, how, held, f in field_shapes(cls)
-    }
-
-
-# checked sections: (kind, class, the section's value) -> its findings; the cells of a grid share most sections
-_SEEN: dict[tuple[str, type, str], list[Finding]] = {}
-
-
-def _cached(kind: str, cls: type, obj: Any, compute: Callable[[], list[Finding]]) -> list[Finding]:
-    key = (kind, cls, fingerprint(obj))
-    found = _SEEN.get(key)
-    if found is None:
-        if len(_SEEN) > 8192:
-            _SEEN.clear()
-        found = _SEEN[key] = compute()
-    return found
-
-
-def _prefixed(prefix: str, found: list[Finding]) -> Iterator[Finding]:
-    """Findings of a section, their keys under `prefix`. In their text, {where} is the section a key is in
-    (until the outermost section: then "the cell") and {key} the key's full path; both filled in at the top."""
-    for key, value, rule, message, fix in found:
-        full = f"{prefix}{key}"
-        if prefix:
-            yield full, value, rule, message, fix
-            continue
-        section = full.rsplit(".", 1)[0] if "." in full else "the cell"
-        yield (
-            full,
-            value,
-            rule,
-            message.replace("{where}", section).replace("{key}", full),
-            fix.replace("{where}", section).replace("{key}", full),
-        )
-
-
-def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
-    fields = _fields(cls)
-    found: list[Finding] = []
-    for key, value in data.items():
-        if key not in fields:
-            valid = sorted(fields)
-            found.append(
-                (
-                    key,
-                    value,
-                    "unknown-key",
-                    f"{{where}} has no key {key!r} ({cls.__name__}); nothing reads it, so it would change nothing"
-                    " (Hydra lets a key added with `+` through)",
-                    f"use a key of {{where}}{did_you_mean(key, valid)}: {', '.join(valid)}; backend keys sft_grid"
-                    " does not model go under extra, e.g. +extra.packing=true",
-                )
-            )
-            continue
-        how, held, _, _ = fields[key]
-        if how == "dataclass" and isinstance(value, Mapping):
-            found += _prefixed(f"{key}.", _cached("keys", held, value, functools.partial(_unknown, value, held)))
-        elif how == "mapping" and isinstance(value, Mapping):
-            for name, sub in value.items():
-                if isinstance(sub, Mapping):
-                    found += _prefixed(
-                        f"{key}.{name}.", _cached("keys", held, sub, functools.partial(_unknown, sub, held))
-                    )
-    return found
-
-
-def unknown_keys(cell: str, data: Mapping[str, Any], cls: type = CellConf) -> list[Problem]:
-    """Keys of the composed config (plain data) that the schema does not have."""
-    return [
-        Problem(cell=cell, key=k, value=v, rule=r, message=m, fix=x)
-        for k, v, r, m, x in _prefixed("", _unknown(data, cls))
-    ]
-
-
-def _values(spec: Any) -> list[Finding]:
-    found: list[Finding] = []
-    cls: type = type(spec)
-    for name, (how, held, rng, choices) in _fields(cls).items():
-        value = getattr(spec, name)
-        if isinstance(value, str) and value == MISSING_TEXT:
-            found.append(
-                (
-                    name,
-                    None,
-                    "required",
-                    "has no value, and the cell needs one",
-                    "set {key} (in its conf/ file, or as an override {key}=...)",
-                )
-            )
-            continue
-        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-        infinite = [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, float)]
-        infinite = [v for v in infinite if not math.isfinite(v)]
-        if infinite and (rng is None or not numeric):
-            # a number no key gives a range to (a probability list, ...): finite all the same
-            found.append((name, value, "finite", f"holds {infinite[0]}: not a number", "set {key} to finite numbers"))
-        if rng is not None and numeric and not rng.admits(value):
-            finite = "" if math.isfinite(value) else "a finite number "
-            found.append(
-                (name, value, "range", f"must be {finite}{rng.text()}", f"set {{key}} to a value {rng.text()}")
-            )
-        if choices is not None and value is not None:
-            found.extend(
-                (
-                    name,
-                    item,
-                    "choice",
-                    "not a value sft_grid and the backends support",
-                    f"use one of {', '.join(choices)}{did_you_mean(str(item), choices)}",
-                )
-                for item in (value if isinstance(value, list) else [value])
-                if item not in choices
-            )
-        if how == "dataclass" and dataclasses.is_dataclass(value):
-            found += _prefixed(f"{name}.", _cached("values", held, value, functools.partial(_values, value)))
-        elif how == "mapping" and isinstance(value, dict):
-            for key, sub in value.items():
-                if dataclasses.is_dataclass(sub):
-                    found += _prefixed(f"{name}.{key}.", _cached("values", held, sub, functools.partial(_values, sub)))
-    return found
-
-
-def values(cell: str, spec: CellConf) -> list[Problem]:
-    """Every field with a range or a value set (its metadata) holds an allowed value; nothing required is unset."""
-    return [
-        Problem(cell=cell, key=k, value=v, rule=r, message=m, fix=x) for k, v, r, m, x in _prefixed("", _values(spec))
-    ]
-
-
-PLACEHOLDERS = "{key}, {name}, {model} and {data}"
-
-
-def hub_ids(cell: Cell) -> Iterator[Problem]:
-    """Each Hub input of the cell (its model without a local path, each dataset whose source is not a path)."""
-    for key, repo in hub_repos(cell):
-        why = repo_id_problem(repo.repo_id)
-        if why:
-            what = "model" if repo.kind == "model" else "dataset source"
-            yield Problem(
-                cell=cell.name,
-                key=key,
-                value=repo.repo_id,
-                rule="hub-repo-id",
-                message=f"not a Hub repository id: {why}",
-                fix=f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
-                " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""),
-            )
-
-
-def model_facts(cell: Cell) -> Iterator[Problem]:
-    """What a model's conf says of its checkpoint agrees with itself: a revision names a Hub commit of a hub id,
-    and the exact parameter count and the size in billions are the same size (both feed the estimates)."""
-    m = cell.spec.model
-    if m.revision is not None:
-        if m.path or not m.hub_id:
-            yield Problem(
-                cell=cell.name,
-                key="model.revision",
-                value=m.revision,
-                rule="revision-needs-hub-id",
-                message="a revision names a commit of a Hub repository, and this model is "
-                + (f"the local directory {m.path}" if m.path else "no hub id"),
-                fix="drop model.revision (a local checkpoint is what its directory holds), or name model.hub_id",
-            )
-        elif why := revision_problem(str(m.revision)):
-            yield Problem(
-                cell=cell.name,
-                key="model.revision",
-                value=m.revision,
-                rule="revision",
-                message=why,
-                fix="a 40-character commit sha from the repository's history (or a branch or tag name)",
-            )
-    if m.params and m.params_b and abs(m.params_b * 1e9 - m.params) > 0.01 * m.params:
-        yield Problem(
-            cell=cell.name,
-            key="model.params_b",
-            value=m.params_b,
-            rule="params-agree",
-            message=f"disagrees with model.params={m.params} (the exact count is {m.params / 1e9:.3f} billion): node"
-            " sizing"
-            " and the estimates read params_b, the FLOPs and the scaling fit the exact count",
-            fix=f"model.params_b={m.params / 1e9:.3f}",
-        )
-
-
-def hub_upload(cell: Cell) -> Iterator[Problem]:
-    """The upload is a post-training stage (sft_grid/stages/post_training.py), so a site without internet on its compute
-    nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
-    s = cell.spec
-    if s.register_db and not s.push_to_hub:
-        yield Problem(
-            cell=cell.name,
-            key="register_db",
-            value=True,
-            rule="register-needs-upload",
-            message="database registration names the uploaded Hub repository, and this cell uploads nothing",
-            fix="push_to_hub=true with a hub_model_id, or register_db=false",
-        )
-    if s.register_db and not s.register_command:
-        yield Problem(
-            cell=cell.name,
-            key="register_command",
-            value=[],
-            rule="register-command",
-            message="register_db=true but no command registers the model (sft_grid ships no database client)",
-            fix="register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false",
-        )
-    if not s.push_to_hub:
-        return
-    if not s.hub_model_id:
-        yield Problem(
-            cell=cell.name,
-            key="hub_model_id",
-            value=s.hub_model_id,
-            rule="hub-id",
-            message="push_to_hub=true needs a hub repository id",
-            fix="set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false",
-        )
-        return
-    why = (
-        "it has a placeholder sft_grid does not fill"
-        if "{" in s.hub_model_id
-        else "an upload names its organisation or user: <org>/<name>"
-        if "/" not in s.hub_model_id
-        else repo_id_problem(s.hub_model_id)
-    )
-    if why:
-        yield Problem(
-            cell=cell.name,
-            key="hub_model_id",
-            value=s.hub_model_id,
-            rule="hub-id",
-            message=f"not a Hub repository id <org>/<name>: {why} (the placeholders are {PLACEHOLDERS})",
-            fix="e.g. hub_model_id=laion/{model}-sft-{key}",
         )
 
 

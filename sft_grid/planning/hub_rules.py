@@ -1,0 +1,120 @@
+"""The Hub's rules over a cell: every id it stages from or uploads to held to the Hub client's own rule, a
+revision that names a commit of a Hub repository, a model's sizes that agree, and an upload (and the database
+registration that names it) that can happen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sft_grid.core.hubcache import repo_id_problem, revision_problem
+from sft_grid.core.problems import Problem
+from sft_grid.planning.cells import Cell
+from sft_grid.planning.inputs import hub_repos
+
+PLACEHOLDERS = "{key}, {name}, {model} and {data}"
+
+
+def hub_ids(cell: Cell) -> Iterator[Problem]:
+    """Each Hub input of the cell (its model without a local path, each dataset whose source is not a path)."""
+    for key, repo in hub_repos(cell):
+        why = repo_id_problem(repo.repo_id)
+        if why:
+            what = "model" if repo.kind == "model" else "dataset source"
+            yield Problem(
+                cell=cell.name,
+                key=key,
+                value=repo.repo_id,
+                rule="hub-repo-id",
+                message=f"not a Hub repository id: {why}",
+                fix=f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
+                " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""),
+            )
+
+
+def model_facts(cell: Cell) -> Iterator[Problem]:
+    """What a model's conf says of its checkpoint agrees with itself: a revision names a Hub commit of a hub id,
+    and the exact parameter count and the size in billions are the same size (both feed the estimates)."""
+    m = cell.spec.model
+    if m.revision is not None:
+        if m.path or not m.hub_id:
+            yield Problem(
+                cell=cell.name,
+                key="model.revision",
+                value=m.revision,
+                rule="revision-needs-hub-id",
+                message="a revision names a commit of a Hub repository, and this model is "
+                + (f"the local directory {m.path}" if m.path else "no hub id"),
+                fix="drop model.revision (a local checkpoint is what its directory holds), or name model.hub_id",
+            )
+        elif why := revision_problem(str(m.revision)):
+            yield Problem(
+                cell=cell.name,
+                key="model.revision",
+                value=m.revision,
+                rule="revision",
+                message=why,
+                fix="a 40-character commit sha from the repository's history (or a branch or tag name)",
+            )
+    if m.params and m.params_b and abs(m.params_b * 1e9 - m.params) > 0.01 * m.params:
+        yield Problem(
+            cell=cell.name,
+            key="model.params_b",
+            value=m.params_b,
+            rule="params-agree",
+            message=f"disagrees with model.params={m.params} (the exact count is {m.params / 1e9:.3f} billion): node"
+            " sizing"
+            " and the estimates read params_b, the FLOPs and the scaling fit the exact count",
+            fix=f"model.params_b={m.params / 1e9:.3f}",
+        )
+
+
+def hub_upload(cell: Cell) -> Iterator[Problem]:
+    """The upload is a post-training stage (sft_grid/stages/post_training.py), so a site without internet on its compute
+    nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
+    s = cell.spec
+    if s.register_db and not s.push_to_hub:
+        yield Problem(
+            cell=cell.name,
+            key="register_db",
+            value=True,
+            rule="register-needs-upload",
+            message="database registration names the uploaded Hub repository, and this cell uploads nothing",
+            fix="push_to_hub=true with a hub_model_id, or register_db=false",
+        )
+    if s.register_db and not s.register_command:
+        yield Problem(
+            cell=cell.name,
+            key="register_command",
+            value=[],
+            rule="register-command",
+            message="register_db=true but no command registers the model (sft_grid ships no database client)",
+            fix="register_command=[python,manual_db_push.py,--hf-model-id,'{hub_model_id}'], or register_db=false",
+        )
+    if not s.push_to_hub:
+        return
+    if not s.hub_model_id:
+        yield Problem(
+            cell=cell.name,
+            key="hub_model_id",
+            value=s.hub_model_id,
+            rule="hub-id",
+            message="push_to_hub=true needs a hub repository id",
+            fix="set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false",
+        )
+        return
+    why = (
+        "it has a placeholder sft_grid does not fill"
+        if "{" in s.hub_model_id
+        else "an upload names its organisation or user: <org>/<name>"
+        if "/" not in s.hub_model_id
+        else repo_id_problem(s.hub_model_id)
+    )
+    if why:
+        yield Problem(
+            cell=cell.name,
+            key="hub_model_id",
+            value=s.hub_model_id,
+            rule="hub-id",
+            message=f"not a Hub repository id <org>/<name>: {why} (the placeholders are {PLACEHOLDERS})",
+            fix="e.g. hub_model_id=laion/{model}-sft-{key}",
+        )

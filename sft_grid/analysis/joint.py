@@ -8,12 +8,13 @@ Pure numpy and scipy; the same input gives the same result.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sft_grid.analysis.forms import positive, select
+from sft_grid.analysis.forms import Selection, positive, select
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,14 @@ class JointSelection:
             return math.nan
         if self.chosen == "joint":
             return self.joint.predict(n, d)
-        own = [(dd, v) for nn, dd, v in self.points if nn == n]
-        return select(own, level=self.level).forecast(d)[0] if own else math.nan
+        own = self._per_size.get(n)
+        return own.fit.predict(d) if own is not None else math.nan
+
+    @functools.cached_property
+    def _per_size(self) -> dict[float, Selection]:
+        """Each size's own curve, its form chosen by `select` (once, however many forecasts are asked)."""
+        sizes = sorted({n for n, _, _ in self.points})
+        return {n: select([(d, v) for nn, d, v in self.points if nn == n], level=self.level) for n in sizes}
 
     def as_dict(self) -> dict[str, Any]:
         """What the report shows (report.json's joint_fits[]): the candidate chosen (None, with `reason`, where

@@ -469,6 +469,20 @@ def test_a_decision_already_certain_stops_with_no_new_cells():
     assert early.chosen and early.p_wrong is not None and early.p_wrong > 0.1
 
 
+def test_a_decision_is_not_called_from_sizes_whose_span_is_shorter_than_the_reach_to_at():
+    """Six sizes (five doublings) seven doublings short of `at`: the bands already put the wrong decision under
+    1 - level, but the growth of the band that far is assumed, not measured, so the loop buys the next size; from
+    seven sizes (six doublings, six short) it is called decided."""
+    pool, truth = _decision_pool({"a": 1.70, "b": 3.60})
+    spec = _gap(("a", "b"))
+    short = choose(spec, pool, _first_sizes(truth, "ab", 6))
+    assert short.p_wrong is not None and short.p_wrong < 1 - spec.level and short.decision == "a"
+    assert short.chosen and not short.stop, short.stop
+    assert "not yet called decided: a, b forecast further beyond their largest size" in short.why[0], short.why
+    wide = choose(spec, pool, _first_sizes(truth, "ab", 7))
+    assert not wide.chosen and wide.stop.startswith("decided: a is the lowest")
+
+
 def test_a_cell_is_worth_what_it_does_to_the_decision_not_to_a_band():
     """Recipe c is far worse than a and b: narrowing its band cannot change which recipe wins, so its cells are never
     chosen, not even at a hundredth of the price; a design minimising the bands' variance would buy them. (From

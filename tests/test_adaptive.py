@@ -481,6 +481,12 @@ def test_a_decision_is_not_called_from_sizes_whose_span_is_shorter_than_the_reac
     assert "not yet called decided: a, b forecast further beyond their largest size" in short.why[0], short.why
     wide = choose(spec, pool, _first_sizes(truth, "ab", 7))
     assert not wide.chosen and wide.stop.startswith("decided: a is the lowest")
+    # the budget spent on those six sizes: the loop ends undecided and says why it did not call it
+    six = _first_sizes(truth, "ab", 6)
+    spent = sum(c.gpu_hours for c in pool if c.name in six)
+    broke = choose(_gap(("a", "b"), budget_gpu_hours=spent), pool, six)
+    assert not broke.chosen and broke.decision == "a", broke
+    assert broke.stop.startswith("the budget is spent") and "not called decided: a, b forecast" in broke.stop, broke
 
 
 def test_a_cell_is_worth_what_it_does_to_the_decision_not_to_a_band():

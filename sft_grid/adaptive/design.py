@@ -341,6 +341,12 @@ def choose(
     if spec.stop_halfwidth is not None and width < spec.stop_halfwidth:
         return done(f"the band's half width {width:.4g} < {spec.stop_halfwidth:g}")
     far = _beyond_reach(spec, pool, observed, recipes)
+    # under the level, but held back by the span rule (MAX_REACH): said in the record, not silently
+    held = (
+        f"{', '.join(far)} forecast further beyond their largest size than their sizes span"
+        if far and spec.question == "gap" and p_wrong is not None and p_wrong < 1 - spec.level
+        else ""
+    )
     if spec.question == "gap" and p_wrong is not None and p_wrong < 1 - spec.level and not far:
         return done(
             f"decided: {decision} is the lowest at {spec.at:.4g} with probability {1 - p_wrong:.3f} >="
@@ -386,12 +392,6 @@ def choose(
         else:
             plan, before, after, compared = _decision_plan(spec, fits, recipes, design, left, room_h, room_n)
             cost = sum(c.gpu_hours for c in plan)
-            # under the level, but held back by the span rule (MAX_REACH): said in the record, not silently
-            held = (
-                f"{', '.join(far)} forecast further beyond their largest size than their sizes span"
-                if far and p_wrong is not None and p_wrong < 1 - spec.level
-                else ""
-            )
             for c in sorted(plan, key=lambda c: (c.gpu_hours, c.name))[: spec.batch]:
                 chosen.append(c.name)
                 why.append(
@@ -433,6 +433,8 @@ def choose(
         spent += sum(c.gpu_hours for c in pool if c.name in chosen)
     elif not stop and not (gap and waiting):
         stop = f"the budget is spent ({spent:.4g} GPU-h, {len(taken)} cells)"
+        if held:
+            stop += f"; not called decided: {held}"
     return Round(found, width, spent, tuple(chosen), tuple(why), stop, decision, p_wrong)
 
 

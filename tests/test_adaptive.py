@@ -67,11 +67,21 @@ def test_a_bad_prune_block_names_its_key_value_and_fix(block, key, fix):
         ({"at": 1e9, "budget_cells": 3, "budget_gpu_hours": 4}, "adaptive.budget_gpu_hours"),
         ({"at": -1, "budget_cells": 3}, "adaptive.at"),
         ({"at": 1e9, "budget_cells": 3, "holdout": "big"}, "adaptive.holdout"),
+        # a size as a holdout only where sizes come from size_key (else a holdout is a model name)
+        ({"at": 1e9, "budget_cells": 3, "holdout": [1638400]}, "adaptive.holdout"),
+        ({"at": 1e9, "budget_cells": 3, "size_key": 3}, "adaptive.size_key"),
     ],
 )
 def test_a_bad_adaptive_block_names_its_key(block, key):
     spec, problems = parse_adaptive(block, recipes=["a", "b"])
     assert spec is None and key in [p.key for p in problems], [p.render() for p in problems]
+
+
+def test_a_size_key_takes_sizes_as_holdouts():
+    block = {"at": 1638400, "budget_cells": 3, "size_key": "extra.replay.examples", "holdout": [1638400, "gpt2"]}
+    spec, problems = parse_adaptive(block)
+    assert not problems and spec is not None
+    assert spec.size_key == "extra.replay.examples" and spec.holdout == ("1638400", "gpt2")
 
 
 # -- successive halving ------------------------------------------------------------------------------------------

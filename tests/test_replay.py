@@ -101,3 +101,63 @@ def test_the_extrapolate_guard_is_accepted_or_refused_before_anything_is_queued(
         assert "guard extrapolate" in out and out.count("trains to step 10") == 3
     else:
         assert proc.returncode != 0 and refused in out, out
+
+
+GAP = (
+    "-m",
+    "backend=replay",
+    "cluster=local",
+    "max_steps=20",
+    "+extra.replay={dataset: flan}",
+    "+extra.replay.model=gpt2,t5-small",
+    "+extra.replay.examples=200,800,3200,12800,51200,204800,819200,1638400",
+    "+adaptive.question=gap",
+    "+adaptive.at=1638400",
+    "+adaptive.recipes=[gpt2,t5-small]",
+    "+adaptive.recipe_key=extra.replay.model",
+    "+adaptive.size_key=extra.replay.examples",
+    "+adaptive.holdout=[1638400]",
+    "+adaptive.budget_cells=11",
+    "+adaptive.batch=8",
+)
+
+
+def test_a_gap_decision_over_examples_steers_a_replay_grid_through_the_real_flow(tmp_path):
+    """The adaptive loop on real curves as a user runs it: each `sft-grid run` of the same sweep is one round, the
+    cells' sizes read from `size_key` (examples, not the stand-in model's parameters), the 1.6M-example cells held out
+    by size and run once so that the forecast is checked against the measured loss, and the loop stops by itself."""
+    from sft_grid.adaptive.steer import SUMMARY_FILE, read_rounds
+
+    sweep = tmp_path / "default"
+    for _ in range(8):
+        out = run_sft(*GAP, f"runs_root={tmp_path}", check=True).stdout
+        if "  stop: " in out:
+            break
+    assert "  stop: " in out, out
+    rounds = read_rounds(sweep)
+    examples = {c.name: json.loads((c / "replay.json").read_text())["examples"] for c in iter_cell_dirs(sweep)}
+    # the seed design: each model's four smallest example counts, cheapest first, in one batch of eight
+    assert sorted(examples[c] for c in rounds[0]["chosen"]) == [200, 200, 800, 800, 3200, 3200, 12800, 12800]
+    assert rounds[-1]["stop"] and rounds[-1]["decision"] in ("gpt2", "t5-small")
+    assert rounds[-1]["p_wrong"] is not None and 0 <= rounds[-1]["p_wrong"] <= 1
+    fitted = rounds[-1]["observed"]
+    assert 8 < len(fitted) <= 11 and all(examples[c] < 1638400 for c in fitted), fitted
+    summary = json.loads((sweep / SUMMARY_FILE).read_text())
+    held = {h["recipe"]: h for h in summary["holdouts"]}
+    assert set(held) == {"gpt2", "t5-small"} and all(
+        h["size"] == 1638400 and h["at_question_size"] for h in held.values()
+    )
+    for model, h in held.items():
+        assert h["realised"] == pytest.approx(dict(curves()[("flan", model)]["points"])[1638400], abs=1e-6)
+        assert h["lo"] < h["forecast"] < h["hi"]
+    # nothing ran that the loop did not choose: the fitted cells and the two holdouts
+    assert len(examples) == len(fitted) + 2, (examples, fitted)
+
+
+def test_a_size_key_that_names_no_number_is_refused_before_anything_is_queued(tmp_path):
+    args = [a.replace("size_key=extra.replay.examples", "size_key=extra.replay.model") for a in GAP]
+    proc = run_sft(*args, f"runs_root={tmp_path}")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "adaptive.size_key" in text and "'gpt2'" in text, text
+    assert "a cell's size must be a number above 0" in text and "nothing was submitted" in text, text
+    assert not (tmp_path / "default").exists() or not list(iter_cell_dirs(tmp_path / "default"))

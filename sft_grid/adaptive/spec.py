@@ -13,11 +13,13 @@
 
     adaptive:                     # the next cells from the fit
       question: loss              # loss (each recipe's at `at`) or gap (which of the recipes is lowest at `at`)
-      at: 9.715e9                 # the size (parameters) the question is about
+      at: 9.715e9                 # the size the question is about (parameters, or size_key's unit)
       recipes: [magpie, wildchat] # for gap: the recipes compared, two or more (each needs a band: four sizes)
-      holdout: [delphi-1e22]      # pre-registered model names: run, never fitted, never chosen (their realised
-                                  #   values are shown beside the forecast)
+      holdout: [delphi-1e22]      # pre-registered model names (or size_key values): run, never fitted, never
+                                  #   chosen (their realised values are shown beside the forecast)
       recipe_key: vars.recipe     # the cell key whose value names a cell's recipe (one fit per recipe)
+      size_key: ""                # the cell key whose number is a cell's size (e.g. max_steps, or
+                                  #   extra.replay.examples); empty: the model's parameter count
       budget_gpu_hours: 400       # or budget_cells: 12
       batch: 2                    # cells chosen per round
       stop_halfwidth: 0.01        # stop once the question's band is narrower than this (its half width)
@@ -55,6 +57,7 @@ ADAPTIVE_KEYS = (
     "level",
     "seed",
     "recipe_key",
+    "size_key",
 )
 GUARDS = ("cooldown", "position", "extrapolate")
 UNITS = ("steps", "tokens")
@@ -91,6 +94,7 @@ class AdaptiveSpec:
     level: float = 0.9
     seed: int = 0
     recipe_key: str = "vars.recipe"
+    size_key: str = ""  # the dotted key whose number is a cell's size; empty: the model's parameter count
 
 
 def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
@@ -203,7 +207,11 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
         problems.append(_problem("adaptive", "question", question, "is not a question", "loss or gap"))
     at = _get(data, "at")
     if not _number(at) or at <= 0:
-        problems.append(_problem("adaptive", "at", at, "must be a size in parameters", "e.g. at: 9.715e9"))
+        problems.append(
+            _problem(
+                "adaptive", "at", at, "must be a size (parameters, or size_key's unit) above 0", "e.g. at: 9.715e9"
+            )
+        )
     chosen = list(_get(data, "recipes") or [])
     distinct = {str(r) for r in chosen}
     if question == "gap" and len(distinct) < 2:
@@ -249,10 +257,21 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
     stop = _get(data, "stop_halfwidth")
     if stop is not None and (not _number(stop) or stop <= 0):
         problems.append(_problem("adaptive", "stop_halfwidth", stop, "must be positive", "e.g. 0.01 (nats)"))
+    size_key = _get(data, "size_key", "")
+    if not isinstance(size_key, str):
+        problems.append(_problem("adaptive", "size_key", size_key, "must be a dotted key", "e.g. size_key: max_steps"))
+        size_key = ""
     holdout = _get(data, "holdout") or []
-    if isinstance(holdout, str) or not all(isinstance(h, str) for h in holdout):
+    # a model name, or with size_key a size (a number)
+    if isinstance(holdout, str) or not all(isinstance(h, str) or (size_key and _number(h)) for h in holdout):
         problems.append(
-            _problem("adaptive", "holdout", holdout, "must be a list of cell values", "holdout: [delphi-1e22]")
+            _problem(
+                "adaptive",
+                "holdout",
+                holdout,
+                "must be a list of model names" + (" or sizes" if size_key else ""),
+                "holdout: [delphi-1e22]" + (" (or holdout: [1638400])" if size_key else ""),
+            )
         )
         holdout = []
     recipe_key = _get(data, "recipe_key", "vars.recipe")
@@ -268,7 +287,7 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             str(question),
             float(at),
             tuple(chosen),
-            tuple(holdout),
+            tuple(str(h) for h in holdout),
             None if hours is None else float(hours),
             cells,
             int(batch),
@@ -276,6 +295,7 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             float(level),
             int(seed),
             str(recipe_key),
+            size_key,
         ),
         [],
     )

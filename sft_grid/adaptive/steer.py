@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -50,16 +51,48 @@ def _value(config: Mapping[str, Any], dotted: str) -> Any:
     return "+".join(map(str, node)) if isinstance(node, Mapping) else node
 
 
-def _gpu_hours(cells: Sequence[Cell]) -> tuple[dict[str, float], str]:
+def _gpu_hours(cells: Sequence[Cell], sizes: Mapping[str, float] | None = None) -> tuple[dict[str, float], str]:
     """Each cell's estimated GPU-hours (planning/costs.py), or where any is unknown, parameters / 1e9 for every cell
-    (cells that see the same tokens cost in proportion to their size): the cost the choice weighs."""
+    (cells that see the same tokens cost in proportion to their size), times the cell's size over the smallest where
+    the size is a data amount (`sizes`, from size_key: training on more costs in proportion): the cost the choice
+    weighs."""
     from sft_grid.planning import costs
 
     found = costs.estimate(cells, {})
     hours = {n: e.gpu_hours for n, e in found.estimates.items() if e.gpu_hours}
     if all(c.name in hours for c in cells):
         return {n: float(h) for n, h in hours.items()}, "estimated GPU-hours"
+    if sizes:
+        least = min(sizes.values())
+        return (
+            {c.name: exact_params(c.spec.model) / 1e9 * sizes[c.name] / least for c in cells},
+            "parameters / 1e9 x size / the smallest size (no estimate for every cell)",
+        )
     return {c.name: exact_params(c.spec.model) / 1e9 for c in cells}, "parameters / 1e9 (no estimate for every cell)"
+
+
+def _size(spec: AdaptiveSpec, cell: Cell, config: Mapping[str, Any]) -> float | None:
+    """A cell's size on the question's axis: its model's exact parameter count, or the number at `size_key` (None
+    where that is not a number above 0)."""
+    if not spec.size_key:
+        return float(exact_params(cell.spec.model))
+    value = _value(config, spec.size_key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return float(value) if ok else None
+
+
+def _held(spec: AdaptiveSpec, cell: Cell, size: float | None) -> bool:
+    """A pre-registered holdout: the cell's model name is in `holdout`, or (size_key) its size is."""
+    return cell.spec.model.name in spec.holdout or bool(
+        spec.size_key and size is not None and any(_as_number(h) == size for h in spec.holdout)
+    )
+
+
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def read_rounds(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -103,12 +136,13 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
         effects.problems += problems
         return list(composed), [], effects
     dirs = dirs_of(cells)
-    hours, unit = _gpu_hours(cells)
+    sizes = {cell.name: _size(spec, cell, c.config) or 0.0 for cell, c in zip(cells, composed, strict=True)}
+    hours, unit = _gpu_hours(cells, sizes if spec.size_key else None)
     pool, observed, in_flight = [], {}, []
     for cell, composed_cell, cell_dir in zip(cells, composed, dirs, strict=True):
         recipe = str(_value(composed_cell.config, spec.recipe_key) or "")
-        holdout = cell.spec.model.name in spec.holdout
-        pool.append(Candidate(cell.name, recipe, float(exact_params(cell.spec.model)), hours[cell.name], holdout))
+        holdout = _held(spec, cell, sizes[cell.name])
+        pool.append(Candidate(cell.name, recipe, sizes[cell.name], hours[cell.name], holdout))
         if not (cell_dir / LEDGER_FILE).is_file():
             continue
         st = state_of(cell_dir).state
@@ -168,22 +202,47 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
                 " cell",
             )
         )
+    sizes = [_size(spec, cell, c.config) for cell, c in zip(cells, composed, strict=True)]
+    unsized = [(cell, c) for cell, c, n in zip(cells, composed, sizes, strict=True) if n is None]
+    if unsized:
+        cell, c = unsized[0]
+        out.append(
+            Problem(
+                cell=cell.name,
+                key="adaptive.size_key",
+                value=spec.size_key,
+                rule="adaptive-block",
+                message=f"{spec.size_key!r} holds {_value(c.config, spec.size_key)!r} in this cell"
+                + (f" (and {len(unsized) - 1} more)" if len(unsized) > 1 else "")
+                + ": a cell's size must be a number above 0",
+                fix="name the key whose number is each cell's size (e.g. max_steps), or leave size_key"
+                " empty to size cells by their model's parameters",
+            )
+        )
+        return out
     models = {c.spec.model.name for c in cells}
-    unknown = [h for h in spec.holdout if h not in models]
+    unknown = [h for h in spec.holdout if h not in models and _as_number(h) not in set(sizes)]
     if unknown:
+        what = "a model name (model.name)" + (f" or a {spec.size_key} of a cell" if spec.size_key else "")
+        values = sorted(models) + ([f"{n:g}" for n in sorted({n for n in sizes if n})] if spec.size_key else [])
         out.append(
             Problem(
                 cell=GRID,
                 key="adaptive.holdout",
                 value=list(spec.holdout),
                 rule="adaptive-block",
-                message=f"{', '.join(unknown)} names no model of the grid: a holdout is a model name (model.name)",
-                fix=f"one of {', '.join(sorted(models))}",
+                message=f"{', '.join(unknown)} names no model of the grid"
+                + (f" and no {spec.size_key} of a cell" if spec.size_key else "")
+                + f": a holdout is {what}",
+                fix=f"one of {', '.join(values)}",
             )
         )
     groups: dict[tuple[str, str], list[Cell]] = {}
-    for cell, c in zip(cells, composed, strict=True):
-        groups.setdefault((str(_value(c.config, spec.recipe_key) or ""), cell.spec.model.name), []).append(cell)
+    for cell, c, n in zip(cells, composed, sizes, strict=True):
+        at = f"{n:g}" if spec.size_key else cell.spec.model.name
+        groups.setdefault((str(_value(c.config, spec.recipe_key) or ""), at), []).append(cell)
+    size_of = {cell.name: n for cell, n in zip(cells, sizes, strict=True)}
+    held = {m for (_, m), same in groups.items() if all(_held(spec, x, size_of[x.name]) for x in same)}
     need = QUESTION_SIZES[spec.question]
     why = (
         "the law has three parameters"
@@ -193,15 +252,16 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
     for recipe in sorted({r for r, _ in groups}):
         if spec.recipes and recipe not in spec.recipes:
             continue  # a recipe the question does not name is never chosen from
-        sizes = {m for r, m in groups if r == recipe and m not in spec.holdout}
-        if len(sizes) < need:
+        distinct = {m for r, m in groups if r == recipe and m not in held}
+        if len(distinct) < need:
             out.append(
                 Problem(
                     cell=GRID,
                     key="adaptive",
-                    value=f"recipe {recipe or '(one recipe)'}: {len(sizes)} size(s)",
+                    value=f"recipe {recipe or '(one recipe)'}: {len(distinct)} size(s)",
                     rule="adaptive-block",
-                    message=f"question {spec.question} needs at least {need} model sizes per recipe besides the"
+                    message=f"question {spec.question} needs at least {need}"
+                    f" {f'sizes ({spec.size_key})' if spec.size_key else 'model sizes'} per recipe besides the"
                     f" holdouts ({why})",
                     fix=f"sweep at least {need} sizes per recipe (or hold out fewer)",
                 )
@@ -273,7 +333,8 @@ def _summary(
                 {
                     "cell": c.name,
                     "recipe": c.recipe,
-                    "params": c.n,
+                    "params": None if spec.size_key else c.n,
+                    "size": c.n,
                     "forecast": f.value if f else None,
                     "lo": f.lo if f else None,
                     "hi": f.hi if f else None,

@@ -341,13 +341,11 @@ def choose(
     if spec.stop_halfwidth is not None and width < spec.stop_halfwidth:
         return done(f"the band's half width {width:.4g} < {spec.stop_halfwidth:g}")
     far = _beyond_reach(spec, pool, observed, recipes)
+    under = spec.question == "gap" and p_wrong is not None and p_wrong < 1 - spec.level
     # under the level, but held back by the span rule (MAX_REACH): said in the record, not silently
-    held = (
-        f"{', '.join(far)} forecast further beyond their largest size than their sizes span"
-        if far and spec.question == "gap" and p_wrong is not None and p_wrong < 1 - spec.level
-        else ""
-    )
-    if spec.question == "gap" and p_wrong is not None and p_wrong < 1 - spec.level and not far:
+    held = f"{', '.join(far)} forecast further beyond their largest size than their sizes span" if far and under else ""
+    if under and not far:
+        assert p_wrong is not None  # as `under` says
         return done(
             f"decided: {decision} is the lowest at {spec.at:.4g} with probability {1 - p_wrong:.3f} >="
             f" {spec.level:g} (wrong with probability {p_wrong:.3f} < {1 - spec.level:.3g})"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -28,6 +27,7 @@ from typing import Any
 from sft_grid.adaptive.design import QUESTION_SIZES, Candidate, Round, choose
 from sft_grid.adaptive.effects import Effects
 from sft_grid.adaptive.spec import AdaptiveSpec, different_blocks, parse_adaptive
+from sft_grid.analysis import forms
 from sft_grid.analysis.report_data import ADAPTIVE_FILE
 from sft_grid.analysis.table import final_loss, final_losses
 from sft_grid.core.layout import LEDGER_FILE, OUTPUT_DIR
@@ -77,8 +77,7 @@ def _size(spec: AdaptiveSpec, cell: Cell, config: Mapping[str, Any]) -> float | 
     if not spec.size_key:
         return float(exact_params(cell.spec.model))
     value = _value(config, spec.size_key)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    return float(value) if ok else None
+    return float(value) if forms.positive(value) else None
 
 
 def _held(spec: AdaptiveSpec, cell: Cell, size: float | None) -> bool:
@@ -221,7 +220,8 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
         )
         return out
     models = {c.spec.model.name for c in cells}
-    unknown = [h for h in spec.holdout if h not in models and _as_number(h) not in set(sizes)]
+    # a size names a holdout only on a size_key axis (as `_held` reads it): else a holdout is a model name
+    unknown = [h for h in spec.holdout if h not in models and not (spec.size_key and _as_number(h) in set(sizes))]
     if unknown:
         what = "a model name (model.name)" + (f" or a {spec.size_key} of a cell" if spec.size_key else "")
         values = sorted(models) + ([f"{n:g}" for n in sorted({n for n in sizes if n})] if spec.size_key else [])

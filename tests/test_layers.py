@@ -36,8 +36,8 @@ MAY_IMPORT["schedulers"] = {"core", "schedulers"}
 MAY_IMPORT["job"] = {"core", "planning", "backends", "checks", "stages", "job"}
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(REPO_ROOT).with_suffix("")
+def module_name(path: Path, root: Path = REPO_ROOT) -> str:
+    rel = path.relative_to(root).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -53,10 +53,10 @@ def layer_of(module: str) -> str:
     return parts[1]
 
 
-def imports_of(path: Path) -> list[tuple[str, int]]:
+def imports_of(path: Path, root: Path = REPO_ROOT) -> list[tuple[str, int]]:
     """Every sft_grid module this file imports (module level or inside a function), with the line."""
     tree = ast.parse(path.read_text(), str(path))
-    me = module_name(path)
+    me = module_name(path, root)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -83,23 +83,29 @@ def graph() -> dict[str, set[str]]:
     return {module_name(p): {m for m, _ in imports_of(p) if m in known and m != module_name(p)} for p in sources()}
 
 
-def test_imports_go_down_the_layers():
-    known = known_modules()
+def upward_imports(files: list[tuple[Path, Path]]) -> list[str]:
+    """The imports that go up a layer among `files`, each (path, the root its module name is read from)."""
+    known = {module_name(p, root) for p, root in files}
     upward = []
-    for path in sources():
-        me = module_name(path)
+    for path, root in files:
+        me = module_name(path, root)
         mine = layer_of(me)
-        for module, line in imports_of(path):
+        for module, line in imports_of(path, root):
             if module not in known or module == "sft_grid":
                 continue
             theirs = layer_of(module)
+            where = f"{path.relative_to(root)}:{line}"
             if mine == "in_venv" or theirs == "in_venv":
                 if mine == "in_venv" and theirs != "in_venv":
-                    where = f"{path.relative_to(REPO_ROOT)}:{line}"
                     upward.append(f"{where} imports {module} (in_venv imports no sft_grid)")
                 continue
             if theirs not in MAY_IMPORT[mine]:
-                upward.append(f"{path.relative_to(REPO_ROOT)}:{line} ({mine}) imports {module} ({theirs})")
+                upward.append(f"{where} ({mine}) imports {module} ({theirs})")
+    return upward
+
+
+def test_imports_go_down_the_layers():
+    upward = upward_imports([(p, REPO_ROOT) for p in sources()])
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
 
 
@@ -125,18 +131,20 @@ def test_no_import_cycles():
     assert not real, "import cycles:\n" + "\n".join(" -> ".join(c) for c in real)
 
 
-def test_the_checker_sees_function_local_imports(tmp_path, monkeypatch):
-    """The checker itself: an import inside a function counts like one at the top, and an upward one fails."""
-    fake = PACKAGE / "core" / "_layer_probe.py"
-    real = sources()
-    monkeypatch.setattr("tests.test_layers.sources", lambda: [*real, fake])
+def test_the_checker_sees_function_local_imports(tmp_path):
+    """The checker itself: an import inside a function counts like one at the top, and an upward one fails. The
+    probe is a module of a copy of the package's layout under tmp_path, never written into the package (a test
+    beside it, on another worker, would read it)."""
+    fake = tmp_path / "sft_grid" / "core" / "_layer_probe.py"
+    fake.parent.mkdir(parents=True)
     fake.write_text("def f():\n    from sft_grid.grid import flow\n")
-    try:
-        assert [m for m, _ in imports_of(fake)] == ["sft_grid.grid", "sft_grid.grid.flow"]
-        with pytest.raises(AssertionError, match=r"\(core\) imports sft_grid.grid.flow \(grid\)"):
-            test_imports_go_down_the_layers()
-    finally:
-        fake.unlink()
+    assert module_name(fake, tmp_path) == "sft_grid.core._layer_probe"
+    assert [m for m, _ in imports_of(fake, tmp_path)] == ["sft_grid.grid", "sft_grid.grid.flow"]
+    found = upward_imports([*((p, REPO_ROOT) for p in sources()), (fake, tmp_path)])
+    assert found == [
+        "sft_grid/core/_layer_probe.py:2 (core) imports sft_grid.grid (grid)",
+        "sft_grid/core/_layer_probe.py:2 (core) imports sft_grid.grid.flow (grid)",
+    ], found
 
 
 @pytest.mark.parametrize("layer", LAYERS[:-1])

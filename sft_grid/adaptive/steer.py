@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sft_grid import backends
 from sft_grid.adaptive.design import QUESTION_SIZES, Candidate, Round, choose
 from sft_grid.adaptive.effects import Effects
 from sft_grid.adaptive.spec import AdaptiveSpec, different_blocks, parse_adaptive
@@ -51,6 +52,12 @@ def _value(config: Mapping[str, Any], dotted: str) -> Any:
     return "+".join(map(str, node)) if isinstance(node, Mapping) else node
 
 
+def _params(cell: Cell) -> int:
+    """The parameter count of the model a cell's result stands for: the backend's (a replayed curve's model), else
+    the cell's own model's."""
+    return backends.get(cell.spec.backend.name).stands_for_params(cell) or exact_params(cell.spec.model)
+
+
 def _gpu_hours(cells: Sequence[Cell], sizes: Mapping[str, float] | None = None) -> tuple[dict[str, float], str]:
     """Each cell's estimated GPU-hours (planning/costs.py), or where any is unknown, parameters / 1e9 for every cell
     (cells that see the same tokens cost in proportion to their size), times the cell's size over the smallest where
@@ -65,17 +72,17 @@ def _gpu_hours(cells: Sequence[Cell], sizes: Mapping[str, float] | None = None) 
     if sizes:
         least = min(sizes.values())
         return (
-            {c.name: exact_params(c.spec.model) / 1e9 * sizes[c.name] / least for c in cells},
+            {c.name: _params(c) / 1e9 * sizes[c.name] / least for c in cells},
             "parameters / 1e9 x size / the smallest size (no estimate for every cell)",
         )
-    return {c.name: exact_params(c.spec.model) / 1e9 for c in cells}, "parameters / 1e9 (no estimate for every cell)"
+    return {c.name: _params(c) / 1e9 for c in cells}, "parameters / 1e9 (no estimate for every cell)"
 
 
 def _size(spec: AdaptiveSpec, cell: Cell, config: Mapping[str, Any]) -> float | None:
-    """A cell's size on the question's axis: its model's exact parameter count, or the number at `size_key` (None
-    where that is not a number above 0)."""
+    """A cell's size on the question's axis: the exact parameter count of the model it stands for (_params), or the
+    number at `size_key` (None where that is not a number above 0)."""
     if not spec.size_key:
-        return float(exact_params(cell.spec.model))
+        return float(_params(cell))
     value = _value(config, spec.size_key)
     return float(value) if forms.positive(value) else None
 

@@ -92,14 +92,20 @@ def _problems(cell: Cell) -> Iterator[Problem]:
         yield problem("examples", examples, "is not a size the curve was measured at", f"one of {sizes}")
 
 
+def _entry(cell: Cell) -> dict[str, Any] | None:
+    """The curve a cell replays (None where its block names none, which its rules refuse)."""
+    block = _block(cell)
+    set_name = str(block.get("set", DEFAULT_SET))
+    return curves(set_name).get((str(block.get("dataset")), str(block.get("model")))) if set_name in sets() else None
+
+
 def config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     """replay.json: the cell's schedule and files, and the curve it replays up to its number of examples."""
     s = cell.spec
     block = _block(cell)
     set_name = str(block.get("set", DEFAULT_SET))
     # a cell its rules refuse (no such curve) still renders, empty: the extra-key check renders a bare cell too
-    entry = curves(set_name).get((str(block.get("dataset")), str(block.get("model")))) if set_name in sets() else None
-    entry = entry or {"family": "", "params": 0, "points": [(0, 0.0)]}
+    entry = _entry(cell) or {"family": "", "params": 0, "points": [(0, 0.0)]}
     examples = int(block.get("examples", entry["points"][-1][0]))
     derived: dict[str, Any] = {
         "replayed": True,
@@ -116,6 +122,12 @@ def config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     return {**s.backend.train_defaults, **knobs, **derived}
 
 
+def stands_for_params(cell: Cell) -> int | None:
+    """The parameter count of the model whose curve the cell replays (None: no such curve, which its rules refuse)."""
+    entry = _entry(cell)
+    return int(entry["params"]) if entry else None
+
+
 def _command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
     return ["python3", str(TRAINER), str(cell_dir / CONFIG_FILE)]
 
@@ -130,4 +142,5 @@ BACKEND = Backend(
     resume_args=lambda checkpoint: [f"resume_from_checkpoint={checkpoint}"],
     legs=lambda stop, probe: [f"stop_at_step={stop}"],
     cooldown_probe=False,
+    stands_for_params=stands_for_params,
 )

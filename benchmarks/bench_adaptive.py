@@ -15,8 +15,9 @@ Targets (`--check` exits 1 when one is missed):
   and below a random choice of the same cost in >= 70%;
 * a design that decides, on the replays (below): which of 3 models is lowest at the held-out 1.6M examples
   (question gap, level REPLAY_LEVEL, the design's stopping rule), right in >= 90% of the decisions with at most 30%
-  of the fitted grid's GPU-hours, each decision's regret beside it, against the fixed design and random designs of the
-  loop's cost (seeds: REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS); the same question on the simulator's grids,
+  of the fitted grid's GPU-hours, each decision's regret beside it and whether it is near-best (NEAR_Z: within the
+  measurements' own noise of the best), against the fixed design and random designs of the loop's cost (seeds:
+  REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS); the same question on the simulator's grids,
   measured without a target; on both, the stopping rule's calibration: for the decisions that stopped as decided,
   the mean P(wrong) claimed against the share wrong (and the same over every decision that ended with one);
 * successive halving, over 50 grids x 9 sizes (brackets of 9 learning rates, log-spaced over two decades around the
@@ -462,8 +463,8 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
 # check after 0-9 had been measured (on them the loop of that day was right in 70% where it had been in 90% on 0-9:
 # one set of 30 decisions is too few to tell); 20-29 added before any run of them, with the code as it stands; 30-39
 # added after the reach rule (design.MAX_REACH) had been set from the wrong early stops on 0-29, first run (in
-# aggregate) by a plan rule that was then dropped; 40-49 added after that, unseen before the run that reports them;
-# 50-69 added on 2026-12-04 with the near-best score (below), before any run of them
+# aggregate) by a plan rule that was then dropped; 40-49 added after that, unseen before the run that first reported
+# them; 50-69 added on 2026-12-04 with the near-best score (below), before any run of them
 REPLAY_SEEDS = tuple(range(70))
 REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 70))
 # the halving brackets' seeds (its target was measured on these; its code is not changed by the decisions')

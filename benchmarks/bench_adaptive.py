@@ -225,8 +225,7 @@ def gap_grid(seed: int) -> dict[str, Any]:
         seed=DESIGN_SEED,
     )
     at_truth = {c.recipe: truth[c.name] for c in pool if c.holdout}
-    # near-best: within NEAR_Z standard deviations of two runs' difference, the simulator's run noise known
-    tol = NEAR_Z * math.sqrt(2) * RUN_NOISE * min(at_truth.values())
+    tol = _near_tol(RUN_NOISE, at_truth)  # the simulator's run noise is known
     observed, last = _decide_loop(spec, pool, truth)
     spent = sum(c.gpu_hours for c in fitted if c.name in observed)
     fixed, rands = _same_cost_designs(fitted, truth, spent, f"gap-random:{seed}")
@@ -497,18 +496,19 @@ def replay_noise() -> dict[str, float]:
     variance of that difference under independent noise), over the sizes below REPLAY_TARGET only (the measured
     losses at the target, which score the decisions, do not set the tolerance). A smooth curve's own bend adds to it;
     it is about the same over the small and the large half of the sizes, so the points' noise dominates."""
-    found = replay_curves()
-    out = {}
-    for dataset in sorted({d for d, _ in found}):
-        rel = []
-        for (d, _), entry in sorted(found.items()):
-            pts = [v for x, v in entry["points"] if d == dataset and x < REPLAY_TARGET]
-            rel += [
-                abs(pts[i] - (pts[i - 1] + pts[i + 1]) / 2) / pts[i] / math.sqrt(1.5) for i in range(1, len(pts) - 1)
-            ]
-        rel.sort()
-        out[dataset] = 1.4826 * rel[len(rel) // 2]
-    return out
+    rel: dict[str, list[float]] = {}
+    for (dataset, _), entry in sorted(replay_curves().items()):
+        pts = [v for x, v in entry["points"] if x < REPLAY_TARGET]
+        rel.setdefault(dataset, []).extend(
+            abs(pts[i] - (pts[i - 1] + pts[i + 1]) / 2) / pts[i] / math.sqrt(1.5) for i in range(1, len(pts) - 1)
+        )
+    return {d: 1.4826 * sorted(r)[len(r) // 2] for d, r in rel.items()}
+
+
+def _near_tol(noise: float, at_truth: dict[str, float]) -> float:
+    """The regret under which a pick is near-best: NEAR_Z standard deviations of the difference of two measurements,
+    each with relative noise `noise`, at the best's loss."""
+    return NEAR_Z * math.sqrt(2) * noise * min(at_truth.values())
 
 
 def forms_coverage() -> dict[str, Any]:
@@ -620,7 +620,7 @@ def replay_decision(dataset: str, seed: int, level: float | None = None) -> dict
         level=REPLAY_LEVEL if level is None else level,
     )
     at_truth = {m: truth[f"{m}@{REPLAY_TARGET}"] for m in drawn}
-    tol = NEAR_Z * math.sqrt(2) * replay_noise()[dataset] * min(at_truth.values())
+    tol = _near_tol(replay_noise()[dataset], at_truth)
     observed, last = _decide_loop(spec, pool, truth)
     spent = sum(c.gpu_hours for c in fitted if c.name in observed)
     fixed, rands = _same_cost_designs(fitted, truth, spent, f"replay-random:{dataset}:{seed}")

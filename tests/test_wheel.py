@@ -1,7 +1,10 @@
 """sft_grid as a team installs it: the built wheel in a fresh virtual environment, run from the team's own repository.
 
-The wheel is built from this checkout (`pip wheel`, setuptools from the package registry) and installed into a new
-virtualenv. The virtualenv sees this machine's site-packages (`--system-site-packages`), so pip resolves the
+The wheel is built from a copy of this checkout's sources (`pip wheel`, setuptools from the package registry) and
+installed into a new virtualenv. The copy is the test's own: setuptools builds in the source tree (build/,
+*.egg-info), so two workers building from the checkout itself would share one build/ and race (seen in CI: one
+build's file gone from under the other, "[Errno 2] No such file or directory"), and a test would write into the
+checkout. The virtualenv sees this machine's site-packages (`--system-site-packages`), so pip resolves the
 wheel's dependencies against what is installed rather than downloading them again; sft_grid itself comes from the
 wheel, which each test checks (`sft_grid.__file__` lies in the virtualenv, never in this checkout).
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +30,8 @@ import yaml
 
 from sft_grid.core.paths import REPO_ROOT
 
+# what the build reads: pyproject.toml names the packages, README.md is its readme
+SOURCES = ("pyproject.toml", "README.md", "sft_grid", "hydra_plugins")
 CONVERSATIONS = [
     {"messages": [{"role": "user", "content": f"What is {a} plus {b}?"}, {"role": "assistant", "content": str(a + b)}]}
     for a in range(6)
@@ -54,8 +60,15 @@ hydra:
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv with the wheel built from this checkout installed."""
     root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
+    source.mkdir()
+    for name in SOURCES:
+        if (REPO_ROOT / name).is_dir():
+            shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(REPO_ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(REPO_ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)],
         check=True,
         timeout=600,
     )

@@ -94,7 +94,7 @@ def _fit_form(form: str, good: tuple[tuple[float, float], ...]) -> FormFit:
         params = {"E": f.E, "A": f.A, "alpha": f.alpha}
         at_bounds = f.at_bounds
     elif form == "rectified":
-        params, at_bounds = _fit_rectified(xs, ys)
+        params, at_bounds = _fit_rectified(good)
     elif form == "power":
         slope, icpt = np.polyfit(np.log(xs), np.log(ys), 1)
         params, at_bounds = {"A": float(math.exp(icpt)), "alpha": float(-slope)}, ()
@@ -115,12 +115,17 @@ RECTIFIED_BETAS = tuple(0.05 * k for k in range(1, 61))
 RECTIFIED_LOG_DL = tuple(0.5 * k for k in range(-24, 25))
 
 
-def _rectified_grid(xs: Any, ys: Any) -> tuple[float, Any, Any, Any, Any, Any]:
+@functools.lru_cache(maxsize=256)
+def _rectified_grid(good: tuple[tuple[float, float], ...]) -> tuple[float, Any, Any, Any, Any, Any]:
     """The rectified form on its (beta, D_l) grid (RECTIFIED_BETAS x RECTIFIED_LOG_DL, D_l in units of x0, the
     points' geometric mean x): at each, the linear (E, B) solved in closed form by least squares weighted by 1/L
     (log L's residual to first order), E clipped to [0, min L). Returns (x0, beta, D_l, E, B, the sum of squared
-    log residuals), one entry per grid point, B in x0's units."""
+    log residuals), one entry per grid point, B in x0's units, the arrays read-only. Remembered by the sorted
+    points: the fit (`_fit_rectified`) and its profile interval (`rectified_profile`) read the same grid."""
     import numpy as np
+
+    xs = np.array([x for x, _ in good])
+    ys = np.array([y for _, y in good])
 
     x0 = float(np.exp(np.log(xs).mean()))
     u_x, w = xs / x0, 1.0 / ys
@@ -136,10 +141,12 @@ def _rectified_grid(xs: Any, ys: Any) -> tuple[float, Any, Any, Any, Any, Any]:
     b = np.maximum((w**2 * u * (ys - e[:, None])).sum(1) / np.maximum(swuu, 1e-300), 1e-12)
     pred = e[:, None] + b[:, None] * u
     sse = ((np.log(np.maximum(pred, 1e-300)) - np.log(ys)) ** 2).sum(1)
+    for a in (betas, dls, e, b, sse):
+        a.flags.writeable = False
     return x0, betas, dls, e, b, sse
 
 
-def _fit_rectified(xs: Any, ys: Any) -> tuple[dict[str, float], tuple[str, ...]]:
+def _fit_rectified(good: tuple[tuple[float, float], ...]) -> tuple[dict[str, float], tuple[str, ...]]:
     """L = E + B / (D_l + x^beta), 0 <= E < min L, B, D_l > 0, beta in (0, 3], least squares in log L: the best
     point of its grid (`_rectified_grid`: E and B are linear given beta and D_l, so the search is over two
     parameters only), refined in log L (scipy's least_squares). Returns the parameters in the points' own x and the
@@ -147,7 +154,9 @@ def _fit_rectified(xs: Any, ys: Any) -> tuple[dict[str, float], tuple[str, ...]]
     import numpy as np
     from scipy.optimize import least_squares
 
-    x0, betas, dls, e, b, sse = _rectified_grid(xs, ys)
+    x0, betas, dls, e, b, sse = _rectified_grid(good)
+    xs = np.array([x for x, _ in good])
+    ys = np.array([y for _, y in good])
     u_x = xs / x0
     i = int(np.nanargmin(sse))
     lo_e, hi_e = 0.0, float(ys.min()) * (1 - 1e-6)
@@ -189,8 +198,7 @@ def rectified_profile(points: Sequence[tuple[float, float]], x: float, sigma: fl
     good = sorted((float(a), float(b)) for a, b in points if positive(a) and positive(b))
     if len({a for a, _ in good}) < MIN_X["rectified"] or not (positive(x) and positive(sigma)):
         return 0.0
-    xs, ys = np.array([a for a, _ in good]), np.array([b for _, b in good])
-    x0, betas, dls, e, b, sse = _rectified_grid(xs, ys)
+    x0, betas, dls, e, b, sse = _rectified_grid(tuple(good))
     at = e + b / (dls + (x / x0) ** betas)
     near = (sse - np.nanmin(sse) <= PROFILE_CHI2 * sigma**2) & (at > 0)
     if near.sum() < 2:

@@ -1,7 +1,8 @@
 """The `replay` backend (sft_grid/backends/replay.py): real, public fine-tuning curves replayed through the real
 flow (planner, local executor, ledger, logs, the report's reading of a final loss), a run stopped at a rung and
 resumed writing what an unbroken one writes, an unknown curve refused, and the `guard: extrapolate` of a pruned
-grid accepted or refused before anything is queued."""
+grid accepted or refused before anything is queued; an adaptive grid over replayed models sized by their parameters,
+a holdout naming a replayed model."""
 
 from __future__ import annotations
 
@@ -166,3 +167,39 @@ def test_a_size_key_that_names_no_number_is_refused_before_anything_is_queued(tm
     assert proc.returncode != 0 and "adaptive.size_key" in text and "'gpt2'" in text, text
     assert "a cell's size must be a number above 0" in text and "nothing was submitted" in text, text
     assert not (tmp_path / "default").exists() or not list(iter_cell_dirs(tmp_path / "default"))
+
+
+SIZES = (
+    "-m",
+    "backend=replay",
+    "cluster=local",
+    "max_steps=20",
+    "+extra.replay={dataset: flan, examples: 51200}",
+    "+extra.replay.model=gpt2,gpt2-medium,gpt2-large,gpt2-xl",
+    "+adaptive.question=loss",
+    "+adaptive.at=1557611200",
+    "+adaptive.recipe_key=extra.replay.dataset",
+    "+adaptive.budget_cells=4",
+    "dry_run=true",
+)
+
+
+def test_a_replay_grid_over_model_sizes_holds_out_a_replayed_model_by_its_name(tmp_path):
+    """Sized by parameters (no size_key), a replayed cell is the model whose curve it replays, not the config's
+    stand-in (the same for every cell): a holdout names that model, and its cells run as the holdout while the seed
+    design takes the smallest of the others. Before, every cell was the stand-in: the holdout named no model, and the
+    four models were one size."""
+    proc = run_sft(*SIZES, "+adaptive.holdout=[gpt2-xl]", f"runs_root={tmp_path}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    model = {c.name: json.loads((c / "replay.json").read_text())["model"] for c in iter_cell_dirs(tmp_path / "default")}
+    chosen = {model[n] for n in model if f"next: {n}: seed design" in out}
+    # the seed design's batch (2): the two smallest models; the holdout rendered to run beside them, never chosen
+    assert chosen == {"gpt2", "gpt2-medium"} and set(model.values()) == {"gpt2", "gpt2-medium", "gpt2-xl"}, out
+
+
+def test_a_holdout_that_names_no_replayed_model_is_refused_with_the_names_it_can_take(tmp_path):
+    proc = run_sft(*SIZES, "+adaptive.holdout=[gpt2-xxl]", f"runs_root={tmp_path}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "adaptive.holdout" in out and "gpt2-xxl names no model of the grid" in out, out
+    assert "fix: one of gpt2, gpt2-large, gpt2-medium, gpt2-xl" in out and "nothing was submitted" in out, out

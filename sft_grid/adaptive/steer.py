@@ -52,10 +52,23 @@ def _value(config: Mapping[str, Any], dotted: str) -> Any:
     return "+".join(map(str, node)) if isinstance(node, Mapping) else node
 
 
+def _stands_for(cell: Cell) -> tuple[str, int] | None:
+    """The model a cell's result stands for where the backend says it is not the cell's own (a replayed curve's)."""
+    return backends.get(cell.spec.backend.name).stands_for(cell)
+
+
 def _params(cell: Cell) -> int:
     """The parameter count of the model a cell's result stands for: the backend's (a replayed curve's model), else
     the cell's own model's."""
-    return backends.get(cell.spec.backend.name).stands_for_params(cell) or exact_params(cell.spec.model)
+    found = _stands_for(cell)
+    return found[1] if found else exact_params(cell.spec.model)
+
+
+def _model_name(cell: Cell) -> str:
+    """The name of the model a cell's result stands for (a replayed curve's model, else model.name): what a holdout
+    names."""
+    found = _stands_for(cell)
+    return found[0] if found else cell.spec.model.name
 
 
 def _gpu_hours(cells: Sequence[Cell], sizes: Mapping[str, float] | None = None) -> tuple[dict[str, float], str]:
@@ -88,8 +101,9 @@ def _size(spec: AdaptiveSpec, cell: Cell, config: Mapping[str, Any]) -> float | 
 
 
 def _held(spec: AdaptiveSpec, cell: Cell, size: float | None) -> bool:
-    """A pre-registered holdout: the cell's model name is in `holdout`, or (size_key) its size is."""
-    return cell.spec.model.name in spec.holdout or bool(
+    """A pre-registered holdout: the name of the model the cell stands for is in `holdout`, or (size_key) its size
+    is."""
+    return _model_name(cell) in spec.holdout or bool(
         spec.size_key and size is not None and any(_as_number(h) == size for h in spec.holdout)
     )
 
@@ -226,11 +240,13 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
             )
         )
         return out
-    models = {c.spec.model.name for c in cells}
+    models = {_model_name(c) for c in cells}
     # a size names a holdout only on a size_key axis (as `_held` reads it): else a holdout is a model name
     unknown = [h for h in spec.holdout if h not in models and not (spec.size_key and _as_number(h) in set(sizes))]
     if unknown:
-        what = "a model name (model.name)" + (f" or a {spec.size_key} of a cell" if spec.size_key else "")
+        what = "a model name (model.name, or the model a replayed cell stands for)" + (
+            f" or a {spec.size_key} of a cell" if spec.size_key else ""
+        )
         values = sorted(models) + ([f"{n:g}" for n in sorted({n for n in sizes if n})] if spec.size_key else [])
         out.append(
             Problem(
@@ -246,7 +262,7 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
         )
     groups: dict[tuple[str, str], list[Cell]] = {}
     for cell, c, n in zip(cells, composed, sizes, strict=True):
-        at = f"{n:g}" if spec.size_key else cell.spec.model.name
+        at = f"{n:g}" if spec.size_key else _model_name(cell)
         groups.setdefault((str(_value(c.config, spec.recipe_key) or ""), at), []).append(cell)
     size_of = {cell.name: n for cell, n in zip(cells, sizes, strict=True)}
     held = {m for (_, m), same in groups.items() if all(_held(spec, x, size_of[x.name]) for x in same)}

@@ -62,10 +62,11 @@ class Backend:
     # whether a leg can end with a cooldown probe from its rung's checkpoint (`guard: cooldown`); a backend
     # without one compares its cells at the same schedule position (`guard: position`) only
     cooldown_probe: bool = False
-    # the parameter count of the model a cell's result stands for, where that is not the cell's own model (replay:
-    # the model whose measured curve the cell replays, on the config's stand-in); None: the cell's model. What a
-    # cell costs is read from it where the planner has no estimate (adaptive/steer.py)
-    stands_for_params: Callable[[Cell], int | None] = lambda cell: None
+    # the model a cell's result stands for, (its name, its parameter count), where that is not the cell's own model
+    # (replay: the model whose measured curve the cell replays, on the config's stand-in); None: the cell's model.
+    # An adaptive grid reads it (adaptive/steer.py) for a cell's cost where the planner has no estimate, its size
+    # on a parameter axis, and the model name a holdout names
+    stands_for: Callable[[Cell], tuple[str, int] | None] = lambda cell: None
 
 
 # the leg a cell's next job trains (sft_grid/adaptive/prune.py writes it, job/runner.py reads it):

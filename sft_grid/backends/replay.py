@@ -122,10 +122,11 @@ def config(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     return {**s.backend.train_defaults, **knobs, **derived}
 
 
-def stands_for_params(cell: Cell) -> int | None:
-    """The parameter count of the model whose curve the cell replays (None: no such curve, which its rules refuse)."""
+def stands_for(cell: Cell) -> tuple[str, int] | None:
+    """The model whose curve the cell replays: its name as the curves name it, its parameter count (None: no such
+    curve, which its rules refuse)."""
     entry = _entry(cell)
-    return int(entry["params"]) if entry else None
+    return (str(_block(cell).get("model")), int(entry["params"])) if entry else None
 
 
 def _command(cell: Cell, cell_dir: Path, env_bin: Path) -> list[str]:
@@ -142,5 +143,5 @@ BACKEND = Backend(
     resume_args=lambda checkpoint: [f"resume_from_checkpoint={checkpoint}"],
     legs=lambda stop, probe: [f"stop_at_step={stop}"],
     cooldown_probe=False,
-    stands_for_params=stands_for_params,
+    stands_for=stands_for,
 )

@@ -43,6 +43,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -463,9 +464,11 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
 # one set of 30 decisions is too few to tell); 20-29 added before any run of them, with the code as it stands; 30-39
 # added after the reach rule (design.MAX_REACH) had been set from the wrong early stops on 0-29, first run (in
 # aggregate) by a plan rule that was then dropped; 40-49 added after that, unseen before the run that first reported
-# them; 50-69 added on 2026-12-04 with the near-best score (below), before any run of them
-REPLAY_SEEDS = tuple(range(70))
-REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 70))
+# them; 50-69 added on 2026-12-04 with the near-best score (below), before any run of them; 70-99 added on
+# 2026-12-05 with the local power law among the forms (analysis/forms.py `tail`, found on the curves of 0-69), before
+# any run of them
+REPLAY_SEEDS = tuple(range(100))
+REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 70), (70, 100))
 # the halving brackets' seeds (its target was measured on these; its code is not changed by the decisions')
 HALVING_SEEDS = tuple(range(10))
 # the replay decisions' level: a target of 90% right needs a rule that stops below 5% P(wrong), since the loop stops
@@ -548,6 +551,54 @@ def forms_coverage() -> dict[str, Any]:
         "E_at_bound_single": at_bound,
         "chosen": chosen,
     }
+
+
+# where each curve is cut for `forms_by_cut`: its sizes up to these (examples), forecast at REPLAY_TARGET
+CUTS = (102400, 204800, 409600, 819200)
+
+
+def forms_by_cut() -> dict[str, Any]:
+    """Every replayed curve cut at each of CUTS and forecast at REPLAY_TARGET, three ways: the form chosen on held-out
+    points among all of forms.FORMS (what the design uses), the same choice without the local power law (`tail`), and
+    the local power law alone: the root-mean-square and median |log error|, and which of REPLAY_MODELS models each
+    puts lowest, right against the measured losses, over the replay decisions' draws of models (every model cut
+    alike: a fixed design of the sizes up to the cut, its share of the fitted grid's GPU-hours beside it)."""
+    from sft_grid.analysis import forms
+
+    found = replay_curves()
+    ways = {
+        "chosen": forms.FORMS,
+        "chosen_without_tail": tuple(f for f in forms.FORMS if f != "tail"),
+        "tail": ("tail",),
+    }
+    out: dict[str, Any] = {}
+    for cut in CUTS:
+        fc = {
+            (way, key): forms.select([(x, v) for x, v in entry["points"] if x <= cut], forms=fs).fit.predict(
+                REPLAY_TARGET
+            )
+            for way, fs in ways.items()
+            for key, entry in found.items()
+        }
+        row: dict[str, Any] = {}
+        for way in ways:
+            logs = sorted(abs(math.log(fc[(way, k)] / dict(e["points"])[REPLAY_TARGET])) for k, e in found.items())
+            right = []
+            for d in sorted({d for d, _ in found}):
+                models = sorted(m for dd, m in found if dd == d)
+                for seed in REPLAY_SEEDS:
+                    drawn = random.Random(f"replay:{d}:{seed}").sample(models, REPLAY_MODELS)
+                    truth = {m: dict(found[(d, m)]["points"])[REPLAY_TARGET] for m in drawn}
+                    right.append(min(drawn, key=lambda m: fc[(way, (d, m))]) == min(drawn, key=lambda m: truth[m]))
+            row[way] = {
+                "rms": math.sqrt(sum(x * x for x in logs) / len(logs)),
+                "median": logs[len(logs) // 2],
+                "right": sum(right) / len(right),
+            }
+        fitted = [x for x, _ in next(iter(found.values()))["points"] if x < REPLAY_TARGET]
+        row["share"] = sum(x for x in fitted if x <= cut) / sum(fitted)
+        out[str(cut)] = row
+    return out
 
 
 def joint_check() -> dict[str, Any]:
@@ -689,15 +740,28 @@ def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
     }
 
 
-def replay_section(level: float | None = None) -> dict[str, Any]:
+def _replay_decision(args: tuple[str, int, float | None]) -> dict[str, Any]:
+    return replay_decision(*args)
+
+
+def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
+    """The replay measurements; the decisions (each pure and seeded: the same in any process) over `jobs` processes."""
     datasets = sorted({d for d, _ in replay_curves()})
-    decisions = [replay_decision(d, s, level) for d in datasets for s in REPLAY_SEEDS]
+    todo = [(d, s, level) for d in datasets for s in REPLAY_SEEDS]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs) as pool:
+            decisions = list(pool.map(_replay_decision, todo, chunksize=4))
+    else:
+        decisions = [_replay_decision(t) for t in todo]
     halvings = {
         g: [replay_halving(d, s, g) for d in datasets for s in HALVING_SEEDS]
         for g in ("position", "extrapolate", "extrapolate-point", "extrapolate-wide")
     }
     return {
         "forms": forms_coverage(),
+        "by_cut": forms_by_cut(),
         "joint": joint_check(),
         "decisions": decisions,
         "calibration": calibration(decisions),
@@ -790,6 +854,15 @@ def _print_replays(r: dict[str, Any]) -> bool:
         f" median error {f['median_error']:.2%} (single form {f['median_error_single']:.2%}); single form's E at"
         f" its bound in {f['E_at_bound_single']} of {f['curves']}; chosen {f['chosen']}"
     )
+    for cut, row in r.get("by_cut", {}).items():
+        ways = "; ".join(
+            f"{way} {row[way]['rms']:.3f} / {row[way]['median']:.2%} / {row[way]['right']:.1%}"
+            for way in ("chosen", "chosen_without_tail", "tail")
+        )
+        print(
+            f"  every curve cut at {cut} examples ({row['share']:.1%} of a curve's GPU-hours), forecast at"
+            f" {REPLAY_TARGET}: rms log error / median / right of the decisions' models: {ways}"
+        )
     print(
         f"  joint form L(N, D) or each size's own curve, chosen on held-out data sizes, over {j['groups']} (dataset,"
         f" family) groups: chosen {j['chosen']}; median error at the held-out sizes {j['median_error_selected']:.2%}"
@@ -865,6 +938,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--replay-level", type=float, default=None, help=f"the replay decisions' level (default {REPLAY_LEVEL})"
     )
+    ap.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="processes for the replay decisions (default: the CPUs)"
+    )
     args = ap.parse_args(argv)
 
     grids = [adaptive_grid(s) for s in range(args.grids)]
@@ -885,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
         pointwise = [halving_grid(s, Path(tmp) / f"e{s}", "extrapolate-point") for s in range(args.grids)]
         wide = [halving_grid(s, Path(tmp) / f"w{s}", "extrapolate-wide") for s in range(args.grids)]
         killed = kills(Path(tmp) / "kills")
-    replays = replay_section(args.replay_level) if not args.no_replay else None
+    replays = replay_section(args.replay_level, args.jobs) if not args.no_replay else None
     cost = max(h["cost"] for h in halvings)
     brackets = sum(h["brackets"] for h in halvings)
     kept = sum(h["best_kept"] for h in halvings) / brackets

@@ -502,8 +502,11 @@ def test_a_decision_is_not_called_from_sizes_whose_span_is_shorter_than_the_reac
 def test_a_cell_is_worth_what_it_does_to_the_decision_not_to_a_band():
     """Recipe c is far worse than a and b: narrowing its band cannot change which recipe wins, so its cells are never
     chosen, not even at a hundredth of the price; a design minimising the bands' variance would buy them. (From
-    eight sizes: from four, eight doublings short of `at`, the bands are wide enough that c might still win.)"""
-    pool, truth = _decision_pool({"a": 1.70, "b": 1.72, "c": 5.0}, price={"c": 0.01})
+    eight sizes: from four, eight doublings short of `at`, the bands are wide enough that c might still win. Far:
+    its loss about four times theirs; at three times, 5.0, its local power law's band, Student's t with two
+    degrees of freedom, still reaches below theirs in about one draw in a thousand, and a cell at a hundredth of the
+    price that settles those draws is worth its price.)"""
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72, "c": 8.0}, price={"c": 0.01})
     spec = _gap(("a", "b", "c"))
     r = choose(spec, pool, _first_sizes(truth, "abc", 8))
     assert r.decision == "a" and r.chosen and not any(c.startswith("c") for c in r.chosen), r.why

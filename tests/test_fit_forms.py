@@ -25,6 +25,9 @@ XS = [1e8 * 1.6**i for i in range(10)]
         ("loglinear", lambda x: 6.0 - 0.2 * math.log(x)),
         # flat below its pre-learned size (~ 1e9 here), a power law past it: Lin et al. 2024's form
         ("rectified", lambda x: 1.2 + 4.0e4 / (2.0e4 + x**0.45)),
+        # flat, then a power law from its fourth size on (a hard bend no global form follows): the local power
+        # law through the largest three sizes
+        ("tail", lambda x: min(2.8, 20.0 * x**-0.1)),
     ],
 )
 def test_the_form_a_curve_was_made_from_is_chosen_and_forecast(form, law):
@@ -56,13 +59,15 @@ def test_on_a_real_replayed_curve_the_chosen_form_beats_the_single_form_and_its_
         assert lo is not None and hi is not None and lo <= v <= hi
 
 
-def test_on_every_replayed_curve_the_chosen_form_forecasts_two_doublings_out_better_than_any_one_form():
+def test_on_every_replayed_curve_the_chosen_form_forecasts_two_doublings_out_better_than_any_global_form():
     """All 90 real curves (sft_grid/conf/replay/), fitted up to 409,600 examples and forecast at 1,638,400: the form
-    chosen per curve on held-out points errs less (median |log error|) than any single form fitted to every curve;
-    the rectified form (flat before its pre-learned size) is what most of the curves choose."""
+    chosen per curve on held-out points errs less (median |log error|) than any global form fitted to every curve,
+    and less than the choice without the local power law through the largest three sizes (`tail`), which is what
+    most of the curves choose. (The local form on every curve errs less still: the per-curve choice is noisy on
+    these few points; benchmarks/README.md measures it, and the design's decisions.)"""
     found = curves()
     chosen: dict[str, int] = {}
-    errors: dict[str, list[float]] = {f: [] for f in (*forms.FORMS, "chosen")}
+    errors: dict[str, list[float]] = {f: [] for f in (*forms.FORMS, "chosen", "chosen without tail")}
     for key in sorted(found):
         pts = found[key]["points"]
         truth = dict(pts)[1638400]
@@ -70,13 +75,25 @@ def test_on_every_replayed_curve_the_chosen_form_forecasts_two_doublings_out_bet
         sel = forms.select(train)
         chosen[sel.form] = chosen.get(sel.form, 0) + 1
         errors["chosen"].append(abs(math.log(sel.forecast(1638400)[0] / truth)))
+        without = forms.select(train, forms=[f for f in forms.FORMS if f != "tail"])
+        errors["chosen without tail"].append(abs(math.log(without.forecast(1638400)[0] / truth)))
         for f in forms.FORMS:
             fitted = forms.fit_form(f, train)
             assert fitted.ok, (key, f)
             errors[f].append(abs(math.log(fitted.predict(1638400) / truth)))
     median = {f: sorted(e)[len(e) // 2] for f, e in errors.items()}
-    assert all(median["chosen"] < median[f] for f in forms.FORMS), median
-    assert max(chosen, key=lambda f: chosen[f]) == "rectified", chosen
+    assert all(median["chosen"] < median[f] for f in (*forms.FORMS[:-1], "chosen without tail")), median
+    assert max(chosen, key=lambda f: chosen[f]) == "tail", chosen
+
+
+def test_the_local_power_law_is_fitted_through_the_largest_three_sizes_only():
+    """`tail`: the points below the largest three sizes do not move it (a flat start, or any value), and with fewer
+    than three sizes it is not fitted."""
+    law = [(x, 20.0 * x**-0.1) for x in XS[-3:]]
+    fitted = forms.fit_form("tail", [(x, 9.0) for x in XS[:-3]] + law)
+    assert fitted.ok and fitted.params["alpha"] == pytest.approx(0.1) and fitted.residual < 1e-9
+    assert fitted.predict(XS[-1] * 8) == pytest.approx(20.0 * (XS[-1] * 8) ** -0.1)
+    assert not forms.fit_form("tail", law[:2]).ok
 
 
 def test_the_report_shows_each_fits_chosen_form_and_the_held_out_errors_that_chose_it():

@@ -1,14 +1,14 @@
 """The next cells of an adaptive grid: what each is worth to the question asked, per GPU-hour, and when to stop.
 
 A round: (1) each recipe's completed cells (never a holdout) are fitted with the form chosen on held-out points
-(analysis/forms.py: E + A N^-alpha, A N^-alpha, a log-linear or the rectified E + B / (D_l + N^beta), whichever
-extrapolated best from the smaller sizes to the larger), and the errors it made there give its band at the size
-`at`: the forecast times exp(+-t s), s the log error scale the form makes extrapolating as far as `at` lies beyond
-the largest size (forms.growth: the level of its held-out one-step errors, grown with the distance as its nested
-extrapolations show, a flat prior on growth between linear and quadratic in the log distance where they cannot tell;
-so a forecast ten doublings out of four small sizes gets a band about five times the linear stretch of a
-one-doubling error) and the forms' disagreement at `at` (Selection.spread: forms that held out about as well but
-part ways there), t Student's (none through three sizes);
+(analysis/forms.py: E + A N^-alpha, A N^-alpha, a log-linear, the rectified E + B / (D_l + N^beta) or the local
+power law through the largest three sizes, whichever extrapolated best from the smaller sizes to the larger), and
+the errors it made there give its band at the size `at`: the forecast times exp(+-t s), s the log error scale the
+form makes extrapolating as far as `at` lies beyond the largest size (forms.growth: the level of its held-out
+one-step errors, grown with the distance as its nested extrapolations show, a flat prior on growth between linear
+and quadratic in the log distance where they cannot tell; so a forecast ten doublings out of four small sizes gets a
+band about five times the linear stretch of a one-doubling error) and the forms' disagreement at `at`
+(Selection.spread: forms that held out about as well but part ways there), t Student's (none through three sizes);
 (2) the decision: which recipe wins (has the lowest loss) at `at`, and the probability that it is wrong, under each
 recipe's band read as a Student-t predictive distribution in log L (the recipes independent; `DRAWS` seeded draws);
 (3) the loop stops when the budget is spent, the band's half width is below `stop_halfwidth`, or (question `gap`)

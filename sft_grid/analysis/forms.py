@@ -11,6 +11,11 @@ within the observed range, and the bootstrap band of a misspecified form is narr
   `rectified` L = E + B / (D_l + x^beta)   (Lin et al. 2024's "rectified" law for fine-tuning data, least squares
               in log L: a power law in x past a pre-learned size D_l, flat before it, where the curve has not yet
               begun to fall: the phase in which the other forms' fits are bent by the early, flat points)
+  `tail`     L = A x^-alpha through the largest TAIL_X (3) x only (least squares in log L): the local power law,
+              the curve's latest log-log slope carried on. Its forecast ignores how the curve began, so a flat start
+              or an early bend the global forms must follow cannot tilt it; a curve made of power-law segments (a
+              "broken" scaling law) is extrapolated by its last segment. On the 90 real curves it is the most often
+              chosen and, used alone, errs least at every distance measured (benchmarks/README.md)
   (where a grid has both size and data, analysis/joint.py weighs a joint surface against each size's curve);
 * the choice: rolling-origin validation, the extrapolation the forecast makes: for each of the `holdout`
   largest distinct x, each form is fitted on the points below it and scored on the points at it (log error,
@@ -42,9 +47,11 @@ from typing import Any
 
 from sft_grid.analysis import scaling
 
-FORMS = ("power_e", "power", "loglinear", "rectified")
-# the fewest distinct x each form is fitted on (its parameters)
-MIN_X = {"power_e": 3, "power": 2, "loglinear": 2, "rectified": 4}
+FORMS = ("power_e", "power", "loglinear", "rectified", "tail")
+# the local power law's distinct x: its largest three (the fewest through which a line in log-log has a residual)
+TAIL_X = 3
+# the fewest distinct x each form is fitted on (its parameters; the local power law's own x)
+MIN_X = {"power_e": 3, "power": 2, "loglinear": 2, "rectified": 4, "tail": TAIL_X}
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,7 @@ class FormFit:
             return math.nan
         if self.form == "power_e":
             return float(p["E"] + p["A"] * x ** -p["alpha"])
-        if self.form == "power":
+        if self.form in ("power", "tail"):
             return float(p["A"] * x ** -p["alpha"])
         if self.form == "rectified":
             return float(p["E"] + p["B"] / (p["Dl"] + x ** p["beta"]))
@@ -95,9 +102,14 @@ def _fit_form(form: str, good: tuple[tuple[float, float], ...]) -> FormFit:
         at_bounds = f.at_bounds
     elif form == "rectified":
         params, at_bounds = _fit_rectified(good)
-    elif form == "power":
-        slope, icpt = np.polyfit(np.log(xs), np.log(ys), 1)
-        params, at_bounds = {"A": float(math.exp(icpt)), "alpha": float(-slope)}, ()
+    elif form in ("power", "tail"):
+        x0 = 1.0
+        if form == "tail":  # the largest TAIL_X distinct x only: the residual below is theirs too
+            keep = xs >= sorted(set(xs.tolist()))[-TAIL_X]
+            xs, ys = xs[keep], ys[keep]
+            x0 = float(xs.max())  # log x about the largest: the three close x's line well conditioned
+        slope, icpt = np.polyfit(np.log(xs / x0), np.log(ys), 1)
+        params, at_bounds = {"A": float(math.exp(icpt) * x0**-slope), "alpha": float(-slope)}, ()
     else:
         slope, icpt = np.polyfit(np.log(xs), ys, 1)
         params, at_bounds = {"a": float(icpt), "b": float(-slope)}, ()
@@ -431,6 +443,7 @@ FORMULAS = {
     "power": "{A} {x}^-{alpha}",
     "loglinear": "{a} - {b} log {x}",
     "rectified": "{E} + {B} / ({Dl} + {x}^{beta})",
+    "tail": "{A} {x}^-{alpha} (through the largest 3)",
 }
 
 

@@ -332,7 +332,8 @@ def _fit_forms(data: dict[str, Any]) -> str:
     per_curve = (
         '<p class="note">Each fit\'s form chosen on held-out points: every'
         " form (power_e: E + A x^-alpha, the scaling plots' own; power: A x^-alpha; loglinear: a - b log x;"
-        " rectified: E + B / (D_l + x^beta), flat below D_l) fitted on the points below each of the largest"
+        " rectified: E + B / (D_l + x^beta), flat below D_l; tail: A x^-alpha through the largest three sizes"
+        " only) fitted on the points below each of the largest"
         " sizes and scored there; the smallest root-mean-square held-out log error (about the relative error)"
         " chooses, and the chosen form is refitted on every point.</p>"
         f'<ul class="note">{"".join(items)}</ul>'

@@ -466,9 +466,14 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
 # aggregate) by a plan rule that was then dropped; 40-49 added after that, unseen before the run that first reported
 # them; 50-69 added on 2026-12-04 with the near-best score (below), before any run of them; 70-99 added on
 # 2026-12-05 with the local power law among the forms (analysis/forms.py `tail`, found on the curves of 0-69), before
-# any run of them
-REPLAY_SEEDS = tuple(range(100))
-REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 70), (70, 100))
+# any run of them (then run by the design with the local form among its candidates, and again, before this set was
+# fixed, by development runs of `forms: [tail]` and of a pooled form that was dropped); 100-129 added after those,
+# with `forms: [tail]` in the bench, before any run of them
+REPLAY_SEEDS = tuple(range(130))
+REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 70), (70, 100), (100, 130))
+# the candidate forms the decisions are run with (the adaptive block's `forms:`): all (the default), then the local
+# power law alone
+REPLAY_FORMS: tuple[tuple[str, ...], ...] = ((), ("tail",))
 # the halving brackets' seeds (its target was measured on these; its code is not changed by the decisions')
 HALVING_SEEDS = tuple(range(10))
 # the replay decisions' level: a target of 90% right needs a rule that stops below 5% P(wrong), since the loop stops
@@ -640,13 +645,13 @@ def joint_check() -> dict[str, Any]:
     }
 
 
-def replay_decision(dataset: str, seed: int, level: float | None = None) -> dict[str, Any]:
+def replay_decision(dataset: str, seed: int, level: float | None = None, forms: tuple[str, ...] = ()) -> dict[str, Any]:
     """Which of REPLAY_MODELS models (drawn by `seed`) has the lowest loss fine-tuned on REPLAY_TARGET examples, from
     cells of fewer examples (GPU-hours ~ parameters x examples): the adaptive loop (question gap over the models, level
     REPLAY_LEVEL unless given, to its stopping rule or the budget), the fixed design and random designs
     (RANDOM_DESIGN_SEEDS) of the adaptive loop's cost, the fixed design at the whole budget (as before the loop
     could stop early) and the full grid; each picks the model its forecast puts lowest, scored right or wrong and by
-    its regret."""
+    its regret; every design's forecasts choose among `forms` (empty: all)."""
     found = replay_curves()
     models = sorted(m for d, m in found if d == dataset)
     drawn = random.Random(f"replay:{dataset}:{seed}").sample(models, REPLAY_MODELS)
@@ -669,6 +674,7 @@ def replay_decision(dataset: str, seed: int, level: float | None = None) -> dict
         batch=2,
         seed=DESIGN_SEED,
         level=REPLAY_LEVEL if level is None else level,
+        forms=forms,
     )
     at_truth = {m: truth[f"{m}@{REPLAY_TARGET}"] for m in drawn}
     tol = _near_tol(replay_noise()[dataset], at_truth)
@@ -740,21 +746,24 @@ def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
     }
 
 
-def _replay_decision(args: tuple[str, int, float | None]) -> dict[str, Any]:
+def _replay_decision(args: tuple[str, int, float | None, tuple[str, ...]]) -> dict[str, Any]:
     return replay_decision(*args)
 
 
 def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
-    """The replay measurements; the decisions (each pure and seeded: the same in any process) over `jobs` processes."""
+    """The replay measurements; the decisions (each pure and seeded: the same in any process) over `jobs` processes,
+    once for each of REPLAY_FORMS."""
     datasets = sorted({d for d, _ in replay_curves()})
-    todo = [(d, s, level) for d in datasets for s in REPLAY_SEEDS]
+    todo = [(d, s, level, fs) for fs in REPLAY_FORMS for d in datasets for s in REPLAY_SEEDS]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(jobs) as pool:
-            decisions = list(pool.map(_replay_decision, todo, chunksize=4))
+            done = list(pool.map(_replay_decision, todo, chunksize=4))
     else:
-        decisions = [_replay_decision(t) for t in todo]
+        done = [_replay_decision(t) for t in todo]
+    by_forms = {fs: [d for t, d in zip(todo, done, strict=True) if t[3] == fs] for fs in REPLAY_FORMS}
+    decisions = by_forms[()]
     halvings = {
         g: [replay_halving(d, s, g) for d in datasets for s in HALVING_SEEDS]
         for g in ("position", "extrapolate", "extrapolate-point", "extrapolate-wide")
@@ -765,6 +774,7 @@ def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
         "joint": joint_check(),
         "decisions": decisions,
         "calibration": calibration(decisions),
+        "by_forms": {",".join(fs): by_forms[fs] for fs in REPLAY_FORMS if fs},
         "halving": {g: sum(h["best_kept"] for h in hs) / len(hs) for g, hs in halvings.items()},
         "halving_cost": {g: sum(h["cost"] for h in hs) / len(hs) for g, hs in halvings.items()},
         "halving_cost_max": {g: max(h["cost"] for h in hs) for g, hs in halvings.items()},
@@ -880,7 +890,30 @@ def _print_replays(r: dict[str, Any]) -> bool:
         f"    near-best: the pick's measured loss within {NEAR_Z:g} sd of two measurements' difference of the best's"
         f" (one point's noise, from the curves' second differences below the target: {noise})"
     )
-    _print_decisions(ds, ("adaptive", "fixed", "random", "fixed_budget", "full"), per_decision=True)
+    _print_decision_sets(ds, per_decision=True)
+    for fs, other in r.get("by_forms", {}).items():
+        print(f"  the same decisions, every design's forecasts from the forms [{fs}] alone (forms: [{fs}]):")
+        _print_decision_sets(other)
+    print(
+        f"  halving over {r['halving_brackets']} brackets of {REPLAY_BRACKET} models (rungs at 1/9, 1/3, 40% kept), the"
+        " best kept, and the steps trained (mean, max) as a share of the full sweep's:"
+    )
+    for g, label in (
+        ("position", "position (logged loss at the rung)"),
+        ("extrapolate", "extrapolate (band, kept by confidence)"),
+        ("extrapolate-point", "extrapolate-point (the value alone, fixed 40%: before the band)"),
+        ("extrapolate-wide", "extrapolate-wide (the value alone, 40% + 1 always: the bound alone)"),
+    ):
+        print(
+            f"    {label:68s} best kept {r['halving'][g]:.1%} (target >= 80% for extrapolate), steps"
+            f" {r['halving_cost'][g]:.1%}, at most {r['halving_cost_max'][g]:.1%}"
+        )
+    return replay_target_met(ds)
+
+
+def _print_decision_sets(ds: list[dict[str, Any]], per_decision: bool = False) -> None:
+    """The decisions' lines: each design's, its calibration, and each seed set's."""
+    _print_decisions(ds, ("adaptive", "fixed", "random", "fixed_budget", "full"), per_decision=per_decision)
     for lo, hi in REPLAY_SEED_SETS:
         part = [d for d in ds if lo <= d["seed"] < hi]
         if part:
@@ -897,21 +930,6 @@ def _print_replays(r: dict[str, Any]) -> bool:
                 f" GPU-hours {sum(d['adaptive']['share'] for d in part) / len(part):.1%}; stopped as decided {c['n']},"
                 f" claimed P(wrong) {c['claimed'] or 0:.1%}, realised {c['realised'] or 0:.1%}"
             )
-    print(
-        f"  halving over {r['halving_brackets']} brackets of {REPLAY_BRACKET} models (rungs at 1/9, 1/3, 40% kept), the"
-        " best kept, and the steps trained (mean, max) as a share of the full sweep's:"
-    )
-    for g, label in (
-        ("position", "position (logged loss at the rung)"),
-        ("extrapolate", "extrapolate (band, kept by confidence)"),
-        ("extrapolate-point", "extrapolate-point (the value alone, fixed 40%: before the band)"),
-        ("extrapolate-wide", "extrapolate-wide (the value alone, 40% + 1 always: the bound alone)"),
-    ):
-        print(
-            f"    {label:68s} best kept {r['halving'][g]:.1%} (target >= 80% for extrapolate), steps"
-            f" {r['halving_cost'][g]:.1%}, at most {r['halving_cost_max'][g]:.1%}"
-        )
-    return replay_target_met(ds)
 
 
 def replay_target_met(ds: list[dict[str, Any]]) -> bool:
@@ -1040,6 +1058,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  a second run over the finished grids: {again} decisions or effects (target 0)")
     if replays is not None:
         verdicts["replay_right_recipe"] = _print_replays(replays)
+        for fs, other in replays["by_forms"].items():
+            verdicts[f"replay_right_recipe_forms_{fs}"] = replay_target_met(other)
         verdicts["replay_extrapolate_best_kept"] = replays["halving"]["extrapolate"] >= TARGETS["extrapolate_best_kept"]
     missed = [k for k, ok in verdicts.items() if not ok]
     print("targets: " + ("all met" if not missed else "MISSED " + ", ".join(missed)))

@@ -70,6 +70,10 @@ def test_a_bad_prune_block_names_its_key_value_and_fix(block, key, fix):
         # a size as a holdout only where sizes come from size_key (else a holdout is a model name)
         ({"at": 1e9, "budget_cells": 3, "holdout": [1638400]}, "adaptive.holdout"),
         ({"at": 1e9, "budget_cells": 3, "size_key": 3}, "adaptive.size_key"),
+        ({"at": 1e9, "budget_cells": 3, "forms": ["tail", "quadratic"]}, "adaptive.forms"),
+        ({"at": 1e9, "budget_cells": 3, "forms": "tail"}, "adaptive.forms"),
+        ({"at": 1e9, "budget_cells": 3, "forms": []}, "adaptive.forms"),
+        ({"at": 1e9, "budget_cells": 3, "forms": ["tail", "tail"]}, "adaptive.forms"),
     ],
 )
 def test_a_bad_adaptive_block_names_its_key(block, key):
@@ -533,3 +537,25 @@ def test_a_decision_never_spends_past_its_budget_and_says_why_it_stopped():
     assert sum(c.gpu_hours for c in pool if c.name in observed) <= 60.0
     assert r.stop and not {"a12", "b12"} & set(observed)
     assert r.stop.startswith(("the budget is spent", "no affordable cell", "decided"))
+
+
+def test_the_forms_a_decision_chooses_among_are_the_blocks_own():
+    """`forms: [tail]`: every recipe's forecast is the local power law through its largest three sizes, with its
+    band; without the key the form is chosen among all five (here a saturating law: E + A x^-alpha). A form that
+    does not exist is refused, naming it and the forms there are."""
+    spec, problems = parse_adaptive(
+        {"question": "gap", "at": XS[-1], "recipes": ["a", "b"], "budget_cells": 30, "forms": ["tail"]},
+        recipes=["a", "b"],
+    )
+    assert not problems and spec is not None and spec.forms == ("tail",)
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72})
+    observed = _first_sizes(truth, "ab", 8)
+    found = choose(spec, pool, observed).forecasts
+    for f in found:
+        pts = [(c.n, observed[c.name]) for c in pool if c.recipe == f.recipe and c.name in observed]
+        assert f.form == "tail" and f.scale is not None
+        assert f.value == pytest.approx(forms.fit_form("tail", pts).predict(XS[-1]))
+    default = choose(_gap(("a", "b")), pool, observed).forecasts
+    assert {f.form for f in default} != {"tail"}
+    _, bad = parse_adaptive({"at": 1e9, "budget_cells": 3, "forms": ["tail", "cubic"]})
+    assert "names no form: ['cubic']" in bad[0].render() and "power_e, power, loglinear, rectified, tail" in bad[0].fix

@@ -203,3 +203,15 @@ def test_a_holdout_that_names_no_replayed_model_is_refused_with_the_names_it_can
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "adaptive.holdout" in out and "gpt2-xxl names no model of the grid" in out, out
     assert "fix: one of gpt2, gpt2-large, gpt2-medium, gpt2-xl" in out and "nothing was submitted" in out, out
+
+
+def test_an_adaptive_block_naming_no_form_is_refused_before_anything_is_queued(tmp_path):
+    """`forms:` is read through the real flow (Hydra's override, the sweep's block): `[tail]` is accepted and a dry
+    run renders the grid; a name that is no form is refused naming the key, the value and the forms there are, and
+    nothing is written."""
+    ok = run_sft(*SIZES, "+adaptive.holdout=[gpt2-xl]", "+adaptive.forms=[tail]", f"runs_root={tmp_path / 'ok'}")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = run_sft(*SIZES, "+adaptive.forms=[tail,cubic]", f"runs_root={tmp_path / 'bad'}")
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "adaptive.forms" in out and "cubic" in out and "rectified" in out, out
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").rglob("*.yaml"))

@@ -139,7 +139,7 @@ def _fits(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, 
             out[recipe] = _Fit(Forecast(recipe, None, None, None, len(pts)), None)
             continue
         # the form chosen on held-out points (analysis/forms.py), its band from the errors it made extrapolating
-        chosen = forms.select(pts, level=spec.level)
+        chosen = forms.select(pts, forms=spec.forms or forms.FORMS, level=spec.level)
         value, lo, hi = chosen.forecast(spec.at)
         if not chosen.ok or not math.isfinite(value) or value <= 0:
             out[recipe] = _Fit(Forecast(recipe, None, None, None, len(pts)), None)

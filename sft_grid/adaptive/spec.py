@@ -25,6 +25,8 @@
       stop_halfwidth: 0.01        # stop once the question's band is narrower than this (its half width)
       level: 0.9
       seed: 0
+      forms: [tail]               # the forms the forecasts choose among on held-out points (analysis/forms.py);
+                                  #   default all five: power_e, power, loglinear, rectified, tail
 
 `question: gap` takes two or more recipes and asks which is lowest at `at` (sft_grid/adaptive/design.py decides,
 with the probability that another is lower); each recipe needs four sizes besides the holdouts for its band
@@ -42,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sft_grid.analysis.forms import FORMS
 from sft_grid.core.problems import GRID, Problem
 
 PRUNE_KEYS = ("metric", "rungs", "unit", "keep", "by", "guard", "probe")
@@ -58,6 +61,7 @@ ADAPTIVE_KEYS = (
     "seed",
     "recipe_key",
     "size_key",
+    "forms",
 )
 GUARDS = ("cooldown", "position", "extrapolate")
 UNITS = ("steps", "tokens")
@@ -95,6 +99,7 @@ class AdaptiveSpec:
     seed: int = 0
     recipe_key: str = "vars.recipe"
     size_key: str = ""  # the dotted key whose number is a cell's size; empty: the model's parameter count
+    forms: tuple[str, ...] = ()  # the forms the forecasts choose among (analysis/forms.py FORMS); empty: all
 
 
 def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
@@ -280,6 +285,21 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
     seed = _get(data, "seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         problems.append(_problem("adaptive", "seed", seed, "must be a whole number", "e.g. seed: 0"))
+    candidates = _get(data, "forms")
+    listed = [] if candidates is None or isinstance(candidates, (str, Mapping)) else list(candidates)
+    if candidates is not None and (
+        not listed or len(set(map(str, listed))) < len(listed) or any(f not in FORMS for f in listed)
+    ):
+        strange = [f for f in listed if f not in FORMS]
+        problems.append(
+            _problem(
+                "adaptive",
+                "forms",
+                candidates,
+                f"names no form: {strange}" if strange else "must be a list of distinct forms, one or more",
+                f"some of {', '.join(FORMS)}, e.g. forms: [tail]",
+            )
+        )
     if problems:
         return None, problems
     return (
@@ -296,6 +316,7 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             int(seed),
             str(recipe_key),
             size_key,
+            tuple(str(f) for f in listed),
         ),
         [],
     )

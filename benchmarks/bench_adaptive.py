@@ -558,6 +558,12 @@ def forms_coverage() -> dict[str, Any]:
     }
 
 
+def replay_models(dataset: str, seed: int) -> list[str]:
+    """The REPLAY_MODELS models of `dataset` a replay decision with `seed` compares (its seeded draw)."""
+    models = sorted(m for d, m in replay_curves() if d == dataset)
+    return random.Random(f"replay:{dataset}:{seed}").sample(models, REPLAY_MODELS)
+
+
 # where each curve is cut for `forms_by_cut`: its sizes up to these (examples), forecast at REPLAY_TARGET
 CUTS = (102400, 204800, 409600, 819200)
 
@@ -576,6 +582,8 @@ def forms_by_cut() -> dict[str, Any]:
         "chosen_without_tail": tuple(f for f in forms.FORMS if f != "tail"),
         "tail": ("tail",),
     }
+    at_target = {key: dict(entry["points"])[REPLAY_TARGET] for key, entry in found.items()}
+    draws = [(d, replay_models(d, seed)) for d in sorted({d for d, _ in found}) for seed in REPLAY_SEEDS]
     out: dict[str, Any] = {}
     for cut in CUTS:
         fc = {
@@ -587,14 +595,11 @@ def forms_by_cut() -> dict[str, Any]:
         }
         row: dict[str, Any] = {}
         for way in ways:
-            logs = sorted(abs(math.log(fc[(way, k)] / dict(e["points"])[REPLAY_TARGET])) for k, e in found.items())
-            right = []
-            for d in sorted({d for d, _ in found}):
-                models = sorted(m for dd, m in found if dd == d)
-                for seed in REPLAY_SEEDS:
-                    drawn = random.Random(f"replay:{d}:{seed}").sample(models, REPLAY_MODELS)
-                    truth = {m: dict(found[(d, m)]["points"])[REPLAY_TARGET] for m in drawn}
-                    right.append(min(drawn, key=lambda m: fc[(way, (d, m))]) == min(drawn, key=lambda m: truth[m]))
+            logs = sorted(abs(math.log(fc[(way, k)] / at_target[k])) for k in found)
+            right = [
+                min(drawn, key=lambda m: fc[(way, (d, m))]) == min(drawn, key=lambda m: at_target[(d, m)])
+                for d, drawn in draws
+            ]
             row[way] = {
                 "rms": math.sqrt(sum(x * x for x in logs) / len(logs)),
                 "median": logs[len(logs) // 2],
@@ -653,8 +658,7 @@ def replay_decision(dataset: str, seed: int, level: float | None = None, forms: 
     could stop early) and the full grid; each picks the model its forecast puts lowest, scored right or wrong and by
     its regret; every design's forecasts choose among `forms` (empty: all)."""
     found = replay_curves()
-    models = sorted(m for d, m in found if d == dataset)
-    drawn = random.Random(f"replay:{dataset}:{seed}").sample(models, REPLAY_MODELS)
+    drawn = replay_models(dataset, seed)
     pool, truth = [], {}
     for m in drawn:
         for x, v in found[(dataset, m)]["points"]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -47,6 +46,7 @@ from typing import Self
 import pytest
 
 from tests.hubserver import HubServer
+from tests.ports import free_ports
 
 SETUPS = ("prefix", "cache", "refused", "wrong_size", "no_query", "flat", "strip", "stall", "cdn")
 PREFIX = "/hf"
@@ -55,12 +55,6 @@ PORTAL = (
     "<!DOCTYPE html><html><head><title>Research Computing Portal</title></head>"
     "<body><h1>Welcome</h1><p>Sign in to continue.</p></body></html>"
 )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def nginx_binary() -> str | None:
@@ -166,8 +160,8 @@ class NginxFront:
 
     def __init__(self, root: Path, backend: str, binary: str) -> None:
         self.root, self.backend, self.binary = Path(root), backend, binary
-        self.ports = {name: free_port() for name in SETUPS}
-        self.closed = free_port()  # nothing listens there: the refused file host
+        *ports, self.closed = free_ports(len(SETUPS) + 1)  # the last: nothing listens there, the refused file host
+        self.ports = dict(zip(SETUPS, ports, strict=True))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url(self, setup: str) -> str:

@@ -30,7 +30,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,8 +42,10 @@ from typing import Self
 
 try:
     from tests.hubstore import LFS_SUFFIXES
+    from tests.ports import free_ports
 except ImportError:  # run as a script: tests/ itself is on sys.path
     from hubstore import LFS_SUFFIXES  # type: ignore[no-redef, import-not-found]
+    from ports import free_ports  # type: ignore[no-redef, import-not-found]
 
 OLAH_VERSION = "0.5.4"
 # What `pip install olah==0.5.4` resolved to on 2026-12 (Python 3.11), pinned so the server under test does not
@@ -326,17 +327,6 @@ class OlahMirror:
 
 
 # -- the server ------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on: olah's upstream, so even a stray upstream call stays on loopback."""
-    return _free_port()
-
-
 class OlahServer:
     """``with OlahServer(tmp) as olah: olah.add_repo("org/m", {...}); HF_ENDPOINT=olah.url``."""
 
@@ -370,7 +360,9 @@ class OlahServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _config(self, port: int) -> Path:
+    def _config(self, port: int, closed: int) -> Path:
+        """olah on ``port``; its upstream (the Hub's netlocs) ``closed``, a loopback port nothing listens on, so even
+        a stray upstream call stays on loopback."""
         cfg = self.root / "olah.toml"
         cfg.write_text(
             "[basic]\n"
@@ -378,8 +370,8 @@ class OlahServer:
             f'repos-path = "{self.root / "repos"}"\n'
             f'mirrors-path = ["{self.mirror.root}"]\n'
             f'mirror-scheme = "http"\nmirror-netloc = "127.0.0.1:{port}"\nmirror-lfs-netloc = "127.0.0.1:{port}"\n'
-            f'hf-scheme = "http"\nhf-netloc = "127.0.0.1:{_closed_port()}"\n'
-            f'hf-lfs-netloc = "127.0.0.1:{_closed_port()}"\n'
+            f'hf-scheme = "http"\nhf-netloc = "127.0.0.1:{closed}"\n'
+            f'hf-lfs-netloc = "127.0.0.1:{closed}"\n'
             "\n[accessibility]\noffline = true\n"
         )
         return cfg
@@ -396,8 +388,8 @@ class OlahServer:
             HF_HOME=str(self.root / "hf-home"),
         )
         for _attempt in range(5):  # the port is free when picked; another process may take it before olah binds
-            port = _free_port()
-            cfg = self._config(port)
+            port, closed = free_ports(2)
+            cfg = self._config(port, closed)
             with open(self.log_path, "ab") as out:
                 self.proc = subprocess.Popen(
                     [str(cli), "-c", str(cfg), "--log-path", str(self.root / "logs")],

@@ -17,13 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ports import free_ports
+
 SSHD = Path("/usr/sbin/sshd")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -81,7 +77,7 @@ def start(where: Path, hosts: Mapping[str, Mapping[str, str]], env: Mapping[str,
     for name in ("host_key", "user_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(where / name)], check=True)
     shutil.copy(where / "user_key.pub", where / "authorized_keys")
-    port = free_port()
+    port, down = free_ports(2)  # sshd's, and site_down's (nothing listens there): never the same port
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
     server = where / "sshd_config"
     server.write_text(
@@ -111,7 +107,7 @@ def start(where: Path, hosts: Mapping[str, Mapping[str, str]], env: Mapping[str,
     client = where / "ssh_config"
     client.write_text(
         "".join(_entry(where, host, port, {**(env or {}), **extra}) for host, extra in hosts.items())
-        + f"Host site_down\n  HostName 127.0.0.1\n  Port {free_port()}\n  IdentityFile {where / 'user_key'}\n"
+        + f"Host site_down\n  HostName 127.0.0.1\n  Port {down}\n  IdentityFile {where / 'user_key'}\n"
         "  ConnectTimeout 10\n"
     )
     log = where / "sshd.log"

@@ -36,7 +36,7 @@ from sft_grid.planning.environments import CONDA_VARIABLES, bin_dir, locate
 from sft_grid.planning.evaluation import harness_venv, suites_of
 
 from .conftest import run_sft
-from .sshd import free_port
+from .ports import free_port
 
 pytestmark = pytest.mark.xdist_group("envs_existing")  # its tests share the module's environments
 KEY = "cluster.backend_venvs.llamafactory"

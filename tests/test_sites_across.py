@@ -42,6 +42,7 @@ from sft_grid.sites.snapshot import SHIP_ENV
 from . import sshd
 from .conftest import holding_cluster
 from .helpers import cancel_jobs_of, ledger
+from .ports import free_port
 from .test_sites_remote import SITE_B_CONF, site_b_jobs, wait_done
 from .test_snapshot import commit_all, make_checkout
 
@@ -100,7 +101,7 @@ class Across:
 def across(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> Iterator[Across]:
     base = tmp_path_factory.mktemp("across")
     subprocess.run(["bash", str(REPO_ROOT / "scripts" / "slurm_site_up.sh")], check=True, capture_output=True)
-    closed = sshd.free_port()  # nothing listens there: site_b's route to the Hub
+    closed = free_port()  # nothing listens there: site_b's route to the Hub (never a port sshd.start picks)
     hosts = {"site_a": {}, "site_b": {"SLURM_CONF": SITE_B_CONF, "HF_ENDPOINT": f"http://127.0.0.1:{closed}"}}
     server = sshd.start(base / "sshd", hosts, env={"SFT_GRID_CACHE": str(cache_root())})
     checkout = make_checkout(base / "clone")

@@ -186,7 +186,8 @@ def test_summary_wording():
     )
     assert summarize(F.PREEMPTED, "x", (), 1, 5, None, None) == "preempted by the scheduler after 1 requeue (budget 5)"
     # no requeue budget: no count of requeues, only where it stopped
-    assert summarize(F.TIME_LIMIT, "DUE TO TIME LIMIT", (), 0, 0, 1234, 6000) == "time limit reached, at step 1234 of 6000"
+    no_budget = summarize(F.TIME_LIMIT, "DUE TO TIME LIMIT", (), 0, 0, 1234, 6000)
+    assert no_budget == "time limit reached, at step 1234 of 6000"
     assert len(summarize(F.BACKEND_ERROR, "E" * 1000, (), 0, 0, None, None)) < 300
 
 

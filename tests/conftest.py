@@ -84,20 +84,24 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             item.add_marker(pytest.mark.backend)
         if item.get_closest_marker("whole_cluster"):
             item.add_marker(pytest.mark.slurm)
-            item.add_marker(pytest.mark.xdist_group("cluster_alone"))
+            if _group(item) is None:  # one of a group (sites_remote) stays in it: xdist keeps a test's first group
+                item.add_marker(pytest.mark.xdist_group("cluster_alone"))
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    on_slurm = {_group(item) for item in items if item.get_closest_marker("slurm")} - {None}
 
-    def order(item: Any) -> tuple[int, int]:
+    def order(item: Any) -> tuple[int, int, int]:
         # the tests that take the cluster alone, then the rest of their group (one worker runs them, in this order,
         # xdist given --no-loadscope-reorder); meanwhile the other worker runs what needs no cluster, then the
-        # Slurm tests that share it: so neither waits long for the cluster's lock
-        if item.get_closest_marker("whole_cluster"):
-            first = 0
-        elif _group(item) == "cluster_alone":
-            first = 1
+        # Slurm tests that share it: so neither waits long for the cluster's lock. A group's place is its first
+        # test's: a whole_cluster test of the sites group once put that whole group (17 minutes of one worker, most
+        # of it waits on two clusters) first, beside cluster_alone's waits, and one core sat idle for ten minutes
+        group = _group(item)
+        if group == "cluster_alone":
+            first = 0 if item.get_closest_marker("whole_cluster") else 1
         else:
-            first = 3 if item.get_closest_marker("slurm") else 2
-        return first, rank.get(Path(str(item.fspath)).name, len(rank))
+            first = 3 if item.get_closest_marker("slurm") or group in on_slurm else 2
+        # among the rest, a group first: one worker runs it end to end, so started early it does not end last
+        return first, 0 if group else 1, rank.get(Path(str(item.fspath)).name, len(rank))
 
     items.sort(key=order)  # stable: the order within a file is kept
 

@@ -44,6 +44,9 @@ WAIT_S = 1800  # CI's shared 2-core machine can be several times slower than a w
 # of silence measured here, busy). A minute: far above a step's gap even on a machine several times slower, and a
 # minute of CI's time instead of two
 HANG_AFTER_S = 60
+# a failure its policy requeues is submitted again by its job's batch script (job/after.py) within seconds of the
+# step's end: ten minutes without it is a lost requeue, not a slow machine
+REQUEUE_WAIT_S = 600
 
 
 def wait_for(probe: Callable[[], T | None], what: str, deadline_s: float = WAIT_S) -> T:
@@ -62,12 +65,20 @@ def the_cell(root: Path) -> Path:
 
 
 def final(root: Path, deadline_s: float = WAIT_S) -> CellState:
-    """The cell's state once it ended, as `status` shows it (the scheduler's ends triaged)."""
+    """The cell's state once it ended, as `status` shows it (the scheduler's ends triaged). A failure its policy
+    requeues is not an end; one left unrequeued for REQUEUE_WAIT_S (its job ended and nothing submitted it again)
+    fails at once, instead of at the deadline."""
     cell = the_cell(root)
+    waiting: list[float] = []  # since when the cell has waited for its requeue
 
     def ended() -> CellState | None:
         st = triaged_states([cell])[cell]
-        return st if st.state in (State.COMPLETED, State.FAILED, State.CANCELLED) and st.action != "requeue" else None
+        if st.state is State.FAILED and st.action == "requeue":
+            waiting[:] = waiting or [time.monotonic()]
+            assert time.monotonic() - waiting[0] < REQUEUE_WAIT_S, f"never requeued: {st}"
+            return None
+        waiting.clear()
+        return st if st.state in (State.COMPLETED, State.FAILED, State.CANCELLED) else None
 
     return wait_for(ended, f"{cell.name} to end", deadline_s)
 
@@ -192,6 +203,11 @@ def test_one_rank_of_a_two_node_job_killed_is_requeued_from_its_checkpoint_and_c
     assert failed[0]["class"] in ("collective_timeout", "rendezvous"), failed[0]
     requeued = [e for e in history if e["event"] == "submitted" and e.get("note", "").startswith("requeue: ")]
     assert requeued, history  # submitted again by the policy, not by a person
+    # ... by the job's batch script once srun had ended the step (the step, being killed, only recorded it)
+    script_log = "".join(p.read_text() for p in (cell.parent / ".submitit").glob(f"*/{failed[0]['job_id']}_0_log.out"))
+    assert re.search(r"sft_grid after the training step: \S+: requeued after \w+: queued as job \d+", script_log), (
+        script_log[-3000:]
+    )
     assert st.state is State.COMPLETED, (st, [e["event"] for e in history])
     assert any(e["event"] == "resumed" for e in history[history.index(requeued[0]) :]), history
 

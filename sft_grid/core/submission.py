@@ -42,6 +42,12 @@ ENTRIES = {
     Role.EVAL: "sft_grid.job.entries:evaluate",
 }
 
+# what a training job's batch script runs once its training step ended (its EXIT trap): the requeue its failure's
+# policy asks for, submitted from outside the step, which srun may be killing (job/after.py); the runner reads
+# AFTER_STEP_ENV to leave the submission to it
+AFTER_STEP = "sft_grid.job.after"
+AFTER_STEP_ENV = "SFT_GRID_AFTER_STEP"
+
 
 @dataclass(frozen=True)
 class SlurmRequest:

@@ -7,9 +7,9 @@ failure `hang` with each node's last line, and requeued); record `completed` onl
 weights and trainer state, else `failed` with its triage (class, evidence, next step: core/failures/cell.py);
 then the post-training stages where they run in this job (the local executor). A failure its policy requeues (a
 collective timeout, a GPU fault, a hang) is submitted again at once, from its checkpoint, avoiding the nodes the
-evidence names (`sft-grid requeue`); a killed training (time limit, preemption, the OOM killer) is left
-to the scheduler's record, which the grid triages. The end of the cell (and of the grid, when this was its last
-cell) is notified once (stages/notify.py).
+evidence names (`sft-grid requeue`; on Slurm by the job's batch script once the step ended: job/after.py); a
+killed training (time limit, preemption, the OOM killer) is left to the scheduler's record, which the grid
+triages. The end of the cell (and of the grid, when this was its last cell) is notified once (stages/notify.py).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from sft_grid.core.layout import (
 from sft_grid.core.provenance import packages_hash
 from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
+from sft_grid.core.submission import AFTER_STEP_ENV
 from sft_grid.core.templates import effective_template, template_digest
 from sft_grid.job import hang
 from sft_grid.stages import evaluate, notify
@@ -266,13 +267,26 @@ def run_cell(cell_dir: str | Path) -> str:
 def _record_and_requeue(
     cell_dir: Path, failure: Failure, remedy: Remedy, rc: int | None, details: dict[str, Any] | None = None
 ) -> None:
-    try:
-        events.append(cell_dir, failed_event(failure, remedy, job_id=_job_id(), rc=rc, details=details or {}))
-    except OSError as exc:  # a full disk: the grid triages the job's end again when it reads the cell
-        raise CellFailed(f"{failure.klass.value}: {remedy.message} (not recorded: {exc})") from exc
+    record_failure(cell_dir, failure, remedy, rc, details)
     if remedy.kind is RemedyKind.REQUEUE:
         _requeue(cell_dir)
     _ended(cell_dir)
+
+
+def record_failure(
+    cell_dir: Path,
+    failure: Failure,
+    remedy: Remedy,
+    rc: int | None,
+    details: dict[str, Any] | None = None,
+    job_id: str | None = None,
+) -> None:
+    """The failed event, with its class, evidence and the policy's next step."""
+    job_id = _job_id() if job_id is None else job_id
+    try:
+        events.append(cell_dir, failed_event(failure, remedy, job_id=job_id, rc=rc, details=details or {}))
+    except OSError as exc:  # a full disk: the grid triages the job's end again when it reads the cell
+        raise CellFailed(f"{failure.klass.value}: {remedy.message} (not recorded: {exc})") from exc
 
 
 def _record_hang(cell_dir: Path, hung: hang.Hung, rc: int | None, used: dict[str, float]) -> None:
@@ -306,10 +320,21 @@ def _set_aside_verdict(cell_dir: Path) -> None:
 
 
 def _requeue(cell_dir: Path) -> None:
-    """Submit the cell again through the grid's own code, in a process of its own (the job side never imports
-    the grid's); a Slurm cell only (locally, the next invocation of the grid runs it again)."""
+    """Submit the cell again, a Slurm cell only (locally, the next invocation of the grid runs it again). In a job
+    whose batch script submits it once the step ended (AFTER_STEP_ENV, job/after.py), this step only records: a
+    submission from inside the step can be killed half-way when srun ends the step."""
     if not where().on_slurm:
         return
+    if os.environ.get(AFTER_STEP_ENV):
+        log.info("%s: requeued by the job's script once this step ends", cell_dir.name)
+        return
+    log.info("%s", submit_requeue(cell_dir))
+
+
+def submit_requeue(cell_dir: Path) -> str:
+    """Submit the cell again through the grid's own code, in a process of its own (the job side never imports
+    the grid's): `sft-grid requeue` decides again under the sweep's lock, so a cell already requeued is not
+    submitted twice. What was done, in a line."""
     try:  # bounded: a controller that does not answer must not hold the job past its own end
         proc = subprocess.run(
             [sys.executable, "-m", "sft_grid", "requeue", str(cell_dir)],
@@ -319,10 +344,14 @@ def _requeue(cell_dir: Path) -> None:
             timeout=REQUEUE_S,
         )
     except subprocess.TimeoutExpired:
-        log.error("requeue of %s: no answer within %d s; the next sft-grid run decides it", cell_dir.name, REQUEUE_S)
-        return
+        text = f"requeue of {cell_dir.name}: no answer within {REQUEUE_S} s; the next sft-grid run decides it"
+        log.error("%s", text)
+        return text
     if proc.returncode:
-        log.error("requeue of %s failed: %s", cell_dir.name, (proc.stderr or proc.stdout).strip()[-2000:])
+        text = f"requeue of {cell_dir.name} failed: {(proc.stderr or proc.stdout).strip()[-2000:]}"
+        log.error("%s", text)
+        return text
+    return proc.stdout.strip()
 
 
 def _ended(cell_dir: Path) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from sft_grid.core import gate
 from sft_grid.core.failures.sacct import SacctLeg, parse_sacct, sacct_argv
 from sft_grid.core.state import JobState
-from sft_grid.core.submission import SlurmJob, SlurmRequest
+from sft_grid.core.submission import AFTER_STEP, AFTER_STEP_ENV, Role, SlurmJob, SlurmRequest
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,22 @@ def executor_params(job: SlurmJob, dependency: str | None) -> dict[str, Any]:
     params["job_name"] = job.name
     params["array_parallelism"] = job.throttle or len(job.targets)
     params["stderr_to_stdout"] = True
+    if job.role is Role.TRAIN:
+        params["setup"] = [*params.get("setup", []), *after_step_lines(job.folder)]
     return params
+
+
+def after_step_lines(folder: Path) -> list[str]:
+    """The batch script's lines that run job/after.py once the training step ended, however it ended (bash's EXIT
+    trap, after srun returns): the requeue a failure's policy asks for is submitted by the batch script, which
+    Slurm does not kill with the step (srun ends the step when a task fails, and kills what is left of it KillWait
+    seconds later). The script's exit status stays srun's."""
+    command = " ".join([shlex.quote(sys.executable), "-u -m", AFTER_STEP, shlex.quote(str(folder))])
+    return [
+        f"export {AFTER_STEP_ENV}=1",
+        f"sft_grid_after_step() {{ {command}; }}",
+        "trap sft_grid_after_step EXIT",
+    ]
 
 
 def sbatch_script(job: SlurmJob, dependency: str | None) -> str:

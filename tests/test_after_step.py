@@ -16,6 +16,7 @@ from sft_grid.core import events
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.failures.classes import Failure, FailureClass
 from sft_grid.core.failures.policy import Remedy, RemedyKind
+from sft_grid.core.layout import LOGS_DIR
 from sft_grid.job import after, runner
 from sft_grid.schedulers import slurm
 from sft_grid.schedulers.entry import CheckpointableEntry
@@ -56,12 +57,17 @@ def test_a_failure_to_requeue_is_submitted_once_even_with_a_notification_after_i
         ((RUN, FAILED_REQUEUE, Event(Kind.SUBMITTED, note="requeue: collective_timeout")), "submitted"),
         ((RUN, Event(Kind.COMPLETED, job_id="41")), "completed"),
         ((RUN, Event(Kind.FAILED, job_id="41", failure_class=FailureClass.GPU_OOM, action=RemedyKind.STOP)), "gpu_oom"),
-        ((Event(Kind.RUNNING, job_id="40"), FAILED_REQUEUE), "not started by job 41"),  # another job's cell
         ((RUN, Event(Kind.REQUEUED, job_id="41")), "requeued"),  # submitit's own requeue of this job
     ],
 )
 def test_nothing_is_submitted_for_any_other_end(tmp_path, submitted, history, said):
     assert said in after.finish(cell(tmp_path, *history), "41")
+    assert submitted == []
+
+
+def test_a_cell_this_job_never_started_is_left_alone(tmp_path, submitted):
+    # another job ran it (this one found it moved to another site before it started): not even a line written
+    assert after.finish(cell(tmp_path, Event(Kind.RUNNING, job_id="40"), FAILED_REQUEUE), "41") is None
     assert submitted == []
 
 
@@ -87,6 +93,7 @@ def test_the_trap_runs_the_hook_for_this_jobs_cell_and_keeps_the_steps_exit_stat
     real submitit pickle of the job's task, the step's status (srun's) kept as the script's."""
     folder = tmp_path / "sub mit's"
     d = cell(tmp_path, RUN, Event(Kind.COMPLETED, job_id="41"))
+    (d / LOGS_DIR).mkdir()
     folder.mkdir()
     DelayedSubmission(CheckpointableEntry("sft_grid.job.entries:train", str(d))).dump(
         JobPaths(folder, job_id="41").submitted_pickle
@@ -96,5 +103,6 @@ def test_the_trap_runs_the_hook_for_this_jobs_cell_and_keeps_the_steps_exit_stat
     env.pop("SLURM_ARRAY_JOB_ID", None)
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 7, proc.stderr
-    assert f"sft_grid after the training step: {d.name}: completed; nothing to do" in proc.stdout, proc
+    said = (d / LOGS_DIR / after.LOG_FILE).read_text()
+    assert said.endswith(f" job 41: {d.name}: completed; nothing to do\n"), (said, proc)
     assert sys.executable in script

@@ -7,7 +7,8 @@ some sites). The runner on node 0 records the failure in that window (a line in 
 from inside the step (`sft-grid requeue`: the grid's imports, the controller's answers, two sbatch calls) can
 take longer on a busy node or controller, and killed half-way it left the cell `planned` with no job, or failed
 with its requeue never made. The batch script is not part of the step: it runs until the job ends. So the runner
-records, and the script's EXIT trap (schedulers/slurm.py) runs this, which submits:
+records, and the script's EXIT trap (schedulers/slurm.py) runs this, which submits (and says so in the cell's
+logs/after_step.log):
 
 - the job's last record a failure its policy requeues, with no submission after it: submitted (`sft-grid
   requeue`, which decides again under the sweep's lock: never twice);
@@ -22,13 +23,16 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 from sft_grid.core import events
 from sft_grid.core.events import STATE_KINDS, Event, Kind
 from sft_grid.core.failures.cell import triage
 from sft_grid.core.failures.policy import RemedyKind
+from sft_grid.core.layout import LOGS_DIR
 
+LOG_FILE = "after_step.log"  # in the cell's logs/: what the batch script did once the training step ended
 DECIDING = STATE_KINDS | {Kind.INTERRUPTED, Kind.REQUEUED}
 
 
@@ -52,13 +56,14 @@ def _this_job(history: list[Event], job_id: str) -> list[Event]:
     return history[starts[-1] :] if starts else []
 
 
-def finish(cell_dir: Path, job_id: str) -> str:
-    """Submit the requeue the job's failure asks for, once (see the module's docstring); what was done, in a line."""
+def finish(cell_dir: Path, job_id: str) -> str | None:
+    """Submit the requeue the job's failure asks for, once (see the module's docstring); what was done, in a line.
+    None: this job never started the cell (it moved to another site first): nothing to do, nothing to write."""
     from sft_grid.job import runner
 
     since = _this_job(events.read(cell_dir), job_id)
     if not since:
-        return f"{cell_dir.name}: not started by job {job_id}; nothing to do"
+        return None
     # the cell's last change of state, or the runner's word that the training was killed: not the annotations
     # written after them (a notification of the failure, a stage's record)
     last = next(e for e in reversed(since) if e.kind in DECIDING)
@@ -83,10 +88,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         found = _job_target(Path(args[0]))
-        print(f"sft_grid after the training step: {finish(found[1], found[0]) if found else 'no task pickle'}")
+        if found is None:
+            print("sft_grid after the training step: no task pickle", file=sys.stderr)
+            return 0
+        job_id, cell_dir = found
+        said = finish(cell_dir, job_id)
+        if said is None:
+            print(f"sft_grid after the training step: {cell_dir.name} not started by job {job_id}", file=sys.stderr)
+            return 0
     except Exception as exc:  # the job's own end stands; the next run of the grid decides the cell
         print(f"sft_grid after the training step: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    # in the cell's logs, not the job's: the job's log is evidence its triage reads, this line is none
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job {job_id}: {said}\n"
+    try:
+        (cell_dir / LOGS_DIR).mkdir(exist_ok=True)
+        with (cell_dir / LOGS_DIR / LOG_FILE).open("a") as fh:
+            fh.write(line)
+    except OSError as exc:  # a full disk: what was done stands
+        print(f"sft_grid after the training step: {line.strip()} (not written to logs/: {exc})", file=sys.stderr)
     return 0
 
 

@@ -78,6 +78,7 @@ HEAVY_FIRST = (
 CLUSTER_LOCK = Path(os.environ.get("SFT_GRID_TEST_CLUSTER_LOCK", "/tmp/sft_grid-tests-slurm-cluster.lock"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own (its workers name a test's group from its marks, in theirs)
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     for item in items:
         if {"tiny_assets", "axolotl_env"} & set(getattr(item, "fixturenames", ())):

@@ -16,11 +16,12 @@ Two workers (pytest-xdist, `--dist loadgroup`) share the machine and its local S
 - what is expensive and read-only is built once per run, whatever the number of workers (`built_once`): the
   first worker that needs it builds it under a lock, the others wait for it and read it;
 - tests that share a module-scoped fixture are one `xdist_group` (the group runs on one worker, in order);
-- the tests that take the cluster alone, then the time-limit grids (which hold it shared while their legs run,
-  minutes) are one group, `cluster_alone`, collected first: one worker runs them, in that order, while the other
-  runs first the tests that need no cluster, then the Slurm tests; so no test waits long for the cluster, and a lock
-  is never held across tests by a worker that could ask for it alone later (xdist keeps this order with
-  `--no-loadscope-reorder`: its default sorts groups by their number of tests);
+- the tests that mostly wait (those that take the cluster alone, then the time-limit grids, which hold it shared
+  while their legs run, minutes, then the sites tests on the two clusters) are one group (WAITING), collected
+  first: one worker runs them, in that order, while the other runs first the tests that need no cluster, then the
+  Slurm tests; so no test waits long for the cluster, no wait runs beside another, and a lock is never held across
+  tests by a worker that could ask for it alone later (xdist keeps this order with `--no-loadscope-reorder`: its
+  default sorts groups by their number of tests);
 - the heaviest tests are collected first (HEAVY_FIRST), so the two workers end close together.
 """
 
@@ -78,6 +79,14 @@ HEAVY_FIRST = (
 CLUSTER_LOCK = Path(os.environ.get("SFT_GRID_TEST_CLUSTER_LOCK", "/tmp/sft_grid-tests-slurm-cluster.lock"))
 
 
+# the groups whose tests mostly wait: on the cluster alone (preemption, idle nodes expected, a node set down), on
+# a time limit's legs, on the second cluster's controller stopped and started, on an ssh connection gone silent. One
+# worker runs them all in a row (xdist names a test with several groups by all of them: one group), the whole_cluster
+# tests first, while the other runs the CPU-bound tests: a wait beside a wait leaves a core idle (CI's timeline: 15%
+# of the set idle while the sites tests waited beside the Slurm tests' own waits, at the end)
+WAITING = ("cluster_alone", "sites_remote")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own (its workers name a test's group from its marks, in theirs)
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     for item in items:
@@ -85,19 +94,20 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
             item.add_marker(pytest.mark.backend)
         if item.get_closest_marker("whole_cluster"):
             item.add_marker(pytest.mark.slurm)
-            if _group(item) is None:  # one of a group (sites_remote) stays in it: xdist keeps a test's first group
+            if not _groups(item):
                 item.add_marker(pytest.mark.xdist_group("cluster_alone"))
+        if _groups(item) & set(WAITING):
+            for name in set(WAITING) - _groups(item):
+                item.add_marker(pytest.mark.xdist_group(name))
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     on_slurm = {_group(item) for item in items if item.get_closest_marker("slurm")} - {None}
 
     def order(item: Any) -> tuple[int, int, int]:
-        # the tests that take the cluster alone, then the rest of their group (one worker runs them, in this order,
-        # xdist given --no-loadscope-reorder); meanwhile the other worker runs what needs no cluster, then the
-        # Slurm tests that share it: so neither waits long for the cluster's lock. A group's place is its first
-        # test's: a whole_cluster test of the sites group once put that whole group (17 minutes of one worker, most
-        # of it waits on two clusters) first, beside cluster_alone's waits, and one core sat idle for ten minutes
+        # the waiting tests, whole_cluster first (one worker runs them, in this order, xdist given
+        # --no-loadscope-reorder); meanwhile the other worker runs what needs no cluster, then the Slurm tests that
+        # share it: so neither waits long for the cluster's lock, and no wait runs beside another
         group = _group(item)
-        if group == "cluster_alone":
+        if _groups(item) & set(WAITING):
             first = 0 if item.get_closest_marker("whole_cluster") else 1
         else:
             first = 3 if item.get_closest_marker("slurm") or group in on_slurm else 2
@@ -107,9 +117,13 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
     items.sort(key=order)  # stable: the order within a file is kept
 
 
+def _groups(item: Any) -> set[str]:
+    return {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+
+
 def _group(item: Any) -> str | None:
-    mark = item.get_closest_marker("xdist_group")
-    return (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else None
+    """The test's xdist group as xdist names it (several groups: their names joined); None: none."""
+    return "_".join(sorted(_groups(item))) or None
 
 
 @contextmanager

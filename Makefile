@@ -10,7 +10,7 @@
 # pins: a second `make` reuses them.
 PYTHON ?= python3
 
-.PHONY: install lock check setup-demo setup chromium nginx sshd demo test test-fast slurm-up slurm-down slurm-site-up\
+.PHONY: install lock check setup-demo setup chromium nginx sshd demo test test-fast gpu-wheels slurm-up slurm-down slurm-site-up\
 	slurm-site-down
 
 # sft_grid itself, its tests' and checks' tools, exactly as requirements.lock has them (pyproject.toml: the ranges);
@@ -77,6 +77,20 @@ test: check setup slurm-up slurm-site-up
 
 test-fast: install
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
+
+# the wheels benchmarks/gpu_check.sh installs on a GPU machine whose python3 (GPU_PY, default 3.12) has a CUDA torch,
+# triton, numpy, pandas, pyarrow and the rest of a usual CUDA image, but nothing can be fetched: LLaMA-Factory and what
+# it needs at the managed environment's pins (conf/locks/llamafactory.txt), sft_grid's own (requirements.lock; antlr4's
+# runtime is an sdist, built here) and liger-kernel; into .whl/ (git ignores it: add /.whl/ to .git/info/exclude)
+GPU_PY ?= 3.12
+GPU_WHEELS = llamafactory transformers tokenizers datasets dill multiprocess fsspec trl peft accelerate omegaconf \
+	pydantic pydantic_core annotated-types typing-inspection typing_extensions
+gpu-wheels:
+	mkdir -p .whl && $(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+	  $$(for p in $(GPU_WHEELS); do grep -i "^$$p==" sft_grid/conf/locks/llamafactory.txt; done) \
+	  $$(grep -E "^(hydra-core|submitit)==" requirements.lock) liger-kernel==0.8.5
+	$(PYTHON) -m pip wheel -q --no-deps -w .whl $$(grep "^antlr4-python3-runtime==" requirements.lock)
 
 slurm-up:
 	bash scripts/slurm_up.sh

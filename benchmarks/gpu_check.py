@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHAPES = {
-    "447M": {"hidden_size": 1024, "num_hidden_layers": 11, "num_attention_heads": 8},
+SHAPES = {  # the larger first: its memory is the prediction that matters most, and a call cut short keeps it
     "1.9B": {"hidden_size": 2048, "num_hidden_layers": 21, "num_attention_heads": 16},
+    "447M": {"hidden_size": 1024, "num_hidden_layers": 11, "num_attention_heads": 8},
 }
 CPU_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 1}
 VOCAB = 128256
@@ -114,13 +114,11 @@ class PeakMemory:
             self._thread.join()
 
 
-def run(argv: list[str], env: dict[str, str], log: Path) -> float:
+def run(argv: list[str], env: dict[str, str], log: Path) -> tuple[int, float]:
     started = time.monotonic()
     with log.open("w") as fh:
         proc = subprocess.run(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(argv[:6])} ... failed ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
-    return time.monotonic() - started
+    return proc.returncode, time.monotonic() - started
 
 
 def predicted(cell: Path) -> tuple[float, dict[str, float], str]:
@@ -143,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--cpu", action="store_true", help="no GPU: check the script itself, tiny shapes, few steps")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp/gpu_check"))
+    p.add_argument("--work", type=Path, default=Path("/tmp/gpu_check_work"), help="models, data, runs, logs")
     args = p.parse_args(argv)
-    out = args.out
+    out, work = args.out, args.work
     out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO))
     from sft_grid.planning.environments import VenvSpec
     from sft_grid.planning.estimate import PEAK_FLOPS
@@ -153,12 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     env_dir = Path(os.environ.get("SFT_GRID_GPU_ENV") or VenvSpec.load("llamafactory").path)
     python = env_dir / "bin" / "python"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    probe = "import torch; print(torch.cuda.get_device_name(0).split()[-1], torch.cuda.mem_get_info()[1] // 2**30)"
-    gpu, mem = (
-        ("CPU", 0)
-        if args.cpu
-        else subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    )
+    probe = "import torch; print(torch.cuda.mem_get_info()[1] // 2**30, torch.cuda.get_device_name(0))"
+    gpu, mem = "CPU", 0
+    if not args.cpu:  # "NVIDIA H100 80GB HBM3", "NVIDIA H200": the word that names a GPU of PEAK_FLOPS
+        said = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+        mem = int(said[0])
+        gpu = next((w for w in said[1:] if any(w.startswith(k) for k in PEAK_FLOPS if k != "CPU")), said[-1])
     has_liger = not args.cpu and subprocess.run([str(python), "-c", "import liger_kernel"]).returncode == 0
     peak_flops = next((v for k, v in PEAK_FLOPS.items() if str(gpu).upper().startswith(k)), None)
     steps = 2 if args.cpu else args.steps
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         built = json.loads(
             subprocess.run(
                 [
-                    *(str(python), "-c", BUILD, str(REPO / "sft_grid" / "in_venv"), str(out / "models")),
+                    *(str(python), "-c", BUILD, str(REPO / "sft_grid" / "in_venv"), str(work / "models")),
                     *(json.dumps(shape), f"delphi-{name}", str(vocab), "fp32" if args.cpu else "bf16"),
                 ],
                 capture_output=True,
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             .stdout.strip()
             .splitlines()[-1]
         )
-        data = out / f"data-{name}.jsonl"
+        data = work / f"data-{name}.jsonl"
         data.write_text("".join(json.dumps(c) + "\n" for c in conversations(built["words"], 8 * steps * 6)))
         d = shape["hidden_size"]
         model = [
@@ -209,51 +209,52 @@ def main(argv: list[str] | None = None) -> int:
             f"cluster.backend_venvs.llamafactory={env_dir}",
         ]
         for arm, overrides in arms.items():
-            runs = out / f"runs-{name}-{arm}"
+            runs = work / f"runs-{name}-{arm}"
             shutil.rmtree(runs, ignore_errors=True)
             argv = [sys.executable, "-m", "sft_grid", *model, *site, *overrides]
             argv += [f"dataset.tiny_messages.source={data}", f"max_steps={steps}", f"save_steps={steps}"]
+            # no checkpoint (a 1.9B one with its optimizer is ~23 GB to write): the final weights only
+            argv += ["+extra.save_strategy=no"]
             argv += ["micro_batch_size=1", "global_batch_size=8", f"cutoff_len={512 if args.cpu else 4096}"]
             argv += ["tokenize_once=false", "+extra.include_num_input_tokens_seen=true", f"runs_root={runs}"]
             with PeakMemory(not args.cpu) as peak:
-                wall = run(argv, env, out / f"{name}-{arm}.log")
-            (cell,) = [c for c in (runs / "default").iterdir() if (c / "cell.yaml").is_file()]
-            results = json.loads((cell / "output" / "all_results.json").read_text())
-            seconds = float(results["train_runtime"])
-            tokens = float(results.get("num_input_tokens_seen") or 0)
-            total, parts, layout = predicted(cell)
-            rate = tokens / seconds if seconds else 0.0
-            mfu = 6 * built["params"] * rate / peak_flops if peak_flops and not args.cpu else None
-            rows.append(
-                {
-                    "model": name,
-                    "arm": arm,
-                    "layout": layout,
-                    "predicted_gib": total,
-                    "predicted_parts_gib": parts,
-                    "measured_gib": peak.peak / 1024,
-                    "tokens": tokens,
-                    "tokens_per_s": rate,
-                    "mfu": mfu,
-                    "train_runtime_s": seconds,
-                    "wall_s": wall,
-                }
-            )
-            print(
-                f"{name} {arm}: {rate:,.0f} tokens/s, peak {peak.peak / 1024:.1f} GiB (predicted {total:.1f})",
-                flush=True,
-            )
+                rc, wall = run(argv, env, work / f"{name}-{arm}.log")
+            grid = runs / "default"  # absent when sft_grid refused the cell before writing it (its log says why)
+            cells = [c for c in grid.iterdir() if (c / "cell.yaml").is_file()] if grid.is_dir() else []
+            total, parts, layout = predicted(cells[0]) if cells else (0.0, {}, "")
+            row: dict = {"model": name, "arm": arm, "layout": layout, "predicted_gib": total}
+            row |= {"predicted_parts_gib": parts, "measured_gib": peak.peak / 1024, "wall_s": wall}
+            done = cells[0] / "output" / "all_results.json" if cells else None
+            if rc or done is None or not done.is_file():  # an arm that fails (out of memory, say) is a result too
+                tail = (work / f"{name}-{arm}.log").read_text()[-1500:]
+                logs = sorted((cells[0] / "logs").glob("*.log"), key=lambda f: f.stat().st_mtime) if cells else []
+                tail += "".join(f"\n--- {f.name}\n{f.read_text(errors='replace')[-2500:]}" for f in logs[-1:])
+                rows.append(row | {"error": f"exit {rc}", "log_tail": tail})
+                print(f"{name} {arm}: FAILED (exit {rc}), peak {peak.peak / 1024:.1f} GiB (predicted {total:.1f})")
+                print(tail, flush=True)
+            else:
+                results = json.loads(done.read_text())
+                seconds = float(results["train_runtime"])
+                tokens = float(results.get("num_input_tokens_seen") or 0)
+                rate = tokens / seconds if seconds else 0.0
+                mfu = 6 * built["params"] * rate / peak_flops if peak_flops and not args.cpu else None
+                rows.append(row | {"tokens": tokens, "tokens_per_s": rate, "mfu": mfu, "train_runtime_s": seconds})
+                print(f"{name} {arm}: {rate:,.0f} tokens/s, peak {peak.peak / 1024:.1f} GiB (predicted {total:.1f})")
+            shutil.rmtree(runs, ignore_errors=True)  # a 1.9B cell's weights are GBs: the disk holds one arm's
+            sys.stdout.flush()
+            report = {"gpu": gpu, "gpu_mem_gib": mem, "steps": steps, "rows": rows}
+            (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n")  # each arm: a cut call keeps them
     print(f"\nGPU check on {gpu} ({mem} GiB), {steps} steps a cell, cutoff 4096, global batch 8:")
     head = f"{'model':<6} {'arm':<9} {'predicted':>10} {'measured':>9} {'ratio':>6} {'tokens/s':>10} {'MFU':>6}  layout"
     print(head)
     for r in rows:
         ratio = r["measured_gib"] / r["predicted_gib"] if r["predicted_gib"] and r["measured_gib"] else float("nan")
-        mfu = f"{r['mfu']:.0%}" if r["mfu"] is not None else "-"
+        mfu = f"{r['mfu']:.0%}" if r.get("mfu") is not None else "-"
+        speed = f"{r['tokens_per_s']:>10,.0f}" if "tokens_per_s" in r else f"{'failed':>10}"
         print(
             f"{r['model']:<6} {r['arm']:<9} {r['predicted_gib']:>9.1f}G {r['measured_gib']:>8.1f}G {ratio:>6.2f}"
-            f" {r['tokens_per_s']:>10,.0f} {mfu:>6}  {r['layout']}"
+            f" {speed} {mfu:>6}  {r['layout']}"
         )
-    (out / "gpu_check.json").write_text(json.dumps({"gpu": gpu, "gpu_mem_gib": mem, "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -20,9 +20,10 @@ local Slurm cluster:
 - the tests that mostly wait (those that take the cluster alone, then the time-limit grids, which hold it shared
   while their legs run, minutes, then the sites tests on the two clusters) are one group (WAITING), collected
   first: one worker runs them, in that order, while the other two run first the tests that need no cluster
-  (training, one single-threaded process each: two keep both cores busy beside the waits), then the Slurm tests; so no test waits long for the cluster, no wait runs beside another, and a lock is never held across
-  tests by a worker that could ask for it alone later (xdist keeps this order with `--no-loadscope-reorder`: its
-  default sorts groups by their number of tests);
+  (training, one single-threaded process each: two keep both cores busy beside the waits), then the Slurm tests;
+  so no test waits long for the cluster, no wait runs beside another, and a lock is never held across tests by a
+  worker that could ask for it alone later (xdist keeps this order with `--no-loadscope-reorder`: its default sorts
+  groups by their number of tests);
 - the heaviest tests are collected first (HEAVY_FIRST), so the workers end close together.
 """
 

@@ -66,15 +66,15 @@ check: install
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy
 
-# the fast set runs on both cores; the backend/Slurm set on three workers: one runs the tests that mostly wait (those
-# that take the whole cluster, the time limits, the remote sites: one xdist group, tests/conftest.py) while two run
-# the CPU-bound training tests beside it, and then all share the local cluster. It names each test as a worker ends it
-# (CI's log stamps each line with the time: which worker waited, and on what) and prints every test (and setup) of 20 s
-# or more: the long poles of CI's time
+# both sets run on both cores; the backend/Slurm set shares the local cluster between its two workers (tests that
+# take the whole cluster hold it alone: tests/conftest.py); it names each test as a worker ends it (CI's log stamps each
+# line with the time: which worker waited, and on what) and prints every test (and setup) of 20 s or more: the long
+# poles of CI's time. Three workers were measured from a fresh clone (tests/README.md): no faster, the set being
+# CPU-bound once the waits run beside the training
 FAST = not backend and not slurm and not mirror and not proxy and not sites
 test: check setup slurm-up slurm-site-up
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
-	$(PYTHON) -m pytest -v -n 3 --dist loadgroup --no-loadscope-reorder -m "not ($(FAST))" --durations=0 --durations-min=20
+	$(PYTHON) -m pytest -v -n 2 --dist loadgroup --no-loadscope-reorder -m "not ($(FAST))" --durations=0 --durations-min=20
 
 test-fast: install
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"

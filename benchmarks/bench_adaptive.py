@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -228,12 +229,14 @@ def gap_grid(seed: int) -> dict[str, Any]:
     at_truth = {c.recipe: truth[c.name] for c in pool if c.holdout}
     tol = _near_tol(RUN_NOISE, at_truth)  # the simulator's run noise is known
     observed, last = _decide_loop(spec, pool, truth)
+    valued, _ = _decide_loop(dataclasses.replace(spec, design="value"), pool, truth)
     spent = sum(c.gpu_hours for c in fitted if c.name in observed)
     fixed, rands = _same_cost_designs(fitted, truth, spent, f"gap-random:{seed}")
     full = {c.name: truth[c.name] for c in fitted}
     return {
         "seed": seed,
         "adaptive": _decision_of(spec, pool, observed, at_truth, fit_cost, tol),
+        "value": _decision_of(spec, pool, valued, at_truth, fit_cost, tol),
         "p_wrong": last.p_wrong,
         "stop": last.stop,
         "fixed": _decision_of(spec, pool, fixed, at_truth, fit_cost, tol),
@@ -468,9 +471,10 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
 # 2026-12-05 with the local power law among the forms (analysis/forms.py `tail`, found on the curves of 0-69), before
 # any run of them (then run by the design with the local form among its candidates, and again, before this set was
 # fixed, by development runs of `forms: [tail]` and of a pooled form that was dropped); 100-129 added after those,
-# with `forms: [tail]` in the bench, before any run of them
-REPLAY_SEEDS = tuple(range(130))
-REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 70), (70, 100), (100, 130))
+# with `forms: [tail]` in the bench, before any run of them; 130-189 added on 2026-12-05 with the race (design: race,
+# adaptive/race.py, whose constants were set from development runs on 0-129), before any run of them
+REPLAY_SEEDS = tuple(range(190))
+REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 70), (70, 100), (100, 130), (130, 190))
 # the candidate forms the decisions are run with (the adaptive block's `forms:`): all (the default), then the local
 # power law alone
 REPLAY_FORMS: tuple[tuple[str, ...], ...] = ((), ("tail",))
@@ -683,6 +687,7 @@ def replay_decision(dataset: str, seed: int, level: float | None = None, forms: 
     at_truth = {m: truth[f"{m}@{REPLAY_TARGET}"] for m in drawn}
     tol = _near_tol(replay_noise()[dataset], at_truth)
     observed, last = _decide_loop(spec, pool, truth)
+    valued, _ = _decide_loop(dataclasses.replace(spec, design="value"), pool, truth)
     spent = sum(c.gpu_hours for c in fitted if c.name in observed)
     fixed, rands = _same_cost_designs(fitted, truth, spent, f"replay-random:{dataset}:{seed}")
     fixed_budget, _ = _same_cost_designs(fitted, truth, budget, f"replay-random:{dataset}:{seed}")
@@ -696,6 +701,7 @@ def replay_decision(dataset: str, seed: int, level: float | None = None, forms: 
         "stop": last.stop,
         "tol": tol,
         "adaptive": _decision_of(spec, pool, observed, at_truth, fit_cost, tol),
+        "value": _decision_of(spec, pool, valued, at_truth, fit_cost, tol),
         "full": _decision_of(spec, pool, full, at_truth, fit_cost, tol),
         "fixed": _decision_of(spec, pool, fixed, at_truth, fit_cost, tol),
         "fixed_budget": _decision_of(spec, pool, fixed_budget, at_truth, fit_cost, tol),
@@ -787,7 +793,8 @@ def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
 
 
 _LABELS = {
-    "adaptive": "adaptive",
+    "adaptive": "adaptive (design: race)",
+    "value": "adaptive, design: value (plans by worth)",
     "fixed": "fixed design, the adaptive loop's cost",
     "random": "random designs, the adaptive loop's cost",
     "fixed_budget": "fixed design, the whole budget",
@@ -917,13 +924,13 @@ def _print_replays(r: dict[str, Any]) -> bool:
 
 def _print_decision_sets(ds: list[dict[str, Any]], per_decision: bool = False) -> None:
     """The decisions' lines: each design's, its calibration, and each seed set's."""
-    _print_decisions(ds, ("adaptive", "fixed", "random", "fixed_budget", "full"), per_decision=per_decision)
+    _print_decisions(ds, ("adaptive", "value", "fixed", "random", "fixed_budget", "full"), per_decision=per_decision)
     for lo, hi in REPLAY_SEED_SETS:
         part = [d for d in ds if lo <= d["seed"] < hi]
         if part:
             shares = ", ".join(
                 f"{k} {sum(float(d[k]['right']) for d in part) / len(part):.1%}"
-                for k in ("adaptive", "fixed", "random", "fixed_budget", "full")
+                for k in ("adaptive", "value", "fixed", "random", "fixed_budget", "full")
             )
             near = ", ".join(
                 f"{k} {sum(float(d[k]['near']) for d in part) / len(part):.1%}" for k in ("adaptive", "fixed", "full")
@@ -1037,7 +1044,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  which recipe is lower at 9.7B (question gap, level 0.9, design seed {DESIGN_SEED}, random designs"
         f" {RANDOM_DESIGN_SEEDS}), {len(gaps)} grids:"
     )
-    _print_decisions(gaps, ("adaptive", "fixed", "random", "full"))
+    _print_decisions(gaps, ("adaptive", "value", "fixed", "random", "full"))
     print(f"successive halving, {brackets} brackets of 9 learning rates (rungs at 1/9 and 1/3, 40% kept):")
     print(f"  steps trained (probes included): at most {cost:.1%} of the full sweep's (target <= 45%)")
     print(f"  the full sweep's best learning rate trained to the end: {kept:.1%} of brackets (target >= 90%)")

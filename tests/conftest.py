@@ -1,4 +1,4 @@
-"""Shared fixtures, and how the backend/Slurm set runs on three workers (tests/README.md: the suite's shape).
+"""Shared fixtures, and how the backend/Slurm set runs on two workers (tests/README.md: the suite's shape).
 
 Tests marked `backend` use a real backend's virtual environment or the tiny local assets (built on first use by
 project code: `sft-grid venv build llamafactory`, `sft-grid assets build`; the tiny models
@@ -7,8 +7,7 @@ marked `backend` here, whatever its file says, so the fast set
 (`-m "not backend and not slurm and not mirror and not proxy"`) never builds a virtual environment. Everything else
 is pure or reads only small local files.
 
-Three workers (pytest-xdist, `--dist loadgroup`, `-n 3` in the Makefile) share the machine's two cores and its
-local Slurm cluster:
+Two workers (pytest-xdist, `--dist loadgroup`) share the machine and its local Slurm cluster:
 - a test marked `slurm` holds the cluster shared: its jobs carry names of their own (content hashes of cells
   under the test's own runs root), so two such tests do not see each other's jobs;
 - a test marked `whole_cluster` holds it alone (a node set down, preemption, an idle cluster expected): it waits
@@ -19,12 +18,11 @@ local Slurm cluster:
 - tests that share a module-scoped fixture are one `xdist_group` (the group runs on one worker, in order);
 - the tests that mostly wait (those that take the cluster alone, then the time-limit grids, which hold it shared
   while their legs run, minutes, then the sites tests on the two clusters) are one group (WAITING), collected
-  first: one worker runs them, in that order, while the other two run first the tests that need no cluster
-  (training, one single-threaded process each: two keep both cores busy beside the waits), then the Slurm tests;
-  so no test waits long for the cluster, no wait runs beside another, and a lock is never held across tests by a
-  worker that could ask for it alone later (xdist keeps this order with `--no-loadscope-reorder`: its default sorts
-  groups by their number of tests);
-- the heaviest tests are collected first (HEAVY_FIRST), so the workers end close together.
+  first: one worker runs them, in that order, while the other runs first the tests that need no cluster, then the
+  Slurm tests; so no test waits long for the cluster, no wait runs beside another, and a lock is never held across
+  tests by a worker that could ask for it alone later (xdist keeps this order with `--no-loadscope-reorder`: its
+  default sorts groups by their number of tests);
+- the heaviest tests are collected first (HEAVY_FIRST), so the two workers end close together.
 """
 
 from __future__ import annotations

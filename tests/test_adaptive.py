@@ -5,6 +5,7 @@ The decisions are measured over 50 seeded grids by benchmarks/bench_adaptive.py;
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -406,7 +407,17 @@ def _decision_pool(
 
 
 def _gap(recipes: tuple[str, ...], **kw) -> AdaptiveSpec:
-    return AdaptiveSpec(question="gap", at=XS[-1], recipes=recipes, **{"budget_gpu_hours": 5000.0, "batch": 2, **kw})
+    """A gap question chosen by the value of its plans (design: value); _race for the default, the race."""
+    return AdaptiveSpec(
+        question="gap", at=XS[-1], recipes=recipes, **{"budget_gpu_hours": 5000.0, "batch": 2, "design": "value", **kw}
+    )
+
+
+CELLS = {"budget_gpu_hours": None, "budget_cells": 100}
+
+
+def _race(recipes: tuple[str, ...], **kw) -> AdaptiveSpec:
+    return dataclasses.replace(_gap(recipes, **kw), design=kw.get("design", "race"))
 
 
 def _first_sizes(truth: dict[str, float], recipes: str, k: int) -> dict[str, float]:
@@ -559,3 +570,86 @@ def test_the_forms_a_decision_chooses_among_are_the_blocks_own():
     assert {f.form for f in default} != {"tail"}
     _, bad = parse_adaptive({"at": 1e9, "budget_cells": 3, "forms": ["tail", "cubic"]})
     assert "names no form: ['cubic']" in bad[0].render() and "power_e, power, loglinear, rectified, tail" in bad[0].fix
+
+
+# -- the race (design: race, the default): successive elimination -----------------------------------------------------
+
+
+def test_a_gap_question_races_by_default_and_the_design_key_is_checked():
+    block = {"question": "gap", "at": 1e9, "recipes": ["a", "b"], "budget_cells": 30}
+    spec, problems = parse_adaptive(block, recipes=["a", "b"])
+    assert not problems and spec is not None and spec.design == "race"
+    spec, problems = parse_adaptive({**block, "design": "value"}, recipes=["a", "b"])
+    assert not problems and spec is not None and spec.design == "value"
+    _, bad = parse_adaptive({**block, "design": "greedy"}, recipes=["a", "b"])
+    assert bad[0].key == "adaptive.design" and "is not a design" in bad[0].message and "race, value" in bad[0].fix
+    _, loss = parse_adaptive({"at": 1e9, "budget_cells": 3, "design": "race"})
+    assert loss[0].key == "adaptive.design" and "a loss question has one design" in loss[0].message
+
+
+def test_the_race_seeds_every_recipe_with_the_largest_window_that_half_the_budget_buys():
+    """Cells cost x / 1e8 GPU-h (size k: 2^k): the windows of five sizes (the fewest a band needs among all five
+    forms: two sizes, two held out, one more origin) ending at size k cost 2 x 31 x 2^(k-4) for two recipes; half
+    of 5000 GPU-h buys k = 9 (1984), not 10 (3968): sizes 5 to 9 of each, cheapest first, whole (a band from four
+    of them does not cut the window short)."""
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72})
+    spec = _race(("a", "b"))
+    observed: dict[str, float] = {}
+    seeded = []
+    while True:
+        r = choose(spec, pool, observed)
+        if not r.chosen or not all("seed window" in w for w in r.why):
+            break
+        seeded += r.chosen
+        assert len(r.chosen) <= spec.batch
+        observed.update({c: truth[c] for c in r.chosen})
+    assert sorted(seeded) == sorted(f"{x}{i}" for x in "ab" for i in range(5, 10))
+    assert seeded[:2] == ["a5", "b5"]  # cheapest first
+    # once every band is in, the race: each recipe's next size up
+    assert r.chosen and all("in the race for the lowest" in w for w in r.why), r.why
+    assert set(r.chosen) == {"a10", "b10"} and r == choose(spec, pool, observed)  # pure
+
+
+def test_a_recipe_that_cannot_win_is_out_of_the_race_and_gets_no_more_cells():
+    """c is far worse than a and b: its probability of being the lowest is under 1 - level, so the race measures a
+    and b one size further and c not at all, even at a hundredth of the price (the value design's test above
+    shows the same for its plans)."""
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72, "c": 8.0}, price={"c": 0.01})
+    spec = _race(("a", "b", "c"), **CELLS)  # a budget in cells: the seed windows are the smallest, measured here
+    r = choose(spec, pool, _first_sizes(truth, "abc", 8))
+    assert set(r.chosen) == {"a8", "b8"}, r.why
+    assert all("out: c" in w for w in r.why) and "c 0.00" in r.why[0]  # its chance, under 1 - level
+
+
+def test_the_race_measures_the_recipe_with_fewer_sizes_first_then_the_cheaper():
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72}, price={"b": 0.1})
+    observed = {**_first_sizes(truth, "a", 8), **_first_sizes(truth, "b", 9)}
+    r = choose(_race(("a", "b"), batch=1, **CELLS), pool, observed)
+    assert r.chosen == ("a8",), r.why  # b is cheaper but a level behind
+    even = choose(_race(("a", "b"), batch=1, **CELLS), pool, _first_sizes(truth, "ab", 8))
+    assert even.chosen == ("b8",), even.why  # level: the cheaper first
+
+
+def test_the_race_stops_where_no_recipe_in_it_can_afford_its_next_size_and_never_overspends():
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.705})
+    spec = _race(("a", "b"), budget_gpu_hours=300.0)
+    observed: dict[str, float] = {}
+    rounds = 0
+    while True:
+        r = choose(spec, pool, observed)
+        if not r.chosen:
+            break
+        rounds += 1
+        observed.update({c: truth[c] for c in r.chosen})
+    assert sum(c.gpu_hours for c in pool if c.name in observed) <= 300.0 and rounds > 1
+    assert r.stop.startswith(("no recipe in the race", "decided")), r.stop
+    if r.stop.startswith("no recipe in the race"):
+        assert "(a, b) has an affordable next size" in r.stop
+
+
+def test_the_race_drops_no_recipe_while_a_forecast_reaches_beyond_its_span():
+    """Three recipes, c clearly worse, measured at their six smallest sizes: seven doublings short of `at`, further
+    than the five they span (design.MAX_REACH); c stays in the race until the sizes reach far enough."""
+    pool, truth = _decision_pool({"a": 1.70, "b": 1.72, "c": 3.6})
+    r = choose(_race(("a", "b", "c"), batch=3, **CELLS), pool, _first_sizes(truth, "abc", 6))
+    assert set(r.chosen) == {"a6", "b6", "c6"} and "no recipe dropped while a forecast reaches" in r.why[0], r.why

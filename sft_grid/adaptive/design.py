@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from itertools import combinations, product
 from typing import TYPE_CHECKING
 
+from sft_grid.adaptive import race
 from sft_grid.adaptive.spec import AdaptiveSpec
 from sft_grid.analysis import forms, scaling
 
@@ -366,6 +367,14 @@ def choose(
 
     chosen: list[str] = []
     why: list[str] = []
+    if gap and spec.design == "race":  # successive elimination (race.py): its seed, its race, its stop
+        ready = all(f.scale is not None for f in found)
+        draws = _draws(spec.seed, [fits[r].forecast.df for r in recipes]) if ready else None
+        by = {r: fits[r].forecast for r in recipes}
+        chosen, why, stop = race.next_cells(spec, pool, by, recipes, set(taken), waiting, far, (room_h, room_n), draws)
+        if stop and held:
+            stop += f"; not called decided: {held}"
+        return _end(spec, pool, found, width, spent, taken, chosen, why, stop, decision, p_wrong, waiting)
     for c in sorted(left, key=lambda c: (c.gpu_hours, c.name)):  # the seed design: the cheapest sizes first
         if len(chosen) >= spec.batch or not seeding(c.recipe) or c.n in design[c.recipe]:
             continue
@@ -427,12 +436,31 @@ def choose(
                     f" {', '.join(sorted(recipes))}; {total:.3g} GPU-h for {len(planned)} cell(s):"
                     f" {(before_v - after_v) / max(total, 1e-12):.3g} per GPU-h); its largest cells first"
                 )
+    if not chosen and not stop and held and not (gap and waiting):
+        stop = f"the budget is spent ({spent:.4g} GPU-h, {len(taken)} cells); not called decided: {held}"
+    return _end(spec, pool, found, width, spent, taken, chosen, why, stop, decision, p_wrong, waiting)
+
+
+def _end(
+    spec: AdaptiveSpec,
+    pool: Sequence[Candidate],
+    found: tuple[Forecast, ...],
+    width: float,
+    spent: float,
+    taken: set[str],
+    chosen: Sequence[str],
+    why: Sequence[str],
+    stop: str,
+    decision: str,
+    p_wrong: float | None,
+    waiting: set[str],
+) -> Round:
+    """The round: what the chosen cells add to what is spent; with none chosen, no stop said and nothing in flight
+    to wait for (a gap's), the budget is spent."""
     if chosen:
         spent += sum(c.gpu_hours for c in pool if c.name in chosen)
-    elif not stop and not (gap and waiting):
+    elif not stop and not (spec.question == "gap" and waiting):
         stop = f"the budget is spent ({spent:.4g} GPU-h, {len(taken)} cells)"
-        if held:
-            stop += f"; not called decided: {held}"
     return Round(found, width, spent, tuple(chosen), tuple(why), stop, decision, p_wrong)
 
 

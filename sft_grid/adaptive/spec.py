@@ -27,6 +27,8 @@
       seed: 0
       forms: [tail]               # the forms the forecasts choose among on held-out points (analysis/forms.py);
                                   #   default all five: power_e, power, loglinear, rectified, tail
+      design: race                # gap only: race (successive elimination, adaptive/race.py; the default) or
+                                  #   value (each plan's expected fall in P(wrong) per GPU-hour, design.py)
 
 `question: gap` takes two or more recipes and asks which is lowest at `at` (sft_grid/adaptive/design.py decides,
 with the probability that another is lower); each recipe needs four sizes besides the holdouts for its band
@@ -62,10 +64,13 @@ ADAPTIVE_KEYS = (
     "recipe_key",
     "size_key",
     "forms",
+    "design",
 )
 GUARDS = ("cooldown", "position", "extrapolate")
 UNITS = ("steps", "tokens")
 QUESTIONS = ("loss", "gap")
+# how a gap question's next cells are chosen: race (adaptive/race.py) or value (design.py's plans by their worth)
+DESIGNS = ("race", "value")
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class AdaptiveSpec:
     recipe_key: str = "vars.recipe"
     size_key: str = ""  # the dotted key whose number is a cell's size; empty: the model's parameter count
     forms: tuple[str, ...] = ()  # the forms the forecasts choose among (analysis/forms.py FORMS); empty: all
+    design: str = "race"  # gap: how the next cells are chosen (DESIGNS)
 
 
 def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
@@ -300,6 +306,18 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
                 f"some of {', '.join(FORMS)}, e.g. forms: [tail]",
             )
         )
+    design = _get(data, "design")
+    if design is not None and (design not in DESIGNS or question != "gap"):
+        wrong = design not in DESIGNS
+        problems.append(
+            _problem(
+                "adaptive",
+                "design",
+                design,
+                "is not a design" if wrong else "chooses a gap question's cells; a loss question has one design",
+                f"one of {', '.join(DESIGNS)}" if wrong else "drop design, or question: gap",
+            )
+        )
     if problems:
         return None, problems
     return (
@@ -317,6 +335,7 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             str(recipe_key),
             size_key,
             tuple(str(f) for f in listed),
+            "race" if design is None else str(design),
         ),
         [],
     )

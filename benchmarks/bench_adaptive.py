@@ -55,7 +55,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sft_grid.adaptive import halving  # noqa: E402
-from sft_grid.adaptive.design import Candidate, _best_completion, choose, forecasts  # noqa: E402
+from sft_grid.adaptive.candidates import Candidate  # noqa: E402
+from sft_grid.adaptive.design import _best_completion, choose, forecasts  # noqa: E402
 from sft_grid.adaptive.spec import AdaptiveSpec  # noqa: E402
 from sft_grid.core.layout import OUTPUT_DIR  # noqa: E402
 from sft_grid.in_venv import synthetic_train as law  # noqa: E402

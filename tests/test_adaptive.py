@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sft_grid.adaptive import halving
-from sft_grid.adaptive.design import Candidate, choose
+from sft_grid.adaptive.candidates import Candidate
+from sft_grid.adaptive.design import choose
 from sft_grid.adaptive.spec import AdaptiveSpec, parse_adaptive, parse_prune
 from sft_grid.analysis import forms
 from sft_grid.in_venv import synthetic_train as law

@@ -6,8 +6,12 @@
   position (on a short cooldown probe, or the loss at the rung), the dominated ones pruned; every decision written
   to an append-only record before it is acted on, so a killed and restarted orchestrator redoes nothing and
   changes nothing.
-- `design`: the next cells from the fit: the existing scaling fit and its bootstrap by cell, and the candidate that
-  most reduces the question's variance per GPU-hour, with the numbers that say why.
+- `candidates`: a candidate cell of the pool and a recipe's forecast with its band, what the designs read and say.
+- `design`: the next cells from the fit: each recipe's forecast and band, the decision and its probability, the
+  stops; for a `loss` question the completion that most reduces the forecast's variance per GPU-hour, for a `gap`
+  question under `design: value` the plan worth most per GPU-hour, with the numbers that say why.
+- `race`: a `gap` question's cells under `design: race` (the default): successive elimination, each recipe that
+  can still be the lowest measured one size further per round, none that cannot.
 
 Above the analysis layer (it reads its fit), below the grid's flow, which asks it for its decision before it checks
 the grid and applies what the decision writes (`effects`) once every rule has passed; nothing here submits or

@@ -51,6 +51,7 @@ from itertools import combinations, product
 from typing import TYPE_CHECKING
 
 from sft_grid.adaptive import race
+from sft_grid.adaptive.candidates import Candidate, Forecast
 from sft_grid.adaptive.spec import AdaptiveSpec
 from sft_grid.analysis import forms, scaling
 
@@ -80,31 +81,6 @@ PLAN_SIZES = 3
 # three or four doublings wide and eight to ten short of the target, claimed 1-5% and were wrong in 3 of 13 (the
 # later stops in 1 of 26); with the rule, 1 wrong in 49 stops claiming 3.3%
 MAX_REACH = 1.0
-
-
-@dataclass(frozen=True)
-class Candidate:
-    name: str
-    recipe: str
-    n: float  # parameters
-    gpu_hours: float
-    holdout: bool = False
-
-
-@dataclass(frozen=True)
-class Forecast:
-    recipe: str
-    value: float | None  # the fit's forecast at `at` (None: no fit yet)
-    lo: float | None
-    hi: float | None
-    points: int
-    form: str = "power_e"  # the form the forecast comes from (analysis/forms.py)
-    scale: float | None = None  # the band's scale in log L (Student-t with `df` degrees of freedom); None: no band
-    df: int = 0
-
-    @property
-    def halfwidth(self) -> float:
-        return math.inf if self.lo is None or self.hi is None else (self.hi - self.lo) / 2
 
 
 @dataclass(frozen=True)

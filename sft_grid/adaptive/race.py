@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from sft_grid.adaptive.design import Candidate, Forecast
+    from sft_grid.adaptive.candidates import Candidate, Forecast
     from sft_grid.adaptive.spec import AdaptiveSpec
 
 # the held-out sizes forms.select scores the forms on

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid import backends
-from sft_grid.adaptive.design import QUESTION_SIZES, Candidate, Round, choose
+from sft_grid.adaptive.candidates import Candidate
+from sft_grid.adaptive.design import QUESTION_SIZES, Round, choose
 from sft_grid.adaptive.effects import Effects
 from sft_grid.adaptive.spec import AdaptiveSpec, different_blocks, parse_adaptive
 from sft_grid.analysis import forms

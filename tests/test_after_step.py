@@ -4,6 +4,7 @@ a Slurm job (a rank killed, the requeue made by the script) is tests/test_triage
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -106,3 +107,26 @@ def test_the_trap_runs_the_hook_for_this_jobs_cell_and_keeps_the_steps_exit_stat
     said = (d / LOGS_DIR / after.LOG_FILE).read_text()
     assert said.endswith(f" job 41: {d.name}: completed; nothing to do\n"), (said, proc)
     assert sys.executable in script
+
+
+def test_a_checkpoint_cut_mid_save_is_set_aside_and_the_run_resumes_from_the_last_whole_one(tmp_path):
+    """A job killed at its time limit while saving leaves checkpoint-N without its trainer_state.json (the trainer
+    writes it last): the next leg resumes from the newest checkpoint that has it, on every node, and the lead sets
+    the cut one aside (kept, out of `checkpoint-*`). Seen on the local Slurm cluster: the leg resumed from the cut
+    checkpoint-790 and failed on the missing file."""
+    from sft_grid.core.layout import TRAINER_STATE, checkpoints
+    from sft_grid.job.runner import resume_point
+
+    out = tmp_path / "output"
+    for step in (10, 20, 30):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"w")
+    for step in (10, 20):
+        (out / f"checkpoint-{step}" / TRAINER_STATE).write_text(json.dumps({"global_step": step}))
+    assert [p.name for p in resume_point(out, lead=False)] == ["checkpoint-10", "checkpoint-20"]
+    assert (out / "checkpoint-30").is_dir()  # a node that is not the lead renames nothing
+    assert resume_point(out, lead=True)[-1].name == "checkpoint-20"
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-10", "checkpoint-20"]
+    (aside,) = out.glob(".cut-checkpoint-30-*")
+    assert (aside / "model.safetensors").read_bytes() == b"w"  # kept
+    assert resume_point(tmp_path / "none", lead=True) == []

@@ -52,6 +52,7 @@ from sft_grid.core.layout import (
     checkpoints,
     output_complete,
     progress,
+    resumable,
     train_log,
 )
 from sft_grid.core.provenance import packages_hash
@@ -188,7 +189,7 @@ def run_cell(cell_dir: str | Path) -> str:
         _run_deferred_checks(cell_dir)
 
     args: list[str] = []
-    ckpts = checkpoints(output)
+    ckpts = resume_point(output, lead)
     if ckpts:
         args += backend_of(backend_name(cell_dir)).resume_args(ckpts[-1])
         if lead:
@@ -262,6 +263,22 @@ def run_cell(cell_dir: str | Path) -> str:
     failure, remedy = triage(cell_dir, events.read(cell_dir))
     _record_and_requeue(cell_dir, failure, remedy, rc)
     raise CellFailed(f"{failure.klass.value}: {remedy.message}")
+
+
+def resume_point(output: Path, lead: bool) -> list[Path]:
+    """The checkpoints a run resumes from, the newest last: the complete ones (layout.resumable). The lead sets the
+    cut ones newer than them aside (renamed `.cut-checkpoint-N-<time>` in output/: kept, and out of the trainer's and
+    our own `checkpoint-*`), so that neither the trainer's own rotation nor a later leg reads them; every node
+    chooses the same checkpoint, whether or not the lead has renamed yet."""
+    whole = resumable(output)
+    newest = int(whole[-1].name.rsplit("-", 1)[-1]) if whole else -1
+    if lead:
+        for cut in checkpoints(output):
+            if cut not in whole and int(cut.name.rsplit("-", 1)[-1]) > newest:
+                aside = output / f".cut-{cut.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+                os.replace(cut, aside)
+                log.warning("%s has no trainer state (cut mid-save): set aside as %s", cut.name, aside.name)
+    return whole
 
 
 def _record_and_requeue(

@@ -75,10 +75,10 @@ def _cheapest(pool: Sequence[Candidate], recipe: str, n: float, taken: set[str])
     return min(cells, key=lambda c: (c.gpu_hours, c.name), default=None)
 
 
-def seed_rank(spec: AdaptiveSpec, pool: Sequence[Candidate], recipes: Sequence[str]) -> int:
-    """The rank (from the smallest, 0-based) of the largest size of every recipe's seed window (see the module)."""
+def seed_rank(spec: AdaptiveSpec, pool: Sequence[Candidate], sizes: Mapping[str, Sequence[float]]) -> int:
+    """The rank (from the smallest, 0-based) of the largest size of every recipe's seed window (see the module);
+    `sizes`: each recipe's distinct sizes, smallest first."""
     w = window(spec.forms)
-    sizes = {r: _sizes(pool, r) for r in recipes}
     top = max(len(s) for s in sizes.values()) - 1
     if spec.budget_gpu_hours is None:
         return min(w - 1, top)
@@ -118,6 +118,7 @@ def next_cells(
     why: list[str] = []
     sizes = {r: _sizes(pool, r) for r in recipes}
     have = {r: [i for i, n in enumerate(sizes[r]) if any(c.name in taken for c in _at(pool, r, n))] for r in recipes}
+    level = {r: max(have[r], default=-1) for r in recipes}  # the rank of its largest size measured or in flight
 
     def take(c: Candidate, line: str) -> bool:
         nonlocal room_h, room_n
@@ -131,7 +132,7 @@ def next_cells(
         return True
 
     # the seed: every recipe's window measured whole (and a recipe whose whole window gave no band one size more)
-    j = seed_rank(spec, pool, recipes)
+    j = seed_rank(spec, pool, sizes)
     w = window(spec.forms)
     want: list[tuple[Candidate, str]] = []
     for r in (r for r in recipes if sizes[r]):
@@ -165,8 +166,10 @@ def next_cells(
                 f" (probability of being the lowest: {said}; out below {floor:.3g})"
             ),
         )
-    nexts = {r: _next(pool, r, sizes[r], have[r], taken) for r in racing}
-    for r in sorted(racing, key=lambda r: (max(have[r], default=-1), _cost(nexts[r]), r)):
+    nexts = {
+        r: _cheapest(pool, r, sizes[r][level[r] + 1], taken) if level[r] + 1 < len(sizes[r]) else None for r in racing
+    }
+    for r in sorted(racing, key=lambda r: (level[r], _cost(nexts[r]), r)):
         cell = nexts[r]
         if r in waiting or cell is None:
             continue  # waiting: its next size waits for the cells in flight, read first
@@ -183,7 +186,7 @@ def next_cells(
         )
     if chosen or waiting:
         return chosen, why, ""
-    at_top = all(max(have[r], default=-1) + 1 >= len(sizes[r]) for r in racing)
+    at_top = all(level[r] + 1 >= len(sizes[r]) for r in racing)
     if at_top:
         return [], [], f"every recipe in the race ({', '.join(racing)}) is measured at its largest size"
     return (
@@ -195,14 +198,6 @@ def next_cells(
 
 def _at(pool: Sequence[Candidate], recipe: str, n: float) -> list[Candidate]:
     return [c for c in pool if c.recipe == recipe and c.n == n and not c.holdout]
-
-
-def _next(
-    pool: Sequence[Candidate], recipe: str, sizes: Sequence[float], have: Sequence[int], taken: set[str]
-) -> Candidate | None:
-    """The cheapest cell of the recipe's next size above its largest measured one (None: none is left)."""
-    nxt = max(have, default=-1) + 1
-    return _cheapest(pool, recipe, sizes[nxt], taken) if nxt < len(sizes) else None
 
 
 def _cost(cell: Candidate | None) -> float:

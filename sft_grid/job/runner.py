@@ -270,14 +270,12 @@ def resume_point(output: Path, lead: bool) -> list[Path]:
     cut ones newer than them aside (renamed `.cut-checkpoint-N-<time>` in output/: kept, and out of the trainer's and
     our own `checkpoint-*`), so that neither the trainer's own rotation nor a later leg reads them; every node
     chooses the same checkpoint, whether or not the lead has renamed yet."""
-    whole = resumable(output)
-    newest = int(whole[-1].name.rsplit("-", 1)[-1]) if whole else -1
-    if lead:
-        for cut in checkpoints(output):
-            if cut not in whole and int(cut.name.rsplit("-", 1)[-1]) > newest:
-                aside = output / f".cut-{cut.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-                os.replace(cut, aside)
-                log.warning("%s has no trainer state (cut mid-save): set aside as %s", cut.name, aside.name)
+    every, whole = checkpoints(output), resumable(output)
+    if lead:  # both oldest first: the cut ones are those after the newest whole one
+        for cut in every[every.index(whole[-1]) + 1 :] if whole else every:
+            aside = output / f".cut-{cut.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(cut, aside)
+            log.warning("%s has no trainer state (cut mid-save): set aside as %s", cut.name, aside.name)
     return whole
 
 

@@ -383,6 +383,12 @@ def _sbatch_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return log
 
 
+def _queue() -> list[str]:
+    """ci's queue, a line a job: id, state, partition, nodes, time limit, reason or nodes."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T %P %D %l %R"], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
 GPU = ClusterConf(
     name="ci_gpu",
     executor="slurm",
@@ -401,6 +407,9 @@ def test_the_start_is_estimated_for_the_cells_own_job(tmp_path: Path, monkeypatc
     asked about with its own request (the argv sbatch got: `--gres=gpu:4`, partition, nodes, time), and ci expects it
     after them, minutes from now; the bare (nodes, time) the estimate used to be asked for would start at once."""
     log = _sbatch_logged(tmp_path, monkeypatch)
+    # the premise, made true rather than assumed: nothing else on ci (the test before may leave a job ending, its
+    # post-training stage or a requeued run; a job left for an hour would make every estimate below an hour)
+    wait_for(lambda: not _queue(), "ci's queue to empty before this test's jobs", 300, 1)
     blockers = [
         subprocess.run(
             ["/usr/bin/sbatch", "--parsable", "-N1", "-c1", "--gres=gpu:4", "--time=5", "--wrap=sleep 300"],
@@ -424,7 +433,8 @@ def test_the_start_is_estimated_for_the_cells_own_job(tmp_path: Path, monkeypatc
         assert {"--test-only", "--gres=gpu:4", "--partition=debug", "--nodes=1", "--time=30"} <= set(argv.split())
         assert ci.starts[(1, 30)] > 120, ci  # after the jobs that hold the GPUs
         bare = SlurmRequest((("cpus_per_task", 1), ("nodes", 1), ("partition", "debug"), ("time", 30)), 0)
-        assert (slurm.test_only(bare) or 0.0) < 60  # what was asked before: a job without GPUs starts at once
+        # what was asked before: a job without GPUs starts at once
+        assert (slurm.test_only(bare) or 0.0) < 60, f"ci's queue: {_queue()}"
     finally:
         subprocess.run(["scancel", *blockers], check=False)
 

@@ -19,8 +19,8 @@ from sft_grid.core.state import CellState, State
 from sft_grid.schedulers import slurm
 
 from .conftest import run_sft
+from .helpers import cancel_jobs_of, states_of
 from .helpers import ledger as ledger_of
-from .helpers import states_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend]
 
@@ -70,8 +70,8 @@ def wait_for(predicate, deadline_s: float = 60, what: str = "condition"):
 def cleanup_jobs():
     roots: list[Path] = []
     yield roots
-    ids = [s.job_id for root in roots for s in states(root).values() if s.state.in_flight and s.job_id]
-    subprocess.run(["scancel", *ids], check=False) if ids else None
+    for root in roots:  # every job of the test's cells, its post-training and preps too, out of the queue
+        cancel_jobs_of(root)
 
 
 def events(cell: Path) -> list[dict]:

@@ -3,14 +3,15 @@
 #   make test   set up everything the tests need (both backends, the evaluation harness, the local Slurm cluster),
 #               then run them all
 #   make check  the static checks (ruff, mypy): seconds; make test runs them first
-#   make test-fast   the fast set: no backend, no Slurm, no virtual environment built (~1.5 minutes on 2 cores)
+#   make test-fast   the fast set: no backend, no Slurm; builds only what its dry runs read: LLaMA-Factory's and
+#                    lm-eval's environments and the tiny assets (~4 minutes on 2 cores)
 #   make slurm-up / slurm-down   start / stop a real two-node Slurm cluster on this machine (root, Debian)
 #   make slurm-site-up / slurm-site-down   a second one beside it (siteb, one node), for the remote-site tests
 # Virtual environments and tiny assets go to $SFT_GRID_CACHE (default ~/.cache/sft_grid), keyed by their
 # pins: a second `make` reuses them.
 PYTHON ?= python3
 
-.PHONY: install lock check setup-demo setup chromium nginx sshd demo test test-fast gpu-wheels slurm-up slurm-down slurm-site-up\
+.PHONY: install lock check setup-demo setup chromium nginx sshd demo test test-fast test-envs fast-set gpu-wheels slurm-up slurm-down slurm-site-up\
 	slurm-site-down
 
 # sft_grid itself, its tests' and checks' tools, exactly as requirements.lock has them (pyproject.toml: the ranges);
@@ -71,12 +72,28 @@ check: install
 # line with the time: which worker waited, and on what) and prints every test (and setup) of 20 s or more: the long
 # poles of CI's time. Three workers were measured from a fresh clone (tests/README.md): no faster, the set being
 # CPU-bound once the waits run beside the training
+# The fast set reads the tiny assets (its dry runs check that a cell's model and data paths exist), which
+# LLaMA-Factory's environment writes, and its dry runs of evaluated cells check lm-eval's environment; so those two
+# environments and the assets come first, and axolotl's (the largest) is built while the fast set runs (pip waits on
+# downloads and disks: a minute or two of CI's time that the fast set fills). An environment is used only once its
+# ready marker is written, so no test sees one half built; the fast set passes with axolotl's or without it.
 FAST = not backend and not slurm and not mirror and not proxy and not sites
-test: check setup slurm-up slurm-site-up
-	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
+test: check chromium nginx sshd slurm-up slurm-site-up
+	$(PYTHON) -m sft_grid venv build llamafactory lm_eval
+	$(PYTHON) -m sft_grid assets build
+	$(MAKE) -j2 test-envs fast-set
 	$(PYTHON) -m pytest -v -n 2 --dist loadgroup --no-loadscope-reorder -m "not ($(FAST))" --durations=0 --durations-min=20
 
 test-fast: install
+	$(PYTHON) -m sft_grid venv build llamafactory lm_eval
+	$(PYTHON) -m sft_grid assets build
+	$(MAKE) fast-set
+
+# the pieces `test` runs side by side (no `install` here: `test` and `test-fast` ran it)
+test-envs:
+	$(PYTHON) -m sft_grid venv build axolotl
+
+fast-set:
 	$(PYTHON) -m pytest -q -n 2 -m "$(FAST)"
 
 # the wheels benchmarks/gpu_check.sh installs on a GPU machine whose python3 (GPU_PY, default 3.12) has a CUDA torch,

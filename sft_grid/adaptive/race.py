@@ -65,19 +65,31 @@ def chances(
     return {f.recipe: float(np.mean(lowest == i)) for i, f in enumerate(found)}
 
 
-def _sizes(pool: Sequence[Candidate], recipe: str) -> list[float]:
-    return sorted({c.n for c in pool if c.recipe == recipe and not c.holdout})
+# the pool's cells that can be fitted, by (recipe, size): read once a round, so a round is linear in the pool
+Cells = Mapping[tuple[str, float], Sequence["Candidate"]]
 
 
-def _cheapest(pool: Sequence[Candidate], recipe: str, n: float, taken: set[str]) -> Candidate | None:
+def _index(pool: Sequence[Candidate]) -> dict[tuple[str, float], list[Candidate]]:
+    cells: dict[tuple[str, float], list[Candidate]] = {}
+    for c in pool:
+        if not c.holdout:
+            cells.setdefault((c.recipe, c.n), []).append(c)
+    return cells
+
+
+def _sizes(cells: Cells, recipe: str) -> list[float]:
+    return sorted(n for r, n in cells if r == recipe)
+
+
+def _cheapest(cells: Cells, recipe: str, n: float, taken: set[str]) -> Candidate | None:
     """The cheapest cell of `recipe` at size `n` not yet taken (None: all taken)."""
-    cells = [c for c in _at(pool, recipe, n) if c.name not in taken]
-    return min(cells, key=lambda c: (c.gpu_hours, c.name), default=None)
+    free = [c for c in cells.get((recipe, n), ()) if c.name not in taken]
+    return min(free, key=lambda c: (c.gpu_hours, c.name), default=None)
 
 
-def seed_rank(spec: AdaptiveSpec, pool: Sequence[Candidate], sizes: Mapping[str, Sequence[float]]) -> int:
+def seed_rank(spec: AdaptiveSpec, cells: Cells, sizes: Mapping[str, Sequence[float]]) -> int:
     """The rank (from the smallest, 0-based) of the largest size of every recipe's seed window (see the module);
-    `sizes`: each recipe's distinct sizes, smallest first."""
+    `cells`: the pool's by (recipe, size); `sizes`: each recipe's distinct sizes, smallest first."""
     w = window(spec.forms)
     top = max(len(s) for s in sizes.values()) - 1
     if spec.budget_gpu_hours is None:
@@ -88,7 +100,7 @@ def seed_rank(spec: AdaptiveSpec, pool: Sequence[Candidate], sizes: Mapping[str,
         for r, s in sizes.items():
             hi = min(j, len(s) - 1)
             for n in s[max(0, hi - w + 1) : hi + 1]:
-                total += min(c.gpu_hours for c in _at(pool, r, n))
+                total += min(c.gpu_hours for c in cells[(r, n)])
         return total
 
     best = min(w - 1, top)
@@ -116,8 +128,9 @@ def next_cells(
     room_h, room_n = room
     chosen: list[str] = []
     why: list[str] = []
-    sizes = {r: _sizes(pool, r) for r in recipes}
-    have = {r: [i for i, n in enumerate(sizes[r]) if any(c.name in taken for c in _at(pool, r, n))] for r in recipes}
+    cells = _index(pool)
+    sizes = {r: _sizes(cells, r) for r in recipes}
+    have = {r: [i for i, n in enumerate(sizes[r]) if any(c.name in taken for c in cells[(r, n)])] for r in recipes}
     level = {r: max(have[r], default=-1) for r in recipes}  # the rank of its largest size measured or in flight
 
     def take(c: Candidate, line: str) -> bool:
@@ -132,7 +145,7 @@ def next_cells(
         return True
 
     # the seed: every recipe's window measured whole (and a recipe whose whole window gave no band one size more)
-    j = seed_rank(spec, pool, sizes)
+    j = seed_rank(spec, cells, sizes)
     w = window(spec.forms)
     want: list[tuple[Candidate, str]] = []
     for r in (r for r in recipes if sizes[r]):
@@ -142,7 +155,7 @@ def next_cells(
         if not missing and found[r].scale is None and r not in waiting:  # the next size below it, else above it
             missing = [i for i in [*range(lo - 1, -1, -1), *range(hi + 1, len(sizes[r]))] if i not in have[r]][:1]
         line = f"seed window of {r} ({hi - lo + 1} sizes up to {sizes[r][hi]:.4g}: a band, then the race)"
-        want += [(c, line) for c in (_cheapest(pool, r, sizes[r][i], taken) for i in missing) if c is not None]
+        want += [(c, line) for c in (_cheapest(cells, r, sizes[r][i], taken) for i in missing) if c is not None]
     for c, line in sorted(want, key=lambda cl: (cl[0].gpu_hours, cl[0].name)):
         if not take(c, f"{c.name}: {line}"):
             break
@@ -167,7 +180,7 @@ def next_cells(
             ),
         )
     nexts = {
-        r: _cheapest(pool, r, sizes[r][level[r] + 1], taken) if level[r] + 1 < len(sizes[r]) else None for r in racing
+        r: _cheapest(cells, r, sizes[r][level[r] + 1], taken) if level[r] + 1 < len(sizes[r]) else None for r in racing
     }
     for r in sorted(racing, key=lambda r: (level[r], _cost(nexts[r]), r)):
         cell = nexts[r]
@@ -194,10 +207,6 @@ def next_cells(
         [],
         (f"no recipe in the race ({', '.join(racing)}) has an affordable next size ({room_h:.4g} GPU-h left)"),
     )
-
-
-def _at(pool: Sequence[Candidate], recipe: str, n: float) -> list[Candidate]:
-    return [c for c in pool if c.recipe == recipe and c.n == n and not c.holdout]
 
 
 def _cost(cell: Candidate | None) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,13 +76,14 @@ def checkpoints(output_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def resumable(output_dir: Path) -> list[Path]:
-    """The checkpoint-N directories a run can resume from, oldest first: those whose trainer_state.json is written.
+def resumable(found: Sequence[Path]) -> list[Path]:
+    """Of these checkpoint-N directories (`checkpoints`' list, oldest first), those a run can resume from: those
+    whose trainer_state.json is written.
     Every backend here writes it last into a checkpoint (the HF Trainer after the weights, optimizer and RNG
     states; the in-venv trainers into a partial directory renamed whole), so one without it was cut mid-save: a
     job killed at its time limit while saving left checkpoint-790 without it, and the next leg, resumed from it,
     failed on the missing file."""
-    return [p for p in checkpoints(output_dir) if (p / TRAINER_STATE).is_file()]
+    return [p for p in found if (p / TRAINER_STATE).is_file()]
 
 
 @dataclass(frozen=True)

@@ -270,7 +270,8 @@ def resume_point(output: Path, lead: bool) -> list[Path]:
     cut ones newer than them aside (renamed `.cut-checkpoint-N-<time>` in output/: kept, and out of the trainer's and
     our own `checkpoint-*`), so that neither the trainer's own rotation nor a later leg reads them; every node
     chooses the same checkpoint, whether or not the lead has renamed yet."""
-    every, whole = checkpoints(output), resumable(output)
+    every = checkpoints(output)
+    whole = resumable(every)
     if lead:  # both oldest first: the cut ones are those after the newest whole one
         for cut in every[every.index(whole[-1]) + 1 :] if whole else every:
             aside = output / f".cut-{cut.name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -145,8 +145,14 @@ def read_only(root: Path, *args: str, allowed: tuple[str, ...] = ()) -> Any:
 
 
 def cut_bytes(path: Path, share: float) -> None:
+    """Keep the first `share` of the file, cut inside a line and a character: where that point falls just after a
+    newline (it depends on how long the paths in the file are, so on the machine) it moves on to the next byte."""
     data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * share)])
+    at = int(len(data) * share)
+    while 0 < at < len(data) and (data[at - 1] == ord("\n") or 0x80 <= data[at] < 0xC0):
+        at += 1
+    assert 0 < at < len(data), f"no place to cut {path} within a line"
+    path.write_bytes(data[:at])
 
 
 def keep_lines(path: Path, n: int) -> None:

@@ -20,6 +20,7 @@ import yaml
 
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.layout import POST_FILE, iter_cell_dirs, output_complete
+from sft_grid.core.paths import torch_extensions
 from sft_grid.core.state import State
 from sft_grid.grid.render import render, write
 from sft_grid.planning import environments
@@ -413,7 +414,7 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
         "HF_HUB_OFFLINE": "1",
         "WANDB_MODE": "disabled",
         "OMP_NUM_THREADS": "1",
-        "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache" / "sft_grid" / "torch_extensions"),
+        "TORCH_EXTENSIONS_DIR": torch_extensions(),  # where the cells' jobs build DeepSpeed's ops: built once
     }
     started = time.perf_counter()
     proc = subprocess.run(
@@ -507,6 +508,29 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
     again = run_sft(*args, check=True)
     assert "nothing to run" in again.stdout and "upload waits" in again.stdout
     assert all([e["event"] for e in ledger_of(c)].count("post_job") == 1 for c in cells)
+
+
+def test_the_training_builds_deepspeeds_ops_where_the_consolidation_finds_them(tmp_path, monkeypatch):
+    """The job starts the backend with TORCH_EXTENSIONS_DIR under the cache root (the job's own where it has one),
+    where the consolidate stage looks too: an op DeepSpeed builds with g++ (1-2 minutes) is built once, not again in
+    each user's home. The cell is written by hand: its launch.sh prints the variable and fails."""
+    from sft_grid.job.runner import CellFailed, run_cell
+
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    (cell / "cell.yaml").write_text(yaml.safe_dump({"backend": {"name": "llamafactory"}}))
+    (cell / "launch.sh").write_text('echo "ops: $TORCH_EXTENSIONS_DIR"; exit 3\n')
+    cache = tmp_path / "cache"
+    for own, expected in [(None, cache / "torch_extensions"), (tmp_path / "ops", tmp_path / "ops")]:
+        monkeypatch.setenv("SFT_GRID_CACHE", str(cache))
+        if own is None:
+            monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(own))
+        with pytest.raises(CellFailed):
+            run_cell(cell)
+        assert (cell / "logs" / "train.log").read_text().splitlines()[-1] == f"ops: {expected}"
+        assert torch_extensions() == str(expected)
 
 
 @pytest.mark.backend

@@ -25,3 +25,12 @@ def assets_dir() -> Path:
 
 def venvs_dir() -> Path:
     return cache_root() / "envs"
+
+
+def torch_extensions() -> str:
+    """Where DeepSpeed's ops are built, with g++, the first time a job needs one (on the CPU its shared-memory
+    collectives, ~1-2 minutes; on GPUs an op not prebuilt, such as CPU Adam for an offloaded optimizer): the job's
+    own TORCH_EXTENSIONS_DIR where set, else under the cache root, so that every training and stage of every
+    environment's Python finds what one built (torch keys the folder by Python and CUDA version, and a second job
+    waits on the first's lock), not in torch's default in each user's home."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_root() / "torch_extensions")

@@ -55,6 +55,7 @@ from sft_grid.core.layout import (
     resumable,
     train_log,
 )
+from sft_grid.core.paths import torch_extensions
 from sft_grid.core.provenance import packages_hash
 from sft_grid.core.scores import SCORES_DIR, EvalFile
 from sft_grid.core.state import State, state_of
@@ -198,6 +199,7 @@ def run_cell(cell_dir: str | Path) -> str:
         archive_output(cell_dir, "partial output without a checkpoint")
     leg = _leg(cell_dir)  # a leg that ends at a pruning rung (sft_grid/adaptive/prune.py)
     env = {k: v for k, v in os.environ.items() if k != LEG_ENV}  # no leg: to the end, whatever this job inherited
+    env["TORCH_EXTENSIONS_DIR"] = torch_extensions()  # DeepSpeed's ops built once, where every job finds them
     if leg is not None:
         args += leg[1]
         env[LEG_ENV] = str(leg[0])

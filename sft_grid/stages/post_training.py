@@ -48,7 +48,7 @@ from sft_grid.core import events
 from sft_grid.core.cellfiles import PostFile
 from sft_grid.core.events import Event, Kind
 from sft_grid.core.layout import LOGS_DIR, OUTPUT_DIR, WEIGHT_FILES, checkpoints, output_complete
-from sft_grid.core.paths import IN_VENV_DIR, cache_root
+from sft_grid.core.paths import IN_VENV_DIR, torch_extensions
 from sft_grid.core.schema import CellConf
 from sft_grid.core.state import JobState, SchedulerView, alive, post_job_id
 from sft_grid.planning.cells import layout_for
@@ -383,11 +383,7 @@ def consolidate(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
             " checkpoints: was the cell trained with DeepSpeed ZeRO-3?"
         )
     source = sources[0]
-    # DeepSpeed builds its ops once, with g++: under the cache root, not in each job's home
-    env = {
-        **_job_variables(post),
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_root() / "torch_extensions"),
-    }
+    env = {**_job_variables(post), "TORCH_EXTENSIONS_DIR": torch_extensions()}
     result = _in_venv(
         post,
         ["consolidate", str(source), str(output)],

@@ -412,7 +412,17 @@ def test_the_start_is_estimated_for_the_cells_own_job(tmp_path: Path, monkeypatc
     wait_for(lambda: not _queue(), "ci's queue to empty before this test's jobs", 300, 1)
     blockers = [
         subprocess.run(
-            ["/usr/bin/sbatch", "--parsable", "-N1", "-c1", "--gres=gpu:4", "--time=5", "--wrap=sleep 300"],
+            [
+                "/usr/bin/sbatch",
+                "--parsable",
+                "-N1",
+                "-c1",
+                "--gres=gpu:4",
+                "--time=5",
+                "-o",
+                "/dev/null",
+                "--wrap=sleep 300",
+            ],
             capture_output=True,
             text=True,
             check=True,

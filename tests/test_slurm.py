@@ -19,7 +19,7 @@ from sft_grid.core.state import CellState, State
 from sft_grid.schedulers import slurm
 
 from .conftest import run_sft
-from .helpers import cancel_jobs_of, states_of
+from .helpers import cancel_jobs_of, states_of, wait_for
 from .helpers import ledger as ledger_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.backend]
@@ -54,16 +54,6 @@ def wait_until(root: Path, done: set[str], sweep: str = "default", deadline_s: f
         if time.time() > deadline:
             raise AssertionError(f"cells not {done} after {deadline_s} s: {found}")
         time.sleep(1)
-
-
-def wait_for(predicate, deadline_s: float = 60, what: str = "condition"):
-    deadline = time.time() + deadline_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -137,7 +127,9 @@ def test_cancel_stops_a_running_cell(tmp_path, tiny_assets, cleanup_jobs):
     (cell,) = cell_dirs(tmp_path)
     job_id = states(tmp_path)[cell.name].job_id
     wait_for(
-        lambda: any(j.job_id == job_id and j.state == "CANCELLED" for j in slurm.query([job_id])), 120, "CANCELLED"
+        lambda: any(j.job_id == job_id and j.state == "CANCELLED" for j in slurm.query([job_id])),
+        f"job {job_id} to be CANCELLED",
+        120,
     )
     st = states(tmp_path)[cell.name]
     assert st.state is State.CANCELLED
@@ -172,7 +164,7 @@ def test_preempted_cell_is_requeued_and_resumes_from_its_checkpoint(tmp_path, ti
     cleanup_jobs.append(tmp_path)
     run_sft(*SLOW, f"runs_root={tmp_path}", check=True)
     (cell,) = cell_dirs(tmp_path)
-    wait_for(lambda: checkpoints(cell / "output"), 600, "a first checkpoint")
+    wait_for(lambda: checkpoints(cell / "output"), "a first checkpoint", 600)
     job_id = states(tmp_path)[cell.name].job_id
     # a job in the `high` partition that needs every CPU of both nodes preempts the cell's job
     high = subprocess.run(

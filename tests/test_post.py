@@ -414,7 +414,8 @@ def test_consolidation_of_a_real_zero3_checkpoint_equals_the_gathered_weights(tm
         "HF_HUB_OFFLINE": "1",
         "WANDB_MODE": "disabled",
         "OMP_NUM_THREADS": "1",
-        "TORCH_EXTENSIONS_DIR": torch_extensions(),  # where the cells' jobs build DeepSpeed's ops: built once
+        # where the cells' jobs of this environment build DeepSpeed's ops: built once
+        "TORCH_EXTENSIONS_DIR": torch_extensions(str(bin_dir / "python")),
     }
     started = time.perf_counter()
     proc = subprocess.run(
@@ -511,26 +512,37 @@ def test_on_slurm_the_post_job_waits_for_the_training_job(tmp_path, tiny_assets,
 
 
 def test_the_training_builds_deepspeeds_ops_where_the_consolidation_finds_them(tmp_path, monkeypatch):
-    """The job starts the backend with TORCH_EXTENSIONS_DIR under the cache root (the job's own where it has one),
-    where the consolidate stage looks too: an op DeepSpeed builds with g++ (1-2 minutes) is built once, not again in
-    each user's home. The cell is written by hand: its launch.sh prints the variable and fails."""
+    """The job starts the backend with TORCH_EXTENSIONS_DIR a folder of the cell's environment (its python, from
+    post.json) under the cache root, the job's own where it has one; the consolidate stage asks the same function
+    for the same python: an op DeepSpeed builds with g++ (1-2 minutes) is built once, not again in each user's home,
+    and never loaded into another environment's torch. The cell is written by hand: its launch.sh prints the
+    variable and fails."""
     from sft_grid.job.runner import CellFailed, run_cell
 
     cell = tmp_path / "cell"
     cell.mkdir()
     (cell / "cell.yaml").write_text(yaml.safe_dump({"backend": {"name": "llamafactory"}}))
-    (cell / "launch.sh").write_text('echo "ops: $TORCH_EXTENSIONS_DIR"; exit 3\n')
+    (cell / "launch.sh").write_text('echo "ops: ${TORCH_EXTENSIONS_DIR:-unset}"; exit 3\n')
     cache = tmp_path / "cache"
-    for own, expected in [(None, cache / "torch_extensions"), (tmp_path / "ops", tmp_path / "ops")]:
-        monkeypatch.setenv("SFT_GRID_CACHE", str(cache))
-        if own is None:
-            monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-        else:
-            monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(own))
+    monkeypatch.setenv("SFT_GRID_CACHE", str(cache))
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+
+    def started_with(python: str | None) -> str:
+        if python is not None:
+            (cell / POST_FILE).write_text(PostFile(cell=cell.name, stages=("tokenizer",), python=python).dumps())
         with pytest.raises(CellFailed):
             run_cell(cell)
-        assert (cell / "logs" / "train.log").read_text().splitlines()[-1] == f"ops: {expected}"
-        assert torch_extensions() == str(expected)
+        return (cell / "logs" / "train.log").read_text().splitlines()[-1].removeprefix("ops: ")
+
+    assert started_with(None) == "unset"  # no environment named: torch's own default
+    envs = {name: tmp_path / "envs" / name / "bin" / "python" for name in ("axolotl-1", "axolotl-2")}
+    folders = {name: started_with(str(python)) for name, python in envs.items()}
+    for name, folder in folders.items():
+        assert Path(folder).parent == cache / "torch_extensions" and Path(folder).name.startswith(f"{name}-")
+        assert torch_extensions(str(envs[name])) == folder  # where the consolidation looks
+    assert len(set(folders.values())) == 2  # each environment's ops apart
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ops"))
+    assert started_with(str(envs["axolotl-1"])) == str(tmp_path / "ops")
 
 
 @pytest.mark.backend

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -27,10 +28,18 @@ def venvs_dir() -> Path:
     return cache_root() / "envs"
 
 
-def torch_extensions() -> str:
-    """Where DeepSpeed's ops are built, with g++, the first time a job needs one (on the CPU its shared-memory
-    collectives, ~1-2 minutes; on GPUs an op not prebuilt, such as CPU Adam for an offloaded optimizer): the job's
-    own TORCH_EXTENSIONS_DIR where set, else under the cache root, so that every training and stage of every
-    environment's Python finds what one built (torch keys the folder by Python and CUDA version, and a second job
-    waits on the first's lock), not in torch's default in each user's home."""
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(cache_root() / "torch_extensions")
+def torch_extensions(python: str) -> str:
+    """Where DeepSpeed's ops are built, with g++, the first time a job of the environment whose interpreter is
+    `python` needs one (on the CPU its shared-memory collectives, 1-2 minutes; on GPUs an op not prebuilt, such as
+    CPU Adam for an offloaded optimizer): the job's own TORCH_EXTENSIONS_DIR where set, else a folder of that
+    environment under the cache root, so that every training and stage run with it finds what one built (a second
+    job waits on the first's lock) instead of building it again in torch's default in each user's home. Torch keys
+    its default folder by Python and CUDA version but takes TORCH_EXTENSIONS_DIR as it is, so the folder is keyed
+    here: by the environment's name and path (not resolved: a virtualenv's python links to the base interpreter),
+    and an op built against one environment's torch is never loaded by another's."""
+    own = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if own:
+        return own
+    env = Path(os.path.abspath(python)).parent.parent
+    key = hashlib.sha256(str(env).encode()).hexdigest()[:8]
+    return str(cache_root() / "torch_extensions" / f"{env.name}-{key}")

@@ -199,7 +199,9 @@ def run_cell(cell_dir: str | Path) -> str:
         archive_output(cell_dir, "partial output without a checkpoint")
     leg = _leg(cell_dir)  # a leg that ends at a pruning rung (sft_grid/adaptive/prune.py)
     env = {k: v for k, v in os.environ.items() if k != LEG_ENV}  # no leg: to the end, whatever this job inherited
-    env["TORCH_EXTENSIONS_DIR"] = torch_extensions()  # DeepSpeed's ops built once, where every job finds them
+    post = PostFile.load(cell_dir)
+    if post is not None and post.python:  # DeepSpeed's ops built once per environment, where every job finds them
+        env["TORCH_EXTENSIONS_DIR"] = torch_extensions(post.python)
     if leg is not None:
         args += leg[1]
         env[LEG_ENV] = str(leg[0])

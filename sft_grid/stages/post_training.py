@@ -383,7 +383,7 @@ def consolidate(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
             " checkpoints: was the cell trained with DeepSpeed ZeRO-3?"
         )
     source = sources[0]
-    env = {**_job_variables(post), "TORCH_EXTENSIONS_DIR": torch_extensions()}
+    env = {**_job_variables(post), "TORCH_EXTENSIONS_DIR": torch_extensions(post.python or sys.executable)}
     result = _in_venv(
         post,
         ["consolidate", str(source), str(output)],

@@ -184,8 +184,9 @@ def run_cell(cell_dir: str | Path) -> str:
             events.append(cell_dir, _here(Kind.COMPLETED, note="already complete; nothing run"))
             _post_stages(cell_dir)
         return State.COMPLETED.value
+    post = PostFile.load(cell_dir)  # the environment that trains the cell: its python
     if lead:
-        events.append(cell_dir, _here(Kind.RUNNING, details=_environment(cell_dir)))
+        events.append(cell_dir, _here(Kind.RUNNING, details=_environment(post)))
         _set_aside_verdict(cell_dir)
         _run_deferred_checks(cell_dir)
 
@@ -199,7 +200,6 @@ def run_cell(cell_dir: str | Path) -> str:
         archive_output(cell_dir, "partial output without a checkpoint")
     leg = _leg(cell_dir)  # a leg that ends at a pruning rung (sft_grid/adaptive/prune.py)
     env = {k: v for k, v in os.environ.items() if k != LEG_ENV}  # no leg: to the end, whatever this job inherited
-    post = PostFile.load(cell_dir)
     if post is not None and post.python:  # DeepSpeed's ops built once per environment, where every job finds them
         env["TORCH_EXTENSIONS_DIR"] = torch_extensions(post.python)
     if leg is not None:
@@ -387,9 +387,8 @@ def _ended(cell_dir: Path) -> None:
         log.warning("notification of %s deferred: %s", cell_dir.name, exc)
 
 
-def _environment(cell_dir: Path) -> dict[str, object]:
+def _environment(post: PostFile | None) -> dict[str, object]:
     """The packages of the environment that trains the cell (its python is in post.json), for its provenance."""
-    post = PostFile.load(cell_dir)
     return packages_hash(post.python) if post is not None and post.python else {}
 
 

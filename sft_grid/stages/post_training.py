@@ -332,6 +332,11 @@ def run(cell_dir: Path | str, where: str = IN_JOB, only: Sequence[str] = ()) -> 
     return True
 
 
+def _python(post: PostFile) -> str:
+    """The python a stage's step runs with: the backend's environment's (this one's where post.json names none)."""
+    return post.python or sys.executable
+
+
 def _in_venv(
     post: PostFile,
     args: Sequence[str],
@@ -341,7 +346,7 @@ def _in_venv(
     cell_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run a stage's step in the backend's python; `cell_dir`: whose post.log gets its output."""
-    python = post.python or sys.executable
+    python = _python(post)
     try:
         proc = subprocess.run([python, str(SCRIPT), *args], capture_output=True, text=True, env=dict(variables))
     except OSError as exc:
@@ -383,7 +388,7 @@ def consolidate(cell_dir: Path, post: PostFile, where: str) -> dict[str, Any]:
             " checkpoints: was the cell trained with DeepSpeed ZeRO-3?"
         )
     source = sources[0]
-    env = {**_job_variables(post), "TORCH_EXTENSIONS_DIR": torch_extensions(post.python or sys.executable)}
+    env = {**_job_variables(post), "TORCH_EXTENSIONS_DIR": torch_extensions(_python(post))}
     result = _in_venv(
         post,
         ["consolidate", str(source), str(output)],

@@ -473,9 +473,21 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
 # any run of them (then run by the design with the local form among its candidates, and again, before this set was
 # fixed, by development runs of `forms: [tail]` and of a pooled form that was dropped); 100-129 added after those,
 # with `forms: [tail]` in the bench, before any run of them; 130-189 added on 2026-12-05 with the race (design: race,
-# adaptive/race.py, whose constants were set from development runs on 0-129), before any run of them
-REPLAY_SEEDS = tuple(range(190))
-REPLAY_SEED_SETS = ((0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 70), (70, 100), (100, 130), (130, 190))
+# adaptive/race.py, whose constants were set from development runs on 0-129), before any run of them; 190-249 added
+# on 2026-12-06 before any run of them, before that day's changes to the race were tried on 0-189
+REPLAY_SEEDS = tuple(range(250))
+REPLAY_SEED_SETS = (
+    (0, 10),
+    (10, 20),
+    (20, 30),
+    (30, 40),
+    (40, 50),
+    (50, 70),
+    (70, 100),
+    (100, 130),
+    (130, 190),
+    (190, 250),
+)
 # the candidate forms the decisions are run with (the adaptive block's `forms:`): all (the default), then the local
 # power law alone
 REPLAY_FORMS: tuple[tuple[str, ...], ...] = ((), ("tail",))

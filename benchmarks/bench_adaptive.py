@@ -586,27 +586,31 @@ CUTS = (102400, 204800, 409600, 819200)
 
 
 def forms_by_cut() -> dict[str, Any]:
-    """Every replayed curve cut at each of CUTS and forecast at REPLAY_TARGET, three ways: the form chosen on held-out
-    points among all of forms.FORMS (what the design uses), the same choice without the local power law (`tail`), and
-    the local power law alone: the root-mean-square and median |log error|, and which of REPLAY_MODELS models each
-    puts lowest, right against the measured losses, over the replay decisions' draws of models (every model cut
-    alike: a fixed design of the sizes up to the cut, its share of the fitted grid's GPU-hours beside it)."""
+    """Every replayed curve cut at each of CUTS and forecast at REPLAY_TARGET, four ways: the forms' average weighted by
+    their held-out fit (Selection.average: what the design uses), the form chosen on held-out points among all of
+    forms.FORMS alone, the same choice without the local power law (`tail`), and the local power law alone: the
+    root-mean-square and median |log error|, and which of REPLAY_MODELS models each puts lowest, right against the
+    measured losses, over the replay decisions' draws of models (every model cut alike: a fixed design of the sizes up
+    to the cut, its share of the fitted grid's GPU-hours beside it)."""
     from sft_grid.analysis import forms
 
     found = replay_curves()
     ways = {
+        "average": forms.FORMS,
         "chosen": forms.FORMS,
         "chosen_without_tail": tuple(f for f in forms.FORMS if f != "tail"),
         "tail": ("tail",),
     }
+
+    def forecast(way: str, sel: forms.Selection) -> float:
+        return sel.average(REPLAY_TARGET) if way == "average" else sel.fit.predict(REPLAY_TARGET)
+
     at_target = {key: dict(entry["points"])[REPLAY_TARGET] for key, entry in found.items()}
     draws = [(d, replay_models(d, seed)) for d in sorted({d for d, _ in found}) for seed in REPLAY_SEEDS]
     out: dict[str, Any] = {}
     for cut in CUTS:
         fc = {
-            (way, key): forms.select([(x, v) for x, v in entry["points"] if x <= cut], forms=fs).fit.predict(
-                REPLAY_TARGET
-            )
+            (way, key): forecast(way, forms.select([(x, v) for x, v in entry["points"] if x <= cut], forms=fs))
             for way, fs in ways.items()
             for key, entry in found.items()
         }
@@ -891,7 +895,7 @@ def _print_replays(r: dict[str, Any]) -> bool:
     for cut, row in r.get("by_cut", {}).items():
         ways = "; ".join(
             f"{way} {row[way]['rms']:.3f} / {row[way]['median']:.2%} / {row[way]['right']:.1%}"
-            for way in ("chosen", "chosen_without_tail", "tail")
+            for way in ("average", "chosen", "chosen_without_tail", "tail")
         )
         print(
             f"  every curve cut at {cut} examples ({row['share']:.1%} of a curve's GPU-hours), forecast at"

@@ -2,8 +2,9 @@
 
 A round: (1) each recipe's completed cells (never a holdout) are fitted with the form chosen on held-out points
 (analysis/forms.py: E + A N^-alpha, A N^-alpha, a log-linear, the rectified E + B / (D_l + N^beta) or the local
-power law through the largest three sizes, whichever extrapolated best from the smaller sizes to the larger), and
-the errors it made there give its band at the size `at`: the forecast times exp(+-t s), s the log error scale the
+power law through the largest three sizes, weighed by how well each extrapolated from the smaller sizes to the
+larger: the forecast is their weighted average, Selection.average), and the errors the best of them made there give
+its band at the size `at`: the forecast times exp(+-t s), s the log error scale the
 form makes extrapolating as far as `at` lies beyond the largest size (forms.growth: the level of its held-out
 one-step errors, grown with the distance as its nested extrapolations show, a flat prior on growth between linear
 and quadratic in the log distance where they cannot tell; so a forecast ten doublings out of four small sizes gets a

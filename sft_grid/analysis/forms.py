@@ -19,9 +19,11 @@ within the observed range, and the bootstrap band of a misspecified form is narr
   (where a grid has both size and data, analysis/joint.py weighs a joint surface against each size's curve);
 * the choice: rolling-origin validation, the extrapolation the forecast makes: for each of the `holdout`
   largest distinct x, each form is fitted on the points below it and scored on the points at it (log error,
-  log(predicted / observed)); the form with the smallest root-mean-square held-out error wins (ties: the order
-  above), and is refitted on every point;
-* the band: the chosen form's forecast times exp(+-t s(d)), d = log(x / largest x) the distance of the forecast
+  log(predicted / observed)); the form with the smallest root-mean-square held-out error is chosen (ties: the order
+  above: what the report shows), every form is refitted on every point, and the forecast is their average in log L
+  weighted by the likelihood of each form's held-out errors (`Selection.average`: a Bayesian model average's mean,
+  with weights from held-out fit; a form that held out much worse weighs nothing);
+* the band: the forecast times exp(+-t s(d)), d = log(x / largest x) the distance of the forecast
   beyond the largest point, s(d) the log error scale the form makes extrapolating that far, t Student's quantile
   with as many degrees of freedom as distinct held-out x. s(d) is learnt from nested held-out extrapolations
   (`growth`): the form is fitted on the j smallest distinct x for every j it can be fitted on, and predicts every
@@ -364,35 +366,62 @@ class Selection:
         """The chosen form with its fitted parameters, in words: "1.69 + 406.4 N^-0.34"."""
         return formula(self.form, self.fit.params, x)
 
+    @functools.cached_property
+    def weights(self) -> tuple[tuple[str, float, FormFit], ...]:
+        """Each form with a held-out score, its weight as a model of the held-out points and its fit on every point:
+        exp(-n (score_f^2 - best^2) / (2 best^2)), normalised (n held-out points: the likelihood of its held-out errors
+        under the chosen form's error scale; the chosen form's weight is the largest). Empty where nothing was held
+        out."""
+        if not (self.heldout and math.isfinite(self.error)):
+            return ()
+        best = max(self.error, 1e-6)
+        found = [
+            (form, math.exp(-0.5 * self.heldout * (score**2 - best**2) / best**2), fit_form(form, self.points))
+            for form, score in self.scores.items()
+            if math.isfinite(score)
+        ]
+        total = sum(w for _, w, _ in found)
+        return tuple((form, w / total, fitted) for form, w, fitted in found)
+
+    def average(self, x: float) -> float:
+        """The forecast at x: the forms' forecasts averaged in log L by their `weights` (a Bayesian model average's
+        mean, with weights from held-out fit), over the forms that forecast a finite loss there; the chosen form's
+        own where nothing was held out.
+
+        Why not the chosen form's alone: with two held-out points the choice is noisy, and a forecast that follows
+        whichever form happened to hold out best swings with it; the average moves with the forms' evidence instead.
+        On the replayed curves (benchmarks/README.md) it errs less than the choice and decides more often right."""
+        own = self.fit.predict(x)
+        acc = total = 0.0
+        for _, w, fitted in self.weights:
+            value = fitted.predict(x) if fitted.ok else math.nan
+            if math.isfinite(value) and value > 0:
+                acc += w * math.log(value)
+                total += w
+        return math.exp(acc / total) if total > 0 else own
+
     def spread(self, x: float) -> float:
         """The forms' disagreement at x (log L): the root of sum_f w_f log(F_f(x) / F(x))^2 over every form with a
-        held-out score, F_f refitted on every point, F the chosen form's, w_f its weight as a model of the held-out
-        points, exp(-n (score_f^2 - best^2) / (2 best^2)) normalised (n held-out points: the likelihood of its
-        held-out errors under the chosen form's error scale), plus the rectified form's own parameter uncertainty
-        in its term (`rectified_profile`). A form that held out as well but forecasts nothing finite at x counts as
-        MAX_HALF apart.
+        held-out score (`weights`), F_f refitted on every point, F the forecast (`average`), plus the rectified
+        form's own parameter uncertainty in its term (`rectified_profile`). A form that held out as well but
+        forecasts nothing finite at x counts as MAX_HALF apart.
 
         Why: the chosen form's own errors (`growth`) say how it errs while the curve keeps the shape it had; where
         forms that extrapolated the held-out points about as well part ways at x, which of them the curve follows
         is uncertain, and its own errors cannot show that (a curve still flat before its pre-learned size: every
         form fits the flat part, and they disagree where it falls). This is the model part of a Bayesian model
         average's predictive variance, with weights from held-out fit instead of a prior the data cannot check."""
-        base = self.fit.predict(x)
-        best = max(self.error, 1e-6)
-        if not (self.heldout and math.isfinite(self.error) and math.isfinite(base) and base > 0):
+        base = self.average(x)
+        if not (self.weights and math.isfinite(base) and base > 0):
             return 0.0
-        total = weighted = 0.0
-        for form, score in self.scores.items():
-            if not math.isfinite(score):
-                continue
-            w = math.exp(-0.5 * self.heldout * (score**2 - best**2) / best**2)
-            fitted = fit_form(form, self.points)
+        best = max(self.error, 1e-6)
+        weighted = 0.0
+        for form, w, fitted in self.weights:
             value = fitted.predict(x) if fitted.ok else math.nan
             apart = math.log(value / base) if math.isfinite(value) and value > 0 else MAX_HALF
             own = rectified_profile(self.points, x, best) if form == "rectified" else 0.0
-            total += w
             weighted += w * (apart * apart + own * own)
-        return math.sqrt(weighted / total) if total > 0 else 0.0
+        return math.sqrt(weighted)
 
     def scale(self, x: float) -> float | None:
         """The band's log scale at x: the chosen form's error at x's distance beyond the largest x (`growth`) and
@@ -407,7 +436,7 @@ class Selection:
         """(value, lo, hi) at x: the forecast times exp(+-t `scale`); no band (None) where nothing was held out."""
         from scipy.stats import t as student
 
-        value = self.fit.predict(x)
+        value = self.average(x)
         scale = self.scale(x)
         band = self.growth
         if band is None or scale is None or not math.isfinite(value) or value <= 0:

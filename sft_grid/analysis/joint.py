@@ -99,7 +99,7 @@ class JointSelection:
         if self.chosen == "joint":
             return self.joint.predict(n, d)
         own = self._per_size.get(n)
-        return own.fit.predict(d) if own is not None else math.nan
+        return own.average(d) if own is not None else math.nan
 
     @functools.cached_property
     def _per_size(self) -> dict[float, Selection]:

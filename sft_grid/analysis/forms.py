@@ -370,8 +370,8 @@ class Selection:
     def weights(self) -> tuple[tuple[str, float, FormFit], ...]:
         """Each form with a held-out score, its weight as a model of the held-out points and its fit on every point:
         exp(-n (score_f^2 - best^2) / (2 best^2)), normalised (n held-out points: the likelihood of its held-out errors
-        under the chosen form's error scale; the chosen form's weight is the largest). Empty where nothing was held
-        out."""
+        under the chosen form's error scale: the chosen form's weight is the largest unless a form that held out
+        better could not be refitted on every point). Empty where nothing was held out."""
         if not (self.heldout and math.isfinite(self.error)):
             return ()
         best = max(self.error, 1e-6)

@@ -609,11 +609,11 @@ def forms_by_cut() -> dict[str, Any]:
     draws = [(d, replay_models(d, seed)) for d in sorted({d for d, _ in found}) for seed in REPLAY_SEEDS]
     out: dict[str, Any] = {}
     for cut in CUTS:
-        fc = {
-            (way, key): forecast(way, forms.select([(x, v) for x, v in entry["points"] if x <= cut], forms=fs))
-            for way, fs in ways.items()
-            for key, entry in found.items()
-        }
+        fc = {}
+        for key, entry in found.items():
+            pts = [(x, v) for x, v in entry["points"] if x <= cut]
+            chosen = {fs: forms.select(pts, forms=fs) for fs in set(ways.values())}  # one selection per set of forms
+            fc.update({(way, key): forecast(way, chosen[fs]) for way, fs in ways.items()})
         row: dict[str, Any] = {}
         for way in ways:
             logs = sorted(abs(math.log(fc[(way, k)] / at_target[k])) for k in found)

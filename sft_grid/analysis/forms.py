@@ -391,14 +391,17 @@ class Selection:
         Why not the chosen form's alone: with two held-out points the choice is noisy, and a forecast that follows
         whichever form happened to hold out best swings with it; the average moves with the forms' evidence instead.
         On the replayed curves (benchmarks/README.md) it errs less than the choice and decides more often right."""
-        own = self.fit.predict(x)
-        acc = total = 0.0
-        for _, w, fitted in self.weights:
+        found = [(w, value) for _, w, value in self._each(x) if value is not None]
+        total = sum(w for w, _ in found)
+        return math.exp(sum(w * math.log(v) for w, v in found) / total) if total > 0 else self.fit.predict(x)
+
+    def _each(self, x: float) -> list[tuple[str, float, float | None]]:
+        """Each weighted form, its weight and its forecast at x (None where it forecasts no finite loss there)."""
+        out: list[tuple[str, float, float | None]] = []
+        for form, w, fitted in self.weights:
             value = fitted.predict(x) if fitted.ok else math.nan
-            if math.isfinite(value) and value > 0:
-                acc += w * math.log(value)
-                total += w
-        return math.exp(acc / total) if total > 0 else own
+            out.append((form, w, value if math.isfinite(value) and value > 0 else None))
+        return out
 
     def spread(self, x: float) -> float:
         """The forms' disagreement at x (log L): the root of sum_f w_f log(F_f(x) / F(x))^2 over every form with a
@@ -416,9 +419,8 @@ class Selection:
             return 0.0
         best = max(self.error, 1e-6)
         weighted = 0.0
-        for form, w, fitted in self.weights:
-            value = fitted.predict(x) if fitted.ok else math.nan
-            apart = math.log(value / base) if math.isfinite(value) and value > 0 else MAX_HALF
+        for form, w, value in self._each(x):
+            apart = math.log(value / base) if value is not None else MAX_HALF
             own = rectified_profile(self.points, x, best) if form == "rectified" else 0.0
             weighted += w * (apart * apart + own * own)
         return math.sqrt(weighted)

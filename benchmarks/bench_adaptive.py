@@ -474,8 +474,10 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
 # fixed, by development runs of `forms: [tail]` and of a pooled form that was dropped); 100-129 added after those,
 # with `forms: [tail]` in the bench, before any run of them; 130-189 added on 2026-12-05 with the race (design: race,
 # adaptive/race.py, whose constants were set from development runs on 0-129), before any run of them; 190-249 added
-# on 2026-12-06 before any run of them, before that day's changes to the race were tried on 0-189
-REPLAY_SEEDS = tuple(range(250))
+# on 2026-12-06 before any run of them, before that day's changes to the race were tried on 0-189; 250-309 were
+# run on 2026-12-06 (later) in development runs of the race's plan (adaptive/race.py RUNG), so they are left out;
+# 310-369 added then, before any run of them
+REPLAY_SEEDS = (*range(250), *range(310, 370))
 REPLAY_SEED_SETS = (
     (0, 10),
     (10, 20),
@@ -487,6 +489,7 @@ REPLAY_SEED_SETS = (
     (100, 130),
     (130, 190),
     (190, 250),
+    (310, 370),
 )
 # the candidate forms the decisions are run with (the adaptive block's `forms:`): all (the default), then the local
 # power law alone

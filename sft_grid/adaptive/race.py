@@ -263,11 +263,3 @@ def _tops(
                 tops[r] += 1
                 raised = True
     return {r: t for r, t in tops.items() if t > level[r]}
-    raised = True
-    while raised:
-        raised = False
-        for r in sorted(tops, key=lambda r: (cost(r, tops[r]), r)):
-            if tops[r] + 1 < len(sizes[r]) and total({**tops, r: tops[r] + 1}) <= room + 1e-9:
-                tops[r] += 1
-                raised = True
-    return tops

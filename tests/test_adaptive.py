@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sft_grid.adaptive import halving, race
+from sft_grid.adaptive import halving
 from sft_grid.adaptive.candidates import Candidate
 from sft_grid.adaptive.design import choose
 from sft_grid.adaptive.spec import AdaptiveSpec, parse_adaptive, parse_prune
@@ -588,13 +588,11 @@ def test_a_gap_question_races_by_default_and_the_design_key_is_checked():
     assert loss[0].key == "adaptive.design" and "a loss question has one design" in loss[0].message
 
 
-def test_the_race_seeds_every_recipe_with_the_largest_window_its_share_buys_then_reaches_for_the_planned_tops():
+def test_the_race_seeds_every_recipe_with_the_largest_window_that_half_the_budget_buys():
     """Cells cost x / 1e8 GPU-h (size k: 2^k): the windows of five sizes (the fewest a band needs among all five
-    forms: two sizes, two held out, one more origin) ending at size k cost 2 x 31 x 2^(k-4) for two recipes; 30% of
-    5000 GPU-h (race.SEED_SHARE) buys k = 8 (992), not 9 (1984): sizes 4 to 8 of each, cheapest first, whole (a band
-    from four of them does not cut the window short). Then the race's plan for the 4008 GPU-h left: raised one size
-    at a time, cheapest first, a to size 11 (2048) and b to 10 (1024); b to 11 would need 4096. Each goes straight
-    to its top (its rung, four sizes below, is measured already): no GPU-hour on the sizes between."""
+    forms: two sizes, two held out, one more origin) ending at size k cost 2 x 31 x 2^(k-4) for two recipes; half
+    of 5000 GPU-h buys k = 9 (1984), not 10 (3968): sizes 5 to 9 of each, cheapest first, whole (a band from four
+    of them does not cut the window short)."""
     pool, truth = _decision_pool({"a": 1.70, "b": 1.72})
     spec = _race(("a", "b"))
     observed: dict[str, float] = {}
@@ -606,31 +604,11 @@ def test_the_race_seeds_every_recipe_with_the_largest_window_its_share_buys_then
         seeded += r.chosen
         assert len(r.chosen) <= spec.batch
         observed.update({c: truth[c] for c in r.chosen})
-    assert sorted(seeded) == sorted(f"{x}{i}" for x in "ab" for i in range(4, 9))
-    assert seeded[:2] == ["a4", "b4"]  # cheapest first
-    # once every band is in, the race: each recipe's planned top, the cheaper first
-    assert r.chosen == ("b10", "a11") and all("its top" in w and "in the race for the lowest" in w for w in r.why)
-    assert r == choose(spec, pool, observed)  # pure
-    observed.update({c: truth[c] for c in r.chosen})
-    last = choose(spec, pool, observed)
-    assert not last.chosen and last.stop.startswith("no recipe in the race (a, b) has an affordable next size")
-    assert last.spent == 992 + 1024 + 2048 <= 5000
-
-
-def test_the_race_plans_each_recipe_a_top_and_a_rung_within_the_budget_and_a_dropped_recipes_share_goes_on():
-    """race._tops: sizes 2^k cost 2^k, both recipes measured to size 5. 4352 GPU-h buy each recipe's size 11 and its
-    rung 7 (2 x (2048 + 128)); a GPU-hour less and the cheaper-first raise stops one of them a size lower; with
-    b out of the race, a alone reaches 11 on half of it; a budget in cells (None): every recipe's next size."""
-    sizes = {r: [2.0**k for k in range(12)] for r in "ab"}
-    cells = {(r, n): [Candidate(f"{r}{int(n)}", r, n, n)] for r in "ab" for n in sizes[r]}
-    level = {"a": 5, "b": 5}
-    assert race._tops(cells, sizes, level, ["a", "b"], set(), 4352.0) == {"a": 11, "b": 11}
-    assert race.RUNG == 4 and 11 - race.RUNG == 7  # the rung the round measures first (above level 5)
-    assert sorted(race._tops(cells, sizes, level, ["a", "b"], set(), 4351.0).values()) == [10, 11]
-    assert race._tops(cells, sizes, level, ["a", "b"], set(), 2176.0) == {"a": 10, "b": 10}
-    assert race._tops(cells, sizes, level, ["a"], set(), 2176.0) == {"a": 11}
-    assert race._tops(cells, sizes, level, ["a", "b"], set(), 5.0) == {}  # no next size fits: the race stops
-    assert race._tops(cells, sizes, level, ["a", "b"], set(), None) == {"a": 6, "b": 6}
+    assert sorted(seeded) == sorted(f"{x}{i}" for x in "ab" for i in range(5, 10))
+    assert seeded[:2] == ["a5", "b5"]  # cheapest first
+    # once every band is in, the race: each recipe's next size up
+    assert r.chosen and all("in the race for the lowest" in w for w in r.why), r.why
+    assert set(r.chosen) == {"a10", "b10"} and r == choose(spec, pool, observed)  # pure
 
 
 def test_a_recipe_that_cannot_win_is_out_of_the_race_and_gets_no_more_cells():

@@ -11,8 +11,7 @@
   stops; for a `loss` question the completion that most reduces the forecast's variance per GPU-hour, for a `gap`
   question under `design: value` the plan worth most per GPU-hour, with the numbers that say why.
 - `race`: a `gap` question's cells under `design: race` (the default): successive elimination, each recipe that
-  can still be the lowest measured as far up as the budget left reaches for all of them (a rung, then a top), none
-  that cannot.
+  can still be the lowest measured one size further per round, none that cannot.
 
 Above the analysis layer (it reads its fit), below the grid's flow, which asks it for its decision before it checks
 the grid and applies what the decision writes (`effects`) once every rule has passed; nothing here submits or

@@ -1,5 +1,5 @@
 """A gap question's next cells by successive elimination (`design: race`, the default): which recipe is lowest at
-`at`, decided by measuring every recipe that can still win as far up as the budget reaches, and none that cannot.
+`at`, decided by measuring every recipe that can still win one size further each round, and none that cannot.
 
 A round (design.choose calls `next_cells` once the common stops, the budget and the decided rule, have been read):
 
@@ -11,19 +11,10 @@ A round (design.choose calls `next_cells` once the common stops, the budget and 
    the part of its curve that says least about the target.
 2. The race: each recipe's probability of being the lowest at `at` under the bands (the forecasts read as
    Student-t in log L, the same seeded draws as the decision's). A recipe whose probability is below 1 - level is
-   out of the race: no more cells for it. While a forecast reaches further beyond its sizes than they span
-   (design.MAX_REACH), no recipe is dropped.
-3. The plan (a budget in GPU-hours): each recipe still in the race gets a top, the largest size the budget left
-   reaches for all of them together, raised one size at a time, cheapest first, each top with its rung RUNG sizes
-   below it (where that is above what the recipe has measured); a round measures each recipe's rung, then its top,
-   and plans again from what they show, so that a recipe dropped between them leaves its share to the rest. Why
-   not each recipe's next size up, a doubling at a time: measuring every size on the way costs about twice the
-   largest (the sizes double), a rung and a top about 1 1/16 of it, so the same budget reaches a size further;
-   the forecast one size nearer `at` is the better half of the decision (docs/steering.md, Measured: on the
-   replayed curves, a fixed ladder of two cells per recipe, the top the budget affords and one 16 times smaller,
-   was right more often than the race that stepped up a size at a time). A budget in cells (a cell costs one
-   whatever its size): each recipe's next size, a round robin over the sizes.
-4. The stop: one recipe left in the race (decided by elimination), or no recipe in it whose next size is
+   out of the race: no more cells for it. Every recipe still in gets its next size up, fewest sizes measured first
+   and then cheapest (a round robin over the doublings), each while it fits in what is left of the budget. While a
+   forecast reaches further beyond its sizes than they span (design.MAX_REACH), no recipe is dropped.
+3. The stop: one recipe left in the race (decided by elimination), or no recipe in it whose next size is
    affordable (the budget), or every one at its largest size; the decision is the lowest forecast, as always.
 
 Why elimination and not the value of each plan per GPU-hour (`design: value`): on the replayed curves (docs/steering.md,
@@ -51,12 +42,8 @@ if TYPE_CHECKING:
 
 # the held-out sizes forms.select scores the forms on
 HOLDOUT = 2
-# the share of the budget the seed windows may cost at most (the rest is the race's plan; on the replays, shares of
-# 0.25 to 0.4 buy the same windows, 0.5 a window one size larger and a top one size lower)
-SEED_SHARE = 0.3
-# the sizes between a racing recipe's rung and its top (16 times smaller where sizes double, the fixed ladder's
-# ratio): a round measures the rung, the next its top (see the module)
-RUNG = 4
+# the share of the budget the seed windows may cost at most (the rest is the race's)
+SEED_SHARE = 0.5
 
 
 def window(spec_forms: Sequence[str]) -> int:
@@ -192,19 +179,16 @@ def next_cells(
                 f" (probability of being the lowest: {said}; out below {floor:.3g})"
             ),
         )
-    plan = _tops(cells, sizes, level, racing, taken, room_h if spec.budget_gpu_hours is not None else None)
-    for r in sorted(plan, key=lambda r: (level[r], _cost(_cheapest(cells, r, sizes[r][plan[r]], taken)), r)):
-        top = plan[r]
-        rung = top - RUNG if top - RUNG > level[r] else top
-        cell = _cheapest(cells, r, sizes[r][rung], taken)
+    nexts = {
+        r: _cheapest(cells, r, sizes[r][level[r] + 1], taken) if level[r] + 1 < len(sizes[r]) else None for r in racing
+    }
+    for r in sorted(racing, key=lambda r: (level[r], _cost(nexts[r]), r)):
+        cell = nexts[r]
         if r in waiting or cell is None:
             continue  # waiting: its next size waits for the cells in flight, read first
-        step = (
-            f"the rung {RUNG} sizes below its top {sizes[r][top]:.4g}" if rung < top else f"its top {sizes[r][top]:.4g}"
-        )
         take(
             cell,
-            f"{cell.name}: {step}, for {r} in the race for the lowest at {spec.at:.4g} (probability of being"
+            f"{cell.name}: the next size of {r}, in the race for the lowest at {spec.at:.4g} (probability of being"
             f" the lowest: {said}; "
             + (
                 "no recipe dropped while a forecast reaches beyond its span"
@@ -227,39 +211,3 @@ def next_cells(
 
 def _cost(cell: Candidate | None) -> float:
     return math.inf if cell is None else cell.gpu_hours
-
-
-def _tops(
-    cells: Cells,
-    sizes: Mapping[str, Sequence[float]],
-    level: Mapping[str, int],
-    racing: Sequence[str],
-    taken: set[str],
-    room: float | None,
-) -> dict[str, int]:
-    """Each racing recipe's top (the rank of the largest size the race means to measure it at), for the recipes
-    with a size left to measure: from its largest measured, the cheapest next size first, each raised one size while
-    every recipe's top and its rung (RUNG sizes below the top, where that is above its largest measured) still fit
-    in `room` GPU-hours, the recipes waiting on cells in flight included (their share is kept for them), so that a
-    plan made in one round is the plan of the next unless a recipe has left the race. `room` None (a budget in
-    cells, where a cell costs one whatever its size): each recipe's next size, a round robin over the sizes."""
-
-    def cost(r: str, i: int) -> float:
-        return _cost(_cheapest(cells, r, sizes[r][i], taken))
-
-    def total(tops: Mapping[str, int]) -> float:
-        return sum(
-            cost(r, t) + (cost(r, t - RUNG) if t - RUNG > level[r] else 0.0) for r, t in tops.items() if t > level[r]
-        )
-
-    if room is None:
-        return {r: level[r] + 1 for r in racing if level[r] + 1 < len(sizes[r])}
-    tops = {r: level[r] for r in racing}
-    raised = True
-    while raised:
-        raised = False
-        for r in sorted(tops, key=lambda r: (cost(r, tops[r] + 1) if tops[r] + 1 < len(sizes[r]) else math.inf, r)):
-            if tops[r] + 1 < len(sizes[r]) and total({**tops, r: tops[r] + 1}) <= room + 1e-9:
-                tops[r] += 1
-                raised = True
-    return {r: t for r, t in tops.items() if t > level[r]}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sft_grid.planning.cells import identity_key, slugify
+from sft_grid.core.layout import CELL_FILE
+from sft_grid.planning.cells import PART_LEN, SLUG_LEN, dirs_of, identity_key, slugify
 
 
 def test_identity_ignores_where_and_how_a_cell_runs(make_cells, tmp_path):
@@ -52,6 +53,25 @@ def test_name_is_a_readable_slug_plus_the_identity(make_cells):
     (cell,) = make_cells(["model=qwen3_8b", "dataset=[magpie,delphi_warmup]", "lr=2e-5", "nodes=2"])
     assert cell.name == f"qwen3_8b_magpie+delphi_warmup_lr2e-5-{cell.key}"
     assert len(cell.key) == 8
+
+
+def test_a_long_fixed_value_leaves_room_for_the_swept_one(make_cells, tmp_path):
+    """A long value first (a local checkpoint's path) used to fill the name, so every cell of an lr sweep read the
+    same but for its key; now the long part is cut, head and tail, and each lr stays in its cell's name. A cell
+    rendered under the old name is still found by its identity key: renaming never runs a finished cell again."""
+    ckpt = tmp_path / "checkpoints" / ("a_very_long_run_name_from_another_team_" * 2) / "final_export"
+    ckpt.mkdir(parents=True)
+    cells = make_cells(*([f"model.path={ckpt}", f"lr={lr}", "seed=3"] for lr in ("1e-5", "2e-5")))
+    for cell, lr in zip(cells, ("1e-5", "2e-5"), strict=True):
+        assert len(cell.slug) <= SLUG_LEN
+        assert cell.slug.endswith(f"_lr{lr}_seed3"), cell.slug
+        head, _, _ = cell.slug.partition(f"_lr{lr}")
+        assert len(head) <= PART_LEN and head.startswith("path-tmp") and head.endswith("_-final_export"), head
+    old = cells[0].sweep_dir / f"{slugify(f'path{ckpt}_lr1e-5_seed3')}-{cells[0].key}"
+    old.mkdir(parents=True)
+    (old / CELL_FILE).write_text("{}")  # what makes a directory a rendered cell's
+    assert old.name != cells[0].name
+    assert dirs_of(cells) == [old, cells[1].sweep_dir / cells[1].name]
 
 
 def test_derived_gradient_accumulation(make_cells):

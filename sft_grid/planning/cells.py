@@ -92,6 +92,11 @@ _BACKEND_IDENTITY = ("name",)
 LOCAL_PREFIXES = ("/", "./", "../", "~")
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._+=-]+")
 HASH_LEN = 8
+# a cell's readable name at most (then "-" and its identity key): short enough for a Slurm job name and, with the
+# key, a Hub repository's name (96 characters at most)
+SLUG_LEN = 64
+# one value's part of a slug at most, where the slug would be longer than SLUG_LEN (_fair)
+PART_LEN = 32
 
 
 _LAYOUTS: dict[tuple[Any, ...], Layout] = {}
@@ -233,7 +238,7 @@ def identity_key(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:HASH_LEN]
 
 
-def slugify(text: str, limit: int = 64) -> str:
+def slugify(text: str, limit: int = SLUG_LEN) -> str:
     """The one slug function: safe in paths, Slurm job names and hub ids."""
     slug = _SLUG_UNSAFE.sub("-", text).strip("-.")
     return slug[:limit].rstrip("-.") or "cell"
@@ -252,7 +257,27 @@ def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
             continue
         value = value.strip("[]'\"").replace(",", "+")
         parts.append(value if key in ("model", "dataset", "backend") else f"{key.rsplit('.', 1)[-1]}{value}")
-    return slugify("_".join(parts) if parts else str(config["model"]["name"]))
+    return slugify("_".join(_fair([_SLUG_UNSAFE.sub("-", p) for p in parts], SLUG_LEN)) or str(config["model"]["name"]))
+
+
+def _fair(parts: Sequence[str], limit: int) -> list[str]:
+    """The parts, each longer than PART_LEN cut to it where they do not fit `limit` together (joined by one
+    character each), keeping its head and its tail: so one long value (a local checkpoint's path, a list of
+    datasets) cannot push the values after it, often the swept one (lr2e-5), out of the name. Parts of a usual
+    length are left whole, and the slug is cut at its end as before."""
+    if sum(map(len, parts)) + max(0, len(parts) - 1) <= limit:
+        return list(parts)
+    return [p if len(p) <= PART_LEN else _cut(p, PART_LEN) for p in parts]
+
+
+def _cut(part: str, width: int) -> str:
+    """`part` in `width` characters: its head and its tail joined by "-" (the tail is where a path or a list
+    differs most often)."""
+    if width < 5:
+        return part[:width]
+    tail = (width - 1) // 2
+    head = width - 1 - tail
+    return f"{part[:head].rstrip('-._+=')}-{part[-tail:].lstrip('-._+=')}"
 
 
 def hub_id_for(template: str, config: Mapping[str, Any], key: str, slug: str) -> str:

@@ -273,8 +273,6 @@ def _fair(parts: Sequence[str], limit: int) -> list[str]:
 def _cut(part: str, width: int) -> str:
     """`part` in `width` characters: its head and its tail joined by "-" (the tail is where a path or a list
     differs most often)."""
-    if width < 5:
-        return part[:width]
     tail = (width - 1) // 2
     head = width - 1 - tail
     return f"{part[:head].rstrip('-._+=')}-{part[-tail:].lstrip('-._+=')}"

@@ -44,6 +44,8 @@ AX_SAMPLE = "axolotl_qwen3_4b_fft.yaml"
 LAUNCH_SAMPLE = "launch_qwen3_8b.sh"
 # a key no backend knows, added to a copy of each original: it must be carried in `extra` and reach the backend
 UNKNOWN = {"my_team_callback": {"name": "loss_spike_alert", "window": 50}}
+# a Hub token in the LLaMA-Factory original (its own key, ModelArguments.hf_hub_token): never carried into a file
+SECRET = {"hf_hub_token": "hf_" + "Xq7" * 12}
 
 # -- the LLaMA-Factory sample's keys that the rendered train_config.yaml holds differently, and why ---------------
 LF_MAPPED_DIFFERENTLY = {
@@ -58,6 +60,7 @@ LF_MAPPED_DIFFERENTLY = {
     "overwrite_output_dir": "not rendered: a rerun moves the old output aside (and transformers 5 rejects the key)",
     # the import pins packing: false; LLaMA-Factory's default is off, so sft_grid writes no key for it
     "packing": "not rendered: off is LLaMA-Factory's default",
+    "hf_hub_token": "not carried: a secret (the Hub client reads HF_TOKEN from the jobs' environment)",
 }
 # -- the axolotl sample's keys that the rendered axolotl_config.yaml holds differently, and why --------------------
 AX_MAPPED_DIFFERENTLY = {
@@ -132,7 +135,7 @@ def originals(path: Path) -> Path:
     shutil.copytree(SAMPLES, path)
     for name in (LF_SAMPLE, AX_SAMPLE):
         with open(path / name, "a") as handle:
-            handle.write(yaml.safe_dump(UNKNOWN, sort_keys=False))
+            handle.write(yaml.safe_dump({**UNKNOWN, **(SECRET if name == LF_SAMPLE else {})}, sort_keys=False))
     return path
 
 
@@ -257,6 +260,17 @@ def test_every_key_of_the_llamafactory_config_is_rendered_or_in_the_table(lf):
     assert "packing" not in rendered and "neat_packing" not in rendered and lf.original["packing"] is False
     # the accumulation comes out as the original's: 96 = 1 a GPU x 12 x (2 nodes x 4 GPUs)
     assert lf.sweep["global_batch_size"] == 96 and lf.sweep["nodes"] == 2
+
+
+def test_a_token_in_the_original_is_not_carried_into_any_file(lf):
+    """The sweep file is meant for git, the rendered files for anyone who can read the runs folder: the original's
+    Hub token goes to neither, and the import says where it should live instead."""
+    token = SECRET["hf_hub_token"]
+    assert "hf_hub_token" not in lf.sweep.get("extra", {})
+    assert "hf_hub_token (a secret: export it (HF_TOKEN for the Hub)" in said(lf.proc, "not carried")
+    written = [p for top in (lf.root / "conf", lf.cell) for p in top.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if token in p.read_text(errors="replace")]
+    assert token not in lf.proc.stdout + lf.proc.stderr
 
 
 def test_each_llamafactory_dataset_entry_is_rendered_key_by_key(lf):

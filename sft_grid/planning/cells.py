@@ -23,6 +23,7 @@ from sft_grid.core import project
 from sft_grid.core.hubcache import Pin
 from sft_grid.core.layout import iter_cell_dirs
 from sft_grid.core.schema import CellConf, fingerprint, typed
+from sft_grid.core.secrets import secret_setting
 from sft_grid.core.tokenized import TokenizedData
 from sft_grid.planning import resolvers
 from sft_grid.planning.gpus import Layout, choose
@@ -250,6 +251,8 @@ def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
     for line in overrides:
         key, _, value = line.lstrip("+~").partition("=")
         top = key.split(".", 1)[0]
+        if secret_setting(key.rsplit(".", 1)[-1], value.strip("'\"")):
+            continue  # a token is never part of a name (validation refuses the cell: rule secret)
         if top == "vars" and value:  # a row of a sweep file's table (a model) names itself
             parts.append(value.strip("'\""))
             continue

@@ -24,7 +24,7 @@ from pathlib import Path
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
 from sft_grid.core.problems import Problem
-from sft_grid.core.secrets import carries_secret, redact_url
+from sft_grid.core.secrets import carries_secret, redact_url, secret_setting
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning import environments, gpus, site_rules
@@ -386,9 +386,58 @@ def notify_targets(cell: Cell) -> Iterator[Problem]:
         )
 
 
+# the settings a user writes freely and sft_grid writes into a cell's files as given (cell.yaml, launch.sh, the
+# backend's config; a swept one into the cell's name too)
+FREE_SETTINGS = ("cluster.env", "cluster.setup", "cluster.sbatch_extra", "extra", "vars")
+# NAME=value in a setup line (`export HF_TOKEN=...`)
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
+
+
+def _settings(tree: object, key: str) -> Iterator[tuple[str, str, object]]:
+    """(dotted key, the name the value is set under, value) for every leaf below `key`; a setup line's
+    assignments under their own names."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _settings(v, f"{key}.{k}")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _settings(v, f"{key}[{i}]")
+    elif tree is not None:
+        name = key.rsplit(".", 1)[-1].split("[", 1)[0]
+        yield key, name, tree
+        for var, value in _ASSIGNMENT.findall(str(tree)):
+            yield key, var, value
+
+
+def no_secrets(cell: Cell) -> Iterator[Problem]:
+    """No token, password or API key in what is written into the cell's files (core/secrets.py says how one is
+    told): the jobs read secrets from the environment they inherit, so none ever needs to be in a file."""
+    for top in FREE_SETTINGS:
+        head, _, rest = top.partition(".")
+        tree = cell.config.get(head)
+        tree = tree.get(rest) if rest and isinstance(tree, dict) else tree
+        said: set[str] = set()
+        for key, name, value in _settings(tree, top):
+            if key in said or not secret_setting(name, value):
+                continue
+            said.add(key)
+            var = name.upper() if top == "cluster.env" else "HF_TOKEN (WANDB_API_KEY for W&B)"
+            yield _problem(
+                cell,
+                key,
+                "***",
+                "secret",
+                f"holds a secret (a token, a password or an API key, under {name!r}), and it would be written in"
+                " plain text into the cell's files (cell.yaml, launch.sh, the backend's config)",
+                f"drop the override and export {var} in the shell you run sft-grid from: local cells and Slurm jobs"
+                " inherit its environment, and the Hub's and W&B's clients read their tokens from it",
+            )
+
+
 def _where_unusable(path: Path) -> str | None:
     """Why `path` cannot be (or become) a directory sft_grid writes into, or None: the first of its ancestors that
-    exists must be a directory this user may write into; a symlink loop or a file on the way is named."""
+    exists must be a directory this user may write into, and not on one of the kernel's file systems (/proc, /sys); a
+    symlink loop or a file on the way is named."""
     loop = None
     for part in (path, *path.parents):
         try:
@@ -408,6 +457,18 @@ def _where_unusable(path: Path) -> str | None:
             return f"{loop} is a symbolic link loop (it points, through links, back at itself)"
         if not stat.S_ISDIR(st.st_mode):
             return f"{part} is a file, not a directory" if part == path else f"{part} (a part of it) is a file"
+        # os.access says yes to root anywhere on a writable mount, but the kernel's own file systems hold no
+        # directory of a user's: mkdir under /proc fails (ENOENT), under /sys too (EPERM), and one under
+        # /sys/fs/cgroup makes a cgroup. Their type is read from the mount table (Linux; elsewhere not checked).
+        kernel = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs", "securityfs", "configfs"}
+        kernel |= {"bpf", "pstore", "efivarfs", "mqueue", "fusectl", "binfmt_misc", "selinuxfs", "nsfs", "rpc_pipefs"}
+        device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split()  # id parent major:minor root mountpoint options ... - fstype source options
+                fstype = fields[fields.index("-") + 1]
+                if fields[2] == device and fstype in kernel:
+                    return f"{part} is on the kernel's {fstype} file system, not on a disk"
         if part != path and not os.access(part, os.W_OK | os.X_OK):
             return f"it cannot be created: {part} is not writable by this user"
         if part == path and not os.access(part, os.W_OK | os.X_OK):
@@ -515,6 +576,7 @@ RULES: tuple[Rule, ...] = (
     gpu_fit,
     failure_policy,
     notify_targets,
+    no_secrets,
     eval_suite,
     *site_rules.RULES,
 )

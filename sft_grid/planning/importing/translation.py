@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sft_grid.core.schema import MIX_STRATEGIES, REPORT_TO
+from sft_grid.core.secrets import secret_setting
 from sft_grid.core.templates import TOKENIZER_FAMILIES
 from sft_grid.planning.importing import option_files
 from sft_grid.planning.importing.backend_keys import (
@@ -464,7 +465,9 @@ class Translation(ABC):
         for key, value in self.config.items():
             if key in self.done:
                 continue
-            if key in derived or key in DECIDED:
+            if secret_setting(key, value):  # a sweep file is committed to git: a token never goes in it
+                self.drop(key, "a secret: export it (HF_TOKEN for the Hub) where you run sft-grid; the jobs inherit it")
+            elif key in derived or key in DECIDED:
                 self.decide(key)
             elif key in defaults and same_value(defaults[key], value):
                 said = option_files.flow(value)

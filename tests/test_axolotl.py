@@ -19,6 +19,8 @@ import yaml
 
 from sft_grid import backends
 from sft_grid.backends import axolotl
+from sft_grid.checks import preflight
+from sft_grid.core.cellfiles import Check
 from sft_grid.core.layout import LAUNCH_FILE
 from sft_grid.core.paths import IN_VENV_DIR, PACKAGE_CONF
 from sft_grid.grid import render
@@ -136,6 +138,17 @@ def test_axolotl_validation_rejects_what_it_cannot_use(make_cells, tmp_path, axo
     bad_result, unknown_result = checked.values()
     assert not bad_result["ok"] and "sequence_len" in bad_result["error"]
     assert unknown_result["ok"] and unknown_result["dropped"] == ["pure_bf16"]
+    # the grid's own check of extra keys (checks/preflight.py) refuses what axolotl drops, before anything is
+    # queued, and takes its keys (a plugin's included: Liger's, which the shipped layouts use)
+    python = str(axolotl_env / "bin" / "python")
+    verdicts = {
+        key: preflight.check_backend_key(Check("backend_key", f"extra.{key}", key, backend="axolotl", python=python))
+        for key in ("pure_bf16", "sample_packin", "sample_packing", "liger_rms_norm", "packing")
+    }
+    assert [k for k, v in verdicts.items() if not v.ok] == ["pure_bf16", "sample_packin", "packing"]
+    assert "drops a key it does not know" in verdicts["pure_bf16"].message
+    assert "did you mean sample_packing" in verdicts["sample_packin"].fix
+    assert "packing is sft_grid's own key" in verdicts["packing"].fix
 
 
 def test_resume_args_per_backend(tmp_path):

@@ -13,6 +13,8 @@ prepared model or a tokenized dataset built by a job before the cell, the stagin
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import json
 import os
@@ -31,7 +33,7 @@ from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.events import Kind
 from sft_grid.core.hubcache import is_complete, parse_snapshot, staging_failure
 from sft_grid.core.problems import Problem
-from sft_grid.core.schema import fingerprint
+from sft_grid.core.schema import CellConf, fingerprint
 from sft_grid.core.templates import DELPHI_TOKENS, TEMPLATES
 from sft_grid.core.tokenized import tokenized_complete
 from sft_grid.planning.cells import Cell, is_local
@@ -92,6 +94,10 @@ def _checks_for(cell: Cell) -> list[Check]:
         checks.append(Check("kernel", "layout.attention", "flash_attn", python=python))
     if lay.liger:
         checks.append(Check("kernel", "layout.liger", "liger_kernel", python=python))
+    # each `extra` key is one the backend's own parser takes (axolotl's plugins named in extra bring keys of their
+    # own, which only importing them would tell: such a cell's keys are left to axolotl)
+    if s.backend.name in CONFIG_PARSERS and not (s.backend.name == "axolotl" and "plugins" in s.extra):
+        checks += [Check("backend_key", f"extra.{k}", k, backend=s.backend.name, python=python) for k in s.extra]
     template = TEMPLATES.get(s.model.template)
     model_prep = prep_for(cell)
     # a Delphi checkpoint before its prep: its tokenizer as the prep makes it (prepared here, tokenizer files only)
@@ -455,6 +461,38 @@ def check_kernel(check: Check) -> Verdict:
     )
 
 
+# the backends whose config keys are asked of their environment (in_venv/env_facts.py --config-keys), and what
+# each does with a key it does not know
+CONFIG_PARSERS = {
+    "llamafactory": "LLaMA-Factory's argument parser refuses a config with a key it does not know (\"Some keys are"
+    ' not used by the HfArgumentParser"): the job would fail as it starts',
+    "axolotl": "axolotl's config model drops a key it does not know: the cell would train as if it were not set",
+}
+
+
+def check_backend_key(check: Check) -> Verdict:
+    """An `extra` key is one the backend's config parser takes in the cell's environment (see CONFIG_PARSERS)."""
+    keys = venv_facts.config_keys(check.python, check.backend)
+    venv = Path(check.python).parent.parent
+    if keys is None:
+        return Verdict(
+            False,
+            f"the backend's virtual environment {venv} is not on this machine; the job checks it first",
+            unreachable=True,
+        )
+    if isinstance(keys, str) or check.target in keys:  # an environment that cannot say: its parser decides
+        return Verdict(True)
+    close = difflib.get_close_matches(check.target, sorted(keys), n=3, cutoff=0.75)
+    own = check.target in {f.name for f in dataclasses.fields(CellConf)}
+    return Verdict(
+        False,
+        f"not a key of {check.backend}'s config in {venv}: {CONFIG_PARSERS[check.backend]}",
+        (f"{check.target} is sft_grid's own key: set it without extra. ({check.target}=...); " if own else "")
+        + (f"did you mean {' or '.join(close)}? " if close else "")
+        + f"set a key {check.backend} knows (its config reference), or drop extra.{check.target}",
+    )
+
+
 def check_template_tokens(check: Check) -> Verdict:
     where = _find(check, "models", "tokenizer")
     return where if isinstance(where, Verdict) else template_tokens_at(where, check.tokens)
@@ -666,6 +704,7 @@ RUNNERS: dict[str, Callable[[Check], Verdict]] = {
     "model": check_model,
     "integration": check_integration,
     "kernel": check_kernel,
+    "backend_key": check_backend_key,
     "template_tokens": check_template_tokens,
     "assistant_turns": check_assistant_turns,
     "loss_mask": lambda check: mask.run_checks([check])[check],

@@ -1,5 +1,6 @@
-"""What a backend's virtual environment can load: its transformers' model types and architectures, and whether the
-backend itself, an integration (`report_to`) or a fast kernel is importable. Asked of the environment itself
+"""What a backend's virtual environment can load: its transformers' model types and architectures, whether the
+backend itself, an integration (`report_to`) or a fast kernel is importable, and which config keys the backend's
+own parser takes (`config_keys`: what a cell's `extra` may set). Asked of the environment itself
 (in_venv/env_facts.py, one process of its python: tens of milliseconds, ~3 s with transformers' import) rather than
 recorded when it was built: a site's own environment was never built by sft_grid, and an environment changed by hand
 (pip install wandb) answers as it is now. The answer is cached under the preflight cache, keyed by the environment's
@@ -42,9 +43,23 @@ def facts(python: str, transformers: bool = False) -> dict[str, Any] | None:
 def answer(python: str, transformers: bool = False) -> dict[str, Any] | str:
     """The environment's answers, as `facts`; or why its python gave none: not there, or the last line it wrote
     as it failed (a python that does not run here, one too old for the script). A failure is not cached."""
+    args = [*(["--transformers"] if transformers else []), *MODULES]
+    return _ask(python, args, _cache_file(python, transformers))
+
+
+def config_keys(python: str, backend: str) -> frozenset[str] | str | None:
+    """The keys the backend's own config parser takes in this environment (in_venv/env_facts.py --config-keys:
+    LLaMA-Factory's argument dataclasses, axolotl's config model and its bundled plugins' arguments); None where
+    its python is not on this machine (the job asks it there); why, where it could not answer."""
+    if not Path(python).is_file():
+        return None
+    found = _ask(python, ["--config-keys", backend], _cache_file(python, False, backend))
+    return frozenset(found["config_keys"]) if isinstance(found, dict) else found
+
+
+def _ask(python: str, args: list[str], cached: Path) -> dict[str, Any] | str:
     if not Path(python).is_file():
         return f"no python at {python}"
-    cached = _cache_file(python, transformers)
     if cached.is_file():
         return dict(json.loads(cached.read_text()))
     with tempfile.TemporaryDirectory(prefix="sft_grid_venv_") as tmp:
@@ -52,11 +67,7 @@ def answer(python: str, transformers: bool = False) -> dict[str, Any] | str:
         env = {**os.environ, "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
         try:
             proc = subprocess.run(
-                [python, str(SCRIPT), str(out), *(["--transformers"] if transformers else []), *MODULES],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=TIMEOUT_S,
+                [python, str(SCRIPT), str(out), *args], capture_output=True, text=True, env=env, timeout=TIMEOUT_S
             )
         except subprocess.TimeoutExpired:
             return f"it gave no answer within {TIMEOUT_S} s"
@@ -94,8 +105,8 @@ def store(python: str, out: Path) -> None:
     _store(_cache_file(python, False), {"modules": found["modules"]})
 
 
-def _cache_file(python: str, transformers: bool) -> Path:
-    parts = [_stat(Path(python)), env_state(python), _stat(SCRIPT), MODULES, transformers]
+def _cache_file(python: str, transformers: bool, config_keys: str = "") -> Path:
+    parts = [_stat(Path(python)), env_state(python), _stat(SCRIPT), MODULES, transformers, *filter(None, [config_keys])]
     key = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
     return cache_dir() / "venv_facts" / f"{key}.json"
 

@@ -343,7 +343,7 @@ class Check:
     """One read-only check of a cell's input; equal checks (same input) run once for the whole grid."""
 
     # "path" | "model" | "integration" | "kernel" | "template_tokens" | "assistant_turns" | "loss_mask" | "prepared"
-    # | "staged" | "tokenized"
+    # | "staged" | "tokenized" | "backend_key"
     kind: str
     key: str  # the dotted key of the cell it is about
     target: str  # a local path or a hub id
@@ -364,6 +364,7 @@ class Check:
             " architecture the backend's transformers knows",
             "integration": "the report_to integration is installed in the backend's environment",
             "kernel": "the layout's fast kernel is installed in the backend's environment",
+            "backend_key": f"the {self.backend} config parser of the backend's environment takes the key",
             "template_tokens": "the template's special tokens are single tokens of the tokenizer",
             "assistant_turns": "the schema tags find assistant turns in a sample of the data",
             "loss_mask": f"the {self.backend} loss mask trains the assistant turns and nothing else",

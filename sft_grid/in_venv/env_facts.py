@@ -1,11 +1,17 @@
 """What a backend's environment can load (standalone: runs with the environment's python, never imports sft_grid).
 
     <backend env>/bin/python env_facts.py OUT.json [--transformers] MODULE...
+    <backend env>/bin/python env_facts.py OUT.json --config-keys llamafactory|axolotl
 
 OUT.json: {"modules": {MODULE: importable}} (found, not imported: milliseconds), and with --transformers also
 {"transformers": version, "model_types": [...], "architectures": [...]}: the model types transformers' AutoConfig
 knows and the architecture classes its Auto model mappings name, so a model directory's config.json can be checked
 against what this environment's transformers would load (without importing the model classes: seconds).
+
+With --config-keys, OUT.json is {"config_keys": [...]}: the keys the backend's own config parser takes, read from
+its classes (seconds: they import transformers). LLaMA-Factory's training parser is an HfArgumentParser over its
+argument dataclasses, which refuses any other key; axolotl's is its pydantic config model, which ignores any other
+key, with each of its bundled plugins' arguments added (a plugin's keys count where the config lists it).
 """
 
 from __future__ import annotations
@@ -36,7 +42,42 @@ def transformers_facts() -> dict[str, Any]:
     }
 
 
+def config_keys(backend: str) -> list[str]:
+    import dataclasses
+
+    if backend == "llamafactory":
+        from llamafactory.hparams import parser  # the classes get_train_args parses a training config with
+
+        return sorted({f.name for cls in parser._TRAIN_ARGS for f in dataclasses.fields(cls)})
+    if backend == "axolotl":
+        import importlib
+        import pkgutil
+
+        import axolotl.integrations
+        from axolotl.utils.schemas.config import AxolotlInputConfig
+        from pydantic import BaseModel
+
+        models: list[type[BaseModel]] = [AxolotlInputConfig]
+        for info in pkgutil.iter_modules(axolotl.integrations.__path__):
+            try:
+                args = importlib.import_module(f"axolotl.integrations.{info.name}.args")
+            except Exception:  # a plugin whose own dependency is not installed: its keys are not asked for
+                continue
+            models += [v for v in vars(args).values() if isinstance(v, type) and issubclass(v, BaseModel)]
+        keys: set[str] = set()
+        for model in models:
+            for name, field in model.model_fields.items():
+                keys |= {name, *(a for a in (field.alias, field.validation_alias) if isinstance(a, str))}
+        return sorted(keys)
+    raise SystemExit(f"no config parser known for {backend!r}")
+
+
 def main(argv: list[str]) -> int:
+    if "--config-keys" in argv:
+        backend = argv[argv.index("--config-keys") + 1]
+        with open(argv[0], "w") as fh:
+            json.dump({"config_keys": config_keys(backend)}, fh)
+        return 0
     modules = [m for m in argv[1:] if m != "--transformers"]
     out: dict[str, Any] = {"modules": {m: importlib.util.find_spec(m) is not None for m in modules}}
     if "--transformers" in argv[1:]:

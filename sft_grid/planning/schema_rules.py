@@ -75,7 +75,7 @@ def _unknown(data: Mapping[str, Any], cls: type) -> list[Finding]:
                     f"{{where}} has no key {key!r} ({cls.__name__}); nothing reads it, so it would change nothing"
                     " (Hydra lets a key added with `+` through)",
                     f"use a key of {{where}}{did_you_mean(key, valid)}: {', '.join(valid)}; backend keys sft_grid"
-                    " does not model go under extra, e.g. +extra.packing=true",
+                    " does not model go under extra, e.g. +extra.ddp_timeout=3600",
                 )
             )
             continue

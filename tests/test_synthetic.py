@@ -95,7 +95,30 @@ def test_the_synthetic_sweep_renders_its_law_and_refuses_what_it_derives(tmp_pat
         bad.returncode != 0
         and "extra.learning_rate" in bad.stdout + bad.stderr
         and "set lr instead" in bad.stdout + bad.stderr
+        and "[synthetic-knob]" not in bad.stdout + bad.stderr  # told once, by the rule that names lr
     )
+
+
+@pytest.mark.parametrize(
+    "knob, told",
+    [
+        ("+extra.law=5", "extra.law=5: the law is a mapping of its constants"),
+        ("+extra.law.Q=1", "extra.law.Q=1: not a constant of the simulator's law"),
+        ("+extra.law.E=abc", "extra.law.E='abc': not a finite number"),
+        ("+extra.step_seconds=-1", "extra.step_seconds=-1: not a finite number >= 0"),
+        ("+extra.tokens_per_step=0", "extra.tokens_per_step=0: not a finite number above 0"),
+    ],
+)
+def test_a_simulator_knob_its_trainer_would_fail_on_or_ignore_is_refused_before_anything_is_written(
+    make_cells, knob, told
+):
+    from sft_grid import backends
+
+    (cell,) = make_cells(["backend=synthetic", knob])
+    (problem,) = backends.get("synthetic").problems(cell)
+    assert problem.render().splitlines()[0].strip().startswith(told), problem.render()
+    (fine,) = make_cells(["backend=synthetic", "+extra.law.E=1.8", "+extra.step_seconds=0.01"])
+    assert not list(backends.get("synthetic").problems(fine))
 
 
 @pytest.mark.slurm

@@ -108,7 +108,7 @@ SHAPES: dict[str, tuple[list[str], list[str]]] = {
             "lr=" + ",".join(lrs(5)),
             "seed=" + ",".join(seeds(10)),
             "cluster.cpus_per_node=3",
-            "+extra.neat_packing=false",
+            "+extra.ddp_timeout=3600",  # a key LLaMA-Factory takes and sft_grid does not model
         ],
         [
             "model=" + ",".join(models(5)),
@@ -116,7 +116,7 @@ SHAPES: dict[str, tuple[list[str], list[str]]] = {
             "lr=" + ",".join(lrs(5)),
             "seed=0",
             "cluster.cpus_per_node=3",
-            "+extra.neat_packing=false",
+            "+extra.ddp_timeout=3600",  # a key LLaMA-Factory takes and sft_grid does not model
         ],
     ),
 }
@@ -330,8 +330,8 @@ def report(r: Results) -> None:
         rows.append(
             (
                 s.name,
-                f"{s.median_s:.2f} s",
-                f"{s.reinvocation_s:.2f} s",
+                "-" if s.median_s is None else f"{s.median_s:.2f} s",
+                "-" if s.reinvocation_s is None else f"{s.reinvocation_s:.2f} s",
                 before,
                 stock,
                 "-" if s.ratio is None else f"{s.ratio:.0f}x",
@@ -340,9 +340,11 @@ def report(r: Results) -> None:
         )
     r.passed["help"] = r.help_median_s is not None and r.help_median_s <= TARGET_HELP_S
     before_help = "-" if r.before_help_median_s is None else f"{r.before_help_median_s:.2f} s"
-    rows.append(("--help", f"{r.help_median_s:.2f} s", "", before_help, "", "", "PASS" if r.passed["help"] else "FAIL"))
+    help_s = "-" if r.help_median_s is None else f"{r.help_median_s:.2f} s"
+    rows.append(("--help", help_s, "", before_help, "", "", "PASS" if r.passed["help"] else "FAIL"))
     before_cli = "-" if r.before_cli_help_median_s is None else f"{r.before_cli_help_median_s:.2f} s"
-    rows.append(("sft-grid --help", f"{r.cli_help_median_s:.2f} s", "", before_cli, "", "", "(info)"))
+    cli_s = "-" if r.cli_help_median_s is None else f"{r.cli_help_median_s:.2f} s"
+    rows.append(("sft-grid --help", cli_s, "", before_cli, "", "", "(info)"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for n, row in enumerate(rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

@@ -67,7 +67,7 @@ def test_every_secret_of_a_grid_is_refused_before_anything_is_written_and_shown_
     assert "10 problem(s) in 2 cell(s)" in out, out
     for key in ("cluster.env.HF_TOKEN", "cluster.env.HF_ENDPOINT", "cluster.setup[0]", "extra.hub_token", "vars.token"):
         assert f"{key}='***'" in out, (key, out)
-    assert "[secret]" in out and "export HF_TOKEN in the shell you run sft-grid from" in out
+    assert "[secret]" in out and "export HF_TOKEN in your shell before the run" in out
     assert "lr1e-05-" in out and "lr2e-05-" in out  # each cell named by what it sweeps, no token in its name
     for secret in (HF, WANDB, PASSWORD):
         assert secret not in out

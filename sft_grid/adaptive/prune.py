@@ -115,8 +115,7 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
                     " first rung"
                     f" (step {first}) has {first // every} logged point(s) before it (logging_steps {every}); the fit"
                     f" needs {halving.MIN_POINTS}",
-                    fix=f"a first rung at step {halving.MIN_POINTS * every} or later, or logging_steps <="
-                    f" {max(1, first // halving.MIN_POINTS)}",
+                    fix=_enough_points(spec, cell, first, every),
                 )
             )
         if spec.guard in ("position", "extrapolate") and off:
@@ -131,11 +130,61 @@ def _problems(spec: PruneSpec, cells: Sequence[Cell]) -> list[Problem]:
                     message=f"under guard: {spec.guard} each rung (in steps) must be a step the trainer logs: a"
                     " multiple of"
                     f" logging_steps ({every})",
-                    fix=f"rungs at multiples of {every} (e.g. {[max(every, r // every * every) for r in off]}), or"
-                    f" logging_steps=1",
+                    fix=_logged_rungs(spec, cell, every),
                 )
             )
     return out
+
+
+def _steps_text(spec: PruneSpec, cell: Cell, steps: Sequence[int]) -> str:
+    """Rungs at these steps, as the block writes them (steps, or the tokens those steps have seen)."""
+    if spec.unit == "steps":
+        return f"rungs: [{', '.join(map(str, steps))}]"
+    tokens = _tokens_per_step(cell)
+    return f"rungs: [{', '.join(f'{s * tokens:g}' for s in steps)}] (tokens: steps {', '.join(map(str, steps))})"
+
+
+def _enough_points(spec: PruneSpec, cell: Cell, first: int, every: int) -> str:
+    """The fix for a first rung with too few logged points before it under guard: extrapolate, only the changes that
+    keep every rung before the cell's last step and at a logged step: a later first rung at this logging_steps, a
+    finer logging_steps for these rungs, else both (or a longer cell, or a guard that fits nothing)."""
+    need, last = halving.MIN_POINTS * every, total_steps(cell)
+    rungs = spec.rung_steps(_tokens_per_step(cell))
+    fixes = []
+    if not last or need < last:
+        later = sorted({need, *(r for r in rungs if r > need and r % every == 0)})
+        fixes.append(
+            f"a first rung at step {need} or later"
+            + (f", before the last step {last}" if last else "")
+            + f" ({_steps_text(spec, cell, later)})"
+        )
+    # the largest logging_steps that logs enough points before the first rung and logs every rung
+    finer = next((n for n in range(first // halving.MIN_POINTS, 0, -1) if all(r % n == 0 for r in rungs)), 0)
+    if 0 < finer < every:
+        fixes.append(f"logging_steps={finer}")
+    if not fixes and every > 1 and last and last > halving.MIN_POINTS:
+        fixes.append(
+            f"logging_steps=1 with a first rung at step {halving.MIN_POINTS} or later, before the last step {last}"
+            f" ({_steps_text(spec, cell, [halving.MIN_POINTS])})"
+        )
+    if not fixes:
+        fixes.append(
+            f"longer cells (max_steps above {need}), or guard: position (the logged loss at the rung, no fit of the"
+            " curve)"
+        )
+    return "; or ".join(fixes)
+
+
+def _logged_rungs(spec: PruneSpec, cell: Cell, every: int) -> str:
+    """The fix for rungs between logging points: the rungs moved down to logged steps where that keeps one before
+    the cell's last step, or logging at every step."""
+    last = total_steps(cell)
+    steps = spec.rung_steps(_tokens_per_step(cell))
+    moved = sorted({max(every, r // every * every) for r in steps})
+    fixes = ["logging_steps=1"]
+    if moved and (not last or moved[-1] < last):
+        fixes.insert(0, f"rungs at multiples of {every} ({_steps_text(spec, cell, moved)})")
+    return ", or ".join(fixes)
 
 
 def _grid_problems(

@@ -135,6 +135,23 @@ def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _rungs_below(max_steps: int, guard: object) -> str:
+    """The fix for rungs past the cells' last step: rungs that fall before it, from step 1 on, and under guard:
+    extrapolate from the first step with enough logged points before it at logging_steps=1 (a cell too short for
+    either has no step to stop at before its end)."""
+    from sft_grid.adaptive.halving import MIN_POINTS
+
+    least = MIN_POINTS if guard == "extrapolate" else 1
+    below = sorted({r for r in (max(least, max_steps // 9), max(least, max_steps // 3)) if r < max_steps})
+    if not below:
+        return (
+            f"longer cells (max_steps above {least}: a rung must fall before the last step"
+            + (f", after {MIN_POINTS} logged points" if guard == "extrapolate" else "")
+            + "), or drop prune:"
+        )
+    return f"rungs below {max_steps}, e.g. rungs: [{', '.join(map(str, below))}]"
+
+
 def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | None, list[Problem]]:
     """The `prune:` block (None: the sweep prunes nothing). `max_steps`: the cells' steps, when known here, which
     every rung must precede."""
@@ -174,7 +191,7 @@ def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | No
                 "rungs",
                 list(rungs),
                 f"the last rung ({rungs[-1]}) is not before the cells' last step ({max_steps})",
-                f"rungs below {max_steps}, e.g. [{max_steps // 9}, {max_steps // 3}]",
+                _rungs_below(max_steps, _get(data, "guard", "cooldown")),
             )
         )
     keep = _get(data, "keep", 1 / 3)
@@ -206,6 +223,24 @@ def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | No
     return PruneSpec(metric, tuple(float(r) for r in rungs), unit, float(keep), tuple(by), guard, float(probe)), []
 
 
+def _recipe_named(name: Any, recipes: Sequence[str]) -> Any:
+    """The grid's recipe a `recipes:` entry names: itself, or where it is a number, the recipe of the same number
+    (YAML and Hydra read `0.001` as a number, the cells' values are compared as text). Anything else as given."""
+    if str(name) in recipes or isinstance(name, bool):
+        return str(name)
+    try:
+        number = float(name)
+    except (TypeError, ValueError):
+        return name
+    for recipe in recipes:
+        try:
+            if float(recipe) == number:
+                return recipe
+        except ValueError:
+            continue
+    return str(name) if isinstance(name, int | float) else name
+
+
 def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec | None, list[Problem]]:
     """The `adaptive:` block (None: a fixed grid). `recipes`: the grid's recipes, which `recipes` must name."""
     if data is None:
@@ -223,7 +258,10 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
                 "adaptive", "at", at, "must be a size (parameters, or size_key's unit) above 0", "e.g. at: 9.715e9"
             )
         )
-    chosen = list(_get(data, "recipes") or [])
+    # a recipe named as a number (`recipes=[0.001,0.002]` with recipe_key: lr) is the recipe of that value: the
+    # cells' values are compared as text, and 1e-3 is the same learning rate as the cells' 0.001
+    given = list(_get(data, "recipes") or [])
+    chosen = [_recipe_named(r, recipes) for r in given]
     distinct = {str(r) for r in chosen}
     if question == "gap" and len(distinct) < 2:
         problems.append(
@@ -241,7 +279,12 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
     if unknown:
         problems.append(
             _problem(
-                "adaptive", "recipes", chosen, f"names no recipe of the grid: {unknown}", f"one of {list(recipes)}"
+                "adaptive",
+                "recipes",
+                given,
+                f"names no recipe of the grid: {', '.join(map(str, unknown))} (the cells'"
+                f" {_get(data, 'recipe_key', 'vars.recipe')} holds {', '.join(recipes)})",
+                f"recipes: [{', '.join(recipes)}], or two or more of them",
             )
         )
     hours, cells = _get(data, "budget_gpu_hours"), _get(data, "budget_cells")

@@ -149,7 +149,10 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
         effects.problems.append(different_blocks("adaptive"))
         return list(composed), [], effects
     cells = [plan_cell(c.overrides, c.config) for c in composed]
-    recipes = sorted({str(_value(c.config, _recipe_key(first)) or "") for c in composed})
+    values = [_value(c.config, _recipe_key(first)) for c in composed]
+    # a recipe_key that names no key of the cells has no recipes to check `recipes` against: _grid_problems names
+    # the key instead
+    recipes = sorted({str(v or "") for v in values}) if any(v is not None for v in values) else []
     spec, problems = parse_adaptive(first.config.get("adaptive"), recipes)
     if spec is not None and not problems:
         problems = _grid_problems(spec, cells, composed)

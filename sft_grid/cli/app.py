@@ -57,7 +57,7 @@ def _run_remote(composed: Sequence[Any], errors: Sequence[Any]) -> None:
     from sft_grid.sites import remote
     from sft_grid.sites.transport import SiteUnreachable
 
-    site = None
+    site, dry_run = None, False
     try:
         cells, problems = flow.plan_cells(composed, errors)
         if problems:
@@ -71,9 +71,15 @@ def _run_remote(composed: Sequence[Any], errors: Sequence[Any]) -> None:
         _fail(exc)
         raise
     except SiteUnreachable as exc:
+        # a dry run queues nothing there: what it would do again is render and check the grid on the site
+        again = (
+            "a dry run renders and checks the grid on the site, and queues nothing"
+            if dry_run
+            else "what the site queued before the connection failed is skipped, the rest is submitted"
+        )
         print(
-            f"cannot reach site {site.name if site else ''}: {exc}. Run the same command again once it answers: what"
-            " the site queued before the connection failed is skipped, the rest is submitted",
+            f"cannot reach site {site.name if site else ''}: {exc}. Run the same command again once it answers: "
+            + again,
             file=sys.stderr,
         )
         raise SystemExit(1) from exc
@@ -213,6 +219,11 @@ def run_single(cfg: DictConfig) -> GridResult:
     from sft_grid.planning.compose import Composed, composition_problem
 
     overrides = list(HydraConfig.get().overrides.task)
+    from sft_grid.planning import sweep_files
+
+    unswept = sweep_files.unswept(overrides, dict(HydraConfig.get().sweeper.get("params") or {}))
+    if unswept:
+        _fail(GridError([unswept], "planning"))
     with open_dict(cfg):
         cfg.pop("hydra", None)
     try:
@@ -720,9 +731,15 @@ def _config_dirs_to_env(argv: list[str]) -> list[str]:
 def hydra_app() -> None:
     """`sft-grid run`: the Hydra app, with a hint after Hydra's own errors (the valid keys, the closest)."""
     sys.argv = [sys.argv[0], *_config_dirs_to_env(sys.argv[1:])]
+    helping = any(a in HELP_FLAGS for a in sys.argv[1:])
+    if not helping:
+        from sft_grid.planning import sweep_files
+
+        found = sweep_files.problems(sys.argv[1:])
+        if found:
+            _fail(GridError(found, "reading the sweep files"))
     hints = _KeyHints(sys.stderr)
     sys.stderr = hints
-    helping = any(a in HELP_FLAGS for a in sys.argv[1:])
     try:
         with _one_repository_copy() if helping else nullcontext():
             _hydra_main()

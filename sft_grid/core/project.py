@@ -33,6 +33,8 @@ from sft_grid.core.paths import PACKAGE_CONF
 
 PROJECT_FILE = "sft_grid.yaml"
 CONF_ENV = "SFT_GRID_CONF"
+# where grids are, when neither runs_root= nor --runs-root says (the shipped local profiles read it too)
+RUNS_ENV = "SFT_GRID_RUNS"
 # the groups a config folder may hold (a folder with none of them is not taken for one)
 GROUPS = ("cluster", "backend", "model", "dataset", "eval", "harness", "sweep")
 
@@ -94,9 +96,24 @@ def _search(start: Path) -> Project | None:
     return None
 
 
+def _runs_env() -> str | None:
+    """$SFT_GRID_RUNS, or None when unset. Set but empty is refused, naming it: read as a path it is the working
+    directory (a grid's cells written straight into it, a read command looking in ./runs), never what was meant."""
+    value = os.environ.get(RUNS_ENV)
+    if value is not None and not value.strip():
+        raise ProjectError(
+            f"environment variable {RUNS_ENV} is empty: it names where grids are (the runs root), and an empty one"
+            f" would put a grid's cells straight into the working directory; `unset {RUNS_ENV}` to use runs/ at the"
+            f" project's root, or export {RUNS_ENV}=<directory>"
+        )
+    return value
+
+
 def find(start: Path | None = None) -> Project | None:
     """The project the working directory (or `start`) is in; outside one, the project $SFT_GRID_CONF's first folder
-    is in (so a cell's rerun line, which names its folders, lands in the same runs folder from anywhere); else None."""
+    is in (so a cell's rerun line, which names its folders, lands in the same runs folder from anywhere); else None.
+    A set but empty $SFT_GRID_RUNS is a ProjectError here too: the commands ask `find` first, before any reads."""
+    _runs_env()
     start = (start or Path.cwd()).resolve()
     key = (start, os.environ.get(CONF_ENV, ""))
     if key not in _FOUND:
@@ -143,5 +160,5 @@ def runs_base(start: Path | None = None) -> Path:
 
 def default_runs(start: Path | None = None) -> Path:
     """A grid's runs_root when a read command is given none: $SFT_GRID_RUNS, else the project's runs/, else ./runs."""
-    env = os.environ.get("SFT_GRID_RUNS")
+    env = _runs_env()
     return Path(env).expanduser() if env else runs_base(start) / "runs"

@@ -56,7 +56,7 @@ from sft_grid.core.submission import CodeSnapshot, LocalJob, Role, SubmissionPla
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base, plan_recovery
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.jobs import build
-from sft_grid.grid.render import render, render_base, render_eval, write_all
+from sft_grid.grid.render import in_the_way, render, render_base, render_eval, runs_tree, write_all
 from sft_grid.grid.spread import spread
 from sft_grid.grid.triage import settle
 from sft_grid.planning import costs as grid_costs
@@ -321,6 +321,9 @@ def check(
     if problems:
         raise GridError(problems)
     dirs = dirs_of(cells)
+    in_the_runs_tree = runs_tree(cells, dirs)  # a file where a directory goes, ...: before a ledger is read
+    if in_the_runs_tree:
+        raise GridError(in_the_runs_tree)
     observer.planned(len(cells), _provisional(cells, dirs))
     dry_run = any(c.spec.dry_run for c in cells)
     code = None
@@ -604,6 +607,9 @@ def execute(grid: GridPlan, observer: Observer | None = None) -> Executed:
     """Everything the plan says, but waiting for its local cells: its writes, the local jobs before the cells (model
     preps, tokenizations), the cells' submissions. A dry run's plan: its cells' files, and nothing else. Run under
     the grid's lock, right after `plan`."""
+    blocked = in_the_way(grid.submission.writes)  # a directory where a backend's file goes: before the first write
+    if blocked:
+        raise GridError(blocked)
     if grid.dry_run:
         write_all(grid.submission.writes)
         return Executed()

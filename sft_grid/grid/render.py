@@ -1,4 +1,5 @@
-"""A cell as the exact files of its directory (pure), and writing them so a directory is never half valid.
+"""A cell as the exact files of its directory (pure), and writing them so a directory is never half valid; what in
+the runs tree is in the way of them (a file where a directory goes, a directory where a file goes) is found first.
 
 A dry run writes these files and prints the plan; a real run writes the same files and executes the same plan,
 so the two cannot drift. Files a person reads are built as data and dumped once; launch.sh is built from argv
@@ -11,10 +12,11 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,17 @@ from sft_grid.backends import wandb, zero
 from sft_grid.backends.launch import launch_script
 from sft_grid.core import project
 from sft_grid.core.cellfiles import Check, PreflightFile, dump_json
-from sft_grid.core.layout import CELL_FILE, LAUNCH_FILE, POST_FILE, PREFLIGHT_FILE
+from sft_grid.core.layout import (
+    CELL_FILE,
+    ESTIMATE_FILE,
+    LAUNCH_FILE,
+    LEDGER_FILE,
+    LOCK_FILE,
+    POST_FILE,
+    PREFLIGHT_FILE,
+)
 from sft_grid.core.overrides import rerun_line
+from sft_grid.core.problems import GRID, Problem
 from sft_grid.core.schema import fingerprint
 from sft_grid.core.scores import EVAL_FILE
 from sft_grid.core.submission import CellFiles
@@ -162,6 +173,81 @@ def render_eval(cell: Cell, cell_dir: Path) -> CellFiles:
 def render_base(target: BaseTarget) -> CellFiles:
     """A base model's directory: its eval.json (its ledger and scores come later)."""
     return CellFiles(target.dir, {EVAL_FILE: base_eval_file(target).dumps()})
+
+
+# -- what is in the way of a cell's files ---------------------------------------------------------------------
+
+# the files of a cell directory the grid reads or writes before its job runs, whatever the backend: the rest of what
+# a cell writes (the backend's config, ...) is only named by its rendering, and checked by `in_the_way` then
+CELL_FILES = (CELL_FILE, LAUNCH_FILE, POST_FILE, PREFLIGHT_FILE, EVAL_FILE, ESTIMATE_FILE, LEDGER_FILE)
+
+
+def _not_files(directory: Path, names: Collection[str]) -> list[tuple[str, str]]:
+    """(name, what it is) of each of `names` in `directory` that is there but not a file: a directory (or a link to
+    one) where a file is replaced fails halfway through a cell's files, and one where its ledger is read fails the
+    reading. One listing of the directory, none when it does not exist."""
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        return [
+            (entry.name, "a directory" if entry.is_dir() else "not a regular file")
+            for entry in entries
+            if entry.name in names and not entry.is_file()
+        ]
+    return []
+
+
+def _file_problem(cell: str, path: Path, what: str, belongs: str) -> Problem:
+    return Problem(
+        cell=cell,
+        key="",
+        value=str(path),
+        rule="runs-tree",
+        message=f"{path} is {what}, where {belongs} goes",
+        fix=f"move it away or remove it (rm -r {shlex.quote(str(path))}), or use another sweep_name or runs_root",
+    )
+
+
+def runs_tree(cells: Sequence[Cell], dirs: Sequence[Path]) -> list[Problem]:
+    """What in the runs tree is in the way of a grid, before anything is read from it or written into it: a sweep
+    directory or a cell directory that is a file, the grid's lock or a cell's own file (CELL_FILES) that is a
+    directory. A stat per sweep directory and a listing per existing cell directory."""
+    problems: list[Problem] = []
+    blocked: set[Path] = set()
+    for sweep_dir in sorted({c.sweep_dir for c in cells}):
+        try:
+            st = os.stat(sweep_dir)
+        except OSError:
+            continue  # not there yet (made with the grid's lock), or under a file: the runs root's rule names it
+        if not stat.S_ISDIR(st.st_mode):
+            blocked.add(sweep_dir)
+            problems.append(_file_problem(GRID, sweep_dir, "a file", "the grid's directory (runs_root/sweep_name)"))
+            continue
+        for name, what in _not_files(sweep_dir, (LOCK_FILE,)):
+            problems.append(_file_problem(GRID, sweep_dir / name, what, "the grid's lock file"))
+    for cell, cell_dir in zip(cells, dirs, strict=True):
+        if cell_dir.parent in blocked:
+            continue
+        try:
+            st = os.stat(cell_dir)
+        except OSError:
+            continue  # a new cell
+        if not stat.S_ISDIR(st.st_mode):
+            problems.append(_file_problem(cell.name, cell_dir, "a file", "the cell's directory"))
+            continue
+        for name, what in _not_files(cell_dir, CELL_FILES):
+            problems.append(_file_problem(cell.name, cell_dir / name, what, f"the cell's {name}"))
+    return problems
+
+
+def in_the_way(rendered: Sequence[CellFiles]) -> list[Problem]:
+    """`runs_tree`'s rule for every file a plan writes (the backend's too), before the first is written: a listing
+    of each existing directory it writes into."""
+    problems: list[Problem] = []
+    for files in rendered:
+        names = {rel.split("/", 1)[0] for rel in files.files}
+        for name, what in _not_files(files.dir, names):
+            path = files.dir / name
+            problems.append(_file_problem(files.dir.name, path, what, f"the cell's {name}"))
+    return problems
 
 
 def _write_file(path: str, content: str | bytes, executable: bool) -> None:

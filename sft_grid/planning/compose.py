@@ -578,10 +578,13 @@ def composition_problem(overrides: Sequence[str], message: str) -> Problem:
         or (f"export {env.group('var')}=<value> (and any other variable named above)" if env else "")
         or "check the override against `sft-grid run --cfg job` and the options in conf/"
     )
+    # the value the override gave the key it names, so that the problem reads key=value as every other does
+    given = [o.split("=", 1) for o in overrides if "=" in o]
+    value = next((v for k, v in given if k.lstrip("+~") == key or k.endswith(f".{key}")), None) if key else None
     return Problem(
         cell=" ".join(overrides) or "<defaults>",
         key=key,
-        value=None,
+        value=value,
         rule="compose",
         message=plain_message(message),
         fix=fix,

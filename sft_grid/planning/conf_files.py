@@ -3,8 +3,9 @@
 Hydra loads each YAML file with OmegaConf (PyYAML with a loader that refuses duplicated keys). A file that does
 not parse (a syntax error, a tab where YAML wants spaces, the same key twice in one mapping) raises PyYAML's
 error from deep inside Hydra's composition, and Hydra prints it under a full stack trace. `install` makes
-Hydra's file config source raise it as a composition error instead, which Hydra prints as its one line (and
-the grid composer reports like any other cell that cannot be composed).
+Hydra's config sources raise it as a composition error instead, which Hydra prints as its one line (and the grid
+composer reports like any other cell that cannot be composed): the file source (a team's conf/) and the package
+source (pkg://sft_grid.conf, the shipped configs, where a user may add a sweep file of their own too).
 """
 
 from __future__ import annotations
@@ -33,32 +34,48 @@ def yaml_error_line(exc: Any, path: str) -> str:
     return f"{where}{YAML_ERROR}{problem}; {fix}"
 
 
-def install() -> None:
-    """Hydra's file config source raises a YAML error as one line naming the file (once per process)."""
-    from hydra._internal.sources_registry import SourcesRegistry
-    from hydra.core.plugins import Plugins
-    from hydra.errors import ConfigCompositionException
+def _shown(path: str) -> str:
+    """A file's path as the one line names it: relative where it is under the working directory."""
+    import os
 
-    # Hydra's plugin scan executes its core plugins' modules again (new classes): the class to wrap is the one
-    # the scan registered, so the scan runs first (once per process; Hydra would run it at its first use anyway)
-    Plugins.instance()
-    FileConfigSource: Any = SourcesRegistry.instance().resolve("file")
-    original = FileConfigSource.load_config
-    if getattr(original, "_sft_grid_yaml_lines", False):
-        return
+    return os.path.relpath(path) if os.path.abspath(path).startswith(os.getcwd() + os.sep) else path
+
+
+def _one_line(original: Any, scheme: str) -> Any:
+    """A config source's load_config that raises a YAML error as a composition error, its one line."""
+    from hydra.errors import ConfigCompositionException
 
     @functools.wraps(original)
     def load_config(self: Any, config_path: str) -> Any:
         import os
+        from importlib import resources
 
         import yaml
 
         try:
             return original(self, config_path)
         except yaml.YAMLError as exc:
-            path = os.path.join(self.path.split("://", 1)[-1], self._normalize_file_name(config_path))
-            shown = os.path.relpath(path) if os.path.abspath(path).startswith(os.getcwd() + os.sep) else path
-            raise ConfigCompositionException(yaml_error_line(exc, shown)) from None
+            name = self._normalize_file_name(config_path)
+            if scheme == "pkg":  # self.path is the package, dotted (sft_grid.conf): the file where it is installed
+                path = str(resources.files(self.path).joinpath(name))
+            else:
+                path = os.path.join(self.path.split("://", 1)[-1], name)
+            raise ConfigCompositionException(yaml_error_line(exc, _shown(path))) from None
 
     load_config._sft_grid_yaml_lines = True  # type: ignore[attr-defined]
-    FileConfigSource.load_config = load_config
+    return load_config
+
+
+def install() -> None:
+    """Hydra's file and package config sources raise a YAML error as one line naming the file (once per
+    process)."""
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+
+    # Hydra's plugin scan executes its core plugins' modules again (new classes): the classes to wrap are the ones
+    # the scan registered, so the scan runs first (once per process; Hydra would run it at its first use anyway)
+    Plugins.instance()
+    for scheme in ("file", "pkg"):
+        source: Any = SourcesRegistry.instance().resolve(scheme)
+        if not getattr(source.load_config, "_sft_grid_yaml_lines", False):
+            source.load_config = _one_line(source.load_config, scheme)

@@ -295,7 +295,9 @@ def _node_options(spec: CellConf) -> list[int]:
 
 
 def _sharding_options(spec: CellConf) -> list[str]:
-    if spec.layout.sharding != "auto":
+    # a value outside SHARDING_ORDER (a typo: zero9) is chosen as auto: the schema's value rule refuses it with the
+    # valid ones, and the grid's other rules, which read the layout, must not crash on it first
+    if spec.layout.sharding in SHARDING_ORDER:
         return [spec.layout.sharding]
     if "zero3" in spec.model.needs:  # the model's own floor (its config says it never trains unsharded)
         return ["zero3"]
@@ -303,7 +305,7 @@ def _sharding_options(spec: CellConf) -> list[str]:
 
 
 def _offload_options(spec: CellConf, sharding: str) -> list[str]:
-    if spec.layout.offload != "auto":
+    if spec.layout.offload in OFFLOAD_ORDER:  # a typo (cpu) as auto: as in _sharding_options
         return [spec.layout.offload]
     if "zero3_offload" in spec.model.needs:
         return ["all"]

@@ -310,20 +310,37 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 def safe_names(cell: Cell) -> Iterator[Problem]:
     """Names end up in paths, job names, LLaMA-Factory's comma-separated dataset list and script comments:
-    they are kept to a safe alphabet rather than quoted in each of those places."""
+    they are kept to a safe alphabet rather than quoted in each of those places, and start with a letter or a digit
+    (`.` and `..` would be the runs root itself or its parent, a leading dot hides a folder, a leading - reads as an
+    option). The fix is a name that passes: the given one cleaned where something of it is left, else a plain one."""
     s = cell.spec
-    named = [("sweep_name", s.sweep_name), ("model.name", s.model.name)]
-    named += [(f"dataset.{name}", name) for name in s.dataset]
-    for key, name in named:
-        if not _SAFE_NAME.match(name):
-            yield _problem(
-                cell,
-                key,
-                name,
-                "safe-name",
-                "names may hold only letters, digits and . _ + - (no spaces, quotes, ; or commas)",
-                f"rename it, e.g. {re.sub(r'[^A-Za-z0-9._+-]+', '_', name).strip('_') or 'name'}",
-            )
+    sweep = next((o.split("=", 1)[1] for o in cell.overrides if o.lstrip("+").startswith("sweep=")), "")
+    named = [("sweep_name", s.sweep_name, sweep or "my_grid"), ("model.name", s.model.name, "my_model")]
+    named += [(f"dataset.{name}", name, "my_data") for name in s.dataset]
+    for key, name, plain in named:
+        if _SAFE_NAME.match(name):
+            continue
+        why = (
+            "is the runs root itself or its parent"
+            if name in (".", "..")
+            else "would be a hidden folder (a leading dot)"
+            if name.startswith(".")
+            else "would read as an option (a leading -)"
+            if name.startswith("-")
+            else "is empty"
+            if not name
+            else "may hold only letters, digits and . _ + - (no spaces, quotes, ; or commas)"
+        )
+        better = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).lstrip("._+-").strip("_")
+        better = better if _SAFE_NAME.match(better) else plain
+        yield _problem(
+            cell,
+            key,
+            name,
+            "safe-name",
+            f"a name {why}; a name starts with a letter or a digit, then letters, digits and . _ + -",
+            f"sweep_name={better}" if key == "sweep_name" else f"rename it, e.g. {better}",
+        )
 
 
 def failure_policy(cell: Cell) -> Iterator[Problem]:
@@ -429,7 +446,7 @@ def no_secrets(cell: Cell) -> Iterator[Problem]:
                 "secret",
                 f"holds a secret (a token, a password or an API key, under {name!r}), and it would be written in"
                 " plain text into the cell's files (cell.yaml, launch.sh, the backend's config)",
-                f"drop the override and export {var} in the shell you run sft-grid from: local cells and Slurm jobs"
+                f"drop the override and export {var} in your shell before the run: local cells and Slurm jobs"
                 " inherit its environment, and the Hub's and W&B's clients read their tokens from it",
             )
 

@@ -244,8 +244,20 @@ def sites_of(profiles: Mapping[str, ClusterConf]) -> list[remote.Site]:
                     fix="set runs_root in its profile to an absolute path on the site",
                 )
             )
+        if c.remote.root and not Path(c.remote.root).is_absolute():
+            problems.append(
+                Problem(
+                    cell=GRID,
+                    key=f"sites.{name}",
+                    value=c.remote.root,
+                    rule="remote-root",
+                    message=f"cluster {name}'s remote.root is relative: the site's folder for sft_grid's code"
+                    " snapshots must be an absolute path there",
+                    fix="set remote.root in its profile to an absolute path on the site",
+                )
+            )
         found.append(remote.Site.of(name, c.remote, c.runs_root))  # its ssh timeouts and bounds with it
-    if found and (own := remote.own_configs_problem("sites")) is not None:
+    if found and (own := remote.own_configs_problem("sites", ", ".join(sorted(profiles)))) is not None:
         problems.append(own)
     if problems:
         raise GridError(problems, "the sites")

@@ -110,10 +110,12 @@ class Site:
         return Path(self.root) / CODE_DIR
 
 
-def own_configs_problem(key: str) -> Problem | None:
+def own_configs_problem(key: str, value: object) -> Problem | None:
     """A grid composed with the team's own config folders (sft_grid/core/project.py) cannot go to a remote site yet:
     the site composes its cells again from a snapshot of sft_grid's checkout, which does not carry those folders, so
-    it would compose other cells. Refused in one line rather than run as something else."""
+    it would compose other cells. Refused in one line rather than run as something else. `key` and `value` name the
+    site as the grid names it (cluster.remote.host and the host, or sites and the profiles); the message names the
+    folders."""
     from sft_grid.core import project
 
     dirs = project.user_dirs()
@@ -122,14 +124,57 @@ def own_configs_problem(key: str) -> Problem | None:
     return Problem(
         cell=GRID,
         key=key,
-        value=", ".join(map(str, dirs)),
+        value=value,
         rule="remote-configs",
-        message="a remote site composes the cells from sft_grid's shipped configs only: these config folders would"
-        " not be"
-        " there, so it would train other cells",
+        message="a remote site composes the cells from sft_grid's shipped configs only, and this grid is composed"
+        f" with your config folders too ({', '.join(map(str, dirs))}): they would not be there, so the site would"
+        " train other cells",
         fix="launch the grid on the site itself (its own checkout of this repository, sft_grid installed there), or put"
         " the options it needs into a checkout of sft_grid that the site runs",
     )
+
+
+def _runs_root_given(config: Mapping[str, Any]) -> str:
+    """The runs root as the cell's config writes it (the grid's own, else its profile's), before it is made absolute
+    here: the site reads the command's words, not this machine's resolution of them."""
+    return str(config.get("runs_root") or (config.get("cluster") or {}).get("runs_root") or "")
+
+
+def relative_paths(cell: str, cluster: str, root: str, runs_root: str) -> list[Problem]:
+    """A remote site's folders must be absolute paths on the site: its commands run from a code snapshot's folder,
+    so a relative remote.root or runs_root would name a folder inside the snapshot, and this machine would record
+    its own resolution of it. Refused before anything connects. A runs root read from an unset per-user variable is
+    a dry run's placeholder (site_rules.py refuses a real run with it)."""
+    from sft_grid.planning import resolvers
+
+    out = []
+    if root and not root.startswith("/"):
+        out.append(
+            Problem(
+                cell=cell,
+                key="cluster.remote.root",
+                value=root,
+                rule="remote-root",
+                message=f"cluster {cluster}'s remote.root is relative: the site's folder for sft_grid's code snapshots"
+                " must be an absolute path there",
+                fix=f"cluster.remote.root=/<absolute path on the site>/{root.lstrip('./') or 'sft_grid'} (or set it"
+                " so in its profile)",
+            )
+        )
+    if runs_root and not resolvers.is_placeholder(runs_root) and not runs_root.startswith("/"):
+        out.append(
+            Problem(
+                cell=cell,
+                key="runs_root",
+                value=runs_root,
+                rule="remote-runs-root",
+                message=f"the runs root of cluster {cluster}'s cells is relative: on the site it would be relative to"
+                " a code snapshot",
+                fix=f"runs_root=/<absolute path on the site>/{runs_root.lstrip('./~') or 'runs'} (or set runs_root in"
+                " its profile to an absolute path on the site)",
+            )
+        )
+    return out
 
 
 def site_of(cells: Sequence[Any]) -> Site | None:
@@ -155,11 +200,12 @@ def site_of(cells: Sequence[Any]) -> Site | None:
                 )
             )
             continue
+        problems += relative_paths(cell.name, cell.spec.cluster.name, remote.root, _runs_root_given(cell.config))
         site = Site.of(cell.spec.cluster.name, remote, str(cell.runs_root))
         sites.setdefault(site, []).append(cell.name)
     if not sites and not problems:
         return None
-    if sites and (own := own_configs_problem("cluster.remote.host")) is not None:
+    if sites and (own := own_configs_problem("cluster.remote.host", ", ".join(sorted({s.host for s in sites})))):
         problems.append(own)
     local = [c.name for c in cells if not c.spec.cluster.remote.host]
     if len(sites) > 1 or (sites and local):

@@ -1,0 +1,168 @@
+"""Sweep files as Hydra would misread them, told before Hydra composes anything.
+
+A sweep file (conf/sweep/NAME.yaml, named by `+sweep=NAME`) is a mapping of a cell's keys under the header
+`# @package _global_`, with the grid's axes under `hydra.sweeper.params`, each axis one string of values separated
+by commas. Hydra reads a file that breaks one of these quietly as something else: without the header its keys go
+under `sweep.` (and Hydra says only that `sweep` is no key of a cell), an axis written as a YAML list is one value
+that cannot be converted, an axis that names no key is reported per cell with no value; and without `-m` a sweep's
+axes are ignored altogether, one cell composed from its first corner. `problems` and `unswept` say each of these
+with the file, the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from sft_grid.core import project, schema
+from sft_grid.core.problems import GRID, Problem
+from sft_grid.planning.compose import did_you_mean
+
+SWEEP_HEADER = "# @package _global_"
+
+
+def problems(argv: Sequence[str]) -> list[Problem]:
+    """The sweep files the command line names (`+sweep=NAME`) that Hydra would misread, read before Hydra composes:
+    a file without its `# @package _global_` header (Hydra puts its keys under `sweep.`, and says only that `sweep` is
+    no key of a cell), an empty file or one that is not a mapping, and axes (`hydra.sweeper.params`) that are not a
+    mapping of `key: a,b` strings or that name no key of a cell (Hydra's own errors name none of the file, the axis
+    or its value). A file that is not YAML is left to conf_files.py's one line."""
+    import yaml
+    from hydra.plugins.config_source import ConfigSource
+    from omegaconf._utils import get_yaml_loader
+
+    names = [
+        name.strip()
+        for word in argv
+        if "=" in word and word.lstrip("+~").split("=", 1)[0] == "sweep"
+        for name in word.split("=", 1)[1].split(",")
+    ]
+    found: list[Problem] = []
+    for name in dict.fromkeys(names):
+        path = project.find_option("sweep", name) if name and "(" not in name else None
+        if path is None:
+            continue  # no such option: Hydra names it, with the options there are
+        text = path.read_text(errors="replace")
+        try:
+            # OmegaConf's loader, as Hydra reads the file (it refuses a duplicated key, told by conf_files.py); the
+            # plain one for what is shown, the values as the user wrote them (1e-3, not 0.001)
+            yaml.load(text, Loader=get_yaml_loader())
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            continue
+
+        def problem(key: str, value: object, message: str, fix: str, path: Path = path) -> None:
+            found.append(
+                Problem(cell=GRID, key=key, value=value, rule="sweep-file", message=f"{path}: {message}", fix=fix)
+            )
+
+        try:
+            package = ConfigSource._get_header_dict(text).get("package")
+        except ValueError:
+            package = None
+        if data is None:
+            problem(
+                "+sweep",
+                name,
+                "the sweep file is empty (or only comments): a sweep is a mapping of a cell's keys",
+                f"write its first line {SWEEP_HEADER}, then sweep_name: {name} and the grid's axes under"
+                " hydra.sweeper.params (sft-grid cp sweep/smoke copies a shipped one to start from)",
+            )
+            continue
+        if not isinstance(data, dict):
+            problem(
+                "+sweep",
+                name,
+                f"the sweep file is a YAML {'list' if isinstance(data, list) else type(data).__name__}, not a"
+                " mapping of a cell's keys",
+                f"write it as keys and values (sweep_name: {name}, max_steps: 4, ...), no '- ' items at the top",
+            )
+            continue
+        if package != "_global_":
+            where = (
+                f"its header names the package {package!r}"
+                if package
+                else f"it does not start with {SWEEP_HEADER} (above every other line, comments included)"
+            )
+            problem(
+                "+sweep",
+                name,
+                f"{where}, so Hydra would put its keys under `sweep.`, which is no key of a cell",
+                f"make {SWEEP_HEADER} the file's first line",
+            )
+            continue
+        sweeper = ((data.get("hydra") or {}) if isinstance(data.get("hydra"), dict) else {}).get("sweeper")
+        params = sweeper.get("params") if isinstance(sweeper, dict) else None
+        if params is None:
+            continue
+        if not isinstance(params, dict):
+            problem(
+                "hydra.sweeper.params",
+                params,
+                "the grid's axes are a mapping of key to values, not a YAML "
+                + ("list" if isinstance(params, list) else type(params).__name__),
+                "write one axis a line under params:, without '- ' before it, its values separated by commas"
+                " (model: tiny_llama,tiny_qwen3 on one line, lr: 1e-3,5e-4 on the next)",
+            )
+            continue
+        keys = [f.name for f in fields(schema.CellConf)]
+        for axis, values in params.items():
+            key = f"hydra.sweeper.params.{axis}"
+            if isinstance(values, list):
+                listed = ",".join(str(v) for v in values)
+                problem(
+                    key,
+                    values,
+                    "an axis is one string of values separated by commas, not a YAML list",
+                    f"{axis}: {listed} (one cell per value); a list that is one cell's value is quoted:"
+                    f" {axis}: '[{listed}]'",
+                )
+                continue
+            if isinstance(values, dict):
+                flow = ", ".join(f"{k}: {v}" for k, v in values.items())
+                problem(
+                    key,
+                    values,
+                    "an axis is one string of values separated by commas, not a YAML mapping",
+                    f"list the values, {axis}: a,b (one cell per value); a mapping that is one cell's value is"
+                    f" quoted: {axis}: '{{{flow}}}'",
+                )
+                continue
+            top = str(axis).split(".", 1)[0]
+            if not str(axis).startswith(("+", "~", "hydra")) and top not in keys:
+                problem(
+                    key,
+                    values,
+                    f"the axis {axis!r} names no key of a cell",
+                    f"name a key of a cell{did_you_mean(top, keys)}; the keys: {', '.join(keys)}",
+                )
+    return found
+
+
+def unswept(overrides: Sequence[str], axes: Mapping[str, Any]) -> Problem | None:
+    """Without -m Hydra composes one cell and ignores a sweep file's axes (`hydra.sweeper.params`): the user asked for
+    the grid and would get its first corner alone. Refused unless every axis is set to one value on the command line,
+    as a cell's own rerun line sets them (core/overrides.py), so that rerun still composes its one cell."""
+    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    unset = [str(key) for key in axes if str(key).lstrip("+~") not in given]
+    if not unset:
+        return None
+    sweep = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("sweep=")), "")
+    again = " ".join(map(shlex.quote, overrides))
+    # an axis's first value, where the axis lists them (a glob() or range() names no value to copy)
+    one = " ".join(
+        f"{k}=<one value of {axes[k]}>" if "(" in str(axes[k]) else f"{k}={str(axes[k]).split(',', 1)[0].strip()}"
+        for k in unset
+    )
+    return Problem(
+        cell=GRID,
+        key="hydra.sweeper.params",
+        value=", ".join(f"{k}: {axes[k]}" for k in unset),
+        rule="sweep-without-m",
+        message=f"the sweep {sweep!r} sweeps {', '.join(unset)}, and without -m only one cell is composed and these"
+        " axes are ignored",
+        fix=f"add -m to run its grid (sft-grid run -m {again}), or set each axis to one value for one cell ({one})",
+    )

@@ -37,7 +37,9 @@ def test_wrong_role_tags_give_zero_assistant_turns(make_cells, tiny_assets):
     assert problem.key == "dataset.tiny_sharegpt" and problem.rule == "preflight-assistant_turns"
     assert "0 assistant turns in 40 sampled rows" in problem.message
     assert "message keys seen: from, value" in problem.message
-    assert problem.fix.startswith("ShareGPT rows: tags role_tag=from")
+    assert problem.fix.startswith(
+        "the rows' roles: tags role_tag=from content_tag=value user_tag=human assistant_tag=gpt"
+    )
 
 
 def test_wrong_column(make_cells, tiny_assets):

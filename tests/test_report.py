@@ -170,7 +170,7 @@ def test_bad_input_writes_nothing(tmp_path: Path) -> None:
         text=True,
         cwd=REPO_ROOT,
     )
-    assert proc.returncode == 2 and "--resamples" in proc.stderr and "must be >= 0" in proc.stderr
+    assert proc.returncode == 2 and "--resamples" in proc.stderr and "a whole number from 0 up" in proc.stderr
 
 
 def test_the_grids_revision_is_what_its_cells_ledgers_recorded(make_cells, tmp_path: Path) -> None:

@@ -566,10 +566,17 @@ def content_family(tok: Any) -> str | None:
 def assistant_turns(rows: list[dict[str, Any]], column: str, tags: Mapping[str, str]) -> Verdict:
     role_tag, assistant_tag = tags["role_tag"], tags["assistant_tag"]
     if rows and all(column not in r for r in rows):
+        # a conversation column holds a list of messages (mappings); a column of text is no conversation
+        chats = [
+            k for k in sorted(rows[0]) if isinstance(rows[0][k], list) and all(isinstance(m, dict) for m in rows[0][k])
+        ]
         return Verdict(
             False,
             f"no column {column!r} in the data (columns: {', '.join(sorted(rows[0]))})",
-            f"set `messages:` of this dataset to the conversation column, e.g. {sorted(rows[0])[0]}",
+            f"set `messages:` of this dataset to its conversation column: {chats[0]}"
+            if chats
+            else "no column holds a list of messages (each a mapping such as {role, content}): the rows are not"
+            " conversations; convert them to a column of messages first",
         )
     turns: Counter[Any] = Counter()
     keys: Counter[str] = Counter()
@@ -582,10 +589,23 @@ def assistant_turns(rows: list[dict[str, Any]], column: str, tags: Mapping[str, 
         return Verdict(True)
     seen = ", ".join(f"{k!r}" for k, _ in turns.most_common(5) if k is not None)
     fix = "set this dataset's tags to the roles its rows use"
-    if {"from", "value"} <= set(keys):
-        fix = "ShareGPT rows: tags role_tag=from content_tag=value user_tag=human assistant_tag=gpt"
-    elif {"role", "content"} <= set(keys):
-        fix = "role/content rows: tags role_tag=role content_tag=content user_tag=user assistant_tag=assistant"
+    shape = (
+        ("from", "value", "human", "gpt")
+        if {"from", "value"} <= set(keys)
+        else ("role", "content", "user", "assistant")
+        if {"role", "content"} <= set(keys)
+        else None
+    )
+    if shape is not None:
+        role, content, user, assistant = shape
+        roles = [r for r, _ in turns.most_common() if isinstance(r, str)]
+        if role == role_tag and roles and assistant not in roles:
+            # the rows' own roles: the one not the user's or the system's answers (`human`/`bot` rows)
+            users = [r for r in roles if r in ("user", "human", tags.get("user_tag"))]
+            answers = [r for r in roles if r not in (*users, "system", "tool")]
+            user, assistant = (users or [user])[0], (answers or [assistant])[0]
+        fix = f"tags role_tag={role} content_tag={content} user_tag={user} assistant_tag={assistant}"
+        fix = f"the rows' roles: {fix}" if (role, assistant) != (role_tag, assistant_tag) else fix
     return Verdict(
         False,
         f"0 assistant turns in {len(rows)} sampled rows with role_tag={role_tag!r} assistant_tag={assistant_tag!r}"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import hydra
 from omegaconf import DictConfig
 
+from sft_grid.core.layout import PREVIEW_DIR
 from sft_grid.core.problems import GRID, GridError, Problem
 from sft_grid.planning.conf_files import YAML_ERROR
 from sft_grid.planning.resolvers import register
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # annotations only: `--help` imports none of the grid
 
 register()  # the cell schema and sft_grid's resolvers, before Hydra composes anything
 
-PREVIEW_DIR = ".dry_run"
 # the exit status of a run that staging had to stop before the site's process time limit: run it again
 STAGING_STOPPED = 3
 
@@ -461,6 +461,11 @@ def _print_dry_run(result: GridResult) -> None:
         out("\nsubmission plan (what a real run does):")
         for line in lines:
             out(line)
+    if result.plan.archives:
+        out(
+            f"  the files each such rerun writes: {relative(cells[0].sweep_dir / PREVIEW_DIR)}/<cell>/ (this dry run"
+            " leaves the finished cells' own files as they are)"
+        )
     previews = _sbatch_previews(result)
     if previews:
         folder = cells[0].sweep_dir / PREVIEW_DIR

@@ -12,7 +12,12 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sft_grid.core.events import Event
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +36,13 @@ def run(args: argparse.Namespace) -> int:
     from sft_grid.core.state import slurm_ref
     from sft_grid.schedulers import slurm
 
+    if any(not c.strip() for c in args.cells):
+        print(
+            "cancel: an empty CELL is a part of every cell's name, so it would cancel the whole grid; name a cell (or a"
+            " part of its name), or give no CELL to cancel every cell on purpose",
+            file=sys.stderr,
+        )
+        return 2
     sweep_dir = grid_dir(args.grid, args.runs_root)
     every = list(iter_cell_dirs(sweep_dir))
     dirs = [d for d in every if not args.cells or any(c in d.name for c in args.cells)]
@@ -45,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     view = read_view(dirs)
     # each site's job ids (a grid across sites: the client environment each cell's submission recorded)
     slurm_ids: dict[tuple[tuple[str, str], ...], list[str]] = {}
-    cancelled = []
+    cancelled, left = [], []
     for cell_dir in dirs:
         st = view.state(cell_dir)
         if not st.state.in_flight:
@@ -55,14 +67,51 @@ def run(args: argparse.Namespace) -> int:
             env = tuple(sorted(events.submitted_site(history)[1].items()))
             slurm_ids.setdefault(env, []).append(st.job_id)
         else:
-            last = next(e for e in reversed(history) if e.pid)
+            last = next((e for e in reversed(history) if e.pid), None)
+            why = _not_ours(last)
+            if why:
+                left.append(f"not cancelled {cell_dir.name}: {why}")
+                continue
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(last.pid or 0), signal.SIGTERM)
+                os.kill(int(last.pid or 0) if last else 0, signal.SIGTERM)
         events.append(cell_dir, Event(Kind.CANCELLED, reason="cancelled by sft-grid cancel", job_id=st.job_id))
         cancelled.append(cell_dir.name)
     for env, ids in slurm_ids.items():
         slurm.cancel(ids, dict(env) or None)
     for name in cancelled:
         print(f"cancelled {name}")
-    print(f"{len(cancelled)} cell(s) cancelled" + ("" if cancelled else f" (none in flight under {sweep_dir})"))
-    return 0
+    for line in left:
+        print(line, file=sys.stderr)
+    print(f"{len(cancelled)} cell(s) cancelled" + ("" if cancelled or left else f" (none in flight under {sweep_dir})"))
+    return 1 if left else 0
+
+
+def _not_ours(last: Event | None) -> str:
+    """Why the process a local cell's ledger names must not be signalled from here ("" when it may): none named, one
+    on another host (a grid on a shared file system: the same number here is another process), or a number this
+    host has given to a process started after the cell's (its start time, /proc's, later than the event)."""
+    from sft_grid.core.state import parse_time
+
+    if last is None or not last.pid:
+        return "its ledger names no process to stop"
+    if last.host and last.host != socket.gethostname():
+        return (
+            f"it runs on {last.host} (pid {last.pid}), not on this host: run the cancel there, or kill {last.pid} there"
+        )
+    started, written = _start_time(last.pid), parse_time(last.time)
+    if started is not None and written is not None and started > written + 2:
+        return f"pid {last.pid} is now another process (started after the cell's ledger named it); the cell's has ended"
+    return ""
+
+
+def _start_time(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch; /proc's stat and the boot time), or None (gone, or no
+    /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")

@@ -52,8 +52,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"sft-grid cp: no shipped option {group}/{option}; the shipped {group} options: {', '.join(names)}")
         return 2
     name = args.name or option
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        print(f"sft-grid cp: {name!r} is not an option name (letters, digits, _ . -)")
+    if name.endswith(".yaml"):
+        name = name[: -len(".yaml")]  # the option's name; the file is <name>.yaml
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        print(
+            f"sft-grid cp: {name!r} is not an option name: a letter or a digit first (not . .. or a leading dot or -,"
+            " which a cell's name refuses), then letters, digits, _ . -"
+        )
         return 2
     if args.to:
         conf = Path(args.to).expanduser().resolve()

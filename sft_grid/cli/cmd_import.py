@@ -32,6 +32,8 @@ from sft_grid.planning.importing import Option, Refused, Request, Result, transl
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sft_grid.cli.options import whole
+
     parser.add_argument(
         "source",
         nargs="+",
@@ -49,9 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cluster", metavar="NAME", help="the cluster option the sweep selects (e.g. leonardo): its GPUs per node"
     )
     parser.add_argument(
-        "--nodes", type=int, metavar="N", help="the nodes the original trained on (pinned in the sweep)"
+        "--nodes", type=whole(1), metavar="N", help="the nodes the original trained on (pinned in the sweep)"
     )
-    parser.add_argument("--gpus-per-node", type=int, metavar="N", help="its GPUs per node (default: the cluster's)")
+    parser.add_argument(
+        "--gpus-per-node", type=whole(1), metavar="N", help="its GPUs per node (default: the cluster's)"
+    )
     parser.add_argument(
         "--params-b", type=float, metavar="B", help="a new model's size in billions, where its name gives none"
     )

@@ -75,8 +75,19 @@ def run(args: argparse.Namespace) -> int:
     if (root / PROJECT_FILE).is_file():
         print(f"sft-grid init: {root} is already an experiment repository ({PROJECT_FILE}); nothing written")
         return 0
+    planned = plan(root)
+    # what is in the way, before anything is written (a rerun after a half-written init would find sft_grid.yaml
+    # and stop): a file where a folder goes, a folder where a file goes
+    for path in planned:
+        folders = [root / p for p in reversed(path.relative_to(root).parents)]
+        blocked = [(f, "a file, where a folder goes") for f in folders if f.is_file()]
+        blocked += [(path, "a folder, where a file goes")] if path.is_dir() else []
+        if blocked:
+            where, what = blocked[0]
+            print(f"sft-grid init: {where} is {what}; move it away, then run sft-grid init again", flush=True)
+            return 2
     written, kept = [], []
-    for path, text in plan(root).items():
+    for path, text in planned.items():
         if path.exists():
             kept.append(path)
             continue

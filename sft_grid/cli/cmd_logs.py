@@ -30,12 +30,14 @@ SHOWN = 8  # names listed when CELL names no cell
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sft_grid.cli.options import add_grid
+    from sft_grid.cli.options import add_grid, whole
 
     add_grid(parser)
     parser.add_argument("cell", metavar="CELL", help="the cell: its name, or any part of it that only it has")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--node", type=int, default=0, metavar="N", help="node N's training log (default: node 0's)")
+    which.add_argument(
+        "--node", type=whole(0), default=0, metavar="N", help="node N's training log (default: node 0's)"
+    )
     which.add_argument("--eval", action="store_true", help="the evaluation's log (logs/eval.log)")
     which.add_argument("--post", action="store_true", help="the post-training stages' log (logs/post.log)")
     parser.add_argument(
@@ -44,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print what is added as it is written, until that part of the cell ends (or Ctrl-C)",
     )
-    parser.add_argument("-n", "--lines", type=int, metavar="N", help="only the last N lines (default: all)")
+    parser.add_argument("-n", "--lines", type=whole(1), metavar="N", help="only the last N lines (default: all)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,18 +20,11 @@ import argparse
 import sys
 
 
-def _resamples(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sft_grid.cli.options import add_grid
+    from sft_grid.cli.options import add_grid, whole
 
     add_grid(parser)
-    parser.add_argument("--resamples", type=_resamples, default=300, help="bootstrap resamples of each fit's band")
+    parser.add_argument("--resamples", type=whole(0), default=300, help="bootstrap resamples of each fit's band")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -123,8 +123,10 @@ def show(cell: Cell, rows: int = 1, color: bool = False, use_cache: bool = True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sft_grid.cli.options import whole
+
     parser.add_argument("cell", nargs="+", help="a cell directory (with cell.yaml), or Hydra overrides")
-    parser.add_argument("--rows", type=int, default=1, help="examples shown per source (default 1)")
+    parser.add_argument("--rows", type=whole(1), default=1, help="examples shown per source (default 1)")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     parser.add_argument("--no-cache", action="store_true", help="run the probe even if its result is cached")
 

@@ -17,11 +17,16 @@ Only the command that runs is imported: `sft-grid --help` lists them all from th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import functools
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import ParamSpec
 
 # name -> (module, what it does in one line); the order is the help's
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -104,6 +109,34 @@ def not_a_command(word: str) -> str:
     )
 
 
+P = ParamSpec("P")
+
+
+def _said(entry: Callable[P, int]) -> Callable[P, int]:
+    """An entry point whose operating-system errors end in one line, not a traceback: a path that cannot be made,
+    read or written (a name longer than the file system takes, a file where a directory goes, no permission) is
+    the user's to fix, and the line names it. Output cut short by its reader (`sft-grid --help | head`) ends quietly:
+    the reader chose to stop."""
+
+    @functools.wraps(entry)
+    def said(*args: P.args, **kwargs: P.kwargs) -> int:
+        try:
+            return entry(*args, **kwargs)
+        except BrokenPipeError:
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+            return 0
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            too_long = exc.errno == errno.ENAMETOOLONG
+            why = " (a name in it is longer than the file system takes, 255 bytes)" if too_long else ""
+            print(f"sft-grid: {exc.strerror or exc}{why}{where}", file=sys.stderr)
+            return 1
+
+    return said
+
+
+@_said
 def module_main(argv: Sequence[str] | None = None) -> int:
     """`python -m sft_grid ...`: a command (`python -m sft_grid status GRID` is `sft-grid status GRID`), or else the
     Hydra app's arguments (`python -m sft_grid -m model=a,b` is `sft-grid run -m model=a,b`)."""
@@ -122,6 +155,7 @@ def module_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+@_said
 def main(argv: Sequence[str] | None = None) -> int:
     from sft_grid.sites import call
 

@@ -4,9 +4,25 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 RUNS_ROOT_HELP = "the grid's runs_root (default: $SFT_GRID_RUNS, else runs/ at the project's root, else ./runs)"
+
+
+def whole(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `least`, refused in argparse's one line with what it must be."""
+
+    def number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}: a whole number from {least} up")
+        return value
+
+    return number
 
 
 def default_runs_root() -> str:

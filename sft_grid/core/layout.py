@@ -32,6 +32,8 @@ ATTEMPTS_DIR = "attempts"
 # beside the cells of a grid: the lock two invocations take turns through, and submitit's job folders
 LOCK_FILE = ".sft_grid.lock"
 SUBMITIT_DIR = ".submitit"
+# a dry run's own files beside a grid's cells (the sbatch scripts a real run sends, a forced rerun's files)
+PREVIEW_DIR = ".dry_run"
 # the trainer's own per-step log (LLaMA-Factory writes it; the axolotl plugin writes the same lines)
 TRAINER_LOG = "trainer_log.jsonl"
 TRAINER_STATE = "trainer_state.json"

@@ -45,14 +45,14 @@ from sft_grid.checks import own_envs
 from sft_grid.checks.examples import Examples, first_examples
 from sft_grid.checks.preflight import Preflight, preflight
 from sft_grid.core.cellfiles import Check
-from sft_grid.core.layout import LEDGER_FILE, LOCK_FILE, OUTPUT_DIR, output_complete
+from sft_grid.core.layout import LEDGER_FILE, LOCK_FILE, OUTPUT_DIR, PREVIEW_DIR, output_complete
 from sft_grid.core.lock import hold_all
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.core.provenance import checkout
 from sft_grid.core.schema import ClusterConf
 from sft_grid.core.scores import checkpoint_steps
 from sft_grid.core.state import CellState, State, state_of
-from sft_grid.core.submission import CodeSnapshot, LocalJob, Role, SubmissionPlan
+from sft_grid.core.submission import CellFiles, CodeSnapshot, LocalJob, Role, SubmissionPlan
 from sft_grid.grid.decide import Action, BaseDecision, Decision, decide, decide_base, plan_recovery
 from sft_grid.grid.execute import Executed, SubmitRefused, apply, run_local
 from sft_grid.grid.jobs import build
@@ -476,10 +476,14 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     decisions, on_sites = spread(decisions, observed.sites, view.histories, hub_cells, observed.moving)
     decisions, shared, deferred = _share_tokenized(decisions, tokens, inputs.checked.deferred)
     writes = [
-        grid_costs.with_file(
-            render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))),
-            inputs.costs,
-            d.cell.name if d.action is Action.RUN else None,
+        _previewed(
+            grid_costs.with_file(
+                render(d.cell, d.dir, list(deferred.get(d.cell.name, ()))),
+                inputs.costs,
+                d.cell.name if d.action is Action.RUN else None,
+            ),
+            d,
+            inputs.dry_run,
         )
         for d in decisions
         if d.touch_files and (inputs.dry_run or d.action is not Action.SKIP)
@@ -601,6 +605,15 @@ def _after_staging(
 
 
 # -- execute ----------------------------------------------------------------------------------------------------
+
+
+def _previewed(files: CellFiles, d: Decision, dry_run: bool) -> CellFiles:
+    """A dry run's files of a cell that a real run would run again over a finished one (force=true): written under
+    the grid's .dry_run/ folder, as the real run would write them (the same text, naming the cell's own directory),
+    so that the dry run leaves the finished cell's record (its cell.yaml, its estimate, its launch.sh) as it was."""
+    if not (dry_run and d.archive):
+        return files
+    return replace(files, dir=d.cell.sweep_dir / PREVIEW_DIR / d.dir.name)
 
 
 def execute(grid: GridPlan, observer: Observer | None = None) -> Executed:

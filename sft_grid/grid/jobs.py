@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -344,7 +345,7 @@ def stage_request(cluster: ClusterConf, site: str = "") -> SlurmRequest:
     queues it ("" in a one-site grid)."""
     st = cluster.staging
     params: dict[str, Any] = {
-        "time": int(parse_minutes(st.time)),
+        "time": math.ceil(parse_minutes(st.time)),  # rounded up: a limit truncated to 0 is none
         "nodes": 1,
         "ntasks_per_node": 1,
         "cpus_per_task": max(1, min(2, cluster.cpus_per_node)),
@@ -427,7 +428,9 @@ def count(history: Sequence[Event], kind: Kind) -> int:
 
 
 def minutes(decision: Decision) -> int:
-    return int(parse_minutes(decision.cell.spec.time))
+    """The cell's wall time in whole minutes, rounded up: Slurm's --time and submitit's timeout take minutes, and
+    a limit under a minute truncated would be 0, which Slurm reads as no limit at all."""
+    return math.ceil(parse_minutes(decision.cell.spec.time))
 
 
 def tokenize_request(spec: CellConf) -> SlurmRequest:
@@ -555,7 +558,7 @@ def tokenize_jobs(
 def eval_minutes(suites: Sequence[EvalConf], cluster: ClusterConf) -> int:
     """One job evaluates every suite of its target: their times add up, within the cluster's maximum."""
     total = sum(parse_minutes(s.resources.time) for s in suites)
-    return int(min(total, parse_minutes(cluster.max_time)))
+    return math.ceil(min(total, parse_minutes(cluster.max_time)))
 
 
 def eval_request(spec: CellConf, suites: Sequence[EvalConf]) -> SlurmRequest:

@@ -4,6 +4,7 @@ registration that names it) that can happen."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from sft_grid.core.hubcache import repo_id_problem, revision_problem
@@ -68,6 +69,10 @@ def model_facts(cell: Cell) -> Iterator[Problem]:
         )
 
 
+# a Hub repository's id as the Hub creates one (the client's rule, repo_id_problem, lets any word character through)
+_ASCII_ID = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
 def hub_upload(cell: Cell) -> Iterator[Problem]:
     """The upload is a post-training stage (sft_grid/stages/post_training.py), so a site without internet on its compute
     nodes is no error: the stage runs on its post_partition, or waits for the login-node command."""
@@ -99,7 +104,8 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
             value=s.hub_model_id,
             rule="hub-id",
             message="push_to_hub=true needs a hub repository id",
-            fix="set hub_model_id=<org>/<name> (e.g. org/{model}-sft-{key}), or push_to_hub=false",
+            fix="set hub_model_id=<org>/<name> (e.g. \"hub_model_id='org/{model}-sft-{key}'\", quoted), or"
+            " push_to_hub=false",
         )
         return
     why = (
@@ -108,6 +114,13 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
         else "an upload names its organisation or user: <org>/<name>"
         if "/" not in s.hub_model_id
         else repo_id_problem(s.hub_model_id)
+        # the client takes any word character; the Hub creates a repository under an ASCII name only, so an id the
+        # client passes would fail at the upload, after training
+        or (
+            None
+            if _ASCII_ID.fullmatch(s.hub_model_id)
+            else "the Hub names a new repository in ASCII letters and digits"
+        )
     )
     if why:
         yield Problem(
@@ -116,5 +129,5 @@ def hub_upload(cell: Cell) -> Iterator[Problem]:
             value=s.hub_model_id,
             rule="hub-id",
             message=f"not a Hub repository id <org>/<name>: {why} (the placeholders are {PLACEHOLDERS})",
-            fix="e.g. hub_model_id=laion/{model}-sft-{key}",
+            fix="e.g. \"hub_model_id='laion/{model}-sft-{key}'\" (quoted so: Hydra reads an unquoted { as its own)",
         )

@@ -93,15 +93,35 @@ def mix_matches(cell: Cell) -> Iterator[Problem]:
             f" {got} given",
             f"give {n} probabilities in dataset order, e.g. mix.probs=[{','.join(['%.2g' % (1 / n)] * n)}]",
         )
-    elif any(p <= 0 for p in mix.probs) or abs(sum(mix.probs) - 1.0) > 1e-6:
+    elif any(p <= 0 for p in mix.probs):
+        zero = [f"{d} ({p:g})" for d, p in zip(cell.spec.dataset, mix.probs, strict=True) if p <= 0]
         yield _problem(
             cell,
             "mix.probs",
             mix.probs,
             "mix-probs",
-            f"probabilities must be > 0 and sum to 1 (they sum to {sum(mix.probs):.6g})",
-            "rescale them so they sum to 1, e.g. mix.probs=[0.9,0.1]",
+            f"each probability must be above 0: {', '.join(zero)} would never be drawn",
+            "drop that dataset from the mix (dataset=[...] without it), or give it a share above 0, e.g. mix.probs=["
+            + ",".join(["%.2g" % (1 / n)] * n)
+            + "]",
         )
+    elif abs(sum(mix.probs) - 1.0) > 1e-6:
+        total = sum(mix.probs)
+        yield _problem(
+            cell,
+            "mix.probs",
+            mix.probs,
+            "mix-probs",
+            f"probabilities must sum to 1 (they sum to {total:.6g})",
+            "rescale them so they sum to 1: mix.probs=[" + ",".join(f"{p:g}" for p in _rescaled(mix.probs)) + "]",
+        )
+
+
+def _rescaled(probs: Sequence[float]) -> list[float]:
+    """`probs` over their sum, to six places, the last taking what the others leave (so they sum to 1 as written)."""
+    total = sum(probs)
+    head = [round(p / total, 6) for p in probs[:-1]]
+    return [*head, round(1 - sum(head), 6)]
 
 
 def wall_time(cell: Cell) -> Iterator[Problem]:

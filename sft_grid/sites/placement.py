@@ -23,6 +23,7 @@ its ledger names (its record); only a cell that is to be queued is placed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -78,7 +79,7 @@ def need_of(cell: Any, hub: bool = False) -> Need:
         cell=cell.name,
         # as the cell (or its cell.yaml) sets them, else the fewest that fit (planning/gpus.py)
         nodes=spec.nodes if spec.nodes is not None else cell.nodes,
-        minutes=int(parse_minutes(spec.time)),
+        minutes=math.ceil(parse_minutes(spec.time)),
         cpu_arch=n.cpu_arch,
         gpu_type=n.gpu_type,
         gpu_mem_gb=n.gpu_mem_gb,

@@ -158,6 +158,17 @@ def test_a_forced_dry_run_over_a_finished_cell_leaves_its_files_and_writes_the_r
     assert "force: true" in (preview / "cell.yaml").read_text()
     assert str(cell) in (preview / "launch.sh").read_text()  # as the rerun writes it: the cell's own directory
     assert not os.path.exists(cell / "output.old")
+    # a stage asked by name that the cell does not have (no push_to_hub: no upload) is said, not read as pending
+    post = run_sft("post", str(cell), "--stage", "upload")
+    assert post.returncode == 1 and "upload is not a stage of this cell" in post.stderr, post.stdout + post.stderr
+
+
+def test_a_report_over_a_folder_where_its_page_goes_is_one_line_and_leaves_no_copy(tmp_path):
+    runs, _ = _grid(tmp_path)
+    (runs / "default" / "report.html").mkdir()
+    proc = run_sft("report", "default", "--runs-root", str(runs))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Is a directory" in proc.stderr, proc.stderr
+    assert not list((runs / "default").glob(".report.html*"))
 
 
 @pytest.mark.parametrize(

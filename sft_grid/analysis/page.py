@@ -470,5 +470,9 @@ def write_data(sweep_dir: Path, data: dict[str, Any]) -> tuple[Path, Path]:
     for path, text in zip(paths, (page, json.dumps(data, separators=(",", ":"), default=str) + "\n"), strict=True):
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        try:
+            tmp.replace(path)
+        except OSError:  # report.html a directory, say: said by the command in one line, and no stray copy left
+            tmp.unlink(missing_ok=True)
+            raise
     return paths

@@ -90,7 +90,7 @@ def _not_ours(last: Event | None) -> str:
     """Why the process a local cell's ledger names must not be signalled from here ("" when it may): none named, one
     on another host (a grid on a shared file system: the same number here is another process), or a number this
     host has given to a process started after the cell's (its start time, /proc's, later than the event)."""
-    from sft_grid.core.state import parse_time
+    from sft_grid.core.state import parse_time, started_at
 
     if last is None or not last.pid:
         return "its ledger names no process to stop"
@@ -98,20 +98,7 @@ def _not_ours(last: Event | None) -> str:
         return (
             f"it runs on {last.host} (pid {last.pid}), not on this host: run the cancel there, or kill {last.pid} there"
         )
-    started, written = _start_time(last.pid), parse_time(last.time)
+    started, written = started_at(last.pid), parse_time(last.time)
     if started is not None and written is not None and started > written + 2:
         return f"pid {last.pid} is now another process (started after the cell's ledger named it); the cell's has ended"
     return ""
-
-
-def _start_time(pid: int) -> float | None:
-    """When process `pid` started (seconds since the epoch; /proc's stat and the boot time), or None (gone, or no
-    /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as fh:
-            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")

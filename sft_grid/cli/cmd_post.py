@@ -47,11 +47,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{cell_dir.name}: training has not completed; nothing run", file=sys.stderr)
             failed += 1
             continue
-        absent = [n for n in args.stage or () if n not in states(cell_dir)]
+        own = list(states(cell_dir))
+        absent = [n for n in args.stage or () if n not in own]
         if absent:  # asked by name, and never run: said, not read as a stage pending or done
             print(
                 f"{cell_dir.name}: {', '.join(absent)} is not a stage of this cell (its stages:"
-                f" {', '.join(states(cell_dir)) or 'none'}; an upload is one where push_to_hub=true); nothing run",
+                f" {', '.join(own) or 'none'}; an upload is one where push_to_hub=true); nothing run",
                 file=sys.stderr,
             )
             failed += 1

@@ -156,6 +156,26 @@ def post_job_id(history: Sequence[Event]) -> str:
     return queued.post_job_id if queued is not None else ""
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the name: state, ppid, ... (the name may hold spaces and parentheses); None
+    where the process is gone or there is no /proc. Field 19 is its start time, in clock ticks since boot."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def started_at(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (its start time and the boot time, /proc's), or None."""
+    fields = proc_stat(pid)
+    try:
+        with open("/proc/stat") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK") if fields else None
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def alive(event: Event) -> bool | None:
     """Whether the process that wrote an event still runs; None when it is not on this machine."""
     if not event.pid or event.host != socket.gethostname():

@@ -59,6 +59,7 @@ from sft_grid.core.layout import (
     progress,
     tail_lines,
 )
+from sft_grid.core.state import proc_stat
 
 log = logging.getLogger(__name__)
 
@@ -375,18 +376,10 @@ def end(proc: subprocess.Popen[bytes], within_s: float | None = None) -> tuple[S
             time.sleep(min(0.1, left))
 
 
-def _stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat's fields after the name: state, ppid, ... (the name may hold spaces and parentheses)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def _running(pid: int, started: str) -> bool:
     """Whether the process that was `pid` when it was killed (its start time) still runs: not gone, not a zombie
     (dead, only not yet reaped by its parent), not a new process with its number."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return fields is not None and fields[0] not in ("Z", "X") and fields[19] == started
 
 
@@ -405,7 +398,7 @@ _STATES = {
 def _stuck(pid: int) -> Stuck:
     """The process as /proc shows it: stat and wchan only (its cmdline or maps could block on the stuck process's
     memory map)."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     try:
         name = Path(f"/proc/{pid}/stat").read_text().split("(", 1)[1].rsplit(")", 1)[0]
     except (OSError, IndexError):
@@ -424,7 +417,7 @@ def _children() -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        fields = _stat(int(entry))
+        fields = proc_stat(int(entry))
         if fields is not None:
             out.setdefault(int(fields[1]), []).append(int(entry))
     return out
@@ -446,7 +439,7 @@ def kill_tree(pid: int) -> dict[int, str]:
     killed: dict[int, str] = {}
     for sig in (signal.SIGSTOP, signal.SIGKILL):
         for p in _tree(pid):
-            fields = _stat(p)
+            fields = proc_stat(p)
             if fields is not None and sig == signal.SIGKILL:
                 killed[p] = fields[19]
             with contextlib.suppress(ProcessLookupError):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sft_grid.core import human
 from sft_grid.core.hubcache import Kind, RemoteFile, Selection
+from sft_grid.core.state import started_at
 
 # the time a run is given to transfer something when the smallest limit that works is worked out: a run that has no
 # time left at all once its safety margin and what the process spent before its first transfer are taken off, or
@@ -169,14 +170,10 @@ class Budget:
     def since_process_start(cls, limit_s: float, margin_s: float | None = None) -> Budget:
         """Counted from when this process started (what a login node's killer counts), on Linux."""
         b = cls.from_now(limit_s, margin_s)
-        try:
-            with open("/proc/self/stat") as fh:
-                ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-            with open("/proc/uptime") as fh:
-                uptime = float(fh.read().split()[0])
-            age = max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
-        except (OSError, ValueError, IndexError):
+        started = started_at(os.getpid())
+        if started is None:
             return b
+        age = max(0.0, time.time() - started)
         return cls(limit_s, b.started - age, b.margin_s, b.auto_margin)
 
     @property

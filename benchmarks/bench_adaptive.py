@@ -2,7 +2,8 @@
 
 Everything here is in-process and seeded: the cells' losses are the synthetic backend's own law and noise
 (sft_grid/in_venv/synthetic_train.py: the very functions its simulated cells write), the decisions are the
-production code (sft_grid/adaptive/design.py, halving.py), the fit is the report's (analysis/scaling.py). The same
+production code (sft_grid/adaptive/design.py, ladder.py, race.py, halving.py), the fit is the report's
+(analysis/scaling.py). The same
 loop through the real local Slurm cluster runs in tests/test_synthetic.py for a small grid.
 
 Targets (`--check` exits 1 when one is missed):
@@ -16,8 +17,9 @@ Targets (`--check` exits 1 when one is missed):
 * a design that decides, on the replays (below): which of 3 models is lowest at the held-out 1.6M examples
   (question gap, level REPLAY_LEVEL, the design's stopping rule), right in >= 90% of the decisions with at most 30%
   of the fitted grid's GPU-hours, each decision's regret beside it and whether it is near-best (NEAR_Z: within the
-  measurements' own noise of the best), against the fixed design and random designs of the loop's cost (seeds:
-  REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS); the same question on the simulator's grids,
+  measurements' own noise of the best), against the fixed design and random designs of the loop's cost, each read
+  by the ladder's secants and by the forms (seeds: REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS; and the same
+  target on REPLAY_WIDE_SEEDS, the ladder's unseen check); the same question on the simulator's grids,
   measured without a target; on both, the stopping rule's calibration: for the decisions that stopped as decided,
   the mean P(wrong) claimed against the share wrong (and the same over every decision that ended with one);
 * successive halving, over 50 grids x 9 sizes (brackets of 9 learning rates, log-spaced over two decades around the
@@ -230,20 +232,19 @@ def gap_grid(seed: int) -> dict[str, Any]:
     at_truth = {c.recipe: truth[c.name] for c in pool if c.holdout}
     tol = _near_tol(RUN_NOISE, at_truth)  # the simulator's run noise is known
     observed, last = _decide_loop(spec, pool, truth)
-    valued, _ = _decide_loop(dataclasses.replace(spec, design="value"), pool, truth)
     spent = sum(c.gpu_hours for c in fitted if c.name in observed)
     fixed, rands = _same_cost_designs(fitted, truth, spent, f"gap-random:{seed}")
     full = {c.name: truth[c.name] for c in fitted}
-    return {
+    out = {
         "seed": seed,
         "adaptive": _decision_of(spec, pool, observed, at_truth, fit_cost, tol),
-        "value": _decision_of(spec, pool, valued, at_truth, fit_cost, tol),
         "p_wrong": last.p_wrong,
         "stop": last.stop,
         "fixed": _decision_of(spec, pool, fixed, at_truth, fit_cost, tol),
         "random": _mean_of([_decision_of(spec, pool, r, at_truth, fit_cost, tol) for r in rands]),
         "full": _decision_of(spec, pool, full, at_truth, fit_cost, tol),
     }
+    return {**out, **_other_designs(spec, pool, truth, at_truth, fit_cost, tol, fixed, rands, full)}
 
 
 def adaptive_grid(seed: int) -> dict[str, Any]:
@@ -478,6 +479,10 @@ def kills(root: Path, n: int = 20) -> dict[str, Any]:
 # run on 2026-12-06 (later) in development runs of the race's plan (adaptive/race.py RUNG), so they are left out;
 # 310-369 added then, before any run of them
 REPLAY_SEEDS = (*range(250), *range(310, 370))
+# the ladder's wide check: seeds 370-999 added on 2026-12-06 (evening) with the ladder (design: ladder, whose constants
+# were set from scratch runs on 0-309), before any run of them; each decided by the ladder and the designs of its cost
+# read by its secants, not by the race (its forms cost about 3 s a decision, the ladder's run 5 ms)
+REPLAY_WIDE_SEEDS = tuple(range(370, 1000))
 REPLAY_SEED_SETS = (
     (0, 10),
     (10, 20),
@@ -493,7 +498,7 @@ REPLAY_SEED_SETS = (
 )
 # the candidate forms the decisions are run with (the adaptive block's `forms:`): all (the default), then the local
 # power law alone
-REPLAY_FORMS: tuple[tuple[str, ...], ...] = ((), ("tail",))
+REPLAY_FORMS: tuple[tuple[str, ...], ...] = ((),)
 # the halving brackets' seeds (its target was measured on these; its code is not changed by the decisions')
 HALVING_SEEDS = tuple(range(10))
 # the replay decisions' level: a target of 90% right needs a rule that stops below 5% P(wrong), since the loop stops
@@ -674,13 +679,16 @@ def joint_check() -> dict[str, Any]:
     }
 
 
-def replay_decision(dataset: str, seed: int, level: float | None = None, forms: tuple[str, ...] = ()) -> dict[str, Any]:
+def replay_decision(
+    dataset: str, seed: int, level: float | None = None, forms: tuple[str, ...] = (), others: bool = True
+) -> dict[str, Any]:
     """Which of REPLAY_MODELS models (drawn by `seed`) has the lowest loss fine-tuned on REPLAY_TARGET examples, from
     cells of fewer examples (GPU-hours ~ parameters x examples): the adaptive loop (question gap over the models, level
     REPLAY_LEVEL unless given, to its stopping rule or the budget), the fixed design and random designs
     (RANDOM_DESIGN_SEEDS) of the adaptive loop's cost, the fixed design at the whole budget (as before the loop
     could stop early) and the full grid; each picks the model its forecast puts lowest, scored right or wrong and by
-    its regret; every design's forecasts choose among `forms` (empty: all)."""
+    its regret; the ladder's by its secants, and where `others` the race and the designs read by the forms' too
+    (`_other_designs`), which choose among `forms` (empty: all)."""
     found = replay_curves()
     drawn = replay_models(dataset, seed)
     pool, truth = [], {}
@@ -707,12 +715,11 @@ def replay_decision(dataset: str, seed: int, level: float | None = None, forms: 
     at_truth = {m: truth[f"{m}@{REPLAY_TARGET}"] for m in drawn}
     tol = _near_tol(replay_noise()[dataset], at_truth)
     observed, last = _decide_loop(spec, pool, truth)
-    valued, _ = _decide_loop(dataclasses.replace(spec, design="value"), pool, truth)
     spent = sum(c.gpu_hours for c in fitted if c.name in observed)
     fixed, rands = _same_cost_designs(fitted, truth, spent, f"replay-random:{dataset}:{seed}")
     fixed_budget, _ = _same_cost_designs(fitted, truth, budget, f"replay-random:{dataset}:{seed}")
     full = {c.name: truth[c.name] for c in fitted}
-    return {
+    out = {
         "dataset": dataset,
         "seed": seed,
         "level": spec.level,
@@ -721,11 +728,42 @@ def replay_decision(dataset: str, seed: int, level: float | None = None, forms: 
         "stop": last.stop,
         "tol": tol,
         "adaptive": _decision_of(spec, pool, observed, at_truth, fit_cost, tol),
-        "value": _decision_of(spec, pool, valued, at_truth, fit_cost, tol),
         "full": _decision_of(spec, pool, full, at_truth, fit_cost, tol),
         "fixed": _decision_of(spec, pool, fixed, at_truth, fit_cost, tol),
         "fixed_budget": _decision_of(spec, pool, fixed_budget, at_truth, fit_cost, tol),
         "random": _mean_of([_decision_of(spec, pool, r, at_truth, fit_cost, tol) for r in rands]),
+    }
+    if not others:
+        return out
+    return {**out, **_other_designs(spec, pool, truth, at_truth, fit_cost, tol, fixed, rands, full, value=False)}
+
+
+def _other_designs(
+    spec: AdaptiveSpec,
+    pool: list[Candidate],
+    truth: dict[str, float],
+    at_truth: dict[str, float],
+    fit_cost: float,
+    tol: float,
+    fixed: dict[str, float],
+    rands: list[dict[str, float]],
+    full: dict[str, float],
+    value: bool = True,
+) -> dict[str, Any]:
+    """The other gap designs (race; value where `value`: on the replays it costs half the run and was measured
+    before), each to its own stop and read by its own forecasts (the forms'), and the fixed design, the random
+    designs and the full grid read by those forecasts too (`spec`'s are the ladder's secants): every design judged
+    by the forecaster of either kind of design."""
+    by_forms = dataclasses.replace(spec, design="race")
+    raced, _ = _decide_loop(by_forms, pool, truth)
+    if value:
+        valued, _ = _decide_loop(dataclasses.replace(spec, design="value"), pool, truth)
+    return {
+        "race": _decision_of(by_forms, pool, raced, at_truth, fit_cost, tol),
+        **({"value": _decision_of(by_forms, pool, valued, at_truth, fit_cost, tol)} if value else {}),
+        "fixed_forms": _decision_of(by_forms, pool, fixed, at_truth, fit_cost, tol),
+        "random_forms": _mean_of([_decision_of(by_forms, pool, r, at_truth, fit_cost, tol) for r in rands]),
+        "full_forms": _decision_of(by_forms, pool, full, at_truth, fit_cost, tol),
     }
 
 
@@ -776,7 +814,7 @@ def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
     }
 
 
-def _replay_decision(args: tuple[str, int, float | None, tuple[str, ...]]) -> dict[str, Any]:
+def _replay_decision(args: tuple[str, int, float | None, tuple[str, ...], bool]) -> dict[str, Any]:
     return replay_decision(*args)
 
 
@@ -784,7 +822,8 @@ def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
     """The replay measurements; the decisions (each pure and seeded: the same in any process) over `jobs` processes,
     once for each of REPLAY_FORMS."""
     datasets = sorted({d for d, _ in replay_curves()})
-    todo = [(d, s, level, fs) for fs in REPLAY_FORMS for d in datasets for s in REPLAY_SEEDS]
+    todo = [(d, s, level, fs, True) for fs in REPLAY_FORMS for d in datasets for s in REPLAY_SEEDS]
+    todo += [(d, s, level, (), False) for d in datasets for s in REPLAY_WIDE_SEEDS]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -792,7 +831,8 @@ def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
             done = list(pool.map(_replay_decision, todo, chunksize=4))
     else:
         done = [_replay_decision(t) for t in todo]
-    by_forms = {fs: [d for t, d in zip(todo, done, strict=True) if t[3] == fs] for fs in REPLAY_FORMS}
+    by_forms = {fs: [d for t, d in zip(todo, done, strict=True) if t[3] == fs and t[4]] for fs in REPLAY_FORMS}
+    wide = [d for t, d in zip(todo, done, strict=True) if not t[4]]
     decisions = by_forms[()]
     halvings = {
         g: [replay_halving(d, s, g) for d in datasets for s in HALVING_SEEDS]
@@ -804,6 +844,8 @@ def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
         "joint": joint_check(),
         "decisions": decisions,
         "calibration": calibration(decisions),
+        "wide": wide,
+        "wide_calibration": calibration(wide),
         "by_forms": {",".join(fs): by_forms[fs] for fs in REPLAY_FORMS if fs},
         "halving": {g: sum(h["best_kept"] for h in hs) / len(hs) for g, hs in halvings.items()},
         "halving_cost": {g: sum(h["cost"] for h in hs) / len(hs) for g, hs in halvings.items()},
@@ -813,13 +855,30 @@ def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
 
 
 _LABELS = {
-    "adaptive": "adaptive (design: race)",
-    "value": "adaptive, design: value (plans by worth)",
-    "fixed": "fixed design, the adaptive loop's cost",
-    "random": "random designs, the adaptive loop's cost",
-    "fixed_budget": "fixed design, the whole budget",
-    "full": "full grid",
+    "adaptive": "adaptive (design: ladder, its secants)",
+    "race": "adaptive, design: race (the forms)",
+    "value": "adaptive, design: value (plans by worth; the forms)",
+    "fixed": "fixed design, the ladder's cost (secants)",
+    "random": "random designs, the ladder's cost (secants)",
+    "fixed_budget": "fixed design, the whole budget (secants)",
+    "full": "full grid (secants)",
+    "fixed_forms": "fixed design, the ladder's cost (the forms)",
+    "random_forms": "random designs, the ladder's cost (the forms)",
+    "full_forms": "full grid (the forms)",
 }
+# the designs each decision is judged by, in the order they are printed
+DESIGN_KEYS = (
+    "adaptive",
+    "race",
+    "value",
+    "fixed",
+    "random",
+    "fixed_budget",
+    "full",
+    "fixed_forms",
+    "random_forms",
+    "full_forms",
+)
 
 
 def calibration(ds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -922,6 +981,13 @@ def _print_replays(r: dict[str, Any]) -> bool:
         f" (one point's noise, from the curves' second differences below the target: {noise})"
     )
     _print_decision_sets(ds, per_decision=True)
+    wide = r.get("wide") or []
+    if wide:
+        print(
+            f"  the same question on seeds {REPLAY_WIDE_SEEDS[0]}-{REPLAY_WIDE_SEEDS[-1]} ({len(wide)} decisions, added"
+            " with the ladder before any run of them), the ladder and the designs of its cost read by its secants:"
+        )
+        _print_decisions(wide, tuple(k for k in DESIGN_KEYS if k in wide[0]))
     for fs, other in r.get("by_forms", {}).items():
         print(f"  the same decisions, every design's forecasts from the forms [{fs}] alone (forms: [{fs}]):")
         _print_decision_sets(other)
@@ -944,13 +1010,12 @@ def _print_replays(r: dict[str, Any]) -> bool:
 
 def _print_decision_sets(ds: list[dict[str, Any]], per_decision: bool = False) -> None:
     """The decisions' lines: each design's, its calibration, and each seed set's."""
-    _print_decisions(ds, ("adaptive", "value", "fixed", "random", "fixed_budget", "full"), per_decision=per_decision)
+    _print_decisions(ds, tuple(k for k in DESIGN_KEYS if k in ds[0]), per_decision=per_decision)
     for lo, hi in REPLAY_SEED_SETS:
         part = [d for d in ds if lo <= d["seed"] < hi]
         if part:
             shares = ", ".join(
-                f"{k} {sum(float(d[k]['right']) for d in part) / len(part):.1%}"
-                for k in ("adaptive", "value", "fixed", "random", "fixed_budget", "full")
+                f"{k} {sum(float(d[k]['right']) for d in part) / len(part):.1%}" for k in DESIGN_KEYS if k in part[0]
             )
             near = ", ".join(
                 f"{k} {sum(float(d[k]['near']) for d in part) / len(part):.1%}" for k in ("adaptive", "fixed", "full")
@@ -974,7 +1039,7 @@ def replay_target_met(ds: list[dict[str, Any]]) -> bool:
     return (
         right("adaptive") >= TARGETS["replay_right_recipe"]
         and max(d["adaptive"]["share"] for d in ds) <= BUDGET_SHARE + 1e-9
-        and right("adaptive") > max(right("fixed"), right("random"))
+        and right("adaptive") > max(right(k) for k in ("fixed", "random", "fixed_forms", "random_forms") if k in ds[0])
     )
 
 
@@ -1064,7 +1129,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  which recipe is lower at 9.7B (question gap, level 0.9, design seed {DESIGN_SEED}, random designs"
         f" {RANDOM_DESIGN_SEEDS}), {len(gaps)} grids:"
     )
-    _print_decisions(gaps, ("adaptive", "value", "fixed", "random", "full"))
+    _print_decisions(gaps, tuple(k for k in DESIGN_KEYS if k != "fixed_budget"))
     print(f"successive halving, {brackets} brackets of 9 learning rates (rungs at 1/9 and 1/3, 40% kept):")
     print(f"  steps trained (probes included): at most {cost:.1%} of the full sweep's (target <= 45%)")
     print(f"  the full sweep's best learning rate trained to the end: {kept:.1%} of brackets (target >= 90%)")
@@ -1089,6 +1154,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  a second run over the finished grids: {again} decisions or effects (target 0)")
     if replays is not None:
         verdicts["replay_right_recipe"] = _print_replays(replays)
+        if replays["wide"]:
+            verdicts["replay_right_recipe_wide"] = replay_target_met(replays["wide"])
         for fs, other in replays["by_forms"].items():
             verdicts[f"replay_right_recipe_forms_{fs}"] = replay_target_met(other)
         verdicts["replay_extrapolate_best_kept"] = replays["halving"]["extrapolate"] >= TARGETS["extrapolate_best_kept"]

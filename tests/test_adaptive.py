@@ -552,14 +552,17 @@ def test_a_decision_never_spends_past_its_budget_and_says_why_it_stopped():
 
 
 def test_the_forms_a_decision_chooses_among_are_the_blocks_own():
-    """`forms: [tail]`: every recipe's forecast is the local power law through its largest three sizes, with its
-    band; without the key the form is chosen among all five (here a saturating law: E + A x^-alpha). A form that
-    does not exist is refused, naming it and the forms there are."""
-    spec, problems = parse_adaptive(
-        {"question": "gap", "at": XS[-1], "recipes": ["a", "b"], "budget_cells": 30, "forms": ["tail"]},
-        recipes=["a", "b"],
-    )
+    """`forms: [tail]` (a race's): every recipe's forecast is the local power law through its largest three sizes,
+    with its band; without the key the form is chosen among all five (here a saturating law: E + A x^-alpha). A form
+    that does not exist is refused, naming it and the forms there are; forms for a ladder, which has none to choose,
+    too."""
+    block = {"question": "gap", "at": XS[-1], "recipes": ["a", "b"], "budget_cells": 30, "forms": ["tail"]}
+    spec, problems = parse_adaptive({**block, "design": "race"}, recipes=["a", "b"])
     assert not problems and spec is not None and spec.forms == ("tail",)
+    # the ladder (the default) has no form to choose: said, with the fix
+    _, ladder = parse_adaptive(block, recipes=["a", "b"])
+    assert ladder[0].key == "adaptive.forms" and "no form to choose" in ladder[0].message
+    assert ladder[0].fix == "drop forms, or design: race"
     pool, truth = _decision_pool({"a": 1.70, "b": 1.72})
     observed = _first_sizes(truth, "ab", 8)
     found = choose(spec, pool, observed).forecasts
@@ -573,15 +576,13 @@ def test_the_forms_a_decision_chooses_among_are_the_blocks_own():
     assert "names no form: ['cubic']" in bad[0].render() and "power_e, power, loglinear, rectified, tail" in bad[0].fix
 
 
-# -- the race (design: race, the default): successive elimination -----------------------------------------------------
+# -- the race (design: race): successive elimination (the default, the ladder: tests/test_ladder.py) ------------------
 
 
-def test_a_gap_question_races_by_default_and_the_design_key_is_checked():
+def test_the_design_key_is_checked():
     block = {"question": "gap", "at": 1e9, "recipes": ["a", "b"], "budget_cells": 30}
-    spec, problems = parse_adaptive(block, recipes=["a", "b"])
+    spec, problems = parse_adaptive({**block, "design": "race"}, recipes=["a", "b"])
     assert not problems and spec is not None and spec.design == "race"
-    spec, problems = parse_adaptive({**block, "design": "value"}, recipes=["a", "b"])
-    assert not problems and spec is not None and spec.design == "value"
     _, bad = parse_adaptive({**block, "design": "greedy"}, recipes=["a", "b"])
     assert bad[0].key == "adaptive.design" and "is not a design" in bad[0].message and "race, value" in bad[0].fix
     _, loss = parse_adaptive({"at": 1e9, "budget_cells": 3, "design": "race"})

@@ -137,17 +137,20 @@ def test_a_gap_decision_over_examples_steers_a_replay_grid_through_the_real_flow
     assert "  stop: " in out, out
     rounds = read_rounds(sweep)
     examples = {c.name: json.loads((c / "replay.json").read_text())["examples"] for c in iter_cell_dirs(sweep)}
-    # the seed design: each model's four smallest example counts, cheapest first, in one batch of eight
-    assert sorted(examples[c] for c in rounds[0]["chosen"]) == [200, 200, 800, 800, 3200, 3200, 12800, 12800]
+    # the ladder (the default design), its budget in cells: each model's top at its largest size (819,200), its
+    # rung the largest size at least 8 times below (51,200: the grid steps by 4) and its foot the same below that
+    # (3,200); feet and rungs first, in one batch
+    assert sorted(examples[c] for c in rounds[0]["chosen"]) == [3200, 3200, 51200, 51200]
     # what they cost: the replayed model's parameters (not the config's stand-in's, the same for both) x examples
     # over the smallest, the cells having no GPU-hour estimate
     params = {m: curves()[("flan", m)]["params"] for m in ("gpt2", "t5-small")}
-    seed_units = (200 + 800 + 3200 + 12800) / 200
+    seed_units = (3200 + 51200) / 200
     assert rounds[0]["spent"] == pytest.approx(sum(params.values()) / 1e9 * seed_units), rounds[0]
     assert rounds[-1]["stop"] and rounds[-1]["decision"] in ("gpt2", "t5-small")
     assert rounds[-1]["p_wrong"] is not None and 0 <= rounds[-1]["p_wrong"] <= 1
     fitted = rounds[-1]["observed"]
-    assert 8 < len(fitted) <= 11 and all(examples[c] < 1638400 for c in fitted), fitted
+    assert 4 < len(fitted) <= 6 and all(examples[c] < 1638400 for c in fitted), fitted
+    assert {examples[c] for c in fitted} - {3200, 51200} == {819200}, fitted  # a top for each model still in
     summary = json.loads((sweep / SUMMARY_FILE).read_text())
     held = {h["recipe"]: h for h in summary["holdouts"]}
     assert set(held) == {"gpt2", "t5-small"} and all(

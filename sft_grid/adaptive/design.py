@@ -16,7 +16,9 @@ recipe's band read as a Student-t predictive distribution in log L (the recipes 
 the probability of a wrong decision is below 1 - `level` and every recipe's sizes span at least as far (in log size)
 as `at` lies beyond the largest of them (MAX_REACH); (4) otherwise it chooses what to run next.
 
-`gap` (which recipe wins at `at`): a plan (a set of affordable cells) is worth the expected fall in the probability
+`gap` (which recipe wins at `at`) chooses its cells by the block's `design`: `ladder` (the default; ladder.py, whose
+secants are its forecasts too, in place of (1)), `race` (race.py) or `value`, here: a plan (a set of affordable
+cells) is worth the expected fall in the probability
 of a wrong decision once its cells are observed, per GPU-hour it costs. The expectation is a preposterior analysis:
 the band the decision will read after the plan is predicted from the band's own model (forms.growth: s(d)^2 =
 sum_p w_p (c_p max(d, step)^p)^2 at d = log(at / largest), step the held-out extrapolations' mean distance, which a
@@ -51,7 +53,7 @@ from dataclasses import dataclass
 from itertools import combinations, product
 from typing import TYPE_CHECKING
 
-from sft_grid.adaptive import race
+from sft_grid.adaptive import ladder, race
 from sft_grid.adaptive.candidates import Candidate, Forecast
 from sft_grid.adaptive.spec import AdaptiveSpec
 from sft_grid.analysis import forms, scaling
@@ -137,8 +139,15 @@ def _fits(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, 
 def forecasts(
     spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[str, float], resamples: int = 200
 ) -> tuple[Forecast, ...]:
-    """Each recipe's forecast at `at` with its band, from the observed cells that are not holdouts."""
+    """Each recipe's forecast at `at` with its band, from the observed cells that are not holdouts (a ladder's: its
+    secants, ladder.forecasts)."""
+    if _laddered(spec):
+        return ladder.forecasts(spec, pool, observed)
     return tuple(f.forecast for f in _fits(spec, pool, observed).values())
+
+
+def _laddered(spec: AdaptiveSpec) -> bool:
+    return spec.question == "gap" and spec.design == "ladder"
 
 
 def _recipes(spec: AdaptiveSpec, pool: Sequence[Candidate]) -> list[str]:
@@ -303,8 +312,8 @@ def choose(
     resamples: int = 200,
 ) -> Round:
     """One round: fit, decide, stop or choose the next batch (pure: the same inputs give the same round)."""
-    fits = _fits(spec, pool, observed)
-    found = tuple(f.forecast for f in fits.values())
+    fits = {} if _laddered(spec) else _fits(spec, pool, observed)
+    found = forecasts(spec, pool, observed) if _laddered(spec) else tuple(f.forecast for f in fits.values())
     width = question_halfwidth(spec, found)
     recipes = _recipes(spec, pool)
     decision, p_wrong = decide(spec, found, recipes)
@@ -344,6 +353,11 @@ def choose(
 
     chosen: list[str] = []
     why: list[str] = []
+    if _laddered(spec):  # two sizes of each recipe that can still win (ladder.py): its rungs, its tops, its stop
+        chosen, why, stop = ladder.next_cells(spec, pool, observed, recipes, set(taken), (room_h, room_n))
+        if stop and held:
+            stop += f"; not called decided: {held}"
+        return _end(spec, pool, found, width, spent, taken, chosen, why, stop, decision, p_wrong, waiting)
     if gap and spec.design == "race":  # successive elimination (race.py): its seed, its race, its stop
         ready = all(f.scale is not None for f in found)
         draws = _draws(spec.seed, [fits[r].forecast.df for r in recipes]) if ready else None

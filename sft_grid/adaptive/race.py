@@ -1,5 +1,6 @@
-"""A gap question's next cells by successive elimination (`design: race`, the default): which recipe is lowest at
-`at`, decided by measuring every recipe that can still win one size further each round, and none that cannot.
+"""A gap question's next cells by successive elimination (`design: race`; the default is ladder.py): which recipe
+is lowest at `at`, decided by measuring every recipe that can still win one size further each round, and none that
+cannot.
 
 A round (design.choose calls `next_cells` once the common stops, the budget and the decided rule, have been read):
 
@@ -31,6 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from sft_grid.adaptive.candidates import Cells, by_size, cheapest, sizes_of
 from sft_grid.analysis import forms
 
 if TYPE_CHECKING:
@@ -63,28 +65,6 @@ def chances(
     scale = np.array([f.scale for f in found], dtype=float)
     lowest = (mu + scale * w * z1).argmin(axis=1)
     return {f.recipe: float(np.mean(lowest == i)) for i, f in enumerate(found)}
-
-
-# the pool's cells that can be fitted, by (recipe, size): read once a round, so a round is linear in the pool
-Cells = Mapping[tuple[str, float], Sequence["Candidate"]]
-
-
-def _index(pool: Sequence[Candidate]) -> dict[tuple[str, float], list[Candidate]]:
-    cells: dict[tuple[str, float], list[Candidate]] = {}
-    for c in pool:
-        if not c.holdout:
-            cells.setdefault((c.recipe, c.n), []).append(c)
-    return cells
-
-
-def _sizes(cells: Cells, recipe: str) -> list[float]:
-    return sorted(n for r, n in cells if r == recipe)
-
-
-def _cheapest(cells: Cells, recipe: str, n: float, taken: set[str]) -> Candidate | None:
-    """The cheapest cell of `recipe` at size `n` not yet taken (None: all taken)."""
-    free = [c for c in cells.get((recipe, n), ()) if c.name not in taken]
-    return min(free, key=lambda c: (c.gpu_hours, c.name), default=None)
 
 
 def seed_rank(spec: AdaptiveSpec, cells: Cells, sizes: Mapping[str, Sequence[float]]) -> int:
@@ -128,8 +108,8 @@ def next_cells(
     room_h, room_n = room
     chosen: list[str] = []
     why: list[str] = []
-    cells = _index(pool)
-    sizes = {r: _sizes(cells, r) for r in recipes}
+    cells = by_size(pool)
+    sizes = {r: sizes_of(cells, r) for r in recipes}
     have = {r: [i for i, n in enumerate(sizes[r]) if any(c.name in taken for c in cells[(r, n)])] for r in recipes}
     level = {r: max(have[r], default=-1) for r in recipes}  # the rank of its largest size measured or in flight
 
@@ -155,7 +135,7 @@ def next_cells(
         if not missing and found[r].scale is None and r not in waiting:  # the next size below it, else above it
             missing = [i for i in [*range(lo - 1, -1, -1), *range(hi + 1, len(sizes[r]))] if i not in have[r]][:1]
         line = f"seed window of {r} ({hi - lo + 1} sizes up to {sizes[r][hi]:.4g}: a band, then the race)"
-        want += [(c, line) for c in (_cheapest(cells, r, sizes[r][i], taken) for i in missing) if c is not None]
+        want += [(c, line) for c in (cheapest(cells, r, sizes[r][i], taken) for i in missing) if c is not None]
     for c, line in sorted(want, key=lambda cl: (cl[0].gpu_hours, cl[0].name)):
         if not take(c, f"{c.name}: {line}"):
             break
@@ -180,7 +160,7 @@ def next_cells(
             ),
         )
     nexts = {
-        r: _cheapest(cells, r, sizes[r][level[r] + 1], taken) if level[r] + 1 < len(sizes[r]) else None for r in racing
+        r: cheapest(cells, r, sizes[r][level[r] + 1], taken) if level[r] + 1 < len(sizes[r]) else None for r in racing
     }
     for r in sorted(racing, key=lambda r: (level[r], _cost(nexts[r]), r)):
         cell = nexts[r]

@@ -69,8 +69,9 @@ ADAPTIVE_KEYS = (
 GUARDS = ("cooldown", "position", "extrapolate")
 UNITS = ("steps", "tokens")
 QUESTIONS = ("loss", "gap")
-# how a gap question's next cells are chosen: race (adaptive/race.py) or value (design.py's plans by their worth)
-DESIGNS = ("race", "value")
+# how a gap question's next cells are chosen: ladder (adaptive/ladder.py), race (adaptive/race.py) or value
+# (design.py's plans by their worth)
+DESIGNS = ("ladder", "race", "value")
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class AdaptiveSpec:
     recipe_key: str = "vars.recipe"
     size_key: str = ""  # the dotted key whose number is a cell's size; empty: the model's parameter count
     forms: tuple[str, ...] = ()  # the forms the forecasts choose among (analysis/forms.py FORMS); empty: all
-    design: str = "race"  # gap: how the next cells are chosen (DESIGNS)
+    design: str = "ladder"  # gap: how the next cells are chosen (DESIGNS)
 
 
 def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
@@ -361,6 +362,17 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
                 f"one of {', '.join(DESIGNS)}" if wrong else "drop design, or question: gap",
             )
         )
+    if candidates is not None and question == "gap" and (design or DESIGNS[0]) == "ladder":
+        problems.append(
+            _problem(
+                "adaptive",
+                "forms",
+                candidates,
+                "chooses the forms of a race's or value's forecasts; a ladder (the default design of a gap question)"
+                " forecasts by the power law through its two largest sizes, with no form to choose",
+                "drop forms, or design: race",
+            )
+        )
     if problems:
         return None, problems
     return (
@@ -378,7 +390,7 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             str(recipe_key),
             size_key,
             tuple(str(f) for f in listed),
-            "race" if design is None else str(design),
+            "ladder" if design is None else str(design),
         ),
         [],
     )

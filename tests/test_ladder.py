@@ -126,6 +126,11 @@ def test_the_forecast_is_the_secant_and_its_band_the_pooled_held_out_error_grown
     assert q.scale == pytest.approx(unit * math.log(XS[-1] / x8)) and q.df == 2
     half = student.ppf(0.5 + spec.level / 2, 2) * q.scale
     assert q.hi == pytest.approx(q.value * math.exp(half)) and q.lo == pytest.approx(q.value * math.exp(-half))
+    # a recipe of the pool outside the question (z, a wild curve) lends the band no error
+    wild, wild_truth = _pool({"z": lambda x: 9.0 * x**-0.3 if x < XS[6] else 0.3})
+    mixed = {**seen, **{f"z{i}": wild_truth[f"z{i}"] for i in (2, 5, 8)}}
+    (again,) = (f for f in forecasts(spec, [*pool, *wild], mixed) if f.recipe == "q")
+    assert again.scale == pytest.approx(q.scale) and again.df == 2
     # nearer than the errors were measured (one doubling beyond the top, against three), the band stays at them
     (near,) = (f for f in forecasts(_spec(("p", "q"), at=XS[9]), pool, seen) if f.recipe == "q")
     assert near.scale == pytest.approx(unit * math.log(x8 / x5))

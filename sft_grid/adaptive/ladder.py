@@ -102,7 +102,7 @@ def forecasts(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[s
         x1 = xs[-1]
         lines[r] = (secant((x0, pts[x0]), (x1, pts[x1]), spec.at), x1, len(pts))
         x00 = below(xs, x0)
-        if x00 is not None:
+        if x00 is not None and (not spec.recipes or r in spec.recipes):  # the question's recipes' errors only
             err = math.log(pts[x1]) - secant((x00, pts[x00]), (x0, pts[x0]), x1)
             units.append(abs(err) / math.log(x1 / x0))
             reached.append(math.log(x1 / x0))

@@ -312,8 +312,9 @@ def choose(
     resamples: int = 200,
 ) -> Round:
     """One round: fit, decide, stop or choose the next batch (pure: the same inputs give the same round)."""
-    fits = {} if _laddered(spec) else _fits(spec, pool, observed)
-    found = forecasts(spec, pool, observed) if _laddered(spec) else tuple(f.forecast for f in fits.values())
+    laddered = _laddered(spec)
+    fits = {} if laddered else _fits(spec, pool, observed)
+    found = ladder.forecasts(spec, pool, observed) if laddered else tuple(f.forecast for f in fits.values())
     width = question_halfwidth(spec, found)
     recipes = _recipes(spec, pool)
     decision, p_wrong = decide(spec, found, recipes)
@@ -353,7 +354,7 @@ def choose(
 
     chosen: list[str] = []
     why: list[str] = []
-    if _laddered(spec):  # two sizes of each recipe that can still win (ladder.py): its rungs, its tops, its stop
+    if laddered:  # two sizes of each recipe that can still win (ladder.py): its rungs, its tops, its stop
         chosen, why, stop = ladder.next_cells(spec, pool, observed, recipes, set(taken), (room_h, room_n))
         if stop and held:
             stop += f"; not called decided: {held}"

@@ -89,18 +89,20 @@ def forecasts(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[s
     pooled band of the module's docstring (no band while no recipe has a third size below those two)."""
     from scipy.stats import t as student
 
-    lines: dict[str, tuple[float, float, int] | None] = {}  # recipe: (log L at `at`, largest size, points)
+    lines: dict[str, tuple[float, float] | None] = {}  # recipe: (log L at `at`, largest size)
+    counts: dict[str, int] = {}  # recipe: the sizes it has
     units: list[float] = []  # each recipe's held-out error per unit of distance
     reached: list[float] = []  # the distance each held-out error was made at
     for r in sorted({c.recipe for c in pool}):
         pts = _points(pool, observed, r)
         xs = sorted(pts)
+        counts[r] = len(xs)
         x0 = below(xs, xs[-1]) if xs else None
         if x0 is None:
             lines[r] = None
             continue
         x1 = xs[-1]
-        lines[r] = (secant((x0, pts[x0]), (x1, pts[x1]), spec.at), x1, len(pts))
+        lines[r] = (secant((x0, pts[x0]), (x1, pts[x1]), spec.at), x1)
         x00 = below(xs, x0)
         if x00 is not None and (not spec.recipes or r in spec.recipes):  # the question's recipes' errors only
             err = math.log(pts[x1]) - secant((x00, pts[x00]), (x0, pts[x0]), x1)
@@ -110,9 +112,10 @@ def forecasts(spec: AdaptiveSpec, pool: Sequence[Candidate], observed: Mapping[s
     out = []
     for r, line in lines.items():
         if line is None:
-            out.append(Forecast(r, None, None, None, len(_points(pool, observed, r)), FORM))
+            out.append(Forecast(r, None, None, None, counts[r], FORM))
             continue
-        log_value, x1, n = line
+        log_value, x1 = line
+        n = counts[r]
         value = math.exp(log_value)
         if unit is None:
             out.append(Forecast(r, value, None, None, n, FORM))
@@ -176,15 +179,16 @@ def next_cells(
     same ones."""
     room_h, room_n = room
     cells = by_size(pool)
-    sizes = {r: sizes_of(cells, r) for r in recipes if sizes_of(cells, r)}
+    sizes = {r: found for r in recipes if (found := sizes_of(cells, r))}
     recipes = [r for r in recipes if r in sizes]
+    seen = set(observed)
     budget = spec.budget_gpu_hours if spec.budget_gpu_hours is not None else math.inf
     chosen: list[str] = []
     why: list[str] = []
 
     def state(r: str, n: float) -> str:
         names = {c.name for c in cells[(r, n)]}
-        return "observed" if names & set(observed) else "in flight" if names & taken else ""
+        return "observed" if names & seen else "in flight" if names & taken else ""
 
     def take(wanted: list[tuple[str, float, str]]) -> bool:
         """The wanted sizes not yet taken, cheapest first, while they fit; whether all of them are observed."""

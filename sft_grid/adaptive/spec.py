@@ -106,7 +106,7 @@ class AdaptiveSpec:
     recipe_key: str = "vars.recipe"
     size_key: str = ""  # the dotted key whose number is a cell's size; empty: the model's parameter count
     forms: tuple[str, ...] = ()  # the forms the forecasts choose among (analysis/forms.py FORMS); empty: all
-    design: str = "ladder"  # gap: how the next cells are chosen (DESIGNS)
+    design: str = DESIGNS[0]  # gap: how the next cells are chosen (DESIGNS; the first, the ladder, by default)
 
 
 def _problem(block: str, key: str, value: object, message: str, fix: str) -> Problem:
@@ -390,7 +390,7 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             str(recipe_key),
             size_key,
             tuple(str(f) for f in listed),
-            "ladder" if design is None else str(design),
+            DESIGNS[0] if design is None else str(design),
         ),
         [],
     )

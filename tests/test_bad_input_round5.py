@@ -64,6 +64,31 @@ def test_cancel_of_a_cell_whose_ledger_names_no_process_says_so(tmp_path):
     assert "its ledger names no process to stop" in proc.stderr
 
 
+def test_cancel_stops_the_other_cells_where_one_ledger_is_damaged(tmp_path):
+    """A ledger with a line that is not UTF-8 cannot be read whole: that cell is left, named with where it is damaged,
+    its last job and the fix; the grid's other in-flight cell is still stopped (its process really signalled)."""
+    runs = tmp_path / "runs"
+    run_sft("-m", "model=tiny_llama", "lr=1e-5,2e-5", "dry_run=true", f"runs_root={runs}", check=True)
+    good, bad = iter_cell_dirs(runs / "default")
+    cell_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _submitted(good, pid=cell_proc.pid, host=socket.gethostname())
+        _submitted(bad, pid=os.getpid(), host=socket.gethostname(), job_id="4242")
+        with (bad / LEDGER_FILE).open("ab") as fh:
+            fh.write(b"\xff\xfe broken\n")
+        proc = run_sft("cancel", "default", "--runs-root", str(runs))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"cancelled {good.name}" in proc.stdout and "1 cell(s) cancelled" in proc.stdout, proc.stdout
+        assert cell_proc.wait(timeout=60) == -signal.SIGTERM
+        said = proc.stderr
+        assert f"not cancelled {bad.name}: its ledger is damaged" in said and "not UTF-8" in said, said
+        assert "mend or move that file" in said and "last recorded job, 4242" in said, said
+        assert b"cancelled" not in (bad / LEDGER_FILE).read_bytes()
+    finally:
+        cell_proc.kill()
+        cell_proc.wait()
+
+
 # -- a path the system refuses: one line, no traceback -----------------------------------------------------------
 
 

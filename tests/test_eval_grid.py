@@ -310,3 +310,37 @@ def test_an_eval_axis_on_the_command_line_renders_one_cell_in_the_directory_of_t
         s["task"] for s in json.loads((other / "eval.json").read_text())["scores"]
     ] == ["tiny_mc", "tiny_gen"]
     assert "evaluation suite tiny: 1 cell(s) x 2 task(s)" in axis.stdout and "evaluation" not in plain.stdout
+
+
+def test_an_eval_task_the_harness_does_not_know_stops_the_grid_before_anything_is_written(
+    tmp_path, tiny_assets, harness_env
+):
+    """lm-eval's own task index, asked in the harness's environment, is the oracle: a misspelt task stops the dry run
+    (which cell, which key, what value, the names it meant), where the job would have failed after training; a task
+    of the team's own YAMLs (include_path) passes, and an edit there is seen at once."""
+    from sft_grid.planning.evaluation import write_tiny_tasks
+
+    team = tmp_path / "team_tasks"
+    source = write_tiny_tasks(tmp_path / "tiny")["tiny_mc"]
+    config = json.loads(source.read_text())  # the tiny tasks' YAML is JSON: a real lm-eval task config
+    team.mkdir()
+    (team / "team_arith.yaml").write_text(json.dumps({**config, "task": "team_arith"}))
+    suite = ["model=tiny_llama", "eval=reasoning_small", "eval.resources.gpus=0", "dry_run=true"]
+
+    typo = run_sft(*suite, "eval.tasks.gsm8k.task=gsm8kk", f"runs_root={tmp_path / 'a'}", timeout=900)
+    said = typo.stdout + typo.stderr
+    assert typo.returncode != 0, said[-3000:]
+    assert "eval.tasks.gsm8k.task='gsm8kk': not a task, group or tag of lm-eval" in said, said[-3000:]
+    assert "did you mean gsm8k?" in said and "nothing was submitted" in said
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").rglob("cell.yaml"))
+
+    own = [f"eval.include_path={team}", "eval.tasks.gsm8k.task=team_arith"]
+    ok = run_sft(*suite, *own, f"runs_root={tmp_path / 'b'}", timeout=900)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    assert "dry run: 1 cell(s) rendered" in ok.stdout
+
+    (team / "team_arith.yaml").write_text(json.dumps({**config, "task": "team_arith2"}))
+    gone = run_sft(*suite, *own, f"runs_root={tmp_path / 'c'}", timeout=900)
+    said = gone.stdout + gone.stderr
+    assert gone.returncode != 0 and "eval.tasks.gsm8k.task='team_arith': not a task, group or tag" in said, said
+    assert f"nor under include_path {team}" in said and "did you mean team_arith2?" in said

@@ -86,6 +86,16 @@ def test_a_log_not_written_yet_says_where_it_will_be(runs, capsys):
     assert rc == 1 and "train.node3.log" in err
 
 
+def test_a_node_the_cell_does_not_train_on_is_refused_at_once_even_with_follow(runs, capsys):
+    """A node past the cell's own (cell.yaml's `nodes`) will never write a log: refused at once, not waited for."""
+    (runs / "default" / NAMES[1] / "cell.yaml").write_text("nodes: 2\n")
+    assert logs(capsys, runs, "bbbb2222", "--node", "1")[1] == f"{NAMES[1]} node 1 line 1\n"
+    for follow_it in ([], ["-f"]):
+        rc, out, err = logs(capsys, runs, "bbbb2222", "--node", "2", *follow_it)
+        assert rc == 2 and not out, err
+        assert err == f"{NAMES[1]} trains on 2 node(s), so it has no node 2: --node takes nodes 0 to 1\n"
+
+
 def test_the_post_stages_write_their_log(runs, capsys, monkeypatch):
     """The post-training chain writes logs/post.log (each stage's states, what its processes said), which
     `logs --post` shows."""

@@ -162,3 +162,23 @@ def test_the_hf_cache_must_be_an_absolute_directory(make_cells, tmp_path):
         assert p.key == "cluster.hf_cache" and p.value == value and why in p.message
     for value in (str(tmp_path / "missing" / "hub"), "'~/hf_cache_for_a_test'"):
         assert [p for p in problems_of(make_cells, f"cluster.hf_cache={value}") if p.rule == "hf-cache"] == []
+
+
+@pytest.mark.parametrize("visible", ["", "-1", "0,1"])
+def test_a_local_cell_asking_for_more_gpus_than_this_process_sees_is_refused_but_not_in_a_dry_run(
+    make_cells, monkeypatch, visible
+):
+    """CUDA_VISIBLE_DEVICES hides every GPU ("" and -1) or lists more than the machine has (this machine has none):
+    a real local run of 2 ranks per cell would fail at start; a dry run still renders what a GPU machine runs."""
+    from sft_grid.planning.validate import visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    here = visible_gpus()
+    if here is None or here >= 2:
+        pytest.skip("this machine's GPUs are not counted from /dev/nvidia<N>, or it has 2 of them")
+    p = only(problems_of(make_cells, "cluster.gpus_per_node=2", "global_batch_size=4"), "local-gpus")
+    assert p.key == "cluster.gpus_per_node" and p.value == 2
+    assert f"this process sees {here} NVIDIA GPU(s)" in p.message and f"CUDA_VISIBLE_DEVICES={visible!r}" in p.message
+    assert p.fix.startswith(f"cluster.gpus_per_node={here}") and "dry_run=true" in p.fix
+    assert not problems_of(make_cells, "cluster.gpus_per_node=2", "global_batch_size=4", "dry_run=true")
+    assert not problems_of(make_cells, "cluster.gpus_per_node=2", "global_batch_size=4", "cluster.executor=slurm")

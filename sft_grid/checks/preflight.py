@@ -38,6 +38,7 @@ from sft_grid.core.templates import DELPHI_TOKENS, TEMPLATES
 from sft_grid.core.tokenized import tokenized_complete
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.environments import bin_dir
+from sft_grid.planning.evaluation import HARNESS_PACKAGES, harness_venv, suites_of
 from sft_grid.planning.inputs import (
     PREP_NEED,
     dataset_source,
@@ -56,7 +57,7 @@ def checks_for(cell: Cell, memo: dict[tuple[Any, ...], list[Check]] | None = Non
     if memo is None:
         return _checks_for(cell)
     s = cell.spec
-    sections = (s.model, s.backend, s.cluster, s.extra, *s.dataset.values())
+    sections = (s.model, s.backend, s.cluster, s.extra, *s.dataset.values(), *suites_of(cell))
     model_prep = prep_for(cell)
     key = (
         tuple(map(fingerprint, sections)),
@@ -98,6 +99,7 @@ def _checks_for(cell: Cell) -> list[Check]:
     # own, which only importing them would tell: such a cell's keys are left to axolotl)
     if s.backend.name in CONFIG_PARSERS and not (s.backend.name == "axolotl" and "plugins" in s.extra):
         checks += [Check("backend_key", f"extra.{k}", k, backend=s.backend.name, python=python) for k in s.extra]
+    checks += _eval_checks(cell)
     template = TEMPLATES.get(s.model.template)
     model_prep = prep_for(cell)
     # a Delphi checkpoint before its prep: its tokenizer as the prep makes it (prepared here, tokenizer files only)
@@ -138,6 +140,25 @@ def _checks_for(cell: Cell) -> list[Check]:
     if prepared is not None and model_prep is not None:
         masks = [replace(c, model=str(prepared)) if c.model == str(model_prep.model_dir) else c for c in masks]
     return checks + masks
+
+
+def _eval_checks(cell: Cell) -> list[Check]:
+    """Each lm-eval task a suite of the cell asks for is a name the harness's own task index knows (its YAMLs and
+    the suite's include_path), asked of the environment the evaluation runs in: a name it does not know would
+    fail the evaluation only after the training it scores. The project's tiny_* tasks are written by the job
+    (planning/evaluation.py checks their names)."""
+    checks = []
+    for suite in suites_of(cell):
+        if suite.harness not in HARNESS_PACKAGES:
+            continue
+        python = str(harness_venv(cell, suite)[0] / "bin" / "python")
+        include = json.dumps([str(Path(suite.include_path).expanduser())]) if suite.include_path else ""
+        for label, task in suite.tasks.items():
+            name = task.task or label
+            if not name.startswith("tiny_"):
+                key = f"eval.tasks.{label}.task" if task.task else f"eval.tasks.{label}"
+                checks.append(Check("eval_task", key, name, python=python, spec=include))
+    return checks
 
 
 @dataclass(frozen=True)
@@ -470,19 +491,24 @@ CONFIG_PARSERS = {
 }
 
 
+def _known_name(check: Check, known: frozenset[str] | str | None, env: str) -> Verdict | list[str]:
+    """A name asked of an environment (`known`: its answer, venv_facts): the verdict where the environment is not on
+    this machine (the job asks it) or knows the name (or cannot say: its own parser decides); else the names it
+    knows that are closest, for the fix."""
+    if known is None:
+        venv = Path(check.python).parent.parent
+        return Verdict(False, f"the {env} {venv} is not on this machine; the job checks it first", unreachable=True)
+    if isinstance(known, str) or check.target in known:
+        return Verdict(True)
+    return difflib.get_close_matches(check.target, sorted(known), n=3, cutoff=0.75)
+
+
 def check_backend_key(check: Check) -> Verdict:
     """An `extra` key is one the backend's config parser takes in the cell's environment (see CONFIG_PARSERS)."""
-    keys = venv_facts.config_keys(check.python, check.backend)
+    close = _known_name(check, venv_facts.config_keys(check.python, check.backend), "backend's virtual environment")
+    if isinstance(close, Verdict):
+        return close
     venv = Path(check.python).parent.parent
-    if keys is None:
-        return Verdict(
-            False,
-            f"the backend's virtual environment {venv} is not on this machine; the job checks it first",
-            unreachable=True,
-        )
-    if isinstance(keys, str) or check.target in keys:  # an environment that cannot say: its parser decides
-        return Verdict(True)
-    close = difflib.get_close_matches(check.target, sorted(keys), n=3, cutoff=0.75)
     own = check.target in {f.name for f in dataclasses.fields(CellConf)}
     return Verdict(
         False,
@@ -490,6 +516,23 @@ def check_backend_key(check: Check) -> Verdict:
         (f"{check.target} is sft_grid's own key: set it without extra. ({check.target}=...); " if own else "")
         + (f"did you mean {' or '.join(close)}? " if close else "")
         + f"set a key {check.backend} knows (its config reference), or drop extra.{check.target}",
+    )
+
+
+def check_eval_task(check: Check) -> Verdict:
+    """An evaluation task name is one lm-eval's task index knows in the harness's environment (with the suite's
+    include_path): a task, a group or a tag."""
+    include = json.loads(check.spec) if check.spec else []
+    close = _known_name(check, venv_facts.eval_tasks(check.python, include), "evaluation's environment")
+    if isinstance(close, Verdict):
+        return close
+    venv = Path(check.python).parent.parent
+    where = f" nor under include_path {include[0]}" if include else ""
+    return Verdict(
+        False,
+        f"not a task, group or tag of lm-eval in {venv}{where}: the evaluation would fail after the training",
+        (f"did you mean {' or '.join(close)}? " if close else "")
+        + "name a task lm-eval lists (lm_eval --tasks list), or put its YAML under eval.include_path",
     )
 
 
@@ -725,6 +768,7 @@ RUNNERS: dict[str, Callable[[Check], Verdict]] = {
     "integration": check_integration,
     "kernel": check_kernel,
     "backend_key": check_backend_key,
+    "eval_task": check_eval_task,
     "template_tokens": check_template_tokens,
     "assistant_turns": check_assistant_turns,
     "loss_mask": lambda check: mask.run_checks([check])[check],

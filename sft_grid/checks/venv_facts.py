@@ -1,6 +1,7 @@
 """What a backend's virtual environment can load: its transformers' model types and architectures, whether the
 backend itself, an integration (`report_to`) or a fast kernel is importable, and which config keys the backend's
-own parser takes (`config_keys`: what a cell's `extra` may set). Asked of the environment itself
+own parser takes (`config_keys`: what a cell's `extra` may set), and which task names an evaluation harness's own
+index knows (`eval_tasks`: what a suite may ask for). Asked of the environment itself
 (in_venv/env_facts.py, one process of its python: tens of milliseconds, ~3 s with transformers' import) rather than
 recorded when it was built: a site's own environment was never built by sft_grid, and an environment changed by hand
 (pip install wandb) answers as it is now. The answer is cached under the preflight cache, keyed by the environment's
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,23 @@ def config_keys(python: str, backend: str) -> frozenset[str] | str | None:
         return None
     found = _ask(python, ["--config-keys", backend], _cache_file(python, False, backend))
     return frozenset(found["config_keys"]) if isinstance(found, dict) else found
+
+
+def eval_tasks(python: str, include: Sequence[str] = ()) -> frozenset[str] | str | None:
+    """The task, group and tag names lm-eval's task index knows in this environment (in_venv/env_facts.py
+    --lm-eval-tasks), its own and those under the `include` directories (a suite's include_path); None where its
+    python is not on this machine (the job asks it there); why, where it could not answer. lm-eval's own (~13 s to
+    index) are cached with the environment; a directory's, with the size and mtime of each YAML under it (an edit
+    is seen at once, and costs milliseconds)."""
+    if not Path(python).is_file():
+        return None
+    found = _ask(python, ["--lm-eval-tasks"], _cache_file(python, False, "lm_eval_tasks"))
+    if isinstance(found, str) or not include:
+        return frozenset(found["tasks"]) if isinstance(found, dict) else found
+    yamls = sorted(str(f) for d in include for f in Path(d).expanduser().rglob("*.y*ml"))
+    state = [list(include), *(_stat(Path(f)) for f in yamls)]
+    own = _ask(python, ["--lm-eval-tasks", *include], _cache_file(python, False, json.dumps(state)))
+    return frozenset(found["tasks"]) | frozenset(own["tasks"]) if isinstance(own, dict) else own
 
 
 def _ask(python: str, args: list[str], cached: Path) -> dict[str, Any] | str:
@@ -105,8 +124,8 @@ def store(python: str, out: Path) -> None:
     _store(_cache_file(python, False), {"modules": found["modules"]})
 
 
-def _cache_file(python: str, transformers: bool, config_keys: str = "") -> Path:
-    parts = [_stat(Path(python)), env_state(python), _stat(SCRIPT), MODULES, transformers, *filter(None, [config_keys])]
+def _cache_file(python: str, transformers: bool, question: str = "") -> Path:
+    parts = [_stat(Path(python)), env_state(python), _stat(SCRIPT), MODULES, transformers, *filter(None, [question])]
     key = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:32]
     return cache_dir() / "venv_facts" / f"{key}.json"
 

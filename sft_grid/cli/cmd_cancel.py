@@ -3,7 +3,8 @@
 Without CELL names every in-flight cell of the grid is cancelled; a CELL is a cell name or a part of one
 (`tiny_llama` cancels every cell whose name contains it). Slurm jobs get one scancel; local jobs SIGTERM.
 Each cancelled cell records `cancelled` in its ledger, and a later run of the grid skips it unless
-rerun_failed=true.
+rerun_failed=true. A cell whose ledger cannot be read whole is left, named with its damage and the fix, and the
+others are cancelled (exit status 1).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from sft_grid.analysis.view import read_view
     from sft_grid.cli.options import grid_dir
     from sft_grid.core import events
+    from sft_grid.core.cellfiles import DamagedFile
     from sft_grid.core.events import Event, Kind
     from sft_grid.core.layout import iter_cell_dirs
     from sft_grid.core.state import slurm_ref
@@ -54,11 +56,26 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    view = read_view(dirs)
+    # a cell whose ledger cannot be read whole (events.read refuses it) is left, named with the fix: whether it is in
+    # flight cannot be told from part of it; the others are cancelled (one damaged file does not keep a grid running)
+    cancelled, left = [], []
+    readable = []
+    for cell_dir in dirs:
+        try:
+            events.read(cell_dir)
+        except (DamagedFile, OSError) as exc:
+            job = next((e.job_id for e in reversed(events.scan(cell_dir).events) if e.job_id), None)
+            left.append(
+                f"not cancelled {cell_dir.name}: its ledger is damaged ({exc}), and whether it is in flight cannot be"
+                " told from part of it: mend or move that file, then cancel it again"
+                + (f" (or scancel its last recorded job, {job}, yourself)" if job else "")
+            )
+            continue
+        readable.append(cell_dir)
+    view = read_view(readable)
     # each site's job ids (a grid across sites: the client environment each cell's submission recorded)
     slurm_ids: dict[tuple[tuple[str, str], ...], list[str]] = {}
-    cancelled, left = [], []
-    for cell_dir in dirs:
+    for cell_dir in readable:
         st = view.state(cell_dir)
         if not st.state.in_flight:
             continue

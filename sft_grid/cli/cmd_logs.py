@@ -5,7 +5,8 @@ CELL is the cell's name or any part of it that only one cell of the grid has. Th
 the post-training stages' (`--post`, logs/post.log). `-f` prints what is there, then what is added as it is
 written, until that part of the cell is no longer under way (the training: its job queued or running; the post
 stages and the evaluation: they, or what comes before them, queued or running), or Ctrl-C. A log rewritten or
-truncated meanwhile is followed again from its start. A log not written yet is waited for.
+truncated meanwhile is followed again from its start. A log not written yet is waited for; a node past the
+cell's own (its cell.yaml's `nodes`), whose log never will be, is refused at once (exit status 2).
 
 A log is printed as it is, bytes that are not UTF-8 shown as U+FFFD; a cell whose own files are damaged (its
 cell.yaml, its ledger: core/cellfiles.py) is still found by its name, and its state is said as `damaged`, naming the
@@ -63,6 +64,14 @@ def run(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 1
     which = "eval" if args.eval else "post" if args.post else "train"
+    nodes = _nodes(cell_dir)
+    if which == "train" and nodes is not None and args.node >= nodes:  # a log that will never be written: no wait
+        last = "node 0" if nodes == 1 else f"nodes 0 to {nodes - 1}"
+        print(
+            f"{cell_dir.name} trains on {nodes} node(s), so it has no node {args.node}: --node takes {last}",
+            file=sys.stderr,
+        )
+        return 2
     path = log_path(cell_dir, which, args.node)
     tail = Tail(path, sys.stdout, args.lines)
     if not args.follow:
@@ -87,6 +96,17 @@ def run(args: argparse.Namespace) -> int:
     if outcome.note:
         print(outcome.note, file=sys.stderr)
     return 0 if path.is_file() else 1
+
+
+def _nodes(cell_dir: Path) -> int | None:
+    """The nodes the cell trains on, as its cell.yaml says (None where it cannot be read: nothing is refused)."""
+    from sft_grid.core.cellfiles import CellYaml
+
+    try:
+        nodes = CellYaml.load(cell_dir, keys=["nodes"]).config.get("nodes")
+    except (OSError, ValueError):
+        return None
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else None
 
 
 def find_cell(cells: Sequence[Path], part: str, sweep_dir: Path) -> tuple[Path | None, str]:

@@ -2,6 +2,7 @@
 
     <backend env>/bin/python env_facts.py OUT.json [--transformers] MODULE...
     <backend env>/bin/python env_facts.py OUT.json --config-keys llamafactory|axolotl
+    <harness env>/bin/python env_facts.py OUT.json --lm-eval-tasks [DIR...]
 
 OUT.json: {"modules": {MODULE: importable}} (found, not imported: milliseconds), and with --transformers also
 {"transformers": version, "model_types": [...], "architectures": [...]}: the model types transformers' AutoConfig
@@ -12,6 +13,10 @@ With --config-keys, OUT.json is {"config_keys": [...]}: the keys the backend's o
 its classes (seconds: they import transformers). LLaMA-Factory's training parser is an HfArgumentParser over its
 argument dataclasses, which refuses any other key; axolotl's is its pydantic config model, which ignores any other
 key, with each of its bundled plugins' arguments added (a plugin's keys count where the config lists it).
+
+With --lm-eval-tasks, OUT.json is {"tasks": [...]}: the names lm-eval's own task index (TaskManager.all_tasks: its
+tasks, groups and tags) knows, the harness's own YAMLs without a DIR (~13 s: it reads ~15k of them), else the
+YAMLs under the DIRs alone (lm-eval's --include_path; milliseconds).
 """
 
 from __future__ import annotations
@@ -72,7 +77,19 @@ def config_keys(backend: str) -> list[str]:
     raise SystemExit(f"no config parser known for {backend!r}")
 
 
+def lm_eval_tasks(include: list[str]) -> list[str]:
+    from lm_eval.tasks import TaskManager
+
+    if include:
+        return sorted(TaskManager(include_path=include, include_defaults=False).all_tasks)
+    return sorted(TaskManager().all_tasks)
+
+
 def main(argv: list[str]) -> int:
+    if "--lm-eval-tasks" in argv:
+        with open(argv[0], "w") as fh:
+            json.dump({"tasks": lm_eval_tasks(argv[argv.index("--lm-eval-tasks") + 1 :])}, fh)
+        return 0
     if "--config-keys" in argv:
         backend = argv[argv.index("--config-keys") + 1]
         with open(argv[0], "w") as fh:

@@ -179,6 +179,29 @@ def template_fits_tokenizer(cell: Cell) -> Iterator[Problem]:
         )
 
 
+def visible_gpus() -> int | None:
+    """The NVIDIA GPUs this process can use: its devices (/dev/nvidia<N>), as many as CUDA_VISIBLE_DEVICES lists
+    where it is set (CUDA stops at the first entry that names none: "-1", ""); None where this machine's GPUs are
+    not seen that way (an AMD GPU, /dev/kfd; WSL's, /dev/dxg): not counted, nothing refused."""
+    if Path("/dev/kfd").exists() or Path("/dev/dxg").exists():
+        return None
+    devices = sum(1 for p in Path("/dev").glob("nvidia*") if p.name[6:].isdigit())
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return devices
+    usable = 0
+    for entry in listed.split(","):
+        if not entry.strip() or entry.strip().startswith("-"):
+            break
+        usable += 1
+    return min(usable, devices)
+
+
+def _gpus_seen() -> str:
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "its /dev/nvidia<N> devices" + ("" if listed is None else f", CUDA_VISIBLE_DEVICES={listed!r}")
+
+
 def resources(cell: Cell) -> Iterator[Problem]:
     s = cell.spec
     if s.cluster.executor == "local" and cell.nodes != 1:
@@ -189,6 +212,20 @@ def resources(cell: Cell) -> Iterator[Problem]:
             "local-one-node",
             "the local executor runs a cell on this one machine",
             "nodes=1, or a Slurm cluster (cluster=<site>)",
+        )
+    wanted = s.cluster.gpus_per_node or 0
+    here = visible_gpus() if s.cluster.executor == "local" and wanted and not s.dry_run else None
+    if here is not None and here < wanted:  # a dry run still shows what a machine with the GPUs would run
+        yield _problem(
+            cell,
+            "cluster.gpus_per_node",
+            wanted,
+            "local-gpus",
+            f"cluster {s.cluster.name!r} trains each cell on this machine's GPUs, and this process sees {here} NVIDIA"
+            f" GPU(s) ({_gpus_seen()}): torchrun would start {wanted} ranks, and those without a GPU fail at start",
+            f"cluster.gpus_per_node={here}"
+            + (" (the CPU)" if not here else "")
+            + ", or dry_run=true to see what a machine with the GPUs runs, or a Slurm cluster (cluster=<site>)",
         )
     if s.max_steps <= 0 and s.epochs <= 0:
         yield _problem(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sft_grid.core.paths import PACKAGE_CONF
@@ -144,6 +145,30 @@ def test_unknown_key_lists_valid_keys(tmp_path):
     assert proc.returncode == 1
     assert "Key 'lrr' not in 'CellConf'" in proc.stderr
     assert "hint: valid keys of CellConf:" in proc.stderr and "did you mean 'lr'?" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "good", "said"),
+    [
+        ("lr=abc", "1e-5", "lr takes a number (2e-05, 0.1, 3), not 'abc'"),
+        ("packing=maybe", "true", "packing takes true or false, not 'maybe'"),
+        (
+            "eval.tasks.tiny_mc.num_fewshot=two",
+            "0",
+            "eval.tasks.tiny_mc.num_fewshot takes a whole number (4), not 'two'",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_key_and_what_it_takes(tmp_path, override, good, said):
+    """OmegaConf's own refusal (Hydra composes, as the oracle), with the key, the value and what the key takes: one
+    cell (Hydra's error, then the hint) and a swept grid (the problem of the cell, its key and value, the fix)."""
+    one = run_sft("model=tiny_llama", "eval=tiny", override, f"runs_root={tmp_path}")
+    assert one.returncode == 1 and f"hint: {said}" in one.stderr, one.stderr
+    key, value = override.split("=")
+    swept = run_sft("-m", "model=tiny_llama", "eval=tiny", f"{override},{good}", f"runs_root={tmp_path}")
+    said_swept = swept.stdout + swept.stderr
+    assert swept.returncode == 1 and f"{key}={value!r}: " in said_swept and f"fix: {said}" in said_swept, said_swept
+    assert not any(tmp_path.rglob("cell.yaml"))
 
 
 def test_unknown_option_suggests_the_closest(tmp_path):

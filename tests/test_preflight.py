@@ -42,6 +42,39 @@ def test_wrong_role_tags_give_zero_assistant_turns(make_cells, tiny_assets):
     )
 
 
+def test_a_local_parquet_source_is_checked_here_by_the_backends_environment(make_cells, tiny_assets, tmp_path):
+    """This process has no pyarrow (sft_grid does not depend on it); the backend's environment does (its datasets
+    needs it), and reads the sample rows: the assistant turns and the loss mask are judged here, not deferred, and a
+    wrong tag is refused before anything is queued."""
+    import subprocess
+
+    from sft_grid.planning.environments import bin_dir
+
+    (cell,) = make_cells(["model=tiny_llama"])
+    source = tiny_assets / "data" / "tiny_messages.jsonl"
+    data = tmp_path / "tiny_messages.parquet"
+    subprocess.run(  # written by the real pyarrow of the backend's environment
+        [
+            str(bin_dir(cell.spec) / "python"),
+            "-c",
+            "import json, sys, pyarrow as pa, pyarrow.parquet as pq;"
+            "rows = [json.loads(line) for line in open(sys.argv[1])];"
+            "pq.write_table(pa.Table.from_pylist(rows), sys.argv[2])",
+            str(source),
+            str(data),
+        ],
+        check=True,
+        timeout=300,
+    )
+    on = ["model=tiny_llama", "dataset=tiny_messages", f"dataset.tiny_messages.source={data}"]
+    good, bad = make_cells(on, [*on, "dataset.tiny_messages.tags.assistant_tag=bot"])
+    result = preflight([good, bad])
+    assert result.deferred == {}, result.deferred
+    assert result.passed["assistant_turns"] == 1 and result.passed["loss_mask"] == 1, result.passed
+    assert [(p.cell, p.rule) for p in result.problems] == [(bad.name, "preflight-assistant_turns")], result.problems
+    assert "0 assistant turns in" in result.problems[0].message
+
+
 def test_wrong_column(make_cells, tiny_assets):
     (cell,) = make_cells(["dataset=tiny_sharegpt", "dataset.tiny_sharegpt.messages=messages"])
     (problem,) = preflight([cell]).problems

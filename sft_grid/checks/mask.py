@@ -159,6 +159,27 @@ def cache_key(p: Probed) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def sample_rows(where: Path, column: str, limit: int, split: str, python: str) -> list[dict[str, Any]]:
+    """readable.read_sample; where this process lacks pyarrow (a parquet source), the same rows read in the backend's
+    environment (`python`, which has it: the backends' datasets needs it). ImportError only where that environment is
+    not on this machine either (the job reads them); ValueError where it could not read them (its last line)."""
+    try:
+        return read_sample(where, column, limit, split)
+    except ImportError:
+        if not python or not Path(python).is_file():
+            raise
+    file = data_files(where, split)[0]
+    with tempfile.TemporaryDirectory(prefix="sft_grid_rows_") as tmp:
+        out = Path(tmp) / "rows.jsonl"
+        proc = subprocess.run(
+            [python, str(FETCHER), "parquet", str(file), column, str(limit), str(out)], capture_output=True, text=True
+        )
+        if proc.returncode != 0 or not out.is_file():
+            last = (proc.stderr.strip().splitlines() or [f"it exited with status {proc.returncode}"])[-1]
+            raise ValueError(f"the backend's environment could not read {file}: {last[:300]}")
+        return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
 def _locate(check: Check) -> Probed:
     """Find the tokenizer, the data and the backend's venv here; otherwise say why the check waits for the job."""
     p = Probed(check)
@@ -190,7 +211,7 @@ def _locate(check: Check) -> Probed:
     try:
         files = data_files(where, check.split)
         p.data_file = files[0]
-        p.rows = read_sample(where, check.column, MASK_ROWS, check.split)
+        p.rows = sample_rows(where, check.column, MASK_ROWS, check.split, check.python)
     except ImportError:
         p.outcome = Verdict(False, f"reading {where} needs pyarrow, which this environment lacks", unreachable=True)
     except (OSError, ValueError) as exc:

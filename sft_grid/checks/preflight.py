@@ -48,7 +48,7 @@ from sft_grid.planning.inputs import (
     prep_for,
     tokenizer_source,
 )
-from sft_grid.planning.readable import SAMPLE_ROWS, NoSplit, NotData, hub_cache, locate, read_sample
+from sft_grid.planning.readable import SAMPLE_ROWS, NoSplit, NotData, hub_cache, locate
 
 
 def checks_for(cell: Cell, memo: dict[tuple[Any, ...], list[Check]] | None = None) -> list[Check]:
@@ -134,6 +134,7 @@ def _checks_for(cell: Cell) -> list[Check]:
                 column=ds.messages,
                 tags=tags,
                 split=ds.split,
+                python=python,
             )
         )
     masks = mask.checks_for(cell)
@@ -662,11 +663,12 @@ def check_assistant_turns(check: Check) -> Verdict:
     if isinstance(where, Verdict):
         return where
     try:
-        rows = read_sample(where, check.column, split=check.split)
+        rows = mask.sample_rows(where, check.column, SAMPLE_ROWS, check.split, check.python)
     except ImportError:
         return Verdict(
             False,
-            f"reading parquet needs pyarrow, which this environment lacks ({where})",
+            f"reading parquet needs pyarrow, which this environment lacks, and the backend's environment is not on"
+            f" this machine ({where})",
             "the job runs it",
             unreachable=True,
         )

@@ -516,6 +516,12 @@ def apply_overrides(values: list[Override], scratch: DictConfig) -> None:
 _NOT_IN = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<type>\w+)'")
 _ENV_UNSET = re.compile(r"environment variable (?P<var>\w+) is (?:not set|empty)")
 _NOT_FOUND = re.compile(r"Could not find '(?P<group>[^'/]+)/(?P<option>[^']+)'")
+# OmegaConf's words for a value of the wrong type, and the key it names on a line of its own
+_NOT_TYPED = re.compile(
+    r"Value '(?P<value>.*?)'(?: of type '\w+')? (?:could not be converted to|is not a valid) (?P<type>[A-Za-z]+)"
+)
+_FULL_KEY = re.compile(r"full_key: (?P<key>\S+)")
+_TYPE_WORDS = {"float": "a number (2e-05, 0.1, 3)", "integer": "a whole number (4)", "bool": "true or false"}
 
 
 def did_you_mean(word: str, options: Iterable[str]) -> str:
@@ -541,6 +547,10 @@ def key_hint(message: str) -> str | None:
         valid = _schema_keys(match.group("type"))
         if valid:
             return f"valid keys of {match.group('type')}: {', '.join(valid)}{did_you_mean(match.group('key'), valid)}"
+    typed, where = _NOT_TYPED.search(message), _FULL_KEY.search(message)
+    if typed and where:
+        kind = _TYPE_WORDS.get(typed.group("type").lower(), f"a {typed.group('type').lower()}")
+        return f"{where.group('key')} takes {kind}, not {typed.group('value')!r}: {where.group('key')}=<value>"
     match = _NOT_FOUND.search(message)
     if match:
         found = options(match.group("group"))
@@ -572,6 +582,8 @@ def composition_problem(overrides: Sequence[str], message: str) -> Problem:
     """A Problem for a cell that Hydra could not compose, with the valid keys when a key is unknown."""
     match = _NOT_IN.search(message)
     key = match.group("key") if match else ""
+    if not key and _NOT_TYPED.search(message) and (where := _FULL_KEY.search(message)):
+        key = where.group("key")
     env = _ENV_UNSET.search(message)
     fix = (
         key_hint(message)

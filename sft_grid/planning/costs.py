@@ -108,10 +108,9 @@ def _indented(data: dict[str, Any]) -> str:
 
 def _count_rows(path: Path) -> int | None:
     """Rows of a data file: lines of JSON lines, items of a JSON list, a parquet file's metadata."""
-    if path.suffix == ".jsonl":
+    if path.suffix == ".jsonl":  # line by line: a file of many GB is never held whole (and it is faster)
         with path.open("rb") as fh:
-            data = fh.read()
-        return sum(1 for line in data.splitlines() if line.strip())
+            return sum(1 for line in fh if line.strip())
     if path.suffix == ".json":
         data = json.loads(path.read_text())
         return len(data) if isinstance(data, list) else 1

@@ -228,14 +228,20 @@ ADAPTIVE = ["+sweep=synthetic_delphi", "+adaptive.at=9714698752", "+adaptive.bud
         (["seed=1,2"], "differ in seed"),
         (["vars.model=delphi-3e18,delphi-9e18"], "at least 3 model sizes"),
         (["vars.model=delphi-3e18,delphi-9e18,delphi-1e22", "+adaptive.holdout=[delphi-1e22]"], "at least 3 model"),
-        # a gap's decision needs every recipe's band: four sizes, one more than a fit
+        # a gap's decision needs every recipe's band: under a race, four sizes, one more than a fit; a ladder's
+        # band, three (its foot, rung and top)
         (
             [
                 "vars.model=delphi-3e18,delphi-9e18,delphi-2e19",
                 "+adaptive.question=gap",
+                "+adaptive.design=race",
                 "+adaptive.recipes=[magpie,wildchat]",
             ],
             "question gap needs at least 4 model sizes",
+        ),
+        (
+            ["vars.model=delphi-3e18,delphi-9e18", "+adaptive.question=gap", "+adaptive.recipes=[magpie,wildchat]"],
+            "question gap needs at least 3 model sizes per recipe besides the holdouts (a ladder's band needs a foot",
         ),
     ],
 )
@@ -243,6 +249,14 @@ def test_an_adaptive_grid_that_cannot_answer_is_refused_with_nothing_written(tmp
     proc = run_sft("-m", *ADAPTIVE, *args, f"runs_root={tmp_path / 'runs'}")
     assert proc.returncode == 1 and said in proc.stderr and "[adaptive-block]" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_ladder_answers_a_gap_from_three_sizes_per_recipe(tmp_path):
+    """Three sizes per recipe are a ladder's foot, rung and top: the grid the race refuses (above) is steered."""
+    three = ["vars.model=delphi-3e18,delphi-9e18,delphi-2e19", "+adaptive.question=gap"]
+    proc = run_sft("-m", *ADAPTIVE, *three, "+adaptive.recipes=[magpie,wildchat]", f"runs_root={tmp_path / 'runs'}")
+    assert proc.returncode == 0 and "[adaptive-block]" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "dry run:" in proc.stdout
 
 
 # -- settings that train, but not as meant: warned in the dry run ---------------------------------------------

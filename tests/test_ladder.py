@@ -11,7 +11,7 @@ import pytest
 
 from sft_grid.adaptive import ladder
 from sft_grid.adaptive.candidates import Candidate
-from sft_grid.adaptive.design import choose, forecasts
+from sft_grid.adaptive.design import choose, forecasts, sizes_needed
 from sft_grid.adaptive.spec import AdaptiveSpec, parse_adaptive
 
 # sizes 1e8 x 2^i; the largest, 2^12, held out (the question's size); a cell costs 2^i GPU-h times its price
@@ -207,3 +207,18 @@ def test_a_grid_narrower_than_a_ladder_takes_its_rung_from_the_middle_and_still_
     rounds, observed = _run(_spec(("a", "b"), at=1e8 * 2**5, budget_gpu_hours=None, budget_cells=20), pool, truth)
     assert sorted(observed) == ["a2", "a4", "a8", "b2", "b4", "b8"], observed
     assert rounds[-1].p_wrong is not None and all(f.scale is not None for f in rounds[-1].forecasts)
+
+
+def test_three_sizes_per_recipe_are_a_whole_ladder_with_a_band():
+    """A grid of three sizes per recipe (besides the holdout; what the flow's check asks of a ladder,
+    design.sizes_needed): foot, rung and top are all of them, and the decision has its band."""
+    pool, truth = _pool({"a": 1.70, "b": 1.78})
+    kept = {f"{r}{i}" for r in "ab" for i in (0, 3, 6, 12)}  # 1e8, 8e8, 6.4e9; 12 the holdout
+    pool = [c for c in pool if c.name in kept]
+    spec = _spec(("a", "b"), budget_gpu_hours=1000.0)
+    assert sizes_needed(spec)[0] == 3 and sizes_needed(_spec(("a", "b"), design="race"))[0] == 4
+    rounds, observed = _run(spec, pool, truth)
+    assert set(observed) == kept - {"a12", "b12"}
+    last = rounds[-1]
+    assert last.stop.startswith("the ladder is measured") and last.decision == "a", last.stop
+    assert last.p_wrong is not None and all(f.scale is not None for f in last.forecasts)

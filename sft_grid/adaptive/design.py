@@ -68,6 +68,9 @@ BAND_SIZES = MIN_SIZES + 1
 # the distinct sizes (besides holdouts) each recipe needs for the question: `loss` a fit (the law's three
 # parameters), `gap` a band for every recipe; the seed design buys them, and a grid with fewer is refused (steer.py)
 QUESTION_SIZES = {"loss": MIN_SIZES, "gap": BAND_SIZES}
+# a ladder's (ladder.py) band needs three sizes of each recipe: its foot, rung and top (the secant through the first
+# two, checked at the third)
+LADDER_SIZES = 3
 # the seeded draws the decision's probabilities are counted over (the same draws for every plan of a round)
 DRAWS = 4000
 # a plan's expected gain must stand this many standard errors of the draws above zero to count
@@ -148,6 +151,20 @@ def forecasts(
 
 def _laddered(spec: AdaptiveSpec) -> bool:
     return spec.question == "gap" and spec.design == "ladder"
+
+
+def sizes_needed(spec: AdaptiveSpec) -> tuple[int, str]:
+    """The distinct sizes (besides holdouts) each recipe of the question needs, and why."""
+    if _laddered(spec):
+        return (
+            LADDER_SIZES,
+            "a ladder's band needs a foot, a rung and a top: the secant through two, checked at the third",
+        )
+    if spec.question == "loss":
+        return QUESTION_SIZES["loss"], "the law has three parameters"
+    return QUESTION_SIZES[
+        "gap"
+    ], "a decision needs every recipe's band: two held-out sizes, each extrapolated from two below it"
 
 
 def _recipes(spec: AdaptiveSpec, pool: Sequence[Candidate]) -> list[str]:

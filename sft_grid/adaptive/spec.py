@@ -31,8 +31,9 @@
                                   #   value (each plan's expected fall in P(wrong) per GPU-hour, design.py)
 
 `question: gap` takes two or more recipes and asks which is lowest at `at` (sft_grid/adaptive/design.py decides,
-with the probability that another is lower); each recipe needs four sizes besides the holdouts for its band
-(design.QUESTION_SIZES; `loss` needs three), which the grid is checked for before anything is queued (steer.py).
+with the probability that another is lower); each recipe needs three sizes besides the holdouts for a ladder's band
+(four under `design: race` or `value`; `loss` needs three: design.sizes_needed), which the grid is checked for before
+anything is queued (steer.py).
 
 `parse_prune` / `parse_adaptive` return the typed block and the problems found (each with its key, value and
 fix): a sweep with any problem is refused whole (core/problems.GridError).

@@ -26,7 +26,7 @@ from typing import Any
 
 from sft_grid import backends
 from sft_grid.adaptive.candidates import Candidate
-from sft_grid.adaptive.design import QUESTION_SIZES, Round, choose
+from sft_grid.adaptive.design import Round, choose, sizes_needed
 from sft_grid.adaptive.effects import Effects
 from sft_grid.adaptive.spec import AdaptiveSpec, different_blocks, parse_adaptive
 from sft_grid.analysis import forms
@@ -210,8 +210,8 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
 
 def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence[Composed]) -> list[Problem]:
     """What makes an adaptive grid unable to answer, seen over its cells: a recipe key or holdout that names
-    nothing, a recipe with fewer sizes than the question needs (design.QUESTION_SIZES: `loss` three to fit the law,
-    `gap` four for the band every recipe's probability needs), cells of one recipe and size that differ in
+    nothing, a recipe with fewer sizes than the question needs (design.sizes_needed: `loss` three to fit the law,
+    `gap` three for a ladder's band, four for the race's and value's), cells of one recipe and size that differ in
     something else (a swept learning rate inside one fit)."""
     out = []
     if all(_value(c.config, spec.recipe_key) is None for c in composed):
@@ -270,12 +270,7 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
         groups.setdefault((str(_value(c.config, spec.recipe_key) or ""), at), []).append(cell)
     size_of = {cell.name: n for cell, n in zip(cells, sizes, strict=True)}
     held = {m for (_, m), same in groups.items() if all(_held(spec, x, size_of[x.name]) for x in same)}
-    need = QUESTION_SIZES[spec.question]
-    why = (
-        "the law has three parameters"
-        if spec.question == "loss"
-        else "a decision needs every recipe's band: two held-out sizes, each extrapolated from two below it"
-    )
+    need, why = sizes_needed(spec)
     for recipe in sorted({r for r, _ in groups}):
         if spec.recipes and recipe not in spec.recipes:
             continue  # a recipe the question does not name is never chosen from

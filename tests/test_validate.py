@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sft_grid.core.problems import GridError
+from sft_grid.core.problems import GridError, Problem
 from sft_grid.grid.flow import plan_cells
 from sft_grid.planning.compose import composition_problem
 from sft_grid.planning.validate import validate
+
+from .conftest import run_sft
 
 
 def problems_of(make_cells, *overrides):
@@ -115,6 +117,25 @@ def test_a_problem_of_the_grid_as_a_whole_is_told_as_the_grids_not_a_cells():
     assert text.startswith("2 problem(s) in 1 cell(s) and the grid found by validation"), text
     assert "\n  cell a-1\n" in text and "\n  the grid\n    prune.keep=1.5" in text and "cell (grid)" not in text
     assert str(GridError([grid])).startswith("1 problem(s) in the grid found by validation")
+
+
+def test_one_mistake_swept_over_an_axis_is_told_once_with_each_value(tmp_path):
+    """An unknown key swept (`lrr=1e-5,...`): Hydra refuses each cell with its own value in the message; told once,
+    with the cells and their values, not once a cell. Different keys, or a rule whose words differ beyond the value,
+    stay apart."""
+    proc = run_sft("-m", "model=tiny_llama", "lrr=1e-5,2e-5,3e-5,4e-5", f"runs_root={tmp_path}")
+    said = proc.stderr
+    assert proc.returncode == 1 and said.startswith("4 problem(s) in 4 cell(s)"), said
+    assert said.count("Key 'lrr' not in 'CellConf'") == 1 and "  4 cells: " in said, said
+    assert "lrr='1e-05', '2e-05', '3e-05' and 1 more: Could not override 'lrr'" in said, said
+
+    def lr(cell, value, message):
+        return Problem(cell=cell, key="lr", value=value, rule="range", message=message, fix="set lr > 0")
+
+    text = str(GridError([lr("a", -1.0, "must be > 0"), lr("b", -2.0, "must be > 0")]))
+    assert "  2 cells: a, b\n    lr=-1.0, -2.0: must be > 0 [range]" in text, text
+    apart = str(GridError([lr("a", -1.0, "must be > 0"), lr("b", -2.0, "must be > 0 here")]))
+    assert "\n  cell a\n    lr=-1.0: must be > 0 [range]" in apart and "\n  cell b\n" in apart, apart
 
 
 def test_duplicate_identity_in_one_grid(make_cells):

@@ -19,10 +19,10 @@ class Problem:
     message: str
     fix: str
 
-    def render(self) -> str:
-        head = (
-            f"{self.key}={self.value!r}: {self.message} [{self.rule}]" if self.key else f"{self.message} [{self.rule}]"
-        )
+    def render(self, values: str = "") -> str:
+        """The problem as told; `values`: the values of the cells that share it, where they differ."""
+        value = values or repr(self.value)
+        head = f"{self.key}={value}: {self.message} [{self.rule}]" if self.key else f"{self.message} [{self.rule}]"
         return f"{head}\n      fix: {self.fix}"
 
 
@@ -32,40 +32,55 @@ NAMED = 3
 GRID = "(grid)"
 
 
-def _cells(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:NAMED])
-    return f"{len(names)} cells: {shown}" + (f" and {len(names) - NAMED} more" if len(names) > NAMED else "")
+def _some(items: Sequence[str]) -> str:
+    """The first NAMED of the items, and how many more."""
+    shown = ", ".join(items[:NAMED])
+    return shown + (f" and {len(items) - NAMED} more" if len(items) > NAMED else "")
+
+
+def _same(p: Problem) -> tuple[str, str, str, str]:
+    """What makes two cells' problems one mistake: the key, the rule, and the message and fix with the value's own
+    spelling taken out (an unknown key swept over an axis, `lrr=1e-5,2e-5`, is one mistake told with each value)."""
+    said = str(p.value) if p.value is not None else ""
+    if not p.key or len(said) < 2:  # a value too short to find in the words (or none): the same value only
+        return (p.key, f"{p.rule}\0{p.value!r}", p.message, p.fix)
+    return (p.key, p.rule, p.message.replace(said, "\0"), p.fix.replace(said, "\0"))
 
 
 class GridError(Exception):
     """Raised once with every problem of every cell; nothing has been written or submitted.
 
-    The same problem in many cells (the same key, value, rule, message and fix: one mistake on a swept grid) is told
-    once, with the number of cells and the first few names; a cell's own problems are listed under it."""
+    The same problem in many cells (the same key, rule, message and fix, the value aside: one mistake on a swept grid)
+    is told once, with the number of cells and the first few names (and values, where they differ); a cell's own
+    problems are listed under it."""
 
     def __init__(self, problems: Sequence[Problem], what: str = "validation") -> None:
         self.problems = list(problems)
-        shared: dict[tuple[str, str, str, str, str], list[str]] = defaultdict(list)
+        shared: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
+        values: dict[tuple[str, str, str, str], list[object]] = defaultdict(list)
         for p in self.problems:
-            names = shared[(p.key, repr(p.value), p.rule, p.message, p.fix)]
+            names, seen = shared[_same(p)], values[_same(p)]
             if p.cell not in names:
                 names.append(p.cell)
+            if p.value not in seen:
+                seen.append(p.value)
         by_cell: dict[str, list[Problem]] = defaultdict(list)
-        told: set[tuple[str, str, str, str, str]] = set()
+        told: set[tuple[str, str, str, str]] = set()
         cells = len({p.cell for p in self.problems} - {GRID})
         where = " and ".join(
             [*([f"{cells} cell(s)"] if cells else []), *(["the grid"] if any(p.cell == GRID for p in problems) else [])]
         )
         lines = [f"{len(self.problems)} problem(s) in {where} found by {what}; nothing was submitted."]
         for p in self.problems:
-            key = (p.key, repr(p.value), p.rule, p.message, p.fix)
+            key = _same(p)
             if len(shared[key]) == 1:
                 by_cell[p.cell].append(p)
             elif key not in told:
                 told.add(key)
-                lines.append(f"  {_cells(shared[key])}")
-                lines.append(f"    {p.render()}")
-        for cell, found in by_cell.items():
+                lines.append(f"  {len(shared[key])} cells: {_some(shared[key])}")
+                told_values = values[key]
+                lines.append(f"    {p.render(_some([repr(v) for v in told_values]) if len(told_values) > 1 else '')}")
+        for cell, own in by_cell.items():
             lines.append("  the grid" if cell == GRID else f"  cell {cell}")
-            lines.extend(f"    {p.render()}" for p in found)
+            lines.extend(f"    {p.render()}" for p in own)
         super().__init__("\n".join(lines))

@@ -186,6 +186,11 @@ def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | No
         rungs = ()
     elif any(b <= a for a, b in itertools.pairwise(rungs)):
         problems.append(_problem("prune", "rungs", list(rungs), "must increase", f"sort them: {sorted(set(rungs))}"))
+    elif unit == "steps" and any(float(r) != int(r) for r in rungs):  # a step is whole: 4.5 would be read as 4
+        whole = sorted({max(1, round(r)) for r in rungs})
+        problems.append(
+            _problem("prune", "rungs", list(rungs), "are steps, and a step is a whole number", f"e.g. rungs: {whole}")
+        )
     elif max_steps and unit == "steps" and rungs[-1] >= max_steps:
         problems.append(
             _problem(
@@ -334,8 +339,9 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
     if not isinstance(recipe_key, str) or not recipe_key:
         problems.append(_problem("adaptive", "recipe_key", recipe_key, "must be a dotted key", "e.g. vars.recipe"))
     seed = _get(data, "seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        problems.append(_problem("adaptive", "seed", seed, "must be a whole number", "e.g. seed: 0"))
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        # numpy's seeded draws (design.py) take a whole number >= 0 only
+        problems.append(_problem("adaptive", "seed", seed, "must be a whole number >= 0", "e.g. seed: 0"))
     candidates = _get(data, "forms")
     listed = [] if candidates is None or isinstance(candidates, (str, Mapping)) else list(candidates)
     if candidates is not None and (

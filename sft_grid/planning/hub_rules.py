@@ -16,7 +16,18 @@ PLACEHOLDERS = "{key}, {name}, {model} and {data}"
 
 
 def hub_ids(cell: Cell) -> Iterator[Problem]:
-    """Each Hub input of the cell (its model without a local path, each dataset whose source is not a path)."""
+    """Each Hub input of the cell (its model without a local path, each dataset whose source is not a path); a
+    dataset source that is empty (an unset shell variable, `source=`) names neither."""
+    for name, ds in cell.spec.dataset.items():
+        if not ds.source:
+            yield Problem(
+                cell=cell.name,
+                key=f"dataset.{name}.source",
+                value=ds.source,
+                rule="dataset-source",
+                message="is empty: a dataset's source is a Hub id or a local path",
+                fix=f"dataset.{name}.source=<org>/<name> on the Hub, or a local path (starting with /, ./, ../ or ~)",
+            )
     for key, repo in hub_repos(cell):
         why = repo_id_problem(repo.repo_id)
         if why:

@@ -21,6 +21,11 @@ PRUNED = ["model=tiny_llama", "lr=1e-4,2e-4,3e-4", "max_steps=10", "dry_run=true
             " [dataset-source]",
         ),
         ([*ADAPTIVE, "+adaptive.seed=-3"], "adaptive.seed=-3: must be a whole number >= 0"),
+        ([*ADAPTIVE, "+adaptive.levl=0.9"], "adaptive.levl=0.9: not a key of adaptive (did you mean 'level'?)"),
+        (
+            [*PRUNED, "+prune={kep: 0.3, rungs: [4], guard: position}"],
+            "prune.kep=0.3: not a key of prune (did you mean 'keep'?) [prune-block]",
+        ),
         (
             [*PRUNED, "+prune={rungs: [4.5, 6], keep: 0.3, guard: position}"],
             "prune.rungs=[4.5, 6]: are steps, and a step is a whole number [prune-block]\n"

@@ -49,6 +49,7 @@ from typing import Any
 
 from sft_grid.analysis.forms import FORMS
 from sft_grid.core.problems import GRID, Problem
+from sft_grid.planning.compose import did_you_mean
 
 PRUNE_KEYS = ("metric", "rungs", "unit", "keep", "by", "guard", "probe")
 ADAPTIVE_KEYS = (
@@ -123,7 +124,13 @@ def _problem(block: str, key: str, value: object, message: str, fix: str) -> Pro
 
 def _unknown(block: str, data: Mapping[str, Any], known: Sequence[str]) -> list[Problem]:
     return [
-        _problem(block, str(k), data[k], f"unknown key of {block}:", f"use one of {', '.join(known)}")
+        _problem(
+            block,
+            str(k),
+            data[k],
+            f"not a key of {block}{did_you_mean(str(k), known)}",
+            f"use one of {', '.join(known)}",
+        )
         for k in data
         if k not in known
     ]

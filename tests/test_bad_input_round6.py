@@ -49,3 +49,15 @@ def test_whole_rungs_in_steps_and_any_rung_in_tokens_still_pass(tmp_path):
         f"runs_root={tmp_path / 'b'}",
     )
     assert tokens.returncode == 0, tokens.stderr[-2000:]
+
+
+def test_a_model_directory_that_cannot_load_is_one_problem_under_its_own_key(tmp_path):
+    """An empty model directory: no config.json (the model check) is the cause; its missing tokenizer is not told
+    again as the template's problem (model.template='<the directory>')."""
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    proc = run_sft("model=tiny_llama", f"model.path={empty}", "dry_run=true", f"runs_root={tmp_path / 'runs'}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and f"model.path='{empty}': no config.json in {empty}" in said, said[-3000:]
+    assert "1 problem(s) in 1 cell(s)" in said and "model.template=" not in said, said[-3000:]
+    assert not (tmp_path / "runs").exists()

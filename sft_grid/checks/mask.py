@@ -117,13 +117,20 @@ def checks_for(cell: Cell) -> list[Check]:
 
 def root_causes(problems: Sequence[Problem]) -> list[Problem]:
     """A loss-mask problem is left out where a cheaper check of the same cell already names its cause (the
-    tags or column of the same dataset, a template the tokenizer cannot render, a model directory that cannot load):
-    one problem, one fix."""
+    tags or column of the same dataset, a template the tokenizer cannot render, a model directory that cannot load),
+    and so is a template-tokens problem of a model directory that cannot load: one problem, one fix."""
     rule = f"preflight-{KIND}"
     causes = {(p.cell, p.key) for p in problems if p.rule != rule}
     # a template the tokenizer cannot render, or a model directory that cannot load: every source's probe fails
     causes |= {(p.cell, "*") for p in problems if p.rule in ("preflight-template_tokens", "preflight-model")}
-    return [p for p in problems if p.rule != rule or not ({(p.cell, p.key), (p.cell, "*")} & causes)]
+    # a model directory that cannot load is also one without the tokenizer the template check reads: one problem
+    unloadable = {(p.cell, str(p.value)) for p in problems if p.rule == "preflight-model"}
+    return [
+        p
+        for p in problems
+        if (p.rule != rule or not ({(p.cell, p.key), (p.cell, "*")} & causes))
+        and not (p.rule == "preflight-template_tokens" and (p.cell, str(p.value)) in unloadable)
+    ]
 
 
 # -- running the probe -----------------------------------------------------------------------------------

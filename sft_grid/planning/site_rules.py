@@ -14,6 +14,7 @@ cluster profile reads, the sbatch options it adds (`cluster.sbatch_extra`), and 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -278,7 +279,10 @@ def spread(cell: Cell) -> Iterator[Problem]:
                 "write it as HH:MM:SS, e.g. move_after=02:00:00",
             )
     needs, c = s.site_needs, s.cluster
-    if not s.sites and any(v not in (None, False) for v in vars(needs).values()):
+    # the needs set (the schema's fields: the object also caches its fingerprint, core/schema.fingerprint)
+    asked = {f.name: getattr(needs, f.name) for f in dataclasses.fields(needs)}
+    asked = {k: v for k, v in asked.items() if v not in (None, False)}
+    if not s.sites and asked:
         unmet = []
         if needs.cpu_arch and needs.cpu_arch != c.cpu_arch:
             unmet.append(f"cpu_arch {needs.cpu_arch} (it has {c.cpu_arch})")
@@ -292,7 +296,7 @@ def spread(cell: Cell) -> Iterator[Problem]:
             yield _problem(
                 cell,
                 "site_needs",
-                {k: v for k, v in vars(needs).items() if v not in (None, False)},
+                asked,
                 "site-needs",
                 f"site_needs choose among sites=[...], and this grid names none: the cell would run on cluster"
                 f" {c.name}, which lacks {'; '.join(unmet)}",

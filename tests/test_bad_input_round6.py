@@ -23,6 +23,7 @@ PRUNED = ["model=tiny_llama", "lr=1e-4,2e-4,3e-4", "max_steps=10", "dry_run=true
         ([*ADAPTIVE, "+adaptive.seed=-3"], "adaptive.seed=-3: must be a whole number >= 0"),
         # the needs as set, and nothing the schema object keeps beside them (its cached fingerprint)
         (["model=tiny_llama", "site_needs.cpu_arch=risc", "dry_run=true"], "site_needs={'cpu_arch': 'risc'}: "),
+        (["model=tiny_llama", "move_after=00:00:00", "dry_run=true"], "move_after='00:00:00': a zero wait: every"),
         ([*ADAPTIVE, "+adaptive.levl=0.9"], "adaptive.levl=0.9: not a key of adaptive (did you mean 'level'?)"),
         (
             [*PRUNED, "+prune={kep: 0.3, rungs: [4], guard: position}"],

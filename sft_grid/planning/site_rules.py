@@ -270,13 +270,15 @@ def spread(cell: Cell) -> Iterator[Problem]:
         try:
             parse_minutes(s.move_after)
         except ValueError as exc:
+            # a zero wait is no wait (not Slurm's "no limit", which parse_minutes' words are about)
+            zero = "zero wall time" in str(exc)
             yield _problem(
                 cell,
                 "move_after",
                 s.move_after,
                 "time-format",
-                str(exc),
-                "write it as HH:MM:SS, e.g. move_after=02:00:00",
+                "a zero wait: every queued cell would be moved at once, as soon as it is queued" if zero else str(exc),
+                "write it as HH:MM:SS, e.g. move_after=02:00:00 (unset: cells move only off a site that is down)",
             )
     needs, c = s.site_needs, s.cluster
     # the needs set (the schema's fields: the object also caches its fingerprint, core/schema.fingerprint)

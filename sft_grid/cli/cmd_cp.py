@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 from sft_grid.core import project
@@ -41,6 +42,15 @@ def renamed(text: str, group: str, old: str, new: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # an unset shell variable (`sft-grid cp model/x "$NAME"`) would copy under the option's own name, or into here
+    for what, value, fix in (
+        ("GROUP/OPTION", args.option, "name a shipped option, e.g. model/qwen3_8b"),
+        ("NAME", args.name, "name the copy, or give no NAME to keep the option's"),
+        ("--to", args.to, "name the config folder, or drop --to for the repository's"),
+    ):
+        if value is not None and not value.strip():
+            print(f"sft-grid cp: {what} is empty (an unset shell variable?); nothing copied: {fix}", file=sys.stderr)
+            return 2
     group, _, option = args.option.strip("/").partition("/")
     shipped = sorted(p.name for p in PACKAGE_CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
     if group not in shipped or not option:

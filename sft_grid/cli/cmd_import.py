@@ -11,8 +11,9 @@ and outside a repository the default is ./conf): `model/<name>.yaml` unless an o
 names the model's hub id, `dataset/<name>.yaml` for each source no option names yet, and `sweep/<name>.yaml`. It
 prints where every key of the original went: mapped to sft_grid's keys, carried in the sweep's `extra:` (backend
 keys passed through as they are), set by sft_grid (with why), or not carried (with why), and what it assumed (the
-world size behind the global batch). Bad input, or a file it would overwrite without --force, is refused in one
-line before anything is written.
+world size behind the global batch). Bad input (every problem of the original at once, its values held to the
+schema's rules as `sft-grid run` holds them; an empty argument), or a file it would overwrite without --force, is
+refused before anything is written.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        _refuse_empty(args)
         conf = _conf_dir(args.out)
         request = _request(args, conf)
         result = translate(request)
@@ -88,6 +90,19 @@ def run(args: argparse.Namespace) -> int:
             )
             print("\n".join(textwrap.wrap(note, width=118, subsequent_indent="      ")))
     return 0
+
+
+def _refuse_empty(args: argparse.Namespace) -> None:
+    """An empty argument (an unset shell variable: `sft-grid import "$CONFIG"`) is refused, not read as a default:
+    an empty FILE would be this folder, an empty --out or --name the default one, an empty --cluster none."""
+    if len(args.source) == 1 and not args.source[0].strip():
+        raise Refused(
+            "FILE is empty (an unset shell variable?): name the training YAML to import, e.g. sft-grid import"
+            " lf_configs/qwen3_8b.yaml"
+        )
+    for flag, value in (("--out", args.out), ("--name", args.name), ("--cluster", args.cluster)):
+        if value is not None and not value.strip():
+            raise Refused(f"{flag} is empty (an unset shell variable?): give its value, or drop {flag} for the default")
 
 
 def _conf_dir(out: str | None) -> Path:

@@ -16,6 +16,7 @@ What it writes, and nothing it finds already there is overwritten:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from sft_grid.core.project import GROUPS, PROJECT_FILE
@@ -68,6 +69,14 @@ def plan(root: Path) -> dict[Path, str]:
 
 def run(args: argparse.Namespace) -> int:
     assert set(LAID_OUT) <= set(GROUPS)
+    if not args.dir.strip():
+        # an unset shell variable (`sft-grid init "$REPO"`) would set up whatever folder this is
+        print(
+            "sft-grid init: DIR is empty (an unset shell variable?); nothing written: name the repository's folder,"
+            " or give no DIR to set up the current one",
+            file=sys.stderr,
+        )
+        return 2
     root = Path(args.dir).expanduser().resolve()
     if root.exists() and not root.is_dir():
         print(f"sft-grid init: {root} is a file, not a folder; name a folder", flush=True)

@@ -25,7 +25,8 @@ original's where it says one (the launcher's --num_nodes/--gpus_per_node), else 
 
 Pure: it reads the original and the files it names (the launcher's base YAML, dataset_info.json, the DeepSpeed
 JSON) and the backend's option, and returns the files to write as text; it writes and prints nothing. Input it
-cannot take raises `Refused`, one line, before anything is written.
+cannot take raises `Refused` before anything is written, with every problem of the original at once: each value the
+sweep carries is held to the schema's rules, as `sft-grid run` holds a cell (translation.py `check_schema`).
 
 - `terms`: the request, the original, the result and the refusal;
 - `original`: a training YAML read, and which backend wrote it;
@@ -84,7 +85,7 @@ def read(request: Request) -> Original:
 
 
 def translate(request: Request) -> Result:
-    """The original as sft_grid's options and the report of where each key went; `Refused` (one line) for input
-    it cannot take."""
+    """The original as sft_grid's options and the report of where each key went; `Refused` (every problem at
+    once) for input it cannot take."""
     original = read(request)
     return TRANSLATIONS[original.kind](request, original).run()

@@ -11,7 +11,6 @@ from typing import Any
 import yaml
 
 from sft_grid.core import project
-from sft_grid.core.schema import FINETUNING, SCHEDULERS
 from sft_grid.planning.importing.terms import AX, LF
 
 # -- what each backend's renderer derives ------------------------------------------------------------------------
@@ -209,4 +208,3 @@ AX_SCALARS: dict[str, tuple[str, Any]] = {
 # the cell's keys whose values are numbers (a YAML `2e-5` reads as text: axolotl's pydantic casts it, so does this)
 FLOATS = {"lr", "epochs", "warmup_ratio", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2"}
 INTS = {"max_steps", "cutoff_len", "seed", "logging_steps", "save_steps", "save_total_limit"}
-CHOICES: dict[str, tuple[str, ...]] = {"scheduler": SCHEDULERS, "finetuning_type": FINETUNING}

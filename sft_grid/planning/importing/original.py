@@ -75,6 +75,11 @@ def yaml_mapping(text: str, path: Path, what: str) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise Refused(f"{path}: not YAML ({' '.join(str(exc).split())[:160]})") from None
+    if data is None:
+        raise Refused(
+            f"{path}: the file is empty (no keys); {what} is a mapping of keys (model_name_or_path: ..., or axolotl's"
+            " base_model: ...): name the file that holds yours"
+        )
     if not isinstance(data, dict):
         raise Refused(f"{path}: {what} is a mapping of keys, and this file holds {type(data).__name__}")
     return data

@@ -16,7 +16,7 @@ ARTICLE = {LF: "a", AX: "an"}
 
 
 class Refused(ValueError):
-    """Input the import cannot take, as one line: what, where, and the fix."""
+    """Input the import cannot take: what, where, and the fix (a line, or a line for each of several problems)."""
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sft_grid.core.schema import MIX_STRATEGIES, REPORT_TO
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from sft_grid.core.problems import Problem
+from sft_grid.core.schema import MIX_STRATEGIES, REPORT_TO, CellConf, field_shapes, typed
 from sft_grid.core.secrets import secret_setting
 from sft_grid.core.templates import TOKENIZER_FAMILIES
 from sft_grid.planning.importing import option_files
 from sft_grid.planning.importing.backend_keys import (
-    CHOICES,
     DECIDED,
     DERIVED,
     FLOATS,
@@ -43,6 +46,16 @@ def number(value: Any, kind: type) -> Any:
     return value
 
 
+def counts(*values: Any) -> bool:
+    """Whole numbers of at least 1, each (what a batch is computed from; the schema says what is wrong with one)."""
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
+
+
+# OmegaConf's words for the type a value could not be converted to, as a user reads them
+_TYPE = re.compile(r"(?:converted to|is not a valid) (?P<type>[A-Za-z]+)")
+_TYPE_WORDS = {"float": "a number (2e-05, 0.1, 3)", "integer": "a whole number (4)", "bool": "true or false"}
+
+
 class Translation(ABC):
     """One original being translated: what is consumed, what the sweep says, and the report."""
 
@@ -59,6 +72,7 @@ class Translation(ABC):
         self.done: set[str] = set()
         self.sweep: dict[str, Any] = {}
         self.comments: dict[str, str] = {}
+        self.sources: dict[str, str] = {}  # a sweep key -> the original's key (or flag) its value came from
         self.problems: list[str] = []
         name = request.name or original.job_name or original.file_stem
         self.result = Result(self.kind, original.what, option_files.snake(name))
@@ -93,14 +107,24 @@ class Translation(ABC):
         self.done.add(key)
         return self.config.get(key)
 
-    def set(self, key: str, value: Any, note: str) -> None:
-        """A sweep key (dotted for a section: layout.sharding), with where it came from."""
+    def set(self, key: str, value: Any, note: str, source: str | None = None) -> None:
+        """A sweep key (dotted for a section: layout.sharding), with where it came from (`source`: the original's
+        key or flag, where the value is the original's: what a problem with it names)."""
         target = self.sweep
         *parents, last = key.split(".")
         for p in parents:
             target = target.setdefault(p, {})
         target[last] = value
         self.comments[key] = note
+        if source is not None:
+            self.sources[key] = source
+
+    def get(self, key: str) -> Any:
+        """The sweep's value of a (dotted) key."""
+        value: Any = self.sweep
+        for part in key.split("."):
+            value = value[part]
+        return value
 
     def decide(self, key: str, why: str | None = None) -> None:
         self.done.add(key)
@@ -126,11 +150,61 @@ class Translation(ABC):
         self.hub()
         self.site()
         self.rest()
+        self.check_schema()
+        if len(self.problems) == 1:
+            raise Refused(f"cannot import, nothing written: {self.problems[0]}")
         if self.problems:
-            raise Refused("cannot import: " + "; ".join(self.problems))
+            said = "".join(f"\n  - {p}" for p in self.problems)
+            raise Refused(f"cannot import, nothing written: {len(self.problems)} problems{said}")
         text = option_files.sweep_text(self.result, self.sweep, self.comments, self.req.cluster)
         self.result.files[f"sweep/{self.result.name}.yaml"] = text
         return self.result
+
+    def check_schema(self) -> None:
+        """Every value the sweep carries, held to the rules `sft-grid run` holds it to, each problem said with the
+        original's key: its type, as Hydra merges the sweep onto the schema (OmegaConf), then its range or value set
+        (planning/schema_rules.py, read from the schema's fields). A value no other step refused is checked here."""
+        from sft_grid.planning import schema_rules  # it reads planning/compose.py, which imports Hydra
+
+        cfg = OmegaConf.structured(CellConf)
+        sections = {name: held for name, how, held, _ in field_shapes(CellConf) if how == "dataclass"}
+        wrong_type: set[str] = set()
+        for key in self.comments:
+            top = key.split(".")[0]
+            if top in sections and OmegaConf.is_missing(cfg, top):  # cluster: a section no sweep key gives
+                cfg[top] = OmegaConf.structured(sections[top])
+            value = self.get(key)
+            try:
+                OmegaConf.update(cfg, key, value, merge=True)
+            except OmegaConfBaseException as exc:
+                wrong_type.add(key)
+                found = _TYPE.search(str(exc))
+                word = found.group("type").lower() if found else ""
+                kind = _TYPE_WORDS.get(word, f"a {word}" if word else "another type")
+                self.schema_problem(key, value, f"takes {kind}", f"set {{source}} to {kind.split(' (')[0]}")
+        data = OmegaConf.to_container(cfg, throw_on_missing=False)
+        assert isinstance(data, dict)
+        spec = typed(CellConf, {str(k): v for k, v in data.items() if v != "???"})
+        for problem in schema_rules.values("import", spec):
+            if problem.key in self.comments and problem.key not in wrong_type:
+                self.schema_problem(problem.key, self.get(problem.key), *self.schema_words(problem))
+
+    @staticmethod
+    def schema_words(problem: Problem) -> tuple[str, str]:
+        """What the schema's rule says of a value, and its fix, in words about the original's key ({source})."""
+        if problem.rule == "choice":
+            return f"is {problem.fix.removeprefix('use ')}", "set {source} to one of them"
+        fix = problem.fix.replace(f"set {problem.key} ", "set {source} ", 1)
+        return problem.message, fix
+
+    def schema_problem(self, key: str, value: Any, what: str, fix: str) -> None:
+        source = self.sources.get(key, key)
+        shown = self.config.get(source, value) if source in self.config else value
+        if source in self.orig.flags:  # the old launcher's command line gave it
+            source = f"--{source}"
+        self.problems.append(
+            f"{source}: {option_files.flow(shown)}: sft_grid's {key} {what}; fix: {fix.replace('{source}', source)}"
+        )
 
     @abstractmethod
     def refuse_other_training(self) -> None:
@@ -225,8 +299,9 @@ class Translation(ABC):
     # -- the datasets --
 
     def datasets(self) -> None:
+        before = len(self.problems)
         entries = list(self.dataset_entries())
-        if not entries and not self.problems:
+        if not entries and len(self.problems) == before:  # none named (a source that is not one is said already)
             self.problems.append("no dataset: the original names none (dataset: or datasets:)")
         self.result.datasets = [self.dataset_option(label, entry) for label, entry in entries]
         self.mix(len(self.result.datasets))
@@ -252,11 +327,12 @@ class Translation(ABC):
         if strategy not in MIX_STRATEGIES:
             self.problems.append(f"mix_strategy: {strategy}: sft_grid mixes by {', '.join(MIX_STRATEGIES)}")
             return
-        values = [float(p) for p in (probs.split(",") if isinstance(probs, str) else probs or [])]
+        given = probs.split(",") if isinstance(probs, str) else probs if isinstance(probs, list) else [probs]
+        values = [number(p.strip() if isinstance(p, str) else p, float) for p in given if p is not None]
         if len(values) != count:
             self.problems.append(f"interleave_probs: {probs}: one probability per dataset ({count})")
-        self.set("mix.strategy", strategy, "mix_strategy")
-        self.set("mix.probs", values, "interleave_probs")
+        self.set("mix.strategy", strategy, "mix_strategy", "mix_strategy")
+        self.set("mix.probs", values, "interleave_probs", "interleave_probs")
         self.mapped("mix_strategy, interleave_probs", "mix.strategy, mix.probs")
 
     # -- the batch --
@@ -270,24 +346,29 @@ class Translation(ABC):
             micro = self.micro_default
             self.result.assumed.append(f"{micro_key} not set: {TITLE[self.kind]}'s default, {micro}")
         said_accum = self.config.get("gradient_accumulation_steps") is not None
-        accum = number(self.take("gradient_accumulation_steps"), int) or 1
+        accum = number(self.take("gradient_accumulation_steps"), int)
+        accum = 1 if accum is None else accum
         gbs = number(self.config.get("global_batch_size"), int)
         self.done.add("global_batch_size")
-        for key, value in ((micro_key, micro), ("gradient_accumulation_steps", accum), ("global_batch_size", gbs)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                self.problems.append(f"{key}: {value!r}: a count of at least 1")
-                return
         nodes = self.orig.nodes or self.req.nodes
         if nodes is not None:
             said = "--num_nodes" if self.orig.nodes else "--nodes"
-            self.set("nodes", nodes, f"{said}: pinned, so the accumulation comes out as the original's")
+            self.set("nodes", nodes, f"{said}: pinned, so the accumulation comes out as the original's", said)
+        self.set("micro_batch_size", micro, micro_key, micro_key)
+        self.mapped(micro_key, "micro_batch_size")
+        if gbs is not None:
+            self.set("global_batch_size", gbs, "global_batch_size (the old launcher's key)", "global_batch_size")
+        elif not counts(accum):  # no schema key holds it: sft_grid derives the accumulation
+            self.problems.append(
+                f"gradient_accumulation_steps: {option_files.flow(accum)}: a whole number of at least 1; fix: set"
+                " gradient_accumulation_steps to one (1: no accumulation)"
+            )
+        if not counts(micro, accum if gbs is None else 1, gbs if gbs is not None else 1):
+            return  # the batch cannot be computed: the schema's check (check_schema) says what is wrong with a part
         gpus, gpus_said = self.gpus_per_node()
         world = (nodes or 1) * gpus
-        self.set("micro_batch_size", micro, micro_key)
-        self.mapped(micro_key, "micro_batch_size")
         world_said = f"{nodes or 1} node(s){'' if nodes else ' (assumed)'} x {gpus} GPU(s) ({gpus_said})"
         if gbs is not None:
-            self.set("global_batch_size", gbs, "global_batch_size (the old launcher's key)")
             self.mapped("global_batch_size", "global_batch_size")
             if said_accum:
                 self.decide(
@@ -337,11 +418,8 @@ class Translation(ABC):
                 value = number(value, int)
             if cell_key == "max_steps" and isinstance(value, int) and value <= 0:
                 continue
-            choices = CHOICES.get(cell_key)
-            if choices and value not in choices:
-                self.problems.append(f"{key}: {value}: sft_grid's {cell_key} is one of {', '.join(choices)}")
-                continue
-            self.set(cell_key, value, note)
+            # its type, range or value set: the schema's check (check_schema), as `sft-grid run` would
+            self.set(cell_key, value, note, key if note == key else None)
 
     # -- the layout: the original's choices pinned, an absent key pinned to the backend's default --
 
@@ -426,7 +504,7 @@ class Translation(ABC):
     def hub(self) -> None:
         hub = self.take("hub_model_id")
         if hub is not None:
-            self.set("hub_model_id", str(hub), "hub_model_id: the cell's upload stage pushes there")
+            self.set("hub_model_id", str(hub), "hub_model_id: the cell's upload stage pushes there", "hub_model_id")
             self.mapped("hub_model_id", "hub_model_id (the upload stage's repository)")
 
     def site(self) -> None:
@@ -438,16 +516,16 @@ class Translation(ABC):
                     f" {seed} (seed: 42 in the sweep trains as the launcher did)"
                 )
         if self.orig.time:
-            self.set("time", self.orig.time, "--time_limit")
+            self.set("time", self.orig.time, "--time_limit", "--time_limit")
             self.mapped("--time_limit", "time")
         for key, value in self.orig.launcher.items():
             if key == "reservation":
-                self.set("cluster.sbatch_extra.reservation", value, "--reservation")
+                self.set("cluster.sbatch_extra.reservation", value, "--reservation", "--reservation")
                 self.mapped("--reservation", "cluster.sbatch_extra.reservation")
             else:
                 self.result.decided.append((f"--{key}", LAUNCHER_ONLY[key]))
         if self.orig.gpus_per_node and self.req.cluster_gpus not in (None, self.orig.gpus_per_node):
-            self.set("cluster.gpus_per_node", self.orig.gpus_per_node, "--gpus_per_node")
+            self.set("cluster.gpus_per_node", self.orig.gpus_per_node, "--gpus_per_node", "--gpus_per_node")
         if self.orig.job_name:
             self.mapped("--job_name", f"sweep_name={self.result.name}")
         for key in ("bf16", "fp16", "bfloat16", "tf32"):

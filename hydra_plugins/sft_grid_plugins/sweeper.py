@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, RangeSweep
 from omegaconf import open_dict
 
 
@@ -19,6 +19,12 @@ class SftGridSweeper(BasicSweeper):
 
     @staticmethod
     def split_arguments(overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
+        # range(a,b,0) never reaches b (Python's range() refuses it, with a traceback, where the axis is listed below)
+        stuck = [o for o in overrides if isinstance(sweep := o.value(), RangeSweep) and sweep.step == 0]
+        if stuck:
+            from sft_grid.cli.app import fail_zero_step_axes
+
+            fail_zero_step_axes([o.input_line for o in stuck if o.input_line is not None])
         # An axis with no value (a glob that matches nothing, an empty range) would make the whole grid empty
         # without saying which axis: it is named, with everything else the user needs, before anything runs.
         empty = [

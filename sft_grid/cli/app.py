@@ -138,24 +138,34 @@ def _run_across(composed: Sequence[Any], errors: Sequence[Any]) -> None:
 
 def fail_empty_axes(axes: Sequence[str]) -> None:
     """Swept axes that expand to no value: the grid would be empty. Named, and nothing runs."""
+    from sft_grid.planning import axes as why
+
+    _fail_axes(axes, "axis-empty", "this axis sweeps no value, so the grid has no cell", why.empty_fix)
+
+
+def fail_zero_step_axes(axes: Sequence[str]) -> None:
+    """Swept ranges with a step of 0 (`range(1,3,0)`): they never reach their stop (Python's range() refuses them with
+    a traceback). Named, and nothing runs."""
+    from sft_grid.planning import axes as why
+
     _fail_axes(
         axes,
-        "axis-empty",
-        "this axis sweeps no value, so the grid has no cell",
-        lambda key: (
-            "glob() matches only options under conf/ (see `sft-grid run --help` for them); range(a,b) needs a < b"
-        ),
+        "axis-step",
+        "a range's step is what it counts by from start towards stop, and a step of 0 never gets there",
+        why.zero_step_fix,
     )
 
 
 def fail_continuous_axes(axes: Sequence[str]) -> None:
     """Swept axes given as a continuous interval: a grid needs the values themselves. Named, and nothing runs."""
+    from sft_grid.planning import axes as why
+
     _fail_axes(
         axes,
         "axis-continuous",
         "interval() is a continuous range for a sampling sweeper (Optuna, Nevergrad); a grid trains one cell per"
         " value and an interval has no list of values",
-        lambda key: f"list the values: {key}=1e-5,3e-5,1e-4 (or range(start,stop,step), choice(a,b,c))",
+        why.interval_fix,
     )
 
 
@@ -170,7 +180,7 @@ def _fail_axes(axes: Sequence[str], rule: str, message: str, fix: Callable[[str]
                     value=axis.split("=", 1)[1],
                     rule=rule,
                     message=message,
-                    fix=fix(axis.split("=", 1)[0]),
+                    fix=fix(axis),
                 )
                 for axis in axes
             ],
@@ -709,6 +719,11 @@ def _config_dirs_to_env(argv: list[str]) -> list[str]:
     Hydra's composition alone. The arguments without it; a folder that does not exist is refused here."""
     from sft_grid.core import project
 
+    try:
+        project.check_conf_env()  # before --config-dir's folders join it: an empty one is named as empty
+    except project.ProjectError as exc:
+        print(f"sft-grid run: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     rest, dirs = [], []
     words = iter(argv)
     for word in words:
@@ -739,10 +754,14 @@ def hydra_app() -> None:
     helping = any(a in HELP_FLAGS for a in sys.argv[1:])
     if not helping:
         from sft_grid.planning import sweep_files
+        from sft_grid.planning.compose import group_problems
 
         found = sweep_files.problems(sys.argv[1:])
         if found:
             _fail(GridError(found, "reading the sweep files"))
+        found = group_problems(sys.argv[1:])
+        if found:
+            _fail(GridError(found, "reading the command line"))
     hints = _KeyHints(sys.stderr)
     sys.stderr = hints
     try:

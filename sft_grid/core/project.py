@@ -87,6 +87,31 @@ def _env_dirs() -> list[Path]:
     return [Path(p).expanduser().resolve() for p in os.environ.get(CONF_ENV, "").split(os.pathsep) if p.strip()]
 
 
+def check_conf_env() -> None:
+    """$SFT_GRID_CONF's folders are folders, as `--config-dir`'s are (cli/app.py): one that is missing or a file would
+    be passed over, and the team's configs with it, silently. Set but empty (or only `:`) is refused naming it as
+    empty; an empty entry beside folders (`$MINE:$SFT_GRID_CONF` with it unset) is left, as a PATH's is."""
+    value = os.environ.get(CONF_ENV)
+    if value is None:
+        return
+    entries = [p for p in value.split(os.pathsep) if p.strip()]
+    if not entries:
+        raise ProjectError(
+            f"environment variable {CONF_ENV} is {'empty' if not value.strip() else f'{value!r}, naming no folder'}:"
+            f" it names the folders of your configs (separated by ':'); `unset {CONF_ENV}` to use the project's conf/,"
+            f" or export {CONF_ENV}=<folder>"
+        )
+    for entry in entries:
+        path = Path(entry).expanduser()
+        if not path.is_dir():
+            what = "is a file" if path.exists() else "does not exist"
+            raise ProjectError(
+                f"environment variable {CONF_ENV} names {entry!r}, which {what}: it names the folders of your configs"
+                f" (separated by ':'); export {CONF_ENV}=<folder> with the folders that hold them, or"
+                f" `unset {CONF_ENV}`"
+            )
+
+
 def _search(start: Path) -> Project | None:
     for here in _upwards(start):
         if (here / PROJECT_FILE).is_file():
@@ -96,27 +121,42 @@ def _search(start: Path) -> Project | None:
     return None
 
 
+def empty_runs(name: str) -> tuple[str, str]:
+    """(why, fix) of an empty runs root: $SFT_GRID_RUNS set but empty, `runs_root=`, `cluster.runs_root=`. Read as a
+    path it is the working directory (a grid's cells written straight into it, a read command looking in ./runs), or
+    it is passed over for the default: never what was meant."""
+    if name == RUNS_ENV:
+        return (
+            f"environment variable {RUNS_ENV} is empty: it names where grids are (the runs root), and an empty one"
+            " would put a grid's cells straight into the working directory",
+            f"`unset {RUNS_ENV}` to use runs/ at the project's root, or export {RUNS_ENV}=<directory>",
+        )
+    return (
+        f"{name} is empty: it names where grids are (the runs root), and an empty one names no directory (it would"
+        " be read as the working directory, or passed over for the default)",
+        f"leave {name}= out for the default (${RUNS_ENV}, else runs/ at the project's root), or give one:"
+        f" {name}=<directory>",
+    )
+
+
 def _runs_env() -> str | None:
-    """$SFT_GRID_RUNS, or None when unset. Set but empty is refused, naming it: read as a path it is the working
-    directory (a grid's cells written straight into it, a read command looking in ./runs), never what was meant."""
+    """$SFT_GRID_RUNS, or None when unset. Set but empty is refused, naming it (`empty_runs`)."""
     value = os.environ.get(RUNS_ENV)
     if value is not None and not value.strip():
-        raise ProjectError(
-            f"environment variable {RUNS_ENV} is empty: it names where grids are (the runs root), and an empty one"
-            f" would put a grid's cells straight into the working directory; `unset {RUNS_ENV}` to use runs/ at the"
-            f" project's root, or export {RUNS_ENV}=<directory>"
-        )
+        raise ProjectError("; ".join(empty_runs(RUNS_ENV)))
     return value
 
 
 def find(start: Path | None = None) -> Project | None:
     """The project the working directory (or `start`) is in; outside one, the project $SFT_GRID_CONF's first folder
     is in (so a cell's rerun line, which names its folders, lands in the same runs folder from anywhere); else None.
-    A set but empty $SFT_GRID_RUNS is a ProjectError here too: the commands ask `find` first, before any reads."""
+    A set but empty $SFT_GRID_RUNS, and a $SFT_GRID_CONF that names no folder (`check_conf_env`), are a ProjectError
+    here too: the commands ask `find` first, before any reads."""
     _runs_env()
     start = (start or Path.cwd()).resolve()
     key = (start, os.environ.get(CONF_ENV, ""))
     if key not in _FOUND:
+        check_conf_env()
         found = _search(start)
         if found is None:
             found = next((p for p in map(_search, _env_dirs()[:1]) if p is not None), None)

@@ -38,7 +38,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from sft_grid.core import project, schema
-from sft_grid.core.problems import Problem
+from sft_grid.core.problems import GRID, Problem
 
 log = logging.getLogger(__name__)
 
@@ -524,6 +524,16 @@ _FULL_KEY = re.compile(r"full_key: (?P<key>\S+)")
 _TYPE_WORDS = {"float": "a number (2e-05, 0.1, 3)", "integer": "a whole number (4)", "bool": "true or false"}
 
 
+def type_words(message: str) -> str | None:
+    """What a value must be, in words ("a number (2e-05, 0.1, 3)"), from OmegaConf's refusal of a value of the wrong
+    type ("Value 'abc' of type 'str' could not be converted to Float"); None for another error."""
+    typed = _NOT_TYPED.search(message)
+    if typed is None:
+        return None
+    word = typed.group("type").lower()
+    return _TYPE_WORDS.get(word, f"a {word}")
+
+
 def did_you_mean(word: str, options: Iterable[str]) -> str:
     close = difflib.get_close_matches(str(word), list(options), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -547,9 +557,8 @@ def key_hint(message: str) -> str | None:
         valid = _schema_keys(match.group("type"))
         if valid:
             return f"valid keys of {match.group('type')}: {', '.join(valid)}{did_you_mean(match.group('key'), valid)}"
-    typed, where = _NOT_TYPED.search(message), _FULL_KEY.search(message)
-    if typed and where:
-        kind = _TYPE_WORDS.get(typed.group("type").lower(), f"a {typed.group('type').lower()}")
+    typed, where, kind = _NOT_TYPED.search(message), _FULL_KEY.search(message), type_words(message)
+    if typed and where and kind:
         return f"{where.group('key')} takes {kind}, not {typed.group('value')!r}: {where.group('key')}=<value>"
     match = _NOT_FOUND.search(message)
     if match:
@@ -623,3 +632,109 @@ def plain_message(message: str) -> str:
         and not _OMEGA_DETAIL.match(line.strip())
     )
     return first + (f" ({detail})" if detail else "")
+
+
+# -- config-group overrides Hydra crashes on or quietly misreads --------------------------------------------------
+
+
+def schema_type(key: str) -> Any:
+    """The schema's type of a dotted key of a cell (`seed`: int, `cluster.nodes`: int), None where it has none."""
+    import types
+    import typing
+
+    node: Any = schema.CellConf
+    for part in key.split("."):
+        if not (isinstance(node, type) and is_dataclass(node)):
+            return None
+        hint = typing.get_type_hints(node).get(part)
+        if hint is None:
+            return None
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+            hint = args[0]  # X | None: the key takes an X
+        node = hint
+    return node
+
+
+def required_groups() -> list[str]:
+    """The config groups a cell cannot do without (the schema has no default for them): cluster, backend, model."""
+    return [f.name for f in fields(schema.CellConf) if f.default == "???" and f.name in project.GROUPS]
+
+
+def single_choice_groups() -> list[str]:
+    """The config groups a cell takes exactly one option of (its section is one mapping): cluster, backend, model,
+    eval. `dataset` takes a list on purpose (several make a mix)."""
+    return [f.name for f in fields(schema.CellConf) if f.name in project.GROUPS and is_dataclass(schema_type(f.name))]
+
+
+def _options_text(group: str) -> str:
+    found = options(group)
+    return ", ".join(found) if found else f"the files of conf/{group}/"
+
+
+def group_problems(argv: Sequence[str]) -> list[Problem]:
+    """The command line's config-group overrides that Hydra would crash on (with a traceback) or quietly misread,
+    told before Hydra composes anything, each with the group's options: a group every cell needs removed (`~model`:
+    a cell without a model), a group given no option's name (`model=null`, `model=1`: Hydra's "Config group override
+    must be a string or a list"), and a list for a group that takes one option (`model=[a,b]` is one cell, the
+    options merged, the last one's values winning: it trains b alone)."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    parser = OverridesParser.create()
+    required, single = required_groups(), single_choice_groups()
+    found: list[Problem] = []
+
+    def problem(key: str, value: str, rule: str, message: str, fix: str) -> None:
+        found.append(Problem(cell=GRID, key=key, value=value, rule=rule, message=message, fix=fix))
+
+    for arg in argv:
+        if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
+            continue  # a flag (-m, --cfg) or its value
+        try:
+            ov = parser.parse_override(arg)
+        except Exception:
+            continue  # Hydra's grammar refuses it: told by Hydra, with malformed_override's hint
+        group = ov.key_or_group
+        if ov.package is not None or group not in project.GROUPS:
+            continue
+        written = arg.split("=", 1)[1] if "=" in arg else arg
+        if ov.is_delete():
+            if group in required:
+                problem(
+                    group,
+                    arg,
+                    "group-required",
+                    f"{group} is a config group every cell needs one option of: it cannot be removed",
+                    f"choose one of its options instead, {group}=<option>: {_options_text(group)}",
+                )
+            continue
+        value = ov.value()
+        choices = value.list if isinstance(value, ChoiceSweep) else [] if ov.is_sweep_override() else [value]
+        named = next((c for c in choices if not isinstance(c, str | list)), "")
+        if named != "":
+            shown = "null" if named is None else repr(named)
+            extra = {
+                "dataset": " (several make a mix: dataset=[a,b])",
+                "eval": " (eval=none runs no evaluation)",
+            }.get(group, "")
+            problem(
+                group,
+                written,
+                "group-option",
+                f"{group} is a config group: it takes the name of one of its options, not {shown}",
+                f"{group}=<option>{extra}, one of: {_options_text(group)}",
+            )
+            continue
+        listed = next((c for c in choices if isinstance(c, list)), None)
+        if listed is not None and group in single:
+            names = [str(x) for x in listed]
+            problem(
+                group,
+                written,
+                "group-one",
+                f"{group} takes one option: a list of them is merged into one cell, the last one's values winning"
+                + (f" (it would train {names[-1]} alone)" if group == "model" and names else ""),
+                f"sweep them with -m {group}={','.join(names) or '<a>,<b>'} (one cell each), or pick one:"
+                f" {group}={names[0] if names else '<option>'}",
+            )
+    return found

@@ -21,6 +21,7 @@ import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+from sft_grid.core import project
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
 from sft_grid.core.problems import Problem
@@ -574,6 +575,12 @@ def paths_usable(cell: Cell) -> Iterator[Problem]:
                 "use a shorter sweep_name" if key else "shorten the swept values that name the cell (or its model)",
             )
             break
+    given = cell.config.get("runs_root")
+    key = "runs_root" if given is not None else "cluster.runs_root"
+    given = given if given is not None else (cell.config.get("cluster") or {}).get("runs_root")
+    if isinstance(given, str) and not given.strip():
+        yield _problem(cell, key, given, "runs-root", *project.empty_runs(key))
+        return
     root = str(cell.runs_root)
     if root not in _USABLE:
         _USABLE[root] = _where_unusable(cell.runs_root)

@@ -51,11 +51,6 @@ def counts(*values: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
 
 
-# OmegaConf's words for the type a value could not be converted to, as a user reads them
-_TYPE = re.compile(r"(?:converted to|is not a valid) (?P<type>[A-Za-z]+)")
-_TYPE_WORDS = {"float": "a number (2e-05, 0.1, 3)", "integer": "a whole number (4)", "bool": "true or false"}
-
-
 class Translation(ABC):
     """One original being translated: what is consumed, what the sweep says, and the report."""
 
@@ -165,6 +160,7 @@ class Translation(ABC):
         original's key: its type, as Hydra merges the sweep onto the schema (OmegaConf), then its range or value set
         (planning/schema_rules.py, read from the schema's fields). A value no other step refused is checked here."""
         from sft_grid.planning import schema_rules  # it reads planning/compose.py, which imports Hydra
+        from sft_grid.planning.compose import type_words
 
         cfg = OmegaConf.structured(CellConf)
         sections = {name: held for name, how, held, _ in field_shapes(CellConf) if how == "dataclass"}
@@ -178,9 +174,7 @@ class Translation(ABC):
                 OmegaConf.update(cfg, key, value, merge=True)
             except OmegaConfBaseException as exc:
                 wrong_type.add(key)
-                found = _TYPE.search(str(exc))
-                word = found.group("type").lower() if found else ""
-                kind = _TYPE_WORDS.get(word, f"a {word}" if word else "another type")
+                kind = type_words(str(exc)) or "another type"
                 self.schema_problem(key, value, f"takes {kind}", f"set {{source}} to {kind.split(' (')[0]}")
         data = OmegaConf.to_container(cfg, throw_on_missing=False)
         assert isinstance(data, dict)

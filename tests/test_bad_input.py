@@ -293,6 +293,12 @@ BROKEN_YAML = {
         ":4:1: not valid YAML: found duplicate key lr",
         "keep",
     ),
+    # saved as latin-1 (or UTF-16, whose byte-order mark is 0xff 0xfe): Hydra reads YAML as UTF-8
+    "latin-1": (
+        "# @package _global_\nsweep_name: caf\xe9\n".encode("latin-1"),
+        ": not valid YAML: line 2 is not UTF-8 (byte 0xe9 at byte 35)",
+        "save it as UTF-8",
+    ),
 }
 
 
@@ -300,7 +306,7 @@ BROKEN_YAML = {
 def test_a_sweep_file_that_is_not_yaml_is_one_line_with_its_file_line_and_column(tmp_path, kind):
     text, says, fix = BROKEN_YAML[kind]
     (tmp_path / "conf" / "sweep").mkdir(parents=True)
-    (tmp_path / "conf" / "sweep" / "broken.yaml").write_text(text)
+    (tmp_path / "conf" / "sweep" / "broken.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
     runs = tmp_path / "runs"
     before = tree(tmp_path)
     proc = run_sft("--config-dir", str(tmp_path / "conf"), "-m", "+sweep=broken", "dry_run=true", f"runs_root={runs}")
@@ -316,15 +322,16 @@ def test_a_sweep_file_that_is_not_yaml_is_one_line_with_its_file_line_and_column
             ":4:1: not valid YAML: found duplicate key name",
         ),
         ("name: my_model\nhub_id: 'org/x\nparams_b: 1.0\n", "(while scanning a quoted scalar at line 2, column 9)"),
+        (b"\xff\xfen\x00a\x00m\x00e\x00", ": not valid YAML: line 1 is not UTF-8 (byte 0xff at byte 0)"),
     ],
-    ids=["duplicated-key", "unclosed-quote"],
+    ids=["duplicated-key", "unclosed-quote", "utf-16"],
 )
 def test_a_conf_group_file_that_is_not_yaml_is_one_line_too(tmp_path, text, says):
     """A group option (here a model file) is read by Hydra the same way as a sweep file, once per grid and in the
     grid composer (the second cell of a grid is composed there): both name the file by its line."""
     (tmp_path / "conf" / "model").mkdir(parents=True)
     mine = tmp_path / "conf" / "model" / "mine.yaml"
-    mine.write_text(text)
+    mine.write_bytes(text if isinstance(text, bytes) else text.encode())
     runs = tmp_path / "runs"
     for models in ("mine", "qwen3_8b,mine"):
         proc = run_sft(

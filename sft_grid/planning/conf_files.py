@@ -1,4 +1,5 @@
-"""A config file Hydra cannot read (a sweep file, a conf group option) as one line: the file, line and column.
+"""A config file Hydra cannot read (a sweep file, a conf group option) as one line: the file, line and column (of
+a YAML error, or of the first byte that is not UTF-8).
 
 Hydra loads each YAML file with OmegaConf (PyYAML with a loader that refuses duplicated keys). A file that does
 not parse (a syntax error, a tab where YAML wants spaces, the same key twice in one mapping) raises PyYAML's
@@ -52,14 +53,20 @@ def _one_line(original: Any, scheme: str) -> Any:
 
         import yaml
 
+        from sft_grid.core.cellfiles import not_utf8
+
         try:
             return original(self, config_path)
-        except yaml.YAMLError as exc:
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
             name = self._normalize_file_name(config_path)
             if scheme == "pkg":  # self.path is the package, dotted (sft_grid.conf): the file where it is installed
                 path = str(resources.files(self.path).joinpath(name))
             else:
                 path = os.path.join(self.path.split("://", 1)[-1], name)
+            if isinstance(exc, UnicodeDecodeError):  # Hydra reads the file as UTF-8 (a file saved as latin-1, UTF-16)
+                fix = "save it as UTF-8 (iconv -f <its encoding> -t utf-8)"
+                said = f"{_shown(path)}{YAML_ERROR}{not_utf8(exc.object, exc)}; {fix}"
+                raise ConfigCompositionException(said) from None
             raise ConfigCompositionException(yaml_error_line(exc, _shown(path))) from None
 
     load_config._sft_grid_yaml_lines = True  # type: ignore[attr-defined]

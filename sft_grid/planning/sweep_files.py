@@ -45,6 +45,12 @@ def problems(argv: Sequence[str]) -> list[Problem]:
         path = project.find_option("sweep", name) if name and "(" not in name else None
         if path is None:
             continue  # no such option: Hydra names it, with the options there are
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue  # Hydra cannot read it: conf_files.py's one line names the byte
+        except OSError:
+            continue
         text = path.read_text(errors="replace")
         try:
             # OmegaConf's loader, as Hydra reads the file (it refuses a duplicated key, told by conf_files.py); the

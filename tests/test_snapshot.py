@@ -107,6 +107,29 @@ def test_uncommitted_and_untracked_changes_are_refused_naming_the_files(clean, m
     assert code is not None and not code.shipped
 
 
+@pytest.mark.parametrize(
+    ("said", "ships"), [("1", True), ("yes", True), ("0", False), ("false", False), ("off", False)]
+)
+def test_the_ship_variable_says_yes_or_no_and_anything_else_is_refused(clean, make_cells, monkeypatch, said, ships):
+    """SFT_GRID_SHIP_DIRTY=false once shipped the changes (any value but "" and "0" did): its words are read as
+    said, and a value that says neither is refused, in a dry run too."""
+    (cell,) = slurm_cells(make_cells)
+    (clean / "sft_grid" / "job" / "entries.py").write_text("# edited\n")
+    monkeypatch.setenv(SHIP_ENV, said)
+    if ships:
+        code = snapshot.find([cell], dry_run=False, root=clean)
+        assert code is not None and code.shipped == ("sft_grid/job/entries.py",)
+    else:
+        with pytest.raises(GridError, match="uncommitted or untracked changes"):
+            snapshot.find([cell], dry_run=False, root=clean)
+    monkeypatch.setenv(SHIP_ENV, "maybe")
+    for dry_run in (False, True):
+        with pytest.raises(GridError) as raised:
+            snapshot.find([cell], dry_run=dry_run, root=clean)
+        text = str(raised.value)
+        assert f"{SHIP_ENV}='maybe': is neither yes nor no" in text and f"export {SHIP_ENV}=1" in text, text
+
+
 def test_shipped_changes_get_their_own_key_and_are_recorded(clean, make_cells):
     (cell,) = slurm_cells(make_cells, "ship_dirty=true")
     (clean / "sft_grid" / "job" / "entries.py").write_text("# edited\n")

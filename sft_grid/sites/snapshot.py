@@ -89,8 +89,39 @@ def _shipped_sha(root: Path, paths: Sequence[str]) -> str:
     return h.hexdigest()
 
 
+# SFT_GRID_SHIP_DIRTY's words: anything else is refused (before, any value but "" and "0" shipped: `false` too)
+SHIP_WORDS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "": False,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
 def ship_dirty_asked(cells: Iterable[Any]) -> bool:
-    return os.environ.get(SHIP_ENV, "") not in ("", "0") or any(c.spec.ship_dirty for c in cells)
+    """Whether the launch ships uncommitted changes: `ship_dirty=true` in a cell, or SFT_GRID_SHIP_DIRTY saying yes.
+    Raises GridError for a value of the variable that says neither."""
+    said = os.environ.get(SHIP_ENV, "")
+    if said.strip().lower() not in SHIP_WORDS:
+        raise GridError(
+            [
+                Problem(
+                    cell=GRID,
+                    key=SHIP_ENV,
+                    value=said,
+                    rule="ship-dirty",
+                    message="is neither yes nor no: whether uncommitted changes are shipped to the jobs is not guessed",
+                    fix=f"export {SHIP_ENV}=1 to ship them, or {SHIP_ENV}=0 (or unset it) not to",
+                )
+            ],
+            "the environment",
+        )
+    return SHIP_WORDS[said.strip().lower()] or any(c.spec.ship_dirty for c in cells)
 
 
 def needs_snapshot(cells: Iterable[Any]) -> bool:

@@ -171,3 +171,20 @@ def test_sft_grid_conf_that_names_no_folder_is_refused_as_config_dir_is(tmp_path
     # the other commands ask the same question first
     status = run_sft("status", cwd=tmp_path, env={"SFT_GRID_CONF": value})
     assert status.returncode == 2 and "environment variable SFT_GRID_CONF" in status.stderr, status.stderr
+
+
+def test_a_sweep_files_group_axis_is_held_to_the_command_lines_rules(tmp_path):
+    """The same group rules in a sweep file's axes (hydra.sweeper.params): a list for one option, and null."""
+    (tmp_path / "conf" / "sweep").mkdir(parents=True)
+    (tmp_path / "conf" / "sweep" / "g.yaml").write_text(
+        "# @package _global_\nsweep_name: g\nhydra:\n  sweeper:\n    params:\n"
+        "      model: tiny_llama,[tiny_llama,tiny_qwen3]\n      backend: null\n      lr: 1e-5,2e-5\n"
+    )
+    runs = tmp_path / "runs"
+    proc = run_sft("--config-dir", str(tmp_path / "conf"), "-m", "+sweep=g", "dry_run=true", f"runs_root={runs}")
+    said = proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in said, said
+    assert "hydra.sweeper.params.model='tiny_llama,[tiny_llama,tiny_qwen3]'" in said, said
+    assert "it would train tiny_qwen3 alone" in said and "[sweep-file]" in said, said
+    assert "hydra.sweeper.params.backend=None" in said and "not null" in said, said
+    assert not runs.exists()

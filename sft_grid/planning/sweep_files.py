@@ -19,7 +19,7 @@ from typing import Any
 
 from sft_grid.core import project, schema
 from sft_grid.core.problems import GRID, Problem
-from sft_grid.planning.compose import did_you_mean
+from sft_grid.planning.compose import did_you_mean, group_problems
 
 SWEEP_HEADER = "# @package _global_"
 
@@ -145,6 +145,10 @@ def problems(argv: Sequence[str]) -> list[Problem]:
                     f"the axis {axis!r} names no key of a cell",
                     f"name a key of a cell{did_you_mean(top, keys)}; the keys: {', '.join(keys)}",
                 )
+                continue
+            # a config group's axis, read as the command line's (a group set to null, or a list for one option)
+            for wrong in group_problems([f"{axis}={'null' if values is None else values}"]):
+                problem(key, values, wrong.message, wrong.fix)
     return found
 
 

@@ -149,6 +149,25 @@ def test_axolotl_validation_rejects_what_it_cannot_use(make_cells, tmp_path, axo
     assert "drops a key it does not know" in verdicts["pure_bf16"].message
     assert "did you mean sample_packing" in verdicts["sample_packin"].fix
     assert "packing is sft_grid's own key" in verdicts["packing"].fix
+    # and its value: the refusal axolotl's own validation gives above (sequence_len: long), before anything is queued;
+    # what pydantic's lax mode takes (a whole number written as a string, "yes" for a bool) passes
+    valued = {
+        (key, str(value)): preflight.check_backend_key(
+            Check("backend_key", f"extra.{key}", key, backend="axolotl", python=python, spec=json.dumps(value))
+        )
+        for key, value in (
+            ("sequence_len", "long"),
+            ("sequence_len", 2048),
+            ("sequence_len", "2048"),
+            ("sample_packing", "yes"),
+            ("sample_packing", "often"),
+            ("val_set_size", 0.05),
+        )
+    }
+    assert [k for k, v in valued.items() if not v.ok] == [("sequence_len", "long"), ("sample_packing", "often")]
+    assert (
+        "axolotl's config takes a whole number for sequence_len, not 'long'" in valued[("sequence_len", "long")].message
+    )
 
 
 def test_resume_args_per_backend(tmp_path):

@@ -98,7 +98,12 @@ def _checks_for(cell: Cell) -> list[Check]:
     # each `extra` key is one the backend's own parser takes (axolotl's plugins named in extra bring keys of their
     # own, which only importing them would tell: such a cell's keys are left to axolotl)
     if s.backend.name in CONFIG_PARSERS and not (s.backend.name == "axolotl" and "plugins" in s.extra):
-        checks += [Check("backend_key", f"extra.{k}", k, backend=s.backend.name, python=python) for k in s.extra]
+        checks += [
+            Check(
+                "backend_key", f"extra.{k}", k, backend=s.backend.name, python=python, spec=json.dumps(v, default=str)
+            )
+            for k, v in s.extra.items()
+        ]
     checks += _eval_checks(cell)
     template = TEMPLATES.get(s.model.template)
     model_prep = prep_for(cell)
@@ -227,7 +232,7 @@ def preflight(
                     Problem(
                         cell=cell.name,
                         key=check.key,
-                        value=check.target,
+                        value=_given(check),
                         rule=f"preflight-{check.kind}",
                         message=verdict.message,
                         fix=verdict.fix,
@@ -235,6 +240,14 @@ def preflight(
                 )
     passed = Counter(c.kind for c, v in verdicts.items() if v.ok and not v.unreachable)
     return Preflight(mask.root_causes(problems), deferred, len(verdicts), lengths=lengths, passed=dict(passed))
+
+
+def _given(check: Check) -> object:
+    """The value a problem of a check shows beside its key: an `extra` key's own value (its check's target is the
+    key's name), else the input checked (a path, a hub id, a task's name)."""
+    if check.kind == "backend_key" and check.spec:
+        return json.loads(check.spec)
+    return check.target
 
 
 def _not_staged(
@@ -504,11 +517,51 @@ def _known_name(check: Check, known: frozenset[str] | str | None, env: str) -> V
     return difflib.get_close_matches(check.target, sorted(known), n=3, cutoff=0.75)
 
 
+# pydantic's words for true and false (axolotl's config model reads a string as one of them, lax)
+_PYDANTIC_BOOLS = {"0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"}
+
+
+def _takes(value: Any, kind: Mapping[str, Any], lax: bool) -> bool:
+    """Whether a value is of the kind a config field takes: as given (LLaMA-Factory's parser builds its dataclasses
+    from the values as they are), or as pydantic's lax mode converts it (`lax`: axolotl's config model)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    text = str(value).strip().lower() if lax and isinstance(value, str) else None
+    if kind["kind"] == "bool":
+        return isinstance(value, bool) or (text is not None and text in _PYDANTIC_BOOLS)
+    if kind["kind"] in ("int", "float"):
+        if text is not None:
+            try:
+                value, number = float(text), True
+            except ValueError:
+                return False
+        return number and (kind["kind"] == "float" or float(value).is_integer())
+    return value in kind.get("choices", ())
+
+
 def check_backend_key(check: Check) -> Verdict:
-    """An `extra` key is one the backend's config parser takes in the cell's environment (see CONFIG_PARSERS)."""
+    """An `extra` key is one the backend's config parser takes in the cell's environment (see CONFIG_PARSERS), and
+    its value (`spec`, JSON) of the kind the parser's field takes, where that is one plain kind."""
     close = _known_name(check, venv_facts.config_keys(check.python, check.backend), "backend's virtual environment")
     if isinstance(close, Verdict):
-        return close
+        if not close.ok or not check.spec:
+            return close
+        kind = venv_facts.config_kinds(check.python, check.backend).get(check.target)
+        value = json.loads(check.spec)
+        if kind is None or _takes(value, kind, lax=check.backend == "axolotl"):
+            return close
+        words = {"bool": "true or false", "int": "a whole number", "float": "a number"}.get(
+            kind["kind"], f"one of {', '.join(map(str, kind.get('choices', ())))}"
+        )
+        return Verdict(
+            False,
+            f"{check.backend}'s config takes {words} for {check.target}, not {value!r}"
+            + (
+                ": its parser builds the config from the value as given, so the job would fail or train otherwise"
+                if check.backend == "llamafactory"
+                else ": its config model would refuse it as the job starts"
+            ),
+            f"+extra.{check.target}=<{words}>, or drop extra.{check.target}",
+        )
     venv = Path(check.python).parent.parent
     own = check.target in {f.name for f in dataclasses.fields(CellConf)}
     return Verdict(

@@ -59,6 +59,16 @@ def config_keys(python: str, backend: str) -> frozenset[str] | str | None:
     return frozenset(found["config_keys"]) if isinstance(found, dict) else found
 
 
+def config_kinds(python: str, backend: str) -> dict[str, dict[str, Any]]:
+    """What each key of the backend's config takes where that is one plain kind (in_venv/env_facts.kind_of: an int,
+    a float, a bool, one of a set of values); {} where the environment is not here or could not answer (asked with
+    `config_keys`, one cached answer)."""
+    if not Path(python).is_file():
+        return {}
+    found = _ask(python, ["--config-keys", backend], _cache_file(python, False, backend))
+    return dict(found.get("config_kinds") or {}) if isinstance(found, dict) else {}
+
+
 def eval_tasks(python: str, include: Sequence[str] = ()) -> frozenset[str] | str | None:
     """The task, group and tag names lm-eval's task index knows in this environment (in_venv/env_facts.py
     --lm-eval-tasks), its own and those under the `include` directories (a suite's include_path); None where its

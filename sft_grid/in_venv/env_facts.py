@@ -9,7 +9,9 @@ OUT.json: {"modules": {MODULE: importable}} (found, not imported: milliseconds),
 knows and the architecture classes its Auto model mappings name, so a model directory's config.json can be checked
 against what this environment's transformers would load (without importing the model classes: seconds).
 
-With --config-keys, OUT.json is {"config_keys": [...]}: the keys the backend's own config parser takes, read from
+With --config-keys, OUT.json is {"config_keys": [...], "config_kinds": {key: kind}}: the keys the backend's own
+config parser takes, and what each takes where that is one plain kind (an int, a float, a bool, one of a Literal's or
+an Enum's values), read from
 its classes (seconds: they import transformers). LLaMA-Factory's training parser is an HfArgumentParser over its
 argument dataclasses, which refuses any other key; axolotl's is its pydantic config model, which ignores any other
 key, with each of its bundled plugins' arguments added (a plugin's keys count where the config lists it).
@@ -47,13 +49,46 @@ def transformers_facts() -> dict[str, Any]:
     }
 
 
-def config_keys(backend: str) -> list[str]:
+def kind_of(hint: Any) -> dict[str, Any] | None:
+    """What a config field takes, where it is one plain kind: {"kind": "int" | "float" | "bool"}, or {"kind":
+    "choice", "choices": [...]} (a Literal, an Enum); None for anything else (a str, a union of kinds, a mapping)."""
+    import enum
+    import types
+    import typing
+
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        hint = args[0]
+    if hint in (bool, int, float):
+        return {"kind": hint.__name__}
+    if typing.get_origin(hint) is typing.Literal:
+        values = list(typing.get_args(hint))
+        return {"kind": "choice", "choices": values} if all(isinstance(v, str | int) for v in values) else None
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        values = [m.value for m in hint]
+        return {"kind": "choice", "choices": values} if all(isinstance(v, str | int) for v in values) else None
+    return None
+
+
+def config_keys(backend: str) -> dict[str, dict[str, Any] | None]:
+    """Each key the backend's config parser takes, and what it takes where that is one plain kind (kind_of)."""
     import dataclasses
+    import typing
 
     if backend == "llamafactory":
         from llamafactory.hparams import parser  # the classes get_train_args parses a training config with
 
-        return sorted({f.name for cls in parser._TRAIN_ARGS for f in dataclasses.fields(cls)})
+        found: dict[str, dict[str, Any] | None] = {}
+        for cls in parser._TRAIN_ARGS:
+            try:
+                hints = typing.get_type_hints(cls)
+            except Exception:  # a hint that does not resolve here: the keys still count, their kinds are not said
+                hints = {}
+            for f in dataclasses.fields(cls):
+                found.setdefault(f.name, kind_of(hints.get(f.name)))
+        return found
     if backend == "axolotl":
         import importlib
         import pkgutil
@@ -69,11 +104,12 @@ def config_keys(backend: str) -> list[str]:
             except Exception:  # a plugin whose own dependency is not installed: its keys are not asked for
                 continue
             models += [v for v in vars(args).values() if isinstance(v, type) and issubclass(v, BaseModel)]
-        keys: set[str] = set()
+        keys: dict[str, dict[str, Any] | None] = {}
         for model in models:
             for name, field in model.model_fields.items():
-                keys |= {name, *(a for a in (field.alias, field.validation_alias) if isinstance(a, str))}
-        return sorted(keys)
+                for key in (name, *(a for a in (field.alias, field.validation_alias) if isinstance(a, str))):
+                    keys.setdefault(key, kind_of(field.annotation))
+        return keys
     raise SystemExit(f"no config parser known for {backend!r}")
 
 
@@ -93,7 +129,8 @@ def main(argv: list[str]) -> int:
     if "--config-keys" in argv:
         backend = argv[argv.index("--config-keys") + 1]
         with open(argv[0], "w") as fh:
-            json.dump({"config_keys": config_keys(backend)}, fh)
+            found = config_keys(backend)
+            json.dump({"config_keys": sorted(found), "config_kinds": {k: v for k, v in found.items() if v}}, fh)
         return 0
     modules = [m for m in argv[1:] if m != "--transformers"]
     out: dict[str, Any] = {"modules": {m: importlib.util.find_spec(m) is not None for m in modules}}

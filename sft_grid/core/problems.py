@@ -59,7 +59,8 @@ class GridError(Exception):
         shared: dict[tuple[str, str, str, str], list[str]] = defaultdict(list)
         values: dict[tuple[str, str, str, str], list[object]] = defaultdict(list)
         for p in self.problems:
-            names, seen = shared[_same(p)], values[_same(p)]
+            same = _same(p)
+            names, seen = shared[same], values[same]
             if p.cell not in names:
                 names.append(p.cell)
             if p.value not in seen:

@@ -46,12 +46,9 @@ def problems(argv: Sequence[str]) -> list[Problem]:
         if path is None:
             continue  # no such option: Hydra names it, with the options there are
         try:
-            path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            continue  # Hydra cannot read it: conf_files.py's one line names the byte
-        except OSError:
-            continue
-        text = path.read_text(errors="replace")
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # Hydra cannot read it either: conf_files.py's one line names the byte
         try:
             # OmegaConf's loader, as Hydra reads the file (it refuses a duplicated key, told by conf_files.py); the
             # plain one for what is shown, the values as the user wrote them (1e-3, not 0.001)

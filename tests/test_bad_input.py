@@ -160,6 +160,19 @@ def test_every_number_out_of_its_range_is_refused(make_cells, key, field):
     assert p.key == key and p.value == value and rng.text() in p.message and key in p.fix
 
 
+@pytest.mark.parametrize("given, meant", [("2e5", "2e-05"), ("3e3", "0.003"), ("1.5", None), ("40", None)])
+def test_a_learning_rate_above_1_is_refused_and_a_lost_exponent_minus_is_named(make_cells, given, meant):
+    """Above 1 no optimizer trains (AdamW's first step moves each weight by about lr); 2e5 is 2e-5 mistyped."""
+    (cell,) = make_cells([f"lr={given}"])
+    p = only(validate([cell]), "range")
+    assert p.key == "lr" and p.value == float(given) and "<= 1" in p.message
+    if meant is None:  # 40 was not typed with an exponent: no guess
+        assert "did you mean" not in p.fix, p.fix
+    else:
+        assert f"did you mean {meant}?" in p.fix, p.fix
+    assert not validate(make_cells(["lr=1"]))  # 1 itself is allowed
+
+
 @pytest.mark.parametrize("key, field", CHOSEN, ids=[k for k, _ in CHOSEN])
 def test_every_value_outside_its_set_is_refused_with_the_set(make_cells, key, field):
     value = "no_such_value"

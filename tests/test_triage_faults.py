@@ -308,7 +308,7 @@ def test_a_diverging_loss_is_stopped_by_the_watchdog_in_both_backends(tmp_path, 
     proc = run_sft(
         "model=tiny_llama",
         f"backend={backend}",
-        "lr=1e4",
+        "lr=1",
         "max_steps=40",
         "save_steps=1",
         "global_batch_size=2",
@@ -321,7 +321,7 @@ def test_a_diverging_loss_is_stopped_by_the_watchdog_in_both_backends(tmp_path, 
     st = triaged_states([cell])[cell]
     assert st.state is State.FAILED and st.failure_class in ("diverged", "nan_loss"), st
     assert st.evidence.startswith("watchdog.json: rule="), st.evidence
-    assert st.action == "stop" and "lr=1000" in st.advice, st.advice  # a tenth of the cell's own lr
+    assert st.action == "stop" and "lr=0.1" in st.advice, st.advice  # a tenth of the cell's own lr
     assert st.progress.step is not None and st.progress.step < 40  # stopped early, not trained on
     out = cell / "output"
     assert not (out / "model.safetensors").exists() and not (out / "trainer_state.json").exists()  # never completed

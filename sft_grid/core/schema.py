@@ -577,7 +577,9 @@ class CellConf:
     runs_root: str | None = None
 
     # training hyperparameters (all part of the cell's identity)
-    lr: float = num(1.0e-5, 0, lo_open=True)
+    # above 1 no optimizer a backend offers trains (AdamW's step moves each weight by about lr): 2e5 is 2e-5 with its
+    # exponent's minus lost, which would diverge at step 1 after the queue wait
+    lr: float = num(1.0e-5, 0, 1, lo_open=True)
     epochs: float = num(1.0, 0)
     # > 0 stops after this many optimizer steps, overriding epochs; -1: train `epochs`
     max_steps: int = num(-1, -1)

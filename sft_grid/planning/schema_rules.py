@@ -99,6 +99,15 @@ def unknown_keys(cell: str, data: Mapping[str, Any], cls: type = CellConf) -> li
     ]
 
 
+def _lost_minus(value: float, rng: Range) -> str:
+    """A hint where the value is above its range and the same digits with the exponent's sign turned are in it
+    (lr=2e5 for 2e-5): the minus sign lost in typing. From 100 up only: 40 was not typed with an exponent."""
+    if not (math.isfinite(value) and value >= 100 and value > rng.hi):
+        return ""
+    turned = value / 10.0 ** (2 * math.floor(math.log10(value)))
+    return f" (did you mean {turned:g}? the exponent's minus sign may be missing)" if rng.admits(turned) else ""
+
+
 def _values(spec: Any) -> list[Finding]:
     found: list[Finding] = []
     cls: type = type(spec)
@@ -124,7 +133,13 @@ def _values(spec: Any) -> list[Finding]:
         if rng is not None and numeric and not rng.admits(value):
             finite = "" if math.isfinite(value) else "a finite number "
             found.append(
-                (name, value, "range", f"must be {finite}{rng.text()}", f"set {{key}} to a value {rng.text()}")
+                (
+                    name,
+                    value,
+                    "range",
+                    f"must be {finite}{rng.text()}",
+                    f"set {{key}} to a value {rng.text()}{_lost_minus(value, rng)}",
+                )
             )
         if choices is not None and value is not None:
             found.extend(

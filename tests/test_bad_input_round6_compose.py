@@ -188,3 +188,38 @@ def test_a_sweep_files_group_axis_is_held_to_the_command_lines_rules(tmp_path):
     assert "it would train tiny_qwen3 alone" in said and "[sweep-file]" in said, said
     assert "hydra.sweeper.params.backend=None" in said and "not null" in said, said
     assert not runs.exists()
+
+
+# -- an empty mapping that clears nothing ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_an_empty_mapping_is_refused_where_it_would_clear_nothing_and_its_fix_works(tmp_path, multirun):
+    """Hydra merges `eval.tasks={}` into the suite's tasks: every task would still be scored."""
+    m = ["-m"] if multirun else []
+    said = _refused(tmp_path, *m, "model=tiny_llama", "eval=tiny", "eval.tasks={}")
+    assert "eval.tasks='{}'" in said and "an empty mapping clears nothing" in said, said
+    assert "~eval.tasks.tiny_gen ~eval.tasks.tiny_mc" in said and "eval=none" in said, said
+    fixed = run_sft(
+        *m,
+        "model=tiny_llama",
+        "eval=tiny",
+        "~eval.tasks.tiny_gen",
+        "dry_run=true",
+        f"runs_root={tmp_path / 'runs'}",
+        cwd=tmp_path,
+    )
+    assert fixed.returncode == 0 and "1 cell(s) x 1 task(s)" in fixed.stdout + fixed.stderr, fixed.stderr
+
+
+def test_an_empty_mapping_is_left_alone_where_there_is_nothing_to_clear(make_cells):
+    from sft_grid.planning.axes import empty_mappings
+
+    (bare, later, before) = make_cells(
+        ["model=tiny_llama", "extra={}"],
+        ["model=tiny_llama", "extra={}", "+extra.ddp_timeout=60"],  # what it holds comes after it: the user's own
+        ["model=tiny_llama", "+extra.ddp_timeout=60", "extra={}"],
+    )
+    assert list(empty_mappings(bare)) == [] and list(empty_mappings(later)) == []
+    (p,) = empty_mappings(before)
+    assert (p.key, p.rule, p.fix) == ("extra", "empty-mapping", "remove its entries one by one: ~extra.ddp_timeout")

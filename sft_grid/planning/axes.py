@@ -1,10 +1,17 @@
-"""A swept axis (`key=value` as written on the command line or in a sweep file's params) that gives no cell: the
-fix, in values that work for the key (pure: the axis's own text, parsed by Hydra's override grammar, and the schema's
-type of the key). The grid is refused with them before anything runs (cli/app.py: fail_empty_axes, ...)."""
+"""An override (`key=value` as written on the command line or in a sweep file's params) that gives nothing: a swept
+axis that gives no cell, with the fix in values that work for the key (pure: the axis's own text, parsed by Hydra's
+override grammar, and the schema's type of the key; the grid is refused with them before anything runs, cli/app.py:
+fail_empty_axes, ...), and an empty mapping that clears nothing (`empty_mappings`, a validation rule)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sft_grid.core.problems import Problem
+
+if TYPE_CHECKING:
+    from sft_grid.planning.cells import Cell
 
 
 def _swept(axis: str) -> Any:
@@ -93,3 +100,32 @@ def interval_fix(axis: str) -> str:
         )
     mid = math.sqrt(a * b) if a > 0 and b / a >= 10 else (a + b) / 2  # a decade apart or more: the geometric middle
     return f"list the values: {key}={a:.3g},{mid:.3g},{b:.3g} (one cell each; or choice(...) of them)"
+
+
+def empty_mappings(cell: Cell) -> Iterator[Problem]:
+    """`key={}` where the key holds entries: Hydra merges a mapping into the one there, and an empty one changes
+    nothing, so `eval.tasks={}` still evaluates every task of the suite and `extra={}` still passes every extra.
+    (One value among a swept axis's, `extra={},{a:1}`, is a cell of the grid's choosing: left alone.)"""
+    from sft_grid.planning.compose import get_path
+
+    keys = [line.lstrip("+~").partition("=")[0] for line in cell.overrides]
+    for at, line in enumerate(cell.overrides):
+        key, _, written = line.lstrip("+").partition("=")
+        if line.startswith("~") or written.strip() != "{}" or _swept(line) != {}:
+            continue
+        held = get_path(cell.config, key)
+        later = {k[len(key) + 1 :].split(".")[0] for k in keys[at + 1 :] if k.startswith(f"{key}.")}
+        names = sorted(str(n) for n in held if str(n) not in later) if isinstance(held, Mapping) else []
+        if not names:  # nothing there, or only what later overrides put in
+            continue
+        emptied = " ".join(f"~{key}.{n}" for n in names)
+        instead = "; to run no evaluation, eval=none" if key == "eval.tasks" else ""
+        yield Problem(
+            cell=cell.name,
+            key=key,
+            value=written,
+            rule="empty-mapping",
+            message=f"{{}} is merged into {key}, which keeps what it holds ({', '.join(names)}): an empty mapping"
+            " clears nothing",
+            fix=f"remove its entries one by one: {emptied}{instead}",
+        )

@@ -29,6 +29,7 @@ from sft_grid.core.secrets import carries_secret, redact_url, secret_setting
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning import environments, gpus, site_rules
+from sft_grid.planning.axes import empty_mappings
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.evaluation import eval_suite, same_training
 from sft_grid.planning.hub_rules import hub_ids, hub_upload, model_facts
@@ -659,6 +660,7 @@ RULES: tuple[Rule, ...] = (
     notify_targets,
     no_secrets,
     eval_suite,
+    empty_mappings,
     *site_rules.RULES,
 )
 

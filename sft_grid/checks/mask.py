@@ -43,6 +43,7 @@ from sft_grid.checks.cache import stat_key as _stat
 from sft_grid.core.cellfiles import Check, Verdict
 from sft_grid.core.paths import IN_VENV_DIR
 from sft_grid.core.problems import Problem
+from sft_grid.core.secrets import shown_source
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.environments import bin_dir
@@ -207,7 +208,7 @@ def _locate(check: Check) -> Probed:
             # a hub id, or a tokenizer the job prepares first (a missing model.path has its own path check)
             p.outcome = Verdict(
                 False,
-                f"{what} {target!r} is not readable from this machine; the check runs as"
+                f"{what} {shown_source(target)!r} is not readable from this machine; the check runs as"
                 " the first step of the job, before training",
                 unreachable=True,
             )

@@ -34,6 +34,7 @@ from sft_grid.core.events import Kind
 from sft_grid.core.hubcache import is_complete, parse_snapshot, staging_failure
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import CellConf, fingerprint
+from sft_grid.core.secrets import shown_source
 from sft_grid.core.templates import DELPHI_TOKENS, TEMPLATES
 from sft_grid.core.tokenized import tokenized_complete
 from sft_grid.planning.cells import Cell, is_local
@@ -331,8 +332,8 @@ def run_deferred(
 def _unreachable(target: str, what: str) -> Verdict:
     return Verdict(
         False,
-        f"{what} {target!r} is not readable from this machine (a hub id with no copy in the Hugging Face cache"
-        f" {hub_cache()}); the check runs as the first step of the job, before training",
+        f"{what} {shown_source(target)!r} is not readable from this machine (a hub id with no copy in the Hugging Face"
+        f" cache {hub_cache()}); the check runs as the first step of the job, before training",
         unreachable=True,
     )
 

@@ -118,7 +118,7 @@ def test_the_shipped_sweeps_pass_the_sweep_file_check(monkeypatch):
 
 
 def test_a_key_hydra_could_not_compose_is_shown_with_its_value():
-    from sft_grid.planning.compose import composition_problem
+    from sft_grid.planning.hydra_errors import composition_problem
 
     message = "Could not override 'modell'.\nKey 'modell' not in 'CellConf'"
     p = composition_problem(["modell=tiny_llama", "lrr=0.001"], message)

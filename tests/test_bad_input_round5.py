@@ -111,7 +111,7 @@ def test_init_over_a_file_where_its_folder_goes_writes_nothing_and_can_be_run_ag
     repo.mkdir()
     (repo / "conf").write_text("")
     proc = run_sft("init", str(repo), cwd=tmp_path)
-    assert proc.returncode == 2 and f"{repo / 'conf'} is a file, where a folder goes" in proc.stdout, proc.stdout
+    assert proc.returncode == 2 and f"{repo / 'conf'} is a file, where a folder goes" in proc.stderr, proc.stderr
     assert sorted(p.name for p in repo.iterdir()) == ["conf"]  # no sft_grid.yaml that would stop the next init
     (repo / "conf").unlink()
     again = run_sft("init", str(repo), cwd=tmp_path)
@@ -124,7 +124,7 @@ def test_cp_takes_only_a_name_a_cell_can_use(tmp_path, name, file):
     proc = run_sft("cp", "model/tiny_llama", name, "--to", str(tmp_path / "conf"), cwd=tmp_path)
     written = sorted(p.name for p in (tmp_path / "conf" / "model").iterdir())
     if file is None:
-        assert proc.returncode == 2 and "is not an option name" in proc.stdout and not written, proc.stdout
+        assert proc.returncode == 2 and "is not an option name" in proc.stderr and not written, proc.stderr
     else:
         assert proc.returncode == 0 and written == [file], (proc.stdout, written)  # not mine.yaml.yaml
 

@@ -28,7 +28,7 @@ from sft_grid.core import project
 from sft_grid.core.paths import PACKAGE_CONF, REPO_ROOT
 from sft_grid.planning import resolvers
 from sft_grid.planning.cells import plan_cell
-from sft_grid.planning.compose import options
+from sft_grid.planning.hydra_errors import options
 from sft_grid.planning.validate import validate
 
 from .conftest import hydra_plain

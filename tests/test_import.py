@@ -469,8 +469,16 @@ BAD: dict[str, list[tuple[str, str | None, str]]] = {
         ("hf.yaml", "model: gpt2\nepochs: 3\nbatch_size: 8\n", "neither a LLaMA-Factory config"),
     ],
     "not a training config": [
-        ("list.yaml", "- model_name_or_path: Qwen/Qwen3-8B\n", "a mapping of keys, and this file holds list"),
+        ("list.yaml", "- model_name_or_path: Qwen/Qwen3-8B\n", "and this file holds a list: name the training YAML"),
+        ("train.sh", "torchrun train.py --lr 2e-5\n", "this file holds plain text: name the training YAML"),
         ("dpo.yaml", "model_name_or_path: Qwen/Qwen3-8B\nstage: dpo\ntemplate: qwen3\n", "stage: dpo"),
+    ],
+    "a dataset it cannot find": [
+        (
+            "lf.yaml",
+            "model_name_or_path: Qwen/Qwen3-8B\nstage: sft\ntemplate: qwen3\ndataset: my_ds\n",
+            "dataset my_ds: no dataset_dir is given to look it up in, and not a Hub id (org/name): give the",
+        ),
     ],
 }
 

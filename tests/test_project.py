@@ -144,13 +144,13 @@ def test_cp_copies_a_shipped_option_in_and_refuses_what_it_cannot_do(tmp_path):
     }
     for args, said in refusals.items():
         proc = run_sft(*args, cwd=root)
-        assert proc.returncode == 2 and said in proc.stdout, (args, proc.stdout)
+        assert proc.returncode == 2 and said in proc.stderr, (args, proc.stderr)
     assert (root / "conf" / "model" / "qwen3_8b_long.yaml").read_text() == copied
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     subprocess.run(["git", "init", "-q", str(outside)], check=True)
     proc = run_sft("cp", "model/qwen3_8b", cwd=outside)
-    assert proc.returncode == 2 and "sft-grid init" in proc.stdout and not (outside / "conf").exists()
+    assert proc.returncode == 2 and "sft-grid init" in proc.stderr and not (outside / "conf").exists()
 
 
 def test_a_grid_of_the_teams_configs_is_not_sent_to_a_remote_site(tmp_path):

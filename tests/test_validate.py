@@ -6,7 +6,7 @@ import pytest
 
 from sft_grid.core.problems import GridError, Problem
 from sft_grid.grid.flow import plan_cells
-from sft_grid.planning.compose import composition_problem
+from sft_grid.planning.hydra_errors import composition_problem
 from sft_grid.planning.validate import validate
 
 from .conftest import run_sft

@@ -49,7 +49,7 @@ from typing import Any
 
 from sft_grid.analysis.forms import FORMS
 from sft_grid.core.problems import GRID, Problem
-from sft_grid.planning.compose import did_you_mean
+from sft_grid.planning.hydra_errors import did_you_mean
 
 PRUNE_KEYS = ("metric", "rungs", "unit", "keep", "by", "guard", "probe")
 ADAPTIVE_KEYS = (

@@ -25,8 +25,8 @@ from sft_grid.checks import venv_facts
 from sft_grid.core.problems import Problem
 from sft_grid.planning import environments, resolvers
 from sft_grid.planning.cells import Cell
-from sft_grid.planning.compose import did_you_mean
 from sft_grid.planning.evaluation import suites_of
+from sft_grid.planning.hydra_errors import did_you_mean
 
 RULE = "preflight-venv"
 

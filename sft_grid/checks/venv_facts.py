@@ -10,6 +10,7 @@ python, its ready marker and its site-packages directories (rebuilt, or a packag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -141,7 +142,13 @@ def _cache_file(python: str, transformers: bool, question: str = "") -> Path:
 
 
 def _store(cached: Path, found: dict[str, Any]) -> None:
-    cached.parent.mkdir(parents=True, exist_ok=True)
+    """Cache an answer; a cache folder that cannot be written (a file on its way, no permission: named at start,
+    core/project.py check_folder_vars) costs the answer's next asking, never the run."""
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(found))
-    tmp.replace(cached)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(found))
+        tmp.replace(cached)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

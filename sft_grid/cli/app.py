@@ -226,12 +226,17 @@ def run_single(cfg: DictConfig) -> GridResult:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    from sft_grid.planning.compose import Composed, composition_problem
+    from sft_grid.planning.compose import Composed
+    from sft_grid.planning.hydra_errors import composition_problem
 
-    overrides = list(HydraConfig.get().overrides.task)
+    # as written, not resolved: an override's value may hold an interpolation (`runs_root=${oc.env:SCRATCH}/runs`)
+    # that is resolved, and refused when it cannot be, with the cell's config below
+    overrides = [str(o) for o in OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False) or []]
     from sft_grid.planning import sweep_files
 
-    unswept = sweep_files.unswept(overrides, dict(HydraConfig.get().sweeper.get("params") or {}))
+    axes = HydraConfig.get().sweeper.get("params")
+    axes = OmegaConf.to_container(axes, resolve=False) if OmegaConf.is_config(axes) else axes
+    unswept = sweep_files.unswept(overrides, dict(axes) if isinstance(axes, dict) else {})
     if unswept:
         _fail(GridError([unswept], "planning"))
     with open_dict(cfg):
@@ -750,18 +755,22 @@ def _config_dirs_to_env(argv: list[str]) -> list[str]:
 
 def hydra_app() -> None:
     """`sft-grid run`: the Hydra app, with a hint after Hydra's own errors (the valid keys, the closest)."""
+    if "--version" in sys.argv[1:]:  # sft_grid's version, not Hydra's
+        from sft_grid import __version__
+
+        print(f"sft_grid {__version__}")
+        raise SystemExit(0)
     sys.argv = [sys.argv[0], *_config_dirs_to_env(sys.argv[1:])]
     helping = any(a in HELP_FLAGS for a in sys.argv[1:])
     if not helping:
-        from sft_grid.planning import sweep_files
-        from sft_grid.planning.compose import group_problems
+        from sft_grid.planning import command_line, sweep_files
 
+        found = command_line.problems(sys.argv[1:])
+        if found:
+            _fail(GridError(found, "reading the command line"))
         found = sweep_files.problems(sys.argv[1:])
         if found:
             _fail(GridError(found, "reading the sweep files"))
-        found = group_problems(sys.argv[1:])
-        if found:
-            _fail(GridError(found, "reading the command line"))
     hints = _KeyHints(sys.stderr)
     sys.stderr = hints
     try:
@@ -770,10 +779,11 @@ def hydra_app() -> None:
     except SystemExit as exc:
         sys.stderr = hints.stream
         if exc.code:
-            from sft_grid.planning.compose import key_hint, malformed_override
+            from sft_grid.planning.command_line import flag_hint
+            from sft_grid.planning.hydra_errors import key_hint, malformed_override
 
             seen = "".join(hints.seen)
-            hint = key_hint(seen) or malformed_override(sys.argv[1:])
+            hint = key_hint(seen) or malformed_override(sys.argv[1:]) or flag_hint(sys.argv[1:])
             if hint and hint not in seen:
                 print(f"hint: {hint}", file=sys.stderr)
         raise
@@ -783,6 +793,9 @@ def hydra_app() -> None:
 
 def main(argv: Sequence[str]) -> int:
     """`sft-grid run ...`: the Hydra app (python -m sft_grid), with these arguments."""
-    sys.argv = ["sft-grid run", *argv]
+    # check and stage run this app with their own name (RUN_AS), so that its usage errors say theirs
+    from sft_grid.cli.options import RUN_AS
+
+    sys.argv = [os.environ.pop(RUN_AS, "") or "sft-grid run", *argv]
     hydra_app()
     return 0

@@ -25,7 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sft_grid.cli.options import add_grid
 
     add_grid(parser)
-    parser.add_argument("cells", nargs="*", metavar="CELL", help="cell names or parts of names (default: every cell)")
+    # a default: argparse then says only GRID is required (without one it names CELL too, which may be left out)
+    parser.add_argument(
+        "cells", nargs="*", default=[], metavar="CELL", help="cell names or parts of names (default: every cell)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,5 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     # the grid command itself, in this process: the same composition and the same resolution as a real run
+    from sft_grid.cli.options import RUN_AS
+
+    os.environ[RUN_AS] = "sft-grid check"  # the app's usage errors name this command
     os.execv(sys.executable, [sys.executable, "-m", "sft_grid", "run", *argv, "check_only=true"])
     return 1  # not reached

@@ -26,6 +26,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("name", nargs="?", help="the copy's name (default: the same, which then wins)")
     parser.add_argument("--to", metavar="DIR", help="the config folder to copy into (default: the repository's)")
+    parser.add_argument(
+        "--force", action="store_true", help="copy under the name of another shipped option, which the copy then hides"
+    )
+
+
+OPTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def name_problem(name: str) -> str | None:
+    """Why a name cannot be an option's (its file is <name>.yaml, and a cell's name is made of it), or None."""
+    if OPTION_NAME.fullmatch(name):
+        return None
+    return (
+        f"{name!r} is not an option name: a letter or a digit first (not . .. or a leading dot or -, which a cell's"
+        " name refuses), then letters, digits, _ . -"
+    )
 
 
 def renamed(text: str, group: str, old: str, new: str) -> str:
@@ -54,20 +70,29 @@ def run(args: argparse.Namespace) -> int:
     group, _, option = args.option.strip("/").partition("/")
     shipped = sorted(p.name for p in PACKAGE_CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
     if group not in shipped or not option:
-        print(f"sft-grid cp: {args.option!r} is not GROUP/OPTION; the groups: {', '.join(shipped)}")
+        print(f"sft-grid cp: {args.option!r} is not GROUP/OPTION; the groups: {', '.join(shipped)}", file=sys.stderr)
         return 2
     source = PACKAGE_CONF / group / f"{option}.yaml"
     if not source.is_file():
         names = sorted(p.stem for p in (PACKAGE_CONF / group).glob("*.yaml"))
-        print(f"sft-grid cp: no shipped option {group}/{option}; the shipped {group} options: {', '.join(names)}")
+        print(
+            f"sft-grid cp: no shipped option {group}/{option}; the shipped {group} options: {', '.join(names)}",
+            file=sys.stderr,
+        )
         return 2
     name = args.name or option
     if name.endswith(".yaml"):
         name = name[: -len(".yaml")]  # the option's name; the file is <name>.yaml
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+    wrong = name_problem(name)
+    if wrong:
+        print(f"sft-grid cp: {wrong}", file=sys.stderr)
+        return 2
+    if name != option and (PACKAGE_CONF / group / f"{name}.yaml").is_file() and not args.force:
         print(
-            f"sft-grid cp: {name!r} is not an option name: a letter or a digit first (not . .. or a leading dot or -,"
-            " which a cell's name refuses), then letters, digits, _ . -"
+            f"sft-grid cp: {group}/{name} is a shipped option too: the copy of {option} would hide it ({group}={name}"
+            f" would then be {option}'s copy); nothing copied: name the copy otherwise (sft-grid cp {group}/{option}"
+            f" my_{name}), or add --force to hide the shipped {name}",
+            file=sys.stderr,
         )
         return 2
     if args.to:
@@ -77,13 +102,17 @@ def run(args: argparse.Namespace) -> int:
         if found is None:
             print(
                 "sft-grid cp: not in an experiment repository (no sft_grid.yaml or conf/ here or above);"
-                " run sft-grid init first, or give --to DIR"
+                " run sft-grid init first, or give --to DIR",
+                file=sys.stderr,
             )
             return 2
         conf = found.conf
     target = conf / group / f"{name}.yaml"
     if target.exists():
-        print(f"sft-grid cp: {target} is already there; nothing copied (edit it, or remove it to copy afresh)")
+        print(
+            f"sft-grid cp: {target} is already there; nothing copied (edit it, or remove it to copy afresh)",
+            file=sys.stderr,
+        )
         return 2
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(renamed(source.read_text(), group, option, name))

@@ -103,6 +103,12 @@ def _refuse_empty(args: argparse.Namespace) -> None:
     for flag, value in (("--out", args.out), ("--name", args.name), ("--cluster", args.cluster)):
         if value is not None and not value.strip():
             raise Refused(f"{flag} is empty (an unset shell variable?): give its value, or drop {flag} for the default")
+    if args.name is not None:
+        from sft_grid.cli.cmd_cp import name_problem
+
+        wrong = name_problem(args.name)
+        if wrong:
+            raise Refused(f"--name {wrong}; nothing written")
 
 
 def _conf_dir(out: str | None) -> Path:

@@ -79,11 +79,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     root = Path(args.dir).expanduser().resolve()
     if root.exists() and not root.is_dir():
-        print(f"sft-grid init: {root} is a file, not a folder; name a folder", flush=True)
+        print(f"sft-grid init: {root} is a file, not a folder; name a folder", file=sys.stderr)
         return 2
     if (root / PROJECT_FILE).is_file():
         print(f"sft-grid init: {root} is already an experiment repository ({PROJECT_FILE}); nothing written")
         return 0
+    enclosing = next((p for p in root.parents if (p / PROJECT_FILE).is_file()), None)
+    if enclosing is not None:
+        # a repository inside another: sft-grid run there would read the inner one alone, the outer's configs unseen
+        print(
+            f"sft-grid init: {root} is inside the experiment repository at {enclosing} ({enclosing / PROJECT_FILE});"
+            " nothing written: its configs go in its own conf/ (sft-grid cp <group>/<option> from there), or name"
+            " a folder outside it for a new repository",
+            file=sys.stderr,
+        )
+        return 2
     planned = plan(root)
     # what is in the way, before anything is written (a rerun after a half-written init would find sft_grid.yaml
     # and stop): a file where a folder goes, a folder where a file goes
@@ -93,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         blocked += [(path, "a folder, where a file goes")] if path.is_dir() else []
         if blocked:
             where, what = blocked[0]
-            print(f"sft-grid init: {where} is {what}; move it away, then run sft-grid init again", flush=True)
+            print(f"sft-grid init: {where} is {what}; move it away, then run sft-grid init again", file=sys.stderr)
             return 2
     written, kept = [], []
     for path, text in planned.items():

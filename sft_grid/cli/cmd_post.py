@@ -15,9 +15,13 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sft_grid.cli.options import add_runs_root
     from sft_grid.stages.post_training import IN_JOB, LOGIN, STAGES
 
-    parser.add_argument("target", help="a cell directory, or a grid's directory (<runs_root>/<sweep>)")
+    parser.add_argument(
+        "target", help="a cell directory, or a grid: its sweep_name (a directory under the runs root) or its directory"
+    )
+    add_runs_root(parser)
     parser.add_argument(
         "--stage",
         action="append",
@@ -29,17 +33,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sft_grid.core.layout import OUTPUT_DIR, POST_FILE, iter_cell_dirs, output_complete
+    from sft_grid.core.layout import CELL_FILE, OUTPUT_DIR, POST_FILE, iter_cell_dirs, output_complete
     from sft_grid.stages.post_training import Step, states
     from sft_grid.stages.post_training import run as run_stages
 
     logging.basicConfig(level=logging.ERROR, format="%(message)s")  # each cell's outcome is printed below
-    target = Path(args.target).expanduser().resolve()
+    from sft_grid.cli.options import grid_dir
+    from sft_grid.cli.present import no_grid
+
+    here = Path(args.target).expanduser()
+    # a cell's or a grid's directory, or a grid's name as the other commands take it (under the runs root)
+    target = here.resolve() if here.is_dir() else grid_dir(args.target, args.runs_root)
     cells = (
         [target] if (target / POST_FILE).is_file() else [d for d in iter_cell_dirs(target) if (d / POST_FILE).is_file()]
     )
     if not cells:
-        print(f"no cell with post-training stages under {target}", file=sys.stderr)
+        missing = "" if (target / CELL_FILE).is_file() else no_grid(target, args.target)
+        print(missing or f"no cell with post-training stages under {target}", file=sys.stderr)
         return 1
     failed = 0
     for cell_dir in cells:

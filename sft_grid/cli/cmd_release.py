@@ -52,14 +52,19 @@ def run(args: argparse.Namespace) -> int:
     if not every and remote.recorded_cells(sweep_dir):  # a grid across remote sites: its cells are there
         return _release_remote(sweep_dir, args.site, args.cancel)
     if not every:
-        print(f"no cells under {sweep_dir}", file=sys.stderr)
+        from sft_grid.cli.present import no_grid
+
+        print(no_grid(sweep_dir, args.grid) or f"no cells under {sweep_dir}", file=sys.stderr)
         return 1
     with hold_all([sweep_dir / LOCK_FILE]):
         view = read_view(every, ask=False)  # the ledgers alone: the site is not asked (it may be gone)
         sites = {events.submitted_site(view.histories[d])[0] for d in every} - {""}
         if args.site not in sites:
             named = ", ".join(sorted(sites)) or "none (not a grid across sites)"
-            print(f"no cell of {sweep_dir.name} was queued on site {args.site}; the sites its cells name: {named}")
+            print(
+                f"no cell of {sweep_dir.name} was queued on site {args.site}; the sites its cells name: {named}",
+                file=sys.stderr,
+            )
             return 1
         outcomes = []
         env: dict[str, str] = {}
@@ -102,7 +107,10 @@ def _release_remote(sweep_dir: Path, site: str, cancel: bool) -> int:
         cells = sorted(n for n, s in recorded.items() if s == site)
         if not cells:
             named = ", ".join(sorted(set(recorded.values())))
-            print(f"the record of {sweep_dir.name} sent no cell to site {site}; the sites it names: {named}")
+            print(
+                f"the record of {sweep_dir.name} sent no cell to site {site}; the sites it names: {named}",
+                file=sys.stderr,
+            )
             return 1
         record = facts.read_record(sweep_dir)
         before = (record.get(site) or {}).get("let_go") or {}

@@ -85,7 +85,8 @@ def _one(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a.startswith("--repo") for a in argv):
+    # one repository's options (a missing --repo is then said by its own parser, with its usage)
+    if any(a.split("=", 1)[0] in ("--repo", "--dataset", "--revision", "--cache", "--time-limit") for a in argv):
         return _one(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -93,5 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     # the grid command itself, in this process (exec: a login node's process clock keeps counting from our start)
     import os
 
+    from sft_grid.cli.options import RUN_AS
+
+    os.environ[RUN_AS] = "sft-grid stage"  # the app's usage errors name this command
     os.execv(sys.executable, [sys.executable, "-m", "sft_grid", "run", *argv, "stage_only=true"])
     return 1  # not reached

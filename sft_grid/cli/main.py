@@ -178,6 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if parsed.command is None:
         parser.print_help()
         return 2
+    empty = empty_argument(parsed)
+    if empty:
+        print(f"sft-grid {parsed.command}: {empty}", file=sys.stderr)
+        return 2
     if getattr(parsed, "grid", None) and hasattr(parsed, "runs_root"):  # a remote grid answers there
         from sft_grid.cli.options import grid_dir
         from sft_grid.sites import remote
@@ -196,6 +200,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if forwarded is not None:
             return forwarded
     return _run(parsed)
+
+
+# a command's arguments that name a grid, a cell or a site -> what to give instead
+NAMED = {
+    "grid": "name the grid (its sweep_name) or its directory",
+    "target": "name a grid (its sweep_name), a grid's directory or a cell's",
+    "cell": "name a cell (or a part of its name)",
+    "site": "name the site (a name of the grid's sites=[...])",
+}
+
+
+def empty_argument(parsed: argparse.Namespace) -> str:
+    """An empty GRID, CELL or --site (an unset shell variable: `sft-grid status "$GRID"`), which would read as the
+    runs root itself or a part of every cell's name; "" when none is empty."""
+    for dest, fix in NAMED.items():
+        value = getattr(parsed, dest, None)
+        if isinstance(value, str) and not value.strip():
+            what = f"--{dest}" if dest == "site" else dest.upper()
+            return f"{what} is empty (an unset shell variable?); nothing done: {fix}"
+    return ""
 
 
 def _run(parsed: argparse.Namespace) -> int:

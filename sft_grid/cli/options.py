@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 RUNS_ROOT_HELP = "the grid's runs_root (default: $SFT_GRID_RUNS, else runs/ at the project's root, else ./runs)"
+# the command that runs the grid app for its own purpose (sft-grid check, sft-grid stage): its name in the app's usage
+RUN_AS = "SFT_GRID_RUN_AS"
 
 
 def whole(least: int) -> Callable[[str], int]:

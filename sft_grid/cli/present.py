@@ -709,12 +709,21 @@ def no_grid(sweep_dir: Path, grid: str) -> str:
     name first); "" where it is."""
     import difflib
 
+    from sft_grid.core.layout import CELL_FILE
+
+    head = f"no cells under {sweep_dir}"
+    if (sweep_dir / CELL_FILE).is_file():  # a cell's own directory, named where its grid goes
+        return (
+            f"{head}: it is a cell's directory, not a grid's; name its grid, {relative(sweep_dir.parent)}"
+            f" (sft-grid logs {relative(sweep_dir.parent)} {sweep_dir.name} names the cell)"
+        )
     if sweep_dir.is_dir():
         return ""
-    head = f"no cells under {sweep_dir}"
     if sweep_dir.exists():
         return f"{head}: it is a file, not a grid's directory"
     root = sweep_dir.parent
+    if root.exists() and not root.is_dir():
+        return f"{head}: the runs root {root} is a file, not a folder (--runs-root, else $SFT_GRID_RUNS, names it)"
     if not root.is_dir():
         return f"{head}: there is no runs root {root} (--runs-root, else $SFT_GRID_RUNS, says where grids are)"
     grids = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))

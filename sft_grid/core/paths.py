@@ -43,3 +43,40 @@ def torch_extensions(python: str) -> str:
     env = Path(os.path.abspath(python)).parent.parent
     key = hashlib.sha256(str(env).encode()).hexdigest()[:8]
     return str(cache_root() / "torch_extensions" / f"{env.name}-{key}")
+
+
+# the environment variables that name a folder sft_grid (or the Hub's client it calls) reads and writes: what each is,
+# and what unsetting it gives
+FOLDER_VARS = {
+    "SFT_GRID_CACHE": ("sft_grid's cache (virtual environments, tiny assets, check results)", "~/.cache/sft_grid"),
+    "SFT_GRID_PREFLIGHT_CACHE": ("where sft_grid keeps its checks' results", "<the sft_grid cache>/preflight"),
+    "HF_HOME": ("the Hugging Face home (its token and its hub cache)", "~/.cache/huggingface"),
+    "HF_HUB_CACHE": ("the Hugging Face hub cache", "$HF_HOME/hub"),
+}
+# the ones read from every folder and by every job: a relative one would name another folder in each
+ABSOLUTE_VARS = ("SFT_GRID_CACHE",)
+
+
+def folder_var_problem(var: str) -> str | None:
+    """Why environment variable `var` (one of FOLDER_VARS) cannot name its folder, with the fix, or None: a relative
+    path where it must be absolute, or a path that is (or runs through) a file. Unset, empty (refused where it is read:
+    planning/resolvers.py) or missing (created when needed) is no problem here."""
+    value = os.environ.get(var)
+    if not value or not value.strip():
+        return None
+    what, default = FOLDER_VARS[var]
+    path = Path(value).expanduser()
+    fix = f"export {var}=<an absolute directory>, or `unset {var}` to use {default}"
+    if var in ABSOLUTE_VARS and not path.is_absolute():
+        return (
+            f"environment variable {var} is {value!r}, a relative path: it names {what}, read from every folder and"
+            f" by every job, where it would name another folder; export {var}={Path(os.path.abspath(path))} (an"
+            f" absolute directory), or `unset {var}` to use {default}"
+        )
+    for part in (path, *path.parents):
+        if part.exists():
+            if part.is_dir():
+                return None
+            where = "is a file" if part == path else f"runs through the file {part}"
+            return f"environment variable {var} is {value!r}, which {where}, not a directory: it names {what}; {fix}"
+    return None

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from sft_grid.core.paths import PACKAGE_CONF
+from sft_grid.core.paths import FOLDER_VARS, PACKAGE_CONF, folder_var_problem
 
 PROJECT_FILE = "sft_grid.yaml"
 CONF_ENV = "SFT_GRID_CONF"
@@ -147,12 +147,31 @@ def _runs_env() -> str | None:
     return value
 
 
+_FOLDERS_SEEN: set[tuple[str | None, ...]] = set()
+
+
+def check_folder_vars() -> None:
+    """The environment variables that name a folder (core/paths.py FOLDER_VARS: $SFT_GRID_CACHE, $HF_HOME, ...) name
+    one: a file there, or a relative $SFT_GRID_CACHE, is refused naming the variable, before it is read as something
+    else (a missing asset, a Hub id) or fails deep inside a read. Checked once per set of their values."""
+    values = tuple(os.environ.get(v) for v in FOLDER_VARS)
+    if values in _FOLDERS_SEEN:
+        return
+    for var in FOLDER_VARS:
+        why = folder_var_problem(var)
+        if why:
+            raise ProjectError(why)
+    _FOLDERS_SEEN.add(values)
+
+
 def find(start: Path | None = None) -> Project | None:
     """The project the working directory (or `start`) is in; outside one, the project $SFT_GRID_CONF's first folder
     is in (so a cell's rerun line, which names its folders, lands in the same runs folder from anywhere); else None.
     A set but empty $SFT_GRID_RUNS, and a $SFT_GRID_CONF that names no folder (`check_conf_env`), are a ProjectError
-    here too: the commands ask `find` first, before any reads."""
+    here too, as is an environment variable that names a file for a folder (`check_folder_vars`): the commands ask
+    `find` first, before any reads."""
     _runs_env()
+    check_folder_vars()
     start = (start or Path.cwd()).resolve()
     key = (start, os.environ.get(CONF_ENV, ""))
     if key not in _FOUND:

@@ -473,8 +473,12 @@ class ModelConf:
 
 
 def exact_params(model: ModelConf) -> int:
-    """The model's parameter count: the exact one where it is given, else its size in billions."""
-    return int(model.params) if model.params else round(model.params_b * 1e9)
+    """The model's parameter count: the exact one where it is given, else its size in billions; 0 where neither is
+    a number (params_b left out: `???`, refused by the schema's required rule, which this must not crash before)."""
+    if model.params:
+        return int(model.params)
+    size = model.params_b
+    return round(size * 1e9) if isinstance(size, int | float) and not isinstance(size, bool) else 0
 
 
 def weights_bytes(model: ModelConf) -> int:

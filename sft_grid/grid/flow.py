@@ -61,8 +61,9 @@ from sft_grid.grid.spread import spread
 from sft_grid.grid.triage import settle
 from sft_grid.planning import costs as grid_costs
 from sft_grid.planning.cells import Cell, dirs_of, plan_cell
-from sft_grid.planning.compose import Composed, CompositionError, composition_problem
+from sft_grid.planning.compose import Composed, CompositionError
 from sft_grid.planning.evaluation import BaseTarget, along_of, base_targets, merge_eval_axis
+from sft_grid.planning.hydra_errors import composition_problem
 from sft_grid.planning.inputs import Prep, preps
 from sft_grid.planning.validate import validate
 from sft_grid.schedulers import slurm

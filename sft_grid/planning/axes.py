@@ -82,7 +82,7 @@ def interval_fix(axis: str) -> str:
 
     from hydra.core.override_parser.types import IntervalSweep
 
-    from sft_grid.planning.compose import schema_type
+    from sft_grid.planning.hydra_errors import schema_type
 
     key, sweep = axis.split("=", 1)[0], _swept(axis)
     kind = schema_type(key.lstrip("+"))

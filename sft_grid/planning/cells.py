@@ -299,7 +299,41 @@ def hub_id_for(template: str, config: Mapping[str, Any], key: str, slug: str) ->
         ) from None
 
 
+def _absolute(value: str, base: Path) -> str:
+    """A local path as the jobs must read it: `~` expanded, and a relative one taken from `base` (a job runs in its
+    cell's directory, where `./models/tiny` names nothing)."""
+    path = os.path.expanduser(value)
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+
+
+def _keeps_as_written(value: object) -> bool:
+    """A path left as written: not a string, empty, a dry run's placeholder (`<VAR>`), or a shell variable (`$HOME`,
+    refused by the rule path-shell-variable with the value as the user wrote it)."""
+    return not isinstance(value, str) or not value.strip() or resolvers.is_placeholder(value) or "$" in value
+
+
+def local_paths(config: Mapping[str, Any], base: Path) -> Mapping[str, Any]:
+    """The config with its local model directory and local dataset files absolute: `~` expanded and a relative path
+    taken from `base` (the team repository's root, else the working directory, as a relative runs_root is), so that
+    every folder of the repository plans the same cell and its job finds them. A cell's identity names a local
+    input by its file name only (`identity`), so it does not change."""
+    model = config.get("model")
+    out = dict(config)
+    if isinstance(model, Mapping) and not _keeps_as_written(model.get("path")):
+        out["model"] = {**model, "path": _absolute(str(model["path"]), base)}
+    datasets = config.get("dataset")
+    if isinstance(datasets, Mapping):
+        sources = {}
+        for name, ds in datasets.items():
+            source = ds.get("source") if isinstance(ds, Mapping) else None
+            local = not _keeps_as_written(source) and is_local(str(source)) and not str(source).startswith("/")
+            sources[name] = {**ds, "source": _absolute(str(source), base)} if local else ds
+        out["dataset"] = sources
+    return out
+
+
 def plan_cell(overrides: Sequence[str], config: Mapping[str, Any], cwd: Path | None = None) -> Cell:
+    config = local_paths(config, cwd or project.runs_base())
     key, slug = identity_key(config), slug_for(overrides, config)
     hub = config.get("hub_model_id")
     if hub and "{" in hub:

@@ -14,19 +14,19 @@ unresolved config and resolves each cell as a whole, as Hydra does. Where the ob
 option with its own defaults list or a package header, an override value that reads other keys), the cell is
 composed by Hydra in full. tests/test_compose.py proves the result equals ``hydra.compose`` for generated grids.
 
-Below the composer: its plain data (the composed cell, its errors, the reference, setting a dotted key), the value
-overrides of a grid's cells each applied once by Hydra's own override code (`ValueEffects`), and the messages for
-input Hydra could not compose (the valid keys or options, and the closest one).
+Below the composer: its plain data (the composed cell, its errors, the reference, setting a dotted key) and the value
+overrides of a grid's cells each applied once by Hydra's own override code (`ValueEffects`). What Hydra and OmegaConf
+refuse is said for a user in planning/hydra_errors.py; the command line read before Hydra composes, in
+planning/command_line.py.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from typing import Any, cast
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -36,9 +36,6 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-
-from sft_grid.core import project, schema
-from sft_grid.core.problems import GRID, Problem
 
 log = logging.getLogger(__name__)
 
@@ -511,230 +508,3 @@ def apply_overrides(values: list[Override], scratch: DictConfig) -> None:
     if any(has_non_env_interpolation(v.value()) for v in values):
         raise NeedsHydra()  # the value reads other keys, which differ from cell to cell
     ConfigLoaderImpl._apply_overrides_to_config(values, scratch)
-
-
-_NOT_IN = re.compile(r"Key '(?P<key>[^']+)' not in '(?P<type>\w+)'")
-_ENV_UNSET = re.compile(r"environment variable (?P<var>\w+) is (?:not set|empty)")
-_NOT_FOUND = re.compile(r"Could not find '(?P<group>[^'/]+)/(?P<option>[^']+)'")
-# OmegaConf's words for a value of the wrong type, and the key it names on a line of its own
-_NOT_TYPED = re.compile(
-    r"Value '(?P<value>.*?)'(?: of type '\w+')? (?:could not be converted to|is not a valid) (?P<type>[A-Za-z]+)"
-)
-_FULL_KEY = re.compile(r"full_key: (?P<key>\S+)")
-_TYPE_WORDS = {"float": "a number (2e-05, 0.1, 3)", "integer": "a whole number (4)", "bool": "true or false"}
-
-
-def type_words(message: str) -> str | None:
-    """What a value must be, in words ("a number (2e-05, 0.1, 3)"), from OmegaConf's refusal of a value of the wrong
-    type ("Value 'abc' of type 'str' could not be converted to Float"); None for another error."""
-    typed = _NOT_TYPED.search(message)
-    if typed is None:
-        return None
-    word = typed.group("type").lower()
-    return _TYPE_WORDS.get(word, f"a {word}")
-
-
-def did_you_mean(word: str, options: Iterable[str]) -> str:
-    close = difflib.get_close_matches(str(word), list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _schema_keys(type_name: str) -> list[str] | None:
-    cls = getattr(schema, type_name, None)
-    if cls is None or not is_dataclass(cls):
-        return None
-    return [f.name for f in fields(cls)]
-
-
-def options(group: str) -> list[str]:
-    return project.options(group)
-
-
-def key_hint(message: str) -> str | None:
-    """The valid keys (and the closest one) for an unknown-key error, or the options for an unknown option."""
-    match = _NOT_IN.search(message)
-    if match:
-        valid = _schema_keys(match.group("type"))
-        if valid:
-            return f"valid keys of {match.group('type')}: {', '.join(valid)}{did_you_mean(match.group('key'), valid)}"
-    typed, where, kind = _NOT_TYPED.search(message), _FULL_KEY.search(message), type_words(message)
-    if typed and where and kind:
-        return f"{where.group('key')} takes {kind}, not {typed.group('value')!r}: {where.group('key')}=<value>"
-    match = _NOT_FOUND.search(message)
-    if match:
-        found = options(match.group("group"))
-        if found:
-            return f"{match.group('group')} is one of {', '.join(found)}{did_you_mean(match.group('option'), found)}"
-    return None
-
-
-def malformed_override(argv: Sequence[str]) -> str | None:
-    """Which command-line override Hydra's grammar refuses, and how to write it (None: they all parse)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue  # a flag (-m, --cfg) or its value
-        try:
-            parser.parse_override(arg)
-        except Exception as exc:
-            detail = " ".join(str(exc).split())[:200]
-            return (
-                f"the override {arg!r} is malformed ({detail}): write key=value, a sweep as key=a,b, a list as"
-                f" key=[a,b] (quoted in the shell: 'key=[a,b]'), a new key as +key=value"
-            )
-    return None
-
-
-def composition_problem(overrides: Sequence[str], message: str) -> Problem:
-    """A Problem for a cell that Hydra could not compose, with the valid keys when a key is unknown."""
-    match = _NOT_IN.search(message)
-    key = match.group("key") if match else ""
-    if not key and _NOT_TYPED.search(message) and (where := _FULL_KEY.search(message)):
-        key = where.group("key")
-    env = _ENV_UNSET.search(message)
-    fix = (
-        key_hint(message)
-        or (f"export {env.group('var')}=<value> (and any other variable named above)" if env else "")
-        or "check the override against `sft-grid run --cfg job` and the options in conf/"
-    )
-    # the value the override gave the key it names, so that the problem reads key=value as every other does
-    given = [o.split("=", 1) for o in overrides if "=" in o]
-    value = next((v for k, v in given if k.lstrip("+~") == key or k.endswith(f".{key}")), None) if key else None
-    return Problem(
-        cell=" ".join(overrides) or "<defaults>",
-        key=key,
-        value=value,
-        rule="compose",
-        message=plain_message(message),
-        fix=fix,
-    )
-
-
-# OmegaConf's own framing of an error: the exception it wrapped, and where in its objects it happened
-_WRAPPED = re.compile(r"^\w+ raised while resolving interpolation:\s*")
-_OMEGA_DETAIL = re.compile(r"^(full_key|reference_type|object_type)\s*[:=]")
-
-
-def plain_message(message: str) -> str:
-    """An error of Hydra or OmegaConf as the user reads it: its first line, without OmegaConf's framing (the
-    wrapped exception's name) and internals (full_key, reference_type, object_type: the user's key is named
-    already), and the lines after it that say more (not the config search path)."""
-    first, _, rest = message.partition("\n")
-    first = _WRAPPED.sub("", first.strip())
-    detail = " ".join(
-        line.strip()
-        for line in rest.splitlines()
-        if line.strip()
-        and "search path" not in line.lower()
-        and not line.strip().startswith("provider=")
-        and not _OMEGA_DETAIL.match(line.strip())
-    )
-    return first + (f" ({detail})" if detail else "")
-
-
-# -- config-group overrides Hydra crashes on or quietly misreads --------------------------------------------------
-
-
-def schema_type(key: str) -> Any:
-    """The schema's type of a dotted key of a cell (`seed`: int, `cluster.nodes`: int), None where it has none."""
-    import types
-    import typing
-
-    node: Any = schema.CellConf
-    for part in key.split("."):
-        if not (isinstance(node, type) and is_dataclass(node)):
-            return None
-        hint = typing.get_type_hints(node).get(part)
-        if hint is None:
-            return None
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
-            hint = args[0]  # X | None: the key takes an X
-        node = hint
-    return node
-
-
-def required_groups() -> list[str]:
-    """The config groups a cell cannot do without (the schema has no default for them): cluster, backend, model."""
-    return [f.name for f in fields(schema.CellConf) if f.default == "???" and f.name in project.GROUPS]
-
-
-def single_choice_groups() -> list[str]:
-    """The config groups a cell takes exactly one option of (its section is one mapping): cluster, backend, model,
-    eval. `dataset` takes a list on purpose (several make a mix)."""
-    return [f.name for f in fields(schema.CellConf) if f.name in project.GROUPS and is_dataclass(schema_type(f.name))]
-
-
-def _options_text(group: str) -> str:
-    found = options(group)
-    return ", ".join(found) if found else f"the files of conf/{group}/"
-
-
-def group_problems(argv: Sequence[str]) -> list[Problem]:
-    """The command line's config-group overrides that Hydra would crash on (with a traceback) or quietly misread,
-    told before Hydra composes anything, each with the group's options: a group every cell needs removed (`~model`:
-    a cell without a model), a group given no option's name (`model=null`, `model=1`: Hydra's "Config group override
-    must be a string or a list"), and a list for a group that takes one option (`model=[a,b]` is one cell, the
-    options merged, the last one's values winning: it trains b alone)."""
-    from hydra.core.override_parser.types import ChoiceSweep
-
-    parser = OverridesParser.create()
-    required, single = required_groups(), single_choice_groups()
-    found: list[Problem] = []
-
-    def problem(key: str, value: str, rule: str, message: str, fix: str) -> None:
-        found.append(Problem(cell=GRID, key=key, value=value, rule=rule, message=message, fix=fix))
-
-    for arg in argv:
-        if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
-            continue  # a flag (-m, --cfg) or its value
-        try:
-            ov = parser.parse_override(arg)
-        except Exception:
-            continue  # Hydra's grammar refuses it: told by Hydra, with malformed_override's hint
-        group = ov.key_or_group
-        if ov.package is not None or group not in project.GROUPS:
-            continue
-        written = arg.split("=", 1)[1] if "=" in arg else arg
-        if ov.is_delete():
-            if group in required:
-                problem(
-                    group,
-                    arg,
-                    "group-required",
-                    f"{group} is a config group every cell needs one option of: it cannot be removed",
-                    f"choose one of its options instead, {group}=<option>: {_options_text(group)}",
-                )
-            continue
-        value = ov.value()
-        choices = value.list if isinstance(value, ChoiceSweep) else [] if ov.is_sweep_override() else [value]
-        named = next((c for c in choices if not isinstance(c, str | list)), "")
-        if named != "":
-            shown = "null" if named is None else repr(named)
-            extra = {
-                "dataset": " (several make a mix: dataset=[a,b])",
-                "eval": " (eval=none runs no evaluation)",
-            }.get(group, "")
-            problem(
-                group,
-                written,
-                "group-option",
-                f"{group} is a config group: it takes the name of one of its options, not {shown}",
-                f"{group}=<option>{extra}, one of: {_options_text(group)}",
-            )
-            continue
-        listed = next((c for c in choices if isinstance(c, list)), None)
-        if listed is not None and group in single:
-            names = [str(x) for x in listed]
-            problem(
-                group,
-                written,
-                "group-one",
-                f"{group} takes one option: a list of them is merged into one cell, the last one's values winning"
-                + (f" (it would train {names[-1]} alone)" if group == "model" and names else ""),
-                f"sweep them with -m {group}={','.join(names) or '<a>,<b>'} (one cell each), or pick one:"
-                f" {group}={names[0] if names else '<option>'}",
-            )
-    return found

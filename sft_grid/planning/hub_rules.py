@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
+from sft_grid.core import project
 from sft_grid.core.hubcache import repo_id_problem, revision_problem
 from sft_grid.core.problems import Problem
-from sft_grid.planning.cells import Cell
+from sft_grid.core.secrets import shown_source
+from sft_grid.planning.cells import LOCAL_PREFIXES, Cell
 from sft_grid.planning.inputs import hub_repos
 
 PLACEHOLDERS = "{key}, {name}, {model} and {data}"
@@ -29,18 +32,63 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
                 fix=f"dataset.{name}.source=<org>/<name> on the Hub, or a local path (starting with /, ./, ../ or ~)",
             )
     for key, repo in hub_repos(cell):
+        local = _local_here(repo.repo_id)
+        if local is not None:
+            yield _local_not_hub(cell, key, repo.repo_id, repo.kind, local)
+            continue
         why = repo_id_problem(repo.repo_id)
         if why:
             what = "model" if repo.kind == "model" else "dataset source"
             yield Problem(
                 cell=cell.name,
                 key=key,
-                value=repo.repo_id,
+                value=shown_source(repo.repo_id),
                 rule="hub-repo-id",
                 message=f"not a Hub repository id: {why}",
                 fix=f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
                 " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""),
             )
+
+
+# what a data file's name ends in: a Hub repository's id never does (it names a repository, not a file)
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".tsv", ".arrow", ".jsonl.gz", ".json.gz")
+
+
+def _local_here(value: str) -> Path | None:
+    """The local file or folder a Hub-id-shaped value (`data/tiny.jsonl`, no `./`) names, or None: one that exists
+    taken from the team repository's root (or the working directory outside one, as a local path is: planning/cells.py),
+    or, missing, a data file's name (a Hub id never ends in .jsonl)."""
+    if not value or value.startswith(LOCAL_PREFIXES) or "$" in value or "://" in value:
+        return None
+    path = project.runs_base() / value
+    if path.exists() or value.lower().endswith(DATA_SUFFIXES):
+        return path
+    return None
+
+
+def _local_not_hub(cell: Cell, key: str, value: str, kind: str, local: Path) -> Problem:
+    here = f"is a local {'folder' if local.is_dir() else 'file'} here ({local})" if local.exists() else None
+    written = f"./{value}"
+    if kind == "model":
+        return Problem(
+            cell=cell.name,
+            key=key,
+            value=value,
+            rule="local-not-hub",
+            message=f"{here or 'names a local folder, not a Hub repository'}, and a model's hub_id is read as"
+            " <org>/<name> on the Hub",
+            fix=f"model.path={written} model.hub_id=null (a local checkpoint is named by its path: model.path in"
+            f" conf/model/{cell.spec.model.name}.yaml)",
+        )
+    return Problem(
+        cell=cell.name,
+        key=key,
+        value=value,
+        rule="local-not-hub",
+        message=(here or f"names a data file ({local.name}), not a Hub repository, and there is none at {local}")
+        + ": a source without ./ is read as a Hub id <org>/<name>",
+        fix=f"write a local file as a path: {key}={written} (a path starting with /, ./, ../ or ~)",
+    )
 
 
 def model_facts(cell: Cell) -> Iterator[Problem]:
@@ -67,7 +115,8 @@ def model_facts(cell: Cell) -> Iterator[Problem]:
                 message=why,
                 fix="a 40-character commit sha from the repository's history (or a branch or tag name)",
             )
-    if m.params and m.params_b and abs(m.params_b * 1e9 - m.params) > 0.01 * m.params:
+    given = isinstance(m.params_b, int | float) and m.params_b  # unset (the required rule's): nothing to compare
+    if m.params and given and abs(m.params_b * 1e9 - m.params) > 0.01 * m.params:
         yield Problem(
             cell=cell.name,
             key="model.params_b",

@@ -97,10 +97,23 @@ def kind_of(var: str) -> tuple[str, str]:
     return _what(var)
 
 
+def placeholder_var(value: object) -> str | None:
+    """The unset per-user variable a value stands in for in a dry run, or None: the whole value
+    (`<SFT_GRID_LEONARDO_ENV>`), or a part of it the variable was read into (`${user_env:SCRATCH}/sft_runs` reads
+    `<SCRATCH>/sft_runs`: a path under a folder that is not there yet)."""
+    if not isinstance(value, str):
+        return None
+    whole = _PLACEHOLDER.match(value.strip())
+    if whole:
+        return whole.group(1)
+    return next((var for var in UNSET_IN_DRY_RUN if placeholder(var) in value), None)
+
+
 def is_placeholder(value: object) -> bool:
-    """Whether a value is a dry run's stand-in for an unset per-user variable (`<SFT_GRID_LEONARDO_ENV>`): the
-    checks of what it names (a directory, an environment) wait for the real value."""
-    return isinstance(value, str) and bool(_PLACEHOLDER.match(value.strip()))
+    """Whether a value holds a dry run's stand-in for an unset per-user variable (`placeholder_var`): the checks of
+    what it names (a directory, an environment) wait for the real value, a runs folder read from it is the local
+    runs/ in a dry run, and a real run is refused (site-variable)."""
+    return placeholder_var(value) is not None
 
 
 def user_env(var: str, default: Any = _UNSET, *, _node_: Any = None, _root_: Any = None) -> Any:

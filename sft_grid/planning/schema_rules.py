@@ -13,7 +13,7 @@ from typing import Any
 
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import CellConf, Range, field_shapes, fingerprint
-from sft_grid.planning.compose import did_you_mean
+from sft_grid.planning.hydra_errors import did_you_mean
 
 MISSING_TEXT = "???"
 # (key, value, rule, message, fix) of a section, before the cell's name is known

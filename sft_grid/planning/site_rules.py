@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -162,6 +163,9 @@ OWN_WHEN_SET = {"mem": "mem_gb", "exclude": "exclude", "constraint": "constraint
 # the GPU request: sft_grid writes it unless the cluster's gpu_directive is none (a typed request such as
 # --gres=gpu:b200:4 is then the profile's own sbatch_extra)
 GPU_OPTIONS = ("gres", "gpus-per-node", "gpus")
+# a Slurm account, partition or QoS name (a comma-separated list of partitions included); what cuts one short
+SLURM_NAME = re.compile(r"[\w.,:@+-]+")
+SLURM_NAME_CUT = re.compile(r"[^\w.,:@+-]")
 
 
 def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
@@ -186,9 +190,9 @@ def site_variables(cell: Cell) -> Iterator[Problem]:
     for key, value in _walk(cell.config):
         if key == "cluster.runs_root" and cell.config.get("runs_root"):
             continue  # the grid's own runs_root wins over the profile's
-        if not resolvers.is_placeholder(value):
+        var = resolvers.placeholder_var(value)
+        if var is None:
             continue
-        var = str(value).strip()[1:-1]
         what, example = resolvers.kind_of(var)
         yield _problem(
             cell,
@@ -200,12 +204,58 @@ def site_variables(cell: Cell) -> Iterator[Problem]:
         )
 
 
+def _sbatch_value(cell: Cell, raw: object, value: object) -> Problem | None:
+    """An sbatch_extra value that is not one line of text or a number: a list or mapping (Slurm writes a list as
+    `a,b`), null or false (written as `--key=None`/`--key=False`), or text across lines (the line after would be a
+    shell line of the job script)."""
+    option = str(raw).replace("_", "-")
+    if isinstance(value, list | tuple | Mapping):
+        items = value.items() if isinstance(value, Mapping) else [(None, v) for v in value]
+        written = ",".join(str(v) if k is None else f"{k}={v}" for k, v in items)
+        return _problem(
+            cell,
+            f"cluster.sbatch_extra.{raw}",
+            value,
+            "sbatch-extra-value",
+            f"is a {'mapping' if isinstance(value, Mapping) else 'list'}: sbatch takes one value a line,"
+            f" --{option}=VALUE",
+            (
+                f"a scalar; a list as Slurm writes it, one string: +cluster.sbatch_extra.{raw}={written or 'a,b'}"
+                f" (in YAML {raw}: {written or 'a,b'})"
+            )
+            if not isinstance(value, Mapping)
+            else f"a scalar: {raw}: VALUE, one option a key (sbatch_extra is not nested)",
+        )
+    if value is None or value is False:
+        return _problem(
+            cell,
+            f"cluster.sbatch_extra.{raw}",
+            value,
+            "sbatch-extra-value",
+            f"would be written as --{option}={value}, which sbatch reads as a value",
+            f"to leave --{option} unset, drop the key: ~cluster.sbatch_extra.{raw} (true writes a bare --{option})",
+        )
+    if isinstance(value, str) and any(ch in value for ch in "\r\n\0"):
+        return _problem(
+            cell,
+            f"cluster.sbatch_extra.{raw}",
+            value,
+            "sbatch-extra-value",
+            "spans lines: the sbatch script holds each option on one line, and the rest would run as a command",
+            f"one line: {raw}: {' '.join(value.split())}",
+        )
+    return None
+
+
 def sbatch_extra(cell: Cell) -> Iterator[Problem]:
     c = cell.spec.cluster
     for raw in c.sbatch_extra:
         option = str(raw).replace("_", "-")
         key = f"cluster.sbatch_extra.{raw}"
         value = c.sbatch_extra[raw]
+        wrong = _sbatch_value(cell, raw, value)
+        if wrong is not None:
+            yield wrong
         both = option in OWN_WHEN_SET and getattr(c, OWN_WHEN_SET[option]) not in (None, "", 0)
         gpus = option in GPU_OPTIONS and c.gpu_directive != "none" and bool(c.gpus_per_node)
         if option in OWN or str(raw) in OWN or both or gpus:
@@ -241,7 +291,9 @@ def slurm_names(cell: Cell) -> Iterator[Problem]:
     c = cell.spec.cluster
     for name in ("account", "partition", "qos"):
         value = getattr(c, name)
-        if isinstance(value, str) and value != value.strip() and not resolvers.is_placeholder(value):
+        if not isinstance(value, str) or resolvers.is_placeholder(value):
+            continue
+        if value != value.strip():
             yield _problem(
                 cell,
                 f"cluster.{name}",
@@ -249,6 +301,17 @@ def slurm_names(cell: Cell) -> Iterator[Problem]:
                 "slurm-name",
                 f"the {name} has spaces around it: sbatch would get --{name}={value!r} and refuse it",
                 f"cluster.{name}={value.strip()}",
+            )
+        elif value and not SLURM_NAME.fullmatch(value):
+            several = " (several partitions: comma-separated, debug,gpu)" if name == "partition" else ""
+            yield _problem(
+                cell,
+                f"cluster.{name}",
+                value,
+                "slurm-name",
+                f"a Slurm {name} name has no spaces, ; or quotes: sbatch would get --{name}={value!r} and refuse it",
+                f"the {name}'s name as `sinfo`/`sacctmgr show assoc` lists it{several},"
+                f" e.g. cluster.{name}={SLURM_NAME_CUT.split(value)[0] or 'debug'}",
             )
 
 

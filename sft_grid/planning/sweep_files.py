@@ -19,9 +19,13 @@ from typing import Any
 
 from sft_grid.core import project, schema
 from sft_grid.core.problems import GRID, Problem
-from sft_grid.planning.compose import did_you_mean, group_problems
+from sft_grid.planning import command_line
+from sft_grid.planning.hydra_errors import did_you_mean
 
 SWEEP_HEADER = "# @package _global_"
+# the keys of the sweeper's config, hydra_plugins/sft_grid_plugins SftGridSweeperConf (a layer above this one; a test
+# holds the two the same): an axis goes under params
+SWEEPER_KEYS = ("_target_", "max_batch_size", "params")
 
 
 def problems(argv: Sequence[str]) -> list[Problem]:
@@ -40,7 +44,7 @@ def problems(argv: Sequence[str]) -> list[Problem]:
         if "=" in word and word.lstrip("+~").split("=", 1)[0] == "sweep"
         for name in word.split("=", 1)[1].split(",")
     ]
-    found: list[Problem] = []
+    found: list[Problem] = defaults_cycles(argv)
     for name in dict.fromkeys(names):
         path = project.find_option("sweep", name) if name and "(" not in name else None
         if path is None:
@@ -99,6 +103,21 @@ def problems(argv: Sequence[str]) -> list[Problem]:
             continue
         sweeper = ((data.get("hydra") or {}) if isinstance(data.get("hydra"), dict) else {}).get("sweeper")
         params = sweeper.get("params") if isinstance(sweeper, dict) else None
+        known = list(SWEEPER_KEYS)
+        cell_keys = [f.name for f in fields(schema.CellConf)]
+        given: dict[Any, Any] = sweeper if isinstance(sweeper, dict) else {}
+        for other, held in [(k, v) for k, v in given.items() if str(k) not in known]:
+            close = did_you_mean(str(other), ["params"])
+            problem(
+                f"hydra.sweeper.{other}",
+                held,
+                f"{other!r} is no key of the sweeper{close}: the grid's axes go under hydra.sweeper.params",
+                f"rename {other}: to params:"
+                if close
+                else f"indent the axis under params: (hydra: sweeper: params: {other}: {held})"
+                if str(other).lstrip("+~").split(".", 1)[0] in cell_keys
+                else f"the sweeper's keys are {', '.join(known)}; the axes go under params:",
+            )
         if params is None:
             continue
         if not isinstance(params, dict):
@@ -114,6 +133,14 @@ def problems(argv: Sequence[str]) -> list[Problem]:
         keys = [f.name for f in fields(schema.CellConf)]
         for axis, values in params.items():
             key = f"hydra.sweeper.params.{axis}"
+            if values in (None, "") and str(axis).lstrip("+~") not in project.GROUPS:  # a group's: command_line's
+                problem(
+                    key,
+                    values,
+                    f"the axis {axis!r} has no values",
+                    f"give it its values separated by commas ({axis}: a,b, one cell per value), or remove the line",
+                )
+                continue
             if isinstance(values, list):
                 listed = ",".join(str(v) for v in values)
                 problem(
@@ -144,8 +171,81 @@ def problems(argv: Sequence[str]) -> list[Problem]:
                 )
                 continue
             # a config group's axis, read as the command line's (a group set to null, or a list for one option)
-            for wrong in group_problems([f"{axis}={'null' if values is None else values}"]):
+            for wrong in command_line.problems([f"{axis}={'null' if values is None else values}"]):
                 problem(key, values, wrong.message, wrong.fix)
+    return found
+
+
+def _defaults_of(group: str, name: str) -> tuple[Path | None, list[tuple[str, str]]]:
+    """The option's file and the (group, option) of each entry of its defaults list: `- other` is an option of the
+    file's own group, `- model: x` of the group below it (`- /model: x`, `- /model/x`: from the top)."""
+    import yaml
+
+    path = project.find_option(group, name)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return path, []  # told by conf_files.py's one line
+    entries = data.get("defaults") if isinstance(data, dict) else None
+    found: list[tuple[str, str]] = []
+    for entry in entries if isinstance(entries, list) else []:
+        pairs = entry.items() if isinstance(entry, dict) else [(None, entry)] if isinstance(entry, str) else []
+        for sub, option in pairs:
+            if not isinstance(option, str) or option in ("_self_", "???") or str(sub or "").startswith("override"):
+                continue
+            word = f"{sub}/{option}" if sub else option
+            where = word[1:] if word.startswith("/") else f"{group}/{word}"
+            inside, _, opt = where.rpartition("/")
+            if inside:
+                found.append((inside, opt.split("@", 1)[0]))
+    return path, found
+
+
+def defaults_cycles(argv: Sequence[str]) -> list[Problem]:
+    """A defaults list that comes back to a file it started from (s_cyc names s_cyc2, which names s_cyc; a file that
+    names itself), for each option the command line picks: Hydra follows it until Python's recursion limit and
+    prints thousands of lines of trace. Told before Hydra composes, with the cycle and the file to change."""
+    found: list[Problem] = []
+    start = [
+        (word.lstrip("+~").split("=", 1)[0], option.strip())
+        for word in argv
+        if "=" in word and not word.startswith("-") and word.lstrip("+~").split("=", 1)[0] in project.GROUPS
+        for option in word.split("=", 1)[1].split(",")
+    ]
+    told: set[frozenset[tuple[str, str]]] = set()
+
+    def walk(node: tuple[str, str], trail: list[tuple[str, str]]) -> None:
+        if node in trail:
+            cycle = [*trail[trail.index(node) :], node]
+            if frozenset(cycle) in told:
+                return
+            told.add(frozenset(cycle))
+            from sft_grid.planning.conf_files import _shown
+
+            file = project.find_option(*cycle[-2])
+            last = _shown(str(file)) if file else f"conf/{cycle[-2][0]}/{cycle[-2][1]}.yaml"
+            names = " -> ".join(f"{g}/{o}" for g, o in cycle)
+            found.append(
+                Problem(
+                    cell=GRID,
+                    key="defaults",
+                    value=names,
+                    rule="defaults-cycle",
+                    message=f"the defaults lists go round in a circle ({names}): Hydra would follow them forever",
+                    fix=f"remove {cycle[-1][1]} from the defaults of {last}"
+                    " (a file's defaults may name other files, never one that leads back to it)",
+                )
+            )
+            return
+        if len(trail) > 50:
+            return
+        _, entries = _defaults_of(*node)
+        for entry in entries:
+            walk(entry, [*trail, node])
+
+    for group, option in dict.fromkeys(start):
+        if option and not any(c in option for c in "()[]{}*$"):
+            walk((group, option), [])
     return found
 
 

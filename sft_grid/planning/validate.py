@@ -20,20 +20,21 @@ import shutil
 import stat
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from sft_grid.core import project
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
 from sft_grid.core.problems import Problem
-from sft_grid.core.secrets import carries_secret, redact_url, secret_setting
+from sft_grid.core.secrets import carries_secret, redact_url, secret_setting, shown_source
 from sft_grid.core.templates import SUGGESTED, SUGGESTED_FOR_TOKENIZER, TEMPLATES, TOKENIZER_FAMILIES
 from sft_grid.core.timefmt import parse_minutes
-from sft_grid.planning import environments, gpus, site_rules
+from sft_grid.planning import environments, gpus, resolvers, site_rules
 from sft_grid.planning.axes import empty_mappings
 from sft_grid.planning.cells import Cell
 from sft_grid.planning.evaluation import eval_suite, same_training
 from sft_grid.planning.hub_rules import hub_ids, hub_upload, model_facts
-from sft_grid.planning.schema_rules import unknown_keys, values
+from sft_grid.planning.schema_rules import MISSING_TEXT, unknown_keys, values
 
 Rule = Callable[[Cell], Iterator[Problem]]
 
@@ -274,7 +275,9 @@ def staging_site(cell: Cell) -> Iterator[Problem]:
             str(exc),
             f"fix staging.time in conf/cluster/{c.name}.yaml, e.g. 04:00:00",
         )
-    cache = os.path.expanduser(c.hf_cache) if c.hf_cache else None
+    # $: path-shell-variable's; a dry run's placeholder (an unset per-user variable): site-variable's in a real run
+    given = c.hf_cache if c.hf_cache and "$" not in c.hf_cache and not resolvers.is_placeholder(c.hf_cache) else None
+    cache = os.path.expanduser(given) if given else None
     if cache is not None and not os.path.isabs(cache):
         yield _problem(
             cell,
@@ -299,13 +302,15 @@ def inputs_named(cell: Cell) -> Iterator[Problem]:
     """A model must say where it comes from; a dataset is listed once per cell."""
     model = cell.spec.model
     if not model.hub_id and not model.path:
+        named = f"model {model.name!r}" if model.name != MISSING_TEXT else "the model"
+        option = model.name if model.name != MISSING_TEXT else "<option>"
         yield _problem(
             cell,
             "model.hub_id",
             None,
             "model-source",
-            f"model {model.name!r} has neither a hub id nor a local path: the backend would have nothing to load",
-            f"set hub_id: <org>/<name> or path: <directory> in conf/model/{model.name}.yaml"
+            f"{named} has neither a hub id nor a local path: the backend would have nothing to load",
+            f"set hub_id: <org>/<name> or path: <directory> in conf/model/{option}.yaml"
             " (or model.hub_id=... on the command line)",
         )
     for line in cell.overrides:
@@ -327,7 +332,7 @@ def inputs_named(cell: Cell) -> Iterator[Problem]:
             yield _problem(
                 cell,
                 f"dataset.{name}.source",
-                ds.source,
+                shown_source(ds.source),
                 "dataset-twice",
                 f"the same data as dataset {seen[ds.source]!r}: the cell would train on it twice",
                 "list each dataset once (to weight a source more, use mix.strategy=interleave_* with mix.probs)",
@@ -377,7 +382,7 @@ def safe_names(cell: Cell) -> Iterator[Problem]:
     named = [("sweep_name", s.sweep_name, sweep or "my_grid"), ("model.name", s.model.name, "my_model")]
     named += [(f"dataset.{name}", name, "my_data") for name in s.dataset]
     for key, name, plain in named:
-        if _SAFE_NAME.match(name):
+        if _SAFE_NAME.match(name) or name == MISSING_TEXT:  # unset: the required rule's problem, not a second one
             continue
         why = (
             "is the runs root itself or its parent"
@@ -597,6 +602,54 @@ def paths_usable(cell: Cell) -> Iterator[Problem]:
         )
 
 
+# $NAME or ${NAME}: a shell variable, left in a value as written (OmegaConf's own ${...} are resolved by now)
+SHELL_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def path_settings(config: dict[str, Any]) -> Iterator[tuple[str, object]]:
+    """(dotted key, value) of each setting that names a local path: the runs root, the Hugging Face cache, the
+    model's directory, each dataset's source, each backend's environment."""
+
+    def mapping(value: object) -> dict[str, Any]:
+        return value if isinstance(value, dict) else {}
+
+    cluster = mapping(config.get("cluster"))
+    yield "runs_root", config.get("runs_root")
+    yield "cluster.runs_root", cluster.get("runs_root")
+    yield "cluster.hf_cache", cluster.get("hf_cache")
+    yield "model.path", mapping(config.get("model")).get("path")
+    for name, ds in mapping(config.get("dataset")).items():
+        yield f"dataset.{name}.source", mapping(ds).get("source")
+    for backend, venv in mapping(cluster.get("backend_venvs")).items():
+        yield f"cluster.backend_venvs.{backend}", venv
+    for need, venvs in mapping(cluster.get("need_venvs")).items():
+        for backend, venv in mapping(venvs).items():
+            yield f"cluster.need_venvs.{need}.{backend}", venv
+    yield "eval.include_path", mapping(config.get("eval")).get("include_path")
+
+
+def no_shell_variables(cell: Cell) -> Iterator[Problem]:
+    """A path setting that holds a shell variable (`$SCRATCH/sft_runs`, `$HOME/models/tiny`): no shell reads a
+    config, so it would name a folder called `$SCRATCH` under the working directory. The config's own resolver
+    reads the environment (planning/resolvers.py), and names a variable that is not set."""
+    for key, value in path_settings(dict(cell.config)):
+        found = SHELL_VARIABLE.search(value) if isinstance(value, str) and "://" not in value else None
+        if found is None or not isinstance(value, str):
+            continue
+        var = found.group(1) or found.group(2)
+        fixed = SHELL_VARIABLE.sub(lambda m: "${user_env:" + (m.group(1) or m.group(2)) + "}", value)
+        yield _problem(
+            cell,
+            key,
+            value,
+            "path-shell-variable",
+            f"holds the shell variable ${var}, and no shell reads a config: it would name a folder called"
+            f" {found.group(0)!r}, not ${var}'s value",
+            f"read it with the config's resolver: '{key}={fixed}' on the command line (in single quotes), or"
+            f" {key.rsplit('.', 1)[-1]}: {fixed} in the config file",
+        )
+
+
 def gpu_fit(cell: Cell) -> Iterator[Problem]:
     """A cell whose predicted peak memory per GPU exceeds the GPU's (planning/gpus.py: the cheapest layout that
     fits was looked for; this is the one that needs least), and kernels the site does not have."""
@@ -642,6 +695,7 @@ def gpu_fit(cell: Cell) -> Iterator[Problem]:
 
 
 RULES: tuple[Rule, ...] = (
+    no_shell_variables,
     paths_usable,
     safe_names,
     inputs_named,

@@ -68,8 +68,13 @@ class LlamaFactoryYaml(Translation):
                 continue
             if entry is None:
                 if "/" not in name:
-                    where = f"{folder}/dataset_info.json" if folder else "no dataset_dir"
-                    self.problems.append(f"dataset {name}: not in {where}, and not a Hub id (org/name)")
+                    where = (
+                        f"not in {folder}/dataset_info.json" if folder else "no dataset_dir is given to look it up in"
+                    )
+                    self.problems.append(
+                        f"dataset {name}: {where}, and not a Hub id (org/name): give the original's dataset_dir, or"
+                        " the Hub id"
+                    )
                     continue
                 yield name, self.online(name, schema)
                 continue

@@ -81,7 +81,12 @@ def yaml_mapping(text: str, path: Path, what: str) -> dict[str, Any]:
             " base_model: ...): name the file that holds yours"
         )
     if not isinstance(data, dict):
-        raise Refused(f"{path}: {what} is a mapping of keys, and this file holds {type(data).__name__}")
+        held = {"str": "plain text", "list": "a list", "int": "a number", "float": "a number", "bool": "true or false"}
+        raise Refused(
+            f"{path}: {what} is a mapping of keys (model_name_or_path: ..., or axolotl's base_model: ...), and this"
+            f" file holds {held.get(type(data).__name__, type(data).__name__)}: name the training YAML (a launcher's"
+            " command goes after `--`: sft-grid import -- <command>)"
+        )
     return data
 
 

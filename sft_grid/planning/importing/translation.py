@@ -159,8 +159,8 @@ class Translation(ABC):
         """Every value the sweep carries, held to the rules `sft-grid run` holds it to, each problem said with the
         original's key: its type, as Hydra merges the sweep onto the schema (OmegaConf), then its range or value set
         (planning/schema_rules.py, read from the schema's fields). A value no other step refused is checked here."""
-        from sft_grid.planning import schema_rules  # it reads planning/compose.py, which imports Hydra
-        from sft_grid.planning.compose import type_words
+        from sft_grid.planning import schema_rules  # it reads planning/hydra_errors.py, which imports Hydra
+        from sft_grid.planning.hydra_errors import type_words
 
         cfg = OmegaConf.structured(CellConf)
         sections = {name: held for name, how, held, _ in field_shapes(CellConf) if how == "dataclass"}

@@ -1,0 +1,181 @@
+"""Bad input, seventh round: a team's option files and Hydra's composition. A model without params_b, a value of the
+wrong shape in an option file (a string for a list, a list for a mapping, a file that is a list), an `${oc.env:X}`
+whose variable is unset, a defaults list that goes round in a circle, a sweep's axes without `params:`, an option
+saved as .yml or in a plural folder: each is refused naming the file, the key, the value and the fix, with no
+traceback and nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_sft
+
+MODEL = "hub_id: Qwen/Qwen3-8B\ntokenizer_family: qwen3\ntemplate: qwen3\n"
+
+
+def _team(tmp_path: Path, files: dict[str, str]) -> dict[str, str]:
+    """A folder of the team's configs (group/option.yaml: text), named by $SFT_GRID_CONF."""
+    conf = tmp_path / "team" / "conf"
+    for name, text in files.items():
+        (conf / name).parent.mkdir(parents=True, exist_ok=True)
+        (conf / name).write_text(text)
+    conf.mkdir(parents=True, exist_ok=True)
+    return {"SFT_GRID_CONF": str(conf)}
+
+
+def _refused(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run the grid command in an empty folder and return what it said, asserting that it failed, without a
+    traceback, and wrote nothing."""
+    here = tmp_path / "here"
+    here.mkdir()
+    root = [] if any(a.startswith("runs_root=") for a in args) else [f"runs_root={here / 'runs'}"]
+    proc = run_sft("run", *args, "dry_run=true", *root, cwd=here, env=env)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said
+    assert "Traceback" not in said, said
+    assert list(here.iterdir()) == [], said
+    return said
+
+
+# -- 1. a model without params_b ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [f"name: nop\n{MODEL}", ""])
+def test_a_model_without_params_b_is_the_required_rule_not_a_crash(tmp_path, text):
+    said = _refused(tmp_path, "model=nop", env=_team(tmp_path, {"model/nop.yaml": text}))
+    assert "model.params_b=None: has no value" in said and "[required]" in said, said
+    assert "TypeError" not in said and "can't multiply" not in said, said
+
+
+def test_the_size_of_a_model_without_params_b_is_zero_not_a_crash():
+    from sft_grid.core.schema import ModelConf, exact_params
+
+    assert exact_params(ModelConf(name="m")) == 0  # params_b is `???`: the required rule refuses the cell
+    assert exact_params(ModelConf(name="m", params_b=1.5)) == 1_500_000_000
+
+
+# -- 2. a value of the wrong shape in an option file ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "says"),
+    [
+        (
+            {"model/ns.yaml": f"name: ns\nparams_b: 8\n{MODEL}needs: zero3\n"},
+            ["model=ns"],
+            ["model/ns.yaml: needs holds one value, zero3", "model.needs takes a list: needs: [zero3]"],
+        ),
+        (
+            {"cluster/cs.yaml": "defaults:\n  - local\n  - _self_\nname: cs\nsetup: module load cuda\n"},
+            ["model=tiny_llama", "cluster=cs"],
+            ["cluster/cs.yaml: setup holds one value", "cluster.setup takes a list: setup: [module load cuda]"],
+        ),
+        (
+            {"cluster/ce.yaml": "defaults:\n  - local\n  - _self_\nname: ce\nenv:\n  - HF_HUB_OFFLINE=1\n"},
+            ["model=tiny_llama", "cluster=ce"],
+            ["cluster/ce.yaml: env holds a list", "cluster.env takes a mapping: env: {HF_HUB_OFFLINE: '1'}"],
+        ),
+        (
+            {"model/tl.yaml": "- name: tl\n- params_b: 8\n"},
+            ["model=tl"],
+            ["model/tl.yaml is a YAML list", "one a line with no '- ' before it (name: tl, params_b: 8)"],
+        ),
+        (
+            {"dataset/flat.yaml": "source: /data/x.jsonl\nformatting: alpaca\n"},
+            ["model=tiny_llama", "dataset=flat"],
+            ["dataset/flat.yaml holds a dataset's keys (source, formatting) at its top", "flat: then source:"],
+        ),
+        (
+            {"sweep/sp.yaml": "# @package _global_\nsweep_name: sp\nprune: [4, 0.3]\n"},
+            ["-m", "model=tiny_llama", "+sweep=sp"],
+            ["sweep/sp.yaml: prune holds a list, [4, 0.3]", "prune takes a mapping"],
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_shape_names_the_file_the_key_and_the_shape(tmp_path, files, args, says):
+    said = _refused(tmp_path, *args, env=_team(tmp_path, files))
+    for words in says:
+        assert words in said, said
+
+
+# -- 3. ${oc.env:X} with X unset ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_an_unset_oc_env_variable_names_the_key_the_variable_and_the_fix(tmp_path, multirun):
+    said = _refused(
+        tmp_path, *(["-m"] if multirun else []), "model=tiny_llama", "runs_root=${oc.env:SCRATCH_R7_UNSET}/runs"
+    )
+    assert "runs_root reads ${oc.env:SCRATCH_R7_UNSET}" in said, said
+    assert "export SCRATCH_R7_UNSET=<value>" in said and "${oc.env:SCRATCH_R7_UNSET,/fallback}" in said, said
+    assert "runs_root=${oc.env:SCRATCH_R7_UNSET}/runs" in said, said  # the cell as written, not Hydra's escapes
+    assert "InterpolationResolutionError" not in said and "--cfg job" not in said, said
+
+
+# -- 4. a defaults list that goes round, a sweep's axes without params: ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("files", "cycle"),
+    [
+        (
+            {
+                "sweep/c1.yaml": "# @package _global_\ndefaults:\n  - c2\nsweep_name: c1\n",
+                "sweep/c2.yaml": "# @package _global_\ndefaults:\n  - c1\nsweep_name: c2\n",
+            },
+            "sweep/c1 -> sweep/c2 -> sweep/c1",
+        ),
+        (
+            {"sweep/c1.yaml": "# @package _global_\ndefaults:\n  - c1\n  - _self_\nsweep_name: c1\n"},
+            "sweep/c1 -> sweep/c1",
+        ),
+    ],
+)
+def test_a_defaults_cycle_is_one_refusal_naming_it(tmp_path, files, cycle):
+    said = _refused(tmp_path, "-m", "model=tiny_llama", "+sweep=c1", env=_team(tmp_path, files))
+    assert f"go round in a circle ({cycle})" in said and "[defaults-cycle]" in said, said
+    assert "fix: remove c1 from the defaults of" in said and "RecursionError" not in said, said
+    assert len(said.splitlines()) < 20, said
+
+
+@pytest.mark.parametrize(
+    ("sweeper", "says"),
+    [
+        ("    model: tiny_llama,tiny_qwen3\n", ["'model' is no key of the sweeper", "params: model: tiny_llama"]),
+        ("    parms:\n      lr: 1e-3,1e-4\n", ["(did you mean 'params'?)", "rename parms: to params:"]),
+        ("    params:\n      lr:\n", ["the axis 'lr' has no values", "lr: a,b"]),
+    ],
+)
+def test_a_sweep_file_s_axes_out_of_place_or_empty_are_named(tmp_path, sweeper, says):
+    text = f"# @package _global_\nsweep_name: sx\nhydra:\n  sweeper:\n{sweeper}"
+    said = _refused(tmp_path, "-m", "model=tiny_llama", "+sweep=sx", env=_team(tmp_path, {"sweep/sx.yaml": text}))
+    for words in says:
+        assert words in said, said
+    assert "SftGridSweeperConf" not in said and "is not Optional" not in said, said
+
+
+def test_the_sweeper_keys_sweep_files_knows_are_the_sweeper_s():
+    from dataclasses import fields
+
+    from hydra_plugins.sft_grid_plugins import SftGridSweeperConf
+    from sft_grid.planning.sweep_files import SWEEPER_KEYS
+
+    assert set(SWEEPER_KEYS) == {f.name for f in fields(SftGridSweeperConf)}
+
+
+# -- 5. an option Hydra does not read: .yml, a plural folder --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("model/mym.yml", "model/mym.yml exists: an option's file must end in .yaml (rename it mym.yaml)"),
+        ("models/mym.yaml", "models/ is not a config group: did you mean"),
+    ],
+)
+def test_an_option_hydra_does_not_read_says_where_it_is(tmp_path, name, says):
+    env = _team(tmp_path, {name: f"name: mym\nparams_b: 8\n{MODEL}", "model/other.yaml": f"name: o\n{MODEL}"})
+    said = _refused(tmp_path, "model=mym", env=env)
+    assert says in said, said

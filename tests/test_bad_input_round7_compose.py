@@ -87,6 +87,11 @@ def test_the_size_of_a_model_without_params_b_is_zero_not_a_crash():
             ["model=tiny_llama", "dataset=flat"],
             ["dataset/flat.yaml holds a dataset's keys (source, formatting) at its top", "flat: then source:"],
         ),
+        (  # a group's option set as a key of a sweep file: the defaults list or an axis, not a model's keys
+            {"sweep/sg.yaml": "# @package _global_\nsweep_name: sg\nmodel: tiny_llama\n"},
+            ["-m", "+sweep=sg"],
+            ["sweep/sg.yaml: model holds 'tiny_llama', and model is a config group", "override /model: tiny_llama"],
+        ),
         (
             {"sweep/sp.yaml": "# @package _global_\nsweep_name: sp\nprune: [4, 0.3]\n"},
             ["-m", "model=tiny_llama", "+sweep=sp"],
@@ -179,3 +184,20 @@ def test_an_option_hydra_does_not_read_says_where_it_is(tmp_path, name, says):
     env = _team(tmp_path, {name: f"name: mym\nparams_b: 8\n{MODEL}", "model/other.yaml": f"name: o\n{MODEL}"})
     said = _refused(tmp_path, "model=mym", env=env)
     assert says in said, said
+
+
+def test_a_sweep_files_own_hydra_settings_are_held_to_the_command_lines_rules(tmp_path):
+    """A sweep file is its command line written down: its defaults' `override /hydra/launcher` and its hydra:
+    block's output folders would take the grid out of sft_grid's hands as the command line's would."""
+    elsewhere = tmp_path / "elsewhere"
+    sweep = (
+        "# @package _global_\ndefaults:\n  - override /hydra/launcher: basic\nsweep_name: hy\n"
+        f"hydra:\n  run:\n    dir: {elsewhere}\n  output_subdir: .hydra\n  sweeper:\n    params:\n"
+        "      model: tiny_llama\n      lr: 1e-5,2e-5\n"
+    )
+    said = _refused(tmp_path, "-m", "+sweep=hy", env=_team(tmp_path, {"sweep/hy.yaml": sweep}))
+    assert "3 problem(s)" in said and "reading the sweep files" in said, said
+    assert "hydra/launcher='basic'" in said and "sft_grid needs its own hydra/launcher" in said, said
+    assert f"hydra.run.dir='{elsewhere}'" in said and f"runs_root={elsewhere}" in said, said
+    assert "hydra.output_subdir='.hydra'" in said, said
+    assert not elsewhere.exists()

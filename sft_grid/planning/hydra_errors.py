@@ -162,6 +162,12 @@ def shape_problem(message: str) -> tuple[str, str] | None:
         return None
     key, full, value, hint, takes = wrong[0]
     kind = "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else "one value"
+    if full in project.GROUPS and isinstance(value, str):  # `model: tiny_llama` meant as the group's option
+        return full, (
+            f"{shown}: {key} holds {value!r}, and {full} is a config group: its option is chosen in the defaults"
+            f" list (defaults: [override /{full}: {value}], with `# @package _global_`), or swept as an axis"
+            f" (hydra.sweeper.params.{full}: {value}), not set as a key"
+        )
     return full, (
         f"{shown}: {key} holds {kind}, {_yaml_value(value)}; {full} takes a {takes}:"
         f" {_example(key.rsplit('.', 1)[-1], value, hint, takes)}"

@@ -101,6 +101,11 @@ def problems(argv: Sequence[str]) -> list[Problem]:
                 f"make {SWEEP_HEADER} the file's first line",
             )
             continue
+        # the file's own Hydra settings, held to the command line's rules (a sweep file is its command line written
+        # down): `override hydra/launcher: basic` in its defaults, hydra.run.dir or hydra.output_subdir in its hydra:
+        for switch in _hydra_settings(data):
+            for wrong in command_line.problems([switch]):
+                problem(wrong.key, wrong.value, wrong.message, wrong.fix)
         sweeper = ((data.get("hydra") or {}) if isinstance(data.get("hydra"), dict) else {}).get("sweeper")
         params = sweeper.get("params") if isinstance(sweeper, dict) else None
         known = list(SWEEPER_KEYS)
@@ -173,6 +178,31 @@ def problems(argv: Sequence[str]) -> list[Problem]:
             # a config group's axis, read as the command line's (a group set to null, or a list for one option)
             for wrong in command_line.problems([f"{axis}={'null' if values is None else values}"]):
                 problem(key, values, wrong.message, wrong.fix)
+    return found
+
+
+def _hydra_settings(data: Mapping[str, Any]) -> list[str]:
+    """A sweep file's settings of Hydra itself, as overrides: each `override hydra/<group>: <option>` of its defaults
+    (`hydra/launcher=basic`), and each value of its `hydra:` block but the grid's axes (`hydra.run.dir=/x`)."""
+    found: list[str] = []
+    defaults = data.get("defaults")
+    for entry in defaults if isinstance(defaults, list) else []:
+        for written, option in entry.items() if isinstance(entry, dict) else []:
+            group = str(written).removeprefix("override").strip().lstrip("/")
+            if group.startswith("hydra/"):
+                found.append(f"{group}={option}")
+
+    def walk(node: object, prefix: str) -> None:
+        if prefix == "hydra.sweeper.params":
+            return
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}")
+        else:
+            found.append(f"{prefix}={'null' if node is None else node}")
+
+    if isinstance(data.get("hydra"), dict):
+        walk(data["hydra"], "hydra")
     return found
 
 

@@ -201,3 +201,16 @@ def test_a_sweep_files_own_hydra_settings_are_held_to_the_command_lines_rules(tm
     assert f"hydra.run.dir='{elsewhere}'" in said and f"runs_root={elsewhere}" in said, said
     assert "hydra.output_subdir='.hydra'" in said, said
     assert not elsewhere.exists()
+
+
+def test_two_model_options_under_one_name_are_refused_one_option_swept_is_not(tmp_path):
+    """A model option copied by hand that kept its `name:` would read as the other model in the results and fits."""
+    copy = f"name: tiny_qwen3\nparams_b: 8\n{MODEL}"
+    env = _team(tmp_path, {"model/mine.yaml": copy})
+    said = _refused(tmp_path, "-m", "model=tiny_qwen3,mine", env=env)
+    assert "model.name='tiny_qwen3': names another model (Qwen/Qwen3-8B, model=mine)" in said, said
+    assert "[model-name-shared]" in said and "name: mine in conf/model/mine.yaml" in said, said
+    runs = f"runs_root={tmp_path / 'runs'}"
+    swept = run_sft("-m", "model=mine", "model.hub_id=Qwen/Qwen3-8B,Qwen/Qwen3-4B", "dry_run=true", runs, env=env)
+    out = swept.stdout + swept.stderr
+    assert "grid of 2 cell(s)" in out and "model-name-shared" not in out, out

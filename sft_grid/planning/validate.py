@@ -742,6 +742,45 @@ def duplicate_identities(cells: Sequence[Cell]) -> list[Problem]:
     return problems
 
 
+def shared_model_names(cells: Sequence[Cell]) -> list[Problem]:
+    """No two model options of a grid under one name: a model's name labels its cells (`{model}` in a Hub id) and
+    their rows in `results` and the report's fits, so two checkpoints under one name would read as one model (an
+    option copied by hand that kept its `name:`). One option whose source is swept (`model.hub_id=a,b`) is the
+    user's own choice, and its cells' names tell them apart."""
+    problems = []
+    seen: dict[str, Cell] = {}
+    for cell in cells:
+        m = cell.spec.model
+        first = seen.setdefault(m.name, cell)
+        other = first.spec.model
+        if first is cell or (m.hub_id, m.path) == (other.hub_id, other.path):
+            continue
+
+        def chosen(c: Cell) -> str | None:
+            return next((o.split("=", 1)[1] for o in c.overrides if o.lstrip("+").startswith("model=")), None)
+
+        def option(c: Cell) -> str:
+            return f"model={chosen(c)}" if chosen(c) else "its model"
+
+        if chosen(cell) == chosen(first):
+            continue  # one option, its source swept (model.hub_id=a,b): the override names each cell apart
+        source = m.hub_id or m.path
+        own = f"name: {chosen(cell)} in conf/model/{chosen(cell)}.yaml" if chosen(cell) else "name: <its own>"
+        problems.append(
+            Problem(
+                cell=cell.name,
+                key="model.name",
+                value=m.name,
+                rule="model-name-shared",
+                message=f"names another model ({source}, {option(cell)}) than cell {first.name}'s"
+                f" ({other.hub_id or other.path}, {option(first)}): the two would read as one model in the cells'"
+                " names, the results and the fits",
+                fix=f"give each model option its own name ({own}), or model.name=<a name> beside {option(cell)}",
+            )
+        )
+    return problems
+
+
 def shared_outputs(cells: Sequence[Cell]) -> list[Problem]:
     """No two cells of a grid write to one place: one cell directory (its output/), or, after its placeholders are
     filled in, one Hub repository (ids are case-insensitive on the Hub): each would overwrite the other."""
@@ -792,4 +831,4 @@ def validate(cells: Sequence[Cell], backend_rules: Callable[[Cell], Iterable[Pro
         # (the rules below leave a value the schema's rules refuse to them: one problem, one fix)
         problems += [p for rule in RULES for p in rule(cell)]
         problems += backend_rules(cell)
-    return problems + duplicate_identities(cells) + shared_outputs(cells)
+    return problems + duplicate_identities(cells) + shared_model_names(cells) + shared_outputs(cells)

@@ -267,7 +267,7 @@ def test_a_token_in_the_original_is_not_carried_into_any_file(lf):
     Hub token goes to neither, and the import says where it should live instead."""
     token = SECRET["hf_hub_token"]
     assert "hf_hub_token" not in lf.sweep.get("extra", {})
-    assert "hf_hub_token (a secret: export it (HF_TOKEN for the Hub)" in said(lf.proc, "not carried")
+    assert "hf_hub_token (a secret: export HF_TOKEN where you run sft-grid" in said(lf.proc, "not carried")
     written = [p for top in (lf.root / "conf", lf.cell) for p in top.rglob("*") if p.is_file()]
     assert written and not [p for p in written if token in p.read_text(errors="replace")]
     assert token not in lf.proc.stdout + lf.proc.stderr

@@ -51,6 +51,9 @@ def counts(*values: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
 
 
+# a backend key that holds a secret -> the environment variable its tool reads instead
+SECRET_VARS = {"hub_token": "HF_TOKEN", "hf_hub_token": "HF_TOKEN", "wandb_api_key": "WANDB_API_KEY"}
+
 class Translation(ABC):
     """One original being translated: what is consumed, what the sweep says, and the report."""
 
@@ -538,7 +541,9 @@ class Translation(ABC):
             if key in self.done:
                 continue
             if secret_setting(key, value):  # a sweep file is committed to git: a token never goes in it
-                self.drop(key, "a secret: export it (HF_TOKEN for the Hub) where you run sft-grid; the jobs inherit it")
+                var = SECRET_VARS.get(key.lower())
+                told = f"export {var}" if var else "export it as its tool's variable (HF_TOKEN, WANDB_API_KEY)"
+                self.drop(key, f"a secret: {told} where you run sft-grid; the jobs inherit it")
             elif key in derived or key in DECIDED:
                 self.decide(key)
             elif key in defaults and same_value(defaults[key], value):

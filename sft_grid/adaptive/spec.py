@@ -274,10 +274,24 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
         )
     # a recipe named as a number (`recipes=[0.001,0.002]` with recipe_key: lr) is the recipe of that value: the
     # cells' values are compared as text, and 1e-3 is the same learning rate as the cells' 0.001
-    given = list(_get(data, "recipes") or [])
+    given_recipes = _get(data, "recipes") or []
+    if not isinstance(given_recipes, list | tuple):  # a string would be read letter by letter
+        names = [n.strip() for n in str(given_recipes).split(",") if n.strip()]
+        problems.append(
+            _problem(
+                "adaptive",
+                "recipes",
+                given_recipes,
+                "must be a list of recipes, not one " + ("string" if isinstance(given_recipes, str) else "value"),
+                f"recipes: [{', '.join(names) or '<recipe a>, <recipe b>'}] (on the command line:"
+                f" '+adaptive.recipes=[{','.join(names) or 'a,b'}]')",
+            )
+        )
+        given_recipes = None
+    given = list(given_recipes or [])
     chosen = [_recipe_named(r, recipes) for r in given]
     distinct = {str(r) for r in chosen}
-    if question == "gap" and len(distinct) < 2:
+    if question == "gap" and len(distinct) < 2 and given_recipes is not None:
         problems.append(
             _problem(
                 "adaptive",
@@ -288,7 +302,16 @@ def parse_adaptive(data: Any, recipes: Sequence[str] = ()) -> tuple[AdaptiveSpec
             )
         )
     elif len(distinct) < len(chosen):
-        problems.append(_problem("adaptive", "recipes", chosen, "names a recipe twice", f"recipes: {sorted(distinct)}"))
+        twice = sorted({str(r) for r in chosen if [str(c) for c in chosen].count(str(r)) > 1})
+        problems.append(
+            _problem(
+                "adaptive",
+                "recipes",
+                chosen,
+                f"names {', '.join(twice)} twice: a recipe is compared once",
+                f"recipes: [{', '.join(sorted(distinct))}]",
+            )
+        )
     unknown = [r for r in chosen if recipes and r not in recipes]
     if unknown:
         problems.append(

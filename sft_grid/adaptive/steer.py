@@ -179,7 +179,13 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     sweep_dir = cells[0].sweep_dir
     fitted = sorted(n for n in observed if not next(c for c in pool if c.name == n).holdout)
     rounds = read_rounds(sweep_dir)
-    replay = next((r for r in reversed(rounds) if r.get("observed") == fitted), None)
+    (block,) = blocks
+    # a round recorded with the same cells observed is replayed (the orchestrator died after recording it); one
+    # recorded under another adaptive: block (a budget raised, another `at` or design) is chosen again: its choice
+    # answered another question (a round recorded before blocks were kept counts as this block's)
+    same = [r for r in rounds if r.get("observed") == fitted]
+    replay = next((r for r in reversed(same) if r.get("block", block) == block), None)
+    changed = next((r for r in reversed(same) if r.get("block", block) != block), None) if replay is None else None
     if replay is not None:
         chosen, why, stop = list(replay["chosen"]), list(replay["why"]), str(replay.get("stop", ""))
         lines = [
@@ -191,12 +197,23 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
         result = choose(spec, pool, {n: observed[n] for n in fitted}, in_flight=in_flight)
         chosen, why, stop = list(result.chosen), list(result.why), result.stop
         lines = [f"adaptive: round {len(rounds) + 1}, {len(fitted)} cells fitted, cost in {unit}"]
+        if changed is not None:
+            lines.append(
+                f"  the adaptive: block differs from round {changed['round']}'s (the same cells observed):"
+                f" {_changed_keys(changed['block'], block)}; chosen again under this one"
+            )
         lines += [_forecast_line(f) for f in result.forecasts]
         lines.append(f"  the question's band half width: {result.halfwidth:.4g}; spent {result.spent:.4g}")
         if result.decision and len(result.forecasts) > 1:
             odds = "no probability yet" if result.p_wrong is None else f"wrong with probability {result.p_wrong:.3f}"
             lines.append(f"  the decision: {result.decision} is the lowest at {spec.at:.4g}; {odds}")
-        record = {"round": len(rounds) + 1, "observed": fitted, "in_flight": sorted(in_flight), "unit": unit}
+        record = {
+            "round": len(rounds) + 1,
+            "observed": fitted,
+            "in_flight": sorted(in_flight),
+            "unit": unit,
+            "block": block,
+        }
         effects.add(functools.partial(_append, sweep_dir, {**record, **_round_json(result)}))
     lines += [f"  next: {w}" for w in why]
     if stop:
@@ -206,6 +223,16 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     if result is not None:
         effects.add(functools.partial(_summary, sweep_dir, spec, result, pool, observed))
     return [c for c, cell in zip(composed, cells, strict=True) if cell.name in keep], lines, effects
+
+
+def _changed_keys(before: str, now: str) -> str:
+    """The keys whose values differ between two adaptive: blocks (as recorded: JSON), said `key: old -> new`."""
+    try:
+        old, new = json.loads(before), json.loads(now)
+    except (TypeError, ValueError):
+        return "another block"
+    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys) or "another block"
 
 
 def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence[Composed]) -> list[Problem]:

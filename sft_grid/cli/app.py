@@ -476,10 +476,13 @@ def _print_dry_run(result: GridResult) -> None:
         out("\nsubmission plan (what a real run does):")
         for line in lines:
             out(line)
-    if result.plan.archives:
+    from sft_grid.grid.flow import has_record
+
+    recorded = [d for d in result.decisions if has_record(d) and d.touch_files]
+    if recorded:
         out(
-            f"  the files each such rerun writes: {relative(cells[0].sweep_dir / PREVIEW_DIR)}/<cell>/ (this dry run"
-            " leaves the finished cells' own files as they are)"
+            f"  the files of the {len(recorded)} cell(s) that hold a run's record (rerun, skipped or posted):"
+            f" {relative(cells[0].sweep_dir / PREVIEW_DIR)}/<cell>/ (this dry run leaves their own files as they are)"
         )
     previews = _sbatch_previews(result)
     if previews:

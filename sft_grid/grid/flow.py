@@ -283,12 +283,14 @@ def run(
     """The grid: steer, check, observe, plan, execute. `only`: the names of the cells this invocation may act on (a
     site's share of a grid across remote sites, sites/coordinate.py); None: every cell."""
     observer = observer or Observer()
+    # read before steering: a round may leave no cell to read it from, and a dry run's round is never recorded
+    dry_run = any(bool(c.config.get("dry_run")) for c in composed)
     composed, steering = steer(composed, observer)
     inputs = check(composed, errors, observer, only, [p for s in steering for p in s.problems])
     if any(c.spec.stage_only or c.spec.check_only for c in inputs.cells):
         return GridResult(grid=GridPlan(cells=inputs.cells, dry_run=inputs.dry_run, staging=inputs.staging))
     with hold_all([d / LOCK_FILE for d in sorted({c.sweep_dir for c in inputs.cells})]):
-        if not inputs.dry_run:
+        if not (inputs.dry_run or dry_run):
             for decision in steering:
                 decision.apply()
         grid = plan(inputs, observe(inputs))
@@ -491,7 +493,7 @@ def plan(inputs: Inputs, observed: Observed) -> GridPlan:
     ]
     # a skipped cell whose checkpoints are scored now: its eval.json as the suites say today (its other files stay)
     scoring = [d for d in decisions if d.action is Action.SKIP and d.evaluate]
-    writes += [render_eval(d.cell, d.dir) for d in scoring if d.touch_files]
+    writes += [_previewed(render_eval(d.cell, d.dir), d, inputs.dry_run) for d in scoring if d.touch_files]
     writes += [render_base(b.target) for b in bases if inputs.dry_run or b.evaluate]
     on_slurm = any(
         d.cell.spec.cluster.executor == "slurm" and (d.action is not Action.SKIP or d.evaluate) for d in decisions
@@ -608,11 +610,18 @@ def _after_staging(
 # -- execute ----------------------------------------------------------------------------------------------------
 
 
+def has_record(d: Decision) -> bool:
+    """Whether the cell's directory holds the record of a run (submitted once: completed, failed, cancelled,
+    pruned), which a dry run must leave as it is; a planned cell's files are only an earlier dry run's."""
+    return d.archive or d.state.state is not State.PLANNED
+
+
 def _previewed(files: CellFiles, d: Decision, dry_run: bool) -> CellFiles:
-    """A dry run's files of a cell that a real run would run again over a finished one (force=true): written under
-    the grid's .dry_run/ folder, as the real run would write them (the same text, naming the cell's own directory),
-    so that the dry run leaves the finished cell's record (its cell.yaml, its estimate, its launch.sh) as it was."""
-    if not (dry_run and d.archive):
+    """A dry run's files of a cell with a record (`has_record`: a finished cell skipped, or run again with
+    force=true; a failed one rerun; one whose post-training stages run): written under the grid's .dry_run/ folder,
+    as the real run would write them (the same text, naming the cell's own directory), so that the dry run leaves the
+    cell's record (its cell.yaml, its estimate, its launch.sh) as it was."""
+    if not (dry_run and has_record(d)):
         return files
     return replace(files, dir=d.cell.sweep_dir / PREVIEW_DIR / d.dir.name)
 

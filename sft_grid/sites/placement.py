@@ -71,6 +71,15 @@ class Need:
         return self.nodes * self.minutes / 60
 
 
+def _minutes(time: str) -> int:
+    """A wall time in minutes; 0 for one that cannot be read (validation's time-format rule names it, with the fix,
+    and no site is refused for it first)."""
+    try:
+        return math.ceil(parse_minutes(time))
+    except ValueError:
+        return 0
+
+
 def need_of(cell: Any, hub: bool = False) -> Need:
     """A cell's needs, from its config (`cell.spec`); `hub`: its Hub inputs are still to be staged."""
     spec = cell.spec
@@ -79,7 +88,7 @@ def need_of(cell: Any, hub: bool = False) -> Need:
         cell=cell.name,
         # as the cell (or its cell.yaml) sets them, else the fewest that fit (planning/gpus.py)
         nodes=spec.nodes if spec.nodes is not None else cell.nodes,
-        minutes=math.ceil(parse_minutes(spec.time)),
+        minutes=_minutes(spec.time),
         cpu_arch=n.cpu_arch,
         gpu_type=n.gpu_type,
         gpu_mem_gb=n.gpu_mem_gb,
@@ -101,7 +110,10 @@ def refusal(need: Need, site: SiteFacts) -> tuple[str, object, str] | None:
         return ("site_needs.gpu_mem_gb", need.gpu_mem_gb, f"{site.name}'s GPUs have {c.gpu_mem_gb or 'unknown'} GB")
     if c.max_nodes and need.nodes > c.max_nodes:
         return ("nodes", need.nodes, f"{site.name} allows {c.max_nodes} node(s) a job")
-    longest = parse_minutes(c.max_time) * (1 + c.max_requeues)
+    try:
+        longest = parse_minutes(c.max_time) * (1 + c.max_requeues)
+    except ValueError:
+        return ("sites", site.name, f"{site.name}'s profile has max_time {c.max_time!r}, which is not a wall time")
     if need.minutes > longest:
         return (
             "time",

@@ -1,0 +1,97 @@
+"""Bad input, eighth round: what a dry run, a steered grid and a grid across sites did with what they were given. A
+dry run over a grid that has finished cells, a steering round a dry run would have recorded, a recipes list given
+as one string, a wall time a site could not read: each leaves the grid's record as it was, or is refused naming
+the key, the value and the fix, with no traceback."""
+
+from __future__ import annotations
+
+from sft_grid.core.layout import iter_cell_dirs
+
+from .conftest import run_sft
+
+
+def _files(cell):
+    return {p.name: p.read_bytes() for p in cell.iterdir() if p.is_file()}
+
+
+def test_a_dry_run_over_a_finished_grid_leaves_every_cells_record_as_it_was(tmp_path):
+    """Before, each finished (skipped) cell's cell.yaml, launch.sh and backend config were rendered again in place,
+    saying dry_run: true and whatever the new command changed."""
+    runs = tmp_path / "runs"
+    grid = ["-m", "backend=synthetic", "max_steps=3,4", f"runs_root={runs}"]
+    run_sft(*grid, check=True, timeout=300)  # two finished cells (the simulator: a second each)
+    cells = sorted(iter_cell_dirs(runs / "default"))
+    before = {c.name: _files(c) for c in cells}
+    dry = run_sft(*grid, "logging_steps=2", "dry_run=true", check=True, timeout=300)
+    assert "would skip" in dry.stdout and ".dry_run/<cell>/" in dry.stdout, dry.stdout
+    assert {c.name: _files(c) for c in cells} == before
+    preview = runs / "default" / ".dry_run" / cells[0].name
+    assert "dry_run: true" in (preview / "cell.yaml").read_text()  # what it would render, beside the record
+
+
+def test_a_wall_time_a_site_cannot_read_is_a_refusal_not_a_traceback(make_cells):
+    """Before, placing a grid across sites crashed on `time=1h` (validation names it, with its fix, once the cells
+    are placed) and on a site profile's `max_time: forever`."""
+    import dataclasses
+
+    from sft_grid.sites import placement
+
+    (cell,) = make_cells(["model=tiny_llama", "time=1h"])
+    need = placement.need_of(cell)
+    assert need.minutes == 0  # unknown: the time-format rule refuses the cell
+    site = placement.SiteFacts(name="far", cluster=dataclasses.replace(cell.spec.cluster, max_time="forever"))
+    (cell,) = make_cells(["model=tiny_llama"])
+    assert placement.refusal(placement.need_of(cell), site) == (
+        "sites",
+        "far",
+        "far's profile has max_time 'forever', which is not a wall time",
+    )
+
+
+STEERED = [
+    "-m",
+    "model=tiny_llama",
+    "max_steps=2,4,8,16",
+    "lr=1e-3,1e-4",
+    "+adaptive.question=gap",
+    "+adaptive.recipes=[1e-3,1e-4]",
+    "+adaptive.recipe_key=lr",
+    "+adaptive.size_key=max_steps",
+    "+adaptive.at=64",
+]
+
+
+def test_a_dry_run_records_no_round_even_where_the_round_leaves_no_cell(tmp_path):
+    """Before, a round that chose no cell (a budget that affords none) left the grid with no cell to say it was a
+    dry run, and its round was recorded: a later real run replayed that empty choice for good."""
+    runs = tmp_path / "runs"
+    dry = run_sft(*STEERED, "+adaptive.budget_gpu_hours=1e-9", "dry_run=true", f"runs_root={runs}", check=True)
+    assert "nothing to run" in dry.stdout, dry.stdout
+    assert not runs.exists() or not [p for p in runs.rglob("*") if p.is_file()]
+
+
+def test_a_round_recorded_under_another_adaptive_block_is_chosen_again_and_the_same_block_replays(tmp_path):
+    runs = f"runs_root={tmp_path / 'runs'}"
+    run_sft(*STEERED, "+adaptive.budget_gpu_hours=1e-9", runs, check=True)  # records round 1: no cell affordable
+    changed = run_sft(*STEERED, "+adaptive.budget_cells=6", "dry_run=true", runs, check=True)
+    said = changed.stdout + changed.stderr
+    assert "the adaptive: block differs from round 1's" in said, said
+    assert "budget_cells: None -> 6, budget_gpu_hours: 1e-09 -> None; chosen again" in said, said
+    assert "next: " in said and "already recorded" not in said, said
+    same = run_sft(*STEERED, "+adaptive.budget_gpu_hours=1e-9", "dry_run=true", runs, check=True)
+    assert "round 1 already recorded (the same 0 cells observed)" in same.stdout + same.stderr
+
+
+def test_recipes_given_as_one_string_or_twice_are_told_so(tmp_path):
+    """Before, `recipes: magpie, wildchat` was read letter by letter ("names a recipe twice: [' ', ',', 'a', ...]")."""
+    as_text = run_sft(
+        *STEERED[:5],
+        "+adaptive.recipes='1e-3,1e-4'",
+        *STEERED[6:],
+        "+adaptive.budget_cells=4",
+        "dry_run=true",
+        cwd=tmp_path,
+    )
+    said = as_text.stdout + as_text.stderr
+    assert as_text.returncode == 1 and "adaptive.recipes='1e-3,1e-4': must be a list of recipes, not one string" in said
+    assert "'+adaptive.recipes=[1e-3,1e-4]'" in said and "two or more recipes" not in said, said

@@ -95,3 +95,49 @@ def test_recipes_given_as_one_string_or_twice_are_told_so(tmp_path):
     said = as_text.stdout + as_text.stderr
     assert as_text.returncode == 1 and "adaptive.recipes='1e-3,1e-4': must be a list of recipes, not one string" in said
     assert "'+adaptive.recipes=[1e-3,1e-4]'" in said and "two or more recipes" not in said, said
+
+
+def test_a_wait_is_hh_mm_ss_not_a_bare_number_nor_parts_of_60_or_more():
+    """Before, move_after=3600 (meant as seconds) waited 3600 minutes, and 25:99:99 was 26:40:39."""
+    from sft_grid.planning.site_rules import _wait_problem
+
+    assert "a bare number, which would be read as 3600 minutes (60:00:00), not seconds" in _wait_problem("3600")
+    assert "minutes or seconds of 60 or more" in _wait_problem("25:99:99")
+    assert "a zero wait" in _wait_problem("00:00:00")
+    assert "not a wall time" in _wait_problem("1h")
+    assert _wait_problem("02:00:00") is None and _wait_problem("1-12:00:00") is None
+
+
+def test_a_key_left_empty_in_a_sweep_file_is_named_with_what_to_write(tmp_path):
+    """`adaptive:` with only comments under it, `lr:` with nothing after: OmegaConf's "not Optional" and
+    "Incompatible value 'None'", now the file, the key and the fix."""
+    conf = tmp_path / "conf" / "sweep"
+    conf.mkdir(parents=True)
+    head = "# @package _global_\nsweep_name: e\n"
+    axes = "hydra:\n  sweeper:\n    params:\n      model: tiny_llama\n"
+    (conf / "blk.yaml").write_text(head + "adaptive:\n  # question: gap\n" + axes)
+    (conf / "val.yaml").write_text(head + "lr:\n" + axes)
+    env = {"SFT_GRID_CONF": str(tmp_path / "conf")}
+    runs = f"runs_root={tmp_path / 'runs'}"
+    for name, said in [
+        (
+            "blk",
+            "blk.yaml: adaptive is empty (YAML's null: nothing after its colon, or only comments under it):"
+            " delete the line `adaptive:`",
+        ),
+        ("val", "val.yaml: lr is empty (YAML's null: nothing after its colon, or only comments under it): give it"),
+    ]:
+        proc = run_sft("-m", f"+sweep={name}", "dry_run=true", runs, env=env, cwd=tmp_path)
+        assert proc.returncode == 1 and said in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_cells_directory_or_name_given_to_run_says_how_a_cell_is_rerun(tmp_path):
+    runs = tmp_path / "runs"
+    run_sft("-m", "backend=synthetic", "max_steps=3", f"runs_root={runs}", check=True, timeout=300)
+    (cell,) = iter_cell_dirs(runs / "default")
+    by_dir = run_sft("run", str(cell), cwd=tmp_path)
+    assert by_dir.returncode != 0 and f"{cell} is a cell's directory, not an override" in by_dir.stderr
+    assert "backend=synthetic max_steps=3" in by_dir.stderr and "force=true" in by_dir.stderr, by_dir.stderr
+    by_name = run_sft("run", cell.name, cwd=tmp_path)
+    assert by_name.returncode != 0 and f"{cell.name} looks like a cell's name" in by_name.stderr, by_name.stderr

@@ -207,11 +207,40 @@ def misplaced_option(group: str, option: str) -> str | None:
     return None
 
 
+_NOT_OPTIONAL = re.compile(r"field '(?P<key>[^']+)' is not Optional")
+_NONE_SCALAR = re.compile(r"Incompatible value 'None' for field of type")
+
+
+def null_problem(message: str) -> tuple[str, str] | None:
+    """(the key, what to write) for a key left empty where it takes a value (`adaptive:` with only comments under
+    it, `lr:` with nothing after: YAML's null), which OmegaConf refuses as "not Optional"; None for another error."""
+    empty, named = _NOT_OPTIONAL.search(message), _FULL_KEY.search(message)
+    if empty is None and not (_NONE_SCALAR.search(message) and named):
+        return None
+    key = empty.group("key") if empty else named.group("key") if named else ""
+    where = _option_file(message)
+    shown = f"{where[0]}: " if where else ""
+    kind = _takes(schema_type(key))
+    fill = (
+        f"delete the line `{key.rsplit('.', 1)[-1]}:` (the block is optional), or fill it, one key a line indented"
+        " under it"
+        if kind == "mapping"
+        else f"give it its value, or delete the line to keep the default ({key}=<value> on the command line)"
+    )
+    return key, f"{shown}{key} is empty (YAML's null: nothing after its colon, or only comments under it): {fill}"
+
+
+def told(message: str) -> tuple[str, str] | None:
+    """(the key, what to write) where OmegaConf's refusal is one of those read here: an unset ${oc.env:VAR}, a value
+    of the wrong shape, a key left empty."""
+    return env_problem(message) or shape_problem(message) or null_problem(message)
+
+
 def key_hint(message: str) -> str | None:
     """The valid keys (and the closest one) for an unknown-key error, or the options for an unknown option."""
-    told = env_problem(message) or shape_problem(message)
-    if told:
-        return told[1]
+    read = told(message)
+    if read:
+        return read[1]
     match = _NOT_IN.search(message)
     if match:
         valid = _schema_keys(match.group("type"))
@@ -236,6 +265,9 @@ def malformed_override(argv: Sequence[str]) -> str | None:
 
     parser = OverridesParser.create()
     for arg in argv:
+        cell = _a_cell(arg) if "=" not in arg and not arg.startswith(("-", "~", "+")) else None
+        if cell:
+            return cell
         if arg.startswith("-") or "=" not in arg:
             continue  # a flag (-m, --cfg) or its value
         try:
@@ -249,6 +281,41 @@ def malformed_override(argv: Sequence[str]) -> str | None:
     return None
 
 
+# a cell's name: its slug, then its identity's 8 hex digits (planning/cells.py)
+_CELL_NAME = re.compile(r".+-[0-9a-f]{8}")
+
+
+def _a_cell(arg: str) -> str | None:
+    """The hint for a cell's directory or name given to `run` as if it were an override: how a cell is rerun."""
+    from pathlib import Path
+
+    from sft_grid.core.layout import CELL_FILE
+
+    path = Path(arg).expanduser()
+    if (path / CELL_FILE).is_file():
+        rerun = next((line for line in _head(path / CELL_FILE) if line.startswith("# Rerun this cell:")), "")
+        line = rerun.removeprefix("# Rerun this cell:").strip()
+        return (
+            f"{arg} is a cell's directory, not an override: run takes key=value overrides; this cell is rerun by"
+            f" the line its cell.yaml records: {line or '(see its cell.yaml)'} (add force=true over a finished one)"
+        )
+    if _CELL_NAME.fullmatch(path.name) and "/" not in arg:
+        return (
+            f"{arg} looks like a cell's name, not an override: run takes key=value overrides; a cell is rerun by the"
+            " line its cell.yaml records (# Rerun this cell: ...), and `sft-grid status GRID` / `logs GRID CELL`"
+            " take its name"
+        )
+    return None
+
+
+def _head(path: Any) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return [next(fh, "").rstrip("\n") for _ in range(5)]
+    except OSError:
+        return []
+
+
 _HYDRA_ESCAPE = re.compile(r"\\([\\()\[\]{}:=, \t])")
 
 
@@ -256,9 +323,9 @@ def composition_problem(overrides: Sequence[str], message: str) -> Problem:
     """A Problem for a cell that Hydra could not compose, with the valid keys when a key is unknown."""
     match = _NOT_IN.search(message)
     key = match.group("key") if match else ""
-    told = env_problem(message) or shape_problem(message)
-    if told:
-        key = told[0]
+    read = told(message)
+    if read:
+        key = read[0]
     elif not key and _NOT_TYPED.search(message) and (where := _FULL_KEY.search(message)):
         key = where.group("key")
     env = _ENV_UNSET.search(message)

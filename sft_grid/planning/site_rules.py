@@ -204,6 +204,29 @@ def site_variables(cell: Cell) -> Iterator[Problem]:
         )
 
 
+def _wait_problem(text: str) -> str | None:
+    """Why a wait (move_after) is not one, or None. Not Slurm's bare minutes: a wait is read as HH:MM:SS (3600 meant
+    as seconds would wait 60 hours), each part below 60; and not a zero wait (every queued cell moved at once)."""
+    if text.strip().isdigit():
+        minutes = int(text)
+        return (
+            f"a bare number, which would be read as {minutes} minutes ({minutes // 60:02d}:{minutes % 60:02d}:00),"
+            " not seconds"
+        )
+    try:
+        parse_minutes(text)
+    except ValueError as exc:  # a zero wait is no wait (not Slurm's "no limit", which parse_minutes' words are about)
+        return (
+            "a zero wait: every queued cell would be moved at once, as soon as it is queued"
+            if "zero" in str(exc)
+            else str(exc)
+        )
+    parts = [int(p) for p in text.strip().rpartition("-")[2].split(":")]
+    if any(p >= 60 for p in parts[1:]):
+        return f"{text!r} has minutes or seconds of 60 or more: HH:MM:SS counts each below 60"
+    return None
+
+
 def _sbatch_value(cell: Cell, raw: object, value: object) -> Problem | None:
     """An sbatch_extra value that is not one line of text or a number: a list or mapping (Slurm writes a list as
     `a,b`), null or false (written as `--key=None`/`--key=False`), or text across lines (the line after would be a
@@ -330,17 +353,14 @@ def spread(cell: Cell) -> Iterator[Problem]:
             f"sites=[{','.join(dict.fromkeys(s.sites))}]",
         )
     if s.move_after is not None:
-        try:
-            parse_minutes(s.move_after)
-        except ValueError as exc:
-            # a zero wait is no wait (not Slurm's "no limit", which parse_minutes' words are about)
-            zero = "zero wall time" in str(exc)
+        why = _wait_problem(str(s.move_after))
+        if why:
             yield _problem(
                 cell,
                 "move_after",
                 s.move_after,
                 "time-format",
-                "a zero wait: every queued cell would be moved at once, as soon as it is queued" if zero else str(exc),
+                why,
                 "write it as HH:MM:SS, e.g. move_after=02:00:00 (unset: cells move only off a site that is down)",
             )
     needs, c = s.site_needs, s.cluster

@@ -141,3 +141,29 @@ def test_a_cells_directory_or_name_given_to_run_says_how_a_cell_is_rerun(tmp_pat
     assert "backend=synthetic max_steps=3" in by_dir.stderr and "force=true" in by_dir.stderr, by_dir.stderr
     by_name = run_sft("run", cell.name, cwd=tmp_path)
     assert by_name.returncode != 0 and f"{cell.name} looks like a cell's name" in by_name.stderr, by_name.stderr
+
+
+def test_a_site_profile_is_held_to_the_schema_as_cluster_is(tmp_path):
+    """Before, a profile named only in sites=[...] skipped the ranges (max_nodes: 0 took cells) and its unknown key
+    was told without the key ("object_type=ClusterConf ... fix the profile")."""
+    from pathlib import Path
+
+    shipped = (
+        Path(__file__).resolve().parent.parent / "sft_grid" / "conf" / "cluster" / "slurm_siteb.yaml"
+    ).read_text()
+    conf = tmp_path / "conf" / "cluster"
+    conf.mkdir(parents=True)
+    kept = "\n".join(line for line in shipped.splitlines() if not line.startswith(("max_nodes:", "site_answer_tries:")))
+    (conf / "zero.yaml").write_text(kept + "\nmax_nodes: 0\nsite_answer_tries: 0\n")
+    (conf / "typo.yaml").write_text(shipped + "\ngpu_mem: 80\n")
+    env = {"SFT_GRID_CONF": str(tmp_path / "conf")}
+    grid = ["-m", "model=tiny_llama", "cluster=slurm_local", "dry_run=true", f"runs_root={tmp_path / 'runs'}"]
+    zero = run_sft(*grid, "sites=[slurm_local,zero]", env=env, cwd=tmp_path)
+    said = zero.stdout + zero.stderr
+    assert zero.returncode == 1 and "sites.zero.max_nodes=0: must be >= 1 [range]" in said, said
+    assert "sites.zero.site_answer_tries=0: must be >= 1" in said and f"in {conf / 'zero.yaml'}" in said, said
+    typo = run_sft(*grid, "sites=[slurm_local,typo]", env=env, cwd=tmp_path)
+    said = typo.stdout + typo.stderr
+    assert "sites.typo.gpu_mem=80:" in said and "Key 'gpu_mem' not in 'ClusterConf'" in said, said
+    assert "(did you mean 'gpu_mem_gb'?)" in said and "Traceback" not in said, said
+    assert not (tmp_path / "runs").exists()

@@ -167,3 +167,9 @@ def values(cell: str, spec: CellConf) -> list[Problem]:
     return [
         Problem(cell=cell, key=k, value=v, rule=r, message=m, fix=x) for k, v, r, m, x in _prefixed("", _values(spec))
     ]
+
+
+def section_values(cell: str, prefix: str, section: Any) -> list[Problem]:
+    """`values` of one section read on its own (a site's cluster profile, `sites=[...]`), its keys under `prefix`."""
+    found = [(f"{prefix}{k}", v, r, m, x) for k, v, r, m, x in _values(section)]
+    return [Problem(cell=cell, key=k, value=v, rule=r, message=m, fix=x) for k, v, r, m, x in _prefixed("", found)]

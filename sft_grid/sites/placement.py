@@ -24,6 +24,7 @@ its ledger names (its record); only a cell that is to be queued is placed.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -195,6 +196,8 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
 
     from sft_grid.core import project
     from sft_grid.planning import resolvers
+    from sft_grid.planning.hydra_errors import key_hint, plain_message
+    from sft_grid.planning.schema_rules import section_values
 
     if lists <= {()}:  # no cell names sites (or no cell composed)
         return {}, []
@@ -238,19 +241,26 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
         except Exception as exc:  # YAML or OmegaConf refusing the profile: reported, not raised
             if not type(exc).__module__.startswith(("yaml", "omegaconf")):
                 raise
-            first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            said = str(exc).strip()
+            named = re.search(r"full_key: (\S+)", said)
             problems.append(
                 Problem(
                     cell=GRID,
-                    key="sites",
-                    value=name,
+                    key=f"sites.{name}" + (f".{named.group(1)}" if named else ""),
+                    value=_written(path, named.group(1)) if named else name,
                     rule="site-profile",
-                    message=f"{path}: {first}",
-                    fix="fix the profile",
+                    message=f"{path}: {plain_message(said) if said else type(exc).__name__}",
+                    fix=key_hint(said) or f"fix {path} (sft-grid run cluster={name} dry_run=true names each problem)",
                 )
             )
             continue
         assert isinstance(cluster, ClusterConf)
+        # the schema's ranges and value sets, as `cluster=NAME` holds them (max_nodes: 0, site_answer_tries: 0)
+        problems += [
+            replace(p, fix=f"{p.fix} in {path}")
+            for p in section_values(GRID, f"sites.{name}.", cluster)
+            if p.rule != "required" or p.key != f"sites.{name}.name"
+        ]
         cluster = replace(cluster, name=name)  # the site's name is the list's (each job's gate, the ledgers)
         if here:
             cluster = replace(cluster, remote=type(cluster.remote)())  # it runs here: nothing to reach over ssh
@@ -284,6 +294,19 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
             )
         )
     return found, problems
+
+
+def _written(path: Any, key: str) -> Any:
+    """A profile's value of a dotted key as its file writes it (None where the file does not read)."""
+    import yaml
+
+    try:
+        node = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def all_remote(sites: Mapping[str, ClusterConf]) -> bool:

@@ -26,7 +26,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from sft_grid.core.templates import effective_template
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning.cells import HASH_LEN, Cell, slugify
 from sft_grid.planning.environments import VenvSpec, is_ready, site_venvs
+from sft_grid.planning.hydra_errors import did_you_mean
 
 # harness (conf/harness/<name>.yaml) -> its package on PyPI, which names its version in a score's identity
 HARNESS_PACKAGES = {"lm_eval": "lm-eval"}
@@ -381,6 +382,96 @@ def _tasks(cell: Cell, suite: Any) -> Iterator[Problem]:
             )
 
 
+# lm-eval's own generation settings (lm_eval/models/utils.py normalize_gen_kwargs) and what each must be: a key, its
+# test, the words for it, and a value that works
+_WHOLE = "a whole number >= 1"
+GEN_KINDS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "max_gen_toks": (lambda v: _is_int(v) and v >= 1, _WHOLE, "16"),
+    "max_new_tokens": (lambda v: _is_int(v) and v >= 1, _WHOLE, "16"),
+    "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0: greedy)", "0"),
+    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]", "0.9"),
+    "top_k": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0", "50"),
+    "do_sample": (lambda v: isinstance(v, bool), "true or false", "false"),
+    "until": (
+        lambda v: isinstance(v, str) or (isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)),
+        "a string or a list of strings (where generation stops)",
+        "[END]",
+    ),
+}
+# the other keys lm-eval reads itself (its aliases of max_gen_toks), and the attributes of transformers'
+# GenerationConfig (transformers 5.6.0: sorted(vars(GenerationConfig())), listed here so that planning imports no
+# transformers): with the hf engine lm-eval passes every other key to model.generate, which raises "The following
+# `model_kwargs` are not used by the model" for one that is neither, after training
+LM_EVAL_GEN_KEYS = ("max_tokens", "max_completion_tokens")
+GENERATION_CONFIG_KEYS = (
+    "assistant_confidence_threshold", "assistant_early_exit", "assistant_lookbehind", "bad_words_ids",
+    "begin_suppress_tokens", "bos_token_id", "cache_config", "cache_implementation", "compile_config", "constraints",
+    "continuous_batching_config", "decoder_start_token_id", "disable_compile", "diversity_penalty", "do_sample",
+    "dola_layers", "early_stopping", "encoder_no_repeat_ngram_size", "encoder_repetition_penalty", "eos_token_id",
+    "epsilon_cutoff", "eta_cutoff", "exponential_decay_length_penalty", "force_words_ids", "forced_bos_token_id",
+    "forced_eos_token_id", "guidance_scale", "is_assistant", "length_penalty", "low_memory", "max_length",
+    "max_matching_ngram_size", "max_new_tokens", "max_time", "min_length", "min_new_tokens", "min_p",
+    "no_repeat_ngram_size", "num_assistant_tokens", "num_assistant_tokens_schedule", "num_beam_groups", "num_beams",
+    "num_return_sequences", "output_attentions", "output_hidden_states", "output_logits", "output_scores",
+    "pad_token_id", "penalty_alpha", "prefill_chunk_size", "prompt_lookup_num_tokens", "remove_invalid_values",
+    "renormalize_logits", "repetition_penalty", "return_dict_in_generate", "sequence_bias", "stop_strings",
+    "suppress_tokens", "target_lookbehind", "temperature", "token_healing", "top_h", "top_k", "top_p",
+    "typical_p", "use_cache", "watermarking_config",
+)  # fmt: skip
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _gen_kwargs(cell: Cell, suite: Any) -> Iterator[Problem]:
+    """Each task's generation settings, which lm-eval reads only when the evaluation runs, after training: the keys it
+    knows hold values of their kind, and (with the hf engine) every other key is one transformers' generate takes.
+    With vllm the other keys go to vLLM's SamplingParams, whose names are not known here: only the kinds are checked."""
+    for label, task in suite.tasks.items():
+        gen = task.gen_kwargs
+        if not isinstance(gen, Mapping):
+            continue  # composition refuses a gen_kwargs that is no mapping
+        for key, value in gen.items():
+            where = f"tasks.{label}.gen_kwargs.{key}"
+            if key in GEN_KINDS:
+                test, words, example = GEN_KINDS[key]
+                if not test(value):
+                    yield _problem(
+                        cell,
+                        where,
+                        value,
+                        "eval-gen-kwargs",
+                        f"must be {words}: lm-eval reads it only when it evaluates, after training",
+                        f"eval.{where}={example} (in the suite file: {key}: {example})",
+                    )
+                continue
+            known = (*GEN_KINDS, *LM_EVAL_GEN_KEYS, *GENERATION_CONFIG_KEYS)
+            if suite.engine == "hf" and key not in known:
+                hint = did_you_mean(key, known)
+                close = hint.split("'")[1] if hint else None
+                yield _problem(
+                    cell,
+                    where,
+                    value,
+                    "eval-gen-kwargs",
+                    f"is not a generation setting lm-eval or transformers' generate knows{hint}: generate would"
+                    ' refuse it after training ("model_kwargs are not used by the model")',
+                    (
+                        f"write {close}: instead of {key}: in the suite's tasks.{label}.gen_kwargs, or on the command"
+                        f" line '+eval.tasks.{label}.gen_kwargs.{close}={value}'"
+                        if close
+                        else f"drop it from the suite's tasks.{label}.gen_kwargs"
+                    )
+                    + " (lm-eval's keys: max_gen_toks, temperature, top_p, top_k, do_sample, until; any other is"
+                    " an attribute of transformers' GenerationConfig)",
+                )
+
+
 def _harness(cell: Cell, suite: Any) -> Iterator[Problem]:
     if suite.harness not in HARNESS_PACKAGES:
         return  # no such harness: the schema's values rule names it, with the harnesses there are (eval.harness)
@@ -530,6 +621,7 @@ def eval_suite(cell: Cell) -> Iterator[Problem]:
     yield from _checkpoints_along(cell, suite.along)
     yield from _batch_size(cell, suite.batch_size)
     yield from _tasks(cell, suite)
+    yield from _gen_kwargs(cell, suite)
     yield from _harness(cell, suite)
     yield from _resources(cell, suite)
 

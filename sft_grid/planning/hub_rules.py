@@ -4,16 +4,20 @@ registration that names it) that can happen."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypeGuard
+from urllib.parse import urlsplit, urlunsplit
 
 from sft_grid.core import project
 from sft_grid.core.hubcache import repo_id_problem, revision_problem
 from sft_grid.core.problems import Problem
-from sft_grid.core.secrets import shown_source
+from sft_grid.core.secrets import carries_secret, shown_source
 from sft_grid.planning.cells import LOCAL_PREFIXES, Cell
-from sft_grid.planning.inputs import hub_repos
+from sft_grid.planning.inputs import hub_repos, pin_of
+from sft_grid.planning.readable import locate
 
 PLACEHOLDERS = "{key}, {name}, {model} and {data}"
 
@@ -36,6 +40,10 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
         if local is not None:
             yield _local_not_hub(cell, key, repo.repo_id, repo.kind, local)
             continue
+        page = hub_page(repo.repo_id)
+        if page is not None:
+            yield _hub_url(cell, key, repo.repo_id, repo.kind, *page)
+            continue
         why = repo_id_problem(repo.repo_id)
         if why:
             what = "model" if repo.kind == "model" else "dataset source"
@@ -48,6 +56,46 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
                 fix=f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
                 " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""),
             )
+
+
+# the Hub's web hosts, and the pages of a repository past its id (/tree/main, /blob/main/config.json, ...)
+HUB_HOSTS = ("huggingface.co", "www.huggingface.co", "hf.co")
+_HUB_KINDS = {"datasets": "dataset", "spaces": "space"}
+_HUB_PAGES = ("tree", "blob", "resolve", "commit", "commits", "discussions", "raw", "viewer", "edit")
+
+
+def hub_page(value: str) -> tuple[str, str] | None:
+    """(the repository id, its kind: model, dataset or space) of a Hub web address (https://huggingface.co/Qwen/Qwen3-8B,
+    https://huggingface.co/datasets/org/name/tree/main), or None for anything else."""
+    try:
+        parts = urlsplit(value)
+        host = (parts.hostname or "").lower()
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or host not in HUB_HOSTS:
+        return None
+    segments = [seg for seg in parts.path.split("/") if seg]
+    kind = _HUB_KINDS.get(segments[0], "model") if segments else "model"
+    segments = segments[1:] if segments and segments[0] in _HUB_KINDS else segments
+    cut = next((i for i, seg in enumerate(segments) if seg in _HUB_PAGES), len(segments))
+    repo_id = "/".join(segments[: min(cut, 2)])
+    return (repo_id, kind) if repo_id and not repo_id_problem(repo_id) else None
+
+
+def _hub_url(cell: Cell, key: str, url: str, wanted: str, repo_id: str, kind: str) -> Problem:
+    # the id is shown as it is: a repository's id is public; what a URL may carry besides (user:token@, ?token=) is not
+    secret = carries_secret(urlunsplit(urlsplit(url)._replace(path="")))
+    what = "model" if wanted == "model" else "dataset source"
+    mismatch = f", and it is a {kind}'s page, not a {wanted}'s" if kind != wanted else ""
+    return Problem(
+        cell=cell.name,
+        key=key,
+        value=shown_source(url) if secret else url,
+        rule="hub-url",
+        message=f"is the web address of the Hub repository {repo_id}{mismatch}: a {what} is named by its id"
+        " <org>/<name>",
+        fix=f"{key}={repo_id}" if not mismatch else f"a {wanted} repository's id, <org>/<name> ({repo_id} is a {kind})",
+    )
 
 
 # what a data file's name ends in: a Hub repository's id never does (it names a repository, not a file)
@@ -126,6 +174,96 @@ def model_facts(cell: Cell) -> Iterator[Problem]:
             " sizing"
             " and the estimates read params_b, the FLOPs and the scaling fit the exact count",
             fix=f"model.params_b={m.params / 1e9:.3f}",
+        )
+    yield from _shape(cell)
+
+
+# a model conf's shape keys and the names its checkpoint's config.json gives them (core/schema.py ModelConf)
+SHAPE_KEYS = {
+    "num_layers": "num_hidden_layers",
+    "hidden_size": "hidden_size",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+}
+_CONFIGS: dict[tuple[str, int], tuple[Path, dict[str, Any]] | None] = {}
+
+
+def checkpoint_config(cell: Cell) -> tuple[Path, dict[str, Any]] | None:
+    """The model's config.json readable here (its text model's part, where it has one) and where it is: a local
+    directory, or a Hub model's pinned snapshot or its copy in the Hugging Face cache (only where the model names no
+    revision: the cache's newest copy may be another one). None where there is none to read."""
+    m = cell.spec.model
+    pin = pin_of(cell, "model", m.hub_id or "")
+    if m.path:
+        where = locate(m.path, "models")
+    elif pin is not None:
+        where = pin.path
+    elif m.hub_id and m.revision is None and "://" not in m.hub_id:
+        where = locate(m.hub_id, "models")
+    else:
+        return None
+    file = where / "config.json" if where is not None else None
+    try:
+        key = (str(file), file.stat().st_mtime_ns) if file is not None and file.is_file() else None
+    except OSError:
+        key = None
+    if file is None or key is None:
+        return None
+    if key not in _CONFIGS:
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = None  # unreadable: the preflight's model check says why
+        text = config.get("text_config") if isinstance(config, dict) else None
+        config = text if isinstance(text, dict) else config
+        _CONFIGS[key] = (file, config) if isinstance(config, dict) else None
+    return _CONFIGS[key]
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _shape(cell: Cell) -> Iterator[Problem]:
+    """The shape a model conf declares (it feeds the GPU memory model and the layout: planning/gpus.py) agrees with
+    its checkpoint's config.json where that is readable here, and otherwise holds together: the key/value heads divide
+    the attention heads (grouped-query attention: each key/value head serves a whole group of them)."""
+    m = cell.spec.model
+    found = checkpoint_config(cell)
+    option = f"conf/model/{m.name}.yaml"
+    disagree = set()
+    if found is not None:
+        file, config = found
+        for key, theirs in SHAPE_KEYS.items():
+            ours, real = getattr(m, key), config.get(theirs)
+            if not _whole(ours) or not _whole(real) or ours == real:
+                continue  # unset, out of range (the schema's range rule), or unstated in the config
+            disagree.add(key)
+            yield Problem(
+                cell=cell.name,
+                key=f"model.{key}",
+                value=ours,
+                rule="model-shape",
+                message=f"disagrees with the checkpoint's config.json ({theirs}: {real} in {file}): the GPU memory"
+                " model and the layout read the shape the model's conf declares",
+                fix=f"{key}: {real} in {option} (the checkpoint's own), or model.{key}={real} on the command line",
+            )
+    # (no rule that the heads divide the hidden size: a head's width is the config's head_dim, and Qwen3.5-27B's
+    # 24 heads of 256 are wider than its hidden size 5120)
+    heads, kv = m.num_heads, m.num_kv_heads
+    if _whole(heads) and _whole(kv) and (kv > heads or heads % kv) and not disagree & {"num_heads", "num_kv_heads"}:
+        why = "is more than" if kv > heads else "does not divide"
+        yield Problem(
+            cell=cell.name,
+            key="model.num_kv_heads",
+            value=kv,
+            rule="model-shape",
+            message=f"{why} model.num_heads={heads}: each key/value head serves a whole group of the attention heads",
+            fix=f"the publisher's num_key_value_heads from the model's config.json (a divisor of {heads}, e.g."
+            f" model.num_kv_heads={max(d for d in range(1, min(kv, heads) + 1) if heads % d == 0)}), or drop it"
+            " (null: num_heads)",
         )
 
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from sft_grid.core import project
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
@@ -299,7 +301,7 @@ def staging_site(cell: Cell) -> Iterator[Problem]:
 
 
 def inputs_named(cell: Cell) -> Iterator[Problem]:
-    """A model must say where it comes from; a dataset is listed once per cell."""
+    """A model must say where it comes from; a dataset is listed once per cell, each option under its own name."""
     model = cell.spec.model
     if not model.hub_id and not model.path:
         named = f"model {model.name!r}" if model.name != MISSING_TEXT else "the model"
@@ -325,6 +327,33 @@ def inputs_named(cell: Cell) -> Iterator[Problem]:
                 "dataset-twice",
                 f"lists {', '.join(twice)} more than once: the cell would train on it once, not twice",
                 "list each dataset once (to weight a source more, use mix.strategy=interleave_* with mix.probs)",
+            )
+        # a dataset option is merged into the cell's `dataset` under the key its file gives it: an option copied by
+        # hand that kept the original's key replaces that source (two options, one source trained, exit 0)
+        for name in dict.fromkeys(n for n in names if n and n not in cell.spec.dataset):
+            file = project.find_option("dataset", name)
+            try:
+                data = yaml.safe_load(file.read_text(encoding="utf-8")) if file is not None else None
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue  # composition read it: what it could not read, it says
+            keyed = [str(k) for k in data] if isinstance(data, dict) else []
+            if file is None or not keyed:
+                continue
+            with contextlib.suppress(ValueError):
+                file = file.relative_to(project.runs_base())
+            yield _problem(
+                cell,
+                "dataset",
+                name,
+                "dataset-option-key",
+                f"{file} is keyed {', '.join(keyed)}: a dataset option is keyed by its file's name, and under"
+                f" {keyed[0]!r} it "
+                + (
+                    f"replaces the settings of dataset {keyed[0]} (the cell would train one source, not both)"
+                    if keyed[0] in names
+                    else f"would be trained and reported as dataset {keyed[0]}, not {name}"
+                ),
+                f"rename its key {name}: write {name}: instead of {keyed[0]}: in {file}",
             )
     seen: dict[str, str] = {}
     for name, ds in cell.spec.dataset.items():

@@ -54,6 +54,7 @@ def counts(*values: Any) -> bool:
 # a backend key that holds a secret -> the environment variable its tool reads instead
 SECRET_VARS = {"hub_token": "HF_TOKEN", "hf_hub_token": "HF_TOKEN", "wandb_api_key": "WANDB_API_KEY"}
 
+
 class Translation(ABC):
     """One original being translated: what is consumed, what the sweep says, and the report."""
 

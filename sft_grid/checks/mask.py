@@ -48,7 +48,7 @@ from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.environments import bin_dir
 from sft_grid.planning.inputs import dataset_source
-from sft_grid.planning.readable import SAMPLE_ROWS, data_files, locate, read_sample
+from sft_grid.planning.readable import SAMPLE_ROWS, data_files, locate, read_sample, row_lines
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +332,9 @@ def verdict_of(p: Probed) -> Verdict:
     if "error" in (p.result or {}):
         error = str(p.result["error"])  # type: ignore[index]
         return Verdict(False, f"the backend could not preprocess it: {error}", _probe_fix(p.check, error))
-    return verdict(p.check, p.result["rows"])  # type: ignore[index]
+    rows = p.result["rows"]  # type: ignore[index]
+    lines = row_lines(p.data_file, len(rows)) if p.data_file is not None else []
+    return verdict(p.check, rows, [f"line {n} of {p.data_file}" for n in lines])
 
 
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '?([\w.]+)")
@@ -379,10 +381,11 @@ def run_checks(
     return outcomes
 
 
-def verdict(check: Check, rows: Sequence[Mapping[str, Any]]) -> Verdict:
-    """The check's verdict from the probe's rows; a backend may train only the last assistant turn on purpose."""
+def verdict(check: Check, rows: Sequence[Mapping[str, Any]], where: Sequence[str] = ()) -> Verdict:
+    """The check's verdict from the probe's rows; a backend may train only the last assistant turn on purpose.
+    `where`: each row's place in its file (`line 12 of <file>`), where known."""
     spec = json.loads(check.spec or "{}")
-    judged = judge(rows, dict(check.tags), bool(spec.get("last_turn_only")), spec.get("end_of_turn"))
+    judged = judge(rows, dict(check.tags), bool(spec.get("last_turn_only")), spec.get("end_of_turn"), where)
     return cutoff_verdict(rows, spec.get("cutoff_len")) if judged.ok else judged
 
 
@@ -555,8 +558,10 @@ def judge(
     tags: Mapping[str, str],
     last_turn_only: bool = False,
     end_of_turn: str | None = None,
+    where: Sequence[str] = (),
 ) -> Verdict:
-    """The verdict of a loss-mask check from the probe's rows: every row must pass."""
+    """The verdict of a loss-mask check from the probe's rows: every row must pass. `where`: each row's place in
+    its file, where known (else its position in the sample)."""
     if not rows:
         return Verdict(False, "the sample has no rows", "point the dataset at non-empty data")
     verdicts = [RowVerdict(i, tuple(judge_row(r, last_turn_only, end_of_turn))) for i, r in enumerate(rows)]
@@ -568,13 +573,49 @@ def judge(
     kinds = Counter(p.split(":")[0].split(" (")[0] for v in bad for p in v.problems)
     first = bad[0]
     summary = f"{zero}/{n} sampled rows train 0 tokens" if zero else f"{len(bad)}/{n} sampled rows are trained wrongly"
-    detail = f"row {first.row}: {'; '.join(first.problems)}"
+    place = where[first.row] if first.row < len(where) else f"sampled row {first.row + 1}"
+    shape = row_shape(rows[first.row].get("roles") or [], tags) if rows[first.row].get("dropped") else None
+    detail = f"{place}: {'; '.join(first.problems)}" + (f": {shape}" if shape else "")
     message = f"{summary} ({', '.join(f'{k}: {c}' for k, c in kinds.most_common(3))}); {detail}"
-    return Verdict(False, message, _fix(rows, tags, bad))
+    return Verdict(False, message, _fix(rows, tags, bad, place))
 
 
-def _fix(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], bad: Sequence[RowVerdict]) -> str:
+def row_shape(roles: Sequence[str], tags: Mapping[str, str]) -> str | None:
+    """What in a row's sequence of roles makes the backend drop it (LLaMA-Factory's sharegpt reading: a system
+    turn first or none, then user and assistant turns in turn, tool results and calls in their places, an even
+    count), or None."""
+    user, assistant = tags.get("user_tag", "user"), tags.get("assistant_tag", "assistant")
+    if user == assistant:
+        return None  # the tags' fault, not the row's (the fix says so)
+    if not roles:
+        return "it has no messages"
+    system = tags.get("system_tag")
+    start = 1 if system and roles[0] == system else 0
+    turns = roles[start:]
+    asks = {user, tags.get("observation_tag")} - {None}
+    answers = {assistant, tags.get("function_tag")} - {None}
+    for k, role in enumerate(turns):
+        if role not in (asks if k % 2 == 0 else answers):
+            due = user if k % 2 == 0 else assistant
+            what = "a second system turn (only the first message may be one)" if role == system else f"role {role!r}"
+            return (
+                f"message {start + k + 1} has {what} where {due!r} is due (the roles must alternate {user!r},"
+                f" {assistant!r}, ...)"
+            )
+    if not turns:
+        return f"it has no {user!r} or {assistant!r} turn"
+    if len(turns) % 2:
+        return f"it ends with a {turns[-1]!r} turn that no {assistant!r} turn answers"
+    return None
+
+
+def _fix(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], bad: Sequence[RowVerdict], place: str = "") -> str:
     """The likeliest fix, from the role values the rows use and what went wrong."""
+    if tags.get("user_tag") is not None and tags.get("user_tag") == tags.get("assistant_tag"):
+        return (
+            f"tags.user_tag and tags.assistant_tag are both {tags['assistant_tag']!r}: the backend cannot tell the"
+            " prompt from the answer; set tags.user_tag to the role the rows' questions have (e.g. user_tag=user)"
+        )
     roles = Counter(role for r in rows for role in r.get("roles") or [] if role != "None")
     # not strict: a row without its raw roles names none
     unmatched = Counter(
@@ -614,5 +655,15 @@ def _fix(rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str], bad: Sequen
         return (
             "the prompt is trained: use the model's own template and do not set train_on_prompt"
             " (or train_on_inputs / roles_to_train with user or system roles)"
+        )
+    shapes = [(v, row_shape(rows[v.row].get("roles") or [], tags)) for v in bad if rows[v.row].get("dropped")]
+    shaped = [(v, shape) for v, shape in shapes if shape]
+    if shaped:
+        first = shaped[0][0]
+        at = place if first is bad[0] and place else f"sampled row {first.row + 1}"
+        return (
+            f"fix or remove the rows the backend drops (the first: {at}); a row is a system turn or none, then"
+            f" {tags.get('user_tag', 'user')!r} and {tags.get('assistant_tag', 'assistant')!r} turns in turn, ending"
+            " with the assistant's"
         )
     return "check the template against the model's tokenizer and `sft-grid show` the cell to see what is trained"

@@ -49,7 +49,7 @@ from sft_grid.planning.inputs import (
     prep_for,
     tokenizer_source,
 )
-from sft_grid.planning.readable import SAMPLE_ROWS, NoSplit, NotData, hub_cache, locate
+from sft_grid.planning.readable import SAMPLE_ROWS, NoSplit, NotData, hub_cache, locate, scan_rows
 
 
 def checks_for(cell: Cell, memo: dict[tuple[Any, ...], list[Check]] | None = None) -> list[Check]:
@@ -717,6 +717,9 @@ def check_assistant_turns(check: Check) -> Verdict:
     if isinstance(where, Verdict):
         return where
     try:
+        if is_local(check.target):
+            # every line of the local files, not the sample's first rows alone: a broken line 11001 fails the job
+            scan_rows(where, check.column, dict(check.tags), check.split)
         rows = mask.sample_rows(where, check.column, SAMPLE_ROWS, check.split, check.python)
     except ImportError:
         return Verdict(
@@ -737,9 +740,8 @@ def check_assistant_turns(check: Check) -> Verdict:
         return Verdict(
             False,
             str(exc),
-            "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-            if "UTF-8" in str(exc)
-            else "point the dataset's source at a .jsonl, .json or .parquet file (or a"
+            exc.fix
+            or "point the dataset's source at a .jsonl, .json or .parquet file (or a"
             " directory of them) with one conversation a row",
         )
     except (OSError, ValueError) as exc:

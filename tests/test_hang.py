@@ -274,7 +274,9 @@ def test_the_runner_ends_a_hung_training_and_records_a_hang_to_requeue(tmp_path)
     cell = tmp_path / "cell"
     cell.mkdir()
     # a bound below the schema's floor (10 s), which only a cell written by hand can hold: the test stays short
-    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "hang_startup_s": 1}}
+    # the start-up bound leaves the stuck tree time to start and write its pids on a loaded machine (at 1 s the hang
+    # was called before it had: the python of a shared CI core can take longer than that to start)
+    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "hang_startup_s": 15}}
     (cell / "cell.yaml").write_text(yaml.safe_dump(config))
     pid_file = tmp_path / "sleeper.pid"
     (cell / "launch.sh").write_text(f"echo 'loading the model'\nsleep 3600 &\necho $! > {pid_file}\nwait\n")
@@ -426,7 +428,9 @@ def test_a_process_that_survives_its_sigkill_does_not_hold_the_runner(tmp_path, 
     monkeypatch.setattr(hang, "REAP_S", 2.0)
     cell = tmp_path / "cell"
     cell.mkdir()
-    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "hang_startup_s": 1}}
+    # the start-up bound leaves the stuck tree time to start and write its pids on a loaded machine (at 1 s the hang
+    # was called before it had: the python of a shared CI core can take longer than that to start)
+    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "hang_startup_s": 15}}
     (cell / "cell.yaml").write_text(yaml.safe_dump(config))
     pids = tmp_path / "pids"
     (tmp_path / "stuck.py").write_text(STUCK_TREE)
@@ -444,7 +448,8 @@ def test_a_process_that_survives_its_sigkill_does_not_hold_the_runner(tmp_path, 
     written = wait_for(lambda: (pids.is_file() and pids.read_text().split()) or raised, "the training's pids", 120)
     assert not raised, raised
     launcher, rank = (int(p) for p in written)
-    # the bound (1 s, a poll every 1 s) and REAP_S (2 s), with room for a slow machine; the old wait never returned
+    # the bounds (15 s to start, a poll every 1 s) and REAP_S (2 s), with room for a slow machine; the old wait never
+    # returned
     runner.join(120)
     assert not runner.is_alive(), "the runner still waits for a process it killed"
     assert [type(e) for e in raised] == [CellFailed], raised

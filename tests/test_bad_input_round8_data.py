@@ -197,7 +197,6 @@ def test_the_cli_refuses_a_broken_line_past_the_sample_before_anything_is_writte
 # -- 4. a row the backend drops: where it is in its file and what is wrong with it ---------------------------------
 
 
-
 def _dropped(*roles: str) -> dict[str, object]:
     kinds = {"user": "user", "assistant": "assistant", "system": "system"}
     return {

@@ -274,9 +274,7 @@ def test_the_runner_ends_a_hung_training_and_records_a_hang_to_requeue(tmp_path)
     cell = tmp_path / "cell"
     cell.mkdir()
     # a bound below the schema's floor (10 s), which only a cell written by hand can hold: the test stays short
-    # the start-up bound leaves the stuck tree time to start and write its pids on a loaded machine (at 1 s the hang
-    # was called before it had: the python of a shared CI core can take longer than that to start)
-    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "hang_startup_s": 15}}
+    config = {"backend": {"name": "llamafactory"}, "cluster": {"hang_after_s": 1, "hang_startup_s": 1}}
     (cell / "cell.yaml").write_text(yaml.safe_dump(config))
     pid_file = tmp_path / "sleeper.pid"
     (cell / "launch.sh").write_text(f"echo 'loading the model'\nsleep 3600 &\necho $! > {pid_file}\nwait\n")

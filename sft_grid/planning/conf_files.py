@@ -12,6 +12,7 @@ source (pkg://sft_grid.conf, the shipped configs, where a user may add a sweep f
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 YAML_ERROR = ": not valid YAML: "
@@ -33,6 +34,17 @@ def yaml_error_line(exc: Any, path: str) -> str:
     else:
         fix = "fix the YAML syntax there (a quote, bracket or indentation)"
     return f"{where}{YAML_ERROR}{problem}; {fix}"
+
+
+def option_data(path: Any) -> Any:
+    """An option file's YAML data as written (plain, the values as the user wrote them); None where it is empty or
+    cannot be read (not UTF-8, not YAML, gone: `install`'s one line says which, when Hydra reads it)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
 
 
 def _shown(path: str) -> str:

@@ -94,19 +94,13 @@ def _example(key: str, value: Any, hint: Any, takes: str) -> str:
 
 def _option_file(message: str) -> tuple[str, str, Any] | None:
     """(the file as shown, its group, its YAML data) of the option Hydra's error names (`In 'model/x'`)."""
-    import yaml
-
-    from sft_grid.planning.conf_files import _shown
+    from sft_grid.planning.conf_files import _shown, option_data
 
     where = _IN_CONFIG.search(message)
     path = project.find_option(where.group("group"), where.group("option")) if where else None
     if where is None or path is None:
         return None
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    return _shown(str(path)), where.group("group"), data
+    return _shown(str(path)), where.group("group"), option_data(path)
 
 
 def _wrong_shapes(data: Any, prefix: str) -> list[tuple[str, str, Any, Any, str]]:

@@ -209,13 +209,10 @@ def _hydra_settings(data: Mapping[str, Any]) -> list[str]:
 def _defaults_of(group: str, name: str) -> tuple[Path | None, list[tuple[str, str]]]:
     """The option's file and the (group, option) of each entry of its defaults list: `- other` is an option of the
     file's own group, `- model: x` of the group below it (`- /model: x`, `- /model/x`: from the top)."""
-    import yaml
+    from sft_grid.planning.conf_files import option_data
 
     path = project.find_option(group, name)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path else None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return path, []  # told by conf_files.py's one line
+    data = option_data(path) if path else None  # unreadable: told by conf_files.py's one line
     entries = data.get("defaults") if isinstance(data, dict) else None
     found: list[tuple[str, str]] = []
     for entry in entries if isinstance(entries, list) else []:

@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sft_grid.core import project
 from sft_grid.core.failures.classes import FailureClass
 from sft_grid.core.failures.policy import Policy
@@ -34,6 +32,7 @@ from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning import environments, gpus, resolvers, site_rules
 from sft_grid.planning.axes import empty_mappings
 from sft_grid.planning.cells import Cell
+from sft_grid.planning.conf_files import option_data
 from sft_grid.planning.evaluation import eval_suite, same_training
 from sft_grid.planning.hub_rules import hub_ids, hub_upload, model_facts
 from sft_grid.planning.schema_rules import MISSING_TEXT, unknown_keys, values
@@ -332,10 +331,7 @@ def inputs_named(cell: Cell) -> Iterator[Problem]:
         # hand that kept the original's key replaces that source (two options, one source trained, exit 0)
         for name in dict.fromkeys(n for n in names if n and n not in cell.spec.dataset):
             file = project.find_option("dataset", name)
-            try:
-                data = yaml.safe_load(file.read_text(encoding="utf-8")) if file is not None else None
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
-                continue  # composition read it: what it could not read, it says
+            data = option_data(file) if file is not None else None  # unreadable: composition says why
             keyed = [str(k) for k in data] if isinstance(data, dict) else []
             if file is None or not keyed:
                 continue

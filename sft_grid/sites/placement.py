@@ -298,12 +298,9 @@ def named_profiles(lists: set[tuple[str, ...]]) -> tuple[dict[str, ClusterConf],
 
 def _written(path: Any, key: str) -> Any:
     """A profile's value of a dotted key as its file writes it (None where the file does not read)."""
-    import yaml
+    from sft_grid.planning.conf_files import option_data
 
-    try:
-        node = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
+    node = option_data(path)
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node

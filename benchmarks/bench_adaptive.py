@@ -18,8 +18,11 @@ Targets (`--check` exits 1 when one is missed):
   (question gap, level REPLAY_LEVEL, the design's stopping rule), right in >= 90% of the decisions with at most 30%
   of the fitted grid's GPU-hours, each decision's regret beside it and whether it is near-best (NEAR_Z: within the
   measurements' own noise of the best), against the fixed design and random designs of the loop's cost, each read
-  by the ladder's secants and by the forms (seeds: REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS; and the same
-  target on REPLAY_WIDE_SEEDS, the ladder's unseen check); the same question on the simulator's grids,
+  by the ladder's secants and by the forms (seeds: REPLAY_SEEDS, DESIGN_SEED, RANDOM_DESIGN_SEEDS). The verdict is
+  read on every decision the seeds' draw can make (`every_draw`: every 3 of each dataset's 30 models, 12,180), the
+  share a seed set estimates, exact for these curves, with its standard error over the curves (`over_curves`);
+  the seed sets (REPLAY_SEEDS, and REPLAY_WIDE_SEEDS, the ladder's unseen check) are printed beside it as the
+  samples of it they are; the same question on the simulator's grids,
   measured without a target; on both, the stopping rule's calibration: for the decisions that stopped as decided,
   the mean P(wrong) claimed against the share wrong (and the same over every decision that ended with one);
 * successive halving, over 50 grids x 9 sizes (brackets of 9 learning rates, log-spaced over two decades around the
@@ -44,6 +47,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -680,7 +684,12 @@ def joint_check() -> dict[str, Any]:
 
 
 def replay_decision(
-    dataset: str, seed: int, level: float | None = None, forms: tuple[str, ...] = (), others: bool = True
+    dataset: str,
+    seed: int,
+    level: float | None = None,
+    forms: tuple[str, ...] = (),
+    others: bool = True,
+    models: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Which of REPLAY_MODELS models (drawn by `seed`) has the lowest loss fine-tuned on REPLAY_TARGET examples, from
     cells of fewer examples (GPU-hours ~ parameters x examples): the adaptive loop (question gap over the models, level
@@ -688,9 +697,11 @@ def replay_decision(
     (RANDOM_DESIGN_SEEDS) of the adaptive loop's cost, the fixed design at the whole budget (as before the loop
     could stop early) and the full grid; each picks the model its forecast puts lowest, scored right or wrong and by
     its regret; the ladder's by its secants, and where `others` the race and the designs read by the forms' too
-    (`_other_designs`), which choose among `forms` (empty: all)."""
+    (`_other_designs`), which choose among `forms` (empty: all). `models`: these models, not the seed's draw (the
+    random designs then seeded by their names)."""
     found = replay_curves()
-    drawn = replay_models(dataset, seed)
+    drawn = list(models) or replay_models(dataset, seed)
+    key = f"replay-random:{dataset}:{'+'.join(models) if models else seed}"
     pool, truth = [], {}
     for m in drawn:
         for x, v in found[(dataset, m)]["points"]:
@@ -716,8 +727,8 @@ def replay_decision(
     tol = _near_tol(replay_noise()[dataset], at_truth)
     observed, last = _decide_loop(spec, pool, truth)
     spent = sum(c.gpu_hours for c in fitted if c.name in observed)
-    fixed, rands = _same_cost_designs(fitted, truth, spent, f"replay-random:{dataset}:{seed}")
-    fixed_budget, _ = _same_cost_designs(fitted, truth, budget, f"replay-random:{dataset}:{seed}")
+    fixed, rands = _same_cost_designs(fitted, truth, spent, key)
+    fixed_budget, _ = _same_cost_designs(fitted, truth, budget, key)
     full = {c.name: truth[c.name] for c in fitted}
     out = {
         "dataset": dataset,
@@ -814,25 +825,61 @@ def replay_halving(dataset: str, seed: int, guard: str) -> dict[str, Any]:
     }
 
 
-def _replay_decision(args: tuple[str, int, float | None, tuple[str, ...], bool]) -> dict[str, Any]:
+def _replay_decision(
+    args: tuple[str, int, float | None, tuple[str, ...], bool, tuple[str, ...]],
+) -> dict[str, Any]:
     return replay_decision(*args)
+
+
+def every_draw() -> list[tuple[str, tuple[str, ...]]]:
+    """Every decision the seeds' draw can make (`replay_models`): each dataset's every set of REPLAY_MODELS models,
+    each once. A seed draws one of them uniformly, so a seed set's share right is a sample of this set's."""
+    found = replay_curves()
+    return [
+        (d, tri)
+        for d in sorted({d for d, _ in found})
+        for tri in itertools.combinations(sorted(m for dd, m in found if dd == d), REPLAY_MODELS)
+    ]
+
+
+def over_curves(ds: list[dict[str, Any]], key: str, minus: str | None = None) -> tuple[float, float]:
+    """The share of `ds` (every draw) that design `key` gets right (less `minus`'s where given: the paired
+    difference), and its standard error over the curves: the delete-one jackknife, each dataset's models left out
+    one at a time (the datasets' errors added in quadrature, each dataset a third of the mean). It says how far the
+    figure could move on another sample of curves like these, which the share over every draw of these curves,
+    exact for them, does not."""
+
+    def share(sub: list[dict[str, Any]]) -> float:
+        return sum(float(d[key]["right"]) - (float(d[minus]["right"]) if minus else 0.0) for d in sub) / len(sub)
+
+    datasets = sorted({d["dataset"] for d in ds})
+    var = 0.0
+    for name in datasets:
+        part = [d for d in ds if d["dataset"] == name]
+        models = sorted({m for d in part for m in d["models"]})
+        loo = [share(rest) for m in models if (rest := [d for d in part if m not in d["models"]])]
+        mean = sum(loo) / len(loo)
+        var += (len(loo) - 1) / len(loo) * sum((x - mean) ** 2 for x in loo) / len(datasets) ** 2
+    return share(ds), math.sqrt(var)
 
 
 def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
     """The replay measurements; the decisions (each pure and seeded: the same in any process) over `jobs` processes,
     once for each of REPLAY_FORMS."""
     datasets = sorted({d for d, _ in replay_curves()})
-    todo = [(d, s, level, fs, True) for fs in REPLAY_FORMS for d in datasets for s in REPLAY_SEEDS]
-    todo += [(d, s, level, (), False) for d in datasets for s in REPLAY_WIDE_SEEDS]
+    todo = [(d, s, level, fs, True, ()) for fs in REPLAY_FORMS for d in datasets for s in REPLAY_SEEDS]
+    todo += [(d, s, level, (), False, ()) for d in datasets for s in REPLAY_WIDE_SEEDS]
+    todo += [(d, -1, level, (), False, tri) for d, tri in every_draw()]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(jobs) as pool:
-            done = list(pool.map(_replay_decision, todo, chunksize=4))
+            done = list(pool.map(_replay_decision, todo, chunksize=16))
     else:
         done = [_replay_decision(t) for t in todo]
     by_forms = {fs: [d for t, d in zip(todo, done, strict=True) if t[3] == fs and t[4]] for fs in REPLAY_FORMS}
-    wide = [d for t, d in zip(todo, done, strict=True) if not t[4]]
+    wide = [d for t, d in zip(todo, done, strict=True) if not t[4] and not t[5]]
+    every = [d for t, d in zip(todo, done, strict=True) if t[5]]
     decisions = by_forms[()]
     halvings = {
         g: [replay_halving(d, s, g) for d in datasets for s in HALVING_SEEDS]
@@ -846,6 +893,8 @@ def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
         "calibration": calibration(decisions),
         "wide": wide,
         "wide_calibration": calibration(wide),
+        "every": every,
+        "every_calibration": calibration(every),
         "by_forms": {",".join(fs): by_forms[fs] for fs in REPLAY_FORMS if fs},
         "halving": {g: sum(h["best_kept"] for h in hs) / len(hs) for g, hs in halvings.items()},
         "halving_cost": {g: sum(h["cost"] for h in hs) / len(hs) for g, hs in halvings.items()},
@@ -988,6 +1037,12 @@ def _print_replays(r: dict[str, Any]) -> bool:
             " with the ladder before any run of them), the ladder and the designs of its cost read by its secants:"
         )
         _print_decisions(wide, tuple(k for k in DESIGN_KEYS if k in wide[0]))
+    every = r.get("every") or []
+    if every:
+        _print_every(
+            every,
+            {"seeds 0-249 and 310-369 (above)": ds, f"seeds {REPLAY_WIDE_SEEDS[0]}-{REPLAY_WIDE_SEEDS[-1]}": wide},
+        )
     for fs, other in r.get("by_forms", {}).items():
         print(f"  the same decisions, every design's forecasts from the forms [{fs}] alone (forms: [{fs}]):")
         _print_decision_sets(other)
@@ -1005,7 +1060,48 @@ def _print_replays(r: dict[str, Any]) -> bool:
             f"    {label:68s} best kept {r['halving'][g]:.1%} (target >= 80% for extrapolate), steps"
             f" {r['halving_cost'][g]:.1%}, at most {r['halving_cost_max'][g]:.1%}"
         )
-    return replay_target_met(ds)
+    return replay_target_met(every or ds)
+
+
+def _print_every(every: list[dict[str, Any]], samples: dict[str, list[dict[str, Any]]]) -> None:
+    """The lines of every draw: each design's, by dataset, over the curves (jackknife), and each seeded set beside
+    it as the sample it is."""
+    n_models = len({(d["dataset"], m) for d in every for m in d["models"]}) // len({d["dataset"] for d in every})
+    print(
+        f"  every decision the draw can make ({len(every)}: every {REPLAY_MODELS} of each dataset's {n_models} models,"
+        " each once; the share right over them is the share a seed set estimates, exact for these curves), the"
+        " ladder and the designs of its cost read by its secants:"
+    )
+    _print_decisions(every, tuple(k for k in DESIGN_KEYS if k in every[0]))
+
+    def right(key: str, name: str) -> float:
+        part = [d for d in every if d["dataset"] == name]
+        return sum(float(d[key]["right"]) for d in part) / len(part)
+
+    by_set = "; ".join(
+        f"{name} " + ", ".join(f"{k} {right(k, name):.1%}" for k in ("adaptive", "fixed", "random", "full"))
+        for name in sorted({d["dataset"] for d in every})
+    )
+    print(f"    right by dataset: {by_set}")
+    lines = []
+    for key, minus in (("adaptive", None), ("full", None), ("adaptive", "fixed"), ("adaptive", "random")):
+        value, se = over_curves(every, key, minus)
+        label = key if minus is None else f"{key} - {minus}"
+        lines.append(
+            f"{label} {value:+.1%} (one standard error {se:.1%})"
+            if minus
+            else f"{label} {value:.1%} (one standard error {se:.1%})"
+        )
+    print(f"    over other curves like these (delete-one jackknife over each dataset's models): {'; '.join(lines)}")
+    share = sum(float(d["adaptive"]["right"]) for d in every) / len(every)
+    for name, sample in samples.items():
+        if sample:
+            got = sum(float(d["adaptive"]["right"]) for d in sample) / len(sample)
+            se = math.sqrt(share * (1 - share) / len(sample))
+            print(
+                f"    the seeded set {name} as a sample of them: {len(sample)} decisions, right {got:.1%}, its"
+                f" sampling error {se:.1%} ({(got - share) / se:+.1f} standard errors from every draw's)"
+            )
 
 
 def _print_decision_sets(ds: list[dict[str, Any]], per_decision: bool = False) -> None:
@@ -1154,8 +1250,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  a second run over the finished grids: {again} decisions or effects (target 0)")
     if replays is not None:
         verdicts["replay_right_recipe"] = _print_replays(replays)
-        if replays["wide"]:
-            verdicts["replay_right_recipe_wide"] = replay_target_met(replays["wide"])
         for fs, other in replays["by_forms"].items():
             verdicts[f"replay_right_recipe_forms_{fs}"] = replay_target_met(other)
         verdicts["replay_extrapolate_best_kept"] = replays["halving"]["extrapolate"] >= TARGETS["extrapolate_best_kept"]

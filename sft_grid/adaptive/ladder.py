@@ -35,6 +35,10 @@ to a window of small ones, and a window spends on sizes the forecast does not re
 costs about twice the largest size reached; a ladder, about 1 + 1/RATIO of it. RATIO 8 (three doublings) is the span
 the local law was measured on there; MARGIN 0.2 is the largest of the margins tried on the development seeds (0.2,
 0.1, 0.05, 0.03), the one that dropped the winner least (2 winners of 2,670 recipes dropped; 0.1 dropped 61).
+Measured afterwards, the constants unchanged, over every decision the replays allow (every 3 of each dataset's 30
+models: 12,180): right in 90.2% at 22.0% of the grid's GPU-hours (the full grid 93.2%); RATIO 4 89.8-89.9% at
+MARGIN 0.1-0.3, RATIO 16 with MARGIN 0.3 89.9%, and a margin of 0.1 costly where the rungs are far apart (RATIO 8
+86.2%, RATIO 16 82.3%: a recipe whose secant over three doublings errs by more is dropped before its top).
 """
 
 from __future__ import annotations

@@ -152,19 +152,26 @@ def _checks_for(cell: Cell) -> list[Check]:
 def _eval_checks(cell: Cell) -> list[Check]:
     """Each lm-eval task a suite of the cell asks for is a name the harness's own task index knows (its YAMLs and
     the suite's include_path), asked of the environment the evaluation runs in: a name it does not know would
-    fail the evaluation only after the training it scores. The project's tiny_* tasks are written by the job
-    (planning/evaluation.py checks their names)."""
+    fail the evaluation only after the training it scores. Each reads only Hub datasets its `datasets` list
+    stages (the job runs offline), and the include_path's YAMLs are all read by lm-eval's index, none taking a
+    name lm-eval ships. The project's tiny_* tasks are written by the job (planning/evaluation.py checks their
+    names)."""
     checks = []
     for suite in suites_of(cell):
         if suite.harness not in HARNESS_PACKAGES:
             continue
         python = str(harness_venv(cell, suite)[0] / "bin" / "python")
-        include = json.dumps([str(Path(suite.include_path).expanduser())]) if suite.include_path else ""
+        include = [str(Path(suite.include_path).expanduser())] if suite.include_path else []
+        listed = json.dumps(include) if include else ""
+        if include:
+            checks.append(Check("eval_include", "eval.include_path", include[0], python=python, spec=listed))
         for label, task in suite.tasks.items():
             name = task.task or label
             if not name.startswith("tiny_"):
                 key = f"eval.tasks.{label}.task" if task.task else f"eval.tasks.{label}"
-                checks.append(Check("eval_task", key, name, python=python, spec=include))
+                checks.append(Check("eval_task", key, name, python=python, spec=listed))
+                spec = json.dumps({"include": include, "datasets": list(task.datasets), "label": label})
+                checks.append(Check("eval_datasets", f"eval.tasks.{label}.datasets", name, python=python, spec=spec))
     return checks
 
 
@@ -248,6 +255,8 @@ def _given(check: Check) -> object:
     key's name), else the input checked (a path, a hub id, a task's name)."""
     if check.kind == "backend_key" and check.spec:
         return json.loads(check.spec)
+    if check.kind == "eval_datasets":
+        return json.loads(check.spec)["datasets"]  # a task's `datasets`, short of what lm-eval reads
     return check.target
 
 
@@ -414,7 +423,9 @@ def model_dir_at(model_dir: Path, python: str = "") -> Verdict:
         return Verdict(False, f"{model_dir}: {weights}", f"copy the model's weights there too; {hf}")
     vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     tokenizer_file = model_dir / "tokenizer.json"
-    if isinstance(vocab, int) and tokenizer_file.is_file():
+    if not tokenizer_file.is_file():
+        return no_tokenizer(model_dir)
+    if isinstance(vocab, int):
         from tokenizers import Tokenizer  # light (a Rust extension), but only needed here
 
         ids = Tokenizer.from_file(str(tokenizer_file)).get_vocab(with_added_tokens=True)
@@ -591,9 +602,86 @@ def check_eval_task(check: Check) -> Verdict:
     )
 
 
+def check_eval_datasets(check: Check) -> Verdict:
+    """The Hub datasets lm-eval reads for the task (in_venv/env_facts.py: its config, its group's members, as
+    lm-eval resolves them) are all in the task's `datasets`: only those are staged, and the job runs offline."""
+    spec = json.loads(check.spec)
+    found = venv_facts.eval_datasets(check.python, check.target, spec["include"])
+    if found is None and not Path(check.python).is_file():
+        venv = Path(check.python).parent.parent
+        return Verdict(False, f"the evaluation's environment {venv} is not on this machine", unreachable=True)
+    missing = sorted((found[0] if found else frozenset()) - set(spec["datasets"]))
+    if not missing:
+        return Verdict(True)  # an unknown name: the name's own check says it
+    label = spec["label"]
+    ids = ", ".join(missing)
+    return Verdict(
+        False,
+        f"lm-eval's {check.target} reads the Hub dataset(s) {ids}, which are not in the task's datasets: only those"
+        " are staged, and the evaluation job runs offline, so it would fail after the training",
+        f"datasets: [{', '.join([*spec['datasets'], *missing])}] under tasks.{label} in the suite's YAML, or"
+        f" '+eval.tasks.{label}.datasets=[{','.join([*spec['datasets'], *missing])}]'",
+    )
+
+
+def check_eval_include(check: Check) -> Verdict:
+    """Every YAML under the include_path is read by lm-eval's task index (it skips one that does not load without a
+    word: a team task would not exist, or lm-eval's own of that name would be scored), no two define one name, and
+    none takes a name lm-eval ships (the include_path's wins in its index: its scores would pass for lm-eval's)."""
+    include = json.loads(check.spec)
+    found = venv_facts.eval_index(check.python, include)
+    if found is None:
+        venv = Path(check.python).parent.parent
+        return Verdict(False, f"the evaluation's environment {venv} is not on this machine", unreachable=True)
+    if isinstance(found, str):
+        return Verdict(True)  # it cannot answer: its own check of the environment says why
+    shipped, own = found
+    said, fixes = [], []
+    if own.get("broken"):
+        said.append(
+            "lm-eval's task index skips, without a word, " + "; ".join(f"{f}: {why}" for f, why in own["broken"])
+        )
+        fixes.append("fix each such YAML where it says (lm-eval's loader also takes !function tags) or move it out")
+    if own.get("duplicates"):
+        said.append(
+            "two of its YAMLs define one name, and lm-eval keeps the first: "
+            + "; ".join(f"{name} in {kept} and {skipped}" for name, kept, skipped in own["duplicates"])
+        )
+        fixes.append("rename one of each pair")
+    taken = sorted(set(own["tasks"]) & set(shipped["tasks"]))
+    if taken:
+        root = Path(shipped.get("root", ""))
+        said.append(
+            "lm-eval's index takes its names over lm-eval's own (a warning in the job's log, after the training),"
+            " and their scores would pass for lm-eval's: "
+            + "; ".join(f"{n} of {own['files'].get(n)} over {root / (shipped['files'].get(n) or n)}" for n in taken)
+        )
+        fixes.append(
+            f"rename each in its YAML (task: team_{taken[0]}) and ask for that name, or drop it to score lm-eval's"
+        )
+    if not said:
+        return Verdict(True)
+    return Verdict(False, "; and ".join(said), "; ".join(fixes))
+
+
 def check_template_tokens(check: Check) -> Verdict:
     where = _find(check, "models", "tokenizer")
-    return where if isinstance(where, Verdict) else template_tokens_at(where, check.tokens)
+    if isinstance(where, Verdict):
+        return where
+    if is_local(check.target) and (where / "config.json").is_file() and not (where / "tokenizer.json").is_file():
+        return Verdict(True)  # a model directory without its tokenizer: the model check says so, under model.path
+    return template_tokens_at(where, check.tokens)
+
+
+def no_tokenizer(model_dir: Path) -> Verdict:
+    """A model directory without tokenizer.json (the file the backends and these checks read the tokenizer from)."""
+    return Verdict(
+        False,
+        f"no tokenizer.json in {model_dir}: the backend loads the model's tokenizer from the model's directory",
+        'save the tokenizer of the model it was trained from there: python -c "from transformers import'
+        f" AutoTokenizer; AutoTokenizer.from_pretrained('<base model>').save_pretrained('{model_dir}')\", or point"
+        " model.path at a directory that has it",
+    )
 
 
 def template_tokens_at(model_dir: Path, tokens: Iterable[str]) -> Verdict:
@@ -601,7 +689,7 @@ def template_tokens_at(model_dir: Path, tokens: Iterable[str]) -> Verdict:
 
     file = model_dir / "tokenizer.json"
     if not file.is_file():
-        return Verdict(False, f"no tokenizer.json in {model_dir}", "point model.path at a Hugging Face model directory")
+        return no_tokenizer(model_dir)
     tok = Tokenizer.from_file(str(file))
     broken = {t: len(tok.encode(t, add_special_tokens=False).ids) for t in tokens}
     broken = {t: n for t, n in broken.items() if n != 1}
@@ -827,6 +915,8 @@ RUNNERS: dict[str, Callable[[Check], Verdict]] = {
     "kernel": check_kernel,
     "backend_key": check_backend_key,
     "eval_task": check_eval_task,
+    "eval_datasets": check_eval_datasets,
+    "eval_include": check_eval_include,
     "template_tokens": check_template_tokens,
     "assistant_turns": check_assistant_turns,
     "loss_mask": lambda check: mask.run_checks([check])[check],

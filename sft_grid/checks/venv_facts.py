@@ -76,15 +76,39 @@ def eval_tasks(python: str, include: Sequence[str] = ()) -> frozenset[str] | str
     python is not on this machine (the job asks it there); why, where it could not answer. lm-eval's own (~13 s to
     index) are cached with the environment; a directory's, with the size and mtime of each YAML under it (an edit
     is seen at once, and costs milliseconds)."""
+    found = eval_index(python, include)
+    if found is None or isinstance(found, str):
+        return found
+    shipped, own = found
+    return frozenset(shipped["tasks"]) | frozenset(own.get("tasks", ()))
+
+
+def eval_index(python: str, include: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]] | str | None:
+    """lm-eval's own task index and the one of the `include` directories ({} without), as in_venv/env_facts.py
+    lm_eval_tasks answers them (names, files, the Hub datasets each reads, the YAMLs its index skips), cached as
+    `eval_tasks` says; None where its python is not on this machine; why, where it could not answer."""
     if not Path(python).is_file():
         return None
     found = _ask(python, ["--lm-eval-tasks"], _cache_file(python, False, "lm_eval_tasks"))
     if isinstance(found, str) or not include:
-        return frozenset(found["tasks"]) if isinstance(found, dict) else found
+        return (found, {}) if isinstance(found, dict) else found
     yamls = sorted(str(f) for d in include for f in Path(d).expanduser().rglob("*.y*ml"))
     state = [list(include), *(_stat(Path(f)) for f in yamls)]
     own = _ask(python, ["--lm-eval-tasks", *include], _cache_file(python, False, json.dumps(state)))
-    return frozenset(found["tasks"]) | frozenset(own["tasks"]) if isinstance(own, dict) else own
+    return (found, own) if isinstance(own, dict) else own
+
+
+def eval_datasets(python: str, name: str, include: Sequence[str] = ()) -> tuple[frozenset[str], bool] | None:
+    """The Hub datasets lm-eval reads for a task, group or tag of this environment (a group's members, a tag's
+    tasks, resolved as lm-eval resolves them; local files are not Hub datasets), and whether some of them only its
+    code says (a Python task, a custom_dataset function: not counted); None where it cannot say here."""
+    found = eval_index(python, include)
+    if found is None or isinstance(found, str):
+        return None
+    for index in reversed(found):  # the include_path's own names first: lm-eval's index takes them over its own
+        if name in index.get("datasets", {}):
+            return frozenset(index["datasets"][name]), name in index.get("unknown", ())
+    return None
 
 
 def _ask(python: str, args: list[str], cached: Path) -> dict[str, Any] | str:

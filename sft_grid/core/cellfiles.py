@@ -343,7 +343,7 @@ class Check:
     """One read-only check of a cell's input; equal checks (same input) run once for the whole grid."""
 
     # "path" | "model" | "integration" | "kernel" | "template_tokens" | "assistant_turns" | "loss_mask" | "prepared"
-    # | "staged" | "tokenized" | "backend_key" | "eval_task"
+    # | "staged" | "tokenized" | "backend_key" | "eval_task" | "eval_datasets" | "eval_include"
     kind: str
     key: str  # the dotted key of the cell it is about
     target: str  # a local path or a hub id
@@ -351,8 +351,9 @@ class Check:
     column: str = ""
     tags: tuple[tuple[str, str], ...] = ()
     split: str = "train"
-    # loss_mask: the backend, its venv's python, the tokenizer, the backend's settings (JSON); eval_task: the
-    # harness's python and the suite's include_path (a JSON list)
+    # loss_mask: the backend, its venv's python, the tokenizer, the backend's settings (JSON); eval_task and
+    # eval_include: the harness's python and the suite's include_path (a JSON list); eval_datasets: its python and
+    # {"include": [...], "datasets": the task's, "label": its label} (JSON)
     backend: str = ""
     python: str = ""
     model: str = ""
@@ -367,6 +368,8 @@ class Check:
             "kernel": "the layout's fast kernel is installed in the backend's environment",
             "backend_key": f"the {self.backend} config parser of the backend's environment takes the key",
             "eval_task": "the evaluation harness's task index knows the task",
+            "eval_datasets": "the task's datasets list every Hub dataset the harness reads for it",
+            "eval_include": "the harness's task index reads every YAML of the include_path, none under a shipped name",
             "template_tokens": "the template's special tokens are single tokens of the tokenizer",
             "assistant_turns": "the schema tags find assistant turns in a sample of the data",
             "loss_mask": f"the {self.backend} loss mask trains the assistant turns and nothing else",

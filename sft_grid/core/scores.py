@@ -173,6 +173,8 @@ class EvalFile:
     # local cells evaluate in their training job (after the post stages); Slurm ones in their own job
     in_train_job: bool = False
     scores: tuple[ScoreSpec, ...] = ()
+    # hub dataset id -> its staged snapshot folder: the tasks read it there, offline (in_venv/lm_eval_run.py)
+    datasets: Mapping[str, str] = field(default_factory=dict)
 
     def dumps(self) -> str:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -180,7 +182,10 @@ class EvalFile:
             include_paths=list(self.include_paths),
             variables=dict(self.variables),
             scores=[s.to_json() for s in self.scores],
+            datasets=dict(self.datasets),
         )
+        if not self.datasets:  # only where set: an eval.json that reads no staged dataset stays as it was
+            del data["datasets"]
         return dump_json(data)
 
     @classmethod
@@ -200,6 +205,7 @@ class EvalFile:
             variables=dict(data.get("variables") or {}),
             in_train_job=bool(data.get("in_train_job")),
             scores=tuple(ScoreSpec.from_json(s) for s in data.get("scores") or ()),
+            datasets=dict(data.get("datasets") or {}),
         )
 
     def wanted(self, target_dir: Path) -> list[ScoreSpec]:

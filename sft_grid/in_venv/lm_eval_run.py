@@ -16,6 +16,8 @@ The spec (JSON object):
     batch_size    int or "auto";  device: "cpu", "cuda", ...;  dtype: "float32", "bfloat16", "auto", ...
     output_dir    where <task>.json files go;  seed: int (python, numpy, torch and few-shot sampling)
     model_args    optional {key: value} added to the engine's arguments (e.g. tensor_parallel_size for vllm)
+    datasets      optional {hub dataset id: local snapshot folder}: a task that loads that id loads the folder
+                  (the grid staged it; offline, `datasets` finds no Hub repository by its id in the Hub cache)
 
 Each result, <id>.json, written to a temp name and renamed (a reader sees a whole file or none):
 
@@ -108,6 +110,7 @@ class EvalSpec:
     output_dir: Path
     seed: int
     model_args: dict[str, Any]
+    datasets: dict[str, Path]
 
     @classmethod
     def parse(cls, raw: Any) -> EvalSpec:
@@ -131,6 +134,9 @@ class EvalSpec:
         seed = raw.get("seed", 1234)
         if type(seed) is not int:
             raise EvalError(f"seed must be an integer, got {seed!r}")
+        staged = raw.get("datasets") or {}
+        if not isinstance(staged, dict) or not all(isinstance(v, str) and v for v in staged.values()):
+            raise EvalError(f"`datasets` must map each hub dataset id to its snapshot folder, got {staged!r}")
         include = raw.get("include_path") or []
         include = [include] if isinstance(include, str) else include
         return cls(
@@ -144,6 +150,7 @@ class EvalSpec:
             output_dir=Path(raw["output_dir"]),
             seed=seed,
             model_args=dict(raw.get("model_args") or {}),
+            datasets={str(k): Path(v) for k, v in staged.items()},
         )
 
 
@@ -181,6 +188,12 @@ def check_inputs(spec: EvalSpec) -> None:
     for path in spec.include_paths:
         if not path.is_dir():
             raise EvalError(f"include_path {path} is not a directory")
+    for repo_id, path in spec.datasets.items():
+        if not path.is_dir():
+            raise EvalError(
+                f"dataset {repo_id} is not staged where the grid pinned it ({path} is not a directory): stage it"
+                " with `sft-grid stage` and the grid's overrides, then run the grid again"
+            )
     if spec.engine == "vllm":
         import importlib.util
 
@@ -253,15 +266,38 @@ def task_manager(manager_class: Any, spec: EvalSpec) -> Any:
     return manager_class(include_path=paths)
 
 
+def load_staged(datasets: Any, staged: dict[str, Path]) -> None:
+    """Make `datasets.load_dataset(path=<hub id>, name=<config>, ...)` load the staged snapshot folder of that id.
+
+    lm-eval's tasks call it through the module (`datasets.load_dataset(path=self.DATASET_PATH, name=...)`, at call
+    time), so replacing the module's attribute reaches every task, group member and task-file helper, and leaves
+    the task configs (lm-eval's record of what it ran) as written. A folder of a parquet/json repository loads with
+    the config name its README's `configs:` header gives; any other id loads as before."""
+    if not staged:
+        return
+    load = datasets.load_dataset
+
+    def load_dataset(path: Any, *args: Any, **kwargs: Any) -> Any:
+        folder = staged.get(path) if isinstance(path, str) else None
+        if folder is not None:
+            kwargs.pop("revision", None)  # a revision names a commit on the Hub: the snapshot is the staged one
+            log.info("dataset %s: loaded from its staged snapshot %s", path, folder)
+        return load(str(folder) if folder is not None else path, *args, **kwargs)
+
+    datasets.load_dataset = load_dataset
+
+
 def evaluate(spec: EvalSpec) -> list[Path]:
     """Run every task of the spec; return the result files written (none on ranks other than 0). A task that fails
     writes its error file and the others run; EvalError names the failed ones at the end."""
     os.environ.update(OFFLINE_ENV)
+    import datasets
     import lm_eval
     from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
 
     started = time.monotonic()
+    load_staged(datasets, spec.datasets)  # before the task index: a task file's helper may import load_dataset
     manager = task_manager(TaskManager, spec)
     unknown = [t.name for t in spec.tasks if t.name not in manager.all_tasks]
     if unknown:

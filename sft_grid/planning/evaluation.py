@@ -34,7 +34,16 @@ from typing import Any
 from sft_grid.core.layout import OUTPUT_DIR
 from sft_grid.core.problems import Problem
 from sft_grid.core.schema import EvalConf, EvalTaskConf
-from sft_grid.core.scores import ALONG_EVERY, BASE_DIR, EvalFile, ScoreSpec, along, score_id
+from sft_grid.core.scores import (
+    ALONG_EVERY,
+    BASE_DIR,
+    EvalFile,
+    ScoreSpec,
+    along,
+    checkpoint_steps,
+    has_score,
+    score_id,
+)
 from sft_grid.core.templates import effective_template
 from sft_grid.core.timefmt import parse_minutes
 from sft_grid.planning.cells import HASH_LEN, Cell, slugify
@@ -297,7 +306,29 @@ def _eval_file(
         variables=dict(cell.spec.cluster.env),
         in_train_job=cell.spec.cluster.executor == "local",
         scores=tuple(scores),
+        datasets=dataset_snapshots(cell, suites),
     )
+
+
+def dataset_snapshots(cell: Cell, suites: Sequence[Any]) -> dict[str, str]:
+    """{hub dataset id: its staged snapshot folder} for each task dataset of these suites that staging pinned for the
+    cell (`<cache>/datasets--org--name/snapshots/<sha>`): the evaluation job loads it there, offline, since offline
+    `datasets` finds no Hub repository by its id. A dataset not pinned (the compute nodes fetch it) is left out."""
+    wanted = {d for s in suites for t in s.tasks.values() for d in t.datasets}
+    return {p.repo_id: str(p.path) for p in cell.pins if p.kind == "dataset" and p.repo_id in wanted}
+
+
+def eval_complete(cell: Cell, cell_dir: Path) -> bool:
+    """Whether every score the cell's suites ask of it now is there (its final model's, and those of the checkpoints
+    saved so far that a suite's `along` scores): until then its evaluation still reads its tasks' datasets."""
+    steps = checkpoint_steps(cell_dir / OUTPUT_DIR) if along_of(cell) else ()
+    wanted = [*cell_scores(cell), *along_scores(cell, steps)]
+    return all(has_score(cell_dir, s.score_id) for s in wanted)
+
+
+def base_complete(target: BaseTarget) -> bool:
+    """Whether a base model's evaluation has every score its cells' suites ask of it."""
+    return all(has_score(target.dir, s.score_id) for s in target.scores)
 
 
 def cell_eval_file(cell: Cell, cell_dir: Path) -> EvalFile | None:

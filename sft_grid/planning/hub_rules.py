@@ -4,20 +4,20 @@ registration that names it) that can happen."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TypeGuard
 from urllib.parse import urlsplit, urlunsplit
 
 from sft_grid.core import project
-from sft_grid.core.hubcache import repo_id_problem, revision_problem
+from sft_grid.core.hubcache import SHA_RE, repo_id_problem, revision_problem
 from sft_grid.core.problems import Problem
 from sft_grid.core.secrets import carries_secret, shown_source
 from sft_grid.planning.cells import LOCAL_PREFIXES, Cell
-from sft_grid.planning.inputs import hub_repos, pin_of
-from sft_grid.planning.readable import locate
+from sft_grid.planning.evaluation import suites_of
+from sft_grid.planning.inputs import hub_repos
+from sft_grid.planning.readable import model_config
 
 PLACEHOLDERS = "{key}, {name}, {model} and {data}"
 
@@ -36,6 +36,9 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
                 fix=f"dataset.{name}.source=<org>/<name> on the Hub, or a local path (starting with /, ./, ../ or ~)",
             )
     for key, repo in hub_repos(cell):
+        if key.startswith("eval."):
+            yield from _eval_dataset_id(cell, key, repo.repo_id)
+            continue
         local = _local_here(repo.repo_id)
         if local is not None:
             yield _local_not_hub(cell, key, repo.repo_id, repo.kind, local)
@@ -56,6 +59,38 @@ def hub_ids(cell: Cell) -> Iterator[Problem]:
                 fix=f"name the {what} as <org>/<name> on the Hub, or give a local path (starting with /, ./,"
                 " ../ or ~)" + (" in model.path" if repo.kind == "model" else ""),
             )
+
+
+def _eval_dataset_id(cell: Cell, key: str, value: str) -> Iterator[Problem]:
+    """An evaluation task's `datasets` entry is a Hub dataset's id (what staging fetches for the offline job): a web
+    address gets its id as the fix; a local file is read by the task's own YAML, not staged."""
+    page = hub_page(value)
+    local = value.startswith(LOCAL_PREFIXES) or _local_here(value) is not None
+    why = "" if page or local else repo_id_problem(value)
+    if not (page or local or why):
+        return
+    listed = [shown_source(v) if v != value else page[0] if page else "..." for v in _listed(cell, key)]
+    yield Problem(
+        cell=cell.name,
+        key=key,
+        value=shown_source(value),
+        rule="hub-url" if page else "hub-repo-id",
+        message=(
+            f"holds the web address of the Hub dataset {page[0]}: a task's datasets are Hub ids <org>/<name>"
+            if page
+            else f"holds {shown_source(value)!r}, not a Hub dataset's id <org>/<name>{f' ({why})' if why else ''}:"
+            " a task's datasets are the Hub"
+            " datasets staged for the offline evaluation job (a local file is read by the task's YAML, dataset_path:"
+            " json with dataset_kwargs.data_files, under eval.include_path)"
+        ),
+        fix=f"{key}=[{','.join(listed)}]" if page else f"list Hub ids only: drop {shown_source(value)!r} from {key}",
+    )
+
+
+def _listed(cell: Cell, key: str) -> list[str]:
+    """The `datasets` list an eval key (eval.tasks.<label>.datasets) names, as the cell's suite holds it."""
+    label = key.split(".")[2]
+    return next((list(s.tasks[label].datasets) for s in suites_of(cell) if label in s.tasks), [])
 
 
 # the Hub's web hosts, and the pages of a repository past its id (/tree/main, /blob/main/config.json, ...)
@@ -154,14 +189,14 @@ def model_facts(cell: Cell) -> Iterator[Problem]:
                 + (f"the local directory {m.path}" if m.path else "no hub id"),
                 fix="drop model.revision (a local checkpoint is what its directory holds), or name model.hub_id",
             )
-        elif why := revision_problem(str(m.revision)):
+        elif why := revision_problem(str(m.revision)) or abbreviated_sha(str(m.revision)):
             yield Problem(
                 cell=cell.name,
                 key="model.revision",
                 value=m.revision,
                 rule="revision",
                 message=why,
-                fix="a 40-character commit sha from the repository's history (or a branch or tag name)",
+                fix=_revision_fix(m.hub_id, str(m.revision)),
             )
     given = isinstance(m.params_b, int | float) and m.params_b  # unset (the required rule's): nothing to compare
     if m.params and given and abs(m.params_b * 1e9 - m.params) > 0.01 * m.params:
@@ -178,6 +213,40 @@ def model_facts(cell: Cell) -> Iterator[Problem]:
     yield from _shape(cell)
 
 
+# a commit as git and the Hub's pages abbreviate it (a1b2c3d), or a full sha in capitals: huggingface_hub and staging
+# take a commit only as its 40 lowercase hex digits (SHA_RE); anything else is a branch or tag name, looked up in the
+# cache's refs/ offline. Letters and digits both: a tag of digits (20240101) or a word (deadbeef) is a name.
+_ABBREVIATED = re.compile(r"(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*[0-9])[0-9a-fA-F]{7,40}")
+
+
+def abbreviated_sha(revision: str) -> str | None:
+    """Why a revision that is a commit sha written short (or in capitals) would not resolve, or None."""
+    if SHA_RE.match(revision) or not _ABBREVIATED.fullmatch(revision):
+        return None
+    if len(revision) == 40:
+        return (
+            "is a commit sha in capitals: the Hub's shas are lowercase, and huggingface_hub reads any other spelling"
+            " as a branch or tag name"
+        )
+    return (
+        f"is a commit sha cut to {len(revision)} characters: huggingface_hub reads a revision that is not the full 40"
+        " as a branch or tag name, which the Hugging Face cache has no refs/ entry for: the cell could not load"
+        " offline, and staging would have to ask the Hub to expand it"
+    )
+
+
+def _revision_fix(hub_id: str, revision: str) -> str:
+    if revision_problem(revision):
+        return "a 40-character commit sha from the repository's history (or a branch or tag name)"
+    if len(revision) == 40:
+        return f"model.revision={revision.lower()}"
+    return (
+        f"model.revision=<its full 40-character sha>: the Hub's commit page https://huggingface.co/{hub_id}/commit/"
+        f"{revision} shows it, or python -c \"from huggingface_hub import HfApi; print(HfApi().model_info('{hub_id}',"
+        f" revision='{revision}').sha)\""
+    )
+
+
 # a model conf's shape keys and the names its checkpoint's config.json gives them (core/schema.py ModelConf)
 SHAPE_KEYS = {
     "num_layers": "num_hidden_layers",
@@ -187,39 +256,6 @@ SHAPE_KEYS = {
     "intermediate_size": "intermediate_size",
     "vocab_size": "vocab_size",
 }
-_CONFIGS: dict[tuple[str, int], tuple[Path, dict[str, Any]] | None] = {}
-
-
-def checkpoint_config(cell: Cell) -> tuple[Path, dict[str, Any]] | None:
-    """The model's config.json readable here (its text model's part, where it has one) and where it is: a local
-    directory, or a Hub model's pinned snapshot or its copy in the Hugging Face cache (only where the model names no
-    revision: the cache's newest copy may be another one). None where there is none to read."""
-    m = cell.spec.model
-    pin = pin_of(cell, "model", m.hub_id or "")
-    if m.path:
-        where = locate(m.path, "models")
-    elif pin is not None:
-        where = pin.path
-    elif m.hub_id and m.revision is None and "://" not in m.hub_id:
-        where = locate(m.hub_id, "models")
-    else:
-        return None
-    file = where / "config.json" if where is not None else None
-    try:
-        key = (str(file), file.stat().st_mtime_ns) if file is not None and file.is_file() else None
-    except OSError:
-        key = None
-    if file is None or key is None:
-        return None
-    if key not in _CONFIGS:
-        try:
-            config = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            config = None  # unreadable: the preflight's model check says why
-        text = config.get("text_config") if isinstance(config, dict) else None
-        config = text if isinstance(text, dict) else config
-        _CONFIGS[key] = (file, config) if isinstance(config, dict) else None
-    return _CONFIGS[key]
 
 
 def _whole(value: object) -> TypeGuard[int]:
@@ -231,7 +267,7 @@ def _shape(cell: Cell) -> Iterator[Problem]:
     its checkpoint's config.json where that is readable here, and otherwise holds together: the key/value heads divide
     the attention heads (grouped-query attention: each key/value head serves a whole group of them)."""
     m = cell.spec.model
-    found = checkpoint_config(cell)
+    found = model_config(cell)
     option = f"conf/model/{m.name}.yaml"
     disagree = set()
     if found is not None:

@@ -25,6 +25,7 @@ from typing import Any
 from sft_grid.core.hubcache import MAIN, HubRepo, Pin, default_cache
 from sft_grid.core.schema import CellConf
 from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.evaluation import suites_of
 
 PREP_NEED = "delphi_tokenizer_prep"
 # Bump when the prep changes what it writes: every model is then prepared again, in a new directory
@@ -64,8 +65,14 @@ def prep_complete(prep_dir: Path) -> bool:
 
 
 def hub_repos(cell: Cell) -> list[tuple[str, HubRepo]]:
-    """(the key that names it, the repository) for each Hub input of the cell: its model when it has no local
-    path, and each dataset whose source is a hub id."""
+    """(the key that names it, the repository) for each Hub input of the cell: what its training reads
+    (`train_repos`) and what its evaluation reads (`eval_repos`). Each is staged, pinned, and checked as a Hub id."""
+    return train_repos(cell) + eval_repos(cell)
+
+
+def train_repos(cell: Cell) -> list[tuple[str, HubRepo]]:
+    """The Hub inputs of the cell's training: its model when it has no local path, and each dataset whose source
+    is a hub id."""
     s = cell.spec
     out = []
     if s.model.hub_id and not s.model.path:
@@ -74,6 +81,19 @@ def hub_repos(cell: Cell) -> list[tuple[str, HubRepo]]:
         if ds.source and not is_local(ds.source):
             out.append((f"dataset.{name}.source", HubRepo("dataset", ds.source)))
     return out
+
+
+def eval_repos(cell: Cell) -> list[tuple[str, HubRepo]]:
+    """The Hub datasets the cell's evaluation reads: each task's `datasets` in each of its suites, keyed
+    `eval.tasks.<label>.datasets` (the evaluation job runs offline where compute nodes have no internet, and loads
+    each from its staged snapshot: planning/evaluation.py `dataset_snapshots`)."""
+    out: dict[tuple[str, str], HubRepo] = {}
+    for suite in suites_of(cell):
+        for label, task in suite.tasks.items():
+            for repo_id in task.datasets:
+                if repo_id and not is_local(repo_id):
+                    out.setdefault((f"eval.tasks.{label}.datasets", repo_id), HubRepo("dataset", repo_id))
+    return [(key, repo) for (key, _), repo in out.items()]
 
 
 def hf_cache(spec: CellConf) -> Path:

@@ -135,6 +135,7 @@ def _harness(target_dir: Path, plan: EvalFile, group: Sequence[ScoreSpec], paths
         "dtype": first.settings["dtype"],
         "seed": first.settings["seed"],
         "output_dir": str(run_dir / "results"),
+        "datasets": dict(plan.datasets),
     }
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
     env = {**os.environ, **{k: str(v) for k, v in plan.variables.items()}, **OFFLINE}

@@ -14,7 +14,10 @@ and the cells' configs point at the staged snapshots (planning/inputs.py).
   `main`). Each unique (repository, revision, cache) is resolved once, and what must move is weighed against the
   free space of each filesystem. A missing or gated repository or revision, a missing token, a failing server, too
   little space: each is a problem naming the cell, before anything is queued. A dry run stops here and prints it.
-  Completed cells need no inputs: they are pinned to what they recorded when it is still in the cache.
+  Each evaluated cell's tasks' `datasets` are inputs too (keyed `eval.tasks.<label>.datasets`): the evaluation job
+  runs offline and reads them from their snapshots. A cell whose training is complete needs no training input, and
+  one whose evaluation is complete (every score there, its base model's too) no eval dataset: they are pinned to
+  what they recorded when it is still in the cache.
 
 The transfers are `download.stage_here` (on the machine running the grid, `cluster.staging.where: login`) or a
 Slurm job on the transfer partition (`in_job`, `where: job`).
@@ -51,7 +54,8 @@ from sft_grid.core.hubcache import Kind as HubKind
 from sft_grid.core.layout import OUTPUT_DIR, output_complete
 from sft_grid.core.problems import GRID, Problem
 from sft_grid.planning.cells import Cell
-from sft_grid.planning.inputs import hf_cache, hub_repos
+from sft_grid.planning.evaluation import base_complete, base_targets, eval_complete, suites_of
+from sft_grid.planning.inputs import eval_repos, hf_cache, train_repos
 from sft_grid.stages.staging import memory, watch
 from sft_grid.stages.staging.client import client_version, endpoint_of, hf_client, translate, with_retries
 from sft_grid.stages.staging.values import (
@@ -389,17 +393,21 @@ def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> 
     """What the grid must stage and whether it can (no transfers, no writes)."""
     out = StagingPlan()
     items: dict[Wanted, Item] = {}
+    bases = _bases_to_evaluate(cells)
     for cell, cell_dir in zip(cells, dirs, strict=True):
-        repos = hub_repos(cell)
-        if not repos:
+        repos = train_repos(cell)
+        evals = eval_repos(cell)
+        if not repos and not evals:
             continue
         cache = hf_cache(cell.spec)
         pins = {} if cell.spec.force else recorded(cell_dir)
-        need = cell.spec.force or not output_complete(cell_dir / OUTPUT_DIR)
-        mine = []
-        for key, repo in repos:
+        trains = cell.spec.force or not output_complete(cell_dir / OUTPUT_DIR)
+        # its evaluation reads its tasks' datasets until every score is there (its own, or its base model's)
+        scores = bool(evals) and (trains or cell.name in bases or not eval_complete(cell, cell_dir))
+        mine: list[Pin] = []
+        for key, repo, need in [*((k, r, trains) for k, r in repos), *((k, r, scores) for k, r in evals)]:
             sha = pins.get((repo.kind, repo.repo_id))
-            if not need:  # completed: render with what it trained on while that is staged, fetch nothing
+            if not need:  # done with it: render with what it read while that is staged, fetch nothing
                 if sha and is_complete(cache, repo.repo_id, repo.kind, sha):  # type: ignore[arg-type]
                     mine.append(Pin(repo.kind, repo.repo_id, sha, sha, cache))
                 continue
@@ -416,8 +424,24 @@ def plan_staging(cells: Sequence[Cell], dirs: Sequence[Path], dry_run: bool) -> 
         if item.pin is not None:
             for name, _ in item.users:
                 out.pins[name] += (item.pin,)
+    # a repository two keys of a cell name (a dataset it trains on and evaluates on): pinned once
+    out.pins = {name: _once(pins) for name, pins in out.pins.items()}
     out.space = _space(out.items)
     return out
+
+
+def _once(pins: Sequence[Pin]) -> tuple[Pin, ...]:
+    first: dict[tuple[str, str], Pin] = {}
+    for pin in pins:
+        first.setdefault((pin.kind, pin.repo_id), pin)
+    return tuple(first.values())
+
+
+def _bases_to_evaluate(cells: Sequence[Cell]) -> set[str]:
+    """The cells whose base model's evaluation (run with that cell's pins) misses a score."""
+    if not any(s.base_models for c in cells for s in suites_of(c)):
+        return set()
+    return {t.cell.name for t in base_targets(cells) if not base_complete(t)}
 
 
 def _resolve(items: list[Item], dry_run: bool, into: StagingPlan) -> None:

@@ -593,8 +593,13 @@ class CellConf:
     seed: int = num(42, 0, SEED_MAX)
     scheduler: str = one_of("cosine", SCHEDULERS)
     warmup_ratio: float = num(0.0, 0, 1, hi_open=True)
-    weight_decay: float = num(0.0, 0)
-    max_grad_norm: float = num(1.0, 0)
+    # AdamW's decay is decoupled: each step multiplies every weight by (1 - lr * weight_decay). Fine-tunes use 0 to 0.1;
+    # at 10, 10k steps at lr=2e-5 shrink the pretrained weights to e^-2 of themselves, and above 1 an lr the schema
+    # admits (up to 1) turns the factor negative: 1e2 is 1e-2 with its exponent's minus lost
+    weight_decay: float = num(0.0, 0, 1)
+    # the gradient norm clipped to (0: no clipping, as the Trainer reads it); a norm above 100 clips nothing a
+    # fine-tune produces, so 1e3 is 1e-3 with its exponent's minus lost
+    max_grad_norm: float = num(1.0, 0, 100)
     adam_beta1: float = num(0.9, 0, 1, hi_open=True)
     adam_beta2: float = num(0.999, 0, 1, hi_open=True)
     finetuning_type: str = one_of("full", FINETUNING)

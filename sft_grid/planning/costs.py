@@ -60,8 +60,8 @@ from sft_grid.planning.estimate import (
     mixed_rows,
     throughput,
 )
-from sft_grid.planning.inputs import pin_of, preps, source_of
-from sft_grid.planning.readable import data_files, locate
+from sft_grid.planning.inputs import pin_of, preps
+from sft_grid.planning.readable import data_files, locate, model_config
 
 # d_model / n_layers of Llama- and Qwen-shaped models (4096/32, 2048/16, 5120/40): the shape guessed from the
 # size alone, N ~ 12 L d^2, when no config.json is readable here
@@ -144,31 +144,25 @@ def source_rows(source: str) -> int | None:
     return total
 
 
-_SHAPES: dict[str, tuple[int, int] | None] = {}
-
-
-def model_shape(target: str) -> tuple[int, int] | None:
-    """(layers, attention width) from the model's config.json here, or None."""
-    if target not in _SHAPES:
-        where = locate(target, "models")
-        shape = None
-        if where is not None and (where / "config.json").is_file():
-            try:
-                cfg = json.loads((where / "config.json").read_text())
-                cfg = cfg.get("text_config", cfg)
-                heads = int(cfg["num_attention_heads"])
-                head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
-                shape = (int(cfg["num_hidden_layers"]), heads * head_dim)
-            except (OSError, ValueError, KeyError, TypeError):
-                shape = None
-        _SHAPES[target] = shape
-    return _SHAPES[target]
+def model_shape(cell: Cell) -> tuple[int, int] | None:
+    """(layers, attention width) from the model's config.json readable here (readable.model_config: the file the
+    shape rule compares with, read the same way), or None."""
+    found = model_config(cell)
+    if found is None:
+        return None
+    cfg = found[1]
+    try:
+        heads = int(cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+        return int(cfg["num_hidden_layers"]), heads * head_dim
+    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def _model(cell: Cell) -> tuple[Model, str]:
     m = cell.spec.model
     params = float(exact_params(m))
-    shape = model_shape(source_of(cell))
+    shape = model_shape(cell)
     if shape is not None:
         return Model(params, *shape), "config.json"
     if m.num_layers and m.hidden_size:
@@ -199,7 +193,7 @@ class _Reads:
 
     def model(self, cell: Cell) -> tuple[Model, str]:
         m = cell.spec.model
-        # what _model reads of the cell: the model's size, path or hub id, and that hub id's pin
+        # what _model reads of the cell: the model's size, path or hub id, its revision, the cache and its pin
         key = (
             m.params_b,
             m.params,
@@ -207,6 +201,8 @@ class _Reads:
             m.hidden_size,
             m.path,
             m.hub_id,
+            m.revision,
+            cell.spec.cluster.hf_cache,
             pin_of(cell, "model", m.hub_id or ""),
         )
         if key not in self._models:

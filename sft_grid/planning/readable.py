@@ -11,8 +11,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sft_grid.core.hubcache import default_cache
-from sft_grid.planning.cells import is_local
+from sft_grid.core.hubcache import (
+    MAIN,
+    SHA_RE,
+    default_cache,
+    read_ref,
+    repo_id_problem,
+    revision_problem,
+    snapshot_path,
+)
+from sft_grid.planning.cells import Cell, is_local
+from sft_grid.planning.inputs import hf_cache, pin_of
 
 SAMPLE_ROWS = 200
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -34,6 +43,63 @@ def locate(target: str, kind: str) -> Path | None:
         path = Path(os.path.expanduser(target))
         return path if path.exists() else None
     return _cached_snapshot(target, kind)
+
+
+def real_source(source: str) -> str:
+    """A dataset source as what it reads: a local path with `~` and its symbolic links resolved (two names of one
+    file are one source), a hub id as it is."""
+    return os.path.realpath(os.path.expanduser(source)) if is_local(source) else source
+
+
+def model_dir(cell: Cell) -> Path | None:
+    """The model's directory readable here, as its job loads it: its local path; a Hub model's pinned snapshot; else
+    the snapshot its revision names in the cluster's or this environment's Hugging Face cache (a sha, or the commit
+    a branch's `refs/` file points at), and for a model that names no revision the cache's newest copy. None where
+    there is none (a revision with no copy here: the cache's newest copy may be another commit)."""
+    m = cell.spec.model
+    if m.path:
+        return locate(m.path, "models")
+    if not m.hub_id or "://" in m.hub_id or repo_id_problem(m.hub_id):
+        return None
+    pin = pin_of(cell, "model", m.hub_id)
+    if pin is not None:
+        return pin.path
+    revision = str(m.revision or MAIN)
+    if revision_problem(revision):
+        return None
+    for cache in dict.fromkeys((hf_cache(cell.spec), hub_cache())):
+        sha = revision if SHA_RE.match(revision) else read_ref(cache, m.hub_id, "model", revision)
+        snapshot = snapshot_path(cache, m.hub_id, "model", sha) if sha else None
+        if snapshot is not None and snapshot.is_dir():
+            return snapshot
+    return locate(m.hub_id, "models") if m.revision is None else None
+
+
+_CONFIGS: dict[tuple[str, int], dict[str, Any] | None] = {}
+
+
+def model_config(cell: Cell) -> tuple[Path, dict[str, Any]] | None:
+    """The model's config.json readable here (`model_dir`) and where it is: its text model's part where it has one
+    (a multimodal checkpoint's `text_config`). Read once per file content (its path and mtime); None where there is
+    none, or it is not a JSON object (the preflight's model check says why). The one reader of a model's
+    config.json in planning: the shape rule (hub_rules) and the estimate (costs) read the same file the same way."""
+    where = model_dir(cell)
+    file = where / "config.json" if where is not None else None
+    try:
+        key = (str(file), file.stat().st_mtime_ns) if file is not None and file.is_file() else None
+    except OSError:
+        key = None
+    if file is None or key is None:
+        return None
+    if key not in _CONFIGS:
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = None
+        text = config.get("text_config") if isinstance(config, dict) else None
+        _CONFIGS[key] = text if isinstance(text, dict) else config if isinstance(config, dict) else None
+    config = _CONFIGS[key]
+    return (file, config) if config is not None else None
 
 
 class NotData(ValueError):

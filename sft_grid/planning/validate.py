@@ -35,6 +35,7 @@ from sft_grid.planning.cells import Cell
 from sft_grid.planning.conf_files import option_data
 from sft_grid.planning.evaluation import eval_suite, same_training
 from sft_grid.planning.hub_rules import hub_ids, hub_upload, model_facts
+from sft_grid.planning.readable import real_source
 from sft_grid.planning.schema_rules import MISSING_TEXT, unknown_keys, values
 
 Rule = Callable[[Cell], Iterator[Problem]]
@@ -351,18 +352,21 @@ def inputs_named(cell: Cell) -> Iterator[Problem]:
                 ),
                 f"rename its key {name}: write {name}: instead of {keyed[0]}: in {file}",
             )
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, str], str] = {}
     for name, ds in cell.spec.dataset.items():
-        if ds.source in seen:
+        data = (real_source(ds.source), ds.split)  # a link, or another spelling of the path, reads the same file
+        first = seen.setdefault(data, name)
+        if first != name:
+            other = cell.spec.dataset[first].source
+            named = "" if other == ds.source else f" (both read {data[0]})"
             yield _problem(
                 cell,
                 f"dataset.{name}.source",
                 shown_source(ds.source),
                 "dataset-twice",
-                f"the same data as dataset {seen[ds.source]!r}: the cell would train on it twice",
+                f"the same data as dataset {first!r}{named}: the cell would train on it twice",
                 "list each dataset once (to weight a source more, use mix.strategy=interleave_* with mix.probs)",
             )
-        seen.setdefault(ds.source, name)
 
 
 def venv_meets_needs(cell: Cell) -> Iterator[Problem]:

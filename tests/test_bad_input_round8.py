@@ -5,6 +5,8 @@ the key, the value and the fix, with no traceback."""
 
 from __future__ import annotations
 
+import shutil
+
 from sft_grid.core.layout import iter_cell_dirs
 
 from .conftest import run_sft
@@ -63,23 +65,28 @@ STEERED = [
 
 def test_a_dry_run_records_no_round_even_where_the_round_leaves_no_cell(tmp_path):
     """Before, a round that chose no cell (a budget that affords none) left the grid with no cell to say it was a
-    dry run, and its round was recorded: a later real run replayed that empty choice for good."""
+    dry run, and its round was recorded: a later real run replayed that empty choice for good. Such a budget is now
+    refused before any round (it affords less than the seed design), and still nothing is written."""
     runs = tmp_path / "runs"
-    dry = run_sft(*STEERED, "+adaptive.budget_gpu_hours=1e-9", "dry_run=true", f"runs_root={runs}", check=True)
-    assert "nothing to run" in dry.stdout, dry.stdout
+    dry = run_sft(*STEERED, "+adaptive.budget_gpu_hours=1e-9", "dry_run=true", f"runs_root={runs}")
+    said = dry.stdout + dry.stderr
+    assert dry.returncode == 1 and "adaptive.budget_gpu_hours=1e-09: affords less than" in said, said
     assert not runs.exists() or not [p for p in runs.rglob("*") if p.is_file()]
 
 
 def test_a_round_recorded_under_another_adaptive_block_is_chosen_again_and_the_same_block_replays(tmp_path):
     runs = f"runs_root={tmp_path / 'runs'}"
-    run_sft(*STEERED, "+adaptive.budget_gpu_hours=1e-9", runs, check=True)  # records round 1: no cell affordable
-    changed = run_sft(*STEERED, "+adaptive.budget_cells=6", "dry_run=true", runs, check=True)
+    synthetic = [*STEERED, "backend=synthetic"]  # the simulator: round 1's cells train in a second each
+    run_sft(*synthetic, "+adaptive.budget_cells=6", runs, check=True, timeout=300)  # records and runs round 1
+    for cell in iter_cell_dirs(tmp_path / "runs" / "default"):  # as if the orchestrator died after recording it
+        shutil.rmtree(cell)
+    changed = run_sft(*synthetic, "+adaptive.budget_cells=7", "dry_run=true", runs, check=True)
     said = changed.stdout + changed.stderr
     assert "the adaptive: block differs from round 1's" in said, said
-    assert "budget_cells: None -> 6, budget_gpu_hours: 1e-09 -> None; chosen again" in said, said
-    assert "next: " in said and "already recorded" not in said, said
-    same = run_sft(*STEERED, "+adaptive.budget_gpu_hours=1e-9", "dry_run=true", runs, check=True)
-    assert "round 1 already recorded (the same 0 cells observed)" in same.stdout + same.stderr
+    assert "budget_cells: 6 -> 7; chosen again" in said, said
+    assert "already recorded" not in said, said
+    same = run_sft(*synthetic, "+adaptive.budget_cells=6", "dry_run=true", runs, check=True)
+    assert "round 1 already recorded" in same.stdout + same.stderr, same.stdout + same.stderr
 
 
 def test_recipes_given_as_one_string_or_twice_are_told_so(tmp_path):

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sft_grid.adaptive import halving
 from sft_grid.adaptive.effects import Effects
-from sft_grid.adaptive.spec import PruneSpec, different_blocks, parse_prune
+from sft_grid.adaptive.spec import PruneSpec, different_blocks, parse_adaptive, parse_prune
+from sft_grid.adaptive.steer import recipe_of
 from sft_grid.backends import BACKENDS
 from sft_grid.backends.base import LEG_FILE
 from sft_grid.core import events
@@ -222,6 +224,23 @@ def _grid_problems(
                     f" {min(total_steps(c) for c in cells)}), or cells of one length",
                 )
             )
+    repeated = next((c for c in cells if len(set(r := spec.rung_steps(_tokens_per_step(c)))) < len(r)), None)
+    if repeated is not None:  # rungs in tokens closer than a step: two rungs on one step
+        last = total_steps(repeated)
+        below = sorted({max(1, last // 9), max(1, last // 3)} - {last}) if last else []
+        out.append(
+            Problem(
+                cell=repeated.name,
+                key="prune.rungs",
+                value=list(spec.rungs),
+                rule="prune-block",
+                message=f"fall on the steps {list(spec.rung_steps(_tokens_per_step(repeated)))} (a step here is"
+                f" {_tokens_per_step(repeated)} tokens): two rungs on one step compare the cells there twice",
+                fix="rungs a step or more apart"
+                + (f", e.g. {_steps_text(spec, repeated, below)}" if len(below) > 1 else "")
+                + (" (or unit: steps, if these are steps)" if spec.unit == "tokens" else ""),
+            )
+        )
     if all(len(names) < 2 for names in brackets.values()):
         out.append(
             Problem(
@@ -231,6 +250,22 @@ def _grid_problems(
                 rule="prune-block",
                 message="no bracket has two cells: pruning compares the cells of a bracket, so it would prune nothing",
                 fix="sweep the values a bracket compares (e.g. lr=1e-5,2e-5,4e-5), or drop prune:",
+            )
+        )
+    compared = [len(names) for names in brackets.values() if len(names) > 1]
+    # the fixed fraction (halving.decide_rung's count); guard: extrapolate keeps by the bands, fewer where they part
+    fixed = spec.guard != "extrapolate"
+    if fixed and compared and all(math.ceil(n * spec.keep - 1e-9) >= n for n in compared):
+        n = max(compared)
+        out.append(
+            Problem(
+                cell=GRID,
+                key="prune.keep",
+                value=spec.keep,
+                rule="prune-block",
+                message=f"keeps every cell of every bracket (the best ceil(keep x n) of a bracket's n cells go on, and"
+                f" the largest bracket has {n}): it would prune nothing",
+                fix=f"keep: {math.floor((n - 1) / n * 100) / 100:g} or less",
             )
         )
     by_name = {c.name: c for c in cells}
@@ -249,7 +284,46 @@ def _grid_problems(
                     fix="group by the model: prune.by=[model.name" + "".join(f",{b}" for b in spec.by) + "]",
                 )
             )
-    return out
+    return out + _mixed_recipes(spec, cells, composed, brackets)
+
+
+def _mixed_recipes(
+    spec: PruneSpec, cells: Sequence[Cell], composed: Sequence[Composed], brackets: Mapping[str, Sequence[str]]
+) -> list[Problem]:
+    """Brackets that hold cells of two or more of the recipes the grid's `adaptive:` question compares: halving
+    would drop a recipe for its loss at a rung, and the question needs every recipe's cells (a refused adaptive:
+    block is named by steer.py, not here)."""
+    block = composed[0].config.get("adaptive") if composed else None
+    adaptive, problems = parse_adaptive(block) if isinstance(block, Mapping) and block else (None, [])
+    if adaptive is None or problems:
+        return []
+    recipe = {cell.name: recipe_of(adaptive, c.config) for cell, c in zip(cells, composed, strict=True)}
+    adaptive, _ = parse_adaptive(block, sorted(set(recipe.values())))  # `recipes` named as numbers: the grid's
+    if adaptive is None:
+        return []
+    asked = set(adaptive.recipes) or set(recipe.values())
+    mixed = {
+        label: found
+        for label, names in brackets.items()
+        if len(found := sorted({recipe[n] for n in names} & asked)) > 1
+    }
+    if not mixed:
+        return []
+    label, found = next(iter(mixed.items()))
+    by = ",".join([*spec.by, adaptive.recipe_key])
+    return [
+        Problem(
+            cell=GRID,
+            key="prune.by",
+            value=list(spec.by),
+            rule="prune-block",
+            message=f"bracket {label} mixes recipes the adaptive: question compares ({', '.join(found)})"
+            + (f", and {len(mixed) - 1} more bracket(s) do" if len(mixed) > 1 else "")
+            + f": halving would prune a recipe for its loss at a rung, and the {adaptive.question} question needs"
+            " every recipe's cells",
+            fix=f"group by the recipe too: prune.by=[{by}]",
+        )
+    ]
 
 
 def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Effects]:

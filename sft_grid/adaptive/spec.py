@@ -25,10 +25,12 @@
       stop_halfwidth: 0.01        # stop once the question's band is narrower than this (its half width)
       level: 0.9
       seed: 0
-      forms: [tail]               # the forms the forecasts choose among on held-out points (analysis/forms.py);
-                                  #   default all five: power_e, power, loglinear, rectified, tail
-      design: race                # gap only: race (successive elimination, adaptive/race.py; the default) or
-                                  #   value (each plan's expected fall in P(wrong) per GPU-hour, design.py)
+      forms: [tail]               # the forms the forecasts choose among on held-out points (analysis/forms.py;
+                                  #   loss, race and value only); default all five: power_e, power, loglinear,
+                                  #   rectified, tail
+      design: race                # gap only: ladder (two sizes far apart per recipe, adaptive/ladder.py; the
+                                  #   default, which takes no forms), race (successive elimination,
+                                  #   adaptive/race.py) or value (each plan's expected fall in P(wrong) per GPU-hour)
 
 `question: gap` takes two or more recipes and asks which is lowest at `at` (sft_grid/adaptive/design.py decides,
 with the probability that another is lower); each recipe needs three sizes besides the holdouts for a ladder's band
@@ -232,6 +234,16 @@ def parse_prune(data: Any, max_steps: int | None = None) -> tuple[PruneSpec | No
     probe = _get(data, "probe", 0.1)
     if not _number(probe) or not 0 < probe <= 0.5:
         problems.append(_problem("prune", "probe", probe, "must lie in (0, 0.5]", "e.g. probe: 0.1"))
+    elif "probe" in data and guard in GUARDS and guard != "cooldown":  # read by the cooldown guard alone
+        problems.append(
+            _problem(
+                "prune",
+                "probe",
+                probe,
+                f"is the length of a cooldown probe, and guard: {guard} runs none",
+                "drop probe, or guard: cooldown",
+            )
+        )
     if problems:
         return None, problems
     return PruneSpec(metric, tuple(float(r) for r in rungs), unit, float(keep), tuple(by), guard, float(probe)), []

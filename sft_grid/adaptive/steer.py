@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sft_grid import backends
+from sft_grid.adaptive import race
 from sft_grid.adaptive.candidates import Candidate
 from sft_grid.adaptive.design import Round, choose, sizes_needed
 from sft_grid.adaptive.effects import Effects
@@ -164,7 +166,7 @@ def select(composed: Sequence[Composed]) -> tuple[list[Composed], list[str], Eff
     hours, unit = _gpu_hours(cells, sizes if spec.size_key else None)
     pool, observed, in_flight = [], {}, []
     for cell, composed_cell, cell_dir in zip(cells, composed, dirs, strict=True):
-        recipe = str(_value(composed_cell.config, spec.recipe_key) or "")
+        recipe = recipe_of(spec, composed_cell.config)
         holdout = _held(spec, cell, sizes[cell.name])
         pool.append(Candidate(cell.name, recipe, sizes[cell.name], hours[cell.name], holdout))
         if not (cell_dir / LEDGER_FILE).is_file():
@@ -271,6 +273,20 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
             )
         )
         return out
+    if spec.size_key == spec.recipe_key:  # every recipe would be one size, every size one recipe
+        out.append(
+            Problem(
+                cell=GRID,
+                key="adaptive.size_key",
+                value=spec.size_key,
+                rule="adaptive-block",
+                message="is recipe_key too: a cell's size and its recipe must be different keys (each recipe a curve"
+                " over sizes)",
+                fix="size_key: the key whose number is a cell's size (e.g. max_steps), recipe_key: the key that names"
+                " its recipe (e.g. vars.recipe)",
+            )
+        )
+        return out
     models = {_model_name(c) for c in cells}
     # a size names a holdout only on a size_key axis (as `_held` reads it): else a holdout is a model name
     unknown = [h for h in spec.holdout if h not in models and not (spec.size_key and _as_number(h) in set(sizes))]
@@ -292,9 +308,11 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
             )
         )
     groups: dict[tuple[str, str], list[Cell]] = {}
+    size_at: dict[str, float] = {}  # each size's label (a model name, or the size as text) -> its size
     for cell, c, n in zip(cells, composed, sizes, strict=True):
         at = f"{n:g}" if spec.size_key else _model_name(cell)
-        groups.setdefault((str(_value(c.config, spec.recipe_key) or ""), at), []).append(cell)
+        groups.setdefault((recipe_of(spec, c.config), at), []).append(cell)
+        size_at[at] = n or 0.0
     size_of = {cell.name: n for cell, n in zip(cells, sizes, strict=True)}
     held = {m for (_, m), same in groups.items() if all(_held(spec, x, size_of[x.name]) for x in same)}
     need, why = sizes_needed(spec)
@@ -315,6 +333,11 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
                     fix=f"sweep at least {need} sizes per recipe (or hold out fewer)",
                 )
             )
+    asked = {
+        (r, m): same for (r, m), same in groups.items() if m not in held and (not spec.recipes or r in spec.recipes)
+    }
+    out += _at_problems(spec, {m for _, m in asked}, size_at, need)
+    out += _budget_problems(spec, cells, sizes, asked, need, why)
     mixed = {key: same for key, same in sorted(groups.items()) if len(same) > 1}
     if mixed:
         differ = sorted(
@@ -341,6 +364,122 @@ def _grid_problems(spec: AdaptiveSpec, cells: Sequence[Cell], composed: Sequence
             )
         )
     return out
+
+
+def _exact(n: float) -> str:
+    """A size as a holdout or `at` names it: whole numbers in full (1557611200, not 1.55761e+09)."""
+    return str(int(n)) if float(n).is_integer() else repr(float(n))
+
+
+def _at_problems(spec: AdaptiveSpec, fitted: set[str], size_at: Mapping[str, float], need: int) -> list[Problem]:
+    """`at` is the size the question forecasts, beyond the sizes the grid fits: one at or below a size the grid
+    trains (not held out) would be read off that cell, interpolated, or extrapolated downward, which is no forecast."""
+    above = sorted((m for m in fitted if size_at[m] >= spec.at), key=lambda m: (size_at[m], m))
+    if not above:
+        return []
+    largest = max(size_at[m] for m in fitted)
+    axis = spec.size_key or "parameters"
+    names = [_exact(size_at[m]) if spec.size_key else m for m in above]
+    shown = names if spec.size_key else [f"{m} at {size_at[m]:.4g}" for m in above]
+    if len(above) == len(fitted) and spec.at < size_at[above[0]]:
+        message = (
+            f"is below every size the grid fits (the smallest: {shown[0]}): the question would be extrapolated down"
+            " from larger cells, not forecast beyond them"
+        )
+    else:
+        message = (
+            f"is not beyond the sizes the grid fits: it trains {', '.join(shown)} (at or above `at`, not held out),"
+            " so the question would be read off cells it trains or interpolated, not forecast beyond them"
+        )
+    fixes = [f"at: the size to forecast, above {_exact(largest)} (the largest size the grid fits, in {axis})"]
+    if len(fitted) - len(above) >= need:
+        held = ", ".join([*spec.holdout, *names])
+        fixes.append(f"hold those sizes out to check the forecast against them (holdout: [{held}])")
+    else:
+        fixes.append(f"sweep {need} or more sizes below {_exact(spec.at)}")
+    value = int(spec.at) if spec.at.is_integer() else spec.at
+    return [
+        Problem(
+            cell=GRID, key="adaptive.at", value=value, rule="adaptive-block", message=message, fix=", or ".join(fixes)
+        )
+    ]
+
+
+def _up(x: float) -> str:
+    """x rounded up to three significant figures: a budget that affords x."""
+    if x <= 0:
+        return "0"
+    unit = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return f"{math.ceil(x / unit - 1e-6) * unit:.3g}"
+
+
+def _budget_problems(
+    spec: AdaptiveSpec,
+    cells: Sequence[Cell],
+    sizes: Sequence[float | None],
+    asked: Mapping[tuple[str, str], Sequence[Cell]],
+    need: int,
+    why: str,
+) -> list[Problem]:
+    """A budget below the question's seed design (`need` sizes of each recipe asked, design.sizes_needed; a race's
+    seed window, race.window, where the recipe has that many sizes) never reaches a decision: refused with the least
+    budget that does, in cells or in the cost the choice weighs (_gpu_hours: the seed's cheapest sizes)."""
+    recipes = sorted({r for r, _ in asked})
+    if not recipes:
+        return []
+    # each recipe's sizes, the cheapest cell's cost of each (in cells: 1)
+    hours: Mapping[str, float] = {}
+    unit = ""
+    if spec.budget_cells is None:
+        by_size = {cell.name: n or 0.0 for cell, n in zip(cells, sizes, strict=True)}
+        hours, unit = _gpu_hours(cells, by_size if spec.size_key else None)
+    costs: dict[str, list[float]] = {
+        r: sorted(min(hours.get(c.name, 1.0) for c in same) for (q, _), same in asked.items() if q == r)
+        for r in recipes
+    }
+    raced = spec.question == "gap" and spec.design == "race"
+    if raced:
+        need, why = (
+            max(need, race.window(spec.forms)),
+            "a race's seed window: the fewest sizes its forms need for a band",
+        )
+    fewer = " (all its sizes, where a recipe has fewer)" if any(len(costs[r]) < need for r in recipes) else ""
+    seed = f"the question's seed design, {need} sizes of each of {len(recipes)} recipe(s){fewer} ({why})"
+    if spec.budget_cells is not None:
+        fewest = sum(len(costs[r][:need]) for r in recipes)
+        if spec.budget_cells >= fewest:
+            return []
+        return [
+            Problem(
+                cell=GRID,
+                key="adaptive.budget_cells",
+                value=spec.budget_cells,
+                rule="adaptive-block",
+                message=f"affords fewer cells than {seed}: the loop would stop before any decision",
+                fix=f"budget_cells: {fewest} or more",
+            )
+        ]
+    if spec.budget_gpu_hours is None:
+        return []
+    least = sum(sum(costs[r][:need]) for r in recipes)
+    if spec.budget_gpu_hours >= least * (1 - 1e-9):
+        return []
+    return [
+        Problem(
+            cell=GRID,
+            key="adaptive.budget_gpu_hours",
+            value=spec.budget_gpu_hours,
+            rule="adaptive-block",
+            message=f"affords less than {seed}: their cheapest cells cost {least:.4g} in {unit}, so the loop"
+            " would stop before any decision",
+            fix=f"budget_gpu_hours: {_up(least)} or more",
+        )
+    ]
+
+
+def recipe_of(spec: AdaptiveSpec, config: Mapping[str, Any]) -> str:
+    """A cell's recipe: the value its config holds at the question's recipe_key, as text (empty: none)."""
+    return str(_value(config, spec.recipe_key) or "")
 
 
 def _recipe_key(c: Composed) -> str:

@@ -52,6 +52,7 @@ How the figures are laid out, and how missing, running and failed cells show, is
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -463,16 +464,21 @@ def write(sweep_dir: Path, resamples: int = 300, sites: Mapping[str, str] | None
     return write_data(sweep_dir, build(sweep_dir, resamples, sites))
 
 
-def write_data(sweep_dir: Path, data: dict[str, Any]) -> tuple[Path, Path]:
-    """report.html and report.json of this data, in the grid's directory."""
+def write_data(sweep_dir: Path, data: dict[str, Any], out: Path | None = None) -> tuple[Path, Path]:
+    """report.html and report.json of this data, in `out` (default: the grid's directory): both written whole
+    beside their places first, then renamed into them, so that a folder that cannot take them keeps neither."""
     page = render(data)
-    paths = sweep_dir / REPORT_HTML, sweep_dir / REPORT_JSON
-    for path, text in zip(paths, (page, json.dumps(data, separators=(",", ":"), default=str) + "\n"), strict=True):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        try:
+    paths = (out or sweep_dir) / REPORT_HTML, (out or sweep_dir) / REPORT_JSON
+    texts = (page, json.dumps(data, separators=(",", ":"), default=str) + "\n")
+    tmps = [path.with_name(f".{path.name}.tmp") for path in paths]
+    try:
+        for tmp, text in zip(tmps, texts, strict=True):
+            tmp.write_text(text, encoding="utf-8")
+        for tmp, path in zip(tmps, paths, strict=True):
             tmp.replace(path)
-        except OSError:  # report.html a directory, say: said by the command in one line, and no stray copy left
-            tmp.unlink(missing_ok=True)
-            raise
+    except OSError:  # report.html a directory, say: said by the command in one line, and no stray copy left
+        for tmp in tmps:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        raise
     return paths

@@ -5,8 +5,10 @@ CELL is the cell's name or any part of it that only one cell of the grid has. Th
 the post-training stages' (`--post`, logs/post.log). `-f` prints what is there, then what is added as it is
 written, until that part of the cell is no longer under way (the training: its job queued or running; the post
 stages and the evaluation: they, or what comes before them, queued or running), or Ctrl-C. A log rewritten or
-truncated meanwhile is followed again from its start. A log not written yet is waited for; a node past the
-cell's own (its cell.yaml's `nodes`), whose log never will be, is refused at once (exit status 2).
+truncated meanwhile is followed again from its start. A log not written yet is waited for while what writes it is
+under way; otherwise (a planned, failed, cancelled or pruned cell) it is said at once, with what would write it
+(exit status 1). A node past the cell's own (its cell.yaml's `nodes`) and `--eval` of a cell that evaluates nothing
+(eval=none: no eval.json), whose logs never will be, are refused at once with the fix (exit status 2).
 
 A log is printed as it is, bytes that are not UTF-8 shown as U+FFFD; a cell whose own files are damaged (its
 cell.yaml, its ledger: core/cellfiles.py) is still found by its name, and its state is said as `damaged`, naming the
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import glob
 import os
+import shlex
 import sys
 import threading
 from collections.abc import Sequence
@@ -74,6 +78,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     path = log_path(cell_dir, which, args.node)
     tail = Tail(path, sys.stdout, args.lines)
+    if not path.is_file() and which == "eval" and not evaluates(cell_dir):  # eval=none: never written, no wait
+        print(no_evaluation(cell_dir, cells), file=sys.stderr)
+        return 2
+    if not path.is_file():
+        going, state = under_way(cell_dir, which)
+        if not going:  # nothing that writes it is queued or running: said at once, never waited for
+            print(never_written(cell_dir, which, args.node, path, state), file=sys.stderr)
+            return 1
     if not args.follow:
         if not path.is_file():
             print(
@@ -113,6 +125,18 @@ def find_cell(cells: Sequence[Path], part: str, sweep_dir: Path) -> tuple[Path |
     """The one cell whose name is `part`, or has it; else None and what to say."""
     if not cells:
         return None, f"no cells under {sweep_dir}"
+    from sft_grid.cli.present import relative
+    from sft_grid.core.layout import CELL_FILE
+
+    if os.sep in part.rstrip(os.sep):  # a cell's directory: its grid's own, or another grid's (named with the fix)
+        given = Path(part).expanduser()
+        mine = [d for d in cells if given.is_dir() and d.resolve() == given.resolve()]
+        if mine:
+            return mine[0], ""
+        if (given / CELL_FILE).is_file():
+            grid = relative(given.resolve().parent)
+            return None, f"{part} is a cell of {grid}, not of {sweep_dir}: sft-grid logs {grid} {given.name}"
+    part = Path(part).name if part.endswith(os.sep) or os.sep in part else part
     exact = [d for d in cells if d.name == part]
     matches = exact or [d for d in cells if part in d.name]
     if len(matches) == 1:
@@ -121,6 +145,10 @@ def find_cell(cells: Sequence[Path], part: str, sweep_dir: Path) -> tuple[Path |
         names = ", ".join(d.name for d in cells[:SHOWN]) + (
             f", ... ({len(cells)} in all)" if len(cells) > SHOWN else ""
         )
+        elsewhere = sorted(g for g in sweep_dir.parent.glob(f"*/{glob.escape(part)}") if (g / CELL_FILE).is_file())
+        if elsewhere:  # a cell of another grid under the same runs root
+            grid = relative(elsewhere[0].parent)
+            return None, f"{part!r} is a cell of {grid}, not of {sweep_dir}: sft-grid logs {grid} {part}"
         return None, f"no cell of {sweep_dir} has {part!r} in its name; its cells: {names}"
     return None, (
         f"{part!r} is in the names of {len(matches)} cells of {sweep_dir}; give more of one:\n"
@@ -135,6 +163,59 @@ def log_path(cell_dir: Path, which: str, node: int = 0) -> Path:
     from sft_grid.stages.post_training import POST_LOG
 
     return cell_dir / LOGS_DIR / {"eval": EVAL_LOG, "post": POST_LOG}.get(which, train_log(node))
+
+
+def evaluates(cell_dir: Path) -> bool:
+    """Whether the cell has an evaluation: its eval.json, rendered with its cell.yaml when its grid names a suite
+    (a cell without its cell.yaml is damaged, and said as such: not read as one that evaluates nothing)."""
+    from sft_grid.core.layout import CELL_FILE
+    from sft_grid.core.scores import EVAL_FILE
+
+    return (cell_dir / EVAL_FILE).exists() or not (cell_dir / CELL_FILE).is_file()
+
+
+def no_evaluation(cell_dir: Path, cells: Sequence[Path]) -> str:
+    """What to say of `--eval` for a cell that evaluates nothing: why there is no log, and the command that adds one."""
+    from sft_grid.core.layout import CELL_FILE
+    from sft_grid.core.overrides import rerun_words
+
+    others = sum(1 for d in cells if d != cell_dir and evaluates(d))
+    grid = cell_dir.parent.name
+    whose = f"; {others} other cell(s) of its grid do" if others else f"; no cell of its grid {grid!r} does"
+    try:
+        words = rerun_words((cell_dir / CELL_FILE).read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        words = []
+    words = [w for w in words if not w.lstrip("+~").startswith("eval=")]
+    command = shlex.join([*words, "eval=tiny"]) if words else "sft-grid run -m <the grid's overrides> eval=tiny"
+    return (
+        f"{cell_dir.name} evaluates nothing (eval=none{whose}), so it has no evaluation's log. To score it, run it"
+        f" again with a suite (a trained cell is not trained again; docs/evaluation.md): {command}"
+    )
+
+
+# what starts the part of a cell that writes a log, by the cell's state (which log: train, post, eval)
+_AGAIN = {
+    "planned": "the grid's next `sft-grid run` starts it",
+    "failed": "why: sft-grid status {grid}; run the grid again with rerun_failed=true to train it again",
+    "cancelled": "run the grid again with rerun_failed=true to train it again",
+    "pruned": "it was stopped at its rung before the end of its training (docs/steering.md)",
+}
+
+
+def never_written(cell_dir: Path, which: str, node: int, path: Path, state: str) -> str:
+    """A log that is not there while nothing that writes it is under way: why, and what would write it."""
+    if state == "completed":
+        again = {
+            "train": "it was moved or removed since",
+            "post": f"sft-grid post {cell_dir} runs its pending post-training stages",
+            "eval": "the grid's next `sft-grid run` evaluates it",
+        }[which]
+    else:
+        again = _AGAIN.get(state, "sft-grid status {grid} says why").format(grid=shlex.quote(str(cell_dir.parent)))
+    said = state_line(cell_dir)  # "the cell is failed", or what of it is damaged
+    why = f"{said}: {again}" if state == "planned" else f"{said}, and nothing that writes it is under way: {again}"
+    return f"{cell_dir.name}: {describe(which, node)} is not written yet: it will be {path} ({why})"
 
 
 def describe(which: str, node: int) -> str:

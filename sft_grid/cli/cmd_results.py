@@ -250,6 +250,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_grid(parser)
     add_format(parser, FORMATS)
+    parser.add_argument("--json", dest="format", action="store_const", const="json", help="the same as --format json")
     parser.add_argument(
         "--along",
         action="store_true",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,12 @@ def load_cell(args: Sequence[str]) -> Cell:
     there is none."""
     if len(args) == 1 and "=" not in args[0] and not args[0].startswith(("+", "~")):
         return _cell_of_dir(Path(args[0]).expanduser())
+    dirs = [a for a in args if "=" not in a and os.path.isdir(a)]
+    if len(dirs) > 1:  # a pattern the shell expanded: one cell at a time
+        raise NoCell(
+            f"show takes one cell's directory, and {len(dirs)} were given (a pattern the shell expanded?):"
+            f" sft-grid show {shlex.quote(dirs[0])}"
+        )
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -67,6 +74,15 @@ def _cell_of_dir(path: Path) -> Cell:
     except DamagedFile as exc:
         raise NoCell(f"{path}: {exc.damage.text()}") from None
     except OSError:
+        from sft_grid.analysis.view import cell_dirs
+
+        cells = cell_dirs(path) if path.is_dir() else []
+        if cells:  # a grid's directory: one of its cells
+            more = f" ({len(cells)} cells: {', '.join(c.name for c in cells[:3])}{', ...' if len(cells) > 3 else ''})"
+            raise NoCell(
+                f"{path} is a grid's directory, not a cell's{more}: give one of its cells,"
+                f" sft-grid show {shlex.quote(str(path / cells[0].name))}"
+            ) from None
         raise NoCell(not_a_cell_dir(path) or f"{path}: {CellYaml.damage(path) or 'cannot be read'}") from None
     from sft_grid.planning.cells import plan_cell
 
@@ -90,16 +106,17 @@ def compose(overrides: Sequence[str]) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-def show(cell: Cell, rows: int = 1, color: bool = False, use_cache: bool = True) -> tuple[str, bool]:
-    """The report for a cell, and whether every source's loss-mask check passes."""
+def show(cell: Cell, rows: int = 1, color: bool = False, use_cache: bool = True, name: str = "") -> tuple[str, bool]:
+    """The report for a cell (`name`: its directory's, where it was read from one), and whether every source's
+    loss-mask check passes."""
     from sft_grid.checks import mask
     from sft_grid.cli.present import CLOSE, OPEN, example
 
     checks = mask.checks_for(cell)
     if not checks:
-        return f"{cell.name}: no loss-mask probe for backend {cell.spec.backend.name!r}", True
+        return f"{name or cell.name}: no loss-mask probe for backend {cell.spec.backend.name!r}", True
     lines = [
-        f"cell {cell.name}: {cell.spec.model.name} ({cell.spec.model.template}) with {cell.spec.backend.name}"
+        f"cell {name or cell.name}: {cell.spec.model.name} ({cell.spec.model.template}) with {cell.spec.backend.name}"
         + ("" if color else f"; trained text is in {OPEN} {CLOSE}")
     ]
     all_ok = True
@@ -138,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     except NoCell as exc:
         print(f"sft-grid show: {exc}", file=sys.stderr)
         return 1
-    text, ok = show(cell, args.rows, color, use_cache=not args.no_cache)
+    one = args.cell[0] if len(args.cell) == 1 and os.path.isdir(args.cell[0]) else ""  # a directory: its name
+    text, ok = show(cell, args.rows, color, use_cache=not args.no_cache, name=Path(one).resolve().name if one else "")
     print(text)
     return 0 if ok else 1

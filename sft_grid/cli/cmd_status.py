@@ -269,6 +269,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_grid(parser, optional=True)
     add_format(parser, FORMATS)
+    parser.add_argument("--json", dest="format", action="store_const", const="json", help="the same as --format json")
     parser.add_argument(
         "--watch",
         "-w",

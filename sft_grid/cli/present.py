@@ -721,12 +721,21 @@ def no_grid(sweep_dir: Path, grid: str) -> str:
         return ""
     if sweep_dir.exists():
         return f"{head}: it is a file, not a grid's directory"
+    if any(c in grid for c in "*?["):  # a pattern the shell left as it is (quoted, or matching nothing)
+        import glob
+
+        found = sorted({relative(d) for g in (grid, str(sweep_dir)) for d in glob.glob(g) if os.path.isdir(d)})
+        which = f": one of {_names(found)}" if found else ""
+        return f"{head}: {grid!r} is a pattern, and GRID names one grid (run the command once for each){which}"
     root = sweep_dir.parent
     if root.exists() and not root.is_dir():
         return f"{head}: the runs root {root} is a file, not a folder (--runs-root, else $SFT_GRID_RUNS, names it)"
     if not root.is_dir():
         return f"{head}: there is no runs root {root} (--runs-root, else $SFT_GRID_RUNS, says where grids are)"
     grids = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    owner = next((root / g for g in grids if (root / g / sweep_dir.name / CELL_FILE).is_file()), None)
+    if owner is not None:  # a cell's name given for its grid
+        return f"{head}: it is a cell of the grid {owner.name}, not a grid; name its grid, {relative(owner)}"
     if not grids:
         return f"{head}: there is no grid {grid!r}, and {root} holds none"
     close = difflib.get_close_matches(sweep_dir.name, grids, n=1, cutoff=0.5)

@@ -74,6 +74,16 @@ def test_a_long_fixed_value_leaves_room_for_the_swept_one(make_cells, tmp_path):
     assert dirs_of(cells) == [old, cells[1].sweep_dir / cells[1].name]
 
 
+def test_a_name_over_its_length_drops_a_part_whole_never_cuts_a_value_at_its_end(make_cells):
+    """`examples200` at the end of a name one character too long was cut to `examples20`: another value of the
+    axis, read as such in every table. A part that does not fit is left out whole (the key tells the cells apart)."""
+    extra = ["backend=replay", "max_steps=20", "+extra.replay={dataset: flan}", "+extra.replay.model=t5-small"]
+    cells = make_cells(*([*extra, f"+extra.replay.examples={n}"] for n in (200, 800)))
+    for cell in cells:
+        assert len(cell.slug) <= SLUG_LEN and cell.slug.endswith("_modelt5-small"), cell.slug
+    assert cells[0].key != cells[1].key
+
+
 def test_derived_gradient_accumulation(make_cells):
     (local,) = make_cells(["global_batch_size=16", "micro_batch_size=2"])
     assert (local.world_size, local.grad_accum) == (1, 8)

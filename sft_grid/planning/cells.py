@@ -260,7 +260,17 @@ def slug_for(overrides: Sequence[str], config: Mapping[str, Any]) -> str:
             continue
         value = value.strip("[]'\"").replace(",", "+")
         parts.append(value if key in ("model", "dataset", "backend") else f"{key.rsplit('.', 1)[-1]}{value}")
-    return slugify("_".join(_fair([_SLUG_UNSAFE.sub("-", p) for p in parts], SLUG_LEN)) or str(config["model"]["name"]))
+    return slugify("_".join(_fit([_SLUG_UNSAFE.sub("-", p) for p in parts], SLUG_LEN)) or str(config["model"]["name"]))
+
+
+def _fit(parts: Sequence[str], limit: int) -> list[str]:
+    """The parts, joined by one character each, in `limit`: each long one cut to PART_LEN (`_fair`), then the last
+    parts that still do not fit dropped whole. Never a part cut at its end: `examples200` cut to `examples20` would
+    name another value of its axis (the cell's key tells cells apart; its cell.yaml has every value)."""
+    out = _fair(parts, limit)
+    while len(out) > 1 and sum(map(len, out)) + len(out) - 1 > limit:
+        out.pop()
+    return out
 
 
 def _fair(parts: Sequence[str], limit: int) -> list[str]:

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# sft_grid cell tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1_grad-ec875b02 of grid 'default': tiny_llama on tiny_sharegpt with llamafactory.
+# sft_grid cell tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1-ec875b02 of grid 'default': tiny_llama on tiny_sharegpt with llamafactory.
 # Run by hand: bash launch.sh [key=value ...]  (extra arguments go to the backend;
 # training resumes from the last checkpoint in output/). Secrets come from your environment only.
 set -euo pipefail
-cd /srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1_grad-ec875b02
+cd /srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1-ec875b02
 export HF_HUB_OFFLINE=1
 export OMP_NUM_THREADS=1
 export TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=disabled
 export WANDB_RUN_ID=default-ec875b02 WANDB_RESUME=allow
 export SFT_GRID_WATCHDOG=on SFT_GRID_WATCHDOG_K=4 SFT_GRID_WATCHDOG_P=3 SFT_GRID_WATCHDOG_TOL=0.0001
-export SFT_GRID_DATA_STEP=/srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1_grad-ec875b02/data_step.jsonl
+export SFT_GRID_DATA_STEP=/srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1-ec875b02/data_step.jsonl
 export PATH=/opt/sft_grid_cache/envs/llamafactory-152db18b7a8b/bin:"$PATH"
 export HF_DATASETS_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1
-exec /opt/sft_grid_cache/envs/llamafactory-152db18b7a8b/bin/python <repo>/sft_grid/in_venv/sft_grid_lf.py train /srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1_grad-ec875b02/train_config.yaml "$@"
+exec /opt/sft_grid_cache/envs/llamafactory-152db18b7a8b/bin/python <repo>/sft_grid/in_venv/sft_grid_lf.py train /srv/runs/grid/tiny_llama_tiny_sharegpt_global_batch_size4_warmup_ratio0.1-ec875b02/train_config.yaml "$@"

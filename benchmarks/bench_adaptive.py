@@ -867,9 +867,12 @@ def replay_section(level: float | None = None, jobs: int = 1) -> dict[str, Any]:
     """The replay measurements; the decisions (each pure and seeded: the same in any process) over `jobs` processes,
     once for each of REPLAY_FORMS."""
     datasets = sorted({d for d, _ in replay_curves()})
-    todo = [(d, s, level, fs, True, ()) for fs in REPLAY_FORMS for d in datasets for s in REPLAY_SEEDS]
-    todo += [(d, s, level, (), False, ()) for d in datasets for s in REPLAY_WIDE_SEEDS]
-    todo += [(d, -1, level, (), False, tri) for d, tri in every_draw()]
+    none: tuple[str, ...] = ()
+    todo: list[tuple[str, int, float | None, tuple[str, ...], bool, tuple[str, ...]]] = [
+        (d, s, level, fs, True, none) for fs in REPLAY_FORMS for d in datasets for s in REPLAY_SEEDS
+    ]
+    todo += [(d, s, level, none, False, none) for d in datasets for s in REPLAY_WIDE_SEEDS]
+    todo += [(d, -1, level, none, False, tri) for d, tri in every_draw()]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 

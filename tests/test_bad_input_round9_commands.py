@@ -155,3 +155,15 @@ def test_show_of_a_grid_or_of_several_cells_names_one_cell_and_a_cell_dir_by_its
 def test_json_is_format_json(grid: dict[str, Path], capsys: pytest.CaptureFixture[str], command: str) -> None:
     rc, out, _ = sft(capsys, command, str(grid["completed"].parent), "--json")
     assert rc == 0 and json.loads(out), out
+
+
+def test_an_empty_runs_root_or_an_interval_without_watch_is_refused(
+    grid: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--runs-root "$RUNS"` with RUNS unset read the working folder as the runs root; `--interval 5` without
+    --watch was taken and nothing waited: both are said, nothing done."""
+    sweep = str(grid["completed"].parent)
+    rc, _, err = sft(capsys, "status", "default", "--runs-root", "")
+    assert rc == 2 and "--runs-root is empty (an unset shell variable?)" in err, err
+    rc, out, err = sft(capsys, "status", sweep, "--interval", "5")
+    assert rc == 2 and not out and f"add --watch (sft-grid status {sweep} --watch --interval 5)" in err, err

@@ -83,15 +83,20 @@ def _status(sites: Sites, args: argparse.Namespace, grid_here: Path) -> int:
         said.update(merged.failed)
         return _lines(merged.rows)
 
+    if cmd_status.interval_problem(args):
+        print(cmd_status.interval_problem(args), file=sys.stderr)
+        return 2
     if args.format == "json":
         print(json.dumps(cmd_status.as_json(read()), indent=1))
     elif args.watch:
-        if args.interval <= 0:
-            print("--interval must be more than 0 seconds", file=sys.stderr)
-            return 2
         title = f"sft-grid status {args.grid} ({len(sites.placed)} sites)"
         cmd_status.Watch(
-            grid_here, interval=args.interval, out=sys.stdout, tty=sys.stdout.isatty(), title=title, reader=read
+            grid_here,
+            interval=cmd_status.interval_of(args),
+            out=sys.stdout,
+            tty=sys.stdout.isatty(),
+            title=title,
+            reader=read,
         ).run()
     else:
         print("\n".join(cmd_status.report(read())))

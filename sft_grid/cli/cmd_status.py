@@ -279,10 +279,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval",
         type=float,
-        default=DEFAULT_INTERVAL_S,
+        default=None,
         metavar="S",
         help=f"seconds between two reads of --watch (default {DEFAULT_INTERVAL_S:g}; one sacct and one squeue each)",
     )
+
+
+def interval_problem(args: argparse.Namespace) -> str:
+    """What is wrong with --interval ("" nothing): given without --watch (a pause between reads that never come),
+    or not above 0."""
+    if args.interval is None:
+        return ""
+    if not args.watch:
+        return (
+            f"--interval is the pause of --watch between two reads: add --watch (sft-grid status"
+            f" {args.grid or 'GRID'} --watch --interval {args.interval:g}), or drop --interval"
+        )
+    return "" if args.interval > 0 else "--interval must be more than 0 seconds"
+
+
+def interval_of(args: argparse.Namespace) -> float:
+    return DEFAULT_INTERVAL_S if args.interval is None else float(args.interval)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -290,6 +307,9 @@ def run(args: argparse.Namespace) -> int:
     from sft_grid.cli.options import grid_dir
     from sft_grid.cli.present import no_grid
 
+    if interval_problem(args):
+        print(interval_problem(args), file=sys.stderr)
+        return 2
     sweep_dir = grid_dir(args.grid, args.runs_root)
     dirs = cell_dirs(sweep_dir)
     if args.format == "json":  # once (--watch is for people); no cells: no rows, and the exit status says so
@@ -302,11 +322,8 @@ def run(args: argparse.Namespace) -> int:
         print(no_grid(sweep_dir, args.grid) or f"no cells under {sweep_dir}", file=sys.stderr)
         return 1
     if args.watch:
-        if args.interval <= 0:
-            print("--interval must be more than 0 seconds", file=sys.stderr)
-            return 2
         title = f"sft-grid status {args.grid}"
-        Watch(sweep_dir, interval=args.interval, out=sys.stdout, tty=sys.stdout.isatty(), title=title).run()
+        Watch(sweep_dir, interval=interval_of(args), out=sys.stdout, tty=sys.stdout.isatty(), title=title).run()
         return 0
     print("\n".join(report(read(dirs, base_dirs(sweep_dir)), grid_damage(sweep_dir))))
     return 0

@@ -208,16 +208,17 @@ NAMED = {
     "target": "name a grid (its sweep_name), a grid's directory or a cell's",
     "cell": "name a cell (or a part of its name)",
     "site": "name the site (a name of the grid's sites=[...])",
+    "runs_root": "name the folder that holds the grids, or leave --runs-root out for the default",
 }
 
 
 def empty_argument(parsed: argparse.Namespace) -> str:
-    """An empty GRID, CELL or --site (an unset shell variable: `sft-grid status "$GRID"`), which would read as the
-    runs root itself or a part of every cell's name; "" when none is empty."""
+    """An empty GRID, CELL, --site or --runs-root (an unset shell variable: `sft-grid status "$GRID"`), which would
+    read as the runs root itself, a part of every cell's name or the working folder; "" when none is empty."""
     for dest, fix in NAMED.items():
         value = getattr(parsed, dest, None)
         if isinstance(value, str) and not value.strip():
-            what = f"--{dest}" if dest == "site" else dest.upper()
+            what = f"--{dest.replace('_', '-')}" if dest in ("site", "runs_root") else dest.upper()
             return f"{what} is empty (an unset shell variable?); nothing done: {fix}"
     return ""
 

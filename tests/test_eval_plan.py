@@ -292,10 +292,15 @@ def test_a_base_model_without_a_chat_template_is_scored_without_one(make_cells, 
 
 
 def test_what_offline_evaluation_jobs_read_is_named_for_staging(make_cells):
-    from sft_grid.planning.evaluation import eval_inputs
+    from sft_grid.planning.inputs import hub_repos
 
     tiny, qwen = make_cells([*TINY_LLAMA, "eval=tiny"], ["model=qwen3_8b", "eval=reasoning_small"])
-    assert eval_inputs([tiny]).datasets == () and eval_inputs([tiny]).models == ()  # local tasks, a local model
-    found = eval_inputs([tiny, qwen])
-    assert found.datasets == ("openai/gsm8k", "allenai/ai2_arc", "cais/mmlu", "google/IFEval")
-    assert found.models == ("Qwen/Qwen3-8B",)
+    assert hub_repos(tiny) == []  # local tasks, a local model
+    found = [(key, repo.kind, repo.repo_id) for key, repo in hub_repos(qwen)]
+    assert found == [
+        ("model.hub_id", "model", "Qwen/Qwen3-8B"),
+        ("eval.tasks.gsm8k.datasets", "dataset", "openai/gsm8k"),
+        ("eval.tasks.arc_challenge.datasets", "dataset", "allenai/ai2_arc"),
+        ("eval.tasks.mmlu_stem.datasets", "dataset", "cais/mmlu"),
+        ("eval.tasks.ifeval.datasets", "dataset", "google/IFEval"),
+    ]

@@ -343,20 +343,6 @@ def base_eval_file(target: BaseTarget) -> EvalFile:
     return _eval_file(target.cell, target.name, True, target.source, target.suites, target.scores)
 
 
-@dataclass(frozen=True)
-class EvalInputs:
-    """What a grid's evaluation jobs read from the Hugging Face cache, offline: to stage with the grid's inputs."""
-
-    datasets: tuple[str, ...]  # each task's `datasets` (hub dataset ids)
-    models: tuple[str, ...]  # the base models that are hub ids
-
-
-def eval_inputs(cells: Sequence[Cell]) -> EvalInputs:
-    datasets = [d for c in cells for s in suites_of(c) for t in s.tasks.values() for d in t.datasets]
-    models = [t.source for t in base_targets(cells) if not t.cell.spec.model.path]
-    return EvalInputs(tuple(dict.fromkeys(datasets)), tuple(dict.fromkeys(models)))
-
-
 def _problem(cell: Cell, key: str, value: object, rule: str, message: str, fix: str) -> Problem:
     return Problem(
         cell=cell.name,

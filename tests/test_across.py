@@ -240,6 +240,22 @@ def test_report_is_written_here_with_each_cells_site(spread: Spread, capsys) -> 
     assert ">site<" in html.read_text()
 
 
+def test_report_of_a_grid_across_sites_goes_to_out_and_a_folder_that_cannot_take_it_is_said_first(
+    spread: Spread, capsys, tmp_path
+) -> None:
+    """--out used to be read only for a grid here: across sites the pages landed in the grid's directory."""
+    out = tmp_path / "elsewhere"
+    assert forward(spread, "report", "--resamples", "0", "--out", str(out)) == 0
+    html, data = (Path(p) for p in capsys.readouterr().out.split())
+    assert (html, data) == (out / "report.html", out / "report.json") and html.is_file() and data.is_file()
+    assert not (spread.grid_here / "report.html").exists()
+    blocked = tmp_path / "blocked"
+    (blocked / "report.json").mkdir(parents=True)  # a directory where a file goes: nothing is pulled, nothing written
+    assert forward(spread, "report", "--resamples", "0", "--out", str(blocked)) == 1
+    err = capsys.readouterr().err
+    assert "cannot be written" in err and "Nothing was written" in err and not (blocked / "report.html").exists()
+
+
 def test_cancel_runs_on_every_site_and_logs_on_the_chosen_copys_site(spread: Spread, capfd) -> None:
     assert forward(spread, "cancel") == 0
     out = capfd.readouterr().out

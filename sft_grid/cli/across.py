@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -151,14 +152,21 @@ def _results(sites: Sites, args: argparse.Namespace, grid_here: Path) -> int:
 
 def _report(sites: Sites, args: argparse.Namespace, grid_here: Path) -> int:
     from sft_grid.analysis.page import write
+    from sft_grid.cli.cmd_report import elsewhere, unwritable
     from sft_grid.core.layout import iter_cell_dirs
 
+    out = Path(args.out).expanduser().resolve() if getattr(args, "out", None) else grid_here
+    why = unwritable(out)
+    if why:  # said before anything is pulled from the sites, as for a grid here
+        print(f"sft-grid report: {why}; {elsewhere(grid_here)}. Nothing was written.", file=sys.stderr)
+        return 1
     merged, chosen, failed = _pulled(sites, grid_here)
     if not any(True for _ in iter_cell_dirs(merged)):
         print(f"no cells on any site of {args.grid}: nothing was written", file=sys.stderr)
         return 1
-    for path in write(merged, args.resamples, chosen):  # written in the merged directory, then moved here
-        print(path.replace(grid_here / path.name))
+    out.mkdir(parents=True, exist_ok=True)
+    for path in write(merged, args.resamples, chosen):  # written in the merged directory, then moved to `out`
+        print(shutil.move(path, out / path.name))
     return 1 if failed else 0
 
 

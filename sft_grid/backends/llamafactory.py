@@ -8,12 +8,14 @@ role-tag keys are never written.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sft_grid.backends import common
+from sft_grid.backends import common, zero
 from sft_grid.backends.base import Backend, MaskSpec
 from sft_grid.core.paths import IN_VENV_DIR
+from sft_grid.core.problems import Problem
 from sft_grid.core.templates import TEMPLATES
 from sft_grid.planning.cells import Cell, is_local
 from sft_grid.planning.inputs import dataset_source, hub_revision, model_source
@@ -252,14 +254,39 @@ def _resume_args(checkpoint: Path) -> list[str]:
     return [f"resume_from_checkpoint={checkpoint}"]
 
 
-# no variables of its own (it reads what the cluster profile exports), no pre-commands (it interleaves mixes
-# itself), and nothing it cannot train that the shared rules do not catch
+def problems(cell: Cell) -> Iterator[Problem]:
+    """What LLaMA-Factory 0.9.5 refuses at start that the shared rules do not catch: an error before queueing."""
+    if cell.layout.attention == "fa3":
+        # its model_utils/attention.py maps auto, disabled, sdpa and fa2 (and FA3 for gpt-oss alone); any other
+        # model stops at `NotImplementedError: Unknown attention type: fa3` as it loads
+        yield Problem(
+            cell=cell.name,
+            key="layout.attention",
+            value="fa3",
+            rule="llamafactory-attention",
+            message="LLaMA-Factory 0.9.5 has no FlashAttention-3 for this model: it stops at 'Unknown attention type:"
+            " fa3' as it loads the model",
+            fix="layout.attention=fa2 (or drop it), or backend=axolotl (flash_attention_3)",
+        )
+
+
+def _variables(cell: Cell) -> dict[str, str]:
+    """One rank under DeepSpeed still goes through torchrun: LLaMA-Factory trains DeepSpeed only in a distributed
+    process (its parser: "Please use `FORCE_TORCHRUN=1` to launch DeepSpeed training."), and launch.sh sets the
+    variables for several ranks itself (backends/launch.py)."""
+    if zero.needed(cell) and cell.world_size == 1:
+        return {"FORCE_TORCHRUN": "1", "NNODES": "1", "NPROC_PER_NODE": "1"}
+    return {}
+
+
+# no pre-commands (it interleaves mixes itself)
 BACKEND = Backend(
     name=NAME,
     config_file=CONFIG_FILE,
     files=files,
     command=_command,
-    problems=lambda cell: iter(()),
+    problems=problems,
+    variables=_variables,
     mask_spec=mask_spec,
     resume_args=_resume_args,
     data_spec=data_spec,

@@ -26,7 +26,7 @@ from sft_grid.core.schema import CellConf, fingerprint, typed
 from sft_grid.core.secrets import secret_setting
 from sft_grid.core.tokenized import TokenizedData
 from sft_grid.planning import resolvers
-from sft_grid.planning.gpus import Layout, choose
+from sft_grid.planning.gpus import Layout, choose, shape_of, trainable_params
 
 # Top-level keys that describe where and how a cell runs, not what it trains.
 NOT_IDENTITY = frozenset(
@@ -115,6 +115,7 @@ def layout_for(spec: CellConf) -> Layout:
         spec.global_batch_size,
         spec.nodes,
         spec.packing,
+        trainable_params(spec, shape_of(spec)),  # finetuning_type (and the adapter's rank) as the model counts it
     )
     hit = _LAYOUTS.get(key)
     if hit is None:

@@ -24,7 +24,8 @@ The memory model (bytes per GPU at the peak of a training step):
                                                          gradient while it computes)
     ZeRO-3, optimizer off:  4 L + 2 N / world
     ZeRO-3, all off:        4 L
-  fp32 training (CPU-only clusters) is 16 bytes a parameter under every backend.
+  fp32 training (CPU-only clusters) is 16 bytes a parameter under every backend. A LoRA or freeze cell counts
+  these for the parameters it trains (`trainable_params`) and its frozen weights in the compute dtype.
 * Activations kept for the backward pass, per token and decoder layer, in the compute dtype (a Llama/Qwen
   layer: RMSNorm, q/k/v projections with grouped-query k/v, RoPE, attention, o projection, RMSNorm, SwiGLU MLP):
   the attention half saves its norm's input, the projections' input, q, k, v, the rotated q and k and the
@@ -72,6 +73,9 @@ FAMILY_VOCAB = {"llama3": 128256, "delphi": 128256, "qwen3": 151936}
 # ZeRO shardings and offloads, lightest first: the order the chooser tries them in
 SHARDING_ORDER = ("none", "zero2", "zero3")
 OFFLOAD_ORDER = ("none", "optimizer", "all")
+# the shardings each CPU offload runs under: DeepSpeed offloads the optimizer states under ZeRO-2 and 3 and the
+# parameters (offload_param) under ZeRO-3 alone; without DeepSpeed nothing is offloaded
+OFFLOADS_UNDER = {"optimizer": ("zero2", "zero3"), "all": ("zero3",)}
 # most nodes the chooser tries when the cluster states no max_nodes
 NODE_CAP = 64
 
@@ -199,10 +203,21 @@ class Layout:
 
 
 def model_states(
-    backend: str, precision: str, sharding: str, offload: str, shape: Shape, world: int
+    backend: str, precision: str, sharding: str, offload: str, shape: Shape, world: int, trainable: int | None = None
 ) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes per GPU (module docstring)."""
-    n, world = float(shape.params), max(1, world)
+    """(weights, gradients, optimizer) bytes per GPU (module docstring). `trainable`: the parameters that train
+    (LoRA's adapters, freeze's last layers; None: all): the rest is frozen weights in the compute dtype, sharded
+    under ZeRO-3, with no gradient and no optimizer state."""
+    world = max(1, world)
+    if trainable is not None and trainable < shape.params:
+        frozen = (shape.params - trainable) * (4.0 if precision == "fp32" else 2.0)
+        if sharding == "zero3":
+            frozen = 0.0 if offload == "all" else frozen / world
+        w, g, o = model_states(
+            backend, precision, sharding, offload, dataclasses.replace(shape, params=trainable), world
+        )
+        return w + frozen, g, o
+    n = float(shape.params)
     if sharding == "none":
         if precision == "fp32" or backend != "axolotl":
             return 4 * n, 4 * n, 8 * n  # fp32 weights (LLaMA-Factory upcasts), fp32 gradients, Adam in fp32
@@ -217,6 +232,32 @@ def model_states(
     if offload == "optimizer":
         return gathered + 2 * n / world, 0.0, 0.0
     return gathered + 2 * n / world, 4 * n / world, 12 * n / world
+
+
+def trainable_params(spec: CellConf, shape: Shape) -> int:
+    """The parameters a cell trains: all of them (full), LoRA's adapters on every linear layer of every decoder layer
+    (rank 8, both backends' default here, or the rank `extra` gives LLaMA-Factory: lora_rank), or LLaMA-Factory's
+    freeze tuning's last layers (freeze_trainable_layers, 2). All of them where the shape is not stated or `extra`
+    trains more (additional_target, freeze_extra_modules): what cannot be counted is counted whole."""
+    n, extra = shape.params, spec.extra or {}
+    if spec.finetuning_type not in ("lora", "freeze") or not shape.known or not shape.layers:
+        return n
+    if extra.get("additional_target") or extra.get("freeze_extra_modules") or extra.get("lora_modules_to_save"):
+        return n
+    h = shape.hidden or 0
+    kv = h * (shape.kv_heads or 1) // (shape.heads or 1) if shape.heads else h
+    i = shape.intermediate or 4 * h
+    if spec.finetuning_type == "lora":
+        rank = extra.get("lora_rank", extra.get("lora_r", 8))
+        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else None
+        if rank is None:
+            return n
+        # q and o: h -> h; k and v: h -> kv; gate and up: h -> i; down: i -> h; an adapter is rank x (in + out)
+        return min(n, shape.layers * rank * (9 * h + 2 * kv + 3 * i))
+    layers = extra.get("freeze_trainable_layers", 2)
+    if not isinstance(layers, int) or isinstance(layers, bool) or not layers:
+        return n
+    return min(n, abs(layers) * (2 * h * h + 2 * h * kv + 3 * h * i))
 
 
 def layer_activation_bytes(shape: Shape, seq: int, attention: str, dtype_bytes: int) -> float:
@@ -259,7 +300,9 @@ def memory(
     """A cell's bytes per GPU for one layout."""
     shape = shape or shape_of(spec)
     precision = spec.cluster.precision
-    w, g, o = model_states(spec.backend.name, precision, sharding, offload, shape, world)
+    w, g, o = model_states(
+        spec.backend.name, precision, sharding, offload, shape, world, trainable=trainable_params(spec, shape)
+    )
     act = lgt = None
     if shape.known:
         tokens = spec.micro_batch_size * spec.cutoff_len
@@ -301,6 +344,9 @@ def _sharding_options(spec: CellConf) -> list[str]:
         return [spec.layout.sharding]
     if "zero3" in spec.model.needs:  # the model's own floor (its config says it never trains unsharded)
         return ["zero3"]
+    # an offload the cell sets is DeepSpeed's: the optimizer's under ZeRO-2 or 3, the parameters' under ZeRO-3 only
+    if spec.cluster.gpus_per_node and spec.layout.offload in OFFLOADS_UNDER:
+        return list(OFFLOADS_UNDER[spec.layout.offload])
     return list(SHARDING_ORDER) if spec.cluster.gpus_per_node else ["none"]
 
 

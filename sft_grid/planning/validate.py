@@ -679,6 +679,10 @@ def no_shell_variables(cell: Cell) -> Iterator[Problem]:
         )
 
 
+# GPUs before Hopper (gpu_type as the cluster names them, A100-64GB counting as A100): FlashAttention-3 has no kernel
+AMPERE = ("A100", "A40", "A10", "A30", "A6000", "V100")
+
+
 def gpu_fit(cell: Cell) -> Iterator[Problem]:
     """A cell whose predicted peak memory per GPU exceeds the GPU's (planning/gpus.py: the cheapest layout that
     fits was looked for; this is the one that needs least), and kernels the site does not have."""
@@ -694,6 +698,16 @@ def gpu_fit(cell: Cell) -> Iterator[Problem]:
             " to import flash_attn at the first step",
             f"layout.attention=sdpa, or install flash-attn in the site's environment and add flash_attn to"
             f" conf/cluster/{c.name}.yaml kernels",
+        )
+    if lay.attention == "fa3" and (c.gpu_type or "").upper().startswith(AMPERE):
+        yield _problem(
+            cell,
+            "layout.attention",
+            "fa3",
+            "kernel-gpu",
+            f"FlashAttention-3 runs on Hopper GPUs only (H100, H200, GH200), and cluster {c.name!r}'s are"
+            f" {c.gpu_type}: its kernel would fail at the first step",
+            "layout.attention=fa2 (or drop it: FlashAttention 2 where the site has it, else sdpa)",
         )
     if lay.liger and "liger_kernel" not in c.kernels:
         yield _problem(
@@ -723,6 +737,34 @@ def gpu_fit(cell: Cell) -> Iterator[Problem]:
     )
 
 
+def offload_sharded(cell: Cell) -> Iterator[Problem]:
+    """A CPU offload is DeepSpeed's (planning/gpus.py OFFLOADS_UNDER): set where the layout trains without DeepSpeed,
+    or the parameters' under ZeRO-2, it would be dropped while the dry run and the memory model count it."""
+    s, lay = cell.spec, cell.layout
+    under = gpus.OFFLOADS_UNDER.get(lay.offload)
+    if under is None or lay.sharding in under:
+        return
+    own = s.layout.offload != "auto"  # else the model's needs: [zero3_offload] asked for it
+    asked = f"layout.offload={lay.offload}" if own else f"model {s.model.name!r} (needs: [zero3_offload])"
+    if not s.cluster.gpus_per_node:
+        message = f"{asked} offloads to the CPU, and cluster {s.cluster.name!r} trains on the CPU: nothing to offload"
+        fix = "layout.offload=none (or drop it)"
+    elif lay.sharding == "none":
+        message = (
+            f"{asked} is DeepSpeed's CPU offload, and layout.sharding=none trains without DeepSpeed: the offload would"
+            " be dropped, the optimizer states kept on the GPU"
+        )
+        fix = f"layout.sharding={' or layout.sharding='.join(under)} (or drop layout.sharding), or layout.offload=none"
+    else:
+        message = (
+            f"{asked} offloads the parameters too, which DeepSpeed does under ZeRO-3 only (offload_param): under"
+            " ZeRO-2 they would stay on the GPU"
+        )
+        fix = "layout.sharding=zero3 (or drop layout.sharding), or layout.offload=optimizer"
+    key, value = ("layout.offload", lay.offload) if own else ("layout.sharding", lay.sharding)
+    yield _problem(cell, key, value, "layout-offload", message, fix)
+
+
 RULES: tuple[Rule, ...] = (
     no_shell_variables,
     paths_usable,
@@ -739,6 +781,7 @@ RULES: tuple[Rule, ...] = (
     hub_upload,
     venv_meets_needs,
     gpu_fit,
+    offload_sharded,
     failure_policy,
     notify_targets,
     no_secrets,

@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     if any(not c.strip() for c in args.cells):
         print(
-            "cancel: an empty CELL is a part of every cell's name, so it would cancel the whole grid; name a cell (or a"
-            " part of its name), or give no CELL to cancel every cell on purpose",
+            "sft-grid cancel: an empty CELL is a part of every cell's name, so it would cancel the whole grid; name a"
+            " cell (or a part of its name), or give no CELL to cancel every cell on purpose",
             file=sys.stderr,
         )
         return 2

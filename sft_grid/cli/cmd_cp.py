@@ -67,16 +67,28 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and not value.strip():
             print(f"sft-grid cp: {what} is empty (an unset shell variable?); nothing copied: {fix}", file=sys.stderr)
             return 2
+    from sft_grid.planning.hydra_errors import did_you_mean
+
     group, _, option = args.option.strip("/").partition("/")
-    shipped = sorted(p.name for p in PACKAGE_CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))
-    if group not in shipped or not option:
-        print(f"sft-grid cp: {args.option!r} is not GROUP/OPTION; the groups: {', '.join(shipped)}", file=sys.stderr)
+    option = option.removesuffix(".yaml")  # the option's file named (model/qwen3_8b.yaml): the option
+    # the groups with options to copy (conf/locks and conf/replay hold a backend's pins and a table, not options)
+    shipped = sorted(p.name for p in PACKAGE_CONF.iterdir() if p.is_dir() and any(p.glob("*.yaml")))
+    if group not in shipped or not option:  # a mistyped group, or an option's name alone (qwen3_8b: model/qwen3_8b)
+        holders = [f"{g}/{group.removesuffix('.yaml')}" for g in shipped if not option]
+        holders = [h for h in holders if (PACKAGE_CONF / f"{h}.yaml").is_file()]
+        hint = f" (did you mean {holders[0]!r}?)" if holders else did_you_mean(group, set(shipped) - {group})
+        print(
+            f"sft-grid cp: {args.option!r} is not GROUP/OPTION{hint}; the groups: {', '.join(shipped)} (e.g. sft-grid"
+            " cp model/qwen3_8b)",
+            file=sys.stderr,
+        )
         return 2
     source = PACKAGE_CONF / group / f"{option}.yaml"
     if not source.is_file():
         names = sorted(p.stem for p in (PACKAGE_CONF / group).glob("*.yaml"))
         print(
-            f"sft-grid cp: no shipped option {group}/{option}; the shipped {group} options: {', '.join(names)}",
+            f"sft-grid cp: no shipped option {group}/{option}{did_you_mean(option, names)}; the shipped {group}"
+            f" options: {', '.join(names)}",
             file=sys.stderr,
         )
         return 2

@@ -106,6 +106,7 @@ def _refuse_empty(args: argparse.Namespace) -> None:
     if args.name is not None:
         from sft_grid.cli.cmd_cp import name_problem
 
+        args.name = args.name.removesuffix(".yaml")  # the sweep's file named: its name, as cp takes it
         wrong = name_problem(args.name)
         if wrong:
             raise Refused(f"--name {wrong}; nothing written")
@@ -180,8 +181,8 @@ def _request(args: argparse.Namespace, conf: Path) -> Request:
     for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
         if value is not None and value < 1:
             raise Refused(f"{flag} {value}: a count of at least 1")
-    if args.params_b is not None and not args.params_b > 0:
-        raise Refused(f"--params-b {args.params_b}: a size in billions, above 0")
+    if args.params_b is not None and not 0 < args.params_b < float("inf"):  # nan and inf are no size
+        raise Refused(f"--params-b {args.params_b}: a size in billions, above 0 (e.g. --params-b 8.2)")
     cluster_gpus = None
     if args.cluster:
         clusters = _options("cluster", conf)

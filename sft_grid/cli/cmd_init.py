@@ -96,8 +96,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     planned = plan(root)
     # what is in the way, before anything is written (a rerun after a half-written init would find sft_grid.yaml
-    # and stop): a file where a folder goes, a folder where a file goes
-    for path in planned:
+    # and stop): a file where a folder goes (the repository's own folder's parents too), a folder where a file goes
+    # (.gitignore, which is read and added to, among them)
+    above = next((p for p in reversed(root.parents) if p.exists() and not p.is_dir()), None)
+    if above is not None:
+        print(
+            f"sft-grid init: {root}: Not a directory ({above} is a file, where a folder goes); nothing written: name"
+            " a folder",
+            file=sys.stderr,
+        )
+        return 2
+    for path in [*planned, root / ".gitignore"]:
         folders = [root / p for p in reversed(path.relative_to(root).parents)]
         blocked = [(f, "a file, where a folder goes") for f in folders if f.is_file()]
         blocked += [(path, "a folder, where a file goes")] if path.is_dir() else []

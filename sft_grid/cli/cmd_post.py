@@ -42,6 +42,12 @@ def run(args: argparse.Namespace) -> int:
     from sft_grid.cli.present import no_grid
 
     here = Path(args.target).expanduser()
+    if here.is_file():  # a cell's file (cell.yaml, post.json): its folder is the cell, never a grid under the runs root
+        print(
+            f"sft-grid post: {args.target} is a file; name a cell's directory or a grid (sft-grid post {here.parent})",
+            file=sys.stderr,
+        )
+        return 2
     # a cell's or a grid's directory, or a grid's name as the other commands take it (under the runs root)
     target = here.resolve() if here.is_dir() else grid_dir(args.target, args.runs_root)
     cells = (

@@ -20,6 +20,12 @@ def run(args: argparse.Namespace) -> int:
     from sft_grid.core.layout import not_a_cell_dir
     from sft_grid.grid.triage import requeue
 
+    if not args.cell_dir.strip():  # an unset variable would be the working folder
+        print(
+            "sft-grid requeue: CELL_DIR is empty (an unset shell variable?); nothing done: name the cell's directory",
+            file=sys.stderr,
+        )
+        return 2
     why = not_a_cell_dir(Path(args.cell_dir))
     if why:
         print(why, file=sys.stderr)

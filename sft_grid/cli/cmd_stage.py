@@ -28,10 +28,21 @@ def repo_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", help="the Hugging Face hub cache (default: HF_HUB_CACHE or HF_HOME/hub)")
     parser.add_argument(
         "--time-limit",
-        type=float,
+        type=_seconds,
         help="seconds this process may run here (a login node's limit): it stops cleanly before, and a rerun continues",
     )
     return parser
+
+
+def _seconds(text: str) -> float:
+    """--time-limit's type: seconds above 0 (0, nan or inf would read as no limit at all, or as none that works)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. --time-limit 3600)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: seconds above 0, the login node's limit (e.g. --time-limit 3600)")
+    return value
 
 
 def _one(argv: list[str]) -> int:

@@ -174,7 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if chosen is not None and chosen != "completion" and hasattr(_module(chosen), "main"):
         return int(_module(chosen).main(args[1:]) or 0)  # a command that reads its arguments as they are
     parser = _parser(chosen)
-    parsed = parser.parse_args(args)
+    parsed, rest = parser.parse_known_args(args)
+    if rest and chosen is not None:  # a positional after an option (cancel GRID --runs-root R CELL), which argparse
+        # before Python 3.13 leaves over: the command's own parser takes them intermixed (or names what it cannot)
+        (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parsed = sub.choices[chosen].parse_intermixed_args(args[1:], argparse.Namespace(command=chosen))
     if parsed.command is None:
         parser.print_help()
         return 2

@@ -75,6 +75,9 @@ def yaml_mapping(text: str, path: Path, what: str) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise Refused(f"{path}: not YAML ({' '.join(str(exc).split())[:160]})") from None
+    duplicated = _duplicated_key(text, path)
+    if duplicated:  # PyYAML keeps the later value without a word: which of the two the original meant is not known
+        raise Refused(duplicated)
     if data is None:
         raise Refused(
             f"{path}: the file is empty (no keys); {what} is a mapping of keys (model_name_or_path: ..., or axolotl's"
@@ -88,6 +91,21 @@ def yaml_mapping(text: str, path: Path, what: str) -> dict[str, Any]:
             " command goes after `--`: sft-grid import -- <command>)"
         )
     return data
+
+
+def _duplicated_key(text: str, path: Path) -> str:
+    """`<file>:<line>:<column>: ...` where a mapping names a key twice (OmegaConf's loader, as Hydra and LLaMA-Factory
+    read a config, refuses it), with the fix; "" where none is."""
+    from omegaconf._utils import get_yaml_loader
+
+    from sft_grid.planning.conf_files import yaml_error_line
+
+    try:
+        yaml.load(text, Loader=get_yaml_loader())
+    except yaml.YAMLError as exc:
+        line = yaml_error_line(exc, str(path))
+        return f"{line}; nothing written" if "duplicate key" in line else ""
+    return ""
 
 
 def from_yaml(path: Path, text: str) -> Original:

@@ -73,8 +73,9 @@ class Translation(ABC):
         self.comments: dict[str, str] = {}
         self.sources: dict[str, str] = {}  # a sweep key -> the original's key (or flag) its value came from
         self.problems: list[str] = []
-        name = request.name or original.job_name or original.file_stem
-        self.result = Result(self.kind, original.what, option_files.snake(name))
+        # --name as given (the caller checked it: a name a cell takes); the file's or the job's, made one
+        name = request.name or option_files.snake(original.job_name or original.file_stem)
+        self.result = Result(self.kind, original.what, name)
 
     # -- helpers --
 

@@ -14,6 +14,7 @@ import pytest
 
 from sft_grid.checks.preflight import checks_for, run
 from sft_grid.core.hubcache import Pin, snapshot_path, write_ref
+from sft_grid.core.paths import assets_dir
 from sft_grid.planning import costs
 from sft_grid.planning.hub_rules import model_facts
 from sft_grid.planning.readable import model_config
@@ -199,7 +200,7 @@ def test_the_shipped_configs_and_common_settings_pass_the_ranges(make_cells):
 
 def test_the_cli_refuses_a_short_revision_a_linked_dataset_and_lost_exponents_together(tmp_path):
     link = tmp_path / "link.jsonl"
-    link.symlink_to(os.path.expanduser("~/.cache/sft_grid/assets/data/tiny_messages.jsonl"))
+    link.symlink_to(assets_dir() / "data" / "tiny_messages.jsonl")  # where SFT_GRID_CACHE puts it (CI: its own)
     said = _refused(
         tmp_path,
         "model=qwen3_8b",

@@ -123,3 +123,19 @@ def test_stage_time_limit_that_is_no_limit_is_refused_before_the_cache_is_touche
 def test_requeue_of_an_empty_cell_dir_is_said_as_empty(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = sft(capsys, "requeue", "")
     assert rc == 2 and "CELL_DIR is empty (an unset shell variable?); nothing done" in err, err
+
+
+def test_a_bare_word_given_to_run_is_told_how_to_write_it() -> None:
+    """`sft-grid run qwen3_8b` (or `stage tiny_lama`) ended in Hydra's "missing EQUAL at '<EOF>'" alone: the hint
+    now names the group whose option the word is (or nearly is), or how an override is written; a flag's own value
+    (`--config-name x`) is no bare word."""
+    from sft_grid.planning.hydra_errors import malformed_override
+
+    assert malformed_override(["qwen3_8b"]) == (
+        "'qwen3_8b' is no override: run takes key=value, and qwen3_8b is an option of model: model=qwen3_8b"
+    )
+    assert malformed_override(["-m", "tiny_lama", "lr=1e-5"]) == (
+        "'tiny_lama' is no override: run takes key=value; did you mean model=tiny_llama?"
+    )
+    assert "a key as lr=2e-5" in (malformed_override(["zzzqqq"]) or "")
+    assert malformed_override(["--config-name", "config", "lr=1e-5"]) is None

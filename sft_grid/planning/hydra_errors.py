@@ -258,10 +258,13 @@ def malformed_override(argv: Sequence[str]) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    for arg in argv:
-        cell = _a_cell(arg) if "=" not in arg and not arg.startswith(("-", "~", "+")) else None
+    for before, arg in zip(["", *argv], argv, strict=False):
+        bare = "=" not in arg and not arg.startswith(("-", "~", "+")) and before not in VALUE_FLAGS
+        cell = _a_cell(arg) if bare else None
         if cell:
             return cell
+        if bare:
+            return _bare_word(arg)
         if arg.startswith("-") or "=" not in arg:
             continue  # a flag (-m, --cfg) or its value
         try:
@@ -273,6 +276,28 @@ def malformed_override(argv: Sequence[str]) -> str | None:
                 f" key=[a,b] (quoted in the shell: 'key=[a,b]'), a new key as +key=value"
             )
     return None
+
+
+# Hydra's flags that take the next word as their value (--config-name NAME, --cfg job, ...)
+VALUE_FLAGS = frozenset(
+    [
+        *("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"),
+        *("--info", "-i", "--experimental-rerun", "--shell-completion", "-sc"),
+    ]
+)
+
+
+def _bare_word(arg: str) -> str:
+    """The hint for a word without `=` given to `run` (Hydra: "missing EQUAL"): the group whose option it names (or
+    nearly names), or how an override is written."""
+    said = f"{arg!r} is no override: run takes key=value"
+    for group in project.GROUPS:
+        close = [arg] if arg in options(group) else difflib.get_close_matches(arg, options(group), n=1)
+        if close:
+            if close == [arg]:
+                return f"{said}, and {arg} is an option of {group}: {group}={arg}"
+            return f"{said}; did you mean {group}={close[0]}?"
+    return f"{said}: a group's option as model=<option>, a key as lr=2e-5, a sweep file as +sweep=<name>"
 
 
 # a cell's name: its slug, then its identity's 8 hex digits (planning/cells.py)

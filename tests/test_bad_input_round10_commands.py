@@ -139,3 +139,10 @@ def test_a_bare_word_given_to_run_is_told_how_to_write_it() -> None:
     )
     assert "a key as lr=2e-5" in (malformed_override(["zzzqqq"]) or "")
     assert malformed_override(["--config-name", "config", "lr=1e-5"]) is None
+
+
+def test_assets_path_with_force_is_said_not_ignored(capsys: pytest.CaptureFixture[str]) -> None:
+    """`sft-grid assets path --force` printed the path and rebuilt nothing, as if --force meant nothing."""
+    assert main(["assets", "path", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "path builds nothing: sft-grid assets build --force" in err, err

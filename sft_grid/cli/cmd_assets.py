@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +23,12 @@ def run(args: argparse.Namespace) -> int:
     from sft_grid.core.paths import assets_dir
     from sft_grid.stages import tiny_assets
 
+    if args.force and args.action == "path":  # path prints where they are; only build rebuilds
+        print(
+            "sft-grid assets: --force rebuilds the assets, and path builds nothing: sft-grid assets build --force",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(tiny_assets.build(force=args.force) if args.action == "build" else assets_dir())
     return 0

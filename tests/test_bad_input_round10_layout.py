@@ -113,3 +113,14 @@ def test_lora_is_not_given_the_gpus_of_a_full_fine_tune_nor_refused_as_one(make_
     )
     assert big.layout.memory.total > unsharded.layout.memory.total
     assert rules(embed, "gpu-memory")  # counted whole: 8B trained unsharded does not fit
+
+
+def test_a_sharding_lighter_than_the_models_needs_is_refused(make_cells):
+    """`needs: [zero3]` is the model's floor when the layout is chosen, but a layout.sharding set lighter used to win
+    over it: the 27B trained under ZeRO-2 wherever it fit."""
+    for sharding, refused in (("zero2", True), ("none", True), ("zero3", False), ("auto", False)):
+        (cell,) = make_cells(["model=qwen3_5_27b", "cluster=jupiter", f"layout.sharding={sharding}"])
+        told = [p for p in validate([cell]) if p.rule == "layout-needs"]
+        assert bool(told) == refused, (sharding, told)
+        if told:
+            assert told[0].key == "layout.sharding" and told[0].fix.startswith("layout.sharding=zero3"), told[0]

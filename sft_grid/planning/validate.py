@@ -765,6 +765,23 @@ def offload_sharded(cell: Cell) -> Iterator[Problem]:
     yield _problem(cell, key, value, "layout-offload", message, fix)
 
 
+def needs_zero3(cell: Cell) -> Iterator[Problem]:
+    """A model whose config says `needs: [zero3]` trains under ZeRO-3 only (the chooser never picks less for it); a
+    layout.sharding set lighter would win over that floor and train what its config says cannot."""
+    s = cell.spec
+    if "zero3" not in s.model.needs or s.layout.sharding not in ("none", "zero2"):
+        return
+    yield _problem(
+        cell,
+        "layout.sharding",
+        s.layout.sharding,
+        "layout-needs",
+        f"model {s.model.name!r} needs zero3 (its conf/model/{s.model.name}.yaml: needs: [zero3]), and"
+        f" layout.sharding={s.layout.sharding} would train it without: its states would not be sharded as it needs",
+        "layout.sharding=zero3 (or drop layout.sharding: the model's floor is chosen)",
+    )
+
+
 RULES: tuple[Rule, ...] = (
     no_shell_variables,
     paths_usable,
@@ -782,6 +799,7 @@ RULES: tuple[Rule, ...] = (
     venv_meets_needs,
     gpu_fit,
     offload_sharded,
+    needs_zero3,
     failure_policy,
     notify_targets,
     no_secrets,

@@ -522,11 +522,16 @@ def _known_name(check: Check, known: frozenset[str] | str | None, env: str) -> V
     this machine (the job asks it) or knows the name (or cannot say: its own parser decides); else the names it
     knows that are closest, for the fix."""
     if known is None:
-        venv = Path(check.python).parent.parent
-        return Verdict(False, f"the {env} {venv} is not on this machine; the job checks it first", unreachable=True)
+        return _not_here(check, env)
     if isinstance(known, str) or check.target in known:
         return Verdict(True)
     return difflib.get_close_matches(check.target, sorted(known), n=3, cutoff=0.75)
+
+
+def _not_here(check: Check, env: str) -> Verdict:
+    """The verdict of a check asked of an environment that is not on this machine: deferred, the job asks it."""
+    venv = Path(check.python).parent.parent
+    return Verdict(False, f"the {env} {venv} is not on this machine; the job checks it first", unreachable=True)
 
 
 # pydantic's words for true and false (axolotl's config model reads a string as one of them, lax)
@@ -608,8 +613,7 @@ def check_eval_datasets(check: Check) -> Verdict:
     spec = json.loads(check.spec)
     found = venv_facts.eval_datasets(check.python, check.target, spec["include"])
     if found is None and not Path(check.python).is_file():
-        venv = Path(check.python).parent.parent
-        return Verdict(False, f"the evaluation's environment {venv} is not on this machine", unreachable=True)
+        return _not_here(check, "evaluation's environment")
     missing = sorted((found[0] if found else frozenset()) - set(spec["datasets"]))
     if not missing:
         return Verdict(True)  # an unknown name: the name's own check says it
@@ -631,8 +635,7 @@ def check_eval_include(check: Check) -> Verdict:
     include = json.loads(check.spec)
     found = venv_facts.eval_index(check.python, include)
     if found is None:
-        venv = Path(check.python).parent.parent
-        return Verdict(False, f"the evaluation's environment {venv} is not on this machine", unreachable=True)
+        return _not_here(check, "evaluation's environment")
     if isinstance(found, str):
         return Verdict(True)  # it cannot answer: its own check of the environment says why
     shipped, own = found

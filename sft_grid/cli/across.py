@@ -84,8 +84,9 @@ def _status(sites: Sites, args: argparse.Namespace, grid_here: Path) -> int:
         said.update(merged.failed)
         return _lines(merged.rows)
 
-    if cmd_status.interval_problem(args):
-        print(cmd_status.interval_problem(args), file=sys.stderr)
+    why = cmd_status.interval_problem(args)
+    if why:
+        print(why, file=sys.stderr)
         return 2
     if args.format == "json":
         print(json.dumps(cmd_status.as_json(read()), indent=1))

@@ -307,8 +307,9 @@ def run(args: argparse.Namespace) -> int:
     from sft_grid.cli.options import grid_dir
     from sft_grid.cli.present import no_grid
 
-    if interval_problem(args):
-        print(interval_problem(args), file=sys.stderr)
+    why = interval_problem(args)
+    if why:
+        print(why, file=sys.stderr)
         return 2
     sweep_dir = grid_dir(args.grid, args.runs_root)
     dirs = cell_dirs(sweep_dir)
